@@ -1,0 +1,102 @@
+//! Where the envtest binaries (`kube-apiserver`, `etcd`) live.
+//!
+//! This module uses only `std`: `xtask` compiles the same file (by path) so that the folder it
+//! builds into and the folder the tests look in can never disagree.
+
+use std::env;
+use std::path::{Path, PathBuf};
+
+/// A folder holding `kube-apiserver` and `etcd`, as controller-runtime's envtest uses it.
+pub const ASSETS_ENV: &str = "KUBEBUILDER_ASSETS";
+
+/// Overrides the cache root (default `$XDG_CACHE_HOME/ichor`, else `~/.cache/ichor`).
+pub const CACHE_ENV: &str = "ICHOR_CACHE_DIR";
+
+/// The binaries a control plane needs, by file name.
+pub const BINARIES: [&str; 2] = ["kube-apiserver", "etcd"];
+
+/// The versions the tools module pins, read from its `go.mod`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolVersions {
+    /// The `k8s.io/kubernetes` version, e.g. `v1.36.3`.
+    pub kubernetes: String,
+    /// The `go.etcd.io/etcd/server/v3` version, e.g. `v3.6.16`.
+    pub etcd: String,
+}
+
+impl ToolVersions {
+    /// Reads the pinned versions from the text of `tools/k8s/go.mod`.
+    pub fn from_go_mod(go_mod: &str) -> Option<Self> {
+        let find = |module: &str| {
+            go_mod.lines().find_map(|line| {
+                let mut words = line.split_whitespace();
+                (words.next() == Some(module))
+                    .then(|| words.next())
+                    .flatten()
+                    .filter(|v| v.starts_with('v'))
+                    .map(str::to_owned)
+            })
+        };
+        Some(Self {
+            kubernetes: find("k8s.io/kubernetes")?,
+            etcd: find("go.etcd.io/etcd/server/v3")?,
+        })
+    }
+
+    /// The name of the cache sub-folder these versions build into.
+    pub fn folder_name(&self) -> String {
+        format!("k8s-{}-etcd-{}", self.kubernetes, self.etcd)
+    }
+}
+
+/// The root of Ichor's build cache, outside any source tree.
+pub fn cache_root() -> PathBuf {
+    if let Some(dir) = env::var_os(CACHE_ENV).filter(|v| !v.is_empty()) {
+        return PathBuf::from(dir);
+    }
+    if let Some(dir) = env::var_os("XDG_CACHE_HOME").filter(|v| !v.is_empty()) {
+        return PathBuf::from(dir).join("ichor");
+    }
+    let home = env::var_os("HOME").map_or_else(env::temp_dir, PathBuf::from);
+    home.join(".cache").join("ichor")
+}
+
+/// The folder `cargo xtask envtest-assets` builds the given versions into.
+pub fn cache_dir(versions: &ToolVersions) -> PathBuf {
+    cache_root().join("envtest").join(versions.folder_name())
+}
+
+/// The folder to take binaries from: `KUBEBUILDER_ASSETS` when set, else the build cache.
+pub fn assets_dir(versions: &ToolVersions) -> PathBuf {
+    match env::var_os(ASSETS_ENV).filter(|v| !v.is_empty()) {
+        Some(dir) => PathBuf::from(dir),
+        None => cache_dir(versions),
+    }
+}
+
+/// The binaries of [`BINARIES`] that `dir` lacks.
+pub fn missing_binaries(dir: &Path) -> Vec<&'static str> {
+    BINARIES
+        .into_iter()
+        .filter(|name| !dir.join(name).is_file())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_pinned_versions_from_go_mod() {
+        let go_mod = "module x\n\nrequire (\n\tgo.etcd.io/etcd/server/v3 v3.6.16\n\tk8s.io/kubernetes v1.36.3\n)\nreplace (\n\tk8s.io/api => k8s.io/api v0.36.3\n)\n";
+        let versions = ToolVersions::from_go_mod(go_mod).expect("versions");
+        assert_eq!(versions.kubernetes, "v1.36.3");
+        assert_eq!(versions.etcd, "v3.6.16");
+        assert_eq!(versions.folder_name(), "k8s-v1.36.3-etcd-v3.6.16");
+    }
+
+    #[test]
+    fn missing_versions_are_none() {
+        assert_eq!(ToolVersions::from_go_mod("module x\n"), None);
+    }
+}

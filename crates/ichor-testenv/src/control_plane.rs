@@ -1,0 +1,260 @@
+//! One etcd and one kube-apiserver on free loopback ports, in a temporary folder.
+
+use std::ffi::OsString;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as B64;
+use kube::Client;
+
+use crate::assets::{self, ToolVersions};
+use crate::pki::{self, CertAndKey};
+use crate::process::{ChildSpec, PGIDS_FILE, Supervised, Watchdog};
+use crate::{Connection, Error};
+
+/// The `tools/k8s/go.mod` these tests were built against; it names the binaries' versions.
+const TOOLS_GO_MOD: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tools/k8s/go.mod"));
+
+/// How long the apiserver may take to report `/readyz` ok.
+const READY_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// The envtest binaries' versions this crate expects.
+pub fn tool_versions() -> ToolVersions {
+    ToolVersions::from_go_mod(TOOLS_GO_MOD).expect("tools/k8s/go.mod pins k8s.io/kubernetes and etcd")
+}
+
+/// The folder binaries are taken from: `KUBEBUILDER_ASSETS` when set, else the build cache.
+pub fn default_assets_dir() -> PathBuf {
+    assets::assets_dir(&tool_versions())
+}
+
+/// Options for starting a [`ControlPlane`].
+#[derive(Debug, Clone, Default)]
+pub struct ControlPlaneBuilder {
+    assets_dir: Option<PathBuf>,
+    extra_apiserver_args: Vec<String>,
+}
+
+impl ControlPlaneBuilder {
+    /// Takes binaries from `dir` instead of the default folder.
+    pub fn assets_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.assets_dir = Some(dir.into());
+        self
+    }
+
+    /// Adds a `--flag=value` argument to kube-apiserver.
+    pub fn apiserver_arg(mut self, arg: impl Into<String>) -> Self {
+        self.extra_apiserver_args.push(arg.into());
+        self
+    }
+
+    /// Starts etcd and kube-apiserver and waits until `/readyz` answers ok.
+    pub async fn start(self) -> Result<ControlPlane, Error> {
+        let assets_dir = self.assets_dir.unwrap_or_else(default_assets_dir);
+        let missing = assets::missing_binaries(&assets_dir);
+        if !missing.is_empty() {
+            return Err(Error::MissingAssets {
+                dir: assets_dir,
+                missing: missing.join(", "),
+            });
+        }
+        ControlPlane::launch(&assets_dir, &self.extra_apiserver_args).await
+    }
+}
+
+/// A running etcd + kube-apiserver pair. Dropping it kills both and removes its folder.
+#[derive(Debug)]
+pub struct ControlPlane {
+    // Field order is drop order: the processes die before the watchdog removes the folder.
+    apiserver: Supervised,
+    etcd: Supervised,
+    connection: Connection,
+    _watchdog: Watchdog,
+    dir: tempfile::TempDir,
+}
+
+fn free_port() -> Result<u16, Error> {
+    let listener = TcpListener::bind("127.0.0.1:0").map_err(Error::io("bind a loopback port"))?;
+    Ok(listener.local_addr().map_err(Error::io("read a bound port"))?.port())
+}
+
+fn write(path: &Path, contents: &str) -> Result<(), Error> {
+    std::fs::write(path, contents).map_err(Error::io(format!("write {}", path.display())))
+}
+
+fn args(list: &[String]) -> Vec<OsString> {
+    list.iter().map(OsString::from).collect()
+}
+
+impl ControlPlane {
+    /// Options for a new control plane.
+    pub fn builder() -> ControlPlaneBuilder {
+        ControlPlaneBuilder::default()
+    }
+
+    /// Starts a control plane from the default assets folder.
+    pub async fn start() -> Result<Self, Error> {
+        Self::builder().start().await
+    }
+
+    async fn launch(assets_dir: &Path, extra_apiserver_args: &[String]) -> Result<Self, Error> {
+        let dir = tempfile::Builder::new()
+            .prefix("ichor-testenv-")
+            .tempdir()
+            .map_err(Error::io("create a temporary folder"))?;
+        let root = dir.path().to_path_buf();
+        let watchdog = Watchdog::start(&root).map_err(Error::io("start the watchdog"))?;
+        let pgids = root.join(PGIDS_FILE);
+
+        let ca = pki::new_ca()?;
+        let serving = pki::loopback_server_cert(&ca, "kube-apiserver")?;
+        let admin = pki::client_cert(&ca, "ichor-testenv-admin", Some("system:masters"))?;
+        let (sa_key, sa_pub) = pki::service_account_keys()?;
+        for (name, contents) in [
+            (crate::CA_CERT_FILE, ca.cert_pem.as_str()),
+            (crate::CA_KEY_FILE, ca.key_pem.as_str()),
+            ("apiserver.crt", serving.cert_pem.as_str()),
+            ("apiserver.key", serving.key_pem.as_str()),
+            ("sa.key", sa_key.as_str()),
+            ("sa.pub", sa_pub.as_str()),
+        ] {
+            write(&root.join(name), contents)?;
+        }
+
+        let (etcd_port, peer_port, api_port) = (free_port()?, free_port()?, free_port()?);
+        let etcd_url = format!("http://127.0.0.1:{etcd_port}");
+        let peer_url = format!("http://127.0.0.1:{peer_port}");
+        let etcd = Supervised::start(
+            "etcd",
+            ChildSpec {
+                program: assets_dir.join("etcd"),
+                args: args(&[
+                    "--name=testenv".into(),
+                    format!("--data-dir={}", root.join("etcd").display()),
+                    format!("--listen-client-urls={etcd_url}"),
+                    format!("--advertise-client-urls={etcd_url}"),
+                    format!("--listen-peer-urls={peer_url}"),
+                    format!("--initial-advertise-peer-urls={peer_url}"),
+                    format!("--initial-cluster=testenv={peer_url}"),
+                    "--unsafe-no-fsync=true".into(),
+                    "--log-level=warn".into(),
+                ]),
+                log: root.join("etcd.log"),
+            },
+            &pgids,
+        )
+        .map_err(Error::io("start etcd"))?;
+
+        let server = format!("https://127.0.0.1:{api_port}");
+        let p = |name: &str| root.join(name).display().to_string();
+        let mut apiserver_args = vec![
+            format!("--etcd-servers={etcd_url}"),
+            "--bind-address=127.0.0.1".into(),
+            "--advertise-address=127.0.0.1".into(),
+            format!("--secure-port={api_port}"),
+            format!("--cert-dir={}", p("apiserver-certs")),
+            format!("--tls-cert-file={}", p("apiserver.crt")),
+            format!("--tls-private-key-file={}", p("apiserver.key")),
+            format!("--client-ca-file={}", p(crate::CA_CERT_FILE)),
+            "--authorization-mode=RBAC".into(),
+            format!("--service-account-issuer={server}"),
+            format!("--service-account-key-file={}", p("sa.pub")),
+            format!("--service-account-signing-key-file={}", p("sa.key")),
+            "--service-cluster-ip-range=10.0.0.0/24".into(),
+            "--allow-privileged=true".into(),
+            "--disable-admission-plugins=ServiceAccount".into(),
+            "--enable-priority-and-fairness=false".into(),
+        ];
+        apiserver_args.extend(extra_apiserver_args.iter().cloned());
+        let apiserver = Supervised::start(
+            "kube-apiserver",
+            ChildSpec {
+                program: assets_dir.join("kube-apiserver"),
+                args: args(&apiserver_args),
+                log: root.join("kube-apiserver.log"),
+            },
+            &pgids,
+        )
+        .map_err(Error::io("start kube-apiserver"))?;
+
+        let kubeconfig = kubeconfig_yaml(&server, &ca, &admin);
+        write(&root.join(crate::KUBECONFIG_FILE), &kubeconfig)?;
+        let mut plane = Self {
+            apiserver,
+            etcd,
+            connection: Connection {
+                dir: root,
+                server,
+                kubeconfig,
+                ca,
+            },
+            _watchdog: watchdog,
+            dir,
+        };
+        plane.wait_ready().await?;
+        Ok(plane)
+    }
+
+    async fn wait_ready(&mut self) -> Result<(), Error> {
+        let client = self.connection.client().await?;
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            self.etcd.check_running().map_err(Error::Startup)?;
+            self.apiserver.check_running().map_err(Error::Startup)?;
+            let request = http::Request::get("/readyz")
+                .body(Vec::new())
+                .expect("a static request is valid");
+            let last = match client.request_text(request).await {
+                Ok(body) if body.trim() == "ok" => return Ok(()),
+                Ok(body) => body,
+                Err(err) => err.to_string(),
+            };
+            if Instant::now() > deadline {
+                return Err(Error::Startup(format!(
+                    "kube-apiserver not ready after {READY_TIMEOUT:?}: {last}"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// How to reach this control plane.
+    pub fn connection(&self) -> &Connection {
+        &self.connection
+    }
+
+    /// The folder holding its certificates, kubeconfig, data and logs.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The process ids of etcd and kube-apiserver (each also its process group).
+    pub fn pids(&self) -> [u32; 2] {
+        [self.etcd.pid(), self.apiserver.pid()]
+    }
+}
+
+/// A kubeconfig with one context, `ichor-testenv`, for `client`.
+pub fn kubeconfig_yaml(server: &str, ca: &CertAndKey, client: &CertAndKey) -> String {
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: ichor-testenv\n  cluster:\n    server: {server}\n    certificate-authority-data: {ca}\nusers:\n- name: ichor-testenv\n  user:\n    client-certificate-data: {cert}\n    client-key-data: {key}\ncontexts:\n- name: ichor-testenv\n  context:\n    cluster: ichor-testenv\n    user: ichor-testenv\ncurrent-context: ichor-testenv\n",
+        ca = B64.encode(&ca.cert_pem),
+        cert = B64.encode(&client.cert_pem),
+        key = B64.encode(&client.key_pem),
+    )
+}
+
+/// Builds a client from kubeconfig YAML, using its `ichor-testenv` context.
+pub async fn client_from_kubeconfig(yaml: &str) -> Result<Client, Error> {
+    let kubeconfig = kube::config::Kubeconfig::from_yaml(yaml).map_err(Error::Kubeconfig)?;
+    let options = kube::config::KubeConfigOptions {
+        context: Some("ichor-testenv".into()),
+        ..Default::default()
+    };
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &options)
+        .await
+        .map_err(Error::Kubeconfig)?;
+    Client::try_from(config).map_err(Error::Kube)
+}
