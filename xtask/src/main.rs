@@ -1,1 +1,57 @@
-fn main() {}
+//! Project tasks, run as `cargo xtask <task>`:
+//!
+//! - `test`: every check and test the project has (the README's test command).
+//! - `envtest-assets`: build (or reuse) kube-apiserver and etcd; prints their folder last.
+//! - `k8s-replaces [--check]`: regenerate the staging-module `replace` block of
+//!   `tools/k8s/go.mod` from `k8s.io/kubernetes`'s own go.mod.
+//! - `demo`: run Ichor's main job locally (for now: a local control plane).
+#![forbid(unsafe_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+mod envtest;
+mod run;
+mod test;
+
+#[path = "../../crates/ichor-testenv/src/assets.rs"]
+#[allow(dead_code)]
+mod assets;
+
+const USAGE: &str = "usage: cargo xtask <test | envtest-assets | k8s-replaces [--check] | demo>";
+
+/// The workspace root (the parent of this crate's folder).
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives inside the workspace")
+        .to_path_buf()
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let root = workspace_root();
+    let result = match args.first().map(String::as_str) {
+        Some("test") => test::run(&root),
+        Some("envtest-assets") => envtest::assets(&root).map(|dir| {
+            println!("{}", dir.display());
+        }),
+        Some("k8s-replaces") => envtest::k8s_replaces(&root, args.get(1).map(String::as_str)),
+        Some("demo") => test::demo(&root),
+        _ => {
+            eprintln!("{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("xtask: error: {err:#}");
+            if run::interrupted() {
+                ExitCode::from(130)
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+    }
+}

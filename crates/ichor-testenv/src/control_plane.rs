@@ -15,14 +15,18 @@ use crate::process::{ChildSpec, PGIDS_FILE, Supervised, Watchdog};
 use crate::{Connection, Error};
 
 /// The `tools/k8s/go.mod` these tests were built against; it names the binaries' versions.
-const TOOLS_GO_MOD: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tools/k8s/go.mod"));
+const TOOLS_GO_MOD: &str = include_str!(concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../tools/k8s/go.mod"
+));
 
 /// How long the apiserver may take to report `/readyz` ok.
 const READY_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// The envtest binaries' versions this crate expects.
 pub fn tool_versions() -> ToolVersions {
-    ToolVersions::from_go_mod(TOOLS_GO_MOD).expect("tools/k8s/go.mod pins k8s.io/kubernetes and etcd")
+    ToolVersions::from_go_mod(TOOLS_GO_MOD)
+        .expect("tools/k8s/go.mod pins k8s.io/kubernetes and etcd")
 }
 
 /// The folder binaries are taken from: `KUBEBUILDER_ASSETS` when set, else the build cache.
@@ -77,7 +81,10 @@ pub struct ControlPlane {
 
 fn free_port() -> Result<u16, Error> {
     let listener = TcpListener::bind("127.0.0.1:0").map_err(Error::io("bind a loopback port"))?;
-    Ok(listener.local_addr().map_err(Error::io("read a bound port"))?.port())
+    Ok(listener
+        .local_addr()
+        .map_err(Error::io("read a bound port"))?
+        .port())
 }
 
 fn write(path: &Path, contents: &str) -> Result<(), Error> {

@@ -25,20 +25,20 @@ pub mod process;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::{
     RuleWithOperations, ValidatingWebhook, ValidatingWebhookConfiguration, WebhookClientConfig,
 };
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use k8s_openapi::ByteString;
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::wait::{await_condition, conditions};
 use kube::{Api, Client};
 use tokio::sync::OnceCell;
 
 pub use control_plane::{
-    ControlPlane, ControlPlaneBuilder, client_from_kubeconfig, default_assets_dir,
-    kubeconfig_yaml, tool_versions,
+    ControlPlane, ControlPlaneBuilder, client_from_kubeconfig, default_assets_dir, kubeconfig_yaml,
+    tool_versions,
 };
 pub use pki::CertAndKey;
 
@@ -102,7 +102,9 @@ pub enum Error {
     #[error("timed out waiting for {0}")]
     Timeout(String),
     /// A cluster-scoped admission object was about to be registered on the shared control plane.
-    #[error("register webhooks on a private control plane (TestEnv::private): the shared one serves other tests")]
+    #[error(
+        "register webhooks on a private control plane (TestEnv::private): the shared one serves other tests"
+    )]
     SharedAdmission,
 }
 

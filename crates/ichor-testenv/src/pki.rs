@@ -63,7 +63,9 @@ pub fn loopback_server_cert(ca: &CertAndKey, common_name: &str) -> Result<CertAn
     params
         .subject_alt_names
         .push(SanType::IpAddress([127, 0, 0, 1].into()));
-    params.distinguished_name.push(DnType::CommonName, common_name);
+    params
+        .distinguished_name
+        .push(DnType::CommonName, common_name);
     params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
     params.key_usages = vec![
         KeyUsagePurpose::DigitalSignature,

@@ -14,9 +14,9 @@ use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Api;
 use kube::api::{DynamicObject, ObjectMeta, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
-use kube::Api;
 use serde_json::{Value, json};
 
 fn meta(name: &str) -> ObjectMeta {
@@ -40,7 +40,10 @@ async fn creates_and_reads_namespace_secret_and_lease() {
     let ns = env.namespace("core").await.expect("namespace");
     let client = env.client();
 
-    let read_ns = Api::<Namespace>::all(client.clone()).get(&ns).await.expect("read namespace");
+    let read_ns = Api::<Namespace>::all(client.clone())
+        .get(&ns)
+        .await
+        .expect("read namespace");
     assert_eq!(read_ns.metadata.name.as_deref(), Some(ns.as_str()));
 
     let secrets = Api::<Secret>::namespaced(client.clone(), &ns);
@@ -49,7 +52,10 @@ async fn creates_and_reads_namespace_secret_and_lease() {
         string_data: Some([("key".to_owned(), "value".to_owned())].into()),
         ..Default::default()
     };
-    secrets.create(&PostParams::default(), &secret).await.expect("create secret");
+    secrets
+        .create(&PostParams::default(), &secret)
+        .await
+        .expect("create secret");
     let read = secrets.get("bundle").await.expect("read secret");
     let data = read.data.expect("secret data");
     assert_eq!(data["key"].0, b"value");
@@ -63,7 +69,10 @@ async fn creates_and_reads_namespace_secret_and_lease() {
             ..Default::default()
         }),
     };
-    leases.create(&PostParams::default(), &lease).await.expect("create lease");
+    leases
+        .create(&PostParams::default(), &lease)
+        .await
+        .expect("create lease");
     let read = leases.get("lock").await.expect("read lease");
     assert_eq!(
         read.spec.and_then(|s| s.holder_identity).as_deref(),
@@ -125,7 +134,10 @@ async fn crd_validation_rule_refuses_a_violating_object_with_its_message() {
     api.create(&PostParams::default(), &widget("fits", 2))
         .await
         .expect("an object within the rule is accepted");
-    let (code, message) = api_error(api.create(&PostParams::default(), &widget("too-big", 5)).await);
+    let (code, message) = api_error(
+        api.create(&PostParams::default(), &widget("too-big", 5))
+            .await,
+    );
     assert_eq!(code, 422, "{message}");
     assert!(
         message.contains("replicas must not exceed maxReplicas"),
@@ -137,7 +149,10 @@ async fn crd_validation_rule_refuses_a_violating_object_with_its_message() {
 async fn rbac_refuses_a_client_outside_system_masters_until_a_role_allows_it() {
     let env = TestEnv::shared().await.expect("control plane");
     let ns = env.namespace("rbac").await.expect("namespace");
-    let alice = env.client_as("alice", Some("developers")).await.expect("client");
+    let alice = env
+        .client_as("alice", Some("developers"))
+        .await
+        .expect("client");
     let secrets = Api::<Secret>::namespaced(alice.clone(), &ns);
 
     let (code, message) = api_error(secrets.list(&Default::default()).await);
@@ -270,12 +285,21 @@ async fn a_registered_webhook_is_called_over_tls() {
     let ns = env.namespace("webhook").await.expect("namespace");
     let config_maps = Api::<ConfigMap>::namespaced(env.client(), &ns);
     let message = deny_once_registered(&config_maps).await;
-    assert!(message.contains("denied by the testenv webhook"), "{message}");
+    assert!(
+        message.contains("denied by the testenv webhook"),
+        "{message}"
+    );
     config_maps
-        .create(&PostParams::default(), &labelled_config_map("allowed", "no"))
+        .create(
+            &PostParams::default(),
+            &labelled_config_map("allowed", "no"),
+        )
         .await
         .expect("the webhook allows an unlabelled object");
-    assert!(calls.load(Ordering::SeqCst) >= 2, "the apiserver called the webhook");
+    assert!(
+        calls.load(Ordering::SeqCst) >= 2,
+        "the apiserver called the webhook"
+    );
 }
 
 /// The apiserver picks up a new webhook configuration asynchronously: retry until it applies.
@@ -298,4 +322,3 @@ async fn deny_once_registered(config_maps: &Api<ConfigMap>) -> String {
         }
     }
 }
-

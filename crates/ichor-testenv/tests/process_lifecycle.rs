@@ -59,7 +59,10 @@ fn wait_gone(pids: &[i32], dir: &Path) {
         std::thread::sleep(Duration::from_millis(50));
     }
     let left: Vec<_> = pids.iter().filter(|p| alive(**p)).collect();
-    panic!("left behind: processes {left:?}, folder exists: {}", dir.exists());
+    panic!(
+        "left behind: processes {left:?}, folder exists: {}",
+        dir.exists()
+    );
 }
 
 #[test]

@@ -63,15 +63,20 @@ async fn serve(args: Args) -> Result<(), String> {
     let mut kubeconfig = conn.dir().join(ichor_testenv::KUBECONFIG_FILE);
     if let Some(out) = &args.kubeconfig_out {
         if let Some(parent) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
-            std::fs::create_dir_all(parent).map_err(|e| format!("create {}: {e}", parent.display()))?;
+            std::fs::create_dir_all(parent)
+                .map_err(|e| format!("create {}: {e}", parent.display()))?;
         }
-        std::fs::write(out, conn.kubeconfig()).map_err(|e| format!("write {}: {e}", out.display()))?;
+        std::fs::write(out, conn.kubeconfig())
+            .map_err(|e| format!("write {}: {e}", out.display()))?;
         kubeconfig = out.clone();
     }
     println!("ichor-testenv: control plane ready (Ctrl-C stops it and removes its data)");
     println!("  apiserver:  {}", conn.server());
     println!("  kubeconfig: {}", kubeconfig.display());
-    println!("  try:        kubectl --kubeconfig {} get namespaces", kubeconfig.display());
+    println!(
+        "  try:        kubectl --kubeconfig {} get namespaces",
+        kubeconfig.display()
+    );
     println!("{SHARED_DIR_ENV}={}", conn.dir().display());
     let stdin_eof = async {
         if args.exit_on_stdin_eof {

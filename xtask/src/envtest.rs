@@ -1,0 +1,183 @@
+//! Building kube-apiserver and etcd from the Go module in `tools/k8s`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context as _, Result, bail};
+
+use crate::assets::{self, ToolVersions};
+use crate::run::run;
+
+/// The file, in the assets folder, that records which go.mod and go.sum built it.
+const STAMP: &str = ".ichor-build-stamp";
+
+fn tools_dir(root: &Path) -> PathBuf {
+    root.join("tools").join("k8s")
+}
+
+fn read(path: &Path) -> Result<String> {
+    std::fs::read_to_string(path).with_context(|| format!("read {}", path.display()))
+}
+
+fn versions(root: &Path) -> Result<ToolVersions> {
+    let go_mod = tools_dir(root).join("go.mod");
+    ToolVersions::from_go_mod(&read(&go_mod)?).with_context(|| {
+        format!(
+            "{} must require k8s.io/kubernetes and go.etcd.io/etcd/server/v3",
+            go_mod.display()
+        )
+    })
+}
+
+fn require_go() -> Result<()> {
+    let ok = Command::new("go")
+        .arg("version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        bail!(
+            "`go` was not found on PATH: install Go 1.26 or newer (the envtest binaries are built from Go modules), or set KUBEBUILDER_ASSETS to a folder holding kube-apiserver and etcd"
+        );
+    }
+    Ok(())
+}
+
+fn go(dir: &Path) -> Command {
+    let mut cmd = Command::new("go");
+    cmd.current_dir(dir)
+        .env("CGO_ENABLED", "0")
+        .env("GOFLAGS", "-mod=readonly -buildvcs=false");
+    cmd
+}
+
+/// Builds (or reuses) kube-apiserver and etcd and returns the folder holding them.
+///
+/// `KUBEBUILDER_ASSETS`, when set, is used as it is: nothing is built.
+pub fn assets(root: &Path) -> Result<PathBuf> {
+    if let Some(dir) = std::env::var_os(assets::ASSETS_ENV).filter(|v| !v.is_empty()) {
+        let dir = PathBuf::from(dir);
+        let missing = assets::missing_binaries(&dir);
+        if !missing.is_empty() {
+            bail!(
+                "KUBEBUILDER_ASSETS={} lacks {}: point it at a folder holding kube-apiserver and etcd, or unset it to build them from tools/k8s",
+                dir.display(),
+                missing.join(", ")
+            );
+        }
+        eprintln!("envtest-assets: using KUBEBUILDER_ASSETS");
+        return Ok(dir);
+    }
+    let versions = versions(root)?;
+    let dir = assets::cache_dir(&versions);
+    let tools = tools_dir(root);
+    let stamp = format!(
+        "{}\n{}",
+        read(&tools.join("go.mod"))?,
+        read(&tools.join("go.sum"))?
+    );
+    let fresh = assets::missing_binaries(&dir).is_empty()
+        && std::fs::read_to_string(dir.join(STAMP)).is_ok_and(|s| s == stamp);
+    if fresh {
+        eprintln!("envtest-assets: reusing the binaries built from this go.mod and go.sum");
+        return Ok(dir);
+    }
+    require_go()?;
+    std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+    let _ = std::fs::remove_file(dir.join(STAMP));
+    let k8s = &versions.kubernetes;
+    let mut parts = k8s.trim_start_matches('v').split('.');
+    let (Some(major), Some(minor)) = (parts.next(), parts.next()) else {
+        bail!("k8s.io/kubernetes version {k8s} is not vMAJOR.MINOR.PATCH");
+    };
+    let version_flags = format!(
+        "-s -w -X k8s.io/component-base/version.gitVersion={k8s} -X k8s.io/component-base/version.gitMajor={major} -X k8s.io/component-base/version.gitMinor={minor} -X k8s.io/component-base/version.gitTreeState=clean"
+    );
+    for (binary, package, ldflags) in [
+        (
+            "kube-apiserver",
+            "k8s.io/kubernetes/cmd/kube-apiserver",
+            version_flags.as_str(),
+        ),
+        ("etcd", "go.etcd.io/etcd/server/v3", "-s -w"),
+    ] {
+        let partial = dir.join(format!(".{binary}.partial"));
+        let mut cmd = go(&tools);
+        cmd.args(["build", "-trimpath", "-ldflags", ldflags, "-o"])
+            .arg(&partial)
+            .arg(package);
+        run(cmd)?;
+        std::fs::rename(&partial, dir.join(binary))
+            .with_context(|| format!("move {binary} into {}", dir.display()))?;
+    }
+    std::fs::write(dir.join(STAMP), stamp).context("write the build stamp")?;
+    Ok(dir)
+}
+
+/// Regenerates (or with `--check`, verifies) the `replace` block of `tools/k8s/go.mod`: one line
+/// per staging module that `k8s.io/kubernetes`'s own go.mod requires at `v0.0.0`.
+pub fn k8s_replaces(root: &Path, flag: Option<&str>) -> Result<()> {
+    let check = match flag {
+        None => false,
+        Some("--check") => true,
+        Some(other) => bail!("unknown flag {other:?}: the only one is --check"),
+    };
+    require_go()?;
+    let versions = versions(root)?;
+    let staging = format!("v0.{}", versions.kubernetes.trim_start_matches("v1."));
+    let tools = tools_dir(root);
+    let mut cmd = go(&tools);
+    cmd.args(["mod", "download", "-json"])
+        .arg(format!("k8s.io/kubernetes@{}", versions.kubernetes));
+    let output = cmd.output().context("run `go mod download`")?;
+    if !output.status.success() {
+        bail!(
+            "`go mod download k8s.io/kubernetes@{}` failed: {}",
+            versions.kubernetes,
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let info: serde_json::Value =
+        serde_json::from_slice(&output.stdout).context("parse go mod download")?;
+    let upstream_mod = info["GoMod"]
+        .as_str()
+        .context("go mod download gave no GoMod path")?;
+    let upstream = read(Path::new(upstream_mod))?;
+    let mut block = String::from("replace (\n");
+    for line in upstream.lines() {
+        let mut words = line.split_whitespace();
+        if let (Some(module), Some("v0.0.0"), None) = (words.next(), words.next(), words.next())
+            && module.starts_with("k8s.io/")
+        {
+            block.push_str(&format!("\t{module} => {module} {staging}\n"));
+        }
+    }
+    block.push_str(")\n");
+
+    let go_mod_path = tools.join("go.mod");
+    let go_mod = read(&go_mod_path)?;
+    let start = go_mod
+        .find("replace (\n")
+        .context("tools/k8s/go.mod has no `replace (` block")?;
+    let end = start
+        + go_mod[start..]
+            .find("\n)\n")
+            .context("unterminated replace block")?
+        + 3;
+    if go_mod[start..end] == block {
+        eprintln!(
+            "k8s-replaces: tools/k8s/go.mod matches k8s.io/kubernetes@{}",
+            versions.kubernetes
+        );
+        return Ok(());
+    }
+    if check {
+        bail!(
+            "the replace block of tools/k8s/go.mod differs from what k8s.io/kubernetes@{}'s go.mod requires: run `cargo xtask k8s-replaces`, then `go mod tidy` in tools/k8s",
+            versions.kubernetes
+        );
+    }
+    let updated = format!("{}{}{}", &go_mod[..start], block, &go_mod[end..]);
+    std::fs::write(&go_mod_path, updated).context("write tools/k8s/go.mod")?;
+    eprintln!("k8s-replaces: rewrote the replace block; now run `go mod tidy` in tools/k8s");
+    Ok(())
+}

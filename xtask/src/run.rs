@@ -1,0 +1,124 @@
+//! Running child commands: echoing them, timing phases, and surviving Ctrl-C long enough to
+//! clean up.
+
+use std::process::{Child, Command, ExitStatus};
+use std::sync::Arc;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail};
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use signal_hook::consts::{SIGINT, SIGTERM};
+
+fn flag() -> &'static Arc<AtomicBool> {
+    static FLAG: OnceLock<Arc<AtomicBool>> = OnceLock::new();
+    FLAG.get_or_init(|| Arc::new(AtomicBool::new(false)))
+}
+
+/// From now on SIGINT and SIGTERM set a flag instead of killing xtask, so it can clean up.
+pub fn trap_signals() -> Result<()> {
+    for signal in [SIGINT, SIGTERM] {
+        signal_hook::flag::register(signal, Arc::clone(flag()))
+            .context("install signal handler")?;
+    }
+    Ok(())
+}
+
+/// Whether SIGINT or SIGTERM arrived.
+pub fn interrupted() -> bool {
+    flag().load(Ordering::SeqCst)
+}
+
+fn describe(cmd: &Command) -> String {
+    let mut text = cmd.get_program().to_string_lossy().into_owned();
+    for arg in cmd.get_args() {
+        text.push(' ');
+        text.push_str(&arg.to_string_lossy());
+    }
+    text
+}
+
+/// Runs `cmd` to completion, failing on a non-zero exit.
+pub fn run(mut cmd: Command) -> Result<()> {
+    let what = describe(&cmd);
+    eprintln!("+ {what}");
+    let status = cmd
+        .status()
+        .with_context(|| format!("cannot run `{what}`"))?;
+    check(&what, status)
+}
+
+fn check(what: &str, status: ExitStatus) -> Result<()> {
+    if interrupted() {
+        bail!("interrupted while running `{what}`");
+    }
+    if !status.success() {
+        bail!("`{what}` failed ({status})");
+    }
+    Ok(())
+}
+
+/// Runs `cmd` in its own process group, forwarding SIGINT/SIGTERM to that group, and waits.
+pub fn run_forwarding_signals(mut cmd: Command) -> Result<()> {
+    use std::os::unix::process::CommandExt as _;
+    let what = describe(&cmd);
+    eprintln!("+ {what}");
+    let mut child: Child = cmd
+        .process_group(0)
+        .spawn()
+        .with_context(|| format!("cannot run `{what}`"))?;
+    let group = Pid::from_raw(i32::try_from(child.id()).context("child pid")?);
+    let mut forwarded = false;
+    loop {
+        if let Some(status) = child.try_wait().context("wait for child")? {
+            return check(&what, status);
+        }
+        if interrupted() && !forwarded {
+            eprintln!("xtask: interrupted; stopping `{what}`");
+            let _ = killpg(group, Signal::SIGINT);
+            forwarded = true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Wall times of the phases of one task, printed as a table at the end.
+#[derive(Default)]
+pub struct Phases {
+    done: Vec<(String, Duration, bool)>,
+}
+
+impl Phases {
+    /// Runs one named phase, recording its duration and outcome.
+    pub fn phase<T>(&mut self, name: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        if interrupted() {
+            bail!("interrupted before phase `{name}`");
+        }
+        eprintln!("\n==> {name}");
+        let start = Instant::now();
+        let result = f();
+        self.done
+            .push((name.to_owned(), start.elapsed(), result.is_ok()));
+        result
+    }
+
+    /// Prints the timing table to stderr.
+    pub fn print(&self) {
+        let width = self
+            .done
+            .iter()
+            .map(|(n, ..)| n.len())
+            .max()
+            .unwrap_or(5)
+            .max(5);
+        let total: Duration = self.done.iter().map(|(_, d, _)| *d).sum();
+        eprintln!("\n{:<width$}  {:>9}  result", "phase", "seconds");
+        for (name, took, ok) in &self.done {
+            let result = if *ok { "ok" } else { "FAILED" };
+            eprintln!("{name:<width$}  {:>9.1}  {result}", took.as_secs_f64());
+        }
+        eprintln!("{:<width$}  {:>9.1}", "total", total.as_secs_f64());
+    }
+}

@@ -1,0 +1,208 @@
+//! `cargo xtask test`: formatting, lints, dependency policy, the envtest binaries, and every
+//! test against one shared control plane; and `cargo xtask demo`.
+
+use std::io::{BufRead as _, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+
+use anyhow::{Context as _, Result, bail};
+
+use crate::envtest;
+use crate::run::{Phases, interrupted, run as run_cmd, run_forwarding_signals, trap_signals};
+
+/// Names the shared control plane's folder for the tests (`ichor_testenv::SHARED_DIR_ENV`).
+const SHARED_DIR_ENV: &str = "ICHOR_TESTENV_DIR";
+
+/// The cargo-deny release installed when none is on PATH.
+const CARGO_DENY: &str = "cargo-deny@0.20.2";
+
+fn cargo(root: &Path) -> Command {
+    let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    cmd.current_dir(root);
+    cmd
+}
+
+/// Runs every check and test; prints a timing table whatever the outcome.
+pub fn run(root: &Path) -> Result<()> {
+    trap_signals()?;
+    let mut phases = Phases::default();
+    let result = all_phases(root, &mut phases);
+    phases.print();
+    result
+}
+
+fn all_phases(root: &Path, phases: &mut Phases) -> Result<()> {
+    phases.phase("fmt", || {
+        let mut cmd = cargo(root);
+        cmd.args(["fmt", "--all", "--check"]);
+        run_cmd(cmd)
+    })?;
+    let assets = phases.phase("tools: envtest assets (go build)", || envtest::assets(root))?;
+    phases.phase("tools: k8s replace block", || {
+        envtest::k8s_replaces(root, Some("--check"))
+    })?;
+    phases.phase("tools: cargo-deny", || ensure_cargo_deny(root))?;
+    phases.phase("deny", || {
+        let mut cmd = cargo(root);
+        cmd.args(["deny", "check", "bans", "licenses", "sources"]);
+        run_cmd(cmd)
+    })?;
+    phases.phase("clippy", || {
+        let mut cmd = cargo(root);
+        cmd.args([
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ]);
+        run_cmd(cmd)
+    })?;
+    let testenv_bin = phases.phase("rust build (tests)", || build_tests(root))?;
+    phases.phase("tests", || run_tests(root, &assets, &testenv_bin))
+}
+
+fn ensure_cargo_deny(root: &Path) -> Result<()> {
+    let present = cargo(root)
+        .args(["deny", "--version"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if present {
+        eprintln!("cargo-deny is installed");
+        return Ok(());
+    }
+    let mut cmd = cargo(root);
+    cmd.args(["install", "--locked", CARGO_DENY]);
+    run_cmd(cmd)
+}
+
+/// Builds every test target and returns the path of the `ichor-testenv` binary built with them.
+fn build_tests(root: &Path) -> Result<PathBuf> {
+    let mut cmd = cargo(root);
+    cmd.args([
+        "test",
+        "--workspace",
+        "--no-run",
+        "--message-format=json-render-diagnostics",
+    ])
+    .stdout(Stdio::piped());
+    eprintln!("+ cargo test --workspace --no-run");
+    let mut child = cmd.spawn().context("run cargo test --no-run")?;
+    let stdout = child.stdout.take().context("cargo stdout")?;
+    let mut testenv = None;
+    for line in BufReader::new(stdout).lines() {
+        let line = line.context("read cargo output")?;
+        let Ok(msg) = serde_json::from_str::<serde_json::Value>(&line) else {
+            continue;
+        };
+        let is_testenv_bin = msg["reason"] == "compiler-artifact"
+            && msg["target"]["name"] == "ichor-testenv"
+            && msg["profile"]["test"] == false
+            && msg["target"]["kind"]
+                .as_array()
+                .is_some_and(|k| k.iter().any(|v| v == "bin"));
+        if is_testenv_bin && let Some(exe) = msg["executable"].as_str() {
+            testenv = Some(PathBuf::from(exe));
+        }
+    }
+    let status = child.wait().context("wait for cargo")?;
+    if !status.success() {
+        bail!("building the tests failed ({status})");
+    }
+    testenv.context("cargo built no ichor-testenv binary")
+}
+
+/// The run's shared control plane, served by `ichor-testenv serve` until dropped.
+struct SharedControlPlane {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    dir: PathBuf,
+}
+
+impl SharedControlPlane {
+    fn start(bin: &Path, assets: &Path) -> Result<Self> {
+        use std::os::unix::process::CommandExt as _;
+        eprintln!("+ {} serve --exit-on-stdin-eof", bin.display());
+        let mut child = Command::new(bin)
+            .args(["serve", "--exit-on-stdin-eof"])
+            .env(crate::assets::ASSETS_ENV, assets)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            // Its own process group: a terminal's Ctrl-C reaches xtask, which stops it in order.
+            .process_group(0)
+            .spawn()
+            .context("start ichor-testenv")?;
+        let stdin = child.stdin.take();
+        let stdout = child.stdout.take().context("ichor-testenv stdout")?;
+        let dir = BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+            .inspect(|line| eprintln!("{line}"))
+            .find_map(|line| {
+                line.strip_prefix(&format!("{}=", SHARED_DIR_ENV))
+                    .map(PathBuf::from)
+            });
+        let mut plane = Self {
+            child,
+            stdin,
+            dir: PathBuf::new(),
+        };
+        match dir {
+            Some(dir) => {
+                plane.dir = dir;
+                Ok(plane)
+            }
+            None => {
+                let status = plane.child.wait().context("wait for ichor-testenv")?;
+                bail!("the shared control plane did not start ({status})")
+            }
+        }
+    }
+}
+
+impl Drop for SharedControlPlane {
+    fn drop(&mut self) {
+        // Closing its stdin asks it to stop; it kills etcd and kube-apiserver and removes its
+        // folder before exiting.
+        drop(self.stdin.take());
+        let _ = self.child.wait();
+    }
+}
+
+fn run_tests(root: &Path, assets: &Path, testenv_bin: &Path) -> Result<()> {
+    let plane = SharedControlPlane::start(testenv_bin, assets)?;
+    let mut cmd = cargo(root);
+    cmd.args(["test", "--workspace"])
+        .env(SHARED_DIR_ENV, &plane.dir)
+        .env(crate::assets::ASSETS_ENV, assets);
+    let result = run_forwarding_signals(cmd);
+    drop(plane);
+    result
+}
+
+/// `cargo xtask demo`: builds the envtest binaries and serves a local control plane until
+/// Ctrl-C, printing how to reach it.
+pub fn demo(root: &Path) -> Result<()> {
+    trap_signals()?;
+    let assets = envtest::assets(root)?;
+    let kubeconfig = root.join(".ichor-demo").join("kubeconfig");
+    let mut cmd = cargo(root);
+    cmd.args([
+        "run",
+        "--quiet",
+        "--package",
+        "ichor-testenv",
+        "--bin",
+        "ichor-testenv",
+        "--",
+        "serve",
+        "--kubeconfig-out",
+    ])
+    .arg(&kubeconfig)
+    .env(crate::assets::ASSETS_ENV, assets);
+    run_forwarding_signals(cmd).or_else(|err| if interrupted() { Ok(()) } else { Err(err) })
+}
