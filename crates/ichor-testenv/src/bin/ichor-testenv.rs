@@ -6,6 +6,7 @@
 #![forbid(unsafe_code)]
 
 use std::io::Write as _;
+use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -66,7 +67,15 @@ async fn serve(args: Args) -> Result<(), String> {
             std::fs::create_dir_all(parent)
                 .map_err(|e| format!("create {}: {e}", parent.display()))?;
         }
-        std::fs::write(out, conn.kubeconfig())
+        // The kubeconfig holds an admin key: readable by its owner only.
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(out)
+            .map_err(|e| format!("write {}: {e}", out.display()))?;
+        file.write_all(conn.kubeconfig().as_bytes())
             .map_err(|e| format!("write {}: {e}", out.display()))?;
         kubeconfig = out.clone();
     }
