@@ -4,6 +4,7 @@
 //! - `envtest-assets`: build (or reuse) kube-apiserver and etcd; prints their folder last.
 //! - `k8s-replaces [--check]`: regenerate the staging-module `replace` block of
 //!   `tools/k8s/go.mod` from `k8s.io/kubernetes`'s own go.mod.
+//! - `crdgen`: write the CRDs and admission policies generated from `ichor-api` to `config/`.
 //! - `demo`: run Ichor's main job locally (for now: a local control plane).
 #![forbid(unsafe_code)]
 
@@ -18,7 +19,8 @@ mod test;
 #[allow(dead_code)]
 mod assets;
 
-const USAGE: &str = "usage: cargo xtask <test | envtest-assets | k8s-replaces [--check] | demo>";
+const USAGE: &str =
+    "usage: cargo xtask <test | envtest-assets | k8s-replaces [--check] | crdgen | demo>";
 
 /// The workspace root (the parent of this crate's folder).
 fn workspace_root() -> PathBuf {
@@ -37,6 +39,7 @@ fn main() -> ExitCode {
             println!("{}", dir.display());
         }),
         Some("k8s-replaces") => envtest::k8s_replaces(&root, args.get(1).map(String::as_str)),
+        Some("crdgen") => test::crdgen(&root),
         Some("demo") => test::demo(&root),
         _ => {
             eprintln!("{USAGE}");

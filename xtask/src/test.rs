@@ -184,6 +184,29 @@ fn run_tests(root: &Path, assets: &Path, testenv_bin: &Path) -> Result<()> {
     result
 }
 
+/// `cargo xtask crdgen`: regenerates `config/crd/` and `config/admission/` from `ichor-api`.
+/// (The test suite fails while the checked-in files differ from what the types generate.)
+pub fn crdgen(root: &Path) -> Result<()> {
+    let out = root.join("config");
+    let crd_dir = out.join("crd");
+    if crd_dir.exists() {
+        // Stale CRDs of renamed resources must not survive a regeneration.
+        std::fs::remove_dir_all(&crd_dir).context("clear config/crd")?;
+    }
+    let mut cmd = cargo(root);
+    cmd.args([
+        "run",
+        "--quiet",
+        "--package",
+        "ichor-api",
+        "--example",
+        "crdgen",
+        "--",
+    ])
+    .arg(&out);
+    run_cmd(cmd)
+}
+
 /// `cargo xtask demo`: builds the envtest binaries and serves a local control plane until
 /// Ctrl-C, printing how to reach it.
 pub fn demo(root: &Path) -> Result<()> {

@@ -1,0 +1,288 @@
+//! `TalosCluster`: one workload cluster Ichor builds and manages.
+
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+use crate::common::{Condition, InstallSpec, LocalObjectReference};
+use crate::config::ConfigPatch;
+use crate::rules;
+
+/// The desired state of a Talos cluster.
+#[derive(CustomResource, KubeSchema, Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[kube(
+    group = "ichor.maesh.dev",
+    version = "v1alpha1",
+    kind = "TalosCluster",
+    plural = "talosclusters",
+    shortname = "tc",
+    category = "ichor",
+    namespaced,
+    status = "TalosClusterStatus",
+    printcolumn = r#"{"name":"Talos","type":"string","jsonPath":".spec.talosVersion"}"#,
+    printcolumn = r#"{"name":"Kubernetes","type":"string","jsonPath":".spec.kubernetesVersion"}"#,
+    printcolumn = r#"{"name":"Endpoint","type":"string","jsonPath":".spec.endpoint"}"#,
+    printcolumn = r#"{"name":"Control planes","type":"string","jsonPath":".status.controlPlanes.summary"}"#,
+    printcolumn = r#"{"name":"Workers","type":"string","jsonPath":".status.workers.summary"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("!(self.cni.preset == 'flannel' && self.kubeProxy == 'disabled')").message("cni.preset flannel needs kubeProxy: enabled (flannel relies on kube-proxy); choose cilium or none to run without kube-proxy"),
+    validation = Rule::new(rules::subnets_disjoint("self.network.podSubnets", "self.network.serviceSubnets")).message("network.podSubnets and network.serviceSubnets must not overlap"),
+    validation = Rule::new(rules::discovery_disjoint_from_network()).message("discovery.cidrs must not overlap network.podSubnets or network.serviceSubnets")
+)]
+pub struct TalosClusterSpec {
+    /// The Talos version contract configs are rendered for, and the installer tag, e.g.
+    /// `v1.14.0`. Nodes running an older Talos are refused before anything is applied.
+    #[schemars(
+        length(max = 32),
+        regex(pattern = r"^v1\.(1[3-9]|[2-9][0-9])\.[0-9]+(-[0-9A-Za-z.]+)?$")
+    )]
+    pub talos_version: String,
+    /// The Kubernetes version the cluster runs, e.g. `1.36.3`.
+    #[schemars(
+        length(max = 32),
+        regex(pattern = r"^v?1\.[0-9]+\.[0-9]+(-[0-9A-Za-z.]+)?$")
+    )]
+    pub kubernetes_version: String,
+    /// The Kubernetes API endpoint every node joins through, e.g. `https://10.0.0.10:6443`
+    /// (a load balancer or VIP in front of the control planes). Required: there is no default.
+    #[schemars(length(max = 256))]
+    #[x_kube(validation = Rule::new("isURL(self) && url(self).getScheme() == 'https' && url(self).getHostname() != ''").message("endpoint must be an https:// URL naming the Kubernetes API, e.g. https://10.0.0.10:6443"))]
+    pub endpoint: String,
+    /// The control-plane shape.
+    pub control_plane: ControlPlaneSpec,
+    /// Pod and service networks of the workload cluster.
+    #[serde(default)]
+    pub network: NetworkSpec,
+    /// The CNI deployed with the cluster.
+    #[serde(default)]
+    pub cni: CniSpec,
+    /// Whether kube-proxy runs. Switching it on an existing cluster needs the
+    /// `ichor.maesh.dev/confirm-kube-proxy-switch: "true"` annotation.
+    #[serde(default)]
+    pub kube_proxy: KubeProxyMode,
+    /// Finds maintenance-mode machines by sweeping address ranges. Discovery only reads: nothing
+    /// is written to a machine before a person approves it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub discovery: Option<DiscoverySpec>,
+    /// The Secret (same namespace) holding the cluster's secrets bundle, in `talosctl gen
+    /// secrets` format under the key `secrets.yaml`. Generated when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secrets_ref: Option<LocalObjectReference>,
+    /// Install defaults for the cluster's machines (each machine may override them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub install: Option<InstallSpec>,
+    /// Config patches applied to every machine of the cluster, first (then class, then machine).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub config_patches: Vec<ConfigPatch>,
+}
+
+/// The control-plane shape.
+#[derive(KubeSchema, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ControlPlaneSpec {
+    /// How many control planes the cluster should have (etcd members). Odd counts (1, 3, 5)
+    /// keep etcd's fault tolerance; a removal never takes the cluster below this count.
+    #[schemars(range(min = 1, max = 9))]
+    pub count: i32,
+}
+
+/// Pod and service networks.
+#[derive(KubeSchema, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkSpec {
+    /// Pod CIDRs, e.g. `10.244.0.0/16`.
+    #[serde(default = "default_pod_subnets")]
+    #[schemars(length(min = 1, max = 2), inner(length(max = 43)))]
+    #[x_kube(validation = Rule::new("self.all(c, isCIDR(c))").message("each entry of network.podSubnets must be a CIDR, e.g. 10.244.0.0/16"))]
+    pub pod_subnets: Vec<String>,
+    /// Service CIDRs, e.g. `10.96.0.0/12`.
+    #[serde(default = "default_service_subnets")]
+    #[schemars(length(min = 1, max = 2), inner(length(max = 43)))]
+    #[x_kube(validation = Rule::new("self.all(c, isCIDR(c))").message("each entry of network.serviceSubnets must be a CIDR, e.g. 10.96.0.0/12"))]
+    pub service_subnets: Vec<String>,
+    /// The cluster DNS domain.
+    #[serde(default = "default_dns_domain")]
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*$")
+    )]
+    pub dns_domain: String,
+}
+
+fn default_pod_subnets() -> Vec<String> {
+    vec!["10.244.0.0/16".into()]
+}
+
+fn default_service_subnets() -> Vec<String> {
+    vec!["10.96.0.0/12".into()]
+}
+
+fn default_dns_domain() -> String {
+    "cluster.local".into()
+}
+
+impl Default for NetworkSpec {
+    fn default() -> Self {
+        Self {
+            pod_subnets: default_pod_subnets(),
+            service_subnets: default_service_subnets(),
+            dns_domain: default_dns_domain(),
+        }
+    }
+}
+
+/// The CNI deployed with the cluster.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self.preset == oldSelf.preset").message("cni.preset is immutable: a running cluster's CNI cannot be swapped in place"))]
+pub struct CniSpec {
+    /// `flannel` (Talos's built-in CNI), `cilium` or `none` (no built-in CNI: install one
+    /// yourself; nodes stay NotReady until you do).
+    #[serde(default)]
+    pub preset: CniPreset,
+}
+
+/// The CNI presets.
+#[derive(
+    schemars::JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum CniPreset {
+    /// Talos's built-in flannel (vxlan).
+    #[default]
+    Flannel,
+    /// No built-in CNI; Cilium is installed afterwards.
+    Cilium,
+    /// No CNI at all.
+    None,
+}
+
+/// Whether kube-proxy runs.
+#[derive(
+    schemars::JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum KubeProxyMode {
+    /// kube-proxy runs on every node.
+    #[default]
+    Enabled,
+    /// No kube-proxy (the CNI replaces it).
+    Disabled,
+}
+
+/// Where and how often to look for maintenance-mode machines.
+#[derive(KubeSchema, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DiscoverySpec {
+    /// IPv4 ranges to sweep on port 50000, at most 4, each no larger than a /24.
+    #[schemars(length(min = 1, max = 4), inner(length(max = 18)))]
+    #[x_kube(
+        validation = Rule::new("self.all(c, isCIDR(c))").message("each discovery CIDR must be in CIDR notation, e.g. 192.168.10.0/24"),
+        validation = Rule::new("self.all(c, !isCIDR(c) || cidr(c).ip().family() == 4)").message("discovery CIDRs must be IPv4"),
+        validation = Rule::new("self.all(c, !isCIDR(c) || cidr(c).prefixLength() >= 24)").message("each discovery CIDR must be no larger than a /24 (prefix length 24 to 32)")
+    )]
+    pub cidrs: Vec<String>,
+    /// Time between sweeps, e.g. `5m` (at least 10s, at most 24h).
+    #[serde(default = "default_discovery_interval")]
+    #[schemars(length(max = 16))]
+    #[x_kube(validation = Rule::new("duration(self) >= duration('10s') && duration(self) <= duration('24h')").message("discovery.interval must be a duration from 10s to 24h, e.g. 5m"))]
+    pub interval: String,
+}
+
+fn default_discovery_interval() -> String {
+    "5m".into()
+}
+
+/// The observed state of a Talos cluster.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TalosClusterStatus {
+    /// `Ready`, `Bootstrapped`, `SecretsReady`, `Transitioning`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub conditions: Vec<Condition>,
+    /// The generation last reconciled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Control-plane counts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control_planes: Option<MachineCounts>,
+    /// Worker counts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workers: Option<MachineCounts>,
+    /// The one machine chosen to bootstrap etcd, recorded before the call is made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bootstrap: Option<BootstrapRecord>,
+    /// The action holding the cluster lock, and those waiting for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lock: Option<LockStatus>,
+    /// The Secret holding the secrets bundle.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub secrets_secret: Option<String>,
+    /// The Secret holding an `os:admin` talosconfig for the cluster's nodes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub talosconfig_secret: Option<String>,
+    /// The Secret holding an admin kubeconfig for the workload cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub kubeconfig_secret: Option<String>,
+}
+
+/// Machine counts of one role.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineCounts {
+    /// Declared in the spec (control planes only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub declared: Option<i32>,
+    /// Approved machines of this role.
+    pub approved: i32,
+    /// Machines of this role that are ready.
+    pub ready: i32,
+    /// `ready/approved` (or `ready/declared`), for `kubectl get`.
+    #[schemars(length(max = 32))]
+    pub summary: String,
+}
+
+/// The machine chosen to bootstrap etcd.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BootstrapRecord {
+    /// The TalosMachine's name.
+    #[schemars(length(max = 253))]
+    pub machine_name: String,
+    /// The TalosMachine's UID.
+    #[schemars(length(max = 64))]
+    pub machine_uid: String,
+    /// When the machine was chosen (RFC 3339).
+    #[schemars(length(max = 64))]
+    pub chosen_at: String,
+    /// When the bootstrap was confirmed done (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub completed_at: Option<String>,
+}
+
+/// The cluster lock as seen by the controller.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LockStatus {
+    /// The action holding the lock, e.g. `removal/<machine uid>` or `operation/<name>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 320))]
+    pub holder: Option<String>,
+    /// When the holder took the lock (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub since: Option<String>,
+    /// Actions waiting for the lock, in arrival order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64), inner(length(max = 320)))]
+    pub waiting: Vec<String>,
+}

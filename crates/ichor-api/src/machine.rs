@@ -1,0 +1,309 @@
+//! `TalosMachine`: one physical machine, from discovery to removal.
+
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+use crate::common::{Condition, InstallSpec, LocalObjectReference, Role};
+use crate::config::ConfigPatch;
+
+/// The CEL rule locking `approvalState` and `role` once a config was applied.
+const APPLIED_LOCK_RULE: &str = "!has(oldSelf.status) || !has(oldSelf.status.appliedConfigHash) || (self.spec.approvalState == oldSelf.spec.approvalState && has(self.spec.role) == has(oldSelf.spec.role) && (!has(self.spec.role) || self.spec.role == oldSelf.spec.role))";
+
+/// A machine Ichor found (or was told about) and may turn into a cluster node.
+#[derive(CustomResource, KubeSchema, Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[kube(
+    group = "ichor.maesh.dev",
+    version = "v1alpha1",
+    kind = "TalosMachine",
+    plural = "talosmachines",
+    shortname = "tm",
+    category = "ichor",
+    namespaced,
+    status = "TalosMachineStatus",
+    validation = Rule::new(APPLIED_LOCK_RULE).message("spec.approvalState and spec.role cannot change once the machine's config was applied (status.appliedConfigHash is set): delete the machine to remove it from the cluster"),
+    printcolumn = r#"{"name":"Cluster","type":"string","jsonPath":".spec.clusterRef.name"}"#,
+    printcolumn = r#"{"name":"Role","type":"string","jsonPath":".spec.role"}"#,
+    printcolumn = r#"{"name":"Approval","type":"string","jsonPath":".spec.approvalState"}"#,
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Address","type":"string","jsonPath":".status.address"}"#,
+    printcolumn = r#"{"name":"Talos","type":"string","jsonPath":".status.talosVersion"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("self.approvalState != 'approved' || has(self.role)").message("an approved machine needs spec.role (controlplane or worker)"),
+    validation = Rule::new("self.approvalState != 'approved' || has(self.fingerprint)").message("an approved machine needs a pinned spec.fingerprint: Ichor never applies to a machine whose certificate it has not pinned"),
+    validation = Rule::new("self.approvalState != 'approved' || size(self.endpoints) > 0").message("an approved machine needs at least one address in spec.endpoints")
+)]
+pub struct TalosMachineSpec {
+    /// The TalosCluster this machine belongs to (same namespace). Immutable.
+    #[x_kube(validation = Rule::new("self == oldSelf").message("spec.clusterRef is immutable"))]
+    pub cluster_ref: LocalObjectReference,
+    /// `controlplane` or `worker`. Required to approve; immutable once a config was applied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<Role>,
+    /// `pending` (found, untouched), `approved` (Ichor may configure it) or `rejected` (never
+    /// touched). Immutable once a config was applied.
+    #[serde(default)]
+    pub approval_state: ApprovalState,
+    /// The machine's Talos API addresses (IPs), as discovered.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 8), inner(length(max = 45)))]
+    #[x_kube(validation = Rule::new("self.all(a, isIP(a))").message("each entry of spec.endpoints must be an IP address"))]
+    pub endpoints: Vec<String>,
+    /// The pinned certificate fingerprint: base64 of the SHA-256 of the certificate's
+    /// SubjectPublicKeyInfo, as `talosctl --cert-fingerprint` takes it. Set from the first
+    /// discovery; a different certificate is refused until a person updates this pin.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 44), regex(pattern = r"^[A-Za-z0-9+/]{43}=$"))]
+    pub fingerprint: Option<String>,
+    /// The hostname to give the node (a DNS label). Defaults to a stable Talos-chosen name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 63), regex(pattern = r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$"))]
+    pub hostname: Option<String>,
+    /// Install settings, overriding the cluster's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub install: Option<InstallSpec>,
+    /// Config patches for this machine, applied last (after cluster and class patches).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub config_patches: Vec<ConfigPatch>,
+}
+
+/// Whether Ichor may configure a machine.
+#[derive(
+    schemars::JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum ApprovalState {
+    /// Found; nothing is written to it.
+    #[default]
+    Pending,
+    /// Ichor configures it and joins it to its cluster.
+    Approved,
+    /// Never touched.
+    Rejected,
+}
+
+/// Where a machine is in its lifecycle.
+#[derive(
+    schemars::JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize,
+)]
+pub enum MachinePhase {
+    /// Found in maintenance mode; waiting for approval.
+    #[default]
+    Pending,
+    /// Rejected: never touched.
+    Rejected,
+    /// Approved; its config is being rendered and checked.
+    Approved,
+    /// Its config is being applied over the pinned maintenance connection.
+    Applying,
+    /// Talos is installing to disk and will reboot.
+    Installing,
+    /// Installed; waiting for the configured (mTLS) API.
+    Booting,
+    /// Joining the cluster (etcd membership for control planes).
+    Joining,
+    /// Running and ready.
+    Ready,
+    /// Being removed from its cluster.
+    Removing,
+    /// Stopped on an error a person must act on (see conditions).
+    Failed,
+}
+
+/// The observed state of a machine.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TalosMachineStatus {
+    /// Where the machine is in its lifecycle.
+    #[serde(default)]
+    pub phase: MachinePhase,
+    /// `Ready`, `ConfigApplied`, `Installed`, `RemovalApproved`, `FingerprintChanged`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub conditions: Vec<Condition>,
+    /// The generation last reconciled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// The address Ichor reaches the machine at.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 45))]
+    pub address: Option<String>,
+    /// The fingerprint discovery last saw (compare with `spec.fingerprint`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 44))]
+    pub observed_fingerprint: Option<String>,
+    /// The Talos version the machine runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub talos_version: Option<String>,
+    /// Hardware as read in maintenance mode.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hardware: Option<HardwareInventory>,
+    /// The machine's Kubernetes Node name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub node_name: Option<String>,
+    /// The machine's etcd member id (16 hex digits), for control planes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 16))]
+    pub etcd_member_id: Option<String>,
+    /// The content hash of the config last applied. Once set, `spec.approvalState` and
+    /// `spec.role` are immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 128))]
+    pub applied_config_hash: Option<String>,
+    /// Progress of the removal sequence, recorded step by step so a restart resumes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub removal: Option<RemovalProgress>,
+}
+
+/// Hardware as read from the machine in maintenance mode.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HardwareInventory {
+    /// The SMBIOS system UUID (the machine's identity).
+    #[schemars(length(max = 64))]
+    pub uuid: String,
+    /// SMBIOS manufacturer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 256))]
+    pub manufacturer: Option<String>,
+    /// SMBIOS product name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 256))]
+    pub product_name: Option<String>,
+    /// SMBIOS serial number.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 256))]
+    pub serial_number: Option<String>,
+    /// Block devices.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub disks: Vec<DiskInfo>,
+    /// Network links.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub links: Vec<LinkInfo>,
+}
+
+/// One block device.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DiskInfo {
+    /// Device name, e.g. `sda`.
+    #[schemars(length(max = 64))]
+    pub name: String,
+    /// Device path, e.g. `/dev/sda`.
+    #[schemars(length(max = 256))]
+    pub dev_path: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// Model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 256))]
+    pub model: Option<String>,
+    /// Serial number.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 256))]
+    pub serial: Option<String>,
+    /// WWID.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 256))]
+    pub wwid: Option<String>,
+    /// Transport, e.g. `nvme`, `sata`, `virtio`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32))]
+    pub transport: Option<String>,
+    /// Whether the disk spins.
+    #[serde(default)]
+    pub rotational: bool,
+    /// Whether it is read-only.
+    #[serde(default)]
+    pub readonly: bool,
+    /// Whether it is a CD-ROM.
+    #[serde(default)]
+    pub cdrom: bool,
+}
+
+/// One network link.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LinkInfo {
+    /// Link name, e.g. `eth0`.
+    #[schemars(length(max = 64))]
+    pub name: String,
+    /// Hardware (MAC) address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub hardware_addr: Option<String>,
+    /// Operational state, e.g. `up`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32))]
+    pub operational_state: Option<String>,
+    /// Link kind (empty for physical links).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32))]
+    pub kind: Option<String>,
+    /// Driver.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub driver: Option<String>,
+    /// Speed in Mbit/s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speed_mbit: Option<u32>,
+}
+
+/// The steps of a removal, in order. Recorded so a restarted manager resumes at the step
+/// reached and never repeats one that must not be repeated.
+#[derive(
+    schemars::JsonSchema,
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+)]
+pub enum RemovalStep {
+    /// Waiting for the cluster lock and the safety rechecks.
+    #[default]
+    Pending,
+    /// The workload Node was cordoned.
+    Cordoned,
+    /// The workload Node was drained.
+    Drained,
+    /// The machine left etcd (control planes).
+    EtcdLeft,
+    /// Talos was reset (STATE and EPHEMERAL wiped, rebooting to maintenance).
+    Reset,
+    /// The workload Node object was deleted.
+    NodeDeleted,
+    /// Done; the finalizer is released.
+    Complete,
+}
+
+/// Progress of a removal.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RemovalProgress {
+    /// The last step completed.
+    pub step: RemovalStep,
+    /// When the removal started (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub started_at: Option<String>,
+    /// Whether the reset was skipped (force removal of an unreachable node).
+    #[serde(default)]
+    pub reset_skipped: bool,
+    /// What the removal is doing or waiting for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 1024))]
+    pub message: Option<String>,
+}

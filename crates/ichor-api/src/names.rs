@@ -1,0 +1,103 @@
+//! The one home of every name Ichor writes into Kubernetes objects: annotation and label keys,
+//! finalizers, field managers, condition types and condition reasons.
+//!
+//! Every other crate uses these constants; no literal spells one of them twice.
+
+/// Annotation keys.
+pub mod annotations {
+    /// `"true"` allows deleting an approved control-plane TalosMachine, or a TalosCluster.
+    pub const ALLOW_DELETE: &str = "ichor.maesh.dev/allow-delete";
+    /// `"true"` allows switching `spec.kubeProxy` on an existing TalosCluster.
+    pub const CONFIRM_KUBE_PROXY_SWITCH: &str = "ichor.maesh.dev/confirm-kube-proxy-switch";
+    /// `"true"` allows removing an unreachable control plane from etcd through a healthy peer,
+    /// skipping its graceful leave and its reset (both recorded).
+    pub const FORCE_REMOVE: &str = "ichor.maesh.dev/force-remove";
+    /// `"true"` lets a removal continue past a drain that cannot finish (PodDisruptionBudgets).
+    pub const SKIP_DRAIN: &str = "ichor.maesh.dev/skip-drain";
+    /// The value every boolean annotation above must have to take effect.
+    pub const TRUE: &str = "true";
+}
+
+/// Label keys.
+pub mod labels {
+    /// The TalosCluster a TalosMachine (or a published Secret) belongs to.
+    pub const CLUSTER: &str = "ichor.maesh.dev/cluster";
+    /// The role of a TalosMachine (`controlplane` or `worker`).
+    pub const ROLE: &str = "ichor.maesh.dev/role";
+    /// The SMBIOS UUID a TalosMachine was discovered with.
+    pub const MACHINE_UUID: &str = "ichor.maesh.dev/machine-uuid";
+    /// Marks objects created and owned by Ichor.
+    pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+    /// The value of [`MANAGED_BY`] on Ichor's objects.
+    pub const MANAGED_BY_VALUE: &str = "ichor";
+}
+
+/// Finalizers.
+pub mod finalizers {
+    /// Held on every approved TalosMachine until its removal sequence has finished.
+    pub const MACHINE_REMOVAL: &str = "ichor.maesh.dev/machine-removal";
+    /// Held on a TalosCluster until all its machines are removed.
+    pub const CLUSTER_REMOVAL: &str = "ichor.maesh.dev/cluster-removal";
+}
+
+/// Field managers for server-side apply.
+pub mod field_managers {
+    /// The controller.
+    pub const MANAGER: &str = "ichor-manager";
+    /// The admission webhook (removal reservations, its certificate Secret).
+    pub const WEBHOOK: &str = "ichor-webhook";
+}
+
+/// Condition types.
+pub mod conditions {
+    /// The object is fully reconciled and serving.
+    pub const READY: &str = "Ready";
+    /// The cluster's etcd has been bootstrapped (once, on one control plane).
+    pub const BOOTSTRAPPED: &str = "Bootstrapped";
+    /// The secrets bundle exists and is valid.
+    pub const SECRETS_READY: &str = "SecretsReady";
+    /// The cluster is between shapes (e.g. an even control-plane count, approved ≠ declared).
+    pub const TRANSITIONING: &str = "Transitioning";
+    /// The machine's configuration was applied.
+    pub const CONFIG_APPLIED: &str = "ConfigApplied";
+    /// Talos was installed to disk.
+    pub const INSTALLED: &str = "Installed";
+    /// The machine's removal passed the safety checks.
+    pub const REMOVAL_APPROVED: &str = "RemovalApproved";
+    /// The machine presents a certificate fingerprint other than its pin.
+    pub const FINGERPRINT_CHANGED: &str = "FingerprintChanged";
+    /// A day-2 operation finished successfully.
+    pub const SUCCEEDED: &str = "Succeeded";
+}
+
+/// Condition reasons (CamelCase), one per cause a person can act on.
+pub mod reasons {
+    /// The control-plane count is even: one more or one less keeps etcd's fault tolerance.
+    pub const EVEN_CONTROL_PLANE_COUNT: &str = "EvenControlPlaneCount";
+    /// Approved control planes differ from `spec.controlPlane.count`.
+    pub const CONTROL_PLANE_COUNT_MISMATCH: &str = "ControlPlaneCountMismatch";
+    /// The certificate seen differs from the pinned fingerprint.
+    pub const FINGERPRINT_MISMATCH: &str = "FingerprintMismatch";
+    /// The secrets bundle Secret is missing or invalid.
+    pub const SECRETS_BUNDLE_UNAVAILABLE: &str = "SecretsBundleUnavailable";
+    /// The node runs an older Talos than the cluster's version contract.
+    pub const TALOS_VERSION_TOO_OLD: &str = "TalosVersionTooOld";
+    /// The rendered config references hardware the machine does not have.
+    pub const HARDWARE_MISMATCH: &str = "HardwareMismatch";
+    /// A config patch could not be applied.
+    pub const INVALID_PATCH: &str = "InvalidPatch";
+    /// The machine is waiting for approval.
+    pub const AWAITING_APPROVAL: &str = "AwaitingApproval";
+    /// The machine was rejected and is never touched.
+    pub const REJECTED: &str = "Rejected";
+    /// The removal would take etcd below quorum.
+    pub const QUORUM_AT_RISK: &str = "QuorumAtRisk";
+    /// The removal waits for a replacement control plane (declared count).
+    pub const AWAITING_REPLACEMENT: &str = "AwaitingReplacement";
+    /// The cluster lock is held by another action.
+    pub const WAITING_FOR_LOCK: &str = "WaitingForLock";
+    /// The node did not answer.
+    pub const NODE_UNREACHABLE: &str = "NodeUnreachable";
+    /// Everything is as declared.
+    pub const RECONCILED: &str = "Reconciled";
+}

@@ -1,0 +1,164 @@
+//! `TalosOperation`: a day-2 action run one node at a time under the cluster lock.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+use crate::common::{Condition, LocalObjectReference};
+
+/// A disruptive action on one machine or a set of machines of a cluster.
+#[derive(CustomResource, KubeSchema, Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[kube(
+    group = "ichor.maesh.dev",
+    version = "v1alpha1",
+    kind = "TalosOperation",
+    plural = "talosoperations",
+    shortname = "top",
+    category = "ichor",
+    namespaced,
+    status = "TalosOperationStatus",
+    printcolumn = r#"{"name":"Cluster","type":"string","jsonPath":".spec.clusterRef.name"}"#,
+    printcolumn = r#"{"name":"Action","type":"string","jsonPath":".spec.action"}"#,
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Progress","type":"string","jsonPath":".status.progress"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("self == oldSelf").message("a TalosOperation's spec is immutable: create a new operation instead"),
+    validation = Rule::new("has(self.machineName) != has(self.selector)").message("set exactly one of spec.machineName and spec.selector"),
+    validation = Rule::new("self.action != 'upgrade' || has(self.upgrade)").message("action upgrade needs spec.upgrade.image"),
+    validation = Rule::new("self.action != 'upgradeKubernetes' || has(self.upgradeKubernetes)").message("action upgradeKubernetes needs spec.upgradeKubernetes.version"),
+    validation = Rule::new("!has(self.upgrade) || self.action == 'upgrade'").message("spec.upgrade is only for action upgrade"),
+    validation = Rule::new("!has(self.upgradeKubernetes) || self.action == 'upgradeKubernetes'").message("spec.upgradeKubernetes is only for action upgradeKubernetes")
+)]
+pub struct TalosOperationSpec {
+    /// The TalosCluster whose machines are acted on (same namespace).
+    pub cluster_ref: LocalObjectReference,
+    /// What to do.
+    pub action: OperationAction,
+    /// One TalosMachine, by name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub machine_name: Option<String>,
+    /// TalosMachines of the cluster selected by label. Control planes are handled one at a
+    /// time with etcd health checked between them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<LabelSelector>,
+    /// Settings for `upgrade`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upgrade: Option<UpgradeSpec>,
+    /// Settings for `upgradeKubernetes`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upgrade_kubernetes: Option<UpgradeKubernetesSpec>,
+}
+
+/// The day-2 actions.
+#[derive(schemars::JsonSchema, Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum OperationAction {
+    /// Reboot each node.
+    Reboot,
+    /// Upgrade Talos on each node (image pull, then the lifecycle upgrade); the running version
+    /// is verified afterwards.
+    Upgrade,
+    /// Upgrade Kubernetes on the cluster.
+    UpgradeKubernetes,
+    /// Reset each node to maintenance (STATE and EPHEMERAL wiped, reboot).
+    Reset,
+    /// Take an etcd snapshot from a control plane.
+    EtcdSnapshot,
+    /// Defragment etcd on each control plane.
+    EtcdDefrag,
+}
+
+/// Settings for a Talos upgrade.
+#[derive(KubeSchema, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UpgradeSpec {
+    /// The installer image to upgrade to, e.g. `ghcr.io/siderolabs/installer:v1.14.1`.
+    #[schemars(length(min = 1, max = 512))]
+    pub image: String,
+}
+
+/// Settings for a Kubernetes upgrade.
+#[derive(KubeSchema, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UpgradeKubernetesSpec {
+    /// The Kubernetes version to upgrade to, e.g. `1.37.0`.
+    #[schemars(
+        length(max = 32),
+        regex(pattern = r"^v?1\.[0-9]+\.[0-9]+(-[0-9A-Za-z.]+)?$")
+    )]
+    pub version: String,
+}
+
+/// Where an operation is.
+#[derive(
+    schemars::JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize,
+)]
+pub enum OperationPhase {
+    /// Not started.
+    #[default]
+    Pending,
+    /// Waiting for the cluster lock.
+    Waiting,
+    /// In progress, one node at a time.
+    Running,
+    /// Done on every node.
+    Succeeded,
+    /// Stopped on a failure (never retried blindly).
+    Failed,
+}
+
+/// The observed state of an operation.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TalosOperationStatus {
+    /// Where the operation is.
+    #[serde(default)]
+    pub phase: OperationPhase,
+    /// `done/total` nodes, for `kubectl get`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32))]
+    pub progress: Option<String>,
+    /// `Succeeded` and the reason of a failure.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub conditions: Vec<Condition>,
+    /// Per-node steps, in the order the nodes are handled.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 256))]
+    pub nodes: Vec<NodeStep>,
+    /// When the operation started (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub started_at: Option<String>,
+    /// When it finished (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub completed_at: Option<String>,
+}
+
+/// One node's part of an operation.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeStep {
+    /// The TalosMachine.
+    #[schemars(length(max = 253))]
+    pub machine: String,
+    /// Where this node is.
+    pub phase: OperationPhase,
+    /// What is happening or went wrong.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 1024))]
+    pub message: Option<String>,
+    /// The Talos version before the action.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub version_before: Option<String>,
+    /// The Talos version after the action.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub version_after: Option<String>,
+}

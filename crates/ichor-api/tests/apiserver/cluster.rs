@@ -1,0 +1,266 @@
+//! TalosCluster rules.
+
+use serde_json::json;
+
+use crate::support::{api, cluster, create_ok, merge, refused, setup};
+
+#[tokio::test]
+async fn accepts_a_valid_cluster_and_fills_defaults() {
+    let (env, ns) = setup("tc-valid").await;
+    let clusters = api(&env, &ns, "TalosCluster");
+    let created = create_ok(
+        &clusters,
+        cluster(
+            "lab",
+            json!({"discovery": {"cidrs": ["127.0.10.0/24", "192.168.10.0/24"]}}),
+        ),
+    )
+    .await;
+    let spec = &created["spec"];
+    assert_eq!(spec["cni"]["preset"], "flannel");
+    assert_eq!(spec["kubeProxy"], "enabled");
+    assert_eq!(spec["network"]["podSubnets"], json!(["10.244.0.0/16"]));
+    assert_eq!(spec["network"]["serviceSubnets"], json!(["10.96.0.0/12"]));
+    assert_eq!(spec["network"]["dnsDomain"], "cluster.local");
+    assert_eq!(spec["discovery"]["interval"], "5m");
+}
+
+#[tokio::test]
+async fn discovery_cidrs_must_be_ipv4_valid_and_at_most_a_slash_24() {
+    let (env, ns) = setup("tc-cidr").await;
+    let clusters = api(&env, &ns, "TalosCluster");
+    let with = |cidrs: serde_json::Value| cluster("c", json!({"discovery": {"cidrs": cidrs}}));
+    refused(
+        &clusters,
+        with(json!(["fd00::/120"])),
+        "discovery CIDRs must be IPv4",
+    )
+    .await;
+    refused(
+        &clusters,
+        with(json!(["10.20.0.0/16"])),
+        "no larger than a /24",
+    )
+    .await;
+    refused(
+        &clusters,
+        with(json!(["10.20.0.300/24"])),
+        "must be in CIDR notation",
+    )
+    .await;
+    refused(
+        &clusters,
+        with(json!(["not-a-cidr"])),
+        "must be in CIDR notation",
+    )
+    .await;
+    refused(
+        &clusters,
+        with(json!([
+            "10.0.1.0/24",
+            "10.0.2.0/24",
+            "10.0.3.0/24",
+            "10.0.4.0/24",
+            "10.0.5.0/24"
+        ])),
+        "must have at most 4 items",
+    )
+    .await;
+    refused(&clusters, with(json!([])), "should have at least 1 items").await;
+    create_ok(
+        &clusters,
+        cluster(
+            "single-host",
+            json!({"discovery": {"cidrs": ["10.0.1.7/32"]}}),
+        ),
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn discovery_interval_is_a_bounded_duration() {
+    let (env, ns) = setup("tc-interval").await;
+    let clusters = api(&env, &ns, "TalosCluster");
+    let with = |interval: &str| {
+        cluster(
+            "c",
+            json!({"discovery": {"cidrs": ["10.0.1.0/24"], "interval": interval}}),
+        )
+    };
+    refused(
+        &clusters,
+        with("1s"),
+        "discovery.interval must be a duration from 10s to 24h",
+    )
+    .await;
+    refused(
+        &clusters,
+        with("48h"),
+        "discovery.interval must be a duration from 10s to 24h",
+    )
+    .await;
+    create_ok(&clusters, with("30s")).await;
+}
+
+#[tokio::test]
+async fn endpoint_is_required_and_must_be_https() {
+    let (env, ns) = setup("tc-endpoint").await;
+    let clusters = api(&env, &ns, "TalosCluster");
+    refused(
+        &clusters,
+        cluster("c", json!({"endpoint": null})),
+        "spec.endpoint: Required value",
+    )
+    .await;
+    refused(
+        &clusters,
+        cluster("c", json!({"endpoint": "http://10.0.0.1:6443"})),
+        "endpoint must be an https:// URL",
+    )
+    .await;
+    refused(
+        &clusters,
+        cluster("c", json!({"endpoint": "10.0.0.1:6443"})),
+        "endpoint must be an https:// URL",
+    )
+    .await;
+    create_ok(
+        &clusters,
+        cluster("c", json!({"endpoint": "https://k8s.lab.internal:6443"})),
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn subnets_may_not_overlap_each_other_or_discovery() {
+    let (env, ns) = setup("tc-overlap").await;
+    let clusters = api(&env, &ns, "TalosCluster");
+    refused(
+        &clusters,
+        cluster("c", json!({"network": {"podSubnets": ["10.96.0.0/16"], "serviceSubnets": ["10.96.0.0/12"]}})),
+        "network.podSubnets and network.serviceSubnets must not overlap",
+    )
+    .await;
+    refused(
+        &clusters,
+        cluster("c", json!({"discovery": {"cidrs": ["10.244.3.0/24"]}})),
+        "discovery.cidrs must not overlap network.podSubnets or network.serviceSubnets",
+    )
+    .await;
+    refused(
+        &clusters,
+        cluster("c", json!({"network": {"podSubnets": ["bogus"]}})),
+        "each entry of network.podSubnets must be a CIDR",
+    )
+    .await;
+    create_ok(
+        &clusters,
+        cluster("c", json!({"network": {"podSubnets": ["10.200.0.0/16"], "serviceSubnets": ["10.201.0.0/16"]}})),
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn flannel_needs_kube_proxy() {
+    let (env, ns) = setup("tc-flannel").await;
+    let clusters = api(&env, &ns, "TalosCluster");
+    refused(
+        &clusters,
+        cluster("c", json!({"kubeProxy": "disabled"})),
+        "cni.preset flannel needs kubeProxy: enabled",
+    )
+    .await;
+    create_ok(
+        &clusters,
+        cluster(
+            "c",
+            json!({"kubeProxy": "disabled", "cni": {"preset": "cilium"}}),
+        ),
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn cni_preset_is_immutable() {
+    let (env, ns) = setup("tc-cni").await;
+    let clusters = api(&env, &ns, "TalosCluster");
+    create_ok(
+        &clusters,
+        cluster("c", json!({"cni": {"preset": "cilium"}})),
+    )
+    .await;
+    let err = merge(&clusters, "c", json!({"spec": {"cni": {"preset": "none"}}}))
+        .await
+        .expect_err("the preset cannot change");
+    assert!(err.contains("cni.preset is immutable"), "{err}");
+    merge(
+        &clusters,
+        "c",
+        json!({"spec": {"controlPlane": {"count": 5}}}),
+    )
+    .await
+    .expect("other fields still change");
+}
+
+#[tokio::test]
+async fn counts_versions_and_enums_are_checked() {
+    let (env, ns) = setup("tc-fields").await;
+    let clusters = api(&env, &ns, "TalosCluster");
+    refused(
+        &clusters,
+        cluster("c", json!({"controlPlane": {"count": 0}})),
+        "should be greater than or equal to 1",
+    )
+    .await;
+    refused(
+        &clusters,
+        cluster("c", json!({"controlPlane": {"count": 11}})),
+        "should be less than or equal to 9",
+    )
+    .await;
+    refused(
+        &clusters,
+        cluster("c", json!({"talosVersion": "v1.12.4"})),
+        "spec.talosVersion",
+    )
+    .await;
+    refused(
+        &clusters,
+        cluster("c", json!({"talosVersion": "latest"})),
+        "spec.talosVersion",
+    )
+    .await;
+    refused(
+        &clusters,
+        cluster("c", json!({"kubernetesVersion": "one"})),
+        "spec.kubernetesVersion",
+    )
+    .await;
+    refused(
+        &clusters,
+        cluster("c", json!({"cni": {"preset": "calico"}})),
+        "Unsupported value: \"calico\"",
+    )
+    .await;
+    refused(
+        &clusters,
+        cluster("c", json!({"kubeProxy": "maybe"})),
+        "Unsupported value: \"maybe\"",
+    )
+    .await;
+    refused(
+        &clusters,
+        cluster(
+            "c",
+            json!({"install": {"disk": "/dev/sda", "diskSelector": {"match": "true"}}}),
+        ),
+        "set install.disk or install.diskSelector, not both",
+    )
+    .await;
+    refused(
+        &clusters,
+        cluster("c", json!({"install": {"disk": "sda"}})),
+        "spec.install.disk",
+    )
+    .await;
+}

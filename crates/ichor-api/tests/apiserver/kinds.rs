@@ -1,0 +1,160 @@
+//! TalosOperation, TalosStorage and TalosMachineClass rules.
+
+use serde_json::{Value, json};
+
+use crate::support::{api, create_ok, merge, refused, setup};
+
+fn operation(spec: Value) -> Value {
+    json!({
+        "apiVersion": "ichor.maesh.dev/v1alpha1", "kind": "TalosOperation",
+        "metadata": {"name": "op"}, "spec": spec
+    })
+}
+
+#[tokio::test]
+async fn operations_name_one_target_and_the_settings_of_their_action() {
+    let (env, ns) = setup("top").await;
+    let ops = api(&env, &ns, "TalosOperation");
+    let cluster = json!({"name": "lab"});
+    refused(
+        &ops,
+        operation(json!({"clusterRef": cluster, "action": "reboot"})),
+        "set exactly one of spec.machineName and spec.selector",
+    )
+    .await;
+    refused(
+        &ops,
+        operation(json!({"clusterRef": cluster, "action": "reboot", "machineName": "m", "selector": {"matchLabels": {"a": "b"}}})),
+        "set exactly one of spec.machineName and spec.selector",
+    )
+    .await;
+    refused(
+        &ops,
+        operation(json!({"clusterRef": cluster, "action": "upgrade", "machineName": "m"})),
+        "action upgrade needs spec.upgrade.image",
+    )
+    .await;
+    refused(
+        &ops,
+        operation(
+            json!({"clusterRef": cluster, "action": "upgradeKubernetes", "machineName": "m"}),
+        ),
+        "action upgradeKubernetes needs spec.upgradeKubernetes.version",
+    )
+    .await;
+    refused(
+        &ops,
+        operation(json!({"clusterRef": cluster, "action": "reboot", "machineName": "m", "upgrade": {"image": "x"}})),
+        "spec.upgrade is only for action upgrade",
+    )
+    .await;
+    refused(
+        &ops,
+        operation(json!({"clusterRef": cluster, "action": "shutdown", "machineName": "m"})),
+        "Unsupported value: \"shutdown\"",
+    )
+    .await;
+    create_ok(
+        &ops,
+        operation(json!({"clusterRef": cluster, "action": "reboot", "machineName": "m"})),
+    )
+    .await;
+    let err = merge(&ops, "op", json!({"spec": {"action": "reset"}}))
+        .await
+        .expect_err("an operation's spec is immutable");
+    assert!(err.contains("spec is immutable"), "{err}");
+}
+
+fn storage(volumes: Value) -> Value {
+    json!({
+        "apiVersion": "ichor.maesh.dev/v1alpha1", "kind": "TalosStorage",
+        "metadata": {"name": "s"},
+        "spec": {"clusterRef": {"name": "lab"}, "volumes": volumes}
+    })
+}
+
+#[tokio::test]
+async fn storage_volumes_have_unique_names_and_ordered_sizes() {
+    let (env, ns) = setup("tst").await;
+    let storages = api(&env, &ns, "TalosStorage");
+    let vol = |name: &str, min: &str, max: &str| json!({"name": name, "diskSelector": "!system_disk", "minSize": min, "maxSize": max});
+    refused(
+        &storages,
+        storage(json!([
+            vol("data", "10Gi", "20Gi"),
+            vol("data", "1Gi", "2Gi")
+        ])),
+        "volume names must be unique",
+    )
+    .await;
+    refused(
+        &storages,
+        storage(json!([vol("data", "20Gi", "10Gi")])),
+        "minSize must not exceed maxSize",
+    )
+    .await;
+    refused(
+        &storages,
+        storage(json!([vol("data", "lots", "20Gi")])),
+        "minSize must be a quantity",
+    )
+    .await;
+    refused(
+        &storages,
+        storage(json!([vol("Data_1", "1Gi", "2Gi")])),
+        "spec.volumes[0].name",
+    )
+    .await;
+    refused(
+        &storages,
+        storage(json!([])),
+        "should have at least 1 items",
+    )
+    .await;
+    create_ok(
+        &storages,
+        storage(json!([
+            vol("data", "10Gi", "20Gi"),
+            vol("logs", "1Gi", "2Gi")
+        ])),
+    )
+    .await;
+}
+
+fn class(qualifiers: Value) -> Value {
+    json!({
+        "apiVersion": "ichor.maesh.dev/v1alpha1", "kind": "TalosMachineClass",
+        "metadata": {"name": "k"},
+        "spec": {"clusterRef": {"name": "lab"}, "role": "worker", "qualifiers": qualifiers}
+    })
+}
+
+#[tokio::test]
+async fn machine_classes_need_a_valid_qualifier() {
+    let (env, ns) = setup("tmc").await;
+    let classes = api(&env, &ns, "TalosMachineClass");
+    refused(&classes, class(json!({})), "set at least one qualifier").await;
+    refused(
+        &classes,
+        class(json!({"macAddresses": ["52-54-00-12-34-56"]})),
+        "macAddresses must be lowercase colon-separated",
+    )
+    .await;
+    refused(
+        &classes,
+        class(json!({"cidrs": ["10.0.0.0/33"]})),
+        "each qualifier CIDR must be in CIDR notation",
+    )
+    .await;
+    refused(
+        &classes,
+        class(json!({"minDiskSize": "big"})),
+        "minDiskSize must be a quantity",
+    )
+    .await;
+    create_ok(
+        &classes,
+        class(json!({"macAddresses": ["52:54:00:12:34:56"], "minDiskSize": "100Gi"})),
+    )
+    .await;
+}

@@ -1,0 +1,135 @@
+//! TalosMachine rules.
+
+use serde_json::json;
+
+use crate::support::{api, create_ok, machine, merge, merge_status, refused, setup};
+
+#[tokio::test]
+async fn a_discovered_machine_is_pending_by_default() {
+    let (env, ns) = setup("tm-pending").await;
+    let machines = api(&env, &ns, "TalosMachine");
+    let created = create_ok(&machines, machine("m1", json!({}))).await;
+    assert_eq!(created["spec"]["approvalState"], "pending");
+}
+
+#[tokio::test]
+async fn approval_needs_a_role_a_pin_and_an_address() {
+    let (env, ns) = setup("tm-approve").await;
+    let machines = api(&env, &ns, "TalosMachine");
+    refused(
+        &machines,
+        machine("m", json!({"approvalState": "approved"})),
+        "an approved machine needs spec.role",
+    )
+    .await;
+    refused(
+        &machines,
+        machine(
+            "m",
+            json!({"approvalState": "approved", "role": "worker", "fingerprint": null}),
+        ),
+        "an approved machine needs a pinned spec.fingerprint",
+    )
+    .await;
+    refused(
+        &machines,
+        machine(
+            "m",
+            json!({"approvalState": "approved", "role": "worker", "endpoints": null}),
+        ),
+        "an approved machine needs at least one address",
+    )
+    .await;
+    refused(
+        &machines,
+        machine("m", json!({"role": "master"})),
+        "Unsupported value: \"master\"",
+    )
+    .await;
+    refused(
+        &machines,
+        machine("m", json!({"approvalState": "yes"})),
+        "Unsupported value: \"yes\"",
+    )
+    .await;
+    refused(
+        &machines,
+        machine("m", json!({"fingerprint": "abc"})),
+        "spec.fingerprint",
+    )
+    .await;
+    refused(
+        &machines,
+        machine("m", json!({"endpoints": ["node-1"]})),
+        "must be an IP address",
+    )
+    .await;
+    create_ok(
+        &machines,
+        machine(
+            "m",
+            json!({"approvalState": "approved", "role": "controlplane"}),
+        ),
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn cluster_ref_is_immutable() {
+    let (env, ns) = setup("tm-ref").await;
+    let machines = api(&env, &ns, "TalosMachine");
+    create_ok(&machines, machine("m", json!({}))).await;
+    let err = merge(
+        &machines,
+        "m",
+        json!({"spec": {"clusterRef": {"name": "other"}}}),
+    )
+    .await
+    .expect_err("clusterRef cannot change");
+    assert!(err.contains("spec.clusterRef is immutable"), "{err}");
+}
+
+#[tokio::test]
+async fn approval_and_role_lock_once_a_config_was_applied() {
+    let (env, ns) = setup("tm-lock").await;
+    let machines = api(&env, &ns, "TalosMachine");
+    create_ok(
+        &machines,
+        machine("m", json!({"approvalState": "approved", "role": "worker"})),
+    )
+    .await;
+
+    // Before anything is applied, a person may still change their mind.
+    merge(&machines, "m", json!({"spec": {"role": "controlplane"}}))
+        .await
+        .expect("role changes before apply");
+
+    merge_status(
+        &machines,
+        "m",
+        json!({"status": {"phase": "Installing", "appliedConfigHash": "sha256:abc"}}),
+    )
+    .await;
+
+    let err = merge(
+        &machines,
+        "m",
+        json!({"spec": {"approvalState": "rejected"}}),
+    )
+    .await
+    .expect_err("approval locked after apply");
+    assert!(
+        err.contains("cannot change once the machine's config was applied"),
+        "{err}"
+    );
+    let err = merge(&machines, "m", json!({"spec": {"role": "worker"}}))
+        .await
+        .expect_err("role locked after apply");
+    assert!(
+        err.contains("cannot change once the machine's config was applied"),
+        "{err}"
+    );
+    merge(&machines, "m", json!({"spec": {"hostname": "cp-1"}}))
+        .await
+        .expect("other fields still change");
+}
