@@ -133,3 +133,47 @@ async fn approval_and_role_lock_once_a_config_was_applied() {
         .await
         .expect("other fields still change");
 }
+
+#[tokio::test]
+async fn kubectl_get_shows_cluster_role_approval_phase_address_talos_and_age() {
+    let (env, ns) = setup("tm-columns").await;
+    let machines = api(&env, &ns, "TalosMachine");
+    create_ok(
+        &machines,
+        machine("m", json!({"approvalState": "approved", "role": "worker"})),
+    )
+    .await;
+    merge_status(
+        &machines,
+        "m",
+        json!({"status": {"phase": "Ready", "address": "192.168.10.21", "talosVersion": "v1.14.0"}}),
+    )
+    .await;
+    // The table kubectl prints, as the apiserver renders it from the printer columns.
+    let request = http::Request::get(format!(
+        "/apis/ichor.maesh.dev/v1alpha1/namespaces/{ns}/talosmachines"
+    ))
+    .header("Accept", "application/json;as=Table;v=v1;g=meta.k8s.io")
+    .body(Vec::new())
+    .expect("request");
+    let table: serde_json::Value = env.client().request(request).await.expect("table");
+    let columns: Vec<&str> = table["columnDefinitions"]
+        .as_array()
+        .expect("columns")
+        .iter()
+        .filter_map(|c| c["name"].as_str())
+        .collect();
+    assert_eq!(
+        columns,
+        [
+            "Name", "Cluster", "Role", "Approval", "Phase", "Address", "Talos", "Age"
+        ]
+    );
+    let cells = &table["rows"][0]["cells"];
+    assert_eq!(cells[1], "lab");
+    assert_eq!(cells[2], "worker");
+    assert_eq!(cells[3], "approved");
+    assert_eq!(cells[4], "Ready");
+    assert_eq!(cells[5], "192.168.10.21");
+    assert_eq!(cells[6], "v1.14.0");
+}
