@@ -113,6 +113,49 @@ pub fn assets(root: &Path) -> Result<PathBuf> {
     Ok(dir)
 }
 
+/// Builds (or reuses) every Talos oracle under `tools/talos-oracle-*` and returns their folder.
+pub fn oracles(root: &Path) -> Result<PathBuf> {
+    let dir = assets::oracles_dir();
+    std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+    let mut modules: Vec<PathBuf> = std::fs::read_dir(root.join("tools"))
+        .context("read tools/")?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("talos-oracle-"))
+        })
+        .collect();
+    modules.sort();
+    for module in modules {
+        let name = module
+            .file_name()
+            .and_then(|n| n.to_str())
+            .context("oracle module name")?
+            .to_owned();
+        let mut stamp = String::new();
+        for file in ["go.mod", "go.sum", "main.go", "version.go"] {
+            stamp.push_str(&std::fs::read_to_string(module.join(file)).unwrap_or_default());
+        }
+        let binary = dir.join(&name);
+        let stamp_file = dir.join(format!(".{name}.stamp"));
+        if binary.is_file() && std::fs::read_to_string(&stamp_file).is_ok_and(|s| s == stamp) {
+            eprintln!("oracles: reusing {name}");
+            continue;
+        }
+        require_go()?;
+        let partial = dir.join(format!(".{name}.partial"));
+        let mut cmd = go(&module);
+        cmd.args(["build", "-trimpath", "-ldflags", "-s -w", "-o"])
+            .arg(&partial)
+            .arg(".");
+        run(cmd)?;
+        std::fs::rename(&partial, &binary).with_context(|| format!("install {name}"))?;
+        std::fs::write(&stamp_file, stamp).context("write the oracle stamp")?;
+    }
+    Ok(dir)
+}
+
 /// Regenerates (or with `--check`, verifies) the `replace` block of `tools/k8s/go.mod`: one line
 /// per staging module that `k8s.io/kubernetes`'s own go.mod requires at `v0.0.0`.
 pub fn k8s_replaces(root: &Path, flag: Option<&str>) -> Result<()> {

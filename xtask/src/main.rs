@@ -2,6 +2,8 @@
 //!
 //! - `test`: every check and test the project has (the README's test command).
 //! - `envtest-assets`: build (or reuse) kube-apiserver and etcd; prints their folder last.
+//! - `oracles`: build (or reuse) the Talos oracles from `tools/talos-oracle-*`; prints their
+//!   folder last.
 //! - `k8s-replaces [--check]`: regenerate the staging-module `replace` block of
 //!   `tools/k8s/go.mod` from `k8s.io/kubernetes`'s own go.mod.
 //! - `crdgen`: write the CRDs and admission policies generated from `ichor-api` to `config/`.
@@ -20,7 +22,7 @@ mod test;
 mod assets;
 
 const USAGE: &str =
-    "usage: cargo xtask <test | envtest-assets | k8s-replaces [--check] | crdgen | demo>";
+    "usage: cargo xtask <test | envtest-assets | oracles | k8s-replaces [--check] | crdgen | demo>";
 
 /// The workspace root (the parent of this crate's folder).
 fn workspace_root() -> PathBuf {
@@ -36,6 +38,9 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("test") => test::run(&root),
         Some("envtest-assets") => envtest::assets(&root).map(|dir| {
+            println!("{}", dir.display());
+        }),
+        Some("oracles") => envtest::oracles(&root).map(|dir| {
             println!("{}", dir.display());
         }),
         Some("k8s-replaces") => envtest::k8s_replaces(&root, args.get(1).map(String::as_str)),

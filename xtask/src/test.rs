@@ -38,6 +38,7 @@ fn all_phases(root: &Path, phases: &mut Phases) -> Result<()> {
         run_cmd(cmd)
     })?;
     let assets = phases.phase("tools: envtest assets (go build)", || envtest::assets(root))?;
+    let oracles = phases.phase("tools: talos oracles (go build)", || envtest::oracles(root))?;
     phases.phase("tools: k8s replace block", || {
         envtest::k8s_replaces(root, Some("--check"))
     })?;
@@ -60,7 +61,7 @@ fn all_phases(root: &Path, phases: &mut Phases) -> Result<()> {
         run_cmd(cmd)
     })?;
     let testenv_bin = phases.phase("rust build (tests)", || build_tests(root))?;
-    phases.phase("tests", || run_tests(root, &assets, &testenv_bin))
+    phases.phase("tests", || run_tests(root, &assets, &oracles, &testenv_bin))
 }
 
 fn ensure_cargo_deny(root: &Path) -> Result<()> {
@@ -173,12 +174,13 @@ impl Drop for SharedControlPlane {
     }
 }
 
-fn run_tests(root: &Path, assets: &Path, testenv_bin: &Path) -> Result<()> {
+fn run_tests(root: &Path, assets: &Path, oracles: &Path, testenv_bin: &Path) -> Result<()> {
     let plane = SharedControlPlane::start(testenv_bin, assets)?;
     let mut cmd = cargo(root);
     cmd.args(["test", "--workspace"])
         .env(SHARED_DIR_ENV, &plane.dir)
-        .env(crate::assets::ASSETS_ENV, assets);
+        .env(crate::assets::ASSETS_ENV, assets)
+        .env(crate::assets::ORACLES_ENV, oracles);
     let result = run_forwarding_signals(cmd);
     drop(plane);
     result

@@ -204,6 +204,8 @@ fn token() -> Result<Secret, BundleError> {
 
 fn ca_params(organization: Option<&str>, common_name: Option<&str>) -> CertificateParams {
     let mut params = CertificateParams::default();
+    // No default subject: Talos CAs carry exactly the O or CN given.
+    params.distinguished_name = rcgen::DistinguishedName::new();
     params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     if let Some(o) = organization {
         params.distinguished_name.push(DnType::OrganizationName, o);

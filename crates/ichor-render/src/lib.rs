@@ -1,14 +1,18 @@
-//! Pure rendering: Talos secrets bundles ([`bundle`]), PKI helpers ([`pki`]), and client
-//! credentials; machine-config documents per role and version contract follow.
+//! Pure rendering: Talos secrets bundles ([`bundle`]), PKI helpers ([`pki`]), machine-config
+//! documents per role and version contract ([`render`]) with patches ([`patch`]), and client
+//! credentials.
 //!
 //! This crate does no network I/O and knows nothing of Kubernetes; it reads randomness only to
 //! generate new keys. Rendering is deterministic: same inputs, same bytes.
 #![forbid(unsafe_code)]
 
 pub mod bundle;
+pub mod patch;
 pub mod pki;
+pub mod render;
 
 pub use bundle::{BundleError, SecretsBundle};
+pub use render::{RenderError, RenderInput, Rendered, render};
 
 /// A Talos version contract: what a config is rendered for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -116,6 +116,7 @@ pub fn node_server_certificate(
     let issuer = bundle.os_issuer()?;
     let (key, key_pem) = ed25519_key()?;
     let mut params = CertificateParams::default();
+    params.distinguished_name = rcgen::DistinguishedName::new();
     params.distinguished_name.push(DnType::CommonName, hostname);
     params.subject_alt_names = addresses.iter().map(|a| SanType::IpAddress(*a)).collect();
     if !hostname.is_empty() {

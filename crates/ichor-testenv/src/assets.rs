@@ -12,6 +12,9 @@ pub const ASSETS_ENV: &str = "KUBEBUILDER_ASSETS";
 /// Overrides the cache root (default `$XDG_CACHE_HOME/ichor`, else `~/.cache/ichor`).
 pub const CACHE_ENV: &str = "ICHOR_CACHE_DIR";
 
+/// Overrides the folder holding the Talos oracle binaries (`talos-oracle-1.13`, …).
+pub const ORACLES_ENV: &str = "ICHOR_ORACLES_DIR";
+
 /// The binaries a control plane needs, by file name.
 pub const BINARIES: [&str; 2] = ["kube-apiserver", "etcd"];
 
@@ -71,6 +74,14 @@ pub fn assets_dir(versions: &ToolVersions) -> PathBuf {
     match env::var_os(ASSETS_ENV).filter(|v| !v.is_empty()) {
         Some(dir) => PathBuf::from(dir),
         None => cache_dir(versions),
+    }
+}
+
+/// The folder holding the Talos oracles: `ICHOR_ORACLES_DIR` when set, else the build cache.
+pub fn oracles_dir() -> PathBuf {
+    match env::var_os(ORACLES_ENV).filter(|v| !v.is_empty()) {
+        Some(dir) => PathBuf::from(dir),
+        None => cache_root().join("oracles"),
     }
 }
 

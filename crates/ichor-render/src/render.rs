@@ -1,0 +1,571 @@
+//! Machine-config rendering: cluster spec + machine spec + secrets bundle + patches → the exact
+//! multi-document YAML applied to a node, per version contract (talos-facts §4.5, §8.2).
+//!
+//! Contract 1.13 renders the classic v1alpha1 document (with `machine.install`) and a
+//! `HostnameConfig`; contract 1.14 renders a slim v1alpha1 document and typed documents
+//! (`KubeClusterConfig`, `KubeNetworkConfig`, `KubeProxyConfig`, `UnattendedInstallConfig`, …),
+//! never a legacy `machine.install`. The shapes follow what Talos's own generator emits for the
+//! same inputs; `tests/oracle.rs` checks that against Talos's code.
+
+use std::collections::BTreeMap;
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD;
+use ichor_api::cluster::{CniPreset, KubeProxyMode, TalosClusterSpec};
+use ichor_api::common::{InstallSpec, Role};
+use ichor_api::config::ConfigPatch;
+use serde_json::{Map, Value, json};
+
+use crate::Contract;
+use crate::bundle::SecretsBundle;
+use crate::patch::{self, PatchError};
+
+/// The Image Factory installer for the empty schematic, Talos 1.14's default (talos-facts §4.7).
+const FACTORY_INSTALLER: &str = "factory.talos.dev/metal-installer/376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba";
+/// Talos 1.13's default installer repository (talos-facts §4.7).
+const GHCR_INSTALLER: &str = "ghcr.io/siderolabs/installer";
+/// The disk Talos installs to when nothing else is said (talos-facts §4.7).
+const DEFAULT_INSTALL_DISK: &str = "/dev/sda";
+
+/// What went wrong rendering a config.
+#[derive(Debug, thiserror::Error)]
+pub enum RenderError {
+    /// The cluster's Talos version has no supported contract.
+    #[error(transparent)]
+    UnsupportedVersion(#[from] crate::UnsupportedVersion),
+    /// An input cannot be expressed on this contract.
+    #[error("{field}: {reason}")]
+    Input {
+        /// The spec field at fault, e.g. `install.diskSelector.match`.
+        field: &'static str,
+        /// Why, and what to do instead.
+        reason: String,
+    },
+    /// A patch could not be applied.
+    #[error(transparent)]
+    Patch(#[from] PatchError),
+    /// The documents could not be serialized.
+    #[error("cannot serialize the rendered config: {0}")]
+    Serialize(String),
+}
+
+/// Everything a machine's config is rendered from.
+#[derive(Debug, Clone, Copy)]
+pub struct RenderInput<'a> {
+    /// The cluster's name (the TalosCluster's name).
+    pub cluster_name: &'a str,
+    /// The cluster spec.
+    pub cluster: &'a TalosClusterSpec,
+    /// The machine's role.
+    pub role: Role,
+    /// The machine's hostname; Talos picks a stable one when absent.
+    pub hostname: Option<&'a str>,
+    /// Install settings: the machine's, else the class's, else the cluster's.
+    pub install: Option<&'a InstallSpec>,
+    /// Extra certificate SANs for the node's Talos API.
+    pub cert_sans: &'a [String],
+    /// Kubernetes labels for the node, beside the role's own.
+    pub node_labels: &'a BTreeMap<String, String>,
+    /// Kubernetes taints for the node (`key: value:Effect` or `key: Effect`), beside the role's.
+    pub node_taints: &'a BTreeMap<String, String>,
+    /// Patch layers in application order: cluster, class, machine.
+    pub patches: &'a [&'a [ConfigPatch]],
+    /// The cluster's secrets.
+    pub bundle: &'a SecretsBundle,
+}
+
+/// A rendered config: its documents, its bytes and their content hash.
+#[derive(Clone, PartialEq)]
+pub struct Rendered {
+    /// The contract it was rendered for.
+    pub contract: Contract,
+    /// The documents, in order (the v1alpha1 document first).
+    pub documents: Vec<Value>,
+    /// The multi-document YAML applied to the node.
+    pub yaml: String,
+    /// `sha256:<hex>` of `yaml`, for drift detection.
+    pub hash: String,
+}
+
+impl std::fmt::Debug for Rendered {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The documents hold the cluster's secrets.
+        f.debug_struct("Rendered")
+            .field("contract", &self.contract)
+            .field("documents", &self.documents.len())
+            .field("hash", &self.hash)
+            .finish_non_exhaustive()
+    }
+}
+
+fn input_error(field: &'static str, reason: impl Into<String>) -> RenderError {
+    RenderError::Input {
+        field,
+        reason: reason.into(),
+    }
+}
+
+fn b64(text: &str) -> String {
+    STANDARD.encode(text.as_bytes())
+}
+
+/// A typed document with its header.
+fn doc(kind: &str, body: Value) -> Value {
+    let mut out = Map::new();
+    out.insert("apiVersion".into(), json!("v1alpha1"));
+    out.insert("kind".into(), json!(kind));
+    if let Value::Object(fields) = body {
+        out.extend(fields);
+    }
+    Value::Object(out)
+}
+
+/// `vX.Y.Z` for image tags from a Kubernetes version written with or without the `v`.
+fn k8s_tag(version: &str) -> String {
+    format!("v{}", version.trim_start_matches('v'))
+}
+
+/// Renders a machine's config.
+pub fn render(input: &RenderInput<'_>) -> Result<Rendered, RenderError> {
+    let contract = Contract::from_version(&input.cluster.talos_version)?;
+    let mut documents = match contract {
+        Contract::V1_13 => render_1_13(input)?,
+        Contract::V1_14 => render_1_14(input)?,
+    };
+    for (layer, patches) in ["cluster", "class", "machine"].iter().zip(input.patches) {
+        for (index, p) in patches.iter().enumerate() {
+            patch::apply(&mut documents, contract, layer, index, p)?;
+        }
+    }
+    let yaml = to_yaml(&documents)?;
+    let hash = format!(
+        "sha256:{}",
+        hex(ring::digest::digest(&ring::digest::SHA256, yaml.as_bytes()).as_ref())
+    );
+    Ok(Rendered {
+        contract,
+        documents,
+        yaml,
+        hash,
+    })
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Serializes documents as one YAML stream.
+pub fn to_yaml(documents: &[Value]) -> Result<String, RenderError> {
+    let mut out = String::new();
+    for (i, document) in documents.iter().enumerate() {
+        if i > 0 {
+            out.push_str("---\n");
+        }
+        let text =
+            serde_saphyr::to_string(document).map_err(|e| RenderError::Serialize(e.to_string()))?;
+        out.push_str(&text);
+        if !text.ends_with('\n') {
+            out.push('\n');
+        }
+    }
+    Ok(out)
+}
+
+fn is_cp(input: &RenderInput<'_>) -> bool {
+    input.role == Role::ControlPlane
+}
+
+fn hostname_doc(input: &RenderInput<'_>) -> Value {
+    match input.hostname {
+        Some(name) => doc("HostnameConfig", json!({"auto": "off", "hostname": name})),
+        None => doc("HostnameConfig", json!({"auto": "stable"})),
+    }
+}
+
+fn installer_image(input: &RenderInput<'_>, contract: Contract) -> String {
+    if let Some(image) = input.install.and_then(|i| i.image.clone()) {
+        return image;
+    }
+    let tag = &input.cluster.talos_version;
+    match contract {
+        Contract::V1_13 => format!("{GHCR_INSTALLER}:{tag}"),
+        Contract::V1_14 => format!("{FACTORY_INSTALLER}:{tag}"),
+    }
+}
+
+fn wipe(input: &RenderInput<'_>) -> bool {
+    input.install.and_then(|i| i.wipe).unwrap_or(false)
+}
+
+/// The v1alpha1 document of contract 1.13 (talos-facts §4.2, §4.5).
+fn render_1_13(input: &RenderInput<'_>) -> Result<Vec<Value>, RenderError> {
+    let b = input.bundle;
+    let cluster = input.cluster;
+    let cp = is_cp(input);
+    let k8s = k8s_tag(&cluster.kubernetes_version);
+
+    let mut install = Map::new();
+    let selector = input.install.and_then(|i| i.disk_selector.as_ref());
+    match (input.install.and_then(|i| i.disk.clone()), selector) {
+        (Some(disk), _) => {
+            install.insert("disk".into(), json!(disk));
+        }
+        (None, Some(selector)) => {
+            if selector.match_.is_some() {
+                return Err(input_error(
+                    "install.diskSelector.match",
+                    "a CEL disk selector needs contract v1.14 or later; on v1.13 use size, model, serial, type, busPath or wwid",
+                ));
+            }
+            let mut fields = Map::new();
+            for (key, value) in [
+                ("size", &selector.size),
+                ("model", &selector.model),
+                ("serial", &selector.serial),
+                ("type", &selector.type_),
+                ("busPath", &selector.bus_path),
+                ("wwid", &selector.wwid),
+            ] {
+                if let Some(v) = value {
+                    fields.insert(key.into(), json!(v));
+                }
+            }
+            install.insert("diskSelector".into(), Value::Object(fields));
+        }
+        (None, None) => {
+            install.insert("disk".into(), json!(DEFAULT_INSTALL_DISK));
+        }
+    }
+    install.insert(
+        "image".into(),
+        json!(installer_image(input, Contract::V1_13)),
+    );
+    install.insert("wipe".into(), json!(wipe(input)));
+    install.insert("grubUseUKICmdline".into(), json!(true));
+
+    let mut machine = json!({
+        "type": input.role.as_str(),
+        "token": b.trustd_info.token.0,
+        "ca": {"crt": b64(&b.certs.os.crt.0), "key": if cp { b64(&b.certs.os.key.0) } else { String::new() }},
+        "certSANs": input.cert_sans,
+        "kubelet": {
+            "image": format!("ghcr.io/siderolabs/kubelet:{k8s}"),
+            "defaultRuntimeSeccompProfileEnabled": true,
+            "disableManifestsDirectory": true
+        },
+        "install": install,
+        "features": {
+            "diskQuotaSupport": true,
+            "kubePrism": {"enabled": true, "port": 7445},
+            "hostDNS": {"enabled": true, "forwardKubeDNSToHost": true}
+        }
+    });
+    let mut labels = input.node_labels.clone();
+    if cp {
+        labels.insert(
+            "node.kubernetes.io/exclude-from-external-load-balancers".into(),
+            String::new(),
+        );
+    }
+    if !labels.is_empty() {
+        machine["nodeLabels"] = json!(labels);
+    }
+    if !input.node_taints.is_empty() {
+        machine["nodeTaints"] = json!(input.node_taints);
+    }
+
+    let mut network = json!({
+        "dnsDomain": cluster.network.dns_domain,
+        "podSubnets": cluster.network.pod_subnets,
+        "serviceSubnets": cluster.network.service_subnets
+    });
+    if cluster.cni.preset != CniPreset::Flannel {
+        network["cni"] = json!({"name": "none"});
+    }
+    let mut spec = json!({
+        "id": b.cluster.id.0,
+        "secret": b.cluster.secret.0,
+        "controlPlane": {"endpoint": cluster.endpoint},
+        "clusterName": input.cluster_name,
+        "network": network,
+        "token": b.secrets.bootstrap_token.0,
+        "ca": {"crt": b64(&b.certs.k8s.crt.0), "key": if cp { b64(&b.certs.k8s.key.0) } else { String::new() }},
+        "discovery": {"enabled": true, "registries": {"kubernetes": {"disabled": true}, "service": {}}}
+    });
+    if cp {
+        let extra = json!({
+            "secretboxEncryptionSecret": b.secrets.secretbox_encryption_secret.0,
+            "aggregatorCA": {"crt": b64(&b.certs.k8s_aggregator.crt.0), "key": b64(&b.certs.k8s_aggregator.key.0)},
+            "serviceAccount": {"key": b64(&b.certs.k8s_service_account.key.0)},
+            "apiServer": {
+                "image": format!("registry.k8s.io/kube-apiserver:{k8s}"),
+                "admissionControl": [{"name": "PodSecurity", "configuration": pod_security()}],
+                "auditPolicy": audit_policy()
+            },
+            "controllerManager": {"image": format!("registry.k8s.io/kube-controller-manager:{k8s}")},
+            "proxy": kube_proxy_1_13(cluster, &k8s),
+            "scheduler": {"image": format!("registry.k8s.io/kube-scheduler:{k8s}")},
+            "etcd": {"ca": {"crt": b64(&b.certs.etcd.crt.0), "key": b64(&b.certs.etcd.key.0)}}
+        });
+        merge_objects(&mut spec, extra);
+    }
+    let v1alpha1 = json!({
+        "version": "v1alpha1",
+        "debug": false,
+        "persist": true,
+        "machine": machine,
+        "cluster": spec
+    });
+    Ok(vec![v1alpha1, hostname_doc(input)])
+}
+
+fn kube_proxy_1_13(cluster: &TalosClusterSpec, k8s: &str) -> Value {
+    match cluster.kube_proxy {
+        KubeProxyMode::Enabled => json!({"image": format!("registry.k8s.io/kube-proxy:{k8s}")}),
+        KubeProxyMode::Disabled => json!({"disabled": true}),
+    }
+}
+
+fn merge_objects(target: &mut Value, extra: Value) {
+    if let (Value::Object(t), Value::Object(e)) = (target, extra) {
+        t.extend(e);
+    }
+}
+
+fn pod_security() -> Value {
+    json!({
+        "apiVersion": "pod-security.admission.config.k8s.io/v1alpha1",
+        "kind": "PodSecurityConfiguration",
+        "defaults": {
+            "audit": "restricted", "audit-version": "latest",
+            "enforce": "baseline", "enforce-version": "latest",
+            "warn": "restricted", "warn-version": "latest"
+        },
+        "exemptions": {"namespaces": ["kube-system"], "runtimeClasses": [], "usernames": []}
+    })
+}
+
+fn audit_policy() -> Value {
+    json!({"apiVersion": "audit.k8s.io/v1", "kind": "Policy", "rules": [{"level": "Metadata"}]})
+}
+
+/// The CEL disk selector of contract 1.14.
+fn disk_match(input: &RenderInput<'_>) -> Result<String, RenderError> {
+    let install = input.install;
+    if let Some(disk) = install.and_then(|i| i.disk.as_deref()) {
+        return Ok(format!("disk.dev_path == \"{disk}\""));
+    }
+    match install.and_then(|i| i.disk_selector.as_ref()) {
+        Some(selector) => {
+            let legacy = [
+                &selector.size,
+                &selector.model,
+                &selector.serial,
+                &selector.type_,
+                &selector.bus_path,
+                &selector.wwid,
+            ];
+            if legacy.iter().any(|f| f.is_some()) {
+                return Err(input_error(
+                    "install.diskSelector",
+                    "size, model, serial, type, busPath and wwid select disks on contract v1.13 only; on v1.14 write a CEL expression in install.diskSelector.match, e.g. disk.size > 100u * GB",
+                ));
+            }
+            selector.match_.clone().ok_or_else(|| {
+                input_error(
+                    "install.diskSelector.match",
+                    "an empty disk selector selects nothing",
+                )
+            })
+        }
+        None => Ok(format!("disk.dev_path == \"{DEFAULT_INSTALL_DISK}\"")),
+    }
+}
+
+/// The documents of contract 1.14 (talos-facts §4.4, §4.5, §8.2).
+fn render_1_14(input: &RenderInput<'_>) -> Result<Vec<Value>, RenderError> {
+    let b = input.bundle;
+    let cluster = input.cluster;
+    let cp = is_cp(input);
+    let k8s = k8s_tag(&cluster.kubernetes_version);
+
+    let mut cluster_section = json!({"token": b.secrets.bootstrap_token.0});
+    if cp {
+        cluster_section["etcd"] =
+            json!({"ca": {"crt": b64(&b.certs.etcd.crt.0), "key": b64(&b.certs.etcd.key.0)}});
+    }
+    let v1alpha1 = json!({
+        "version": "v1alpha1",
+        "debug": false,
+        "persist": true,
+        "machine": {
+            "type": input.role.as_str(),
+            "token": b.trustd_info.token.0,
+            "ca": {"crt": b64(&b.certs.os.crt.0), "key": if cp { b64(&b.certs.os.key.0) } else { String::new() }},
+            "certSANs": input.cert_sans,
+            "features": {"diskQuotaSupport": true}
+        },
+        "cluster": cluster_section
+    });
+
+    let mut docs = vec![
+        v1alpha1,
+        doc(
+            "DiscoveryServiceConfig",
+            json!({"name": "default", "endpoint": "https://discovery.talos.dev/"}),
+        ),
+        doc(
+            "DiscoveryIdentityConfig",
+            json!({"clusterID": b.cluster.id.0, "clusterSecret": b.cluster.secret.0}),
+        ),
+        doc(
+            "UnattendedInstallConfig",
+            json!({
+                "installer": {"image": installer_image(input, Contract::V1_14)},
+                "provisioning": {"diskSelector": {"match": disk_match(input)?}, "wipe": wipe(input)},
+                "reboot": true
+            }),
+        ),
+        doc(
+            "ResolverConfig",
+            json!({"hostDNS": {"enabled": true, "forwardKubeDNSToHost": true}}),
+        ),
+        doc(
+            "VolumeConfig",
+            json!({"name": "EPHEMERAL", "mount": {"secure": true}}),
+        ),
+        doc("FilesystemTrimConfig", json!({"interval": "168h0m0s"})),
+        doc("SecurityProfileConfig", json!({"workloadIsolation": true})),
+        hostname_doc(input),
+        doc(
+            "KubeClusterConfig",
+            json!({"clusterName": input.cluster_name, "endpoint": cluster.endpoint}),
+        ),
+    ];
+    let mut labels = input.node_labels.clone();
+    let mut taints = input.node_taints.clone();
+    if cp {
+        labels.insert(
+            "node-role.kubernetes.io/control-plane".into(),
+            String::new(),
+        );
+        labels.insert(
+            "node.kubernetes.io/exclude-from-external-load-balancers".into(),
+            String::new(),
+        );
+        taints.insert(
+            "node-role.kubernetes.io/control-plane".into(),
+            "NoSchedule".into(),
+        );
+    }
+    let mut node = json!({"nodeIP": {}});
+    if !labels.is_empty() {
+        node["labels"] = json!(labels);
+    }
+    if !taints.is_empty() {
+        node["taints"] = json!(taints);
+    }
+    docs.push(doc("KubeNodeConfig", node));
+    docs.push(doc(
+        "KubeletConfig",
+        json!({"image": format!("ghcr.io/siderolabs/kubelet:{k8s}"), "config": {}, "defaultRuntimeSeccompProfileEnabled": true}),
+    ));
+    docs.push(doc(
+        "KubeNetworkConfig",
+        json!({
+            "dnsDomain": cluster.network.dns_domain,
+            "podSubnets": cluster.network.pod_subnets,
+            "serviceSubnets": cluster.network.service_subnets
+        }),
+    ));
+    if cp {
+        docs.push(doc(
+            "KubeAPIServerCAConfig",
+            json!({"issuingCA": {"cert": b.certs.k8s.crt.0, "key": b.certs.k8s.key.0}}),
+        ));
+    } else {
+        docs.push(doc(
+            "KubeAPIServerCAConfig",
+            json!({"acceptedCAs": [b.certs.k8s.crt.0]}),
+        ));
+    }
+    docs.push(doc("KubePrismConfig", json!({"port": 7445})));
+    if cp {
+        docs.extend(control_plane_1_14(input, &k8s));
+    }
+    Ok(docs)
+}
+
+fn control_plane_1_14(input: &RenderInput<'_>, k8s: &str) -> Vec<Value> {
+    let b = input.bundle;
+    let cluster = input.cluster;
+    let mut docs = vec![
+        doc(
+            "KubeAggregatorCAConfig",
+            json!({"issuingCA": {"cert": b.certs.k8s_aggregator.crt.0, "key": b.certs.k8s_aggregator.key.0}}),
+        ),
+        doc(
+            "KubeAdmissionControlConfig",
+            json!({"name": "PodSecurity", "configuration": pod_security()}),
+        ),
+        doc(
+            "KubeAuditPolicyConfig",
+            json!({"configuration": audit_policy()}),
+        ),
+        doc(
+            "KubeAuthenticationConfig",
+            json!({"configuration": {
+                "anonymous": {"conditions": [{"path": "/livez"}, {"path": "/readyz"}, {"path": "/healthz"}], "enabled": true},
+                "jwt": []
+            }}),
+        ),
+        doc(
+            "KubeAuthorizerConfig",
+            json!({"name": "node", "type": "Node"}),
+        ),
+        doc(
+            "KubeAuthorizerConfig",
+            json!({"name": "rbac", "type": "RBAC"}),
+        ),
+        doc(
+            "KubeEtcdEncryptionConfig",
+            json!({"config": {"resources": [{
+                "providers": [{"secretbox": {"keys": [{"name": "key2", "secret": b.secrets.secretbox_encryption_secret.0}]}}],
+                "resources": ["secrets"]
+            }]}}),
+        ),
+        doc(
+            "KubeServiceAccountConfig",
+            json!({"issuer": {"privateKey": b.certs.k8s_service_account.key.0, "issuerURL": cluster.endpoint}}),
+        ),
+        doc(
+            "KubeAPIServerConfig",
+            json!({"image": format!("registry.k8s.io/kube-apiserver:{k8s}")}),
+        ),
+        doc(
+            "KubeControllerManagerConfig",
+            json!({"image": format!("registry.k8s.io/kube-controller-manager:{k8s}")}),
+        ),
+        doc(
+            "KubeSchedulerConfig",
+            json!({"image": format!("registry.k8s.io/kube-scheduler:{k8s}"), "config": {}}),
+        ),
+    ];
+    let proxy = match cluster.kube_proxy {
+        KubeProxyMode::Enabled => {
+            json!({"image": format!("registry.k8s.io/kube-proxy:{k8s}"), "config": {}})
+        }
+        KubeProxyMode::Disabled => {
+            json!({"enabled": false, "image": format!("registry.k8s.io/kube-proxy:{k8s}"), "config": {}})
+        }
+    };
+    docs.push(doc("KubeProxyConfig", proxy));
+    if cluster.cni.preset == CniPreset::Flannel {
+        docs.push(doc(
+            "KubeFlannelCNIConfig",
+            json!({"backendType": "vxlan", "backendPort": 4789}),
+        ));
+    }
+    docs.push(doc("KubeCoreDNSConfig", json!({"enabled": true})));
+    docs
+}
