@@ -322,7 +322,9 @@ fn render_1_13(input: &RenderInput<'_>) -> Result<Vec<Value>, RenderError> {
 fn kube_proxy_1_13(cluster: &TalosClusterSpec, k8s: &str) -> Value {
     match cluster.kube_proxy {
         KubeProxyMode::Enabled => json!({"image": format!("registry.k8s.io/kube-proxy:{k8s}")}),
-        KubeProxyMode::Disabled => json!({"disabled": true}),
+        KubeProxyMode::Disabled => {
+            json!({"image": format!("registry.k8s.io/kube-proxy:{k8s}"), "disabled": true})
+        }
     }
 }
 
