@@ -7,6 +7,8 @@
 #![forbid(unsafe_code)]
 
 pub mod bundle;
+pub mod credentials;
+pub mod hardware;
 pub mod patch;
 pub mod pki;
 pub mod render;
