@@ -6,6 +6,7 @@
 //	talos-oracle validate      < config.yaml    configloader + Validate (metal mode, strict)
 //	talos-oracle generate      < request.json   Talos's own config for the same inputs (YAML)
 //	talos-oracle bench N       < request.json   how many configs per second Talos generates
+//	talos-oracle secrets       < /dev/null      a new bundle, as talosctl gen secrets writes it
 //
 // Input on stdin. bundle, fingerprint and validate print a JSON result; generate prints YAML.
 // Exit status 1 when Talos refuses the input, 2 on a usage or I/O error.
@@ -29,6 +30,7 @@ import (
 	"github.com/siderolabs/talos/pkg/machinery/config/generate/secrets"
 	"github.com/siderolabs/talos/pkg/machinery/config/machine"
 	"github.com/siderolabs/talos/pkg/machinery/config/validation"
+	"go.yaml.in/yaml/v4"
 )
 
 type result struct {
@@ -90,6 +92,16 @@ func main() {
 		os.Stdout.Write(out) //nolint:errcheck
 
 		return
+	case "secrets":
+		out, err := newSecrets()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+
+		os.Stdout.Write(out) //nolint:errcheck
+
+		return
 	case "bench":
 		if len(os.Args) != 3 {
 			usage()
@@ -114,7 +126,7 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: talos-oracle <bundle|fingerprint|validate|generate|bench N> < input")
+	fmt.Fprintln(os.Stderr, "usage: talos-oracle <bundle|fingerprint|validate|generate|bench N|secrets> < input")
 	os.Exit(2)
 }
 
@@ -175,17 +187,31 @@ func validate(input []byte) result {
 	return result{OK: true, Warnings: warnings}
 }
 
-func generateConfig(input []byte) ([]byte, error) {
+func parseRequest(input []byte) (request, *secrets.Bundle, error) {
 	var req request
 	if err := json.Unmarshal(input, &req); err != nil {
-		return nil, fmt.Errorf("request: %w", err)
+		return req, nil, fmt.Errorf("request: %w", err)
 	}
 
 	bundle, err := loadBundle([]byte(req.Bundle))
 	if err != nil {
-		return nil, fmt.Errorf("bundle: %w", err)
+		return req, nil, fmt.Errorf("bundle: %w", err)
 	}
 
+	return req, bundle, nil
+}
+
+func generateConfig(input []byte) ([]byte, error) {
+	req, bundle, err := parseRequest(input)
+	if err != nil {
+		return nil, err
+	}
+
+	return generateWith(req, bundle)
+}
+
+// generateWith runs Talos's generator and patcher, and encodes the result.
+func generateWith(req request, bundle *secrets.Bundle) ([]byte, error) {
 	contract, err := config.ParseContractFromVersion(contractVersion)
 	if err != nil {
 		return nil, err
@@ -249,14 +275,36 @@ func generateConfig(input []byte) ([]byte, error) {
 	return cfg.EncodeBytes(encoder.WithComments(encoder.CommentsDisabled))
 }
 
+// bench times generation alone: the bundle is loaded once, as a renderer would hold it.
 func bench(input []byte, n int) result {
+	req, bundle, err := parseRequest(input)
+	if err != nil {
+		return result{Error: err.Error()}
+	}
+
 	start := time.Now()
 
 	for range n {
-		if _, err := generateConfig(input); err != nil {
+		if _, err := generateWith(req, bundle); err != nil {
 			return result{Error: err.Error()}
 		}
 	}
 
 	return result{OK: true, PerSecond: float64(n) / time.Since(start).Seconds()}
+}
+
+// newSecrets generates a bundle with Talos's own code and marshals it as talosctl gen secrets
+// does.
+func newSecrets() ([]byte, error) {
+	contract, err := config.ParseContractFromVersion(contractVersion)
+	if err != nil {
+		return nil, err
+	}
+
+	bundle, err := secrets.NewBundle(secrets.NewFixedClock(time.Now()), contract)
+	if err != nil {
+		return nil, err
+	}
+
+	return yaml.Marshal(bundle)
 }

@@ -7,12 +7,15 @@
 //! - `k8s-replaces [--check]`: regenerate the staging-module `replace` block of
 //!   `tools/k8s/go.mod` from `k8s.io/kubernetes`'s own go.mod.
 //! - `crdgen`: write the CRDs and admission policies generated from `ichor-api` to `config/`.
+//! - `bench [render]`: benchmarks, beside the reference implementation's rate; results go to
+//!   `docs/benchmarks/`.
 //! - `demo`: run Ichor's main job locally (for now: a local control plane).
 #![forbid(unsafe_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+mod bench;
 mod envtest;
 mod run;
 mod test;
@@ -21,8 +24,7 @@ mod test;
 #[allow(dead_code)]
 mod assets;
 
-const USAGE: &str =
-    "usage: cargo xtask <test | envtest-assets | oracles | k8s-replaces [--check] | crdgen | demo>";
+const USAGE: &str = "usage: cargo xtask <test | envtest-assets | oracles | k8s-replaces [--check] | crdgen | bench [render] | demo>";
 
 /// The workspace root (the parent of this crate's folder).
 fn workspace_root() -> PathBuf {
@@ -45,6 +47,7 @@ fn main() -> ExitCode {
         }),
         Some("k8s-replaces") => envtest::k8s_replaces(&root, args.get(1).map(String::as_str)),
         Some("crdgen") => test::crdgen(&root),
+        Some("bench") => bench::bench(&root, &args[1..]),
         Some("demo") => test::demo(&root),
         _ => {
             eprintln!("{USAGE}");

@@ -33,6 +33,21 @@ fn talos_loads_and_validates_the_bundles_we_generate() {
 }
 
 #[test]
+fn we_parse_and_validate_bundles_talos_generates() {
+    for contract in CONTRACTS {
+        let (ok, yaml) = run_oracle(contract, &["secrets"], b"");
+        assert!(ok, "{contract:?}: {yaml}");
+        let parsed = SecretsBundle::from_yaml(&yaml)
+            .unwrap_or_else(|e| panic!("{contract:?}: a talosctl-made bundle parses: {e}"));
+        // And we can sign with its CAs.
+        pki::client_certificate(&parsed, "ichor", pki::Role::Admin, Duration::from_secs(60))
+            .expect("sign with Talos's OS CA");
+        ichor_render::credentials::admin_kubeconfig(&parsed, "lab", "https://10.0.0.1:6443")
+            .expect("sign with Talos's Kubernetes CA");
+    }
+}
+
+#[test]
 fn fingerprints_match_talos() {
     let b = bundle(Contract::V1_14);
     let node = pki::node_server_certificate(
