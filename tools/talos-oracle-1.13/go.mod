@@ -5,9 +5,9 @@ module ichor.invalid/tools/talos-oracle-1.13
 go 1.26.6
 
 require (
-	github.com/siderolabs/crypto v0.6.5
+	github.com/siderolabs/crypto v0.6.5 // indirect
 	github.com/siderolabs/talos/pkg/machinery v1.13.9
-	go.yaml.in/yaml/v4 v4.0.0-rc.4
+	go.yaml.in/yaml/v4 v4.0.0-rc.4 // indirect
 )
 
 require (
@@ -57,3 +57,7 @@ require (
 )
 
 replace github.com/mdlayher/ethtool => github.com/siderolabs/ethtool v0.4.0-sidero
+
+require ichor.invalid/tools/talos-oracle-core v0.0.0
+
+replace ichor.invalid/tools/talos-oracle-core => ../talos-oracle-core

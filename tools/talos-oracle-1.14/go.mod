@@ -2,12 +2,12 @@
 // renders. One module per Talos minor, since a module can require only one machinery version.
 module ichor.invalid/tools/talos-oracle-1.14
 
-go 1.26.5
+go 1.26.6
 
 require (
-	github.com/siderolabs/crypto v0.6.5
+	github.com/siderolabs/crypto v0.6.5 // indirect
 	github.com/siderolabs/talos/pkg/machinery v1.14.1
-	go.yaml.in/yaml/v4 v4.0.0-rc.6
+	go.yaml.in/yaml/v4 v4.0.0-rc.6 // indirect
 )
 
 require (
@@ -66,3 +66,7 @@ replace github.com/cosi-project/runtime => github.com/cosi-project/runtime v1.16
 replace github.com/mdlayher/ethtool => github.com/siderolabs/ethtool v0.4.0-sidero
 
 replace github.com/jsimonetti/rtnetlink/v2 => github.com/jsimonetti/rtnetlink/v2 v2.2.1-0.20260317095713-310581b9c6ac
+
+require ichor.invalid/tools/talos-oracle-core v0.0.0
+
+replace ichor.invalid/tools/talos-oracle-core => ../talos-oracle-core

@@ -117,24 +117,35 @@ pub fn assets(root: &Path) -> Result<PathBuf> {
 pub fn oracles(root: &Path) -> Result<PathBuf> {
     let dir = assets::oracles_dir();
     std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
-    let mut modules: Vec<PathBuf> = std::fs::read_dir(root.join("tools"))
+    // Each tools/talos-oracle-<minor> module with a main.go is an oracle; they share the
+    // talos-oracle-core module, whose files count in every oracle's stamp.
+    let tools = root.join("tools");
+    let mut modules: Vec<PathBuf> = std::fs::read_dir(&tools)
         .context("read tools/")?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("talos-oracle-"))
+            p.join("main.go").is_file()
+                && p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with("talos-oracle-"))
         })
         .collect();
     modules.sort();
+    let mut core = String::new();
+    for file in ["go.mod", "go.sum", "oracle.go"] {
+        core.push_str(
+            &std::fs::read_to_string(tools.join("talos-oracle-core").join(file))
+                .unwrap_or_default(),
+        );
+    }
     for module in modules {
         let name = module
             .file_name()
             .and_then(|n| n.to_str())
             .context("oracle module name")?
             .to_owned();
-        let mut stamp = String::new();
-        for file in ["go.mod", "go.sum", "main.go", "version.go"] {
+        let mut stamp = core.clone();
+        for file in ["go.mod", "go.sum", "main.go"] {
             stamp.push_str(&std::fs::read_to_string(module.join(file)).unwrap_or_default());
         }
         let binary = dir.join(&name);

@@ -221,10 +221,7 @@ fn ca_params(organization: Option<&str>, common_name: Option<&str>) -> Certifica
         ExtendedKeyUsagePurpose::ServerAuth,
         ExtendedKeyUsagePurpose::ClientAuth,
     ];
-    let now = rcgen::date_time_ymd(1970, 1, 1)
-        + std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default();
+    let now = crate::pki::now();
     params.not_before = now;
     params.not_after = now + std::time::Duration::from_secs(CA_VALIDITY_DAYS as u64 * 86_400);
     params

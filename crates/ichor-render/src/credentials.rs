@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
-use rcgen::{CertificateParams, DnType, ExtendedKeyUsagePurpose, KeyPair, KeyUsagePurpose};
+use rcgen::{ExtendedKeyUsagePurpose, KeyPair};
 use serde_json::json;
 
 use crate::bundle::SecretsBundle;
@@ -64,20 +64,12 @@ pub fn admin_kubeconfig(
 ) -> Result<CredentialsFile, PkiError> {
     let issuer = bundle.k8s_issuer()?;
     let key = KeyPair::generate().map_err(|_| PkiError::Sign { what: "kubeconfig" })?;
-    let mut params = CertificateParams::default();
-    params.distinguished_name = rcgen::DistinguishedName::new();
-    params.distinguished_name.push(DnType::CommonName, "admin");
-    params
-        .distinguished_name
-        .push(DnType::OrganizationName, "system:masters");
-    params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-    let now = rcgen::date_time_ymd(1970, 1, 1)
-        + std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default();
-    params.not_before = now - Duration::from_secs(60);
-    params.not_after = now + CLIENT_TTL;
+    let params = pki::leaf_params(
+        "admin",
+        Some("system:masters"),
+        ExtendedKeyUsagePurpose::ClientAuth,
+        CLIENT_TTL,
+    );
     let cert = params
         .signed_by(&key, &issuer)
         .map_err(|_| PkiError::Sign { what: "kubeconfig" })?;

@@ -2,7 +2,7 @@
 //! and certificate fingerprints computed exactly as Talos computes them.
 
 use std::net::IpAddr;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
@@ -67,17 +67,55 @@ impl Role {
     }
 }
 
-fn validity(params: &mut CertificateParams, ttl: Duration) {
-    let now = rcgen::date_time_ymd(1970, 1, 1)
-        + SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default();
-    // A minute of slack for clocks slightly behind ours.
-    params.not_before = now - Duration::from_secs(60);
-    params.not_after = now + ttl;
+/// The current time, for certificate validity.
+pub(crate) fn now() -> time::OffsetDateTime {
+    time::OffsetDateTime::now_utc()
 }
 
-/// Mints an OS-CA-signed client certificate with `roles` in its Organization and ExtKeyUsage
+/// Leaf-certificate parameters: the subject, one extended key usage, and a validity from a
+/// minute ago (for clocks slightly behind ours) to `ttl` from now.
+pub(crate) fn leaf_params(
+    common_name: &str,
+    organization: Option<&str>,
+    usage: ExtendedKeyUsagePurpose,
+    ttl: Duration,
+) -> CertificateParams {
+    let mut params = CertificateParams::default();
+    params.distinguished_name = rcgen::DistinguishedName::new();
+    params
+        .distinguished_name
+        .push(DnType::CommonName, common_name);
+    if let Some(organization) = organization {
+        params
+            .distinguished_name
+            .push(DnType::OrganizationName, organization);
+    }
+    params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    params.extended_key_usages = vec![usage];
+    let now = now();
+    params.not_before = now - Duration::from_secs(60);
+    params.not_after = now + ttl;
+    params
+}
+
+/// Signs `params` with the OS CA for a new Ed25519 key.
+fn sign_with_os_ca(
+    bundle: &SecretsBundle,
+    params: &CertificateParams,
+    what: &'static str,
+) -> Result<Issued, PkiError> {
+    let issuer = bundle.os_issuer()?;
+    let (key, key_pem) = ed25519_key()?;
+    let cert = params
+        .signed_by(&key, &issuer)
+        .map_err(|_| PkiError::Sign { what })?;
+    Ok(Issued {
+        cert_pem: cert.pem(),
+        key_pem,
+    })
+}
+
+/// Mints an OS-CA-signed client certificate with `role` in its Organization and ExtKeyUsage
 /// exactly ClientAuth (Talos 1.12+ requires exactly that), Ed25519 like the CA.
 pub fn client_certificate(
     bundle: &SecretsBundle,
@@ -85,25 +123,13 @@ pub fn client_certificate(
     role: Role,
     ttl: Duration,
 ) -> Result<Issued, PkiError> {
-    let issuer = bundle.os_issuer()?;
-    let (key, key_pem) = ed25519_key()?;
-    let mut params = CertificateParams::default();
-    params
-        .distinguished_name
-        .push(DnType::CommonName, common_name);
-    params
-        .distinguished_name
-        .push(DnType::OrganizationName, role.as_str());
-    params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-    validity(&mut params, ttl);
-    let cert = params
-        .signed_by(&key, &issuer)
-        .map_err(|_| PkiError::Sign { what: "client" })?;
-    Ok(Issued {
-        cert_pem: cert.pem(),
-        key_pem,
-    })
+    let params = leaf_params(
+        common_name,
+        Some(role.as_str()),
+        ExtendedKeyUsagePurpose::ClientAuth,
+        ttl,
+    );
+    sign_with_os_ca(bundle, &params, "client")
 }
 
 /// Mints an OS-CA-signed serving certificate for a node, with its addresses and hostname as SANs.
@@ -113,11 +139,7 @@ pub fn node_server_certificate(
     addresses: &[IpAddr],
     ttl: Duration,
 ) -> Result<Issued, PkiError> {
-    let issuer = bundle.os_issuer()?;
-    let (key, key_pem) = ed25519_key()?;
-    let mut params = CertificateParams::default();
-    params.distinguished_name = rcgen::DistinguishedName::new();
-    params.distinguished_name.push(DnType::CommonName, hostname);
+    let mut params = leaf_params(hostname, None, ExtendedKeyUsagePurpose::ServerAuth, ttl);
     params.subject_alt_names = addresses.iter().map(|a| SanType::IpAddress(*a)).collect();
     if !hostname.is_empty() {
         let name = hostname
@@ -126,16 +148,7 @@ pub fn node_server_certificate(
             .map_err(|_| PkiError::Sign { what: "node" })?;
         params.subject_alt_names.push(SanType::DnsName(name));
     }
-    params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-    validity(&mut params, ttl);
-    let cert = params
-        .signed_by(&key, &issuer)
-        .map_err(|_| PkiError::Sign { what: "node" })?;
-    Ok(Issued {
-        cert_pem: cert.pem(),
-        key_pem,
-    })
+    sign_with_os_ca(bundle, &params, "node")
 }
 
 /// The certificate fingerprint `talosctl --cert-fingerprint` takes: base64 (standard alphabet)
