@@ -113,7 +113,8 @@ pub fn assets(root: &Path) -> Result<PathBuf> {
     Ok(dir)
 }
 
-/// Builds (or reuses) every Talos oracle under `tools/talos-oracle-*` and returns their folder.
+/// Builds (or reuses) every Talos oracle under `tools/talos-oracle-*`, and the conformance tool
+/// `tools/talos-conformance`, and returns their folder.
 pub fn oracles(root: &Path) -> Result<PathBuf> {
     let dir = assets::oracles_dir();
     std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
@@ -127,7 +128,7 @@ pub fn oracles(root: &Path) -> Result<PathBuf> {
             p.join("main.go").is_file()
                 && p.file_name()
                     .and_then(|n| n.to_str())
-                    .is_some_and(|n| n.starts_with("talos-oracle-"))
+                    .is_some_and(|n| n.starts_with("talos-oracle-") || n == "talos-conformance")
         })
         .collect();
     modules.sort();

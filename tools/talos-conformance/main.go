@@ -1,0 +1,144 @@
+// Command talos-conformance keeps Ichor's hand-written Talos API honest against Talos's own
+// code. `dump` prints, one per line, every service method, message field and enum value Talos
+// registers in the packages Ichor's proto/ covers, in the canonical form Ichor's test compares
+// its own descriptors to:
+//
+//	method <service> <name> <input> <output> <client-streaming> <server-streaming>
+//	message <message>
+//	field <message> <name> <number> <label> <type> [<type name>] [oneof=<name>] [optional]
+//	value <enum> <name> <number>
+package main
+
+import (
+	"fmt"
+	"os"
+	"sort"
+	"strings"
+
+	_ "github.com/cosi-project/runtime/api/v1alpha1"
+	_ "github.com/siderolabs/talos/pkg/machinery/api/common"
+	_ "github.com/siderolabs/talos/pkg/machinery/api/machine"
+	_ "github.com/siderolabs/talos/pkg/machinery/api/storage"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/reflect/protoregistry"
+)
+
+// packages are the proto packages Ichor's proto/ folder covers.
+var packages = map[string]bool{
+	"common":        true,
+	"machine":       true,
+	"storage":       true,
+	"cosi.resource": true,
+	"google.rpc":    true,
+}
+
+func main() {
+	if len(os.Args) != 2 || os.Args[1] != "dump" {
+		fmt.Fprintln(os.Stderr, "usage: talos-conformance dump")
+		os.Exit(2)
+	}
+
+	var lines []string
+
+	protoregistry.GlobalFiles.RangeFiles(func(file protoreflect.FileDescriptor) bool {
+		if !packages[string(file.Package())] {
+			return true
+		}
+
+		services := file.Services()
+		for i := range services.Len() {
+			service := services.Get(i)
+			methods := service.Methods()
+
+			for j := range methods.Len() {
+				m := methods.Get(j)
+				lines = append(lines, fmt.Sprintf("method %s %s %s %s %t %t",
+					service.FullName(), m.Name(), m.Input().FullName(), m.Output().FullName(),
+					m.IsStreamingClient(), m.IsStreamingServer()))
+			}
+		}
+
+		lines = appendMessages(lines, file.Messages())
+		lines = appendEnums(lines, file.Enums())
+
+		return true
+	})
+
+	sort.Strings(lines)
+	fmt.Println(strings.Join(lines, "\n"))
+}
+
+func appendMessages(lines []string, messages protoreflect.MessageDescriptors) []string {
+	for i := range messages.Len() {
+		msg := messages.Get(i)
+		if msg.IsMapEntry() {
+			continue
+		}
+
+		lines = append(lines, fmt.Sprintf("message %s", msg.FullName()))
+
+		fields := msg.Fields()
+		for j := range fields.Len() {
+			lines = append(lines, fieldLine(msg, fields.Get(j)))
+		}
+
+		lines = appendMessages(lines, msg.Messages())
+		lines = appendEnums(lines, msg.Enums())
+	}
+
+	return lines
+}
+
+func appendEnums(lines []string, enums protoreflect.EnumDescriptors) []string {
+	for i := range enums.Len() {
+		enum := enums.Get(i)
+		values := enum.Values()
+
+		for j := range values.Len() {
+			v := values.Get(j)
+			lines = append(lines, fmt.Sprintf("value %s %s %d", enum.FullName(), v.Name(), v.Number()))
+		}
+	}
+
+	return lines
+}
+
+func fieldLine(msg protoreflect.MessageDescriptor, f protoreflect.FieldDescriptor) string {
+	label := f.Cardinality().String()
+	kind := f.Kind().String()
+
+	var parts []string
+
+	parts = append(parts, "field", string(msg.FullName()), string(f.Name()), fmt.Sprint(f.Number()))
+
+	switch {
+	case f.IsMap():
+		parts = append(parts, "map", fmt.Sprintf("%s:%s", typeName(f.MapKey()), typeName(f.MapValue())))
+	default:
+		parts = append(parts, label, kind)
+		if f.Message() != nil || f.Enum() != nil {
+			parts = append(parts, typeName(f))
+		}
+	}
+
+	if oneof := f.ContainingOneof(); oneof != nil && !oneof.IsSynthetic() {
+		parts = append(parts, "oneof="+string(oneof.Name()))
+	}
+
+	if f.HasOptionalKeyword() {
+		parts = append(parts, "optional")
+	}
+
+	return strings.Join(parts, " ")
+}
+
+func typeName(f protoreflect.FieldDescriptor) string {
+	switch {
+	case f.Message() != nil:
+		return string(f.Message().FullName())
+	case f.Enum() != nil:
+		return string(f.Enum().FullName())
+	default:
+		return f.Kind().String()
+	}
+}
