@@ -4,6 +4,11 @@
 //! This crate knows nothing of Kubernetes. [`api`] holds the code generated from `proto/`.
 #![forbid(unsafe_code)]
 
+pub mod client;
+pub mod tls;
+
+pub use client::{TalosClient, TalosError};
+
 /// The TCP port on which every Talos node serves its API (apid, or the maintenance service).
 pub const TALOS_API_PORT: u16 = 50000;
 

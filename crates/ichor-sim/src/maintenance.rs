@@ -1,0 +1,142 @@
+//! The MachineService of a node in maintenance mode (talos-facts §1.2, §2).
+
+use std::pin::Pin;
+
+use ichor_talos::api::common::Data;
+use ichor_talos::api::machine::machine_service_server::MachineService;
+use ichor_talos::api::machine::{
+    ApplyConfigurationRequest, ApplyConfigurationResponse, BootstrapRequest, BootstrapResponse,
+    EtcdDefragmentResponse, EtcdForfeitLeadershipRequest, EtcdForfeitLeadershipResponse,
+    EtcdLeaveClusterRequest, EtcdLeaveClusterResponse, EtcdMemberListRequest,
+    EtcdMemberListResponse, EtcdRemoveMemberByIdRequest, EtcdRemoveMemberByIdResponse,
+    EtcdSnapshotRequest, EtcdStatusResponse, FeaturesInfo, HostnameResponse, PlatformInfo,
+    RebootRequest, RebootResponse, ResetRequest, ResetResponse, ServiceListResponse,
+    UpgradeRequest, UpgradeResponse, Version, VersionInfo, VersionResponse,
+};
+use tonic::{Request, Response, Status};
+
+/// Maintenance mode: every caller is `os:reader` (talos-facts §2 "Roles").
+pub(crate) struct Maintenance {
+    pub(crate) talos_version: String,
+}
+
+/// Methods above `os:reader` are refused: maintenance mode grants only reader (talos-facts §2;
+/// the minimum roles are in §1.2).
+fn needs_role(role: &str) -> Status {
+    Status::permission_denied(format!(
+        "not authorized: this method needs {role}, and maintenance mode grants every caller os:reader"
+    ))
+}
+
+/// Etcd and bootstrap work only on control planes; before a config sets the machine type they
+/// answer "machine type is not set" (talos-facts §1.2).
+fn machine_type_not_set() -> Status {
+    Status::unimplemented("machine type is not set")
+}
+
+/// Behaviour this simulator does not model yet.
+fn not_simulated(what: &str) -> Status {
+    Status::unimplemented(format!("{what} is not simulated yet"))
+}
+
+type Reply<T> = Result<Response<T>, Status>;
+
+#[tonic::async_trait]
+impl MachineService for Maintenance {
+    async fn apply_configuration(
+        &self,
+        _: Request<ApplyConfigurationRequest>,
+    ) -> Reply<ApplyConfigurationResponse> {
+        Err(not_simulated("ApplyConfiguration"))
+    }
+
+    async fn bootstrap(&self, _: Request<BootstrapRequest>) -> Reply<BootstrapResponse> {
+        Err(needs_role("os:admin"))
+    }
+
+    async fn etcd_member_list(
+        &self,
+        _: Request<EtcdMemberListRequest>,
+    ) -> Reply<EtcdMemberListResponse> {
+        Err(machine_type_not_set())
+    }
+
+    async fn etcd_remove_member_by_id(
+        &self,
+        _: Request<EtcdRemoveMemberByIdRequest>,
+    ) -> Reply<EtcdRemoveMemberByIdResponse> {
+        Err(needs_role("os:admin"))
+    }
+
+    async fn etcd_leave_cluster(
+        &self,
+        _: Request<EtcdLeaveClusterRequest>,
+    ) -> Reply<EtcdLeaveClusterResponse> {
+        Err(needs_role("os:admin"))
+    }
+
+    async fn etcd_forfeit_leadership(
+        &self,
+        _: Request<EtcdForfeitLeadershipRequest>,
+    ) -> Reply<EtcdForfeitLeadershipResponse> {
+        Err(needs_role("os:admin"))
+    }
+
+    async fn etcd_status(&self, _: Request<()>) -> Reply<EtcdStatusResponse> {
+        Err(machine_type_not_set())
+    }
+
+    type EtcdSnapshotStream =
+        Pin<Box<dyn tokio_stream::Stream<Item = Result<Data, Status>> + Send>>;
+
+    async fn etcd_snapshot(
+        &self,
+        _: Request<EtcdSnapshotRequest>,
+    ) -> Reply<Self::EtcdSnapshotStream> {
+        Err(needs_role("os:etcd:backup"))
+    }
+
+    async fn etcd_defragment(&self, _: Request<()>) -> Reply<EtcdDefragmentResponse> {
+        Err(needs_role("os:admin"))
+    }
+
+    async fn reset(&self, _: Request<ResetRequest>) -> Reply<ResetResponse> {
+        Err(needs_role("os:admin"))
+    }
+
+    async fn reboot(&self, _: Request<RebootRequest>) -> Reply<RebootResponse> {
+        Err(needs_role("os:operator"))
+    }
+
+    async fn upgrade(&self, _: Request<UpgradeRequest>) -> Reply<UpgradeResponse> {
+        Err(needs_role("os:admin"))
+    }
+
+    /// Answered locally, so with no per-node metadata (talos-facts §2 "Routing to nodes").
+    async fn version(&self, _: Request<()>) -> Reply<VersionResponse> {
+        Ok(Response::new(VersionResponse {
+            messages: vec![Version {
+                metadata: None,
+                version: Some(VersionInfo {
+                    tag: self.talos_version.clone(),
+                    os: "Talos".into(),
+                    arch: "amd64".into(),
+                    ..Default::default()
+                }),
+                platform: Some(PlatformInfo {
+                    name: "metal".into(),
+                    mode: "metal".into(),
+                }),
+                features: Some(FeaturesInfo { rbac: true }),
+            }],
+        }))
+    }
+
+    async fn hostname(&self, _: Request<()>) -> Reply<HostnameResponse> {
+        Err(not_simulated("Hostname"))
+    }
+
+    async fn service_list(&self, _: Request<()>) -> Reply<ServiceListResponse> {
+        Err(not_simulated("ServiceList"))
+    }
+}

@@ -1,0 +1,74 @@
+//! The client against a simulated node in maintenance mode: the certificate pin is the only
+//! trust, a rebooted node (new certificate) is refused with the fingerprint it showed, and
+//! maintenance mode grants only os:reader.
+
+use ichor_sim::SimNode;
+use ichor_talos::api::machine::ResetRequest;
+use ichor_talos::api::machine::machine_service_client::MachineServiceClient;
+use ichor_talos::{TalosClient, TalosError};
+
+async fn node() -> SimNode {
+    SimNode::start("127.0.0.1:0".parse().expect("addr"), "v1.14.1")
+        .await
+        .expect("start a simulated node")
+}
+
+#[tokio::test]
+async fn a_pinned_maintenance_connection_reads_the_version() {
+    let node = node().await;
+    let client = TalosClient::connect_maintenance(&node.addr().to_string(), node.fingerprint())
+        .await
+        .expect("connect with the right pin");
+    assert_eq!(client.version().await.expect("version"), "v1.14.1");
+    node.stop().await;
+}
+
+#[tokio::test]
+async fn a_rebooted_node_is_refused_with_the_fingerprint_it_showed() {
+    let mut node = node().await;
+    let pinned = node.fingerprint().to_owned();
+    node.reboot().await.expect("reboot");
+    let observed = node.fingerprint().to_owned();
+    assert_ne!(
+        pinned, observed,
+        "the maintenance certificate is regenerated on every boot"
+    );
+    match TalosClient::connect_maintenance(&node.addr().to_string(), &pinned).await {
+        Err(TalosError::FingerprintMismatch {
+            pinned: p,
+            observed: o,
+            ..
+        }) => {
+            assert_eq!(p, pinned);
+            assert_eq!(o, observed);
+        }
+        other => panic!("expected FingerprintMismatch, got {other:?}"),
+    }
+    let message = TalosClient::connect_maintenance(&node.addr().to_string(), &pinned)
+        .await
+        .expect_err("still refused")
+        .to_string();
+    assert!(
+        message.contains(&observed) && message.contains(&pinned),
+        "{message}"
+    );
+    TalosClient::connect_maintenance(&node.addr().to_string(), &observed)
+        .await
+        .expect("the new pin connects");
+    node.stop().await;
+}
+
+#[tokio::test]
+async fn maintenance_mode_refuses_admin_methods() {
+    let node = node().await;
+    let client = TalosClient::connect_maintenance(&node.addr().to_string(), node.fingerprint())
+        .await
+        .expect("connect");
+    let mut raw = MachineServiceClient::new(client.channel());
+    let status = raw
+        .reset(ResetRequest::default())
+        .await
+        .expect_err("reset needs os:admin");
+    assert_eq!(status.code(), tonic::Code::PermissionDenied);
+    node.stop().await;
+}
