@@ -8,16 +8,21 @@
 //! and gates come next.
 #![forbid(unsafe_code)]
 
+mod cosi;
+pub mod hardware;
 mod maintenance;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use ichor_talos::api::cosi::resource::state_server::StateServer;
 use ichor_talos::api::machine::machine_service_server::MachineServiceServer;
 use rcgen::{CertificateParams, KeyPair, PKCS_ED25519};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tonic::transport::{Identity, Server, ServerTlsConfig};
+
+pub use hardware::{Hardware, SimDisk, SimLink};
 
 /// What can go wrong running a simulated node.
 #[derive(Debug, thiserror::Error)]
@@ -43,6 +48,7 @@ pub enum SimError {
 #[derive(Debug, Clone)]
 struct NodeIdentity {
     talos_version: String,
+    hardware: Hardware,
 }
 
 /// A running server: how to stop it, and its task.
@@ -71,12 +77,22 @@ fn boot_certificate() -> Result<(String, String, String), SimError> {
 }
 
 impl SimNode {
-    /// Boots a node in maintenance mode on `addr` (port 0 picks a free port).
+    /// Boots a small VM ([`Hardware::vm`]) in maintenance mode on `addr` (port 0 picks one).
     pub async fn start(addr: SocketAddr, talos_version: &str) -> Result<Self, SimError> {
+        Self::start_with(addr, talos_version, Hardware::vm(0)).await
+    }
+
+    /// Boots a node with the given hardware in maintenance mode on `addr`.
+    pub async fn start_with(
+        addr: SocketAddr,
+        talos_version: &str,
+        hardware: Hardware,
+    ) -> Result<Self, SimError> {
         let mut node = Self {
             addr,
             identity: Arc::new(NodeIdentity {
                 talos_version: talos_version.to_owned(),
+                hardware,
             }),
             fingerprint: String::new(),
             server: None,
@@ -105,9 +121,16 @@ impl SimNode {
         let tls = ServerTlsConfig::new().identity(Identity::from_pem(cert, key));
         let (stop_tx, stop_rx) = oneshot::channel::<()>();
         let incoming = tonic::transport::server::TcpIncoming::from(listener);
+        let cosi = cosi::Cosi {
+            resources: Arc::new(hardware::maintenance_resources(
+                &self.identity.hardware,
+                &self.identity.talos_version,
+            )),
+        };
         let router = Server::builder()
             .tls_config(tls)?
-            .add_service(MachineServiceServer::new(service));
+            .add_service(MachineServiceServer::new(service))
+            .add_service(StateServer::new(cosi));
         let handle = tokio::spawn(router.serve_with_incoming_shutdown(incoming, async {
             let _ = stop_rx.await;
         }));
@@ -137,6 +160,11 @@ impl SimNode {
     /// The address it serves on.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The machine's hardware.
+    pub fn hardware(&self) -> &Hardware {
+        &self.identity.hardware
     }
 
     /// The fingerprint of the certificate of the current boot, as `talosctl` pins it.

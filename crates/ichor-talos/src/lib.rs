@@ -5,9 +5,11 @@
 #![forbid(unsafe_code)]
 
 pub mod client;
+pub mod resources;
 pub mod tls;
 
 pub use client::{TalosClient, TalosError};
+pub use resources::{Inventory, MachineStatus, Stage};
 
 /// The TCP port on which every Talos node serves its API (apid, or the maintenance service).
 pub const TALOS_API_PORT: u16 = 50000;

@@ -72,3 +72,40 @@ async fn maintenance_mode_refuses_admin_methods() {
     assert_eq!(status.code(), tonic::Code::PermissionDenied);
     node.stop().await;
 }
+
+#[tokio::test]
+async fn the_inventory_and_stage_are_read_as_os_reader() {
+    let hardware = ichor_sim::Hardware::vm(42);
+    let node = SimNode::start_with(
+        "127.0.0.1:0".parse().expect("addr"),
+        "v1.13.9",
+        hardware.clone(),
+    )
+    .await
+    .expect("start");
+    let client = TalosClient::connect_maintenance(&node.addr().to_string(), node.fingerprint())
+        .await
+        .expect("connect");
+    let inventory = client.inventory().await.expect("inventory");
+    assert_eq!(inventory.uuid, hardware.uuid);
+    let disks: Vec<(&str, &str, bool)> = inventory
+        .disks
+        .iter()
+        .map(|d| (d.name.as_str(), d.dev_path.as_str(), d.cdrom))
+        .collect();
+    assert_eq!(
+        disks,
+        [("sr0", "/dev/sr0", true), ("vda", "/dev/vda", false)]
+    );
+    assert_eq!(inventory.disks[1].size, 100_000_000_000);
+    assert_eq!(inventory.links.len(), 1);
+    assert_eq!(inventory.links[0].name, "eth0");
+    assert_eq!(
+        inventory.links[0].hardware_addr,
+        hardware.links[0].hardware_addr
+    );
+    let status = client.machine_status().await.expect("machine status");
+    assert_eq!(status.stage, ichor_talos::Stage::Maintenance);
+    assert!(!status.ready);
+    node.stop().await;
+}

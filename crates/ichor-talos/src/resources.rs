@@ -1,0 +1,284 @@
+//! Typed reads of COSI resources (talos-facts §1.6, §3, §8.1): hardware inventory and machine
+//! status. Specs are decoded from their YAML form, whose keys are Talos's yaml tags.
+
+use serde::Deserialize;
+use serde_json::Value;
+use tokio_stream::StreamExt as _;
+
+use crate::api::cosi::resource::state_client::StateClient;
+use crate::api::cosi::resource::{GetRequest, ListRequest, Resource};
+use crate::client::{TalosClient, TalosError};
+
+/// A machine's hardware, as read in maintenance mode.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Inventory {
+    /// The SMBIOS system UUID: the machine's identity.
+    pub uuid: String,
+    /// SMBIOS manufacturer.
+    pub manufacturer: String,
+    /// SMBIOS product name.
+    pub product_name: String,
+    /// SMBIOS serial number.
+    pub serial_number: String,
+    /// Block devices.
+    pub disks: Vec<Disk>,
+    /// Network links.
+    pub links: Vec<Link>,
+}
+
+/// One block device (`Disks.block.talos.dev`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+pub struct Disk {
+    /// Device name (the resource id), e.g. `sda`.
+    #[serde(skip)]
+    pub name: String,
+    /// Device path, e.g. `/dev/sda`.
+    #[serde(default)]
+    pub dev_path: String,
+    /// Size in bytes.
+    #[serde(default)]
+    pub size: u64,
+    /// Model.
+    #[serde(default)]
+    pub model: String,
+    /// Serial number.
+    #[serde(default)]
+    pub serial: String,
+    /// WWID.
+    #[serde(default)]
+    pub wwid: String,
+    /// Transport, e.g. `nvme`.
+    #[serde(default)]
+    pub transport: String,
+    /// Whether it spins.
+    #[serde(default)]
+    pub rotational: bool,
+    /// Whether it is read-only.
+    #[serde(default)]
+    pub readonly: bool,
+    /// Whether it is a CD-ROM.
+    #[serde(default)]
+    pub cdrom: bool,
+}
+
+/// One network link (`LinkStatuses.net.talos.dev`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Link {
+    /// Link name (the resource id), e.g. `eth0`.
+    #[serde(skip)]
+    pub name: String,
+    /// MAC address.
+    #[serde(default)]
+    pub hardware_addr: String,
+    /// Operational state, e.g. `up`.
+    #[serde(default)]
+    pub operational_state: String,
+    /// Link kind (empty for physical links).
+    #[serde(default)]
+    pub kind: String,
+    /// Driver.
+    #[serde(default)]
+    pub driver: String,
+}
+
+/// The machine's stage (talos-facts §3, `RuntimeMachineStage` in YAML form).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// `unknown`.
+    Unknown,
+    /// `booting`.
+    Booting,
+    /// `installing`.
+    Installing,
+    /// `maintenance`: no complete config yet.
+    Maintenance,
+    /// `running`.
+    Running,
+    /// `rebooting`.
+    Rebooting,
+    /// `shutting down`.
+    ShuttingDown,
+    /// `resetting`.
+    Resetting,
+    /// `upgrading`.
+    Upgrading,
+}
+
+impl Stage {
+    fn parse(text: &str) -> Self {
+        match text {
+            "booting" => Self::Booting,
+            "installing" => Self::Installing,
+            "maintenance" => Self::Maintenance,
+            "running" => Self::Running,
+            "rebooting" => Self::Rebooting,
+            "shutting down" => Self::ShuttingDown,
+            "resetting" => Self::Resetting,
+            "upgrading" => Self::Upgrading,
+            _ => Self::Unknown,
+        }
+    }
+}
+
+/// `MachineStatuses.runtime.talos.dev/machine`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MachineStatus {
+    /// The stage.
+    pub stage: Stage,
+    /// `status.ready` (not `spec.ready`): true only when running with nothing unmet.
+    pub ready: bool,
+    /// Unmet readiness conditions: (name, reason).
+    pub unmet: Vec<(String, String)>,
+}
+
+fn spec_of(resource: &Resource) -> Result<Value, String> {
+    let yaml = resource
+        .spec
+        .as_ref()
+        .map(|s| s.yaml_spec.as_str())
+        .unwrap_or_default();
+    serde_saphyr::from_str(yaml).map_err(|e| format!("cannot decode a resource spec: {e}"))
+}
+
+impl TalosClient {
+    fn state(&self) -> StateClient<tonic::transport::Channel> {
+        StateClient::new(self.channel())
+    }
+
+    fn rpc_error(&self, method: &'static str) -> impl FnOnce(tonic::Status) -> TalosError + '_ {
+        move |status| TalosError::Rpc {
+            method,
+            endpoint: self.endpoint().to_owned(),
+            status,
+        }
+    }
+
+    fn node_error(&self, method: &'static str, message: String) -> TalosError {
+        TalosError::Node {
+            method,
+            endpoint: self.endpoint().to_owned(),
+            message,
+        }
+    }
+
+    /// The spec of one resource.
+    async fn get_spec(&self, namespace: &str, type_: &str, id: &str) -> Result<Value, TalosError> {
+        const METHOD: &str = "COSI Get";
+        let response = self
+            .state()
+            .get(GetRequest {
+                namespace: namespace.into(),
+                r#type: type_.into(),
+                id: id.into(),
+                options: None,
+            })
+            .await
+            .map_err(self.rpc_error(METHOD))?
+            .into_inner();
+        let resource = response
+            .resource
+            .ok_or_else(|| self.node_error(METHOD, format!("no {type_}/{id} in the reply")))?;
+        spec_of(&resource).map_err(|e| self.node_error(METHOD, e))
+    }
+
+    /// Every resource of a type: (id, spec).
+    async fn list_specs(
+        &self,
+        namespace: &str,
+        type_: &str,
+    ) -> Result<Vec<(String, Value)>, TalosError> {
+        const METHOD: &str = "COSI List";
+        let mut stream = self
+            .state()
+            .list(ListRequest {
+                namespace: namespace.into(),
+                r#type: type_.into(),
+                options: None,
+            })
+            .await
+            .map_err(self.rpc_error(METHOD))?
+            .into_inner();
+        let mut out = Vec::new();
+        while let Some(item) = stream.next().await {
+            let resource = item
+                .map_err(self.rpc_error(METHOD))?
+                .resource
+                .unwrap_or_default();
+            let id = resource
+                .metadata
+                .as_ref()
+                .map(|m| m.id.clone())
+                .unwrap_or_default();
+            out.push((
+                id,
+                spec_of(&resource).map_err(|e| self.node_error(METHOD, e))?,
+            ));
+        }
+        Ok(out)
+    }
+
+    /// The machine's hardware: SMBIOS identity, disks and links.
+    pub async fn inventory(&self) -> Result<Inventory, TalosError> {
+        let system = self
+            .get_spec(
+                "hardware",
+                "SystemInformations.hardware.talos.dev",
+                "systeminformation",
+            )
+            .await?;
+        let text = |key: &str| system[key].as_str().unwrap_or_default().to_owned();
+        let uuid = text("uuid");
+        if uuid.is_empty() {
+            return Err(self.node_error("COSI Get", "SystemInformation has no uuid".into()));
+        }
+        let mut disks = Vec::new();
+        for (id, spec) in self.list_specs("runtime", "Disks.block.talos.dev").await? {
+            let mut disk: Disk = serde_json::from_value(spec)
+                .map_err(|e| self.node_error("COSI List", format!("disk {id}: {e}")))?;
+            disk.name = id;
+            disks.push(disk);
+        }
+        let mut links = Vec::new();
+        for (id, spec) in self
+            .list_specs("network", "LinkStatuses.net.talos.dev")
+            .await?
+        {
+            let mut link: Link = serde_json::from_value(spec)
+                .map_err(|e| self.node_error("COSI List", format!("link {id}: {e}")))?;
+            link.name = id;
+            links.push(link);
+        }
+        Ok(Inventory {
+            uuid,
+            manufacturer: text("manufacturer"),
+            product_name: text("productName"),
+            serial_number: text("serialnumber"),
+            disks,
+            links,
+        })
+    }
+
+    /// The machine's stage and readiness.
+    pub async fn machine_status(&self) -> Result<MachineStatus, TalosError> {
+        let spec = self
+            .get_spec("runtime", "MachineStatuses.runtime.talos.dev", "machine")
+            .await?;
+        let unmet = spec["status"]["unmetConditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|c| {
+                (
+                    c["name"].as_str().unwrap_or_default().to_owned(),
+                    c["reason"].as_str().unwrap_or_default().to_owned(),
+                )
+            })
+            .collect();
+        Ok(MachineStatus {
+            stage: Stage::parse(spec["stage"].as_str().unwrap_or_default()),
+            ready: spec["status"]["ready"].as_bool().unwrap_or(false),
+            unmet,
+        })
+    }
+}
