@@ -5,6 +5,7 @@
 #![forbid(unsafe_code)]
 
 pub mod client;
+pub mod discovery;
 pub mod resources;
 pub mod tls;
 

@@ -12,11 +12,12 @@ use rustls::crypto::WebPkiSupportedAlgorithms;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{CertificateError, DigitallySignedStruct, Error, SignatureScheme};
 
-/// Accepts the server certificate whose SPKI fingerprint equals the pin, and records what it
-/// saw so a mismatch can be reported with the observed fingerprint.
+/// Accepts the server certificate whose SPKI fingerprint equals the pin (or, for discovery's
+/// first look, any certificate), and records what it saw so a mismatch can be reported with
+/// the observed fingerprint. Handshake signatures are verified either way.
 #[derive(Debug)]
 pub struct PinningVerifier {
-    pinned: String,
+    pinned: Option<String>,
     observed: Arc<Mutex<Option<String>>>,
     algorithms: WebPkiSupportedAlgorithms,
 }
@@ -25,7 +26,17 @@ impl PinningVerifier {
     /// A verifier for `pinned` (base64 SHA-256 of the SPKI, as `talosctl --cert-fingerprint`).
     pub fn new(pinned: impl Into<String>) -> Self {
         Self {
-            pinned: pinned.into(),
+            pinned: Some(pinned.into()),
+            observed: Arc::default(),
+            algorithms: rustls::crypto::ring::default_provider().signature_verification_algorithms,
+        }
+    }
+
+    /// A verifier that accepts any certificate and records its fingerprint: only for
+    /// discovery, which reads and never writes, to learn the fingerprint a person then pins.
+    pub fn recording() -> Self {
+        Self {
+            pinned: None,
             observed: Arc::default(),
             algorithms: rustls::crypto::ring::default_provider().signature_verification_algorithms,
         }
@@ -52,7 +63,7 @@ impl ServerCertVerifier for PinningVerifier {
             *observed = Some(seen.clone());
         }
         // Fingerprints are public values: a plain comparison leaks nothing.
-        if seen == self.pinned {
+        if self.pinned.as_ref().is_none_or(|pin| *pin == seen) {
             Ok(ServerCertVerified::assertion())
         } else {
             Err(Error::InvalidCertificate(

@@ -1,0 +1,112 @@
+//! The discovery sweep over four /24s: 16 simulated maintenance-mode nodes, a plain TLS server
+//! and a TCP listener that never speaks TLS.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ichor_sim::{Hardware, SimNode};
+use ichor_talos::discovery::{ProbeOutcome, SweepConfig, sweep};
+use tokio::net::TcpListener;
+
+/// A TLS server that is not Talos: it completes handshakes, then says nothing useful.
+async fn plain_tls_server(addr: SocketAddr) {
+    let key = rcgen::KeyPair::generate().expect("key");
+    let cert = rcgen::CertificateParams::new(vec!["plain".to_owned()])
+        .expect("params")
+        .self_signed(&key)
+        .expect("cert");
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("versions")
+    .with_no_client_auth()
+    .with_single_cert(
+        vec![cert.der().clone()],
+        rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+    )
+    .expect("server config");
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = TcpListener::bind(addr).await.expect("bind plain TLS");
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                if let Ok(mut tls) = acceptor.accept(tcp).await {
+                    use tokio::io::AsyncWriteExt as _;
+                    let _ = tls.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n").await;
+                }
+            });
+        }
+    });
+}
+
+/// A TCP listener that accepts and then stays silent.
+async fn silent_tcp_listener(addr: SocketAddr) {
+    let listener = TcpListener::bind(addr).await.expect("bind silent TCP");
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((tcp, _)) = listener.accept().await {
+            held.push(tcp);
+        }
+    });
+}
+
+#[tokio::test]
+async fn a_sweep_finds_the_maintenance_nodes_and_classifies_the_rest() {
+    let mut nodes = Vec::new();
+    for (i, subnet) in [10u8, 11, 12, 13].into_iter().enumerate() {
+        for host in 1..=4u8 {
+            let seed = u32::try_from(i * 4).expect("small") + u32::from(host);
+            let addr = SocketAddr::from((Ipv4Addr::new(127, 0, subnet, host), 50000));
+            nodes.push(
+                SimNode::start_with(addr, "v1.14.1", Hardware::vm(seed))
+                    .await
+                    .expect("start a simulated node"),
+            );
+        }
+    }
+    plain_tls_server(SocketAddr::from((Ipv4Addr::new(127, 0, 12, 200), 50000))).await;
+    silent_tcp_listener(SocketAddr::from((Ipv4Addr::new(127, 0, 13, 200), 50000))).await;
+
+    let cidrs: Vec<String> = (10..=13).map(|s| format!("127.0.{s}.0/24")).collect();
+    let config = SweepConfig {
+        timeout: Duration::from_millis(500),
+        ..Default::default()
+    };
+    let probes = sweep(&cidrs, config).await.expect("sweep");
+
+    let mut found = Vec::new();
+    let mut other = Vec::new();
+    for probe in &probes {
+        match &probe.outcome {
+            ProbeOutcome::Maintenance(f) => found.push(f.clone()),
+            outcome => other.push((probe.address, outcome.clone())),
+        }
+    }
+    assert_eq!(found.len(), 16, "exactly the simulated nodes: {other:?}");
+    for node in &nodes {
+        let ip = match node.addr() {
+            SocketAddr::V4(v4) => *v4.ip(),
+            SocketAddr::V6(_) => unreachable!("IPv4 only"),
+        };
+        let f = found.iter().find(|f| f.address == ip).expect("node found");
+        assert_eq!(f.inventory.uuid, node.hardware().uuid);
+        assert_eq!(f.fingerprint, node.fingerprint());
+        assert_eq!(f.version, "v1.14.1");
+    }
+    assert_eq!(other.len(), 2, "{other:?}");
+    assert_eq!(other[0].0, Ipv4Addr::new(127, 0, 12, 200));
+    assert!(
+        matches!(other[0].1, ProbeOutcome::NotTalos { .. }),
+        "{other:?}"
+    );
+    assert_eq!(
+        other[1],
+        (Ipv4Addr::new(127, 0, 13, 200), ProbeOutcome::NoTls)
+    );
+    for node in nodes {
+        node.stop().await;
+    }
+}
