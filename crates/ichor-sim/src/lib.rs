@@ -11,16 +11,16 @@
 mod cosi;
 pub mod hardware;
 mod maintenance;
+mod tls;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use ichor_talos::api::cosi::resource::state_server::StateServer;
 use ichor_talos::api::machine::machine_service_server::MachineServiceServer;
-use rcgen::{CertificateParams, KeyPair, PKCS_ED25519};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
-use tonic::transport::{Identity, Server, ServerTlsConfig};
+use tonic::transport::Server;
 
 pub use hardware::{Hardware, SimDisk, SimLink};
 
@@ -40,8 +40,8 @@ pub enum SimError {
         source: std::io::Error,
     },
     /// TLS could not be configured.
-    #[error("cannot configure TLS")]
-    Tls(#[from] tonic::transport::Error),
+    #[error("cannot configure TLS: {0}")]
+    TlsSetup(String),
 }
 
 /// The node's identity that survives reboots.
@@ -51,10 +51,11 @@ struct NodeIdentity {
     hardware: Hardware,
 }
 
-/// A running server: how to stop it, and its task.
+/// A running server: how to stop it, its task, and the task accepting its connections.
 type Running = (
     oneshot::Sender<()>,
     JoinHandle<Result<(), tonic::transport::Error>>,
+    JoinHandle<()>,
 );
 
 /// A simulated node in maintenance mode, serving on its address until stopped.
@@ -63,17 +64,18 @@ pub struct SimNode {
     addr: SocketAddr,
     identity: Arc<NodeIdentity>,
     fingerprint: String,
+    certificate: Option<rustls::pki_types::CertificateDer<'static>>,
+    resolver: Option<Arc<tls::Resolver>>,
     server: Option<Running>,
 }
 
-/// A fresh self-signed Ed25519 certificate: Talos generates its maintenance certificate in
-/// memory on every boot (talos-facts §2 "Maintenance mode", §8.2).
-fn boot_certificate() -> Result<(String, String, String), SimError> {
-    let key = KeyPair::generate_for(&PKCS_ED25519)?;
-    let cert = CertificateParams::new(vec!["talos".to_owned()])?.self_signed(&key)?;
-    let fingerprint = ichor_render::pki::fingerprint_der(cert.der())
-        .expect("a certificate rcgen just made parses");
-    Ok((cert.pem(), key.serialize_pem(), fingerprint))
+/// A fault a test injects into a running node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// The node presents a different certificate from now on (as after an unnoticed reboot).
+    DifferentCertificate,
+    /// The node presents its certificate but does not hold its key: every handshake fails.
+    MismatchedKey,
 }
 
 impl SimNode {
@@ -95,6 +97,8 @@ impl SimNode {
                 hardware,
             }),
             fingerprint: String::new(),
+            certificate: None,
+            resolver: None,
             server: None,
         };
         node.boot().await?;
@@ -102,7 +106,7 @@ impl SimNode {
     }
 
     async fn boot(&mut self) -> Result<(), SimError> {
-        let (cert, key, fingerprint) = boot_certificate()?;
+        let boot = tls::boot_certificate()?;
         let listener = tokio::net::TcpListener::bind(self.addr)
             .await
             .map_err(|source| SimError::Serve {
@@ -113,14 +117,15 @@ impl SimNode {
             addr: self.addr,
             source,
         })?;
-        self.fingerprint = fingerprint;
+        self.fingerprint = boot.fingerprint;
+        self.certificate = Some(boot.der);
+        let resolver = Arc::new(tls::Resolver::new(boot.certified));
+        self.resolver = Some(Arc::clone(&resolver));
         let service = maintenance::Maintenance {
             talos_version: self.identity.talos_version.clone(),
         };
-        // No client CA: maintenance mode neither requests nor verifies client certificates.
-        let tls = ServerTlsConfig::new().identity(Identity::from_pem(cert, key));
         let (stop_tx, stop_rx) = oneshot::channel::<()>();
-        let incoming = tonic::transport::server::TcpIncoming::from(listener);
+        let (incoming, accept) = tls::incoming(listener, resolver);
         let cosi = cosi::Cosi {
             resources: Arc::new(hardware::maintenance_resources(
                 &self.identity.hardware,
@@ -128,18 +133,19 @@ impl SimNode {
             )),
         };
         let router = Server::builder()
-            .tls_config(tls)?
             .add_service(MachineServiceServer::new(service))
             .add_service(StateServer::new(cosi));
         let handle = tokio::spawn(router.serve_with_incoming_shutdown(incoming, async {
             let _ = stop_rx.await;
         }));
-        self.server = Some((stop_tx, handle));
+        self.server = Some((stop_tx, handle, accept));
         Ok(())
     }
 
     async fn shut_down(&mut self) {
-        if let Some((stop, handle)) = self.server.take() {
+        if let Some((stop, handle, accept)) = self.server.take() {
+            accept.abort();
+            let _ = accept.await;
             let _ = stop.send(());
             let _ = handle.await;
         }
@@ -150,6 +156,29 @@ impl SimNode {
     pub async fn reboot(&mut self) -> Result<(), SimError> {
         self.shut_down().await;
         self.boot().await
+    }
+
+    /// Injects a fault into the running node. Returns the fingerprint the node now presents.
+    pub fn inject(&mut self, fault: Fault) -> Result<String, SimError> {
+        let resolver = self
+            .resolver
+            .as_ref()
+            .ok_or_else(|| SimError::TlsSetup("the node is not running".into()))?;
+        match fault {
+            Fault::DifferentCertificate => {
+                let other = tls::boot_certificate()?;
+                resolver.set(other.certified);
+                Ok(other.fingerprint)
+            }
+            Fault::MismatchedKey => {
+                let der = self
+                    .certificate
+                    .as_ref()
+                    .ok_or_else(|| SimError::TlsSetup("no boot certificate".into()))?;
+                resolver.set(tls::Resolver::mismatched(der)?);
+                Ok(self.fingerprint.clone())
+            }
+        }
     }
 
     /// Stops the node.

@@ -109,3 +109,31 @@ async fn the_inventory_and_stage_are_read_as_os_reader() {
     assert!(!status.ready);
     node.stop().await;
 }
+
+#[tokio::test]
+async fn a_node_presenting_another_certificate_is_refused_with_it() {
+    let mut node = node().await;
+    let pinned = node.fingerprint().to_owned();
+    let other = node
+        .inject(ichor_sim::Fault::DifferentCertificate)
+        .expect("inject");
+    match TalosClient::connect_maintenance(&node.addr().to_string(), &pinned).await {
+        Err(TalosError::FingerprintMismatch { observed, .. }) => assert_eq!(observed, other),
+        other => panic!("expected FingerprintMismatch, got {other:?}"),
+    }
+    node.stop().await;
+}
+
+#[tokio::test]
+async fn a_certificate_whose_key_does_not_match_fails_the_handshake() {
+    let mut node = node().await;
+    let pinned = node.fingerprint().to_owned();
+    // The right certificate, so the pin matches; but the handshake is signed with another key.
+    node.inject(ichor_sim::Fault::MismatchedKey)
+        .expect("inject");
+    match TalosClient::connect_maintenance(&node.addr().to_string(), &pinned).await {
+        Err(TalosError::Connect { .. }) => {}
+        other => panic!("expected the handshake to fail, got {other:?}"),
+    }
+    node.stop().await;
+}

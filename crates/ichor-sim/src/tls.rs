@@ -1,0 +1,117 @@
+//! The simulator's own TLS termination, so a node's certificate (and faults in it) can change
+//! at run time, and client certificates reach the handlers once a node is configured.
+
+use std::sync::{Arc, RwLock};
+
+use rcgen::{CertificateParams, KeyPair, PKCS_ED25519};
+use rustls::crypto::ring::sign::any_supported_type;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::server::TlsStream;
+
+use crate::SimError;
+
+/// A certificate with the fingerprint `talosctl` would pin.
+pub(crate) struct BootCertificate {
+    pub(crate) certified: Arc<CertifiedKey>,
+    pub(crate) der: CertificateDer<'static>,
+    pub(crate) fingerprint: String,
+}
+
+/// A fresh self-signed Ed25519 certificate: Talos generates its maintenance certificate in
+/// memory on every boot (talos-facts §2 "Maintenance mode", §8.2).
+pub(crate) fn boot_certificate() -> Result<BootCertificate, SimError> {
+    let key = KeyPair::generate_for(&PKCS_ED25519)?;
+    let cert = CertificateParams::new(vec!["talos".to_owned()])?.self_signed(&key)?;
+    let der = cert.der().clone();
+    let fingerprint =
+        ichor_render::pki::fingerprint_der(&der).expect("a certificate rcgen just made parses");
+    Ok(BootCertificate {
+        certified: Arc::new(CertifiedKey::new(vec![der.clone()], signing_key(&key)?)),
+        der,
+        fingerprint,
+    })
+}
+
+fn signing_key(key: &KeyPair) -> Result<Arc<dyn rustls::sign::SigningKey>, SimError> {
+    let der = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
+    any_supported_type(&der).map_err(|e| SimError::TlsSetup(e.to_string()))
+}
+
+/// Serves whatever certificate is current: faults swap it while the node runs.
+#[derive(Debug)]
+pub(crate) struct Resolver {
+    current: RwLock<Arc<CertifiedKey>>,
+}
+
+impl Resolver {
+    pub(crate) fn new(certified: Arc<CertifiedKey>) -> Self {
+        Self {
+            current: RwLock::new(certified),
+        }
+    }
+
+    pub(crate) fn set(&self, certified: Arc<CertifiedKey>) {
+        if let Ok(mut current) = self.current.write() {
+            *current = certified;
+        }
+    }
+
+    /// The boot certificate, signing with an unrelated key: a server that does not hold the key
+    /// of the certificate it presents.
+    pub(crate) fn mismatched(der: &CertificateDer<'static>) -> Result<Arc<CertifiedKey>, SimError> {
+        let other = KeyPair::generate_for(&PKCS_ED25519)?;
+        Ok(Arc::new(CertifiedKey::new(
+            vec![der.clone()],
+            signing_key(&other)?,
+        )))
+    }
+}
+
+impl ResolvesServerCert for Resolver {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        self.current.read().ok().map(|c| Arc::clone(&c))
+    }
+}
+
+/// TLS streams for tonic to serve.
+pub(crate) type Incoming = tokio_stream::wrappers::ReceiverStream<
+    Result<TlsStream<tokio::net::TcpStream>, std::io::Error>,
+>;
+
+/// Accepts TCP on `listener`, terminates TLS (no client certificate asked for: maintenance
+/// mode, talos-facts §2), and yields the TLS streams; the task owns the listener, so aborting
+/// it frees the address.
+pub(crate) fn incoming(
+    listener: TcpListener,
+    resolver: Arc<Resolver>,
+) -> (Incoming, JoinHandle<()>) {
+    let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("ring supports the default protocol versions")
+    .with_no_client_auth()
+    .with_cert_resolver(resolver);
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let acceptor = TlsAcceptor::from(Arc::new(config));
+    let (tx, rx) = mpsc::channel(64);
+    let accept = tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                // A failed handshake is the client's problem; the node keeps serving.
+                if let Ok(stream) = acceptor.accept(tcp).await {
+                    let _ = tx.send(Ok(stream)).await;
+                }
+            });
+        }
+    });
+    (tokio_stream::wrappers::ReceiverStream::new(rx), accept)
+}
