@@ -55,7 +55,10 @@ pub const CA_KEY_FILE: &str = "ca.key";
 const FIELD_MANAGER: &str = "ichor-testenv";
 
 /// What can go wrong starting or using a test control plane.
-#[derive(Debug, thiserror::Error)]
+///
+/// `Debug` prints the message and its causes, so a test's `expect` shows what to do (e.g.
+/// which command builds the missing binaries) rather than a struct dump.
+#[derive(thiserror::Error)]
 pub enum Error {
     /// The envtest binaries are not where they should be.
     #[error(
@@ -106,6 +109,18 @@ pub enum Error {
         "register webhooks on a private control plane (TestEnv::private): the shared one serves other tests"
     )]
     SharedAdmission,
+}
+
+impl std::fmt::Debug for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{self}")?;
+        let mut source = std::error::Error::source(self);
+        while let Some(cause) = source {
+            write!(f, ": {cause}")?;
+            source = cause.source();
+        }
+        Ok(())
+    }
 }
 
 impl Error {

@@ -208,6 +208,11 @@ async fn missing_binaries_fail_with_how_to_build_them() {
     let message = err.to_string();
     assert!(message.contains("cargo xtask envtest-assets"), "{message}");
     assert!(message.contains("kube-apiserver, etcd"), "{message}");
+    // What a test's `expect` prints says what to do, too.
+    assert!(
+        format!("{err:?}").contains("cargo xtask envtest-assets"),
+        "{err:?}"
+    );
 }
 
 #[tokio::test]
