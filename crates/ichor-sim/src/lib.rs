@@ -1,13 +1,20 @@
 //! A Talos node simulator speaking the same gRPC API as real nodes, for tests and the local
 //! demo. Every behaviour follows `talos-facts.md`; each cites the fact it models.
 //!
-//! So far: a node in **maintenance mode** (talos-facts §2): a self-signed Ed25519 certificate
-//! regenerated on every boot, no client certificates, every caller `os:reader`; `Version`
-//! answers; methods that need `os:operator` or `os:admin` are refused; etcd reads answer as on a
-//! machine whose type is not set (§1.2). Configuration, install, mTLS, etcd membership, faults
-//! and gates come next.
+//! So far:
+//! - **maintenance mode** (talos-facts §2): a self-signed Ed25519 certificate regenerated on
+//!   every boot, no client certificates, every caller `os:reader`; `Version` and the hardware
+//!   resources answer; methods above `os:reader` are refused; etcd reads answer as on a machine
+//!   whose type is not set (§1.2);
+//! - a **configured control plane** booted from a rendered config: mutual TLS with the config's
+//!   OS CA, roles per method from the client certificate (§1.2, §2);
+//! - faults: a different certificate, a certificate whose key the node does not hold.
+//!
+//! Apply, install and reboot, etcd membership, workers via trustd, the remaining faults and
+//! gates come next.
 #![forbid(unsafe_code)]
 
+mod configured;
 mod cosi;
 pub mod hardware;
 mod maintenance;
@@ -42,6 +49,67 @@ pub enum SimError {
     /// TLS could not be configured.
     #[error("cannot configure TLS: {0}")]
     TlsSetup(String),
+    /// The config given to boot with is not one this simulator can run.
+    #[error("invalid machine config: {0}")]
+    InvalidConfig(String),
+}
+
+/// What the node runs: nothing yet (maintenance), or an applied config.
+#[derive(Debug, Clone)]
+enum Mode {
+    Maintenance,
+    Configured(AppliedConfig),
+}
+
+/// What the simulator takes from an applied config (talos-facts §4.2): the machine type and
+/// the OS CA (and accepted CAs) that mutual TLS trusts.
+#[derive(Debug, Clone)]
+struct AppliedConfig {
+    machine_type: String,
+    os_ca_crt: String,
+    os_ca_key: String,
+    accepted_cas: Vec<String>,
+}
+
+/// Base64 of PEM, as the v1alpha1 document writes `crt` and `key` (talos-facts §4.2).
+fn pem_field(value: &serde_json::Value, path: &str) -> Result<String, SimError> {
+    use base64::Engine as _;
+    let text = value.as_str().unwrap_or_default();
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(text)
+        .map_err(|_| SimError::InvalidConfig(format!("{path} is not base64")))?;
+    String::from_utf8(bytes).map_err(|_| SimError::InvalidConfig(format!("{path} is not PEM")))
+}
+
+impl AppliedConfig {
+    /// Reads the v1alpha1 document of a multi-document config.
+    fn parse(yaml: &str) -> Result<Self, SimError> {
+        let documents: Vec<serde_json::Value> = serde_saphyr::from_multiple(yaml)
+            .map_err(|e| SimError::InvalidConfig(format!("not a YAML document stream: {e}")))?;
+        let v1alpha1 = documents
+            .iter()
+            .find(|d| d["version"] == "v1alpha1" && d.get("kind").is_none())
+            .ok_or_else(|| SimError::InvalidConfig("no v1alpha1 document".into()))?;
+        let machine = &v1alpha1["machine"];
+        let machine_type = machine["type"].as_str().unwrap_or_default().to_owned();
+        if !matches!(machine_type.as_str(), "controlplane" | "worker") {
+            return Err(SimError::InvalidConfig(format!(
+                "machine.type {machine_type:?}"
+            )));
+        }
+        let accepted_cas = machine["acceptedCAs"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|ca| pem_field(&ca["crt"], "machine.acceptedCAs[].crt"))
+            .collect::<Result<_, _>>()?;
+        Ok(Self {
+            machine_type,
+            os_ca_crt: pem_field(&machine["ca"]["crt"], "machine.ca.crt")?,
+            os_ca_key: pem_field(&machine["ca"]["key"], "machine.ca.key")?,
+            accepted_cas,
+        })
+    }
 }
 
 /// The node's identity that survives reboots.
@@ -49,6 +117,31 @@ pub enum SimError {
 struct NodeIdentity {
     talos_version: String,
     hardware: Hardware,
+}
+
+impl SimNode {
+    /// Boots a node that already runs `config` (a rendered multi-document machine config, as
+    /// if applied and installed before): mutual TLS with the config's OS CA.
+    pub async fn start_configured(
+        addr: SocketAddr,
+        talos_version: &str,
+        hardware: Hardware,
+        config: &str,
+    ) -> Result<Self, SimError> {
+        let applied = AppliedConfig::parse(config)?;
+        if applied.os_ca_key.is_empty() {
+            // A worker has no OS CA key: its API certificate comes from trustd on a
+            // bootstrapped control plane (talos-facts §5), which is not simulated yet.
+            return Err(SimError::InvalidConfig(format!(
+                "a {} without the OS CA key gets its API certificate from trustd, not simulated yet",
+                applied.machine_type
+            )));
+        }
+        let mut node = Self::unbooted(addr, talos_version, hardware);
+        node.mode = Mode::Configured(applied);
+        node.boot().await?;
+        Ok(node)
+    }
 }
 
 /// A running server: how to stop it, its task, and the task accepting its connections.
@@ -63,6 +156,7 @@ type Running = (
 pub struct SimNode {
     addr: SocketAddr,
     identity: Arc<NodeIdentity>,
+    mode: Mode,
     fingerprint: String,
     certificate: Option<rustls::pki_types::CertificateDer<'static>>,
     resolver: Option<Arc<tls::Resolver>>,
@@ -90,23 +184,27 @@ impl SimNode {
         talos_version: &str,
         hardware: Hardware,
     ) -> Result<Self, SimError> {
-        let mut node = Self {
+        let mut node = Self::unbooted(addr, talos_version, hardware);
+        node.boot().await?;
+        Ok(node)
+    }
+
+    fn unbooted(addr: SocketAddr, talos_version: &str, hardware: Hardware) -> Self {
+        Self {
             addr,
             identity: Arc::new(NodeIdentity {
                 talos_version: talos_version.to_owned(),
                 hardware,
             }),
+            mode: Mode::Maintenance,
             fingerprint: String::new(),
             certificate: None,
             resolver: None,
             server: None,
-        };
-        node.boot().await?;
-        Ok(node)
+        }
     }
 
     async fn boot(&mut self) -> Result<(), SimError> {
-        let boot = tls::boot_certificate()?;
         let listener = tokio::net::TcpListener::bind(self.addr)
             .await
             .map_err(|source| SimError::Serve {
@@ -117,23 +215,40 @@ impl SimNode {
             addr: self.addr,
             source,
         })?;
+        let (boot, client_auth) = match &self.mode {
+            Mode::Maintenance => (tls::boot_certificate()?, tls::ClientAuth::None),
+            Mode::Configured(c) => {
+                let mut cas = vec![c.os_ca_crt.clone()];
+                cas.extend(c.accepted_cas.iter().cloned());
+                (
+                    tls::node_certificate(&c.os_ca_crt, &c.os_ca_key, self.addr.ip())?,
+                    tls::ClientAuth::Required(cas),
+                )
+            }
+        };
         self.fingerprint = boot.fingerprint;
         self.certificate = Some(boot.der);
         let resolver = Arc::new(tls::Resolver::new(boot.certified));
         self.resolver = Some(Arc::clone(&resolver));
-        let service = maintenance::Maintenance {
-            talos_version: self.identity.talos_version.clone(),
-        };
+
         let (stop_tx, stop_rx) = oneshot::channel::<()>();
-        let (incoming, accept) = tls::incoming(listener, resolver);
+        let (incoming, accept) = tls::incoming(listener, resolver, client_auth)?;
         let cosi = cosi::Cosi {
             resources: Arc::new(hardware::maintenance_resources(
                 &self.identity.hardware,
                 &self.identity.talos_version,
             )),
         };
-        let router = Server::builder()
-            .add_service(MachineServiceServer::new(service))
+        let talos_version = self.identity.talos_version.clone();
+        let router =
+            match &self.mode {
+                Mode::Maintenance => Server::builder().add_service(MachineServiceServer::new(
+                    maintenance::Maintenance { talos_version },
+                )),
+                Mode::Configured(_) => Server::builder().add_service(MachineServiceServer::new(
+                    configured::Configured { talos_version },
+                )),
+            }
             .add_service(StateServer::new(cosi));
         let handle = tokio::spawn(router.serve_with_incoming_shutdown(incoming, async {
             let _ = stop_rx.await;

@@ -41,6 +41,27 @@ fn not_simulated(what: &str) -> Status {
 
 type Reply<T> = Result<Response<T>, Status>;
 
+/// The Version reply. Answered locally, so with no per-node metadata (talos-facts §2 "Routing
+/// to nodes").
+pub(crate) fn version_reply(talos_version: &str) -> VersionResponse {
+    VersionResponse {
+        messages: vec![Version {
+            metadata: None,
+            version: Some(VersionInfo {
+                tag: talos_version.to_owned(),
+                os: "Talos".into(),
+                arch: "amd64".into(),
+                ..Default::default()
+            }),
+            platform: Some(PlatformInfo {
+                name: "metal".into(),
+                mode: "metal".into(),
+            }),
+            features: Some(FeaturesInfo { rbac: true }),
+        }],
+    }
+}
+
 #[tonic::async_trait]
 impl MachineService for Maintenance {
     async fn apply_configuration(
@@ -112,24 +133,8 @@ impl MachineService for Maintenance {
         Err(needs_role("os:admin"))
     }
 
-    /// Answered locally, so with no per-node metadata (talos-facts §2 "Routing to nodes").
     async fn version(&self, _: Request<()>) -> Reply<VersionResponse> {
-        Ok(Response::new(VersionResponse {
-            messages: vec![Version {
-                metadata: None,
-                version: Some(VersionInfo {
-                    tag: self.talos_version.clone(),
-                    os: "Talos".into(),
-                    arch: "amd64".into(),
-                    ..Default::default()
-                }),
-                platform: Some(PlatformInfo {
-                    name: "metal".into(),
-                    mode: "metal".into(),
-                }),
-                features: Some(FeaturesInfo { rbac: true }),
-            }],
-        }))
+        Ok(Response::new(version_reply(&self.talos_version)))
     }
 
     async fn hostname(&self, _: Request<()>) -> Reply<HostnameResponse> {

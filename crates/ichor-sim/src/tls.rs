@@ -84,20 +84,49 @@ pub(crate) type Incoming = tokio_stream::wrappers::ReceiverStream<
     Result<TlsStream<tokio::net::TcpStream>, std::io::Error>,
 >;
 
-/// Accepts TCP on `listener`, terminates TLS (no client certificate asked for: maintenance
-/// mode, talos-facts §2), and yields the TLS streams; the task owns the listener, so aborting
-/// it frees the address.
+/// Who may connect: anyone (maintenance mode neither requests nor verifies client
+/// certificates, talos-facts §2), or holders of a certificate from the OS CA (configured mode).
+pub(crate) enum ClientAuth {
+    /// No client certificate.
+    None,
+    /// A client certificate signed by one of these CAs (PEM) is required.
+    Required(Vec<String>),
+}
+
+/// Accepts TCP on `listener`, terminates TLS, and yields the TLS streams; the task owns the
+/// listener, so aborting it frees the address.
 pub(crate) fn incoming(
     listener: TcpListener,
     resolver: Arc<Resolver>,
-) -> (Incoming, JoinHandle<()>) {
-    let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .expect("ring supports the default protocol versions")
-    .with_no_client_auth()
-    .with_cert_resolver(resolver);
+    client_auth: ClientAuth,
+) -> Result<(Incoming, JoinHandle<()>), SimError> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ServerConfig::builder_with_provider(Arc::clone(&provider))
+        .with_safe_default_protocol_versions()
+        .expect("ring supports the default protocol versions");
+    let builder = match client_auth {
+        ClientAuth::None => builder.with_no_client_auth(),
+        ClientAuth::Required(cas) => {
+            use rustls::pki_types::pem::PemObject as _;
+            let mut roots = rustls::RootCertStore::empty();
+            for pem in cas {
+                for cert in CertificateDer::pem_slice_iter(pem.as_bytes()) {
+                    let cert = cert.map_err(|e| SimError::TlsSetup(format!("OS CA: {e}")))?;
+                    roots
+                        .add(cert)
+                        .map_err(|e| SimError::TlsSetup(format!("OS CA: {e}")))?;
+                }
+            }
+            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                Arc::new(roots),
+                provider,
+            )
+            .build()
+            .map_err(|e| SimError::TlsSetup(format!("client verifier: {e}")))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+    };
+    let mut config = builder.with_cert_resolver(resolver);
     config.alpn_protocols = vec![b"h2".to_vec()];
     let acceptor = TlsAcceptor::from(Arc::new(config));
     let (tx, rx) = mpsc::channel(64);
@@ -113,5 +142,37 @@ pub(crate) fn incoming(
             });
         }
     });
-    (tokio_stream::wrappers::ReceiverStream::new(rx), accept)
+    Ok((tokio_stream::wrappers::ReceiverStream::new(rx), accept))
+}
+
+/// A serving certificate for a configured node, signed by the OS CA of its config: the node's
+/// addresses and hostname as SANs (talos-facts §2 "Normal mode").
+pub(crate) fn node_certificate(
+    ca_cert_pem: &str,
+    ca_key_pem: &str,
+    ip: std::net::IpAddr,
+) -> Result<BootCertificate, SimError> {
+    let ca_key = ed25519_key_from_talos_pem(ca_key_pem)?;
+    let issuer = rcgen::Issuer::from_ca_cert_pem(ca_cert_pem, ca_key)
+        .map_err(|e| SimError::TlsSetup(format!("OS CA: {e}")))?;
+    let key = KeyPair::generate_for(&PKCS_ED25519)?;
+    let mut params = CertificateParams::new(vec!["talos".to_owned()])?;
+    params.subject_alt_names.push(rcgen::SanType::IpAddress(ip));
+    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
+    let cert = params.signed_by(&key, &issuer)?;
+    let der = cert.der().clone();
+    let fingerprint =
+        ichor_render::pki::fingerprint_der(&der).expect("a certificate rcgen just made parses");
+    Ok(BootCertificate {
+        certified: Arc::new(CertifiedKey::new(vec![der.clone()], signing_key(&key)?)),
+        der,
+        fingerprint,
+    })
+}
+
+/// An Ed25519 key in Talos's PEM form (PKCS#8 under `ED25519 PRIVATE KEY`, talos-facts §2).
+pub(crate) fn ed25519_key_from_talos_pem(pem_text: &str) -> Result<KeyPair, SimError> {
+    let block = pem::parse(pem_text).map_err(|e| SimError::TlsSetup(format!("OS CA key: {e}")))?;
+    KeyPair::from_pkcs8_der_and_sign_algo(&block.contents().into(), &PKCS_ED25519)
+        .map_err(|e| SimError::TlsSetup(format!("OS CA key: {e}")))
 }

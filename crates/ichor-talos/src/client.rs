@@ -64,6 +64,34 @@ pub enum TalosError {
     },
 }
 
+/// What a configured node trusts a client by: the OS CA, and a client certificate and key
+/// signed by it (from a talosconfig or minted from the bundle). `Debug` hides the key.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Credentials {
+    /// The OS CA certificate, PEM.
+    pub ca_pem: String,
+    /// The client certificate, PEM; its Organization carries the roles.
+    pub cert_pem: String,
+    /// The client key, PEM (Talos's `ED25519 PRIVATE KEY` label is accepted).
+    pub key_pem: String,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials")
+            .field("cert_pem", &self.cert_pem)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Credentials {
+    /// The key as standard PKCS#8 PEM: Talos writes Ed25519 keys as PKCS#8 under the
+    /// non-standard label `ED25519 PRIVATE KEY` (talos-facts §2, "Rust/rustls PEM quirk").
+    fn standard_key_pem(&self) -> String {
+        self.key_pem.replace("ED25519 PRIVATE KEY", "PRIVATE KEY")
+    }
+}
+
 /// A connection to one Talos node.
 #[derive(Debug, Clone)]
 pub struct TalosClient {
@@ -121,6 +149,37 @@ impl TalosClient {
                 }
             }
         }
+    }
+
+    /// Connects to a configured node (`host` or `host:port`) with mutual TLS: the node's
+    /// certificate must chain to the OS CA and name the address; the client presents
+    /// `credentials`.
+    pub async fn connect(endpoint: &str, credentials: &Credentials) -> Result<Self, TalosError> {
+        let invalid = |source| TalosError::InvalidEndpoint {
+            endpoint: endpoint.to_owned(),
+            source,
+        };
+        let tls = ClientTlsConfig::new()
+            .ca_certificate(tonic::transport::Certificate::from_pem(&credentials.ca_pem))
+            .identity(tonic::transport::Identity::from_pem(
+                &credentials.cert_pem,
+                credentials.standard_key_pem(),
+            ));
+        let channel = Endpoint::from_shared(url(endpoint))
+            .map_err(invalid)?
+            .connect_timeout(CONNECT_TIMEOUT)
+            .tls_config(tls)
+            .map_err(invalid)?
+            .connect()
+            .await
+            .map_err(|source| TalosError::Connect {
+                endpoint: endpoint.to_owned(),
+                source,
+            })?;
+        Ok(Self {
+            endpoint: endpoint.to_owned(),
+            channel,
+        })
     }
 
     /// The underlying channel, for calls without a typed wrapper yet.

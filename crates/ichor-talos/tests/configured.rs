@@ -1,0 +1,166 @@
+//! The client against a simulated configured node: mutual TLS with the applied config's OS
+//! CA, roles from the client certificate, other CAs refused.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use ichor_api::cluster::TalosClusterSpec;
+use ichor_api::common::Role;
+use ichor_render::pki::{self, Role as TalosRole};
+use ichor_render::{RenderInput, SecretsBundle, render};
+use ichor_sim::{Hardware, SimNode};
+use ichor_talos::api::machine::ResetRequest;
+use ichor_talos::api::machine::machine_service_client::MachineServiceClient;
+use ichor_talos::{Credentials, TalosClient};
+
+fn bundle() -> SecretsBundle {
+    SecretsBundle::from_yaml(include_str!(
+        "../../ichor-render/tests/golden/bundle-1.14.yaml"
+    ))
+    .expect("the test bundle")
+}
+
+fn config(bundle: &SecretsBundle, role: Role) -> String {
+    let spec: TalosClusterSpec = serde_json::from_value(serde_json::json!({
+        "talosVersion": "v1.14.1",
+        "kubernetesVersion": "1.36.3",
+        "endpoint": "https://127.0.0.1:6443",
+        "controlPlane": {"count": 1}
+    }))
+    .expect("spec");
+    let empty = BTreeMap::new();
+    render(&RenderInput {
+        cluster_name: "lab",
+        cluster: &spec,
+        role,
+        hostname: None,
+        install: None,
+        cert_sans: &[],
+        node_labels: &empty,
+        node_taints: &empty,
+        patches: &[],
+        bundle,
+    })
+    .expect("render")
+    .yaml
+}
+
+fn credentials(bundle: &SecretsBundle, role: TalosRole) -> Credentials {
+    let issued = pki::client_certificate(bundle, "ichor", role, Duration::from_secs(3600))
+        .expect("client certificate");
+    Credentials {
+        ca_pem: bundle.certs.os.crt.0.clone(),
+        cert_pem: issued.cert_pem,
+        key_pem: issued.key_pem,
+    }
+}
+
+async fn control_plane(bundle: &SecretsBundle) -> SimNode {
+    SimNode::start_configured(
+        "127.0.0.1:0".parse().expect("addr"),
+        "v1.14.1",
+        Hardware::vm(7),
+        &config(bundle, Role::ControlPlane),
+    )
+    .await
+    .expect("start a configured node")
+}
+
+#[tokio::test]
+async fn an_admin_certificate_from_the_os_ca_reaches_a_configured_node() {
+    let b = bundle();
+    let node = control_plane(&b).await;
+    let client = TalosClient::connect(&node.addr().to_string(), &credentials(&b, TalosRole::Admin))
+        .await
+        .expect("mTLS connect");
+    assert_eq!(client.version().await.expect("version"), "v1.14.1");
+    node.stop().await;
+}
+
+#[tokio::test]
+async fn roles_are_enforced_per_method() {
+    let b = bundle();
+    let node = control_plane(&b).await;
+    let reader = TalosClient::connect(
+        &node.addr().to_string(),
+        &credentials(&b, TalosRole::Reader),
+    )
+    .await
+    .expect("mTLS connect");
+    reader
+        .version()
+        .await
+        .expect("a reader may read the version");
+    let status = MachineServiceClient::new(reader.channel())
+        .reset(ResetRequest::default())
+        .await
+        .expect_err("reset needs os:admin");
+    assert_eq!(status.code(), tonic::Code::PermissionDenied);
+    assert!(
+        status.message().contains("os:admin"),
+        "{}",
+        status.message()
+    );
+    node.stop().await;
+}
+
+#[tokio::test]
+async fn a_client_certificate_from_another_ca_is_refused() {
+    let b = bundle();
+    let node = control_plane(&b).await;
+    let other = SecretsBundle::from_yaml(include_str!(
+        "../../ichor-render/tests/golden/bundle-1.13.yaml"
+    ))
+    .expect("another bundle");
+    let mut wrong = credentials(&other, TalosRole::Admin);
+    // Trust the node's real CA, but present a certificate it did not sign.
+    wrong.ca_pem = b.certs.os.crt.0.clone();
+    let result = match TalosClient::connect(&node.addr().to_string(), &wrong).await {
+        Ok(client) => client.version().await.map(drop),
+        Err(error) => Err(error),
+    };
+    assert!(
+        result.is_err(),
+        "a foreign client certificate must not be served"
+    );
+    node.stop().await;
+}
+
+#[tokio::test]
+async fn a_maintenance_client_cannot_talk_to_a_configured_node_without_credentials() {
+    let b = bundle();
+    let node = control_plane(&b).await;
+    let result = match TalosClient::connect_maintenance(
+        &node.addr().to_string(),
+        node.fingerprint(),
+    )
+    .await
+    {
+        Ok(client) => client.version().await.map(drop),
+        Err(error) => Err(error),
+    };
+    assert!(
+        result.is_err(),
+        "a configured node requires a client certificate"
+    );
+    node.stop().await;
+}
+
+#[tokio::test]
+async fn discovery_classifies_a_configured_node_without_reading_it() {
+    let b = bundle();
+    let node = control_plane(&b).await;
+    let config = ichor_talos::discovery::SweepConfig {
+        port: node.addr().port(),
+        timeout: Duration::from_millis(500),
+        ..Default::default()
+    };
+    let outcome = ichor_talos::discovery::probe("127.0.0.1".parse().expect("ip"), config).await;
+    match outcome {
+        Some(ichor_talos::discovery::ProbeOutcome::Configured { fingerprint }) => {
+            assert_eq!(fingerprint, node.fingerprint());
+        }
+        other => panic!("expected Configured, got {other:?}"),
+    }
+    node.stop().await;
+}
