@@ -81,8 +81,9 @@ const LEGACY_ON_1_14: &[(&str, &str)] = &[
     ("cluster.extraManifests", "KubeExternalManifestConfig"),
 ];
 
-/// Typed documents introduced with contract 1.14 (talos-facts §4.4).
-fn needs_1_14(kind: &str) -> bool {
+/// Whether a typed document kind was introduced with contract 1.14 (talos-facts §4.4), so a
+/// 1.13 node does not know it.
+pub fn needs_1_14(kind: &str) -> bool {
     kind.starts_with("Kube")
         || kind.starts_with("LVM")
         || kind.starts_with("CRI")

@@ -6,12 +6,16 @@
 //!   every boot, no client certificates, every caller `os:reader`; `Version` and the hardware
 //!   resources answer; methods above `os:reader` are refused; etcd reads answer as on a machine
 //!   whose type is not set (§1.2);
-//! - a **configured control plane** booted from a rendered config: mutual TLS with the config's
-//!   OS CA, roles per method from the client certificate (§1.2, §2);
+//! - **apply in maintenance** (§1.2, §5): configs parsed (invalid ones and, on 1.13, 1.14-only
+//!   documents refused with `InvalidArgument`), `REBOOT` mapped to `NO_REBOOT`; the node then
+//!   installs if told to and comes back configured — a control plane behind mutual TLS, a worker
+//!   silent until trustd (§5, not simulated yet);
+//! - a **configured control plane** (also bootable directly from a rendered config): mutual
+//!   TLS with the config's OS CA, roles per method from the client certificate (§1.2, §2);
 //! - faults: a different certificate, a certificate whose key the node does not hold.
 //!
-//! Apply, install and reboot, etcd membership, workers via trustd, the remaining faults and
-//! gates come next.
+//! Install stages and timing, etcd membership and bootstrap, workers via trustd, reset, the
+//! remaining faults and gates come next.
 #![forbid(unsafe_code)]
 
 mod configured;
@@ -25,7 +29,9 @@ use std::sync::Arc;
 
 use ichor_talos::api::cosi::resource::state_server::StateServer;
 use ichor_talos::api::machine::machine_service_server::MachineServiceServer;
-use tokio::sync::oneshot;
+use std::sync::Mutex as StdMutex;
+
+use tokio::sync::{Mutex, oneshot};
 use tokio::task::JoinHandle;
 use tonic::transport::Server;
 
@@ -56,16 +62,21 @@ pub enum SimError {
 
 /// What the node runs: nothing yet (maintenance), or an applied config.
 #[derive(Debug, Clone)]
-enum Mode {
+pub(crate) enum Mode {
     Maintenance,
     Configured(AppliedConfig),
+    /// A worker with its config: its API comes up only once it reaches trustd on a
+    /// bootstrapped control plane (talos-facts §5), which is not simulated yet, so it does not
+    /// answer.
+    WorkerWaiting,
 }
 
 /// What the simulator takes from an applied config (talos-facts §4.2): the machine type and
 /// the OS CA (and accepted CAs) that mutual TLS trusts.
 #[derive(Debug, Clone)]
-struct AppliedConfig {
+pub(crate) struct AppliedConfig {
     machine_type: String,
+    install: bool,
     os_ca_crt: String,
     os_ca_key: String,
     accepted_cas: Vec<String>,
@@ -83,7 +94,7 @@ fn pem_field(value: &serde_json::Value, path: &str) -> Result<String, SimError> 
 
 impl AppliedConfig {
     /// Reads the v1alpha1 document of a multi-document config.
-    fn parse(yaml: &str) -> Result<Self, SimError> {
+    pub(crate) fn parse(yaml: &str) -> Result<Self, SimError> {
         let documents: Vec<serde_json::Value> = serde_saphyr::from_multiple(yaml)
             .map_err(|e| SimError::InvalidConfig(format!("not a YAML document stream: {e}")))?;
         let v1alpha1 = documents
@@ -103,8 +114,16 @@ impl AppliedConfig {
             .flatten()
             .map(|ca| pem_field(&ca["crt"], "machine.acceptedCAs[].crt"))
             .collect::<Result<_, _>>()?;
+        // Install instructions: machine.install on contract 1.13, UnattendedInstallConfig with
+        // reboot or an installer image on 1.14 (talos-facts §5, §8.2).
+        let install = machine.get("install").is_some_and(|i| !i.is_null())
+            || documents.iter().any(|d| {
+                d["kind"] == "UnattendedInstallConfig"
+                    && (d["reboot"] == true || d["installer"]["image"].is_string())
+            });
         Ok(Self {
             machine_type,
+            install,
             os_ca_crt: pem_field(&machine["ca"]["crt"], "machine.ca.crt")?,
             os_ca_key: pem_field(&machine["ca"]["key"], "machine.ca.key")?,
             accepted_cas,
@@ -137,10 +156,7 @@ impl SimNode {
                 applied.machine_type
             )));
         }
-        let mut node = Self::unbooted(addr, talos_version, hardware);
-        node.mode = Mode::Configured(applied);
-        node.boot().await?;
-        Ok(node)
+        Self::launch(addr, talos_version, hardware, Mode::Configured(applied)).await
     }
 }
 
@@ -151,16 +167,29 @@ type Running = (
     JoinHandle<()>,
 );
 
-/// A simulated node in maintenance mode, serving on its address until stopped.
+/// A simulated node, serving on its address until stopped. The node's state lives behind a
+/// lock so that the node itself can move on (apply, install, reboot) while a test holds this
+/// handle.
 #[derive(Debug)]
 pub struct SimNode {
     addr: SocketAddr,
     identity: Arc<NodeIdentity>,
+    fingerprint: Arc<StdMutex<String>>,
+    node: Arc<Mutex<Node>>,
+}
+
+/// The node's state.
+#[derive(Debug)]
+pub(crate) struct Node {
+    addr: SocketAddr,
+    identity: Arc<NodeIdentity>,
     mode: Mode,
-    fingerprint: String,
+    fingerprint: Arc<StdMutex<String>>,
     certificate: Option<rustls::pki_types::CertificateDer<'static>>,
     resolver: Option<Arc<tls::Resolver>>,
     server: Option<Running>,
+    /// Whether the applied config installed Talos to disk.
+    installed: bool,
 }
 
 /// A fault a test injects into a running node.
@@ -184,27 +213,96 @@ impl SimNode {
         talos_version: &str,
         hardware: Hardware,
     ) -> Result<Self, SimError> {
-        let mut node = Self::unbooted(addr, talos_version, hardware);
-        node.boot().await?;
-        Ok(node)
+        Self::launch(addr, talos_version, hardware, Mode::Maintenance).await
     }
 
-    fn unbooted(addr: SocketAddr, talos_version: &str, hardware: Hardware) -> Self {
-        Self {
+    async fn launch(
+        addr: SocketAddr,
+        talos_version: &str,
+        hardware: Hardware,
+        mode: Mode,
+    ) -> Result<Self, SimError> {
+        let identity = Arc::new(NodeIdentity {
+            talos_version: talos_version.to_owned(),
+            hardware,
+        });
+        let fingerprint = Arc::new(StdMutex::new(String::new()));
+        let node = Arc::new(Mutex::new(Node {
             addr,
-            identity: Arc::new(NodeIdentity {
-                talos_version: talos_version.to_owned(),
-                hardware,
-            }),
-            mode: Mode::Maintenance,
-            fingerprint: String::new(),
+            identity: Arc::clone(&identity),
+            mode,
+            fingerprint: Arc::clone(&fingerprint),
             certificate: None,
             resolver: None,
             server: None,
-        }
+            installed: false,
+        }));
+        let addr = {
+            let mut guard = node.lock().await;
+            guard.boot(Arc::downgrade(&node)).await?;
+            guard.addr
+        };
+        Ok(Self {
+            addr,
+            identity,
+            fingerprint,
+            node,
+        })
     }
 
-    async fn boot(&mut self) -> Result<(), SimError> {
+    /// Reboots the node: it goes away and comes back on the same address; in maintenance mode
+    /// with a new certificate, so its fingerprint changes (talos-facts §8.2).
+    pub async fn reboot(&self) -> Result<(), SimError> {
+        let mut node = self.node.lock().await;
+        node.shut_down().await;
+        node.boot(Arc::downgrade(&self.node)).await
+    }
+
+    /// Injects a fault into the running node. Returns the fingerprint the node now presents.
+    pub async fn inject(&self, fault: Fault) -> Result<String, SimError> {
+        self.node.lock().await.inject(fault)
+    }
+
+    /// Stops the node.
+    pub async fn stop(self) {
+        self.node.lock().await.shut_down().await;
+    }
+
+    /// The address it serves on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The machine's hardware.
+    pub fn hardware(&self) -> &Hardware {
+        &self.identity.hardware
+    }
+
+    /// The fingerprint of the certificate of the current boot, as `talosctl` pins it.
+    pub fn fingerprint(&self) -> String {
+        self.fingerprint
+            .lock()
+            .map(|f| f.clone())
+            .unwrap_or_default()
+    }
+
+    /// Whether the applied config installed Talos to disk (`machine.install` on 1.13, an
+    /// `UnattendedInstallConfig` on 1.14; talos-facts §8.2).
+    pub async fn installed(&self) -> bool {
+        self.node.lock().await.installed
+    }
+
+    /// Whether the node answers on its address (a worker waiting for trustd does not).
+    pub async fn is_serving(&self) -> bool {
+        self.node.lock().await.server.is_some()
+    }
+}
+
+impl Node {
+    async fn boot(&mut self, this: std::sync::Weak<Mutex<Node>>) -> Result<(), SimError> {
+        if matches!(self.mode, Mode::WorkerWaiting) {
+            return Ok(());
+        }
         let listener = tokio::net::TcpListener::bind(self.addr)
             .await
             .map_err(|source| SimError::Serve {
@@ -216,7 +314,9 @@ impl SimNode {
             source,
         })?;
         let (boot, client_auth) = match &self.mode {
-            Mode::Maintenance => (tls::boot_certificate()?, tls::ClientAuth::None),
+            Mode::Maintenance | Mode::WorkerWaiting => {
+                (tls::boot_certificate()?, tls::ClientAuth::None)
+            }
             Mode::Configured(c) => {
                 let mut cas = vec![c.os_ca_crt.clone()];
                 cas.extend(c.accepted_cas.iter().cloned());
@@ -226,7 +326,9 @@ impl SimNode {
                 )
             }
         };
-        self.fingerprint = boot.fingerprint;
+        if let Ok(mut fingerprint) = self.fingerprint.lock() {
+            fingerprint.clone_from(&boot.fingerprint);
+        }
         self.certificate = Some(boot.der);
         let resolver = Arc::new(tls::Resolver::new(boot.certified));
         self.resolver = Some(Arc::clone(&resolver));
@@ -242,9 +344,12 @@ impl SimNode {
         let talos_version = self.identity.talos_version.clone();
         let router =
             match &self.mode {
-                Mode::Maintenance => Server::builder().add_service(MachineServiceServer::new(
-                    maintenance::Maintenance { talos_version },
-                )),
+                Mode::Maintenance | Mode::WorkerWaiting => Server::builder().add_service(
+                    MachineServiceServer::new(maintenance::Maintenance {
+                        talos_version,
+                        node: this,
+                    }),
+                ),
                 Mode::Configured(_) => Server::builder().add_service(MachineServiceServer::new(
                     configured::Configured { talos_version },
                 )),
@@ -266,15 +371,26 @@ impl SimNode {
         }
     }
 
-    /// Reboots the node: it goes away and comes back on the same address with a new
-    /// certificate, so its fingerprint changes (talos-facts §8.2).
-    pub async fn reboot(&mut self) -> Result<(), SimError> {
+    /// Applies a config received in maintenance mode: the node installs if the config says so,
+    /// and comes back configured (control planes) or waiting for trustd (workers).
+    pub(crate) async fn apply(
+        &mut self,
+        this: std::sync::Weak<Mutex<Node>>,
+        config: AppliedConfig,
+    ) {
         self.shut_down().await;
-        self.boot().await
+        self.installed = config.install;
+        self.mode = if config.machine_type == "controlplane" {
+            Mode::Configured(config)
+        } else {
+            Mode::WorkerWaiting
+        };
+        if let Err(error) = self.boot(this).await {
+            tracing::warn!(%error, "simulated node failed to boot with its config");
+        }
     }
 
-    /// Injects a fault into the running node. Returns the fingerprint the node now presents.
-    pub fn inject(&mut self, fault: Fault) -> Result<String, SimError> {
+    fn inject(&mut self, fault: Fault) -> Result<String, SimError> {
         let resolver = self
             .resolver
             .as_ref()
@@ -291,28 +407,12 @@ impl SimNode {
                     .as_ref()
                     .ok_or_else(|| SimError::TlsSetup("no boot certificate".into()))?;
                 resolver.set(tls::Resolver::mismatched(der)?);
-                Ok(self.fingerprint.clone())
+                Ok(self
+                    .fingerprint
+                    .lock()
+                    .map(|f| f.clone())
+                    .unwrap_or_default())
             }
         }
-    }
-
-    /// Stops the node.
-    pub async fn stop(mut self) {
-        self.shut_down().await;
-    }
-
-    /// The address it serves on.
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
-    }
-
-    /// The machine's hardware.
-    pub fn hardware(&self) -> &Hardware {
-        &self.identity.hardware
-    }
-
-    /// The fingerprint of the certificate of the current boot, as `talosctl` pins it.
-    pub fn fingerprint(&self) -> &str {
-        &self.fingerprint
     }
 }

@@ -13,11 +13,39 @@ use ichor_talos::api::machine::{
     RebootRequest, RebootResponse, ResetRequest, ResetResponse, ServiceListResponse,
     UpgradeRequest, UpgradeResponse, Version, VersionInfo, VersionResponse,
 };
+use std::sync::{Arc, Weak};
+
+use ichor_talos::api::machine::ApplyConfiguration;
+use ichor_talos::api::machine::apply_configuration_request::Mode;
+use tokio::sync::Mutex;
 use tonic::{Request, Response, Status};
+
+use crate::{AppliedConfig, Node};
 
 /// Maintenance mode: every caller is `os:reader` (talos-facts §2 "Roles").
 pub(crate) struct Maintenance {
     pub(crate) talos_version: String,
+    pub(crate) node: Weak<Mutex<Node>>,
+}
+
+impl Maintenance {
+    /// A 1.13 node's loader does not know the documents contract 1.14 introduced; it answers
+    /// as Talos 1.13 does (`"Kind" "v1alpha1": not registered`).
+    fn check_known_documents(&self, documents: &[serde_json::Value]) -> Result<(), Status> {
+        if !self.talos_version.starts_with("v1.13.") {
+            return Ok(());
+        }
+        for document in documents {
+            if let Some(kind) = document["kind"].as_str()
+                && ichor_render::patch::needs_1_14(kind)
+            {
+                return Err(Status::invalid_argument(format!(
+                    "error decoding document v1alpha1/{kind}: \"{kind}\" \"v1alpha1\": not registered"
+                )));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Methods above `os:reader` are refused: maintenance mode grants only reader (talos-facts §2;
@@ -64,11 +92,42 @@ pub(crate) fn version_reply(talos_version: &str) -> VersionResponse {
 
 #[tonic::async_trait]
 impl MachineService for Maintenance {
+    /// Accepted from `os:reader` in maintenance only (talos-facts §1.2). The config is parsed
+    /// (invalid configs get `InvalidArgument`, §5), `REBOOT` is mapped to `NO_REBOOT` (§5,
+    /// 1.13+), and the node moves on: installs if the config says so, then boots configured.
     async fn apply_configuration(
         &self,
-        _: Request<ApplyConfigurationRequest>,
+        request: Request<ApplyConfigurationRequest>,
     ) -> Reply<ApplyConfigurationResponse> {
-        Err(not_simulated("ApplyConfiguration"))
+        let request = request.into_inner();
+        let text = String::from_utf8(request.data)
+            .map_err(|_| Status::invalid_argument("the config is not UTF-8 YAML"))?;
+        let documents: Vec<serde_json::Value> =
+            serde_saphyr::from_multiple(&text).map_err(|e| {
+                Status::invalid_argument(format!("the config is not a YAML document stream: {e}"))
+            })?;
+        self.check_known_documents(&documents)?;
+        let config =
+            AppliedConfig::parse(&text).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let mode = match Mode::try_from(request.mode).unwrap_or(Mode::Reboot) {
+            Mode::Reboot => Mode::NoReboot,
+            other => other,
+        };
+        let node = self.node.clone();
+        tokio::spawn(async move {
+            if let Some(node) = node.upgrade() {
+                let weak = Arc::downgrade(&node);
+                node.lock().await.apply(weak, config).await;
+            }
+        });
+        Ok(Response::new(ApplyConfigurationResponse {
+            messages: vec![ApplyConfiguration {
+                metadata: None,
+                warnings: Vec::new(),
+                mode: mode as i32,
+                mode_details: "Applied configuration without a reboot".into(),
+            }],
+        }))
     }
 
     async fn bootstrap(&self, _: Request<BootstrapRequest>) -> Reply<BootstrapResponse> {

@@ -92,6 +92,46 @@ impl Credentials {
     }
 }
 
+/// How a config is applied; always explicit, since the protocol's default (0) is `REBOOT`,
+/// which contract 1.14 refuses on configured nodes (talos-facts §1.2, §8.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApplyMode {
+    /// Let the node decide (1.14: never reboots).
+    Auto,
+    /// Apply live, never reboot.
+    NoReboot,
+    /// Apply on the next reboot.
+    Staged,
+    /// Apply, and roll back unless confirmed.
+    Try,
+    /// Apply and reboot (1.13 and earlier only).
+    Reboot,
+}
+
+impl ApplyMode {
+    fn to_proto(self) -> crate::api::machine::apply_configuration_request::Mode {
+        use crate::api::machine::apply_configuration_request::Mode;
+        match self {
+            Self::Auto => Mode::Auto,
+            Self::NoReboot => Mode::NoReboot,
+            Self::Staged => Mode::Staged,
+            Self::Try => Mode::Try,
+            Self::Reboot => Mode::Reboot,
+        }
+    }
+}
+
+/// What the node did with an applied config.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Applied {
+    /// The mode the node actually used (e.g. maintenance mode maps `REBOOT` to `NO_REBOOT`).
+    pub mode: String,
+    /// The node's explanation.
+    pub details: String,
+    /// Warnings about the config.
+    pub warnings: Vec<String>,
+}
+
 /// A connection to one Talos node.
 #[derive(Debug, Clone)]
 pub struct TalosClient {
@@ -190,6 +230,58 @@ impl TalosClient {
     /// The node's address.
     pub fn endpoint(&self) -> &str {
         &self.endpoint
+    }
+
+    /// Applies a machine config (the full multi-document YAML) with an explicit mode.
+    pub async fn apply_configuration(
+        &self,
+        config: &[u8],
+        mode: ApplyMode,
+    ) -> Result<Applied, TalosError> {
+        const METHOD: &str = "ApplyConfiguration";
+        let reply = MachineServiceClient::new(self.channel.clone())
+            .apply_configuration(crate::api::machine::ApplyConfigurationRequest {
+                data: config.to_vec(),
+                mode: mode.to_proto() as i32,
+                dry_run: false,
+                try_mode_timeout: None,
+            })
+            .await
+            .map_err(|status| TalosError::Rpc {
+                method: METHOD,
+                endpoint: self.endpoint.clone(),
+                status,
+            })?
+            .into_inner();
+        let first = reply
+            .messages
+            .into_iter()
+            .next()
+            .ok_or_else(|| TalosError::Node {
+                method: METHOD,
+                endpoint: self.endpoint.clone(),
+                message: "empty reply".into(),
+            })?;
+        if let Some(error) = first
+            .metadata
+            .as_ref()
+            .map(|m| m.error.clone())
+            .filter(|e| !e.is_empty())
+        {
+            return Err(TalosError::Node {
+                method: METHOD,
+                endpoint: self.endpoint.clone(),
+                message: error,
+            });
+        }
+        let mode = crate::api::machine::apply_configuration_request::Mode::try_from(first.mode)
+            .map(|m| m.as_str_name().to_owned())
+            .unwrap_or_else(|_| first.mode.to_string());
+        Ok(Applied {
+            mode,
+            details: first.mode_details,
+            warnings: first.warnings,
+        })
     }
 
     /// The Talos version the node runs (`VersionInfo.tag`, e.g. `v1.14.1`).

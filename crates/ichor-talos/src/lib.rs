@@ -9,7 +9,7 @@ pub mod discovery;
 pub mod resources;
 pub mod tls;
 
-pub use client::{Credentials, TalosClient, TalosError};
+pub use client::{Applied, ApplyMode, Credentials, TalosClient, TalosError};
 pub use resources::{Inventory, MachineStatus, Stage};
 
 /// The TCP port on which every Talos node serves its API (apid, or the maintenance service).

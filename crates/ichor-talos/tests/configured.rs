@@ -130,15 +130,12 @@ async fn a_client_certificate_from_another_ca_is_refused() {
 async fn a_maintenance_client_cannot_talk_to_a_configured_node_without_credentials() {
     let b = bundle();
     let node = control_plane(&b).await;
-    let result = match TalosClient::connect_maintenance(
-        &node.addr().to_string(),
-        node.fingerprint(),
-    )
-    .await
-    {
-        Ok(client) => client.version().await.map(drop),
-        Err(error) => Err(error),
-    };
+    let result =
+        match TalosClient::connect_maintenance(&node.addr().to_string(), &node.fingerprint()).await
+        {
+            Ok(client) => client.version().await.map(drop),
+            Err(error) => Err(error),
+        };
     assert!(
         result.is_err(),
         "a configured node requires a client certificate"

@@ -16,7 +16,7 @@ async fn node() -> SimNode {
 #[tokio::test]
 async fn a_pinned_maintenance_connection_reads_the_version() {
     let node = node().await;
-    let client = TalosClient::connect_maintenance(&node.addr().to_string(), node.fingerprint())
+    let client = TalosClient::connect_maintenance(&node.addr().to_string(), &node.fingerprint())
         .await
         .expect("connect with the right pin");
     assert_eq!(client.version().await.expect("version"), "v1.14.1");
@@ -25,7 +25,7 @@ async fn a_pinned_maintenance_connection_reads_the_version() {
 
 #[tokio::test]
 async fn a_rebooted_node_is_refused_with_the_fingerprint_it_showed() {
-    let mut node = node().await;
+    let node = node().await;
     let pinned = node.fingerprint().to_owned();
     node.reboot().await.expect("reboot");
     let observed = node.fingerprint().to_owned();
@@ -61,7 +61,7 @@ async fn a_rebooted_node_is_refused_with_the_fingerprint_it_showed() {
 #[tokio::test]
 async fn maintenance_mode_refuses_admin_methods() {
     let node = node().await;
-    let client = TalosClient::connect_maintenance(&node.addr().to_string(), node.fingerprint())
+    let client = TalosClient::connect_maintenance(&node.addr().to_string(), &node.fingerprint())
         .await
         .expect("connect");
     let mut raw = MachineServiceClient::new(client.channel());
@@ -83,7 +83,7 @@ async fn the_inventory_and_stage_are_read_as_os_reader() {
     )
     .await
     .expect("start");
-    let client = TalosClient::connect_maintenance(&node.addr().to_string(), node.fingerprint())
+    let client = TalosClient::connect_maintenance(&node.addr().to_string(), &node.fingerprint())
         .await
         .expect("connect");
     let inventory = client.inventory().await.expect("inventory");
@@ -112,10 +112,11 @@ async fn the_inventory_and_stage_are_read_as_os_reader() {
 
 #[tokio::test]
 async fn a_node_presenting_another_certificate_is_refused_with_it() {
-    let mut node = node().await;
+    let node = node().await;
     let pinned = node.fingerprint().to_owned();
     let other = node
         .inject(ichor_sim::Fault::DifferentCertificate)
+        .await
         .expect("inject");
     match TalosClient::connect_maintenance(&node.addr().to_string(), &pinned).await {
         Err(TalosError::FingerprintMismatch { observed, .. }) => assert_eq!(observed, other),
@@ -126,10 +127,11 @@ async fn a_node_presenting_another_certificate_is_refused_with_it() {
 
 #[tokio::test]
 async fn a_certificate_whose_key_does_not_match_fails_the_handshake() {
-    let mut node = node().await;
+    let node = node().await;
     let pinned = node.fingerprint().to_owned();
     // The right certificate, so the pin matches; but the handshake is signed with another key.
     node.inject(ichor_sim::Fault::MismatchedKey)
+        .await
         .expect("inject");
     match TalosClient::connect_maintenance(&node.addr().to_string(), &pinned).await {
         Err(TalosError::Connect { .. }) => {}

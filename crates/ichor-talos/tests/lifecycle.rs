@@ -1,0 +1,166 @@
+//! Applying a config over the pinned maintenance connection: a control plane comes back
+//! configured (mutual TLS with the config's OS CA), a worker waits for trustd, and a node
+//! refuses configs it cannot load.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use ichor_api::cluster::TalosClusterSpec;
+use ichor_api::common::{InstallSpec, Role};
+use ichor_render::pki::{self, Role as TalosRole};
+use ichor_render::{RenderInput, SecretsBundle, render};
+use ichor_sim::{Hardware, SimNode};
+use ichor_talos::{ApplyMode, Credentials, TalosClient, TalosError};
+
+fn bundle() -> SecretsBundle {
+    SecretsBundle::from_yaml(include_str!(
+        "../../ichor-render/tests/golden/bundle-1.14.yaml"
+    ))
+    .expect("the test bundle")
+}
+
+fn config(bundle: &SecretsBundle, role: Role, talos_version: &str) -> String {
+    let spec: TalosClusterSpec = serde_json::from_value(serde_json::json!({
+        "talosVersion": talos_version,
+        "kubernetesVersion": "1.36.3",
+        "endpoint": "https://127.0.0.1:6443",
+        "controlPlane": {"count": 1}
+    }))
+    .expect("spec");
+    let install = InstallSpec {
+        disk: Some("/dev/vda".into()),
+        ..Default::default()
+    };
+    let empty = BTreeMap::new();
+    render(&RenderInput {
+        cluster_name: "lab",
+        cluster: &spec,
+        role,
+        hostname: None,
+        install: Some(&install),
+        cert_sans: &[],
+        node_labels: &empty,
+        node_taints: &empty,
+        patches: &[],
+        bundle,
+    })
+    .expect("render")
+    .yaml
+}
+
+async fn maintenance_node(version: &str) -> (SimNode, TalosClient) {
+    let node = SimNode::start_with(
+        "127.0.0.1:0".parse().expect("addr"),
+        version,
+        Hardware::vm(3),
+    )
+    .await
+    .expect("start");
+    let client = TalosClient::connect_maintenance(&node.addr().to_string(), &node.fingerprint())
+        .await
+        .expect("pinned connect");
+    (node, client)
+}
+
+/// Polls until `check` holds (the simulated install and reboot take milliseconds).
+async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !check().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn an_applied_control_plane_comes_back_behind_mutual_tls() {
+    let b = bundle();
+    let (node, maintenance) = maintenance_node("v1.14.1").await;
+    let applied = maintenance
+        .apply_configuration(
+            config(&b, Role::ControlPlane, "v1.14.1").as_bytes(),
+            ApplyMode::Reboot,
+        )
+        .await
+        .expect("apply in maintenance");
+    assert_eq!(
+        applied.mode, "NO_REBOOT",
+        "maintenance maps REBOOT to NO_REBOOT"
+    );
+
+    let issued = pki::client_certificate(&b, "ichor", TalosRole::Admin, Duration::from_secs(600))
+        .expect("client certificate");
+    let credentials = Credentials {
+        ca_pem: b.certs.os.crt.0.clone(),
+        cert_pem: issued.cert_pem,
+        key_pem: issued.key_pem,
+    };
+    let endpoint = node.addr().to_string();
+    eventually("the node to serve mutual TLS", || async {
+        match TalosClient::connect(&endpoint, &credentials).await {
+            Ok(client) => client.version().await.is_ok(),
+            Err(_) => false,
+        }
+    })
+    .await;
+    assert!(
+        node.installed().await,
+        "the config carried an UnattendedInstallConfig"
+    );
+    node.stop().await;
+}
+
+#[tokio::test]
+async fn an_applied_worker_waits_for_trustd() {
+    let b = bundle();
+    let (node, maintenance) = maintenance_node("v1.14.1").await;
+    maintenance
+        .apply_configuration(
+            config(&b, Role::Worker, "v1.14.1").as_bytes(),
+            ApplyMode::Auto,
+        )
+        .await
+        .expect("apply");
+    eventually("the worker's API to go away", || async {
+        !node.is_serving().await
+    })
+    .await;
+    node.stop().await;
+}
+
+#[tokio::test]
+async fn a_node_refuses_configs_it_cannot_load() {
+    let b = bundle();
+    let (node, maintenance) = maintenance_node("v1.13.9").await;
+    let err = maintenance
+        .apply_configuration(
+            config(&b, Role::ControlPlane, "v1.14.1").as_bytes(),
+            ApplyMode::Auto,
+        )
+        .await
+        .expect_err("a 1.13 node cannot load 1.14 documents");
+    match err {
+        TalosError::Rpc { status, .. } => {
+            assert_eq!(status.code(), tonic::Code::InvalidArgument);
+            assert!(
+                status.message().contains("not registered"),
+                "{}",
+                status.message()
+            );
+        }
+        other => panic!("expected InvalidArgument, got {other:?}"),
+    }
+    let err = maintenance
+        .apply_configuration(b"version: v1alpha1\nmachine: [", ApplyMode::Auto)
+        .await
+        .expect_err("not YAML");
+    assert!(
+        matches!(err, TalosError::Rpc { ref status, .. } if status.code() == tonic::Code::InvalidArgument),
+        "{err:?}"
+    );
+    assert!(node.is_serving().await, "a refused config changes nothing");
+    node.stop().await;
+}
