@@ -222,6 +222,49 @@ impl TalosClient {
         })
     }
 
+    /// Maps a failed call to [`TalosError::Rpc`].
+    pub(crate) fn rpc_error(
+        &self,
+        method: &'static str,
+    ) -> impl FnOnce(tonic::Status) -> TalosError + '_ {
+        move |status| TalosError::Rpc {
+            method,
+            endpoint: self.endpoint.clone(),
+            status,
+        }
+    }
+
+    /// A [`TalosError::Node`] for `method`.
+    pub(crate) fn node_error(&self, method: &'static str, message: String) -> TalosError {
+        TalosError::Node {
+            method,
+            endpoint: self.endpoint.clone(),
+            message,
+        }
+    }
+
+    /// The one reply of a call to one node: wrapped responses carry a list of per-node
+    /// messages whose metadata may hold the node's error instead of a result (talos-facts
+    /// §1.1), which is surfaced, never taken for success.
+    pub(crate) fn single<T>(
+        &self,
+        method: &'static str,
+        messages: Vec<T>,
+        metadata: impl Fn(&T) -> Option<&crate::api::common::Metadata>,
+    ) -> Result<T, TalosError> {
+        let first = messages
+            .into_iter()
+            .next()
+            .ok_or_else(|| self.node_error(method, "empty reply".into()))?;
+        match metadata(&first)
+            .map(|m| m.error.as_str())
+            .filter(|e| !e.is_empty())
+        {
+            Some(error) => Err(self.node_error(method, error.to_owned())),
+            None => Ok(first),
+        }
+    }
+
     /// The underlying channel, for calls without a typed wrapper yet.
     pub fn channel(&self) -> Channel {
         self.channel.clone()
@@ -247,33 +290,9 @@ impl TalosClient {
                 try_mode_timeout: None,
             })
             .await
-            .map_err(|status| TalosError::Rpc {
-                method: METHOD,
-                endpoint: self.endpoint.clone(),
-                status,
-            })?
+            .map_err(self.rpc_error(METHOD))?
             .into_inner();
-        let first = reply
-            .messages
-            .into_iter()
-            .next()
-            .ok_or_else(|| TalosError::Node {
-                method: METHOD,
-                endpoint: self.endpoint.clone(),
-                message: "empty reply".into(),
-            })?;
-        if let Some(error) = first
-            .metadata
-            .as_ref()
-            .map(|m| m.error.clone())
-            .filter(|e| !e.is_empty())
-        {
-            return Err(TalosError::Node {
-                method: METHOD,
-                endpoint: self.endpoint.clone(),
-                message: error,
-            });
-        }
+        let first = self.single(METHOD, reply.messages, |m| m.metadata.as_ref())?;
         let mode = crate::api::machine::apply_configuration_request::Mode::try_from(first.mode)
             .map(|m| m.as_str_name().to_owned())
             .unwrap_or_else(|_| first.mode.to_string());
@@ -290,33 +309,9 @@ impl TalosClient {
         let reply = MachineServiceClient::new(self.channel.clone())
             .version(())
             .await
-            .map_err(|status| TalosError::Rpc {
-                method: METHOD,
-                endpoint: self.endpoint.clone(),
-                status,
-            })?
+            .map_err(self.rpc_error(METHOD))?
             .into_inner();
-        let first = reply
-            .messages
-            .into_iter()
-            .next()
-            .ok_or_else(|| TalosError::Node {
-                method: METHOD,
-                endpoint: self.endpoint.clone(),
-                message: "empty reply".into(),
-            })?;
-        if let Some(error) = first
-            .metadata
-            .as_ref()
-            .map(|m| m.error.clone())
-            .filter(|e| !e.is_empty())
-        {
-            return Err(TalosError::Node {
-                method: METHOD,
-                endpoint: self.endpoint.clone(),
-                message: error,
-            });
-        }
+        let first = self.single(METHOD, reply.messages, |m| m.metadata.as_ref())?;
         Ok(first.version.map(|v| v.tag).unwrap_or_default())
     }
 }

@@ -146,22 +146,6 @@ impl TalosClient {
         StateClient::new(self.channel())
     }
 
-    fn rpc_error(&self, method: &'static str) -> impl FnOnce(tonic::Status) -> TalosError + '_ {
-        move |status| TalosError::Rpc {
-            method,
-            endpoint: self.endpoint().to_owned(),
-            status,
-        }
-    }
-
-    fn node_error(&self, method: &'static str, message: String) -> TalosError {
-        TalosError::Node {
-            method,
-            endpoint: self.endpoint().to_owned(),
-            message,
-        }
-    }
-
     /// The spec of one resource.
     async fn get_spec(&self, namespace: &str, type_: &str, id: &str) -> Result<Value, TalosError> {
         const METHOD: &str = "COSI Get";

@@ -1,66 +1,25 @@
 //! The client against a simulated configured node: mutual TLS with the applied config's OS
 //! CA, roles from the client certificate, other CAs refused.
 
-use std::collections::BTreeMap;
+mod support;
+
 use std::time::Duration;
 
-use ichor_api::cluster::TalosClusterSpec;
 use ichor_api::common::Role;
-use ichor_render::pki::{self, Role as TalosRole};
-use ichor_render::{RenderInput, SecretsBundle, render};
+use ichor_render::SecretsBundle;
+use ichor_render::pki::Role as TalosRole;
 use ichor_sim::{Hardware, SimNode};
+use ichor_talos::TalosClient;
 use ichor_talos::api::machine::ResetRequest;
 use ichor_talos::api::machine::machine_service_client::MachineServiceClient;
-use ichor_talos::{Credentials, TalosClient};
-
-fn bundle() -> SecretsBundle {
-    SecretsBundle::from_yaml(include_str!(
-        "../../ichor-render/tests/golden/bundle-1.14.yaml"
-    ))
-    .expect("the test bundle")
-}
-
-fn config(bundle: &SecretsBundle, role: Role) -> String {
-    let spec: TalosClusterSpec = serde_json::from_value(serde_json::json!({
-        "talosVersion": "v1.14.1",
-        "kubernetesVersion": "1.36.3",
-        "endpoint": "https://127.0.0.1:6443",
-        "controlPlane": {"count": 1}
-    }))
-    .expect("spec");
-    let empty = BTreeMap::new();
-    render(&RenderInput {
-        cluster_name: "lab",
-        cluster: &spec,
-        role,
-        hostname: None,
-        install: None,
-        cert_sans: &[],
-        node_labels: &empty,
-        node_taints: &empty,
-        patches: &[],
-        bundle,
-    })
-    .expect("render")
-    .yaml
-}
-
-fn credentials(bundle: &SecretsBundle, role: TalosRole) -> Credentials {
-    let issued = pki::client_certificate(bundle, "ichor", role, Duration::from_secs(3600))
-        .expect("client certificate");
-    Credentials {
-        ca_pem: bundle.certs.os.crt.0.clone(),
-        cert_pem: issued.cert_pem,
-        key_pem: issued.key_pem,
-    }
-}
+use support::{bundle, config, credentials, other_bundle};
 
 async fn control_plane(bundle: &SecretsBundle) -> SimNode {
     SimNode::start_configured(
         "127.0.0.1:0".parse().expect("addr"),
         "v1.14.1",
         Hardware::vm(7),
-        &config(bundle, Role::ControlPlane),
+        &config(bundle, Role::ControlPlane, "v1.14.1"),
     )
     .await
     .expect("start a configured node")
@@ -108,10 +67,7 @@ async fn roles_are_enforced_per_method() {
 async fn a_client_certificate_from_another_ca_is_refused() {
     let b = bundle();
     let node = control_plane(&b).await;
-    let other = SecretsBundle::from_yaml(include_str!(
-        "../../ichor-render/tests/golden/bundle-1.13.yaml"
-    ))
-    .expect("another bundle");
+    let other = other_bundle();
     let mut wrong = credentials(&other, TalosRole::Admin);
     // Trust the node's real CA, but present a certificate it did not sign.
     wrong.ca_pem = b.certs.os.crt.0.clone();

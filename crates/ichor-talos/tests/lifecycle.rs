@@ -2,51 +2,15 @@
 //! configured (mutual TLS with the config's OS CA), a worker waits for trustd, and a node
 //! refuses configs it cannot load.
 
-use std::collections::BTreeMap;
+mod support;
+
 use std::time::{Duration, Instant};
 
-use ichor_api::cluster::TalosClusterSpec;
-use ichor_api::common::{InstallSpec, Role};
-use ichor_render::pki::{self, Role as TalosRole};
-use ichor_render::{RenderInput, SecretsBundle, render};
+use ichor_api::common::Role;
+use ichor_render::pki::Role as TalosRole;
 use ichor_sim::{Hardware, SimNode};
-use ichor_talos::{ApplyMode, Credentials, TalosClient, TalosError};
-
-fn bundle() -> SecretsBundle {
-    SecretsBundle::from_yaml(include_str!(
-        "../../ichor-render/tests/golden/bundle-1.14.yaml"
-    ))
-    .expect("the test bundle")
-}
-
-fn config(bundle: &SecretsBundle, role: Role, talos_version: &str) -> String {
-    let spec: TalosClusterSpec = serde_json::from_value(serde_json::json!({
-        "talosVersion": talos_version,
-        "kubernetesVersion": "1.36.3",
-        "endpoint": "https://127.0.0.1:6443",
-        "controlPlane": {"count": 1}
-    }))
-    .expect("spec");
-    let install = InstallSpec {
-        disk: Some("/dev/vda".into()),
-        ..Default::default()
-    };
-    let empty = BTreeMap::new();
-    render(&RenderInput {
-        cluster_name: "lab",
-        cluster: &spec,
-        role,
-        hostname: None,
-        install: Some(&install),
-        cert_sans: &[],
-        node_labels: &empty,
-        node_taints: &empty,
-        patches: &[],
-        bundle,
-    })
-    .expect("render")
-    .yaml
-}
+use ichor_talos::{ApplyMode, TalosClient, TalosError};
+use support::{bundle, config, credentials};
 
 async fn maintenance_node(version: &str) -> (SimNode, TalosClient) {
     let node = SimNode::start_with(
@@ -91,13 +55,7 @@ async fn an_applied_control_plane_comes_back_behind_mutual_tls() {
         "maintenance maps REBOOT to NO_REBOOT"
     );
 
-    let issued = pki::client_certificate(&b, "ichor", TalosRole::Admin, Duration::from_secs(600))
-        .expect("client certificate");
-    let credentials = Credentials {
-        ca_pem: b.certs.os.crt.0.clone(),
-        cert_pem: issued.cert_pem,
-        key_pem: issued.key_pem,
-    };
+    let credentials = credentials(&b, TalosRole::Admin);
     let endpoint = node.addr().to_string();
     eventually("the node to serve mutual TLS", || async {
         match TalosClient::connect(&endpoint, &credentials).await {
