@@ -16,6 +16,8 @@ use ichor_talos::api::machine::{
 };
 use tonic::{Request, Response, Status};
 
+use crate::not_simulated;
+
 use crate::maintenance::version_reply;
 
 /// Talos API roles, weakest first (talos-facts §2 "Client certificate").
@@ -67,10 +69,6 @@ fn authorize<T>(request: &Request<T>, needed: Role) -> Result<(), Status> {
             "not authorized: the client certificate carries no Talos role",
         )),
     }
-}
-
-fn not_simulated(what: &str) -> Status {
-    Status::unimplemented(format!("{what} is not simulated yet"))
 }
 
 /// The MachineService of a configured node.

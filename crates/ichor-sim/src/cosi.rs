@@ -101,6 +101,6 @@ impl State for Cosi {
     type WatchStream = Stream<WatchResponse>;
 
     async fn watch(&self, _: Request<WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
-        Err(Status::unimplemented("Watch is not simulated yet"))
+        Err(crate::not_simulated("Watch"))
     }
 }

@@ -37,6 +37,12 @@ use tonic::transport::Server;
 
 pub use hardware::{Hardware, SimDisk, SimLink};
 
+/// The answer to a call whose behaviour the simulator does not model yet: `Unimplemented`,
+/// saying so, never a made-up success.
+pub(crate) fn not_simulated(what: &str) -> tonic::Status {
+    tonic::Status::unimplemented(format!("{what} is not simulated yet"))
+}
+
 /// What can go wrong running a simulated node.
 #[derive(Debug, thiserror::Error)]
 pub enum SimError {

@@ -20,7 +20,7 @@ use ichor_talos::api::machine::apply_configuration_request::Mode;
 use tokio::sync::Mutex;
 use tonic::{Request, Response, Status};
 
-use crate::{AppliedConfig, Node};
+use crate::{AppliedConfig, Node, not_simulated};
 
 /// Maintenance mode: every caller is `os:reader` (talos-facts §2 "Roles").
 pub(crate) struct Maintenance {
@@ -60,11 +60,6 @@ fn needs_role(role: &str) -> Status {
 /// answer "machine type is not set" (talos-facts §1.2).
 fn machine_type_not_set() -> Status {
     Status::unimplemented("machine type is not set")
-}
-
-/// Behaviour this simulator does not model yet.
-fn not_simulated(what: &str) -> Status {
-    Status::unimplemented(format!("{what} is not simulated yet"))
 }
 
 type Reply<T> = Result<Response<T>, Status>;
