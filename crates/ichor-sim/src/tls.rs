@@ -23,19 +23,26 @@ pub(crate) struct BootCertificate {
     pub(crate) fingerprint: String,
 }
 
+impl BootCertificate {
+    /// The certificate served with `key`, and its fingerprint.
+    fn new(cert: &rcgen::Certificate, key: &KeyPair) -> Result<Self, SimError> {
+        let der = cert.der().clone();
+        let fingerprint =
+            ichor_render::pki::fingerprint_der(&der).expect("a certificate rcgen just made parses");
+        Ok(Self {
+            certified: Arc::new(CertifiedKey::new(vec![der.clone()], signing_key(key)?)),
+            der,
+            fingerprint,
+        })
+    }
+}
+
 /// A fresh self-signed Ed25519 certificate: Talos generates its maintenance certificate in
 /// memory on every boot (talos-facts §2 "Maintenance mode", §8.2).
 pub(crate) fn boot_certificate() -> Result<BootCertificate, SimError> {
     let key = KeyPair::generate_for(&PKCS_ED25519)?;
     let cert = CertificateParams::new(vec!["talos".to_owned()])?.self_signed(&key)?;
-    let der = cert.der().clone();
-    let fingerprint =
-        ichor_render::pki::fingerprint_der(&der).expect("a certificate rcgen just made parses");
-    Ok(BootCertificate {
-        certified: Arc::new(CertifiedKey::new(vec![der.clone()], signing_key(&key)?)),
-        der,
-        fingerprint,
-    })
+    BootCertificate::new(&cert, &key)
 }
 
 fn signing_key(key: &KeyPair) -> Result<Arc<dyn rustls::sign::SigningKey>, SimError> {
@@ -160,14 +167,7 @@ pub(crate) fn node_certificate(
     params.subject_alt_names.push(rcgen::SanType::IpAddress(ip));
     params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
     let cert = params.signed_by(&key, &issuer)?;
-    let der = cert.der().clone();
-    let fingerprint =
-        ichor_render::pki::fingerprint_der(&der).expect("a certificate rcgen just made parses");
-    Ok(BootCertificate {
-        certified: Arc::new(CertifiedKey::new(vec![der.clone()], signing_key(&key)?)),
-        der,
-        fingerprint,
-    })
+    BootCertificate::new(&cert, &key)
 }
 
 /// An Ed25519 key in Talos's PEM form (PKCS#8 under `ED25519 PRIVATE KEY`, talos-facts §2).
