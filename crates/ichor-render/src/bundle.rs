@@ -435,6 +435,12 @@ enum KeyKind {
     Ed25519,
 }
 
+/// Reads an OS CA key in Talos's form (PKCS#8, under `ED25519 PRIVATE KEY` or `PRIVATE KEY`),
+/// e.g. from an applied config's `machine.ca.key`; `field` names it in errors.
+pub fn os_ca_key(field: &'static str, pem_text: &str) -> Result<KeyPair, BundleError> {
+    key_pair(field, pem_text, KeyKind::Ed25519)
+}
+
 /// Reads a CA's key into an rcgen key pair (accepting PKCS#8 too, for bundles from elsewhere).
 fn key_pair(field: &'static str, pem_text: &str, kind: KeyKind) -> Result<KeyPair, BundleError> {
     let parsed = pem::parse(pem_text).map_err(|_| invalid(field, "key is not PEM"))?;

@@ -159,7 +159,8 @@ pub(crate) fn node_certificate(
     ca_key_pem: &str,
     ip: std::net::IpAddr,
 ) -> Result<BootCertificate, SimError> {
-    let ca_key = ed25519_key_from_talos_pem(ca_key_pem)?;
+    let ca_key = ichor_render::bundle::os_ca_key("machine.ca.key", ca_key_pem)
+        .map_err(|e| SimError::TlsSetup(e.to_string()))?;
     let issuer = rcgen::Issuer::from_ca_cert_pem(ca_cert_pem, ca_key)
         .map_err(|e| SimError::TlsSetup(format!("OS CA: {e}")))?;
     let key = KeyPair::generate_for(&PKCS_ED25519)?;
@@ -168,11 +169,4 @@ pub(crate) fn node_certificate(
     params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
     let cert = params.signed_by(&key, &issuer)?;
     BootCertificate::new(&cert, &key)
-}
-
-/// An Ed25519 key in Talos's PEM form (PKCS#8 under `ED25519 PRIVATE KEY`, talos-facts §2).
-pub(crate) fn ed25519_key_from_talos_pem(pem_text: &str) -> Result<KeyPair, SimError> {
-    let block = pem::parse(pem_text).map_err(|e| SimError::TlsSetup(format!("OS CA key: {e}")))?;
-    KeyPair::from_pkcs8_der_and_sign_algo(&block.contents().into(), &PKCS_ED25519)
-        .map_err(|e| SimError::TlsSetup(format!("OS CA key: {e}")))
 }
