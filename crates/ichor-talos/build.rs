@@ -14,6 +14,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "storage/storage.proto",
         "v1alpha1/resource.proto",
         "v1alpha1/state.proto",
+        "resource/definitions/enums/enums.proto",
+        "resource/definitions/hardware/hardware.proto",
+        "resource/definitions/runtime/runtime.proto",
     ];
     println!("cargo:rerun-if-changed={}", root.display());
     let fds = protox::compile(files.iter().map(|f| root.join(f)), [&root])?;

@@ -1,29 +1,43 @@
-//! A configured node: the Talos API behind mutual TLS with the applied config's OS CA, and
-//! roles enforced per method from the client certificate's Organization (talos-facts §2).
+//! A configured node: the Talos API behind mutual TLS with the applied config's OS CA, roles
+//! enforced per method from the client certificate's Organization (talos-facts §2), etcd on
+//! control planes (§1.2, §5), and the node's own background work: joining etcd, and a
+//! worker's wait for trustd (§5).
 
 use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
 
 use ichor_talos::api::common::Data;
+use ichor_talos::api::machine::apply_configuration_request::Mode;
 use ichor_talos::api::machine::machine_service_server::MachineService;
+use ichor_talos::api::machine::reset_request::WipeMode;
 use ichor_talos::api::machine::{
-    ApplyConfigurationRequest, ApplyConfigurationResponse, BootstrapRequest, BootstrapResponse,
-    EtcdDefragmentResponse, EtcdForfeitLeadershipRequest, EtcdForfeitLeadershipResponse,
-    EtcdLeaveClusterRequest, EtcdLeaveClusterResponse, EtcdMemberListRequest,
-    EtcdMemberListResponse, EtcdRemoveMemberByIdRequest, EtcdRemoveMemberByIdResponse,
-    EtcdSnapshotRequest, EtcdStatusResponse, HostnameResponse, RebootRequest, RebootResponse,
-    ResetRequest, ResetResponse, ServiceListResponse, UpgradeRequest, UpgradeResponse,
-    VersionResponse,
+    ApplyConfiguration, ApplyConfigurationRequest, ApplyConfigurationResponse, Bootstrap,
+    BootstrapRequest, BootstrapResponse, EtcdDefragment, EtcdDefragmentResponse,
+    EtcdForfeitLeadership, EtcdForfeitLeadershipRequest, EtcdForfeitLeadershipResponse,
+    EtcdLeaveCluster, EtcdLeaveClusterRequest, EtcdLeaveClusterResponse, EtcdMember,
+    EtcdMemberListRequest, EtcdMemberListResponse, EtcdMemberStatus, EtcdMembers,
+    EtcdRemoveMemberById, EtcdRemoveMemberByIdRequest, EtcdRemoveMemberByIdResponse,
+    EtcdSnapshotRequest, EtcdStatus, EtcdStatusResponse, Hostname, HostnameResponse, Reboot,
+    RebootRequest, RebootResponse, Reset, ResetRequest, ResetResponse, ServiceEvents,
+    ServiceHealth, ServiceInfo, ServiceList, ServiceListResponse, Upgrade, UpgradeRequest,
+    UpgradeResponse, VersionResponse,
 };
+use tokio::sync::Mutex;
+use tokio::time::Instant;
 use tonic::{Request, Response, Status};
 
-use crate::not_simulated;
-
-use crate::maintenance::version_reply;
+use crate::config::AppliedConfig;
+use crate::maintenance::{load, version_reply};
+use crate::network::{EtcdCluster, EtcdDown, Inner, Member, Shared, network, random_id};
+use crate::{EtcdData, Node, Stage};
 
 /// Talos API roles, weakest first (talos-facts §2 "Client certificate").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Role {
     Reader,
+    EtcdBackup,
     Operator,
     Admin,
 }
@@ -32,18 +46,25 @@ impl Role {
     fn name(self) -> &'static str {
         match self {
             Self::Reader => "os:reader",
+            Self::EtcdBackup => "os:etcd:backup",
             Self::Operator => "os:operator",
             Self::Admin => "os:admin",
         }
     }
 }
 
-/// The strongest known role in the client certificate's Organization; unknown roles are
-/// ignored (talos-facts §2 "Role enforcement").
-fn caller_role<T>(request: &Request<T>) -> Option<Role> {
-    let certs = request.peer_certs()?;
-    let leaf = certs.first()?;
-    let (_, cert) = x509_parser::parse_x509_certificate(leaf.as_ref()).ok()?;
+/// The known roles in the client certificate's Organization; unknown roles are ignored
+/// (talos-facts §2 "Role enforcement").
+fn caller_roles<T>(request: &Request<T>) -> Vec<Role> {
+    let Some(certs) = request.peer_certs() else {
+        return Vec::new();
+    };
+    let Some(leaf) = certs.first() else {
+        return Vec::new();
+    };
+    let Ok((_, cert)) = x509_parser::parse_x509_certificate(leaf.as_ref()) else {
+        return Vec::new();
+    };
     cert.subject()
         .iter_organization()
         .filter_map(|o| o.as_str().ok())
@@ -51,47 +72,325 @@ fn caller_role<T>(request: &Request<T>) -> Option<Role> {
             "os:admin" => Some(Role::Admin),
             "os:operator" => Some(Role::Operator),
             "os:reader" => Some(Role::Reader),
+            "os:etcd:backup" => Some(Role::EtcdBackup),
             _ => None,
         })
-        .max()
+        .collect()
 }
 
-/// Refuses a caller below `needed`.
-fn authorize<T>(request: &Request<T>, needed: Role) -> Result<(), Status> {
-    match caller_role(request) {
-        Some(role) if role >= needed => Ok(()),
-        Some(role) => Err(Status::permission_denied(format!(
-            "not authorized: this method needs {}, the client certificate grants {}",
-            needed.name(),
-            role.name()
-        ))),
-        None => Err(Status::permission_denied(
-            "not authorized: the client certificate carries no Talos role",
-        )),
+/// Refuses a caller below `needed`. `os:etcd:backup` grants only snapshots; admin and
+/// operator include reader.
+pub(crate) fn authorize<T>(request: &Request<T>, needed: Role) -> Result<(), Status> {
+    let roles = caller_roles(request);
+    let granted = roles.iter().any(|&role| match needed {
+        Role::EtcdBackup => role == Role::EtcdBackup || role == Role::Admin,
+        _ => role != Role::EtcdBackup && role >= needed,
+    });
+    if granted {
+        return Ok(());
     }
+    let held = roles
+        .iter()
+        .map(|r| r.name())
+        .collect::<Vec<_>>()
+        .join(", ");
+    Err(Status::permission_denied(if held.is_empty() {
+        "not authorized: the client certificate carries no Talos role".to_owned()
+    } else {
+        format!(
+            "not authorized: this method needs {}, the client certificate grants {held}",
+            needed.name()
+        )
+    }))
 }
 
 /// The MachineService of a configured node.
 pub(crate) struct Configured {
-    pub(crate) talos_version: String,
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) node: Weak<Mutex<Node>>,
 }
 
 type Reply<T> = Result<Response<T>, Status>;
 
+fn gone() -> Status {
+    Status::unavailable("the node is shutting down")
+}
+
+/// Etcd calls, Bootstrap included, work only on control planes (talos-facts §1.2).
+fn control_plane_only(node: &Node, method: &str) -> Result<Arc<AppliedConfig>, Status> {
+    match &node.running {
+        Some(config) if config.is_control_plane() => Ok(Arc::clone(config)),
+        Some(_) => Err(Status::unimplemented(format!(
+            "{method} is only available on control plane nodes"
+        ))),
+        None => Err(Status::unimplemented("machine type is not set")),
+    }
+}
+
+/// How an etcd client on the node fails when its member cannot serve.
+fn etcd_down(down: &EtcdDown) -> Status {
+    match down {
+        EtcdDown::NotRunning => Status::unavailable("etcd is not running on this node"),
+        EtcdDown::Removed => Status::unavailable(
+            "etcdserver: the member has been permanently removed from the cluster",
+        ),
+        EtcdDown::NoQuorum => Status::unavailable("etcdserver: request timed out"),
+    }
+}
+
+/// The node's running etcd member, or why there is none.
+fn local_member(node: &Node) -> Result<EtcdData, Status> {
+    match node.etcd {
+        Some(data)
+            if !node.etcd_stopped
+                && node.shared.etcd_running.load(Ordering::SeqCst) == data.cluster =>
+        {
+            Ok(data)
+        }
+        _ => Err(etcd_down(&EtcdDown::NotRunning)),
+    }
+}
+
+/// etcd's strict reconfiguration check: a member may go only if the voters left still have
+/// a live majority (etcd refuses otherwise).
+fn removal_keeps_quorum(net: &Inner, cluster: &EtcdCluster, member: u64) -> bool {
+    let remaining: Vec<&Member> = cluster
+        .members
+        .iter()
+        .filter(|m| m.id != member && !m.learner)
+        .collect();
+    let alive = remaining
+        .iter()
+        .filter(|m| net.alive(cluster.id, m))
+        .count();
+    !remaining.is_empty() && alive * 2 > remaining.len()
+}
+
+/// Removes `member` from `cluster`, as `MemberRemove` does.
+fn remove_member(net: &mut Inner, cluster: u64, member: u64) -> Result<(), Status> {
+    let c = net
+        .serving_cluster(cluster, member_or_any(net, cluster, member))
+        .map_err(|d| etcd_down(&d))?;
+    let c = c.clone();
+    if !c.members.iter().any(|m| m.id == member) {
+        return Err(Status::not_found(format!(
+            "etcdserver: member not found: {member:x}"
+        )));
+    }
+    if !removal_keeps_quorum(net, &c, member) {
+        return Err(Status::failed_precondition(
+            "etcdserver: re-configuration failed due to not enough started members",
+        ));
+    }
+    if let Some(c) = net.cluster_mut(cluster) {
+        c.members.retain(|m| m.id != member);
+        c.raft_index += 1;
+    }
+    net.settle_leader(cluster);
+    Ok(())
+}
+
+/// Any member id of the cluster (for checks made on behalf of the cluster as a whole).
+fn member_or_any(net: &Inner, cluster: u64, preferred: u64) -> u64 {
+    net.cluster(cluster)
+        .and_then(|c| {
+            c.members
+                .iter()
+                .find(|m| m.id == preferred)
+                .or_else(|| c.members.first())
+        })
+        .map_or(preferred, |m| m.id)
+}
+
+fn member_proto(m: &Member) -> EtcdMember {
+    EtcdMember {
+        id: m.id,
+        hostname: m.hostname.clone(),
+        peer_urls: vec![m.peer_url()],
+        client_urls: vec![m.client_url()],
+        is_learner: m.learner,
+    }
+}
+
+/// The services a node runs and their state (talos-facts §1.2 "ServiceList").
+pub(crate) async fn service_list(node: &Weak<Mutex<Node>>) -> Result<ServiceListResponse, Status> {
+    let strong = node.upgrade().ok_or_else(gone)?;
+    let node = strong.lock().await;
+    let running = |id: &str| (id.to_owned(), "Running", true);
+    let mut services = vec![running("apid"), running("machined"), running("udevd")];
+    if let Some(config) = &node.running {
+        services.push(running("containerd"));
+        services.push(running("cri"));
+        services.push(running("kubelet"));
+        if config.is_control_plane() {
+            services.push(running("trustd"));
+            let etcd = local_member(&node).is_ok();
+            services.push((
+                "etcd".into(),
+                if etcd { "Running" } else { "Preparing" },
+                etcd,
+            ));
+        }
+    }
+    Ok(ServiceListResponse {
+        messages: vec![ServiceList {
+            metadata: None,
+            services: services
+                .into_iter()
+                .map(|(id, state, healthy)| ServiceInfo {
+                    id,
+                    state: state.into(),
+                    events: Some(ServiceEvents { events: Vec::new() }),
+                    health: Some(ServiceHealth {
+                        unknown: false,
+                        healthy,
+                        last_message: String::new(),
+                        last_change: None,
+                    }),
+                })
+                .collect(),
+        }],
+    })
+}
+
+impl Configured {
+    fn strong(&self) -> Result<Arc<Mutex<Node>>, Status> {
+        self.node.upgrade().ok_or_else(gone)
+    }
+
+    /// Leaves the etcd cluster: the member is removed and etcd stops, its data directory
+    /// cleared (talos-facts §5 "Removing a node").
+    fn leave(&self, node: &mut Node) -> Result<(), Status> {
+        let data = local_member(node)?;
+        if self.shared.fail_leave.load(Ordering::SeqCst) {
+            return Err(Status::unavailable(
+                "failed to leave the etcd cluster: etcdserver: request timed out",
+            ));
+        }
+        remove_member(&mut network(), data.cluster, data.member)?;
+        node.etcd = None;
+        node.etcd_stopped = true;
+        self.shared.etcd_running.store(0, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
 /// Roles per method are those of talos-facts §1.2.
 #[tonic::async_trait]
 impl MachineService for Configured {
+    /// On a configured node (talos-facts §5, §8.2): 1.14 applies live (`AUTO` → `NO_REBOOT`,
+    /// `REBOOT` → `Unimplemented`); 1.13's `AUTO` reboots when the change cannot apply live
+    /// (here: a changed OS CA or cluster identity). `STAGED` waits for the next boot.
     async fn apply_configuration(
         &self,
         r: Request<ApplyConfigurationRequest>,
     ) -> Reply<ApplyConfigurationResponse> {
         authorize(&r, Role::Admin)?;
-        Err(not_simulated("ApplyConfiguration on a configured node"))
+        let request = r.into_inner();
+        let config = Arc::new(load(&self.shared.talos_version(), request.data)?);
+        let strong = self.strong()?;
+        let mut node = strong.lock().await;
+        let current = node.running.clone().ok_or_else(gone)?;
+        if current.machine_type != config.machine_type {
+            return Err(Status::invalid_argument(
+                "machine type can't be changed from the applied configuration",
+            ));
+        }
+        if node.applying {
+            return Err(Status::failed_precondition(
+                "another apply configuration is already in progress",
+            ));
+        }
+        let requested = Mode::try_from(request.mode).unwrap_or(Mode::Reboot);
+        let needs_reboot = current.os_ca_crt != config.os_ca_crt
+            || current.cluster_identity() != config.cluster_identity();
+        let mode = match requested {
+            Mode::Reboot if self.shared.is_1_14() => {
+                return Err(Status::unimplemented(
+                    "apply mode REBOOT is not supported: use AUTO, NO_REBOOT or STAGED",
+                ));
+            }
+            Mode::Auto if self.shared.is_1_14() => Mode::NoReboot,
+            Mode::Auto if needs_reboot => Mode::Reboot,
+            Mode::Auto => Mode::NoReboot,
+            Mode::Try => return Err(crate::not_simulated("apply mode TRY")),
+            other => other,
+        };
+        let details = match mode {
+            Mode::Reboot => "Applied configuration with a reboot",
+            Mode::Staged => "Staged configuration to be applied after a reboot",
+            _ => "Applied configuration without a reboot",
+        };
+        if !request.dry_run {
+            match mode {
+                Mode::Staged => node.staged = Some(config),
+                Mode::Reboot => {
+                    node.persisted = Some(config);
+                    Node::reboot_later(self.node.clone(), Duration::from_millis(20));
+                }
+                _ => {
+                    node.persisted = Some(Arc::clone(&config));
+                    node.running = Some(Arc::clone(&config));
+                    if let Some(entry) = network().nodes.get_mut(&self.shared.addr) {
+                        entry.config = Some(config);
+                    }
+                }
+            }
+        }
+        Ok(Response::new(ApplyConfigurationResponse {
+            messages: vec![ApplyConfiguration {
+                metadata: None,
+                warnings: Vec::new(),
+                mode: mode as i32,
+                mode_details: details.into(),
+            }],
+        }))
     }
 
+    /// Bootstrap (talos-facts §5): not available while the node still boots, refused without
+    /// an etcd CA, `AlreadyExists` once the data directory holds a member; otherwise a new
+    /// etcd cluster with this node as its only voter — even when another one exists.
     async fn bootstrap(&self, r: Request<BootstrapRequest>) -> Reply<BootstrapResponse> {
         authorize(&r, Role::Admin)?;
-        Err(not_simulated("Bootstrap"))
+        let strong = self.strong()?;
+        let mut node = strong.lock().await;
+        let config = control_plane_only(&node, "bootstrap")?;
+        if node.booted_at.elapsed() < node.timings.bootstrap_window {
+            return Err(Status::failed_precondition(
+                "bootstrap is not available yet",
+            ));
+        }
+        if !config.has_etcd_ca {
+            return Err(Status::invalid_argument("etcd CA is not configured"));
+        }
+        if node.etcd.is_some() {
+            return Err(Status::already_exists("etcd data directory is not empty"));
+        }
+        let member = Member {
+            id: random_id(),
+            hostname: node.hostname(),
+            addr: self.shared.addr,
+            learner: false,
+        };
+        let cluster = EtcdCluster {
+            id: random_id(),
+            identity: config.cluster_identity(),
+            leader: member.id,
+            members: vec![member.clone()],
+            raft_term: 2,
+            raft_index: 4,
+            cni_present: config.deploys_cni,
+            created: Instant::now(),
+        };
+        node.etcd = Some(EtcdData {
+            cluster: cluster.id,
+            member: member.id,
+        });
+        self.shared.etcd_running.store(cluster.id, Ordering::SeqCst);
+        network().clusters.push(cluster);
+        Ok(Response::new(BootstrapResponse {
+            messages: vec![Bootstrap { metadata: None }],
+        }))
     }
 
     async fn etcd_member_list(
@@ -99,7 +398,31 @@ impl MachineService for Configured {
         r: Request<EtcdMemberListRequest>,
     ) -> Reply<EtcdMemberListResponse> {
         authorize(&r, Role::Reader)?;
-        Err(not_simulated("EtcdMemberList"))
+        let query_local = r.get_ref().query_local;
+        let strong = self.strong()?;
+        let node = strong.lock().await;
+        control_plane_only(&node, "etcd member list")?;
+        let data = local_member(&node)?;
+        let mut net = network();
+        // A local query is served by the member itself, without a quorum read.
+        let members = if query_local {
+            net.cluster(data.cluster)
+                .filter(|c| c.members.iter().any(|m| m.id == data.member))
+                .map(|c| c.members.clone())
+                .ok_or_else(|| etcd_down(&EtcdDown::Removed))?
+        } else {
+            net.serving_cluster(data.cluster, data.member)
+                .map_err(|d| etcd_down(&d))?
+                .members
+                .clone()
+        };
+        Ok(Response::new(EtcdMemberListResponse {
+            messages: vec![EtcdMembers {
+                metadata: None,
+                legacy_members: Vec::new(),
+                members: members.iter().map(member_proto).collect(),
+            }],
+        }))
     }
 
     async fn etcd_remove_member_by_id(
@@ -107,7 +430,18 @@ impl MachineService for Configured {
         r: Request<EtcdRemoveMemberByIdRequest>,
     ) -> Reply<EtcdRemoveMemberByIdResponse> {
         authorize(&r, Role::Admin)?;
-        Err(not_simulated("EtcdRemoveMemberByID"))
+        let id = r.get_ref().member_id;
+        let strong = self.strong()?;
+        let node = strong.lock().await;
+        control_plane_only(&node, "etcd remove member")?;
+        let data = local_member(&node)?;
+        let mut net = network();
+        net.serving_cluster(data.cluster, data.member)
+            .map_err(|d| etcd_down(&d))?;
+        remove_member(&mut net, data.cluster, id)?;
+        Ok(Response::new(EtcdRemoveMemberByIdResponse {
+            messages: vec![EtcdRemoveMemberById { metadata: None }],
+        }))
     }
 
     async fn etcd_leave_cluster(
@@ -115,65 +449,399 @@ impl MachineService for Configured {
         r: Request<EtcdLeaveClusterRequest>,
     ) -> Reply<EtcdLeaveClusterResponse> {
         authorize(&r, Role::Admin)?;
-        Err(not_simulated("EtcdLeaveCluster"))
+        let strong = self.strong()?;
+        let mut node = strong.lock().await;
+        control_plane_only(&node, "etcd leave cluster")?;
+        self.leave(&mut node)?;
+        Ok(Response::new(EtcdLeaveClusterResponse {
+            messages: vec![EtcdLeaveCluster { metadata: None }],
+        }))
     }
 
+    /// Hands leadership to another live voter when this member leads; the reply names the
+    /// leader afterwards.
     async fn etcd_forfeit_leadership(
         &self,
         r: Request<EtcdForfeitLeadershipRequest>,
     ) -> Reply<EtcdForfeitLeadershipResponse> {
         authorize(&r, Role::Admin)?;
-        Err(not_simulated("EtcdForfeitLeadership"))
+        let strong = self.strong()?;
+        let node = strong.lock().await;
+        control_plane_only(&node, "etcd forfeit leadership")?;
+        let data = local_member(&node)?;
+        let mut net = network();
+        let cluster = net
+            .serving_cluster(data.cluster, data.member)
+            .map_err(|d| etcd_down(&d))?
+            .clone();
+        let mut leader = cluster.leader;
+        if leader == data.member
+            && let Some(next) = cluster
+                .members
+                .iter()
+                .filter(|m| !m.learner && m.id != data.member && net.alive(cluster.id, m))
+                .map(|m| m.id)
+                .min()
+        {
+            leader = next;
+            if let Some(c) = net.cluster_mut(cluster.id) {
+                c.leader = next;
+                c.raft_term += 1;
+            }
+        }
+        let member = cluster
+            .members
+            .iter()
+            .find(|m| m.id == leader)
+            .map(|m| m.hostname.clone())
+            .unwrap_or_default();
+        Ok(Response::new(EtcdForfeitLeadershipResponse {
+            messages: vec![EtcdForfeitLeadership {
+                metadata: None,
+                member,
+            }],
+        }))
     }
 
+    /// The local member's status; without quorum it has no leader.
     async fn etcd_status(&self, r: Request<()>) -> Reply<EtcdStatusResponse> {
         authorize(&r, Role::Reader)?;
-        Err(not_simulated("EtcdStatus"))
+        let strong = self.strong()?;
+        let node = strong.lock().await;
+        control_plane_only(&node, "etcd status")?;
+        let data = local_member(&node)?;
+        let mut net = network();
+        let leader = net.settle_leader(data.cluster);
+        let cluster = net
+            .cluster(data.cluster)
+            .ok_or_else(|| etcd_down(&EtcdDown::NotRunning))?;
+        let me = cluster
+            .members
+            .iter()
+            .find(|m| m.id == data.member)
+            .ok_or_else(|| etcd_down(&EtcdDown::Removed))?;
+        let errors = if leader == 0 {
+            vec!["etcdserver: no leader".to_owned()]
+        } else {
+            Vec::new()
+        };
+        let db_size = 20_480 + i64::try_from(cluster.raft_index).unwrap_or(0) * 64;
+        Ok(Response::new(EtcdStatusResponse {
+            messages: vec![EtcdStatus {
+                metadata: None,
+                member_status: Some(EtcdMemberStatus {
+                    protocol_version: "3.6.0".into(),
+                    db_size,
+                    db_size_in_use: db_size / 2,
+                    leader,
+                    raft_index: cluster.raft_index,
+                    raft_term: cluster.raft_term,
+                    raft_applied_index: cluster.raft_index,
+                    errors,
+                    is_learner: me.learner,
+                    member_id: me.id,
+                    storage_version: "3.6.0".into(),
+                }),
+            }],
+        }))
     }
 
     type EtcdSnapshotStream =
         Pin<Box<dyn tokio_stream::Stream<Item = Result<Data, Status>> + Send>>;
 
+    /// A snapshot of the local member's data, streamed in chunks (`os:etcd:backup` or admin).
     async fn etcd_snapshot(
         &self,
         r: Request<EtcdSnapshotRequest>,
     ) -> Reply<Self::EtcdSnapshotStream> {
-        authorize(&r, Role::Admin)?;
-        Err(not_simulated("EtcdSnapshot"))
+        authorize(&r, Role::EtcdBackup)?;
+        let strong = self.strong()?;
+        let node = strong.lock().await;
+        control_plane_only(&node, "etcd snapshot")?;
+        let data = local_member(&node)?;
+        let body = format!(
+            "ichor-sim etcd snapshot\ncluster {:016x}\nmember {:016x}\n",
+            data.cluster, data.member
+        )
+        .into_bytes();
+        let chunks: Vec<Result<Data, Status>> = body
+            .chunks(32)
+            .map(|c| {
+                Ok(Data {
+                    metadata: None,
+                    bytes: c.to_vec(),
+                })
+            })
+            .collect();
+        Ok(Response::new(Box::pin(tokio_stream::iter(chunks))))
     }
 
     async fn etcd_defragment(&self, r: Request<()>) -> Reply<EtcdDefragmentResponse> {
         authorize(&r, Role::Admin)?;
-        Err(not_simulated("EtcdDefragment"))
+        let strong = self.strong()?;
+        let node = strong.lock().await;
+        control_plane_only(&node, "etcd defragment")?;
+        local_member(&node)?;
+        Ok(Response::new(EtcdDefragmentResponse {
+            messages: vec![EtcdDefragment { metadata: None }],
+        }))
     }
 
+    /// Reset (talos-facts §1.2, §8.4): a graceful reset leaves etcd first; the named system
+    /// partitions are wiped — STATE holds the config, EPHEMERAL the etcd data — and an empty
+    /// list wipes every partition, so a disk-booted node has nothing left to boot. The node
+    /// then reboots (or powers off without `reboot`).
     async fn reset(&self, r: Request<ResetRequest>) -> Reply<ResetResponse> {
         authorize(&r, Role::Admin)?;
-        Err(not_simulated("Reset"))
+        let request = r.into_inner();
+        let strong = self.strong()?;
+        let mut node = strong.lock().await;
+        if request.graceful && local_member(&node).is_ok() {
+            self.leave(&mut node)?;
+        }
+        let labels: Vec<String> = request
+            .system_partitions_to_wipe
+            .iter()
+            .filter(|p| p.wipe)
+            .map(|p| p.label.clone())
+            .collect();
+        let wipe_system =
+            WipeMode::try_from(request.mode).unwrap_or(WipeMode::All) != WipeMode::UserDisks;
+        let everything = wipe_system && request.system_partitions_to_wipe.is_empty();
+        node.stage = Stage::Resetting;
+        let weak = self.node.clone();
+        let reboot = request.reboot;
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let Some(strong) = weak.upgrade() else { return };
+            let mut node = strong.lock().await;
+            node.shut_down().await;
+            if everything {
+                node.bricked = true;
+                return;
+            }
+            if wipe_system && labels.iter().any(|l| l == "STATE") {
+                node.persisted = None;
+                node.staged = None;
+            }
+            if wipe_system && labels.iter().any(|l| l == "EPHEMERAL") {
+                node.etcd = None;
+                node.images.clear();
+            }
+            if !reboot {
+                node.powered = false;
+                return;
+            }
+            drop(node);
+            Node::reboot_later(weak, Duration::ZERO);
+        });
+        Ok(Response::new(ResetResponse {
+            messages: vec![Reset {
+                metadata: None,
+                actor_id: random_id().to_string(),
+            }],
+        }))
     }
 
     async fn reboot(&self, r: Request<RebootRequest>) -> Reply<RebootResponse> {
         authorize(&r, Role::Operator)?;
-        Err(not_simulated("Reboot"))
+        Node::reboot_later(self.node.clone(), Duration::from_millis(20));
+        Ok(Response::new(RebootResponse {
+            messages: vec![Reboot {
+                metadata: None,
+                actor_id: random_id().to_string(),
+            }],
+        }))
     }
 
+    /// The deprecated Upgrade (talos-facts §1.2): refused when Talos is not installed; on a
+    /// control plane without `force` or `preserve`, refused when the member's going away would
+    /// cost etcd its quorum (the check is unverified in detail). The node reboots into the
+    /// image's version.
     async fn upgrade(&self, r: Request<UpgradeRequest>) -> Reply<UpgradeResponse> {
         authorize(&r, Role::Admin)?;
-        Err(not_simulated("Upgrade"))
+        let request = r.into_inner();
+        let strong = self.strong()?;
+        let node = strong.lock().await;
+        if !node.installed {
+            return Err(Status::failed_precondition("Talos is not installed"));
+        }
+        if !request.force
+            && !request.preserve
+            && let Ok(data) = local_member(&node)
+        {
+            let net = network();
+            if let Some(cluster) = net.cluster(data.cluster)
+                && !removal_keeps_quorum(&net, cluster, data.member)
+            {
+                return Err(Status::failed_precondition(
+                    "etcd quorum would be lost by rebooting this member",
+                ));
+            }
+        }
+        drop(node);
+        upgrade_later(self.node.clone(), &request.image);
+        Ok(Response::new(UpgradeResponse {
+            messages: vec![Upgrade {
+                metadata: None,
+                ack: "Upgrade request received".into(),
+                actor_id: random_id().to_string(),
+            }],
+        }))
     }
 
     async fn version(&self, r: Request<()>) -> Reply<VersionResponse> {
         authorize(&r, Role::Reader)?;
-        Ok(Response::new(version_reply(&self.talos_version)))
+        Ok(Response::new(version_reply(&self.shared.talos_version())))
     }
 
     async fn hostname(&self, r: Request<()>) -> Reply<HostnameResponse> {
         authorize(&r, Role::Reader)?;
-        Err(not_simulated("Hostname"))
+        let hostname = self.strong()?.lock().await.hostname();
+        Ok(Response::new(HostnameResponse {
+            messages: vec![Hostname {
+                metadata: None,
+                hostname,
+            }],
+        }))
     }
 
     async fn service_list(&self, r: Request<()>) -> Reply<ServiceListResponse> {
         authorize(&r, Role::Reader)?;
-        Err(not_simulated("ServiceList"))
+        Ok(Response::new(service_list(&self.node).await?))
+    }
+}
+
+/// The version an installer image carries (`…/installer:v1.14.1` → `v1.14.1`).
+pub(crate) fn image_version(image: &str) -> Option<String> {
+    let tag = image.rsplit(':').next()?;
+    (tag.starts_with('v') && !tag.contains('/')).then(|| tag.to_owned())
+}
+
+/// Reboots into the image's version, or back into the old one under the rollback fault.
+pub(crate) fn upgrade_later(node: Weak<Mutex<Node>>, image: &str) {
+    let target = image_version(image);
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let Some(strong) = node.upgrade() else { return };
+        let mut guard = strong.lock().await;
+        guard.stage = Stage::Upgrading;
+        if let Some(version) = &target
+            && !guard.shared.upgrade_rollback.load(Ordering::SeqCst)
+        {
+            guard.talos_version.clone_from(version);
+            guard.shared.set_talos_version(version);
+        }
+        drop(guard);
+        Node::reboot_later(node, Duration::ZERO);
+    });
+}
+
+/// The etcd service of a control plane that has no member yet (talos-facts §5): it finds the
+/// cluster of its identity through discovery, removes a stale member with its hostname, joins
+/// as a learner, and promotes itself to voter.
+pub(crate) async fn etcd_service(node: Weak<Mutex<Node>>, timings: crate::Timings) {
+    let mut learner_since: Option<Instant> = None;
+    loop {
+        tokio::time::sleep(timings.tick).await;
+        let Some(strong) = node.upgrade() else { return };
+        let mut guard = strong.lock().await;
+        let Some(config) = guard.running.clone() else {
+            continue;
+        };
+        if guard.etcd_stopped {
+            continue;
+        }
+        let shared = Arc::clone(&guard.shared);
+        if let Some(data) = guard.etcd {
+            let Some(since) = learner_since else { continue };
+            if since.elapsed() < timings.promotion {
+                continue;
+            }
+            let mut net = network();
+            let quorum = net.cluster(data.cluster).is_some_and(|c| net.has_quorum(c));
+            if quorum && let Some(c) = net.cluster_mut(data.cluster) {
+                for m in c.members.iter_mut().filter(|m| m.id == data.member) {
+                    m.learner = false;
+                }
+                c.raft_index += 1;
+                learner_since = None;
+            }
+            continue;
+        }
+        let hostname = guard.hostname();
+        let mut net = network();
+        let Some(cluster) = net.joinable(&config.cluster_identity(), timings.discovery) else {
+            continue;
+        };
+        let stale: Vec<u64> = net
+            .cluster(cluster)
+            .map(|c| {
+                c.members
+                    .iter()
+                    .filter(|m| m.hostname == hostname)
+                    .map(|m| m.id)
+                    .collect()
+            })
+            .unwrap_or_default();
+        for id in stale {
+            if remove_member(&mut net, cluster, id).is_err() {
+                continue;
+            }
+        }
+        let member = Member {
+            id: random_id(),
+            hostname,
+            addr: shared.addr,
+            learner: true,
+        };
+        let id = member.id;
+        if let Some(c) = net.cluster_mut(cluster) {
+            c.members.push(member);
+            c.raft_index += 1;
+        }
+        drop(net);
+        guard.etcd = Some(EtcdData {
+            cluster,
+            member: id,
+        });
+        shared.etcd_running.store(cluster, Ordering::SeqCst);
+        learner_since = Some(Instant::now());
+    }
+}
+
+/// A worker's wait for its API certificate (talos-facts §5): it needs trustd on a control
+/// plane of its cluster, found through the configured endpoint, in a bootstrapped cluster,
+/// accepting its `machine.token` (§1.5). Until then its API does not answer.
+pub(crate) async fn await_trustd(node: Weak<Mutex<Node>>, timings: crate::Timings) {
+    loop {
+        tokio::time::sleep(timings.tick).await;
+        let Some(strong) = node.upgrade() else { return };
+        let mut guard = strong.lock().await;
+        let Some(config) = guard.persisted.clone() else {
+            return;
+        };
+        let ready = {
+            let net = network();
+            net.control_plane_at(&config.endpoint_host, &config.cluster_identity())
+                .filter(|cp| {
+                    cp.config
+                        .as_ref()
+                        .is_some_and(|c| c.machine_token == config.machine_token)
+                })
+                .map(|cp| cp.shared.etcd_running.load(Ordering::SeqCst))
+                .and_then(|cluster| net.cluster(cluster))
+                .is_some_and(|c| net.has_quorum(c))
+        };
+        if !ready {
+            continue;
+        }
+        match guard.serve(node.clone(), Some(config)).await {
+            Ok(()) => {
+                guard.stage = Stage::Running;
+                return;
+            }
+            Err(error) => tracing::warn!(%error, "simulated worker failed to start its API"),
+        }
     }
 }

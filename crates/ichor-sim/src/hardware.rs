@@ -78,46 +78,60 @@ impl Hardware {
     }
 }
 
-/// A COSI resource: namespace, type, id and its spec as Talos marshals it to YAML.
+/// A COSI resource: namespace, type, id, its spec as Talos marshals it to YAML, and the
+/// protobuf encoding of its spec where Ichor's proto/ defines the message.
 #[derive(Debug, Clone)]
 pub(crate) struct SimResource {
     pub(crate) namespace: &'static str,
     pub(crate) type_: &'static str,
     pub(crate) id: String,
     pub(crate) spec: Value,
+    pub(crate) proto: Vec<u8>,
 }
 
-/// The resources of a node in maintenance mode, by lowercased type (talos-facts §1.6: the
-/// server resolves a type by its lowercased full name).
-pub(crate) fn maintenance_resources(
-    hardware: &Hardware,
-    talos_version: &str,
-) -> BTreeMap<String, Vec<SimResource>> {
+/// The resources describing the hardware (talos-facts §3, §8.1), by lowercased type (§1.6:
+/// the server resolves a type by its lowercased full name).
+pub(crate) fn hardware_resources(hardware: &Hardware) -> BTreeMap<String, Vec<SimResource>> {
+    use ichor_talos::api::resource::definitions::hardware::SystemInformationSpec;
+    use prost::Message as _;
     let mut out: BTreeMap<String, Vec<SimResource>> = BTreeMap::new();
-    let mut add = |namespace: &'static str, type_: &'static str, id: String, spec: Value| {
-        out.entry(type_.to_lowercase())
-            .or_default()
-            .push(SimResource {
-                namespace,
-                type_,
-                id,
-                spec,
-            });
-    };
+    let mut add =
+        |namespace: &'static str, type_: &'static str, id: String, spec: Value, proto: Vec<u8>| {
+            out.entry(type_.to_lowercase())
+                .or_default()
+                .push(SimResource {
+                    namespace,
+                    type_,
+                    id,
+                    spec,
+                    proto,
+                });
+        };
     // §8.1: SMBIOS identity; YAML keys as Talos writes them (serialnumber all lowercase).
+    let smbios = SystemInformationSpec {
+        manufacturer: "QEMU".into(),
+        product_name: "Standard PC (Q35 + ICH9, 2009)".into(),
+        version: "pc-q35".into(),
+        serial_number: String::new(),
+        uuid: hardware.uuid.clone(),
+        wake_up_type: "Power Switch".into(),
+        sku_number: String::new(),
+        bios_version: String::new(),
+    };
     add(
         "hardware",
         "SystemInformations.hardware.talos.dev",
         "systeminformation".into(),
         json!({
-            "manufacturer": "QEMU",
-            "productName": "Standard PC (Q35 + ICH9, 2009)",
-            "version": "pc-q35",
-            "serialnumber": "",
-            "uuid": hardware.uuid,
-            "wakeUpType": "Power Switch",
-            "skuNumber": ""
+            "manufacturer": smbios.manufacturer,
+            "productName": smbios.product_name,
+            "version": smbios.version,
+            "serialnumber": smbios.serial_number,
+            "uuid": smbios.uuid,
+            "wakeUpType": smbios.wake_up_type,
+            "skuNumber": smbios.sku_number
         }),
+        smbios.encode_to_vec(),
     );
     // §3: Disks.block.talos.dev, snake_case keys, one resource per device.
     for disk in &hardware.disks {
@@ -135,6 +149,7 @@ pub(crate) fn maintenance_resources(
                 "transport": disk.transport,
                 "rotational": false
             }),
+            Vec::new(),
         );
     }
     // §3: LinkStatuses.net.talos.dev, camelCase keys.
@@ -154,21 +169,9 @@ pub(crate) fn maintenance_resources(
                 "kind": "",
                 "driver": "virtio_net"
             }),
+            Vec::new(),
         );
     }
-    // §3: the stage of a machine without a complete config is maintenance.
-    add(
-        "runtime",
-        "MachineStatuses.runtime.talos.dev",
-        "machine".into(),
-        json!({"stage": "maintenance", "status": {"ready": false, "unmetConditions": []}}),
-    );
-    add(
-        "runtime",
-        "Versions.runtime.talos.dev",
-        "version".into(),
-        json!({"version": talos_version, "name": "Talos"}),
-    );
     out
 }
 
@@ -176,4 +179,11 @@ pub(crate) fn maintenance_resources(
 pub(crate) fn is_sensitive(type_lowercase: &str) -> bool {
     type_lowercase == "machineconfigs.config.talos.dev"
         || type_lowercase.ends_with(".secrets.talos.dev")
+}
+
+impl Hardware {
+    /// The disk Talos installs to here: the first writable disk.
+    pub(crate) fn install_disk(&self) -> Option<&SimDisk> {
+        self.disks.iter().find(|d| !d.cdrom)
+    }
 }

@@ -1,53 +1,72 @@
 //! A Talos node simulator speaking the same gRPC API as real nodes, for tests and the local
 //! demo. Every behaviour follows `talos-facts.md`; each cites the fact it models.
 //!
-//! So far:
-//! - **maintenance mode** (talos-facts §2): a self-signed Ed25519 certificate regenerated on
-//!   every boot, no client certificates, every caller `os:reader`; `Version` and the hardware
-//!   resources answer; methods above `os:reader` are refused; etcd reads answer as on a machine
-//!   whose type is not set (§1.2);
-//! - **apply in maintenance** (§1.2, §5): configs parsed (invalid ones and, on 1.13, 1.14-only
-//!   documents refused with `InvalidArgument`), `REBOOT` mapped to `NO_REBOOT`; the node then
-//!   installs if told to and comes back configured — a control plane behind mutual TLS, a worker
-//!   silent until trustd (§5, not simulated yet);
-//! - a **configured control plane** (also bootable directly from a rendered config): mutual
-//!   TLS with the config's OS CA, roles per method from the client certificate (§1.2, §2);
-//! - faults: a different certificate, a certificate whose key the node does not hold.
-//!
-//! Install stages and timing, etcd membership and bootstrap, workers via trustd, reset, the
-//! remaining faults and gates come next.
+//! - **Maintenance mode** (talos-facts §2): a self-signed Ed25519 certificate regenerated on
+//!   every boot, no client certificates, every caller `os:reader`; reader-level calls, COSI
+//!   reads of non-sensitive types, `ApplyConfiguration` and `BlockDeviceWipe`; admin methods
+//!   and forwarding refused.
+//! - **Apply and install** (§5, §8.2): configs parsed and checked against the node's version;
+//!   1.13 installs through the install stage and reboots, 1.14 through the unattended-install
+//!   phases; a config with no install section boots on in place.
+//! - **Configured nodes** (§2): mutual TLS with the config's OS CA, roles per method, `node`
+//!   metadata forwarding between nodes that trust each other.
+//! - **Etcd** (§1.2, §5): membership derived only from applied configs — Bootstrap with its
+//!   not-ready window, joins as learners and promotion, member list/remove/leave/forfeit,
+//!   status, snapshot, defragment, quorum loss; a second Bootstrap makes a second cluster.
+//! - **Workers** (§5): their API comes up only once trustd on a bootstrapped control plane of
+//!   the same cluster, reached through the configured endpoint, accepts their token.
+//! - **Reset, reboot, upgrade** (§1.2, §1.3, §8.4), readiness by CNI (§8.3).
+//! - **Faults and gates**: crash/restart, partition, slow, certificate faults, failing etcd
+//!   leave, upgrade rollback; gates that hold a named RPC until released.
 #![forbid(unsafe_code)]
 
+mod config;
 mod configured;
+mod control;
 mod cosi;
 pub mod hardware;
+mod lifecycle;
 mod maintenance;
+mod network;
+mod storage;
 mod tls;
 
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
 
 use ichor_talos::api::cosi::resource::state_server::StateServer;
+use ichor_talos::api::machine::image_service_server::ImageServiceServer;
+use ichor_talos::api::machine::lifecycle_service_server::LifecycleServiceServer;
 use ichor_talos::api::machine::machine_service_server::MachineServiceServer;
-use std::sync::Mutex as StdMutex;
-
+use ichor_talos::api::storage::storage_service_server::StorageServiceServer;
 use tokio::sync::{Mutex, oneshot};
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tonic::service::Routes;
 use tonic::transport::Server;
 
+pub use config::MachineType;
+pub use control::Gate;
 pub use hardware::{Hardware, SimDisk, SimLink};
 
-/// The answer to a call whose behaviour the simulator does not model yet: `Unimplemented`,
+use config::AppliedConfig;
+use control::{Controlled, Controls};
+use network::{Entry, Shared, network};
+
+/// The answer to a call whose behaviour the simulator does not model: `Unimplemented`,
 /// saying so, never a made-up success.
 pub(crate) fn not_simulated(what: &str) -> tonic::Status {
-    tonic::Status::unimplemented(format!("{what} is not simulated yet"))
+    tonic::Status::unimplemented(format!("{what} is not simulated"))
 }
 
 /// What can go wrong running a simulated node.
 #[derive(Debug, thiserror::Error)]
 pub enum SimError {
     /// The boot certificate could not be made.
-    #[error("cannot generate the maintenance certificate")]
+    #[error("cannot generate a certificate")]
     Certificate(#[from] rcgen::Error),
     /// The listener could not be bound or served.
     #[error("cannot serve on {addr}")]
@@ -64,138 +83,126 @@ pub enum SimError {
     /// The config given to boot with is not one this simulator can run.
     #[error("invalid machine config: {0}")]
     InvalidConfig(String),
+    /// The node cannot do that in its current state.
+    #[error("{0}")]
+    State(String),
 }
 
-/// What the node runs: nothing yet (maintenance), or an applied config.
+/// How long a simulated node takes for what real nodes take time for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timings {
+    /// Installing to disk after an apply in maintenance mode.
+    pub install: Duration,
+    /// Down time of a reboot.
+    pub reboot: Duration,
+    /// After boot, how long Bootstrap answers `FailedPrecondition "bootstrap is not available
+    /// yet"` (the CRI is not running yet, talos-facts §5).
+    pub bootstrap_window: Duration,
+    /// How long after a bootstrap other control planes discover the etcd cluster.
+    pub discovery: Duration,
+    /// How long a joined learner takes to promote itself to voter (talos-facts §5).
+    pub promotion: Duration,
+    /// How often background work (joining, trustd) looks again.
+    pub tick: Duration,
+}
+
+impl Default for Timings {
+    fn default() -> Self {
+        Self {
+            install: Duration::from_millis(300),
+            reboot: Duration::from_millis(100),
+            bootstrap_window: Duration::from_millis(300),
+            discovery: Duration::from_millis(300),
+            promotion: Duration::from_millis(200),
+            tick: Duration::from_millis(25),
+        }
+    }
+}
+
+/// Everything a simulated node starts from.
 #[derive(Debug, Clone)]
-pub(crate) enum Mode {
+pub struct NodeSpec {
+    /// The address to serve on (port 0 picks a free port; real nodes use 50000).
+    pub addr: SocketAddr,
+    /// The Talos version it runs, e.g. `v1.14.1` (selects per-version behaviour, §8.2).
+    pub talos_version: String,
+    /// Its hardware.
+    pub hardware: Hardware,
+    /// How long things take.
+    pub timings: Timings,
+    /// A config it already runs (rendered multi-document YAML, as if applied and installed
+    /// before), or none: maintenance mode.
+    pub config: Option<String>,
+}
+
+impl NodeSpec {
+    /// A small VM ([`Hardware::vm`]) in maintenance mode on `addr`.
+    pub fn new(addr: SocketAddr, talos_version: &str) -> Self {
+        Self {
+            addr,
+            talos_version: talos_version.to_owned(),
+            hardware: Hardware::vm(0),
+            timings: Timings::default(),
+            config: None,
+        }
+    }
+}
+
+/// The machine stage (talos-facts §3, `RuntimeMachineStage`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// Booting.
+    Booting,
+    /// Installing to disk.
+    Installing,
+    /// Maintenance: no complete config.
     Maintenance,
-    Configured(AppliedConfig),
-    /// A worker with its config: its API comes up only once it reaches trustd on a
-    /// bootstrapped control plane (talos-facts §5), which is not simulated yet, so it does not
-    /// answer.
-    WorkerWaiting,
+    /// Running.
+    Running,
+    /// Rebooting.
+    Rebooting,
+    /// Shutting down.
+    ShuttingDown,
+    /// Resetting.
+    Resetting,
+    /// Upgrading.
+    Upgrading,
 }
 
-/// What the simulator takes from an applied config (talos-facts §4.2): the machine type and
-/// the OS CA (and accepted CAs) that mutual TLS trusts.
-#[derive(Debug, Clone)]
-pub(crate) struct AppliedConfig {
-    machine_type: String,
-    install: bool,
-    os_ca_crt: String,
-    os_ca_key: String,
-    accepted_cas: Vec<String>,
-}
-
-/// Base64 of PEM, as the v1alpha1 document writes `crt` and `key` (talos-facts §4.2).
-fn pem_field(value: &serde_json::Value, path: &str) -> Result<String, SimError> {
-    use base64::Engine as _;
-    let text = value.as_str().unwrap_or_default();
-    let bytes = base64::engine::general_purpose::STANDARD
-        .decode(text)
-        .map_err(|_| SimError::InvalidConfig(format!("{path} is not base64")))?;
-    String::from_utf8(bytes).map_err(|_| SimError::InvalidConfig(format!("{path} is not PEM")))
-}
-
-impl AppliedConfig {
-    /// Reads the v1alpha1 document of a multi-document config.
-    pub(crate) fn parse(yaml: &str) -> Result<Self, SimError> {
-        let documents: Vec<serde_json::Value> = serde_saphyr::from_multiple(yaml)
-            .map_err(|e| SimError::InvalidConfig(format!("not a YAML document stream: {e}")))?;
-        let v1alpha1 = documents
-            .iter()
-            .find(|d| d["version"] == "v1alpha1" && d.get("kind").is_none())
-            .ok_or_else(|| SimError::InvalidConfig("no v1alpha1 document".into()))?;
-        let machine = &v1alpha1["machine"];
-        let machine_type = machine["type"].as_str().unwrap_or_default().to_owned();
-        if !matches!(machine_type.as_str(), "controlplane" | "worker") {
-            return Err(SimError::InvalidConfig(format!(
-                "machine.type {machine_type:?}"
-            )));
+impl Stage {
+    /// The proto enum value and YAML string Talos uses (talos-facts §3).
+    pub(crate) fn wire(self) -> (i32, &'static str) {
+        match self {
+            Self::Booting => (1, "booting"),
+            Self::Installing => (2, "installing"),
+            Self::Maintenance => (3, "maintenance"),
+            Self::Running => (4, "running"),
+            Self::Rebooting => (5, "rebooting"),
+            Self::ShuttingDown => (6, "shutting down"),
+            Self::Resetting => (7, "resetting"),
+            Self::Upgrading => (8, "upgrading"),
         }
-        let accepted_cas = machine["acceptedCAs"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|ca| pem_field(&ca["crt"], "machine.acceptedCAs[].crt"))
-            .collect::<Result<_, _>>()?;
-        // Install instructions: machine.install on contract 1.13, UnattendedInstallConfig with
-        // reboot or an installer image on 1.14 (talos-facts §5, §8.2).
-        let install = machine.get("install").is_some_and(|i| !i.is_null())
-            || documents.iter().any(|d| {
-                d["kind"] == "UnattendedInstallConfig"
-                    && (d["reboot"] == true || d["installer"]["image"].is_string())
-            });
-        Ok(Self {
-            machine_type,
-            install,
-            os_ca_crt: pem_field(&machine["ca"]["crt"], "machine.ca.crt")?,
-            os_ca_key: pem_field(&machine["ca"]["key"], "machine.ca.key")?,
-            accepted_cas,
-        })
     }
 }
 
-/// The node's identity that survives reboots.
-#[derive(Debug, Clone)]
-struct NodeIdentity {
-    talos_version: String,
-    hardware: Hardware,
+/// The unattended-install phase (1.14, talos-facts §3 `RuntimeUnattendedInstallPhase`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum InstallPhase {
+    Installing,
+    Installed,
+    WaitingForReboot,
 }
 
-impl SimNode {
-    /// Boots a node that already runs `config` (a rendered multi-document machine config, as
-    /// if applied and installed before): mutual TLS with the config's OS CA.
-    pub async fn start_configured(
-        addr: SocketAddr,
-        talos_version: &str,
-        hardware: Hardware,
-        config: &str,
-    ) -> Result<Self, SimError> {
-        let applied = AppliedConfig::parse(config)?;
-        if applied.os_ca_key.is_empty() {
-            // A worker has no OS CA key: its API certificate comes from trustd on a
-            // bootstrapped control plane (talos-facts §5), which is not simulated yet.
-            return Err(SimError::InvalidConfig(format!(
-                "a {} without the OS CA key gets its API certificate from trustd, not simulated yet",
-                applied.machine_type
-            )));
+impl InstallPhase {
+    /// The proto value and the YAML string (machinery's enumer names; PENDING=0 `pending`
+    /// passes before the simulator's first look).
+    pub(crate) fn wire(self) -> (i32, &'static str) {
+        match self {
+            Self::Installing => (1, "installing"),
+            Self::Installed => (2, "installed"),
+            Self::WaitingForReboot => (3, "waiting-for-reboot"),
         }
-        Self::launch(addr, talos_version, hardware, Mode::Configured(applied)).await
     }
-}
-
-/// A running server: how to stop it, its task, and the task accepting its connections.
-type Running = (
-    oneshot::Sender<()>,
-    JoinHandle<Result<(), tonic::transport::Error>>,
-    JoinHandle<()>,
-);
-
-/// A simulated node, serving on its address until stopped. The node's state lives behind a
-/// lock so that the node itself can move on (apply, install, reboot) while a test holds this
-/// handle.
-#[derive(Debug)]
-pub struct SimNode {
-    addr: SocketAddr,
-    identity: Arc<NodeIdentity>,
-    fingerprint: Arc<StdMutex<String>>,
-    node: Arc<Mutex<Node>>,
-}
-
-/// The node's state.
-#[derive(Debug)]
-pub(crate) struct Node {
-    addr: SocketAddr,
-    identity: Arc<NodeIdentity>,
-    mode: Mode,
-    fingerprint: Arc<StdMutex<String>>,
-    certificate: Option<rustls::pki_types::CertificateDer<'static>>,
-    resolver: Option<Arc<tls::Resolver>>,
-    server: Option<Running>,
-    /// Whether the applied config installed Talos to disk.
-    installed: bool,
 }
 
 /// A fault a test injects into a running node.
@@ -205,12 +212,86 @@ pub enum Fault {
     DifferentCertificate,
     /// The node presents its certificate but does not hold its key: every handshake fails.
     MismatchedKey,
+    /// The node stops answering (connections hang) and peers cannot reach it, until healed.
+    Partition,
+    /// Ends a partition.
+    Heal,
+    /// Every call waits this long before it is handled (zero ends it).
+    Slow(Duration),
+    /// Etcd leave fails (`EtcdLeaveCluster` and graceful resets) until cleared.
+    FailEtcdLeave(bool),
+    /// Upgrades come back on the old version until cleared.
+    UpgradeRollback(bool),
+}
+
+/// The etcd data directory of a control plane: which cluster's member it holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct EtcdData {
+    pub(crate) cluster: u64,
+    pub(crate) member: u64,
+}
+
+/// A running server: how to stop it, its task, and the task accepting its connections.
+type Running = (
+    oneshot::Sender<()>,
+    JoinHandle<Result<(), tonic::transport::Error>>,
+    JoinHandle<()>,
+);
+
+/// The node's state: what survives a reboot (on disk) and what this boot holds.
+#[derive(Debug)]
+pub(crate) struct Node {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) hardware: Hardware,
+    pub(crate) timings: Timings,
+    // On disk.
+    pub(crate) talos_version: String,
+    /// The config in the STATE partition.
+    pub(crate) persisted: Option<Arc<AppliedConfig>>,
+    /// A config staged for the next boot.
+    pub(crate) staged: Option<Arc<AppliedConfig>>,
+    /// Whether Talos is installed to disk.
+    pub(crate) installed: bool,
+    /// Whether the unattended installer ran (1.14).
+    pub(crate) unattended: Option<(String, InstallPhase)>,
+    /// Etcd data (in EPHEMERAL).
+    pub(crate) etcd: Option<EtcdData>,
+    /// Images pulled into the system containerd.
+    pub(crate) images: BTreeSet<String>,
+    /// Every partition was wiped: nothing left to boot.
+    pub(crate) bricked: bool,
+    /// Powered on.
+    pub(crate) powered: bool,
+    // This boot.
+    pub(crate) stage: Stage,
+    pub(crate) booted_at: Instant,
+    /// The config this boot runs with mutual TLS (control planes at once, workers after
+    /// trustd).
+    pub(crate) running: Option<Arc<AppliedConfig>>,
+    /// This boot's etcd member left its cluster: etcd stays stopped until the next boot.
+    pub(crate) etcd_stopped: bool,
+    /// An apply is in progress.
+    pub(crate) applying: bool,
+    certificate: Option<rustls::pki_types::CertificateDer<'static>>,
+    resolver: Option<Arc<tls::Resolver>>,
+    server: Option<Running>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+/// A simulated node, serving on its address until stopped. The node's state lives behind a
+/// lock so that the node itself can move on (apply, install, reboot) while a test holds this
+/// handle.
+#[derive(Debug)]
+pub struct SimNode {
+    shared: Arc<Shared>,
+    hardware: Hardware,
+    node: Arc<Mutex<Node>>,
 }
 
 impl SimNode {
     /// Boots a small VM ([`Hardware::vm`]) in maintenance mode on `addr` (port 0 picks one).
     pub async fn start(addr: SocketAddr, talos_version: &str) -> Result<Self, SimError> {
-        Self::start_with(addr, talos_version, Hardware::vm(0)).await
+        Self::spawn(NodeSpec::new(addr, talos_version)).await
     }
 
     /// Boots a node with the given hardware in maintenance mode on `addr`.
@@ -219,39 +300,83 @@ impl SimNode {
         talos_version: &str,
         hardware: Hardware,
     ) -> Result<Self, SimError> {
-        Self::launch(addr, talos_version, hardware, Mode::Maintenance).await
+        Self::spawn(NodeSpec {
+            hardware,
+            ..NodeSpec::new(addr, talos_version)
+        })
+        .await
     }
 
-    async fn launch(
+    /// Boots a node that already runs `config` (a rendered multi-document machine config, as
+    /// if applied and installed before).
+    pub async fn start_configured(
         addr: SocketAddr,
         talos_version: &str,
         hardware: Hardware,
-        mode: Mode,
+        config: &str,
     ) -> Result<Self, SimError> {
-        let identity = Arc::new(NodeIdentity {
-            talos_version: talos_version.to_owned(),
+        Self::spawn(NodeSpec {
             hardware,
-        });
-        let fingerprint = Arc::new(StdMutex::new(String::new()));
+            config: Some(config.to_owned()),
+            ..NodeSpec::new(addr, talos_version)
+        })
+        .await
+    }
+
+    /// Boots a node from `spec`.
+    pub async fn spawn(spec: NodeSpec) -> Result<Self, SimError> {
+        let persisted = spec
+            .config
+            .as_deref()
+            .map(AppliedConfig::parse)
+            .transpose()?
+            .map(Arc::new);
+        let mut addr = spec.addr;
+        if addr.port() == 0 {
+            // Keep the port across reboots, as a real node keeps 50000.
+            let probe = std::net::TcpListener::bind(addr)
+                .map_err(|source| SimError::Serve { addr, source })?;
+            addr = probe
+                .local_addr()
+                .map_err(|source| SimError::Serve { addr, source })?;
+        }
+        let shared = Arc::new(Shared::new(addr, &spec.talos_version));
         let node = Arc::new(Mutex::new(Node {
-            addr,
-            identity: Arc::clone(&identity),
-            mode,
-            fingerprint: Arc::clone(&fingerprint),
+            shared: Arc::clone(&shared),
+            hardware: spec.hardware.clone(),
+            timings: spec.timings,
+            talos_version: spec.talos_version.clone(),
+            installed: persisted.as_ref().is_some_and(|c| c.install),
+            persisted,
+            staged: None,
+            unattended: None,
+            etcd: None,
+            images: BTreeSet::new(),
+            bricked: false,
+            powered: true,
+            stage: Stage::Booting,
+            booted_at: Instant::now(),
+            running: None,
+            etcd_stopped: false,
+            applying: false,
             certificate: None,
             resolver: None,
             server: None,
-            installed: false,
+            tasks: Vec::new(),
         }));
-        let addr = {
-            let mut guard = node.lock().await;
-            guard.boot(Arc::downgrade(&node)).await?;
-            guard.addr
-        };
-        Ok(Self {
+        network().nodes.insert(
             addr,
-            identity,
-            fingerprint,
+            Entry {
+                shared: Arc::clone(&shared),
+                config: None,
+                hostname: String::new(),
+                forward: None,
+            },
+        );
+        node.lock().await.boot(Arc::downgrade(&node)).await?;
+        Ok(Self {
+            shared,
+            hardware: spec.hardware,
             node,
         })
     }
@@ -261,38 +386,82 @@ impl SimNode {
     pub async fn reboot(&self) -> Result<(), SimError> {
         let mut node = self.node.lock().await;
         node.shut_down().await;
+        node.powered = true;
         node.boot(Arc::downgrade(&self.node)).await
     }
 
-    /// Injects a fault into the running node. Returns the fingerprint the node now presents.
-    pub async fn inject(&self, fault: Fault) -> Result<String, SimError> {
-        self.node.lock().await.inject(fault)
+    /// Crashes the node: it stops answering at once, keeping what is on disk, until
+    /// [`SimNode::restart`].
+    pub async fn crash(&self) {
+        let mut node = self.node.lock().await;
+        node.shut_down().await;
+        node.powered = false;
     }
 
-    /// Stops the node.
+    /// Powers the node on again after a crash or a power-off (a bricked node stays silent).
+    pub async fn restart(&self) -> Result<(), SimError> {
+        self.reboot().await
+    }
+
+    /// Injects a fault. Returns the fingerprint the node presents afterwards.
+    pub async fn inject(&self, fault: Fault) -> Result<String, SimError> {
+        let controls: &Controls = &self.shared.controls;
+        match fault {
+            Fault::Partition => controls.set_partitioned(true),
+            Fault::Heal => controls.set_partitioned(false),
+            Fault::Slow(delay) => controls.set_slow(delay),
+            Fault::FailEtcdLeave(on) => self.shared.fail_leave.store(on, Ordering::SeqCst),
+            Fault::UpgradeRollback(on) => self.shared.upgrade_rollback.store(on, Ordering::SeqCst),
+            Fault::DifferentCertificate | Fault::MismatchedKey => {
+                return self.node.lock().await.inject_certificate(fault);
+            }
+        }
+        Ok(self.shared.fingerprint())
+    }
+
+    /// Holds every call to `method` (e.g. `"Bootstrap"`, `"EtcdLeaveCluster"`, `"Get"`)
+    /// until the returned gate is released.
+    pub fn gate(&self, method: &str) -> Gate {
+        Controls::gate(&self.shared, method)
+    }
+
+    /// Marks a CNI as present (or not) in the Kubernetes cluster this node belongs to:
+    /// `nodeReady` stays unmet without one (talos-facts §8.3).
+    pub async fn set_cni(&self, present: bool) -> Result<(), SimError> {
+        let node = self.node.lock().await;
+        let data = node
+            .etcd
+            .ok_or_else(|| SimError::State("the node belongs to no bootstrapped cluster".into()))?;
+        let mut net = network();
+        let cluster = net
+            .cluster_mut(data.cluster)
+            .ok_or_else(|| SimError::State("the node's etcd cluster is gone".into()))?;
+        cluster.cni_present = present;
+        Ok(())
+    }
+
+    /// Stops the node and takes it off the network.
     pub async fn stop(self) {
         self.node.lock().await.shut_down().await;
+        network().nodes.remove(&self.shared.addr);
     }
 
     /// The address it serves on.
     pub fn addr(&self) -> SocketAddr {
-        self.addr
+        self.shared.addr
     }
 
     /// The machine's hardware.
     pub fn hardware(&self) -> &Hardware {
-        &self.identity.hardware
+        &self.hardware
     }
 
     /// The fingerprint of the certificate of the current boot, as `talosctl` pins it.
     pub fn fingerprint(&self) -> String {
-        self.fingerprint
-            .lock()
-            .map(|f| f.clone())
-            .unwrap_or_default()
+        self.shared.fingerprint()
     }
 
-    /// Whether the applied config installed Talos to disk (`machine.install` on 1.13, an
+    /// Whether Talos is installed to disk (`machine.install` on 1.13, an
     /// `UnattendedInstallConfig` on 1.14; talos-facts §8.2).
     pub async fn installed(&self) -> bool {
         self.node.lock().await.installed
@@ -300,75 +469,209 @@ impl SimNode {
 
     /// Whether the node answers on its address (a worker waiting for trustd does not).
     pub async fn is_serving(&self) -> bool {
-        self.node.lock().await.server.is_some()
+        self.shared.serving.load(Ordering::SeqCst)
+    }
+
+    /// The current stage.
+    pub async fn stage(&self) -> Stage {
+        self.node.lock().await.stage
+    }
+
+    /// The Talos version it runs.
+    pub fn talos_version(&self) -> String {
+        self.shared.talos_version()
+    }
+
+    /// The hostname it runs with.
+    pub async fn hostname(&self) -> String {
+        self.node.lock().await.hostname()
+    }
+
+    /// The id of the etcd member in its data directory, if any.
+    pub async fn etcd_member_id(&self) -> Option<u64> {
+        self.node.lock().await.etcd.map(|d| d.member)
     }
 }
 
 impl Node {
-    async fn boot(&mut self, this: std::sync::Weak<Mutex<Node>>) -> Result<(), SimError> {
-        if matches!(self.mode, Mode::WorkerWaiting) {
+    /// The hostname: configured, or derived from the hardware as Talos derives a stable
+    /// default one.
+    pub(crate) fn hostname(&self) -> String {
+        self.running
+            .as_ref()
+            .or(self.persisted.as_ref())
+            .and_then(|c| c.hostname.clone())
+            .unwrap_or_else(|| {
+                let tail: String = self
+                    .hardware
+                    .uuid
+                    .chars()
+                    .filter(char::is_ascii_alphanumeric)
+                    .skip(25)
+                    .collect();
+                format!("talos-{tail}")
+            })
+    }
+
+    /// Boots from what is on disk.
+    pub(crate) async fn boot(&mut self, this: Weak<Mutex<Node>>) -> Result<(), SimError> {
+        if self.bricked || !self.powered {
             return Ok(());
         }
-        let listener = tokio::net::TcpListener::bind(self.addr)
-            .await
-            .map_err(|source| SimError::Serve {
-                addr: self.addr,
-                source,
-            })?;
-        self.addr = listener.local_addr().map_err(|source| SimError::Serve {
-            addr: self.addr,
-            source,
-        })?;
-        let (boot, client_auth) = match &self.mode {
-            Mode::Maintenance | Mode::WorkerWaiting => {
-                (tls::boot_certificate()?, tls::ClientAuth::None)
+        self.booted_at = Instant::now();
+        self.etcd_stopped = false;
+        self.stage = Stage::Booting;
+        if let Some(staged) = self.staged.take() {
+            self.persisted = Some(staged);
+        }
+        match self.persisted.clone() {
+            None => {
+                self.stage = Stage::Maintenance;
+                self.serve(this, None).await
             }
-            Mode::Configured(c) => {
+            Some(config) if config.is_control_plane() => {
+                self.stage = Stage::Running;
+                self.serve(this.clone(), Some(config)).await?;
+                self.tasks
+                    .push(tokio::spawn(configured::etcd_service(this, self.timings)));
+                Ok(())
+            }
+            Some(_) => {
+                // A worker's API needs a certificate from trustd first (talos-facts §5).
+                self.stage = Stage::Booting;
+                self.tasks
+                    .push(tokio::spawn(configured::await_trustd(this, self.timings)));
+                Ok(())
+            }
+        }
+    }
+
+    /// Starts the API: maintenance mode without a config, mutual TLS with one. `issuer` is
+    /// the OS CA certificate and key that sign the serving certificate (a worker's comes
+    /// from trustd on a control plane).
+    pub(crate) async fn serve(
+        &mut self,
+        this: Weak<Mutex<Node>>,
+        config: Option<Arc<AppliedConfig>>,
+    ) -> Result<(), SimError> {
+        let issuer_key = match &config {
+            Some(c) if c.os_ca_key.is_empty() => {
+                let net = network();
+                net.control_plane_at(&c.endpoint_host, &c.cluster_identity())
+                    .and_then(|e| e.config.as_ref())
+                    .map(|cp| cp.os_ca_key.clone())
+                    .ok_or_else(|| SimError::State("no trustd reachable".into()))?
+            }
+            Some(c) => c.os_ca_key.clone(),
+            None => String::new(),
+        };
+        self.serve_with(this, config, &issuer_key).await
+    }
+
+    async fn serve_with(
+        &mut self,
+        this: Weak<Mutex<Node>>,
+        config: Option<Arc<AppliedConfig>>,
+        issuer_key: &str,
+    ) -> Result<(), SimError> {
+        let addr = self.shared.addr;
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|source| SimError::Serve { addr, source })?;
+        let (boot, client_auth) = match &config {
+            None => (tls::boot_certificate()?, tls::ClientAuth::None),
+            Some(c) => {
                 let mut cas = vec![c.os_ca_crt.clone()];
                 cas.extend(c.accepted_cas.iter().cloned());
                 (
-                    tls::node_certificate(&c.os_ca_crt, &c.os_ca_key, self.addr.ip())?,
+                    tls::node_certificate(&c.os_ca_crt, issuer_key, addr.ip())?,
                     tls::ClientAuth::Required(cas),
                 )
             }
         };
-        if let Ok(mut fingerprint) = self.fingerprint.lock() {
+        if let Ok(mut fingerprint) = self.shared.fingerprint.lock() {
             fingerprint.clone_from(&boot.fingerprint);
         }
         self.certificate = Some(boot.der);
         let resolver = Arc::new(tls::Resolver::new(boot.certified));
         self.resolver = Some(Arc::clone(&resolver));
 
-        let (stop_tx, stop_rx) = oneshot::channel::<()>();
         let (incoming, accept) = tls::incoming(listener, resolver, client_auth)?;
-        let cosi = cosi::Cosi {
-            resources: Arc::new(hardware::maintenance_resources(
-                &self.identity.hardware,
-                &self.identity.talos_version,
-            )),
-        };
-        let talos_version = self.identity.talos_version.clone();
-        let router =
-            match &self.mode {
-                Mode::Maintenance | Mode::WorkerWaiting => Server::builder().add_service(
-                    MachineServiceServer::new(maintenance::Maintenance {
-                        talos_version,
-                        node: this,
-                    }),
-                ),
-                Mode::Configured(_) => Server::builder().add_service(MachineServiceServer::new(
-                    configured::Configured { talos_version },
-                )),
-            }
-            .add_service(StateServer::new(cosi));
-        let handle = tokio::spawn(router.serve_with_incoming_shutdown(incoming, async {
-            let _ = stop_rx.await;
+        let shared = Arc::clone(&self.shared);
+        let cosi = StateServer::new(cosi::Cosi {
+            node: this.clone(),
+            shared: Arc::clone(&shared),
+        });
+        let storage = StorageServiceServer::new(storage::Storage {
+            node: this.clone(),
+            maintenance: config.is_none(),
+        });
+        let routes = match &config {
+            None => Routes::new(MachineServiceServer::new(maintenance::Maintenance {
+                shared: Arc::clone(&shared),
+                node: this.clone(),
+            })),
+            Some(_) => Routes::new(MachineServiceServer::new(configured::Configured {
+                shared: Arc::clone(&shared),
+                node: this.clone(),
+            })),
+        }
+        .add_service(cosi)
+        .add_service(storage)
+        .add_service(LifecycleServiceServer::new(lifecycle::Lifecycle {
+            node: this.clone(),
+            maintenance: config.is_none(),
+        }))
+        .add_service(ImageServiceServer::new(lifecycle::Images {
+            node: this.clone(),
+            maintenance: config.is_none(),
         }));
+        self.running.clone_from(&config);
+        let hostname = self.hostname();
+        let controlled = Controlled {
+            routes,
+            shared: Arc::clone(&shared),
+            forwarding: config.is_some(),
+            names: Arc::new(vec![addr.ip().to_string(), hostname.clone()]),
+        };
+        let (stop_tx, stop_rx) = oneshot::channel::<()>();
+        let handle = tokio::spawn(Server::builder().serve_with_incoming_shutdown(
+            controlled.clone(),
+            incoming,
+            async {
+                let _ = stop_rx.await;
+            },
+        ));
         self.server = Some((stop_tx, handle, accept));
+        if let Some(data) = self
+            .etcd
+            .filter(|_| config.as_ref().is_some_and(|c| c.is_control_plane()))
+        {
+            self.shared
+                .etcd_running
+                .store(data.cluster, Ordering::SeqCst);
+        }
+        self.shared.serving.store(true, Ordering::SeqCst);
+        if let Some(entry) = network().nodes.get_mut(&addr) {
+            entry.hostname = hostname;
+            entry.forward = config.as_ref().map(|_| controlled);
+            entry.config = config;
+        }
         Ok(())
     }
 
-    async fn shut_down(&mut self) {
+    /// Stops everything of this boot; what is on disk stays.
+    pub(crate) async fn shut_down(&mut self) {
+        for task in self.tasks.drain(..) {
+            task.abort();
+        }
+        self.shared.serving.store(false, Ordering::SeqCst);
+        self.shared.etcd_running.store(0, Ordering::SeqCst);
+        if let Some(entry) = network().nodes.get_mut(&self.shared.addr) {
+            entry.config = None;
+            entry.forward = None;
+        }
+        self.running = None;
         if let Some((stop, handle, accept)) = self.server.take() {
             accept.abort();
             let _ = accept.await;
@@ -377,47 +680,43 @@ impl Node {
         }
     }
 
-    /// Applies a config received in maintenance mode: the node installs if the config says so,
-    /// and comes back configured (control planes) or waiting for trustd (workers).
-    pub(crate) async fn apply(
-        &mut self,
-        this: std::sync::Weak<Mutex<Node>>,
-        config: AppliedConfig,
-    ) {
-        self.shut_down().await;
-        self.installed = config.install;
-        self.mode = if config.machine_type == "controlplane" {
-            Mode::Configured(config)
-        } else {
-            Mode::WorkerWaiting
-        };
-        if let Err(error) = self.boot(this).await {
-            tracing::warn!(%error, "simulated node failed to boot with its config");
-        }
+    /// Goes down and comes back after the reboot time: a node's own reboot (apply, install,
+    /// upgrade, reset), run in the background because the caller already has its answer.
+    pub(crate) fn reboot_later(node: Weak<Mutex<Node>>, delay: Duration) {
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            let Some(strong) = node.upgrade() else { return };
+            let mut guard = strong.lock().await;
+            guard.stage = Stage::Rebooting;
+            guard.shut_down().await;
+            let down = guard.timings.reboot;
+            drop(guard);
+            tokio::time::sleep(down).await;
+            let mut guard = strong.lock().await;
+            if let Err(error) = guard.boot(node.clone()).await {
+                tracing::warn!(%error, "simulated node failed to boot");
+            }
+        });
     }
 
-    fn inject(&mut self, fault: Fault) -> Result<String, SimError> {
+    fn inject_certificate(&mut self, fault: Fault) -> Result<String, SimError> {
         let resolver = self
             .resolver
             .as_ref()
             .ok_or_else(|| SimError::TlsSetup("the node is not running".into()))?;
         match fault {
-            Fault::DifferentCertificate => {
-                let other = tls::boot_certificate()?;
-                resolver.set(other.certified);
-                Ok(other.fingerprint)
-            }
             Fault::MismatchedKey => {
                 let der = self
                     .certificate
                     .as_ref()
                     .ok_or_else(|| SimError::TlsSetup("no boot certificate".into()))?;
                 resolver.set(tls::Resolver::mismatched(der)?);
-                Ok(self
-                    .fingerprint
-                    .lock()
-                    .map(|f| f.clone())
-                    .unwrap_or_default())
+                Ok(self.shared.fingerprint())
+            }
+            _ => {
+                let other = tls::boot_certificate()?;
+                resolver.set(other.certified);
+                Ok(other.fingerprint)
             }
         }
     }

@@ -1,51 +1,65 @@
-//! The MachineService of a node in maintenance mode (talos-facts §1.2, §2).
+//! The MachineService of a node in maintenance mode (talos-facts §1.2, §2, §5), and what an
+//! apply there sets off: persisting the config, installing, rebooting.
 
 use std::pin::Pin;
-
-use ichor_talos::api::common::Data;
-use ichor_talos::api::machine::machine_service_server::MachineService;
-use ichor_talos::api::machine::{
-    ApplyConfigurationRequest, ApplyConfigurationResponse, BootstrapRequest, BootstrapResponse,
-    EtcdDefragmentResponse, EtcdForfeitLeadershipRequest, EtcdForfeitLeadershipResponse,
-    EtcdLeaveClusterRequest, EtcdLeaveClusterResponse, EtcdMemberListRequest,
-    EtcdMemberListResponse, EtcdRemoveMemberByIdRequest, EtcdRemoveMemberByIdResponse,
-    EtcdSnapshotRequest, EtcdStatusResponse, FeaturesInfo, HostnameResponse, PlatformInfo,
-    RebootRequest, RebootResponse, ResetRequest, ResetResponse, ServiceListResponse,
-    UpgradeRequest, UpgradeResponse, Version, VersionInfo, VersionResponse,
-};
 use std::sync::{Arc, Weak};
 
-use ichor_talos::api::machine::ApplyConfiguration;
+use ichor_talos::api::common::Data;
 use ichor_talos::api::machine::apply_configuration_request::Mode;
+use ichor_talos::api::machine::machine_service_server::MachineService;
+use ichor_talos::api::machine::{
+    ApplyConfiguration, ApplyConfigurationRequest, ApplyConfigurationResponse, BootstrapRequest,
+    BootstrapResponse, EtcdDefragmentResponse, EtcdForfeitLeadershipRequest,
+    EtcdForfeitLeadershipResponse, EtcdLeaveClusterRequest, EtcdLeaveClusterResponse,
+    EtcdMemberListRequest, EtcdMemberListResponse, EtcdRemoveMemberByIdRequest,
+    EtcdRemoveMemberByIdResponse, EtcdSnapshotRequest, EtcdStatusResponse, FeaturesInfo, Hostname,
+    HostnameResponse, PlatformInfo, RebootRequest, RebootResponse, ResetRequest, ResetResponse,
+    ServiceListResponse, UpgradeRequest, UpgradeResponse, Version, VersionInfo, VersionResponse,
+};
 use tokio::sync::Mutex;
 use tonic::{Request, Response, Status};
 
-use crate::{AppliedConfig, Node, not_simulated};
+use crate::config::AppliedConfig;
+use crate::network::Shared;
+use crate::{InstallPhase, Node, Stage, configured};
 
 /// Maintenance mode: every caller is `os:reader` (talos-facts §2 "Roles").
 pub(crate) struct Maintenance {
-    pub(crate) talos_version: String,
+    pub(crate) shared: Arc<Shared>,
     pub(crate) node: Weak<Mutex<Node>>,
 }
 
-impl Maintenance {
-    /// A 1.13 node's loader does not know the documents contract 1.14 introduced; it answers
-    /// as Talos 1.13 does (`"Kind" "v1alpha1": not registered`).
-    fn check_known_documents(&self, documents: &[serde_json::Value]) -> Result<(), Status> {
-        if !self.talos_version.starts_with("v1.13.") {
-            return Ok(());
-        }
-        for document in documents {
-            if let Some(kind) = document["kind"].as_str()
-                && ichor_render::patch::needs_1_14(kind)
-            {
-                return Err(Status::invalid_argument(format!(
-                    "error decoding document v1alpha1/{kind}: \"{kind}\" \"v1alpha1\": not registered"
-                )));
-            }
-        }
-        Ok(())
+/// Refuses a config holding documents the node's version does not know: a 1.13 loader
+/// answers `"Kind" "v1alpha1": not registered` for the documents contract 1.14 introduced.
+pub(crate) fn check_known_documents(
+    talos_version: &str,
+    documents: &[serde_json::Value],
+) -> Result<(), Status> {
+    if !talos_version.starts_with("v1.13.") {
+        return Ok(());
     }
+    for document in documents {
+        if let Some(kind) = document["kind"].as_str()
+            && ichor_render::patch::needs_1_14(kind)
+        {
+            return Err(Status::invalid_argument(format!(
+                "error decoding document v1alpha1/{kind}: \"{kind}\" \"v1alpha1\": not registered"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Parses and checks a config as the node's loader would; invalid configs get
+/// `InvalidArgument` (talos-facts §5).
+pub(crate) fn load(talos_version: &str, data: Vec<u8>) -> Result<AppliedConfig, Status> {
+    let text = String::from_utf8(data)
+        .map_err(|_| Status::invalid_argument("the config is not UTF-8 YAML"))?;
+    let documents: Vec<serde_json::Value> = serde_saphyr::from_multiple(&text).map_err(|e| {
+        Status::invalid_argument(format!("the config is not a YAML document stream: {e}"))
+    })?;
+    check_known_documents(talos_version, &documents)?;
+    AppliedConfig::parse(&text).map_err(|e| Status::invalid_argument(e.to_string()))
 }
 
 /// Methods above `os:reader` are refused: maintenance mode grants only reader (talos-facts §2;
@@ -85,6 +99,56 @@ pub(crate) fn version_reply(talos_version: &str) -> VersionResponse {
     }
 }
 
+/// After an apply in maintenance: the config is persisted and booting continues (talos-facts
+/// §5). With install instructions and no installed system, the node installs — 1.13: the
+/// install stage, then a reboot; 1.14: the unattended-install phases, then a reboot only with
+/// `reboot: true` or an installer image. Without them it boots on in place.
+async fn continue_boot(node: Weak<Mutex<Node>>, config: Arc<AppliedConfig>) {
+    let Some(strong) = node.upgrade() else { return };
+    let mut guard = strong.lock().await;
+    guard.persisted = Some(Arc::clone(&config));
+    guard.applying = false;
+    let unattended = guard.shared.is_1_14() && !legacy_install(&config);
+    if !config.install || guard.installed {
+        guard.shut_down().await;
+        if let Err(error) = guard.boot(node.clone()).await {
+            tracing::warn!(%error, "simulated node failed to boot with its config");
+        }
+        return;
+    }
+    guard.stage = Stage::Installing;
+    if unattended {
+        guard.unattended = Some((config.install_image.clone(), InstallPhase::Installing));
+    }
+    let install = guard.timings.install;
+    drop(guard);
+    tokio::time::sleep(install).await;
+    let mut guard = strong.lock().await;
+    guard.installed = true;
+    if unattended {
+        let phase = if config.reboot_after_install {
+            InstallPhase::WaitingForReboot
+        } else {
+            InstallPhase::Installed
+        };
+        guard.unattended = Some((config.install_image.clone(), phase));
+    }
+    if config.reboot_after_install {
+        drop(guard);
+        Node::reboot_later(node, std::time::Duration::ZERO);
+    } else {
+        guard.shut_down().await;
+        if let Err(error) = guard.boot(node.clone()).await {
+            tracing::warn!(%error, "simulated node failed to boot with its config");
+        }
+    }
+}
+
+/// Whether the config installs through `machine.install` (the 1.13 way).
+fn legacy_install(config: &AppliedConfig) -> bool {
+    config.yaml.contains("\n  install:")
+}
+
 #[tonic::async_trait]
 impl MachineService for Maintenance {
     /// Accepted from `os:reader` in maintenance only (talos-facts §1.2). The config is parsed
@@ -95,26 +159,25 @@ impl MachineService for Maintenance {
         request: Request<ApplyConfigurationRequest>,
     ) -> Reply<ApplyConfigurationResponse> {
         let request = request.into_inner();
-        let text = String::from_utf8(request.data)
-            .map_err(|_| Status::invalid_argument("the config is not UTF-8 YAML"))?;
-        let documents: Vec<serde_json::Value> =
-            serde_saphyr::from_multiple(&text).map_err(|e| {
-                Status::invalid_argument(format!("the config is not a YAML document stream: {e}"))
-            })?;
-        self.check_known_documents(&documents)?;
-        let config =
-            AppliedConfig::parse(&text).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let config = load(&self.shared.talos_version(), request.data)?;
         let mode = match Mode::try_from(request.mode).unwrap_or(Mode::Reboot) {
             Mode::Reboot => Mode::NoReboot,
             other => other,
         };
-        let node = self.node.clone();
-        tokio::spawn(async move {
-            if let Some(node) = node.upgrade() {
-                let weak = Arc::downgrade(&node);
-                node.lock().await.apply(weak, config).await;
+        if !request.dry_run {
+            let strong = self
+                .node
+                .upgrade()
+                .ok_or_else(|| Status::unavailable("the node is shutting down"))?;
+            let mut guard = strong.lock().await;
+            if guard.applying {
+                return Err(Status::failed_precondition(
+                    "another apply configuration is already in progress",
+                ));
             }
-        });
+            guard.applying = true;
+            tokio::spawn(continue_boot(self.node.clone(), Arc::new(config)));
+        }
         Ok(Response::new(ApplyConfigurationResponse {
             messages: vec![ApplyConfiguration {
                 metadata: None,
@@ -188,14 +251,24 @@ impl MachineService for Maintenance {
     }
 
     async fn version(&self, _: Request<()>) -> Reply<VersionResponse> {
-        Ok(Response::new(version_reply(&self.talos_version)))
+        Ok(Response::new(version_reply(&self.shared.talos_version())))
     }
 
     async fn hostname(&self, _: Request<()>) -> Reply<HostnameResponse> {
-        Err(not_simulated("Hostname"))
+        let strong = self
+            .node
+            .upgrade()
+            .ok_or_else(|| Status::unavailable("the node is shutting down"))?;
+        let hostname = strong.lock().await.hostname();
+        Ok(Response::new(HostnameResponse {
+            messages: vec![Hostname {
+                metadata: None,
+                hostname,
+            }],
+        }))
     }
 
     async fn service_list(&self, _: Request<()>) -> Reply<ServiceListResponse> {
-        Err(not_simulated("ServiceList"))
+        Ok(Response::new(configured::service_list(&self.node).await?))
     }
 }

@@ -76,6 +76,16 @@ pub struct Credentials {
     pub key_pem: String,
 }
 
+impl TalosError {
+    /// The gRPC code of a failed call, if the failure was one.
+    pub fn code(&self) -> Option<tonic::Code> {
+        match self {
+            Self::Rpc { status, .. } => Some(status.code()),
+            _ => None,
+        }
+    }
+}
+
 impl std::fmt::Debug for Credentials {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Credentials")
@@ -137,6 +147,8 @@ pub struct Applied {
 pub struct TalosClient {
     endpoint: String,
     channel: Channel,
+    /// The node the endpoint forwards calls to (the `node` metadata key), if not itself.
+    target: Option<String>,
 }
 
 fn url(endpoint: &str) -> String {
@@ -173,6 +185,7 @@ impl TalosClient {
             Ok(channel) => Ok(Self {
                 endpoint: endpoint.to_owned(),
                 channel,
+                target: None,
             }),
             Err(source) => {
                 let seen = observed.lock().ok().and_then(|o| o.clone());
@@ -219,7 +232,28 @@ impl TalosClient {
         Ok(Self {
             endpoint: endpoint.to_owned(),
             channel,
+            target: None,
         })
+    }
+
+    /// The same connection, with every call sent on to `node` (an IP or hostname, no port)
+    /// by the endpoint (the `node` metadata key, talos-facts §2 "Routing to nodes").
+    pub fn for_node(&self, node: &str) -> Self {
+        Self {
+            target: Some(node.to_owned()),
+            ..self.clone()
+        }
+    }
+
+    /// A request carrying the target node, if any.
+    pub(crate) fn request<T>(&self, message: T) -> tonic::Request<T> {
+        let mut request = tonic::Request::new(message);
+        if let Some(target) = &self.target
+            && let Ok(value) = target.parse()
+        {
+            request.metadata_mut().insert("node", value);
+        }
+        request
     }
 
     /// Maps a failed call to [`TalosError::Rpc`].
@@ -229,8 +263,16 @@ impl TalosClient {
     ) -> impl FnOnce(tonic::Status) -> TalosError + '_ {
         move |status| TalosError::Rpc {
             method,
-            endpoint: self.endpoint.clone(),
+            endpoint: self.describe(),
             status,
+        }
+    }
+
+    /// The endpoint, and the node behind it when the call is forwarded.
+    fn describe(&self) -> String {
+        match &self.target {
+            Some(target) => format!("{target} (through {})", self.endpoint),
+            None => self.endpoint.clone(),
         }
     }
 
@@ -238,7 +280,7 @@ impl TalosClient {
     pub(crate) fn node_error(&self, method: &'static str, message: String) -> TalosError {
         TalosError::Node {
             method,
-            endpoint: self.endpoint.clone(),
+            endpoint: self.describe(),
             message,
         }
     }
@@ -283,12 +325,14 @@ impl TalosClient {
     ) -> Result<Applied, TalosError> {
         const METHOD: &str = "ApplyConfiguration";
         let reply = MachineServiceClient::new(self.channel.clone())
-            .apply_configuration(crate::api::machine::ApplyConfigurationRequest {
-                data: config.to_vec(),
-                mode: mode.to_proto() as i32,
-                dry_run: false,
-                try_mode_timeout: None,
-            })
+            .apply_configuration(
+                self.request(crate::api::machine::ApplyConfigurationRequest {
+                    data: config.to_vec(),
+                    mode: mode.to_proto() as i32,
+                    dry_run: false,
+                    try_mode_timeout: None,
+                }),
+            )
             .await
             .map_err(self.rpc_error(METHOD))?
             .into_inner();
@@ -307,7 +351,7 @@ impl TalosClient {
     pub async fn version(&self) -> Result<String, TalosError> {
         const METHOD: &str = "Version";
         let reply = MachineServiceClient::new(self.channel.clone())
-            .version(())
+            .version(self.request(()))
             .await
             .map_err(self.rpc_error(METHOD))?
             .into_inner();

@@ -6,11 +6,13 @@
 
 pub mod client;
 pub mod discovery;
+pub mod ops;
 pub mod resources;
 pub mod tls;
 
 pub use client::{Applied, ApplyMode, Credentials, TalosClient, TalosError};
-pub use resources::{Inventory, MachineStatus, Stage};
+pub use ops::{Bootstrapped, EtcdMember, EtcdStatus, ResetOptions, Service};
+pub use resources::{Inventory, MachineStatus, Stage, UnattendedInstall};
 
 /// The TCP port on which every Talos node serves its API (apid, or the maintenance service).
 pub const TALOS_API_PORT: u16 = 50000;
@@ -35,6 +37,24 @@ pub mod api {
         /// `google.rpc`.
         pub mod rpc {
             tonic::include_proto!("google.rpc");
+        }
+    }
+    /// Specs of Talos's COSI resources (`talos.resource.definitions.*`).
+    pub mod resource {
+        /// `talos.resource.definitions`.
+        pub mod definitions {
+            /// `talos.resource.definitions.enums`.
+            pub mod enums {
+                tonic::include_proto!("talos.resource.definitions.enums");
+            }
+            /// `talos.resource.definitions.hardware`.
+            pub mod hardware {
+                tonic::include_proto!("talos.resource.definitions.hardware");
+            }
+            /// `talos.resource.definitions.runtime`.
+            pub mod runtime {
+                tonic::include_proto!("talos.resource.definitions.runtime");
+            }
         }
     }
     /// COSI (`cosi.resource.State`).

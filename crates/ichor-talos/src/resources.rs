@@ -121,6 +121,18 @@ impl Stage {
     }
 }
 
+/// `UnattendedInstallStatuses.runtime.talos.dev/unattended-install` (1.14, talos-facts §3,
+/// §8.2).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnattendedInstall {
+    /// The installer image.
+    pub image: String,
+    /// The phase: `pending`, `installing`, `installed`, `waiting-for-reboot` or `failed`.
+    pub phase: String,
+    /// The error, when failed.
+    pub error: String,
+}
+
 /// `MachineStatuses.runtime.talos.dev/machine`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MachineStatus {
@@ -151,12 +163,12 @@ impl TalosClient {
         const METHOD: &str = "COSI Get";
         let response = self
             .state()
-            .get(GetRequest {
+            .get(self.request(GetRequest {
                 namespace: namespace.into(),
                 r#type: type_.into(),
                 id: id.into(),
                 options: None,
-            })
+            }))
             .await
             .map_err(self.rpc_error(METHOD))?
             .into_inner();
@@ -175,11 +187,11 @@ impl TalosClient {
         const METHOD: &str = "COSI List";
         let mut stream = self
             .state()
-            .list(ListRequest {
+            .list(self.request(ListRequest {
                 namespace: namespace.into(),
                 r#type: type_.into(),
                 options: None,
-            })
+            }))
             .await
             .map_err(self.rpc_error(METHOD))?
             .into_inner();
@@ -264,5 +276,37 @@ impl TalosClient {
             ready: spec["status"]["ready"].as_bool().unwrap_or(false),
             unmet,
         })
+    }
+
+    /// The unattended install's status (1.14), or `None` when the node has none: no install
+    /// started, or a version without the resource type (Talos answers `NotFound` or, for an
+    /// unknown type, `PermissionDenied`).
+    pub async fn unattended_install(&self) -> Result<Option<UnattendedInstall>, TalosError> {
+        match self
+            .get_spec(
+                "runtime",
+                "UnattendedInstallStatuses.runtime.talos.dev",
+                "unattended-install",
+            )
+            .await
+        {
+            Ok(spec) => {
+                let text = |key: &str| spec[key].as_str().unwrap_or_default().to_owned();
+                Ok(Some(UnattendedInstall {
+                    image: text("image"),
+                    phase: text("phase"),
+                    error: text("error"),
+                }))
+            }
+            Err(e)
+                if e.code() == Some(tonic::Code::NotFound)
+                    || matches!(&e, TalosError::Rpc { status, .. }
+                        if status.code() == tonic::Code::PermissionDenied
+                            && status.message().contains("not supported")) =>
+            {
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
     }
 }

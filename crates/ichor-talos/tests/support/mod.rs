@@ -19,6 +19,17 @@ pub fn bundle() -> SecretsBundle {
     .expect("the test bundle")
 }
 
+/// The test bundle with a cluster identity of its own: nodes of one cluster identity find
+/// each other (as through the discovery service), so each test's cluster gets its own.
+pub fn bundle_for(cluster: u8) -> SecretsBundle {
+    use base64::Engine as _;
+    let mut b = bundle();
+    let id = base64::engine::general_purpose::STANDARD.encode([cluster; 32]);
+    b.cluster.id = ichor_render::bundle::Secret(id.clone());
+    b.cluster.secret = ichor_render::bundle::Secret(id);
+    b
+}
+
 /// Another bundle: a different OS CA.
 pub fn other_bundle() -> SecretsBundle {
     SecretsBundle::from_yaml(include_str!(
@@ -65,5 +76,88 @@ pub fn credentials(bundle: &SecretsBundle, role: TalosRole) -> Credentials {
         ca_pem: bundle.certs.os.crt.0.clone(),
         cert_pem: issued.cert_pem,
         key_pem: issued.key_pem,
+    }
+}
+
+/// How a node of a test cluster is rendered.
+pub struct NodeConfig<'a> {
+    /// The role.
+    pub role: Role,
+    /// The Talos version (selects the contract).
+    pub talos_version: &'a str,
+    /// The control-plane endpoint's host (an IP of a simulated control plane).
+    pub endpoint_host: &'a str,
+    /// The hostname.
+    pub hostname: Option<&'a str>,
+    /// The CNI preset: `flannel`, `cilium` or `none`.
+    pub cni: &'a str,
+    /// Install to `/dev/vda`.
+    pub install: bool,
+}
+
+/// A rendered config for one node of a test cluster.
+pub fn node_config(bundle: &SecretsBundle, node: &NodeConfig<'_>) -> String {
+    let spec: TalosClusterSpec = serde_json::from_value(serde_json::json!({
+        "talosVersion": node.talos_version,
+        "kubernetesVersion": "1.36.3",
+        "endpoint": format!("https://{}:6443", node.endpoint_host),
+        "controlPlane": {"count": 3},
+        "cni": {"preset": node.cni},
+        "kubeProxy": if node.cni == "flannel" { "enabled" } else { "disabled" },
+    }))
+    .expect("spec");
+    let install = InstallSpec {
+        disk: Some("/dev/vda".into()),
+        ..Default::default()
+    };
+    let empty = BTreeMap::new();
+    render(&RenderInput {
+        cluster_name: "lab",
+        cluster: &spec,
+        role: node.role,
+        hostname: node.hostname,
+        install: node.install.then_some(&install),
+        cert_sans: &[],
+        node_labels: &empty,
+        node_taints: &empty,
+        patches: &[],
+        bundle,
+    })
+    .expect("render")
+    .yaml
+}
+
+/// Polls until `check` holds, for up to 10 s (simulated nodes take milliseconds).
+pub async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !check().await {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// An admin client for a configured node, once it answers with mutual TLS.
+pub async fn admin(bundle: &SecretsBundle, addr: std::net::SocketAddr) -> ichor_talos::TalosClient {
+    let credentials = credentials(bundle, TalosRole::Admin);
+    let endpoint = addr.to_string();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Ok(client) = ichor_talos::TalosClient::connect(&endpoint, &credentials).await
+            && client.version().await.is_ok()
+        {
+            return client;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{endpoint} never answered with mutual TLS"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }

@@ -1,0 +1,259 @@
+//! Run-time controls of a node's API: partition, slowness and gates, applied to every call
+//! before it reaches a handler; and forwarding of calls that name another node with the
+//! `node` metadata key (talos-facts §2 "Routing to nodes").
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex as StdMutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::sync::{Notify, watch};
+use tonic::body::Body;
+use tonic::service::Routes;
+
+use crate::network::{Shared, network};
+
+/// A gate on one RPC: calls to it wait until the gate opens.
+#[derive(Debug)]
+struct GateState {
+    open: watch::Sender<bool>,
+    arrived: AtomicUsize,
+    arrivals: Notify,
+}
+
+/// A gate a test holds on a named RPC of one node (e.g. `Bootstrap`, `EtcdLeaveCluster`):
+/// every call to it waits until [`Gate::release`], so a test can act at a precise point.
+/// Dropping the gate releases it too.
+#[derive(Debug)]
+pub struct Gate {
+    method: String,
+    state: Arc<GateState>,
+    shared: Arc<Shared>,
+}
+
+impl Gate {
+    /// Waits until `n` calls in total have reached the gate.
+    pub async fn arrived(&self, n: usize) {
+        loop {
+            let notified = self.state.arrivals.notified();
+            if self.state.arrived.load(Ordering::SeqCst) >= n {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// How many calls have reached the gate.
+    pub fn count(&self) -> usize {
+        self.state.arrived.load(Ordering::SeqCst)
+    }
+
+    /// Lets the held calls (and later ones) through.
+    pub fn release(self) {}
+}
+
+impl Drop for Gate {
+    fn drop(&mut self) {
+        self.state.open.send_replace(true);
+        if let Ok(mut gates) = self.shared.controls.gates.lock()
+            && gates
+                .get(&self.method)
+                .is_some_and(|g| Arc::ptr_eq(g, &self.state))
+        {
+            gates.remove(&self.method);
+        }
+    }
+}
+
+/// The controls of one node.
+#[derive(Debug, Default)]
+pub(crate) struct Controls {
+    partitioned: AtomicBool,
+    healed: Notify,
+    slow: StdMutex<Duration>,
+    gates: StdMutex<BTreeMap<String, Arc<GateState>>>,
+}
+
+impl Controls {
+    pub(crate) fn is_partitioned(&self) -> bool {
+        self.partitioned.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn set_partitioned(&self, partitioned: bool) {
+        self.partitioned.store(partitioned, Ordering::SeqCst);
+        if !partitioned {
+            self.healed.notify_waiters();
+        }
+    }
+
+    pub(crate) fn set_slow(&self, delay: Duration) {
+        if let Ok(mut slow) = self.slow.lock() {
+            *slow = delay;
+        }
+    }
+
+    /// Holds calls to `method` until the returned gate is released.
+    pub(crate) fn gate(shared: &Arc<Shared>, method: &str) -> Gate {
+        let (open, _) = watch::channel(false);
+        let state = Arc::new(GateState {
+            open,
+            arrived: AtomicUsize::new(0),
+            arrivals: Notify::new(),
+        });
+        if let Ok(mut gates) = shared.controls.gates.lock() {
+            gates.insert(method.to_owned(), Arc::clone(&state));
+        }
+        Gate {
+            method: method.to_owned(),
+            state,
+            shared: Arc::clone(shared),
+        }
+    }
+
+    /// What happens to a call before its handler runs: a partitioned node never answers
+    /// (until healed), a slow one answers late, a gated method waits for its gate.
+    async fn enter(&self, method: &str) {
+        loop {
+            let healed = self.healed.notified();
+            if !self.is_partitioned() {
+                break;
+            }
+            healed.await;
+        }
+        let delay = self.slow.lock().map(|d| *d).unwrap_or_default();
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+        let gate = self.gates.lock().ok().and_then(|g| g.get(method).cloned());
+        if let Some(gate) = gate {
+            gate.arrived.fetch_add(1, Ordering::SeqCst);
+            gate.arrivals.notify_waiters();
+            let mut open = gate.open.subscribe();
+            let _ = open.wait_for(|open| *open).await;
+        }
+    }
+}
+
+/// A node's API with its controls in front: what the node's server serves, and what another
+/// node calls when it forwards a request here.
+#[derive(Clone)]
+pub(crate) struct Controlled {
+    pub(crate) routes: Routes,
+    pub(crate) shared: Arc<Shared>,
+    /// Whether this node forwards calls naming other nodes (configured nodes do; maintenance
+    /// mode refuses with `PermissionDenied "no request forwarding"`, talos-facts §2).
+    pub(crate) forwarding: bool,
+    /// Names this node answers to as a forwarding target: its IP and hostname.
+    pub(crate) names: Arc<Vec<String>>,
+}
+
+impl std::fmt::Debug for Controlled {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Controlled")
+            .field("addr", &self.shared.addr)
+            .finish_non_exhaustive()
+    }
+}
+
+type Reply = http::Response<Body>;
+
+/// Where a call goes: this node, or the node its `node` metadata names.
+enum Route {
+    Local,
+    Forward(Box<Controlled>),
+    Refuse(tonic::Status),
+}
+
+impl Controlled {
+    fn route(&self, request: &http::Request<Body>) -> Route {
+        let targets: Vec<&str> = request
+            .headers()
+            .get_all("node")
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .collect();
+        let target = match targets.as_slice() {
+            [] => return Route::Local,
+            [one] => *one,
+            _ => {
+                return Route::Refuse(tonic::Status::invalid_argument(
+                    "the node metadata key takes one value",
+                ));
+            }
+        };
+        if self.names.iter().any(|n| n == target) {
+            return Route::Local;
+        }
+        if !self.forwarding || request.headers().contains_key("proxyfrom") {
+            return Route::Refuse(tonic::Status::permission_denied("no request forwarding"));
+        }
+        let net = network();
+        // apid dials <target>:50000 with its node certificate: the target must trust this
+        // node's OS CA (talos-facts §2 "Routing to nodes").
+        let own_ca = net
+            .nodes
+            .get(&self.shared.addr)
+            .and_then(|e| e.config.as_ref())
+            .map(|c| c.os_ca_crt.clone());
+        match net.by_target(target) {
+            Some(entry)
+                if entry.config.as_ref().map(|c| c.os_ca_crt.clone()) == own_ca
+                    && entry.forward.is_some() =>
+            {
+                Route::Forward(Box::new(entry.forward.clone().expect("checked")))
+            }
+            Some(_) => Route::Refuse(tonic::Status::unavailable(format!(
+                "connection error: {target}:50000 does not trust this node's certificate"
+            ))),
+            None => Route::Refuse(tonic::Status::unavailable(format!(
+                "connection error: dial tcp {target}:50000: connection refused"
+            ))),
+        }
+    }
+}
+
+impl tower::Service<http::Request<Body>> for Controlled {
+    type Response = Reply;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Reply, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, mut request: http::Request<Body>) -> Self::Future {
+        let this = self.clone();
+        Box::pin(async move {
+            let method = request
+                .uri()
+                .path()
+                .rsplit('/')
+                .next()
+                .unwrap_or_default()
+                .to_owned();
+            this.shared.controls.enter(&method).await;
+            match this.route(&request) {
+                Route::Local => {
+                    let mut routes = this.routes.clone();
+                    tower::Service::call(&mut routes, request).await
+                }
+                Route::Forward(mut target) => {
+                    // The target answers as itself, with the caller's roles (impersonation)
+                    // and never forwards again (talos-facts §2).
+                    request.headers_mut().remove("node");
+                    request.headers_mut().insert(
+                        "proxyfrom",
+                        http::HeaderValue::from_str(&this.shared.addr.ip().to_string())
+                            .unwrap_or_else(|_| http::HeaderValue::from_static("unknown")),
+                    );
+                    tower::Service::call(&mut *target, request).await
+                }
+                Route::Refuse(status) => Ok(status.into_http()),
+            }
+        })
+    }
+}

@@ -1,0 +1,119 @@
+//! `storage.StorageService` (talos-facts §1.4): the disks, and wiping block devices — which
+//! maintenance mode allows `os:reader`, and configured nodes only `os:admin`.
+
+use std::sync::Weak;
+
+use ichor_talos::api::storage::disk::DiskType;
+use ichor_talos::api::storage::storage_service_server::StorageService;
+use ichor_talos::api::storage::{
+    BlockDeviceWipe, BlockDeviceWipeRequest, BlockDeviceWipeResponse, Disk, Disks, DisksResponse,
+};
+use tokio::sync::Mutex;
+use tonic::{Request, Response, Status};
+
+use crate::Node;
+use crate::configured::{Role, authorize};
+
+/// The storage service of one node.
+pub(crate) struct Storage {
+    pub(crate) node: Weak<Mutex<Node>>,
+    pub(crate) maintenance: bool,
+}
+
+impl Storage {
+    fn check<T>(&self, request: &Request<T>, role: Role) -> Result<(), Status> {
+        if self.maintenance {
+            Ok(())
+        } else {
+            authorize(request, role)
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl StorageService for Storage {
+    async fn disks(&self, request: Request<()>) -> Result<Response<DisksResponse>, Status> {
+        self.check(&request, Role::Reader)?;
+        let strong = self
+            .node
+            .upgrade()
+            .ok_or_else(|| Status::unavailable("the node is shutting down"))?;
+        let node = strong.lock().await;
+        let disks = node
+            .hardware
+            .disks
+            .iter()
+            .map(|d| Disk {
+                size: d.size,
+                model: d.model.clone(),
+                device_name: format!("/dev/{}", d.name),
+                name: d.model.clone(),
+                serial: d.serial.clone(),
+                r#type: if d.cdrom { DiskType::Cd } else { DiskType::Ssd } as i32,
+                subsystem: "/sys/class/block".into(),
+                system_disk: node.installed && !d.cdrom && node.hardware.install_disk() == Some(d),
+                ..Default::default()
+            })
+            .collect();
+        Ok(Response::new(DisksResponse {
+            messages: vec![Disks {
+                metadata: None,
+                disks,
+            }],
+        }))
+    }
+
+    /// Wipes the named devices (no `/dev/` prefix, talos-facts §1.4). A device that does not
+    /// exist is refused before anything is wiped; wiping the installed system disk makes the
+    /// machine not installed.
+    async fn block_device_wipe(
+        &self,
+        request: Request<BlockDeviceWipeRequest>,
+    ) -> Result<Response<BlockDeviceWipeResponse>, Status> {
+        self.check(&request, Role::Admin)?;
+        let request = request.into_inner();
+        let strong = self
+            .node
+            .upgrade()
+            .ok_or_else(|| Status::unavailable("the node is shutting down"))?;
+        let mut node = strong.lock().await;
+        for device in &request.devices {
+            if device.device.starts_with("/dev/") {
+                return Err(Status::invalid_argument(format!(
+                    "device {:?}: name it without /dev/",
+                    device.device
+                )));
+            }
+            if !node.hardware.disks.iter().any(|d| d.name == device.device) {
+                return Err(Status::not_found(format!(
+                    "blockdevice {:?} not found",
+                    device.device
+                )));
+            }
+            if !self.maintenance
+                && !device.skip_volume_check
+                && node
+                    .hardware
+                    .install_disk()
+                    .is_some_and(|d| d.name == device.device)
+            {
+                return Err(Status::failed_precondition(format!(
+                    "blockdevice {:?} is in use by the system volumes",
+                    device.device
+                )));
+            }
+        }
+        for device in &request.devices {
+            if node
+                .hardware
+                .install_disk()
+                .is_some_and(|d| d.name == device.device)
+            {
+                node.installed = false;
+            }
+        }
+        Ok(Response::new(BlockDeviceWipeResponse {
+            messages: vec![BlockDeviceWipe { metadata: None }],
+        }))
+    }
+}

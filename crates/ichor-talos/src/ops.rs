@@ -1,0 +1,420 @@
+//! Typed operations on a node beyond apply and reads: bootstrap, etcd, reset, reboot,
+//! upgrade, wipe, services (talos-facts §1.2–§1.4, §5, §8.4). Every per-node error inside a
+//! wrapped reply surfaces as an error.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_stream::StreamExt as _;
+
+use crate::api::common::ContainerdInstance;
+use crate::api::machine::image_service_client::ImageServiceClient;
+use crate::api::machine::image_service_pull_response::Response as PullReply;
+use crate::api::machine::lifecycle_service_client::LifecycleServiceClient;
+use crate::api::machine::lifecycle_service_install_progress::Response as Progress;
+use crate::api::machine::machine_service_client::MachineServiceClient;
+use crate::api::machine::reset_request::WipeMode;
+use crate::api::machine::{
+    BootstrapRequest, EtcdForfeitLeadershipRequest, EtcdLeaveClusterRequest, EtcdMemberListRequest,
+    EtcdRemoveMemberByIdRequest, EtcdSnapshotRequest, ImageServicePullRequest,
+    InstallArtifactsSource, LifecycleServiceUpgradeRequest, RebootRequest, ResetPartitionSpec,
+    ResetRequest,
+};
+use crate::api::storage::storage_service_client::StorageServiceClient;
+use crate::api::storage::{BlockDeviceWipeDescriptor, BlockDeviceWipeRequest};
+use crate::client::{TalosClient, TalosError};
+
+/// How a Bootstrap ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bootstrapped {
+    /// This call bootstrapped etcd.
+    Now,
+    /// The node's etcd data directory was not empty: bootstrapped before (talos-facts §5
+    /// `AlreadyExists`), which counts as done.
+    Already,
+}
+
+/// One etcd member (`EtcdMember`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EtcdMember {
+    /// The member id.
+    pub id: u64,
+    /// The member's hostname.
+    pub hostname: String,
+    /// Peer URLs.
+    pub peer_urls: Vec<String>,
+    /// Client URLs.
+    pub client_urls: Vec<String>,
+    /// Whether it is a learner (not yet a voter).
+    pub learner: bool,
+}
+
+/// The local member's status (`EtcdMemberStatus`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EtcdStatus {
+    /// The member id.
+    pub member_id: u64,
+    /// The leader's member id (0: no leader).
+    pub leader: u64,
+    /// Whether the member is a learner.
+    pub learner: bool,
+    /// Raft index.
+    pub raft_index: u64,
+    /// Raft term.
+    pub raft_term: u64,
+    /// Database size in bytes.
+    pub db_size: i64,
+    /// Errors the member reports (e.g. alarms, no leader).
+    pub errors: Vec<String>,
+}
+
+/// One service on the node (`ServiceInfo`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Service {
+    /// Service id, e.g. `etcd`.
+    pub id: String,
+    /// State, e.g. `Running`.
+    pub state: String,
+    /// Whether its health check passes.
+    pub healthy: bool,
+}
+
+/// How a node is reset. The system partitions are always named — `STATE` and `EPHEMERAL` —
+/// because an empty list wipes every partition and leaves a disk-booted node nothing to boot
+/// (talos-facts §8.4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResetOptions {
+    /// Leave etcd first (with Talos's safety checks).
+    pub graceful: bool,
+    /// Reboot afterwards (back to maintenance mode); power off otherwise.
+    pub reboot: bool,
+}
+
+impl TalosClient {
+    fn machine(&self) -> MachineServiceClient<tonic::transport::Channel> {
+        MachineServiceClient::new(self.channel())
+    }
+
+    /// Bootstraps etcd on this control plane, retrying while the node answers
+    /// `FailedPrecondition` (still booting, or time not in sync: talos-facts §5) until
+    /// `patience` runs out. `AlreadyExists` is [`Bootstrapped::Already`].
+    pub async fn bootstrap(&self, patience: Duration) -> Result<Bootstrapped, TalosError> {
+        const METHOD: &str = "Bootstrap";
+        let deadline = Instant::now() + patience;
+        let mut delay = Duration::from_millis(50);
+        loop {
+            let result = self
+                .machine()
+                .bootstrap(self.request(BootstrapRequest {
+                    recover_etcd: false,
+                    recover_skip_hash_check: false,
+                }))
+                .await;
+            match result {
+                Ok(reply) => {
+                    self.single(METHOD, reply.into_inner().messages, |m| m.metadata.as_ref())?;
+                    return Ok(Bootstrapped::Now);
+                }
+                Err(status) if status.code() == tonic::Code::AlreadyExists => {
+                    return Ok(Bootstrapped::Already);
+                }
+                Err(status)
+                    if status.code() == tonic::Code::FailedPrecondition
+                        && Instant::now() + delay < deadline =>
+                {
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(2));
+                }
+                Err(status) => return Err(self.rpc_error(METHOD)(status)),
+            }
+        }
+    }
+
+    /// The etcd members, as the cluster knows them (a quorum read), or as the local member
+    /// knows them (`local`, which works without quorum).
+    pub async fn etcd_members(&self, local: bool) -> Result<Vec<EtcdMember>, TalosError> {
+        const METHOD: &str = "EtcdMemberList";
+        let reply = self
+            .machine()
+            .etcd_member_list(self.request(EtcdMemberListRequest { query_local: local }))
+            .await
+            .map_err(self.rpc_error(METHOD))?
+            .into_inner();
+        let first = self.single(METHOD, reply.messages, |m| m.metadata.as_ref())?;
+        Ok(first
+            .members
+            .into_iter()
+            .map(|m| EtcdMember {
+                id: m.id,
+                hostname: m.hostname,
+                peer_urls: m.peer_urls,
+                client_urls: m.client_urls,
+                learner: m.is_learner,
+            })
+            .collect())
+    }
+
+    /// Removes a member by id; send it to a healthy member (talos-facts §5).
+    pub async fn etcd_remove_member(&self, id: u64) -> Result<(), TalosError> {
+        const METHOD: &str = "EtcdRemoveMemberByID";
+        let reply = self
+            .machine()
+            .etcd_remove_member_by_id(self.request(EtcdRemoveMemberByIdRequest { member_id: id }))
+            .await
+            .map_err(self.rpc_error(METHOD))?
+            .into_inner();
+        self.single(METHOD, reply.messages, |m| m.metadata.as_ref())
+            .map(drop)
+    }
+
+    /// Makes this node's member leave its etcd cluster.
+    pub async fn etcd_leave(&self) -> Result<(), TalosError> {
+        const METHOD: &str = "EtcdLeaveCluster";
+        let reply = self
+            .machine()
+            .etcd_leave_cluster(self.request(EtcdLeaveClusterRequest {}))
+            .await
+            .map_err(self.rpc_error(METHOD))?
+            .into_inner();
+        self.single(METHOD, reply.messages, |m| m.metadata.as_ref())
+            .map(drop)
+    }
+
+    /// Hands leadership away if this member leads; returns the member the reply names.
+    pub async fn etcd_forfeit_leadership(&self) -> Result<String, TalosError> {
+        const METHOD: &str = "EtcdForfeitLeadership";
+        let reply = self
+            .machine()
+            .etcd_forfeit_leadership(self.request(EtcdForfeitLeadershipRequest {}))
+            .await
+            .map_err(self.rpc_error(METHOD))?
+            .into_inner();
+        self.single(METHOD, reply.messages, |m| m.metadata.as_ref())
+            .map(|m| m.member)
+    }
+
+    /// The local member's status.
+    pub async fn etcd_status(&self) -> Result<EtcdStatus, TalosError> {
+        const METHOD: &str = "EtcdStatus";
+        let reply = self
+            .machine()
+            .etcd_status(self.request(()))
+            .await
+            .map_err(self.rpc_error(METHOD))?
+            .into_inner();
+        let first = self.single(METHOD, reply.messages, |m| m.metadata.as_ref())?;
+        let status = first
+            .member_status
+            .ok_or_else(|| self.node_error(METHOD, "no member status in the reply".into()))?;
+        Ok(EtcdStatus {
+            member_id: status.member_id,
+            leader: status.leader,
+            learner: status.is_learner,
+            raft_index: status.raft_index,
+            raft_term: status.raft_term,
+            db_size: status.db_size,
+            errors: status.errors,
+        })
+    }
+
+    /// A snapshot of the local member's database.
+    pub async fn etcd_snapshot(&self) -> Result<Vec<u8>, TalosError> {
+        const METHOD: &str = "EtcdSnapshot";
+        let mut stream = self
+            .machine()
+            .etcd_snapshot(self.request(EtcdSnapshotRequest {}))
+            .await
+            .map_err(self.rpc_error(METHOD))?
+            .into_inner();
+        let mut out = Vec::new();
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(self.rpc_error(METHOD))?;
+            if let Some(error) = chunk
+                .metadata
+                .as_ref()
+                .map(|m| m.error.clone())
+                .filter(|e| !e.is_empty())
+            {
+                return Err(self.node_error(METHOD, error));
+            }
+            out.extend_from_slice(&chunk.bytes);
+        }
+        Ok(out)
+    }
+
+    /// Defragments the local member's database.
+    pub async fn etcd_defragment(&self) -> Result<(), TalosError> {
+        const METHOD: &str = "EtcdDefragment";
+        let reply = self
+            .machine()
+            .etcd_defragment(self.request(()))
+            .await
+            .map_err(self.rpc_error(METHOD))?
+            .into_inner();
+        self.single(METHOD, reply.messages, |m| m.metadata.as_ref())
+            .map(drop)
+    }
+
+    /// Resets the node, wiping `STATE` and `EPHEMERAL` (never an empty list, talos-facts
+    /// §8.4).
+    pub async fn reset(&self, options: ResetOptions) -> Result<(), TalosError> {
+        const METHOD: &str = "Reset";
+        let partition = |label: &str| ResetPartitionSpec {
+            label: label.into(),
+            wipe: true,
+        };
+        let reply = self
+            .machine()
+            .reset(self.request(ResetRequest {
+                graceful: options.graceful,
+                reboot: options.reboot,
+                system_partitions_to_wipe: vec![partition("STATE"), partition("EPHEMERAL")],
+                user_disks_to_wipe: Vec::new(),
+                mode: WipeMode::SystemDisk as i32,
+            }))
+            .await
+            .map_err(self.rpc_error(METHOD))?
+            .into_inner();
+        self.single(METHOD, reply.messages, |m| m.metadata.as_ref())
+            .map(drop)
+    }
+
+    /// Reboots the node.
+    pub async fn reboot(&self) -> Result<(), TalosError> {
+        const METHOD: &str = "Reboot";
+        let reply = self
+            .machine()
+            .reboot(self.request(RebootRequest { mode: 0 }))
+            .await
+            .map_err(self.rpc_error(METHOD))?
+            .into_inner();
+        self.single(METHOD, reply.messages, |m| m.metadata.as_ref())
+            .map(drop)
+    }
+
+    /// Pulls an image into the system containerd (for an upgrade); returns its resolved name.
+    pub async fn pull_image(&self, image: &str) -> Result<String, TalosError> {
+        const METHOD: &str = "ImageService.Pull";
+        let mut stream = ImageServiceClient::new(self.channel())
+            .pull(self.request(ImageServicePullRequest {
+                containerd: Some(system_containerd()),
+                image_ref: image.into(),
+            }))
+            .await
+            .map_err(self.rpc_error(METHOD))?
+            .into_inner();
+        let mut name = None;
+        while let Some(item) = stream.next().await {
+            if let Some(PullReply::Name(n)) = item.map_err(self.rpc_error(METHOD))?.response {
+                name = Some(n);
+            }
+        }
+        name.ok_or_else(|| self.node_error(METHOD, format!("no image name for {image}")))
+    }
+
+    /// Upgrades to a pulled image with `LifecycleService.Upgrade` (talos-facts §1.3): a
+    /// non-zero exit code in the stream is a failure carrying the node's last messages.
+    pub async fn upgrade(&self, image: &str) -> Result<(), TalosError> {
+        const METHOD: &str = "LifecycleService.Upgrade";
+        let mut stream = LifecycleServiceClient::new(self.channel())
+            .upgrade(self.request(LifecycleServiceUpgradeRequest {
+                containerd: Some(system_containerd()),
+                source: Some(InstallArtifactsSource {
+                    image_name: image.into(),
+                }),
+            }))
+            .await
+            .map_err(self.rpc_error(METHOD))?
+            .into_inner();
+        let mut messages = Vec::new();
+        while let Some(item) = stream.next().await {
+            match item
+                .map_err(self.rpc_error(METHOD))?
+                .progress
+                .and_then(|p| p.response)
+            {
+                Some(Progress::Message(m)) => messages.push(m),
+                Some(Progress::ExitCode(0)) => return Ok(()),
+                Some(Progress::ExitCode(code)) => {
+                    return Err(self
+                        .node_error(METHOD, format!("exit code {code}: {}", messages.join("; "))));
+                }
+                None => {}
+            }
+        }
+        Err(self.node_error(
+            METHOD,
+            format!(
+                "the stream ended without an exit code: {}",
+                messages.join("; ")
+            ),
+        ))
+    }
+
+    /// Wipes block devices (names without `/dev/`), quickly.
+    pub async fn wipe(&self, devices: &[&str]) -> Result<(), TalosError> {
+        const METHOD: &str = "BlockDeviceWipe";
+        let reply = StorageServiceClient::new(self.channel())
+            .block_device_wipe(
+                self.request(BlockDeviceWipeRequest {
+                    devices: devices
+                        .iter()
+                        .map(|d| BlockDeviceWipeDescriptor {
+                            device: (*d).to_owned(),
+                            method: 0,
+                            skip_volume_check: false,
+                            drop_partition: false,
+                            skip_secondary_check: false,
+                        })
+                        .collect(),
+                }),
+            )
+            .await
+            .map_err(self.rpc_error(METHOD))?
+            .into_inner();
+        self.single(METHOD, reply.messages, |m| m.metadata.as_ref())
+            .map(drop)
+    }
+
+    /// The node's services.
+    pub async fn services(&self) -> Result<Vec<Service>, TalosError> {
+        const METHOD: &str = "ServiceList";
+        let reply = self
+            .machine()
+            .service_list(self.request(()))
+            .await
+            .map_err(self.rpc_error(METHOD))?
+            .into_inner();
+        let first = self.single(METHOD, reply.messages, |m| m.metadata.as_ref())?;
+        Ok(first
+            .services
+            .into_iter()
+            .map(|s| Service {
+                id: s.id,
+                state: s.state,
+                healthy: s.health.is_some_and(|h| h.healthy),
+            })
+            .collect())
+    }
+
+    /// The node's hostname.
+    pub async fn hostname(&self) -> Result<String, TalosError> {
+        const METHOD: &str = "Hostname";
+        let reply = self
+            .machine()
+            .hostname(self.request(()))
+            .await
+            .map_err(self.rpc_error(METHOD))?
+            .into_inner();
+        self.single(METHOD, reply.messages, |m| m.metadata.as_ref())
+            .map(|m| m.hostname)
+    }
+}
+
+/// The system containerd, where installer images go (talos-facts §1.1 `ContainerdInstance`).
+fn system_containerd() -> ContainerdInstance {
+    ContainerdInstance {
+        driver: 0,
+        namespace: 1,
+    }
+}

@@ -1,0 +1,248 @@
+//! Bootstrap and etcd membership against simulated control planes whose cluster comes only
+//! from their applied configs (talos-facts §1.2, §5): the not-ready window, joins as learners
+//! and promotion, leave, remove by id, quorum loss, and the second cluster a second
+//! Bootstrap creates.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use ichor_api::common::Role;
+use ichor_sim::{Fault, Hardware, SimNode};
+use ichor_talos::{Bootstrapped, TalosClient};
+use support::{NodeConfig, admin, bundle_for, eventually, node_config};
+
+fn addr(net: u8, host: u8) -> SocketAddr {
+    SocketAddr::from(([127, 0, net, host], 50000))
+}
+
+/// `n` configured control planes on 127.0.`net`.1..n, the first one the endpoint.
+async fn control_planes(net: u8, n: u8) -> Vec<(SimNode, TalosClient)> {
+    let b = bundle_for(net);
+    let endpoint = addr(net, 1).ip().to_string();
+    let mut out = Vec::new();
+    for host in 1..=n {
+        let hostname = format!("cp-{host}");
+        let config = node_config(
+            &b,
+            &NodeConfig {
+                role: Role::ControlPlane,
+                talos_version: "v1.14.1",
+                endpoint_host: &endpoint,
+                hostname: Some(&hostname),
+                cni: "flannel",
+                install: true,
+            },
+        );
+        let node = SimNode::start_configured(
+            addr(net, host),
+            "v1.14.1",
+            Hardware::vm(u32::from(net) * 256 + u32::from(host)),
+            &config,
+        )
+        .await
+        .expect("start");
+        let client = admin(&b, node.addr()).await;
+        out.push((node, client));
+    }
+    out
+}
+
+async fn voters(client: &TalosClient) -> Vec<String> {
+    let mut names: Vec<String> = client
+        .etcd_members(false)
+        .await
+        .map(|m| {
+            m.into_iter()
+                .filter(|m| !m.learner)
+                .map(|m| m.hostname)
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+async fn stop_all(nodes: Vec<(SimNode, TalosClient)>) {
+    for (node, _) in nodes {
+        node.stop().await;
+    }
+}
+
+#[tokio::test]
+async fn bootstrap_retries_while_the_node_boots_then_reports_already_done() {
+    let nodes = control_planes(30, 1).await;
+    let client = &nodes[0].1;
+    let early = client.machine_status().await.expect("status while booting");
+    assert!(!early.ready, "nothing is ready before bootstrap");
+    assert_eq!(
+        client.bootstrap(Duration::ZERO).await.map_err(|e| e.code()),
+        Err(Some(tonic::Code::FailedPrecondition)),
+        "without patience the not-ready window is an error"
+    );
+    assert_eq!(
+        client
+            .bootstrap(Duration::from_secs(5))
+            .await
+            .expect("bootstrap"),
+        Bootstrapped::Now
+    );
+    assert_eq!(
+        client
+            .bootstrap(Duration::from_secs(5))
+            .await
+            .expect("again"),
+        Bootstrapped::Already,
+        "a second Bootstrap on the same node is AlreadyExists, which counts as done"
+    );
+    assert_eq!(voters(client).await, vec!["cp-1"]);
+    let status = client.etcd_status().await.expect("status");
+    assert_eq!(status.leader, status.member_id, "a lone member leads");
+    stop_all(nodes).await;
+}
+
+#[tokio::test]
+async fn three_control_planes_form_one_etcd_and_one_leaves() {
+    let nodes = control_planes(31, 3).await;
+    nodes[0]
+        .1
+        .bootstrap(Duration::from_secs(5))
+        .await
+        .expect("bootstrap");
+    eventually("three voters", || async {
+        voters(&nodes[0].1).await == ["cp-1", "cp-2", "cp-3"]
+    })
+    .await;
+    assert_eq!(
+        voters(&nodes[2].1).await,
+        ["cp-1", "cp-2", "cp-3"],
+        "every member sees the same cluster"
+    );
+    let leader = nodes[1].1.etcd_status().await.expect("status").leader;
+    assert_ne!(leader, 0);
+    for (_, client) in &nodes {
+        assert_eq!(client.etcd_status().await.expect("status").leader, leader);
+    }
+
+    nodes[2].1.etcd_leave().await.expect("leave");
+    assert_eq!(voters(&nodes[0].1).await, ["cp-1", "cp-2"]);
+    let err = nodes[2].1.etcd_status().await.expect_err("etcd stopped");
+    assert_eq!(err.code(), Some(tonic::Code::Unavailable), "{err}");
+    let services = nodes[2].1.services().await.expect("services");
+    assert!(
+        services.iter().any(|s| s.id == "etcd" && !s.healthy),
+        "{services:?}"
+    );
+    stop_all(nodes).await;
+}
+
+#[tokio::test]
+async fn a_dead_member_is_removed_by_id_through_a_healthy_peer_and_quorum_loss_fails_calls() {
+    let nodes = control_planes(32, 3).await;
+    nodes[0]
+        .1
+        .bootstrap(Duration::from_secs(5))
+        .await
+        .expect("bootstrap");
+    eventually("three voters", || async {
+        voters(&nodes[0].1).await.len() == 3
+    })
+    .await;
+    let dead_id = nodes[2].0.etcd_member_id().await.expect("a member");
+    nodes[2].0.crash().await;
+
+    nodes[0]
+        .1
+        .etcd_remove_member(dead_id)
+        .await
+        .expect("remove by id");
+    assert_eq!(voters(&nodes[1].1).await, ["cp-1", "cp-2"]);
+    let err = nodes[0]
+        .1
+        .etcd_remove_member(dead_id)
+        .await
+        .expect_err("already gone");
+    assert_eq!(err.code(), Some(tonic::Code::NotFound), "{err}");
+
+    // Two voters, one dead: no quorum.
+    nodes[1].0.crash().await;
+    let err = nodes[0].1.etcd_members(false).await.expect_err("no quorum");
+    assert_eq!(err.code(), Some(tonic::Code::Unavailable), "{err}");
+    assert_eq!(
+        nodes[0].1.etcd_members(true).await.expect("local").len(),
+        2,
+        "the local member still answers a local query"
+    );
+    let status = nodes[0].1.etcd_status().await.expect("status");
+    assert_eq!(status.leader, 0, "no leader without quorum");
+    nodes[1].0.restart().await.expect("restart");
+    eventually("quorum back", || async {
+        nodes[0].1.etcd_members(false).await.is_ok()
+    })
+    .await;
+    stop_all(nodes).await;
+}
+
+#[tokio::test]
+async fn a_second_bootstrap_elsewhere_creates_a_second_cluster() {
+    let nodes = control_planes(33, 2).await;
+    // Both bootstrapped before either discovers the other: two separate etcd clusters, as
+    // real Talos would make — which is why Ichor bootstraps exactly once.
+    let (a, b) = tokio::join!(
+        nodes[0].1.bootstrap(Duration::from_secs(5)),
+        nodes[1].1.bootstrap(Duration::from_secs(5))
+    );
+    assert_eq!(a.expect("first"), Bootstrapped::Now);
+    assert_eq!(b.expect("second"), Bootstrapped::Now);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(voters(&nodes[0].1).await, ["cp-1"]);
+    assert_eq!(voters(&nodes[1].1).await, ["cp-2"]);
+    stop_all(nodes).await;
+}
+
+#[tokio::test]
+async fn forfeit_snapshot_defragment_and_a_failing_leave() {
+    let nodes = control_planes(34, 2).await;
+    nodes[0]
+        .1
+        .bootstrap(Duration::from_secs(5))
+        .await
+        .expect("bootstrap");
+    eventually("two voters", || async {
+        voters(&nodes[0].1).await.len() == 2
+    })
+    .await;
+    let first = nodes[0].1.etcd_status().await.expect("status");
+    assert_eq!(
+        first.leader, first.member_id,
+        "the bootstrapped member leads"
+    );
+    let now = nodes[0].1.etcd_forfeit_leadership().await.expect("forfeit");
+    assert_eq!(now, "cp-2", "leadership moved to the other voter");
+    assert_ne!(
+        nodes[0].1.etcd_status().await.expect("status").leader,
+        first.member_id
+    );
+
+    let snapshot = nodes[0].1.etcd_snapshot().await.expect("snapshot");
+    assert!(!snapshot.is_empty());
+    nodes[0].1.etcd_defragment().await.expect("defragment");
+
+    nodes[1]
+        .0
+        .inject(Fault::FailEtcdLeave(true))
+        .await
+        .expect("fault");
+    nodes[1]
+        .1
+        .etcd_leave()
+        .await
+        .expect_err("the injected fault");
+    assert_eq!(
+        voters(&nodes[0].1).await.len(),
+        2,
+        "a failed leave changes nothing"
+    );
+    stop_all(nodes).await;
+}
