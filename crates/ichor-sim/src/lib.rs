@@ -524,6 +524,12 @@ impl Node {
         if let Some(staged) = self.staged.take() {
             self.persisted = Some(staged);
         }
+        // The reboot the unattended install waited for has happened (talos-facts §8.2).
+        if let Some((_, phase)) = &mut self.unattended
+            && *phase == InstallPhase::WaitingForReboot
+        {
+            *phase = InstallPhase::Installed;
+        }
         match self.persisted.clone() {
             None => {
                 self.stage = Stage::Maintenance;
