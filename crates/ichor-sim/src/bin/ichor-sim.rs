@@ -1,0 +1,313 @@
+//! `ichor-sim`: runs simulated Talos nodes for the local demo and end-to-end tests, each on
+//! its own loopback address at port 50000, with a small HTTP control endpoint for faults and
+//! gates.
+//!
+//! ```text
+//! ichor-sim --nodes 3 --base 127.0.10.1 --talos-version v1.14.1 [--control 127.0.0.1:50080]
+//! ```
+//!
+//! Control endpoint (JSON):
+//! - `GET  /nodes` — address, UUID, fingerprint, version, serving, stage of every node;
+//! - `POST /nodes/{ip}/{action}` with `action` one of `crash`, `restart`, `reboot`,
+//!   `partition`, `heal`, `cni-present`, `cni-absent`, `different-certificate`,
+//!   `mismatched-key`, `fail-leave`, `succeed-leave`, `upgrade-rollback`, `upgrade-forward`,
+//!   or `slow?ms=N`;
+//! - `POST /nodes/{ip}/gates/{method}` holds a method, `GET` reports how many calls arrived,
+//!   `DELETE` releases it.
+
+use std::collections::BTreeMap;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::routing::{get, post};
+use ichor_sim::{Fault, Gate, Hardware, NodeSpec, SimNode};
+use serde::Serialize;
+use tokio::sync::Mutex;
+
+const USAGE: &str =
+    "usage: ichor-sim --nodes N --base IPV4 --talos-version vX.Y.Z [--port 50000] [--control ADDR]";
+
+/// Command-line options.
+struct Options {
+    nodes: u32,
+    base: Ipv4Addr,
+    talos_version: String,
+    port: u16,
+    control: SocketAddr,
+}
+
+fn parse(args: &[String]) -> Result<Options, String> {
+    let mut nodes = None;
+    let mut base = None;
+    let mut talos_version = None;
+    let mut port = 50000u16;
+    let mut control: SocketAddr = ([127, 0, 0, 1], 50080).into();
+    let mut it = args.iter();
+    while let Some(flag) = it.next() {
+        let mut value = || {
+            it.next()
+                .cloned()
+                .ok_or_else(|| format!("{flag} needs a value"))
+        };
+        match flag.as_str() {
+            "--nodes" => {
+                nodes = Some(
+                    value()?
+                        .parse::<u32>()
+                        .ok()
+                        .filter(|n| (1..=1024).contains(n))
+                        .ok_or("--nodes takes a number from 1 to 1024")?,
+                );
+            }
+            "--base" => {
+                base = Some(
+                    value()?
+                        .parse::<Ipv4Addr>()
+                        .map_err(|_| "--base takes an IPv4 address, e.g. 127.0.10.1")?,
+                );
+            }
+            "--talos-version" => {
+                let v = value()?;
+                if !(v.starts_with("v1.13.") || v.starts_with("v1.14.")) {
+                    return Err(format!(
+                        "--talos-version {v}: the simulator models v1.13.x and v1.14.x"
+                    ));
+                }
+                talos_version = Some(v);
+            }
+            "--port" => {
+                port = value()?
+                    .parse()
+                    .map_err(|_| "--port takes a TCP port number")?;
+            }
+            "--control" => {
+                control = value()?
+                    .parse()
+                    .map_err(|_| "--control takes an address, e.g. 127.0.0.1:50080")?;
+            }
+            other => return Err(format!("unknown argument {other}")),
+        }
+    }
+    Ok(Options {
+        nodes: nodes.ok_or("--nodes is required")?,
+        base: base.ok_or("--base is required")?,
+        talos_version: talos_version.ok_or("--talos-version is required")?,
+        port,
+        control,
+    })
+}
+
+/// The running nodes by IP, and the gates held through the control endpoint.
+struct Sim {
+    nodes: BTreeMap<String, SimNode>,
+    gates: Mutex<BTreeMap<(String, String), Gate>>,
+}
+
+type Shared = Arc<Sim>;
+
+#[derive(Serialize)]
+struct NodeView {
+    addr: String,
+    uuid: String,
+    fingerprint: String,
+    version: String,
+    serving: bool,
+    stage: String,
+}
+
+async fn list(State(sim): State<Shared>) -> Json<Vec<NodeView>> {
+    let mut out = Vec::new();
+    for node in sim.nodes.values() {
+        out.push(NodeView {
+            addr: node.addr().to_string(),
+            uuid: node.hardware().uuid.clone(),
+            fingerprint: node.fingerprint(),
+            version: node.talos_version(),
+            serving: node.is_serving().await,
+            stage: format!("{:?}", node.stage().await),
+        });
+    }
+    Json(out)
+}
+
+type Answer = (StatusCode, Json<serde_json::Value>);
+
+fn answer(result: Result<String, String>) -> Answer {
+    match result {
+        Ok(fingerprint) => (
+            StatusCode::OK,
+            Json(serde_json::json!({"fingerprint": fingerprint})),
+        ),
+        Err(error) => (
+            StatusCode::BAD_REQUEST,
+            Json(serde_json::json!({"error": error})),
+        ),
+    }
+}
+
+async fn act(
+    State(sim): State<Shared>,
+    Path((ip, action)): Path<(String, String)>,
+    Query(query): Query<BTreeMap<String, String>>,
+) -> Answer {
+    let Some(node) = sim.nodes.get(&ip) else {
+        return answer(Err(format!("no simulated node at {ip}")));
+    };
+    let fault = match action.as_str() {
+        "crash" => {
+            node.crash().await;
+            return answer(Ok(node.fingerprint()));
+        }
+        "restart" | "reboot" => {
+            return answer(
+                node.restart()
+                    .await
+                    .map(|()| node.fingerprint())
+                    .map_err(|e| e.to_string()),
+            );
+        }
+        "cni-present" | "cni-absent" => {
+            return answer(
+                node.set_cni(action == "cni-present")
+                    .await
+                    .map(|()| node.fingerprint())
+                    .map_err(|e| e.to_string()),
+            );
+        }
+        "partition" => Fault::Partition,
+        "heal" => Fault::Heal,
+        "different-certificate" => Fault::DifferentCertificate,
+        "mismatched-key" => Fault::MismatchedKey,
+        "fail-leave" => Fault::FailEtcdLeave(true),
+        "succeed-leave" => Fault::FailEtcdLeave(false),
+        "upgrade-rollback" => Fault::UpgradeRollback(true),
+        "upgrade-forward" => Fault::UpgradeRollback(false),
+        "slow" => match query.get("ms").and_then(|ms| ms.parse::<u64>().ok()) {
+            Some(ms) => Fault::Slow(Duration::from_millis(ms)),
+            None => return answer(Err("slow needs ?ms=<milliseconds>".into())),
+        },
+        other => return answer(Err(format!("unknown action {other}"))),
+    };
+    answer(node.inject(fault).await.map_err(|e| e.to_string()))
+}
+
+async fn hold(State(sim): State<Shared>, Path((ip, method)): Path<(String, String)>) -> Answer {
+    let Some(node) = sim.nodes.get(&ip) else {
+        return answer(Err(format!("no simulated node at {ip}")));
+    };
+    let gate = node.gate(&method);
+    sim.gates.lock().await.insert((ip, method), gate);
+    (StatusCode::OK, Json(serde_json::json!({"held": true})))
+}
+
+async fn arrived(State(sim): State<Shared>, Path(key): Path<(String, String)>) -> Answer {
+    match sim.gates.lock().await.get(&key) {
+        Some(gate) => (
+            StatusCode::OK,
+            Json(serde_json::json!({"arrived": gate.count()})),
+        ),
+        None => answer(Err(format!("no gate on {} at {}", key.1, key.0))),
+    }
+}
+
+async fn release(State(sim): State<Shared>, Path(key): Path<(String, String)>) -> Answer {
+    match sim.gates.lock().await.remove(&key) {
+        Some(gate) => {
+            gate.release();
+            (StatusCode::OK, Json(serde_json::json!({"released": true})))
+        }
+        None => answer(Err(format!("no gate on {} at {}", key.1, key.0))),
+    }
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn stopped() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let options = match parse(&args) {
+        Ok(o) => o,
+        Err(error) => {
+            eprintln!("ichor-sim: {error}\n{USAGE}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    let mut nodes = BTreeMap::new();
+    for i in 0..options.nodes {
+        let ip = Ipv4Addr::from(u32::from(options.base) + i);
+        let spec = NodeSpec {
+            hardware: Hardware::vm(i + 1),
+            ..NodeSpec::new(SocketAddr::from((ip, options.port)), &options.talos_version)
+        };
+        match SimNode::spawn(spec).await {
+            Ok(node) => {
+                println!(
+                    "node {} uuid={} fingerprint={}",
+                    node.addr(),
+                    node.hardware().uuid,
+                    node.fingerprint()
+                );
+                nodes.insert(ip.to_string(), node);
+            }
+            Err(error) => {
+                eprintln!("ichor-sim: cannot start a node at {ip}: {error}");
+                return std::process::ExitCode::FAILURE;
+            }
+        }
+    }
+    let sim = Arc::new(Sim {
+        nodes,
+        gates: Mutex::new(BTreeMap::new()),
+    });
+    let app = axum::Router::new()
+        .route("/nodes", get(list))
+        .route("/nodes/{ip}/{action}", post(act))
+        .route(
+            "/nodes/{ip}/gates/{method}",
+            post(hold).get(arrived).delete(release),
+        )
+        .with_state(Arc::clone(&sim));
+    let listener = match tokio::net::TcpListener::bind(options.control).await {
+        Ok(l) => l,
+        Err(error) => {
+            eprintln!(
+                "ichor-sim: cannot serve the control endpoint on {}: {error}",
+                options.control
+            );
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match listener.local_addr() {
+        Ok(bound) => println!("control http://{bound}"),
+        Err(error) => {
+            eprintln!("ichor-sim: the control endpoint has no address: {error}");
+            return std::process::ExitCode::FAILURE;
+        }
+    }
+    let served = axum::serve(listener, app)
+        .with_graceful_shutdown(stopped())
+        .await;
+    if let Err(error) = served {
+        eprintln!("ichor-sim: the control endpoint failed: {error}");
+        return std::process::ExitCode::FAILURE;
+    }
+    std::process::ExitCode::SUCCESS
+}
