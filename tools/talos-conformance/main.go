@@ -1,5 +1,10 @@
-// Command talos-conformance keeps Ichor's hand-written Talos API honest against Talos's own
-// code. `dump` prints, one per line, every service method, message field and enum value Talos
+// Command talos-conformance keeps Ichor's Talos client honest against Talos's own code.
+//
+//	talos-conformance dump
+//	talos-conformance fingerprint < cert.pem
+//	talos-conformance drive --endpoint HOST[:PORT] --fingerprint F --config PATH --bundle PATH
+//
+// `dump` prints, one per line, every service method, message field and enum value Talos
 // registers in the packages Ichor's proto/ covers, in the canonical form Ichor's test compares
 // its own descriptors to:
 //
@@ -7,6 +12,13 @@
 //	message <message>
 //	field <message> <name> <number> <label> <type> [<type name>] [oneof=<name>] [optional]
 //	value <enum> <name> <number>
+//
+// `fingerprint` prints the fingerprint talosctl --cert-fingerprint pins for a certificate
+// (fingerprint.go). `drive` takes a node in maintenance mode through discovery, apply and the
+// first mutual-TLS calls with Talos's own Go client, printing one `key value` line per fact
+// (drive.go).
+//
+// Exit status 1 when a command fails, 2 on a usage error.
 package main
 
 import (
@@ -18,6 +30,9 @@ import (
 	_ "github.com/cosi-project/runtime/api/v1alpha1"
 	_ "github.com/siderolabs/talos/pkg/machinery/api/common"
 	_ "github.com/siderolabs/talos/pkg/machinery/api/machine"
+	_ "github.com/siderolabs/talos/pkg/machinery/api/resource/definitions/enums"
+	_ "github.com/siderolabs/talos/pkg/machinery/api/resource/definitions/hardware"
+	_ "github.com/siderolabs/talos/pkg/machinery/api/resource/definitions/runtime"
 	_ "github.com/siderolabs/talos/pkg/machinery/api/storage"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/reflect/protoregistry"
@@ -30,14 +45,58 @@ var packages = map[string]bool{
 	"storage":       true,
 	"cosi.resource": true,
 	"google.rpc":    true,
+
+	"talos.resource.definitions.enums":    true,
+	"talos.resource.definitions.hardware": true,
+	"talos.resource.definitions.runtime":  true,
 }
 
 func main() {
-	if len(os.Args) != 2 || os.Args[1] != "dump" {
-		fmt.Fprintln(os.Stderr, "usage: talos-conformance dump")
-		os.Exit(2)
+	if len(os.Args) < 2 {
+		usage()
 	}
 
+	var err error
+
+	switch os.Args[1] {
+	case "dump":
+		if len(os.Args) != 2 {
+			usage()
+		}
+
+		dump()
+	case "fingerprint":
+		if len(os.Args) != 2 {
+			usage()
+		}
+
+		err = fingerprint()
+	case "drive":
+		args, parseErr := parseDriveArgs(os.Args[2:])
+		if parseErr != nil {
+			fmt.Fprintln(os.Stderr, "talos-conformance drive:", parseErr)
+			usage()
+		}
+
+		err = drive(args)
+	default:
+		usage()
+	}
+
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "talos-conformance:", err)
+		os.Exit(1)
+	}
+}
+
+func usage() {
+	fmt.Fprintln(os.Stderr, "usage: talos-conformance dump | fingerprint < cert.pem | "+
+		"drive --endpoint HOST[:PORT] --fingerprint F --config PATH --bundle PATH")
+	os.Exit(2)
+}
+
+// dump prints the registered descriptors of the packages Ichor's proto/ covers.
+func dump() {
 	var lines []string
 
 	protoregistry.GlobalFiles.RangeFiles(func(file protoreflect.FileDescriptor) bool {

@@ -146,8 +146,13 @@ pub fn oracles(root: &Path) -> Result<PathBuf> {
             .context("oracle module name")?
             .to_owned();
         let mut stamp = core.clone();
-        for file in ["go.mod", "go.sum", "main.go"] {
+        for file in ["go.mod", "go.sum"] {
             stamp.push_str(&std::fs::read_to_string(module.join(file)).unwrap_or_default());
+        }
+        // Every Go source of the module, not only main.go: a change to any of them rebuilds.
+        for file in go_sources(&module)? {
+            stamp.push_str(&file.file_name().unwrap_or_default().to_string_lossy());
+            stamp.push_str(&read(&file)?);
         }
         let binary = dir.join(&name);
         let stamp_file = dir.join(format!(".{name}.stamp"));
@@ -166,6 +171,17 @@ pub fn oracles(root: &Path) -> Result<PathBuf> {
         std::fs::write(&stamp_file, stamp).context("write the oracle stamp")?;
     }
     Ok(dir)
+}
+
+/// The `.go` files directly in `module`, sorted.
+fn go_sources(module: &Path) -> Result<Vec<PathBuf>> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(module)
+        .with_context(|| format!("read {}", module.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_file() && p.extension().is_some_and(|e| e == "go"))
+        .collect();
+    files.sort();
+    Ok(files)
 }
 
 /// Regenerates (or with `--check`, verifies) the `replace` block of `tools/k8s/go.mod`: one line
