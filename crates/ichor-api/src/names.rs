@@ -92,6 +92,12 @@ pub mod reasons {
     pub const REJECTED: &str = "Rejected";
     /// The removal would take etcd below quorum.
     pub const QUORUM_AT_RISK: &str = "QuorumAtRisk";
+    /// The delete needs the `ichor.maesh.dev/allow-delete: "true"` annotation.
+    pub const ALLOW_DELETE_REQUIRED: &str = "AllowDeleteRequired";
+    /// The machine is its cluster's last control plane: delete the TalosCluster instead.
+    pub const LAST_CONTROL_PLANE: &str = "LastControlPlane";
+    /// `spec.approvalState` or `spec.role` changed on a machine whose config was applied.
+    pub const IMMUTABLE_ONCE_APPLIED: &str = "ImmutableOnceApplied";
     /// The removal waits for a replacement control plane (declared count).
     pub const AWAITING_REPLACEMENT: &str = "AwaitingReplacement";
     /// The cluster lock is held by another action.

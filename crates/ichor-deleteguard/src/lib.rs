@@ -2,5 +2,32 @@
 //! count, the allow-delete annotation, and the approval/role lock of applied machines.
 //!
 //! Functions over plain inputs; no Kubernetes client, no network. Used by the admission webhook
-//! and rechecked by the controller inside the cluster lock.
+//! ([`check_machine_delete`], [`check_cluster_delete`], [`check_machine_update`]) and rechecked
+//! by the controller inside the cluster lock ([`check_machine_removal`]).
+//!
+//! Callers describe each TalosMachine of one cluster as a [`Machine`] (built from the live object
+//! with `Machine::from(&talos_machine)`) and the cluster as a [`Cluster`]. The answer is either
+//! allow, a [`Refusal`] a person can act on, or (controller only) a [`Wait`] that resolves by
+//! itself once a replacement control plane is configured. Each refusal and wait carries a stable
+//! CamelCase reason, usable as a condition reason, and a message saying what to do.
+//!
+//! How machines are counted:
+//! - A *control-plane member* is a machine with role `controlplane` whose config was applied
+//!   (`status.appliedConfigHash` set), whatever its `approvalState` says: a rejected flag on a
+//!   live control plane must not make it vanish from the count. An approved control plane whose
+//!   config was not applied yet is not an etcd member and is not counted.
+//! - Members being deleted (deletion timestamp set) other than the one being checked are not
+//!   counted as remaining: they are leaving. Counting them is the bug that lets two deletes at
+//!   three control planes both see `3 -> 2`.
 #![forbid(unsafe_code)]
+
+mod model;
+mod rules;
+mod verdict;
+
+pub use model::{Cluster, ControlPlaneCounts, Machine, ObjectKind, control_plane_counts};
+pub use rules::{
+    check_cluster_delete, check_machine_delete, check_machine_removal, check_machine_update,
+    etcd_quorum,
+};
+pub use verdict::{LockedChange, LockedField, Refusal, RemovalVerdict, Wait, reasons};

@@ -1,0 +1,382 @@
+//! The inputs: one machine, one cluster, and the control-plane counts derived from them.
+
+use std::collections::BTreeMap;
+
+use ichor_api::common::Role;
+use ichor_api::machine::ApprovalState;
+use ichor_api::names::annotations;
+use ichor_api::{TalosCluster, TalosMachine};
+
+/// What the rules need to know about one TalosMachine.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Machine {
+    /// `metadata.name`; unique within the cluster's namespace.
+    pub name: String,
+    /// `metadata.namespace`, used in the commands the messages suggest.
+    pub namespace: Option<String>,
+    /// `spec.role`.
+    pub role: Option<Role>,
+    /// `spec.approvalState`.
+    pub approval: ApprovalState,
+    /// Whether `status.appliedConfigHash` is set (a config was applied to the machine).
+    pub applied: bool,
+    /// Whether `metadata.deletionTimestamp` is set (the machine is being deleted).
+    pub deleting: bool,
+    /// Whether the annotation `ichor.maesh.dev/allow-delete` is exactly `"true"`.
+    pub allow_delete: bool,
+}
+
+impl Machine {
+    /// A pending machine without a role, never applied, not being deleted, not annotated.
+    pub fn new(name: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            namespace: None,
+            role: None,
+            approval: ApprovalState::Pending,
+            applied: false,
+            deleting: false,
+            allow_delete: false,
+        }
+    }
+
+    /// Sets the namespace.
+    pub fn in_namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.namespace = Some(namespace.into());
+        self
+    }
+
+    /// Sets the role to `controlplane`.
+    pub fn control_plane(mut self) -> Self {
+        self.role = Some(Role::ControlPlane);
+        self
+    }
+
+    /// Sets the role to `worker`.
+    pub fn worker(mut self) -> Self {
+        self.role = Some(Role::Worker);
+        self
+    }
+
+    /// Sets the approval state to `approved`.
+    pub fn approved(mut self) -> Self {
+        self.approval = ApprovalState::Approved;
+        self
+    }
+
+    /// Sets the approval state to `rejected`.
+    pub fn rejected(mut self) -> Self {
+        self.approval = ApprovalState::Rejected;
+        self
+    }
+
+    /// Marks the machine's config as applied.
+    pub fn config_applied(mut self) -> Self {
+        self.applied = true;
+        self
+    }
+
+    /// Marks the machine as being deleted.
+    pub fn being_deleted(mut self) -> Self {
+        self.deleting = true;
+        self
+    }
+
+    /// Sets the allow-delete annotation.
+    pub fn allowing_delete(mut self) -> Self {
+        self.allow_delete = true;
+        self
+    }
+
+    /// Whether the role is `controlplane`.
+    pub fn is_control_plane(&self) -> bool {
+        self.role == Some(Role::ControlPlane)
+    }
+
+    /// Whether the machine counts as an etcd member: a control plane whose config was applied,
+    /// whatever its approval state says.
+    pub fn is_control_plane_member(&self) -> bool {
+        self.is_control_plane() && self.applied
+    }
+
+    /// Whether deleting it needs the allow-delete annotation: an approved control plane, or a
+    /// control plane whose config was applied.
+    pub fn needs_allow_delete(&self) -> bool {
+        self.is_control_plane() && (self.approval == ApprovalState::Approved || self.applied)
+    }
+}
+
+impl From<&TalosMachine> for Machine {
+    fn from(machine: &TalosMachine) -> Self {
+        let meta = &machine.metadata;
+        Self {
+            name: meta.name.clone().unwrap_or_default(),
+            namespace: meta.namespace.clone(),
+            role: machine.spec.role,
+            approval: machine.spec.approval_state,
+            // Presence, as the apiserver's CEL lock reads it (`has(status.appliedConfigHash)`).
+            applied: machine
+                .status
+                .as_ref()
+                .is_some_and(|s| s.applied_config_hash.is_some()),
+            deleting: meta.deletion_timestamp.is_some(),
+            allow_delete: allow_delete_set(meta.annotations.as_ref()),
+        }
+    }
+}
+
+/// What the rules need to know about the TalosCluster a machine belongs to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Cluster {
+    /// `metadata.name`.
+    pub name: String,
+    /// `metadata.namespace`, used in the commands the messages suggest.
+    pub namespace: Option<String>,
+    /// `spec.controlPlane.count`.
+    pub declared_control_planes: usize,
+    /// Whether `metadata.deletionTimestamp` is set: the cluster is being torn down, which lifts
+    /// the per-machine rules (its own deletion needed the allow-delete annotation).
+    pub deleting: bool,
+    /// Whether the annotation `ichor.maesh.dev/allow-delete` is exactly `"true"`.
+    pub allow_delete: bool,
+}
+
+impl Cluster {
+    /// A cluster declaring `declared_control_planes`, not being deleted, not annotated.
+    pub fn new(name: impl Into<String>, declared_control_planes: usize) -> Self {
+        Self {
+            name: name.into(),
+            namespace: None,
+            declared_control_planes,
+            deleting: false,
+            allow_delete: false,
+        }
+    }
+
+    /// Sets the namespace.
+    pub fn in_namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.namespace = Some(namespace.into());
+        self
+    }
+
+    /// Marks the cluster as being deleted.
+    pub fn being_deleted(mut self) -> Self {
+        self.deleting = true;
+        self
+    }
+
+    /// Sets the allow-delete annotation.
+    pub fn allowing_delete(mut self) -> Self {
+        self.allow_delete = true;
+        self
+    }
+}
+
+impl From<&TalosCluster> for Cluster {
+    fn from(cluster: &TalosCluster) -> Self {
+        let meta = &cluster.metadata;
+        Self {
+            name: meta.name.clone().unwrap_or_default(),
+            namespace: meta.namespace.clone(),
+            declared_control_planes: usize::try_from(cluster.spec.control_plane.count).unwrap_or(0),
+            deleting: meta.deletion_timestamp.is_some(),
+            allow_delete: allow_delete_set(meta.annotations.as_ref()),
+        }
+    }
+}
+
+/// Whether the allow-delete annotation is present with the exact value `"true"`.
+fn allow_delete_set(annotations: Option<&BTreeMap<String, String>>) -> bool {
+    annotations
+        .and_then(|a| a.get(annotations::ALLOW_DELETE))
+        .is_some_and(|v| v == annotations::TRUE)
+}
+
+/// The kind of object a refusal is about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ObjectKind {
+    /// A TalosMachine.
+    TalosMachine,
+    /// A TalosCluster.
+    TalosCluster,
+}
+
+impl ObjectKind {
+    /// The resource name as `kubectl` takes it (`talosmachine`, `taloscluster`).
+    pub fn resource(self) -> &'static str {
+        match self {
+            Self::TalosMachine => "talosmachine",
+            Self::TalosCluster => "taloscluster",
+        }
+    }
+}
+
+/// Control-plane members around the removal of one machine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ControlPlaneCounts {
+    /// Members now: those not being deleted, plus the machine checked if it is a member.
+    pub before: usize,
+    /// Members once the machine checked has left.
+    pub after: usize,
+    /// Other members already being deleted, counted in neither `before` nor `after`.
+    pub already_deleting: usize,
+}
+
+/// Counts the control-plane members around removing `target`; entries of `machines` named like
+/// `target` are ignored, so `machines` may or may not include it.
+pub fn control_plane_counts(target: &Machine, machines: &[Machine]) -> ControlPlaneCounts {
+    let others = machines
+        .iter()
+        .filter(|m| m.name != target.name && m.is_control_plane_member());
+    let (mut remaining, mut already_deleting) = (0, 0);
+    for m in others {
+        if m.deleting {
+            already_deleting += 1;
+        } else {
+            remaining += 1;
+        }
+    }
+    let own = usize::from(target.is_control_plane_member());
+    ControlPlaneCounts {
+        before: remaining + own,
+        after: remaining,
+        already_deleting,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn machine_object(object: serde_json::Value) -> TalosMachine {
+        serde_json::from_value(object).expect("TalosMachine")
+    }
+
+    #[test]
+    fn reads_a_live_machine() {
+        let tm = machine_object(serde_json::json!({
+            "apiVersion": "ichor.maesh.dev/v1alpha1",
+            "kind": "TalosMachine",
+            "metadata": {"name": "cp-1", "namespace": "infra"},
+            "spec": {"clusterRef": {"name": "prod"}, "role": "controlplane", "approvalState": "approved"},
+        }));
+        assert_eq!(
+            Machine::from(&tm),
+            Machine::new("cp-1")
+                .in_namespace("infra")
+                .control_plane()
+                .approved()
+        );
+
+        let tm = machine_object(serde_json::json!({
+            "apiVersion": "ichor.maesh.dev/v1alpha1",
+            "kind": "TalosMachine",
+            "metadata": {
+                "name": "cp-1",
+                "deletionTimestamp": "2025-01-01T00:00:00Z",
+                "annotations": {"ichor.maesh.dev/allow-delete": "true"},
+            },
+            "spec": {"clusterRef": {"name": "prod"}, "role": "controlplane", "approvalState": "rejected"},
+            "status": {"appliedConfigHash": "abc"},
+        }));
+        assert_eq!(
+            Machine::from(&tm),
+            Machine::new("cp-1")
+                .control_plane()
+                .rejected()
+                .config_applied()
+                .being_deleted()
+                .allowing_delete()
+        );
+    }
+
+    #[test]
+    fn allow_delete_needs_exactly_true() {
+        for value in ["True", "yes", "1", "", " true"] {
+            let map: BTreeMap<String, String> = [(annotations::ALLOW_DELETE.into(), value.into())]
+                .into_iter()
+                .collect();
+            assert!(!allow_delete_set(Some(&map)), "{value:?}");
+        }
+        assert!(!allow_delete_set(None));
+    }
+
+    #[test]
+    fn reads_a_live_cluster() {
+        let tc: TalosCluster = serde_json::from_value(serde_json::json!({
+            "apiVersion": "ichor.maesh.dev/v1alpha1",
+            "kind": "TalosCluster",
+            "metadata": {
+                "name": "prod",
+                "namespace": "infra",
+                "deletionTimestamp": "2025-01-01T00:00:00Z",
+                "annotations": {"ichor.maesh.dev/allow-delete": "true"},
+            },
+            "spec": {
+                "talosVersion": "v1.14.0",
+                "kubernetesVersion": "1.36.0",
+                "endpoint": "https://10.0.0.10:6443",
+                "controlPlane": {"count": 3},
+            },
+        }))
+        .expect("TalosCluster");
+        assert_eq!(
+            Cluster::from(&tc),
+            Cluster::new("prod", 3)
+                .in_namespace("infra")
+                .being_deleted()
+                .allowing_delete()
+        );
+    }
+
+    #[test]
+    fn a_rejected_flag_does_not_hide_an_applied_control_plane() {
+        let m = Machine::new("cp-1")
+            .control_plane()
+            .rejected()
+            .config_applied();
+        assert!(m.is_control_plane_member());
+        assert!(m.needs_allow_delete());
+    }
+
+    #[test]
+    fn an_approved_control_plane_not_yet_applied_is_not_a_member() {
+        let m = Machine::new("cp-4").control_plane().approved();
+        assert!(!m.is_control_plane_member());
+        assert!(m.needs_allow_delete());
+    }
+
+    #[test]
+    fn counts_ignore_the_target_in_the_list_and_deleting_members() {
+        let mut cps: Vec<Machine> = (1..=3)
+            .map(|i| {
+                Machine::new(format!("cp-{i}"))
+                    .control_plane()
+                    .approved()
+                    .config_applied()
+            })
+            .collect();
+        let counts = control_plane_counts(&cps[0], &cps);
+        assert_eq!(
+            counts,
+            ControlPlaneCounts {
+                before: 3,
+                after: 2,
+                already_deleting: 0
+            }
+        );
+        cps[0].deleting = true;
+        let counts = control_plane_counts(&cps[1], &cps);
+        assert_eq!(
+            counts,
+            ControlPlaneCounts {
+                before: 2,
+                after: 1,
+                already_deleting: 1
+            }
+        );
+        // Without the target in the list: the same answer.
+        let without = [cps[0].clone(), cps[2].clone()];
+        assert_eq!(control_plane_counts(&cps[1], &without), counts);
+    }
+}

@@ -1,0 +1,281 @@
+//! The answers: refusals a person acts on, waits that resolve by themselves, and the
+//! controller's verdict on a removal.
+
+use std::fmt;
+
+use ichor_api::names::annotations;
+
+use crate::model::{ControlPlaneCounts, ObjectKind};
+use crate::rules::etcd_quorum;
+
+/// Condition reasons of the refusals and waits (CamelCase, stable).
+pub mod reasons {
+    pub use ichor_api::names::reasons::{
+        ALLOW_DELETE_REQUIRED, AWAITING_REPLACEMENT, IMMUTABLE_ONCE_APPLIED, LAST_CONTROL_PLANE,
+        QUORUM_AT_RISK,
+    };
+}
+
+/// Why a delete or an update is refused; `Display` gives the message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// Deleting an approved (or applied) control plane, or a TalosCluster, without the
+    /// allow-delete annotation.
+    AllowDeleteRequired {
+        /// What is being deleted.
+        kind: ObjectKind,
+        /// Its name.
+        name: String,
+        /// Its namespace, if known.
+        namespace: Option<String>,
+    },
+    /// Deleting the cluster's last control plane (`1 -> 0`), annotation notwithstanding.
+    LastControlPlane {
+        /// The machine.
+        name: String,
+        /// Its TalosCluster.
+        cluster: String,
+    },
+    /// The control planes that would remain fall below etcd quorum of the current members.
+    QuorumAtRisk {
+        /// The machine.
+        name: String,
+        /// The members before and after.
+        counts: ControlPlaneCounts,
+    },
+    /// `spec.approvalState` or `spec.role` changed after the machine's config was applied.
+    ImmutableOnceApplied {
+        /// The machine.
+        name: String,
+        /// What changed, in field order (`approvalState`, then `role`).
+        changes: Vec<LockedChange>,
+    },
+}
+
+impl Refusal {
+    /// The condition reason (CamelCase).
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::AllowDeleteRequired { .. } => reasons::ALLOW_DELETE_REQUIRED,
+            Self::LastControlPlane { .. } => reasons::LAST_CONTROL_PLANE,
+            Self::QuorumAtRisk { .. } => reasons::QUORUM_AT_RISK,
+            Self::ImmutableOnceApplied { .. } => reasons::IMMUTABLE_ONCE_APPLIED,
+        }
+    }
+
+    /// What is refused and what a person can do about it, in a sentence.
+    pub fn message(&self) -> String {
+        self.to_string()
+    }
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::AllowDeleteRequired {
+                kind,
+                name,
+                namespace,
+            } => {
+                let resource = kind.resource();
+                let what = match kind {
+                    ObjectKind::TalosMachine => "control plane ",
+                    ObjectKind::TalosCluster => "",
+                };
+                let ns = namespace
+                    .as_deref()
+                    .map(|ns| format!(" -n {ns}"))
+                    .unwrap_or_default();
+                write!(
+                    f,
+                    "deleting {what}{resource} {name} needs the annotation {key}: \"{value}\"; \
+                     set it with: kubectl annotate {resource} {name} {key}={value}{ns}",
+                    key = annotations::ALLOW_DELETE,
+                    value = annotations::TRUE,
+                )
+            }
+            Self::LastControlPlane { name, cluster } => write!(
+                f,
+                "talosmachine {name} is the last control plane of taloscluster {cluster} \
+                 (control planes 1 -> 0): delete the TalosCluster instead"
+            ),
+            Self::QuorumAtRisk { name, counts } => {
+                write!(
+                    f,
+                    "deleting talosmachine {name} would take control planes {} -> {}, below etcd \
+                     quorum of {} for {} members",
+                    counts.before,
+                    counts.after,
+                    etcd_quorum(counts.before),
+                    counts.before,
+                )?;
+                write_already_deleting(f, counts.already_deleting)?;
+                write!(
+                    f,
+                    ": approve another control plane and wait until its config is applied \
+                     before removing this one"
+                )
+            }
+            Self::ImmutableOnceApplied { name, changes } => {
+                for (i, change) in changes.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str(" and ")?;
+                    }
+                    write!(
+                        f,
+                        "spec.{} ({} -> {})",
+                        change.field.as_str(),
+                        change.from,
+                        change.to
+                    )?;
+                }
+                write!(
+                    f,
+                    " of talosmachine {name} cannot change once its config was applied \
+                     (status.appliedConfigHash is set): delete the machine to remove it from \
+                     the cluster"
+                )
+            }
+        }
+    }
+}
+
+impl std::error::Error for Refusal {}
+
+/// Notes the members left out because they are already being deleted.
+fn write_already_deleting(f: &mut fmt::Formatter<'_>, n: usize) -> fmt::Result {
+    match n {
+        0 => Ok(()),
+        1 => write!(f, " (1 control plane already being deleted is not counted)"),
+        n => write!(
+            f,
+            " ({n} control planes already being deleted are not counted)"
+        ),
+    }
+}
+
+/// A field locked once a machine's config was applied.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LockedField {
+    /// `spec.approvalState`.
+    ApprovalState,
+    /// `spec.role`.
+    Role,
+}
+
+impl LockedField {
+    /// The field's name under `spec`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::ApprovalState => "approvalState",
+            Self::Role => "role",
+        }
+    }
+}
+
+/// One refused change of a locked field, values as written in the API (`<unset>` if absent).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LockedChange {
+    /// The field.
+    pub field: LockedField,
+    /// The value before.
+    pub from: String,
+    /// The value requested.
+    pub to: String,
+}
+
+/// Why a removal already admitted waits, expecting to resume by itself; `Display` gives the
+/// message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Wait {
+    /// Removing the machine would take the members below `spec.controlPlane.count`: it waits
+    /// for a replacement (`3 -> 4 -> 3`, never `3 -> 2`).
+    AwaitingReplacement {
+        /// The machine.
+        name: String,
+        /// Its TalosCluster.
+        cluster: String,
+        /// The members before and after.
+        counts: ControlPlaneCounts,
+        /// `spec.controlPlane.count`.
+        declared: usize,
+    },
+}
+
+impl Wait {
+    /// The condition reason (CamelCase).
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::AwaitingReplacement { .. } => reasons::AWAITING_REPLACEMENT,
+        }
+    }
+
+    /// What the removal waits for, in a sentence.
+    pub fn message(&self) -> String {
+        self.to_string()
+    }
+}
+
+impl fmt::Display for Wait {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::AwaitingReplacement {
+                name,
+                cluster,
+                counts,
+                declared,
+            } => {
+                write!(
+                    f,
+                    "removing talosmachine {name} would take control planes {} -> {}, below \
+                     spec.controlPlane.count {declared} of taloscluster {cluster}",
+                    counts.before, counts.after,
+                )?;
+                write_already_deleting(f, counts.already_deleting)?;
+                write!(
+                    f,
+                    ": waiting for a replacement control plane (approve another machine as \
+                     controlplane; the removal resumes once its config is applied), or lower \
+                     spec.controlPlane.count"
+                )
+            }
+        }
+    }
+}
+
+/// The controller's answer on a removal, rechecked inside the cluster lock.
+#[must_use]
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RemovalVerdict {
+    /// Go ahead with the removal sequence.
+    Proceed,
+    /// Hold; resumes by itself once a replacement control plane is configured.
+    Wait(Wait),
+    /// Hold until a person acts (the same refusals as at admission).
+    Refuse(Refusal),
+}
+
+impl RemovalVerdict {
+    /// Whether the removal may go ahead.
+    pub fn is_proceed(&self) -> bool {
+        matches!(self, Self::Proceed)
+    }
+
+    /// The condition reason when held, `None` when it may go ahead.
+    pub fn reason(&self) -> Option<&'static str> {
+        match self {
+            Self::Proceed => None,
+            Self::Wait(w) => Some(w.reason()),
+            Self::Refuse(r) => Some(r.reason()),
+        }
+    }
+
+    /// The message when held, `None` when it may go ahead.
+    pub fn message(&self) -> Option<String> {
+        match self {
+            Self::Proceed => None,
+            Self::Wait(w) => Some(w.message()),
+            Self::Refuse(r) => Some(r.message()),
+        }
+    }
+}
