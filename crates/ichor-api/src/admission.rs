@@ -69,3 +69,114 @@ pub fn kube_proxy_switch_binding() -> ValidatingAdmissionPolicyBinding {
         },
     }
 }
+
+/// The validating webhook configuration the webhook injects its CA into.
+pub const WEBHOOK_CONFIGURATION: &str = "ichor-validating-webhook-configuration";
+/// The Secret (in the webhook's namespace) holding the webhook's CA.
+pub const WEBHOOK_CERT_SECRET: &str = "ichor-webhook-server-cert";
+/// The namespace the shipped manifests install into.
+pub const SYSTEM_NAMESPACE: &str = "ichor-system";
+/// The webhook's Service, ServiceAccount and RBAC name.
+pub const WEBHOOK_NAME: &str = "ichor-webhook";
+/// The path the webhook serves reviews on.
+pub const WEBHOOK_PATH: &str = "/validate";
+
+/// The webhook's rules: TalosMachine deletes and updates, TalosCluster deletes.
+pub fn webhook_rules() -> Vec<k8s_openapi::api::admissionregistration::v1::RuleWithOperations> {
+    use k8s_openapi::api::admissionregistration::v1::RuleWithOperations;
+    let rule = |resource: &str, operations: &[&str]| RuleWithOperations {
+        api_groups: Some(vec![crate::GROUP.into()]),
+        api_versions: Some(vec![crate::VERSION.into()]),
+        resources: Some(vec![resource.into()]),
+        operations: Some(operations.iter().map(|o| (*o).to_owned()).collect()),
+        scope: Some("Namespaced".into()),
+    };
+    vec![
+        rule("talosmachines", &["DELETE", "UPDATE"]),
+        rule("talosclusters", &["DELETE"]),
+    ]
+}
+
+/// The validating webhook configuration: `failurePolicy: Fail`, side effects only outside dry
+/// runs (the removal reservation), calling the webhook's Service. The webhook fills in
+/// `caBundle` itself.
+pub fn validating_webhook_configuration()
+-> k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration {
+    use k8s_openapi::api::admissionregistration::v1::{
+        ServiceReference, ValidatingWebhook, ValidatingWebhookConfiguration, WebhookClientConfig,
+    };
+    ValidatingWebhookConfiguration {
+        metadata: ObjectMeta {
+            name: Some(WEBHOOK_CONFIGURATION.into()),
+            ..Default::default()
+        },
+        webhooks: Some(vec![ValidatingWebhook {
+            name: "deletes.ichor.maesh.dev".into(),
+            admission_review_versions: vec!["v1".into()],
+            side_effects: "NoneOnDryRun".into(),
+            failure_policy: Some("Fail".into()),
+            match_policy: Some("Equivalent".into()),
+            timeout_seconds: Some(10),
+            client_config: WebhookClientConfig {
+                service: Some(ServiceReference {
+                    name: WEBHOOK_NAME.into(),
+                    namespace: SYSTEM_NAMESPACE.into(),
+                    path: Some(WEBHOOK_PATH.into()),
+                    port: Some(443),
+                }),
+                ..Default::default()
+            },
+            rules: Some(webhook_rules()),
+            ..Default::default()
+        }]),
+    }
+}
+
+/// What the webhook may do across namespaces: read TalosMachines, read and reserve on
+/// TalosClusters, inject its CA into its own webhook configuration.
+pub fn webhook_cluster_role() -> k8s_openapi::api::rbac::v1::ClusterRole {
+    use k8s_openapi::api::rbac::v1::{ClusterRole, PolicyRule};
+    let rule = |groups: &str, resources: &str, verbs: &[&str], names: Option<&str>| PolicyRule {
+        api_groups: Some(vec![groups.into()]),
+        resources: Some(vec![resources.into()]),
+        verbs: verbs.iter().map(|v| (*v).to_owned()).collect(),
+        resource_names: names.map(|n| vec![n.to_owned()]),
+        ..Default::default()
+    };
+    ClusterRole {
+        metadata: ObjectMeta {
+            name: Some(WEBHOOK_NAME.into()),
+            ..Default::default()
+        },
+        rules: Some(vec![
+            rule(crate::GROUP, "talosmachines", &["get", "list"], None),
+            rule(crate::GROUP, "talosclusters", &["get", "update"], None),
+            rule(
+                "admissionregistration.k8s.io",
+                "validatingwebhookconfigurations",
+                &["get", "update"],
+                Some(WEBHOOK_CONFIGURATION),
+            ),
+        ]),
+        ..Default::default()
+    }
+}
+
+/// What the webhook may do in its own namespace: create and read its CA Secret (and follow a
+/// rotation).
+pub fn webhook_role(namespace: &str) -> k8s_openapi::api::rbac::v1::Role {
+    use k8s_openapi::api::rbac::v1::{PolicyRule, Role};
+    Role {
+        metadata: ObjectMeta {
+            name: Some(WEBHOOK_NAME.into()),
+            namespace: Some(namespace.into()),
+            ..Default::default()
+        },
+        rules: Some(vec![PolicyRule {
+            api_groups: Some(vec![String::new()]),
+            resources: Some(vec!["secrets".into()]),
+            verbs: vec!["get".into(), "create".into()],
+            ..Default::default()
+        }]),
+    }
+}

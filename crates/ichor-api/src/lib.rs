@@ -73,5 +73,20 @@ pub fn manifests() -> Result<Vec<Manifest>, serde_saphyr::SerializeError> {
             serde_saphyr::to_string(&admission::kube_proxy_switch_binding())?
         ),
     });
+    out.push(Manifest {
+        path: "webhook/validating-webhook-configuration.yaml".into(),
+        yaml: format!(
+            "{header}{}",
+            serde_saphyr::to_string(&admission::validating_webhook_configuration())?
+        ),
+    });
+    out.push(Manifest {
+        path: "rbac/webhook.yaml".into(),
+        yaml: format!(
+            "{header}{}---\n{}",
+            serde_saphyr::to_string(&admission::webhook_cluster_role())?,
+            serde_saphyr::to_string(&admission::webhook_role(admission::SYSTEM_NAMESPACE))?
+        ),
+    });
     Ok(out)
 }

@@ -14,6 +14,10 @@ pub mod annotations {
     pub const FORCE_REMOVE: &str = "ichor.maesh.dev/force-remove";
     /// `"true"` lets a removal continue past a drain that cannot finish (PodDisruptionBudgets).
     pub const SKIP_DRAIN: &str = "ichor.maesh.dev/skip-drain";
+    /// On a TalosCluster: control-plane removals the webhook admitted and the controller has
+    /// not finished, as JSON (`[{"machine","uid","at"}]`). Written with the cluster's
+    /// `resourceVersion`, so two deletes admitted at once cannot both count the same members.
+    pub const REMOVAL_RESERVATIONS: &str = "ichor.maesh.dev/removal-reservations";
     /// The value every boolean annotation above must have to take effect.
     pub const TRUE: &str = "true";
 }
@@ -98,6 +102,10 @@ pub mod reasons {
     pub const LAST_CONTROL_PLANE: &str = "LastControlPlane";
     /// `spec.approvalState` or `spec.role` changed on a machine whose config was applied.
     pub const IMMUTABLE_ONCE_APPLIED: &str = "ImmutableOnceApplied";
+    /// The webhook could not read the live state it needs, so it refused (fail closed).
+    pub const LIVE_STATE_UNAVAILABLE: &str = "LiveStateUnavailable";
+    /// The admission review could not be read.
+    pub const INVALID_REVIEW: &str = "InvalidReview";
     /// The removal waits for a replacement control plane (declared count).
     pub const AWAITING_REPLACEMENT: &str = "AwaitingReplacement";
     /// The cluster lock is held by another action.

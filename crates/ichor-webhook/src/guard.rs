@@ -1,0 +1,254 @@
+//! Admission decisions on live state: reads the cluster's machines, applies
+//! `ichor-deleteguard`, and reserves an admitted control-plane removal on the TalosCluster with
+//! a write guarded by `resourceVersion`, so concurrent deletes are serialized (ADR 7).
+
+use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use ichor_api::names::{annotations, reasons};
+use ichor_api::{TalosCluster, TalosMachine};
+use ichor_deleteguard::{
+    Cluster, Machine, check_cluster_delete, check_machine_delete, check_machine_update,
+    control_plane_counts,
+};
+use kube::api::{Api, ListParams, PostParams};
+use kube::core::DynamicObject;
+use kube::core::admission::{AdmissionRequest, Operation};
+use serde::{Deserialize, Serialize};
+
+/// How long a reservation whose machine never got a deletion timestamp stays (the delete it
+/// was made for failed after admission, e.g. another webhook refused it).
+const RESERVATION_TTL: Duration = Duration::from_secs(30);
+
+/// How often a reservation write is retried after a `resourceVersion` conflict.
+const ATTEMPTS: usize = 8;
+
+/// The webhook's answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Admit.
+    Allow,
+    /// Refuse, with a condition reason and a message a person can act on.
+    Deny {
+        /// CamelCase reason.
+        reason: String,
+        /// What to do about it.
+        message: String,
+    },
+}
+
+impl Decision {
+    fn deny(reason: &str, message: impl Into<String>) -> Self {
+        Self::Deny {
+            reason: reason.to_owned(),
+            message: message.into(),
+        }
+    }
+}
+
+/// One admitted removal not finished yet.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reservation {
+    /// The TalosMachine's name.
+    pub machine: String,
+    /// Its uid (a recreated machine of the same name is another machine).
+    pub uid: String,
+    /// When it was admitted (Unix seconds).
+    pub at: u64,
+}
+
+/// Reads the reservations on a TalosCluster; an unreadable value counts as none (and is
+/// replaced on the next write).
+pub fn reservations(cluster: &TalosCluster) -> Vec<Reservation> {
+    cluster
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(annotations::REMOVAL_RESERVATIONS))
+        .and_then(|v| serde_json::from_str(v).ok())
+        .unwrap_or_default()
+}
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// The reservations still standing: their machine exists with the same uid and is either
+/// being deleted or was admitted less than the TTL ago.
+fn live_reservations(all: Vec<Reservation>, machines: &[TalosMachine]) -> Vec<Reservation> {
+    all.into_iter()
+        .filter(|r| {
+            machines.iter().any(|m| {
+                m.metadata.name.as_deref() == Some(r.machine.as_str())
+                    && m.metadata.uid.as_deref() == Some(r.uid.as_str())
+                    && (m.metadata.deletion_timestamp.is_some()
+                        || now().saturating_sub(r.at) < RESERVATION_TTL.as_secs())
+            })
+        })
+        .collect()
+}
+
+/// Decides on admission requests against live state.
+#[derive(Clone)]
+pub struct Guard {
+    client: kube::Client,
+}
+
+/// What went wrong reading live state or decoding the request.
+#[derive(Debug, thiserror::Error)]
+pub enum GuardError {
+    /// The Kubernetes API failed.
+    #[error("the Kubernetes API failed: {0}")]
+    Kube(#[from] kube::Error),
+    /// The object in the request is not what its kind says.
+    #[error("the request's {0} does not decode: {1}")]
+    Decode(&'static str, serde_json::Error),
+    /// A field the decision needs is missing.
+    #[error("the request has no {0}")]
+    Missing(&'static str),
+    /// The reservation kept conflicting.
+    #[error(
+        "the removal could not be reserved on the TalosCluster after {ATTEMPTS} conflicting writes"
+    )]
+    Contended,
+}
+
+fn decode<T: serde::de::DeserializeOwned>(
+    object: Option<&DynamicObject>,
+    what: &'static str,
+) -> Result<T, GuardError> {
+    let object = object.ok_or(GuardError::Missing(what))?;
+    let value = serde_json::to_value(object).map_err(|e| GuardError::Decode(what, e))?;
+    serde_json::from_value(value).map_err(|e| GuardError::Decode(what, e))
+}
+
+impl Guard {
+    /// A guard reading through `client`.
+    pub fn new(client: kube::Client) -> Self {
+        Self { client }
+    }
+
+    /// Decides on one request. Errors mean live state could not be read; the caller refuses
+    /// (fail closed).
+    pub async fn decide(
+        &self,
+        request: &AdmissionRequest<DynamicObject>,
+    ) -> Result<Decision, GuardError> {
+        match (request.kind.kind.as_str(), &request.operation) {
+            ("TalosMachine", Operation::Delete) => {
+                let machine: TalosMachine = decode(request.old_object.as_ref(), "oldObject")?;
+                self.machine_delete(&machine, request.dry_run).await
+            }
+            ("TalosMachine", Operation::Update) => {
+                let old: TalosMachine = decode(request.old_object.as_ref(), "oldObject")?;
+                let new: TalosMachine = decode(request.object.as_ref(), "object")?;
+                Ok(
+                    match check_machine_update(&Machine::from(&old), &Machine::from(&new)) {
+                        Ok(()) => Decision::Allow,
+                        Err(refusal) => Decision::deny(refusal.reason(), refusal.message()),
+                    },
+                )
+            }
+            ("TalosCluster", Operation::Delete) => {
+                let cluster: TalosCluster = decode(request.old_object.as_ref(), "oldObject")?;
+                Ok(match check_cluster_delete(&Cluster::from(&cluster)) {
+                    Ok(()) => Decision::Allow,
+                    Err(refusal) => Decision::deny(refusal.reason(), refusal.message()),
+                })
+            }
+            _ => Ok(Decision::Allow),
+        }
+    }
+
+    async fn machine_delete(
+        &self,
+        target: &TalosMachine,
+        dry_run: bool,
+    ) -> Result<Decision, GuardError> {
+        let namespace = target.metadata.namespace.clone().unwrap_or_default();
+        let cluster_name = target.spec.cluster_ref.name.clone();
+        let machines_api: Api<TalosMachine> = Api::namespaced(self.client.clone(), &namespace);
+        let clusters: Api<TalosCluster> = Api::namespaced(self.client.clone(), &namespace);
+        for _ in 0..ATTEMPTS {
+            let cluster = clusters.get_opt(&cluster_name).await?;
+            let machines: Vec<TalosMachine> = machines_api
+                .list(&ListParams::default())
+                .await?
+                .items
+                .into_iter()
+                .filter(|m| m.spec.cluster_ref.name == cluster_name)
+                .collect();
+            let standing = cluster
+                .as_ref()
+                .map(|c| live_reservations(reservations(c), &machines))
+                .unwrap_or_default();
+            let target_uid = target.metadata.uid.clone().unwrap_or_default();
+            let inputs: Vec<Machine> = machines
+                .iter()
+                .map(|m| {
+                    let mut input = Machine::from(m);
+                    // A reserved removal is a removal under way, even before the apiserver
+                    // has set its deletion timestamp.
+                    if standing
+                        .iter()
+                        .any(|r| Some(r.uid.as_str()) == m.metadata.uid.as_deref())
+                    {
+                        input.deleting = true;
+                    }
+                    input
+                })
+                .collect();
+            let guard_cluster = cluster.as_ref().map_or_else(
+                || Cluster::new(cluster_name.clone(), 0).in_namespace(namespace.clone()),
+                Cluster::from,
+            );
+            let me = Machine::from(target);
+            if let Err(refusal) = check_machine_delete(&me, &inputs, &guard_cluster) {
+                return Ok(Decision::deny(refusal.reason(), refusal.message()));
+            }
+            let counts = control_plane_counts(&me, &inputs);
+            let changes_count = me.is_control_plane_member() && counts.before != counts.after;
+            let Some(mut cluster) = cluster else {
+                return Ok(Decision::Allow);
+            };
+            if dry_run || !changes_count || guard_cluster.deleting || me.deleting {
+                return Ok(Decision::Allow);
+            }
+            let mut next = standing.clone();
+            if !next.iter().any(|r| r.uid == target_uid) {
+                next.push(Reservation {
+                    machine: target.metadata.name.clone().unwrap_or_default(),
+                    uid: target_uid.clone(),
+                    at: now(),
+                });
+            }
+            let value = serde_json::to_string(&next).expect("reservations serialize");
+            cluster
+                .metadata
+                .annotations
+                .get_or_insert_with(BTreeMap::new)
+                .insert(annotations::REMOVAL_RESERVATIONS.to_owned(), value);
+            // `replace` sends the resourceVersion read above: a concurrent reservation makes
+            // this write conflict, and the loop decides again on what that one wrote.
+            match clusters
+                .replace(&cluster_name, &PostParams::default(), &cluster)
+                .await
+            {
+                Ok(_) => return Ok(Decision::Allow),
+                Err(kube::Error::Api(status)) if status.code == 409 => {}
+                Err(error) => return Err(error.into()),
+            }
+        }
+        Err(GuardError::Contended)
+    }
+}
+
+/// The reason for a refusal because live state could not be read.
+pub fn unavailable(error: &GuardError) -> Decision {
+    Decision::deny(
+        reasons::LIVE_STATE_UNAVAILABLE,
+        format!("refused because the webhook cannot check it safely: {error}; retry shortly"),
+    )
+}

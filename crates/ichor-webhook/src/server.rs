@@ -1,0 +1,189 @@
+//! The HTTPS admission server: `POST /validate` takes an `AdmissionReview` v1 and always
+//! answers with a well-formed one; `GET /healthz` says whether a serving certificate is loaded.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::{get, post};
+use ichor_api::names::reasons;
+use kube::core::DynamicObject;
+use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview};
+
+use crate::Error;
+use crate::certs::{CertSettings, LeafResolver, Refresher};
+use crate::guard::{Decision, Guard, unavailable};
+
+/// How long a decision may take: under the webhook's 10 s timeout, so the apiserver gets a
+/// refusal rather than a timeout.
+const DECISION_TIMEOUT: Duration = Duration::from_secs(8);
+
+/// What the server needs.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Where to listen (port 0 picks one).
+    pub bind: SocketAddr,
+    /// Certificate settings.
+    pub certs: CertSettings,
+    /// How often the certificates are checked.
+    pub refresh: Duration,
+}
+
+#[derive(Clone)]
+struct AppState {
+    guard: Guard,
+    resolver: Arc<LeafResolver>,
+}
+
+/// An answer for a request that could not be read: refused, with the request's uid when
+/// one can be found.
+fn invalid(body: &[u8], why: &str) -> AdmissionReview<DynamicObject> {
+    let mut response = AdmissionResponse::invalid(format!("unreadable admission review: {why}"));
+    response.result.reason = reasons::INVALID_REVIEW.to_owned();
+    response.result.code = 400;
+    if let Ok(value) = serde_json::from_slice::<serde_json::Value>(body)
+        && let Some(uid) = value["request"]["uid"].as_str()
+    {
+        uid.clone_into(&mut response.uid);
+    }
+    response.into_review()
+}
+
+/// Decides on one review body.
+pub async fn review(guard: &Guard, body: &[u8]) -> AdmissionReview<DynamicObject> {
+    let parsed: AdmissionReview<DynamicObject> = match serde_json::from_slice(body) {
+        Ok(review) => review,
+        Err(error) => return invalid(body, &error.to_string()),
+    };
+    let request: AdmissionRequest<DynamicObject> = match parsed.try_into() {
+        Ok(request) => request,
+        Err(_) => return invalid(body, "it carries no request"),
+    };
+    let response = AdmissionResponse::from(&request);
+    let decision = match tokio::time::timeout(DECISION_TIMEOUT, guard.decide(&request)).await {
+        Ok(Ok(decision)) => decision,
+        Ok(Err(error)) => {
+            tracing::warn!(%error, uid = %request.uid, "admission refused: live state unavailable");
+            unavailable(&error)
+        }
+        Err(_) => Decision::Deny {
+            reason: reasons::LIVE_STATE_UNAVAILABLE.to_owned(),
+            message: "refused because live state could not be read in time; retry shortly"
+                .to_owned(),
+        },
+    };
+    let response = match decision {
+        Decision::Allow => response,
+        Decision::Deny { reason, message } => {
+            tracing::info!(%reason, name = %request.name, "admission refused");
+            let mut denied = response.deny(message);
+            denied.result.reason = reason;
+            denied.result.code = 403;
+            denied
+        }
+    };
+    response.into_review()
+}
+
+async fn validate(
+    State(state): State<AppState>,
+    body: Bytes,
+) -> Json<AdmissionReview<DynamicObject>> {
+    Json(review(&state.guard, &body).await)
+}
+
+async fn healthz(State(state): State<AppState>) -> (StatusCode, &'static str) {
+    if state.resolver.ready() {
+        (StatusCode::OK, "ok")
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no serving certificate yet",
+        )
+    }
+}
+
+/// A running webhook.
+#[derive(Debug)]
+pub struct Running {
+    addr: SocketAddr,
+    handle: axum_server::Handle<SocketAddr>,
+    server: tokio::task::JoinHandle<std::io::Result<()>>,
+    refresher: tokio::task::JoinHandle<()>,
+}
+
+impl Running {
+    /// The address it listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stops it.
+    pub async fn stop(self) {
+        self.refresher.abort();
+        self.handle.graceful_shutdown(Some(Duration::from_secs(1)));
+        let _ = self.server.await;
+    }
+
+    /// Waits until it stops (a serving error or a shutdown).
+    pub async fn wait(self) -> Result<(), Error> {
+        let result = self.server.await;
+        self.refresher.abort();
+        match result {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(error)) => Err(Error::Serve(error)),
+            Err(error) => Err(Error::Serve(std::io::Error::other(error))),
+        }
+    }
+
+    /// Begins a graceful shutdown.
+    pub fn shutdown(&self) {
+        self.handle.graceful_shutdown(Some(Duration::from_secs(5)));
+    }
+}
+
+/// Gets the certificates (creating the CA if needed), then serves.
+pub async fn start(client: kube::Client, settings: Settings) -> Result<Running, Error> {
+    let resolver = Arc::new(LeafResolver::default());
+    let mut refresher = Refresher::new(
+        client.clone(),
+        settings.certs.clone(),
+        Arc::clone(&resolver),
+    );
+    refresher.refresh().await?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut tls = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| Error::Tls(e.to_string()))?
+        .with_no_client_auth()
+        .with_cert_resolver(Arc::clone(&resolver) as Arc<dyn rustls::server::ResolvesServerCert>);
+    tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    let app = axum::Router::new()
+        .route("/validate", post(validate))
+        .route("/healthz", get(healthz))
+        .with_state(AppState {
+            guard: Guard::new(client),
+            resolver,
+        });
+    let handle = axum_server::Handle::new();
+    let server = tokio::spawn(
+        axum_server::bind_rustls(
+            settings.bind,
+            axum_server::tls_rustls::RustlsConfig::from_config(Arc::new(tls)),
+        )
+        .handle(handle.clone())
+        .serve(app.into_make_service()),
+    );
+    let addr = handle.listening().await.ok_or(Error::Bind(settings.bind))?;
+    let refresher = tokio::spawn(refresher.run(settings.refresh));
+    Ok(Running {
+        addr,
+        handle,
+        server,
+        refresher,
+    })
+}

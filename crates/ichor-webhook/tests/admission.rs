@@ -1,0 +1,429 @@
+//! The webhook called by a real kube-apiserver over TLS, with the CA the webhook wrote into
+//! the webhook configuration: unsafe deletes and updates are refused at the door, concurrent
+//! deletes are serialized, and safe ones pass.
+
+use std::time::Duration;
+
+use ichor_api::names::{annotations, finalizers};
+use ichor_testenv::TestEnv;
+use ichor_webhook::certs::CA_CERT_KEY;
+use ichor_webhook::{CERT_SECRET, CertSettings, Settings, WEBHOOK_CONFIGURATION, WEBHOOK_PATH};
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingWebhookConfiguration, WebhookClientConfig,
+};
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::rbac::v1::{
+    ClusterRole, ClusterRoleBinding, Role, RoleBinding, RoleRef, Subject,
+};
+use kube::Api;
+use kube::api::{
+    ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
+};
+use serde_json::{Value, json};
+
+fn api(env: &TestEnv, ns: &str, kind: &str) -> Api<DynamicObject> {
+    let gvk = GroupVersionKind::gvk(ichor_api::GROUP, ichor_api::VERSION, kind);
+    Api::namespaced_with(env.client(), ns, &ApiResource::from_gvk(&gvk))
+}
+
+/// Runs the webhook as its own user, bound to exactly the shipped ClusterRole and Role (the
+/// Role's rules applied in the test namespace).
+async fn webhook_client(env: &TestEnv, ns: &str) -> kube::Client {
+    let user = format!("system:serviceaccount:{ns}:ichor-webhook");
+    let admin = env.client();
+    let role = ichor_api::admission::webhook_cluster_role();
+    Api::<ClusterRole>::all(admin.clone())
+        .create(&PostParams::default(), &role)
+        .await
+        .expect("cluster role");
+    let subject = Subject {
+        kind: "User".into(),
+        name: user.clone(),
+        api_group: Some("rbac.authorization.k8s.io".into()),
+        ..Default::default()
+    };
+    Api::<ClusterRoleBinding>::all(admin.clone())
+        .create(
+            &PostParams::default(),
+            &ClusterRoleBinding {
+                metadata: kube::api::ObjectMeta {
+                    name: Some(format!("ichor-webhook-{ns}")),
+                    ..Default::default()
+                },
+                role_ref: RoleRef {
+                    api_group: Some("rbac.authorization.k8s.io".into()),
+                    kind: "ClusterRole".into(),
+                    name: "ichor-webhook".into(),
+                },
+                subjects: Some(vec![subject.clone()]),
+            },
+        )
+        .await
+        .expect("cluster role binding");
+    Api::<Role>::namespaced(admin.clone(), ns)
+        .create(
+            &PostParams::default(),
+            &ichor_api::admission::webhook_role(ns),
+        )
+        .await
+        .expect("role");
+    Api::<RoleBinding>::namespaced(admin, ns)
+        .create(
+            &PostParams::default(),
+            &RoleBinding {
+                metadata: kube::api::ObjectMeta {
+                    name: Some("ichor-webhook".into()),
+                    ..Default::default()
+                },
+                role_ref: RoleRef {
+                    api_group: Some("rbac.authorization.k8s.io".into()),
+                    kind: "Role".into(),
+                    name: "ichor-webhook".into(),
+                },
+                subjects: Some(vec![subject]),
+            },
+        )
+        .await
+        .expect("role binding");
+    env.client_as(&user, None).await.expect("webhook client")
+}
+
+/// The shipped webhook configuration, calling `url` instead of the in-cluster Service, with an
+/// empty `caBundle`: the webhook injects its own CA.
+async fn register(env: &TestEnv, url: &str) {
+    let mut config = ichor_api::admission::validating_webhook_configuration();
+    for webhook in config.webhooks.iter_mut().flatten() {
+        webhook.client_config = WebhookClientConfig {
+            url: Some(url.to_owned()),
+            ..Default::default()
+        };
+    }
+    Api::<ValidatingWebhookConfiguration>::all(env.client())
+        .create(&PostParams::default(), &config)
+        .await
+        .expect("webhook configuration");
+}
+
+/// A private control plane with the CRDs, a namespace, a running webhook registered with an
+/// empty `caBundle` — the webhook injects its own CA.
+async fn setup() -> (TestEnv, String, ichor_webhook::Running) {
+    let env = TestEnv::private().await.expect("private control plane");
+    env.install_crds(ichor_api::crds()).await.expect("CRDs");
+    let ns = env.namespace("webhook").await.expect("namespace");
+    let running = ichor_webhook::start(
+        webhook_client(&env, &ns).await,
+        Settings {
+            bind: ([127, 0, 0, 1], 0).into(),
+            certs: CertSettings {
+                namespace: ns.clone(),
+                service: "ichor-webhook".into(),
+                pod_ip: [127, 0, 0, 1].into(),
+                secret: CERT_SECRET.into(),
+                webhook_configuration: WEBHOOK_CONFIGURATION.into(),
+                leaf_validity: Duration::from_secs(24 * 3600),
+                renew_before: Duration::from_secs(3600),
+            },
+            refresh: Duration::from_millis(500),
+        },
+    )
+    .await
+    .expect("webhook starts");
+    register(
+        &env,
+        &format!("https://127.0.0.1:{}{WEBHOOK_PATH}", running.addr().port()),
+    )
+    .await;
+    // The CA the webhook wrote reaches the configuration.
+    let secret = Api::<Secret>::namespaced(env.client(), &ns)
+        .get(CERT_SECRET)
+        .await
+        .expect("the webhook created its CA Secret");
+    let ca = secret.data.expect("data")[CA_CERT_KEY].0.clone();
+    let configs: Api<ValidatingWebhookConfiguration> = Api::all(env.client());
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let config = configs.get(WEBHOOK_CONFIGURATION).await.expect("config");
+        let bundle = config.webhooks.expect("webhooks")[0]
+            .client_config
+            .ca_bundle
+            .clone()
+            .map(|b| b.0);
+        if bundle.as_ref() == Some(&ca) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the CA was never injected"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The apiserver picks the new caBundle up within moments: probe with a delete the
+    // webhook allows until the call goes through.
+    let machines = api(&env, &ns, "TalosMachine");
+    for attempt in 0.. {
+        let probe = format!("probe-{attempt}");
+        create_machine(
+            &env,
+            &ns,
+            &MachineSpec {
+                name: &probe,
+                role: "worker",
+                approval: "pending",
+                applied: false,
+                allow_delete: false,
+            },
+        )
+        .await;
+        match delete(&machines, &probe).await {
+            Ok(()) => break,
+            Err(e) => {
+                assert!(attempt < 50, "the apiserver never reached the webhook: {e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+    (env, ns, running)
+}
+
+fn cluster(name: &str, count: u32, allow_delete: bool) -> Value {
+    let mut metadata = json!({"name": name});
+    if allow_delete {
+        metadata["annotations"] = json!({annotations::ALLOW_DELETE: "true"});
+    }
+    json!({
+        "apiVersion": "ichor.maesh.dev/v1alpha1",
+        "kind": "TalosCluster",
+        "metadata": metadata,
+        "spec": {
+            "talosVersion": "v1.14.1",
+            "kubernetesVersion": "1.36.3",
+            "endpoint": "https://192.168.10.5:6443",
+            "controlPlane": {"count": count}
+        }
+    })
+}
+
+struct MachineSpec<'a> {
+    name: &'a str,
+    role: &'a str,
+    approval: &'a str,
+    applied: bool,
+    allow_delete: bool,
+}
+
+async fn create_machine(env: &TestEnv, ns: &str, m: &MachineSpec<'_>) {
+    let machines = api(env, ns, "TalosMachine");
+    let mut metadata = json!({"name": m.name, "finalizers": [finalizers::MACHINE_REMOVAL]});
+    if m.allow_delete {
+        metadata["annotations"] = json!({annotations::ALLOW_DELETE: "true"});
+    }
+    let object: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "ichor.maesh.dev/v1alpha1",
+        "kind": "TalosMachine",
+        "metadata": metadata,
+        "spec": {
+            "clusterRef": {"name": "lab"},
+            "role": m.role,
+            "approvalState": m.approval,
+            "endpoints": ["192.168.10.21"],
+            "fingerprint": "n7cGkBrmW4Sdq4aR8RCH7TL+5L3N8CuTDxQYX0ngk4U="
+        }
+    }))
+    .expect("machine");
+    machines
+        .create(&PostParams::default(), &object)
+        .await
+        .expect("create machine");
+    if m.applied {
+        machines
+            .patch_status(
+                m.name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": {"appliedConfigHash": "sha256:0123"}})),
+            )
+            .await
+            .expect("status");
+    }
+}
+
+async fn create_cluster(env: &TestEnv, ns: &str, count: u32, allow_delete: bool) {
+    let object: DynamicObject =
+        serde_json::from_value(cluster("lab", count, allow_delete)).expect("cluster");
+    api(env, ns, "TalosCluster")
+        .create(&PostParams::default(), &object)
+        .await
+        .expect("create cluster");
+}
+
+/// Three applied, approved control planes, annotated for deletion.
+async fn three_control_planes(env: &TestEnv, ns: &str) {
+    create_cluster(env, ns, 3, false).await;
+    for name in ["cp-1", "cp-2", "cp-3"] {
+        create_machine(
+            env,
+            ns,
+            &MachineSpec {
+                name,
+                role: "controlplane",
+                approval: "approved",
+                applied: true,
+                allow_delete: true,
+            },
+        )
+        .await;
+    }
+}
+
+/// Deletes an object; the refusal message, if refused.
+async fn delete(api: &Api<DynamicObject>, name: &str) -> Result<(), String> {
+    match api.delete(name, &DeleteParams::default()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) => Err(status.message),
+        Err(other) => Err(other.to_string()),
+    }
+}
+
+#[tokio::test]
+async fn unsafe_deletes_and_updates_are_refused_at_the_door() {
+    let (env, ns, running) = setup().await;
+    create_cluster(&env, &ns, 3, false).await;
+    let machines = api(&env, &ns, "TalosMachine");
+    for (name, applied) in [("cp-1", true), ("cp-2", true), ("cp-3", true)] {
+        create_machine(
+            &env,
+            &ns,
+            &MachineSpec {
+                name,
+                role: "controlplane",
+                approval: "approved",
+                applied,
+                allow_delete: false,
+            },
+        )
+        .await;
+    }
+
+    let refused = delete(&machines, "cp-1").await.expect_err("no annotation");
+    assert!(
+        refused.contains("kubectl annotate talosmachine cp-1 ichor.maesh.dev/allow-delete=true"),
+        "{refused}"
+    );
+    for name in ["cp-1", "cp-2", "cp-3"] {
+        machines
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(
+                    json!({"metadata": {"annotations": {annotations::ALLOW_DELETE: "true"}}}),
+                ),
+            )
+            .await
+            .expect("annotate");
+    }
+    delete(&machines, "cp-1")
+        .await
+        .expect("3 -> 2 keeps quorum");
+    let first = machines
+        .get("cp-1")
+        .await
+        .expect("still there: its finalizer holds it");
+    assert!(first.metadata.deletion_timestamp.is_some());
+    let refused = delete(&machines, "cp-2")
+        .await
+        .expect_err("the first removal is still under way");
+    assert!(
+        refused.contains("control planes 2 -> 1, below etcd quorum of 2 for 2 members"),
+        "{refused}"
+    );
+
+    // Flipping a live control plane to rejected would make it vanish from the count.
+    let err = machines
+        .patch(
+            "cp-2",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"approvalState": "rejected"}})),
+        )
+        .await
+        .expect_err("locked once applied");
+    assert!(err.to_string().contains("approvalState"), "{err}");
+
+    // Safe deletes pass without the annotation.
+    for (name, role, approval, applied) in [
+        ("worker-1", "worker", "approved", true),
+        ("pending-1", "controlplane", "pending", false),
+        ("rejected-1", "controlplane", "rejected", false),
+    ] {
+        create_machine(
+            &env,
+            &ns,
+            &MachineSpec {
+                name,
+                role,
+                approval,
+                applied,
+                allow_delete: false,
+            },
+        )
+        .await;
+        delete(&machines, name)
+            .await
+            .unwrap_or_else(|e| panic!("{name} may go: {e}"));
+    }
+
+    let clusters = api(&env, &ns, "TalosCluster");
+    let refused = delete(&clusters, "lab").await.expect_err("no annotation");
+    assert!(
+        refused.contains("ichor.maesh.dev/allow-delete=true"),
+        "{refused}"
+    );
+    running.stop().await;
+}
+
+#[tokio::test]
+async fn parallel_deletes_admit_at_most_one_and_the_last_control_plane_stays() {
+    let (env, ns, running) = setup().await;
+    three_control_planes(&env, &ns).await;
+    let machines = api(&env, &ns, "TalosMachine");
+    let results = futures_join(&machines).await;
+    let admitted = results.iter().filter(|r| r.is_ok()).count();
+    assert_eq!(
+        admitted, 1,
+        "exactly one of three simultaneous deletes passes: {results:?}"
+    );
+    for refused in results.iter().filter_map(|r| r.as_ref().err()) {
+        assert!(refused.contains("2 -> 1"), "{refused}");
+    }
+
+    let last = env.namespace("last").await.expect("namespace");
+    create_cluster(&env, &last, 1, false).await;
+    create_machine(
+        &env,
+        &last,
+        &MachineSpec {
+            name: "cp-1",
+            role: "controlplane",
+            approval: "approved",
+            applied: true,
+            allow_delete: true,
+        },
+    )
+    .await;
+    let refused = delete(&api(&env, &last, "TalosMachine"), "cp-1")
+        .await
+        .expect_err("the last control plane");
+    assert!(
+        refused.contains("delete the TalosCluster instead"),
+        "{refused}"
+    );
+    running.stop().await;
+}
+
+/// Deletes cp-1, cp-2 and cp-3 at the same moment.
+async fn futures_join(machines: &Api<DynamicObject>) -> Vec<Result<(), String>> {
+    let (a, b, c) = tokio::join!(
+        delete(machines, "cp-1"),
+        delete(machines, "cp-2"),
+        delete(machines, "cp-3")
+    );
+    vec![a, b, c]
+}
