@@ -49,9 +49,28 @@ async fn switching_kube_proxy_needs_the_confirmation_annotation() {
             Err(message) => break message,
             Ok(_) => {
                 assert!(Instant::now() < deadline, "the policy never took effect");
-                merge(&clusters, "c", json!({"spec": {"kubeProxy": "enabled"}}))
+                if merge(&clusters, "c", json!({"spec": {"kubeProxy": "enabled"}}))
                     .await
-                    .expect("switch back while the policy loads");
+                    .is_err()
+                {
+                    // The policy loaded between the two writes: switch back with the
+                    // confirmation, then drop it, and try again.
+                    let key = "ichor.maesh.dev/confirm-kube-proxy-switch";
+                    merge(
+                        &clusters,
+                        "c",
+                        json!({"metadata": {"annotations": {key: "true"}}, "spec": {"kubeProxy": "enabled"}}),
+                    )
+                    .await
+                    .expect("switch back with the confirmation");
+                    merge(
+                        &clusters,
+                        "c",
+                        json!({"metadata": {"annotations": {key: null}}}),
+                    )
+                    .await
+                    .expect("drop the confirmation");
+                }
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
         }
