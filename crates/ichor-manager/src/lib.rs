@@ -1,3 +1,252 @@
-//! The Ichor controller: discovery, approval-gated apply, install, the one bootstrap, readiness,
-//! the cluster lock, safe removal and day-2 operations, composed from the other crates.
+//! The controller: discovery, secrets, the machine lifecycle from maintenance mode to Ready,
+//! bootstrap exactly once, and cluster status. Each reconciler observes, decides (pure
+//! functions, unit-tested) and acts; nothing is written to a machine nobody approved.
 #![forbid(unsafe_code)]
+
+pub mod cluster;
+pub mod conditions;
+pub mod decide;
+pub mod discovery;
+pub mod http;
+pub mod leader;
+pub mod machine;
+pub mod metrics;
+pub mod secrets;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt as _;
+use ichor_api::{TalosCluster, TalosMachine};
+use ichor_render::SecretsBundle;
+use ichor_talos::discovery::SweepConfig;
+use ichor_talos::{Credentials, TalosClient};
+use kube::api::Api;
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+use kube::{Resource, ResourceExt as _};
+
+pub use metrics::Metrics;
+
+/// What can fail in a reconcile.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The Kubernetes API failed (transient: retried with backoff).
+    #[error("the Kubernetes API failed: {0}")]
+    Kube(#[from] kube::Error),
+    /// An object is invalid in a way a person must fix (waits for a change).
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl Error {
+    /// The reason label for metrics.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::Kube(_) => "KubernetesAPI",
+            Self::Invalid(_) => "Invalid",
+        }
+    }
+}
+
+/// Tunables.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// How nodes are probed during discovery.
+    pub sweep: SweepConfig,
+    /// How long Bootstrap may keep answering `FailedPrecondition` in one attempt.
+    pub bootstrap_patience: Duration,
+    /// Requeue while a machine or cluster is progressing.
+    pub progress_requeue: Duration,
+    /// Requeue once settled.
+    pub settled_requeue: Duration,
+    /// Who writes Events.
+    pub reporter: String,
+    /// This replica's identity (pod name).
+    pub instance: String,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            sweep: SweepConfig::default(),
+            bootstrap_patience: Duration::from_secs(10),
+            progress_requeue: Duration::from_secs(2),
+            settled_requeue: Duration::from_secs(60),
+            reporter: "ichor-manager".into(),
+            instance: "ichor-manager".into(),
+        }
+    }
+}
+
+/// Shared by every reconcile.
+pub struct Context {
+    /// The Kubernetes client.
+    pub client: kube::Client,
+    /// Tunables.
+    pub settings: Settings,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    recorder: Recorder,
+    /// When each cluster (namespace/name, generation) was last swept.
+    last_sweep: Mutex<BTreeMap<String, (Instant, Option<i64>)>>,
+}
+
+impl Context {
+    /// A context for `client`.
+    pub fn new(client: kube::Client, settings: Settings, metrics: Arc<Metrics>) -> Self {
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: settings.reporter.clone(),
+                instance: Some(settings.instance.clone()),
+            },
+        );
+        Self {
+            client,
+            settings,
+            metrics,
+            recorder,
+            last_sweep: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// Publishes an Event about `object`; a failure to publish is logged, never fatal.
+    pub async fn event<K>(
+        &self,
+        object: &K,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) where
+        K: Resource<DynamicType = ()>,
+    {
+        let event = Event {
+            type_,
+            reason: reason.to_owned(),
+            note: Some(note),
+            action: action.to_owned(),
+            secondary: None,
+        };
+        if let Err(error) = self.recorder.publish(&event, &object.object_ref(&())).await {
+            tracing::warn!(%error, reason, "cannot publish an event");
+        }
+    }
+
+    /// Whether the cluster is due for a sweep (its interval passed, or its spec changed); marks
+    /// it swept if so.
+    pub(crate) fn sweep_due(&self, cluster: &TalosCluster, interval: Duration) -> bool {
+        let key = format!(
+            "{}/{}",
+            cluster.namespace().unwrap_or_default(),
+            cluster.name_any()
+        );
+        let Ok(mut map) = self.last_sweep.lock() else {
+            return true;
+        };
+        let due = match map.get(&key) {
+            None => true,
+            Some((at, generation)) => {
+                at.elapsed() >= interval || *generation != cluster.metadata.generation
+            }
+        };
+        if due {
+            map.insert(key, (Instant::now(), cluster.metadata.generation));
+        }
+        due
+    }
+}
+
+/// Admin credentials for a cluster's nodes, minted from its bundle.
+pub fn credentials(bundle: &SecretsBundle) -> Result<Credentials, Error> {
+    let issued = ichor_render::pki::client_certificate(
+        bundle,
+        "ichor-manager",
+        ichor_render::pki::Role::Admin,
+        Duration::from_secs(24 * 3600),
+    )
+    .map_err(|e| Error::Invalid(format!("cannot mint node credentials: {e}")))?;
+    Ok(Credentials {
+        ca_pem: bundle.certs.os.crt.0.clone(),
+        cert_pem: issued.cert_pem,
+        key_pem: issued.key_pem,
+    })
+}
+
+/// A mutual-TLS connection to a configured node.
+pub async fn connect(address: &str, credentials: &Credentials) -> Option<TalosClient> {
+    TalosClient::connect(address, credentials).await.ok()
+}
+
+/// Parses a discovery interval (`30s`, `5m`, `1h`, or combinations such as `1m30s`).
+pub fn parse_duration(text: &str) -> Option<Duration> {
+    let mut total = 0u64;
+    let mut number = String::new();
+    for c in text.chars() {
+        if c.is_ascii_digit() {
+            number.push(c);
+        } else {
+            let n: u64 = number.parse().ok()?;
+            number.clear();
+            total += match c {
+                's' => n,
+                'm' => n * 60,
+                'h' => n * 3600,
+                _ => return None,
+            };
+        }
+    }
+    (number.is_empty() && total > 0).then(|| Duration::from_secs(total))
+}
+
+fn error_policy<K>(object: Arc<K>, error: &Error, ctx: Arc<Context>) -> Action
+where
+    K: Resource<DynamicType = ()>,
+{
+    ctx.metrics.error(error.reason());
+    tracing::warn!(name = %object.meta().name.clone().unwrap_or_default(), %error, "reconcile failed");
+    match error {
+        Error::Invalid(_) => Action::requeue(Duration::from_secs(300)),
+        Error::Kube(_) => Action::requeue(Duration::from_secs(5)),
+    }
+}
+
+/// Runs both controllers until `shutdown` resolves.
+pub async fn run(
+    ctx: Arc<Context>,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) {
+    let clusters: Api<TalosCluster> = Api::all(ctx.client.clone());
+    let machines: Api<TalosMachine> = Api::all(ctx.client.clone());
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    });
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let cluster_controller = Controller::new(clusters, watcher::Config::default())
+        .watches(
+            machines.clone(),
+            watcher::Config::default(),
+            |m: TalosMachine| {
+                Some(
+                    ObjectRef::new(&m.spec.cluster_ref.name)
+                        .within(&m.namespace().unwrap_or_default()),
+                )
+            },
+        )
+        .graceful_shutdown_on(stopped(stop_rx.clone()))
+        .run(cluster::reconcile, error_policy, Arc::clone(&ctx))
+        .for_each(|_| async {});
+    let machine_controller = Controller::new(machines, watcher::Config::default())
+        .graceful_shutdown_on(stopped(stop_rx))
+        .run(machine::reconcile, error_policy, Arc::clone(&ctx))
+        .for_each(|_| async {});
+    tokio::join!(cluster_controller, machine_controller);
+}

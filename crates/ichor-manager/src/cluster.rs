@@ -1,0 +1,439 @@
+//! The cluster reconciler: secrets, discovery, bootstrap exactly once, published credentials,
+//! and the cluster's status aggregated from its machines.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ichor_api::cluster::{BootstrapRecord, MachineCounts, TalosClusterStatus};
+use ichor_api::common::Role;
+use ichor_api::machine::ApprovalState;
+use ichor_api::names::{conditions, reasons};
+use ichor_api::{TalosCluster, TalosMachine};
+use ichor_render::credentials;
+use ichor_talos::Bootstrapped;
+use kube::ResourceExt as _;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use serde_json::json;
+
+use crate::decide::{BootstrapStep, Candidate, bootstrap_step};
+use crate::{Context, Error, conditions as cond, discovery, secrets};
+
+fn talosconfig_name(cluster: &TalosCluster) -> String {
+    format!("{}-talosconfig", cluster.name_any())
+}
+
+fn kubeconfig_name(cluster: &TalosCluster) -> String {
+    format!("{}-kubeconfig", cluster.name_any())
+}
+
+/// Reconciles one TalosCluster.
+pub async fn reconcile(cluster: Arc<TalosCluster>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let started = std::time::Instant::now();
+    let result = reconcile_inner(&cluster, &ctx).await;
+    ctx.metrics.reconciled("TalosCluster", started.elapsed());
+    result
+}
+
+async fn write_status(
+    ctx: &Context,
+    cluster: &TalosCluster,
+    status: &TalosClusterStatus,
+) -> Result<(), Error> {
+    if cluster.status.as_ref() == Some(status) {
+        return Ok(());
+    }
+    Api::<TalosCluster>::namespaced(ctx.client.clone(), &cluster.namespace().unwrap_or_default())
+        .patch_status(
+            &cluster.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": status})),
+        )
+        .await?;
+    Ok(())
+}
+
+async fn reconcile_inner(cluster: &TalosCluster, ctx: &Context) -> Result<Action, Error> {
+    let namespace = cluster.namespace().unwrap_or_default();
+    let mut status = cluster.status.clone().unwrap_or_default();
+    let generation = cluster.metadata.generation;
+    status.observed_generation = generation;
+
+    // Secrets.
+    let bundle = match secrets::bundle(&ctx.client, cluster).await? {
+        Ok(b) => {
+            cond::set(
+                &mut status.conditions,
+                conditions::SECRETS_READY,
+                true,
+                "BundleValid",
+                "the secrets bundle is present and valid",
+                generation,
+            );
+            status.secrets_secret = Some(secrets::bundle_secret_name(cluster));
+            Some(b)
+        }
+        Err(problem) => {
+            cond::set(
+                &mut status.conditions,
+                conditions::SECRETS_READY,
+                false,
+                reasons::SECRETS_BUNDLE_UNAVAILABLE,
+                problem.to_string(),
+                generation,
+            );
+            None
+        }
+    };
+
+    // Discovery (reads only).
+    let mut next_sweep = None;
+    if let Some(discovery) = &cluster.spec.discovery {
+        let interval =
+            crate::parse_duration(&discovery.interval).unwrap_or(Duration::from_secs(300));
+        next_sweep = Some(interval);
+        if ctx.sweep_due(cluster, interval) {
+            match discovery::run_once(ctx, cluster, ctx.settings.sweep).await {
+                Ok(report) => {
+                    if !report.created.is_empty() {
+                        tracing::info!(cluster = %cluster.name_any(), created = ?report.created, "discovered machines");
+                    }
+                }
+                Err(error) => tracing::warn!(%error, "discovery sweep failed"),
+            }
+        }
+    }
+
+    let machines: Vec<TalosMachine> =
+        Api::<TalosMachine>::namespaced(ctx.client.clone(), &namespace)
+            .list(&ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .filter(|m| m.spec.cluster_ref.name == cluster.name_any())
+            .collect();
+    let approved = |role: Role| {
+        machines.iter().filter(move |m| {
+            m.spec.approval_state == ApprovalState::Approved && m.spec.role == Some(role)
+        })
+    };
+    let ready = |m: &&TalosMachine| {
+        m.status
+            .as_ref()
+            .is_some_and(|s| cond::is_true(&s.conditions, conditions::READY))
+    };
+    let declared = cluster.spec.control_plane.count;
+    let cp_approved = i32::try_from(approved(Role::ControlPlane).count()).unwrap_or(i32::MAX);
+    let cp_ready =
+        i32::try_from(approved(Role::ControlPlane).filter(ready).count()).unwrap_or(i32::MAX);
+    let w_approved = i32::try_from(approved(Role::Worker).count()).unwrap_or(i32::MAX);
+    let w_ready = i32::try_from(approved(Role::Worker).filter(ready).count()).unwrap_or(i32::MAX);
+    status.control_planes = Some(MachineCounts {
+        declared: Some(declared),
+        approved: cp_approved,
+        ready: cp_ready,
+        summary: format!("{cp_ready}/{declared}"),
+    });
+    status.workers = Some(MachineCounts {
+        declared: None,
+        approved: w_approved,
+        ready: w_ready,
+        summary: format!("{w_ready}/{w_approved}"),
+    });
+
+    // Transitioning is a fact, not an error.
+    let (transitioning, reason, message) = if declared % 2 == 0 {
+        (
+            true,
+            reasons::EVEN_CONTROL_PLANE_COUNT,
+            format!(
+                "spec.controlPlane.count is {declared}: an even count tolerates no more failures than {}",
+                declared - 1
+            ),
+        )
+    } else if cp_approved != declared {
+        (
+            true,
+            reasons::CONTROL_PLANE_COUNT_MISMATCH,
+            format!("{cp_approved} control planes approved, {declared} declared"),
+        )
+    } else {
+        (
+            false,
+            reasons::RECONCILED,
+            "control planes as declared".to_owned(),
+        )
+    };
+    cond::set(
+        &mut status.conditions,
+        conditions::TRANSITIONING,
+        transitioning,
+        reason,
+        message,
+        generation,
+    );
+
+    if let Some(bundle) = &bundle {
+        let credentials = crate::credentials(bundle)?;
+        publish_talosconfig(ctx, cluster, bundle, &machines).await?;
+        status.talosconfig_secret = Some(talosconfig_name(cluster));
+        if !cond::is_true(&status.conditions, conditions::BOOTSTRAPPED) {
+            bootstrap(ctx, cluster, &mut status, &machines, &credentials).await?;
+        }
+        if cond::is_true(&status.conditions, conditions::BOOTSTRAPPED) {
+            let name = kubeconfig_name(cluster);
+            if !secrets::exists(&ctx.client, &namespace, &name).await? {
+                let kubeconfig = credentials::admin_kubeconfig(
+                    bundle,
+                    &cluster.name_any(),
+                    &cluster.spec.endpoint,
+                )
+                .map_err(|e| Error::Invalid(format!("cannot mint the workload kubeconfig: {e}")))?;
+                secrets::publish(
+                    &ctx.client,
+                    cluster,
+                    &name,
+                    secrets::KUBECONFIG_KEY,
+                    &kubeconfig.0,
+                    false,
+                )
+                .await?;
+            }
+            status.kubeconfig_secret = Some(name);
+        }
+    }
+
+    let all_ready = cp_approved > 0
+        && cp_ready == cp_approved
+        && w_ready == w_approved
+        && cond::is_true(&status.conditions, conditions::BOOTSTRAPPED);
+    cond::set(
+        &mut status.conditions,
+        conditions::READY,
+        all_ready,
+        if all_ready {
+            "AllMachinesReady"
+        } else {
+            "MachinesNotReady"
+        },
+        format!(
+            "control planes {cp_ready}/{cp_approved} ready, workers {w_ready}/{w_approved} ready"
+        ),
+        generation,
+    );
+    write_status(ctx, cluster, &status).await?;
+    let requeue = if all_ready {
+        ctx.settings.settled_requeue
+    } else {
+        ctx.settings.progress_requeue
+    };
+    Ok(Action::requeue(
+        next_sweep.map_or(requeue, |s| s.min(requeue)),
+    ))
+}
+
+/// The talosconfig Secret: `os:admin` credentials with the control planes as endpoints,
+/// rewritten only when those change.
+async fn publish_talosconfig(
+    ctx: &Context,
+    cluster: &TalosCluster,
+    bundle: &ichor_render::SecretsBundle,
+    machines: &[TalosMachine],
+) -> Result<(), Error> {
+    let mut endpoints: Vec<String> = machines
+        .iter()
+        .filter(|m| {
+            m.spec.approval_state == ApprovalState::Approved
+                && m.spec.role == Some(Role::ControlPlane)
+        })
+        .filter_map(|m| m.spec.endpoints.first().cloned())
+        .collect();
+    endpoints.sort();
+    let mut nodes: Vec<String> = machines
+        .iter()
+        .filter(|m| m.spec.approval_state == ApprovalState::Approved)
+        .filter_map(|m| m.spec.endpoints.first().cloned())
+        .collect();
+    nodes.sort();
+    let namespace = cluster.namespace().unwrap_or_default();
+    let name = talosconfig_name(cluster);
+    let current = secrets::read(&ctx.client, &namespace, &name, secrets::TALOSCONFIG_KEY).await?;
+    let same = current.as_deref().is_some_and(|text| {
+        serde_saphyr::from_str::<serde_json::Value>(text).is_ok_and(|v| {
+            let context = &v["contexts"][cluster.name_any()];
+            context["endpoints"] == json!(endpoints) && context["nodes"] == json!(nodes)
+        })
+    });
+    if same {
+        return Ok(());
+    }
+    let file = credentials::talosconfig(bundle, &cluster.name_any(), &endpoints, &nodes)
+        .map_err(|e| Error::Invalid(format!("cannot mint the talosconfig: {e}")))?;
+    secrets::publish(
+        &ctx.client,
+        cluster,
+        &name,
+        secrets::TALOSCONFIG_KEY,
+        &file.0,
+        true,
+    )
+    .await
+}
+
+/// Bootstrap exactly once: the chosen machine is recorded in status before the call; etcd
+/// running anywhere means no call at all; with a record, no other machine is ever bootstrapped.
+async fn bootstrap(
+    ctx: &Context,
+    cluster: &TalosCluster,
+    status: &mut TalosClusterStatus,
+    machines: &[TalosMachine],
+    credentials: &ichor_talos::Credentials,
+) -> Result<(), Error> {
+    let mut candidates = Vec::new();
+    let mut clients = Vec::new();
+    for m in machines.iter().filter(|m| {
+        m.spec.approval_state == ApprovalState::Approved
+            && m.spec.role == Some(Role::ControlPlane)
+            && m.status
+                .as_ref()
+                .is_some_and(|s| s.applied_config_hash.is_some())
+    }) {
+        let address = m
+            .status
+            .as_ref()
+            .and_then(|s| s.address.clone())
+            .or_else(|| m.spec.endpoints.first().cloned())
+            .unwrap_or_default();
+        let client = crate::connect(&address, credentials).await;
+        let members = match &client {
+            Some(c) => c.etcd_members(true).await.map(|m| m.len()).unwrap_or(0),
+            None => 0,
+        };
+        candidates.push(Candidate {
+            name: m.name_any(),
+            uid: m.uid().unwrap_or_default(),
+            reachable: client.is_some(),
+            members,
+        });
+        clients.push((m.name_any(), client));
+    }
+    let record = status
+        .bootstrap
+        .as_ref()
+        .map(|r| (r.machine_name.as_str(), r.machine_uid.as_str()));
+    let generation = cluster.metadata.generation;
+    match bootstrap_step(record, &candidates) {
+        BootstrapStep::Wait => {
+            cond::set(
+                &mut status.conditions,
+                conditions::BOOTSTRAPPED,
+                false,
+                "WaitingForControlPlane",
+                "no configured control plane answers yet",
+                generation,
+            );
+        }
+        BootstrapStep::WaitForRecorded { name } => {
+            cond::set(
+                &mut status.conditions,
+                conditions::BOOTSTRAPPED,
+                false,
+                "WaitingForRecordedMachine",
+                format!(
+                    "{name} was chosen to bootstrap etcd and does not answer; no other machine will be bootstrapped"
+                ),
+                generation,
+            );
+        }
+        BootstrapStep::AlreadyRunning { name, uid } => {
+            status.bootstrap.get_or_insert(BootstrapRecord {
+                machine_name: name.clone(),
+                machine_uid: uid,
+                chosen_at: cond::now(),
+                completed_at: Some(cond::now()),
+            });
+            cond::set(
+                &mut status.conditions,
+                conditions::BOOTSTRAPPED,
+                true,
+                "EtcdRunning",
+                format!("etcd already runs ({name} reports members)"),
+                generation,
+            );
+        }
+        BootstrapStep::Choose { name, uid } => {
+            // Record first, guarded by resourceVersion: a concurrent writer makes this fail
+            // and the next reconcile decides again on what it wrote.
+            let mut recorded = cluster.clone();
+            let mut next = status.clone();
+            next.bootstrap = Some(BootstrapRecord {
+                machine_name: name.clone(),
+                machine_uid: uid,
+                chosen_at: cond::now(),
+                completed_at: None,
+            });
+            recorded.status = Some(next.clone());
+            Api::<TalosCluster>::namespaced(
+                ctx.client.clone(),
+                &cluster.namespace().unwrap_or_default(),
+            )
+            .replace_status(&cluster.name_any(), &PostParams::default(), &recorded)
+            .await?;
+            *status = next;
+            ctx.event(
+                cluster,
+                EventType::Normal,
+                "BootstrapChosen",
+                "Bootstrap",
+                format!("{name} will bootstrap etcd"),
+            )
+            .await;
+        }
+        BootstrapStep::Call { name } => {
+            let client = clients
+                .into_iter()
+                .find(|(n, _)| *n == name)
+                .and_then(|(_, c)| c)
+                .ok_or_else(|| Error::Invalid(format!("{name} stopped answering")))?;
+            match client.bootstrap(ctx.settings.bootstrap_patience).await {
+                Ok(outcome) => {
+                    let message = match outcome {
+                        Bootstrapped::Now => format!("etcd bootstrapped on {name}"),
+                        Bootstrapped::Already => format!("etcd was already bootstrapped on {name}"),
+                    };
+                    cond::set(
+                        &mut status.conditions,
+                        conditions::BOOTSTRAPPED,
+                        true,
+                        "Bootstrapped",
+                        message.clone(),
+                        generation,
+                    );
+                    if let Some(record) = status.bootstrap.as_mut() {
+                        record.completed_at.get_or_insert_with(cond::now);
+                    }
+                    ctx.event(
+                        cluster,
+                        EventType::Normal,
+                        "Bootstrapped",
+                        "Bootstrap",
+                        message,
+                    )
+                    .await;
+                }
+                Err(error) => {
+                    cond::set(
+                        &mut status.conditions,
+                        conditions::BOOTSTRAPPED,
+                        false,
+                        "BootstrapPending",
+                        format!("bootstrap on {name} not done yet: {error}"),
+                        generation,
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}

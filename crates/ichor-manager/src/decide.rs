@@ -1,0 +1,283 @@
+//! Pure decisions: what a machine's observations mean, whether a node's version is acceptable,
+//! and which machine bootstraps etcd. No I/O here; the reconcilers observe and act.
+
+use ichor_api::common::Role;
+use ichor_api::machine::MachinePhase;
+use ichor_talos::Stage;
+
+/// A node's etcd membership, as its local member reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Etcd {
+    /// A voter with this member id.
+    Voter(u64),
+    /// A learner (joined, not promoted yet).
+    Learner(u64),
+    /// No member runs (not bootstrapped, or not joined yet).
+    NotMember,
+}
+
+/// What a configured node shows over mutual TLS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeView {
+    /// Its stage.
+    pub stage: Stage,
+    /// Its etcd membership (control planes).
+    pub etcd: Etcd,
+}
+
+/// Where an applied machine stands, with the reason and message for its `Ready` condition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Standing {
+    /// The phase.
+    pub phase: MachinePhase,
+    /// Whether it counts as Ready.
+    pub ready: bool,
+    /// Condition reason.
+    pub reason: &'static str,
+    /// Condition message.
+    pub message: String,
+}
+
+/// Judges an applied machine. Control-plane join progress is judged by stage `running` and
+/// etcd voter membership, not by `ready`: with CNI `none` or Cilium not installed yet,
+/// `nodeReady` stays unmet (talos-facts §8.3). A worker's API arriving late is a normal wait:
+/// it needs trustd on a bootstrapped control plane (§5).
+pub fn standing(role: Role, api: Option<NodeView>) -> Standing {
+    let Some(view) = api else {
+        return Standing {
+            phase: MachinePhase::Booting,
+            ready: false,
+            reason: "WaitingForNodeAPI",
+            message: match role {
+                Role::Worker => "installed; the worker's API comes up once it gets its certificate from trustd on a bootstrapped control plane".into(),
+                Role::ControlPlane => "installing or rebooting; waiting for the node's API with mutual TLS".into(),
+            },
+        };
+    };
+    if view.stage != Stage::Running {
+        return Standing {
+            phase: MachinePhase::Booting,
+            ready: false,
+            reason: "Booting",
+            message: format!("the node is in stage {:?}", view.stage),
+        };
+    }
+    match (role, view.etcd) {
+        (Role::Worker, _) => Standing {
+            phase: MachinePhase::Ready,
+            ready: true,
+            reason: "Running",
+            message: "the worker is running".into(),
+        },
+        (Role::ControlPlane, Etcd::Voter(id)) => Standing {
+            phase: MachinePhase::Ready,
+            ready: true,
+            reason: "EtcdVoter",
+            message: format!("running; etcd voter {id:016x}"),
+        },
+        (Role::ControlPlane, Etcd::Learner(id)) => Standing {
+            phase: MachinePhase::Joining,
+            ready: false,
+            reason: "EtcdLearner",
+            message: format!("joined etcd as learner {id:016x}; waiting for promotion"),
+        },
+        (Role::ControlPlane, Etcd::NotMember) => Standing {
+            phase: MachinePhase::Joining,
+            ready: false,
+            reason: "WaitingForEtcd",
+            message: "running; etcd waits for the cluster's bootstrap or for joining".into(),
+        },
+    }
+}
+
+/// `vMAJOR.MINOR.PATCH` as numbers (pre-release suffixes ignored).
+fn numbers(version: &str) -> Option<(u64, u64, u64)> {
+    let core = version.trim_start_matches('v').split(['-', '+']).next()?;
+    let mut parts = core.split('.').map(|p| p.parse::<u64>().ok());
+    Some((
+        parts.next()??,
+        parts.next()??,
+        parts.next().flatten().unwrap_or(0),
+    ))
+}
+
+/// Whether a node running `node` may get a config rendered for contract `contract`: its
+/// minor must be at least the contract's (an older Talos cannot load newer documents).
+pub fn version_supported(node: &str, contract: &str) -> bool {
+    match (numbers(node), numbers(contract)) {
+        (Some((a, b, _)), Some((c, d, _))) => (a, b) >= (c, d),
+        _ => false,
+    }
+}
+
+/// A control plane that could bootstrap etcd.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Candidate {
+    /// The TalosMachine's name.
+    pub name: String,
+    /// Its UID.
+    pub uid: String,
+    /// Whether it answers with mutual TLS now.
+    pub reachable: bool,
+    /// Members its etcd reports (empty: none, or not asked).
+    pub members: usize,
+}
+
+/// The next bootstrap step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BootstrapStep {
+    /// etcd already runs somewhere: record it and never bootstrap.
+    AlreadyRunning {
+        /// The machine whose etcd reports members.
+        name: String,
+        /// Its UID.
+        uid: String,
+    },
+    /// Record this machine before the call.
+    Choose {
+        /// The machine.
+        name: String,
+        /// Its UID.
+        uid: String,
+    },
+    /// Bootstrap the recorded machine (idempotent: `AlreadyExists` is done).
+    Call {
+        /// The recorded machine.
+        name: String,
+    },
+    /// The recorded machine is gone or unreachable; wait — never bootstrap another one.
+    WaitForRecorded {
+        /// The recorded machine.
+        name: String,
+    },
+    /// No control plane can bootstrap yet.
+    Wait,
+}
+
+/// Chooses the bootstrap step. With a record, only the recorded machine is ever bootstrapped.
+/// Without one, any reachable control plane whose etcd reports members means the cluster is
+/// bootstrapped already; otherwise the first reachable candidate by name is chosen.
+pub fn bootstrap_step(record: Option<(&str, &str)>, candidates: &[Candidate]) -> BootstrapStep {
+    if let Some((name, uid)) = record {
+        return match candidates.iter().find(|c| c.name == name && c.uid == uid) {
+            Some(c) if c.reachable => BootstrapStep::Call {
+                name: name.to_owned(),
+            },
+            _ => BootstrapStep::WaitForRecorded {
+                name: name.to_owned(),
+            },
+        };
+    }
+    if let Some(running) = candidates.iter().find(|c| c.members > 0) {
+        return BootstrapStep::AlreadyRunning {
+            name: running.name.clone(),
+            uid: running.uid.clone(),
+        };
+    }
+    let mut reachable: Vec<&Candidate> = candidates.iter().filter(|c| c.reachable).collect();
+    reachable.sort_by(|a, b| a.name.cmp(&b.name));
+    match reachable.first() {
+        Some(c) => BootstrapStep::Choose {
+            name: c.name.clone(),
+            uid: c.uid.clone(),
+        },
+        None => BootstrapStep::Wait,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn candidate(name: &str, reachable: bool, members: usize) -> Candidate {
+        Candidate {
+            name: name.into(),
+            uid: format!("uid-{name}"),
+            reachable,
+            members,
+        }
+    }
+
+    #[test]
+    fn a_record_pins_the_bootstrap_to_one_machine() {
+        let all = [candidate("a", true, 0), candidate("b", true, 0)];
+        assert_eq!(
+            bootstrap_step(Some(("b", "uid-b")), &all),
+            BootstrapStep::Call { name: "b".into() }
+        );
+        let without_b = [candidate("a", true, 0)];
+        assert_eq!(
+            bootstrap_step(Some(("b", "uid-b")), &without_b),
+            BootstrapStep::WaitForRecorded { name: "b".into() },
+            "never another machine while the record exists"
+        );
+        assert_eq!(
+            bootstrap_step(Some(("b", "other-uid")), &all),
+            BootstrapStep::WaitForRecorded { name: "b".into() },
+            "a recreated machine of the same name is another machine"
+        );
+    }
+
+    #[test]
+    fn running_etcd_anywhere_means_no_bootstrap() {
+        let all = [candidate("a", true, 0), candidate("c", true, 3)];
+        assert_eq!(
+            bootstrap_step(None, &all),
+            BootstrapStep::AlreadyRunning {
+                name: "c".into(),
+                uid: "uid-c".into()
+            }
+        );
+    }
+
+    #[test]
+    fn the_first_reachable_by_name_is_chosen_whatever_the_listing_order() {
+        let one = [
+            candidate("c", true, 0),
+            candidate("a", false, 0),
+            candidate("b", true, 0),
+        ];
+        let mut two = one.clone();
+        two.reverse();
+        for order in [&one[..], &two[..]] {
+            assert_eq!(
+                bootstrap_step(None, order),
+                BootstrapStep::Choose {
+                    name: "b".into(),
+                    uid: "uid-b".into()
+                }
+            );
+        }
+        assert_eq!(
+            bootstrap_step(None, &[candidate("a", false, 0)]),
+            BootstrapStep::Wait
+        );
+    }
+
+    #[test]
+    fn join_progress_is_judged_by_voting_not_readiness() {
+        let running = |etcd| {
+            Some(NodeView {
+                stage: Stage::Running,
+                etcd,
+            })
+        };
+        assert!(standing(Role::ControlPlane, running(Etcd::Voter(1))).ready);
+        assert_eq!(
+            standing(Role::ControlPlane, running(Etcd::Learner(1))).phase,
+            MachinePhase::Joining
+        );
+        assert!(!standing(Role::ControlPlane, running(Etcd::NotMember)).ready);
+        assert!(standing(Role::Worker, running(Etcd::NotMember)).ready);
+        assert_eq!(standing(Role::Worker, None).reason, "WaitingForNodeAPI");
+    }
+
+    #[test]
+    fn older_talos_than_the_contract_is_refused() {
+        assert!(version_supported("v1.14.1", "v1.14.0"));
+        assert!(version_supported("v1.15.0", "v1.14.0"));
+        assert!(!version_supported("v1.13.9", "v1.14.0"));
+        assert!(version_supported("v1.13.9", "v1.13.0"));
+        assert!(!version_supported("garbage", "v1.13.0"));
+    }
+}

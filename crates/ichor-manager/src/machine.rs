@@ -1,0 +1,552 @@
+//! The machine reconciler: from approved to Ready. Pending and rejected machines are never
+//! contacted (discovery's reads are all they get). An approved machine is checked (version,
+//! hardware, pin), gets its config over the pinned maintenance connection, and is then
+//! followed over mutual TLS; drift is applied live with `NO_REBOOT`.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use ichor_api::common::Role;
+use ichor_api::machine::{ApprovalState, MachinePhase, TalosMachineStatus};
+use ichor_api::names::{conditions, reasons};
+use ichor_api::{TalosCluster, TalosMachine};
+use ichor_render::{RenderInput, Rendered, render};
+use ichor_talos::{ApplyMode, TalosClient, TalosError};
+use kube::ResourceExt as _;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use serde_json::json;
+
+use crate::decide::{Etcd, NodeView, standing, version_supported};
+use crate::{Context, Error, conditions as cond, secrets};
+
+/// Reconciles one TalosMachine.
+pub async fn reconcile(machine: Arc<TalosMachine>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let started = std::time::Instant::now();
+    let result = match machine.spec.approval_state {
+        ApprovalState::Pending => {
+            set_phase(&ctx, &machine, MachinePhase::Pending).await?;
+            Ok(Action::await_change())
+        }
+        ApprovalState::Rejected => {
+            set_phase(&ctx, &machine, MachinePhase::Rejected).await?;
+            Ok(Action::await_change())
+        }
+        ApprovalState::Approved => approved(&machine, &ctx).await,
+    };
+    ctx.metrics.reconciled("TalosMachine", started.elapsed());
+    result
+}
+
+fn api(ctx: &Context, machine: &TalosMachine) -> Api<TalosMachine> {
+    Api::namespaced(ctx.client.clone(), &machine.namespace().unwrap_or_default())
+}
+
+async fn write_status(
+    ctx: &Context,
+    machine: &TalosMachine,
+    status: &TalosMachineStatus,
+) -> Result<(), Error> {
+    if machine.status.as_ref() == Some(status) {
+        return Ok(());
+    }
+    api(ctx, machine)
+        .patch_status(
+            &machine.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": status})),
+        )
+        .await?;
+    ctx.metrics.phase(&machine.name_any(), status.phase);
+    Ok(())
+}
+
+async fn set_phase(
+    ctx: &Context,
+    machine: &TalosMachine,
+    phase: MachinePhase,
+) -> Result<(), Error> {
+    let mut status = machine.status.clone().unwrap_or_default();
+    status.phase = phase;
+    write_status(ctx, machine, &status).await
+}
+
+/// Stops on a problem a person must fix: condition, Event, and a wait for a change.
+async fn blocked(
+    ctx: &Context,
+    machine: &TalosMachine,
+    mut status: TalosMachineStatus,
+    phase: MachinePhase,
+    reason: &str,
+    message: String,
+) -> Result<Action, Error> {
+    let first = !status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == conditions::READY && c.reason == reason);
+    status.phase = phase;
+    cond::set(
+        &mut status.conditions,
+        conditions::READY,
+        false,
+        reason,
+        message.clone(),
+        machine.metadata.generation,
+    );
+    write_status(ctx, machine, &status).await?;
+    if first {
+        ctx.event(machine, EventType::Warning, reason, "Reconcile", message)
+            .await;
+    }
+    Ok(Action::requeue(ctx.settings.settled_requeue))
+}
+
+/// The machine's address: observed, else the first endpoint.
+fn address(machine: &TalosMachine) -> Option<String> {
+    machine
+        .status
+        .as_ref()
+        .and_then(|s| s.address.clone())
+        .or_else(|| machine.spec.endpoints.first().cloned())
+}
+
+fn render_for(
+    cluster: &TalosCluster,
+    machine: &TalosMachine,
+    role: Role,
+    bundle: &ichor_render::SecretsBundle,
+) -> Result<Rendered, String> {
+    let empty = BTreeMap::new();
+    let install = machine
+        .spec
+        .install
+        .as_ref()
+        .or(cluster.spec.install.as_ref());
+    render(&RenderInput {
+        cluster_name: &cluster.name_any(),
+        cluster: &cluster.spec,
+        role,
+        hostname: machine.spec.hostname.as_deref(),
+        install,
+        cert_sans: &[],
+        node_labels: &empty,
+        node_taints: &empty,
+        patches: &[&cluster.spec.config_patches, &machine.spec.config_patches],
+        bundle,
+    })
+    .map_err(|e| e.to_string())
+}
+
+async fn approved(machine: &TalosMachine, ctx: &Context) -> Result<Action, Error> {
+    let status = machine.status.clone().unwrap_or_default();
+    let namespace = machine.namespace().unwrap_or_default();
+    let clusters: Api<TalosCluster> = Api::namespaced(ctx.client.clone(), &namespace);
+    let Some(cluster) = clusters.get_opt(&machine.spec.cluster_ref.name).await? else {
+        return blocked(
+            ctx,
+            machine,
+            status,
+            MachinePhase::Approved,
+            "ClusterNotFound",
+            format!(
+                "TalosCluster {} (spec.clusterRef) does not exist in namespace {namespace}",
+                machine.spec.cluster_ref.name
+            ),
+        )
+        .await;
+    };
+    let bundle = match secrets::bundle(&ctx.client, &cluster).await? {
+        Ok(b) => b,
+        Err(problem) => {
+            return blocked(
+                ctx,
+                machine,
+                status,
+                MachinePhase::Approved,
+                reasons::SECRETS_BUNDLE_UNAVAILABLE,
+                problem.to_string(),
+            )
+            .await;
+        }
+    };
+    let Some(role) = machine.spec.role else {
+        return blocked(
+            ctx,
+            machine,
+            status,
+            MachinePhase::Approved,
+            "RoleRequired",
+            "an approved machine needs spec.role: controlplane or worker".into(),
+        )
+        .await;
+    };
+    let rendered = match render_for(&cluster, machine, role, &bundle) {
+        Ok(r) => r,
+        Err(problem) => {
+            return blocked(
+                ctx,
+                machine,
+                status,
+                MachinePhase::Failed,
+                reasons::INVALID_PATCH,
+                format!("the config cannot be rendered: {problem}"),
+            )
+            .await;
+        }
+    };
+    let Some(address) = address(machine) else {
+        return blocked(
+            ctx,
+            machine,
+            status,
+            MachinePhase::Approved,
+            reasons::NODE_UNREACHABLE,
+            "the machine has no address: set spec.endpoints".into(),
+        )
+        .await;
+    };
+    let credentials = crate::credentials(&bundle)?;
+    if status.applied_config_hash.is_none() {
+        apply_first(
+            ctx,
+            machine,
+            &cluster,
+            status,
+            &rendered,
+            &address,
+            &credentials,
+        )
+        .await
+    } else {
+        follow(
+            ctx,
+            machine,
+            status,
+            role,
+            &rendered,
+            &address,
+            &credentials,
+        )
+        .await
+    }
+}
+
+/// The first apply, over the pinned maintenance connection.
+async fn apply_first(
+    ctx: &Context,
+    machine: &TalosMachine,
+    cluster: &TalosCluster,
+    mut status: TalosMachineStatus,
+    rendered: &Rendered,
+    address: &str,
+    credentials: &ichor_talos::Credentials,
+) -> Result<Action, Error> {
+    let Some(pinned) = machine.spec.fingerprint.clone() else {
+        return blocked(
+            ctx,
+            machine,
+            status,
+            MachinePhase::Approved,
+            reasons::FINGERPRINT_MISMATCH,
+            "no fingerprint is pinned (spec.fingerprint): nothing is applied to an unverified machine".into(),
+        )
+        .await;
+    };
+    if cond::is_true(&status.conditions, conditions::FINGERPRINT_CHANGED)
+        && status.observed_fingerprint.as_deref() != Some(pinned.as_str())
+    {
+        return blocked(
+            ctx,
+            machine,
+            status.clone(),
+            MachinePhase::Approved,
+            reasons::FINGERPRINT_MISMATCH,
+            format!(
+                "the machine presented {} but {pinned} is pinned: confirm it is the same machine and update spec.fingerprint",
+                status.observed_fingerprint.clone().unwrap_or_default()
+            ),
+        )
+        .await;
+    }
+    if let Some(hardware) = &status.hardware
+        && let Err(problems) = ichor_render::hardware::check(rendered, hardware)
+    {
+        let text: Vec<String> = problems.iter().map(ToString::to_string).collect();
+        return blocked(
+            ctx,
+            machine,
+            status,
+            MachinePhase::Failed,
+            reasons::HARDWARE_MISMATCH,
+            text.join("; "),
+        )
+        .await;
+    }
+    let client = match TalosClient::connect_maintenance(address, &pinned).await {
+        Ok(c) => c,
+        Err(TalosError::FingerprintMismatch { observed, .. }) => {
+            // Before concluding anything, see whether the node is already configured with
+            // this cluster's CA: a previous run applied and was interrupted before recording.
+            if let Some(configured) = crate::connect(address, credentials).await
+                && configured.version().await.is_ok()
+            {
+                return adopt(ctx, machine, status, rendered).await;
+            }
+            status.observed_fingerprint = Some(observed.clone());
+            return blocked(
+                ctx,
+                machine,
+                status,
+                MachinePhase::Approved,
+                reasons::FINGERPRINT_MISMATCH,
+                format!(
+                    "{address} presented certificate fingerprint {observed}, not the pinned {pinned}: nothing was applied; if this is the same machine (it rebooted), update spec.fingerprint"
+                ),
+            )
+            .await;
+        }
+        Err(error) => {
+            if let Some(configured) = crate::connect(address, credentials).await
+                && configured.version().await.is_ok()
+            {
+                return adopt(ctx, machine, status, rendered).await;
+            }
+            return unreachable(ctx, machine, status, &error.to_string()).await;
+        }
+    };
+    let version = match client.version().await {
+        Ok(v) => v,
+        Err(error) => return unreachable(ctx, machine, status, &error.to_string()).await,
+    };
+    if !version_supported(&version, &cluster.spec.talos_version) {
+        return blocked(
+            ctx,
+            machine,
+            status,
+            MachinePhase::Failed,
+            reasons::TALOS_VERSION_TOO_OLD,
+            format!(
+                "the machine runs Talos {version}, older than the cluster's contract {}: boot it from a newer image",
+                cluster.spec.talos_version
+            ),
+        )
+        .await;
+    }
+    status.phase = MachinePhase::Applying;
+    status.talos_version = Some(version);
+    cond::set(
+        &mut status.conditions,
+        conditions::CONFIG_APPLIED,
+        false,
+        "Applying",
+        format!(
+            "applying config {} over the pinned maintenance connection",
+            rendered.hash
+        ),
+        machine.metadata.generation,
+    );
+    write_status(ctx, machine, &status).await?;
+    if let Err(error) = client
+        .apply_configuration(rendered.yaml.as_bytes(), ApplyMode::Auto)
+        .await
+    {
+        return blocked(
+            ctx,
+            machine,
+            status,
+            MachinePhase::Applying,
+            "ApplyFailed",
+            format!("the node refused the config: {error}"),
+        )
+        .await;
+    }
+    ctx.event(
+        machine,
+        EventType::Normal,
+        "ConfigApplied",
+        "Apply",
+        format!("applied config {} to {address}", rendered.hash),
+    )
+    .await;
+    record_applied(ctx, machine, status, rendered).await?;
+    Ok(Action::requeue(ctx.settings.progress_requeue))
+}
+
+async fn record_applied(
+    ctx: &Context,
+    machine: &TalosMachine,
+    mut status: TalosMachineStatus,
+    rendered: &Rendered,
+) -> Result<(), Error> {
+    status.applied_config_hash = Some(rendered.hash.clone());
+    status.phase = MachinePhase::Installing;
+    cond::set(
+        &mut status.conditions,
+        conditions::CONFIG_APPLIED,
+        true,
+        "Applied",
+        format!("config {} applied", rendered.hash),
+        machine.metadata.generation,
+    );
+    write_status(ctx, machine, &status).await
+}
+
+/// The node already runs with this cluster's CA: an earlier apply was not recorded.
+async fn adopt(
+    ctx: &Context,
+    machine: &TalosMachine,
+    status: TalosMachineStatus,
+    rendered: &Rendered,
+) -> Result<Action, Error> {
+    ctx.event(
+        machine,
+        EventType::Normal,
+        "ConfigApplied",
+        "Apply",
+        "the node already answers with this cluster's CA: recording the earlier apply".into(),
+    )
+    .await;
+    record_applied(ctx, machine, status, rendered).await?;
+    Ok(Action::requeue(ctx.settings.progress_requeue))
+}
+
+async fn unreachable(
+    ctx: &Context,
+    machine: &TalosMachine,
+    mut status: TalosMachineStatus,
+    detail: &str,
+) -> Result<Action, Error> {
+    cond::set(
+        &mut status.conditions,
+        conditions::READY,
+        false,
+        reasons::NODE_UNREACHABLE,
+        format!("the node did not answer: {detail}"),
+        machine.metadata.generation,
+    );
+    write_status(ctx, machine, &status).await?;
+    Ok(Action::requeue(ctx.settings.progress_requeue))
+}
+
+/// After the apply: follows install, boot and join over mutual TLS; applies drift live.
+async fn follow(
+    ctx: &Context,
+    machine: &TalosMachine,
+    mut status: TalosMachineStatus,
+    role: Role,
+    rendered: &Rendered,
+    address: &str,
+    credentials: &ichor_talos::Credentials,
+) -> Result<Action, Error> {
+    let client = crate::connect(address, credentials).await;
+    let view = match &client {
+        None => None,
+        Some(client) => match client.machine_status().await {
+            Err(_) => None,
+            Ok(machine_status) => {
+                let etcd = match role {
+                    Role::Worker => Etcd::NotMember,
+                    Role::ControlPlane => match client.etcd_status().await {
+                        Ok(s) if s.learner => Etcd::Learner(s.member_id),
+                        Ok(s) => Etcd::Voter(s.member_id),
+                        Err(_) => Etcd::NotMember,
+                    },
+                };
+                if let Ok(version) = client.version().await {
+                    status.talos_version = Some(version);
+                }
+                if let Ok(hostname) = client.hostname().await {
+                    status.node_name = Some(hostname);
+                }
+                Some(NodeView {
+                    stage: machine_status.stage,
+                    etcd,
+                })
+            }
+        },
+    };
+    if view.is_some() {
+        cond::set(
+            &mut status.conditions,
+            conditions::INSTALLED,
+            true,
+            "Installed",
+            "the node answers with its configured API".to_owned(),
+            machine.metadata.generation,
+        );
+    }
+    if let Some(NodeView {
+        etcd: Etcd::Voter(id) | Etcd::Learner(id),
+        ..
+    }) = view
+    {
+        status.etcd_member_id = Some(format!("{id:016x}"));
+    }
+    // Drift: what the objects now render differs from what was applied.
+    if let (Some(client), Some(applied)) = (&client, status.applied_config_hash.clone())
+        && applied != rendered.hash
+        && view.is_some()
+    {
+        match client
+            .apply_configuration(rendered.yaml.as_bytes(), ApplyMode::NoReboot)
+            .await
+        {
+            Ok(_) => {
+                status.applied_config_hash = Some(rendered.hash.clone());
+                ctx.event(
+                    machine,
+                    EventType::Normal,
+                    "DriftApplied",
+                    "Apply",
+                    format!(
+                        "applied config {} live (NO_REBOOT), replacing {applied}",
+                        rendered.hash
+                    ),
+                )
+                .await;
+            }
+            Err(error) => {
+                cond::set(
+                    &mut status.conditions,
+                    conditions::CONFIG_APPLIED,
+                    false,
+                    "NeedsReboot",
+                    format!(
+                        "config {} could not be applied live ({error}); it waits for a disruptive action",
+                        rendered.hash
+                    ),
+                    machine.metadata.generation,
+                );
+            }
+        }
+    }
+    let judged = standing(role, view);
+    let became_ready = judged.ready && !cond::is_true(&status.conditions, conditions::READY);
+    status.phase = judged.phase;
+    status.address = Some(address.to_owned());
+    cond::set(
+        &mut status.conditions,
+        conditions::READY,
+        judged.ready,
+        judged.reason,
+        judged.message.clone(),
+        machine.metadata.generation,
+    );
+    write_status(ctx, machine, &status).await?;
+    if became_ready {
+        ctx.event(
+            machine,
+            EventType::Normal,
+            "Ready",
+            "Reconcile",
+            judged.message,
+        )
+        .await;
+    }
+    Ok(Action::requeue(if judged.ready {
+        ctx.settings.settled_requeue
+    } else {
+        ctx.settings.progress_requeue
+    }))
+}

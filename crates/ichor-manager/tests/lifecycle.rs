@@ -1,0 +1,244 @@
+//! The controller against a real apiserver and simulated Talos nodes: discovery finds the
+//! machines, nothing is applied before approval, approved machines reach Ready, etcd has
+//! exactly three voters, and the published talosconfig reaches every node.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ichor_api::names::conditions;
+use ichor_api::{TalosCluster, TalosMachine};
+use ichor_manager::{Context, Metrics, Settings};
+use ichor_sim::{Hardware, SimNode, Stage as SimStage};
+use ichor_talos::discovery::SweepConfig;
+use ichor_talos::{Credentials, TalosClient};
+use ichor_testenv::TestEnv;
+use kube::ResourceExt as _;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+async fn eventually<F, Fut>(what: &str, limit: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = std::time::Instant::now() + limit;
+    while !check().await {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn credentials_from_talosconfig(text: &str, cluster: &str) -> Credentials {
+    use base64::Engine as _;
+    let value: serde_json::Value = serde_saphyr::from_str(text).expect("talosconfig");
+    let context = &value["contexts"][cluster];
+    let field = |k: &str| {
+        String::from_utf8(
+            base64::engine::general_purpose::STANDARD
+                .decode(context[k].as_str().expect("field"))
+                .expect("base64"),
+        )
+        .expect("utf8")
+    };
+    Credentials {
+        ca_pem: field("ca"),
+        cert_pem: field("crt"),
+        key_pem: field("key"),
+    }
+}
+
+async fn run_lifecycle(net: u8, talos_version: &str, cni: &str) {
+    let env = TestEnv::private().await.expect("private control plane");
+    env.install_crds(ichor_api::crds()).await.expect("CRDs");
+    let ns = env.namespace("lifecycle").await.expect("namespace");
+    let mut nodes = Vec::new();
+    for host in 1..=5u8 {
+        let addr = SocketAddr::from(([127, 0, net, host], 50000));
+        nodes.push(
+            SimNode::start_with(
+                addr,
+                talos_version,
+                Hardware::vm(u32::from(net) * 256 + u32::from(host)),
+            )
+            .await
+            .expect("sim node"),
+        );
+    }
+    let cluster: TalosCluster = serde_json::from_value(json!({
+        "apiVersion": "ichor.maesh.dev/v1alpha1",
+        "kind": "TalosCluster",
+        "metadata": {"name": "lab", "namespace": ns},
+        "spec": {
+            "talosVersion": talos_version,
+            "kubernetesVersion": "1.36.3",
+            "endpoint": format!("https://127.0.{net}.1:6443"),
+            "controlPlane": {"count": 3},
+            "cni": {"preset": cni},
+            "kubeProxy": if cni == "flannel" { "enabled" } else { "disabled" },
+            "discovery": {"cidrs": [format!("127.0.{net}.0/24")], "interval": "10s"},
+            "install": {"disk": "/dev/vda"}
+        }
+    }))
+    .expect("cluster");
+    let clusters: Api<TalosCluster> = Api::namespaced(env.client(), &ns);
+    clusters
+        .create(&PostParams::default(), &cluster)
+        .await
+        .expect("create cluster");
+
+    let settings = Settings {
+        sweep: SweepConfig {
+            timeout: Duration::from_millis(500),
+            ..SweepConfig::default()
+        },
+        progress_requeue: Duration::from_millis(300),
+        ..Settings::default()
+    };
+    let ctx = Arc::new(Context::new(
+        env.client(),
+        settings,
+        Arc::new(Metrics::default()),
+    ));
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let manager = tokio::spawn(ichor_manager::run(ctx, async {
+        let _ = stop_rx.await;
+    }));
+
+    let machines: Api<TalosMachine> = Api::namespaced(env.client(), &ns);
+    eventually(
+        "five discovered machines",
+        Duration::from_secs(60),
+        || async {
+            machines
+                .list(&ListParams::default())
+                .await
+                .map(|l| l.items.len())
+                .unwrap_or(0)
+                == 5
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for node in &nodes {
+        assert_eq!(
+            node.stage().await,
+            SimStage::Maintenance,
+            "nothing applied before approval"
+        );
+    }
+
+    // Approve as a person would: a patch per machine.
+    for machine in machines
+        .list(&ListParams::default())
+        .await
+        .expect("list")
+        .items
+    {
+        let address = machine.spec.endpoints[0].clone();
+        let host: u8 = address
+            .rsplit('.')
+            .next()
+            .and_then(|h| h.parse().ok())
+            .expect("host");
+        let (role, hostname) = if host <= 3 {
+            ("controlplane", format!("cp-{host}"))
+        } else {
+            ("worker", format!("worker-{host}"))
+        };
+        machines
+            .patch(
+                &machine.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"approvalState": "approved", "role": role, "hostname": hostname}})),
+            )
+            .await
+            .expect("approve");
+    }
+
+    eventually("the cluster Ready", Duration::from_secs(120), || async {
+        clusters
+            .get("lab")
+            .await
+            .ok()
+            .and_then(|c| c.status)
+            .is_some_and(|s| {
+                s.conditions.iter().any(|c| {
+                    c.type_ == conditions::READY
+                        && c.status == ichor_api::common::ConditionStatus::True
+                })
+            })
+    })
+    .await;
+
+    let status = clusters
+        .get("lab")
+        .await
+        .expect("cluster")
+        .status
+        .expect("status");
+    let talosconfig = ichor_manager::secrets::read(
+        &env.client(),
+        &ns,
+        status
+            .talosconfig_secret
+            .as_deref()
+            .expect("talosconfig published"),
+        "talosconfig",
+    )
+    .await
+    .expect("read")
+    .expect("talosconfig");
+    let credentials = credentials_from_talosconfig(&talosconfig, "lab");
+    for node in &nodes {
+        let client = TalosClient::connect(&node.addr().to_string(), &credentials)
+            .await
+            .expect("the talosconfig reaches every node");
+        assert_eq!(client.version().await.expect("version"), talos_version);
+    }
+    let cp = TalosClient::connect(&nodes[0].addr().to_string(), &credentials)
+        .await
+        .expect("cp");
+    let members = cp.etcd_members(false).await.expect("members");
+    assert_eq!(members.len(), 3, "{members:?}");
+    assert!(members.iter().all(|m| !m.learner));
+    for node in &nodes[1..3] {
+        let other = TalosClient::connect(&node.addr().to_string(), &credentials)
+            .await
+            .expect("cp");
+        let mut theirs: Vec<u64> = other
+            .etcd_members(false)
+            .await
+            .expect("members")
+            .iter()
+            .map(|m| m.id)
+            .collect();
+        let mut ours: Vec<u64> = members.iter().map(|m| m.id).collect();
+        theirs.sort_unstable();
+        ours.sort_unstable();
+        assert_eq!(theirs, ours, "exactly one etcd cluster");
+    }
+    assert!(
+        status.kubeconfig_secret.is_some(),
+        "the workload kubeconfig is published"
+    );
+
+    let _ = stop_tx.send(());
+    let _ = manager.await;
+    for node in nodes {
+        node.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn discovered_machines_become_a_ready_cluster_on_contract_1_14() {
+    run_lifecycle(60, "v1.14.1", "flannel").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contract_1_13_with_cni_none_still_joins_every_control_plane() {
+    run_lifecycle(61, "v1.13.9", "none").await;
+}
