@@ -33,6 +33,7 @@ pub struct Gate {
     method: String,
     state: Arc<GateState>,
     shared: Arc<Shared>,
+    reply: bool,
 }
 
 impl Gate {
@@ -59,7 +60,12 @@ impl Gate {
 impl Drop for Gate {
     fn drop(&mut self) {
         self.state.open.send_replace(true);
-        if let Ok(mut gates) = self.shared.controls.gates.lock()
+        let gates = if self.reply {
+            &self.shared.controls.reply_gates
+        } else {
+            &self.shared.controls.gates
+        };
+        if let Ok(mut gates) = gates.lock()
             && gates
                 .get(&self.method)
                 .is_some_and(|g| Arc::ptr_eq(g, &self.state))
@@ -76,6 +82,8 @@ pub(crate) struct Controls {
     healed: Notify,
     slow: StdMutex<Duration>,
     gates: StdMutex<BTreeMap<String, Arc<GateState>>>,
+    /// Gates on replies: the call is handled, then its answer waits.
+    reply_gates: StdMutex<BTreeMap<String, Arc<GateState>>>,
 }
 
 impl Controls {
@@ -98,19 +106,35 @@ impl Controls {
 
     /// Holds calls to `method` until the returned gate is released.
     pub(crate) fn gate(shared: &Arc<Shared>, method: &str) -> Gate {
+        Self::new_gate(shared, method, false)
+    }
+
+    /// Lets calls to `method` run, then holds their replies until the gate is released: the
+    /// node has acted, the caller does not know yet.
+    pub(crate) fn gate_reply(shared: &Arc<Shared>, method: &str) -> Gate {
+        Self::new_gate(shared, method, true)
+    }
+
+    fn new_gate(shared: &Arc<Shared>, method: &str, reply: bool) -> Gate {
         let (open, _) = watch::channel(false);
         let state = Arc::new(GateState {
             open,
             arrived: AtomicUsize::new(0),
             arrivals: Notify::new(),
         });
-        if let Ok(mut gates) = shared.controls.gates.lock() {
+        let gates = if reply {
+            &shared.controls.reply_gates
+        } else {
+            &shared.controls.gates
+        };
+        if let Ok(mut gates) = gates.lock() {
             gates.insert(method.to_owned(), Arc::clone(&state));
         }
         Gate {
             method: method.to_owned(),
             state,
             shared: Arc::clone(shared),
+            reply,
         }
     }
 
@@ -128,13 +152,23 @@ impl Controls {
         if !delay.is_zero() {
             tokio::time::sleep(delay).await;
         }
-        let gate = self.gates.lock().ok().and_then(|g| g.get(method).cloned());
+        Self::pass(&self.gates, method).await;
+    }
+
+    /// Waits at the gate on `method` in `gates`, if there is one.
+    async fn pass(gates: &StdMutex<BTreeMap<String, Arc<GateState>>>, method: &str) {
+        let gate = gates.lock().ok().and_then(|g| g.get(method).cloned());
         if let Some(gate) = gate {
             gate.arrived.fetch_add(1, Ordering::SeqCst);
             gate.arrivals.notify_waiters();
             let mut open = gate.open.subscribe();
             let _ = open.wait_for(|open| *open).await;
         }
+    }
+
+    /// What happens to a reply before it leaves: a reply gate holds it.
+    async fn leave(&self, method: &str) {
+        Self::pass(&self.reply_gates, method).await;
     }
 }
 
@@ -239,7 +273,9 @@ impl tower::Service<http::Request<Body>> for Controlled {
             match this.route(&request) {
                 Route::Local => {
                     let mut routes = this.routes.clone();
-                    tower::Service::call(&mut routes, request).await
+                    let reply = tower::Service::call(&mut routes, request).await;
+                    this.shared.controls.leave(&method).await;
+                    reply
                 }
                 Route::Forward(mut target) => {
                     // The target answers as itself, with the caller's roles (impersonation)

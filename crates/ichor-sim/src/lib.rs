@@ -425,6 +425,13 @@ impl SimNode {
         Controls::gate(&self.shared, method)
     }
 
+    /// Lets every call to `method` run, then holds its reply until the returned gate is
+    /// released: the node acted, the caller has not heard (for kill points "after the call,
+    /// before the caller recorded it").
+    pub fn gate_reply(&self, method: &str) -> Gate {
+        Controls::gate_reply(&self.shared, method)
+    }
+
     /// Marks a CNI as present (or not) in the Kubernetes cluster this node belongs to:
     /// `nodeReady` stays unmet without one (talos-facts §8.3).
     pub async fn set_cni(&self, present: bool) -> Result<(), SimError> {

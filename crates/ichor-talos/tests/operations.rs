@@ -432,5 +432,31 @@ async fn partitions_slowness_and_gates() {
     gate.release();
     call.await.expect("join").expect("bootstrap after the gate");
     assert!(cp.etcd_member_id().await.is_some());
+
+    cp.stop().await;
+}
+
+#[tokio::test]
+async fn a_reply_gate_holds_the_answer_after_the_node_acted() {
+    let b = bundle_for(49);
+    let cp = configured(49, 1, &cp_config(&b, 49, "flannel", "v1.14.1")).await;
+    let client = admin(&b, cp.addr()).await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let gate = cp.gate_reply("Bootstrap");
+    let call = tokio::spawn({
+        let client = client.clone();
+        async move { client.bootstrap(Duration::from_secs(5)).await }
+    });
+    gate.arrived(1).await;
+    assert!(
+        cp.etcd_member_id().await.is_some(),
+        "the bootstrap happened"
+    );
+    assert!(!call.is_finished(), "its reply is held");
+    gate.release();
+    assert_eq!(
+        call.await.expect("join").expect("bootstrap"),
+        ichor_talos::Bootstrapped::Now
+    );
     cp.stop().await;
 }
