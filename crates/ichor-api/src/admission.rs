@@ -180,3 +180,71 @@ pub fn webhook_role(namespace: &str) -> k8s_openapi::api::rbac::v1::Role {
         }]),
     }
 }
+
+/// The manager's name (ServiceAccount, RBAC, Lease).
+pub const MANAGER_NAME: &str = "ichor-manager";
+
+/// What the manager may do across namespaces: its own kinds and their status, the bundle,
+/// talosconfig and kubeconfig Secrets, and Events.
+pub fn manager_cluster_role() -> k8s_openapi::api::rbac::v1::ClusterRole {
+    use k8s_openapi::api::rbac::v1::{ClusterRole, PolicyRule};
+    let rule = |group: &str, resources: &[&str], verbs: &[&str]| PolicyRule {
+        api_groups: Some(vec![group.into()]),
+        resources: Some(resources.iter().map(|r| (*r).to_owned()).collect()),
+        verbs: verbs.iter().map(|v| (*v).to_owned()).collect(),
+        ..Default::default()
+    };
+    let write = ["get", "list", "watch", "create", "update", "patch"];
+    ClusterRole {
+        metadata: ObjectMeta {
+            name: Some(MANAGER_NAME.into()),
+            ..Default::default()
+        },
+        rules: Some(vec![
+            rule(
+                crate::GROUP,
+                &[
+                    "talosclusters",
+                    "talosmachines",
+                    "talosoperations",
+                    "talosstorages",
+                    "talosmachineclasses",
+                ],
+                &write,
+            ),
+            rule(
+                crate::GROUP,
+                &[
+                    "talosclusters/status",
+                    "talosmachines/status",
+                    "talosoperations/status",
+                    "talosstorages/status",
+                    "talosmachineclasses/status",
+                ],
+                &["get", "update", "patch"],
+            ),
+            rule("", &["secrets"], &write),
+            rule("events.k8s.io", &["events"], &["create", "patch"]),
+            rule("", &["events"], &["create", "patch"]),
+        ]),
+        ..Default::default()
+    }
+}
+
+/// What the manager may do in its own namespace: hold its leader-election Lease.
+pub fn manager_role(namespace: &str) -> k8s_openapi::api::rbac::v1::Role {
+    use k8s_openapi::api::rbac::v1::{PolicyRule, Role};
+    Role {
+        metadata: ObjectMeta {
+            name: Some(MANAGER_NAME.into()),
+            namespace: Some(namespace.into()),
+            ..Default::default()
+        },
+        rules: Some(vec![PolicyRule {
+            api_groups: Some(vec!["coordination.k8s.io".into()]),
+            resources: Some(vec!["leases".into()]),
+            verbs: vec!["get".into(), "create".into(), "update".into()],
+            ..Default::default()
+        }]),
+    }
+}

@@ -88,5 +88,13 @@ pub fn manifests() -> Result<Vec<Manifest>, serde_saphyr::SerializeError> {
             serde_saphyr::to_string(&admission::webhook_role(admission::SYSTEM_NAMESPACE))?
         ),
     });
+    out.push(Manifest {
+        path: "rbac/manager.yaml".into(),
+        yaml: format!(
+            "{header}{}---\n{}",
+            serde_saphyr::to_string(&admission::manager_cluster_role())?,
+            serde_saphyr::to_string(&admission::manager_role(admission::SYSTEM_NAMESPACE))?
+        ),
+    });
     Ok(out)
 }
