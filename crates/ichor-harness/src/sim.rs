@@ -1,0 +1,387 @@
+//! The sim target: a private kube-apiserver and etcd, simulated Talos nodes on
+//! `127.0.<net>.1..=n:50000`, and the real `ichor-webhook` and `ichor-manager` binaries.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use ichor_api::admission;
+use ichor_sim::{Hardware, NodeSpec, SimNode, Timings};
+use ichor_testenv::TestEnv;
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingWebhookConfiguration, WebhookClientConfig,
+};
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::rbac::v1::{
+    ClusterRole, ClusterRoleBinding, Role, RoleBinding, RoleRef, Subject,
+};
+use kube::api::{Api, ObjectMeta, PostParams};
+use tokio::io::{AsyncBufReadExt as _, BufReader};
+use tokio::process::{Child, Command};
+
+use crate::{Capabilities, Error, Target, binary};
+
+/// The namespace the binaries run "in" (their Lease and the webhook's CA Secret).
+pub const SYSTEM_NAMESPACE: &str = admission::SYSTEM_NAMESPACE;
+
+/// How the sim target is shaped.
+#[derive(Debug, Clone)]
+pub struct SimOptions {
+    /// How many nodes.
+    pub nodes: u8,
+    /// The third octet of the nodes' loopback addresses (`127.0.<net>.x`).
+    pub net: u8,
+    /// The Talos version the nodes run.
+    pub talos_version: String,
+    /// The nodes' timings.
+    pub timings: Timings,
+}
+
+impl SimOptions {
+    /// `nodes` nodes on `127.0.<net>.x` running `talos_version`.
+    pub fn new(nodes: u8, net: u8, talos_version: &str) -> Self {
+        Self {
+            nodes,
+            net,
+            talos_version: talos_version.to_owned(),
+            timings: Timings::default(),
+        }
+    }
+}
+
+/// The running sim target.
+pub struct SimTarget {
+    env: TestEnv,
+    namespace: String,
+    nodes: Vec<SimNode>,
+    manager: Option<Child>,
+    manager_runs: u32,
+    webhook: Option<Child>,
+    dir: tempfile::TempDir,
+    manager_kubeconfig: PathBuf,
+    options: SimOptions,
+}
+
+impl std::fmt::Debug for SimTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SimTarget")
+            .field("namespace", &self.namespace)
+            .field("nodes", &self.nodes.len())
+            .finish_non_exhaustive()
+    }
+}
+
+fn user(name: &str) -> String {
+    format!("system:serviceaccount:{SYSTEM_NAMESPACE}:{name}")
+}
+
+/// Binds `name`'s ClusterRole and Role (as shipped) to its ServiceAccount user.
+async fn bind(
+    client: &kube::Client,
+    name: &str,
+    cluster_role: ClusterRole,
+    role: Role,
+) -> Result<(), Error> {
+    let subject = Subject {
+        kind: "User".into(),
+        name: user(name),
+        api_group: Some("rbac.authorization.k8s.io".into()),
+        ..Default::default()
+    };
+    let role_ref = |kind: &str| RoleRef {
+        api_group: Some("rbac.authorization.k8s.io".into()),
+        kind: kind.into(),
+        name: name.into(),
+    };
+    Api::<ClusterRole>::all(client.clone())
+        .create(&PostParams::default(), &cluster_role)
+        .await?;
+    Api::<ClusterRoleBinding>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &ClusterRoleBinding {
+                metadata: ObjectMeta {
+                    name: Some(name.into()),
+                    ..Default::default()
+                },
+                role_ref: role_ref("ClusterRole"),
+                subjects: Some(vec![subject.clone()]),
+            },
+        )
+        .await?;
+    Api::<Role>::namespaced(client.clone(), SYSTEM_NAMESPACE)
+        .create(&PostParams::default(), &role)
+        .await?;
+    Api::<RoleBinding>::namespaced(client.clone(), SYSTEM_NAMESPACE)
+        .create(
+            &PostParams::default(),
+            &RoleBinding {
+                metadata: ObjectMeta {
+                    name: Some(name.into()),
+                    ..Default::default()
+                },
+                role_ref: role_ref("Role"),
+                subjects: Some(vec![subject]),
+            },
+        )
+        .await?;
+    Ok(())
+}
+
+/// Starts a binary and waits for its first line starting with `ready_prefix`; returns the
+/// process and that line.
+async fn spawn(
+    path: PathBuf,
+    args: &[String],
+    kubeconfig: &PathBuf,
+    ready_prefix: &str,
+) -> Result<(Child, String), Error> {
+    let mut child = Command::new(&path)
+        .args(args)
+        .env("KUBECONFIG", kubeconfig)
+        .env(
+            "RUST_LOG",
+            std::env::var("ICHOR_E2E_LOG").unwrap_or_else(|_| "warn".into()),
+        )
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| Error::Binary(format!("cannot start {}: {e}", path.display())))?;
+    let mut lines = BufReader::new(child.stdout.take().expect("piped stdout")).lines();
+    let line = tokio::time::timeout(Duration::from_secs(60), async {
+        while let Some(line) = lines.next_line().await? {
+            if line.starts_with(ready_prefix) {
+                return Ok::<_, std::io::Error>(Some(line));
+            }
+        }
+        Ok(None)
+    })
+    .await
+    .map_err(|_| Error::Binary(format!("{} did not start within 60 s", path.display())))??
+    .ok_or_else(|| Error::Binary(format!("{} exited before it was ready", path.display())))?;
+    // Keep draining its stdout so it never blocks on a full pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    Ok((child, line))
+}
+
+impl SimTarget {
+    /// Brings the target up: control plane, CRDs, RBAC, webhook, nodes, manager.
+    pub async fn up(options: SimOptions) -> Result<Self, Error> {
+        let env = TestEnv::private().await?;
+        env.install_crds(ichor_api::crds()).await?;
+        let admin = env.client();
+        Api::<Namespace>::all(admin.clone())
+            .create(
+                &PostParams::default(),
+                &Namespace {
+                    metadata: ObjectMeta {
+                        name: Some(SYSTEM_NAMESPACE.into()),
+                        ..Default::default()
+                    },
+                    ..Default::default()
+                },
+            )
+            .await?;
+        let namespace = env.namespace("e2e").await?;
+        bind(
+            &admin,
+            admission::WEBHOOK_NAME,
+            admission::webhook_cluster_role(),
+            admission::webhook_role(SYSTEM_NAMESPACE),
+        )
+        .await?;
+        bind(
+            &admin,
+            admission::MANAGER_NAME,
+            admission::manager_cluster_role(),
+            admission::manager_role(SYSTEM_NAMESPACE),
+        )
+        .await?;
+        let dir = tempfile::tempdir()?;
+        let webhook_kubeconfig = dir.path().join("webhook.kubeconfig");
+        std::fs::write(
+            &webhook_kubeconfig,
+            env.connection()
+                .kubeconfig_for(&user(admission::WEBHOOK_NAME), None)?,
+        )?;
+        let manager_kubeconfig = dir.path().join("manager.kubeconfig");
+        std::fs::write(
+            &manager_kubeconfig,
+            env.connection()
+                .kubeconfig_for(&user(admission::MANAGER_NAME), None)?,
+        )?;
+
+        // The webhook, registered with the shipped configuration (pointed at its address).
+        let (webhook, line) = spawn(
+            binary("ichor-webhook")?,
+            &[
+                "--namespace".into(),
+                SYSTEM_NAMESPACE.into(),
+                "--pod-ip".into(),
+                "127.0.0.1".into(),
+                "--port".into(),
+                "0".into(),
+                "--refresh-seconds".into(),
+                "1".into(),
+            ],
+            &webhook_kubeconfig,
+            "listening on",
+        )
+        .await?;
+        let port = line.rsplit(':').next().unwrap_or_default().to_owned();
+        let mut config = admission::validating_webhook_configuration();
+        for hook in config.webhooks.iter_mut().flatten() {
+            hook.client_config = WebhookClientConfig {
+                url: Some(format!(
+                    "https://127.0.0.1:{port}{}",
+                    admission::WEBHOOK_PATH
+                )),
+                ..Default::default()
+            };
+        }
+        let configs: Api<ValidatingWebhookConfiguration> = Api::all(admin.clone());
+        configs.create(&PostParams::default(), &config).await?;
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let injected = configs
+                .get(admission::WEBHOOK_CONFIGURATION)
+                .await?
+                .webhooks
+                .unwrap_or_default()
+                .iter()
+                .all(|w| {
+                    w.client_config
+                        .ca_bundle
+                        .as_ref()
+                        .is_some_and(|b| !b.0.is_empty())
+                });
+            if injected {
+                break;
+            }
+            if std::time::Instant::now() > deadline {
+                return Err(Error::Binary("the webhook never injected its CA".into()));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        // Give the apiserver a moment to load the new caBundle.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+
+        let mut nodes = Vec::new();
+        for host in 1..=options.nodes {
+            let addr = std::net::SocketAddr::from(([127, 0, options.net, host], 50000));
+            nodes.push(
+                SimNode::spawn(NodeSpec {
+                    hardware: Hardware::vm(u32::from(options.net) * 256 + u32::from(host)),
+                    timings: options.timings,
+                    ..NodeSpec::new(addr, &options.talos_version)
+                })
+                .await?,
+            );
+        }
+        let mut target = Self {
+            env,
+            namespace,
+            nodes,
+            manager: None,
+            manager_runs: 0,
+            webhook: Some(webhook),
+            dir,
+            manager_kubeconfig,
+            options,
+        };
+        target.start_manager().await?;
+        Ok(target)
+    }
+
+    /// Starts (or restarts) the manager process.
+    pub async fn start_manager(&mut self) -> Result<(), Error> {
+        self.manager_runs += 1;
+        let (manager, _) = spawn(
+            binary("ichor-manager")?,
+            &[
+                "--namespace".into(),
+                SYSTEM_NAMESPACE.into(),
+                "--identity".into(),
+                format!("manager-{}", self.manager_runs),
+                "--metrics-addr".into(),
+                "127.0.0.1:0".into(),
+                "--lease-seconds".into(),
+                "2".into(),
+                "--sweep-timeout-ms".into(),
+                "500".into(),
+                "--requeue-ms".into(),
+                "300".into(),
+            ],
+            &self.manager_kubeconfig,
+            "metrics on",
+        )
+        .await?;
+        self.manager = Some(manager);
+        Ok(())
+    }
+
+    /// Kills the manager with SIGKILL, as a crash would.
+    pub async fn kill_manager(&mut self) {
+        if let Some(mut manager) = self.manager.take() {
+            let _ = manager.kill().await;
+        }
+    }
+
+    /// The simulated nodes.
+    pub fn nodes(&self) -> &[SimNode] {
+        &self.nodes
+    }
+
+    /// The options it was brought up with.
+    pub fn options(&self) -> &SimOptions {
+        &self.options
+    }
+
+    /// The folder holding its files.
+    pub fn dir(&self) -> &std::path::Path {
+        self.dir.path()
+    }
+
+    /// Tears everything down.
+    pub async fn down(mut self) {
+        self.kill_manager().await;
+        if let Some(mut webhook) = self.webhook.take() {
+            let _ = webhook.kill().await;
+        }
+        for node in self.nodes.drain(..) {
+            node.stop().await;
+        }
+    }
+}
+
+impl Target for SimTarget {
+    fn kubeconfig(&self) -> &str {
+        self.env.connection().kubeconfig()
+    }
+
+    fn context(&self) -> &str {
+        "ichor-testenv"
+    }
+
+    fn node_endpoints(&self) -> Vec<String> {
+        self.nodes
+            .iter()
+            .map(|n| n.addr().ip().to_string())
+            .collect()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            faults: true,
+            kill_points: true,
+        }
+    }
+
+    fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    fn client(&self) -> kube::Client {
+        self.env.client()
+    }
+}

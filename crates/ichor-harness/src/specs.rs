@@ -1,0 +1,281 @@
+//! The lifecycle specs, written once against [`Target`]: every target runs them.
+
+use std::time::Duration;
+
+use base64::Engine as _;
+use ichor_api::common::ConditionStatus;
+use ichor_api::names::conditions;
+use ichor_api::{TalosCluster, TalosMachine};
+use ichor_talos::{Credentials, TalosClient};
+use k8s_openapi::api::core::v1::Secret;
+use kube::ResourceExt as _;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+use crate::{Error, Target};
+
+/// How a spec's cluster is shaped.
+#[derive(Debug, Clone)]
+pub struct Shape {
+    /// The TalosCluster's name.
+    pub name: String,
+    /// The Talos version contract.
+    pub talos_version: String,
+    /// The CNI preset.
+    pub cni: String,
+    /// How many of the nodes (the first ones) become control planes.
+    pub control_planes: usize,
+}
+
+impl Shape {
+    /// Three control planes on `talos_version` with `cni`.
+    pub fn new(talos_version: &str, cni: &str) -> Self {
+        Self {
+            name: "lab".into(),
+            talos_version: talos_version.into(),
+            cni: cni.into(),
+            control_planes: 3,
+        }
+    }
+}
+
+/// Polls `check` every 200 ms until it holds or `limit` passes.
+pub async fn eventually<F, Fut>(what: &str, limit: Duration, mut check: F) -> Result<(), Error>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = std::time::Instant::now() + limit;
+    while !check().await {
+        if std::time::Instant::now() > deadline {
+            return Err(Error::Spec(format!(
+                "timed out after {limit:?} waiting for {what}"
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(())
+}
+
+fn machines(target: &impl Target) -> Api<TalosMachine> {
+    Api::namespaced(target.client(), target.namespace())
+}
+
+fn clusters(target: &impl Target) -> Api<TalosCluster> {
+    Api::namespaced(target.client(), target.namespace())
+}
+
+/// Creates the TalosCluster: discovery over the /24 of the first node, the first node's
+/// address as the endpoint.
+pub async fn create_cluster(target: &impl Target, shape: &Shape) -> Result<(), Error> {
+    let endpoints = target.node_endpoints();
+    let first = endpoints
+        .first()
+        .ok_or_else(|| Error::Spec("the target has no nodes".into()))?;
+    let prefix = first.rsplit_once('.').map(|(p, _)| p).unwrap_or_default();
+    let cluster: TalosCluster = serde_json::from_value(json!({
+        "apiVersion": "ichor.maesh.dev/v1alpha1",
+        "kind": "TalosCluster",
+        "metadata": {"name": shape.name, "namespace": target.namespace()},
+        "spec": {
+            "talosVersion": shape.talos_version,
+            "kubernetesVersion": "1.36.3",
+            "endpoint": format!("https://{first}:6443"),
+            "controlPlane": {"count": shape.control_planes},
+            "cni": {"preset": shape.cni},
+            "kubeProxy": if shape.cni == "flannel" { "enabled" } else { "disabled" },
+            "discovery": {"cidrs": [format!("{prefix}.0/24")], "interval": "10s"},
+            "install": {"disk": "/dev/vda"}
+        }
+    }))
+    .map_err(|e| Error::Spec(e.to_string()))?;
+    clusters(target)
+        .create(&PostParams::default(), &cluster)
+        .await?;
+    Ok(())
+}
+
+/// Waits until `n` machines were discovered, all pending.
+pub async fn wait_discovered(target: &impl Target, n: usize) -> Result<Vec<TalosMachine>, Error> {
+    let api = machines(target);
+    eventually(
+        &format!("{n} discovered machines"),
+        Duration::from_secs(60),
+        || async {
+            api.list(&ListParams::default())
+                .await
+                .map(|l| l.items.len())
+                .unwrap_or(0)
+                >= n
+        },
+    )
+    .await?;
+    let found = api.list(&ListParams::default()).await?.items;
+    for m in &found {
+        if m.status
+            .as_ref()
+            .is_some_and(|s| s.applied_config_hash.is_some())
+        {
+            return Err(Error::Spec(format!(
+                "{} has a config applied before approval",
+                m.name_any()
+            )));
+        }
+    }
+    Ok(found)
+}
+
+/// The machine whose endpoint is `address`.
+pub async fn machine_at(target: &impl Target, address: &str) -> Result<TalosMachine, Error> {
+    machines(target)
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .find(|m| m.spec.endpoints.first().map(String::as_str) == Some(address))
+        .ok_or_else(|| Error::Spec(format!("no machine at {address}")))
+}
+
+/// Approves the machine at `address` as a person would: one patch with role and hostname.
+pub async fn approve(
+    target: &impl Target,
+    address: &str,
+    control_plane: bool,
+    hostname: &str,
+) -> Result<(), Error> {
+    let machine = machine_at(target, address).await?;
+    machines(target)
+        .patch(
+            &machine.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {
+                "approvalState": "approved",
+                "role": if control_plane { "controlplane" } else { "worker" },
+                "hostname": hostname
+            }})),
+        )
+        .await?;
+    Ok(())
+}
+
+/// Approves every node: the first `shape.control_planes` as control planes.
+pub async fn approve_all(target: &impl Target, shape: &Shape) -> Result<(), Error> {
+    for (i, address) in target.node_endpoints().iter().enumerate() {
+        let cp = i < shape.control_planes;
+        let hostname = if cp {
+            format!("cp-{}", i + 1)
+        } else {
+            format!("worker-{}", i + 1)
+        };
+        approve(target, address, cp, &hostname).await?;
+    }
+    Ok(())
+}
+
+/// Whether a condition holds on the cluster.
+pub async fn cluster_condition(target: &impl Target, name: &str, type_: &str) -> bool {
+    clusters(target)
+        .get(name)
+        .await
+        .ok()
+        .and_then(|c| c.status)
+        .is_some_and(|s| {
+            s.conditions
+                .iter()
+                .any(|c| c.type_ == type_ && c.status == ConditionStatus::True)
+        })
+}
+
+/// Waits until the cluster is Ready.
+pub async fn wait_ready(target: &impl Target, name: &str, limit: Duration) -> Result<(), Error> {
+    eventually("the cluster Ready", limit, || {
+        cluster_condition(target, name, conditions::READY)
+    })
+    .await
+}
+
+/// Node credentials from the published talosconfig Secret.
+pub async fn talosconfig_credentials(
+    target: &impl Target,
+    name: &str,
+) -> Result<Credentials, Error> {
+    let status = clusters(target).get(name).await?.status.unwrap_or_default();
+    let secret_name = status
+        .talosconfig_secret
+        .ok_or_else(|| Error::Spec("no talosconfig Secret is published".into()))?;
+    let secret = Api::<Secret>::namespaced(target.client(), target.namespace())
+        .get(&secret_name)
+        .await?;
+    let bytes = secret
+        .data
+        .and_then(|d| d.get("talosconfig").cloned())
+        .ok_or_else(|| Error::Spec("the talosconfig Secret has no talosconfig".into()))?;
+    let value: serde_json::Value = serde_saphyr::from_str(&String::from_utf8_lossy(&bytes.0))
+        .map_err(|e| Error::Spec(e.to_string()))?;
+    let context = &value["contexts"][name];
+    let field = |k: &str| -> Result<String, Error> {
+        let raw = base64::engine::general_purpose::STANDARD
+            .decode(context[k].as_str().unwrap_or_default())
+            .map_err(|e| Error::Spec(format!("talosconfig {k}: {e}")))?;
+        String::from_utf8(raw).map_err(|e| Error::Spec(e.to_string()))
+    };
+    Ok(Credentials {
+        ca_pem: field("ca")?,
+        cert_pem: field("crt")?,
+        key_pem: field("key")?,
+    })
+}
+
+/// Checks that the talosconfig reaches every node, and that the control planes form exactly
+/// one etcd cluster with `voters` voters. Returns the member ids.
+pub async fn check_cluster(target: &impl Target, shape: &Shape) -> Result<Vec<u64>, Error> {
+    let credentials = talosconfig_credentials(target, &shape.name).await?;
+    let mut ids: Option<Vec<u64>> = None;
+    for (i, address) in target.node_endpoints().iter().enumerate() {
+        let client = TalosClient::connect(address, &credentials)
+            .await
+            .map_err(|e| Error::Spec(format!("the talosconfig does not reach {address}: {e}")))?;
+        client
+            .version()
+            .await
+            .map_err(|e| Error::Spec(e.to_string()))?;
+        if i >= shape.control_planes {
+            continue;
+        }
+        let members = client
+            .etcd_members(false)
+            .await
+            .map_err(|e| Error::Spec(e.to_string()))?;
+        if members.iter().any(|m| m.learner) || members.len() != shape.control_planes {
+            return Err(Error::Spec(format!(
+                "{address} reports members {members:?}"
+            )));
+        }
+        let mut these: Vec<u64> = members.iter().map(|m| m.id).collect();
+        these.sort_unstable();
+        match &ids {
+            None => ids = Some(these),
+            Some(first) if *first != these => {
+                return Err(Error::Spec(format!(
+                    "{address} is in another etcd cluster: {these:?} vs {first:?}"
+                )));
+            }
+            Some(_) => {}
+        }
+    }
+    ids.ok_or_else(|| Error::Spec("no control planes".into()))
+}
+
+/// The main job: discovery finds every node, nothing is applied before approval, approved
+/// machines reach Ready, one etcd cluster, the talosconfig reaches every node.
+pub async fn lifecycle(target: &impl Target, shape: &Shape) -> Result<(), Error> {
+    create_cluster(target, shape).await?;
+    wait_discovered(target, target.node_endpoints().len()).await?;
+    approve_all(target, shape).await?;
+    wait_ready(target, &shape.name, Duration::from_secs(180)).await?;
+    check_cluster(target, shape).await?;
+    if !cluster_condition(target, &shape.name, conditions::BOOTSTRAPPED).await {
+        return Err(Error::Spec("Ready without Bootstrapped".into()));
+    }
+    Ok(())
+}

@@ -1,0 +1,207 @@
+//! The sim e2e: the spec set against the sim target — real apiserver and etcd, simulated
+//! Talos nodes, and the real `ichor-manager` and `ichor-webhook` binaries running as their
+//! ServiceAccount users with the shipped RBAC.
+
+use std::time::Duration;
+
+use ichor_api::TalosMachine;
+use ichor_api::names::{conditions, reasons};
+use ichor_harness::specs::{self, Shape, eventually};
+use ichor_harness::{SimOptions, SimTarget, Target};
+use ichor_sim::{Fault, Stage};
+use kube::ResourceExt as _;
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::json;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sim_lifecycle_on_contract_1_14() {
+    let target = SimTarget::up(SimOptions::new(5, 70, "v1.14.1"))
+        .await
+        .expect("sim target");
+    specs::lifecycle(&target, &Shape::new("v1.14.1", "flannel"))
+        .await
+        .expect("lifecycle");
+    target.down().await;
+}
+
+async fn condition(
+    target: &SimTarget,
+    address: &str,
+    type_: &str,
+) -> Option<(bool, String, String)> {
+    let m = specs::machine_at(target, address).await.ok()?;
+    m.status?
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| {
+            (
+                c.status == ichor_api::common::ConditionStatus::True,
+                c.reason,
+                c.message,
+            )
+        })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changed_fingerprints_are_flagged_and_never_applied_to() {
+    let target = SimTarget::up(SimOptions::new(2, 71, "v1.14.1"))
+        .await
+        .expect("sim target");
+    let shape = Shape {
+        control_planes: 1,
+        ..Shape::new("v1.14.1", "flannel")
+    };
+    specs::create_cluster(&target, &shape)
+        .await
+        .expect("cluster");
+    specs::wait_discovered(&target, 2)
+        .await
+        .expect("discovered");
+    let endpoints = target.node_endpoints();
+
+    // A pending machine reboots: a new maintenance certificate. Discovery flags it.
+    let rebooted = &target.nodes()[0];
+    let pinned = rebooted.fingerprint();
+    rebooted.reboot().await.expect("reboot");
+    let fresh = rebooted.fingerprint();
+    assert_ne!(pinned, fresh);
+    eventually("FingerprintChanged", Duration::from_secs(30), || async {
+        condition(&target, &endpoints[0], conditions::FINGERPRINT_CHANGED)
+            .await
+            .is_some_and(|(holds, _, _)| holds)
+    })
+    .await
+    .expect("flagged");
+    let machine = specs::machine_at(&target, &endpoints[0])
+        .await
+        .expect("machine");
+    assert_eq!(
+        machine.spec.fingerprint.as_deref(),
+        Some(pinned.as_str()),
+        "the pin is kept"
+    );
+    specs::approve(&target, &endpoints[0], true, "cp-1")
+        .await
+        .expect("approve");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        rebooted.stage().await,
+        Stage::Maintenance,
+        "nothing applied while the pin differs"
+    );
+
+    // A person confirms it is the same machine: the pin is updated, and the apply goes ahead.
+    Api::<TalosMachine>::namespaced(target.client(), target.namespace())
+        .patch(
+            &machine.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"fingerprint": fresh}})),
+        )
+        .await
+        .expect("update the pin");
+    eventually("the config applied", Duration::from_secs(60), || async {
+        specs::machine_at(&target, &endpoints[0])
+            .await
+            .ok()
+            .and_then(|m| m.status)
+            .is_some_and(|s| s.applied_config_hash.is_some())
+    })
+    .await
+    .expect("applied after the pin update");
+
+    // A certificate that changes between discovery and apply is refused, naming both.
+    let other = &target.nodes()[1];
+    let discovered = other.fingerprint();
+    let now = other
+        .inject(Fault::DifferentCertificate)
+        .await
+        .expect("fault");
+    specs::approve(&target, &endpoints[1], false, "worker-2")
+        .await
+        .expect("approve");
+    eventually("FingerprintMismatch", Duration::from_secs(30), || async {
+        condition(&target, &endpoints[1], conditions::READY)
+            .await
+            .is_some_and(|(_, reason, message)| {
+                reason == reasons::FINGERPRINT_MISMATCH
+                    && message.contains(&discovered)
+                    && message.contains(&now)
+            })
+    })
+    .await
+    .expect("refused with both fingerprints");
+    assert_eq!(other.stage().await, Stage::Maintenance);
+    target.down().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_the_manager_at_each_step_ends_in_one_cluster() {
+    // No not-ready window: the first Bootstrap held at the reply gate is the one that acts.
+    let mut options = SimOptions::new(3, 72, "v1.14.1");
+    options.timings.bootstrap_window = Duration::ZERO;
+    let mut target = SimTarget::up(options).await.expect("sim target");
+    let shape = Shape::new("v1.14.1", "flannel");
+    specs::create_cluster(&target, &shape)
+        .await
+        .expect("cluster");
+    specs::wait_discovered(&target, 3)
+        .await
+        .expect("discovered");
+
+    // Kill point 1: during the apply to the first control plane.
+    let apply_gate = target.nodes()[0].gate("ApplyConfiguration");
+    // Kill point 3, armed now: Bootstrap runs on the node, its answer is held.
+    let bootstrap_gates: Vec<_> = target
+        .nodes()
+        .iter()
+        .map(|n| n.gate_reply("Bootstrap"))
+        .collect();
+    specs::approve_all(&target, &shape).await.expect("approve");
+    apply_gate.arrived(1).await;
+    target.kill_manager().await;
+    apply_gate.release();
+    target.start_manager().await.expect("restart");
+
+    // Kill point 2: while a node installs.
+    eventually("a node installing", Duration::from_secs(60), || async {
+        for node in target.nodes() {
+            if node.stage().await == Stage::Installing {
+                return true;
+            }
+        }
+        false
+    })
+    .await
+    .expect("installing");
+    target.kill_manager().await;
+    target.start_manager().await.expect("restart");
+
+    // Kill point 3: after a successful Bootstrap, before the manager could record it.
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    let held = loop {
+        if let Some(i) = bootstrap_gates.iter().position(|g| g.count() > 0) {
+            break i;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no Bootstrap was ever called"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(
+        target.nodes()[held].etcd_member_id().await.is_some(),
+        "the bootstrap happened"
+    );
+    target.kill_manager().await;
+    drop(bootstrap_gates);
+    target.start_manager().await.expect("restart");
+
+    specs::wait_ready(&target, &shape.name, Duration::from_secs(180))
+        .await
+        .expect("Ready");
+    specs::check_cluster(&target, &shape)
+        .await
+        .expect("one etcd cluster, three voters");
+    target.down().await;
+}
