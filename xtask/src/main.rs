@@ -1,7 +1,8 @@
 //! Project tasks, run as `cargo xtask <task>`:
 //!
 //! - `test`: every check and test the project has (the README's test command).
-//! - `envtest-assets`: build (or reuse) kube-apiserver and etcd; prints their folder last.
+//! - `envtest-assets`: build (or reuse) kube-apiserver, etcd, kube-controller-manager and kwok;
+//!   prints their folder last.
 //! - `oracles`: build (or reuse) the Talos oracles from `tools/talos-oracle-*`; prints their
 //!   folder last.
 //! - `k8s-replaces [--check]`: regenerate the staging-module `replace` block of
@@ -9,7 +10,8 @@
 //! - `crdgen`: write the CRDs and admission policies generated from `ichor-api` to `config/`.
 //! - `bench [render]`: benchmarks, beside the reference implementation's rate; results go to
 //!   `docs/benchmarks/`.
-//! - `demo`: run Ichor's main job locally (for now: a local control plane).
+//! - `demo [--until-ready]`: the local demo (sim target: discovery to a Ready cluster).
+//! - `e2e --target sim`: the end-to-end specs against the sim target.
 #![forbid(unsafe_code)]
 
 use std::path::{Path, PathBuf};
@@ -24,7 +26,7 @@ mod test;
 #[allow(dead_code)]
 mod assets;
 
-const USAGE: &str = "usage: cargo xtask <test | envtest-assets | oracles | k8s-replaces [--check] | crdgen | bench [render] | demo>";
+const USAGE: &str = "usage: cargo xtask <test | envtest-assets | oracles | k8s-replaces [--check] | crdgen | bench [render] | demo [--until-ready] | e2e --target sim>";
 
 /// The workspace root (the parent of this crate's folder).
 fn workspace_root() -> PathBuf {
@@ -48,7 +50,8 @@ fn main() -> ExitCode {
         Some("k8s-replaces") => envtest::k8s_replaces(&root, args.get(1).map(String::as_str)),
         Some("crdgen") => test::crdgen(&root),
         Some("bench") => bench::bench(&root, &args[1..]),
-        Some("demo") => test::demo(&root),
+        Some("demo") => test::demo(&root, &args[1..]),
+        Some("e2e") => test::e2e(&root, &args[1..]),
         _ => {
             eprintln!("{USAGE}");
             return ExitCode::from(2);

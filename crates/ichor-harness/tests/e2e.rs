@@ -24,6 +24,18 @@ async fn sim_lifecycle_on_contract_1_14() {
     target.down().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sim_lifecycle_on_contract_1_13_with_cni_none() {
+    // With CNI none, nodeReady stays unmet: the control planes must still all join.
+    let target = SimTarget::up(SimOptions::new(5, 75, "v1.13.9"))
+        .await
+        .expect("sim target");
+    specs::lifecycle(&target, &Shape::new("v1.13.9", "none"))
+        .await
+        .expect("lifecycle");
+    target.down().await;
+}
+
 async fn condition(
     target: &SimTarget,
     address: &str,

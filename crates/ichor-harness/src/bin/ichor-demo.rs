@@ -1,0 +1,201 @@
+//! `ichor-demo`: Ichor's main job, locally. Starts the sim target (a real management control
+//! plane, five simulated Talos machines in maintenance mode, the real manager and webhook),
+//! creates a TalosCluster that discovers them, approves them as a person would, and shows the
+//! cluster coming up until it is Ready.
+//!
+//! ```text
+//! ichor-demo [--until-ready] [--net 10] [--talos-version v1.14.1] [--out .ichor-demo]
+//! ```
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use ichor_api::TalosMachine;
+use ichor_api::names::conditions;
+use ichor_harness::specs::{self, Shape};
+use ichor_harness::{SimOptions, SimTarget, Target};
+use kube::ResourceExt as _;
+use kube::api::{Api, ListParams};
+
+struct Options {
+    until_ready: bool,
+    net: u8,
+    talos_version: String,
+    out: PathBuf,
+}
+
+fn options() -> Result<Options, String> {
+    let mut options = Options {
+        until_ready: false,
+        net: 10,
+        talos_version: "v1.14.1".into(),
+        out: PathBuf::from(".ichor-demo"),
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--until-ready" => options.until_ready = true,
+            "--net" => {
+                options.net = args
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .ok_or("--net takes a number from 0 to 255 (the nodes are 127.0.<net>.1-5)")?;
+            }
+            "--talos-version" => {
+                options.talos_version = args
+                    .next()
+                    .filter(|v| v.starts_with("v1.13.") || v.starts_with("v1.14."))
+                    .ok_or("--talos-version takes v1.13.x or v1.14.x")?;
+            }
+            "--out" => options.out = args.next().ok_or("--out takes a folder")?.into(),
+            other => return Err(format!("unknown argument {other}")),
+        }
+    }
+    Ok(options)
+}
+
+/// One line per machine: name, address, role, approval, phase, and what it waits for.
+async fn table(target: &SimTarget) -> (String, usize) {
+    let machines: Api<TalosMachine> = Api::namespaced(target.client(), target.namespace());
+    let mut list = machines
+        .list(&ListParams::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default();
+    list.sort_by_key(|m| m.spec.endpoints.first().cloned().unwrap_or_default());
+    let mut out = format!(
+        "  {:<46} {:<12} {:<13} {:<9} {:<10} {}\n",
+        "MACHINE", "ADDRESS", "ROLE", "APPROVAL", "PHASE", "STATUS"
+    );
+    let mut ready = 0;
+    for m in &list {
+        let status = m.status.clone().unwrap_or_default();
+        let condition = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == conditions::READY)
+            .map(|c| c.reason.clone())
+            .unwrap_or_default();
+        if condition == "EtcdVoter" || condition == "Running" {
+            ready += 1;
+        }
+        out.push_str(&format!(
+            "  {:<46} {:<12} {:<13} {:<9} {:<10} {}\n",
+            m.name_any(),
+            m.spec.endpoints.first().cloned().unwrap_or_default(),
+            m.spec
+                .role
+                .map(|r| format!("{r:?}"))
+                .unwrap_or_else(|| "-".into()),
+            format!("{:?}", m.spec.approval_state),
+            format!("{:?}", status.phase),
+            condition
+        ));
+    }
+    (out, ready)
+}
+
+async fn run(options: Options) -> Result<(), String> {
+    println!(
+        "Starting a management control plane, 5 simulated Talos machines (127.0.{}.1-5, Talos {}), the webhook and the manager...",
+        options.net, options.talos_version
+    );
+    let target = SimTarget::up(SimOptions::new(5, options.net, &options.talos_version))
+        .await
+        .map_err(|e| e.to_string())?;
+    std::fs::create_dir_all(&options.out).map_err(|e| e.to_string())?;
+    let kubeconfig = options.out.join("kubeconfig");
+    std::fs::write(&kubeconfig, target.kubeconfig()).map_err(|e| e.to_string())?;
+    let shape = Shape {
+        name: "demo".into(),
+        ..Shape::new(&options.talos_version, "flannel")
+    };
+    specs::create_cluster(&target, &shape)
+        .await
+        .map_err(|e| e.to_string())?;
+    println!(
+        "\nCreated TalosCluster demo in namespace {}, discovering 127.0.{}.0/24 ...",
+        target.namespace(),
+        options.net
+    );
+    specs::wait_discovered(&target, 5)
+        .await
+        .map_err(|e| e.to_string())?;
+    println!(
+        "\nDiscovered, all pending: nothing is written to a machine before approval.\n{}",
+        table(&target).await.0
+    );
+    println!(
+        "Approving them as a person would (kubectl patch talosmachine ... approvalState: approved):"
+    );
+    for (i, address) in target.node_endpoints().iter().enumerate() {
+        let cp = i < shape.control_planes;
+        let hostname = if cp {
+            format!("cp-{}", i + 1)
+        } else {
+            format!("worker-{}", i + 1)
+        };
+        specs::approve(&target, address, cp, &hostname)
+            .await
+            .map_err(|e| e.to_string())?;
+        println!(
+            "  {address} -> {} {hostname}",
+            if cp { "control plane" } else { "worker" }
+        );
+    }
+    let started = Instant::now();
+    let mut last = String::new();
+    loop {
+        let (text, ready) = table(&target).await;
+        if text != last {
+            println!(
+                "\n[{:>5.1}s] {ready}/5 machines ready\n{text}",
+                started.elapsed().as_secs_f64()
+            );
+            last = text;
+        }
+        if specs::cluster_condition(&target, &shape.name, conditions::READY).await {
+            break;
+        }
+        if started.elapsed() > Duration::from_secs(300) {
+            return Err("the cluster did not become Ready within 5 minutes".into());
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    specs::check_cluster(&target, &shape)
+        .await
+        .map_err(|e| e.to_string())?;
+    println!(
+        "\nTalosCluster demo is Ready in {:.1}s: one etcd cluster of 3 voters, 2 workers.\n\nLook around:\n  export KUBECONFIG={}\n  kubectl -n {} get talosclusters,talosmachines\n  kubectl -n {} get events\n",
+        started.elapsed().as_secs_f64(),
+        kubeconfig.display(),
+        target.namespace(),
+        target.namespace()
+    );
+    if !options.until_ready {
+        println!("Ctrl-C stops everything.");
+        let _ = tokio::signal::ctrl_c().await;
+    }
+    target.down().await;
+    let _ = std::fs::remove_file(&kubeconfig);
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let options = match options() {
+        Ok(o) => o,
+        Err(error) => {
+            eprintln!("ichor-demo: {error}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(options).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("ichor-demo: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
