@@ -1,0 +1,91 @@
+//! Leader election on a real Lease, and the metrics endpoint.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ichor_manager::Metrics;
+use ichor_manager::http::{Health, serve};
+use ichor_manager::leader::{LeaseSettings, try_acquire};
+use ichor_testenv::TestEnv;
+
+fn lease(namespace: &str, identity: &str) -> LeaseSettings {
+    LeaseSettings {
+        namespace: namespace.into(),
+        name: "ichor-manager".into(),
+        identity: identity.into(),
+        duration: Duration::from_secs(2),
+        retry: Duration::from_millis(400),
+    }
+}
+
+#[tokio::test]
+async fn one_replica_leads_until_its_lease_expires() {
+    let env = TestEnv::shared().await.expect("control plane");
+    let ns = env.namespace("lease").await.expect("namespace");
+    let client = env.client();
+    assert!(try_acquire(&client, &lease(&ns, "a")).await.expect("a"));
+    assert!(
+        !try_acquire(&client, &lease(&ns, "b")).await.expect("b"),
+        "a holds it"
+    );
+    assert!(
+        try_acquire(&client, &lease(&ns, "a"))
+            .await
+            .expect("a renews")
+    );
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert!(
+        try_acquire(&client, &lease(&ns, "b"))
+            .await
+            .expect("b takes over after expiry")
+    );
+    assert!(
+        !try_acquire(&client, &lease(&ns, "a")).await.expect("a"),
+        "b holds it now"
+    );
+}
+
+#[tokio::test]
+async fn metrics_and_probes_answer() {
+    let metrics = Arc::new(Metrics::default());
+    metrics.reconciled("TalosMachine", Duration::from_millis(5));
+    metrics.error("KubernetesAPI");
+    let health = Arc::new(Health::default());
+    let addr = serve(
+        ([127, 0, 0, 1], 0).into(),
+        Arc::clone(&metrics),
+        Arc::clone(&health),
+    )
+    .await
+    .expect("serve");
+    let get = |path: &'static str| async move {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        s.write_all(
+            format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .expect("write");
+        let mut reply = String::new();
+        s.read_to_string(&mut reply).await.expect("read");
+        reply
+    };
+    let text = get("/metrics").await;
+    assert!(
+        text.contains("ichor_reconciles_total{kind=\"TalosMachine\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("ichor_reconcile_errors_total{reason=\"KubernetesAPI\"} 1"),
+        "{text}"
+    );
+    assert!(get("/healthz").await.starts_with("HTTP/1.1 200"));
+    assert!(
+        get("/readyz").await.starts_with("HTTP/1.1 503"),
+        "not ready before start"
+    );
+    health
+        .ready
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    assert!(get("/readyz").await.starts_with("HTTP/1.1 200"));
+}
