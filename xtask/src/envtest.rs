@@ -1,18 +1,24 @@
-//! Building kube-apiserver and etcd from the Go module in `tools/k8s`.
+//! Building the envtest binaries from Go modules: kube-apiserver, etcd and
+//! kube-controller-manager from `tools/k8s`, and kwok from `tools/kwok`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Instant;
 
 use anyhow::{Context as _, Result, bail};
 
 use crate::assets::{self, ToolVersions};
 use crate::run::run;
 
-/// The file, in the assets folder, that records which go.mod and go.sum built it.
-const STAMP: &str = ".ichor-build-stamp";
+/// The stamp of the single-stamp layout used before each binary had its own; removed on sight.
+const LEGACY_STAMP: &str = ".ichor-build-stamp";
 
 fn tools_dir(root: &Path) -> PathBuf {
     root.join("tools").join("k8s")
+}
+
+fn kwok_dir(root: &Path) -> PathBuf {
+    root.join("tools").join("kwok")
 }
 
 fn read(path: &Path) -> Result<String> {
@@ -36,7 +42,7 @@ fn require_go() -> Result<()> {
         .is_ok_and(|o| o.status.success());
     if !ok {
         bail!(
-            "`go` was not found on PATH: install Go 1.26 or newer (the envtest binaries are built from Go modules), or set KUBEBUILDER_ASSETS to a folder holding kube-apiserver and etcd"
+            "`go` was not found on PATH: install Go 1.26 or newer (the envtest binaries are built from Go modules), or set KUBEBUILDER_ASSETS to a folder holding kube-apiserver, etcd, kube-controller-manager and kwok"
         );
     }
     Ok(())
@@ -50,16 +56,79 @@ fn go(dir: &Path) -> Command {
     cmd
 }
 
-/// Builds (or reuses) kube-apiserver and etcd and returns the folder holding them.
+/// One binary of the assets folder: the Go module it is built in, its package and linker flags.
+struct Build {
+    binary: &'static str,
+    module: PathBuf,
+    package: &'static str,
+    ldflags: String,
+}
+
+impl Build {
+    /// What the binary is a function of: its package, flags and module's go.mod and go.sum (the
+    /// sources come from the module cache, pinned by go.sum).
+    fn stamp(&self) -> Result<String> {
+        Ok(format!(
+            "{}\n{}\n{}\n{}",
+            self.package,
+            self.ldflags,
+            read(&self.module.join("go.mod"))?,
+            read(&self.module.join("go.sum"))?
+        ))
+    }
+}
+
+/// The binaries `envtest-assets` builds, in build order (the k8s ones share most packages).
+fn builds(root: &Path, versions: &ToolVersions) -> Result<Vec<Build>> {
+    let k8s = &versions.kubernetes;
+    let mut parts = k8s.trim_start_matches('v').split('.');
+    let (Some(major), Some(minor)) = (parts.next(), parts.next()) else {
+        bail!("k8s.io/kubernetes version {k8s} is not vMAJOR.MINOR.PATCH");
+    };
+    let version_flags = format!(
+        "-s -w -X k8s.io/component-base/version.gitVersion={k8s} -X k8s.io/component-base/version.gitMajor={major} -X k8s.io/component-base/version.gitMinor={minor} -X k8s.io/component-base/version.gitTreeState=clean"
+    );
+    let k8s_module = tools_dir(root);
+    Ok(vec![
+        Build {
+            binary: "kube-apiserver",
+            module: k8s_module.clone(),
+            package: "k8s.io/kubernetes/cmd/kube-apiserver",
+            ldflags: version_flags.clone(),
+        },
+        Build {
+            binary: "etcd",
+            module: k8s_module.clone(),
+            package: "go.etcd.io/etcd/server/v3",
+            ldflags: "-s -w".into(),
+        },
+        Build {
+            binary: "kube-controller-manager",
+            module: k8s_module,
+            package: "k8s.io/kubernetes/cmd/kube-controller-manager",
+            ldflags: version_flags,
+        },
+        Build {
+            binary: "kwok",
+            module: kwok_dir(root),
+            package: "sigs.k8s.io/kwok/cmd/kwok",
+            ldflags: "-s -w".into(),
+        },
+    ])
+}
+
+/// Builds (or reuses) kube-apiserver, etcd, kube-controller-manager and kwok and returns the
+/// folder holding them. Each binary is rebuilt only when its stamp (package, flags, go.mod and
+/// go.sum) changed.
 ///
 /// `KUBEBUILDER_ASSETS`, when set, is used as it is: nothing is built.
 pub fn assets(root: &Path) -> Result<PathBuf> {
     if let Some(dir) = std::env::var_os(assets::ASSETS_ENV).filter(|v| !v.is_empty()) {
         let dir = PathBuf::from(dir);
-        let missing = assets::missing_binaries(&dir);
+        let missing = assets::missing_workload_binaries(&dir);
         if !missing.is_empty() {
             bail!(
-                "KUBEBUILDER_ASSETS={} lacks {}: point it at a folder holding kube-apiserver and etcd, or unset it to build them from tools/k8s",
+                "KUBEBUILDER_ASSETS={} lacks {}: point it at a folder holding kube-apiserver, etcd, kube-controller-manager and kwok, or unset it to build them from tools/k8s and tools/kwok",
                 dir.display(),
                 missing.join(", ")
             );
@@ -69,47 +138,36 @@ pub fn assets(root: &Path) -> Result<PathBuf> {
     }
     let versions = versions(root)?;
     let dir = assets::cache_dir(&versions);
-    let tools = tools_dir(root);
-    let stamp = format!(
-        "{}\n{}",
-        read(&tools.join("go.mod"))?,
-        read(&tools.join("go.sum"))?
-    );
-    let fresh = assets::missing_binaries(&dir).is_empty()
-        && std::fs::read_to_string(dir.join(STAMP)).is_ok_and(|s| s == stamp);
-    if fresh {
-        eprintln!("envtest-assets: reusing the binaries built from this go.mod and go.sum");
-        return Ok(dir);
-    }
-    require_go()?;
     std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
-    let _ = std::fs::remove_file(dir.join(STAMP));
-    let k8s = &versions.kubernetes;
-    let mut parts = k8s.trim_start_matches('v').split('.');
-    let (Some(major), Some(minor)) = (parts.next(), parts.next()) else {
-        bail!("k8s.io/kubernetes version {k8s} is not vMAJOR.MINOR.PATCH");
-    };
-    let version_flags = format!(
-        "-s -w -X k8s.io/component-base/version.gitVersion={k8s} -X k8s.io/component-base/version.gitMajor={major} -X k8s.io/component-base/version.gitMinor={minor} -X k8s.io/component-base/version.gitTreeState=clean"
-    );
-    for (binary, package, ldflags) in [
-        (
-            "kube-apiserver",
-            "k8s.io/kubernetes/cmd/kube-apiserver",
-            version_flags.as_str(),
-        ),
-        ("etcd", "go.etcd.io/etcd/server/v3", "-s -w"),
-    ] {
+    let _ = std::fs::remove_file(dir.join(LEGACY_STAMP));
+    for build in builds(root, &versions)? {
+        let binary = build.binary;
+        let stamp = build.stamp()?;
+        let stamp_file = dir.join(format!(".{binary}.stamp"));
+        if dir.join(binary).is_file()
+            && std::fs::read_to_string(&stamp_file).is_ok_and(|s| s == stamp)
+        {
+            eprintln!("envtest-assets: reusing {binary}");
+            continue;
+        }
+        require_go()?;
+        let _ = std::fs::remove_file(&stamp_file);
+        let started = Instant::now();
         let partial = dir.join(format!(".{binary}.partial"));
-        let mut cmd = go(&tools);
-        cmd.args(["build", "-trimpath", "-ldflags", ldflags, "-o"])
+        let mut cmd = go(&build.module);
+        cmd.args(["build", "-trimpath", "-ldflags", &build.ldflags, "-o"])
             .arg(&partial)
-            .arg(package);
+            .arg(build.package);
         run(cmd)?;
         std::fs::rename(&partial, dir.join(binary))
             .with_context(|| format!("move {binary} into {}", dir.display()))?;
+        std::fs::write(&stamp_file, stamp)
+            .with_context(|| format!("write the build stamp of {binary}"))?;
+        eprintln!(
+            "envtest-assets: built {binary} in {}s",
+            started.elapsed().as_secs()
+        );
     }
-    std::fs::write(dir.join(STAMP), stamp).context("write the build stamp")?;
     Ok(dir)
 }
 

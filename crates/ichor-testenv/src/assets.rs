@@ -1,4 +1,5 @@
-//! Where the envtest binaries (`kube-apiserver`, `etcd`) live.
+//! Where the envtest binaries (`kube-apiserver`, `etcd`, and for simulated workload clusters
+//! `kube-controller-manager` and `kwok`) live.
 //!
 //! This module uses only `std`: `xtask` compiles the same file (by path) so that the folder it
 //! builds into and the folder the tests look in can never disagree.
@@ -17,6 +18,9 @@ pub const ORACLES_ENV: &str = "ICHOR_ORACLES_DIR";
 
 /// The binaries a control plane needs, by file name.
 pub const BINARIES: [&str; 2] = ["kube-apiserver", "etcd"];
+
+/// The further binaries a simulated workload cluster needs, by file name.
+pub const WORKLOAD_BINARIES: [&str; 2] = ["kube-controller-manager", "kwok"];
 
 /// The versions the tools module pins, read from its `go.mod`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -87,8 +91,20 @@ pub fn oracles_dir() -> PathBuf {
 
 /// The binaries of [`BINARIES`] that `dir` lacks.
 pub fn missing_binaries(dir: &Path) -> Vec<&'static str> {
-    BINARIES
-        .into_iter()
+    missing(dir, &BINARIES)
+}
+
+/// The binaries of [`BINARIES`] and [`WORKLOAD_BINARIES`] that `dir` lacks.
+pub fn missing_workload_binaries(dir: &Path) -> Vec<&'static str> {
+    let mut all = missing(dir, &BINARIES);
+    all.extend(missing(dir, &WORKLOAD_BINARIES));
+    all
+}
+
+fn missing(dir: &Path, names: &[&'static str]) -> Vec<&'static str> {
+    names
+        .iter()
+        .copied()
         .filter(|name| !dir.join(name).is_file())
         .collect()
 }

@@ -79,7 +79,8 @@ pub struct ControlPlane {
     dir: tempfile::TempDir,
 }
 
-fn free_port() -> Result<u16, Error> {
+/// A port that was free on 127.0.0.1 a moment ago.
+pub(crate) fn free_port() -> Result<u16, Error> {
     let listener = TcpListener::bind("127.0.0.1:0").map_err(Error::io("bind a loopback port"))?;
     Ok(listener
         .local_addr()
@@ -87,11 +88,13 @@ fn free_port() -> Result<u16, Error> {
         .port())
 }
 
-fn write(path: &Path, contents: &str) -> Result<(), Error> {
+/// Writes a file, naming it in the error.
+pub(crate) fn write(path: &Path, contents: &str) -> Result<(), Error> {
     std::fs::write(path, contents).map_err(Error::io(format!("write {}", path.display())))
 }
 
-fn args(list: &[String]) -> Vec<OsString> {
+/// Command-line arguments from strings.
+pub(crate) fn args(list: &[String]) -> Vec<OsString> {
     list.iter().map(OsString::from).collect()
 }
 
@@ -130,30 +133,8 @@ impl ControlPlane {
             write(&root.join(name), contents)?;
         }
 
-        let (etcd_port, peer_port, api_port) = (free_port()?, free_port()?, free_port()?);
-        let etcd_url = format!("http://127.0.0.1:{etcd_port}");
-        let peer_url = format!("http://127.0.0.1:{peer_port}");
-        let etcd = Supervised::start(
-            "etcd",
-            ChildSpec {
-                program: assets_dir.join("etcd"),
-                args: args(&[
-                    "--name=testenv".into(),
-                    format!("--data-dir={}", root.join("etcd").display()),
-                    format!("--listen-client-urls={etcd_url}"),
-                    format!("--advertise-client-urls={etcd_url}"),
-                    format!("--listen-peer-urls={peer_url}"),
-                    format!("--initial-advertise-peer-urls={peer_url}"),
-                    format!("--initial-cluster=testenv={peer_url}"),
-                    "--unsafe-no-fsync=true".into(),
-                    "--log-level=warn".into(),
-                ]),
-                log: root.join("etcd.log"),
-            },
-            &pgids,
-        )
-        .map_err(Error::io("start etcd"))?;
-
+        let (etcd, etcd_url) = start_etcd(assets_dir, &root, &pgids)?;
+        let api_port = free_port()?;
         let server = format!("https://127.0.0.1:{api_port}");
         let p = |name: &str| root.join(name).display().to_string();
         let mut apiserver_args = vec![
@@ -181,6 +162,7 @@ impl ControlPlane {
                 program: assets_dir.join("kube-apiserver"),
                 args: args(&apiserver_args),
                 log: root.join("kube-apiserver.log"),
+                env: Vec::new(),
             },
             &pgids,
         )
@@ -206,25 +188,7 @@ impl ControlPlane {
 
     async fn wait_ready(&mut self) -> Result<(), Error> {
         let client = self.connection.client().await?;
-        let deadline = Instant::now() + READY_TIMEOUT;
-        loop {
-            self.etcd.check_running().map_err(Error::Startup)?;
-            self.apiserver.check_running().map_err(Error::Startup)?;
-            let request = http::Request::get("/readyz")
-                .body(Vec::new())
-                .expect("a static request is valid");
-            let last = match client.request_text(request).await {
-                Ok(body) if body.trim() == "ok" => return Ok(()),
-                Ok(body) => body,
-                Err(err) => err.to_string(),
-            };
-            if Instant::now() > deadline {
-                return Err(Error::Startup(format!(
-                    "kube-apiserver not ready after {READY_TIMEOUT:?}: {last}"
-                )));
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        wait_readyz(&client, &mut [&mut self.etcd, &mut self.apiserver]).await
     }
 
     /// How to reach this control plane.
@@ -240,6 +204,67 @@ impl ControlPlane {
     /// The process ids of etcd and kube-apiserver (each also its process group).
     pub fn pids(&self) -> [u32; 2] {
         [self.etcd.pid(), self.apiserver.pid()]
+    }
+}
+
+/// Starts etcd on free loopback ports, its data in `root/etcd`; returns it and its client URL.
+pub(crate) fn start_etcd(
+    assets_dir: &Path,
+    root: &Path,
+    pgids: &Path,
+) -> Result<(Supervised, String), Error> {
+    let (etcd_port, peer_port) = (free_port()?, free_port()?);
+    let etcd_url = format!("http://127.0.0.1:{etcd_port}");
+    let peer_url = format!("http://127.0.0.1:{peer_port}");
+    let etcd = Supervised::start(
+        "etcd",
+        ChildSpec {
+            program: assets_dir.join("etcd"),
+            args: args(&[
+                "--name=testenv".into(),
+                format!("--data-dir={}", root.join("etcd").display()),
+                format!("--listen-client-urls={etcd_url}"),
+                format!("--advertise-client-urls={etcd_url}"),
+                format!("--listen-peer-urls={peer_url}"),
+                format!("--initial-advertise-peer-urls={peer_url}"),
+                format!("--initial-cluster=testenv={peer_url}"),
+                "--unsafe-no-fsync=true".into(),
+                "--log-level=warn".into(),
+            ]),
+            log: root.join("etcd.log"),
+            env: Vec::new(),
+        },
+        pgids,
+    )
+    .map_err(Error::io("start etcd"))?;
+    Ok((etcd, etcd_url))
+}
+
+/// Polls the apiserver's `/readyz` through `client` until it answers ok, failing as soon as one
+/// of `processes` has exited.
+pub(crate) async fn wait_readyz(
+    client: &Client,
+    processes: &mut [&mut Supervised],
+) -> Result<(), Error> {
+    let deadline = Instant::now() + READY_TIMEOUT;
+    loop {
+        for process in processes.iter_mut() {
+            process.check_running().map_err(Error::Startup)?;
+        }
+        let request = http::Request::get("/readyz")
+            .body(Vec::new())
+            .expect("a static request is valid");
+        let last = match client.request_text(request).await {
+            Ok(body) if body.trim() == "ok" => return Ok(()),
+            Ok(body) => body,
+            Err(err) => err.to_string(),
+        };
+        if Instant::now() > deadline {
+            return Err(Error::Startup(format!(
+                "kube-apiserver not ready after {READY_TIMEOUT:?}: {last}"
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 

@@ -12,6 +12,10 @@
 //! - [`TestEnv::private`]: a control plane of the test's own, for tests that restart the
 //!   apiserver or register cluster-scoped admission objects ([`TestEnv::register_webhook`]).
 //!
+//! A simulated workload cluster's control plane — the apiserver serving with the cluster's own
+//! Kubernetes CA, kube-controller-manager, and kwok playing the kubelets — is
+//! [`WorkloadControlPlane`] (see [`workload`]).
+//!
 //! Missing binaries are an error that says how to build them; a test never skips.
 //! Child processes die with the process that started them, and their folder goes with them
 //! (see [`process`]).
@@ -21,6 +25,7 @@ pub mod assets;
 mod control_plane;
 pub mod pki;
 pub mod process;
+pub mod workload;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -41,6 +46,7 @@ pub use control_plane::{
     tool_versions,
 };
 pub use pki::CertAndKey;
+pub use workload::{NodeRegistration, WorkloadControlPlane, WorkloadSpec};
 
 /// Names the folder of the run's shared control plane (set by `cargo xtask test`).
 pub const SHARED_DIR_ENV: &str = "ICHOR_TESTENV_DIR";
@@ -62,7 +68,7 @@ const FIELD_MANAGER: &str = "ichor-testenv";
 pub enum Error {
     /// The envtest binaries are not where they should be.
     #[error(
-        "envtest binaries missing from {dir}: {missing}; run `cargo xtask envtest-assets` to build them (or set KUBEBUILDER_ASSETS to a folder holding kube-apiserver and etcd)",
+        "envtest binaries missing from {dir}: {missing}; run `cargo xtask envtest-assets` to build them (or set KUBEBUILDER_ASSETS to a folder holding them)",
         dir = dir.display()
     )]
     MissingAssets {

@@ -43,6 +43,8 @@ pub struct ChildSpec {
     pub args: Vec<OsString>,
     /// Where stdout and stderr are written.
     pub log: PathBuf,
+    /// Environment variables set for it (on top of this process's own).
+    pub env: Vec<(OsString, OsString)>,
 }
 
 type SpawnReply = mpsc::Sender<io::Result<Child>>;
@@ -86,6 +88,7 @@ fn spawn_here(spec: &ChildSpec) -> io::Result<Child> {
         None => Command::new(&spec.program),
     };
     cmd.args(&spec.args)
+        .envs(spec.env.iter().cloned())
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log)
