@@ -58,6 +58,13 @@ pub trait Target {
     fn namespace(&self) -> &str;
     /// A client for the management cluster (an administrator's, for the specs).
     fn client(&self) -> kube::Client;
+    /// Makes sure the kubelets of `cluster`'s Ready machines have registered their Nodes with
+    /// its workload control plane. Real nodes do this themselves; the sim target runs the
+    /// workload control plane (with the cluster's own Kubernetes CA) and registers them.
+    fn kubelets_registered(
+        &self,
+        cluster: &str,
+    ) -> impl std::future::Future<Output = Result<(), Error>> + Send;
 }
 
 /// A workspace binary: `ICHOR_<NAME>_BIN`, else next to the running test's folder (where

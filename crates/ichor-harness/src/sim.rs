@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use ichor_api::admission;
 use ichor_sim::{Hardware, NodeSpec, SimNode, Timings};
-use ichor_testenv::TestEnv;
+use ichor_testenv::{CertAndKey, NodeRegistration, TestEnv, WorkloadControlPlane, WorkloadSpec};
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingWebhookConfiguration, WebhookClientConfig,
 };
@@ -60,6 +60,7 @@ pub struct SimTarget {
     dir: tempfile::TempDir,
     manager_kubeconfig: PathBuf,
     options: SimOptions,
+    workload: tokio::sync::Mutex<Option<WorkloadControlPlane>>,
 }
 
 impl std::fmt::Debug for SimTarget {
@@ -288,6 +289,7 @@ impl SimTarget {
             dir,
             manager_kubeconfig,
             options,
+            workload: tokio::sync::Mutex::new(None),
         };
         target.start_manager().await?;
         Ok(target)
@@ -344,6 +346,9 @@ impl SimTarget {
 
     /// Tears everything down.
     pub async fn down(mut self) {
+        if let Some(workload) = self.workload.lock().await.take() {
+            workload.stop();
+        }
         self.kill_manager().await;
         if let Some(mut webhook) = self.webhook.take() {
             let _ = webhook.kill().await;
@@ -383,5 +388,89 @@ impl Target for SimTarget {
 
     fn client(&self) -> kube::Client {
         self.env.client()
+    }
+
+    async fn kubelets_registered(&self, cluster: &str) -> Result<(), Error> {
+        use ichor_api::{TalosCluster, TalosMachine};
+        use kube::ResourceExt as _;
+        let admin = self.env.client();
+        let found = Api::<TalosCluster>::namespaced(admin.clone(), &self.namespace)
+            .get(cluster)
+            .await?;
+        let mut workload = self.workload.lock().await;
+        if workload.is_none() {
+            let secret = found
+                .status
+                .as_ref()
+                .and_then(|s| s.secrets_secret.clone())
+                .ok_or_else(|| Error::Spec("the cluster has no secrets bundle yet".into()))?;
+            let bundle_yaml = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(
+                admin.clone(),
+                &self.namespace,
+            )
+            .get(&secret)
+            .await?
+            .data
+            .and_then(|d| {
+                d.get("secrets.yaml")
+                    .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+            })
+            .ok_or_else(|| Error::Spec("the bundle Secret has no secrets.yaml".into()))?;
+            let bundle = ichor_render::SecretsBundle::from_yaml(&bundle_yaml)
+                .map_err(|e| Error::Spec(format!("bundle: {e}")))?;
+            let url = found
+                .spec
+                .endpoint
+                .trim_start_matches("https://")
+                .to_owned();
+            let endpoint: std::net::SocketAddr = url.parse().map_err(|_| {
+                Error::Spec(format!(
+                    "the sim target needs an IP:port endpoint, not {url}"
+                ))
+            })?;
+            let ca = CertAndKey {
+                cert_pem: bundle.certs.k8s.crt.0.clone(),
+                key_pem: bundle.certs.k8s.key.0.clone(),
+            };
+            *workload = Some(
+                WorkloadControlPlane::start(WorkloadSpec::new(endpoint, ca).cluster_name(cluster))
+                    .await?,
+            );
+        }
+        let plane = workload.as_ref().expect("started above");
+        let machines = Api::<TalosMachine>::namespaced(admin, &self.namespace)
+            .list(&Default::default())
+            .await?;
+        for machine in machines
+            .items
+            .iter()
+            .filter(|m| m.spec.cluster_ref.name == cluster)
+        {
+            let Some(status) = &machine.status else {
+                continue;
+            };
+            let (Some(name), Some(address)) = (&status.node_name, &status.address) else {
+                continue;
+            };
+            let mut registration = NodeRegistration::new(name.clone());
+            if let Ok(ip) = address.parse() {
+                registration = registration.internal_ip(ip);
+            }
+            if let Some(hardware) = &status.hardware {
+                registration = registration.system_uuid(hardware.uuid.clone());
+            }
+            if machine.spec.role == Some(ichor_api::common::Role::ControlPlane) {
+                registration = registration.label("node-role.kubernetes.io/control-plane", "");
+            }
+            let exists = Api::<k8s_openapi::api::core::v1::Node>::all(plane.client())
+                .get_opt(name)
+                .await?
+                .is_some();
+            if !exists {
+                plane.register_node(&registration).await?;
+            }
+            let _ = machine.name_any();
+        }
+        Ok(())
     }
 }

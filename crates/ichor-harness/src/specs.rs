@@ -277,5 +277,45 @@ pub async fn lifecycle(target: &impl Target, shape: &Shape) -> Result<(), Error>
     if !cluster_condition(target, &shape.name, conditions::BOOTSTRAPPED).await {
         return Err(Error::Spec("Ready without Bootstrapped".into()));
     }
-    Ok(())
+    target.kubelets_registered(&shape.name).await?;
+    let nodes = target.node_endpoints().len();
+    let workload = workload_client(target, &shape.name).await?;
+    let listed = Api::<k8s_openapi::api::core::v1::Node>::all(workload);
+    eventually(
+        &format!("{nodes} Ready Nodes in the workload cluster"),
+        Duration::from_secs(60),
+        || async {
+            listed.list(&ListParams::default()).await.is_ok_and(|l| {
+                l.items.len() == nodes && l.items.iter().all(ichor_testenv::workload::node_is_ready)
+            })
+        },
+    )
+    .await
+}
+
+/// A client for the workload cluster from the published kubeconfig Secret.
+pub async fn workload_client(target: &impl Target, name: &str) -> Result<kube::Client, Error> {
+    let status = clusters(target).get(name).await?.status.unwrap_or_default();
+    let secret_name = status
+        .kubeconfig_secret
+        .ok_or_else(|| Error::Spec("no kubeconfig Secret is published".into()))?;
+    let secret = Api::<Secret>::namespaced(target.client(), target.namespace())
+        .get(&secret_name)
+        .await?;
+    let text = secret
+        .data
+        .and_then(|d| {
+            d.get("kubeconfig")
+                .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+        })
+        .ok_or_else(|| Error::Spec("the kubeconfig Secret has no kubeconfig".into()))?;
+    let kubeconfig = kube::config::Kubeconfig::from_yaml(&text)
+        .map_err(|e| Error::Spec(format!("kubeconfig: {e}")))?;
+    let config = kube::Config::from_custom_kubeconfig(
+        kubeconfig,
+        &kube::config::KubeConfigOptions::default(),
+    )
+    .await
+    .map_err(|e| Error::Spec(format!("kubeconfig: {e}")))?;
+    kube::Client::try_from(config).map_err(Error::Kube)
 }
