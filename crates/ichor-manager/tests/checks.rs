@@ -1,0 +1,229 @@
+//! What the manager refuses and reports: a secretsRef naming no Secret, a node older than the
+//! cluster's contract, one SMBIOS UUID answering with two certificates; and the generated
+//! bundle Secret carries no owner reference.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ichor_api::names::{conditions, reasons};
+use ichor_api::{TalosCluster, TalosMachine};
+use ichor_manager::{Context, Metrics, Settings};
+use ichor_sim::{Hardware, SimNode, Stage};
+use ichor_talos::discovery::SweepConfig;
+use ichor_testenv::TestEnv;
+use k8s_openapi::api::core::v1::{Event, Secret};
+use kube::ResourceExt as _;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !check().await {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn cluster(ns: &str, name: &str, net: u8, extra: serde_json::Value) -> TalosCluster {
+    let mut spec = json!({
+        "talosVersion": "v1.14.1",
+        "kubernetesVersion": "1.36.3",
+        "endpoint": format!("https://127.0.{net}.1:6443"),
+        "controlPlane": {"count": 1},
+        "discovery": {"cidrs": [format!("127.0.{net}.0/24")], "interval": "10s"},
+        "install": {"disk": "/dev/vda"}
+    });
+    if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra.as_object()) {
+        spec.extend(extra.clone());
+    }
+    serde_json::from_value(json!({
+        "apiVersion": "ichor.maesh.dev/v1alpha1",
+        "kind": "TalosCluster",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": spec
+    }))
+    .expect("cluster")
+}
+
+fn condition(c: &TalosCluster, type_: &str) -> Option<(String, String)> {
+    c.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|x| x.type_ == type_)
+        .map(|x| (x.reason.clone(), x.message.clone()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_and_reports() {
+    let env = TestEnv::private().await.expect("private control plane");
+    env.install_crds(ichor_api::crds()).await.expect("CRDs");
+    let ns = env.namespace("checks").await.expect("namespace");
+    let clusters: Api<TalosCluster> = Api::namespaced(env.client(), &ns);
+    let machines: Api<TalosMachine> = Api::namespaced(env.client(), &ns);
+
+    // An old node, and two machines sharing one SMBIOS UUID.
+    let old = SimNode::start_with(
+        SocketAddr::from(([127, 0, 62, 1], 50000)),
+        "v1.13.9",
+        Hardware::vm(6201),
+    )
+    .await
+    .expect("old node");
+    let twin_a = SimNode::start_with(
+        SocketAddr::from(([127, 0, 63, 1], 50000)),
+        "v1.14.1",
+        Hardware::vm(6301),
+    )
+    .await
+    .expect("twin");
+    let twin_b = SimNode::start_with(
+        SocketAddr::from(([127, 0, 63, 2], 50000)),
+        "v1.14.1",
+        Hardware::vm(6301),
+    )
+    .await
+    .expect("twin");
+
+    for c in [
+        cluster(&ns, "old", 62, json!({})),
+        cluster(&ns, "twins", 63, json!({})),
+        cluster(&ns, "missing", 64, json!({"secretsRef": {"name": "nope"}})),
+    ] {
+        clusters
+            .create(&PostParams::default(), &c)
+            .await
+            .expect("create");
+    }
+    let settings = Settings {
+        sweep: SweepConfig {
+            timeout: Duration::from_millis(500),
+            ..SweepConfig::default()
+        },
+        progress_requeue: Duration::from_millis(300),
+        ..Settings::default()
+    };
+    let ctx = Arc::new(Context::new(
+        env.client(),
+        settings,
+        Arc::new(Metrics::default()),
+    ));
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let manager = tokio::spawn(ichor_manager::run(ctx, async {
+        let _ = stop_rx.await;
+    }));
+
+    // secretsRef naming nothing: SecretsReady false, saying what to do.
+    eventually("SecretsBundleUnavailable", || async {
+        clusters
+            .get("missing")
+            .await
+            .ok()
+            .and_then(|c| condition(&c, conditions::SECRETS_READY))
+            .is_some_and(|(reason, message)| {
+                reason == reasons::SECRETS_BUNDLE_UNAVAILABLE && message.contains("nope")
+            })
+    })
+    .await;
+
+    // A generated bundle outlives its cluster: no owner reference.
+    eventually("the generated bundle", || async {
+        Api::<Secret>::namespaced(env.client(), &ns)
+            .get_opt("old-secrets")
+            .await
+            .ok()
+            .flatten()
+            .is_some()
+    })
+    .await;
+    let bundle = Api::<Secret>::namespaced(env.client(), &ns)
+        .get("old-secrets")
+        .await
+        .expect("bundle");
+    assert!(
+        bundle
+            .metadata
+            .owner_references
+            .unwrap_or_default()
+            .is_empty()
+    );
+
+    // One UUID, two certificates: reported, not recorded.
+    eventually("the UUID conflict event", || async {
+        Api::<Event>::namespaced(env.client(), &ns)
+            .list(&ListParams::default())
+            .await
+            .is_ok_and(|l| {
+                l.items.iter().any(|e| {
+                    e.message
+                        .as_deref()
+                        .unwrap_or_default()
+                        .contains("different certificates")
+                })
+            })
+    })
+    .await;
+    let recorded = machines
+        .list(&ListParams::default())
+        .await
+        .expect("list")
+        .items;
+    assert!(
+        recorded.iter().all(|m| m.spec.cluster_ref.name != "twins"),
+        "no record for a conflicting UUID"
+    );
+
+    // A node older than the contract is refused before anything is applied.
+    eventually("the old machine discovered", || async {
+        machines
+            .list(&ListParams::default())
+            .await
+            .is_ok_and(|l| l.items.iter().any(|m| m.spec.cluster_ref.name == "old"))
+    })
+    .await;
+    let name = machines
+        .list(&ListParams::default())
+        .await
+        .expect("list")
+        .items
+        .into_iter()
+        .find(|m| m.spec.cluster_ref.name == "old")
+        .expect("old machine")
+        .name_any();
+    machines
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"approvalState": "approved", "role": "controlplane"}})),
+        )
+        .await
+        .expect("approve");
+    eventually("TalosVersionTooOld", || async {
+        machines
+            .get(&name)
+            .await
+            .ok()
+            .and_then(|m| m.status)
+            .is_some_and(|s| {
+                s.conditions.iter().any(|c| {
+                    c.type_ == conditions::READY && c.reason == reasons::TALOS_VERSION_TOO_OLD
+                })
+            })
+    })
+    .await;
+    assert_eq!(old.stage().await, Stage::Maintenance, "nothing applied");
+
+    let _ = stop_tx.send(());
+    let _ = manager.await;
+    for node in [old, twin_a, twin_b] {
+        node.stop().await;
+    }
+}
