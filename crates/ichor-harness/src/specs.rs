@@ -186,12 +186,27 @@ pub async fn cluster_condition(target: &impl Target, name: &str, type_: &str) ->
         })
 }
 
-/// Waits until the cluster is Ready.
+/// Waits until the cluster is Ready: a watch, not a poll.
 pub async fn wait_ready(target: &impl Target, name: &str, limit: Duration) -> Result<(), Error> {
-    eventually("the cluster Ready", limit, || {
-        cluster_condition(target, name, conditions::READY)
-    })
+    let ready = |c: Option<&TalosCluster>| {
+        c.and_then(|c| c.status.as_ref()).is_some_and(|s| {
+            s.conditions
+                .iter()
+                .any(|c| c.type_ == conditions::READY && c.status == ConditionStatus::True)
+        })
+    };
+    tokio::time::timeout(
+        limit,
+        kube::runtime::wait::await_condition(clusters(target), name, ready),
+    )
     .await
+    .map_err(|_| {
+        Error::Spec(format!(
+            "timed out after {limit:?} waiting for the cluster Ready"
+        ))
+    })?
+    .map_err(|e| Error::Spec(format!("watching the cluster: {e}")))?;
+    Ok(())
 }
 
 /// Node credentials from the published talosconfig Secret.
