@@ -2,35 +2,18 @@
 //! cluster's contract, one SMBIOS UUID answering with two certificates; and the generated
 //! bundle Secret carries no owner reference.
 
+mod support;
+
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
 use ichor_api::names::{conditions, reasons};
 use ichor_api::{TalosCluster, TalosMachine};
-use ichor_manager::{Context, Metrics, Settings};
 use ichor_sim::{Hardware, SimNode, Stage};
-use ichor_talos::discovery::SweepConfig;
-use ichor_testenv::TestEnv;
 use k8s_openapi::api::core::v1::{Event, Secret};
 use kube::ResourceExt as _;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
-
-async fn eventually<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while !check().await {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
 
 fn cluster(ns: &str, name: &str, net: u8, extra: serde_json::Value) -> TalosCluster {
     let mut spec = json!({
@@ -64,9 +47,7 @@ fn condition(c: &TalosCluster, type_: &str) -> Option<(String, String)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refusals_and_reports() {
-    let env = TestEnv::private().await.expect("private control plane");
-    env.install_crds(ichor_api::crds()).await.expect("CRDs");
-    let ns = env.namespace("checks").await.expect("namespace");
+    let (env, ns) = support::plane("checks").await;
     let clusters: Api<TalosCluster> = Api::namespaced(env.client(), &ns);
     let machines: Api<TalosMachine> = Api::namespaced(env.client(), &ns);
 
@@ -103,39 +84,27 @@ async fn refusals_and_reports() {
             .await
             .expect("create");
     }
-    let settings = Settings {
-        sweep: SweepConfig {
-            timeout: Duration::from_millis(500),
-            ..SweepConfig::default()
-        },
-        progress_requeue: Duration::from_millis(300),
-        ..Settings::default()
-    };
-    let ctx = Arc::new(Context::new(
-        env.client(),
-        settings,
-        Arc::new(Metrics::default()),
-    ));
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let manager = tokio::spawn(ichor_manager::run(ctx, async {
-        let _ = stop_rx.await;
-    }));
+    let (stop_tx, manager) = support::start_manager(&env);
 
     // secretsRef naming nothing: SecretsReady false, saying what to do.
-    eventually("SecretsBundleUnavailable", || async {
-        clusters
-            .get("missing")
-            .await
-            .ok()
-            .and_then(|c| condition(&c, conditions::SECRETS_READY))
-            .is_some_and(|(reason, message)| {
-                reason == reasons::SECRETS_BUNDLE_UNAVAILABLE && message.contains("nope")
-            })
-    })
+    support::eventually(
+        "SecretsBundleUnavailable",
+        Duration::from_secs(60),
+        || async {
+            clusters
+                .get("missing")
+                .await
+                .ok()
+                .and_then(|c| condition(&c, conditions::SECRETS_READY))
+                .is_some_and(|(reason, message)| {
+                    reason == reasons::SECRETS_BUNDLE_UNAVAILABLE && message.contains("nope")
+                })
+        },
+    )
     .await;
 
     // A generated bundle outlives its cluster: no owner reference.
-    eventually("the generated bundle", || async {
+    support::eventually("the generated bundle", Duration::from_secs(60), || async {
         Api::<Secret>::namespaced(env.client(), &ns)
             .get_opt("old-secrets")
             .await
@@ -157,19 +126,23 @@ async fn refusals_and_reports() {
     );
 
     // One UUID, two certificates: reported, not recorded.
-    eventually("the UUID conflict event", || async {
-        Api::<Event>::namespaced(env.client(), &ns)
-            .list(&ListParams::default())
-            .await
-            .is_ok_and(|l| {
-                l.items.iter().any(|e| {
-                    e.message
-                        .as_deref()
-                        .unwrap_or_default()
-                        .contains("different certificates")
+    support::eventually(
+        "the UUID conflict event",
+        Duration::from_secs(60),
+        || async {
+            Api::<Event>::namespaced(env.client(), &ns)
+                .list(&ListParams::default())
+                .await
+                .is_ok_and(|l| {
+                    l.items.iter().any(|e| {
+                        e.message
+                            .as_deref()
+                            .unwrap_or_default()
+                            .contains("different certificates")
+                    })
                 })
-            })
-    })
+        },
+    )
     .await;
     let recorded = machines
         .list(&ListParams::default())
@@ -182,12 +155,16 @@ async fn refusals_and_reports() {
     );
 
     // A node older than the contract is refused before anything is applied.
-    eventually("the old machine discovered", || async {
-        machines
-            .list(&ListParams::default())
-            .await
-            .is_ok_and(|l| l.items.iter().any(|m| m.spec.cluster_ref.name == "old"))
-    })
+    support::eventually(
+        "the old machine discovered",
+        Duration::from_secs(60),
+        || async {
+            machines
+                .list(&ListParams::default())
+                .await
+                .is_ok_and(|l| l.items.iter().any(|m| m.spec.cluster_ref.name == "old"))
+        },
+    )
     .await;
     let name = machines
         .list(&ListParams::default())
@@ -206,7 +183,7 @@ async fn refusals_and_reports() {
         )
         .await
         .expect("approve");
-    eventually("TalosVersionTooOld", || async {
+    support::eventually("TalosVersionTooOld", Duration::from_secs(60), || async {
         machines
             .get(&name)
             .await

@@ -2,35 +2,18 @@
 //! machines, nothing is applied before approval, approved machines reach Ready, etcd has
 //! exactly three voters, and the published talosconfig reaches every node.
 
+mod support;
+
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
 use ichor_api::names::conditions;
 use ichor_api::{TalosCluster, TalosMachine};
-use ichor_manager::{Context, Metrics, Settings};
 use ichor_sim::{Hardware, SimNode, Stage as SimStage};
-use ichor_talos::discovery::SweepConfig;
 use ichor_talos::{Credentials, TalosClient};
-use ichor_testenv::TestEnv;
 use kube::ResourceExt as _;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
-
-async fn eventually<F, Fut>(what: &str, limit: Duration, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = std::time::Instant::now() + limit;
-    while !check().await {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
 
 fn credentials_from_talosconfig(text: &str, cluster: &str) -> Credentials {
     use base64::Engine as _;
@@ -52,9 +35,7 @@ fn credentials_from_talosconfig(text: &str, cluster: &str) -> Credentials {
 }
 
 async fn run_lifecycle(net: u8, talos_version: &str, cni: &str) {
-    let env = TestEnv::private().await.expect("private control plane");
-    env.install_crds(ichor_api::crds()).await.expect("CRDs");
-    let ns = env.namespace("lifecycle").await.expect("namespace");
+    let (env, ns) = support::plane("lifecycle").await;
     let mut nodes = Vec::new();
     for host in 1..=5u8 {
         let addr = SocketAddr::from(([127, 0, net, host], 50000));
@@ -90,26 +71,10 @@ async fn run_lifecycle(net: u8, talos_version: &str, cni: &str) {
         .await
         .expect("create cluster");
 
-    let settings = Settings {
-        sweep: SweepConfig {
-            timeout: Duration::from_millis(500),
-            ..SweepConfig::default()
-        },
-        progress_requeue: Duration::from_millis(300),
-        ..Settings::default()
-    };
-    let ctx = Arc::new(Context::new(
-        env.client(),
-        settings,
-        Arc::new(Metrics::default()),
-    ));
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let manager = tokio::spawn(ichor_manager::run(ctx, async {
-        let _ = stop_rx.await;
-    }));
+    let (stop_tx, manager) = support::start_manager(&env);
 
     let machines: Api<TalosMachine> = Api::namespaced(env.client(), &ns);
-    eventually(
+    support::eventually(
         "five discovered machines",
         Duration::from_secs(60),
         || async {
@@ -159,7 +124,7 @@ async fn run_lifecycle(net: u8, talos_version: &str, cni: &str) {
             .expect("approve");
     }
 
-    eventually("the cluster Ready", Duration::from_secs(120), || async {
+    support::eventually("the cluster Ready", Duration::from_secs(120), || async {
         clusters
             .get("lab")
             .await

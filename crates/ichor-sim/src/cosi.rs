@@ -101,7 +101,7 @@ fn resources(node: &Node, shared: &Shared) -> BTreeMap<String, Vec<SimResource>>
     };
     let unmet = unmet_conditions(node, shared);
     let ready = node.stage == Stage::Running && node.running.is_some() && unmet.is_empty();
-    let (stage_number, stage_name) = node.stage.wire();
+    let (stage_number, stage_name) = crate::stage_wire(node.stage);
     let status = MachineStatusSpec {
         stage: stage_number,
         status: Some(MachineStatusStatus {

@@ -148,40 +148,20 @@ impl NodeSpec {
     }
 }
 
-/// The machine stage (talos-facts §3, `RuntimeMachineStage`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Stage {
-    /// Booting.
-    Booting,
-    /// Installing to disk.
-    Installing,
-    /// Maintenance: no complete config.
-    Maintenance,
-    /// Running.
-    Running,
-    /// Rebooting.
-    Rebooting,
-    /// Shutting down.
-    ShuttingDown,
-    /// Resetting.
-    Resetting,
-    /// Upgrading.
-    Upgrading,
-}
+pub use ichor_talos::Stage;
 
-impl Stage {
-    /// The proto enum value and YAML string Talos uses (talos-facts §3).
-    pub(crate) fn wire(self) -> (i32, &'static str) {
-        match self {
-            Self::Booting => (1, "booting"),
-            Self::Installing => (2, "installing"),
-            Self::Maintenance => (3, "maintenance"),
-            Self::Running => (4, "running"),
-            Self::Rebooting => (5, "rebooting"),
-            Self::ShuttingDown => (6, "shutting down"),
-            Self::Resetting => (7, "resetting"),
-            Self::Upgrading => (8, "upgrading"),
-        }
+/// The proto enum value and YAML string Talos uses for a stage (talos-facts §3).
+pub(crate) fn stage_wire(stage: Stage) -> (i32, &'static str) {
+    match stage {
+        Stage::Unknown => (0, "unknown"),
+        Stage::Booting => (1, "booting"),
+        Stage::Installing => (2, "installing"),
+        Stage::Maintenance => (3, "maintenance"),
+        Stage::Running => (4, "running"),
+        Stage::Rebooting => (5, "rebooting"),
+        Stage::ShuttingDown => (6, "shutting down"),
+        Stage::Resetting => (7, "resetting"),
+        Stage::Upgrading => (8, "upgrading"),
     }
 }
 

@@ -129,20 +129,16 @@ async fn run(options: Options) -> Result<(), String> {
     println!(
         "Approving them as a person would (kubectl patch talosmachine ... approvalState: approved):"
     );
+    specs::approve_all(&target, &shape)
+        .await
+        .map_err(|e| e.to_string())?;
     for (i, address) in target.node_endpoints().iter().enumerate() {
-        let cp = i < shape.control_planes;
-        let hostname = if cp {
-            format!("cp-{}", i + 1)
+        let role = if i < shape.control_planes {
+            "control plane"
         } else {
-            format!("worker-{}", i + 1)
+            "worker"
         };
-        specs::approve(&target, address, cp, &hostname)
-            .await
-            .map_err(|e| e.to_string())?;
-        println!(
-            "  {address} -> {} {hostname}",
-            if cp { "control plane" } else { "worker" }
-        );
+        println!("  {address} -> {role}");
     }
     let started = Instant::now();
     let mut last = String::new();
