@@ -226,6 +226,13 @@ pub fn manager_cluster_role() -> k8s_openapi::api::rbac::v1::ClusterRole {
             rule("", &["secrets"], &write),
             rule("events.k8s.io", &["events"], &["create", "patch"]),
             rule("", &["events"], &["create", "patch"]),
+            // The per-cluster lock, held by the action (removal/<uid>, ...), in the cluster's
+            // namespace.
+            rule(
+                "coordination.k8s.io",
+                &["leases"],
+                &["get", "create", "update", "delete"],
+            ),
         ]),
         ..Default::default()
     }

@@ -217,3 +217,157 @@ async fn killing_the_manager_at_each_step_ends_in_one_cluster() {
         .expect("one etcd cluster, three voters");
     target.down().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removing_a_control_plane_runs_the_whole_sequence_and_waits_without_a_replacement() {
+    let target = SimTarget::up(SimOptions::new(4, 76, "v1.14.1"))
+        .await
+        .expect("sim target");
+    let shape = Shape::new("v1.14.1", "flannel");
+    specs::create_cluster(&target, &shape)
+        .await
+        .expect("cluster");
+    specs::wait_discovered(&target, 4)
+        .await
+        .expect("discovered");
+    let endpoints = target.node_endpoints();
+    for (i, address) in endpoints.iter().take(3).enumerate() {
+        specs::approve(&target, address, true, &format!("cp-{}", i + 1))
+            .await
+            .expect("approve");
+    }
+    eventually(
+        "three Ready control planes",
+        Duration::from_secs(120),
+        || async {
+            specs::cluster_condition(&target, "lab", conditions::BOOTSTRAPPED).await
+                && condition(&target, &endpoints[2], conditions::READY)
+                    .await
+                    .is_some_and(|(ready, _, _)| ready)
+        },
+    )
+    .await
+    .expect("three control planes");
+    // A fourth control plane joins: etcd 3 -> 4.
+    specs::approve(&target, &endpoints[3], true, "cp-4")
+        .await
+        .expect("approve the fourth");
+    specs::wait_ready(&target, "lab", Duration::from_secs(120))
+        .await
+        .expect("Ready with four");
+    target.kubelets_registered("lab").await.expect("Nodes");
+    let four = Shape {
+        control_planes: 4,
+        ..shape.clone()
+    };
+    specs::check_cluster(&target, &four)
+        .await
+        .expect("four voters");
+
+    // Delete cp-3 (annotated): the whole sequence runs, etcd 4 -> 3.
+    let removed = specs::machine_at(&target, &endpoints[2])
+        .await
+        .expect("cp-3");
+    let configured_fingerprint = target.nodes()[2].fingerprint();
+    let machines: Api<TalosMachine> = Api::namespaced(target.client(), target.namespace());
+    machines
+        .patch(
+            &removed.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"metadata": {"annotations": {"ichor.maesh.dev/allow-delete": "true"}}}),
+            ),
+        )
+        .await
+        .expect("annotate");
+    machines
+        .delete(&removed.name_any(), &Default::default())
+        .await
+        .expect("the webhook admits 4 -> 3");
+    eventually(
+        "the machine record gone",
+        Duration::from_secs(30),
+        || async {
+            machines
+                .get_opt(&removed.name_any())
+                .await
+                .is_ok_and(|m| m.is_none())
+        },
+    )
+    .await
+    .unwrap_or_else(|e| {
+        let m = futures_status(&target, &endpoints[2]);
+        panic!("{e}: {m:?}")
+    });
+    eventually(
+        "the node back in maintenance",
+        Duration::from_secs(30),
+        || async { target.nodes()[2].stage().await == Stage::Maintenance },
+    )
+    .await
+    .expect("reset to maintenance");
+    assert_ne!(target.nodes()[2].fingerprint(), configured_fingerprint);
+    let credentials = specs::talosconfig_credentials(&target, "lab")
+        .await
+        .expect("talosconfig");
+    let cp1 = ichor_talos::TalosClient::connect(&endpoints[0], &credentials)
+        .await
+        .expect("cp-1");
+    let members = cp1.etcd_members(false).await.expect("members");
+    assert_eq!(members.len(), 3, "{members:?}");
+    assert!(!members.iter().any(|m| m.hostname == "cp-3"));
+    let workload = specs::workload_client(&target, "lab")
+        .await
+        .expect("workload");
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(workload);
+    assert!(
+        nodes.get_opt("cp-3").await.expect("get").is_none(),
+        "its Node is gone"
+    );
+
+    // Without a replacement, deleting another control plane waits and leaves etcd alone.
+    let second = specs::machine_at(&target, &endpoints[1])
+        .await
+        .expect("cp-2");
+    machines
+        .patch(
+            &second.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"metadata": {"annotations": {"ichor.maesh.dev/allow-delete": "true"}}}),
+            ),
+        )
+        .await
+        .expect("annotate");
+    machines
+        .delete(&second.name_any(), &Default::default())
+        .await
+        .expect("admitted: 3 -> 2 keeps quorum");
+    eventually("AwaitingReplacement", Duration::from_secs(60), || async {
+        condition(&target, &endpoints[1], conditions::REMOVAL_APPROVED)
+            .await
+            .is_some_and(|(_, reason, _)| reason == reasons::AWAITING_REPLACEMENT)
+    })
+    .await
+    .expect("waits for a replacement");
+    assert_eq!(
+        cp1.etcd_members(false).await.expect("members").len(),
+        3,
+        "etcd untouched"
+    );
+    target.down().await;
+}
+
+/// The removal progress of the machine at `address`, for failure messages.
+fn futures_status(target: &SimTarget, address: &str) -> Option<String> {
+    let handle = tokio::runtime::Handle::current();
+    tokio::task::block_in_place(|| {
+        handle.block_on(async {
+            specs::machine_at(target, address)
+                .await
+                .ok()
+                .and_then(|m| m.status)
+                .map(|s| format!("{:?} {:?}", s.removal, s.conditions))
+        })
+    })
+}

@@ -11,6 +11,7 @@ pub mod http;
 pub mod leader;
 pub mod machine;
 pub mod metrics;
+pub mod removal;
 pub mod secrets;
 
 use std::collections::BTreeMap;

@@ -24,6 +24,11 @@ use crate::{Context, Error, conditions as cond, secrets};
 /// Reconciles one TalosMachine.
 pub async fn reconcile(machine: Arc<TalosMachine>, ctx: Arc<Context>) -> Result<Action, Error> {
     let started = std::time::Instant::now();
+    if machine.metadata.deletion_timestamp.is_some() {
+        let result = crate::removal::reconcile(&ctx, &machine).await;
+        ctx.metrics.reconciled("TalosMachine", started.elapsed());
+        return result;
+    }
     let result = match machine.spec.approval_state {
         ApprovalState::Pending => {
             set_phase(&ctx, &machine, MachinePhase::Pending).await?;
@@ -207,6 +212,8 @@ async fn approved(machine: &TalosMachine, ctx: &Context) -> Result<Action, Error
         .await;
     };
     let credentials = crate::credentials(&bundle)?;
+    // Held until the removal sequence has finished (issue: safe removal).
+    crate::removal::ensure_finalizer(ctx, machine).await?;
     if status.applied_config_hash.is_none() {
         apply_first(
             ctx,
