@@ -286,7 +286,7 @@ async fn removing_a_control_plane_runs_the_whole_sequence_and_waits_without_a_re
         .expect("the webhook admits 4 -> 3");
     eventually(
         "the machine record gone",
-        Duration::from_secs(30),
+        Duration::from_secs(120),
         || async {
             machines
                 .get_opt(&removed.name_any())
