@@ -158,6 +158,22 @@ pub async fn approve(
     Ok(())
 }
 
+/// Deletes the machine at `address` as a person would: the allow-delete annotation, then the
+/// delete (which the webhook admits or refuses). Returns its name.
+pub async fn delete_machine(target: &impl Target, address: &str) -> Result<String, Error> {
+    let machine = machine_at(target, address).await?;
+    let name = machine.name_any();
+    let api = machines(target);
+    api.patch(
+        &name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"annotations": {ichor_api::names::annotations::ALLOW_DELETE: "true"}}})),
+    )
+    .await?;
+    api.delete(&name, &Default::default()).await?;
+    Ok(name)
+}
+
 /// Approves every node: the first `shape.control_planes` as control planes.
 pub async fn approve_all(target: &impl Target, shape: &Shape) -> Result<(), Error> {
     for (i, address) in target.node_endpoints().iter().enumerate() {
@@ -207,6 +223,31 @@ pub async fn wait_ready(target: &impl Target, name: &str, limit: Duration) -> Re
     })?
     .map_err(|e| Error::Spec(format!("watching the cluster: {e}")))?;
     Ok(())
+}
+
+/// One line per machine — address, phase, Ready reason and message — for failure reports.
+pub async fn summary(target: &impl Target) -> String {
+    let Ok(list) = machines(target).list(&ListParams::default()).await else {
+        return "(cannot list machines)".into();
+    };
+    list.items
+        .iter()
+        .map(|m| {
+            let status = m.status.clone().unwrap_or_default();
+            let ready = status
+                .conditions
+                .iter()
+                .find(|c| c.type_ == conditions::READY)
+                .map(|c| format!("{}: {}", c.reason, c.message))
+                .unwrap_or_default();
+            format!(
+                "{} {:?} [{ready}]",
+                m.spec.endpoints.first().cloned().unwrap_or_default(),
+                status.phase
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// Node credentials from the published talosconfig Secret.
@@ -287,7 +328,12 @@ pub async fn lifecycle(target: &impl Target, shape: &Shape) -> Result<(), Error>
     create_cluster(target, shape).await?;
     wait_discovered(target, target.node_endpoints().len()).await?;
     approve_all(target, shape).await?;
-    wait_ready(target, &shape.name, Duration::from_secs(180)).await?;
+    if let Err(error) = wait_ready(target, &shape.name, Duration::from_secs(180)).await {
+        return Err(Error::Spec(format!(
+            "{error}; machines: {}",
+            summary(target).await
+        )));
+    }
     check_cluster(target, shape).await?;
     if !cluster_condition(target, &shape.name, conditions::BOOTSTRAPPED).await {
         return Err(Error::Spec("Ready without Bootstrapped".into()));

@@ -270,18 +270,7 @@ async fn removing_a_control_plane_runs_the_whole_sequence_and_waits_without_a_re
         .expect("cp-3");
     let configured_fingerprint = target.nodes()[2].fingerprint();
     let machines: Api<TalosMachine> = Api::namespaced(target.client(), target.namespace());
-    machines
-        .patch(
-            &removed.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(
-                json!({"metadata": {"annotations": {"ichor.maesh.dev/allow-delete": "true"}}}),
-            ),
-        )
-        .await
-        .expect("annotate");
-    machines
-        .delete(&removed.name_any(), &Default::default())
+    specs::delete_machine(&target, &endpoints[2])
         .await
         .expect("the webhook admits 4 -> 3");
     eventually(
@@ -296,7 +285,7 @@ async fn removing_a_control_plane_runs_the_whole_sequence_and_waits_without_a_re
     )
     .await
     .unwrap_or_else(|e| {
-        let m = futures_status(&target, &endpoints[2]);
+        let m = removal_status(&target, &endpoints[2]);
         panic!("{e}: {m:?}")
     });
     eventually(
@@ -326,21 +315,7 @@ async fn removing_a_control_plane_runs_the_whole_sequence_and_waits_without_a_re
     );
 
     // Without a replacement, deleting another control plane waits and leaves etcd alone.
-    let second = specs::machine_at(&target, &endpoints[1])
-        .await
-        .expect("cp-2");
-    machines
-        .patch(
-            &second.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(
-                json!({"metadata": {"annotations": {"ichor.maesh.dev/allow-delete": "true"}}}),
-            ),
-        )
-        .await
-        .expect("annotate");
-    machines
-        .delete(&second.name_any(), &Default::default())
+    specs::delete_machine(&target, &endpoints[1])
         .await
         .expect("admitted: 3 -> 2 keeps quorum");
     eventually("AwaitingReplacement", Duration::from_secs(60), || async {
@@ -359,7 +334,7 @@ async fn removing_a_control_plane_runs_the_whole_sequence_and_waits_without_a_re
 }
 
 /// The removal progress of the machine at `address`, for failure messages.
-fn futures_status(target: &SimTarget, address: &str) -> Option<String> {
+fn removal_status(target: &SimTarget, address: &str) -> Option<String> {
     let handle = tokio::runtime::Handle::current();
     tokio::task::block_in_place(|| {
         handle.block_on(async {

@@ -249,6 +249,15 @@ async fn apply_first(
     address: &str,
     credentials: &ichor_talos::Credentials,
 ) -> Result<Action, Error> {
+    // The cache can lag our own status writes: never apply twice on a stale view.
+    if let Some(fresh) = api(ctx, machine).get_opt(&machine.name_any()).await?
+        && fresh
+            .status
+            .as_ref()
+            .is_some_and(|s| s.applied_config_hash.is_some())
+    {
+        return Ok(Action::requeue(ctx.settings.progress_requeue));
+    }
     let Some(pinned) = machine.spec.fingerprint.clone() else {
         return blocked(
             ctx,
@@ -295,10 +304,8 @@ async fn apply_first(
         Err(TalosError::FingerprintMismatch { observed, .. }) => {
             // Before concluding anything, see whether the node is already configured with
             // this cluster's CA: a previous run applied and was interrupted before recording.
-            if let Some(configured) = crate::connect(address, credentials).await
-                && configured.version().await.is_ok()
-            {
-                return adopt(ctx, machine, status, rendered).await;
+            if already_ours(address, credentials).await {
+                return applied(ctx, machine, status, rendered, ADOPTED.into()).await;
             }
             status.observed_fingerprint = Some(observed.clone());
             return blocked(
@@ -314,10 +321,8 @@ async fn apply_first(
             .await;
         }
         Err(error) => {
-            if let Some(configured) = crate::connect(address, credentials).await
-                && configured.version().await.is_ok()
-            {
-                return adopt(ctx, machine, status, rendered).await;
+            if already_ours(address, credentials).await {
+                return applied(ctx, machine, status, rendered, ADOPTED.into()).await;
             }
             return unreachable(ctx, machine, status, &error.to_string()).await;
         }
@@ -368,16 +373,8 @@ async fn apply_first(
         )
         .await;
     }
-    ctx.event(
-        machine,
-        EventType::Normal,
-        "ConfigApplied",
-        "Apply",
-        format!("applied config {} to {address}", rendered.hash),
-    )
-    .await;
-    record_applied(ctx, machine, status, rendered).await?;
-    Ok(Action::requeue(ctx.settings.progress_requeue))
+    let note = format!("applied config {} to {address}", rendered.hash);
+    applied(ctx, machine, status, rendered, note).await
 }
 
 async fn record_applied(
@@ -399,24 +396,31 @@ async fn record_applied(
     write_status(ctx, machine, &status).await
 }
 
-/// The node already runs with this cluster's CA: an earlier apply was not recorded.
-async fn adopt(
+/// Records an applied config (ours now, or an earlier one found on the node) with an Event.
+async fn applied(
     ctx: &Context,
     machine: &TalosMachine,
     status: TalosMachineStatus,
     rendered: &Rendered,
+    note: String,
 ) -> Result<Action, Error> {
-    ctx.event(
-        machine,
-        EventType::Normal,
-        "ConfigApplied",
-        "Apply",
-        "the node already answers with this cluster's CA: recording the earlier apply".into(),
-    )
-    .await;
+    ctx.event(machine, EventType::Normal, "ConfigApplied", "Apply", note)
+        .await;
     record_applied(ctx, machine, status, rendered).await?;
     Ok(Action::requeue(ctx.settings.progress_requeue))
 }
+
+/// Whether the node already answers mutual TLS with this cluster's CA: an earlier apply that
+/// was interrupted before it was recorded.
+async fn already_ours(address: &str, credentials: &ichor_talos::Credentials) -> bool {
+    match crate::connect(address, credentials).await {
+        Some(client) => client.version().await.is_ok(),
+        None => false,
+    }
+}
+
+const ADOPTED: &str =
+    "the node already answers with this cluster's CA: recording the earlier apply";
 
 async fn unreachable(
     ctx: &Context,

@@ -507,6 +507,7 @@ impl Node {
         }
         self.booted_at = Instant::now();
         self.etcd_stopped = false;
+        self.applying = false;
         self.stage = Stage::Booting;
         if let Some(staged) = self.staged.take() {
             self.persisted = Some(staged);

@@ -107,7 +107,8 @@ async fn continue_boot(node: Weak<Mutex<Node>>, config: Arc<AppliedConfig>) {
     let Some(strong) = node.upgrade() else { return };
     let mut guard = strong.lock().await;
     guard.persisted = Some(Arc::clone(&config));
-    guard.applying = false;
+    // The apply stays in progress until the node has booted with the config (talos-facts §5:
+    // a concurrent apply gets FailedPrecondition); `boot` clears it.
     let unattended = guard.shared.is_1_14() && !legacy_install(&config);
     if !config.install || guard.installed {
         guard.shut_down().await;
