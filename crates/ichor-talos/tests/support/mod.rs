@@ -38,34 +38,20 @@ pub fn other_bundle() -> SecretsBundle {
     .expect("the other test bundle")
 }
 
-/// A rendered config for `role` on `talos_version`, installing to `/dev/vda`.
+/// A rendered config for `role` on `talos_version`, installing to `/dev/vda`, with the
+/// endpoint on `127.0.0.1`.
 pub fn config(bundle: &SecretsBundle, role: Role, talos_version: &str) -> String {
-    let spec: TalosClusterSpec = serde_json::from_value(serde_json::json!({
-        "talosVersion": talos_version,
-        "kubernetesVersion": "1.36.3",
-        "endpoint": "https://127.0.0.1:6443",
-        "controlPlane": {"count": 1}
-    }))
-    .expect("spec");
-    let install = InstallSpec {
-        disk: Some("/dev/vda".into()),
-        ..Default::default()
-    };
-    let empty = BTreeMap::new();
-    render(&RenderInput {
-        cluster_name: "lab",
-        cluster: &spec,
-        role,
-        hostname: None,
-        install: Some(&install),
-        cert_sans: &[],
-        node_labels: &empty,
-        node_taints: &empty,
-        patches: &[],
+    node_config(
         bundle,
-    })
-    .expect("render")
-    .yaml
+        &NodeConfig {
+            role,
+            talos_version,
+            endpoint_host: "127.0.0.1",
+            hostname: None,
+            cni: "flannel",
+            install: true,
+        },
+    )
 }
 
 /// Credentials with `role`, from the bundle's OS CA.
