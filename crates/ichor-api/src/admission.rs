@@ -223,6 +223,8 @@ pub fn manager_cluster_role() -> k8s_openapi::api::rbac::v1::ClusterRole {
                 ],
                 &["get", "update", "patch"],
             ),
+            // Tearing down a deleted TalosCluster deletes its machines, workers first.
+            rule(crate::GROUP, &["talosmachines"], &["delete"]),
             rule("", &["secrets"], &write),
             rule("events.k8s.io", &["events"], &["create", "patch"]),
             rule("", &["events"], &["create", "patch"]),

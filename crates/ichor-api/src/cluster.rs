@@ -232,6 +232,30 @@ pub struct TalosClusterStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 253))]
     pub kubeconfig_secret: Option<String>,
+    /// Nodes force-removed while unreachable, so never reset: if one answers again with the
+    /// cluster's credentials, it is reset before anything else.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub tombstones: Vec<Tombstone>,
+}
+
+/// A node removed without its reset.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Tombstone {
+    /// The TalosMachine it was.
+    #[schemars(length(max = 253))]
+    pub machine: String,
+    /// Its Talos API address.
+    #[schemars(length(max = 256))]
+    pub address: String,
+    /// Its etcd member id (16 hex digits), removed through a peer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 16))]
+    pub etcd_member_id: Option<String>,
+    /// When it was removed (RFC 3339).
+    #[schemars(length(max = 64))]
+    pub removed_at: String,
 }
 
 /// Machine counts of one role.

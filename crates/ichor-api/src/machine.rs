@@ -158,6 +158,11 @@ pub struct TalosMachineStatus {
     /// Progress of the removal sequence, recorded step by step so a restart resumes it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub removal: Option<RemovalProgress>,
+    /// The config hash being applied with a reboot (drift that cannot apply live), under the
+    /// cluster lock held as `reboot-for-drift/<uid>`; cleared once the node is back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 128))]
+    pub drift_reboot: Option<String>,
 }
 
 /// Hardware as read from the machine in maintenance mode.

@@ -114,4 +114,33 @@ pub mod reasons {
     pub const NODE_UNREACHABLE: &str = "NodeUnreachable";
     /// Everything is as declared.
     pub const RECONCILED: &str = "Reconciled";
+    /// A PodDisruptionBudget refuses an eviction; the drain retries (or is skipped with the
+    /// skip-drain annotation).
+    pub const DRAIN_BLOCKED: &str = "DrainBlocked";
+    /// Evicted pods are still leaving the Node.
+    pub const DRAINING: &str = "Draining";
+    /// `EtcdLeaveCluster` failed: the removal stopped (fail closed).
+    pub const ETCD_LEAVE_FAILED: &str = "EtcdLeaveFailed";
+    /// No healthy peer confirms yet that the member left etcd.
+    pub const ETCD_LEAVE_UNVERIFIED: &str = "EtcdLeaveUnverified";
+    /// The node refused its reset.
+    pub const RESET_FAILED: &str = "ResetFailed";
+    /// The cluster is Transitioning and this action does not complete the transition.
+    pub const CLUSTER_TRANSITIONING: &str = "ClusterTransitioning";
+    /// A TalosOperation's target machines could not be resolved (none, or not configured).
+    pub const NO_TARGETS: &str = "NoTargets";
+    /// A node did not come back healthy after a disruptive action.
+    pub const NODE_NOT_HEALTHY: &str = "NodeNotHealthy";
+    /// etcd is not healthy (a member is down or a learner): the next control plane waits.
+    pub const ETCD_UNHEALTHY: &str = "EtcdUnhealthy";
+    /// After an upgrade the node runs another version than the image's: it rolled back.
+    pub const UPGRADE_ROLLED_BACK: &str = "UpgradeRolledBack";
+    /// A node refused a disruptive action.
+    pub const ACTION_FAILED: &str = "ActionFailed";
+    /// A day-2 operation finished on every node.
+    pub const COMPLETED: &str = "Completed";
+    /// Drift that cannot be applied live waits for the cluster lock to reboot the node.
+    pub const NEEDS_REBOOT: &str = "NeedsReboot";
+    /// The TalosCluster is being deleted: its machines are removed, workers first.
+    pub const TEARING_DOWN: &str = "TearingDown";
 }

@@ -138,6 +138,10 @@ pub struct TalosOperationStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 64))]
     pub completed_at: Option<String>,
+    /// For `etcdSnapshot`: the Secret holding the snapshot (key `snapshot.db`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub snapshot_secret: Option<String>,
 }
 
 /// One node's part of an operation.
@@ -161,4 +165,12 @@ pub struct NodeStep {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 64))]
     pub version_after: Option<String>,
+    /// When the action was sent to the node (RFC 3339); unset while it is only intended, so a
+    /// restart knows whether to look for its effect or to send it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub issued_at: Option<String>,
+    /// Whether the node was seen down (rebooting) since the action was sent.
+    #[serde(default)]
+    pub went_down: bool,
 }

@@ -19,15 +19,24 @@
 //! - Members being deleted (deletion timestamp set) other than the one being checked are not
 //!   counted as remaining: they are leaving. Counting them is the bug that lets two deletes at
 //!   three control planes both see `3 -> 2`.
+//!
+//! The removal sequence and the cluster lock are decided here too: [`next_removal_step`] and
+//! [`is_once_only`] for the recorded steps, [`transitioning`], [`completes_transition`] and
+//! [`lock_decision`] for who may hold the lock.
 #![forbid(unsafe_code)]
 
 mod model;
 mod rules;
+mod sequence;
 mod verdict;
 
 pub use model::{Cluster, ControlPlaneCounts, Machine, ObjectKind, control_plane_counts};
 pub use rules::{
     check_cluster_delete, check_machine_delete, check_machine_removal, check_machine_update,
     etcd_quorum,
+};
+pub use sequence::{
+    LockDecision, LockView, approved_control_planes, completes_transition, is_once_only,
+    lock_decision, next_removal_step, removal_completes_transition, transitioning,
 };
 pub use verdict::{LockedChange, LockedField, Refusal, RemovalVerdict, Wait, reasons};

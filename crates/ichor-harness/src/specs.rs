@@ -380,3 +380,99 @@ pub async fn workload_client(target: &impl Target, name: &str) -> Result<kube::C
     .map_err(|e| Error::Spec(format!("kubeconfig: {e}")))?;
     kube::Client::try_from(config).map_err(Error::Kube)
 }
+
+/// Approves the first `control_planes` nodes as control planes (`cp-N`) and the rest as
+/// workers (`worker-N`), whatever the cluster declares.
+pub async fn approve_shape(
+    target: &impl Target,
+    control_planes: usize,
+    workers: usize,
+) -> Result<(), Error> {
+    for (i, address) in target
+        .node_endpoints()
+        .iter()
+        .take(control_planes + workers)
+        .enumerate()
+    {
+        let cp = i < control_planes;
+        let hostname = if cp {
+            format!("cp-{}", i + 1)
+        } else {
+            format!("worker-{}", i + 1)
+        };
+        approve(target, address, cp, &hostname).await?;
+    }
+    Ok(())
+}
+
+/// Deletes the TalosCluster as a person would: the allow-delete annotation, then the delete.
+pub async fn delete_cluster(target: &impl Target, name: &str) -> Result<(), Error> {
+    let api = clusters(target);
+    api.patch(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"annotations": {ichor_api::names::annotations::ALLOW_DELETE: "true"}}})),
+    )
+    .await?;
+    api.delete(name, &Default::default()).await?;
+    Ok(())
+}
+
+/// Creates a TalosOperation on cluster `cluster`; `target_spec` holds `machineName` or
+/// `selector` and the action's settings (merged into the spec).
+pub async fn create_operation(
+    target: &impl Target,
+    name: &str,
+    cluster: &str,
+    action: &str,
+    target_spec: serde_json::Value,
+) -> Result<(), Error> {
+    let mut spec = json!({"clusterRef": {"name": cluster}, "action": action});
+    if let (Some(spec), Some(extra)) = (spec.as_object_mut(), target_spec.as_object()) {
+        spec.extend(extra.clone());
+    }
+    let operation: ichor_api::operation::TalosOperation = serde_json::from_value(json!({
+        "apiVersion": "ichor.maesh.dev/v1alpha1",
+        "kind": "TalosOperation",
+        "metadata": {"name": name, "namespace": target.namespace()},
+        "spec": spec,
+    }))
+    .map_err(|e| Error::Spec(e.to_string()))?;
+    Api::<ichor_api::operation::TalosOperation>::namespaced(target.client(), target.namespace())
+        .create(&PostParams::default(), &operation)
+        .await?;
+    Ok(())
+}
+
+/// Waits until the operation `name` succeeded or failed; returns it.
+pub async fn wait_operation(
+    target: &impl Target,
+    name: &str,
+    limit: Duration,
+) -> Result<ichor_api::operation::TalosOperation, Error> {
+    use ichor_api::operation::OperationPhase;
+    let api = Api::<ichor_api::operation::TalosOperation>::namespaced(
+        target.client(),
+        target.namespace(),
+    );
+    let mut last = None;
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        if let Ok(operation) = api.get(name).await {
+            let phase = operation.status.as_ref().map(|s| s.phase);
+            if matches!(
+                phase,
+                Some(OperationPhase::Succeeded | OperationPhase::Failed)
+            ) {
+                return Ok(operation);
+            }
+            last = operation.status;
+        }
+        if std::time::Instant::now() > deadline {
+            return Err(Error::Spec(format!(
+                "operation {name} did not finish within {limit:?}: {last:?}"
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

@@ -7,12 +7,12 @@ use std::time::Duration;
 use ichor_api::cluster::{BootstrapRecord, MachineCounts, TalosClusterStatus};
 use ichor_api::common::Role;
 use ichor_api::machine::ApprovalState;
-use ichor_api::names::{conditions, reasons};
+use ichor_api::names::{conditions, finalizers, reasons};
 use ichor_api::{TalosCluster, TalosMachine};
 use ichor_render::credentials;
 use ichor_talos::Bootstrapped;
 use kube::ResourceExt as _;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use serde_json::json;
@@ -41,7 +41,15 @@ async fn write_status(
     cluster: &TalosCluster,
     status: &TalosClusterStatus,
 ) -> Result<(), Error> {
-    if cluster.status.as_ref() == Some(status) {
+    // `lock` and `tombstones` have their own writers (lock.rs, removal.rs): a merge patch
+    // without them leaves them as they are.
+    let owned = |s: &TalosClusterStatus| TalosClusterStatus {
+        lock: None,
+        tombstones: Vec::new(),
+        ..s.clone()
+    };
+    let status = owned(status);
+    if cluster.status.as_ref().map(owned).as_ref() == Some(&status) {
         return Ok(());
     }
     Api::<TalosCluster>::namespaced(ctx.client.clone(), &cluster.namespace().unwrap_or_default())
@@ -55,6 +63,10 @@ async fn write_status(
 }
 
 async fn reconcile_inner(cluster: &TalosCluster, ctx: &Context) -> Result<Action, Error> {
+    if cluster.metadata.deletion_timestamp.is_some() {
+        return teardown(ctx, cluster).await;
+    }
+    ensure_finalizer(ctx, cluster).await?;
     let namespace = cluster.namespace().unwrap_or_default();
     let mut status = cluster.status.clone().unwrap_or_default();
     let generation = cluster.metadata.generation;
@@ -176,6 +188,8 @@ async fn reconcile_inner(cluster: &TalosCluster, ctx: &Context) -> Result<Action
 
     if let Some(bundle) = &bundle {
         let credentials = crate::credentials(bundle)?;
+        // A force-removed node that answers again is reset before anything else.
+        tombstones(ctx, cluster, &credentials).await?;
         publish_talosconfig(ctx, cluster, bundle, &machines).await?;
         status.talosconfig_secret = Some(talosconfig_name(cluster));
         if !cond::is_true(&status.conditions, conditions::BOOTSTRAPPED) {
@@ -223,7 +237,11 @@ async fn reconcile_inner(cluster: &TalosCluster, ctx: &Context) -> Result<Action
         generation,
     );
     write_status(ctx, cluster, &status).await?;
-    let requeue = if all_ready {
+    let tombstoned = cluster
+        .status
+        .as_ref()
+        .is_some_and(|s| !s.tombstones.is_empty());
+    let requeue = if all_ready && !tombstoned {
         ctx.settings.settled_requeue
     } else {
         ctx.settings.progress_requeue
@@ -432,6 +450,220 @@ async fn bootstrap(
                         generation,
                     );
                 }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Holds the TalosCluster until its machines are removed (a deleted cluster is torn down).
+async fn ensure_finalizer(ctx: &Context, cluster: &TalosCluster) -> Result<(), Error> {
+    if cluster
+        .finalizers()
+        .iter()
+        .any(|f| f == finalizers::CLUSTER_REMOVAL)
+    {
+        return Ok(());
+    }
+    let mut all = cluster.finalizers().to_vec();
+    all.push(finalizers::CLUSTER_REMOVAL.to_owned());
+    let patch =
+        json!({"metadata": {"finalizers": all, "resourceVersion": cluster.resource_version()}});
+    match clusters_api(ctx, cluster)
+        .patch(
+            &cluster.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(patch),
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        // A stale copy: the next reconcile sees the fresh one.
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn clusters_api(ctx: &Context, cluster: &TalosCluster) -> Api<TalosCluster> {
+    Api::namespaced(ctx.client.clone(), &cluster.namespace().unwrap_or_default())
+}
+
+/// Tearing a deleted cluster down (ADR 0009): machines never configured go at once, then the
+/// workers, then the control planes one by one, the last one reset without a graceful leave.
+/// Each removal runs the removal sequence under the cluster lock. The bundle Secret stays.
+async fn teardown(ctx: &Context, cluster: &TalosCluster) -> Result<Action, Error> {
+    if !cluster
+        .finalizers()
+        .iter()
+        .any(|f| f == finalizers::CLUSTER_REMOVAL)
+    {
+        return Ok(Action::await_change());
+    }
+    let namespace = cluster.namespace().unwrap_or_default();
+    let api: Api<TalosMachine> = Api::namespaced(ctx.client.clone(), &namespace);
+    let machines: Vec<TalosMachine> = api
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|m| m.spec.cluster_ref.name == cluster.name_any())
+        .collect();
+    let configured = |m: &TalosMachine| {
+        m.status
+            .as_ref()
+            .is_some_and(|s| s.applied_config_hash.is_some())
+    };
+    let deleting = |m: &TalosMachine| m.metadata.deletion_timestamp.is_some();
+    let is_cp = |m: &TalosMachine| m.spec.role == Some(Role::ControlPlane);
+    let mut delete = Vec::new();
+    // Nothing on these nodes to undo: their records go at once.
+    delete.extend(machines.iter().filter(|m| !configured(m) && !deleting(m)));
+    let workers: Vec<&TalosMachine> = machines
+        .iter()
+        .filter(|m| configured(m) && !is_cp(m))
+        .collect();
+    let mut cps: Vec<&TalosMachine> = machines
+        .iter()
+        .filter(|m| configured(m) && is_cp(m))
+        .collect();
+    cps.sort_by_key(|m| m.name_any());
+    if workers.is_empty() {
+        // Control planes one by one.
+        if !cps.iter().any(|m| deleting(m))
+            && let Some(first) = cps.first()
+        {
+            delete.push(first);
+        }
+    } else {
+        delete.extend(workers.iter().filter(|m| !deleting(m)));
+    }
+    for machine in delete {
+        match api
+            .delete(&machine.name_any(), &DeleteParams::default())
+            .await
+        {
+            Ok(_) => {
+                ctx.event(
+                    cluster,
+                    EventType::Normal,
+                    reasons::TEARING_DOWN,
+                    "Delete",
+                    format!("removing {} (cluster teardown)", machine.name_any()),
+                )
+                .await;
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    if machines.is_empty() {
+        let remaining: Vec<String> = cluster
+            .finalizers()
+            .iter()
+            .filter(|f| f.as_str() != finalizers::CLUSTER_REMOVAL)
+            .cloned()
+            .collect();
+        ctx.event(
+            cluster,
+            EventType::Normal,
+            reasons::TEARING_DOWN,
+            "Delete",
+            format!(
+                "every machine removed; the secrets bundle Secret {} is kept (delete it yourself once you no longer need the cluster's CA keys)",
+                secrets::bundle_secret_name(cluster)
+            ),
+        )
+        .await;
+        clusters_api(ctx, cluster)
+            .patch(
+                &cluster.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"finalizers": remaining, "resourceVersion": cluster.resource_version()}})),
+            )
+            .await?;
+        return Ok(Action::await_change());
+    }
+    let mut status = cluster.status.clone().unwrap_or_default();
+    cond::set(
+        &mut status.conditions,
+        conditions::READY,
+        false,
+        reasons::TEARING_DOWN,
+        format!(
+            "the cluster is being deleted: {} worker(s) and {} control plane(s) left, removed workers first, then control planes one by one",
+            workers.len(),
+            cps.len()
+        ),
+        cluster.metadata.generation,
+    );
+    write_status(ctx, cluster, &status).await?;
+    Ok(Action::requeue(ctx.settings.progress_requeue))
+}
+
+/// Nodes removed without their reset: one that answers the cluster's credentials again is
+/// reset (STATE and EPHEMERAL, reboot); one found in maintenance mode needs nothing more.
+async fn tombstones(
+    ctx: &Context,
+    cluster: &TalosCluster,
+    credentials: &ichor_talos::Credentials,
+) -> Result<(), Error> {
+    let stones = cluster
+        .status
+        .as_ref()
+        .map(|s| s.tombstones.clone())
+        .unwrap_or_default();
+    for stone in stones {
+        let answered = tokio::time::timeout(Duration::from_secs(2), async {
+            let client = crate::connect(&stone.address, credentials).await?;
+            client.version().await.ok().map(|_| client)
+        })
+        .await
+        .ok()
+        .flatten();
+        let cleared = if let Some(client) = answered {
+            client
+                .reset(ichor_talos::ResetOptions {
+                    graceful: false,
+                    reboot: true,
+                })
+                .await
+                .map_err(|e| {
+                    Error::Invalid(format!("resetting tombstoned {}: {e}", stone.address))
+                })?;
+            ctx.event(
+                cluster,
+                EventType::Warning,
+                "TombstoneReset",
+                "Reset",
+                format!(
+                    "{} ({}), force-removed while unreachable, answered again: reset to maintenance before it could rejoin",
+                    stone.address, stone.machine
+                ),
+            )
+            .await;
+            true
+        } else {
+            crate::in_maintenance(&stone.address, ctx.settings.sweep)
+                .await
+                .is_some()
+        };
+        if cleared {
+            let api = clusters_api(ctx, cluster);
+            if let Some(fresh) = api.get_opt(&cluster.name_any()).await? {
+                let left: Vec<_> = fresh
+                    .status
+                    .as_ref()
+                    .map(|s| s.tombstones.clone())
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter(|t| t.address != stone.address)
+                    .collect();
+                api.patch_status(
+                    &cluster.name_any(),
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"metadata": {"resourceVersion": fresh.resource_version()}, "status": {"tombstones": left}})),
+                )
+                .await?;
             }
         }
     }

@@ -9,8 +9,10 @@ pub mod decide;
 pub mod discovery;
 pub mod http;
 pub mod leader;
+pub mod lock;
 pub mod machine;
 pub mod metrics;
+pub mod operation;
 pub mod removal;
 pub mod secrets;
 
@@ -19,6 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt as _;
+use ichor_api::operation::TalosOperation;
 use ichor_api::{TalosCluster, TalosMachine};
 use ichor_render::SecretsBundle;
 use ichor_talos::discovery::SweepConfig;
@@ -183,6 +186,28 @@ pub async fn connect(address: &str, credentials: &Credentials) -> Option<TalosCl
     TalosClient::connect(address, credentials).await.ok()
 }
 
+/// Whether the node at `address` (`ip` or `ip:port`) answers in maintenance mode; its
+/// fingerprint if so (a reset node is back there with a new one).
+pub async fn in_maintenance(address: &str, sweep: SweepConfig) -> Option<String> {
+    let socket = address.parse::<std::net::SocketAddr>().ok().or_else(|| {
+        address
+            .parse::<std::net::IpAddr>()
+            .ok()
+            .map(|ip| std::net::SocketAddr::new(ip, sweep.port))
+    })?;
+    let std::net::IpAddr::V4(ip) = socket.ip() else {
+        return None;
+    };
+    let config = SweepConfig {
+        port: socket.port(),
+        ..sweep
+    };
+    match ichor_talos::discovery::probe(ip, config).await? {
+        ichor_talos::discovery::ProbeOutcome::Maintenance(found) => Some(found.fingerprint),
+        _ => None,
+    }
+}
+
 /// Parses a discovery interval (`30s`, `5m`, `1h`, or combinations such as `1m30s`).
 pub fn parse_duration(text: &str) -> Option<Duration> {
     let mut total = 0u64;
@@ -231,7 +256,7 @@ pub async fn run(
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
-    let cluster_controller = Controller::new(clusters, watcher::Config::default())
+    let cluster_controller = Controller::new(clusters.clone(), watcher::Config::default())
         .watches(
             machines.clone(),
             watcher::Config::default(),
@@ -245,9 +270,32 @@ pub async fn run(
         .graceful_shutdown_on(stopped(stop_rx.clone()))
         .run(cluster::reconcile, error_policy, Arc::clone(&ctx))
         .for_each(|_| async {});
-    let machine_controller = Controller::new(machines, watcher::Config::default())
-        .graceful_shutdown_on(stopped(stop_rx))
+    // A cluster's change (patches, versions) re-renders each of its machines.
+    let machine_controller = Controller::new(machines, watcher::Config::default());
+    let known = machine_controller.store();
+    let machine_controller = machine_controller
+        .watches(
+            clusters.clone(),
+            watcher::Config::default(),
+            move |c: TalosCluster| {
+                let namespace = c.namespace();
+                known
+                    .state()
+                    .into_iter()
+                    .filter(|m| {
+                        m.spec.cluster_ref.name == c.name_any() && m.namespace() == namespace
+                    })
+                    .map(|m| ObjectRef::from_obj(&*m))
+                    .collect::<Vec<_>>()
+            },
+        )
+        .graceful_shutdown_on(stopped(stop_rx.clone()))
         .run(machine::reconcile, error_policy, Arc::clone(&ctx))
         .for_each(|_| async {});
-    tokio::join!(cluster_controller, machine_controller);
+    let operations: Api<TalosOperation> = Api::all(ctx.client.clone());
+    let operation_controller = Controller::new(operations, watcher::Config::default())
+        .graceful_shutdown_on(stopped(stop_rx))
+        .run(operation::reconcile, error_policy, Arc::clone(&ctx))
+        .for_each(|_| async {});
+    tokio::join!(cluster_controller, machine_controller, operation_controller);
 }

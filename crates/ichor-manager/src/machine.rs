@@ -116,7 +116,8 @@ fn address(machine: &TalosMachine) -> Option<String> {
         .or_else(|| machine.spec.endpoints.first().cloned())
 }
 
-fn render_for(
+/// The config `machine` gets from `cluster`.
+pub(crate) fn render_for(
     cluster: &TalosCluster,
     machine: &TalosMachine,
     role: Role,
@@ -229,8 +230,8 @@ async fn approved(machine: &TalosMachine, ctx: &Context) -> Result<Action, Error
         follow(
             ctx,
             machine,
+            &cluster,
             status,
-            role,
             &rendered,
             &address,
             &credentials,
@@ -444,12 +445,14 @@ async fn unreachable(
 async fn follow(
     ctx: &Context,
     machine: &TalosMachine,
+    cluster: &TalosCluster,
     mut status: TalosMachineStatus,
-    role: Role,
     rendered: &Rendered,
     address: &str,
     credentials: &ichor_talos::Credentials,
 ) -> Result<Action, Error> {
+    // Checked by the caller: an approved machine has a role.
+    let role = machine.spec.role.unwrap_or(Role::Worker);
     let client = crate::connect(address, credentials).await;
     let view = match &client {
         None => None,
@@ -494,10 +497,14 @@ async fn follow(
     {
         status.etcd_member_id = Some(format!("{id:016x}"));
     }
-    // Drift: what the objects now render differs from what was applied.
+    // Drift: what the objects now render differs from what was applied. It waits while
+    // another action holds the cluster lock (an operation rolls it out node by node).
+    let me = drift_holder(machine);
+    let mut reboot_back = false;
     if let (Some(client), Some(applied)) = (&client, status.applied_config_hash.clone())
         && applied != rendered.hash
         && view.is_some()
+        && !crate::lock::held_by_other(ctx, cluster, &me).await?
     {
         match client
             .apply_configuration(rendered.yaml.as_bytes(), ApplyMode::NoReboot)
@@ -518,19 +525,74 @@ async fn follow(
                 .await;
             }
             Err(error) => {
+                let message = format!(
+                    "config {} cannot be applied live ({error}); it is applied with a reboot under the cluster lock, one node at a time",
+                    rendered.hash
+                );
                 cond::set(
                     &mut status.conditions,
                     conditions::CONFIG_APPLIED,
                     false,
-                    "NeedsReboot",
-                    format!(
-                        "config {} could not be applied live ({error}); it waits for a disruptive action",
-                        rendered.hash
-                    ),
+                    reasons::NEEDS_REBOOT,
+                    message,
                     machine.metadata.generation,
                 );
+                if let Some(waiting) =
+                    reboot_for_drift(ctx, machine, cluster, client, rendered, &applied).await?
+                {
+                    cond::set(
+                        &mut status.conditions,
+                        conditions::CONFIG_APPLIED,
+                        false,
+                        reasons::NEEDS_REBOOT,
+                        waiting,
+                        machine.metadata.generation,
+                    );
+                } else {
+                    status.applied_config_hash = Some(rendered.hash.clone());
+                    status.drift_reboot = Some(rendered.hash.clone());
+                }
             }
         }
+    } else if status.drift_reboot.is_some()
+        && view.as_ref().is_some_and(|v| {
+            v.stage == ichor_talos::Stage::Running
+                && (role == Role::Worker || matches!(v.etcd, Etcd::Voter(_)))
+        })
+    {
+        // The reboot for drift is done: the node is back.
+        reboot_back = true;
+    }
+    if reboot_back {
+        status.drift_reboot = None;
+        // A merge patch leaves out `None`: clear the field explicitly.
+        api(ctx, machine)
+            .patch_status(
+                &machine.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": {"driftReboot": null}})),
+            )
+            .await?;
+        cond::set(
+            &mut status.conditions,
+            conditions::CONFIG_APPLIED,
+            true,
+            "Applied",
+            format!("config {} applied with a reboot", rendered.hash),
+            machine.metadata.generation,
+        );
+        crate::lock::release(ctx, cluster, &me).await?;
+        ctx.event(
+            machine,
+            EventType::Normal,
+            "DriftApplied",
+            "Apply",
+            format!(
+                "config {} applied with a reboot; the node is back",
+                rendered.hash
+            ),
+        )
+        .await;
     }
     let judged = standing(role, view);
     let became_ready = judged.ready && !cond::is_true(&status.conditions, conditions::READY);
@@ -560,4 +622,129 @@ async fn follow(
     } else {
         ctx.settings.progress_requeue
     }))
+}
+
+/// The lock holder of a reboot that applies drift.
+pub fn drift_holder(machine: &TalosMachine) -> String {
+    format!("reboot-for-drift/{}", machine.uid().unwrap_or_default())
+}
+
+/// Applies drift that cannot go live: under the cluster lock, staged, then a reboot. `Some`
+/// says why it waits; `None` means the reboot was sent and the node went down.
+async fn reboot_for_drift(
+    ctx: &Context,
+    machine: &TalosMachine,
+    cluster: &TalosCluster,
+    client: &TalosClient,
+    rendered: &Rendered,
+    applied: &str,
+) -> Result<Option<String>, Error> {
+    let namespace = cluster.namespace().unwrap_or_default();
+    let machines: Vec<TalosMachine> = api(ctx, machine)
+        .list(&kube::api::ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|m| m.spec.cluster_ref.name == cluster.name_any())
+        .collect();
+    let approved_cps = machines
+        .iter()
+        .filter(|m| {
+            m.spec.approval_state == ApprovalState::Approved
+                && m.spec.role == Some(Role::ControlPlane)
+        })
+        .count();
+    let moving = ichor_deleteguard::transitioning(
+        usize::try_from(cluster.spec.control_plane.count).unwrap_or(0),
+        approved_cps,
+    );
+    let me = drift_holder(machine);
+    let outcome = crate::lock::acquire(ctx, cluster, &me, moving, false).await?;
+    if !outcome.held() {
+        return Ok(Some(format!(
+            "config {} needs a reboot: {} (namespace {namespace})",
+            rendered.hash,
+            outcome.message()
+        )));
+    }
+    if let Err(error) = client
+        .apply_configuration(rendered.yaml.as_bytes(), ApplyMode::Staged)
+        .await
+    {
+        return Ok(Some(format!(
+            "staging config {} failed: {error}",
+            rendered.hash
+        )));
+    }
+    if let Err(error) = client.reboot().await {
+        return Ok(Some(format!(
+            "the reboot for config {} failed: {error}",
+            rendered.hash
+        )));
+    }
+    // Watch it go down, so "back" later means back from this reboot.
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    while tokio::time::Instant::now() < deadline {
+        let running = match client.machine_status().await {
+            Ok(s) => s.stage == ichor_talos::Stage::Running,
+            Err(_) => false,
+        };
+        if !running {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    ctx.event(
+        machine,
+        EventType::Normal,
+        "RebootForDrift",
+        "Apply",
+        format!(
+            "config {} staged (replacing {applied}); rebooting under the cluster lock",
+            rendered.hash
+        ),
+    )
+    .await;
+    Ok(None)
+}
+
+/// Records `hash` as applied (an operation applied it).
+pub(crate) async fn record_hash(
+    ctx: &Context,
+    machine: &TalosMachine,
+    hash: &str,
+) -> Result<(), Error> {
+    api(ctx, machine)
+        .patch_status(
+            &machine.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"appliedConfigHash": hash}})),
+        )
+        .await?;
+    Ok(())
+}
+
+/// After a reset by an operation: the node is back in maintenance mode with a new certificate,
+/// nothing of the old config is on it. The pin stays, so it is never re-applied silently.
+pub(crate) async fn forget_config(ctx: &Context, machine: &TalosMachine) -> Result<(), Error> {
+    api(ctx, machine)
+        .patch_status(
+            &machine.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {
+                "appliedConfigHash": null,
+                "etcdMemberId": null,
+                "phase": MachinePhase::Approved,
+            }})),
+        )
+        .await?;
+    ctx.event(
+        machine,
+        EventType::Warning,
+        "Reset",
+        "Operate",
+        "reset by a TalosOperation: back in maintenance mode with a new certificate; approve it again by updating spec.fingerprint after checking it".into(),
+    )
+    .await;
+    Ok(())
 }

@@ -6,11 +6,15 @@
 
 use std::time::Duration;
 
+use ichor_api::cluster::Tombstone;
 use ichor_api::common::Role;
-use ichor_api::machine::{MachinePhase, RemovalProgress, RemovalStep, TalosMachineStatus};
+use ichor_api::machine::{
+    ApprovalState, MachinePhase, RemovalProgress, RemovalStep, TalosMachineStatus,
+};
 use ichor_api::names::{annotations, conditions, finalizers, reasons};
 use ichor_api::{TalosCluster, TalosMachine};
 use ichor_deleteguard::{Cluster, Machine, RemovalVerdict, check_machine_removal};
+use ichor_deleteguard::{next_removal_step, removal_completes_transition, transitioning};
 use ichor_talos::{ResetOptions, TalosClient};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::ResourceExt as _;
@@ -19,38 +23,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use serde_json::json;
 
-use crate::leader::{LeaseSettings, try_acquire};
-use crate::{Context, Error, conditions as cond, secrets};
-
-/// How long a removal's hold on the cluster lock lasts without renewal.
-const LOCK_SECONDS: u64 = 60;
-
-/// The cluster lock's Lease name.
-pub fn lock_name(cluster: &str) -> String {
-    format!("ichor-cluster-lock-{cluster}")
-}
-
-fn lock(namespace: &str, cluster: &str, holder: &str) -> LeaseSettings {
-    LeaseSettings {
-        namespace: namespace.to_owned(),
-        name: lock_name(cluster),
-        identity: holder.to_owned(),
-        duration: Duration::from_secs(LOCK_SECONDS),
-        retry: Duration::from_secs(2),
-    }
-}
-
-/// The next step after `done`, for `role`: workers skip etcd.
-pub fn next_step(done: RemovalStep, role: Role) -> RemovalStep {
-    match (done, role) {
-        (RemovalStep::Pending, _) => RemovalStep::Cordoned,
-        (RemovalStep::Cordoned, _) => RemovalStep::Drained,
-        (RemovalStep::Drained, Role::ControlPlane) => RemovalStep::EtcdLeft,
-        (RemovalStep::Drained | RemovalStep::EtcdLeft, _) => RemovalStep::Reset,
-        (RemovalStep::Reset, _) => RemovalStep::NodeDeleted,
-        (RemovalStep::NodeDeleted | RemovalStep::Complete, _) => RemovalStep::Complete,
-    }
-}
+use crate::{Context, Error, conditions as cond, lock, secrets};
 
 fn machines_api(ctx: &Context, machine: &TalosMachine) -> Api<TalosMachine> {
     Api::namespaced(ctx.client.clone(), &machine.namespace().unwrap_or_default())
@@ -169,13 +142,56 @@ pub async fn workload_client(ctx: &Context, cluster: &TalosCluster) -> Option<ku
         .await
         .ok()??;
     let kubeconfig = kube::config::Kubeconfig::from_yaml(&text).ok()?;
-    let config = kube::Config::from_custom_kubeconfig(
+    let mut config = kube::Config::from_custom_kubeconfig(
         kubeconfig,
         &kube::config::KubeConfigOptions::default(),
     )
     .await
     .ok()?;
+    // An eviction a PodDisruptionBudget refuses answers 429: the drain must see it at once
+    // (and report it), not have the client retry it with backoff.
+    config.default_retry = false;
     kube::Client::try_from(config).ok()
+}
+
+/// What the removal of one machine needs, read once per reconcile.
+struct Scene<'a> {
+    ctx: &'a Context,
+    machine: &'a TalosMachine,
+    cluster: TalosCluster,
+    status: TalosMachineStatus,
+    address: String,
+    credentials: ichor_talos::Credentials,
+    /// The cluster is being torn down: workload steps are skipped, and the last control plane
+    /// is reset without a graceful leave.
+    teardown: bool,
+    force: bool,
+}
+
+/// The outcome of one step: done (with what to record) or waiting (with a reason).
+enum Step {
+    Done {
+        message: String,
+        reset_skipped: bool,
+    },
+    Wait {
+        reason: String,
+        message: String,
+    },
+}
+
+fn done(message: impl Into<String>) -> Result<Step, Error> {
+    Ok(Step::Done {
+        message: message.into(),
+        reset_skipped: false,
+    })
+}
+
+fn wait(reason: &str, message: impl Into<String>) -> Result<Step, Error> {
+    Ok(Step::Wait {
+        reason: reason.to_owned(),
+        message: message.into(),
+    })
 }
 
 /// Drives a deleted machine's removal one step per reconcile.
@@ -190,7 +206,7 @@ pub async fn reconcile(ctx: &Context, machine: &TalosMachine) -> Result<Action, 
     let status = machine.status.clone().unwrap_or_default();
     let namespace = machine.namespace().unwrap_or_default();
     let cluster_name = machine.spec.cluster_ref.name.clone();
-    let holder = format!("removal/{}", machine.uid().unwrap_or_default());
+    let holder = holder(machine);
     // Never configured: nothing to undo on the node.
     if status.applied_config_hash.is_none() {
         release_finalizer(ctx, machine).await?;
@@ -201,29 +217,38 @@ pub async fn reconcile(ctx: &Context, machine: &TalosMachine) -> Result<Action, 
         release_finalizer(ctx, machine).await?;
         return Ok(Action::await_change());
     };
+    let all: Vec<TalosMachine> = machines_api(ctx, machine)
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|m| m.spec.cluster_ref.name == cluster_name)
+        .collect();
+    let inputs: Vec<Machine> = all.iter().map(Machine::from).collect();
+    let target = Machine::from(machine);
+    let guard_cluster = Cluster::from(&cluster);
+    let approved_cps = inputs
+        .iter()
+        .filter(|m| m.approval == ApprovalState::Approved && m.role == Some(Role::ControlPlane))
+        .count();
+    let moving = transitioning(guard_cluster.declared_control_planes, approved_cps);
+    let done_step = status.removal.as_ref().map(|r| r.step).unwrap_or_default();
+    let completes = removal_completes_transition(done_step, &target, &inputs, &guard_cluster);
     // One disruptive action per cluster: the lock's holder is this removal.
-    if !try_acquire(&ctx.client, &lock(&namespace, &cluster_name, &holder)).await? {
+    let outcome = lock::acquire(ctx, &cluster, &holder, moving, completes).await?;
+    if !outcome.held() {
         return waiting(
             ctx,
             machine,
             status,
             reasons::WAITING_FOR_LOCK,
-            "waiting for the cluster lock held by another action".into(),
+            outcome.message(),
         )
         .await;
     }
     let role = machine.spec.role.unwrap_or(Role::Worker);
-    let done = status.removal.as_ref().map(|r| r.step).unwrap_or_default();
-    if done == RemovalStep::Pending {
-        let all: Vec<TalosMachine> = machines_api(ctx, machine)
-            .list(&ListParams::default())
-            .await?
-            .items
-            .into_iter()
-            .filter(|m| m.spec.cluster_ref.name == cluster_name)
-            .collect();
-        let inputs: Vec<Machine> = all.iter().map(Machine::from).collect();
-        match check_machine_removal(&Machine::from(machine), &inputs, &Cluster::from(&cluster)) {
+    if done_step == RemovalStep::Pending {
+        match check_machine_removal(&target, &inputs, &guard_cluster) {
             RemovalVerdict::Proceed => {}
             verdict => {
                 let reason = verdict
@@ -231,11 +256,13 @@ pub async fn reconcile(ctx: &Context, machine: &TalosMachine) -> Result<Action, 
                     .unwrap_or(reasons::QUORUM_AT_RISK)
                     .to_owned();
                 let message = verdict.message().unwrap_or_default();
+                // Not ours to go yet: let other actions have the lock meanwhile.
+                lock::release(ctx, &cluster, &holder).await?;
                 return waiting(ctx, machine, status, &reason, message).await;
             }
         }
     }
-    let next = next_step(done, role);
+    let next = next_removal_step(done_step, role);
     let bundle = match secrets::bundle(&ctx.client, &cluster).await? {
         Ok(b) => b,
         Err(problem) => {
@@ -249,212 +276,445 @@ pub async fn reconcile(ctx: &Context, machine: &TalosMachine) -> Result<Action, 
             .await;
         }
     };
-    let credentials = crate::credentials(&bundle)?;
-    let address = status
-        .address
-        .clone()
-        .or_else(|| machine.spec.endpoints.first().cloned())
-        .unwrap_or_default();
-    let node_name = status.node_name.clone().unwrap_or_default();
-    let skip_drain = machine
-        .annotations()
-        .get(annotations::SKIP_DRAIN)
-        .map(String::as_str)
-        == Some(annotations::TRUE);
-    let message = match next {
-        RemovalStep::Cordoned | RemovalStep::Drained | RemovalStep::NodeDeleted => {
-            let Some(workload) = workload_client(ctx, &cluster).await else {
-                return waiting(ctx, machine, status, reasons::NODE_UNREACHABLE, "the workload cluster's API cannot be reached (kubeconfig Secret missing or API down)".into()).await;
-            };
-            let nodes: Api<Node> = Api::all(workload.clone());
-            match next {
-                RemovalStep::Cordoned => {
-                    if nodes
-                        .get_opt(&node_name)
-                        .await
-                        .map_err(Error::Kube)?
-                        .is_some()
-                    {
-                        nodes
-                            .patch(
-                                &node_name,
-                                &PatchParams::default(),
-                                &Patch::Merge(json!({"spec": {"unschedulable": true}})),
-                            )
-                            .await?;
-                    }
-                    format!("cordoned Node {node_name}")
+    let scene = Scene {
+        ctx,
+        machine,
+        teardown: cluster.metadata.deletion_timestamp.is_some(),
+        cluster,
+        address: status
+            .address
+            .clone()
+            .or_else(|| machine.spec.endpoints.first().cloned())
+            .unwrap_or_default(),
+        credentials: crate::credentials(&bundle)?,
+        force: machine
+            .annotations()
+            .get(annotations::FORCE_REMOVE)
+            .map(String::as_str)
+            == Some(annotations::TRUE),
+        status,
+    };
+    let outcome = match next {
+        RemovalStep::Cordoned => scene.cordon().await?,
+        RemovalStep::Drained => scene.drain().await?,
+        RemovalStep::EtcdLeft => scene.leave_etcd().await?,
+        RemovalStep::Reset => scene.reset().await?,
+        RemovalStep::NodeDeleted => scene.delete_node().await?,
+        RemovalStep::Pending | RemovalStep::Complete => done("done")?,
+    };
+    let Scene {
+        cluster,
+        mut status,
+        ..
+    } = scene;
+    match outcome {
+        Step::Wait { reason, message } => waiting(ctx, machine, status, &reason, message).await,
+        Step::Done {
+            message,
+            reset_skipped,
+        } => {
+            let mut next = next;
+            if reset_skipped {
+                // The node could not be reset: the Reset step is recorded as skipped.
+                next = RemovalStep::Reset;
+                if let Some(progress) = status.removal.as_mut() {
+                    progress.reset_skipped = true;
+                } else {
+                    status.removal = Some(RemovalProgress {
+                        started_at: Some(cond::now()),
+                        reset_skipped: true,
+                        ..Default::default()
+                    });
                 }
-                RemovalStep::Drained => {
-                    let pods: Api<Pod> = Api::all(workload);
-                    let on_node = pods
-                        .list(&ListParams::default().fields(&format!("spec.nodeName={node_name}")))
-                        .await?
-                        .items;
-                    let evictable: Vec<&Pod> = on_node
-                        .iter()
-                        .filter(|p| {
-                            let owners = p.metadata.owner_references.clone().unwrap_or_default();
-                            let daemon = owners.iter().any(|o| o.kind == "DaemonSet");
-                            let mirror =
-                                p.annotations().contains_key("kubernetes.io/config.mirror");
-                            !daemon && !mirror && p.metadata.deletion_timestamp.is_none()
-                        })
-                        .collect();
-                    let mut blocked = Vec::new();
-                    for pod in &evictable {
-                        let api: Api<Pod> = Api::namespaced(
-                            pods.clone().into_client(),
-                            &pod.namespace().unwrap_or_default(),
-                        );
-                        match api.evict(&pod.name_any(), &EvictParams::default()).await {
-                            Ok(_) => {}
-                            Err(kube::Error::Api(s)) if s.code == 429 => {
-                                blocked.push(pod.name_any())
-                            }
-                            Err(kube::Error::Api(s)) if s.code == 404 => {}
-                            Err(e) => return Err(e.into()),
-                        }
-                    }
-                    if !blocked.is_empty() && !skip_drain {
-                        return waiting(ctx, machine, status, "DrainBlocked", format!("evicting {} is refused by a PodDisruptionBudget; it retries, or set {}=true to continue without draining", blocked.join(", "), annotations::SKIP_DRAIN)).await;
-                    }
-                    let left = evictable.len() - blocked.len();
-                    if left > 0 && !skip_drain {
-                        // Evicted pods are still terminating: look again.
-                        let still = pods
-                            .list(
-                                &ListParams::default()
-                                    .fields(&format!("spec.nodeName={node_name}")),
-                            )
-                            .await?
-                            .items;
-                        if still.iter().any(|p| {
-                            p.metadata.deletion_timestamp.is_none()
-                                && !p
-                                    .metadata
-                                    .owner_references
-                                    .clone()
-                                    .unwrap_or_default()
-                                    .iter()
-                                    .any(|o| o.kind == "DaemonSet")
-                        }) {
-                            return waiting(
-                                ctx,
-                                machine,
-                                status,
-                                "Draining",
-                                format!("waiting for pods to leave Node {node_name}"),
-                            )
-                            .await;
-                        }
-                    }
-                    format!("drained Node {node_name}")
-                }
-                _ => {
-                    match nodes.delete(&node_name, &DeleteParams::default()).await {
-                        Ok(_) => {}
-                        Err(kube::Error::Api(s)) if s.code == 404 => {}
-                        Err(e) => return Err(e.into()),
-                    }
-                    format!("deleted Node {node_name}")
-                }
+                ctx.event(
+                    machine,
+                    EventType::Warning,
+                    "ResetSkipped",
+                    "Remove",
+                    message.clone(),
+                )
+                .await;
+            } else {
+                ctx.event(
+                    machine,
+                    EventType::Normal,
+                    "Removal",
+                    "Remove",
+                    message.clone(),
+                )
+                .await;
+            }
+            record(ctx, machine, status, next, message).await?;
+            if matches!(next, RemovalStep::NodeDeleted | RemovalStep::Complete) {
+                finish(ctx, machine, &cluster, &holder).await?;
+                return Ok(Action::await_change());
+            }
+            Ok(Action::requeue(Duration::from_millis(50)))
+        }
+    }
+}
+
+/// The lock holder of a machine's removal.
+pub fn holder(machine: &TalosMachine) -> String {
+    format!("removal/{}", machine.uid().unwrap_or_default())
+}
+
+impl Scene<'_> {
+    fn node_name(&self) -> String {
+        self.status.node_name.clone().unwrap_or_default()
+    }
+
+    async fn workload(&self) -> Option<kube::Client> {
+        workload_client(self.ctx, &self.cluster).await
+    }
+
+    fn no_workload() -> Result<Step, Error> {
+        wait(
+            reasons::NODE_UNREACHABLE,
+            "the workload cluster's API cannot be reached (kubeconfig Secret missing or API down)",
+        )
+    }
+
+    async fn cordon(&self) -> Result<Step, Error> {
+        if self.teardown {
+            return done("cordon skipped: the cluster is being deleted");
+        }
+        let Some(workload) = self.workload().await else {
+            return Self::no_workload();
+        };
+        let node_name = self.node_name();
+        let nodes: Api<Node> = Api::all(workload);
+        if nodes.get_opt(&node_name).await?.is_some() {
+            nodes
+                .patch(
+                    &node_name,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"spec": {"unschedulable": true}})),
+                )
+                .await?;
+        }
+        done(format!("cordoned Node {node_name}"))
+    }
+
+    async fn drain(&self) -> Result<Step, Error> {
+        if self.teardown {
+            return done("drain skipped: the cluster is being deleted");
+        }
+        let Some(workload) = self.workload().await else {
+            return Self::no_workload();
+        };
+        let skip_drain = self
+            .machine
+            .annotations()
+            .get(annotations::SKIP_DRAIN)
+            .map(String::as_str)
+            == Some(annotations::TRUE);
+        let node_name = self.node_name();
+        let pods: Api<Pod> = Api::all(workload.clone());
+        let on_node = |pods: Vec<Pod>| -> Vec<Pod> {
+            pods.into_iter()
+                .filter(|p| {
+                    let owners = p.metadata.owner_references.clone().unwrap_or_default();
+                    let daemon = owners.iter().any(|o| o.kind == "DaemonSet");
+                    let mirror = p.annotations().contains_key("kubernetes.io/config.mirror");
+                    !daemon && !mirror && p.metadata.deletion_timestamp.is_none()
+                })
+                .collect()
+        };
+        let fields = ListParams::default().fields(&format!("spec.nodeName={node_name}"));
+        let evictable = on_node(pods.list(&fields).await?.items);
+        let mut blocked = Vec::new();
+        for pod in &evictable {
+            let api: Api<Pod> =
+                Api::namespaced(workload.clone(), &pod.namespace().unwrap_or_default());
+            match api.evict(&pod.name_any(), &EvictParams::default()).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 429 => blocked.push(pod.name_any()),
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => return Err(e.into()),
             }
         }
-        RemovalStep::EtcdLeft => {
-            let Some(client) = crate::connect(&address, &credentials).await else {
-                return waiting(ctx, machine, status, reasons::NODE_UNREACHABLE, format!("{address} does not answer: the etcd leave cannot run (removing an unreachable member needs {})", annotations::FORCE_REMOVE)).await;
-            };
-            let member = client.etcd_status().await.ok();
-            if let Some(member) = &member {
-                if member.leader == member.member_id {
+        if skip_drain {
+            return done(format!(
+                "drain of Node {node_name} skipped by {}",
+                annotations::SKIP_DRAIN
+            ));
+        }
+        if !blocked.is_empty() {
+            return wait(
+                reasons::DRAIN_BLOCKED,
+                format!(
+                    "evicting {} is refused by a PodDisruptionBudget; it retries, or set {}=true to continue without draining",
+                    blocked.join(", "),
+                    annotations::SKIP_DRAIN
+                ),
+            );
+        }
+        if !evictable.is_empty() && !on_node(pods.list(&fields).await?.items).is_empty() {
+            return wait(
+                reasons::DRAINING,
+                format!("waiting for pods to leave Node {node_name}"),
+            );
+        }
+        done(format!("drained Node {node_name}"))
+    }
+
+    /// The member id recorded while the machine was followed.
+    fn recorded_member(&self) -> Option<u64> {
+        self.status
+            .etcd_member_id
+            .as_deref()
+            .and_then(|id| u64::from_str_radix(id, 16).ok())
+    }
+
+    async fn peers(&self) -> Result<Vec<TalosClient>, Error> {
+        let mut clients = Vec::new();
+        for address in peer_addresses(self.ctx, self.machine).await? {
+            if let Some(client) = crate::connect(&address, &self.credentials).await {
+                clients.push(client);
+            }
+        }
+        Ok(clients)
+    }
+
+    /// Whether a healthy peer confirms `member` is gone (`None`: no peer answered).
+    async fn gone_from_etcd(&self, member: u64) -> Result<Option<bool>, Error> {
+        for peer in self.peers().await? {
+            if let Ok(members) = peer.etcd_members(false).await {
+                return Ok(Some(!members.iter().any(|m| m.id == member)));
+            }
+        }
+        Ok(None)
+    }
+
+    async fn leave_etcd(&self) -> Result<Step, Error> {
+        let peers_left = !peer_addresses(self.ctx, self.machine).await?.is_empty();
+        if self.teardown && !peers_left {
+            return done("the last control plane: no etcd leave, the reset follows");
+        }
+        let client = match crate::connect(&self.address, &self.credentials).await {
+            Some(client) => match client.machine_status().await {
+                Ok(_) => Some(client),
+                Err(_) => None,
+            },
+            None => None,
+        };
+        let Some(client) = client else {
+            return self.force_remove().await;
+        };
+        let member = match client.etcd_status().await {
+            Ok(status) => {
+                if status.leader == status.member_id {
                     let _ = client.etcd_forfeit_leadership().await;
                 }
                 if let Err(error) = client.etcd_leave().await {
-                    return waiting(
-                        ctx,
-                        machine,
-                        status,
-                        "EtcdLeaveFailed",
-                        format!("the etcd leave failed, so the removal stopped: {error}"),
-                    )
-                    .await;
+                    return wait(
+                        reasons::ETCD_LEAVE_FAILED,
+                        format!(
+                            "the etcd leave failed, so the removal stopped (fail closed): {error}; fix the node or its etcd, then it retries"
+                        ),
+                    );
                 }
+                Some(status.member_id)
             }
-            // Verify through a peer that the member is gone.
-            if let Some(member) = member {
-                let peers = peer_addresses(ctx, machine).await?;
-                let mut verified = false;
-                for peer in peers {
-                    if let Some(peer) = crate::connect(&peer, &credentials).await
-                        && let Ok(members) = peer.etcd_members(false).await
-                    {
-                        verified = !members.iter().any(|m| m.id == member.member_id);
-                        break;
-                    }
-                }
-                if !verified {
-                    return waiting(
-                        ctx,
-                        machine,
-                        status,
-                        "EtcdLeaveUnverified",
-                        "no healthy peer confirms the member left etcd yet".into(),
-                    )
-                    .await;
-                }
-            }
-            "left etcd, verified through a peer".to_owned()
+            // Not a member (any more): a leave already done before a restart.
+            Err(_) => self.recorded_member(),
+        };
+        let Some(member) = member else {
+            return done("not an etcd member: nothing to leave");
+        };
+        match self.gone_from_etcd(member).await? {
+            Some(true) => done(format!(
+                "left etcd (member {member:016x}), verified through a peer"
+            )),
+            Some(false) => wait(
+                reasons::ETCD_LEAVE_UNVERIFIED,
+                format!("a peer still lists member {member:016x}"),
+            ),
+            None => wait(
+                reasons::ETCD_LEAVE_UNVERIFIED,
+                "no healthy peer answers to confirm the member left etcd",
+            ),
         }
-        RemovalStep::Reset => {
-            match TalosClient::connect(&address, &credentials).await {
-                Ok(client) => {
-                    if let Err(error) = client
-                        .reset(ResetOptions {
-                            graceful: false,
-                            reboot: true,
-                        })
-                        .await
-                    {
-                        return waiting(
-                            ctx,
-                            machine,
-                            status,
-                            "ResetFailed",
-                            format!("the reset failed: {error}"),
-                        )
-                        .await;
-                    }
-                }
-                Err(error) => {
-                    return waiting(
-                        ctx,
-                        machine,
-                        status,
-                        reasons::NODE_UNREACHABLE,
-                        format!("{address} does not answer for its reset: {error}"),
-                    )
-                    .await;
-                }
-            }
-            "reset (STATE and EPHEMERAL wiped); the node reboots into maintenance mode".to_owned()
-        }
-        RemovalStep::Pending | RemovalStep::Complete => "done".to_owned(),
-    };
-    ctx.event(
-        machine,
-        EventType::Normal,
-        "Removal",
-        "Remove",
-        message.clone(),
-    )
-    .await;
-    record(ctx, machine, status, next, message).await?;
-    if matches!(next, RemovalStep::NodeDeleted | RemovalStep::Complete) {
-        finish(ctx, machine, &cluster, &holder).await?;
-        return Ok(Action::await_change());
     }
-    Ok(Action::requeue(Duration::from_millis(50)))
+
+    /// An unreachable control plane: removed through a healthy peer only with the force
+    /// annotation; its reset is skipped, recorded, and a tombstone remembers it.
+    async fn force_remove(&self) -> Result<Step, Error> {
+        if !self.force {
+            return wait(
+                reasons::NODE_UNREACHABLE,
+                format!(
+                    "{} does not answer, so it cannot leave etcd; to remove it through a healthy peer (skipping its reset), set {}=true",
+                    self.address,
+                    annotations::FORCE_REMOVE
+                ),
+            );
+        }
+        let Some(member) = self.recorded_member() else {
+            return wait(
+                reasons::NODE_UNREACHABLE,
+                "no etcd member id was recorded for this machine: it cannot be removed by id",
+            );
+        };
+        let mut removed = false;
+        for peer in self.peers().await? {
+            let Ok(members) = peer.etcd_members(false).await else {
+                continue;
+            };
+            if members.iter().any(|m| m.id == member)
+                && let Err(error) = peer.etcd_remove_member(member).await
+            {
+                return wait(
+                    reasons::ETCD_LEAVE_FAILED,
+                    format!("removing member {member:016x} through a peer failed: {error}"),
+                );
+            }
+            removed = true;
+            break;
+        }
+        if !removed {
+            return wait(
+                reasons::ETCD_LEAVE_UNVERIFIED,
+                "no healthy peer answers to remove the member",
+            );
+        }
+        match self.gone_from_etcd(member).await? {
+            Some(true) => {}
+            _ => {
+                return wait(
+                    reasons::ETCD_LEAVE_UNVERIFIED,
+                    format!("no peer confirms member {member:016x} is gone yet"),
+                );
+            }
+        }
+        self.tombstone(Some(member)).await?;
+        Ok(Step::Done {
+            message: format!(
+                "{} was unreachable: member {member:016x} removed through a peer ({}); its reset was SKIPPED, and a tombstone resets it if it answers again",
+                self.address,
+                annotations::FORCE_REMOVE
+            ),
+            reset_skipped: true,
+        })
+    }
+
+    async fn tombstone(&self, member: Option<u64>) -> Result<(), Error> {
+        let clusters: Api<TalosCluster> = Api::namespaced(
+            self.ctx.client.clone(),
+            &self.cluster.namespace().unwrap_or_default(),
+        );
+        loop {
+            let Some(fresh) = clusters.get_opt(&self.cluster.name_any()).await? else {
+                return Ok(());
+            };
+            let mut stones = fresh
+                .status
+                .as_ref()
+                .map(|s| s.tombstones.clone())
+                .unwrap_or_default();
+            if stones.iter().any(|t| t.address == self.address) {
+                return Ok(());
+            }
+            stones.push(Tombstone {
+                machine: self.machine.name_any(),
+                address: self.address.clone(),
+                etcd_member_id: member.map(|m| format!("{m:016x}")),
+                removed_at: cond::now(),
+            });
+            let patch = json!({"metadata": {"resourceVersion": fresh.resource_version()}, "status": {"tombstones": stones}});
+            match clusters
+                .patch_status(
+                    &fresh.name_any(),
+                    &PatchParams::default(),
+                    &Patch::Merge(patch),
+                )
+                .await
+            {
+                Ok(_) => return Ok(()),
+                Err(kube::Error::Api(s)) if s.code == 409 => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    async fn reset(&self) -> Result<Step, Error> {
+        if self
+            .status
+            .removal
+            .as_ref()
+            .is_some_and(|r| r.reset_skipped)
+        {
+            return done("reset skipped (force removal)");
+        }
+        match TalosClient::connect(&self.address, &self.credentials).await {
+            Ok(client) => match client
+                .reset(ResetOptions {
+                    graceful: false,
+                    reboot: true,
+                })
+                .await
+            {
+                Ok(()) => done(
+                    "reset (STATE and EPHEMERAL wiped); the node reboots into maintenance mode",
+                ),
+                Err(error) => {
+                    if crate::in_maintenance(&self.address, self.ctx.settings.sweep)
+                        .await
+                        .is_some()
+                    {
+                        return done("already reset: the node answers in maintenance mode");
+                    }
+                    wait(reasons::RESET_FAILED, format!("the reset failed: {error}"))
+                }
+            },
+            Err(error) => {
+                // A reset sent before a restart: the node is back in maintenance mode.
+                if crate::in_maintenance(&self.address, self.ctx.settings.sweep)
+                    .await
+                    .is_some()
+                {
+                    return done("already reset: the node answers in maintenance mode");
+                }
+                if self.force {
+                    self.tombstone(self.recorded_member()).await?;
+                    return Ok(Step::Done {
+                        message: format!(
+                            "{} is unreachable: its reset was SKIPPED ({}), and a tombstone resets it if it answers again",
+                            self.address,
+                            annotations::FORCE_REMOVE
+                        ),
+                        reset_skipped: true,
+                    });
+                }
+                wait(
+                    reasons::NODE_UNREACHABLE,
+                    format!(
+                        "{} does not answer for its reset: {error}; set {}=true to skip the reset",
+                        self.address,
+                        annotations::FORCE_REMOVE
+                    ),
+                )
+            }
+        }
+    }
+
+    async fn delete_node(&self) -> Result<Step, Error> {
+        if self.teardown {
+            return done("Node deletion skipped: the cluster is being deleted");
+        }
+        let Some(workload) = self.workload().await else {
+            return Self::no_workload();
+        };
+        let node_name = self.node_name();
+        let nodes: Api<Node> = Api::all(workload);
+        match nodes.delete(&node_name, &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(e.into()),
+        }
+        done(format!("deleted Node {node_name}"))
+    }
 }
 
 /// The last step: the reservation and the lock go, then the finalizer.
@@ -477,19 +737,7 @@ async fn finish(
             &Patch::Merge(json!({"metadata": {"annotations": {annotations::REMOVAL_RESERVATIONS: serde_json::to_string(&reservations).unwrap_or_else(|_| "[]".into())}}})),
         )
         .await?;
-    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
-        Api::namespaced(ctx.client.clone(), &namespace);
-    if let Some(lease) = leases.get_opt(&lock_name(&cluster.name_any())).await?
-        && lease
-            .spec
-            .as_ref()
-            .and_then(|s| s.holder_identity.as_deref())
-            == Some(holder)
-    {
-        let _ = leases
-            .delete(&lock_name(&cluster.name_any()), &DeleteParams::default())
-            .await;
-    }
+    lock::release(ctx, cluster, holder).await?;
     release_finalizer(ctx, machine).await
 }
 
@@ -519,37 +767,4 @@ async fn peer_addresses(ctx: &Context, machine: &TalosMachine) -> Result<Vec<Str
         })
         .filter_map(|m| m.status.and_then(|s| s.address))
         .collect())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn workers_skip_etcd_and_every_removal_ends() {
-        let mut step = RemovalStep::Pending;
-        let mut seen = vec![];
-        while step != RemovalStep::Complete {
-            step = next_step(step, Role::Worker);
-            seen.push(step);
-        }
-        assert!(!seen.contains(&RemovalStep::EtcdLeft));
-        let mut step = RemovalStep::Pending;
-        let mut cp = vec![];
-        while step != RemovalStep::Complete {
-            step = next_step(step, Role::ControlPlane);
-            cp.push(step);
-        }
-        assert_eq!(
-            cp,
-            [
-                RemovalStep::Cordoned,
-                RemovalStep::Drained,
-                RemovalStep::EtcdLeft,
-                RemovalStep::Reset,
-                RemovalStep::NodeDeleted,
-                RemovalStep::Complete
-            ]
-        );
-    }
 }

@@ -316,6 +316,14 @@ impl MachineService for Configured {
             Mode::Try => return Err(crate::not_simulated("apply mode TRY")),
             other => other,
         };
+        if mode == Mode::NoReboot
+            && self.shared.require_reboot.load(Ordering::SeqCst)
+            && current.as_ref() != config.as_ref()
+        {
+            return Err(Status::failed_precondition(
+                "the configuration changes cannot be applied without a reboot",
+            ));
+        }
         let details = match mode {
             Mode::Reboot => "Applied configuration with a reboot",
             Mode::Staged => "Staged configuration to be applied after a reboot",

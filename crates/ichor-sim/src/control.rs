@@ -84,6 +84,8 @@ pub(crate) struct Controls {
     gates: StdMutex<BTreeMap<String, Arc<GateState>>>,
     /// Gates on replies: the call is handled, then its answer waits.
     reply_gates: StdMutex<BTreeMap<String, Arc<GateState>>>,
+    /// How many calls each method's handler ran for.
+    handled: StdMutex<BTreeMap<String, usize>>,
 }
 
 impl Controls {
@@ -166,8 +168,19 @@ impl Controls {
         }
     }
 
-    /// What happens to a reply before it leaves: a reply gate holds it.
+    /// How many calls `method`'s handler ran for.
+    pub(crate) fn handled(&self, method: &str) -> usize {
+        self.handled
+            .lock()
+            .map(|h| h.get(method).copied().unwrap_or(0))
+            .unwrap_or(0)
+    }
+
+    /// What happens to a reply before it leaves: it is counted, and a reply gate holds it.
     async fn leave(&self, method: &str) {
+        if let Ok(mut handled) = self.handled.lock() {
+            *handled.entry(method.to_owned()).or_default() += 1;
+        }
         Self::pass(&self.reply_gates, method).await;
     }
 }

@@ -202,6 +202,10 @@ pub enum Fault {
     FailEtcdLeave(bool),
     /// Upgrades come back on the old version until cleared.
     UpgradeRollback(bool),
+    /// Config changes cannot be applied live until cleared: `NO_REBOOT` (and an `AUTO` that
+    /// resolves to it) is refused, as Talos ≤1.13 does for a change it cannot apply immediately
+    /// (talos-facts §5, §8.2 "handle needs reboot explicitly"); `STAGED` still works.
+    RequireReboot(bool),
 }
 
 /// The etcd data directory of a control plane: which cluster's member it holds.
@@ -260,8 +264,8 @@ pub(crate) struct Node {
 
 /// A simulated node, serving on its address until stopped. The node's state lives behind a
 /// lock so that the node itself can move on (apply, install, reboot) while a test holds this
-/// handle.
-#[derive(Debug)]
+/// handle; a clone is another handle to the same node (a test's monitor task).
+#[derive(Debug, Clone)]
 pub struct SimNode {
     shared: Arc<Shared>,
     hardware: Hardware,
@@ -392,6 +396,7 @@ impl SimNode {
             Fault::Slow(delay) => controls.set_slow(delay),
             Fault::FailEtcdLeave(on) => self.shared.fail_leave.store(on, Ordering::SeqCst),
             Fault::UpgradeRollback(on) => self.shared.upgrade_rollback.store(on, Ordering::SeqCst),
+            Fault::RequireReboot(on) => self.shared.require_reboot.store(on, Ordering::SeqCst),
             Fault::DifferentCertificate | Fault::MismatchedKey => {
                 return self.node.lock().await.inject_certificate(fault);
             }
@@ -410,6 +415,13 @@ impl SimNode {
     /// before the caller recorded it").
     pub fn gate_reply(&self, method: &str) -> Gate {
         Controls::gate_reply(&self.shared, method)
+    }
+
+    /// How many calls to `method` (e.g. `EtcdLeaveCluster`, `Reset`) this node's handlers ran
+    /// since it was spawned, whatever their outcome: a test's proof that a once-only step ran
+    /// once.
+    pub fn calls(&self, method: &str) -> usize {
+        self.shared.controls.handled(method)
     }
 
     /// Marks a CNI as present (or not) in the Kubernetes cluster this node belongs to:
@@ -477,6 +489,17 @@ impl SimNode {
     /// The id of the etcd member in its data directory, if any.
     pub async fn etcd_member_id(&self) -> Option<u64> {
         self.node.lock().await.etcd.map(|d| d.member)
+    }
+
+    /// The etcd cluster this node's member belongs to, as the network sees it right now:
+    /// `(voters, voters answering)` — a test's quorum monitor. `None` without a member.
+    pub async fn etcd_quorum_view(&self) -> Option<(usize, usize)> {
+        let cluster = self.node.lock().await.etcd?.cluster;
+        let net = network();
+        let found = net.cluster(cluster)?;
+        let voters: Vec<_> = found.members.iter().filter(|m| !m.learner).collect();
+        let alive = voters.iter().filter(|m| net.alive(cluster, m)).count();
+        Some((voters.len(), alive))
     }
 }
 

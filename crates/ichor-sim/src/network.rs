@@ -27,6 +27,8 @@ pub(crate) struct Shared {
     pub(crate) fail_leave: AtomicBool,
     /// Fault: an upgrade comes back on the old version.
     pub(crate) upgrade_rollback: AtomicBool,
+    /// Fault: config changes need a reboot (`NO_REBOOT` refused).
+    pub(crate) require_reboot: AtomicBool,
     /// The Talos version it runs (changes with upgrades).
     talos_version: StdMutex<String>,
 }
@@ -42,6 +44,7 @@ impl Shared {
             controls: Controls::default(),
             fail_leave: AtomicBool::new(false),
             upgrade_rollback: AtomicBool::new(false),
+            require_reboot: AtomicBool::new(false),
         }
     }
 

@@ -11,6 +11,9 @@ use crate::tls::PinningVerifier;
 /// How long a TCP connect plus TLS handshake may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Limit for one call's answer (a partitioned node accepts connections but never answers).
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// What went wrong talking to a node.
 #[derive(Debug, thiserror::Error)]
 pub enum TalosError {
@@ -176,6 +179,7 @@ impl TalosClient {
                 source,
             })?
             .connect_timeout(CONNECT_TIMEOUT)
+            .timeout(REQUEST_TIMEOUT)
             .tls_config_with_verifier(tls, Arc::new(verifier))
             .map_err(|source| TalosError::InvalidEndpoint {
                 endpoint: endpoint.to_owned(),
@@ -221,6 +225,7 @@ impl TalosClient {
         let channel = Endpoint::from_shared(url(endpoint))
             .map_err(invalid)?
             .connect_timeout(CONNECT_TIMEOUT)
+            .timeout(REQUEST_TIMEOUT)
             .tls_config(tls)
             .map_err(invalid)?
             .connect()

@@ -186,6 +186,8 @@ async fn act(
         "succeed-leave" => Fault::FailEtcdLeave(false),
         "upgrade-rollback" => Fault::UpgradeRollback(true),
         "upgrade-forward" => Fault::UpgradeRollback(false),
+        "require-reboot" => Fault::RequireReboot(true),
+        "apply-live" => Fault::RequireReboot(false),
         "slow" => match query.get("ms").and_then(|ms| ms.parse::<u64>().ok()) {
             Some(ms) => Fault::Slow(Duration::from_millis(ms)),
             None => return answer(Err("slow needs ?ms=<milliseconds>".into())),

@@ -1,0 +1,928 @@
+//! Day-2 e2e on the sim target: removal under manager kills, the failed leave and the force
+//! path, cluster teardown, operations one node at a time, drift that needs a reboot, and a
+//! seeded random sequence — real apiserver, the real `ichor-manager` and `ichor-webhook`
+//! binaries, simulated Talos nodes. A monitor watches etcd quorum (and how many nodes are
+//! down) every few milliseconds throughout.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use ichor_api::TalosMachine;
+use ichor_api::common::ConditionStatus;
+use ichor_api::names::{annotations, conditions, reasons};
+use ichor_api::operation::OperationPhase;
+use ichor_harness::specs::{self, Shape, eventually};
+use ichor_harness::{SimOptions, SimTarget, Target};
+use ichor_sim::{Fault, SimNode, Stage};
+use k8s_openapi::api::core::v1::{Node, Pod, Secret};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::ResourceExt as _;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+const CLUSTER: &str = "lab";
+
+/// Brings up `control_planes` + `workers` Ready machines in a cluster declaring `declared`
+/// control planes, with their Nodes registered in the workload cluster.
+async fn cluster_of(target: &SimTarget, declared: usize, control_planes: usize, workers: usize) {
+    let shape = Shape {
+        control_planes: declared,
+        ..Shape::new("v1.14.1", "flannel")
+    };
+    specs::create_cluster(target, &shape)
+        .await
+        .expect("cluster");
+    specs::wait_discovered(target, target.node_endpoints().len())
+        .await
+        .expect("discovered");
+    specs::approve_shape(target, control_planes, workers)
+        .await
+        .expect("approve");
+    if let Err(error) = specs::wait_ready(target, CLUSTER, Duration::from_secs(180)).await {
+        panic!("{error}: {}", specs::summary(target).await);
+    }
+    target
+        .kubelets_registered(CLUSTER)
+        .await
+        .expect("Nodes registered");
+}
+
+/// What the monitor saw.
+#[derive(Debug, Default, Clone, Copy)]
+struct Seen {
+    /// The most nodes down (not serving) at one moment.
+    most_down: usize,
+    /// The fewest etcd voters answering, and of how many, at one moment.
+    worst: Option<(usize, usize)>,
+}
+
+/// Watches etcd quorum and down nodes every 5 ms until stopped.
+struct Monitor {
+    stop: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<Result<Seen, String>>,
+}
+
+impl Monitor {
+    fn start(nodes: Vec<SimNode>) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        let task = tokio::spawn(async move {
+            let mut seen = Seen::default();
+            while !flag.load(Ordering::SeqCst) {
+                let mut down = 0;
+                for node in &nodes {
+                    if !node.is_serving().await {
+                        down += 1;
+                    }
+                    if let Some((voters, alive)) = node.etcd_quorum_view().await {
+                        if voters > 0 && alive * 2 <= voters {
+                            return Err(format!(
+                                "etcd below quorum: {alive} of {voters} voters answer"
+                            ));
+                        }
+                        if seen.worst.is_none_or(|(a, _)| alive < a) {
+                            seen.worst = Some((alive, voters));
+                        }
+                    }
+                }
+                seen.most_down = seen.most_down.max(down);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            Ok(seen)
+        });
+        Self { stop, task }
+    }
+
+    async fn finish(self) -> Seen {
+        self.stop.store(true, Ordering::SeqCst);
+        self.task
+            .await
+            .expect("monitor task")
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+}
+
+async fn machine_condition(
+    target: &SimTarget,
+    address: &str,
+    type_: &str,
+) -> Option<(bool, String, String)> {
+    let m = specs::machine_at(target, address).await.ok()?;
+    m.status?
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| (c.status == ConditionStatus::True, c.reason, c.message))
+}
+
+async fn removal_reason(target: &SimTarget, address: &str) -> Option<String> {
+    machine_condition(target, address, conditions::REMOVAL_APPROVED)
+        .await
+        .map(|(_, reason, _)| reason)
+}
+
+async fn events_with_reason(target: &SimTarget, reason: &str) -> Vec<Event> {
+    Api::<Event>::namespaced(target.client(), target.namespace())
+        .list(&ListParams::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .collect()
+}
+
+async fn etcd_members(target: &SimTarget, address: &str) -> Vec<ichor_talos::EtcdMember> {
+    let credentials = specs::talosconfig_credentials(target, CLUSTER)
+        .await
+        .expect("talosconfig");
+    ichor_talos::TalosClient::connect(address, &credentials)
+        .await
+        .expect("connect")
+        .etcd_members(false)
+        .await
+        .expect("members")
+}
+
+async fn gone(target: &SimTarget, name: &str, limit: Duration) {
+    let machines: Api<TalosMachine> = Api::namespaced(target.client(), target.namespace());
+    if let Err(error) = eventually(&format!("{name} gone"), limit, || async {
+        machines.get_opt(name).await.is_ok_and(|m| m.is_none())
+    })
+    .await
+    {
+        let status = machines
+            .get_opt(name)
+            .await
+            .ok()
+            .flatten()
+            .and_then(|m| m.status);
+        panic!(
+            "{error}: {:?} {:?}",
+            status.as_ref().map(|s| s.removal.clone()),
+            status.as_ref().map(|s| s.conditions.clone())
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removal_resumes_after_manager_kills_and_runs_once_only_steps_once() {
+    let mut target = SimTarget::up(SimOptions::new(4, 77, "v1.14.1"))
+        .await
+        .expect("sim target");
+    cluster_of(&target, 3, 4, 0).await;
+    let endpoints = target.node_endpoints();
+    let workload = specs::workload_client(&target, CLUSTER)
+        .await
+        .expect("workload");
+
+    // A pod on cp-3 whose PodDisruptionBudget blocks its eviction.
+    let pods: Api<Pod> = Api::namespaced(workload.clone(), "default");
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "pinned", "labels": {"app": "pinned"}},
+        "spec": {"nodeName": "cp-3", "containers": [{"name": "app", "image": "registry.invalid/app:1"}]}
+    }))
+    .expect("pod");
+    pods.create(&PostParams::default(), &pod)
+        .await
+        .expect("create pod");
+    let budgets: Api<PodDisruptionBudget> = Api::namespaced(workload.clone(), "default");
+    let budget: PodDisruptionBudget = serde_json::from_value(json!({
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+        "metadata": {"name": "pinned"},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "pinned"}}}
+    }))
+    .expect("budget");
+    budgets
+        .create(&PostParams::default(), &budget)
+        .await
+        .expect("create budget");
+    eventually(
+        "the budget to count the pod healthy",
+        Duration::from_secs(60),
+        || async {
+            budgets
+                .get("pinned")
+                .await
+                .ok()
+                .and_then(|b| b.status)
+                .is_some_and(|s| s.current_healthy == Some(1) && s.disruptions_allowed == Some(0))
+        },
+    )
+    .await
+    .expect("budget in force");
+
+    let monitor = Monitor::start(target.nodes().to_vec());
+    let node = target.nodes()[2].clone();
+    let configured_fingerprint = node.fingerprint();
+    let leave = node.gate_reply("EtcdLeaveCluster");
+    let reset = node.gate_reply("Reset");
+    let name = specs::delete_machine(&target, &endpoints[2])
+        .await
+        .expect("the webhook admits 4 -> 3");
+
+    // Kill points 1 and 2: after the cordon, in the middle of a drain the budget blocks.
+    eventually("the drain blocked", Duration::from_secs(90), || async {
+        removal_reason(&target, &endpoints[2]).await.as_deref() == Some(reasons::DRAIN_BLOCKED)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}: {}", drift_summary(&target)));
+    let nodes: Api<Node> = Api::all(workload.clone());
+    let cordoned = nodes.get("cp-3").await.expect("Node cp-3");
+    assert_eq!(
+        cordoned.spec.and_then(|s| s.unschedulable),
+        Some(true),
+        "cordoned"
+    );
+    target.kill_manager().await;
+    target.start_manager().await.expect("restart");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        removal_reason(&target, &endpoints[2]).await.as_deref(),
+        Some(reasons::DRAIN_BLOCKED),
+        "still blocked after the restart: the budget is honoured"
+    );
+    assert_eq!(node.calls("EtcdLeaveCluster"), 0, "etcd untouched");
+    // The test relaxes the budget: the drain finishes.
+    budgets
+        .delete("pinned", &DeleteParams::default())
+        .await
+        .expect("relax the budget");
+
+    // Kill point 3: the node left etcd, the manager never heard.
+    tokio::time::timeout(Duration::from_secs(90), leave.arrived(1))
+        .await
+        .expect("the etcd leave was sent");
+    target.kill_manager().await;
+    leave.release();
+    target.start_manager().await.expect("restart");
+
+    // Kill point 4: the node was reset, the manager never heard.
+    tokio::time::timeout(Duration::from_secs(90), reset.arrived(1))
+        .await
+        .expect("the reset was sent");
+    target.kill_manager().await;
+    reset.release();
+    target.start_manager().await.expect("restart");
+
+    gone(&target, &name, Duration::from_secs(120)).await;
+    let seen = monitor.finish().await;
+    eventually("cp-3 in maintenance", Duration::from_secs(30), || async {
+        node.stage().await == Stage::Maintenance
+    })
+    .await
+    .expect("back in maintenance");
+    assert_ne!(
+        node.fingerprint(),
+        configured_fingerprint,
+        "a new certificate"
+    );
+    assert_eq!(node.calls("EtcdLeaveCluster"), 1, "the leave ran once");
+    assert_eq!(node.calls("Reset"), 1, "the reset ran once");
+    let members = etcd_members(&target, &endpoints[0]).await;
+    assert_eq!(members.len(), 3, "{members:?}");
+    assert!(
+        nodes.get_opt("cp-3").await.expect("get").is_none(),
+        "Node gone"
+    );
+    assert!(
+        pods.get_opt("pinned").await.expect("get").is_none(),
+        "the pod was evicted"
+    );
+    let (alive, voters) = seen.worst.expect("the monitor saw etcd");
+    assert!(
+        alive * 2 > voters,
+        "quorum held throughout: worst {alive}/{voters}"
+    );
+    target.down().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_leave_stops_and_the_force_path_removes_a_partitioned_node() {
+    let target = SimTarget::up(SimOptions::new(4, 78, "v1.14.1"))
+        .await
+        .expect("sim target");
+    cluster_of(&target, 3, 4, 0).await;
+    let endpoints = target.node_endpoints();
+    let node = target.nodes()[3].clone();
+    let monitor = Monitor::start(target.nodes().to_vec());
+
+    // A leave that fails stops the removal, and etcd keeps the member.
+    node.inject(Fault::FailEtcdLeave(true))
+        .await
+        .expect("fault");
+    let name = specs::delete_machine(&target, &endpoints[3])
+        .await
+        .expect("admitted");
+    eventually("EtcdLeaveFailed", Duration::from_secs(90), || async {
+        removal_reason(&target, &endpoints[3]).await.as_deref() == Some(reasons::ETCD_LEAVE_FAILED)
+    })
+    .await
+    .expect("stopped on the failed leave");
+    assert_eq!(etcd_members(&target, &endpoints[0]).await.len(), 4);
+    assert_ne!(node.calls("Reset"), 1, "never reset after a failed leave");
+    assert_eq!(node.calls("Reset"), 0);
+
+    // The node drops off the network: without the force annotation the removal waits.
+    node.inject(Fault::Partition).await.expect("partition");
+    eventually("NodeUnreachable", Duration::from_secs(60), || async {
+        removal_reason(&target, &endpoints[3]).await.as_deref() == Some(reasons::NODE_UNREACHABLE)
+    })
+    .await
+    .expect("waits for an unreachable node");
+    assert_eq!(etcd_members(&target, &endpoints[0]).await.len(), 4);
+
+    // With it, the member goes through a healthy peer and the skipped reset is recorded.
+    let machines: Api<TalosMachine> = Api::namespaced(target.client(), target.namespace());
+    machines
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"metadata": {"annotations": {annotations::FORCE_REMOVE: "true"}}}),
+            ),
+        )
+        .await
+        .expect("force");
+    gone(&target, &name, Duration::from_secs(120)).await;
+    let members = etcd_members(&target, &endpoints[0]).await;
+    assert_eq!(members.len(), 3, "{members:?}");
+    assert!(
+        !events_with_reason(&target, "ResetSkipped").await.is_empty(),
+        "the skipped reset has an Event"
+    );
+    let clusters: Api<ichor_api::TalosCluster> =
+        Api::namespaced(target.client(), target.namespace());
+    let stones = clusters
+        .get(CLUSTER)
+        .await
+        .expect("cluster")
+        .status
+        .expect("status")
+        .tombstones;
+    assert_eq!(stones.len(), 1, "{stones:?}");
+    assert_eq!(stones[0].address, endpoints[3]);
+    assert_eq!(node.calls("Reset"), 0, "nothing reached the node");
+
+    // It comes back: reset before anything else, and the tombstone goes.
+    node.inject(Fault::Heal).await.expect("heal");
+    eventually(
+        "the healed node reset into maintenance",
+        Duration::from_secs(60),
+        || async { node.stage().await == Stage::Maintenance },
+    )
+    .await
+    .expect("reset after healing");
+    eventually("the tombstone cleared", Duration::from_secs(30), || async {
+        clusters
+            .get(CLUSTER)
+            .await
+            .ok()
+            .and_then(|c| c.status)
+            .is_some_and(|s| s.tombstones.is_empty())
+    })
+    .await
+    .expect("tombstone cleared");
+    assert!(
+        !events_with_reason(&target, "TombstoneReset")
+            .await
+            .is_empty()
+    );
+    let seen = monitor.finish().await;
+    assert!(seen.worst.is_some_and(|(a, v)| a * 2 > v));
+    target.down().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_cluster_removes_workers_first_then_control_planes_and_keeps_the_bundle() {
+    let target = SimTarget::up(SimOptions::new(5, 79, "v1.14.1"))
+        .await
+        .expect("sim target");
+    cluster_of(&target, 3, 3, 2).await;
+    let clusters: Api<ichor_api::TalosCluster> =
+        Api::namespaced(target.client(), target.namespace());
+    let bundle = clusters
+        .get(CLUSTER)
+        .await
+        .expect("cluster")
+        .status
+        .and_then(|s| s.secrets_secret)
+        .expect("bundle Secret name");
+    let machines: Api<TalosMachine> = Api::namespaced(target.client(), target.namespace());
+    // Record when each machine started going: workers must all start before any control plane.
+    let order = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let watching = {
+        let machines = machines.clone();
+        let order = Arc::clone(&order);
+        tokio::spawn(async move {
+            loop {
+                if let Ok(list) = machines.list(&ListParams::default()).await {
+                    if list.items.is_empty() {
+                        return;
+                    }
+                    let mut order = order.lock().expect("order");
+                    for m in list.items {
+                        let host = m.spec.hostname.clone().unwrap_or_default();
+                        if m.metadata.deletion_timestamp.is_some() && !order.contains(&host) {
+                            order.push(host);
+                        }
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+    };
+    let monitor = Monitor::start(target.nodes().to_vec());
+    specs::delete_cluster(&target, CLUSTER)
+        .await
+        .expect("delete admitted with the annotation");
+    eventually(
+        "the TalosCluster gone",
+        Duration::from_secs(180),
+        || async { clusters.get_opt(CLUSTER).await.is_ok_and(|c| c.is_none()) },
+    )
+    .await
+    .unwrap_or_else(|e| {
+        let order = order.lock().map(|o| o.clone()).unwrap_or_default();
+        panic!("{e}: removal order so far {order:?}")
+    });
+    tokio::time::timeout(Duration::from_secs(10), watching)
+        .await
+        .expect("watcher done")
+        .expect("watcher");
+    let _ = monitor.finish().await;
+    let order = order.lock().expect("order").clone();
+    assert_eq!(order.len(), 5, "{order:?}");
+    assert!(
+        order[..2].iter().all(|h| h.starts_with("worker-")),
+        "workers first: {order:?}"
+    );
+    assert!(
+        order[2..].iter().all(|h| h.starts_with("cp-")),
+        "then control planes: {order:?}"
+    );
+    assert!(
+        machines
+            .list(&ListParams::default())
+            .await
+            .expect("list")
+            .items
+            .is_empty(),
+        "no machine records"
+    );
+    for (i, node) in target.nodes().iter().enumerate() {
+        eventually(
+            &format!("node {i} in maintenance"),
+            Duration::from_secs(30),
+            || async { node.stage().await == Stage::Maintenance },
+        )
+        .await
+        .expect("every node back in maintenance");
+    }
+    assert!(
+        Api::<Secret>::namespaced(target.client(), target.namespace())
+            .get_opt(&bundle)
+            .await
+            .expect("get")
+            .is_some(),
+        "the bundle Secret is kept"
+    );
+    target.down().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operations_go_one_node_at_a_time_and_a_rolled_back_upgrade_fails() {
+    let target = SimTarget::up(SimOptions::new(3, 80, "v1.14.1"))
+        .await
+        .expect("sim target");
+    cluster_of(&target, 3, 3, 0).await;
+    let endpoints = target.node_endpoints();
+
+    // A reboot of every control plane: never two down at once, etcd quorum throughout.
+    let monitor = Monitor::start(target.nodes().to_vec());
+    specs::create_operation(
+        &target,
+        "reboot-all",
+        CLUSTER,
+        "reboot",
+        json!({"selector": {}}),
+    )
+    .await
+    .expect("operation");
+    let done = specs::wait_operation(&target, "reboot-all", Duration::from_secs(180))
+        .await
+        .expect("finished");
+    let seen = monitor.finish().await;
+    let status = done.status.expect("status");
+    assert_eq!(status.phase, OperationPhase::Succeeded, "{status:?}");
+    assert_eq!(status.nodes.len(), 3);
+    assert!(status.nodes.iter().all(|n| n.went_down), "{status:?}");
+    assert_eq!(
+        seen.most_down, 1,
+        "exactly one node down at a time: {seen:?}"
+    );
+    for node in target.nodes() {
+        assert_eq!(node.calls("Reboot"), 1);
+    }
+
+    // An upgrade that comes back on the old version fails, and is not retried.
+    target.nodes()[1]
+        .inject(Fault::UpgradeRollback(true))
+        .await
+        .expect("fault");
+    let cp2 = specs::machine_at(&target, &endpoints[1])
+        .await
+        .expect("cp-2")
+        .name_any();
+    specs::create_operation(
+        &target,
+        "upgrade-cp-2",
+        CLUSTER,
+        "upgrade",
+        json!({"machineName": cp2, "upgrade": {"image": "ghcr.io/siderolabs/installer:v1.14.2"}}),
+    )
+    .await
+    .expect("operation");
+    let failed = specs::wait_operation(&target, "upgrade-cp-2", Duration::from_secs(120))
+        .await
+        .expect("finished");
+    let status = failed.status.expect("status");
+    assert_eq!(status.phase, OperationPhase::Failed, "{status:?}");
+    let reason = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == conditions::SUCCEEDED)
+        .map(|c| c.reason.clone());
+    assert_eq!(reason.as_deref(), Some(reasons::UPGRADE_ROLLED_BACK));
+    assert_eq!(status.nodes[0].version_after.as_deref(), Some("v1.14.1"));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(target.nodes()[1].calls("Upgrade"), 1, "never retried");
+
+    // The same upgrade on cp-1 without the fault succeeds and is verified.
+    let cp1 = specs::machine_at(&target, &endpoints[0])
+        .await
+        .expect("cp-1")
+        .name_any();
+    specs::create_operation(
+        &target,
+        "upgrade-cp-1",
+        CLUSTER,
+        "upgrade",
+        json!({"machineName": cp1, "upgrade": {"image": "ghcr.io/siderolabs/installer:v1.14.2"}}),
+    )
+    .await
+    .expect("operation");
+    let upgraded = specs::wait_operation(&target, "upgrade-cp-1", Duration::from_secs(120))
+        .await
+        .expect("finished")
+        .status
+        .expect("status");
+    assert_eq!(upgraded.phase, OperationPhase::Succeeded, "{upgraded:?}");
+    assert_eq!(target.nodes()[0].talos_version(), "v1.14.2");
+
+    // An etcd snapshot lands in a Secret.
+    specs::create_operation(
+        &target,
+        "snap",
+        CLUSTER,
+        "etcdSnapshot",
+        json!({"selector": {}}),
+    )
+    .await
+    .expect("operation");
+    let snap = specs::wait_operation(&target, "snap", Duration::from_secs(60))
+        .await
+        .expect("finished")
+        .status
+        .expect("status");
+    assert_eq!(snap.phase, OperationPhase::Succeeded, "{snap:?}");
+    let secret = snap.snapshot_secret.expect("snapshot Secret");
+    let data = Api::<Secret>::namespaced(target.client(), target.namespace())
+        .get(&secret)
+        .await
+        .expect("Secret")
+        .data
+        .expect("data");
+    assert!(!data["snapshot.db"].0.is_empty());
+
+    // Defragmentation, one control plane at a time.
+    specs::create_operation(
+        &target,
+        "defrag",
+        CLUSTER,
+        "etcdDefrag",
+        json!({"selector": {}}),
+    )
+    .await
+    .expect("operation");
+    let defrag = specs::wait_operation(&target, "defrag", Duration::from_secs(60))
+        .await
+        .expect("finished")
+        .status
+        .expect("status");
+    assert_eq!(defrag.phase, OperationPhase::Succeeded, "{defrag:?}");
+    for node in target.nodes() {
+        assert_eq!(node.calls("EtcdDefragment"), 1);
+    }
+
+    // A Kubernetes upgrade: the spec takes the version, the nodes follow one at a time.
+    specs::create_operation(
+        &target,
+        "kubernetes",
+        CLUSTER,
+        "upgradeKubernetes",
+        json!({"selector": {}, "upgradeKubernetes": {"version": "1.36.4"}}),
+    )
+    .await
+    .expect("operation");
+    let kubernetes = specs::wait_operation(&target, "kubernetes", Duration::from_secs(90))
+        .await
+        .expect("finished")
+        .status
+        .expect("status");
+    assert_eq!(
+        kubernetes.phase,
+        OperationPhase::Succeeded,
+        "{kubernetes:?}"
+    );
+    assert_eq!(kubernetes.nodes.len(), 3);
+    let clusters: Api<ichor_api::TalosCluster> =
+        Api::namespaced(target.client(), target.namespace());
+    assert_eq!(
+        clusters
+            .get(CLUSTER)
+            .await
+            .expect("cluster")
+            .spec
+            .kubernetes_version,
+        "1.36.4"
+    );
+
+    // A reset of one control plane: etcd 3 -> 2, the node back in maintenance.
+    let cp3 = specs::machine_at(&target, &endpoints[2])
+        .await
+        .expect("cp-3")
+        .name_any();
+    let monitor = Monitor::start(target.nodes().to_vec());
+    specs::create_operation(
+        &target,
+        "reset-cp-3",
+        CLUSTER,
+        "reset",
+        json!({"machineName": cp3}),
+    )
+    .await
+    .expect("operation");
+    let reset = specs::wait_operation(&target, "reset-cp-3", Duration::from_secs(90))
+        .await
+        .expect("finished")
+        .status
+        .expect("status");
+    assert_eq!(reset.phase, OperationPhase::Succeeded, "{reset:?}");
+    assert_eq!(target.nodes()[2].stage().await, Stage::Maintenance);
+    assert_eq!(etcd_members(&target, &endpoints[0]).await.len(), 2);
+    let seen = monitor.finish().await;
+    assert!(seen.worst.is_some_and(|(a, v)| a * 2 > v), "{seen:?}");
+    target.down().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drift_that_needs_a_reboot_is_applied_under_the_lock_one_node_at_a_time() {
+    let target = SimTarget::up(SimOptions::new(3, 81, "v1.14.1"))
+        .await
+        .expect("sim target");
+    cluster_of(&target, 3, 3, 0).await;
+    // Drift that cannot apply live: rebooted under the lock, one node at a time.
+    for node in target.nodes() {
+        node.inject(Fault::RequireReboot(true))
+            .await
+            .expect("fault");
+    }
+    let before: Vec<usize> = target.nodes().iter().map(|n| n.calls("Reboot")).collect();
+    let monitor = Monitor::start(target.nodes().to_vec());
+    let clusters: Api<ichor_api::TalosCluster> =
+        Api::namespaced(target.client(), target.namespace());
+    clusters
+        .patch(
+            CLUSTER,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"configPatches": [{"name": "san", "machine": {"certSANs": ["drift.example.internal"]}}]}})),
+        )
+        .await
+        .expect("a change that needs a reboot");
+    let machines: Api<TalosMachine> = Api::namespaced(target.client(), target.namespace());
+    eventually(
+        "every node rebooted into the new config",
+        Duration::from_secs(180),
+        || async {
+            let rebooted = target
+                .nodes()
+                .iter()
+                .zip(&before)
+                .all(|(n, b)| n.calls("Reboot") > *b);
+            let settled = machines.list(&ListParams::default()).await.is_ok_and(|l| {
+                l.items.iter().all(|m| {
+                    m.status.as_ref().is_some_and(|s| {
+                        s.drift_reboot.is_none()
+                            && s.conditions.iter().any(|c| {
+                                c.type_ == conditions::CONFIG_APPLIED
+                                    && c.status == ConditionStatus::True
+                            })
+                    })
+                })
+            });
+            rebooted && settled
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}: {}", drift_summary(&target)));
+    let seen = monitor.finish().await;
+    assert_eq!(seen.most_down, 1, "one node at a time: {seen:?}");
+    target.down().await;
+}
+
+/// Each machine's drift and removal state and the cluster lock, for failure messages.
+fn drift_summary(target: &SimTarget) -> String {
+    let handle = tokio::runtime::Handle::current();
+    tokio::task::block_in_place(|| {
+        handle.block_on(async {
+            let machines: Api<TalosMachine> = Api::namespaced(target.client(), target.namespace());
+            let clusters: Api<ichor_api::TalosCluster> =
+                Api::namespaced(target.client(), target.namespace());
+            let lock = clusters
+                .get(CLUSTER)
+                .await
+                .ok()
+                .and_then(|c| c.status)
+                .and_then(|s| s.lock);
+            let mut out = format!("lock {lock:?}; ");
+            for m in machines
+                .list(&ListParams::default())
+                .await
+                .map(|l| l.items)
+                .unwrap_or_default()
+            {
+                let status = m.status.unwrap_or_default();
+                let applied = status
+                    .conditions
+                    .iter()
+                    .find(|c| c.type_ == conditions::CONFIG_APPLIED)
+                    .map(|c| format!("{:?} {} {}", c.status, c.reason, c.message));
+                let removal = status
+                    .conditions
+                    .iter()
+                    .find(|c| c.type_ == conditions::REMOVAL_APPROVED)
+                    .map(|c| format!("{} {}", c.reason, c.message));
+                out.push_str(&format!(
+                    "{}: drift_reboot {:?} applied {:?} {applied:?} removal {:?} {removal:?}; ",
+                    m.spec.hostname.unwrap_or_default(),
+                    status.drift_reboot,
+                    status.applied_config_hash,
+                    status.removal
+                ));
+            }
+            out
+        })
+    })
+}
+
+/// A small deterministic generator (SplitMix64), so a seed replays the same sequence.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        usize::try_from(self.next() % u64::try_from(n.max(1)).unwrap_or(1)).unwrap_or(0)
+    }
+}
+
+/// Whether the cluster has settled after an action: no operation in flight, every machine
+/// Ready, pending approval, or being removed and waiting with a reason.
+async fn settled(target: &SimTarget) -> bool {
+    let machines: Api<TalosMachine> = Api::namespaced(target.client(), target.namespace());
+    let operations: Api<ichor_api::operation::TalosOperation> =
+        Api::namespaced(target.client(), target.namespace());
+    let Ok(list) = machines.list(&ListParams::default()).await else {
+        return false;
+    };
+    let Ok(ops) = operations.list(&ListParams::default()).await else {
+        return false;
+    };
+    let ops_done = ops.items.iter().all(|o| {
+        matches!(
+            o.status.as_ref().map(|s| s.phase),
+            Some(OperationPhase::Succeeded | OperationPhase::Failed | OperationPhase::Waiting)
+        )
+    });
+    let machines_done = list.items.iter().all(|m| {
+        let status = m.status.clone().unwrap_or_default();
+        let condition = |t: &str| status.conditions.iter().find(|c| c.type_ == t).cloned();
+        if m.metadata.deletion_timestamp.is_some() {
+            return condition(conditions::REMOVAL_APPROVED).is_some_and(|c| {
+                c.reason == reasons::AWAITING_REPLACEMENT || c.reason == reasons::QUORUM_AT_RISK
+            });
+        }
+        match m.spec.approval_state {
+            ichor_api::machine::ApprovalState::Approved => {
+                condition(conditions::READY).is_some_and(|c| c.status == ConditionStatus::True)
+            }
+            _ => true,
+        }
+    });
+    ops_done && machines_done
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_seeded_random_sequence_keeps_quorum_end_to_end() {
+    let seed: u64 = std::env::var("ICHOR_E2E_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(20_261_202);
+    let target = SimTarget::up(SimOptions::new(5, 82, "v1.14.1"))
+        .await
+        .expect("sim target");
+    cluster_of(&target, 3, 3, 0).await;
+    let monitor = Monitor::start(target.nodes().to_vec());
+    let mut rng = Rng(seed);
+    let mut trace = vec![format!("seed {seed} (replay: ICHOR_E2E_SEED={seed})")];
+    let machines: Api<TalosMachine> = Api::namespaced(target.client(), target.namespace());
+    for step in 0..5 {
+        let list = machines
+            .list(&ListParams::default())
+            .await
+            .expect("machines")
+            .items;
+        let pending: Vec<&TalosMachine> = list
+            .iter()
+            .filter(|m| {
+                m.spec.approval_state == ichor_api::machine::ApprovalState::Pending
+                    && m.metadata.deletion_timestamp.is_none()
+            })
+            .collect();
+        let live: Vec<&TalosMachine> = list
+            .iter()
+            .filter(|m| {
+                m.spec.approval_state == ichor_api::machine::ApprovalState::Approved
+                    && m.metadata.deletion_timestamp.is_none()
+            })
+            .collect();
+        let choice = rng.below(3);
+        match choice {
+            0 if !pending.is_empty() => {
+                let m = pending[rng.below(pending.len())];
+                let cp = rng.below(3) > 0;
+                let address = m.spec.endpoints[0].clone();
+                trace.push(format!("step {step}: approve {address} cp={cp}"));
+                specs::approve(&target, &address, cp, &format!("r-{step}"))
+                    .await
+                    .expect("approve");
+            }
+            1 | 0 if !live.is_empty() => {
+                let m = live[rng.below(live.len())];
+                let address = m.spec.endpoints[0].clone();
+                let outcome = specs::delete_machine(&target, &address).await;
+                trace.push(format!(
+                    "step {step}: delete {} ({address}): {}",
+                    m.spec.hostname.clone().unwrap_or_default(),
+                    match &outcome {
+                        Ok(_) => "admitted".to_owned(),
+                        Err(e) => format!("refused: {e}"),
+                    }
+                ));
+            }
+            _ => {
+                trace.push(format!("step {step}: reboot every configured machine"));
+                specs::create_operation(
+                    &target,
+                    &format!("reboot-{step}"),
+                    CLUSTER,
+                    "reboot",
+                    json!({"selector": {}}),
+                )
+                .await
+                .expect("operation");
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        if let Err(error) =
+            eventually("settled", Duration::from_secs(150), || settled(&target)).await
+        {
+            panic!("{error}\n{}\n{}", trace.join("\n"), drift_summary(&target));
+        }
+    }
+    let seen = monitor.finish().await;
+    let (alive, voters) = seen.worst.expect("the monitor saw etcd");
+    assert!(alive * 2 > voters, "{}", trace.join("\n"));
+    println!("{}", trace.join("\n"));
+    target.down().await;
+}

@@ -1,0 +1,220 @@
+//! The cluster lock: one disruptive action per TalosCluster at a time. It is a `Lease` whose
+//! holder is the *action* (`removal/<uid>`, `operation/<name>`, `reboot-for-drift/<uid>`), so
+//! whichever manager replica leads carries the action on; a lock whose action vanished is taken
+//! over only once its lease expired. The holder and the actions waiting are mirrored into
+//! `TalosCluster.status.lock`. While the cluster is `Transitioning`, only the action that
+//! completes the transition may take a free lock (ichor-deleteguard decides).
+
+use std::time::Duration;
+
+use ichor_api::TalosCluster;
+use ichor_api::cluster::LockStatus;
+use ichor_deleteguard::{LockDecision, LockView, lock_decision};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt as _;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use serde_json::json;
+
+use crate::leader::{LeaseSettings, try_acquire};
+use crate::{Context, Error, conditions as cond};
+
+/// How long a hold on the cluster lock lasts without renewal.
+pub const LOCK_SECONDS: u64 = 60;
+
+/// The cluster lock's Lease name.
+pub fn lock_name(cluster: &str) -> String {
+    format!("ichor-cluster-lock-{cluster}")
+}
+
+/// What a try for the lock found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// The action holds the lock (taken now or carried on).
+    Held,
+    /// Another action holds it.
+    Busy(String),
+    /// The lock is free but the cluster is transitioning and this action does not complete the
+    /// transition.
+    Transitioning,
+}
+
+impl Outcome {
+    /// Whether the action holds the lock.
+    pub fn held(&self) -> bool {
+        matches!(self, Self::Held)
+    }
+
+    /// Why the action waits, for a condition message.
+    pub fn message(&self) -> String {
+        match self {
+            Self::Held => "holding the cluster lock".into(),
+            Self::Busy(holder) => format!("waiting for the cluster lock, held by {holder}"),
+            Self::Transitioning => "the cluster is Transitioning (control planes approved differ from spec.controlPlane.count, or the count is even); only the action that completes the transition may take the cluster lock".into(),
+        }
+    }
+}
+
+fn settings(namespace: &str, cluster: &str, holder: &str) -> LeaseSettings {
+    LeaseSettings {
+        namespace: namespace.to_owned(),
+        name: lock_name(cluster),
+        identity: holder.to_owned(),
+        duration: Duration::from_secs(LOCK_SECONDS),
+        retry: Duration::from_secs(2),
+    }
+}
+
+fn view(lease: &Lease) -> Option<LockView> {
+    let spec = lease.spec.as_ref()?;
+    let holder = spec.holder_identity.clone()?;
+    let expired = match (&spec.renew_time, spec.lease_duration_seconds) {
+        (Some(renewed), Some(seconds)) => {
+            renewed.0 + Duration::from_secs(u64::try_from(seconds).unwrap_or(0)) < Timestamp::now()
+        }
+        _ => true,
+    };
+    Some(LockView { holder, expired })
+}
+
+/// Takes, renews or waits for the lock of `cluster` for `holder`. `transitioning` is the
+/// cluster's live state and `completes` whether this action completes the transition.
+pub async fn acquire(
+    ctx: &Context,
+    cluster: &TalosCluster,
+    holder: &str,
+    transitioning: bool,
+    completes: bool,
+) -> Result<Outcome, Error> {
+    let namespace = cluster.namespace().unwrap_or_default();
+    let name = cluster.name_any();
+    let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), &namespace);
+    let current = leases.get_opt(&lock_name(&name)).await?;
+    let current_view = current.as_ref().and_then(view);
+    let outcome = match lock_decision(current_view.as_ref(), holder, transitioning, completes) {
+        LockDecision::Take | LockDecision::Keep => {
+            if try_acquire(&ctx.client, &settings(&namespace, &name, holder)).await? {
+                Outcome::Held
+            } else {
+                // Lost a race for a free lock: read who won on the next try.
+                Outcome::Busy("another action".into())
+            }
+        }
+        LockDecision::Busy { holder } => Outcome::Busy(holder),
+        LockDecision::RefusedWhileTransitioning => Outcome::Transitioning,
+    };
+    mirror(ctx, cluster, holder, &outcome).await;
+    Ok(outcome)
+}
+
+/// Releases the lock if `holder` holds it, and clears it from status.
+pub async fn release(ctx: &Context, cluster: &TalosCluster, holder: &str) -> Result<(), Error> {
+    let namespace = cluster.namespace().unwrap_or_default();
+    let name = lock_name(&cluster.name_any());
+    let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), &namespace);
+    if let Some(lease) = leases.get_opt(&name).await?
+        && lease
+            .spec
+            .as_ref()
+            .and_then(|s| s.holder_identity.as_deref())
+            == Some(holder)
+    {
+        match leases.delete(&name, &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let clusters: Api<TalosCluster> = Api::namespaced(ctx.client.clone(), &namespace);
+    if let Some(fresh) = clusters.get_opt(&cluster.name_any()).await? {
+        let lock = fresh
+            .status
+            .as_ref()
+            .and_then(|s| s.lock.clone())
+            .unwrap_or_default();
+        if lock.holder.as_deref() == Some(holder) || lock.waiting.iter().any(|w| w == holder) {
+            let next = LockStatus {
+                holder: None,
+                since: None,
+                waiting: lock.waiting.into_iter().filter(|w| w != holder).collect(),
+            };
+            write(&clusters, &fresh, &next).await;
+        }
+    }
+    Ok(())
+}
+
+/// Whether some action other than `me` holds the lock right now (drift waits for it).
+pub async fn held_by_other(ctx: &Context, cluster: &TalosCluster, me: &str) -> Result<bool, Error> {
+    let leases: Api<Lease> =
+        Api::namespaced(ctx.client.clone(), &cluster.namespace().unwrap_or_default());
+    Ok(leases
+        .get_opt(&lock_name(&cluster.name_any()))
+        .await?
+        .as_ref()
+        .and_then(view)
+        .is_some_and(|v| !v.expired && v.holder != me))
+}
+
+/// Mirrors the outcome into `status.lock` (best effort: the Lease is the truth; a conflicting
+/// write is retried by the next reconcile).
+async fn mirror(ctx: &Context, cluster: &TalosCluster, holder: &str, outcome: &Outcome) {
+    let clusters: Api<TalosCluster> =
+        Api::namespaced(ctx.client.clone(), &cluster.namespace().unwrap_or_default());
+    let Ok(Some(fresh)) = clusters.get_opt(&cluster.name_any()).await else {
+        return;
+    };
+    let lock = fresh
+        .status
+        .as_ref()
+        .and_then(|s| s.lock.clone())
+        .unwrap_or_default();
+    let mut next = lock.clone();
+    match outcome {
+        Outcome::Held => {
+            if next.holder.as_deref() != Some(holder) {
+                next.holder = Some(holder.to_owned());
+                next.since = Some(cond::now());
+            }
+            next.waiting.retain(|w| w != holder);
+        }
+        Outcome::Busy(other) => {
+            if other != "another action" && next.holder.as_deref() != Some(other) {
+                next.holder = Some(other.clone());
+                next.since = None;
+            }
+            if !next.waiting.iter().any(|w| w == holder) {
+                next.waiting.push(holder.to_owned());
+            }
+        }
+        Outcome::Transitioning => {
+            if !next.waiting.iter().any(|w| w == holder) {
+                next.waiting.push(holder.to_owned());
+            }
+        }
+    }
+    if next != lock {
+        write(&clusters, &fresh, &next).await;
+    }
+}
+
+async fn write(clusters: &Api<TalosCluster>, fresh: &TalosCluster, lock: &LockStatus) {
+    let patch = json!({
+        "metadata": {"resourceVersion": fresh.resource_version()},
+        "status": {"lock": {
+            "holder": lock.holder,
+            "since": lock.since,
+            "waiting": lock.waiting,
+        }},
+    });
+    if let Err(error) = clusters
+        .patch_status(
+            &fresh.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(patch),
+        )
+        .await
+    {
+        tracing::debug!(%error, "lock status not mirrored this time");
+    }
+}

@@ -1,0 +1,1027 @@
+//! TalosOperation: a day-2 action on one machine or a selection, run one node at a time under
+//! the cluster lock (held as `operation/<name>`). Control planes go first, one by one, with
+//! etcd health checked before each. Every node's step is recorded before and after the action
+//! is sent, so a restarted manager looks for the action's effect instead of sending it blindly.
+//! After an upgrade the running version is verified: a node back on its old version fails the
+//! operation, which is never retried.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ichor_api::common::Role;
+use ichor_api::machine::ApprovalState;
+use ichor_api::names::{conditions, reasons};
+use ichor_api::operation::{
+    NodeStep, OperationAction, OperationPhase, TalosOperation, TalosOperationStatus,
+};
+use ichor_api::{TalosCluster, TalosMachine};
+use ichor_deleteguard::etcd_quorum;
+use ichor_deleteguard::transitioning;
+use ichor_talos::{ApplyMode, Credentials, ResetOptions, Stage, TalosClient};
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, OwnerReference};
+use kube::api::{Api, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use kube::{Resource as _, ResourceExt as _};
+use serde_json::json;
+
+use crate::{Context, Error, conditions as cond, lock, secrets};
+
+/// How long a node may take to go down after a reboot or an upgrade was sent, and to come back.
+const NODE_PATIENCE: Duration = Duration::from_secs(300);
+/// How long one reconcile watches for a node going down.
+const DOWN_WATCH: Duration = Duration::from_secs(20);
+/// The largest snapshot kept in a Secret (Secrets are limited to 1 MiB).
+const MAX_SNAPSHOT: usize = 900 * 1024;
+
+/// The lock holder of an operation.
+pub fn holder(operation: &TalosOperation) -> String {
+    format!("operation/{}", operation.name_any())
+}
+
+/// Reconciles one TalosOperation.
+pub async fn reconcile(operation: Arc<TalosOperation>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let started = std::time::Instant::now();
+    let result = reconcile_inner(&operation, &ctx).await;
+    ctx.metrics.reconciled("TalosOperation", started.elapsed());
+    result
+}
+
+fn api(ctx: &Context, operation: &TalosOperation) -> Api<TalosOperation> {
+    Api::namespaced(
+        ctx.client.clone(),
+        &operation.namespace().unwrap_or_default(),
+    )
+}
+
+async fn write(
+    ctx: &Context,
+    operation: &TalosOperation,
+    status: &TalosOperationStatus,
+) -> Result<(), Error> {
+    api(ctx, operation)
+        .patch_status(
+            &operation.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": status})),
+        )
+        .await?;
+    Ok(())
+}
+
+/// Records a waiting state (the operation has not failed).
+async fn waiting(
+    ctx: &Context,
+    operation: &TalosOperation,
+    mut status: TalosOperationStatus,
+    phase: OperationPhase,
+    reason: &str,
+    message: String,
+) -> Result<Action, Error> {
+    let first = !status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == conditions::SUCCEEDED && c.reason == reason && c.message == message);
+    status.phase = phase;
+    cond::set(
+        &mut status.conditions,
+        conditions::SUCCEEDED,
+        false,
+        reason,
+        message.clone(),
+        operation.metadata.generation,
+    );
+    write(ctx, operation, &status).await?;
+    if first {
+        ctx.event(operation, EventType::Normal, reason, "Operate", message)
+            .await;
+    }
+    Ok(Action::requeue(ctx.settings.progress_requeue))
+}
+
+/// Ends the operation: failed or succeeded, never retried.
+async fn end(
+    ctx: &Context,
+    operation: &TalosOperation,
+    cluster: Option<&TalosCluster>,
+    mut status: TalosOperationStatus,
+    succeeded: bool,
+    reason: &str,
+    message: String,
+) -> Result<Action, Error> {
+    status.phase = if succeeded {
+        OperationPhase::Succeeded
+    } else {
+        OperationPhase::Failed
+    };
+    status.completed_at = Some(cond::now());
+    status.progress = Some(progress(&status.nodes));
+    cond::set(
+        &mut status.conditions,
+        conditions::SUCCEEDED,
+        succeeded,
+        reason,
+        message.clone(),
+        operation.metadata.generation,
+    );
+    write(ctx, operation, &status).await?;
+    if let Some(cluster) = cluster {
+        lock::release(ctx, cluster, &holder(operation)).await?;
+    }
+    let kind = if succeeded {
+        EventType::Normal
+    } else {
+        EventType::Warning
+    };
+    ctx.event(operation, kind, reason, "Operate", message).await;
+    Ok(Action::await_change())
+}
+
+fn progress(nodes: &[NodeStep]) -> String {
+    let done = nodes
+        .iter()
+        .filter(|n| n.phase == OperationPhase::Succeeded)
+        .count();
+    format!("{done}/{}", nodes.len())
+}
+
+/// Whether `labels` match `selector` (matchLabels and matchExpressions).
+pub fn selects(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
+    let by_label = selector
+        .match_labels
+        .iter()
+        .flatten()
+        .all(|(k, v)| labels.get(k) == Some(v));
+    let by_expression = selector.match_expressions.iter().flatten().all(|e| {
+        let values = e.values.clone().unwrap_or_default();
+        let value = labels.get(&e.key);
+        match e.operator.as_str() {
+            "In" => value.is_some_and(|v| values.contains(v)),
+            "NotIn" => value.is_none_or(|v| !values.contains(v)),
+            "Exists" => value.is_some(),
+            "DoesNotExist" => value.is_none(),
+            _ => false,
+        }
+    });
+    by_label && by_expression
+}
+
+fn configured(machine: &TalosMachine) -> bool {
+    machine.spec.approval_state == ApprovalState::Approved
+        && machine.metadata.deletion_timestamp.is_none()
+        && machine
+            .status
+            .as_ref()
+            .is_some_and(|s| s.applied_config_hash.is_some())
+}
+
+fn is_control_plane(machine: &TalosMachine) -> bool {
+    machine.spec.role == Some(Role::ControlPlane)
+}
+
+/// The machines an operation acts on, control planes first, each group by name.
+fn targets(operation: &TalosOperation, machines: &[TalosMachine]) -> Result<Vec<String>, String> {
+    let spec = &operation.spec;
+    let mut chosen: Vec<&TalosMachine> = machines
+        .iter()
+        .filter(|m| match (&spec.machine_name, &spec.selector) {
+            (Some(name), _) => &m.name_any() == name,
+            (None, Some(selector)) => selects(selector, m.labels()),
+            (None, None) => false,
+        })
+        .collect();
+    if let Some(name) = &spec.machine_name
+        && chosen.is_empty()
+    {
+        return Err(format!(
+            "spec.machineName {name}: no TalosMachine of cluster {} has that name",
+            spec.cluster_ref.name
+        ));
+    }
+    if spec.machine_name.is_none() {
+        // A selector acts on the machines it finds configured (not those still installing or
+        // being removed).
+        chosen.retain(|m| configured(m));
+    }
+    if let Some(unready) = chosen.iter().find(|m| !configured(m)) {
+        return Err(format!(
+            "{} is not an approved, configured machine (nothing was applied to it, or it is being deleted)",
+            unready.name_any()
+        ));
+    }
+    if matches!(
+        spec.action,
+        OperationAction::EtcdSnapshot | OperationAction::EtcdDefrag
+    ) {
+        chosen.retain(|m| is_control_plane(m));
+    }
+    chosen.sort_by_key(|m| (!is_control_plane(m), m.name_any()));
+    if spec.action == OperationAction::EtcdSnapshot {
+        chosen.truncate(1);
+    }
+    if chosen.is_empty() {
+        return Err(match spec.action {
+            OperationAction::EtcdSnapshot | OperationAction::EtcdDefrag => {
+                "the selection holds no configured control plane (etcd runs only there)".into()
+            }
+            _ => "spec.selector matches no configured machine of the cluster".into(),
+        });
+    }
+    Ok(chosen.iter().map(|m| m.name_any()).collect())
+}
+
+/// The version an installer image carries (`…/installer:v1.14.1` → `v1.14.1`).
+pub fn image_version(image: &str) -> Option<String> {
+    let tag = image.rsplit(':').next()?;
+    (tag.starts_with('v') && !tag.contains('/') && !image.contains('@')).then(|| tag.to_owned())
+}
+
+/// A control plane's view of etcd health: every configured control plane answers as a voter,
+/// and the member list has no learners.
+async fn etcd_health(machines: &[TalosMachine], credentials: &Credentials) -> Result<(), String> {
+    let cps: Vec<&TalosMachine> = machines
+        .iter()
+        .filter(|m| configured(m) && is_control_plane(m))
+        .collect();
+    let mut listed = None;
+    for machine in &cps {
+        let address = address(machine);
+        let Some(client) = crate::connect(&address, credentials).await else {
+            return Err(format!(
+                "{} ({address}) does not answer",
+                machine.name_any()
+            ));
+        };
+        match client.etcd_status().await {
+            Ok(status) if status.learner => {
+                return Err(format!("{} is still an etcd learner", machine.name_any()));
+            }
+            Ok(_) => {}
+            Err(error) => {
+                return Err(format!(
+                    "etcd on {} is not healthy: {error}",
+                    machine.name_any()
+                ));
+            }
+        }
+        if listed.is_none() {
+            listed = client.etcd_members(false).await.ok();
+        }
+    }
+    let members = listed.unwrap_or_default();
+    if members.iter().any(|m| m.learner) {
+        return Err("etcd has a learner that is not promoted yet".into());
+    }
+    if members.len() < cps.len() {
+        return Err(format!(
+            "etcd lists {} members for {} control planes",
+            members.len(),
+            cps.len()
+        ));
+    }
+    Ok(())
+}
+
+fn address(machine: &TalosMachine) -> String {
+    machine
+        .status
+        .as_ref()
+        .and_then(|s| s.address.clone())
+        .or_else(|| machine.spec.endpoints.first().cloned())
+        .unwrap_or_default()
+}
+
+/// Whether the node answers with its configured API, running (a rebooting node does not).
+async fn up(address: &str, credentials: &Credentials) -> Option<TalosClient> {
+    let client = crate::connect(address, credentials).await?;
+    let status = client.machine_status().await.ok()?;
+    (status.stage == Stage::Running).then_some(client)
+}
+
+/// Whether the node is back and healthy for its role.
+async fn healthy(address: &str, credentials: &Credentials, role: Role) -> Result<String, String> {
+    let Some(client) = up(address, credentials).await else {
+        return Err(format!("{address} is not running yet"));
+    };
+    if role == Role::ControlPlane {
+        match client.etcd_status().await {
+            Ok(s) if !s.learner => {}
+            Ok(_) => return Err(format!("{address} is back as an etcd learner")),
+            Err(error) => return Err(format!("etcd on {address} is not back: {error}")),
+        }
+    }
+    client
+        .version()
+        .await
+        .map_err(|e| format!("{address} does not report its version: {e}"))
+}
+
+fn elapsed_since(at: Option<&str>) -> Duration {
+    at.and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
+        .map(|t| {
+            let now = k8s_openapi::jiff::Timestamp::now();
+            Duration::from_secs(u64::try_from(now.as_second() - t.as_second()).unwrap_or(0))
+        })
+        .unwrap_or_default()
+}
+
+async fn reconcile_inner(operation: &TalosOperation, ctx: &Context) -> Result<Action, Error> {
+    let mut status = operation.status.clone().unwrap_or_default();
+    if matches!(
+        status.phase,
+        OperationPhase::Succeeded | OperationPhase::Failed
+    ) {
+        return Ok(Action::await_change());
+    }
+    let namespace = operation.namespace().unwrap_or_default();
+    let cluster_name = operation.spec.cluster_ref.name.clone();
+    let Some(cluster) = Api::<TalosCluster>::namespaced(ctx.client.clone(), &namespace)
+        .get_opt(&cluster_name)
+        .await?
+    else {
+        return end(
+            ctx,
+            operation,
+            None,
+            status,
+            false,
+            reasons::NO_TARGETS,
+            format!("TalosCluster {cluster_name} (spec.clusterRef) does not exist in namespace {namespace}"),
+        )
+        .await;
+    };
+    let machines: Vec<TalosMachine> =
+        Api::<TalosMachine>::namespaced(ctx.client.clone(), &namespace)
+            .list(&ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .filter(|m| m.spec.cluster_ref.name == cluster_name)
+            .collect();
+    if status.nodes.is_empty() {
+        match targets(operation, &machines) {
+            Ok(names) => {
+                status.nodes = names
+                    .into_iter()
+                    .map(|machine| NodeStep {
+                        machine,
+                        ..Default::default()
+                    })
+                    .collect();
+                status.progress = Some(progress(&status.nodes));
+            }
+            Err(message) => {
+                return end(
+                    ctx,
+                    operation,
+                    None,
+                    status,
+                    false,
+                    reasons::NO_TARGETS,
+                    message,
+                )
+                .await;
+            }
+        }
+    }
+    // The lock: operations never complete a transition.
+    let approved_cps = machines
+        .iter()
+        .filter(|m| m.spec.approval_state == ApprovalState::Approved && is_control_plane(m))
+        .count();
+    let moving = transitioning(
+        usize::try_from(cluster.spec.control_plane.count).unwrap_or(0),
+        approved_cps,
+    );
+    let me = holder(operation);
+    let outcome = lock::acquire(ctx, &cluster, &me, moving, false).await?;
+    match outcome {
+        lock::Outcome::Held => {}
+        lock::Outcome::Busy(_) => {
+            return waiting(
+                ctx,
+                operation,
+                status,
+                OperationPhase::Waiting,
+                reasons::WAITING_FOR_LOCK,
+                outcome.message(),
+            )
+            .await;
+        }
+        lock::Outcome::Transitioning => {
+            return waiting(
+                ctx,
+                operation,
+                status,
+                OperationPhase::Waiting,
+                reasons::CLUSTER_TRANSITIONING,
+                outcome.message(),
+            )
+            .await;
+        }
+    }
+    if status.phase != OperationPhase::Running {
+        status.phase = OperationPhase::Running;
+        status.started_at.get_or_insert_with(cond::now);
+        if operation.spec.action == OperationAction::UpgradeKubernetes {
+            set_kubernetes_version(ctx, operation, &cluster).await?;
+        }
+        write(ctx, operation, &status).await?;
+        ctx.event(
+            operation,
+            EventType::Normal,
+            "Started",
+            "Operate",
+            format!(
+                "{:?} on {} node(s), one at a time",
+                operation.spec.action,
+                status.nodes.len()
+            ),
+        )
+        .await;
+    }
+    let bundle = match secrets::bundle(&ctx.client, &cluster).await? {
+        Ok(b) => b,
+        Err(problem) => {
+            return waiting(
+                ctx,
+                operation,
+                status,
+                OperationPhase::Running,
+                reasons::SECRETS_BUNDLE_UNAVAILABLE,
+                problem.to_string(),
+            )
+            .await;
+        }
+    };
+    let credentials = crate::credentials(&bundle)?;
+    let Some(index) = status
+        .nodes
+        .iter()
+        .position(|n| n.phase != OperationPhase::Succeeded)
+    else {
+        let message = format!(
+            "{:?} done on {} node(s)",
+            operation.spec.action,
+            status.nodes.len()
+        );
+        return end(
+            ctx,
+            operation,
+            Some(&cluster),
+            status,
+            true,
+            reasons::COMPLETED,
+            message,
+        )
+        .await;
+    };
+    let name = status.nodes[index].machine.clone();
+    let Some(machine) = machines.iter().find(|m| m.name_any() == name) else {
+        return end(
+            ctx,
+            operation,
+            Some(&cluster),
+            status,
+            false,
+            reasons::NO_TARGETS,
+            format!("TalosMachine {name} is gone"),
+        )
+        .await;
+    };
+    let node = Node {
+        ctx,
+        operation,
+        cluster: &cluster,
+        machine,
+        machines: &machines,
+        role: machine.spec.role.unwrap_or(Role::Worker),
+        address: address(machine),
+        credentials,
+        bundle: &bundle,
+    };
+    let step = status.nodes[index].clone();
+    let (step, verdict) = node.advance(step).await?;
+    status.nodes[index] = step;
+    status.progress = Some(progress(&status.nodes));
+    match verdict {
+        Verdict::Next => {
+            write(ctx, operation, &status).await?;
+            Ok(Action::requeue(Duration::from_millis(50)))
+        }
+        Verdict::Wait { reason, message } => {
+            waiting(
+                ctx,
+                operation,
+                status,
+                OperationPhase::Running,
+                reason,
+                message,
+            )
+            .await
+        }
+        Verdict::Fail { reason, message } => {
+            end(
+                ctx,
+                operation,
+                Some(&cluster),
+                status,
+                false,
+                reason,
+                format!("{name}: {message}"),
+            )
+            .await
+        }
+    }
+}
+
+/// `upgradeKubernetes` records its version in the cluster's spec first (under the lock, so
+/// drift waits); the nodes then get it one at a time.
+async fn set_kubernetes_version(
+    ctx: &Context,
+    operation: &TalosOperation,
+    cluster: &TalosCluster,
+) -> Result<(), Error> {
+    let Some(target) = &operation.spec.upgrade_kubernetes else {
+        return Ok(());
+    };
+    let version = target.version.trim_start_matches('v');
+    if cluster.spec.kubernetes_version.trim_start_matches('v') == version {
+        return Ok(());
+    }
+    Api::<TalosCluster>::namespaced(ctx.client.clone(), &cluster.namespace().unwrap_or_default())
+        .patch(
+            &cluster.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(json!({
+                "metadata": {"resourceVersion": cluster.resource_version()},
+                "spec": {"kubernetesVersion": version},
+            })),
+        )
+        .await?;
+    ctx.event(
+        cluster,
+        EventType::Normal,
+        "KubernetesVersion",
+        "Operate",
+        format!(
+            "{} sets spec.kubernetesVersion {} -> {version}; nodes follow one at a time",
+            holder(operation),
+            cluster.spec.kubernetes_version
+        ),
+    )
+    .await;
+    Ok(())
+}
+
+/// What one node's step came to.
+enum Verdict {
+    /// This node is done: go on to the next.
+    Next,
+    /// Not yet.
+    Wait {
+        reason: &'static str,
+        message: String,
+    },
+    /// The operation fails here.
+    Fail {
+        reason: &'static str,
+        message: String,
+    },
+}
+
+fn wait(reason: &'static str, message: impl Into<String>) -> Result<Verdict, Error> {
+    Ok(Verdict::Wait {
+        reason,
+        message: message.into(),
+    })
+}
+
+fn fail(reason: &'static str, message: impl Into<String>) -> Result<Verdict, Error> {
+    Ok(Verdict::Fail {
+        reason,
+        message: message.into(),
+    })
+}
+
+struct Node<'a> {
+    ctx: &'a Context,
+    operation: &'a TalosOperation,
+    cluster: &'a TalosCluster,
+    machine: &'a TalosMachine,
+    machines: &'a [TalosMachine],
+    role: Role,
+    address: String,
+    credentials: Credentials,
+    bundle: &'a ichor_render::SecretsBundle,
+}
+
+impl Node<'_> {
+    /// Moves one node's step on: check, record the intent, send, record it sent, wait for the
+    /// effect, verify.
+    async fn advance(&self, mut step: NodeStep) -> Result<(NodeStep, Verdict), Error> {
+        let action = self.operation.spec.action;
+        if step.phase == OperationPhase::Pending || step.phase == OperationPhase::Waiting {
+            // Before touching a control plane: etcd must be healthy (all voters up).
+            if self.role == Role::ControlPlane
+                && let Err(problem) = etcd_health(self.machines, &self.credentials).await
+            {
+                step.phase = OperationPhase::Waiting;
+                step.message = Some(problem.clone());
+                return Ok((
+                    step,
+                    Verdict::Wait {
+                        reason: reasons::ETCD_UNHEALTHY,
+                        message: format!("before {}: {problem}", self.machine.name_any()),
+                    },
+                ));
+            }
+            if action == OperationAction::Reset
+                && let Err(problem) = self.reset_keeps_quorum().await
+            {
+                return Ok((step, fail(reasons::QUORUM_AT_RISK, problem)?));
+            }
+            let Some(client) = up(&self.address, &self.credentials).await else {
+                step.phase = OperationPhase::Waiting;
+                return Ok((
+                    step,
+                    wait(
+                        reasons::NODE_UNREACHABLE,
+                        format!("{} is not running", self.address),
+                    )?,
+                ));
+            };
+            step.version_before = client.version().await.ok();
+            step.phase = OperationPhase::Running;
+            step.message = Some(format!("{action:?}: sending"));
+            step.issued_at = None;
+            step.went_down = false;
+            // Record the intent before sending.
+            self.record(&step).await?;
+        }
+        if step.issued_at.is_none() {
+            if let Some(verdict) = self.send(&mut step).await? {
+                return Ok((step, verdict));
+            }
+            step.issued_at = Some(cond::now());
+            self.record(&step).await?;
+        }
+        let verdict = self.follow(&mut step).await?;
+        Ok((step, verdict))
+    }
+
+    async fn record(&self, step: &NodeStep) -> Result<(), Error> {
+        let api = api(self.ctx, self.operation);
+        let Some(fresh) = api.get_opt(&self.operation.name_any()).await? else {
+            return Ok(());
+        };
+        let mut status = fresh.status.unwrap_or_default();
+        if let Some(slot) = status.nodes.iter_mut().find(|n| n.machine == step.machine) {
+            *slot = step.clone();
+        } else {
+            status.nodes.push(step.clone());
+        }
+        status.progress = Some(progress(&status.nodes));
+        write(self.ctx, self.operation, &status).await
+    }
+
+    /// For `reset` of a control plane: the members left must keep quorum.
+    async fn reset_keeps_quorum(&self) -> Result<(), String> {
+        if self.role != Role::ControlPlane {
+            return Ok(());
+        }
+        let voters = self
+            .machines
+            .iter()
+            .filter(|m| configured(m) && is_control_plane(m))
+            .count();
+        if voters <= 1 {
+            return Err("resetting the last control plane would destroy etcd: delete the TalosCluster instead".into());
+        }
+        if voters - 1 < etcd_quorum(voters) {
+            return Err(format!(
+                "control planes {voters} -> {}, below etcd quorum of {}",
+                voters - 1,
+                etcd_quorum(voters)
+            ));
+        }
+        Ok(())
+    }
+
+    /// Sends the action (looking first for its effect, after a restart). `Some` stops here.
+    async fn send(&self, step: &mut NodeStep) -> Result<Option<Verdict>, Error> {
+        let action = self.operation.spec.action;
+        if action == OperationAction::Reset
+            && crate::in_maintenance(&self.address, self.ctx.settings.sweep)
+                .await
+                .is_some()
+        {
+            return Ok(None);
+        }
+        let Some(client) = crate::connect(&self.address, &self.credentials).await else {
+            return Ok(Some(Verdict::Wait {
+                reason: reasons::NODE_UNREACHABLE,
+                message: format!("{} does not answer", self.address),
+            }));
+        };
+        let sent = match action {
+            OperationAction::Reboot => {
+                if self.role == Role::ControlPlane {
+                    let _ = client.etcd_forfeit_leadership().await;
+                }
+                client.reboot().await
+            }
+            OperationAction::Upgrade => {
+                let image = self
+                    .operation
+                    .spec
+                    .upgrade
+                    .as_ref()
+                    .map(|u| u.image.clone())
+                    .unwrap_or_default();
+                if let (Some(target), Ok(running)) = (image_version(&image), client.version().await)
+                    && running == target
+                    && step.version_before.as_deref() != Some(target.as_str())
+                {
+                    // Sent before a restart and already done.
+                    step.went_down = true;
+                    return Ok(None);
+                }
+                if self.role == Role::ControlPlane {
+                    let _ = client.etcd_forfeit_leadership().await;
+                }
+                match client.pull_image(&image).await {
+                    Ok(_) => client.upgrade(&image).await,
+                    Err(error) => Err(error),
+                }
+            }
+            OperationAction::Reset => {
+                client
+                    .reset(ResetOptions {
+                        graceful: true,
+                        reboot: true,
+                    })
+                    .await
+            }
+            OperationAction::EtcdSnapshot => match client.etcd_snapshot().await {
+                Ok(bytes) => return self.store_snapshot(step, bytes).await.map(Some),
+                Err(error) => Err(error),
+            },
+            OperationAction::EtcdDefrag => client.etcd_defragment().await,
+            OperationAction::UpgradeKubernetes => {
+                let rendered = match crate::machine::render_for(
+                    self.cluster,
+                    self.machine,
+                    self.role,
+                    self.bundle,
+                ) {
+                    Ok(r) => r,
+                    Err(problem) => {
+                        return Ok(Some(Verdict::Fail {
+                            reason: reasons::INVALID_PATCH,
+                            message: format!("the config cannot be rendered: {problem}"),
+                        }));
+                    }
+                };
+                match client
+                    .apply_configuration(rendered.yaml.as_bytes(), ApplyMode::NoReboot)
+                    .await
+                {
+                    Ok(_) => {
+                        crate::machine::record_hash(self.ctx, self.machine, &rendered.hash).await?;
+                        Ok(())
+                    }
+                    Err(error) => Err(error),
+                }
+            }
+        };
+        match sent {
+            Ok(()) => {
+                step.message = Some(format!("{action:?}: sent"));
+                Ok(None)
+            }
+            Err(error) => Ok(Some(Verdict::Fail {
+                reason: reasons::ACTION_FAILED,
+                message: format!("the node refused {action:?}: {error}"),
+            })),
+        }
+    }
+
+    async fn store_snapshot(&self, step: &mut NodeStep, bytes: Vec<u8>) -> Result<Verdict, Error> {
+        let digest: String = ring::digest::digest(&ring::digest::SHA256, &bytes)
+            .as_ref()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        if bytes.len() > MAX_SNAPSHOT {
+            return fail(
+                reasons::ACTION_FAILED,
+                format!(
+                    "the snapshot is {} bytes (sha256 {digest}), too large for a Secret; take it with talosctl etcd snapshot",
+                    bytes.len()
+                ),
+            );
+        }
+        let name = format!("{}-etcd-snapshot", self.operation.name_any());
+        let namespace = self.operation.namespace().unwrap_or_default();
+        let owner = OwnerReference {
+            api_version: TalosOperation::api_version(&()).into_owned(),
+            kind: TalosOperation::kind(&()).into_owned(),
+            name: self.operation.name_any(),
+            uid: self.operation.uid().unwrap_or_default(),
+            controller: Some(true),
+            block_owner_deletion: None,
+        };
+        let secret = Secret {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                namespace: Some(namespace.clone()),
+                owner_references: Some(vec![owner]),
+                labels: Some(BTreeMap::from([(
+                    ichor_api::names::labels::CLUSTER.to_owned(),
+                    self.cluster.name_any(),
+                )])),
+                ..Default::default()
+            },
+            data: Some(BTreeMap::from([(
+                "snapshot.db".to_owned(),
+                ByteString(bytes.clone()),
+            )])),
+            ..Default::default()
+        };
+        let secrets: Api<Secret> = Api::namespaced(self.ctx.client.clone(), &namespace);
+        match secrets.create(&PostParams::default(), &secret).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => return Err(e.into()),
+        }
+        let api = api(self.ctx, self.operation);
+        api.patch_status(
+            &self.operation.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"snapshotSecret": name}})),
+        )
+        .await?;
+        step.phase = OperationPhase::Succeeded;
+        step.message = Some(format!(
+            "snapshot of {} bytes (sha256 {digest}) in Secret {name}",
+            bytes.len()
+        ));
+        Ok(Verdict::Next)
+    }
+
+    /// After sending: the node goes down (reboot, upgrade, reset) and comes back healthy.
+    async fn follow(&self, step: &mut NodeStep) -> Result<Verdict, Error> {
+        let action = self.operation.spec.action;
+        if step.phase == OperationPhase::Succeeded {
+            return Ok(Verdict::Next);
+        }
+        let since = elapsed_since(step.issued_at.as_deref());
+        match action {
+            OperationAction::Reset => {
+                if crate::in_maintenance(&self.address, self.ctx.settings.sweep)
+                    .await
+                    .is_some()
+                {
+                    crate::machine::forget_config(self.ctx, self.machine).await?;
+                    step.phase = OperationPhase::Succeeded;
+                    step.message = Some("reset: back in maintenance mode".into());
+                    return Ok(Verdict::Next);
+                }
+                if since > NODE_PATIENCE {
+                    return fail(
+                        reasons::NODE_NOT_HEALTHY,
+                        "the node did not come back in maintenance mode after its reset",
+                    );
+                }
+                wait(
+                    reasons::NODE_NOT_HEALTHY,
+                    "waiting for the node to reach maintenance mode",
+                )
+            }
+            OperationAction::Reboot | OperationAction::Upgrade => {
+                if !step.went_down {
+                    let deadline = tokio::time::Instant::now() + DOWN_WATCH;
+                    while tokio::time::Instant::now() < deadline {
+                        if up(&self.address, &self.credentials).await.is_none() {
+                            step.went_down = true;
+                            break;
+                        }
+                        tokio::time::sleep(Duration::from_millis(25)).await;
+                    }
+                    if !step.went_down {
+                        if since > NODE_PATIENCE {
+                            return fail(
+                                reasons::NODE_NOT_HEALTHY,
+                                "the node was never seen going down after the action was sent",
+                            );
+                        }
+                        return wait(
+                            reasons::NODE_NOT_HEALTHY,
+                            format!("waiting for {} to go down", self.address),
+                        );
+                    }
+                    step.message = Some(format!("{action:?}: the node went down"));
+                    self.record(step).await?;
+                }
+                let version = match healthy(&self.address, &self.credentials, self.role).await {
+                    Ok(v) => v,
+                    Err(problem) => {
+                        if since > NODE_PATIENCE {
+                            return fail(reasons::NODE_NOT_HEALTHY, problem);
+                        }
+                        return wait(reasons::NODE_NOT_HEALTHY, problem);
+                    }
+                };
+                step.version_after = Some(version.clone());
+                if action == OperationAction::Upgrade {
+                    let image = self
+                        .operation
+                        .spec
+                        .upgrade
+                        .as_ref()
+                        .map(|u| u.image.clone())
+                        .unwrap_or_default();
+                    let expected = image_version(&image);
+                    let rolled_back = match &expected {
+                        Some(target) => &version != target,
+                        None => step.version_before.as_deref() == Some(version.as_str()),
+                    };
+                    if rolled_back {
+                        step.phase = OperationPhase::Failed;
+                        let message = format!(
+                            "after the upgrade to {image} the node runs {version} (before: {}): it rolled back; the operation stops and is not retried",
+                            step.version_before.as_deref().unwrap_or("unknown")
+                        );
+                        step.message = Some(message.clone());
+                        return fail(reasons::UPGRADE_ROLLED_BACK, message);
+                    }
+                }
+                step.phase = OperationPhase::Succeeded;
+                step.message = Some(format!("{action:?}: back and healthy on {version}"));
+                Ok(Verdict::Next)
+            }
+            OperationAction::EtcdDefrag | OperationAction::UpgradeKubernetes => {
+                match healthy(&self.address, &self.credentials, self.role).await {
+                    Ok(version) => {
+                        step.version_after = Some(version);
+                        step.phase = OperationPhase::Succeeded;
+                        step.message = Some(format!("{action:?}: done, node healthy"));
+                        Ok(Verdict::Next)
+                    }
+                    Err(problem) if since > NODE_PATIENCE => {
+                        fail(reasons::NODE_NOT_HEALTHY, problem)
+                    }
+                    Err(problem) => wait(reasons::NODE_NOT_HEALTHY, problem),
+                }
+            }
+            OperationAction::EtcdSnapshot => Ok(Verdict::Next),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
+
+    #[test]
+    fn image_tags_give_the_version_to_verify() {
+        assert_eq!(
+            image_version("ghcr.io/siderolabs/installer:v1.14.1").as_deref(),
+            Some("v1.14.1")
+        );
+        assert_eq!(
+            image_version("registry.local:5000/installer:v1.13.9").as_deref(),
+            Some("v1.13.9")
+        );
+        assert_eq!(image_version("registry.local:5000/installer"), None);
+        assert_eq!(image_version("installer@sha256:abcd"), None);
+    }
+
+    #[test]
+    fn selectors_match_labels_and_expressions() {
+        let labels = BTreeMap::from([
+            ("pool".to_owned(), "a".to_owned()),
+            ("zone".to_owned(), "1".to_owned()),
+        ]);
+        let mut selector = LabelSelector {
+            match_labels: Some(BTreeMap::from([("pool".to_owned(), "a".to_owned())])),
+            match_expressions: None,
+        };
+        assert!(selects(&selector, &labels));
+        selector.match_expressions = Some(vec![LabelSelectorRequirement {
+            key: "zone".into(),
+            operator: "NotIn".into(),
+            values: Some(vec!["1".into()]),
+        }]);
+        assert!(!selects(&selector, &labels));
+        assert!(
+            selects(&LabelSelector::default(), &labels),
+            "empty selects all"
+        );
+    }
+}
