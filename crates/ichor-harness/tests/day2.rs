@@ -824,13 +824,24 @@ async fn settled(target: &SimTarget) -> bool {
             Some(OperationPhase::Succeeded | OperationPhase::Failed | OperationPhase::Waiting)
         )
     });
+    // A removal waiting for a replacement is settled only while there is none: with more
+    // approved control planes than declared (3), it must go on.
+    let approved_control_planes = list
+        .items
+        .iter()
+        .filter(|m| {
+            m.spec.approval_state == ichor_api::machine::ApprovalState::Approved
+                && m.spec.role == Some(ichor_api::common::Role::ControlPlane)
+        })
+        .count();
     let machines_done = list.items.iter().all(|m| {
         let status = m.status.clone().unwrap_or_default();
         let condition = |t: &str| status.conditions.iter().find(|c| c.type_ == t).cloned();
         if m.metadata.deletion_timestamp.is_some() {
-            return condition(conditions::REMOVAL_APPROVED).is_some_and(|c| {
-                c.reason == reasons::AWAITING_REPLACEMENT || c.reason == reasons::QUORUM_AT_RISK
-            });
+            return approved_control_planes <= 3
+                && condition(conditions::REMOVAL_APPROVED).is_some_and(|c| {
+                    c.reason == reasons::AWAITING_REPLACEMENT || c.reason == reasons::QUORUM_AT_RISK
+                });
         }
         match m.spec.approval_state {
             ichor_api::machine::ApprovalState::Approved => {
@@ -923,6 +934,28 @@ async fn a_seeded_random_sequence_keeps_quorum_end_to_end() {
     let seen = monitor.finish().await;
     let (alive, voters) = seen.worst.expect("the monitor saw etcd");
     assert!(alive * 2 > voters, "{}", trace.join("\n"));
+    // etcd holds exactly the configured control planes (those waiting for removal included).
+    let control_planes: Vec<String> = machines
+        .list(&ListParams::default())
+        .await
+        .expect("machines")
+        .items
+        .into_iter()
+        .filter(|m| {
+            m.spec.role == Some(ichor_api::common::Role::ControlPlane)
+                && m.status
+                    .as_ref()
+                    .is_some_and(|s| s.applied_config_hash.is_some())
+        })
+        .filter_map(|m| m.status.and_then(|s| s.address))
+        .collect();
+    let members = etcd_members(&target, &control_planes[0]).await;
+    assert_eq!(
+        members.len(),
+        control_planes.len(),
+        "{members:?} vs {control_planes:?}\n{}",
+        trace.join("\n")
+    );
     println!("{}", trace.join("\n"));
     target.down().await;
 }
