@@ -15,6 +15,7 @@ pub mod config;
 pub mod machine;
 pub mod names;
 pub mod operation;
+pub mod reservation;
 mod rules;
 pub mod storage;
 

@@ -139,6 +139,9 @@ pub mod reasons {
     pub const ACTION_FAILED: &str = "ActionFailed";
     /// A day-2 operation finished on every node.
     pub const COMPLETED: &str = "Completed";
+    /// Drift was not applied live this time (the node busy or unreachable, the config
+    /// refused); it is retried.
+    pub const DRIFT_NOT_APPLIED: &str = "DriftNotApplied";
     /// Drift that cannot be applied live waits for the cluster lock to reboot the node.
     pub const NEEDS_REBOOT: &str = "NeedsReboot";
     /// The TalosCluster is being deleted: its machines are removed, workers first.

@@ -3,6 +3,7 @@
 
 use std::path::PathBuf;
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::Duration;
 
 use ichor_api::admission;
@@ -56,6 +57,7 @@ pub struct SimTarget {
     nodes: Vec<SimNode>,
     manager: Option<Child>,
     manager_runs: u32,
+    manager_log: LogTail,
     webhook: Option<Child>,
     dir: tempfile::TempDir,
     manager_kubeconfig: PathBuf,
@@ -131,18 +133,25 @@ async fn bind(
 
 /// Starts a binary and waits for its first line starting with `ready_prefix`; returns the
 /// process and that line.
+/// The last lines a process printed (its logs), for failure messages.
+pub type LogTail = Arc<std::sync::Mutex<std::collections::VecDeque<String>>>;
+
+/// How many lines of a process's log are kept.
+const LOG_LINES: usize = 300;
+
 async fn spawn(
     path: PathBuf,
     args: &[String],
     kubeconfig: &PathBuf,
     ready_prefix: &str,
+    log: Option<LogTail>,
 ) -> Result<(Child, String), Error> {
     let mut child = Command::new(&path)
         .args(args)
         .env("KUBECONFIG", kubeconfig)
         .env(
             "RUST_LOG",
-            std::env::var("ICHOR_E2E_LOG").unwrap_or_else(|_| "warn".into()),
+            std::env::var("ICHOR_E2E_LOG").unwrap_or_else(|_| "warn,ichor_manager=info".into()),
         )
         .stdout(Stdio::piped())
         .kill_on_drop(true)
@@ -161,7 +170,18 @@ async fn spawn(
     .map_err(|_| Error::Binary(format!("{} did not start within 60 s", path.display())))??
     .ok_or_else(|| Error::Binary(format!("{} exited before it was ready", path.display())))?;
     // Keep draining its stdout so it never blocks on a full pipe.
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    tokio::spawn(async move {
+        while let Ok(Some(line)) = lines.next_line().await {
+            if let Some(log) = &log
+                && let Ok(mut log) = log.lock()
+            {
+                if log.len() == LOG_LINES {
+                    log.pop_front();
+                }
+                log.push_back(line);
+            }
+        }
+    });
     Ok((child, line))
 }
 
@@ -227,6 +247,7 @@ impl SimTarget {
             ],
             &webhook_kubeconfig,
             "listening on",
+            None,
         )
         .await?;
         let port = line.rsplit(':').next().unwrap_or_default().to_owned();
@@ -285,6 +306,7 @@ impl SimTarget {
             nodes,
             manager: None,
             manager_runs: 0,
+            manager_log: LogTail::default(),
             webhook: Some(webhook),
             dir,
             manager_kubeconfig,
@@ -316,10 +338,19 @@ impl SimTarget {
             ],
             &self.manager_kubeconfig,
             "metrics on",
+            Some(Arc::clone(&self.manager_log)),
         )
         .await?;
         self.manager = Some(manager);
         Ok(())
+    }
+
+    /// The manager's last log lines (every run), for failure messages.
+    pub fn manager_log_tail(&self) -> String {
+        self.manager_log
+            .lock()
+            .map(|l| l.iter().cloned().collect::<Vec<_>>().join("\n"))
+            .unwrap_or_default()
     }
 
     /// Kills the manager with SIGKILL, as a crash would.

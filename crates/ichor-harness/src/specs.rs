@@ -136,6 +136,20 @@ pub async fn machine_at(target: &impl Target, address: &str) -> Result<TalosMach
         .ok_or_else(|| Error::Spec(format!("no machine at {address}")))
 }
 
+/// Condition `type_` of the machine at `address`: (holds, reason, message).
+pub async fn machine_condition(
+    target: &impl Target,
+    address: &str,
+    type_: &str,
+) -> Option<(bool, String, String)> {
+    let m = machine_at(target, address).await.ok()?;
+    m.status?
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| (c.status == ConditionStatus::True, c.reason, c.message))
+}
+
 /// Approves the machine at `address` as a person would: one patch with role and hostname.
 pub async fn approve(
     target: &impl Target,

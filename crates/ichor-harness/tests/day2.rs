@@ -104,21 +104,8 @@ impl Monitor {
     }
 }
 
-async fn machine_condition(
-    target: &SimTarget,
-    address: &str,
-    type_: &str,
-) -> Option<(bool, String, String)> {
-    let m = specs::machine_at(target, address).await.ok()?;
-    m.status?
-        .conditions
-        .into_iter()
-        .find(|c| c.type_ == type_)
-        .map(|c| (c.status == ConditionStatus::True, c.reason, c.message))
-}
-
 async fn removal_reason(target: &SimTarget, address: &str) -> Option<String> {
-    machine_condition(target, address, conditions::REMOVAL_APPROVED)
+    specs::machine_condition(target, address, conditions::REMOVAL_APPROVED)
         .await
         .map(|(_, reason, _)| reason)
 }
@@ -160,9 +147,10 @@ async fn gone(target: &SimTarget, name: &str, limit: Duration) {
             .flatten()
             .and_then(|m| m.status);
         panic!(
-            "{error}: {:?} {:?}",
+            "{error}: {:?} {:?}\nmanager log:\n{}",
             status.as_ref().map(|s| s.removal.clone()),
-            status.as_ref().map(|s| s.conditions.clone())
+            status.as_ref().map(|s| s.conditions.clone()),
+            target.manager_log_tail()
         );
     }
 }
@@ -229,7 +217,7 @@ async fn removal_resumes_after_manager_kills_and_runs_once_only_steps_once() {
         removal_reason(&target, &endpoints[2]).await.as_deref() == Some(reasons::DRAIN_BLOCKED)
     })
     .await
-    .unwrap_or_else(|e| panic!("{e}: {}", drift_summary(&target)));
+    .unwrap_or_else(|e| panic!("{e}: {}", state_summary(&target)));
     let nodes: Api<Node> = Api::all(workload.clone());
     let cordoned = nodes.get("cp-3").await.expect("Node cp-3");
     assert_eq!(
@@ -738,14 +726,14 @@ async fn drift_that_needs_a_reboot_is_applied_under_the_lock_one_node_at_a_time(
         },
     )
     .await
-    .unwrap_or_else(|e| panic!("{e}: {}", drift_summary(&target)));
+    .unwrap_or_else(|e| panic!("{e}: {}", state_summary(&target)));
     let seen = monitor.finish().await;
     assert_eq!(seen.most_down, 1, "one node at a time: {seen:?}");
     target.down().await;
 }
 
 /// Each machine's drift and removal state and the cluster lock, for failure messages.
-fn drift_summary(target: &SimTarget) -> String {
+fn state_summary(target: &SimTarget) -> String {
     let handle = tokio::runtime::Handle::current();
     tokio::task::block_in_place(|| {
         handle.block_on(async {
@@ -784,6 +772,8 @@ fn drift_summary(target: &SimTarget) -> String {
                     status.removal
                 ));
             }
+            out.push_str("\nmanager log:\n");
+            out.push_str(&target.manager_log_tail());
             out
         })
     })
@@ -928,7 +918,7 @@ async fn a_seeded_random_sequence_keeps_quorum_end_to_end() {
         if let Err(error) =
             eventually("settled", Duration::from_secs(150), || settled(&target)).await
         {
-            panic!("{error}\n{}\n{}", trace.join("\n"), drift_summary(&target));
+            panic!("{error}\n{}\n{}", trace.join("\n"), state_summary(&target));
         }
     }
     let seen = monitor.finish().await;

@@ -36,25 +36,6 @@ async fn sim_lifecycle_on_contract_1_13_with_cni_none() {
     target.down().await;
 }
 
-async fn condition(
-    target: &SimTarget,
-    address: &str,
-    type_: &str,
-) -> Option<(bool, String, String)> {
-    let m = specs::machine_at(target, address).await.ok()?;
-    m.status?
-        .conditions
-        .into_iter()
-        .find(|c| c.type_ == type_)
-        .map(|c| {
-            (
-                c.status == ichor_api::common::ConditionStatus::True,
-                c.reason,
-                c.message,
-            )
-        })
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn changed_fingerprints_are_flagged_and_never_applied_to() {
     let target = SimTarget::up(SimOptions::new(2, 71, "v1.14.1"))
@@ -79,7 +60,7 @@ async fn changed_fingerprints_are_flagged_and_never_applied_to() {
     let fresh = rebooted.fingerprint();
     assert_ne!(pinned, fresh);
     eventually("FingerprintChanged", Duration::from_secs(30), || async {
-        condition(&target, &endpoints[0], conditions::FINGERPRINT_CHANGED)
+        specs::machine_condition(&target, &endpoints[0], conditions::FINGERPRINT_CHANGED)
             .await
             .is_some_and(|(holds, _, _)| holds)
     })
@@ -133,7 +114,7 @@ async fn changed_fingerprints_are_flagged_and_never_applied_to() {
         .await
         .expect("approve");
     eventually("FingerprintMismatch", Duration::from_secs(30), || async {
-        condition(&target, &endpoints[1], conditions::READY)
+        specs::machine_condition(&target, &endpoints[1], conditions::READY)
             .await
             .is_some_and(|(_, reason, message)| {
                 reason == reasons::FINGERPRINT_MISMATCH
@@ -241,7 +222,7 @@ async fn removing_a_control_plane_runs_the_whole_sequence_and_waits_without_a_re
         Duration::from_secs(120),
         || async {
             specs::cluster_condition(&target, "lab", conditions::BOOTSTRAPPED).await
-                && condition(&target, &endpoints[2], conditions::READY)
+                && specs::machine_condition(&target, &endpoints[2], conditions::READY)
                     .await
                     .is_some_and(|(ready, _, _)| ready)
         },
@@ -270,6 +251,7 @@ async fn removing_a_control_plane_runs_the_whole_sequence_and_waits_without_a_re
         .expect("cp-3");
     let configured_fingerprint = target.nodes()[2].fingerprint();
     let machines: Api<TalosMachine> = Api::namespaced(target.client(), target.namespace());
+    let removal_started = std::time::Instant::now();
     specs::delete_machine(&target, &endpoints[2])
         .await
         .expect("the webhook admits 4 -> 3");
@@ -286,8 +268,9 @@ async fn removing_a_control_plane_runs_the_whole_sequence_and_waits_without_a_re
     .await
     .unwrap_or_else(|e| {
         let m = removal_status(&target, &endpoints[2]);
-        panic!("{e}: {m:?}")
+        panic!("{e}: {m:?}\nmanager log:\n{}", target.manager_log_tail())
     });
+    eprintln!("removal 4 -> 3 took {:?}", removal_started.elapsed());
     eventually(
         "the node back in maintenance",
         Duration::from_secs(30),
@@ -318,13 +301,30 @@ async fn removing_a_control_plane_runs_the_whole_sequence_and_waits_without_a_re
     specs::delete_machine(&target, &endpoints[1])
         .await
         .expect("admitted: 3 -> 2 keeps quorum");
-    eventually("AwaitingReplacement", Duration::from_secs(60), || async {
-        condition(&target, &endpoints[1], conditions::REMOVAL_APPROVED)
+    let started = std::time::Instant::now();
+    let seen = std::sync::Mutex::new(Vec::<Option<String>>::new());
+    let waited = eventually("AwaitingReplacement", Duration::from_secs(60), || async {
+        let now = specs::machine_condition(&target, &endpoints[1], conditions::REMOVAL_APPROVED)
             .await
-            .is_some_and(|(_, reason, _)| reason == reasons::AWAITING_REPLACEMENT)
+            .map(|(_, reason, message)| format!("{reason}: {message}"));
+        let mut seen = seen.lock().expect("seen");
+        if seen.last() != Some(&now) {
+            seen.push(now.clone());
+        }
+        now.is_some_and(|c| c.starts_with(reasons::AWAITING_REPLACEMENT))
     })
-    .await
-    .expect("waits for a replacement");
+    .await;
+    let seen = seen.into_inner().expect("seen");
+    if let Err(error) = waited {
+        panic!(
+            "{error}: conditions seen {seen:?}\nmanager log:\n{}",
+            target.manager_log_tail()
+        );
+    }
+    eprintln!(
+        "AwaitingReplacement after {:?}: {seen:?}",
+        started.elapsed()
+    );
     assert_eq!(
         cp1.etcd_members(false).await.expect("members").len(),
         3,

@@ -12,7 +12,7 @@ use ichor_api::{TalosCluster, TalosMachine};
 use ichor_render::credentials;
 use ichor_talos::Bootstrapped;
 use kube::ResourceExt as _;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use serde_json::json;
@@ -117,14 +117,7 @@ async fn reconcile_inner(cluster: &TalosCluster, ctx: &Context) -> Result<Action
         }
     }
 
-    let machines: Vec<TalosMachine> =
-        Api::<TalosMachine>::namespaced(ctx.client.clone(), &namespace)
-            .list(&ListParams::default())
-            .await?
-            .items
-            .into_iter()
-            .filter(|m| m.spec.cluster_ref.name == cluster.name_any())
-            .collect();
+    let machines = crate::cluster_machines(ctx, cluster).await?;
     let approved = |role: Role| {
         machines.iter().filter(move |m| {
             m.spec.approval_state == ApprovalState::Approved && m.spec.role == Some(role)
@@ -501,13 +494,7 @@ async fn teardown(ctx: &Context, cluster: &TalosCluster) -> Result<Action, Error
     }
     let namespace = cluster.namespace().unwrap_or_default();
     let api: Api<TalosMachine> = Api::namespaced(ctx.client.clone(), &namespace);
-    let machines: Vec<TalosMachine> = api
-        .list(&ListParams::default())
-        .await?
-        .items
-        .into_iter()
-        .filter(|m| m.spec.cluster_ref.name == cluster.name_any())
-        .collect();
+    let machines = crate::cluster_machines(ctx, cluster).await?;
     let configured = |m: &TalosMachine| {
         m.status
             .as_ref()

@@ -185,8 +185,30 @@ pub fn bootstrap_step(record: Option<(&str, &str)>, candidates: &[Candidate]) ->
     }
 }
 
+/// Whether a refused `NO_REBOOT` apply says the change needs a reboot (Talos ≤1.13 refuses a
+/// change it cannot apply immediately, talos-facts §5 and §8.2), as opposed to a node that is
+/// busy, unreachable or refusing the config itself.
+pub fn needs_reboot(error: &str) -> bool {
+    let error = error.to_ascii_lowercase();
+    error.contains("reboot") && !error.contains("already in progress")
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn only_a_reboot_refusal_leads_to_a_reboot() {
+        assert!(super::needs_reboot(
+            "the node refused: FailedPrecondition: the configuration changes cannot be applied without a reboot"
+        ));
+        assert!(!super::needs_reboot(
+            "FailedPrecondition: another apply configuration is already in progress"
+        ));
+        assert!(!super::needs_reboot("transport error: connection refused"));
+        assert!(!super::needs_reboot(
+            "InvalidArgument: unknown field machine.foo"
+        ));
+    }
+
     use super::*;
 
     fn candidate(name: &str, reachable: bool, members: usize) -> Candidate {

@@ -181,6 +181,24 @@ pub fn credentials(bundle: &SecretsBundle) -> Result<Credentials, Error> {
     })
 }
 
+/// Every TalosMachine of `cluster` (they live in its namespace).
+pub async fn cluster_machines(
+    ctx: &Context,
+    cluster: &TalosCluster,
+) -> Result<Vec<TalosMachine>, Error> {
+    let name = cluster.name_any();
+    Ok(Api::<TalosMachine>::namespaced(
+        ctx.client.clone(),
+        &cluster.namespace().unwrap_or_default(),
+    )
+    .list(&kube::api::ListParams::default())
+    .await?
+    .items
+    .into_iter()
+    .filter(|m| m.spec.cluster_ref.name == name)
+    .collect())
+}
+
 /// A mutual-TLS connection to a configured node.
 pub async fn connect(address: &str, credentials: &Credentials) -> Option<TalosClient> {
     TalosClient::connect(address, credentials).await.ok()

@@ -7,8 +7,8 @@
 
 use std::time::Duration;
 
-use ichor_api::TalosCluster;
 use ichor_api::cluster::LockStatus;
+use ichor_api::{TalosCluster, TalosMachine};
 use ichor_deleteguard::{LockDecision, LockView, lock_decision};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::jiff::Timestamp;
@@ -25,6 +25,19 @@ pub const LOCK_SECONDS: u64 = 60;
 /// The cluster lock's Lease name.
 pub fn lock_name(cluster: &str) -> String {
     format!("ichor-cluster-lock-{cluster}")
+}
+
+/// Whether `cluster` is Transitioning, from its machines (ichor-deleteguard's rule: the
+/// declared control-plane count is even, or the approved ones differ from it).
+pub fn transitioning(cluster: &TalosCluster, machines: &[TalosMachine]) -> bool {
+    let inputs: Vec<ichor_deleteguard::Machine> = machines
+        .iter()
+        .map(ichor_deleteguard::Machine::from)
+        .collect();
+    ichor_deleteguard::transitioning(
+        usize::try_from(cluster.spec.control_plane.count).unwrap_or(0),
+        ichor_deleteguard::approved_control_planes(&inputs),
+    )
 }
 
 /// What a try for the lock found.

@@ -524,6 +524,21 @@ async fn follow(
                 )
                 .await;
             }
+            // Anything but "this needs a reboot" (the node busy, a timeout, a refused config)
+            // is reported and retried: a transient error never reboots a node.
+            Err(error) if !crate::decide::needs_reboot(&error.to_string()) => {
+                cond::set(
+                    &mut status.conditions,
+                    conditions::CONFIG_APPLIED,
+                    false,
+                    reasons::DRIFT_NOT_APPLIED,
+                    format!(
+                        "config {} was not applied live: {error}; it is retried",
+                        rendered.hash
+                    ),
+                    machine.metadata.generation,
+                );
+            }
             Err(error) => {
                 let message = format!(
                     "config {} cannot be applied live ({error}); it is applied with a reboot under the cluster lock, one node at a time",
@@ -640,24 +655,8 @@ async fn reboot_for_drift(
     applied: &str,
 ) -> Result<Option<String>, Error> {
     let namespace = cluster.namespace().unwrap_or_default();
-    let machines: Vec<TalosMachine> = api(ctx, machine)
-        .list(&kube::api::ListParams::default())
-        .await?
-        .items
-        .into_iter()
-        .filter(|m| m.spec.cluster_ref.name == cluster.name_any())
-        .collect();
-    let approved_cps = machines
-        .iter()
-        .filter(|m| {
-            m.spec.approval_state == ApprovalState::Approved
-                && m.spec.role == Some(Role::ControlPlane)
-        })
-        .count();
-    let moving = ichor_deleteguard::transitioning(
-        usize::try_from(cluster.spec.control_plane.count).unwrap_or(0),
-        approved_cps,
-    );
+    let machines = crate::cluster_machines(ctx, cluster).await?;
+    let moving = crate::lock::transitioning(cluster, &machines);
     let me = drift_holder(machine);
     let outcome = crate::lock::acquire(ctx, cluster, &me, moving, false).await?;
     if !outcome.held() {

@@ -17,12 +17,11 @@ use ichor_api::operation::{
 };
 use ichor_api::{TalosCluster, TalosMachine};
 use ichor_deleteguard::etcd_quorum;
-use ichor_deleteguard::transitioning;
 use ichor_talos::{ApplyMode, Credentials, ResetOptions, Stage, TalosClient};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, OwnerReference};
-use kube::api::{Api, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::{Resource as _, ResourceExt as _};
@@ -96,6 +95,7 @@ async fn waiting(
     );
     write(ctx, operation, &status).await?;
     if first {
+        tracing::info!(operation = %operation.name_any(), reason, %message, "operation waits");
         ctx.event(operation, EventType::Normal, reason, "Operate", message)
             .await;
     }
@@ -136,6 +136,7 @@ async fn end(
     } else {
         EventType::Warning
     };
+    tracing::info!(operation = %operation.name_any(), succeeded, reason, %message, "operation ended");
     ctx.event(operation, kind, reason, "Operate", message).await;
     Ok(Action::await_change())
 }
@@ -353,14 +354,7 @@ async fn reconcile_inner(operation: &TalosOperation, ctx: &Context) -> Result<Ac
         )
         .await;
     };
-    let machines: Vec<TalosMachine> =
-        Api::<TalosMachine>::namespaced(ctx.client.clone(), &namespace)
-            .list(&ListParams::default())
-            .await?
-            .items
-            .into_iter()
-            .filter(|m| m.spec.cluster_ref.name == cluster_name)
-            .collect();
+    let machines = crate::cluster_machines(ctx, &cluster).await?;
     if status.nodes.is_empty() {
         match targets(operation, &machines) {
             Ok(names) => {
@@ -388,14 +382,7 @@ async fn reconcile_inner(operation: &TalosOperation, ctx: &Context) -> Result<Ac
         }
     }
     // The lock: operations never complete a transition.
-    let approved_cps = machines
-        .iter()
-        .filter(|m| m.spec.approval_state == ApprovalState::Approved && is_control_plane(m))
-        .count();
-    let moving = transitioning(
-        usize::try_from(cluster.spec.control_plane.count).unwrap_or(0),
-        approved_cps,
-    );
+    let moving = lock::transitioning(&cluster, &machines);
     let me = holder(operation);
     let outcome = lock::acquire(ctx, &cluster, &me, moving, false).await?;
     match outcome {

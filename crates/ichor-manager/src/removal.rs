@@ -8,13 +8,11 @@ use std::time::Duration;
 
 use ichor_api::cluster::Tombstone;
 use ichor_api::common::Role;
-use ichor_api::machine::{
-    ApprovalState, MachinePhase, RemovalProgress, RemovalStep, TalosMachineStatus,
-};
+use ichor_api::machine::{MachinePhase, RemovalProgress, RemovalStep, TalosMachineStatus};
 use ichor_api::names::{annotations, conditions, finalizers, reasons};
 use ichor_api::{TalosCluster, TalosMachine};
 use ichor_deleteguard::{Cluster, Machine, RemovalVerdict, check_machine_removal};
-use ichor_deleteguard::{next_removal_step, removal_completes_transition, transitioning};
+use ichor_deleteguard::{next_removal_step, removal_completes_transition};
 use ichor_talos::{ResetOptions, TalosClient};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::ResourceExt as _;
@@ -128,6 +126,7 @@ async fn waiting(
     );
     record(ctx, machine, status, step, message.clone()).await?;
     if first {
+        tracing::info!(machine = %machine.name_any(), reason, %message, "removal waits");
         ctx.event(machine, EventType::Warning, reason, "Remove", message)
             .await;
     }
@@ -217,21 +216,11 @@ pub async fn reconcile(ctx: &Context, machine: &TalosMachine) -> Result<Action, 
         release_finalizer(ctx, machine).await?;
         return Ok(Action::await_change());
     };
-    let all: Vec<TalosMachine> = machines_api(ctx, machine)
-        .list(&ListParams::default())
-        .await?
-        .items
-        .into_iter()
-        .filter(|m| m.spec.cluster_ref.name == cluster_name)
-        .collect();
+    let all = crate::cluster_machines(ctx, &cluster).await?;
     let inputs: Vec<Machine> = all.iter().map(Machine::from).collect();
     let target = Machine::from(machine);
     let guard_cluster = Cluster::from(&cluster);
-    let approved_cps = inputs
-        .iter()
-        .filter(|m| m.approval == ApprovalState::Approved && m.role == Some(Role::ControlPlane))
-        .count();
-    let moving = transitioning(guard_cluster.declared_control_planes, approved_cps);
+    let moving = lock::transitioning(&cluster, &all);
     let done_step = status.removal.as_ref().map(|r| r.step).unwrap_or_default();
     let completes = removal_completes_transition(done_step, &target, &inputs, &guard_cluster);
     // One disruptive action per cluster: the lock's holder is this removal.
@@ -344,6 +333,7 @@ pub async fn reconcile(ctx: &Context, machine: &TalosMachine) -> Result<Action, 
                 )
                 .await;
             }
+            tracing::info!(machine = %machine.name_any(), step = ?next, %message, "removal step done");
             record(ctx, machine, status, next, message).await?;
             if matches!(next, RemovalStep::NodeDeleted | RemovalStep::Complete) {
                 finish(ctx, machine, &cluster, &holder).await?;
@@ -726,27 +716,19 @@ async fn finish(
 ) -> Result<(), Error> {
     let namespace = cluster.namespace().unwrap_or_default();
     let uid = machine.uid().unwrap_or_default();
-    let reservations = ichor_webhook_reservations(cluster)
+    let reservations: Vec<_> = ichor_api::reservation::reservations(cluster)
         .into_iter()
-        .filter(|r| r["uid"] != uid.as_str())
-        .collect::<Vec<_>>();
+        .filter(|r| r.uid != uid)
+        .collect();
     Api::<TalosCluster>::namespaced(ctx.client.clone(), &namespace)
         .patch(
             &cluster.name_any(),
             &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"annotations": {annotations::REMOVAL_RESERVATIONS: serde_json::to_string(&reservations).unwrap_or_else(|_| "[]".into())}}})),
+            &Patch::Merge(json!({"metadata": {"annotations": {annotations::REMOVAL_RESERVATIONS: ichor_api::reservation::annotation_value(&reservations)}}})),
         )
         .await?;
     lock::release(ctx, cluster, holder).await?;
     release_finalizer(ctx, machine).await
-}
-
-fn ichor_webhook_reservations(cluster: &TalosCluster) -> Vec<serde_json::Value> {
-    cluster
-        .annotations()
-        .get(annotations::REMOVAL_RESERVATIONS)
-        .and_then(|v| serde_json::from_str(v).ok())
-        .unwrap_or_default()
 }
 
 /// Addresses of the other configured control planes of the machine's cluster.

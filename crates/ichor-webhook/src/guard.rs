@@ -14,7 +14,6 @@ use ichor_deleteguard::{
 use kube::api::{Api, ListParams, PostParams};
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, Operation};
-use serde::{Deserialize, Serialize};
 
 /// How long a reservation whose machine never got a deletion timestamp stays (the delete it
 /// was made for failed after admission, e.g. another webhook refused it).
@@ -46,28 +45,7 @@ impl Decision {
     }
 }
 
-/// One admitted removal not finished yet.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Reservation {
-    /// The TalosMachine's name.
-    pub machine: String,
-    /// Its uid (a recreated machine of the same name is another machine).
-    pub uid: String,
-    /// When it was admitted (Unix seconds).
-    pub at: u64,
-}
-
-/// Reads the reservations on a TalosCluster; an unreadable value counts as none (and is
-/// replaced on the next write).
-pub fn reservations(cluster: &TalosCluster) -> Vec<Reservation> {
-    cluster
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(annotations::REMOVAL_RESERVATIONS))
-        .and_then(|v| serde_json::from_str(v).ok())
-        .unwrap_or_default()
-}
+pub use ichor_api::reservation::{Reservation, reservations};
 
 fn now() -> u64 {
     SystemTime::now()
@@ -224,7 +202,7 @@ impl Guard {
                     at: now(),
                 });
             }
-            let value = serde_json::to_string(&next).expect("reservations serialize");
+            let value = ichor_api::reservation::annotation_value(&next);
             cluster
                 .metadata
                 .annotations
