@@ -453,6 +453,16 @@ async fn follow(
 ) -> Result<Action, Error> {
     // Checked by the caller: an approved machine has a role.
     let role = machine.spec.role.unwrap_or(Role::Worker);
+    // Drift is a multi-step flow (apply, or lock + stage + reboot, then back): decide it on
+    // the machine as stored now, not on a cache that may lag this manager's own writes.
+    if status.applied_config_hash.as_deref() != Some(rendered.hash.as_str())
+        || status.drift_reboot.is_some()
+    {
+        let Some(fresh) = api(ctx, machine).get_opt(&machine.name_any()).await? else {
+            return Ok(Action::await_change());
+        };
+        status = fresh.status.unwrap_or_default();
+    }
     let client = crate::connect(address, credentials).await;
     let view = match &client {
         None => None,
@@ -577,6 +587,25 @@ async fn follow(
     {
         // The reboot for drift is done: the node is back.
         reboot_back = true;
+    }
+    // Drift settled (applied live, or by a reboot seen through): the condition says so.
+    if status.applied_config_hash.as_deref() == Some(rendered.hash.as_str())
+        && status.drift_reboot.is_none()
+        && status.conditions.iter().any(|c| {
+            c.type_ == conditions::CONFIG_APPLIED
+                && (c.reason == reasons::NEEDS_REBOOT || c.reason == reasons::DRIFT_NOT_APPLIED)
+        })
+        && !reboot_back
+        && view.is_some()
+    {
+        cond::set(
+            &mut status.conditions,
+            conditions::CONFIG_APPLIED,
+            true,
+            "Applied",
+            format!("config {} applied", rendered.hash),
+            machine.metadata.generation,
+        );
     }
     if reboot_back {
         status.drift_reboot = None;
