@@ -329,8 +329,11 @@ impl SimTarget {
                 format!("manager-{}", self.manager_runs),
                 "--metrics-addr".into(),
                 "127.0.0.1:0".into(),
+                // Short enough that a restarted manager takes over quickly after a kill, long
+                // enough that a loaded CI machine does not lose it between renewals (a manager
+                // that loses its Lease exits, and nothing restarts it here).
                 "--lease-seconds".into(),
-                "2".into(),
+                "5".into(),
                 "--sweep-timeout-ms".into(),
                 "500".into(),
                 "--requeue-ms".into(),
