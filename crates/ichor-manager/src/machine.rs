@@ -386,15 +386,24 @@ async fn record_applied(
 ) -> Result<(), Error> {
     status.applied_config_hash = Some(rendered.hash.clone());
     status.phase = MachinePhase::Installing;
+    config_applied(
+        &mut status,
+        machine,
+        format!("config {} applied", rendered.hash),
+    );
+    write_status(ctx, machine, &status).await
+}
+
+/// `ConfigApplied` true, with `message`.
+fn config_applied(status: &mut TalosMachineStatus, machine: &TalosMachine, message: String) {
     cond::set(
         &mut status.conditions,
         conditions::CONFIG_APPLIED,
         true,
         "Applied",
-        format!("config {} applied", rendered.hash),
+        message,
         machine.metadata.generation,
     );
-    write_status(ctx, machine, &status).await
 }
 
 /// Records an applied config (ours now, or an earlier one found on the node) with an Event.
@@ -598,14 +607,8 @@ async fn follow(
         && !reboot_back
         && view.is_some()
     {
-        cond::set(
-            &mut status.conditions,
-            conditions::CONFIG_APPLIED,
-            true,
-            "Applied",
-            format!("config {} applied", rendered.hash),
-            machine.metadata.generation,
-        );
+        let message = format!("config {} applied", rendered.hash);
+        config_applied(&mut status, machine, message);
     }
     if reboot_back {
         status.drift_reboot = None;
@@ -617,14 +620,8 @@ async fn follow(
                 &Patch::Merge(json!({"status": {"driftReboot": null}})),
             )
             .await?;
-        cond::set(
-            &mut status.conditions,
-            conditions::CONFIG_APPLIED,
-            true,
-            "Applied",
-            format!("config {} applied with a reboot", rendered.hash),
-            machine.metadata.generation,
-        );
+        let message = format!("config {} applied with a reboot", rendered.hash);
+        config_applied(&mut status, machine, message);
         crate::lock::release(ctx, cluster, &me).await?;
         ctx.event(
             machine,
