@@ -5,6 +5,7 @@
 //! as processes, each authenticated as its own ServiceAccount user bound to the shipped RBAC.
 #![forbid(unsafe_code)]
 
+pub mod cluster;
 pub mod rails;
 pub mod sim;
 pub mod specs;
