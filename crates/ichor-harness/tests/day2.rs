@@ -424,6 +424,7 @@ async fn deleting_a_cluster_removes_workers_first_then_control_planes_and_keeps_
         })
     };
     let monitor = Monitor::start(target.nodes().to_vec());
+    let teardown_started = std::time::Instant::now();
     specs::delete_cluster(&target, CLUSTER)
         .await
         .expect("delete admitted with the annotation");
@@ -435,8 +436,12 @@ async fn deleting_a_cluster_removes_workers_first_then_control_planes_and_keeps_
     .await
     .unwrap_or_else(|e| {
         let order = order.lock().map(|o| o.clone()).unwrap_or_default();
-        panic!("{e}: removal order so far {order:?}")
+        panic!(
+            "{e}: removal order so far {order:?}; {}",
+            state_summary(&target)
+        )
     });
+    eprintln!("teardown took {:?}", teardown_started.elapsed());
     tokio::time::timeout(Duration::from_secs(10), watching)
         .await
         .expect("watcher done")

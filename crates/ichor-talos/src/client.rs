@@ -45,6 +45,14 @@ pub enum TalosError {
         #[source]
         source: tonic::transport::Error,
     },
+    /// The connection (TCP, TLS handshake, HTTP/2) did not complete in time.
+    #[error("connecting to {endpoint} did not complete within {seconds} s")]
+    ConnectTimeout {
+        /// The node's address.
+        endpoint: String,
+        /// The limit.
+        seconds: u64,
+    },
     /// An RPC failed.
     #[error("{method} on {endpoint} failed: {status}")]
     Rpc {
@@ -165,6 +173,21 @@ fn url(endpoint: &str) -> String {
     }
 }
 
+/// Runs a connect with an overall limit: tonic's connect timeout covers the TCP connect
+/// only, and a node that accepts but never finishes the TLS handshake (one going down) must
+/// not hold its caller forever.
+async fn connect_within<T>(
+    endpoint: &str,
+    connect: impl std::future::Future<Output = T>,
+) -> Result<T, TalosError> {
+    tokio::time::timeout(REQUEST_TIMEOUT, connect)
+        .await
+        .map_err(|_| TalosError::ConnectTimeout {
+            endpoint: endpoint.to_owned(),
+            seconds: REQUEST_TIMEOUT.as_secs(),
+        })
+}
+
 impl TalosClient {
     /// Connects to a node in maintenance mode (`host` or `host:port`), trusting only the
     /// certificate whose fingerprint is `pinned`. A different certificate is refused with
@@ -185,7 +208,7 @@ impl TalosClient {
                 endpoint: endpoint.to_owned(),
                 source,
             })?;
-        match channel_endpoint.connect().await {
+        match connect_within(endpoint, channel_endpoint.connect()).await? {
             Ok(channel) => Ok(Self {
                 endpoint: endpoint.to_owned(),
                 channel,
@@ -227,9 +250,9 @@ impl TalosClient {
             .connect_timeout(CONNECT_TIMEOUT)
             .timeout(REQUEST_TIMEOUT)
             .tls_config(tls)
-            .map_err(invalid)?
-            .connect()
-            .await
+            .map_err(invalid)?;
+        let channel = connect_within(endpoint, channel.connect())
+            .await?
             .map_err(|source| TalosError::Connect {
                 endpoint: endpoint.to_owned(),
                 source,
