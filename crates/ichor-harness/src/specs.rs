@@ -190,16 +190,13 @@ pub async fn delete_machine(target: &impl Target, address: &str) -> Result<Strin
 
 /// Approves every node: the first `shape.control_planes` as control planes.
 pub async fn approve_all(target: &impl Target, shape: &Shape) -> Result<(), Error> {
-    for (i, address) in target.node_endpoints().iter().enumerate() {
-        let cp = i < shape.control_planes;
-        let hostname = if cp {
-            format!("cp-{}", i + 1)
-        } else {
-            format!("worker-{}", i + 1)
-        };
-        approve(target, address, cp, &hostname).await?;
-    }
-    Ok(())
+    let nodes = target.node_endpoints().len();
+    approve_shape(
+        target,
+        shape.control_planes,
+        nodes.saturating_sub(shape.control_planes),
+    )
+    .await
 }
 
 /// Whether a condition holds on the cluster.

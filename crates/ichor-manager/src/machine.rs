@@ -613,13 +613,7 @@ async fn follow(
     if reboot_back {
         status.drift_reboot = None;
         // A merge patch leaves out `None`: clear the field explicitly.
-        api(ctx, machine)
-            .patch_status(
-                &machine.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(json!({"status": {"driftReboot": null}})),
-            )
-            .await?;
+        patch_status(ctx, machine, json!({"driftReboot": null})).await?;
         let message = format!("config {} applied with a reboot", rendered.hash);
         config_applied(&mut status, machine, message);
         crate::lock::release(ctx, cluster, &me).await?;
@@ -739,11 +733,21 @@ pub(crate) async fn record_hash(
     machine: &TalosMachine,
     hash: &str,
 ) -> Result<(), Error> {
+    patch_status(ctx, machine, json!({"appliedConfigHash": hash})).await
+}
+
+/// Merges `fields` into the machine's status (explicit `null`s clear fields, which a
+/// serialized status with `None` cannot).
+async fn patch_status(
+    ctx: &Context,
+    machine: &TalosMachine,
+    fields: serde_json::Value,
+) -> Result<(), Error> {
     api(ctx, machine)
         .patch_status(
             &machine.name_any(),
             &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"appliedConfigHash": hash}})),
+            &Patch::Merge(json!({ "status": fields })),
         )
         .await?;
     Ok(())
@@ -752,17 +756,16 @@ pub(crate) async fn record_hash(
 /// After a reset by an operation: the node is back in maintenance mode with a new certificate,
 /// nothing of the old config is on it. The pin stays, so it is never re-applied silently.
 pub(crate) async fn forget_config(ctx: &Context, machine: &TalosMachine) -> Result<(), Error> {
-    api(ctx, machine)
-        .patch_status(
-            &machine.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {
-                "appliedConfigHash": null,
-                "etcdMemberId": null,
-                "phase": MachinePhase::Approved,
-            }})),
-        )
-        .await?;
+    patch_status(
+        ctx,
+        machine,
+        json!({
+            "appliedConfigHash": null,
+            "etcdMemberId": null,
+            "phase": MachinePhase::Approved,
+        }),
+    )
+    .await?;
     ctx.event(
         machine,
         EventType::Warning,
