@@ -11,7 +11,7 @@
 //! - `bench [render]`: benchmarks, beside the reference implementation's rate; results go to
 //!   `docs/benchmarks/`.
 //! - `demo [--until-ready]`: the local demo (sim target: discovery to a Ready cluster).
-//! - `e2e --target sim`: the end-to-end specs against the sim target.
+//! - `e2e --target sim|cluster|qemu`: the end-to-end specs against a target (docs/e2e.md).
 #![forbid(unsafe_code)]
 
 use std::path::{Path, PathBuf};
@@ -26,7 +26,7 @@ mod test;
 #[allow(dead_code)]
 mod assets;
 
-const USAGE: &str = "usage: cargo xtask <test | envtest-assets | oracles | k8s-replaces [--check] | crdgen | bench [render] | demo [--until-ready] | e2e --target sim>";
+const USAGE: &str = "usage: cargo xtask <test | envtest-assets | oracles | k8s-replaces [--check] | crdgen | bench [render] | demo [--until-ready] | e2e --target sim|cluster|qemu>";
 
 /// The workspace root (the parent of this crate's folder).
 fn workspace_root() -> PathBuf {

@@ -247,30 +247,87 @@ fn build_binaries(root: &Path) -> Result<()> {
     run_cmd(cmd)
 }
 
-/// `e2e --target sim`: the spec set against the sim target (the other targets need hardware
-/// this repository's CI does not have, and say so).
+/// `e2e --target sim|cluster|qemu [options]`: the spec set against a target. `sim` runs here
+/// and in CI; `cluster` and `qemu` need hardware (docs/e2e.md) and run through
+/// `ichor-harness run`, which cleans up on SIGINT/SIGTERM — forwarded to it, and waited for.
 pub fn e2e(root: &Path, args: &[String]) -> Result<()> {
     trap_signals()?;
-    let target = match args {
-        [flag, target] if flag == "--target" => target.as_str(),
-        _ => bail!("usage: cargo xtask e2e --target sim|cluster|qemu"),
+    let (target, rest) = match args {
+        [flag, target, rest @ ..] if flag == "--target" => (target.as_str(), rest),
+        _ => bail!(
+            "usage: cargo xtask e2e --target sim|cluster|qemu [options for ichor-harness run]"
+        ),
     };
-    if target != "sim" {
-        bail!(
-            "target {target:?} needs real machines (a kubeconfig and context, or QEMU); only `sim` runs here"
-        );
+    match target {
+        "sim" => {
+            if !rest.is_empty() {
+                bail!("the sim target takes no options");
+            }
+            let assets = envtest::assets(root)?;
+            build_binaries(root)?;
+            let mut cmd = cargo(root);
+            cmd.args([
+                "test",
+                "--package",
+                "ichor-harness",
+                "--",
+                "--test-threads",
+                "2",
+            ])
+            .env(crate::assets::ASSETS_ENV, assets);
+            run_forwarding_signals(cmd)
+        }
+        "cluster" | "qemu" => {
+            let mut run = cargo(root);
+            run.args([
+                "run",
+                "--quiet",
+                "--package",
+                "ichor-harness",
+                "--bin",
+                "ichor-harness",
+                "--",
+            ])
+            .args(["run", "--target", target]);
+            if target == "cluster" {
+                // The controller pod gets statically linked binaries (no image, no libc there).
+                let dir = build_static(root)?;
+                run.arg("--binaries").arg(dir);
+            } else {
+                build_binaries(root)?;
+            }
+            run.args(rest);
+            run_forwarding_signals(run)
+        }
+        other => bail!("unknown target {other:?}: sim, cluster or qemu"),
     }
-    let assets = envtest::assets(root)?;
-    build_binaries(root)?;
+}
+
+/// The installed gnu target, which static builds name explicitly (so build scripts and
+/// proc-macros stay dynamic).
+pub const STATIC_TARGET: &str = "x86_64-unknown-linux-gnu";
+
+/// Builds `ichor-manager` and `ichor-webhook` statically linked (`crt-static`), in release;
+/// returns their folder.
+pub fn build_static(root: &Path) -> Result<PathBuf> {
     let mut cmd = cargo(root);
     cmd.args([
-        "test",
+        "build",
+        "--quiet",
+        "--release",
+        "--target",
+        STATIC_TARGET,
         "--package",
-        "ichor-harness",
-        "--",
-        "--test-threads",
-        "2",
+        "ichor-manager",
+        "--package",
+        "ichor-webhook",
+        "--bins",
     ])
-    .env(crate::assets::ASSETS_ENV, assets);
-    run_forwarding_signals(cmd)
+    .env("RUSTFLAGS", "-C target-feature=+crt-static");
+    run_cmd(cmd)?;
+    let dir = std::env::var_os("CARGO_TARGET_DIR")
+        .map_or_else(|| root.join("target"), PathBuf::from)
+        .join(STATIC_TARGET)
+        .join("release");
+    Ok(dir)
 }

@@ -6,6 +6,8 @@
 #![forbid(unsafe_code)]
 
 pub mod cluster;
+pub mod cluster_target;
+pub mod qemu;
 pub mod rails;
 pub mod sim;
 pub mod specs;
@@ -67,6 +69,20 @@ pub trait Target {
         &self,
         cluster: &str,
     ) -> impl std::future::Future<Output = Result<(), Error>> + Send;
+    /// The installer image the specs' clusters name (the target's own build of Talos), or the
+    /// official one.
+    fn installer_image(&self) -> Option<String> {
+        None
+    }
+    /// Rewrites a kubeconfig published for a cluster on this target's nodes so this process
+    /// can reach it (the `cluster` target relays; the others reach nodes directly).
+    fn reachable(
+        &self,
+        kubeconfig: &str,
+    ) -> impl std::future::Future<Output = Result<String, Error>> + Send {
+        let kubeconfig = kubeconfig.to_owned();
+        async move { Ok(kubeconfig) }
+    }
 }
 
 /// A workspace binary: `ICHOR_<NAME>_BIN`, else next to the running test's folder (where

@@ -13,7 +13,7 @@
 use std::ffi::OsString;
 use std::net::IpAddr;
 
-use kube::api::{Api, DeleteParams};
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Resource, ResourceExt as _};
 
@@ -200,6 +200,62 @@ impl Outer {
     }
 }
 
+impl Outer {
+    /// Objects of a kind the outer cluster may or may not serve (KubeVirt's, CDI's), in
+    /// `ichor-e2e`.
+    pub fn dynamic(&self, resource: &ApiResource) -> Api<DynamicObject> {
+        Api::namespaced_with(self.client.clone(), E2E_NAMESPACE, resource)
+    }
+
+    /// Deletes the object `name` of the dynamic kind `resource` in `namespace`, which must be
+    /// `ichor-e2e`.
+    pub async fn delete_dynamic(
+        &self,
+        resource: &ApiResource,
+        namespace: &str,
+        name: &str,
+    ) -> Result<(), crate::Error> {
+        check_delete(&resource.kind, namespace, name).map_err(rail)?;
+        match Api::<DynamicObject>::namespaced_with(self.client.clone(), namespace, resource)
+            .delete(name, &DeleteParams::default())
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Whether the outer cluster serves `api_version` (e.g. `kubevirt.io/v1`).
+    pub async fn serves(&self, api_version: &str) -> Result<bool, crate::Error> {
+        match self.client.list_api_group_resources(api_version).await {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Whether the namespace `ichor-e2e` exists (it is never created or deleted here).
+    pub async fn namespace_exists(&self) -> Result<bool, crate::Error> {
+        Ok(
+            Api::<k8s_openapi::api::core::v1::Namespace>::all(self.client.clone())
+                .get_opt(E2E_NAMESPACE)
+                .await?
+                .is_some(),
+        )
+    }
+
+    /// The outer cluster's Nodes (read only).
+    pub async fn nodes(&self) -> Result<Vec<k8s_openapi::api::core::v1::Node>, crate::Error> {
+        Ok(
+            Api::<k8s_openapi::api::core::v1::Node>::all(self.client.clone())
+                .list(&Default::default())
+                .await?
+                .items,
+        )
+    }
+}
+
 /// The inner (management) cluster: the specs create, read and patch there; this handle has no
 /// delete.
 #[derive(Clone)]
@@ -253,6 +309,13 @@ impl Protected {
             })
             .collect::<Result<Vec<_>, _>>()
             .map(Self)
+    }
+
+    /// Both lists.
+    pub fn union(&self, other: &Self) -> Self {
+        let mut all = self.0.clone();
+        all.extend(other.0.iter().filter(|a| !self.0.contains(a)));
+        Self(all)
     }
 
     /// The node a Talos call targets: refused when missing, not an address, or protected.

@@ -91,6 +91,19 @@ async fn bind(
         api_group: Some("rbac.authorization.k8s.io".into()),
         ..Default::default()
     };
+    bind_subject(client, SYSTEM_NAMESPACE, name, cluster_role, role, subject).await
+}
+
+/// Creates `name`'s ClusterRole and Role (in `namespace`) as shipped, and binds both to
+/// `subject`.
+pub(crate) async fn bind_subject(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    cluster_role: ClusterRole,
+    role: Role,
+    subject: Subject,
+) -> Result<(), Error> {
     let role_ref = |kind: &str| RoleRef {
         api_group: Some("rbac.authorization.k8s.io".into()),
         kind: kind.into(),
@@ -112,10 +125,10 @@ async fn bind(
             },
         )
         .await?;
-    Api::<Role>::namespaced(client.clone(), SYSTEM_NAMESPACE)
+    Api::<Role>::namespaced(client.clone(), namespace)
         .create(&PostParams::default(), &role)
         .await?;
-    Api::<RoleBinding>::namespaced(client.clone(), SYSTEM_NAMESPACE)
+    Api::<RoleBinding>::namespaced(client.clone(), namespace)
         .create(
             &PostParams::default(),
             &RoleBinding {
@@ -139,7 +152,7 @@ pub type LogTail = Arc<std::sync::Mutex<std::collections::VecDeque<String>>>;
 /// How many lines of a process's log are kept.
 const LOG_LINES: usize = 300;
 
-async fn spawn(
+pub(crate) async fn spawn(
     path: PathBuf,
     args: &[String],
     kubeconfig: &PathBuf,
@@ -147,6 +160,11 @@ async fn spawn(
     log: Option<LogTail>,
 ) -> Result<(Child, String), Error> {
     let mut child = Command::new(&path)
+        .env_clear()
+        .envs(
+            crate::rails::child_env(std::env::vars_os())
+                .map_err(|e| Error::Binary(e.to_string()))?,
+        )
         .args(args)
         .env("KUBECONFIG", kubeconfig)
         .env(

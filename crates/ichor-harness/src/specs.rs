@@ -72,7 +72,17 @@ pub async fn create_cluster(target: &impl Target, shape: &Shape) -> Result<(), E
     let first = endpoints
         .first()
         .ok_or_else(|| Error::Spec("the target has no nodes".into()))?;
-    let prefix = first.rsplit_once('.').map(|(p, _)| p).unwrap_or_default();
+    // Every /24 holding a node (a real pod network spreads VMs over per-node subnets).
+    let mut cidrs: Vec<String> = endpoints
+        .iter()
+        .filter_map(|e| e.rsplit_once('.').map(|(p, _)| format!("{p}.0/24")))
+        .collect();
+    cidrs.sort();
+    cidrs.dedup();
+    let mut install = json!({"disk": "/dev/vda"});
+    if let Some(image) = target.installer_image() {
+        install["image"] = json!(image);
+    }
     let cluster: TalosCluster = serde_json::from_value(json!({
         "apiVersion": "ichor.maesh.dev/v1alpha1",
         "kind": "TalosCluster",
@@ -84,8 +94,8 @@ pub async fn create_cluster(target: &impl Target, shape: &Shape) -> Result<(), E
             "controlPlane": {"count": shape.control_planes},
             "cni": {"preset": shape.cni},
             "kubeProxy": if shape.cni == "flannel" { "enabled" } else { "disabled" },
-            "discovery": {"cidrs": [format!("{prefix}.0/24")], "interval": "10s"},
-            "install": {"disk": "/dev/vda"}
+            "discovery": {"cidrs": cidrs, "interval": "10s"},
+            "install": install
         }
     }))
     .map_err(|e| Error::Spec(e.to_string()))?;
@@ -381,6 +391,7 @@ pub async fn workload_client(target: &impl Target, name: &str) -> Result<kube::C
                 .map(|b| String::from_utf8_lossy(&b.0).into_owned())
         })
         .ok_or_else(|| Error::Spec("the kubeconfig Secret has no kubeconfig".into()))?;
+    let text = target.reachable(&text).await?;
     let kubeconfig = kube::config::Kubeconfig::from_yaml(&text)
         .map_err(|e| Error::Spec(format!("kubeconfig: {e}")))?;
     let config = kube::Config::from_custom_kubeconfig(
