@@ -190,10 +190,17 @@ async fn rbac_refuses_a_client_outside_system_masters_until_a_role_allows_it() {
         .create(&PostParams::default(), &binding)
         .await
         .expect("create binding");
-    secrets
-        .list(&Default::default())
-        .await
-        .expect("the group's role now allows listing");
+    // The authorizer learns of new bindings through its informers: eventually, not at once.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    loop {
+        match secrets.list(&Default::default()).await {
+            Ok(_) => break,
+            Err(e) if std::time::Instant::now() > deadline => {
+                panic!("the group's role never allowed listing: {e}")
+            }
+            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(200)).await,
+        }
+    }
 }
 
 #[tokio::test]
