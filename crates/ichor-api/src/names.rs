@@ -30,10 +30,26 @@ pub mod labels {
     pub const ROLE: &str = "ichor.maesh.dev/role";
     /// The SMBIOS UUID a TalosMachine was discovered with.
     pub const MACHINE_UUID: &str = "ichor.maesh.dev/machine-uuid";
+    /// The TalosMachine a Secret belongs to (its applied-config Secret).
+    pub const MACHINE: &str = "ichor.maesh.dev/machine";
     /// Marks objects created and owned by Ichor.
     pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
     /// The value of [`MANAGED_BY`] on Ichor's objects.
     pub const MANAGED_BY_VALUE: &str = "ichor";
+}
+
+/// Secrets Ichor writes: names and keys.
+pub mod secrets {
+    /// The key of a bundle Secret holding `talosctl gen secrets` YAML.
+    pub const BUNDLE_KEY: &str = "secrets.yaml";
+    /// The key of a published talosconfig.
+    pub const TALOSCONFIG_KEY: &str = "talosconfig";
+    /// The key of a published admin kubeconfig.
+    pub const KUBECONFIG_KEY: &str = "kubeconfig";
+    /// A TalosMachine's applied-config Secret is named `<machine>` followed by this suffix.
+    pub const APPLIED_CONFIG_SUFFIX: &str = "-applied-config";
+    /// The key of the exact config YAML last applied to a machine, in its applied-config Secret.
+    pub const APPLIED_CONFIG_KEY: &str = "config.yaml";
 }
 
 /// Finalizers.

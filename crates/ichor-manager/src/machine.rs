@@ -8,14 +8,16 @@ use std::sync::Arc;
 
 use ichor_api::common::Role;
 use ichor_api::machine::{ApprovalState, MachinePhase, TalosMachineStatus};
-use ichor_api::names::{conditions, reasons};
+use ichor_api::names::{conditions, labels, reasons, secrets as secret_names};
 use ichor_api::{TalosCluster, TalosMachine};
-use ichor_render::{RenderInput, Rendered, render};
+use ichor_render::Rendered;
 use ichor_talos::{ApplyMode, TalosClient, TalosError};
-use kube::ResourceExt as _;
-use kube::api::{Api, Patch, PatchParams};
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
+use kube::{Resource as _, ResourceExt as _};
 use serde_json::json;
 
 use crate::decide::{Etcd, NodeView, standing, version_supported};
@@ -116,32 +118,81 @@ fn address(machine: &TalosMachine) -> Option<String> {
         .or_else(|| machine.spec.endpoints.first().cloned())
 }
 
-/// The config `machine` gets from `cluster`.
+/// The config `machine` gets from `cluster` (the one pure function `kubectl ichor render`
+/// calls too).
 pub(crate) fn render_for(
     cluster: &TalosCluster,
     machine: &TalosMachine,
     role: Role,
     bundle: &ichor_render::SecretsBundle,
 ) -> Result<Rendered, String> {
-    let empty = BTreeMap::new();
-    let install = machine
-        .spec
-        .install
-        .as_ref()
-        .or(cluster.spec.install.as_ref());
-    render(&RenderInput {
-        cluster_name: &cluster.name_any(),
-        cluster: &cluster.spec,
-        role,
-        hostname: machine.spec.hostname.as_deref(),
-        install,
-        cert_sans: &[],
-        node_labels: &empty,
-        node_taints: &empty,
-        patches: &[&cluster.spec.config_patches, &machine.spec.config_patches],
-        bundle,
-    })
-    .map_err(|e| e.to_string())
+    ichor_render::render_machine(cluster, machine, role, bundle).map_err(|e| e.to_string())
+}
+
+/// The name of the Secret holding the config last applied to `machine`.
+pub(crate) fn applied_config_secret(machine: &TalosMachine) -> String {
+    format!(
+        "{}{}",
+        machine.name_any(),
+        secret_names::APPLIED_CONFIG_SUFFIX
+    )
+}
+
+/// Keeps the exact config applied to `machine` in its applied-config Secret (owned by the
+/// machine, so collected with it), for `kubectl ichor render --diff`. Called before the hash is
+/// recorded, so a recorded hash has its config stored; readers still compare the stored
+/// config's hash with `status.appliedConfigHash` (a staged config whose reboot failed is kept
+/// but not recorded).
+async fn store_applied(
+    ctx: &Context,
+    machine: &TalosMachine,
+    rendered: &Rendered,
+) -> Result<(), Error> {
+    let name = applied_config_secret(machine);
+    let namespace = machine.namespace().unwrap_or_default();
+    let mut secret = Secret {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            namespace: Some(namespace.clone()),
+            labels: Some(BTreeMap::from([
+                (labels::MACHINE.to_owned(), machine.name_any()),
+                (
+                    labels::CLUSTER.to_owned(),
+                    machine.spec.cluster_ref.name.clone(),
+                ),
+                (
+                    labels::MANAGED_BY.to_owned(),
+                    labels::MANAGED_BY_VALUE.to_owned(),
+                ),
+            ])),
+            owner_references: machine.controller_owner_ref(&()).map(|o| vec![o]),
+            ..Default::default()
+        },
+        type_: Some("Opaque".into()),
+        data: Some(BTreeMap::from([(
+            secret_names::APPLIED_CONFIG_KEY.to_owned(),
+            ByteString(rendered.yaml.clone().into_bytes()),
+        )])),
+        ..Default::default()
+    };
+    // Create, or replace what was kept before (get, create, update: the verbs the manager's
+    // role grants on Secrets). A conflict is an error: the reconcile retries it.
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
+    match secrets.get_opt(&name).await? {
+        None => {
+            secrets.create(&PostParams::default(), &secret).await?;
+        }
+        Some(existing)
+            if existing.data == secret.data
+                && existing.metadata.owner_references == secret.metadata.owner_references => {}
+        Some(existing) => {
+            secret.metadata.resource_version = existing.metadata.resource_version;
+            secrets
+                .replace(&name, &PostParams::default(), &secret)
+                .await?;
+        }
+    }
+    Ok(())
 }
 
 async fn approved(machine: &TalosMachine, ctx: &Context) -> Result<Action, Error> {
@@ -384,6 +435,7 @@ async fn record_applied(
     mut status: TalosMachineStatus,
     rendered: &Rendered,
 ) -> Result<(), Error> {
+    store_applied(ctx, machine, rendered).await?;
     status.applied_config_hash = Some(rendered.hash.clone());
     status.phase = MachinePhase::Installing;
     config_applied(
@@ -530,6 +582,7 @@ async fn follow(
             .await
         {
             Ok(_) => {
+                store_applied(ctx, machine, rendered).await?;
                 status.applied_config_hash = Some(rendered.hash.clone());
                 ctx.event(
                     machine,
@@ -695,6 +748,9 @@ async fn reboot_for_drift(
             rendered.hash
         )));
     }
+    // Staged: the node boots into it. Kept before the reboot, so a failure to keep it never
+    // costs a second reboot.
+    store_applied(ctx, machine, rendered).await?;
     if let Err(error) = client.reboot().await {
         return Ok(Some(format!(
             "the reboot for config {} failed: {error}",
@@ -727,13 +783,15 @@ async fn reboot_for_drift(
     Ok(None)
 }
 
-/// Records `hash` as applied (an operation applied it).
+/// Records `rendered` as applied (an operation applied it): the config in the machine's
+/// applied-config Secret, then its hash.
 pub(crate) async fn record_hash(
     ctx: &Context,
     machine: &TalosMachine,
-    hash: &str,
+    rendered: &Rendered,
 ) -> Result<(), Error> {
-    patch_status(ctx, machine, json!({"appliedConfigHash": hash})).await
+    store_applied(ctx, machine, rendered).await?;
+    patch_status(ctx, machine, json!({"appliedConfigHash": rendered.hash})).await
 }
 
 /// Merges `fields` into the machine's status (explicit `null`s clear fields, which a

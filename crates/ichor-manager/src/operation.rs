@@ -778,7 +778,7 @@ impl Node<'_> {
                     .await
                 {
                     Ok(_) => {
-                        crate::machine::record_hash(self.ctx, self.machine, &rendered.hash).await?;
+                        crate::machine::record_hash(self.ctx, self.machine, &rendered).await?;
                         Ok(())
                     }
                     Err(error) => Err(error),

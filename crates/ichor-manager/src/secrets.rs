@@ -14,12 +14,8 @@ use kube::{Resource as _, ResourceExt as _};
 
 use crate::Error;
 
-/// The key under which a bundle Secret holds `talosctl gen secrets` YAML.
-pub const BUNDLE_KEY: &str = "secrets.yaml";
-/// The key of the published talosconfig.
-pub const TALOSCONFIG_KEY: &str = "talosconfig";
-/// The key of the published kubeconfig.
-pub const KUBECONFIG_KEY: &str = "kubeconfig";
+/// The Secret keys, shared with the plugin.
+pub use ichor_api::names::secrets::{BUNDLE_KEY, KUBECONFIG_KEY, TALOSCONFIG_KEY};
 
 /// The name of the bundle Secret: the referenced one, or `<cluster>-secrets`.
 pub fn bundle_secret_name(cluster: &TalosCluster) -> String {

@@ -14,7 +14,7 @@ pub mod pki;
 pub mod render;
 
 pub use bundle::{BundleError, SecretsBundle};
-pub use render::{RenderError, RenderInput, Rendered, render};
+pub use render::{RenderError, RenderInput, Rendered, config_hash, render, render_machine};
 
 /// A Talos version contract: what a config is rendered for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

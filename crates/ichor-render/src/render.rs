@@ -138,16 +138,22 @@ pub fn render(input: &RenderInput<'_>) -> Result<Rendered, RenderError> {
         }
     }
     let yaml = to_yaml(&documents)?;
-    let hash = format!(
-        "sha256:{}",
-        hex(ring::digest::digest(&ring::digest::SHA256, yaml.as_bytes()).as_ref())
-    );
+    let hash = config_hash(&yaml);
     Ok(Rendered {
         contract,
         documents,
         yaml,
         hash,
     })
+}
+
+/// The content hash of a config's YAML, `sha256:<hex>`, as [`Rendered::hash`] and
+/// `status.appliedConfigHash` carry it.
+pub fn config_hash(yaml: &str) -> String {
+    format!(
+        "sha256:{}",
+        hex(ring::digest::digest(&ring::digest::SHA256, yaml.as_bytes()).as_ref())
+    )
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -570,4 +576,33 @@ fn control_plane_1_14(input: &RenderInput<'_>, k8s: &str) -> Vec<Value> {
     }
     docs.push(doc("KubeCoreDNSConfig", json!({"enabled": true})));
     docs
+}
+
+/// Renders the config `machine` gets from `cluster` with `role`: the machine's install settings
+/// over the cluster's, cluster patches then machine patches. The manager applies exactly this;
+/// `kubectl ichor render` shows it.
+pub fn render_machine(
+    cluster: &ichor_api::TalosCluster,
+    machine: &ichor_api::TalosMachine,
+    role: Role,
+    bundle: &SecretsBundle,
+) -> Result<Rendered, RenderError> {
+    let empty = BTreeMap::new();
+    let install = machine
+        .spec
+        .install
+        .as_ref()
+        .or(cluster.spec.install.as_ref());
+    render(&RenderInput {
+        cluster_name: cluster.metadata.name.as_deref().unwrap_or_default(),
+        cluster: &cluster.spec,
+        role,
+        hostname: machine.spec.hostname.as_deref(),
+        install,
+        cert_sans: &[],
+        node_labels: &empty,
+        node_taints: &empty,
+        patches: &[&cluster.spec.config_patches, &machine.spec.config_patches],
+        bundle,
+    })
 }

@@ -92,6 +92,62 @@ fn patch_layers_apply_cluster_then_class_then_machine() {
 }
 
 #[test]
+fn render_machine_takes_the_machines_install_and_patches_over_the_clusters() {
+    let f = Fixture::new(Contract::V1_14);
+    let mut spec = f.spec.clone();
+    spec.install = Some(InstallSpec {
+        disk: Some("/dev/sda".into()),
+        ..Default::default()
+    });
+    spec.config_patches = patches(
+        json!([{"documents": {"KubeNodeConfig": {"labels": {"tier": "cluster", "zone": "a"}}}}]),
+    );
+    let cluster = ichor_api::TalosCluster::new("lab", spec.clone());
+    let machine: ichor_api::TalosMachine = serde_json::from_value(json!({
+        "apiVersion": "ichor.maesh.dev/v1alpha1",
+        "kind": "TalosMachine",
+        "metadata": {"name": "m1", "namespace": "ns"},
+        "spec": {
+            "clusterRef": {"name": "lab"},
+            "hostname": "cp-1",
+            "install": {"disk": "/dev/nvme0n1"},
+            "configPatches": [{"documents": {"KubeNodeConfig": {"labels": {"tier": "machine"}}}}]
+        }
+    }))
+    .expect("machine");
+    let out = ichor_render::render_machine(&cluster, &machine, Role::ControlPlane, &f.bundle)
+        .expect("render");
+    let labels = &document(&out, "KubeNodeConfig")["labels"];
+    assert_eq!(labels["tier"], "machine");
+    assert_eq!(labels["zone"], "a");
+    assert_eq!(document(&out, "HostnameConfig")["hostname"], "cp-1");
+    assert_eq!(
+        document(&out, "UnattendedInstallConfig")["provisioning"]["diskSelector"]["match"],
+        "disk.dev_path == \"/dev/nvme0n1\""
+    );
+    assert_eq!(document(&out, "KubeClusterConfig")["clusterName"], "lab");
+    // The same inputs through `render` give the same bytes.
+    let empty = BTreeMap::new();
+    let install = machine.spec.install.clone();
+    let direct = render(&RenderInput {
+        cluster_name: "lab",
+        cluster: &spec,
+        role: Role::ControlPlane,
+        hostname: Some("cp-1"),
+        install: install.as_ref(),
+        cert_sans: &[],
+        node_labels: &empty,
+        node_taints: &empty,
+        patches: &[&spec.config_patches, &machine.spec.config_patches],
+        bundle: &f.bundle,
+    })
+    .expect("render");
+    assert_eq!(out.yaml, direct.yaml);
+    assert_eq!(out.hash, direct.hash);
+    assert_eq!(ichor_render::config_hash(&out.yaml), out.hash);
+}
+
+#[test]
 fn named_documents_merge_by_name_or_are_added() {
     let f = Fixture::new(Contract::V1_14);
     let p = patches(json!([

@@ -1,0 +1,72 @@
+//! The Kubernetes connection, read as kubectl reads it: `--kubeconfig`, else `KUBECONFIG`,
+//! else `~/.kube/config`; `--context`, else the current context; `-n`, else the context's
+//! namespace, else `default`. Inside a pod with no kubeconfig, the in-cluster connection.
+
+use kube::config::{KubeConfigOptions, Kubeconfig};
+
+use crate::Error;
+use crate::cli::Global;
+
+/// A client and the namespace commands work in.
+#[derive(Clone)]
+pub struct Connection {
+    /// The client.
+    pub client: kube::Client,
+    /// The namespace.
+    pub namespace: String,
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection")
+            .field("namespace", &self.namespace)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Connects as the flags and the kubeconfig say.
+pub async fn connect(global: &Global) -> Result<Connection, Error> {
+    let options = KubeConfigOptions {
+        context: global.context.clone(),
+        cluster: None,
+        user: None,
+    };
+    let config = match &global.kubeconfig {
+        Some(path) => {
+            let kubeconfig = Kubeconfig::read_from(path).map_err(|e| {
+                Error::Kubeconfig(format!(
+                    "cannot read the kubeconfig {}: {e}",
+                    path.display()
+                ))
+            })?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &options)
+                .await
+                .map_err(|e| {
+                    Error::Kubeconfig(format!("cannot use the kubeconfig {}: {e}", path.display()))
+                })?
+        }
+        None => match kube::Config::from_kubeconfig(&options).await {
+            Ok(config) => config,
+            Err(error) => {
+                let in_pod = global.context.is_none()
+                    && std::env::var_os("KUBECONFIG").is_none()
+                    && std::env::var_os("KUBERNETES_SERVICE_HOST").is_some();
+                match in_pod.then(kube::Config::incluster) {
+                    Some(Ok(config)) => config,
+                    _ => {
+                        return Err(Error::Kubeconfig(format!(
+                            "cannot use the kubeconfig (KUBECONFIG, else ~/.kube/config): {error}; pass --kubeconfig FILE and --context NAME"
+                        )));
+                    }
+                }
+            }
+        },
+    };
+    let namespace = global
+        .namespace
+        .clone()
+        .unwrap_or_else(|| config.default_namespace.clone());
+    let client = kube::Client::try_from(config)
+        .map_err(|e| Error::Kubeconfig(format!("cannot build a Kubernetes client: {e}")))?;
+    Ok(Connection { client, namespace })
+}
