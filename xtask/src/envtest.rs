@@ -171,6 +171,52 @@ pub fn assets(root: &Path) -> Result<PathBuf> {
     Ok(dir)
 }
 
+/// The helm version `tools/helm` builds (its go.mod's `helm.sh/helm/v4` requirement).
+fn helm_version(root: &Path) -> Result<String> {
+    let go_mod = read(&root.join("tools").join("helm").join("go.mod"))?;
+    go_mod
+        .lines()
+        .find_map(|l| {
+            let mut words = l.split_whitespace();
+            (words.next() == Some("helm.sh/helm/v4")).then(|| words.next().map(str::to_owned))?
+        })
+        .context("tools/helm/go.mod must require helm.sh/helm/v4")
+}
+
+/// Builds (or reuses) `helm` from `tools/helm` (Go modules, no release download) and returns its
+/// path. Rebuilt only when the module's go.mod or go.sum changed.
+pub fn helm(root: &Path) -> Result<PathBuf> {
+    let version = helm_version(root)?;
+    let dir = assets::cache_root().join(format!("helm-{version}"));
+    std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+    let build = Build {
+        binary: "helm",
+        module: root.join("tools").join("helm"),
+        package: "helm.sh/helm/v4/cmd/helm",
+        ldflags: format!("-s -w -X helm.sh/helm/v4/internal/version.version={version}"),
+    };
+    let stamp = build.stamp()?;
+    let stamp_file = dir.join(".helm.stamp");
+    let binary = dir.join("helm");
+    if binary.is_file() && std::fs::read_to_string(&stamp_file).is_ok_and(|s| s == stamp) {
+        eprintln!("helm: reusing {}", binary.display());
+        return Ok(binary);
+    }
+    require_go()?;
+    let _ = std::fs::remove_file(&stamp_file);
+    let started = Instant::now();
+    let partial = dir.join(".helm.partial");
+    let mut cmd = go(&build.module);
+    cmd.args(["build", "-trimpath", "-ldflags", &build.ldflags, "-o"])
+        .arg(&partial)
+        .arg(build.package);
+    run(cmd)?;
+    std::fs::rename(&partial, &binary).context("move helm into its folder")?;
+    std::fs::write(&stamp_file, stamp).context("write the build stamp of helm")?;
+    eprintln!("helm: built in {}s", started.elapsed().as_secs());
+    Ok(binary)
+}
+
 /// Builds (or reuses) every Talos oracle under `tools/talos-oracle-*`, and the conformance tool
 /// `tools/talos-conformance`, and returns their folder.
 pub fn oracles(root: &Path) -> Result<PathBuf> {

@@ -5,6 +5,7 @@
 //!   prints their folder last.
 //! - `oracles`: build (or reuse) the Talos oracles from `tools/talos-oracle-*`; prints their
 //!   folder last.
+//! - `helm`: build (or reuse) helm from `tools/helm`; prints its path last.
 //! - `k8s-replaces [--check]`: regenerate the staging-module `replace` block of
 //!   `tools/k8s/go.mod` from `k8s.io/kubernetes`'s own go.mod.
 //! - `crdgen`: write the CRDs and admission policies generated from `ichor-api` to `config/`.
@@ -26,7 +27,7 @@ mod test;
 #[allow(dead_code)]
 mod assets;
 
-const USAGE: &str = "usage: cargo xtask <test | envtest-assets | oracles | k8s-replaces [--check] | crdgen | bench [render] | demo [--until-ready] | e2e --target sim|cluster|qemu>";
+const USAGE: &str = "usage: cargo xtask <test | envtest-assets | oracles | helm | k8s-replaces [--check] | crdgen | bench [render] | demo [--until-ready] | e2e --target sim|cluster|qemu>";
 
 /// The workspace root (the parent of this crate's folder).
 fn workspace_root() -> PathBuf {
@@ -46,6 +47,9 @@ fn main() -> ExitCode {
         }),
         Some("oracles") => envtest::oracles(&root).map(|dir| {
             println!("{}", dir.display());
+        }),
+        Some("helm") => envtest::helm(&root).map(|path| {
+            println!("{}", path.display());
         }),
         Some("k8s-replaces") => envtest::k8s_replaces(&root, args.get(1).map(String::as_str)),
         Some("crdgen") => test::crdgen(&root),

@@ -60,8 +60,50 @@ fn all_phases(root: &Path, phases: &mut Phases) -> Result<()> {
         ]);
         run_cmd(cmd)
     })?;
+    let helm = phases.phase("tools: helm (go build)", || envtest::helm(root))?;
+    phases.phase("helm lint", || {
+        let mut cmd = Command::new(&helm);
+        cmd.current_dir(root)
+            .args(["lint", "--strict", "charts/ichor"]);
+        run_cmd(cmd)
+    })?;
+    let static_dir = phases.phase("rust build (static binaries)", || build_static(root))?;
     let testenv_bin = phases.phase("rust build (tests)", || build_tests(root))?;
-    phases.phase("tests", || run_tests(root, &assets, &oracles, &testenv_bin))
+    let audit_dir = crate::assets::cache_root().join("rbac-audit");
+    let _ = std::fs::remove_dir_all(&audit_dir);
+    let tools = TestTools {
+        assets,
+        oracles,
+        testenv_bin,
+        helm,
+        static_dir,
+        audit_dir: audit_dir.clone(),
+    };
+    phases.phase("tests", || run_tests(root, &tools))?;
+    phases.phase("rbac audit (unused grants)", || {
+        let mut cmd = cargo(root);
+        cmd.args([
+            "run",
+            "--quiet",
+            "--package",
+            "ichor-harness",
+            "--bin",
+            "ichor-rbac-audit",
+            "--",
+        ])
+        .arg(&audit_dir);
+        run_cmd(cmd)
+    })
+}
+
+/// What the test run needs from the phases before it.
+struct TestTools {
+    assets: PathBuf,
+    oracles: PathBuf,
+    testenv_bin: PathBuf,
+    helm: PathBuf,
+    static_dir: PathBuf,
+    audit_dir: PathBuf,
 }
 
 fn ensure_cargo_deny(root: &Path) -> Result<()> {
@@ -174,13 +216,20 @@ impl Drop for SharedControlPlane {
     }
 }
 
-fn run_tests(root: &Path, assets: &Path, oracles: &Path, testenv_bin: &Path) -> Result<()> {
-    let plane = SharedControlPlane::start(testenv_bin, assets)?;
+/// Runs every test against one shared control plane. The e2e runs the statically linked
+/// binaries (what the images ship), and every control plane writes its audit log for the RBAC
+/// audit.
+fn run_tests(root: &Path, tools: &TestTools) -> Result<()> {
+    let plane = SharedControlPlane::start(&tools.testenv_bin, &tools.assets)?;
     let mut cmd = cargo(root);
     cmd.args(["test", "--workspace"])
         .env(SHARED_DIR_ENV, &plane.dir)
-        .env(crate::assets::ASSETS_ENV, assets)
-        .env(crate::assets::ORACLES_ENV, oracles);
+        .env(crate::assets::ASSETS_ENV, &tools.assets)
+        .env(crate::assets::ORACLES_ENV, &tools.oracles)
+        .env("ICHOR_HELM_BIN", &tools.helm)
+        .env("ICHOR_MANAGER_BIN", tools.static_dir.join("ichor-manager"))
+        .env("ICHOR_WEBHOOK_BIN", tools.static_dir.join("ichor-webhook"))
+        .env("ICHOR_AUDIT_DIR", &tools.audit_dir);
     let result = run_forwarding_signals(cmd);
     drop(plane);
     result

@@ -5,6 +5,7 @@
 //! as processes, each authenticated as its own ServiceAccount user bound to the shipped RBAC.
 #![forbid(unsafe_code)]
 
+pub mod audit;
 pub mod cluster;
 pub mod cluster_target;
 pub mod qemu;

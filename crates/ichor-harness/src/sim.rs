@@ -36,6 +36,9 @@ pub struct SimOptions {
     pub talos_version: String,
     /// The nodes' timings.
     pub timings: Timings,
+    /// Create the webhook's certificate Secret empty before the webhook starts, as the Helm
+    /// chart does (the webhook fills it); otherwise the webhook creates it.
+    pub empty_cert_secret: bool,
 }
 
 impl SimOptions {
@@ -46,6 +49,7 @@ impl SimOptions {
             net,
             talos_version: talos_version.to_owned(),
             timings: Timings::default(),
+            empty_cert_secret: false,
         }
     }
 }
@@ -250,6 +254,21 @@ impl SimTarget {
                 .kubeconfig_for(&user(admission::MANAGER_NAME), None)?,
         )?;
 
+        if options.empty_cert_secret {
+            Api::<k8s_openapi::api::core::v1::Secret>::namespaced(admin.clone(), SYSTEM_NAMESPACE)
+                .create(
+                    &PostParams::default(),
+                    &k8s_openapi::api::core::v1::Secret {
+                        metadata: ObjectMeta {
+                            name: Some(admission::WEBHOOK_CERT_SECRET.into()),
+                            ..Default::default()
+                        },
+                        type_: Some("Opaque".into()),
+                        ..Default::default()
+                    },
+                )
+                .await?;
+        }
         // The webhook, registered with the shipped configuration (pointed at its address).
         let (webhook, line) = spawn(
             binary("ichor-webhook")?,

@@ -79,6 +79,47 @@ pub struct ControlPlane {
     dir: tempfile::TempDir,
 }
 
+/// When set, every control plane writes a JSON audit log (metadata of every request except the
+/// control plane's own and the test administrator's) into this folder, one file per control
+/// plane: what the RBAC audit reads.
+pub const AUDIT_DIR_ENV: &str = "ICHOR_AUDIT_DIR";
+
+/// Users whose requests are not audited: the control plane's own and the test administrator.
+const UNAUDITED_USERS: &[&str] = &[
+    "ichor-testenv-admin",
+    "system:apiserver",
+    "system:kube-controller-manager",
+    "system:kube-scheduler",
+];
+
+/// The apiserver arguments that write an audit log for the control plane in `root` into `dir`.
+fn audit_args(root: &Path, dir: &Path) -> Result<Vec<String>, Error> {
+    std::fs::create_dir_all(dir).map_err(Error::io(format!("create {}", dir.display())))?;
+    let users = UNAUDITED_USERS
+        .iter()
+        .map(|u| format!("\"{u}\""))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let policy = format!(
+        "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [\"RequestReceived\"]\nrules:\n- level: None\n  users: [{users}]\n- level: Metadata\n"
+    );
+    let policy_file = root.join("audit-policy.yaml");
+    write(&policy_file, &policy)?;
+    let name = root
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "control-plane".into());
+    Ok(vec![
+        format!("--audit-policy-file={}", policy_file.display()),
+        format!(
+            "--audit-log-path={}",
+            dir.join(format!("{name}.log")).display()
+        ),
+        "--audit-log-format=json".into(),
+        "--audit-log-mode=blocking".into(),
+    ])
+}
+
 /// A port that was free on 127.0.0.1 a moment ago.
 pub(crate) fn free_port() -> Result<u16, Error> {
     let listener = TcpListener::bind("127.0.0.1:0").map_err(Error::io("bind a loopback port"))?;
@@ -155,6 +196,9 @@ impl ControlPlane {
             "--disable-admission-plugins=ServiceAccount".into(),
             "--enable-priority-and-fairness=false".into(),
         ];
+        if let Some(audit_dir) = std::env::var_os(AUDIT_DIR_ENV).filter(|v| !v.is_empty()) {
+            apiserver_args.extend(audit_args(&root, Path::new(&audit_dir))?);
+        }
         apiserver_args.extend(extra_apiserver_args.iter().cloned());
         let apiserver = Supervised::start(
             "kube-apiserver",

@@ -42,8 +42,8 @@ use kube::{Api, Client};
 use tokio::sync::OnceCell;
 
 pub use control_plane::{
-    ControlPlane, ControlPlaneBuilder, client_from_kubeconfig, default_assets_dir, kubeconfig_yaml,
-    tool_versions,
+    AUDIT_DIR_ENV, ControlPlane, ControlPlaneBuilder, client_from_kubeconfig, default_assets_dir,
+    kubeconfig_yaml, tool_versions,
 };
 pub use pki::CertAndKey;
 pub use workload::{NodeRegistration, WorkloadControlPlane, WorkloadSpec};

@@ -176,12 +176,51 @@ impl Ca {
     }
 }
 
-/// Reads the CA from its Secret, creating the Secret when it does not exist. Two replicas may
-/// race: the loser's create fails with `AlreadyExists`, and it reads the winner's.
+/// Whether a Secret holds no CA at all: the empty Secret an installer (the Helm chart) creates
+/// for the webhook to fill. A Secret with one of the two keys is not empty: it is invalid.
+fn unfilled(secret: &Secret) -> bool {
+    let data = secret.data.as_ref();
+    let has = |key: &str| data.is_some_and(|d| d.get(key).is_some_and(|v| !v.0.is_empty()));
+    !has(CA_CERT_KEY) && !has(CA_KEY_KEY)
+}
+
+fn ca_data(ca: &Ca) -> BTreeMap<String, ByteString> {
+    BTreeMap::from([
+        (
+            CA_CERT_KEY.to_owned(),
+            ByteString(ca.cert_pem.clone().into_bytes()),
+        ),
+        (
+            CA_KEY_KEY.to_owned(),
+            ByteString(ca.key_pem.clone().into_bytes()),
+        ),
+    ])
+}
+
+/// Reads the CA from its Secret, creating the Secret when it does not exist, or filling it when
+/// it exists empty (as the Helm chart ships it). Two replicas may race: the loser's create
+/// fails with `AlreadyExists`, or its fill with `Conflict` (the write is guarded by the
+/// Secret's resourceVersion), and it reads the winner's.
 pub async fn ensure_ca(client: &kube::Client, settings: &CertSettings) -> Result<Ca, CertError> {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &settings.namespace);
     if let Some(secret) = secrets.get_opt(&settings.secret).await? {
-        return Ca::from_secret(&secret, &settings.secret);
+        if !unfilled(&secret) {
+            return Ca::from_secret(&secret, &settings.secret);
+        }
+        let ca = Ca::generate()?;
+        let mut filled = secret;
+        filled.data = Some(ca_data(&ca));
+        return match secrets
+            .replace(&settings.secret, &PostParams::default(), &filled)
+            .await
+        {
+            Ok(_) => Ok(ca),
+            Err(kube::Error::Api(status)) if status.code == 409 => {
+                let winner = secrets.get(&settings.secret).await?;
+                Ca::from_secret(&winner, &settings.secret)
+            }
+            Err(error) => Err(error.into()),
+        };
     }
     let ca = Ca::generate()?;
     let secret = Secret {
@@ -195,16 +234,7 @@ pub async fn ensure_ca(client: &kube::Client, settings: &CertSettings) -> Result
             ..Default::default()
         },
         type_: Some("Opaque".into()),
-        data: Some(BTreeMap::from([
-            (
-                CA_CERT_KEY.to_owned(),
-                ByteString(ca.cert_pem.clone().into_bytes()),
-            ),
-            (
-                CA_KEY_KEY.to_owned(),
-                ByteString(ca.key_pem.clone().into_bytes()),
-            ),
-        ])),
+        data: Some(ca_data(&ca)),
         ..Default::default()
     };
     match secrets.create(&PostParams::default(), &secret).await {

@@ -190,3 +190,51 @@ async fn two_replicas_share_one_ca_and_follow_a_rotation() {
     let _ = a.kill().await;
     let _ = b.kill().await;
 }
+
+#[tokio::test]
+async fn an_empty_secret_from_the_installer_is_filled_once() {
+    let env = TestEnv::private().await.expect("private control plane");
+    let ns = env.namespace("certs-empty").await.expect("namespace");
+    env.register_webhook(
+        WEBHOOK_CONFIGURATION,
+        "https://127.0.0.1:1/validate",
+        "",
+        Vec::<RuleWithOperations>::new(),
+    )
+    .await
+    .expect("register");
+    // The Helm chart ships the Secret empty.
+    let secrets: Api<Secret> = Api::namespaced(env.client(), &ns);
+    secrets
+        .create(
+            &PostParams::default(),
+            &Secret {
+                metadata: kube::api::ObjectMeta {
+                    name: Some(CERT_SECRET.into()),
+                    ..Default::default()
+                },
+                type_: Some("Opaque".into()),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("empty Secret");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, env.connection().kubeconfig()).expect("kubeconfig");
+
+    // Two replicas race to fill it: one CA wins, both serve from it.
+    let ((mut a, port_a), (mut b, port_b)) =
+        tokio::join!(webhook(&kubeconfig, &ns), webhook(&kubeconfig, &ns));
+    let secret = secrets.get(CERT_SECRET).await.expect("the Secret");
+    let ca = secret.data.clone().expect("filled")[CA_CERT_KEY].0.clone();
+    assert!(!ca.is_empty());
+    eventually("the CA in the caBundle", || async {
+        ca_bundle(&env).await.as_ref() == Some(&ca)
+    })
+    .await;
+    healthy_with(&ca, port_a).await.expect("replica A verifies");
+    healthy_with(&ca, port_b).await.expect("replica B verifies");
+    let _ = a.kill().await;
+    let _ = b.kill().await;
+}
