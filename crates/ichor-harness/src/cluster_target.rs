@@ -879,26 +879,29 @@ pub(crate) async fn register_webhook(inner: &kube::Client, url: &str) -> Result<
             &Patch::Apply(&config),
         )
         .await?;
-    eventually(
-        "the webhook to inject its CA",
-        Duration::from_secs(120),
-        || async {
-            let injected = configs
-                .get(admission::WEBHOOK_CONFIGURATION)
-                .await?
-                .webhooks
-                .unwrap_or_default()
-                .iter()
-                .all(|w| {
-                    w.client_config
-                        .ca_bundle
-                        .as_ref()
-                        .is_some_and(|b| !b.0.is_empty())
-                });
-            Ok(injected.then_some(()))
-        },
-    )
-    .await
+    // Polled briskly: the sim target waits on this at every start.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let injected = configs
+            .get(admission::WEBHOOK_CONFIGURATION)
+            .await?
+            .webhooks
+            .unwrap_or_default()
+            .iter()
+            .all(|w| {
+                w.client_config
+                    .ca_bundle
+                    .as_ref()
+                    .is_some_and(|b| !b.0.is_empty())
+            });
+        if injected {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() > deadline {
+            return Err(Error::Binary("the webhook never injected its CA".into()));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// Writes `bytes` to `/ichor/<name>` in the controller pod (through a temporary name, so the

@@ -9,9 +9,6 @@ use std::time::Duration;
 use ichor_api::admission;
 use ichor_sim::{Hardware, NodeSpec, SimNode, Timings};
 use ichor_testenv::{CertAndKey, NodeRegistration, TestEnv, WorkloadControlPlane, WorkloadSpec};
-use k8s_openapi::api::admissionregistration::v1::{
-    ValidatingWebhookConfiguration, WebhookClientConfig,
-};
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::api::rbac::v1::{
     ClusterRole, ClusterRoleBinding, Role, RoleBinding, RoleRef, Subject,
@@ -288,40 +285,11 @@ impl SimTarget {
         )
         .await?;
         let port = line.rsplit(':').next().unwrap_or_default().to_owned();
-        let mut config = admission::validating_webhook_configuration();
-        for hook in config.webhooks.iter_mut().flatten() {
-            hook.client_config = WebhookClientConfig {
-                url: Some(format!(
-                    "https://127.0.0.1:{port}{}",
-                    admission::WEBHOOK_PATH
-                )),
-                ..Default::default()
-            };
-        }
-        let configs: Api<ValidatingWebhookConfiguration> = Api::all(admin.clone());
-        configs.create(&PostParams::default(), &config).await?;
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        loop {
-            let injected = configs
-                .get(admission::WEBHOOK_CONFIGURATION)
-                .await?
-                .webhooks
-                .unwrap_or_default()
-                .iter()
-                .all(|w| {
-                    w.client_config
-                        .ca_bundle
-                        .as_ref()
-                        .is_some_and(|b| !b.0.is_empty())
-                });
-            if injected {
-                break;
-            }
-            if std::time::Instant::now() > deadline {
-                return Err(Error::Binary("the webhook never injected its CA".into()));
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        crate::cluster_target::register_webhook(
+            &admin,
+            &format!("https://127.0.0.1:{port}{}", admission::WEBHOOK_PATH),
+        )
+        .await?;
         // Give the apiserver a moment to load the new caBundle.
         tokio::time::sleep(Duration::from_secs(2)).await;
 

@@ -256,17 +256,7 @@ pub fn cluster_tree(cluster: &TalosCluster, machines: &[TalosMachine]) -> Tree {
 
 /// Describes the TalosCluster `name` and its machines.
 pub async fn describe(conn: &Connection, name: &str) -> Result<String, Error> {
-    let clusters: Api<TalosCluster> = Api::namespaced(conn.client.clone(), &conn.namespace);
-    let cluster = clusters
-        .get_opt(name)
-        .await
-        .map_err(|e| Error::kube(format!("cannot read TalosCluster {name}"), &e))?
-        .ok_or_else(|| {
-            Error::Object(format!(
-                "TalosCluster {name} not found in namespace {ns}: list them with `kubectl get talosclusters -n {ns}`",
-                ns = conn.namespace
-            ))
-        })?;
+    let cluster = crate::render::get_cluster(conn, name, "").await?;
     let machines = Api::<TalosMachine>::namespaced(conn.client.clone(), &conn.namespace)
         .list(&ListParams::default())
         .await
