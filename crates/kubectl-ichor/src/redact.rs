@@ -4,6 +4,9 @@
 //! (inline manifests, file contents, environment values) are redacted too; `extraArgs` are
 //! shown. Empty values stay empty (a worker's `machine.ca.key: ""` says it has no key).
 
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD;
+use ichor_render::SecretsBundle;
 use serde_json::Value;
 
 /// What a redacted value is replaced with.
@@ -197,12 +200,43 @@ fn redact_join_token(url: &str) -> String {
     format!("{base}?{}", query.join("&"))
 }
 
+/// Every secret value of `bundle` as a config may carry it: plain, base64 of a PEM key, and
+/// each PEM key's body lines alone. What [`leaked`] looks for.
+pub fn bundle_secrets(bundle: &SecretsBundle) -> Vec<String> {
+    let mut out = vec![
+        bundle.cluster.secret.0.clone(),
+        bundle.secrets.bootstrap_token.0.clone(),
+        bundle.secrets.secretbox_encryption_secret.0.clone(),
+        bundle.trustd_info.token.0.clone(),
+    ];
+    for key in [
+        &bundle.certs.etcd.key.0,
+        &bundle.certs.k8s.key.0,
+        &bundle.certs.k8s_aggregator.key.0,
+        &bundle.certs.k8s_service_account.key.0,
+        &bundle.certs.os.key.0,
+    ] {
+        out.push(key.clone());
+        out.push(STANDARD.encode(key));
+        out.extend(
+            key.lines()
+                .filter(|l| !l.starts_with("-----") && l.len() >= 16)
+                .map(str::to_owned),
+        );
+    }
+    out.retain(|s| !s.is_empty());
+    out
+}
+
+/// Whether `text` still holds one of `secrets` (a redaction gap: never print it).
+pub fn leaked(text: &str, secrets: &[String]) -> bool {
+    secrets.iter().any(|secret| text.contains(secret.as_str()))
+}
+
 #[cfg(test)]
 mod tests {
-    use base64::Engine as _;
-    use base64::engine::general_purpose::STANDARD;
     use ichor_api::common::Role;
-    use ichor_render::{Contract, SecretsBundle, render::to_yaml};
+    use ichor_render::{Contract, render::to_yaml};
     use serde_json::json;
 
     use super::*;
@@ -214,34 +248,6 @@ mod tests {
             Contract::V1_14 => include_str!("../../ichor-render/tests/golden/bundle-1.14.yaml"),
         };
         SecretsBundle::from_yaml(text).expect("the test bundle")
-    }
-
-    /// Every secret value of a bundle, as the config may carry it (plain, base64 of the PEM),
-    /// and each PEM key's body lines alone.
-    fn secrets(b: &SecretsBundle) -> Vec<String> {
-        let mut out = vec![
-            b.cluster.secret.0.clone(),
-            b.secrets.bootstrap_token.0.clone(),
-            b.secrets.secretbox_encryption_secret.0.clone(),
-            b.trustd_info.token.0.clone(),
-        ];
-        for key in [
-            &b.certs.etcd.key.0,
-            &b.certs.k8s.key.0,
-            &b.certs.k8s_aggregator.key.0,
-            &b.certs.k8s_service_account.key.0,
-            &b.certs.os.key.0,
-        ] {
-            out.push(key.clone());
-            out.push(STANDARD.encode(key));
-            out.extend(
-                key.lines()
-                    .filter(|l| !l.starts_with("-----") && l.len() >= 16)
-                    .map(str::to_owned),
-            );
-        }
-        out.retain(|s| !s.is_empty());
-        out
     }
 
     fn rendered(contract: Contract, role: Role, b: &SecretsBundle) -> ichor_render::Rendered {
@@ -271,7 +277,7 @@ mod tests {
     fn a_rendered_config_keeps_none_of_the_bundles_secrets() {
         for contract in [Contract::V1_13, Contract::V1_14] {
             let b = bundle(contract);
-            let secrets = secrets(&b);
+            let secrets = bundle_secrets(&b);
             for role in [Role::ControlPlane, Role::Worker] {
                 let out = rendered(contract, role, &b);
                 // The test means something: the raw config carries the secrets.

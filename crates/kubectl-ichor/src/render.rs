@@ -18,7 +18,7 @@ use crate::Error;
 use crate::connect::Connection;
 use crate::diff::unified;
 use crate::machines::get_machine;
-use crate::redact::redact;
+use crate::redact::{bundle_secrets, leaked, redact};
 
 /// The role to render with: the machine's, else `--role` (a preview for a machine not approved
 /// yet).
@@ -232,22 +232,30 @@ pub async fn render(
                 "the config of TalosMachine {name} cannot be rendered: {e}"
             ))
         })?;
-    if !diff {
-        return config_text(&machine, &cluster_name, role, &rendered);
-    }
-    let stored = match secret_key(
-        conn,
-        &applied_config_secret(name),
-        secret_names::APPLIED_CONFIG_KEY,
-    )
-    .await
-    {
-        Ok(stored) => stored,
-        // A Secret without the key holds no record.
-        Err(Error::Object(_)) => None,
-        Err(error) => return Err(error),
+    let text = if diff {
+        let stored = match secret_key(
+            conn,
+            &applied_config_secret(name),
+            secret_names::APPLIED_CONFIG_KEY,
+        )
+        .await
+        {
+            Ok(stored) => stored,
+            // A Secret without the key holds no record.
+            Err(Error::Object(_)) => None,
+            Err(error) => return Err(error),
+        };
+        diff_report(&machine, stored.as_deref(), &rendered)?
+    } else {
+        config_text(&machine, &cluster_name, role, &rendered)?
     };
-    diff_report(&machine, stored.as_deref(), &rendered)
+    // Fail closed: a value of the bundle that survived redaction is never printed.
+    if leaked(&text, &bundle_secrets(&bundle)) {
+        return Err(Error::Object(format!(
+            "refusing to print the config of TalosMachine {name}: a value of the secrets bundle survived redaction (a bug in kubectl-ichor: please report it)"
+        )));
+    }
+    Ok(text)
 }
 
 #[cfg(test)]

@@ -73,7 +73,6 @@ fn machines(target: &SimTarget) -> Api<TalosMachine> {
 
 /// Every secret value of the cluster's bundle, as a config could carry it.
 async fn bundle_secrets(target: &SimTarget, cluster: &str) -> Vec<String> {
-    use base64::Engine as _;
     let found = Api::<TalosCluster>::namespaced(target.client(), target.namespace())
         .get(cluster)
         .await
@@ -88,38 +87,15 @@ async fn bundle_secrets(target: &SimTarget, cluster: &str) -> Vec<String> {
         .expect("bundle Secret");
     let data = secret.data.expect("data");
     let text = String::from_utf8(data[secret_names::BUNDLE_KEY].0.clone()).expect("utf-8");
-    let b = SecretsBundle::from_yaml(&text).expect("bundle");
-    let mut out = vec![
-        b.cluster.secret.0.clone(),
-        b.secrets.bootstrap_token.0.clone(),
-        b.secrets.secretbox_encryption_secret.0.clone(),
-        b.trustd_info.token.0.clone(),
-    ];
-    for key in [
-        &b.certs.etcd.key.0,
-        &b.certs.k8s.key.0,
-        &b.certs.k8s_aggregator.key.0,
-        &b.certs.k8s_service_account.key.0,
-        &b.certs.os.key.0,
-    ] {
-        out.push(base64::engine::general_purpose::STANDARD.encode(key));
-        out.extend(
-            key.lines()
-                .filter(|l| !l.starts_with("-----") && l.len() >= 16)
-                .map(str::to_owned),
-        );
-    }
-    out.retain(|s| !s.is_empty());
-    out
+    let bundle = SecretsBundle::from_yaml(&text).expect("bundle");
+    kubectl_ichor::redact::bundle_secrets(&bundle)
 }
 
 fn assert_no_secret(text: &str, secrets: &[String], what: &str) {
-    for secret in secrets {
-        assert!(
-            !text.contains(secret.as_str()),
-            "{what} shows a secret of the bundle"
-        );
-    }
+    assert!(
+        !kubectl_ichor::redact::leaked(text, secrets),
+        "{what} shows a secret of the bundle"
+    );
 }
 
 /// The applied-config Secret of `machine`: labelled with the machine, owned by it.
