@@ -122,10 +122,11 @@ where
     }
 }
 
-#[tokio::test]
-async fn two_replicas_share_one_ca_and_follow_a_rotation() {
+/// A private control plane with the webhook configuration registered (no CA yet), a namespace
+/// named after `prefix`, and an admin kubeconfig file (kept while the folder lives).
+async fn control_plane(prefix: &str) -> (TestEnv, String, tempfile::TempDir, std::path::PathBuf) {
     let env = TestEnv::private().await.expect("private control plane");
-    let ns = env.namespace("certs").await.expect("namespace");
+    let ns = env.namespace(prefix).await.expect("namespace");
     env.register_webhook(
         WEBHOOK_CONFIGURATION,
         "https://127.0.0.1:1/validate",
@@ -137,6 +138,12 @@ async fn two_replicas_share_one_ca_and_follow_a_rotation() {
     let dir = tempfile::tempdir().expect("tempdir");
     let kubeconfig = dir.path().join("kubeconfig");
     std::fs::write(&kubeconfig, env.connection().kubeconfig()).expect("kubeconfig");
+    (env, ns, dir, kubeconfig)
+}
+
+#[tokio::test]
+async fn two_replicas_share_one_ca_and_follow_a_rotation() {
+    let (env, ns, _dir, kubeconfig) = control_plane("certs").await;
 
     // Both start at once against a namespace without the Secret.
     let ((mut a, port_a), (mut b, port_b)) =
@@ -193,16 +200,7 @@ async fn two_replicas_share_one_ca_and_follow_a_rotation() {
 
 #[tokio::test]
 async fn an_empty_secret_from_the_installer_is_filled_once() {
-    let env = TestEnv::private().await.expect("private control plane");
-    let ns = env.namespace("certs-empty").await.expect("namespace");
-    env.register_webhook(
-        WEBHOOK_CONFIGURATION,
-        "https://127.0.0.1:1/validate",
-        "",
-        Vec::<RuleWithOperations>::new(),
-    )
-    .await
-    .expect("register");
+    let (env, ns, _dir, kubeconfig) = control_plane("certs-empty").await;
     // The Helm chart ships the Secret empty.
     let secrets: Api<Secret> = Api::namespaced(env.client(), &ns);
     secrets
@@ -219,9 +217,6 @@ async fn an_empty_secret_from_the_installer_is_filled_once() {
         )
         .await
         .expect("empty Secret");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let kubeconfig = dir.path().join("kubeconfig");
-    std::fs::write(&kubeconfig, env.connection().kubeconfig()).expect("kubeconfig");
 
     // Two replicas race to fill it: one CA wins, both serve from it.
     let ((mut a, port_a), (mut b, port_b)) =
