@@ -217,8 +217,9 @@ pub fn helm(root: &Path) -> Result<PathBuf> {
     Ok(binary)
 }
 
-/// Builds (or reuses) every Talos oracle under `tools/talos-oracle-*`, and the conformance tool
-/// `tools/talos-conformance`, and returns their folder.
+/// Builds (or reuses) every Talos oracle under `tools/talos-oracle-*`, the conformance tool
+/// `tools/talos-conformance` and the real `talosctl` (`tools/talosctl`), and returns their
+/// folder.
 pub fn oracles(root: &Path) -> Result<PathBuf> {
     let dir = assets::oracles_dir();
     std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
@@ -232,7 +233,9 @@ pub fn oracles(root: &Path) -> Result<PathBuf> {
             p.join("main.go").is_file()
                 && p.file_name()
                     .and_then(|n| n.to_str())
-                    .is_some_and(|n| n.starts_with("talos-oracle-") || n == "talos-conformance")
+                    .is_some_and(|n| {
+                        n.starts_with("talos-oracle-") || n == "talos-conformance" || n == "talosctl"
+                    })
         })
         .collect();
     modules.sort();
@@ -265,16 +268,42 @@ pub fn oracles(root: &Path) -> Result<PathBuf> {
             continue;
         }
         require_go()?;
+        let started = Instant::now();
         let partial = dir.join(format!(".{name}.partial"));
+        let mut ldflags = "-s -w".to_owned();
+        if name == "talosctl" {
+            ldflags.push_str(&talosctl_ldflags(&read(&module.join("go.mod"))?)?);
+        }
         let mut cmd = go(&module);
-        cmd.args(["build", "-trimpath", "-ldflags", "-s -w", "-o"])
+        cmd.args(["build", "-trimpath", "-ldflags", &ldflags, "-o"])
             .arg(&partial)
             .arg(".");
         run(cmd)?;
+        eprintln!("oracles: built {name} in {}s", started.elapsed().as_secs());
         std::fs::rename(&partial, &binary).with_context(|| format!("install {name}"))?;
         std::fs::write(&stamp_file, stamp).context("write the oracle stamp")?;
     }
     Ok(dir)
+}
+
+/// The linker flags that stamp talosctl with the Talos version its module requires, as Talos's
+/// release build does (`talosctl version --client` and `gen config`'s default contract read it).
+fn talosctl_ldflags(go_mod: &str) -> Result<String> {
+    let version = go_mod
+        .lines()
+        .find_map(|line| {
+            // Either a line of a `require (` block or a one-line `require module version`.
+            let line = line.trim().trim_start_matches("require ");
+            let mut words = line.split_whitespace();
+            (words.next() == Some("github.com/siderolabs/talos"))
+                .then(|| words.next())
+                .flatten()
+                .filter(|v| v.starts_with('v'))
+        })
+        .context("tools/talosctl/go.mod must require github.com/siderolabs/talos")?;
+    Ok(format!(
+        " -X github.com/siderolabs/talos/pkg/machinery/version.Tag={version}"
+    ))
 }
 
 /// The `.go` files directly in `module`, sorted.
