@@ -133,10 +133,26 @@ async fn etcd_members(target: &SimTarget, address: &str) -> Vec<ichor_talos::Etc
         .expect("members")
 }
 
-async fn gone(target: &SimTarget, name: &str, limit: Duration) {
+/// The UID of the record `name`, which its finalizer keeps while it is being removed.
+async fn uid_of(target: &SimTarget, name: &str) -> Option<String> {
+    let machines: Api<TalosMachine> = Api::namespaced(target.client(), target.namespace());
+    machines
+        .get(name)
+        .await
+        .expect("the machine being removed")
+        .metadata
+        .uid
+}
+
+/// Waits until the record `name` with `uid` has gone. A node reset to maintenance mode is
+/// discovered again under the same name: that new record is another machine record.
+async fn gone(target: &SimTarget, name: &str, uid: &Option<String>, limit: Duration) {
     let machines: Api<TalosMachine> = Api::namespaced(target.client(), target.namespace());
     if let Err(error) = eventually(&format!("{name} gone"), limit, || async {
-        machines.get_opt(name).await.is_ok_and(|m| m.is_none())
+        machines
+            .get_opt(name)
+            .await
+            .is_ok_and(|m| m.is_none_or(|m| m.metadata.uid != *uid))
     })
     .await
     {
@@ -211,6 +227,7 @@ async fn removal_resumes_after_manager_kills_and_runs_once_only_steps_once() {
     let name = specs::delete_machine(&target, &endpoints[2])
         .await
         .expect("the webhook admits 4 -> 3");
+    let uid = uid_of(&target, &name).await;
 
     // Kill points 1 and 2: after the cordon, in the middle of a drain the budget blocks.
     eventually("the drain blocked", Duration::from_secs(90), || async {
@@ -256,7 +273,7 @@ async fn removal_resumes_after_manager_kills_and_runs_once_only_steps_once() {
     reset.release();
     target.start_manager().await.expect("restart");
 
-    gone(&target, &name, Duration::from_secs(120)).await;
+    gone(&target, &name, &uid, Duration::from_secs(120)).await;
     let seen = monitor.finish().await;
     eventually("cp-3 in maintenance", Duration::from_secs(30), || async {
         node.stage().await == Stage::Maintenance
@@ -305,6 +322,7 @@ async fn a_failed_leave_stops_and_the_force_path_removes_a_partitioned_node() {
     let name = specs::delete_machine(&target, &endpoints[3])
         .await
         .expect("admitted");
+    let uid = uid_of(&target, &name).await;
     eventually("EtcdLeaveFailed", Duration::from_secs(90), || async {
         removal_reason(&target, &endpoints[3]).await.as_deref() == Some(reasons::ETCD_LEAVE_FAILED)
     })
@@ -335,7 +353,7 @@ async fn a_failed_leave_stops_and_the_force_path_removes_a_partitioned_node() {
         )
         .await
         .expect("force");
-    gone(&target, &name, Duration::from_secs(120)).await;
+    gone(&target, &name, &uid, Duration::from_secs(120)).await;
     let members = etcd_members(&target, &endpoints[0]).await;
     assert_eq!(members.len(), 3, "{members:?}");
     assert!(
