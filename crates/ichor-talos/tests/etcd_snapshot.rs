@@ -99,10 +99,7 @@ async fn a_snapshot_is_an_etcd_database_with_the_simulators_key_count() {
         node.etcd_keys().await.expect("a member") as u64,
         "talosctl prints the simulator's key count"
     );
-    assert_eq!(
-        number(&status, "total-size"),
-        snapshot.len() as u64 - 32
-    );
+    assert_eq!(number(&status, "total-size"), snapshot.len() as u64 - 32);
     assert_eq!(
         status["buckets"],
         "alarm,auth,authRoles,authUsers,cluster,key,lease,members,members_removed,meta"

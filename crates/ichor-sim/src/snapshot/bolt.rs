@@ -26,13 +26,16 @@ const LEAF_BUCKET: u32 = 0x01;
 /// The first page after the two meta pages and the freelist.
 const FIRST_DATA_PAGE: u64 = 3;
 
+/// What receives entries with their values, one at a time.
+pub(crate) type Visit<'a> = dyn FnMut(&[u8], &[u8]) -> io::Result<()> + 'a;
+
 /// One bucket's entries in strictly ascending key order, visited twice with the same result:
 /// once for the sizes (planning), once for the bytes (writing).
 pub(crate) trait Entries {
     /// Calls `visit(key, value length)` for each entry, in order.
     fn sizes(&self, visit: &mut dyn FnMut(&[u8], usize));
     /// Calls `visit(key, value)` for each entry, in order; stops at the first error.
-    fn write(&self, visit: &mut dyn FnMut(&[u8], &[u8]) -> io::Result<()>) -> io::Result<()>;
+    fn write(&self, visit: &mut Visit<'_>) -> io::Result<()>;
 }
 
 /// Entries held in memory (small buckets), sorted on construction.
@@ -56,7 +59,7 @@ impl Entries for Small {
         }
     }
 
-    fn write(&self, visit: &mut dyn FnMut(&[u8], &[u8]) -> io::Result<()>) -> io::Result<()> {
+    fn write(&self, visit: &mut Visit<'_>) -> io::Result<()> {
         self.0.iter().try_for_each(|(k, v)| visit(k, v))
     }
 }
@@ -422,7 +425,7 @@ impl<'a> Plan<'a> {
     }
 }
 
-type Source<'s> = dyn FnMut(&mut dyn FnMut(&[u8], &[u8]) -> io::Result<()>) -> io::Result<()> + 's;
+type Source<'s> = dyn FnMut(&mut Visit<'_>) -> io::Result<()> + 's;
 
 /// Writes a tree's leaf pages from its entries, one page buffer at a time.
 fn write_leaves(

@@ -890,7 +890,7 @@ impl bolt::Entries for Keyspace {
         });
     }
 
-    fn write(&self, visit: &mut dyn FnMut(&[u8], &[u8]) -> io::Result<()>) -> io::Result<()> {
+    fn write(&self, visit: &mut bolt::Visit<'_>) -> io::Result<()> {
         let seed = self.seed;
         self.generate(&mut |r| visit(&r.revision_key(), &r.value(seed)))
     }

@@ -429,8 +429,10 @@ mod tests {
         }
     }
 
+    type Bucket = (String, Vec<(Vec<u8>, Vec<u8>)>, usize);
+
     /// Every bucket of a snapshot's database with its entries and depth (0: inline).
-    fn buckets(file: &[u8]) -> Vec<(String, Vec<(Vec<u8>, Vec<u8>)>, usize)> {
+    fn buckets(file: &[u8]) -> Vec<Bucket> {
         let root = u64_at(file, 16 + 16);
         let mut top = Vec::new();
         walk(file, root, &mut top);
