@@ -546,7 +546,8 @@ impl MachineService for Configured {
                 member_status: Some(EtcdMemberStatus {
                     protocol_version: "3.6.0".into(),
                     db_size,
-                    db_size_in_use: db_size / 2,
+                    // No free pages: all of it is in use.
+                    db_size_in_use: db_size,
                     leader,
                     raft_index: cluster.raft_index,
                     raft_term: cluster.raft_term,

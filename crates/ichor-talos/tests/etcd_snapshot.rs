@@ -13,8 +13,8 @@ use std::time::Duration;
 use ichor_api::common::Role;
 use ichor_render::pki::Role as TalosRole;
 use ichor_sim::{Hardware, NodeSpec, SimNode};
-use ichor_talos::TalosClient;
-use support::{NodeConfig, admin, bundle_for, credentials, node_config};
+use ichor_talos::{ResetOptions, TalosClient};
+use support::{NodeConfig, admin, bundle_for, credentials, eventually, node_config};
 
 /// A bootstrapped control plane on 127.0.94.`host` whose cluster holds about `etcd_size`
 /// bytes.
@@ -204,5 +204,18 @@ async fn an_uploaded_snapshot_is_kept_with_what_a_recovery_will_find() {
         .await
         .expect_err("admin only");
     assert_eq!(refused.code(), Some(tonic::Code::PermissionDenied));
+
+    // It lives in EPHEMERAL: a reset that wipes EPHEMERAL takes it.
+    client
+        .reset(ResetOptions {
+            graceful: false,
+            reboot: true,
+        })
+        .await
+        .expect("reset");
+    eventually("the upload wiped", || async {
+        node.etcd_recovery_snapshot().await.is_none()
+    })
+    .await;
     node.stop().await;
 }
