@@ -12,7 +12,8 @@
 //!   metadata forwarding between nodes that trust each other.
 //! - **Etcd** (§1.2, §5): membership derived only from applied configs — Bootstrap with its
 //!   not-ready window, joins as learners and promotion, member list/remove/leave/forfeit,
-//!   status, snapshot, defragment, quorum loss; a second Bootstrap makes a second cluster.
+//!   status, snapshots (bbolt files in etcd's layout, §12) and recovery uploads, defragment,
+//!   quorum loss; a second Bootstrap makes a second cluster.
 //! - **Workers** (§5): their API comes up only once trustd on a bootstrapped control plane of
 //!   the same cluster, reached through the configured endpoint, accepts their token.
 //! - **Reset, reboot, upgrade** (§1.2, §1.3, §8.4), readiness by CNI (§8.3).
