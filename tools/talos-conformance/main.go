@@ -3,6 +3,7 @@
 //	talos-conformance dump
 //	talos-conformance fingerprint < cert.pem
 //	talos-conformance drive --endpoint HOST[:PORT] --fingerprint F --config PATH --bundle PATH
+//	talos-conformance snapshot-status FILE
 //
 // `dump` prints, one per line, every service method, message field and enum value Talos
 // registers in the packages Ichor's proto/ covers, in the canonical form Ichor's test compares
@@ -16,7 +17,9 @@
 // `fingerprint` prints the fingerprint talosctl --cert-fingerprint pins for a certificate
 // (fingerprint.go). `drive` takes a node in maintenance mode through discovery, apply and the
 // first mutual-TLS calls with Talos's own Go client, printing one `key value` line per fact
-// (drive.go).
+// (drive.go). `snapshot-status` checks an etcd snapshot file with bbolt's consistency check,
+// etcdutl's snapshot status (what `talosctl etcd snapshot` prints) and etcdutl's restore
+// (snapshot.go).
 //
 // Exit status 1 when a command fails, 2 on a usage error.
 package main
@@ -79,6 +82,12 @@ func main() {
 		}
 
 		err = drive(args)
+	case "snapshot-status":
+		if len(os.Args) != 3 {
+			usage()
+		}
+
+		err = snapshotStatus(os.Args[2])
 	default:
 		usage()
 	}
@@ -91,7 +100,7 @@ func main() {
 
 func usage() {
 	fmt.Fprintln(os.Stderr, "usage: talos-conformance dump | fingerprint < cert.pem | "+
-		"drive --endpoint HOST[:PORT] --fingerprint F --config PATH --bundle PATH")
+		"drive --endpoint HOST[:PORT] --fingerprint F --config PATH --bundle PATH | snapshot-status FILE")
 	os.Exit(2)
 }
 

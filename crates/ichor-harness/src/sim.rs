@@ -33,6 +33,9 @@ pub struct SimOptions {
     pub talos_version: String,
     /// The nodes' timings.
     pub timings: Timings,
+    /// About how large the etcd database of the nodes' cluster is, in bytes
+    /// ([`NodeSpec::etcd_size`]; [`ichor_sim::DEFAULT_ETCD_SIZE`] unless a spec says).
+    pub etcd_size: u64,
     /// Create the webhook's certificate Secret empty before the webhook starts, as the Helm
     /// chart does (the webhook fills it); otherwise the webhook creates it.
     pub empty_cert_secret: bool,
@@ -46,6 +49,7 @@ impl SimOptions {
             net,
             talos_version: talos_version.to_owned(),
             timings: Timings::default(),
+            etcd_size: ichor_sim::DEFAULT_ETCD_SIZE,
             empty_cert_secret: false,
         }
     }
@@ -300,6 +304,7 @@ impl SimTarget {
                 SimNode::spawn(NodeSpec {
                     hardware: Hardware::vm(u32::from(options.net) * 256 + u32::from(host)),
                     timings: options.timings,
+                    etcd_size: options.etcd_size,
                     ..NodeSpec::new(addr, &options.talos_version)
                 })
                 .await?,

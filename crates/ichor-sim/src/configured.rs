@@ -3,7 +3,6 @@
 //! control planes (§1.2, §5), and the node's own background work: joining etcd, and a
 //! worker's wait for trustd (§5).
 
-use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -17,12 +16,12 @@ use ichor_talos::api::machine::{
     BootstrapRequest, BootstrapResponse, EtcdDefragment, EtcdDefragmentResponse,
     EtcdForfeitLeadership, EtcdForfeitLeadershipRequest, EtcdForfeitLeadershipResponse,
     EtcdLeaveCluster, EtcdLeaveClusterRequest, EtcdLeaveClusterResponse, EtcdMember,
-    EtcdMemberListRequest, EtcdMemberListResponse, EtcdMemberStatus, EtcdMembers,
-    EtcdRemoveMemberById, EtcdRemoveMemberByIdRequest, EtcdRemoveMemberByIdResponse,
-    EtcdSnapshotRequest, EtcdStatus, EtcdStatusResponse, Hostname, HostnameResponse, Reboot,
-    RebootRequest, RebootResponse, Reset, ResetRequest, ResetResponse, ServiceEvents,
-    ServiceHealth, ServiceInfo, ServiceList, ServiceListResponse, Upgrade, UpgradeRequest,
-    UpgradeResponse, VersionResponse,
+    EtcdMemberListRequest, EtcdMemberListResponse, EtcdMemberStatus, EtcdMembers, EtcdRecover,
+    EtcdRecoverResponse, EtcdRemoveMemberById, EtcdRemoveMemberByIdRequest,
+    EtcdRemoveMemberByIdResponse, EtcdSnapshotRequest, EtcdStatus, EtcdStatusResponse, Hostname,
+    HostnameResponse, Reboot, RebootRequest, RebootResponse, Reset, ResetRequest, ResetResponse,
+    ServiceEvents, ServiceHealth, ServiceInfo, ServiceList, ServiceListResponse, Upgrade,
+    UpgradeRequest, UpgradeResponse, VersionResponse,
 };
 use tokio::sync::Mutex;
 use tokio::time::Instant;
@@ -31,7 +30,9 @@ use tonic::{Request, Response, Status};
 use crate::config::AppliedConfig;
 use crate::maintenance::{load, version_reply};
 use crate::network::{EtcdCluster, EtcdDown, Inner, Member, Shared, network, random_id};
-use crate::{EtcdData, Node, Stage};
+use crate::snapshot::keyspace::Keyspace;
+use crate::snapshot::{self, SnapshotStream};
+use crate::{EtcdData, Node, Recovery, Stage};
 
 /// Talos API roles, weakest first (talos-facts §2 "Client certificate").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -83,7 +84,8 @@ fn caller_roles<T>(request: &Request<T>) -> Vec<Role> {
 pub(crate) fn authorize<T>(request: &Request<T>, needed: Role) -> Result<(), Status> {
     let roles = caller_roles(request);
     let granted = roles.iter().any(|&role| match needed {
-        Role::EtcdBackup => role == Role::EtcdBackup || role == Role::Admin,
+        // EtcdSnapshot: admin, operator or os:etcd:backup (talos-facts §12.1).
+        Role::EtcdBackup => role >= Role::EtcdBackup,
         _ => role != Role::EtcdBackup && role >= needed,
     });
     if granted {
@@ -380,8 +382,9 @@ impl MachineService for Configured {
             addr: self.shared.addr,
             learner: false,
         };
+        let id = random_id();
         let cluster = EtcdCluster {
-            id: random_id(),
+            id,
             identity: config.cluster_identity(),
             leader: member.id,
             members: vec![member.clone()],
@@ -389,6 +392,8 @@ impl MachineService for Configured {
             raft_index: 4,
             cni_present: config.deploys_cni,
             created: Instant::now(),
+            // The cluster's data is its own, the same in every snapshot of it (§12.3).
+            keyspace: Arc::new(Keyspace::new(id, node.etcd_size)),
         };
         node.etcd = Some(EtcdData {
             cluster: cluster.id,
@@ -533,14 +538,16 @@ impl MachineService for Configured {
         } else {
             Vec::new()
         };
-        let db_size = 20_480 + i64::try_from(cluster.raft_index).unwrap_or(0) * 64;
+        // The database a snapshot holds, without free pages (§12.3).
+        let db_size = i64::try_from(cluster.snapshot_view().db_size()).unwrap_or(i64::MAX);
         Ok(Response::new(EtcdStatusResponse {
             messages: vec![EtcdStatus {
                 metadata: None,
                 member_status: Some(EtcdMemberStatus {
                     protocol_version: "3.6.0".into(),
                     db_size,
-                    db_size_in_use: db_size / 2,
+                    // No free pages: all of it is in use.
+                    db_size_in_use: db_size,
                     leader,
                     raft_index: cluster.raft_index,
                     raft_term: cluster.raft_term,
@@ -554,10 +561,11 @@ impl MachineService for Configured {
         }))
     }
 
-    type EtcdSnapshotStream =
-        Pin<Box<dyn tokio_stream::Stream<Item = Result<Data, Status>> + Send>>;
+    type EtcdSnapshotStream = SnapshotStream;
 
-    /// A snapshot of the local member's data, streamed in chunks (`os:etcd:backup` or admin).
+    /// A snapshot of the local member's database (talos-facts §12.1): the bbolt file with its
+    /// SHA-256 trailer, streamed in chunks while it is written (admin, operator or
+    /// `os:etcd:backup`).
     async fn etcd_snapshot(
         &self,
         r: Request<EtcdSnapshotRequest>,
@@ -567,21 +575,38 @@ impl MachineService for Configured {
         let node = strong.lock().await;
         control_plane_only(&node, "etcd snapshot")?;
         let data = local_member(&node)?;
-        let body = format!(
-            "ichor-sim etcd snapshot\ncluster {:016x}\nmember {:016x}\n",
-            data.cluster, data.member
-        )
-        .into_bytes();
-        let chunks: Vec<Result<Data, Status>> = body
-            .chunks(32)
-            .map(|c| {
-                Ok(Data {
-                    metadata: None,
-                    bytes: c.to_vec(),
-                })
-            })
-            .collect();
-        Ok(Response::new(Box::pin(tokio_stream::iter(chunks))))
+        // The member reads its own database: no quorum needed.
+        let view = network()
+            .cluster(data.cluster)
+            .filter(|c| c.members.iter().any(|m| m.id == data.member))
+            .map(EtcdCluster::snapshot_view)
+            .ok_or_else(|| etcd_down(&EtcdDown::Removed))?;
+        Ok(Response::new(view.stream()))
+    }
+
+    /// Keeps an uploaded snapshot for a Bootstrap that recovers from it, as Talos writes it to
+    /// `/var/lib/etcd.snapshot` (talos-facts §12.2): admin, control planes only; nothing about
+    /// the contents is refused here, the check waits for the recovery.
+    async fn etcd_recover(&self, r: Request<tonic::Streaming<Data>>) -> Reply<EtcdRecoverResponse> {
+        authorize(&r, Role::Admin)?;
+        {
+            let strong = self.strong()?;
+            control_plane_only(&*strong.lock().await, "etcd recover")?;
+        }
+        let mut upload = r.into_inner();
+        let mut bytes = Vec::new();
+        while let Some(chunk) = upload.message().await? {
+            bytes.extend_from_slice(&chunk.bytes);
+        }
+        let checked = snapshot::check(&bytes);
+        let strong = self.strong()?;
+        strong.lock().await.etcd_recovery = Some(Recovery {
+            bytes: Arc::new(bytes),
+            checked,
+        });
+        Ok(Response::new(EtcdRecoverResponse {
+            messages: vec![EtcdRecover { metadata: None }],
+        }))
     }
 
     async fn etcd_defragment(&self, r: Request<()>) -> Reply<EtcdDefragmentResponse> {
@@ -634,6 +659,7 @@ impl MachineService for Configured {
             }
             if wipe_system && labels.iter().any(|l| l == "EPHEMERAL") {
                 node.etcd = None;
+                node.etcd_recovery = None;
                 node.images.clear();
             }
             if !reboot {

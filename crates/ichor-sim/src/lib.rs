@@ -12,7 +12,8 @@
 //!   metadata forwarding between nodes that trust each other.
 //! - **Etcd** (§1.2, §5): membership derived only from applied configs — Bootstrap with its
 //!   not-ready window, joins as learners and promotion, member list/remove/leave/forfeit,
-//!   status, snapshot, defragment, quorum loss; a second Bootstrap makes a second cluster.
+//!   status, snapshots (bbolt files in etcd's layout, §12) and recovery uploads, defragment,
+//!   quorum loss; a second Bootstrap makes a second cluster.
 //! - **Workers** (§5): their API comes up only once trustd on a bootstrapped control plane of
 //!   the same cluster, reached through the configured endpoint, accepts their token.
 //! - **Reset, reboot, upgrade** (§1.2, §1.3, §8.4), readiness by CNI (§8.3).
@@ -28,6 +29,7 @@ pub mod hardware;
 mod lifecycle;
 mod maintenance;
 mod network;
+mod snapshot;
 mod storage;
 mod tls;
 
@@ -133,7 +135,13 @@ pub struct NodeSpec {
     /// A config it already runs (rendered multi-document YAML, as if applied and installed
     /// before), or none: maintenance mode.
     pub config: Option<String>,
+    /// About how large, in bytes, the etcd database of a cluster this node bootstraps is: its
+    /// simulated Kubernetes keyspace, and so the size of its snapshots (talos-facts §12.3).
+    pub etcd_size: u64,
 }
+
+/// The default [`NodeSpec::etcd_size`]: a few MiB, as a small cluster's etcd holds.
+pub const DEFAULT_ETCD_SIZE: u64 = 4 << 20;
 
 impl NodeSpec {
     /// A small VM ([`Hardware::vm`]) in maintenance mode on `addr`.
@@ -144,6 +152,7 @@ impl NodeSpec {
             hardware: Hardware::vm(0),
             timings: Timings::default(),
             config: None,
+            etcd_size: DEFAULT_ETCD_SIZE,
         }
     }
 }
@@ -215,6 +224,26 @@ pub(crate) struct EtcdData {
     pub(crate) member: u64,
 }
 
+/// A snapshot uploaded with `EtcdRecover`, kept (in EPHEMERAL, as `/var/lib/etcd.snapshot`)
+/// for a Bootstrap that recovers from it (talos-facts §12.2).
+#[derive(Debug, Clone)]
+pub(crate) struct Recovery {
+    pub(crate) bytes: Arc<Vec<u8>>,
+    pub(crate) checked: snapshot::Checked,
+}
+
+/// What a node keeps of a snapshot uploaded with `EtcdRecover`, and what recovering from it
+/// would find.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecoverySnapshot {
+    /// Its size in bytes.
+    pub size: u64,
+    /// Whether etcd's restore accepts it (the hash checked), or why not.
+    pub restorable: Result<(), String>,
+    /// Whether etcd's restore accepts it with the hash check skipped, or why not.
+    pub restorable_skipping_hash: Result<(), String>,
+}
+
 /// A running server: how to stop it, its task, and the task accepting its connections.
 type Running = (
     oneshot::Sender<()>,
@@ -240,6 +269,10 @@ pub(crate) struct Node {
     pub(crate) unattended: Option<(String, InstallPhase)>,
     /// Etcd data (in EPHEMERAL).
     pub(crate) etcd: Option<EtcdData>,
+    /// A snapshot uploaded for recovery (in EPHEMERAL).
+    pub(crate) etcd_recovery: Option<Recovery>,
+    /// How large the etcd database of a cluster this node bootstraps is.
+    pub(crate) etcd_size: u64,
     /// Images pulled into the system containerd.
     pub(crate) images: BTreeSet<String>,
     /// Every partition was wiped: nothing left to boot.
@@ -335,6 +368,8 @@ impl SimNode {
             staged: None,
             unattended: None,
             etcd: None,
+            etcd_recovery: None,
+            etcd_size: spec.etcd_size,
             images: BTreeSet::new(),
             bricked: false,
             powered: true,
@@ -489,6 +524,46 @@ impl SimNode {
     /// The id of the etcd member in its data directory, if any.
     pub async fn etcd_member_id(&self) -> Option<u64> {
         self.node.lock().await.etcd.map(|d| d.member)
+    }
+
+    /// How many keys the etcd keyspace of this node's cluster holds (what `talosctl etcd
+    /// snapshot` reports as total keys), if the node has a member.
+    pub async fn etcd_keys(&self) -> Option<usize> {
+        let cluster = self.node.lock().await.etcd?.cluster;
+        let keyspace = Arc::clone(&network().cluster(cluster)?.keyspace);
+        Some(keyspace.summary().keys)
+    }
+
+    /// Makes the etcd keyspace of this node's cluster about `bytes` large (the same cluster's
+    /// objects, more or fewer applications): a test's Kubernetes cluster growing.
+    pub async fn set_etcd_size(&self, bytes: u64) -> Result<(), SimError> {
+        let cluster = self
+            .node
+            .lock()
+            .await
+            .etcd
+            .ok_or_else(|| SimError::State("the node belongs to no bootstrapped cluster".into()))?
+            .cluster;
+        let mut net = network();
+        let found = net
+            .cluster_mut(cluster)
+            .ok_or_else(|| SimError::State("the node's etcd cluster is gone".into()))?;
+        found.keyspace = Arc::new(snapshot::keyspace::Keyspace::new(
+            found.keyspace.seed(),
+            bytes,
+        ));
+        Ok(())
+    }
+
+    /// The snapshot uploaded with `EtcdRecover` that the node keeps, if any.
+    pub async fn etcd_recovery_snapshot(&self) -> Option<RecoverySnapshot> {
+        let node = self.node.lock().await;
+        let kept = node.etcd_recovery.as_ref()?;
+        Some(RecoverySnapshot {
+            size: kept.bytes.len() as u64,
+            restorable: kept.checked.restorable(false),
+            restorable_skipping_hash: kept.checked.restorable(true),
+        })
     }
 
     /// The etcd cluster this node's member belongs to, as the network sees it right now:

@@ -235,6 +235,13 @@ impl MachineService for Maintenance {
         Err(needs_role("os:etcd:backup"))
     }
 
+    async fn etcd_recover(
+        &self,
+        _: Request<tonic::Streaming<Data>>,
+    ) -> Reply<ichor_talos::api::machine::EtcdRecoverResponse> {
+        Err(needs_role("os:admin"))
+    }
+
     async fn etcd_defragment(&self, _: Request<()>) -> Reply<EtcdDefragmentResponse> {
         Err(needs_role("os:admin"))
     }

@@ -125,6 +125,30 @@ pub(crate) struct EtcdCluster {
     pub(crate) cni_present: bool,
     /// When it was bootstrapped: joiners see it only after discovery catches up.
     pub(crate) created: tokio::time::Instant,
+    /// The Kubernetes data it holds (talos-facts §12.3).
+    pub(crate) keyspace: Arc<crate::snapshot::keyspace::Keyspace>,
+}
+
+impl EtcdCluster {
+    /// What a snapshot of it is taken of.
+    pub(crate) fn snapshot_view(&self) -> crate::snapshot::ClusterView {
+        crate::snapshot::ClusterView {
+            keyspace: Arc::clone(&self.keyspace),
+            members: self
+                .members
+                .iter()
+                .map(|m| crate::snapshot::MemberView {
+                    id: m.id,
+                    name: m.hostname.clone(),
+                    peer_urls: vec![m.peer_url()],
+                    client_urls: vec![m.client_url()],
+                    learner: m.learner,
+                })
+                .collect(),
+            raft_index: self.raft_index,
+            raft_term: self.raft_term,
+        }
+    }
 }
 
 /// The network state.

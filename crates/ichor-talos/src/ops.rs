@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_stream::StreamExt as _;
 
-use crate::api::common::ContainerdInstance;
+use crate::api::common::{ContainerdInstance, Data};
 use crate::api::machine::image_service_client::ImageServiceClient;
 use crate::api::machine::image_service_pull_response::Response as PullReply;
 use crate::api::machine::lifecycle_service_client::LifecycleServiceClient;
@@ -240,6 +240,27 @@ impl TalosClient {
             out.extend_from_slice(&chunk.bytes);
         }
         Ok(out)
+    }
+
+    /// Uploads an etcd snapshot that a later `Bootstrap` recovering etcd restores from, in
+    /// 4 KiB chunks as talosctl sends it (talos-facts §12.2).
+    pub async fn etcd_recover(&self, snapshot: &[u8]) -> Result<(), TalosError> {
+        const METHOD: &str = "EtcdRecover";
+        let chunks: Vec<Data> = snapshot
+            .chunks(4096)
+            .map(|c| Data {
+                metadata: None,
+                bytes: c.to_vec(),
+            })
+            .collect();
+        let reply = self
+            .machine()
+            .etcd_recover(self.request(tokio_stream::iter(chunks)))
+            .await
+            .map_err(self.rpc_error(METHOD))?
+            .into_inner();
+        self.single(METHOD, reply.messages, |m| m.metadata.as_ref())
+            .map(drop)
     }
 
     /// Defragments the local member's database.

@@ -4,14 +4,20 @@
 //!
 //! ```text
 //! ichor-sim --nodes 3 --base 127.0.10.1 --talos-version v1.14.1 [--control 127.0.0.1:50080]
+//!           [--etcd-size 4MiB]
 //! ```
 //!
+//! `--etcd-size` is about how large the etcd database of a cluster these nodes bootstrap is
+//! (its simulated Kubernetes keyspace, and so its snapshots): bytes, or with a `KiB`, `MiB`
+//! or `GiB` suffix.
+//!
 //! Control endpoint (JSON):
-//! - `GET  /nodes` — address, UUID, fingerprint, version, serving, stage of every node;
+//! - `GET  /nodes` — address, UUID, fingerprint, version, serving, stage of every node, and
+//!   `etcd_keys`: the keys of its etcd cluster's keyspace (null without a member);
 //! - `POST /nodes/{ip}/{action}` with `action` one of `crash`, `restart`, `reboot`,
 //!   `partition`, `heal`, `cni-present`, `cni-absent`, `different-certificate`,
 //!   `mismatched-key`, `fail-leave`, `succeed-leave`, `upgrade-rollback`, `upgrade-forward`,
-//!   or `slow?ms=N`;
+//!   `slow?ms=N`, or `etcd-size?bytes=SIZE` (the node's etcd cluster grows or shrinks);
 //! - `POST /nodes/{ip}/gates/{method}` holds a method, `GET` reports how many calls arrived,
 //!   `DELETE` releases it.
 
@@ -28,8 +34,7 @@ use ichor_sim::{Fault, Gate, Hardware, NodeSpec, SimNode};
 use serde::Serialize;
 use tokio::sync::Mutex;
 
-const USAGE: &str =
-    "usage: ichor-sim --nodes N --base IPV4 --talos-version vX.Y.Z [--port 50000] [--control ADDR]";
+const USAGE: &str = "usage: ichor-sim --nodes N --base IPV4 --talos-version vX.Y.Z [--port 50000] [--control ADDR] [--etcd-size BYTES|NKiB|NMiB|NGiB]";
 
 /// Command-line options.
 struct Options {
@@ -38,6 +43,23 @@ struct Options {
     talos_version: String,
     port: u16,
     control: SocketAddr,
+    etcd_size: u64,
+}
+
+/// A size: bytes, or a number with a `KiB`, `MiB` or `GiB` suffix.
+fn parse_size(text: &str) -> Option<u64> {
+    let (number, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
+        Some(at) => text.split_at(at),
+        None => (text, ""),
+    };
+    let shift = match unit {
+        "" => 0,
+        "KiB" => 10,
+        "MiB" => 20,
+        "GiB" => 30,
+        _ => return None,
+    };
+    number.parse::<u64>().ok()?.checked_mul(1 << shift)
 }
 
 fn parse(args: &[String]) -> Result<Options, String> {
@@ -46,6 +68,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
     let mut talos_version = None;
     let mut port = 50000u16;
     let mut control: SocketAddr = ([127, 0, 0, 1], 50080).into();
+    let mut etcd_size = ichor_sim::DEFAULT_ETCD_SIZE;
     let mut it = args.iter();
     while let Some(flag) = it.next() {
         let mut value = || {
@@ -89,6 +112,10 @@ fn parse(args: &[String]) -> Result<Options, String> {
                     .parse()
                     .map_err(|_| "--control takes an address, e.g. 127.0.0.1:50080")?;
             }
+            "--etcd-size" => {
+                etcd_size = parse_size(&value()?)
+                    .ok_or("--etcd-size takes a size: bytes, or N with KiB, MiB or GiB")?;
+            }
             other => return Err(format!("unknown argument {other}")),
         }
     }
@@ -98,6 +125,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
         talos_version: talos_version.ok_or("--talos-version is required")?,
         port,
         control,
+        etcd_size,
     })
 }
 
@@ -117,6 +145,7 @@ struct NodeView {
     version: String,
     serving: bool,
     stage: String,
+    etcd_keys: Option<usize>,
 }
 
 async fn list(State(sim): State<Shared>) -> Json<Vec<NodeView>> {
@@ -129,6 +158,7 @@ async fn list(State(sim): State<Shared>) -> Json<Vec<NodeView>> {
             version: node.talos_version(),
             serving: node.is_serving().await,
             stage: format!("{:?}", node.stage().await),
+            etcd_keys: node.etcd_keys().await,
         });
     }
     Json(out)
@@ -173,6 +203,17 @@ async fn act(
         "cni-present" | "cni-absent" => {
             return answer(
                 node.set_cni(action == "cni-present")
+                    .await
+                    .map(|()| node.fingerprint())
+                    .map_err(|e| e.to_string()),
+            );
+        }
+        "etcd-size" => {
+            let Some(bytes) = query.get("bytes").and_then(|b| parse_size(b)) else {
+                return answer(Err("etcd-size needs ?bytes=<size>".into()));
+            };
+            return answer(
+                node.set_etcd_size(bytes)
                     .await
                     .map(|()| node.fingerprint())
                     .map_err(|e| e.to_string()),
@@ -257,6 +298,7 @@ async fn main() -> std::process::ExitCode {
         let ip = Ipv4Addr::from(u32::from(options.base) + i);
         let spec = NodeSpec {
             hardware: Hardware::vm(i + 1),
+            etcd_size: options.etcd_size,
             ..NodeSpec::new(SocketAddr::from((ip, options.port)), &options.talos_version)
         };
         match SimNode::spawn(spec).await {
@@ -312,4 +354,19 @@ async fn main() -> std::process::ExitCode {
         return std::process::ExitCode::FAILURE;
     }
     std::process::ExitCode::SUCCESS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes_are_bytes_or_binary_units() {
+        assert_eq!(parse_size("4096"), Some(4096));
+        assert_eq!(parse_size("256KiB"), Some(256 << 10));
+        assert_eq!(parse_size("4MiB"), Some(4 << 20));
+        assert_eq!(parse_size("1GiB"), Some(1 << 30));
+        assert_eq!(parse_size("4MB"), None);
+        assert_eq!(parse_size("MiB"), None);
+    }
 }
