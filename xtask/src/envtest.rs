@@ -231,11 +231,9 @@ pub fn oracles(root: &Path) -> Result<PathBuf> {
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| {
             p.join("main.go").is_file()
-                && p.file_name()
-                    .and_then(|n| n.to_str())
-                    .is_some_and(|n| {
-                        n.starts_with("talos-oracle-") || n == "talos-conformance" || n == "talosctl"
-                    })
+                && p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+                    n.starts_with("talos-oracle-") || n == "talos-conformance" || n == "talosctl"
+                })
         })
         .collect();
     modules.sort();
