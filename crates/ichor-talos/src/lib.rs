@@ -13,6 +13,7 @@ pub mod tls;
 pub use client::{Applied, ApplyMode, Credentials, TalosClient, TalosError};
 pub use ops::{Bootstrapped, EtcdMember, EtcdStatus, ResetOptions, Service};
 pub use resources::{Inventory, MachineStatus, Stage, UnattendedInstall};
+pub use tls::{NotACertificate, fingerprint_der, fingerprint_pem};
 
 /// The TCP port on which every Talos node serves its API (apid, or the maintenance service).
 pub const TALOS_API_PORT: u16 = 50000;
