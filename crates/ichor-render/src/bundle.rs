@@ -274,7 +274,21 @@ pub(crate) fn ed25519_key() -> Result<(KeyPair, String), BundleError> {
 }
 
 impl SecretsBundle {
-    /// Generates a new bundle for `contract`, as `talosctl gen secrets` would.
+    /// Generates a new bundle for `contract`, as `talosctl gen secrets` would: an Ed25519 OS
+    /// CA, ECDSA etcd, Kubernetes and aggregator CAs, an RSA-4096 service-account key, the
+    /// cluster identity, tokens and encryption secret, all from the OS random source.
+    ///
+    /// ```
+    /// use ichor_render::{Contract, SecretsBundle};
+    ///
+    /// let bundle = SecretsBundle::generate(Contract::V1_14)?;
+    /// // The `talosctl gen secrets` format, which `talosctl gen config --with-secrets` reads.
+    /// let yaml = bundle.to_yaml()?;
+    /// assert_eq!(SecretsBundle::from_yaml(&yaml)?, bundle);
+    /// // Debug output never shows a secret.
+    /// assert!(!format!("{bundle:?}").contains(&bundle.trustd_info.token.0));
+    /// # Ok::<(), ichor_render::BundleError>(())
+    /// ```
     pub fn generate(contract: Contract) -> Result<Self, BundleError> {
         let id_alphabet = if contract < Contract::V1_14 {
             &URL_SAFE

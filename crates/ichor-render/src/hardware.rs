@@ -65,6 +65,54 @@ fn describe(disks: &[DiskInfo]) -> String {
 }
 
 /// Checks `rendered` against `inventory`, returning every mismatch found.
+///
+/// ```
+/// use std::collections::BTreeMap;
+///
+/// use ichor_api::common::{InstallSpec, Role};
+/// use ichor_api::machine::{DiskInfo, HardwareInventory};
+/// use ichor_render::hardware::{HardwareMismatch, check};
+/// use ichor_render::{Contract, RenderInput, SecretsBundle, render};
+///
+/// let cluster = serde_json::from_value(serde_json::json!({
+///     "talosVersion": "v1.14.1",
+///     "kubernetesVersion": "1.36.3",
+///     "endpoint": "https://10.0.0.10:6443",
+///     "controlPlane": {"count": 1},
+/// }))?;
+/// let bundle = SecretsBundle::generate(Contract::V1_14)?;
+/// let install = InstallSpec {
+///     disk: Some("/dev/nvme0n1".into()),
+///     ..Default::default()
+/// };
+/// let none = BTreeMap::new();
+/// let rendered = render(&RenderInput {
+///     cluster_name: "lab",
+///     cluster: &cluster,
+///     role: Role::ControlPlane,
+///     hostname: None,
+///     install: Some(&install),
+///     cert_sans: &[],
+///     node_labels: &none,
+///     node_taints: &none,
+///     patches: &[],
+///     bundle: &bundle,
+/// })?;
+/// // The machine, as discovery recorded it, has only /dev/sda.
+/// let inventory = HardwareInventory {
+///     disks: vec![DiskInfo {
+///         name: "sda".into(),
+///         dev_path: "/dev/sda".into(),
+///         size: 500_000_000_000,
+///         ..Default::default()
+///     }],
+///     ..Default::default()
+/// };
+/// let problems = check(&rendered, &inventory).expect_err("no /dev/nvme0n1 on this machine");
+/// assert!(matches!(problems[..], [HardwareMismatch::NoInstallDisk { .. }]));
+/// assert!(problems[0].to_string().contains("/dev/sda 500 GB"), "{}", problems[0]);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn check(
     rendered: &Rendered,
     inventory: &HardwareInventory,

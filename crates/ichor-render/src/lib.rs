@@ -1,9 +1,98 @@
-//! Pure rendering: Talos secrets bundles ([`bundle`]), PKI helpers ([`pki`]), machine-config
-//! documents per role and version contract ([`render`]) with patches ([`patch`]), and client
-//! credentials.
+//! Pure rendering of Talos Linux machine configuration: secrets bundles, the machine-config
+//! documents of a node for its role and Talos version contract, config patches, and the
+//! certificates and credentials minted from a bundle's CAs.
 //!
-//! This crate does no network I/O and knows nothing of Kubernetes; it reads randomness only to
-//! generate new keys. Rendering is deterministic: same inputs, same bytes.
+//! # What it offers
+//!
+//! - [`SecretsBundle`]: generate one as `talosctl gen secrets` does
+//!   ([`SecretsBundle::generate`]), or read, validate and write the `secrets.yaml` format.
+//! - [`render()`]: cluster spec + role + install settings + patches + bundle → the exact
+//!   multi-document YAML a node is given ([`Rendered`]), for contract v1.13 or v1.14
+//!   ([`Contract`]), with its content hash ([`config_hash`]). [`render_machine`] does the same
+//!   from a `TalosCluster` and a `TalosMachine`, exactly as the Ichor manager applies it.
+//! - [`patch`]: strategic-merge and RFC 6902 config patches, applied cluster → class →
+//!   machine, refused with the patch and path named when they touch a secret field or a legacy
+//!   field that the contract replaces with a typed document.
+//! - [`hardware::check`]: whether a rendered config fits a machine's recorded hardware (the
+//!   install disk or disk selector matches a disk, every named link exists).
+//! - [`pki`]: role-bearing client certificates (`os:admin`, …) and node serving certificates
+//!   from the bundle's OS CA; [`credentials`]: a talosconfig and an admin kubeconfig.
+//!
+//! # Quick start
+//!
+//! Render the config of a single control plane that installs to `/dev/vda`:
+//!
+//! ```
+//! use std::collections::BTreeMap;
+//!
+//! use ichor_api::cluster::TalosClusterSpec;
+//! use ichor_api::common::{InstallSpec, Role};
+//! use ichor_render::{Contract, RenderInput, SecretsBundle, render};
+//!
+//! // The `spec` of a TalosCluster, as written in its manifest.
+//! let cluster: TalosClusterSpec = serde_saphyr::from_str(
+//!     "talosVersion: v1.14.1\n\
+//!      kubernetesVersion: 1.36.3\n\
+//!      endpoint: https://10.0.0.10:6443\n\
+//!      controlPlane:\n  count: 1\n",
+//! )?;
+//! let contract = Contract::from_version(&cluster.talos_version)?;
+//! let bundle = SecretsBundle::generate(contract)?;
+//! let install = InstallSpec {
+//!     disk: Some("/dev/vda".into()),
+//!     ..Default::default()
+//! };
+//! let none = BTreeMap::new();
+//! let rendered = render(&RenderInput {
+//!     cluster_name: "lab",
+//!     cluster: &cluster,
+//!     role: Role::ControlPlane,
+//!     hostname: Some("cp-1"),
+//!     install: Some(&install),
+//!     cert_sans: &[],
+//!     node_labels: &none,
+//!     node_taints: &none,
+//!     patches: &[],
+//!     bundle: &bundle,
+//! })?;
+//! assert_eq!(rendered.contract, Contract::V1_14);
+//! // Contract 1.14: a slim v1alpha1 document first, then typed documents.
+//! assert_eq!(rendered.documents[0]["machine"]["type"], "controlplane");
+//! assert!(rendered.yaml.contains("kind: UnattendedInstallConfig"));
+//! assert!(rendered.hash.starts_with("sha256:"));
+//!
+//! // An os:admin talosconfig for the node once it is configured (it holds a private key).
+//! let talosconfig = ichor_render::credentials::talosconfig(
+//!     &bundle,
+//!     "lab",
+//!     &["10.0.0.11".to_owned()],
+//!     &["10.0.0.11".to_owned()],
+//! )?;
+//! assert!(talosconfig.0.contains("context: lab"));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! `rendered.yaml` is what a client sends with `ApplyConfiguration` (`ichor-talos`'s
+//! `TalosClient::apply_configuration`); `rendered.hash` is what Ichor records to see drift.
+//!
+//! # What it does not do
+//!
+//! - **No I/O.** No network, no Kubernetes client, no files, no environment: inputs are values
+//!   and outputs are values. Talking to a node is `ichor-talos`'s job; storing the bundle (a
+//!   Secret, a vault) is the caller's, and so is keeping it secret (the `Debug` output of
+//!   bundles, rendered configs, issued keys and credentials files hides the secrets).
+//! - **Randomness only for new keys.** [`SecretsBundle::generate`] and the certificate minting
+//!   in [`pki`] and [`credentials`] read the OS random source; [`render()`] never does: same
+//!   inputs, same bytes.
+//! - **Two contracts.** Talos v1.13 and v1.14 ([`Contract::from_version`]); later minors
+//!   render with v1.14's shape, older ones are refused.
+//! - **Not Talos's validator.** It refuses what it knows to be wrong (secret fields in patches,
+//!   inputs a contract cannot express); that Talos accepts what it renders is checked in this
+//!   crate's tests against Talos's own code (`tests/oracle.rs`), not at run time.
+//! - **No fingerprints.** The certificate fingerprint a maintenance connection is pinned by is
+//!   `ichor_talos::fingerprint_der` (docs/adr/0005).
+//! - Its inputs are `ichor-api`'s types, so it depends on `ichor-api` (and through it on the
+//!   `k8s-openapi`/`kube-core` type crates), never on a Kubernetes client.
 #![forbid(unsafe_code)]
 
 pub mod bundle;

@@ -1,16 +1,16 @@
-//! PKI helpers: node serving certificates and role-bearing client certificates from the OS CA,
-//! and certificate fingerprints computed exactly as Talos computes them.
+//! PKI helpers: node serving certificates and role-bearing client certificates from the OS CA.
+//!
+//! Certificate fingerprints (what `talosctl --cert-fingerprint` pins) are not here: the Talos
+//! client owns them, `ichor_talos::tls::fingerprint_der` (docs/adr/0005).
 
 use std::net::IpAddr;
 use std::time::Duration;
 
-use base64::Engine as _;
-use base64::engine::general_purpose::STANDARD;
 use rcgen::{CertificateParams, DnType, ExtendedKeyUsagePurpose, KeyUsagePurpose, SanType};
 
 use crate::bundle::{BundleError, SecretsBundle, ed25519_key};
 
-/// What went wrong minting a certificate or computing a fingerprint.
+/// What went wrong minting a certificate.
 #[derive(Debug, thiserror::Error)]
 pub enum PkiError {
     /// The bundle's CA could not be used.
@@ -22,9 +22,6 @@ pub enum PkiError {
         /// Which certificate.
         what: &'static str,
     },
-    /// The input is not a certificate.
-    #[error("not a PEM or DER X.509 certificate")]
-    NotACertificate,
 }
 
 /// A certificate and its key, both PEM. `Debug` hides the key.
@@ -149,19 +146,4 @@ pub fn node_server_certificate(
         params.subject_alt_names.push(SanType::DnsName(name));
     }
     sign_with_os_ca(bundle, &params, "node")
-}
-
-/// The certificate fingerprint `talosctl --cert-fingerprint` takes: base64 (standard alphabet)
-/// of SHA-256 over the certificate's SubjectPublicKeyInfo DER (talos-facts §2).
-pub fn fingerprint_der(cert_der: &[u8]) -> Result<String, PkiError> {
-    let (_, cert) =
-        x509_parser::parse_x509_certificate(cert_der).map_err(|_| PkiError::NotACertificate)?;
-    let spki = cert.tbs_certificate.subject_pki.raw;
-    Ok(STANDARD.encode(ring::digest::digest(&ring::digest::SHA256, spki)))
-}
-
-/// [`fingerprint_der`] of a PEM certificate.
-pub fn fingerprint_pem(cert_pem: &str) -> Result<String, PkiError> {
-    let parsed = pem::parse(cert_pem).map_err(|_| PkiError::NotACertificate)?;
-    fingerprint_der(parsed.contents())
 }

@@ -125,7 +125,61 @@ fn k8s_tag(version: &str) -> String {
     format!("v{}", version.trim_start_matches('v'))
 }
 
-/// Renders a machine's config.
+/// Renders a machine's config: the documents of `input.role` for the contract of
+/// `input.cluster.talos_version`, then the patch layers in order. Deterministic: the same
+/// input gives the same bytes and hash.
+///
+/// ```
+/// use std::collections::BTreeMap;
+///
+/// use ichor_api::cluster::TalosClusterSpec;
+/// use ichor_api::common::Role;
+/// use ichor_api::config::ConfigPatch;
+/// use ichor_render::{Contract, RenderError, RenderInput, SecretsBundle, render};
+///
+/// let cluster: TalosClusterSpec = serde_json::from_value(serde_json::json!({
+///     "talosVersion": "v1.14.1",
+///     "kubernetesVersion": "1.36.3",
+///     "endpoint": "https://10.0.0.10:6443",
+///     "controlPlane": {"count": 3},
+/// }))?;
+/// let bundle = SecretsBundle::generate(Contract::V1_14)?;
+/// // A typed-document patch: a label on the worker's Kubernetes node.
+/// let label: ConfigPatch = serde_json::from_value(serde_json::json!({
+///     "documents": {"KubeNodeConfig": {"labels": {"tier": "edge"}}},
+/// }))?;
+/// let labels = [label];
+/// let none = BTreeMap::new();
+/// let input = RenderInput {
+///     cluster_name: "lab",
+///     cluster: &cluster,
+///     role: Role::Worker,
+///     hostname: None,
+///     install: None,
+///     cert_sans: &[],
+///     node_labels: &none,
+///     node_taints: &none,
+///     patches: &[&labels],
+///     bundle: &bundle,
+/// };
+/// let rendered = render(&input)?;
+/// assert_eq!(render(&input)?.yaml, rendered.yaml, "same input, same bytes");
+/// let node = rendered
+///     .documents
+///     .iter()
+///     .find(|d| d["kind"] == "KubeNodeConfig")
+///     .expect("a KubeNodeConfig document");
+/// assert_eq!(node["labels"]["tier"], "edge");
+///
+/// // On contract 1.14 `machine.install` is replaced by UnattendedInstallConfig: refused.
+/// let legacy: ConfigPatch = serde_json::from_value(serde_json::json!({
+///     "machine": {"install": {"disk": "/dev/sdb"}},
+/// }))?;
+/// let legacy = [legacy];
+/// let refused = render(&RenderInput { patches: &[&legacy], ..input });
+/// assert!(matches!(refused, Err(RenderError::Patch(_))), "{refused:?}");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn render(input: &RenderInput<'_>) -> Result<Rendered, RenderError> {
     let contract = Contract::from_version(&input.cluster.talos_version)?;
     let mut documents = match contract {

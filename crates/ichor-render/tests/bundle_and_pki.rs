@@ -151,9 +151,10 @@ fn validation_names_the_field_and_never_the_value() {
     );
 }
 
-/// Independent computation: the SPKI of an Ed25519 key is a fixed 12-byte prefix and the key.
+/// A node's serving certificate: signed by the OS CA, its addresses and hostname as SANs,
+/// exactly ServerAuth. (Its fingerprint is `ichor_talos::tls::fingerprint_der`'s, tested there.)
 #[test]
-fn fingerprints_are_sha256_of_the_subject_public_key_info() {
+fn node_certificates_name_the_node_and_serve_only() {
     let b = bundle();
     let issued = pki::node_server_certificate(
         b,
@@ -167,19 +168,33 @@ fn fingerprints_are_sha256_of_the_subject_public_key_info() {
         .contents()
         .to_vec();
     let (_, cert) = x509_parser::parse_x509_certificate(&der).expect("x509");
-    let public = cert.public_key().subject_public_key.data.to_vec();
-    let mut spki = vec![
-        0x30, 0x2a, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x03, 0x21, 0x00,
-    ];
-    spki.extend_from_slice(&public);
-    let expected = base64::engine::general_purpose::STANDARD
-        .encode(ring::digest::digest(&ring::digest::SHA256, &spki));
-    assert_eq!(
-        pki::fingerprint_pem(&issued.cert_pem).expect("fingerprint"),
-        expected
-    );
-    assert_eq!(pki::fingerprint_der(&der).expect("fingerprint"), expected);
-    assert!(pki::fingerprint_pem("not a certificate").is_err());
+    let sans: Vec<String> = cert
+        .subject_alternative_name()
+        .expect("san")
+        .expect("present")
+        .value
+        .general_names
+        .iter()
+        .map(|name| match name {
+            x509_parser::extensions::GeneralName::IPAddress(ip) => format!("ip {ip:?}"),
+            other => format!("{other}"),
+        })
+        .collect();
+    assert_eq!(sans, ["ip [192, 168, 10, 21]", "DNSName(cp-1)"], "{sans:?}");
+    let eku = cert
+        .extended_key_usage()
+        .expect("eku")
+        .expect("present")
+        .value;
+    assert!(eku.server_auth && !eku.client_auth && eku.other.is_empty());
+    let ca_der = pem::parse(&b.certs.os.crt.0)
+        .expect("pem")
+        .contents()
+        .to_vec();
+    let (_, ca) = x509_parser::parse_x509_certificate(&ca_der).expect("ca");
+    assert_eq!(cert.issuer(), ca.subject());
+    cert.verify_signature(Some(ca.public_key()))
+        .expect("signed by the OS CA");
 }
 
 #[test]

@@ -1,4 +1,5 @@
-//! Our bundles, fingerprints and configs against Talos's own code (the oracles under
+//! Our bundles and configs against Talos's own code (fingerprints: ichor-talos's
+//! `tests/talos_client.rs`) (the oracles under
 //! `tools/talos-oracle-*`, built by `cargo xtask oracles`).
 
 mod support;
@@ -44,27 +45,6 @@ fn we_parse_and_validate_bundles_talos_generates() {
             .expect("sign with Talos's OS CA");
         ichor_render::credentials::admin_kubeconfig(&parsed, "lab", "https://10.0.0.1:6443")
             .expect("sign with Talos's Kubernetes CA");
-    }
-}
-
-#[test]
-fn fingerprints_match_talos() {
-    let b = bundle(Contract::V1_14);
-    let node = pki::node_server_certificate(
-        &b,
-        "cp-1",
-        &["192.168.10.21".parse().expect("ip")],
-        Duration::from_secs(3600),
-    )
-    .expect("node certificate");
-    for cert in [&node.cert_pem, &b.certs.os.crt.0, &b.certs.etcd.crt.0] {
-        let (ok, out) = run_oracle(Contract::V1_14, &["fingerprint"], cert.as_bytes());
-        assert!(ok, "{out}");
-        let talos: Value = serde_json::from_str(&out).expect("json");
-        assert_eq!(
-            talos["fingerprint"].as_str(),
-            Some(pki::fingerprint_pem(cert).expect("ours").as_str())
-        );
     }
 }
 

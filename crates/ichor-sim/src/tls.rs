@@ -28,7 +28,7 @@ impl BootCertificate {
     fn new(cert: &rcgen::Certificate, key: &KeyPair) -> Result<Self, SimError> {
         let der = cert.der().clone();
         let fingerprint =
-            ichor_render::pki::fingerprint_der(&der).expect("a certificate rcgen just made parses");
+            ichor_talos::tls::fingerprint_der(&der).expect("a certificate rcgen just made parses");
         Ok(Self {
             certified: Arc::new(CertifiedKey::new(vec![der.clone()], signing_key(key)?)),
             der,

@@ -192,6 +192,31 @@ impl TalosClient {
     /// Connects to a node in maintenance mode (`host` or `host:port`), trusting only the
     /// certificate whose fingerprint is `pinned`. A different certificate is refused with
     /// [`TalosError::FingerprintMismatch`] carrying the observed fingerprint.
+    ///
+    /// ```
+    /// use ichor_talos::{TalosClient, TalosError};
+    ///
+    /// # #[tokio::main]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let node = ichor_sim::SimNode::start("127.0.0.1:0".parse()?, "v1.14.1").await?;
+    /// let endpoint = node.addr().to_string();
+    /// let pinned = node.fingerprint();
+    /// let client = TalosClient::connect_maintenance(&endpoint, &pinned).await?;
+    /// assert_eq!(client.version().await?, "v1.14.1");
+    ///
+    /// // A reboot in maintenance mode regenerates the certificate: the old pin is refused,
+    /// // and the error names the fingerprint the node showed, for a person to check.
+    /// node.reboot().await?;
+    /// match TalosClient::connect_maintenance(&endpoint, &pinned).await {
+    ///     Err(TalosError::FingerprintMismatch { observed, .. }) => {
+    ///         assert_eq!(observed, node.fingerprint());
+    ///     }
+    ///     other => panic!("expected a fingerprint mismatch, got {other:?}"),
+    /// }
+    /// node.stop().await;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn connect_maintenance(endpoint: &str, pinned: &str) -> Result<Self, TalosError> {
         let verifier = PinningVerifier::new(pinned);
         let observed = verifier.observed();
@@ -234,6 +259,66 @@ impl TalosClient {
     /// Connects to a configured node (`host` or `host:port`) with mutual TLS: the node's
     /// certificate must chain to the OS CA and name the address; the client presents
     /// `credentials`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    ///
+    /// use ichor_render::pki::{Role, client_certificate};
+    /// use ichor_talos::{Credentials, TalosClient};
+    ///
+    /// # #[tokio::main]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let cluster = serde_json::from_value(serde_json::json!({
+    /// #     "talosVersion": "v1.14.1",
+    /// #     "kubernetesVersion": "1.36.3",
+    /// #     "endpoint": "https://127.0.0.1:6443",
+    /// #     "controlPlane": {"count": 1},
+    /// # }))?;
+    /// let bundle = ichor_render::SecretsBundle::generate(ichor_render::Contract::V1_14)?;
+    /// # let none = std::collections::BTreeMap::new();
+    /// # let config = ichor_render::render(&ichor_render::RenderInput {
+    /// #     cluster_name: "lab",
+    /// #     cluster: &cluster,
+    /// #     role: ichor_api::common::Role::ControlPlane,
+    /// #     hostname: Some("cp-1"),
+    /// #     install: None,
+    /// #     cert_sans: &[],
+    /// #     node_labels: &none,
+    /// #     node_taints: &none,
+    /// #     patches: &[],
+    /// #     bundle: &bundle,
+    /// # })?;
+    /// // A control plane already running a config rendered from `bundle`.
+    /// let node = ichor_sim::SimNode::start_configured(
+    ///     "127.0.0.1:0".parse()?,
+    ///     "v1.14.1",
+    ///     ichor_sim::Hardware::vm(1),
+    ///     &config.yaml,
+    /// )
+    /// .await?;
+    /// // An os:admin client certificate from the bundle's OS CA.
+    /// let issued = client_certificate(&bundle, "my-tool", Role::Admin, Duration::from_secs(3600))?;
+    /// let credentials = Credentials {
+    ///     ca_pem: bundle.certs.os.crt.0.clone(),
+    ///     cert_pem: issued.cert_pem,
+    ///     key_pem: issued.key_pem,
+    /// };
+    /// // The node's API comes up a moment after it boots.
+    /// let endpoint = node.addr().to_string();
+    /// let mut tries = 0;
+    /// let client = loop {
+    ///     match TalosClient::connect(&endpoint, &credentials).await {
+    ///         Ok(client) if client.version().await.is_ok() => break client,
+    ///         _ if tries < 100 => tries += 1,
+    ///         other => panic!("the node never answered: {other:?}"),
+    ///     }
+    ///     tokio::time::sleep(Duration::from_millis(50)).await;
+    /// };
+    /// assert_eq!(client.hostname().await?, "cp-1");
+    /// node.stop().await;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn connect(endpoint: &str, credentials: &Credentials) -> Result<Self, TalosError> {
         let invalid = |source| TalosError::InvalidEndpoint {
             endpoint: endpoint.to_owned(),

@@ -126,6 +126,33 @@ pub fn addresses(cidrs: &[String]) -> Result<Vec<Ipv4Addr>, SweepError> {
 }
 
 /// Sweeps the CIDRs and returns every address where something answered, in address order.
+///
+/// ```
+/// use ichor_talos::discovery::{ProbeOutcome, SweepConfig, sweep};
+///
+/// # #[tokio::main]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let node = ichor_sim::SimNode::start("127.0.0.1:0".parse()?, "v1.14.1").await?;
+/// // Real nodes listen on 50000 (the default); the simulated one took a free port.
+/// let config = SweepConfig {
+///     port: node.addr().port(),
+///     ..SweepConfig::default()
+/// };
+/// let found = sweep(&["127.0.0.1/32".to_owned()], config).await?;
+/// let [probe] = found.as_slice() else {
+///     panic!("one node: {found:?}")
+/// };
+/// let ProbeOutcome::Maintenance(seen) = &probe.outcome else {
+///     panic!("a maintenance-mode node: {probe:?}")
+/// };
+/// // What a person checks (against the console) and pins; nothing was written to the node.
+/// assert_eq!(seen.fingerprint, node.fingerprint());
+/// assert_eq!(seen.version, "v1.14.1");
+/// assert_eq!(seen.inventory.uuid, node.hardware().uuid);
+/// node.stop().await;
+/// # Ok(())
+/// # }
+/// ```
 pub async fn sweep(cidrs: &[String], config: SweepConfig) -> Result<Vec<Probe>, SweepError> {
     let addresses = addresses(cidrs)?;
     let permits = Arc::new(Semaphore::new(config.concurrency.max(1)));

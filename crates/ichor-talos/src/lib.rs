@@ -1,7 +1,111 @@
-//! The Talos API client: pinned maintenance-mode and mTLS connections to port 50000, typed
-//! operations returning domain types, COSI resource reads, and the discovery sweep.
+//! A client for the Talos Linux API (port 50000), for tools that drive Talos nodes: a
+//! certificate-pinned connection to nodes in maintenance mode, mutual-TLS connections to
+//! configured nodes, typed operations that return domain types, COSI resource reads, and a
+//! discovery sweep that finds maintenance-mode nodes.
 //!
-//! This crate knows nothing of Kubernetes. [`api`] holds the code generated from `proto/`.
+//! # What it offers
+//!
+//! - [`TalosClient::connect_maintenance`]: a node in maintenance mode presents a self-signed
+//!   certificate regenerated on every boot, so the only trust is its pinned fingerprint
+//!   ([`fingerprint_der`], the value `talosctl --cert-fingerprint` takes). Another certificate
+//!   is refused with [`TalosError::FingerprintMismatch`], which carries the one it showed.
+//! - [`TalosClient::connect`]: mutual TLS with [`Credentials`] (the OS CA, and a client
+//!   certificate whose Organization carries the role), and [`TalosClient::for_node`] to have
+//!   an endpoint forward calls to another node.
+//! - Typed operations: [`version`](TalosClient::version),
+//!   [`apply_configuration`](TalosClient::apply_configuration) with an explicit [`ApplyMode`],
+//!   [`inventory`](TalosClient::inventory) (SMBIOS, disks, links),
+//!   [`machine_status`](TalosClient::machine_status),
+//!   [`unattended_install`](TalosClient::unattended_install),
+//!   [`bootstrap`](TalosClient::bootstrap), etcd membership, status, snapshot and defragment,
+//!   [`reset`](TalosClient::reset), [`reboot`](TalosClient::reboot),
+//!   [`upgrade`](TalosClient::upgrade), [`wipe`](TalosClient::wipe),
+//!   [`services`](TalosClient::services), [`hostname`](TalosClient::hostname).
+//! - [`discovery`]: sweep IPv4 ranges for maintenance-mode nodes and read each one's
+//!   fingerprint, version and hardware without writing anything.
+//! - [`TalosError`]: one error type naming the endpoint and the RPC; [`TalosError::code`] gives
+//!   the gRPC code to decide on, never the message text.
+//! - [`api`]: the tonic clients and messages generated from this repository's `proto/` (the
+//!   subset of Talos's API Ichor uses), for calls with no typed wrapper
+//!   ([`TalosClient::channel`]).
+//!
+//! # Quick start
+//!
+//! Against a simulated node (`ichor-sim`, the test double this crate's own tests use), read a
+//! maintenance-mode node and apply a config rendered by `ichor-render`:
+//!
+//! ```
+//! use std::collections::BTreeMap;
+//!
+//! use ichor_talos::{ApplyMode, Stage, TalosClient};
+//!
+//! # #[tokio::main]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! // A node booted into maintenance mode, on a free loopback port.
+//! let node = ichor_sim::SimNode::start("127.0.0.1:0".parse()?, "v1.14.1").await?;
+//! // The fingerprint comes from the node's console, `talosctl`, or `discovery::probe`.
+//! let fingerprint = node.fingerprint();
+//!
+//! let client = TalosClient::connect_maintenance(&node.addr().to_string(), &fingerprint).await?;
+//! assert_eq!(client.version().await?, "v1.14.1");
+//! let inventory = client.inventory().await?;
+//! let disk = inventory.disks.iter().find(|d| !d.cdrom).expect("an install disk");
+//! assert_eq!(disk.dev_path, "/dev/vda");
+//! assert_eq!(client.machine_status().await?.stage, Stage::Maintenance);
+//!
+//! // Render a control plane's config for that disk and apply it.
+//! let cluster = serde_json::from_value(serde_json::json!({
+//!     "talosVersion": "v1.14.1",
+//!     "kubernetesVersion": "1.36.3",
+//!     "endpoint": "https://127.0.0.1:6443",
+//!     "controlPlane": {"count": 1},
+//! }))?;
+//! let bundle = ichor_render::SecretsBundle::generate(ichor_render::Contract::V1_14)?;
+//! let install = ichor_api::common::InstallSpec {
+//!     disk: Some(disk.dev_path.clone()),
+//!     ..Default::default()
+//! };
+//! let none = BTreeMap::new();
+//! let config = ichor_render::render(&ichor_render::RenderInput {
+//!     cluster_name: "lab",
+//!     cluster: &cluster,
+//!     role: ichor_api::common::Role::ControlPlane,
+//!     hostname: Some("cp-1"),
+//!     install: Some(&install),
+//!     cert_sans: &[],
+//!     node_labels: &none,
+//!     node_taints: &none,
+//!     patches: &[],
+//!     bundle: &bundle,
+//! })?;
+//! let applied = client
+//!     .apply_configuration(config.yaml.as_bytes(), ApplyMode::NoReboot)
+//!     .await?;
+//! assert_eq!(applied.mode, "NO_REBOOT");
+//! // The node now installs and reboots into configured mode: from there on it is reached
+//! // with `TalosClient::connect` and credentials minted from the bundle's OS CA.
+//! node.stop().await;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # What it does not do
+//!
+//! - **Nothing of Kubernetes.** No Kubernetes client or types; it talks to Talos only.
+//! - **No rendering and no secrets.** It sends the config bytes it is given; rendering a
+//!   config, generating a bundle and minting client certificates are `ichor-render`'s. It does
+//!   not read talosconfig files: build [`Credentials`] from PEM.
+//! - **No retries or backoff**, except [`TalosClient::bootstrap`] waiting out the documented
+//!   not-ready window: the caller decides what is transient. Each connect is limited to 10 s
+//!   in all (TCP, TLS, HTTP/2), each call to 10 s.
+//! - **One node per call.** Replies that Talos wraps per node are read for exactly one node
+//!   (the endpoint, or the [`for_node`](TalosClient::for_node) target), and a per-node error
+//!   in the reply is an error, never a silent success; there is no fan-out to many nodes.
+//! - **A subset of the API.** Only the services and messages in `proto/` (machine, lifecycle,
+//!   image, storage, COSI state reads); no log or event streams, no file access, no
+//!   interactive dashboards. Talos v1.13 and v1.14 are what it is tested against.
+//! - **No trust on first use of its own.** [`TalosClient::connect_maintenance`] needs the
+//!   pin; only [`discovery`] connects without one, to read and report what it saw.
 #![forbid(unsafe_code)]
 
 pub mod client;
@@ -13,6 +117,7 @@ pub mod tls;
 pub use client::{Applied, ApplyMode, Credentials, TalosClient, TalosError};
 pub use ops::{Bootstrapped, EtcdMember, EtcdStatus, ResetOptions, Service};
 pub use resources::{Inventory, MachineStatus, Stage, UnattendedInstall};
+pub use tls::{NotACertificate, fingerprint_der, fingerprint_pem};
 
 /// The TCP port on which every Talos node serves its API (apid, or the maintenance service).
 pub const TALOS_API_PORT: u16 = 50000;

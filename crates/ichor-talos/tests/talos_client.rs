@@ -2,7 +2,7 @@
 //! the pinned maintenance connection, apply, then mutual TLS with the talosconfig Talos generates
 //! from the same bundle — so the simulator answers what the real client expects, not only what
 //! Ichor's client reads. Also: `talos-conformance fingerprint` (Talos's own code) agrees with
-//! ichor-render's fingerprint, and a wrong pin fails the run.
+//! ichor-talos's fingerprint, and a wrong pin fails the run.
 
 use std::collections::BTreeMap;
 use std::io::Write as _;
@@ -95,13 +95,17 @@ fn talos_fingerprint(cert_pem: &str) -> String {
         .to_owned()
 }
 
-/// The OS CA certificate of the test bundle, as PEM.
-fn os_ca_pem() -> String {
-    let bundle = ichor_render::SecretsBundle::from_yaml(
+/// ichor-render's golden test bundle (contract 1.14).
+fn test_bundle() -> ichor_render::SecretsBundle {
+    ichor_render::SecretsBundle::from_yaml(
         &std::fs::read_to_string(golden("bundle-1.14.yaml")).expect("read the bundle"),
     )
-    .expect("the test bundle");
-    bundle.certs.os.crt.0.clone()
+    .expect("the test bundle")
+}
+
+/// The OS CA certificate of the test bundle, as PEM.
+fn os_ca_pem() -> String {
+    test_bundle().certs.os.crt.0.clone()
 }
 
 #[tokio::test]
@@ -139,11 +143,26 @@ async fn talos_client_discovers_applies_and_reaches_the_node_over_mutual_tls() {
     node.stop().await;
 }
 
+/// Talos's own fingerprint code agrees with ours on every kind of certificate a pin can meet:
+/// a node serving certificate and the OS CA (Ed25519), the etcd CA (ECDSA P-256).
 #[test]
-fn talos_fingerprint_matches_ichor_render_fingerprint() {
-    let ca = os_ca_pem();
-    let ours = ichor_render::pki::fingerprint_pem(&ca).expect("our fingerprint");
-    assert_eq!(talos_fingerprint(&ca), ours);
+fn talos_fingerprint_matches_ichor_talos_fingerprint() {
+    let bundle = test_bundle();
+    let node = ichor_render::pki::node_server_certificate(
+        &bundle,
+        "cp-1",
+        &["192.168.10.21".parse().expect("ip")],
+        std::time::Duration::from_secs(3600),
+    )
+    .expect("node certificate");
+    for cert in [
+        &node.cert_pem,
+        &bundle.certs.os.crt.0,
+        &bundle.certs.etcd.crt.0,
+    ] {
+        let ours = ichor_talos::fingerprint_pem(cert).expect("our fingerprint");
+        assert_eq!(talos_fingerprint(cert), ours, "{cert}");
+    }
 }
 
 #[tokio::test]
