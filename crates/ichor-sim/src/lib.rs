@@ -20,6 +20,7 @@
 //!   leave, upgrade rollback; gates that hold a named RPC until released.
 #![forbid(unsafe_code)]
 
+mod apply;
 mod config;
 mod configured;
 mod control;
@@ -168,19 +169,29 @@ pub(crate) fn stage_wire(stage: Stage) -> (i32, &'static str) {
 /// The unattended-install phase (1.14, talos-facts §3 `RuntimeUnattendedInstallPhase`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum InstallPhase {
+    /// No disk matches the selector: the install waits (talos-facts §11.7).
+    Pending,
     Installing,
     Installed,
     WaitingForReboot,
 }
 
 impl InstallPhase {
-    /// The proto value and the YAML string (machinery's enumer names; PENDING=0 `pending`
-    /// passes before the simulator's first look).
+    /// The proto value and the YAML string (machinery's enumer names).
     pub(crate) fn wire(self) -> (i32, &'static str) {
         match self {
+            Self::Pending => (0, "pending"),
             Self::Installing => (1, "installing"),
             Self::Installed => (2, "installed"),
             Self::WaitingForReboot => (3, "waiting-for-reboot"),
+        }
+    }
+
+    /// The status's `error`: why a pending install waits (talos-facts §11.7).
+    pub(crate) fn error(self) -> &'static str {
+        match self {
+            Self::Pending => apply::PENDING_REASON,
+            _ => "",
         }
     }
 }
@@ -238,6 +249,8 @@ pub(crate) struct Node {
     pub(crate) installed: bool,
     /// Whether the unattended installer ran (1.14).
     pub(crate) unattended: Option<(String, InstallPhase)>,
+    /// Why the last install failed (the install sequence's fatal error, talos-facts §11.7).
+    pub(crate) install_failure: Option<String>,
     /// Etcd data (in EPHEMERAL).
     pub(crate) etcd: Option<EtcdData>,
     /// Images pulled into the system containerd.
@@ -334,6 +347,7 @@ impl SimNode {
             persisted,
             staged: None,
             unattended: None,
+            install_failure: None,
             etcd: None,
             images: BTreeSet::new(),
             bricked: false,
@@ -466,6 +480,21 @@ impl SimNode {
         self.node.lock().await.installed
     }
 
+    /// Why the last install failed, if it did: the install sequence's fatal error (1.13, and
+    /// 1.14 with `machine.install`; talos-facts §11.7).
+    pub async fn install_failure(&self) -> Option<String> {
+        self.node.lock().await.install_failure.clone()
+    }
+
+    /// The unattended install's phase and, pending, why (1.14; talos-facts §11.7): e.g.
+    /// `("pending", "no disk matched the selector")`.
+    pub async fn unattended_install(&self) -> Option<(&'static str, &'static str)> {
+        let node = self.node.lock().await;
+        node.unattended
+            .as_ref()
+            .map(|(_, phase)| (phase.wire().1, phase.error()))
+    }
+
     /// Whether the node answers on its address (a worker waiting for trustd does not).
     pub async fn is_serving(&self) -> bool {
         self.shared.serving.load(Ordering::SeqCst)
@@ -504,6 +533,11 @@ impl SimNode {
 }
 
 impl Node {
+    /// Whether the unattended install waits for a disk (talos-facts §11.7).
+    pub(crate) fn install_pending(&self) -> bool {
+        matches!(self.unattended, Some((_, InstallPhase::Pending)))
+    }
+
     /// The hostname: configured, or derived from the hardware as Talos derives a stable
     /// default one.
     pub(crate) fn hostname(&self) -> String {
@@ -545,6 +579,11 @@ impl Node {
             None => {
                 self.stage = Stage::Maintenance;
                 self.serve(this, None).await
+            }
+            // A pending unattended install holds the boot: the API is up, services wait
+            // (talos-facts §11.7).
+            Some(config) if config.is_control_plane() && self.install_pending() => {
+                self.serve(this, Some(config)).await
             }
             Some(config) if config.is_control_plane() => {
                 self.stage = Stage::Running;
