@@ -1006,3 +1006,46 @@ async fn a_refused_config_changes_nothing() {
         node.stop().await;
     }
 }
+
+#[tokio::test]
+async fn warnings_come_back_as_talos_gives_them() {
+    type Edit = fn(&mut Vec<Value>) -> Option<()>;
+    let edits: [(&str, &str, Edit); 4] = [
+        ("1.14", "1.14-worker-flannel-plain.yaml", |docs| {
+            put(
+                doc(docs, "UnattendedInstallConfig")?,
+                "installer.image",
+                None,
+            )
+        }),
+        ("1.13", "1.13-worker-none-plain.yaml", |docs| {
+            put(v1(docs)?, "machine.type", Some(json!("")))
+        }),
+        ("1.14", "1.14-controlplane-flannel-patched.yaml", |docs| {
+            put(doc(docs, "KubeProxyConfig")?, "mode", Some(json!("ipvs")))
+        }),
+        ("1.13", "1.13-controlplane-flannel-plain.yaml", |docs| {
+            put(v1(docs)?, "cluster.network.cni.name", Some(json!("custom")))
+        }),
+    ];
+    for (i, (minor, golden, edit)) in edits.into_iter().enumerate() {
+        let mut docs = parse(&std::fs::read_to_string(golden_dir().join(golden)).expect("read"));
+        edit(&mut docs).expect("the edit applies");
+        let config = render(&docs);
+        let node = maintenance_node(minor, 41 + u8::try_from(i).expect("small")).await;
+        let talos = talos_verdict(minor, &config, node.hardware()).expect("Talos accepts it");
+        let expected: Vec<String> = talos["warnings"]
+            .as_array()
+            .expect("Talos warns")
+            .iter()
+            .map(|w| w.as_str().expect("text").to_owned())
+            .collect();
+        let applied = pinned(&node)
+            .await
+            .apply_configuration(config.as_bytes(), ichor_talos::ApplyMode::Auto)
+            .await
+            .expect("the simulator accepts it");
+        assert_eq!(applied.warnings, expected, "{golden}");
+        node.stop().await;
+    }
+}

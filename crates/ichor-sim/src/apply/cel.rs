@@ -844,7 +844,7 @@ fn eval(node: &Node, disk: &DiskFields) -> Result<Val, String> {
         Expr::Call(name, target, args) => {
             if name == "_&&_" || name == "_||_" {
                 let left = eval(&args[0], disk)?;
-                let short = if name == "_&&_" { false } else { true };
+                let short = name != "_&&_";
                 if left == Val::Bool(short) {
                     return Ok(Val::Bool(short));
                 }

@@ -336,10 +336,8 @@ fn validate_document(rt: &Runtime, doc: &Document) -> Outcome {
                 out.warnings.push("extra arguments for kube-proxy may not work as expected, please use configuration instead".into());
             }
         }
-        "KubeFlannelCNIConfig" => {
-            if n.str_at(&["backendType"]).is_empty() {
-                errors.push("flannel backend type must be specified".into());
-            }
+        "KubeFlannelCNIConfig" if n.str_at(&["backendType"]).is_empty() => {
+            errors.push("flannel backend type must be specified".into());
         }
         "KubePrismConfig" => {
             let port = n.int_at(&["port"]).unwrap_or(0);
@@ -347,10 +345,8 @@ fn validate_document(rt: &Runtime, doc: &Document) -> Outcome {
                 errors.push(format!("invalid port {port}: must be in range 1-65535"));
             }
         }
-        "KubeAdmissionControlConfig" => {
-            if doc.name.is_empty() {
-                errors.push("admission control plugin name is required".into());
-            }
+        "KubeAdmissionControlConfig" if doc.name.is_empty() => {
+            errors.push("admission control plugin name is required".into());
         }
         "KubeAuthorizerConfig" => {
             let kind = n.str_at(&["type"]);
@@ -379,20 +375,14 @@ fn validate_document(rt: &Runtime, doc: &Document) -> Outcome {
                 );
             }
         }
-        "KubeEtcdEncryptionConfig" => {
-            if n.get("config").is_none_or(Node::is_empty) {
-                errors.push("etcd encryption config is required".into());
-            }
+        "KubeEtcdEncryptionConfig" if n.get("config").is_none_or(Node::is_empty) => {
+            errors.push("etcd encryption config is required".into());
         }
-        "KubeAggregatorCAConfig" => {
-            if n.get("issuingCA").is_none() {
-                errors.push("issuing CA is not set".into());
-            }
+        "KubeAggregatorCAConfig" if n.get("issuingCA").is_none() => {
+            errors.push("issuing CA is not set".into());
         }
-        "KubeServiceAccountConfig" => {
-            if n.str_at(&["issuer", "privateKey"]).is_empty() {
-                errors.push("service issuer private key is required".into());
-            }
+        "KubeServiceAccountConfig" if n.str_at(&["issuer", "privateKey"]).is_empty() => {
+            errors.push("service issuer private key is required".into());
         }
         "UnattendedInstallConfig" => {
             if n.str_at(&["installer", "image"]).is_empty() {
@@ -405,10 +395,8 @@ fn validate_document(rt: &Runtime, doc: &Document) -> Outcome {
                 errors.push(format!("provisioning.diskSelector.match: {e}"));
             }
         }
-        "LinkConfig" => {
-            if doc.name.is_empty() {
-                errors.push("name must be specified".into());
-            }
+        "LinkConfig" if doc.name.is_empty() => {
+            errors.push("name must be specified".into());
         }
         _ => {}
     }

@@ -361,7 +361,7 @@ pub(crate) fn base64_error(s: &str) -> Option<String> {
         }
         return Some(format!("illegal base64 data at input byte {offset}"));
     }
-    if data.len() % 4 != 0 {
+    if !data.len().is_multiple_of(4) {
         let offset = s.len() - (data.len() % 4);
         return Some(format!("illegal base64 data at input byte {offset}"));
     }
