@@ -5,9 +5,13 @@
 //!   every boot, no client certificates, every caller `os:reader`; reader-level calls, COSI
 //!   reads of non-sensitive types, `ApplyConfiguration` and `BlockDeviceWipe`; admin methods
 //!   and forwarding refused.
-//! - **Apply and install** (§5, §8.2): configs parsed and checked against the node's version;
-//!   1.13 installs through the install stage and reboots, 1.14 through the unattended-install
-//!   phases; a config with no install section boots on in place.
+//! - **Apply and install** (§5, §8.2, §11): configs loaded and validated as machined does at
+//!   apply time, per release (refusals are `InvalidArgument` with Talos's message and change
+//!   nothing), dry runs answer Talos's summary; the install disk is matched against the
+//!   simulated disks: 1.13 installs through the install stage and reboots (a missing disk
+//!   fails the install and the node returns to maintenance), 1.14 through the
+//!   unattended-install phases (no matching disk: pending); no install section boots on in
+//!   place.
 //! - **Configured nodes** (§2): mutual TLS with the config's OS CA, roles per method, `node`
 //!   metadata forwarding between nodes that trust each other.
 //! - **Etcd** (§1.2, §5): membership derived only from applied configs — Bootstrap with its

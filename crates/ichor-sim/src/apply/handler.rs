@@ -18,7 +18,8 @@ pub(crate) fn runtime(node: &Node, maintenance: bool) -> Runtime<'_> {
     }
 }
 
-/// The request's config as text; YAML that is not UTF-8 does not decode.
+/// The request's config as text; YAML that is not UTF-8 does not decode (the YAML reader's
+/// message; not checked against Talos).
 pub(crate) fn text(data: Vec<u8>) -> Result<String, Status> {
     String::from_utf8(data)
         .map_err(|_| Status::invalid_argument("decode error: yaml: invalid leading UTF-8 octet"))
