@@ -16,7 +16,6 @@ require (
 	github.com/blang/semver/v4 v4.0.0 // indirect
 	github.com/containerd/go-cni v1.1.13 // indirect
 	github.com/containernetworking/cni v1.3.0 // indirect
-	github.com/cosi-project/runtime v1.14.1 // indirect
 	github.com/dustin/go-humanize v1.0.1 // indirect
 	github.com/evanphx/json-patch v5.9.11+incompatible // indirect
 	github.com/gertd/go-pluralize v0.2.1 // indirect
@@ -58,6 +57,9 @@ require (
 
 replace github.com/mdlayher/ethtool => github.com/siderolabs/ethtool v0.4.0-sidero
 
-require ichor.invalid/tools/talos-oracle-core v0.0.0
+require (
+	github.com/cosi-project/runtime v1.14.1
+	ichor.invalid/tools/talos-oracle-core v0.0.0
+)
 
 replace ichor.invalid/tools/talos-oracle-core => ../talos-oracle-core

@@ -16,7 +16,6 @@ require (
 	github.com/blang/semver/v4 v4.0.0 // indirect
 	github.com/containerd/go-cni v1.1.13 // indirect
 	github.com/containernetworking/cni v1.3.0 // indirect
-	github.com/cosi-project/runtime v1.16.3 // indirect
 	github.com/dustin/go-humanize v1.0.1 // indirect
 	github.com/evanphx/json-patch v5.9.11+incompatible // indirect
 	github.com/gertd/go-pluralize v0.2.1 // indirect
@@ -67,6 +66,9 @@ replace github.com/mdlayher/ethtool => github.com/siderolabs/ethtool v0.4.0-side
 
 replace github.com/jsimonetti/rtnetlink/v2 => github.com/jsimonetti/rtnetlink/v2 v2.2.1-0.20260317095713-310581b9c6ac
 
-require ichor.invalid/tools/talos-oracle-core v0.0.0
+require (
+	github.com/cosi-project/runtime v1.16.3
+	ichor.invalid/tools/talos-oracle-core v0.0.0
+)
 
 replace ichor.invalid/tools/talos-oracle-core => ../talos-oracle-core

@@ -3,8 +3,14 @@
 package main
 
 import (
+	"context"
+
+	"github.com/cosi-project/runtime/pkg/state"
+	"github.com/siderolabs/talos/pkg/machinery/cel"
 	"github.com/siderolabs/talos/pkg/machinery/config"
 	"github.com/siderolabs/talos/pkg/machinery/config/generate/secrets"
+	"github.com/siderolabs/talos/pkg/machinery/config/validation"
+
 	oracle "ichor.invalid/tools/talos-oracle-core"
 )
 
@@ -21,6 +27,28 @@ func validateBundle(bundle *secrets.Bundle) error {
 	return bundle.Validate(contract)
 }
 
+// runtimeValidate is what machined v1.14.1 runs in ApplyConfiguration: ValidateAtRuntime with
+// no options.
+func runtimeValidate(ctx context.Context, cfg config.Provider, st state.State, mode validation.RuntimeMode) ([]string, error) {
+	return cfg.ValidateAtRuntime(ctx, st, mode)
+}
+
+// unattendedSelector is the disk selector the unattended-install controller matches.
+func unattendedSelector(cfg config.Provider) *cel.Expression {
+	doc := cfg.UnattendedInstallConfig()
+	if doc == nil {
+		return nil
+	}
+
+	expr := doc.VolumeSelector()
+
+	return &expr
+}
+
 func main() {
-	oracle.Main(contractVersion, validateBundle)
+	oracle.Main(contractVersion, oracle.Hooks{
+		ValidateBundle:     validateBundle,
+		RuntimeValidate:    runtimeValidate,
+		UnattendedSelector: unattendedSelector,
+	})
 }

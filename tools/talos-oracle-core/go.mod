@@ -4,6 +4,7 @@ module ichor.invalid/tools/talos-oracle-core
 go 1.26.6
 
 require (
+	github.com/cosi-project/runtime v1.14.1
 	github.com/siderolabs/crypto v0.6.5
 	github.com/siderolabs/talos/pkg/machinery v1.13.9
 	go.yaml.in/yaml/v4 v4.0.0-rc.4
@@ -15,7 +16,6 @@ require (
 	github.com/blang/semver/v4 v4.0.0 // indirect
 	github.com/containerd/go-cni v1.1.13 // indirect
 	github.com/containernetworking/cni v1.3.0 // indirect
-	github.com/cosi-project/runtime v1.14.1 // indirect
 	github.com/dustin/go-humanize v1.0.1 // indirect
 	github.com/evanphx/json-patch v5.9.11+incompatible // indirect
 	github.com/gertd/go-pluralize v0.2.1 // indirect

@@ -4,6 +4,7 @@
 //	talos-oracle bundle        < secrets.yaml   load with secrets.LoadBundle, then validate
 //	talos-oracle fingerprint   < cert.pem       the SPKI fingerprint talosctl pins
 //	talos-oracle validate      < config.yaml    configloader + Validate (metal mode, strict)
+//	talos-oracle apply         < request.json   what machined's ApplyConfiguration checks (see apply.go)
 //	talos-oracle generate      < request.json   Talos's own config for the same inputs (YAML)
 //	talos-oracle bench N       < request.json   how many configs per second Talos generates
 //	talos-oracle secrets       < /dev/null      a new bundle, as talosctl gen secrets writes it
@@ -12,7 +13,8 @@
 // Exit status 1 when Talos refuses the input, 2 on a usage or I/O error.
 //
 // Each tools/talos-oracle-<minor> module is a main package that calls Main with its contract
-// and the bundle check of its machinery version; Go's minimal version selection gives each the
+// and the Hooks of its machinery version (the bundle check and machined's apply-time validation,
+// whose APIs differ between minors); Go's minimal version selection gives each the
 // pkg/machinery version its own go.mod requires.
 package oracle
 
@@ -38,11 +40,12 @@ import (
 )
 
 type result struct {
-	OK          bool     `json:"ok"`
-	Error       string   `json:"error,omitempty"`
-	Warnings    []string `json:"warnings,omitempty"`
-	Fingerprint string   `json:"fingerprint,omitempty"`
-	PerSecond   float64  `json:"perSecond,omitempty"`
+	OK          bool         `json:"ok"`
+	Error       string       `json:"error,omitempty"`
+	Warnings    []string     `json:"warnings,omitempty"`
+	Fingerprint string       `json:"fingerprint,omitempty"`
+	PerSecond   float64      `json:"perSecond,omitempty"`
+	Install     *installPlan `json:"install,omitempty"`
 }
 
 // request describes the inputs of a generated config, as Ichor's renderer receives them.
@@ -74,9 +77,11 @@ var contractVersion string
 var validateBundle func(*secrets.Bundle) error
 
 // Main runs the oracle command line for one contract.
-func Main(contract string, bundleCheck func(*secrets.Bundle) error) {
+func Main(contract string, hooks Hooks) {
 	contractVersion = contract
-	validateBundle = bundleCheck
+	validateBundle = hooks.ValidateBundle
+	runtimeValidate = hooks.RuntimeValidate
+	unattendedSelector = hooks.UnattendedSelector
 
 	if len(os.Args) < 2 {
 		usage()
@@ -96,6 +101,8 @@ func Main(contract string, bundleCheck func(*secrets.Bundle) error) {
 		res = fingerprint(input)
 	case "validate":
 		res = validate(input)
+	case "apply":
+		res = apply(input)
 	case "generate":
 		out, err := generateConfig(input)
 		if err != nil {
@@ -140,7 +147,7 @@ func Main(contract string, bundleCheck func(*secrets.Bundle) error) {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: talos-oracle <bundle|fingerprint|validate|generate|bench N|secrets> < input")
+	fmt.Fprintln(os.Stderr, "usage: talos-oracle <bundle|fingerprint|validate|apply|generate|bench N|secrets> < input")
 	os.Exit(2)
 }
 

@@ -238,11 +238,14 @@ pub fn oracles(root: &Path) -> Result<PathBuf> {
         .collect();
     modules.sort();
     let mut core = String::new();
-    for file in ["go.mod", "go.sum", "oracle.go"] {
-        core.push_str(
-            &std::fs::read_to_string(tools.join("talos-oracle-core").join(file))
-                .unwrap_or_default(),
-        );
+    let core_dir = tools.join("talos-oracle-core");
+    for file in ["go.mod", "go.sum"] {
+        core.push_str(&std::fs::read_to_string(core_dir.join(file)).unwrap_or_default());
+    }
+    // Every Go source of the core (oracle.go, apply.go, ...): a change to any of them rebuilds.
+    for file in go_sources(&core_dir)? {
+        core.push_str(&file.file_name().unwrap_or_default().to_string_lossy());
+        core.push_str(&read(&file)?);
     }
     for module in modules {
         let name = module

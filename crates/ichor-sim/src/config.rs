@@ -86,12 +86,14 @@ impl AppliedConfig {
         let kind = |name: &str| documents.iter().find(|d| d["kind"] == name);
         let machine = &v1alpha1["machine"];
         let cluster = &v1alpha1["cluster"];
+        // `machine.ParseType`: an empty type and the legacy `join` mean worker (talos-facts
+        // §4.2, §11.4).
         let machine_type = match machine["type"].as_str().unwrap_or_default() {
             "controlplane" | "init" => MachineType::ControlPlane,
-            "worker" => MachineType::Worker,
+            "worker" | "join" | "" => MachineType::Worker,
             other => {
                 return Err(SimError::InvalidConfig(format!(
-                    "machine.type {other:?}: allowed are controlplane and worker"
+                    "unknown machine type {other:?}"
                 )));
             }
         };
@@ -101,15 +103,16 @@ impl AppliedConfig {
             .flatten()
             .map(|ca| pem_field(&ca["crt"], "machine.acceptedCAs[].crt"))
             .collect::<Result<_, _>>()?;
-        // Install instructions: machine.install on contract 1.13, UnattendedInstallConfig with
-        // reboot or an installer image on 1.14 (talos-facts §5, §8.2).
+        // Install instructions: machine.install on contract 1.13, UnattendedInstallConfig on
+        // 1.14, which reboots after the install as `reboot` says, or, unset, when an installer
+        // image is given (talos-facts §5, §8.2, §11.7).
         let legacy_install = machine.get("install").filter(|i| !i.is_null());
         let unattended = kind("UnattendedInstallConfig");
         let (install, install_image, reboot_after_install) = match (legacy_install, unattended) {
             (Some(i), _) => (true, text(&i["image"]), true),
             (None, Some(u)) => {
                 let image = text(&u["installer"]["image"]);
-                let reboot = u["reboot"] == true || !image.is_empty();
+                let reboot = u["reboot"].as_bool().unwrap_or(!image.is_empty());
                 (true, image, reboot)
             }
             (None, None) => (false, String::new(), false),

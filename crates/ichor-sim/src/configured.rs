@@ -12,23 +12,24 @@ use ichor_talos::api::machine::apply_configuration_request::Mode;
 use ichor_talos::api::machine::machine_service_server::MachineService;
 use ichor_talos::api::machine::reset_request::WipeMode;
 use ichor_talos::api::machine::{
-    ApplyConfiguration, ApplyConfigurationRequest, ApplyConfigurationResponse, Bootstrap,
-    BootstrapRequest, BootstrapResponse, EtcdDefragment, EtcdDefragmentResponse,
-    EtcdForfeitLeadership, EtcdForfeitLeadershipRequest, EtcdForfeitLeadershipResponse,
-    EtcdLeaveCluster, EtcdLeaveClusterRequest, EtcdLeaveClusterResponse, EtcdMember,
-    EtcdMemberListRequest, EtcdMemberListResponse, EtcdMemberStatus, EtcdMembers, EtcdRecover,
-    EtcdRecoverResponse, EtcdRemoveMemberById, EtcdRemoveMemberByIdRequest,
-    EtcdRemoveMemberByIdResponse, EtcdSnapshotRequest, EtcdStatus, EtcdStatusResponse, Hostname,
-    HostnameResponse, Reboot, RebootRequest, RebootResponse, Reset, ResetRequest, ResetResponse,
-    ServiceEvents, ServiceHealth, ServiceInfo, ServiceList, ServiceListResponse, Upgrade,
-    UpgradeRequest, UpgradeResponse, VersionResponse,
+    ApplyConfigurationRequest, ApplyConfigurationResponse, Bootstrap, BootstrapRequest,
+    BootstrapResponse, EtcdDefragment, EtcdDefragmentResponse, EtcdForfeitLeadership,
+    EtcdForfeitLeadershipRequest, EtcdForfeitLeadershipResponse, EtcdLeaveCluster,
+    EtcdLeaveClusterRequest, EtcdLeaveClusterResponse, EtcdMember, EtcdMemberListRequest,
+    EtcdMemberListResponse, EtcdMemberStatus, EtcdMembers, EtcdRecover, EtcdRecoverResponse,
+    EtcdRemoveMemberById, EtcdRemoveMemberByIdRequest, EtcdRemoveMemberByIdResponse,
+    EtcdSnapshotRequest, EtcdStatus, EtcdStatusResponse, Hostname, HostnameResponse, Reboot,
+    RebootRequest, RebootResponse, Reset, ResetRequest, ResetResponse, ServiceEvents,
+    ServiceHealth, ServiceInfo, ServiceList, ServiceListResponse, Upgrade, UpgradeRequest,
+    UpgradeResponse, VersionResponse,
 };
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 use tonic::{Request, Response, Status};
 
+use crate::apply::{self, handler};
 use crate::config::AppliedConfig;
-use crate::maintenance::{load, version_reply};
+use crate::maintenance::version_reply;
 use crate::network::{EtcdCluster, EtcdDown, Inner, Member, Shared, network, random_id};
 use crate::snapshot::keyspace::Keyspace;
 use crate::snapshot::{self, SnapshotStream};
@@ -280,42 +281,47 @@ impl Configured {
 /// Roles per method are those of talos-facts §1.2.
 #[tonic::async_trait]
 impl MachineService for Configured {
-    /// On a configured node (talos-facts §5, §8.2): 1.14 applies live (`AUTO` → `NO_REBOOT`,
-    /// `REBOOT` → `Unimplemented`); 1.13's `AUTO` reboots when the change cannot apply live
-    /// (here: a changed OS CA or cluster identity). `STAGED` waits for the next boot.
+    /// ApplyConfiguration on a configured node (talos-facts §5, §11.1): os:admin; the config
+    /// is checked as machined checks it (a refusal is `InvalidArgument` with Talos's message
+    /// and changes nothing); 1.14 refuses `REBOOT` and resolves `AUTO` to `NO_REBOOT`; a dry
+    /// run answers the summary and changes nothing.
     async fn apply_configuration(
         &self,
         r: Request<ApplyConfigurationRequest>,
     ) -> Reply<ApplyConfigurationResponse> {
         authorize(&r, Role::Admin)?;
         let request = r.into_inner();
-        let config = Arc::new(load(&self.shared.talos_version(), request.data)?);
         let strong = self.strong()?;
         let mut node = strong.lock().await;
-        let current = node.running.clone().ok_or_else(gone)?;
-        if current.machine_type != config.machine_type {
-            return Err(Status::invalid_argument(
-                "machine type can't be changed from the applied configuration",
-            ));
-        }
         if node.applying {
             return Err(Status::failed_precondition(
                 "another apply configuration is already in progress",
             ));
         }
-        let requested = Mode::try_from(request.mode).unwrap_or(Mode::Reboot);
+        let current = node.running.clone().ok_or_else(gone)?;
+        let text = handler::text(request.data)?;
+        let rt = handler::runtime(&node, false);
+        let container = apply::load(&rt, &text).map_err(Status::invalid_argument)?;
+        handler::reboot_refused(&rt.talos, request.mode)?;
+        let warnings = apply::validate(&rt, &container).map_err(Status::invalid_argument)?;
+        let is_1_14 = self.shared.is_1_14();
+        let config =
+            Arc::new(AppliedConfig::parse(&text).map_err(|e| {
+                crate::not_simulated(&format!("running this accepted config ({e})"))
+            })?);
+        if current.machine_type != config.machine_type {
+            return Err(Status::invalid_argument(
+                "machine type can't be changed from the applied configuration",
+            ));
+        }
+        let requested =
+            Mode::try_from(request.mode).map_err(|_| handler::incorrect_mode(request.mode))?;
         let needs_reboot = current.os_ca_crt != config.os_ca_crt
             || current.cluster_identity() != config.cluster_identity();
         let mode = match requested {
-            Mode::Reboot if self.shared.is_1_14() => {
-                return Err(Status::unimplemented(
-                    "apply mode REBOOT is not supported: use AUTO, NO_REBOOT or STAGED",
-                ));
-            }
-            Mode::Auto if self.shared.is_1_14() => Mode::NoReboot,
+            Mode::Auto if is_1_14 => Mode::NoReboot,
             Mode::Auto if needs_reboot => Mode::Reboot,
             Mode::Auto => Mode::NoReboot,
-            Mode::Try => return Err(crate::not_simulated("apply mode TRY")),
             other => other,
         };
         if mode == Mode::NoReboot
@@ -327,34 +333,38 @@ impl MachineService for Configured {
             ));
         }
         let details = match mode {
-            Mode::Reboot => "Applied configuration with a reboot",
-            Mode::Staged => "Staged configuration to be applied after a reboot",
-            _ => "Applied configuration without a reboot",
+            Mode::Reboot => handler::REBOOT_DETAILS,
+            Mode::Staged => handler::STAGED_DETAILS,
+            _ => handler::NO_REBOOT_DETAILS,
         };
-        if !request.dry_run {
-            match mode {
-                Mode::Staged => node.staged = Some(config),
-                Mode::Reboot => {
-                    node.persisted = Some(config);
-                    Node::reboot_later(self.node.clone(), Duration::from_millis(20));
+        if request.dry_run {
+            let running = apply::load(&rt, &current.yaml).ok();
+            return Ok(Response::new(handler::dry_run(
+                mode,
+                details,
+                running.as_ref(),
+                &container,
+            )));
+        }
+        match mode {
+            Mode::Try => return Err(crate::not_simulated("apply mode TRY")),
+            Mode::Staged => node.staged = Some(config),
+            Mode::Reboot => {
+                node.persisted = Some(config);
+                Node::reboot_later(self.node.clone(), Duration::from_millis(20));
+            }
+            _ => {
+                node.persisted = Some(Arc::clone(&config));
+                node.running = Some(Arc::clone(&config));
+                if let Some(entry) = network().nodes.get_mut(&self.shared.addr) {
+                    entry.config = Some(Arc::clone(&config));
                 }
-                _ => {
-                    node.persisted = Some(Arc::clone(&config));
-                    node.running = Some(Arc::clone(&config));
-                    if let Some(entry) = network().nodes.get_mut(&self.shared.addr) {
-                        entry.config = Some(config);
-                    }
-                }
+                // A pending unattended install looks again with the new selector (the
+                // controller reacts to config changes, talos-facts §11.7).
+                crate::maintenance::resume_unattended(&mut node, self.node.clone());
             }
         }
-        Ok(Response::new(ApplyConfigurationResponse {
-            messages: vec![ApplyConfiguration {
-                metadata: None,
-                warnings: Vec::new(),
-                mode: mode as i32,
-                mode_details: details.into(),
-            }],
-        }))
+        Ok(Response::new(handler::reply(mode, details, warnings)))
     }
 
     /// Bootstrap (talos-facts §5): not available while the node still boots, refused without
@@ -365,7 +375,8 @@ impl MachineService for Configured {
         let strong = self.strong()?;
         let mut node = strong.lock().await;
         let config = control_plane_only(&node, "bootstrap")?;
-        if node.booted_at.elapsed() < node.timings.bootstrap_window {
+        // The CRI waits for a pending unattended install (talos-facts §11.7).
+        if node.booted_at.elapsed() < node.timings.bootstrap_window || node.install_pending() {
             return Err(Status::failed_precondition(
                 "bootstrap is not available yet",
             ));
@@ -872,7 +883,9 @@ pub(crate) async fn await_trustd(node: Weak<Mutex<Node>>, timings: crate::Timing
         }
         match guard.serve(node.clone(), Some(config)).await {
             Ok(()) => {
-                guard.stage = Stage::Running;
+                if !guard.install_pending() {
+                    guard.stage = Stage::Running;
+                }
                 return;
             }
             Err(error) => tracing::warn!(%error, "simulated worker failed to start its API"),

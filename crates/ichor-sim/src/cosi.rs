@@ -136,19 +136,30 @@ fn resources(node: &Node, shared: &Shared) -> BTreeMap<String, Vec<SimResource>>
         json!({"version": version.version, "name": version.name}),
         version.encode_to_vec(),
     );
-    // 1.14's unattended install reports its phase (talos-facts §3, §8.2).
+    // 1.14's unattended install reports its phase and, pending, why (talos-facts §3, §8.2,
+    // §11.7); every YAML key is omitted when empty (the zero phase, pending, included).
     if let Some((image, phase)) = &node.unattended {
         let (number, name) = phase.wire();
         let spec = UnattendedInstallStatusSpec {
             image: image.clone(),
             phase: number,
-            error: String::new(),
+            error: phase.error().into(),
         };
+        let mut yaml = serde_json::Map::new();
+        if !image.is_empty() {
+            yaml.insert("image".into(), json!(image));
+        }
+        if number != 0 {
+            yaml.insert("phase".into(), json!(name));
+        }
+        if !spec.error.is_empty() {
+            yaml.insert("error".into(), json!(spec.error));
+        }
         add(
             "runtime",
             "UnattendedInstallStatuses.runtime.talos.dev",
             "unattended-install",
-            json!({"image": image, "phase": name}),
+            serde_json::Value::Object(yaml),
             spec.encode_to_vec(),
         );
     }

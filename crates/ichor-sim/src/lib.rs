@@ -5,9 +5,13 @@
 //!   every boot, no client certificates, every caller `os:reader`; reader-level calls, COSI
 //!   reads of non-sensitive types, `ApplyConfiguration` and `BlockDeviceWipe`; admin methods
 //!   and forwarding refused.
-//! - **Apply and install** (§5, §8.2): configs parsed and checked against the node's version;
-//!   1.13 installs through the install stage and reboots, 1.14 through the unattended-install
-//!   phases; a config with no install section boots on in place.
+//! - **Apply and install** (§5, §8.2, §11): configs loaded and validated as machined does at
+//!   apply time, per release (refusals are `InvalidArgument` with Talos's message and change
+//!   nothing), dry runs answer Talos's summary; the install disk is matched against the
+//!   simulated disks: 1.13 installs through the install stage and reboots (a missing disk
+//!   fails the install and the node returns to maintenance), 1.14 through the
+//!   unattended-install phases (no matching disk: pending); no install section boots on in
+//!   place.
 //! - **Configured nodes** (§2): mutual TLS with the config's OS CA, roles per method, `node`
 //!   metadata forwarding between nodes that trust each other.
 //! - **Etcd** (§1.2, §5): membership derived only from applied configs — Bootstrap with its
@@ -21,6 +25,7 @@
 //!   leave, upgrade rollback; gates that hold a named RPC until released.
 #![forbid(unsafe_code)]
 
+mod apply;
 mod config;
 mod configured;
 mod control;
@@ -177,19 +182,29 @@ pub(crate) fn stage_wire(stage: Stage) -> (i32, &'static str) {
 /// The unattended-install phase (1.14, talos-facts §3 `RuntimeUnattendedInstallPhase`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum InstallPhase {
+    /// No disk matches the selector: the install waits (talos-facts §11.7).
+    Pending,
     Installing,
     Installed,
     WaitingForReboot,
 }
 
 impl InstallPhase {
-    /// The proto value and the YAML string (machinery's enumer names; PENDING=0 `pending`
-    /// passes before the simulator's first look).
+    /// The proto value and the YAML string (machinery's enumer names).
     pub(crate) fn wire(self) -> (i32, &'static str) {
         match self {
+            Self::Pending => (0, "pending"),
             Self::Installing => (1, "installing"),
             Self::Installed => (2, "installed"),
             Self::WaitingForReboot => (3, "waiting-for-reboot"),
+        }
+    }
+
+    /// The status's `error`: why a pending install waits (talos-facts §11.7).
+    pub(crate) fn error(self) -> &'static str {
+        match self {
+            Self::Pending => apply::PENDING_REASON,
+            _ => "",
         }
     }
 }
@@ -267,6 +282,8 @@ pub(crate) struct Node {
     pub(crate) installed: bool,
     /// Whether the unattended installer ran (1.14).
     pub(crate) unattended: Option<(String, InstallPhase)>,
+    /// Why the last install failed (the install sequence's fatal error, talos-facts §11.7).
+    pub(crate) install_failure: Option<String>,
     /// Etcd data (in EPHEMERAL).
     pub(crate) etcd: Option<EtcdData>,
     /// A snapshot uploaded for recovery (in EPHEMERAL).
@@ -367,6 +384,7 @@ impl SimNode {
             persisted,
             staged: None,
             unattended: None,
+            install_failure: None,
             etcd: None,
             etcd_recovery: None,
             etcd_size: spec.etcd_size,
@@ -501,6 +519,21 @@ impl SimNode {
         self.node.lock().await.installed
     }
 
+    /// Why the last install failed, if it did: the install sequence's fatal error (1.13, and
+    /// 1.14 with `machine.install`; talos-facts §11.7).
+    pub async fn install_failure(&self) -> Option<String> {
+        self.node.lock().await.install_failure.clone()
+    }
+
+    /// The unattended install's phase and, pending, why (1.14; talos-facts §11.7): e.g.
+    /// `("pending", "no disk matched the selector")`.
+    pub async fn unattended_install(&self) -> Option<(&'static str, &'static str)> {
+        let node = self.node.lock().await;
+        node.unattended
+            .as_ref()
+            .map(|(_, phase)| (phase.wire().1, phase.error()))
+    }
+
     /// Whether the node answers on its address (a worker waiting for trustd does not).
     pub async fn is_serving(&self) -> bool {
         self.shared.serving.load(Ordering::SeqCst)
@@ -579,6 +612,11 @@ impl SimNode {
 }
 
 impl Node {
+    /// Whether the unattended install waits for a disk (talos-facts §11.7).
+    pub(crate) fn install_pending(&self) -> bool {
+        matches!(self.unattended, Some((_, InstallPhase::Pending)))
+    }
+
     /// The hostname: configured, or derived from the hardware as Talos derives a stable
     /// default one.
     pub(crate) fn hostname(&self) -> String {
@@ -620,6 +658,11 @@ impl Node {
             None => {
                 self.stage = Stage::Maintenance;
                 self.serve(this, None).await
+            }
+            // A pending unattended install holds the boot: the API is up, services wait
+            // (talos-facts §11.7).
+            Some(config) if config.is_control_plane() && self.install_pending() => {
+                self.serve(this, Some(config)).await
             }
             Some(config) if config.is_control_plane() => {
                 self.stage = Stage::Running;

@@ -5,20 +5,20 @@ use std::pin::Pin;
 use std::sync::{Arc, Weak};
 
 use ichor_talos::api::common::Data;
-use ichor_talos::api::machine::apply_configuration_request::Mode;
 use ichor_talos::api::machine::machine_service_server::MachineService;
 use ichor_talos::api::machine::{
-    ApplyConfiguration, ApplyConfigurationRequest, ApplyConfigurationResponse, BootstrapRequest,
-    BootstrapResponse, EtcdDefragmentResponse, EtcdForfeitLeadershipRequest,
-    EtcdForfeitLeadershipResponse, EtcdLeaveClusterRequest, EtcdLeaveClusterResponse,
-    EtcdMemberListRequest, EtcdMemberListResponse, EtcdRemoveMemberByIdRequest,
-    EtcdRemoveMemberByIdResponse, EtcdSnapshotRequest, EtcdStatusResponse, FeaturesInfo, Hostname,
-    HostnameResponse, PlatformInfo, RebootRequest, RebootResponse, ResetRequest, ResetResponse,
-    ServiceListResponse, UpgradeRequest, UpgradeResponse, Version, VersionInfo, VersionResponse,
+    ApplyConfigurationRequest, ApplyConfigurationResponse, BootstrapRequest, BootstrapResponse,
+    EtcdDefragmentResponse, EtcdForfeitLeadershipRequest, EtcdForfeitLeadershipResponse,
+    EtcdLeaveClusterRequest, EtcdLeaveClusterResponse, EtcdMemberListRequest,
+    EtcdMemberListResponse, EtcdRemoveMemberByIdRequest, EtcdRemoveMemberByIdResponse,
+    EtcdSnapshotRequest, EtcdStatusResponse, FeaturesInfo, Hostname, HostnameResponse,
+    PlatformInfo, RebootRequest, RebootResponse, ResetRequest, ResetResponse, ServiceListResponse,
+    UpgradeRequest, UpgradeResponse, Version, VersionInfo, VersionResponse,
 };
 use tokio::sync::Mutex;
 use tonic::{Request, Response, Status};
 
+use crate::apply::{self, InstallPlan, handler};
 use crate::config::AppliedConfig;
 use crate::network::Shared;
 use crate::{InstallPhase, Node, Stage, configured};
@@ -27,39 +27,6 @@ use crate::{InstallPhase, Node, Stage, configured};
 pub(crate) struct Maintenance {
     pub(crate) shared: Arc<Shared>,
     pub(crate) node: Weak<Mutex<Node>>,
-}
-
-/// Refuses a config holding documents the node's version does not know: a 1.13 loader
-/// answers `"Kind" "v1alpha1": not registered` for the documents contract 1.14 introduced.
-pub(crate) fn check_known_documents(
-    talos_version: &str,
-    documents: &[serde_json::Value],
-) -> Result<(), Status> {
-    if !talos_version.starts_with("v1.13.") {
-        return Ok(());
-    }
-    for document in documents {
-        if let Some(kind) = document["kind"].as_str()
-            && ichor_render::patch::needs_1_14(kind)
-        {
-            return Err(Status::invalid_argument(format!(
-                "error decoding document v1alpha1/{kind}: \"{kind}\" \"v1alpha1\": not registered"
-            )));
-        }
-    }
-    Ok(())
-}
-
-/// Parses and checks a config as the node's loader would; invalid configs get
-/// `InvalidArgument` (talos-facts §5).
-pub(crate) fn load(talos_version: &str, data: Vec<u8>) -> Result<AppliedConfig, Status> {
-    let text = String::from_utf8(data)
-        .map_err(|_| Status::invalid_argument("the config is not UTF-8 YAML"))?;
-    let documents: Vec<serde_json::Value> = serde_saphyr::from_multiple(&text).map_err(|e| {
-        Status::invalid_argument(format!("the config is not a YAML document stream: {e}"))
-    })?;
-    check_known_documents(talos_version, &documents)?;
-    AppliedConfig::parse(&text).map_err(|e| Status::invalid_argument(e.to_string()))
 }
 
 /// Methods above `os:reader` are refused: maintenance mode grants only reader (talos-facts §2;
@@ -100,26 +67,59 @@ pub(crate) fn version_reply(talos_version: &str) -> VersionResponse {
 }
 
 /// After an apply in maintenance: the config is persisted and booting continues (talos-facts
-/// §5). With install instructions and no installed system, the node installs — 1.13: the
-/// install stage, then a reboot; 1.14: the unattended-install phases, then a reboot only with
-/// `reboot: true` or an installer image. Without them it boots on in place.
-async fn continue_boot(node: Weak<Mutex<Node>>, config: Arc<AppliedConfig>) {
+/// §5), installing as the plan says (§11.7):
+/// - no install section, or already installed: boots with the config in place;
+/// - the install sequence (`machine.install`): the install stage, then a reboot into the
+///   installed system; when the disk does not resolve, the install task fails, the sequence
+///   fails fatally, the node reboots after its countdown and, having no STATE partition to
+///   keep the config in, comes back in maintenance mode (a new certificate);
+/// - the unattended install (1.14): its phases, then a reboot as `reboot` says; when no disk
+///   matches the selector, the install stays pending and the node boots with the config,
+///   waiting (stage booting, no etcd, Bootstrap not available yet).
+async fn continue_boot(node: Weak<Mutex<Node>>, config: Arc<AppliedConfig>, plan: InstallPlan) {
     let Some(strong) = node.upgrade() else { return };
     let mut guard = strong.lock().await;
     guard.persisted = Some(Arc::clone(&config));
+    guard.install_failure = None;
     // The apply stays in progress until the node has booted with the config (talos-facts §5:
     // a concurrent apply gets FailedPrecondition); `boot` clears it.
-    let unattended = guard.shared.is_1_14() && !legacy_install(&config);
-    if !config.install || guard.installed {
-        guard.shut_down().await;
-        if let Err(error) = guard.boot(node.clone()).await {
-            tracing::warn!(%error, "simulated node failed to boot with its config");
+    let (unattended, image, reboot) = match plan {
+        InstallPlan::None => return boot_in_place(guard, node).await,
+        _ if guard.installed => return boot_in_place(guard, node).await,
+        InstallPlan::Unattended {
+            disk: None, image, ..
+        } => {
+            guard.unattended = Some((image, InstallPhase::Pending));
+            return boot_in_place(guard, node).await;
         }
-        return;
-    }
+        InstallPlan::Sequence {
+            disk: Err(reason), ..
+        } => {
+            guard.stage = Stage::Installing;
+            let down = guard.timings.reboot;
+            drop(guard);
+            tokio::time::sleep(down).await;
+            let mut guard = strong.lock().await;
+            guard.install_failure = Some(format!(
+                "sequence failed: error running phase 2 in install sequence: task 1/1: failed, {reason}"
+            ));
+            guard.stage = Stage::Rebooting;
+            // The config lived in memory only: an uninstalled machine has no STATE partition.
+            guard.persisted = None;
+            drop(guard);
+            Node::reboot_later(node, down);
+            return;
+        }
+        InstallPlan::Sequence { disk: Ok(_), image } => (false, image, true),
+        InstallPlan::Unattended {
+            disk: Some(_),
+            image,
+            reboot,
+        } => (true, image, reboot),
+    };
     guard.stage = Stage::Installing;
     if unattended {
-        guard.unattended = Some((config.install_image.clone(), InstallPhase::Installing));
+        guard.unattended = Some((image.clone(), InstallPhase::Installing));
     }
     let install = guard.timings.install;
     drop(guard);
@@ -127,66 +127,115 @@ async fn continue_boot(node: Weak<Mutex<Node>>, config: Arc<AppliedConfig>) {
     let mut guard = strong.lock().await;
     guard.installed = true;
     if unattended {
-        let phase = if config.reboot_after_install {
+        let phase = if reboot {
             InstallPhase::WaitingForReboot
         } else {
             InstallPhase::Installed
         };
-        guard.unattended = Some((config.install_image.clone(), phase));
+        guard.unattended = Some((image, phase));
     }
-    if config.reboot_after_install {
+    if reboot {
         drop(guard);
         Node::reboot_later(node, std::time::Duration::ZERO);
     } else {
-        guard.shut_down().await;
-        if let Err(error) = guard.boot(node.clone()).await {
-            tracing::warn!(%error, "simulated node failed to boot with its config");
-        }
+        boot_in_place(guard, node).await;
     }
 }
 
-/// Whether the config installs through `machine.install` (the 1.13 way).
-fn legacy_install(config: &AppliedConfig) -> bool {
-    config.yaml.contains("\n  install:")
+/// Boots again with what is on disk, without a reboot (the boot sequence goes on).
+async fn boot_in_place(mut guard: tokio::sync::MutexGuard<'_, Node>, node: Weak<Mutex<Node>>) {
+    guard.shut_down().await;
+    if let Err(error) = guard.boot(node).await {
+        tracing::warn!(%error, "simulated node failed to boot with its config");
+    }
+}
+
+/// A pending unattended install looks again after a config change (the controller reacts to
+/// config changes, talos-facts §11.7): when the new selector matches a disk, it installs, then
+/// reboots or boots on as `reboot` says.
+pub(crate) fn resume_unattended(node: &mut Node, this: Weak<Mutex<Node>>) {
+    if !node.install_pending() {
+        return;
+    }
+    let Some(running) = node.running.clone() else {
+        return;
+    };
+    let rt = handler::runtime(node, false);
+    let Ok(container) = apply::load(&rt, &running.yaml) else {
+        return;
+    };
+    let InstallPlan::Unattended {
+        disk: Some(_),
+        image,
+        reboot,
+    } = apply::install_plan(&rt, &container)
+    else {
+        return;
+    };
+    node.unattended = Some((image.clone(), InstallPhase::Installing));
+    let install = node.timings.install;
+    tokio::spawn(async move {
+        tokio::time::sleep(install).await;
+        let Some(strong) = this.upgrade() else { return };
+        let mut guard = strong.lock().await;
+        guard.installed = true;
+        let phase = if reboot {
+            InstallPhase::WaitingForReboot
+        } else {
+            InstallPhase::Installed
+        };
+        guard.unattended = Some((image, phase));
+        if reboot {
+            drop(guard);
+            Node::reboot_later(this, std::time::Duration::ZERO);
+        } else {
+            boot_in_place(guard, this).await;
+        }
+    });
 }
 
 #[tonic::async_trait]
 impl MachineService for Maintenance {
-    /// Accepted from `os:reader` in maintenance only (talos-facts §1.2). The config is parsed
-    /// (invalid configs get `InvalidArgument`, §5), `REBOOT` is mapped to `NO_REBOOT` (§5,
-    /// 1.13+), and the node moves on: installs if the config says so, then boots configured.
+    /// Accepted from `os:reader` in maintenance only (talos-facts §1.2), checked as machined
+    /// checks it (§11.1, §11.4): a refusal is `InvalidArgument` with Talos's message and
+    /// changes nothing. `REBOOT` and `AUTO` resolve to `NO_REBOOT`; a dry run answers Talos's
+    /// summary; otherwise the node moves on: installs as the plan says, then boots configured.
     async fn apply_configuration(
         &self,
         request: Request<ApplyConfigurationRequest>,
     ) -> Reply<ApplyConfigurationResponse> {
         let request = request.into_inner();
-        let config = load(&self.shared.talos_version(), request.data)?;
-        let mode = match Mode::try_from(request.mode).unwrap_or(Mode::Reboot) {
-            Mode::Reboot => Mode::NoReboot,
-            other => other,
-        };
-        if !request.dry_run {
-            let strong = self
-                .node
-                .upgrade()
-                .ok_or_else(|| Status::unavailable("the node is shutting down"))?;
-            let mut guard = strong.lock().await;
-            if guard.applying {
-                return Err(Status::failed_precondition(
-                    "another apply configuration is already in progress",
-                ));
-            }
-            guard.applying = true;
-            tokio::spawn(continue_boot(self.node.clone(), Arc::new(config)));
+        let strong = self
+            .node
+            .upgrade()
+            .ok_or_else(|| Status::unavailable("the node is shutting down"))?;
+        let mut guard = strong.lock().await;
+        if guard.applying {
+            return Err(Status::failed_precondition(
+                "another apply configuration is already in progress",
+            ));
         }
-        Ok(Response::new(ApplyConfigurationResponse {
-            messages: vec![ApplyConfiguration {
-                metadata: None,
-                warnings: Vec::new(),
-                mode: mode as i32,
-                mode_details: "Applied configuration without a reboot".into(),
-            }],
-        }))
+        let text = handler::text(request.data)?;
+        let rt = handler::runtime(&guard, true);
+        let container = apply::load(&rt, &text).map_err(Status::invalid_argument)?;
+        let warnings = apply::validate(&rt, &container).map_err(Status::invalid_argument)?;
+        let (mode, details) = handler::maintenance_mode(request.mode)?;
+        if request.dry_run {
+            return Ok(Response::new(handler::dry_run(
+                mode, details, None, &container,
+            )));
+        }
+        // Without a v1alpha1 document the config is not complete for boot: the node stays in
+        // maintenance (talos-facts §11.1).
+        if container.v1alpha1.is_some() {
+            let config = AppliedConfig::parse(&text).map_err(|e| {
+                crate::not_simulated(&format!("running this accepted config ({e})"))
+            })?;
+            let plan = apply::install_plan(&rt, &container);
+            guard.applying = true;
+            tokio::spawn(continue_boot(self.node.clone(), Arc::new(config), plan));
+        }
+        Ok(Response::new(handler::reply(mode, details, warnings)))
     }
 
     async fn bootstrap(&self, _: Request<BootstrapRequest>) -> Reply<BootstrapResponse> {

@@ -129,7 +129,7 @@ pub struct UnattendedInstall {
     pub image: String,
     /// The phase: `pending`, `installing`, `installed`, `waiting-for-reboot` or `failed`.
     pub phase: String,
-    /// The error, when failed.
+    /// Why it is pending, or the error when failed.
     pub error: String,
 }
 
@@ -292,9 +292,12 @@ impl TalosClient {
         {
             Ok(spec) => {
                 let text = |key: &str| spec[key].as_str().unwrap_or_default().to_owned();
+                // Every key is omitempty; the zero phase, pending, is left out (talos-facts
+                // §11.7).
+                let phase = spec["phase"].as_str().unwrap_or("pending").to_owned();
                 Ok(Some(UnattendedInstall {
                     image: text("image"),
-                    phase: text("phase"),
+                    phase,
                     error: text("error"),
                 }))
             }

@@ -30,10 +30,16 @@ fn golden(name: &str) -> PathBuf {
         .join(name)
 }
 
-/// Boots a 1.14.1 node in maintenance mode on `addr` (Talos's client dials port 50000).
+/// Boots a 1.14.1 node in maintenance mode on `addr` (Talos's client dials port 50000). Its
+/// disk is `sda`, the disk the golden configs install to: Talos leaves an install to a disk the
+/// machine does not have pending (talos-facts §11.7).
 async fn node(addr: &str, seed: u32) -> SimNode {
     let addr: SocketAddr = addr.parse().expect("addr");
-    SimNode::start_with(addr, "v1.14.1", Hardware::vm(seed))
+    let mut hardware = Hardware::vm(seed);
+    for disk in hardware.disks.iter_mut().filter(|d| !d.cdrom) {
+        disk.name = "sda".into();
+    }
+    SimNode::start_with(addr, "v1.14.1", hardware)
         .await
         .expect("start a simulated node")
 }
@@ -112,16 +118,16 @@ fn os_ca_pem() -> String {
 async fn talos_client_discovers_applies_and_reaches_the_node_over_mutual_tls() {
     let node = node("127.0.20.1:50000", 7).await;
     let output = drive(&node, &node.fingerprint()).await;
-    let vda = node
+    let sda = node
         .hardware()
         .disks
         .iter()
-        .find(|d| d.name == "vda")
-        .expect("the VM has vda");
+        .find(|d| d.name == "sda")
+        .expect("the machine has sda");
     // Maintenance first (never ready there), then the configured node behind mutual TLS.
     let expected = [
         ("version", "v1.14.1".to_owned()),
-        ("disk", format!("vda {}", vda.size)),
+        ("disk", format!("sda {}", sda.size)),
         ("uuid", node.hardware().uuid.clone()),
         ("stage", "maintenance".to_owned()),
         ("ready", "false".to_owned()),
