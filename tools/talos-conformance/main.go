@@ -30,8 +30,14 @@ import (
 	_ "github.com/cosi-project/runtime/api/v1alpha1"
 	_ "github.com/siderolabs/talos/pkg/machinery/api/common"
 	_ "github.com/siderolabs/talos/pkg/machinery/api/machine"
+	_ "github.com/siderolabs/talos/pkg/machinery/api/resource/config"
+	_ "github.com/siderolabs/talos/pkg/machinery/api/resource/definitions/block"
+	_ "github.com/siderolabs/talos/pkg/machinery/api/resource/definitions/cluster"
 	_ "github.com/siderolabs/talos/pkg/machinery/api/resource/definitions/enums"
+	_ "github.com/siderolabs/talos/pkg/machinery/api/resource/definitions/etcd"
 	_ "github.com/siderolabs/talos/pkg/machinery/api/resource/definitions/hardware"
+	_ "github.com/siderolabs/talos/pkg/machinery/api/resource/definitions/k8s"
+	_ "github.com/siderolabs/talos/pkg/machinery/api/resource/definitions/network"
 	_ "github.com/siderolabs/talos/pkg/machinery/api/resource/definitions/runtime"
 	_ "github.com/siderolabs/talos/pkg/machinery/api/storage"
 	"google.golang.org/protobuf/reflect/protoreflect"
@@ -43,11 +49,18 @@ var packages = map[string]bool{
 	"common":        true,
 	"machine":       true,
 	"storage":       true,
-	"cosi.resource": true,
-	"google.rpc":    true,
+	"cosi.resource":      true,
+	"cosi.resource.meta": true,
+	"google.rpc":         true,
+	"resource.config":    true,
 
+	"talos.resource.definitions.block":    true,
+	"talos.resource.definitions.cluster":  true,
 	"talos.resource.definitions.enums":    true,
+	"talos.resource.definitions.etcd":     true,
 	"talos.resource.definitions.hardware": true,
+	"talos.resource.definitions.k8s":      true,
+	"talos.resource.definitions.network":  true,
 	"talos.resource.definitions.runtime":  true,
 }
 
