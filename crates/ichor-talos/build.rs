@@ -33,9 +33,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         prost::Message::encode_to_vec(&fds),
     )?;
     tonic_prost_build::configure()
-        // The resource specs live one module level above their package path (`api::resource`
-        // for `talos.resource`), so their references to `common` are spelled out.
-        .extern_path(".common", "crate::api::common")
         .build_client(true)
         .build_server(true)
         .compile_fds(fds)?;

@@ -46,9 +46,9 @@ import (
 
 // packages are the proto packages Ichor's proto/ folder covers.
 var packages = map[string]bool{
-	"common":        true,
-	"machine":       true,
-	"storage":       true,
+	"common":             true,
+	"machine":            true,
+	"storage":            true,
 	"cosi.resource":      true,
 	"cosi.resource.meta": true,
 	"google.rpc":         true,
@@ -84,6 +84,12 @@ func main() {
 		}
 
 		err = fingerprint()
+	case "definitions":
+		if len(os.Args) != 2 {
+			usage()
+		}
+
+		err = definitions()
 	case "drive":
 		args, parseErr := parseDriveArgs(os.Args[2:])
 		if parseErr != nil {

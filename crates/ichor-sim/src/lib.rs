@@ -615,10 +615,15 @@ impl Node {
 
         let (incoming, accept) = tls::incoming(listener, resolver, client_auth)?;
         let shared = Arc::clone(&self.shared);
-        let cosi = StateServer::new(cosi::Cosi {
-            node: this.clone(),
-            shared: Arc::clone(&shared),
-        });
+        let (cosi, cosi_stop) =
+            cosi::Cosi::new(this.clone(), Arc::clone(&shared), config.is_none());
+        // The COSI watches of this boot end when this task is aborted at shutdown (it drops
+        // their stop signal), or the server would wait for them forever.
+        self.tasks.push(tokio::spawn(async move {
+            let _stop = cosi_stop;
+            std::future::pending::<()>().await;
+        }));
+        let cosi = StateServer::new(cosi);
         let storage = StorageServiceServer::new(storage::Storage {
             node: this.clone(),
             maintenance: config.is_none(),

@@ -94,6 +94,11 @@ pub mod api {
     }
 }
 
+// The resource specs sit one module level above their package path (`api::resource` for
+// `talos.resource`), so the generated code of `talos.resource.definitions.*` finds the
+// `common` package at the crate root.
+use api::common;
+
 /// The encoded `FileDescriptorSet` of `proto/`, for the conformance check against Talos.
 pub const FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/ichor_talos_descriptor.bin"));
