@@ -3,6 +3,8 @@
 //	talos-conformance dump
 //	talos-conformance fingerprint < cert.pem
 //	talos-conformance drive --endpoint HOST[:PORT] --fingerprint F --config PATH --bundle PATH
+//	talos-conformance definitions
+//	talos-conformance resources --endpoint HOST[:PORT] (--insecure | --talosconfig PATH [--admin])
 //
 // `dump` prints, one per line, every service method, message field and enum value Talos
 // registers in the packages Ichor's proto/ covers, in the canonical form Ichor's test compares
@@ -16,7 +18,10 @@
 // `fingerprint` prints the fingerprint talosctl --cert-fingerprint pins for a certificate
 // (fingerprint.go). `drive` takes a node in maintenance mode through discovery, apply and the
 // first mutual-TLS calls with Talos's own Go client, printing one `key value` line per fact
-// (drive.go).
+// (drive.go). `definitions` prints the namespaces and resource definitions machined registers,
+// one JSON object a line (definitions.go, registry.go). `resources` checks a node's COSI state
+// against Talos's own types: its definitions and namespaces, and every resource it serves,
+// decoded from both spec encodings (resources.go).
 //
 // Exit status 1 when a command fails, 2 on a usage error.
 package main
@@ -90,6 +95,14 @@ func main() {
 		}
 
 		err = definitions()
+	case "resources":
+		args, parseErr := parseResourcesArgs(os.Args[2:])
+		if parseErr != nil {
+			fmt.Fprintln(os.Stderr, "talos-conformance resources:", parseErr)
+			usage()
+		}
+
+		err = resources(args)
 	case "drive":
 		args, parseErr := parseDriveArgs(os.Args[2:])
 		if parseErr != nil {
@@ -109,8 +122,9 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: talos-conformance dump | fingerprint < cert.pem | "+
-		"drive --endpoint HOST[:PORT] --fingerprint F --config PATH --bundle PATH")
+	fmt.Fprintln(os.Stderr, "usage: talos-conformance dump | definitions | fingerprint < cert.pem | "+
+		"drive --endpoint HOST[:PORT] --fingerprint F --config PATH --bundle PATH | "+
+		"resources --endpoint HOST[:PORT] (--insecure | --talosconfig PATH [--admin])")
 	os.Exit(2)
 }
 

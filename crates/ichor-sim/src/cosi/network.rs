@@ -328,7 +328,9 @@ pub(crate) fn resources(node: &Node) -> Vec<Res> {
             ip,
             prefix,
             scope: NethelpersScope::ScopeGlobal,
-            flags: 0,
+            // Talos's DHCP operator adds the lease's address as permanent, with the route
+            // metric as its priority.
+            flags: PERMANENT,
             priority: DHCP_PRIORITY,
         });
     }
@@ -340,7 +342,7 @@ pub(crate) fn resources(node: &Node) -> Vec<Res> {
                 prefix: 64,
                 scope: NethelpersScope::ScopeLink,
                 flags: PERMANENT,
-                priority: 256,
+                priority: 0,
             });
         }
     }
