@@ -20,6 +20,7 @@ use ichor_talos::api::resource::definitions::hardware::SystemInformationSpec;
 use prost::Message as _;
 use serde_json::Value;
 
+use super::Wanted;
 use super::store::Res;
 use super::yaml::{Fields, Yaml, marshal};
 use crate::Node;
@@ -426,8 +427,11 @@ fn system_information(node: &Node) -> Res {
 }
 
 /// The node's hardware and block resources.
-pub(crate) fn resources(node: &Node) -> Vec<Res> {
-    let mut out = vec![system_information(node)];
+pub(crate) fn resources(node: &Node, want: &Wanted) -> Vec<Res> {
+    let mut out = Vec::new();
+    if want.has(SYSTEM_INFORMATION) {
+        out.push(system_information(node));
+    }
     let uuid = &node.hardware.uuid;
     let system = node
         .installed
@@ -441,7 +445,12 @@ pub(crate) fn resources(node: &Node) -> Vec<Res> {
         )
     };
     for d in &node.hardware.disks {
-        out.push(disk(d));
+        if want.has(DISK) {
+            out.push(disk(d));
+        }
+        if !want.has(DISCOVERED_VOLUME) {
+            continue;
+        }
         let sector = sector_size(d);
         let mut whole = Probed {
             id: d.name.clone(),
@@ -490,7 +499,7 @@ pub(crate) fn resources(node: &Node) -> Vec<Res> {
             }));
         }
     }
-    if let Some(d) = system {
+    if let Some(d) = system.filter(|_| want.has(SYSTEM_DISK)) {
         let spec = SystemDiskSpec {
             disk_id: d.name.clone(),
             dev_path: format!("/dev/{}", d.name),
@@ -508,8 +517,23 @@ pub(crate) fn resources(node: &Node) -> Vec<Res> {
             spec.encode_to_vec(),
         ));
     }
-    // The system volumes (talos-facts §9.5): META and STATE are looked for on every boot,
-    // EPHEMERAL only once there is a config.
+    if want.has(VOLUME_STATUS) {
+        out.extend(volume_statuses(node, system, &parts));
+    }
+    out
+}
+
+/// The system volumes (talos-facts §9.5): META and STATE are looked for on every boot,
+/// EPHEMERAL only once there is a config.
+fn volume_statuses(node: &Node, system: Option<&SimDisk>, parts: &[Partition]) -> Vec<Res> {
+    let uuid = &node.hardware.uuid;
+    let ids = |p: &Partition| {
+        (
+            derived_uuid(&format!("{uuid}/fs/{}", p.label)),
+            derived_uuid(&format!("{uuid}/partition/{}", p.label)),
+        )
+    };
+    let mut out = Vec::new();
     let config = node.running.as_ref().or(node.persisted.as_ref());
     let documents: Option<Vec<Value>> =
         config.map(|c| serde_saphyr::from_multiple(&c.yaml).unwrap_or_default());

@@ -10,6 +10,7 @@ use ichor_talos::api::cosi::resource::meta::resource_definition_spec::{PrintColu
 use ichor_talos::api::cosi::resource::meta::{NamespaceSpec, ResourceDefinitionSpec};
 use prost::Message as _;
 
+use super::Wanted;
 use super::store::Res;
 use super::yaml::{Fields, Yaml, marshal};
 
@@ -54,9 +55,9 @@ pub(crate) fn definition(type_: &str) -> Option<&'static Definition> {
 }
 
 /// The meta resources: every definition and namespace, owned by `meta` (talos-facts §9.1).
-pub(crate) fn resources() -> Vec<Res> {
+pub(crate) fn resources(want: &Wanted) -> Vec<Res> {
     let mut out = Vec::new();
-    for d in DEFINITIONS {
+    for d in DEFINITIONS.iter().filter(|_| want.has(DEFINITION_TYPE)) {
         let spec = ResourceDefinitionSpec {
             resource_type: d.resource_type.into(),
             display_type: d.display_type.into(),
@@ -108,7 +109,7 @@ pub(crate) fn resources() -> Vec<Res> {
             spec.encode_to_vec(),
         ));
     }
-    for (name, description) in NAMESPACES {
+    for (name, description) in NAMESPACES.iter().filter(|_| want.has(NAMESPACE_TYPE)) {
         let spec = NamespaceSpec {
             description: (*description).into(),
         };

@@ -58,12 +58,29 @@ impl Cosi {
         maintenance: bool,
     ) -> (Self, watch::Sender<()>) {
         let (stop, stopped) = watch::channel(());
+        let store = Arc::new(Store::default());
+        // Everything the node has exists from its boot on (its versions count from there).
+        let all: Vec<&'static str> = definitions::DEFINITIONS
+            .iter()
+            .map(|d| d.resource_type)
+            .collect();
+        tokio::spawn({
+            let (node, shared, store, stopped) = (
+                node.clone(),
+                Arc::clone(&shared),
+                Arc::clone(&store),
+                stopped.clone(),
+            );
+            async move {
+                let _ = refresh(&node, &shared, &store, stopped, &all).await;
+            }
+        });
         (
             Self {
                 node,
                 shared,
                 maintenance,
-                store: Arc::new(Store::default()),
+                store,
                 stopped,
             },
             stop,
@@ -104,9 +121,16 @@ impl Cosi {
         Ok(definition)
     }
 
-    /// Brings the store up to date with the node.
-    async fn refresh(&self) -> Result<(), Status> {
-        refresh(&self.node, &self.shared, &self.store, self.stopped.clone()).await
+    /// Brings the store's resources of `type_` up to date with the node.
+    async fn refresh(&self, type_: &'static str) -> Result<(), Status> {
+        refresh(
+            &self.node,
+            &self.shared,
+            &self.store,
+            self.stopped.clone(),
+            &[type_],
+        )
+        .await
     }
 }
 
@@ -119,25 +143,52 @@ fn gone() -> Status {
     Status::unavailable("the node is shutting down")
 }
 
-/// Computes the node's resources and syncs the store with them: first everything but the
-/// resources that record other resources' versions, then those.
+/// Which types a refresh computes.
+pub(crate) struct Wanted(Vec<&'static str>);
+
+impl Wanted {
+    /// Whether `type_` is computed.
+    pub(crate) fn has(&self, type_: &str) -> bool {
+        self.0.contains(&type_)
+    }
+}
+
+/// Computes the node's resources of `types` and syncs the store with them: first the ones
+/// others record the version of, then those ([`node::SECOND_PASS`]).
 async fn refresh(
     node: &Weak<Mutex<Node>>,
     shared: &Shared,
     store: &Store,
     mut stopped: watch::Receiver<()>,
+    types: &[&'static str],
 ) -> Result<(), Status> {
     let strong = node.upgrade().ok_or_else(gone)?;
     let guard = tokio::select! {
         guard = strong.lock() => guard,
         _ = stopped.changed() => return Err(gone()),
     };
-    let mut first = definitions::resources();
-    first.extend(block::resources(&guard));
-    first.extend(network::resources(&guard));
-    first.extend(node::resources(&guard, shared));
-    store.sync(&node::first_pass(), first);
-    store.sync(&node::SECOND_PASS, node::dependent(&guard, store));
+    let mut first: Vec<&'static str> = types
+        .iter()
+        .copied()
+        .filter(|t| !node::SECOND_PASS.contains(t))
+        .collect();
+    let second: Vec<&'static str> = types
+        .iter()
+        .copied()
+        .filter(|t| node::SECOND_PASS.contains(t))
+        .collect();
+    if !second.is_empty() && !first.contains(&node::HOSTNAME_STATUS) {
+        first.push(node::HOSTNAME_STATUS);
+    }
+    let want = Wanted(first);
+    let mut resources = definitions::resources(&want);
+    resources.extend(block::resources(&guard, &want));
+    resources.extend(network::resources(&guard, &want));
+    resources.extend(node::resources(&guard, shared, &want));
+    store.sync(&want.0, resources);
+    if !second.is_empty() {
+        store.sync(&second, node::dependent(&guard, store));
+    }
     Ok(())
 }
 
@@ -192,13 +243,13 @@ type Stream<T> = Pin<Box<dyn tokio_stream::Stream<Item = Result<T, Status>> + Se
 #[tonic::async_trait]
 impl State for Cosi {
     async fn get(&self, request: Request<GetRequest>) -> Result<Response<GetResponse>, Status> {
-        self.authorize(
+        let definition = self.authorize(
             &request,
             &request.get_ref().namespace,
             &request.get_ref().r#type,
         )?;
         let r = request.into_inner();
-        self.refresh().await?;
+        self.refresh(definition.resource_type).await?;
         // The state looks the type up as given (only the access policy lowercases it).
         let found = self
             .store
@@ -220,7 +271,7 @@ impl State for Cosi {
         &self,
         request: Request<ListRequest>,
     ) -> Result<Response<Self::ListStream>, Status> {
-        self.authorize(
+        let definition = self.authorize(
             &request,
             &request.get_ref().namespace,
             &request.get_ref().r#type,
@@ -228,7 +279,7 @@ impl State for Cosi {
         let r = request.into_inner();
         let options = r.options.unwrap_or_default();
         let query = Query::new(&options.label_query, options.id_query.as_ref())?;
-        self.refresh().await?;
+        self.refresh(definition.resource_type).await?;
         let items: Vec<Result<ListResponse, Status>> = self
             .store
             .list(&r.namespace, &r.r#type)
@@ -249,23 +300,24 @@ impl State for Cosi {
         &self,
         request: Request<WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
-        self.authorize(
+        let definition = self.authorize(
             &request,
             &request.get_ref().namespace,
             &request.get_ref().r#type,
         )?;
         let r = request.into_inner();
         let plan = Plan::new(&r)?;
-        self.refresh().await?;
+        self.refresh(definition.resource_type).await?;
         let start = plan.start(&self.store, &r)?;
         let (tx, rx) = mpsc::channel(64);
+        self.store.watch(definition.resource_type);
         let watcher = Watcher {
             store: Arc::clone(&self.store),
+            type_: definition.resource_type,
             request: r,
             plan,
             tx,
         };
-        self.store.watchers.fetch_add(1, Ordering::SeqCst);
         if !self.store.polling.swap(true, Ordering::SeqCst) {
             tokio::spawn(poll(
                 self.node.clone(),
@@ -293,15 +345,17 @@ async fn poll(
         None => return,
     };
     loop {
-        if !store.watched() {
+        let mut types = store.watched();
+        if types.is_empty() {
             store.polling.store(false, Ordering::SeqCst);
             // A watch that arrived between the check and the flag starts no poller of its
             // own: take the job back if so.
-            if !store.watched() || store.polling.swap(true, Ordering::SeqCst) {
+            types = store.watched();
+            if types.is_empty() || store.polling.swap(true, Ordering::SeqCst) {
                 return;
             }
         }
-        if refresh(&node, &shared, &store, stopped.clone())
+        if refresh(&node, &shared, &store, stopped.clone(), &types)
             .await
             .is_err()
         {
@@ -497,6 +551,8 @@ fn wire(e: &Event, bookmark: Option<Vec<u8>>) -> EventProto {
 /// One open watch.
 struct Watcher {
     store: Arc<Store>,
+    /// The canonical type, for the poller.
+    type_: &'static str,
     request: WatchRequest,
     plan: Plan,
     tx: mpsc::Sender<Result<WatchResponse, Status>>,
@@ -504,7 +560,7 @@ struct Watcher {
 
 impl Drop for Watcher {
     fn drop(&mut self) {
-        self.store.watchers.fetch_sub(1, Ordering::SeqCst);
+        self.store.unwatch(self.type_);
     }
 }
 

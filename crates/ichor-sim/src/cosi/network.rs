@@ -17,6 +17,7 @@ use ichor_talos::api::resource::definitions::network::{
 };
 use prost::Message as _;
 
+use super::Wanted;
 use super::store::Res;
 use super::yaml::{Fields, Yaml, marshal};
 use crate::Node;
@@ -25,7 +26,8 @@ const NAMESPACE: &str = "network";
 const LINK_STATUS: &str = "LinkStatuses.net.talos.dev";
 const ADDRESS_STATUS: &str = "AddressStatuses.net.talos.dev";
 const NODE_ADDRESS: &str = "NodeAddresses.net.talos.dev";
-const HOSTNAME_STATUS: &str = "HostnameStatuses.net.talos.dev";
+/// The type of the hostname status.
+pub(crate) const HOSTNAME_STATUS: &str = "HostnameStatuses.net.talos.dev";
 
 /// `IFF_UP|IFF_BROADCAST|IFF_RUNNING|IFF_MULTICAST|IFF_LOWER_UP`.
 const ETHER_FLAGS: u32 = 0x1 | 0x2 | 0x40 | 0x1000 | 0x1_0000;
@@ -280,7 +282,7 @@ fn sort_algorithm(node: &Node) -> bool {
 }
 
 /// The node's network resources.
-pub(crate) fn resources(node: &Node) -> Vec<Res> {
+pub(crate) fn resources(node: &Node, want: &Wanted) -> Vec<Res> {
     let mut out = Vec::new();
     let lo = Link {
         name: "lo",
@@ -300,8 +302,10 @@ pub(crate) fn resources(node: &Node) -> Vec<Res> {
             mac: parse_mac(&l.hardware_addr),
         })
         .collect();
-    out.push(link_status(&lo));
-    out.extend(links.iter().map(link_status));
+    if want.has(LINK_STATUS) {
+        out.push(link_status(&lo));
+        out.extend(links.iter().map(link_status));
+    }
     let mut addresses = vec![
         Address {
             link: &lo,
@@ -346,7 +350,9 @@ pub(crate) fn resources(node: &Node) -> Vec<Res> {
             });
         }
     }
-    out.extend(addresses.iter().map(address_status));
+    if want.has(ADDRESS_STATUS) {
+        out.extend(addresses.iter().map(address_status));
+    }
     // NodeAddressController: the global-scope addresses of links that are up.
     let v2 = sort_algorithm(node);
     let node_addresses: Vec<(IpAddr, u8)> = if links.is_empty() {
@@ -358,7 +364,7 @@ pub(crate) fn resources(node: &Node) -> Vec<Res> {
     if !node_addresses.is_empty() {
         ids.insert(0, "default");
     }
-    for id in ids {
+    for id in ids.into_iter().filter(|_| want.has(NODE_ADDRESS)) {
         let spec = NodeAddressSpec {
             addresses: node_addresses
                 .iter()
@@ -393,6 +399,9 @@ pub(crate) fn resources(node: &Node) -> Vec<Res> {
             marshal(&yaml),
             spec.encode_to_vec(),
         ));
+    }
+    if !want.has(HOSTNAME_STATUS) {
+        return out;
     }
     let hostname = node.hostname();
     let spec = HostnameStatusSpec {

@@ -18,7 +18,7 @@ use ichor_talos::api::resource::definitions::runtime::{
 use prost::Message as _;
 use serde_json::Value;
 
-use super::definitions::DEFINITIONS;
+use super::Wanted;
 use super::store::{Res, Store};
 use super::yaml::{Fields, Yaml, marshal};
 use crate::config::AppliedConfig;
@@ -38,14 +38,8 @@ const NODENAME: &str = "Nodenames.kubernetes.talos.dev";
 /// (`Nodename.hostnameVersion` is the HostnameStatus version).
 pub(crate) const SECOND_PASS: [&str; 1] = [NODENAME];
 
-/// Every other type.
-pub(crate) fn first_pass() -> Vec<&'static str> {
-    DEFINITIONS
-        .iter()
-        .map(|d| d.resource_type)
-        .filter(|t| !SECOND_PASS.contains(t))
-        .collect()
-}
+/// The type the second pass records versions of.
+pub(crate) use super::network::HOSTNAME_STATUS;
 
 /// What the node's lifecycle resources read from its config: the documents, parsed.
 struct ConfigView {
@@ -322,13 +316,44 @@ fn members(node: &Node, shared: &Shared, config: &AppliedConfig, view: &ConfigVi
 }
 
 /// The node's lifecycle and configuration resources, but for [`SECOND_PASS`].
-pub(crate) fn resources(node: &Node, shared: &Shared) -> Vec<Res> {
-    let mut out = vec![machine_status(node, shared)];
+pub(crate) fn resources(node: &Node, shared: &Shared, want: &Wanted) -> Vec<Res> {
+    let mut out = Vec::new();
+    if want.has(MACHINE_STATUS) {
+        out.push(machine_status(node, shared));
+    }
+    if want.has(VERSION) {
+        out.push(version(shared));
+    }
+    if want.has(UNATTENDED_INSTALL) {
+        out.extend(unattended_install(node));
+    }
+    let config = active(node);
+    let view = config
+        .filter(|_| want.has(MACHINE_TYPE) || want.has(CLUSTER_MEMBER))
+        .map(|c| ConfigView::new(c));
+    if want.has(MACHINE_TYPE) {
+        out.push(machine_type(view.as_ref()));
+    }
+    if want.has(MACHINE_CONFIG) {
+        out.extend(machine_configs(node));
+    }
+    if want.has(ETCD_MEMBER) {
+        out.extend(etcd_member(node, shared));
+    }
+    if want.has(CLUSTER_MEMBER)
+        && let (Some(config), Some(view)) = (node.running.as_ref(), view.as_ref())
+    {
+        out.extend(members(node, shared, config, view));
+    }
+    out
+}
+
+fn version(shared: &Shared) -> Res {
     let version = VersionSpec {
         version: shared.talos_version(),
         name: "Talos".into(),
     };
-    out.push(Res::new(
+    Res::new(
         "runtime",
         VERSION,
         "version",
@@ -340,9 +365,12 @@ pub(crate) fn resources(node: &Node, shared: &Shared) -> Vec<Res> {
                 .done(),
         ),
         version.encode_to_vec(),
-    ));
-    // 1.14's unattended install reports its phase (talos-facts §3, §8.2).
-    if let Some((image, phase)) = &node.unattended {
+    )
+}
+
+/// 1.14's unattended install reports its phase (talos-facts §3, §8.2).
+fn unattended_install(node: &Node) -> Option<Res> {
+    node.unattended.as_ref().map(|(image, phase)| {
         let (number, name) = phase.wire();
         let spec = UnattendedInstallStatusSpec {
             image: image.clone(),
@@ -353,26 +381,27 @@ pub(crate) fn resources(node: &Node, shared: &Shared) -> Vec<Res> {
             .omitempty("image", Yaml::str(image))
             .omitempty("phase", Yaml::str(if number == 0 { "" } else { name }))
             .done();
-        out.push(Res::new(
+        Res::new(
             "runtime",
             UNATTENDED_INSTALL,
             "unattended-install",
             "runtime.UnattendedInstallController",
             marshal(&yaml),
             spec.encode_to_vec(),
-        ));
-    }
-    let config = active(node);
-    let view = config.map(|c| ConfigView::new(c));
-    // MachineTypeController: `unknown` until a config sets it.
-    let machine_type = view.as_ref().map_or("unknown", ConfigView::machine_type);
+        )
+    })
+}
+
+/// MachineTypeController: `unknown` until a config sets it.
+fn machine_type(view: Option<&ConfigView>) -> Res {
+    let machine_type = view.map_or("unknown", ConfigView::machine_type);
     let type_number = match machine_type {
         "init" => 1,
         "controlplane" => 2,
         "worker" => 3,
         _ => 0,
     };
-    out.push(Res::new(
+    Res::new(
         "config",
         MACHINE_TYPE,
         "machine-type",
@@ -382,8 +411,13 @@ pub(crate) fn resources(node: &Node, shared: &Shared) -> Vec<Res> {
             machine_type: type_number,
         }
         .encode_to_vec(),
-    ));
-    if let Some(config) = config {
+    )
+}
+
+/// The active config, and the persistent one while they differ.
+fn machine_configs(node: &Node) -> Vec<Res> {
+    let mut out = Vec::new();
+    if let Some(config) = active(node) {
         out.push(machine_config("v1alpha1", config));
     }
     // The persistent config differs from the active one only until the next boot: a staged
@@ -395,28 +429,27 @@ pub(crate) fn resources(node: &Node, shared: &Shared) -> Vec<Res> {
     {
         out.push(machine_config("persistent", persisted));
     }
-    if let Some(data) = node
-        .etcd
-        .filter(|d| !node.etcd_stopped && shared.etcd_running.load(Ordering::SeqCst) == d.cluster)
-    {
-        let member_id = format!("{:016x}", data.member);
-        out.push(Res::new(
-            "etcd",
-            ETCD_MEMBER,
-            "local",
-            "etcd.MemberController",
-            marshal(
-                &Fields::new()
-                    .field("memberID", Yaml::str(&member_id))
-                    .done(),
-            ),
-            EtcdMember { member_id }.encode_to_vec(),
-        ));
-    }
-    if let (Some(config), Some(view)) = (node.running.as_ref(), view.as_ref()) {
-        out.extend(members(node, shared, config, view));
-    }
     out
+}
+
+/// The local etcd member, while the node's etcd runs.
+fn etcd_member(node: &Node, shared: &Shared) -> Option<Res> {
+    let data = node.etcd.filter(|d| {
+        !node.etcd_stopped && shared.etcd_running.load(Ordering::SeqCst) == d.cluster
+    })?;
+    let member_id = format!("{:016x}", data.member);
+    Some(Res::new(
+        "etcd",
+        ETCD_MEMBER,
+        "local",
+        "etcd.MemberController",
+        marshal(
+            &Fields::new()
+                .field("memberID", Yaml::str(&member_id))
+                .done(),
+        ),
+        EtcdMember { member_id }.encode_to_vec(),
+    ))
 }
 
 /// The resources of [`SECOND_PASS`]: the Kubernetes node name, which records the version of

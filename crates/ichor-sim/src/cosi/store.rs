@@ -7,7 +7,7 @@
 //! against what the store holds, as Talos's controllers only write when a resource changed.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::SystemTime;
 
@@ -126,8 +126,9 @@ pub(crate) struct Store {
     changed: watch::Sender<u64>,
     /// The random prefix of this boot's bookmarks (Talos's `bookmarkCookie`).
     cookie: [u8; 8],
-    /// Open watches; while there are any, the node's state is polled for changes.
-    pub(crate) watchers: AtomicUsize,
+    /// The types open watches watch (with how many watches each); while there are any, the
+    /// node's state is polled for changes of them.
+    watched: Mutex<BTreeMap<&'static str, usize>>,
     /// Whether the poller runs.
     pub(crate) polling: AtomicBool,
 }
@@ -138,7 +139,7 @@ impl Default for Store {
             collections: Mutex::default(),
             changed: watch::channel(0).0,
             cookie: rand::random(),
-            watchers: AtomicUsize::new(0),
+            watched: Mutex::default(),
             polling: AtomicBool::new(false),
         }
     }
@@ -343,9 +344,31 @@ impl Store {
         self.get(namespace, type_, id).map(|s| s.version)
     }
 
-    /// Whether any watch is open.
-    pub(crate) fn watched(&self) -> bool {
-        self.watchers.load(Ordering::SeqCst) > 0
+    fn watched_lock(&self) -> MutexGuard<'_, BTreeMap<&'static str, usize>> {
+        self.watched
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Records a watch of `type_` (until [`Store::unwatch`]).
+    pub(crate) fn watch(&self, type_: &'static str) {
+        *self.watched_lock().entry(type_).or_default() += 1;
+    }
+
+    /// Records the end of a watch of `type_`.
+    pub(crate) fn unwatch(&self, type_: &'static str) {
+        let mut watched = self.watched_lock();
+        if let Some(n) = watched.get_mut(type_) {
+            *n -= 1;
+            if *n == 0 {
+                watched.remove(type_);
+            }
+        }
+    }
+
+    /// The types open watches watch.
+    pub(crate) fn watched(&self) -> Vec<&'static str> {
+        self.watched_lock().keys().copied().collect()
     }
 }
 
