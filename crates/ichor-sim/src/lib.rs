@@ -260,6 +260,8 @@ pub(crate) struct Node {
     resolver: Option<Arc<tls::Resolver>>,
     server: Option<Running>,
     tasks: Vec<JoinHandle<()>>,
+    /// This boot's COSI state, ended (with its last changes) at shutdown.
+    cosi: Option<cosi::Boot>,
 }
 
 /// A simulated node, serving on its address until stopped. The node's state lives behind a
@@ -347,6 +349,7 @@ impl SimNode {
             resolver: None,
             server: None,
             tasks: Vec::new(),
+            cosi: None,
         }));
         network().nodes.insert(
             addr,
@@ -615,14 +618,8 @@ impl Node {
 
         let (incoming, accept) = tls::incoming(listener, resolver, client_auth)?;
         let shared = Arc::clone(&self.shared);
-        let (cosi, cosi_stop) =
-            cosi::Cosi::new(this.clone(), Arc::clone(&shared), config.is_none());
-        // The COSI watches of this boot end when this task is aborted at shutdown (it drops
-        // their stop signal), or the server would wait for them forever.
-        self.tasks.push(tokio::spawn(async move {
-            let _stop = cosi_stop;
-            std::future::pending::<()>().await;
-        }));
+        let (cosi, boot) = cosi::Cosi::new(this.clone(), Arc::clone(&shared), config.is_none());
+        self.cosi = Some(boot);
         let cosi = StateServer::new(cosi);
         let storage = StorageServiceServer::new(storage::Storage {
             node: this.clone(),
@@ -684,6 +681,11 @@ impl Node {
 
     /// Stops everything of this boot; what is on disk stays.
     pub(crate) async fn shut_down(&mut self) {
+        // Watches see the stage the node goes down in, then end: the server could not stop
+        // gracefully while they stream.
+        if let Some(boot) = self.cosi.take() {
+            boot.end(self);
+        }
         for task in self.tasks.drain(..) {
             task.abort();
         }

@@ -248,7 +248,14 @@ async fn a_machine_status_watch_follows_the_install() {
         installing.event[0].old.is_some(),
         "an update carries the old resource"
     );
-    // The node reboots: this boot's state, and the watch on it, end.
+    // The node reboots: the watch sees it go down, then this boot's state, and the watch on
+    // it, end.
+    let rebooting = next(&mut stream).await.expect("the reboot");
+    assert_eq!(
+        stage_of(&rebooting),
+        (EventType::Updated as i32, 5, "3".into()),
+        "updated to rebooting, version 3"
+    );
     let ended = tokio::time::timeout(Duration::from_secs(10), async {
         while let Some(Ok(_)) = stream.next().await {}
     })

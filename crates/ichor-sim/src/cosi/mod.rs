@@ -50,13 +50,12 @@ pub(crate) struct Cosi {
 }
 
 impl Cosi {
-    /// The service of one boot, and the sender whose drop ends its watches (the server cannot
-    /// shut down gracefully while a watch stream is open).
+    /// The service of one boot, and the handle the node ends the boot's state with.
     pub(crate) fn new(
         node: Weak<Mutex<Node>>,
         shared: Arc<Shared>,
         maintenance: bool,
-    ) -> (Self, watch::Sender<()>) {
+    ) -> (Self, Boot) {
         let (stop, stopped) = watch::channel(());
         let store = Arc::new(Store::default());
         // Everything the node has exists from its boot on (its versions count from there).
@@ -78,12 +77,16 @@ impl Cosi {
         (
             Self {
                 node,
-                shared,
+                shared: Arc::clone(&shared),
                 maintenance,
-                store,
+                store: Arc::clone(&store),
                 stopped,
             },
-            stop,
+            Boot {
+                store,
+                shared,
+                stop,
+            },
         )
     }
 
@@ -180,16 +183,49 @@ async fn refresh(
     if !second.is_empty() && !first.contains(&node::HOSTNAME_STATUS) {
         first.push(node::HOSTNAME_STATUS);
     }
+    sync(&guard, shared, store, first, &second);
+    Ok(())
+}
+
+/// Computes the node's resources of `first`, then of `second`, and syncs the store with them.
+fn sync(
+    node: &Node,
+    shared: &Shared,
+    store: &Store,
+    first: Vec<&'static str>,
+    second: &[&'static str],
+) {
     let want = Wanted(first);
     let mut resources = definitions::resources(&want);
-    resources.extend(block::resources(&guard, &want));
-    resources.extend(network::resources(&guard, &want));
-    resources.extend(node::resources(&guard, shared, &want));
+    resources.extend(block::resources(node, &want));
+    resources.extend(network::resources(node, &want));
+    resources.extend(node::resources(node, shared, &want));
     store.sync(&want.0, resources);
     if !second.is_empty() {
-        store.sync(&second, node::dependent(&guard, store));
+        store.sync(second, node::dependent(node, store));
     }
-    Ok(())
+}
+
+/// The COSI state of one boot, as the node holds it.
+#[derive(Debug)]
+pub(crate) struct Boot {
+    store: Arc<Store>,
+    shared: Arc<Shared>,
+    /// Dropped when the boot ends: its watches end.
+    stop: watch::Sender<()>,
+}
+
+impl Boot {
+    /// Ends the boot's state: the node's last changes (the stage it goes down in) reach the
+    /// open watches, which then end.
+    pub(crate) fn end(self, node: &Node) {
+        let (first, second): (Vec<&'static str>, Vec<&'static str>) = definitions::DEFINITIONS
+            .iter()
+            .map(|d| d.resource_type)
+            .partition(|t| !node::SECOND_PASS.contains(t));
+        sync(node, &self.shared, &self.store, first, &second);
+        drop(self.stop);
+    }
 }
 
 fn timestamp(t: SystemTime) -> prost_types::Timestamp {
@@ -601,6 +637,7 @@ impl Watcher {
         }
         let (ns, type_) = (self.request.namespace.clone(), self.request.r#type.clone());
         let mut pos = start.pos;
+        let mut ending = false;
         loop {
             changed.borrow_and_update();
             match self.store.since(&ns, &type_, pos) {
@@ -640,9 +677,13 @@ impl Watcher {
                     return;
                 }
             }
+            if ending {
+                return;
+            }
             tokio::select! {
                 res = changed.changed() => if res.is_err() { return },
-                _ = stopped.changed() => return,
+                // The boot ends: send what it changed last, then end.
+                _ = stopped.changed() => ending = true,
                 () = self.tx.closed() => return,
             }
         }
