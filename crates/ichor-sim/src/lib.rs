@@ -5,6 +5,8 @@
 //!   every boot, no client certificates, every caller `os:reader`; reader-level calls, COSI
 //!   reads of non-sensitive types, `ApplyConfiguration` and `BlockDeviceWipe`; admin methods
 //!   and forwarding refused.
+//! - **COSI** (§1.6, §9): Get, List and Watch of the resources the node models, with Talos's
+//!   resource definitions, metadata, both spec encodings and access policy.
 //! - **Apply and install** (§5, §8.2): configs parsed and checked against the node's version;
 //!   1.13 installs through the install stage and reboots, 1.14 through the unattended-install
 //!   phases; a config with no install section boots on in place.

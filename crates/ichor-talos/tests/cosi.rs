@@ -137,6 +137,39 @@ async fn talos_types_decode_everything_a_maintenance_node_serves() {
 }
 
 #[tokio::test]
+async fn a_1_13_node_registers_what_1_13_registers() {
+    let node = SimNode::start_with(
+        "127.0.0.1:0".parse().expect("addr"),
+        "v1.13.9",
+        Hardware::vm(94),
+    )
+    .await
+    .expect("start");
+    let out = conformance(&["--endpoint", &node.addr().to_string(), "--insecure"]).await;
+    assert!(
+        !out.contains("unattendedinstallstatuses"),
+        "the unattended install came with 1.14:\n{out}"
+    );
+    let client = TalosClient::connect_maintenance(&node.addr().to_string(), &node.fingerprint())
+        .await
+        .expect("connect");
+    let status = StateClient::new(client.channel())
+        .get(GetRequest {
+            namespace: "runtime".into(),
+            r#type: "UnattendedInstallStatuses.runtime.talos.dev".into(),
+            id: "unattended-install".into(),
+            options: None,
+        })
+        .await
+        .expect_err("not registered");
+    assert_eq!(
+        status.message(),
+        "resource type \"UnattendedInstallStatuses.runtime.talos.dev\" is not supported"
+    );
+    node.stop().await;
+}
+
+#[tokio::test]
 async fn talos_types_decode_everything_a_configured_node_serves() {
     let (node, _admin, b) = bootstrapped(191).await;
     let endpoint = node.addr().to_string();

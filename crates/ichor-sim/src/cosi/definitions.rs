@@ -47,17 +47,27 @@ impl Definition {
     }
 }
 
+/// The types Talos v1.14 registers and v1.13 does not (talos-facts §9.1).
+const SINCE_1_14: [&str; 1] = ["UnattendedInstallStatuses.runtime.talos.dev"];
+
+/// The definitions a node of this version registers.
+pub(crate) fn registered(is_1_14: bool) -> impl Iterator<Item = &'static Definition> {
+    DEFINITIONS
+        .iter()
+        .filter(move |d| is_1_14 || !SINCE_1_14.contains(&d.resource_type))
+}
+
 /// The definition whose id (lowercased type) is `type_.to_lowercase()`, as Talos's access
 /// policy looks a requested type up.
-pub(crate) fn definition(type_: &str) -> Option<&'static Definition> {
+pub(crate) fn definition(type_: &str, is_1_14: bool) -> Option<&'static Definition> {
     let id = type_.to_lowercase();
-    DEFINITIONS.iter().find(|d| d.id() == id)
+    registered(is_1_14).find(|d| d.id() == id)
 }
 
 /// The meta resources: every definition and namespace, owned by `meta` (talos-facts §9.1).
-pub(crate) fn resources(want: &Wanted) -> Vec<Res> {
+pub(crate) fn resources(want: &Wanted, is_1_14: bool) -> Vec<Res> {
     let mut out = Vec::new();
-    for d in DEFINITIONS.iter().filter(|_| want.has(DEFINITION_TYPE)) {
+    for d in registered(is_1_14).filter(|_| want.has(DEFINITION_TYPE)) {
         let spec = ResourceDefinitionSpec {
             resource_type: d.resource_type.into(),
             display_type: d.display_type.into(),

@@ -110,9 +110,10 @@ impl Cosi {
         {
             return Err(not_authorized());
         }
-        let definition = definitions::definition(type_).ok_or_else(|| {
-            Status::permission_denied(format!("resource type {type_:?} is not supported"))
-        })?;
+        let definition =
+            definitions::definition(type_, self.shared.is_1_14()).ok_or_else(|| {
+                Status::permission_denied(format!("resource type {type_:?} is not supported"))
+            })?;
         if definition.sensitive && !roles.contains(&Role::Admin) {
             return Err(not_authorized());
         }
@@ -196,7 +197,7 @@ fn sync(
     second: &[&'static str],
 ) {
     let want = Wanted(first);
-    let mut resources = definitions::resources(&want);
+    let mut resources = definitions::resources(&want, shared.is_1_14());
     resources.extend(block::resources(node, &want));
     resources.extend(network::resources(node, &want));
     resources.extend(node::resources(node, shared, &want));

@@ -186,7 +186,7 @@ fn machine_status(node: &Node, shared: &Shared) -> Res {
 
 fn machine_config(id: &str, config: &AppliedConfig) -> Res {
     // The spec is the config exactly as submitted: YAML as one string, protobuf as bytes
-    // (talos-facts §9.6).
+    // (talos-facts §9.4).
     let spec = MachineConfigSpec {
         yaml_marshalled: config.yaml.clone().into_bytes(),
     };
