@@ -14,8 +14,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "storage/storage.proto",
         "v1alpha1/resource.proto",
         "v1alpha1/state.proto",
+        "v1alpha1/meta.proto",
+        "resource/config/config.proto",
         "resource/definitions/enums/enums.proto",
+        "resource/definitions/block/block.proto",
+        "resource/definitions/cluster/cluster.proto",
+        "resource/definitions/etcd/etcd.proto",
         "resource/definitions/hardware/hardware.proto",
+        "resource/definitions/k8s/k8s.proto",
+        "resource/definitions/network/network.proto",
         "resource/definitions/runtime/runtime.proto",
     ];
     println!("cargo:rerun-if-changed={}", root.display());

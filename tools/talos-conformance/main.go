@@ -4,6 +4,8 @@
 //	talos-conformance fingerprint < cert.pem
 //	talos-conformance drive --endpoint HOST[:PORT] --fingerprint F --config PATH --bundle PATH
 //	talos-conformance snapshot-status FILE
+//	talos-conformance definitions
+//	talos-conformance resources --endpoint HOST[:PORT] (--insecure | --talosconfig PATH [--admin])
 //
 // `dump` prints, one per line, every service method, message field and enum value Talos
 // registers in the packages Ichor's proto/ covers, in the canonical form Ichor's test compares
@@ -19,7 +21,10 @@
 // first mutual-TLS calls with Talos's own Go client, printing one `key value` line per fact
 // (drive.go). `snapshot-status` checks an etcd snapshot file with bbolt's consistency check,
 // etcdutl's snapshot status (what `talosctl etcd snapshot` prints) and etcdutl's restore
-// (snapshot.go).
+// (snapshot.go). `definitions` prints the namespaces and resource definitions machined
+// registers, one JSON object a line (definitions.go, registry.go). `resources` checks a node's
+// COSI state against Talos's own types: its definitions and namespaces, and every resource it
+// serves, decoded from both spec encodings (resources.go).
 //
 // Exit status 1 when a command fails, 2 on a usage error.
 package main
@@ -33,8 +38,14 @@ import (
 	_ "github.com/cosi-project/runtime/api/v1alpha1"
 	_ "github.com/siderolabs/talos/pkg/machinery/api/common"
 	_ "github.com/siderolabs/talos/pkg/machinery/api/machine"
+	_ "github.com/siderolabs/talos/pkg/machinery/api/resource/config"
+	_ "github.com/siderolabs/talos/pkg/machinery/api/resource/definitions/block"
+	_ "github.com/siderolabs/talos/pkg/machinery/api/resource/definitions/cluster"
 	_ "github.com/siderolabs/talos/pkg/machinery/api/resource/definitions/enums"
+	_ "github.com/siderolabs/talos/pkg/machinery/api/resource/definitions/etcd"
 	_ "github.com/siderolabs/talos/pkg/machinery/api/resource/definitions/hardware"
+	_ "github.com/siderolabs/talos/pkg/machinery/api/resource/definitions/k8s"
+	_ "github.com/siderolabs/talos/pkg/machinery/api/resource/definitions/network"
 	_ "github.com/siderolabs/talos/pkg/machinery/api/resource/definitions/runtime"
 	_ "github.com/siderolabs/talos/pkg/machinery/api/storage"
 	"google.golang.org/protobuf/reflect/protoreflect"
@@ -43,14 +54,21 @@ import (
 
 // packages are the proto packages Ichor's proto/ folder covers.
 var packages = map[string]bool{
-	"common":        true,
-	"machine":       true,
-	"storage":       true,
-	"cosi.resource": true,
-	"google.rpc":    true,
+	"common":             true,
+	"machine":            true,
+	"storage":            true,
+	"cosi.resource":      true,
+	"cosi.resource.meta": true,
+	"google.rpc":         true,
+	"resource.config":    true,
 
+	"talos.resource.definitions.block":    true,
+	"talos.resource.definitions.cluster":  true,
 	"talos.resource.definitions.enums":    true,
+	"talos.resource.definitions.etcd":     true,
 	"talos.resource.definitions.hardware": true,
+	"talos.resource.definitions.k8s":      true,
+	"talos.resource.definitions.network":  true,
 	"talos.resource.definitions.runtime":  true,
 }
 
@@ -74,6 +92,20 @@ func main() {
 		}
 
 		err = fingerprint()
+	case "definitions":
+		if len(os.Args) != 2 {
+			usage()
+		}
+
+		err = definitions()
+	case "resources":
+		args, parseErr := parseResourcesArgs(os.Args[2:])
+		if parseErr != nil {
+			fmt.Fprintln(os.Stderr, "talos-conformance resources:", parseErr)
+			usage()
+		}
+
+		err = resources(args)
 	case "drive":
 		args, parseErr := parseDriveArgs(os.Args[2:])
 		if parseErr != nil {
@@ -99,8 +131,10 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: talos-conformance dump | fingerprint < cert.pem | "+
-		"drive --endpoint HOST[:PORT] --fingerprint F --config PATH --bundle PATH | snapshot-status FILE")
+	fmt.Fprintln(os.Stderr, "usage: talos-conformance dump | definitions | fingerprint < cert.pem | "+
+		"drive --endpoint HOST[:PORT] --fingerprint F --config PATH --bundle PATH | "+
+		"resources --endpoint HOST[:PORT] (--insecure | --talosconfig PATH [--admin]) | "+
+		"snapshot-status FILE")
 	os.Exit(2)
 }
 

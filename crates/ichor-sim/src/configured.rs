@@ -57,7 +57,7 @@ impl Role {
 
 /// The known roles in the client certificate's Organization; unknown roles are ignored
 /// (talos-facts §2 "Role enforcement").
-fn caller_roles<T>(request: &Request<T>) -> Vec<Role> {
+pub(crate) fn caller_roles<T>(request: &Request<T>) -> Vec<Role> {
     let Some(certs) = request.peer_certs() else {
         return Vec::new();
     };

@@ -5,6 +5,8 @@
 //!   every boot, no client certificates, every caller `os:reader`; reader-level calls, COSI
 //!   reads of non-sensitive types, `ApplyConfiguration` and `BlockDeviceWipe`; admin methods
 //!   and forwarding refused.
+//! - **COSI** (§1.6, §9): Get, List and Watch of the resources the node models, with Talos's
+//!   resource definitions, metadata, both spec encodings and access policy.
 //! - **Apply and install** (§5, §8.2, §11): configs loaded and validated as machined does at
 //!   apply time, per release (refusals are `InvalidArgument` with Talos's message and change
 //!   nothing), dry runs answer Talos's summary; the install disk is matched against the
@@ -310,6 +312,8 @@ pub(crate) struct Node {
     resolver: Option<Arc<tls::Resolver>>,
     server: Option<Running>,
     tasks: Vec<JoinHandle<()>>,
+    /// This boot's COSI state, ended (with its last changes) at shutdown.
+    cosi: Option<cosi::Boot>,
 }
 
 /// A simulated node, serving on its address until stopped. The node's state lives behind a
@@ -400,6 +404,7 @@ impl SimNode {
             resolver: None,
             server: None,
             tasks: Vec::new(),
+            cosi: None,
         }));
         network().nodes.insert(
             addr,
@@ -733,10 +738,9 @@ impl Node {
 
         let (incoming, accept) = tls::incoming(listener, resolver, client_auth)?;
         let shared = Arc::clone(&self.shared);
-        let cosi = StateServer::new(cosi::Cosi {
-            node: this.clone(),
-            shared: Arc::clone(&shared),
-        });
+        let (cosi, boot) = cosi::Cosi::new(this.clone(), Arc::clone(&shared), config.is_none());
+        self.cosi = Some(boot);
+        let cosi = StateServer::new(cosi);
         let storage = StorageServiceServer::new(storage::Storage {
             node: this.clone(),
             maintenance: config.is_none(),
@@ -797,6 +801,11 @@ impl Node {
 
     /// Stops everything of this boot; what is on disk stays.
     pub(crate) async fn shut_down(&mut self) {
+        // Watches see the stage the node goes down in, then end: the server could not stop
+        // gracefully while they stream.
+        if let Some(boot) = self.cosi.take() {
+            boot.end(self);
+        }
         for task in self.tasks.drain(..) {
             task.abort();
         }

@@ -144,17 +144,41 @@ pub mod api {
             tonic::include_proto!("google.rpc");
         }
     }
-    /// Specs of Talos's COSI resources (`talos.resource.definitions.*`).
+    /// Specs of Talos's COSI resources (`talos.resource.definitions.*`, `resource.config`).
     pub mod resource {
+        /// `resource.config`: the machine config and machine type specs.
+        pub mod config {
+            tonic::include_proto!("resource.config");
+        }
         /// `talos.resource.definitions`.
         pub mod definitions {
+            /// `talos.resource.definitions.block`.
+            pub mod block {
+                tonic::include_proto!("talos.resource.definitions.block");
+            }
+            /// `talos.resource.definitions.cluster`.
+            pub mod cluster {
+                tonic::include_proto!("talos.resource.definitions.cluster");
+            }
             /// `talos.resource.definitions.enums`.
             pub mod enums {
                 tonic::include_proto!("talos.resource.definitions.enums");
             }
+            /// `talos.resource.definitions.etcd`.
+            pub mod etcd {
+                tonic::include_proto!("talos.resource.definitions.etcd");
+            }
             /// `talos.resource.definitions.hardware`.
             pub mod hardware {
                 tonic::include_proto!("talos.resource.definitions.hardware");
+            }
+            /// `talos.resource.definitions.k8s`.
+            pub mod k8s {
+                tonic::include_proto!("talos.resource.definitions.k8s");
+            }
+            /// `talos.resource.definitions.network`.
+            pub mod network {
+                tonic::include_proto!("talos.resource.definitions.network");
             }
             /// `talos.resource.definitions.runtime`.
             pub mod runtime {
@@ -167,9 +191,18 @@ pub mod api {
         /// `cosi.resource`.
         pub mod resource {
             tonic::include_proto!("cosi.resource");
+            /// `cosi.resource.meta`: namespaces and resource definitions.
+            pub mod meta {
+                tonic::include_proto!("cosi.resource.meta");
+            }
         }
     }
 }
+
+// The resource specs sit one module level above their package path (`api::resource` for
+// `talos.resource`), so the generated code of `talos.resource.definitions.*` finds the
+// `common` package at the crate root.
+use api::common;
 
 /// The encoded `FileDescriptorSet` of `proto/`, for the conformance check against Talos.
 pub const FILE_DESCRIPTOR_SET: &[u8] =

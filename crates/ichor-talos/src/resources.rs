@@ -22,7 +22,8 @@ pub struct Inventory {
     pub serial_number: String,
     /// Block devices.
     pub disks: Vec<Disk>,
-    /// Network links.
+    /// Network links: the physical ones (Talos's `LinkStatusSpec.Physical`: type `ether`, no
+    /// kind), not `lo` or links the OS made.
     pub links: Vec<Link>,
 }
 
@@ -68,6 +69,9 @@ pub struct Link {
     /// Link name (the resource id), e.g. `eth0`.
     #[serde(skip)]
     pub name: String,
+    /// Link type, e.g. `ether`, `loopback`.
+    #[serde(default, rename = "type")]
+    pub link_type: String,
     /// MAC address.
     #[serde(default)]
     pub hardware_addr: String,
@@ -80,6 +84,14 @@ pub struct Link {
     /// Driver.
     #[serde(default)]
     pub driver: String,
+}
+
+impl Link {
+    /// Whether the link is hardware: type `ether` with no kind (Talos's
+    /// `LinkStatusSpec.Physical`, talos-facts §9.5).
+    pub fn is_physical(&self) -> bool {
+        self.link_type == "ether" && self.kind.is_empty()
+    }
 }
 
 /// The machine's stage (talos-facts §3, `RuntimeMachineStage` in YAML form).
@@ -243,7 +255,9 @@ impl TalosClient {
             let mut link: Link = serde_json::from_value(spec)
                 .map_err(|e| self.node_error("COSI List", format!("link {id}: {e}")))?;
             link.name = id;
-            links.push(link);
+            if link.is_physical() {
+                links.push(link);
+            }
         }
         Ok(Inventory {
             uuid,
@@ -293,7 +307,7 @@ impl TalosClient {
             Ok(spec) => {
                 let text = |key: &str| spec[key].as_str().unwrap_or_default().to_owned();
                 // Every key is omitempty; the zero phase, pending, is left out (talos-facts
-                // §11.7).
+                // §9.6, §11.7).
                 let phase = spec["phase"].as_str().unwrap_or("pending").to_owned();
                 Ok(Some(UnattendedInstall {
                     image: text("image"),
