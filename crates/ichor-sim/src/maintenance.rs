@@ -12,9 +12,10 @@ use ichor_talos::api::machine::{
     BootstrapResponse, EtcdDefragmentResponse, EtcdForfeitLeadershipRequest,
     EtcdForfeitLeadershipResponse, EtcdLeaveClusterRequest, EtcdLeaveClusterResponse,
     EtcdMemberListRequest, EtcdMemberListResponse, EtcdRemoveMemberByIdRequest,
-    EtcdRemoveMemberByIdResponse, EtcdSnapshotRequest, EtcdStatusResponse, FeaturesInfo, Hostname,
-    HostnameResponse, PlatformInfo, RebootRequest, RebootResponse, ResetRequest, ResetResponse,
-    ServiceListResponse, UpgradeRequest, UpgradeResponse, Version, VersionInfo, VersionResponse,
+    EtcdRemoveMemberByIdResponse, EtcdSnapshotRequest, EtcdStatusResponse, EventsRequest, Hostname,
+    HostnameResponse, ReadRequest, RebootRequest, RebootResponse, ResetRequest, ResetResponse,
+    ServiceListResponse, ShutdownRequest, ShutdownResponse, UpgradeRequest, UpgradeResponse,
+    VersionResponse,
 };
 use tokio::sync::Mutex;
 use tonic::{Request, Response, Status};
@@ -78,27 +79,6 @@ fn machine_type_not_set() -> Status {
 
 type Reply<T> = Result<Response<T>, Status>;
 
-/// The Version reply. Answered locally, so with no per-node metadata (talos-facts §2 "Routing
-/// to nodes").
-pub(crate) fn version_reply(talos_version: &str) -> VersionResponse {
-    VersionResponse {
-        messages: vec![Version {
-            metadata: None,
-            version: Some(VersionInfo {
-                tag: talos_version.to_owned(),
-                os: "Talos".into(),
-                arch: "amd64".into(),
-                ..Default::default()
-            }),
-            platform: Some(PlatformInfo {
-                name: "metal".into(),
-                mode: "metal".into(),
-            }),
-            features: Some(FeaturesInfo { rbac: true }),
-        }],
-    }
-}
-
 /// After an apply in maintenance: the config is persisted and booting continues (talos-facts
 /// §5). With install instructions and no installed system, the node installs — 1.13: the
 /// install stage, then a reboot; 1.14: the unattended-install phases, then a reboot only with
@@ -110,12 +90,20 @@ async fn continue_boot(node: Weak<Mutex<Node>>, config: Arc<AppliedConfig>) {
     // The apply stays in progress until the node has booted with the config (talos-facts §5:
     // a concurrent apply gets FailedPrecondition); `boot` clears it.
     let unattended = guard.shared.is_1_14() && !legacy_install(&config);
-    if !config.install || guard.installed {
-        guard.shut_down().await;
-        if let Err(error) = guard.boot(node.clone()).await {
+    // The config is loaded: initialize ends, the install sequence starts (talos-facts §10.3).
+    guard.config_loaded(true);
+    let installs = config.install && !guard.installed;
+    if !installs || unattended {
+        guard.install_skipped();
+    }
+    if !installs {
+        if let Err(error) = guard.continue_configured(node.clone()).await {
             tracing::warn!(%error, "simulated node failed to boot with its config");
         }
         return;
+    }
+    if !unattended {
+        guard.install_started();
     }
     guard.stage = Stage::Installing;
     if unattended {
@@ -134,14 +122,15 @@ async fn continue_boot(node: Weak<Mutex<Node>>, config: Arc<AppliedConfig>) {
         };
         guard.unattended = Some((config.install_image.clone(), phase));
     }
-    if config.reboot_after_install {
+    if !unattended && config.reboot_after_install {
+        // The legacy install sequence ends in its own reboot.
+        guard.install_finished();
+        guard.restart(node).await;
+    } else if config.reboot_after_install {
         drop(guard);
         Node::reboot_later(node, std::time::Duration::ZERO);
-    } else {
-        guard.shut_down().await;
-        if let Err(error) = guard.boot(node.clone()).await {
-            tracing::warn!(%error, "simulated node failed to boot with its config");
-        }
+    } else if let Err(error) = guard.continue_configured(node.clone()).await {
+        tracing::warn!(%error, "simulated node failed to boot with its config");
     }
 }
 
@@ -251,8 +240,33 @@ impl MachineService for Maintenance {
         Err(needs_role("os:admin"))
     }
 
+    async fn shutdown(&self, _: Request<ShutdownRequest>) -> Reply<ShutdownResponse> {
+        Err(needs_role("os:operator"))
+    }
+
+    type EventsStream = crate::events::EventStream;
+
+    async fn events(&self, r: Request<EventsRequest>) -> Reply<Self::EventsStream> {
+        Ok(Response::new(crate::machined::events(
+            &self.shared,
+            r.get_ref(),
+        )))
+    }
+
+    type ReadStream = crate::machined::ReadStream;
+
+    async fn read(&self, r: Request<ReadRequest>) -> Reply<Self::ReadStream> {
+        Ok(Response::new(crate::machined::read(
+            &self.shared,
+            r.get_ref(),
+        )?))
+    }
+
     async fn version(&self, _: Request<()>) -> Reply<VersionResponse> {
-        Ok(Response::new(version_reply(&self.shared.talos_version())))
+        Ok(Response::new(crate::version::reply(
+            &self.shared.talos_version(),
+            false,
+        )))
     }
 
     async fn hostname(&self, _: Request<()>) -> Reply<HostnameResponse> {
