@@ -356,7 +356,9 @@ pub(crate) async fn list(node: &Weak<Mutex<Node>>) -> Result<ServiceListResponse
     let strong = node
         .upgrade()
         .ok_or_else(|| Status::unavailable("the node is shutting down"))?;
-    let node = strong.lock().await;
+    let mut node = strong.lock().await;
+    // The simulator's health checks are instant: etcd's is current when read.
+    node.observe_etcd();
     let services = node
         .services
         .records
