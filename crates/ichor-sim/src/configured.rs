@@ -162,19 +162,17 @@ impl Configured {
 /// Leaves the etcd cluster: the member is removed and etcd stops, its data directory cleared
 /// (talos-facts §5 "Removing a node").
 fn leave(shared: &Shared, node: &mut Node) -> Result<(), Status> {
-    {
-        let data = local_member(node)?;
-        if shared.fail_leave.load(Ordering::SeqCst) {
-            return Err(Status::unavailable(
-                "failed to leave the etcd cluster: etcdserver: request timed out",
-            ));
-        }
-        remove_member(&mut network(), data.cluster, data.member)?;
-        node.etcd = None;
-        node.etcd_stopped = true;
-        shared.etcd_running.store(0, Ordering::SeqCst);
-        Ok(())
+    let data = local_member(node)?;
+    if shared.fail_leave.load(Ordering::SeqCst) {
+        return Err(Status::unavailable(
+            "failed to leave the etcd cluster: etcdserver: request timed out",
+        ));
     }
+    remove_member(&mut network(), data.cluster, data.member)?;
+    node.etcd = None;
+    node.etcd_stopped = true;
+    shared.etcd_running.store(0, Ordering::SeqCst);
+    Ok(())
 }
 
 /// Roles per method are those of talos-facts §1.2.
@@ -453,7 +451,8 @@ impl MachineService for Configured {
     type EtcdSnapshotStream =
         Pin<Box<dyn tokio_stream::Stream<Item = Result<Data, Status>> + Send>>;
 
-    /// A snapshot of the local member's data, streamed in chunks (`os:etcd:backup` or admin).
+    /// A snapshot of the local member's data, streamed in chunks (admin, operator or etcd backup,
+    /// talos-facts §10.6).
     async fn etcd_snapshot(
         &self,
         _r: Request<EtcdSnapshotRequest>,
@@ -493,6 +492,7 @@ impl MachineService for Configured {
     /// sequence — with a graceful control plane's etcd leave, the wipe, the reboot or
     /// power-off — follows in the background.
     async fn reset(&self, r: Request<ResetRequest>) -> Reply<ResetResponse> {
+        crate::sequences::check_reset(&*self.strong()?.lock().await, r.get_ref())?;
         let shared = Arc::clone(&self.shared);
         let leave_etcd: crate::sequences::LeaveFn = Box::new(move |node: &mut Node| {
             if local_member(node).is_err() {

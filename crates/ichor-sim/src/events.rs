@@ -291,6 +291,12 @@ impl EventLog {
         self.closed_at.send_replace(Some(end));
     }
 
+    /// Serves watchers again after a disconnect: the node's API came back within the same
+    /// boot (a config applied in maintenance mode takes over without a reboot).
+    pub(crate) fn reopen(&self) {
+        self.closed_at.send_replace(None);
+    }
+
     /// The position a watcher starting at `start` reads first (machined's `Watch`).
     fn start_pos(&self, start: Start) -> u64 {
         let ring = self.ring.lock().unwrap_or_else(|e| e.into_inner());

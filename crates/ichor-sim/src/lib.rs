@@ -15,7 +15,13 @@
 //!   status, snapshot, defragment, quorum loss; a second Bootstrap makes a second cluster.
 //! - **Workers** (§5): their API comes up only once trustd on a bootstrapped control plane of
 //!   the same cluster, reached through the configured endpoint, accepts their token.
-//! - **Reset, reboot, upgrade** (§1.2, §1.3, §8.4), readiness by CNI (§8.3).
+//! - **Reset, reboot, upgrade, shutdown** (§1.2, §1.3, §8.4, §10.3–§10.5, §10.9), readiness by
+//!   CNI (§8.3).
+//! - **Machine events** (§10.1–§10.4): each boot's event log with machined's sequences, phases,
+//!   tasks, service and machine-status events, served by `MachineService.Events` with actor ids
+//!   and tail options, and the boot id talosctl's `--wait` reads.
+//! - **Roles per method** (§10.6), `Version` and services as machined fills them (§10.7, §10.8),
+//!   and `Unimplemented` naming every method the simulator does not model (§10.10).
 //! - **Faults and gates**: crash/restart, partition, slow, certificate faults, failing etcd
 //!   leave, upgrade rollback; gates that hold a named RPC until released.
 #![forbid(unsafe_code)]

@@ -551,6 +551,7 @@ impl Node {
     ) -> Result<(), crate::SimError> {
         self.shut_down().await;
         self.fresh = false;
+        self.events.reopen();
         self.boot(this).await
     }
 
@@ -679,6 +680,49 @@ pub(crate) fn reset(node: Weak<Mutex<Node>>, request: ResetRequest, leave: Leave
         }
     });
     actor
+}
+
+/// The Reset handler's own checks of a request, before any sequence runs (talos-facts §10.4):
+/// plain errors (code Unknown), as machined returns them.
+pub(crate) fn check_reset(node: &Node, request: &ResetRequest) -> Result<(), tonic::Status> {
+    let mode = WipeMode::try_from(request.mode).unwrap_or(WipeMode::All);
+    if !request.user_disks_to_wipe.is_empty() {
+        if mode == WipeMode::SystemDisk {
+            return Err(tonic::Status::unknown(
+                "reset failed: invalid input, wipe mode SYSTEM_DISK doesn't support UserDisksToWipe parameter",
+            ));
+        }
+        let system = node
+            .installed
+            .then(|| node.hardware.install_disk())
+            .flatten();
+        for device in &request.user_disks_to_wipe {
+            let found = node
+                .hardware
+                .disks
+                .iter()
+                .find(|d| format!("/dev/{}", d.name) == *device);
+            match found {
+                None => {
+                    return Err(tonic::Status::unknown(format!(
+                        "reset user disk failed: device {device} wasn't found"
+                    )));
+                }
+                Some(disk) if system.is_some_and(|s| s.name == disk.name) => {
+                    return Err(tonic::Status::unknown(format!(
+                        "reset user disk failed: device {device} is the system disk"
+                    )));
+                }
+                Some(_) => {}
+            }
+        }
+    }
+    if !request.system_partitions_to_wipe.is_empty() && mode == WipeMode::UserDisks {
+        return Err(tonic::Status::unknown(
+            "reset failed: invalid input, wipe mode USER_DISKS doesn't support SystemPartitionsToWipe parameter",
+        ));
+    }
+    Ok(())
 }
 
 /// How a reset leaves etcd (the node's own leave, with its faults): the error's text.

@@ -480,3 +480,69 @@ async fn version_and_services_are_filled_as_machined_fills_them() {
     );
     node.stop().await;
 }
+
+#[tokio::test]
+async fn a_config_applied_in_maintenance_continues_the_same_boot_and_its_events() {
+    let b = bundle_for(97);
+    let node = SimNode::start(addr(16), "v1.14.1").await.expect("start");
+    let pinned = TalosClient::connect_maintenance(&node.addr().to_string(), &node.fingerprint())
+        .await
+        .expect("pinned");
+    let config = node_config(
+        &b,
+        &NodeConfig {
+            role: Role::ControlPlane,
+            talos_version: "v1.14.1",
+            endpoint_host: &addr(16).ip().to_string(),
+            hostname: Some("cp-1"),
+            cni: "flannel",
+            install: false,
+        },
+    );
+    // Without an install document the node installs nothing and boots on in place
+    // (talos-facts §5); Ichor's 1.14 render always carries one, so drop it here.
+    let config = config
+        .split("\n---\n")
+        .filter(|d| !d.contains("kind: UnattendedInstallConfig"))
+        .collect::<Vec<_>>()
+        .join("\n---\n");
+    pinned
+        .apply_configuration(config.as_bytes(), ichor_talos::ApplyMode::Auto)
+        .await
+        .expect("apply");
+    let client = admin(&b, node.addr()).await;
+    let mut stream = machine(&client)
+        .events(EventsRequest {
+            tail_events: -1,
+            ..Default::default()
+        })
+        .await
+        .expect("events")
+        .into_inner();
+    stream.message().await.expect("hello");
+    let mut maintenance = Vec::new();
+    let booted = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Ok(Some(event)) = stream.message().await {
+            match decode(&event) {
+                Seen::Task(t) if t.task == "runningMaintenance" => maintenance.push(t.action),
+                Seen::Sequence(s) if s.sequence == "boot" && s.action == 2 => return true,
+                _ => {}
+            }
+        }
+        false
+    })
+    .await;
+    assert_eq!(booted, Ok(true), "the boot sequence ends");
+    assert_eq!(
+        maintenance,
+        [0, 1],
+        "the same boot's log: maintenance started, then ended by the config"
+    );
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), stream.message())
+            .await
+            .is_err(),
+        "the stream stays open for what comes next"
+    );
+    node.stop().await;
+}
