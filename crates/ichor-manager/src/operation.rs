@@ -740,8 +740,13 @@ impl Node<'_> {
                 if self.role == Role::ControlPlane {
                     let _ = client.etcd_forfeit_leadership().await;
                 }
+                // The lifecycle upgrade installs to disk and does not reboot: the reboot is a
+                // separate call, as talosctl makes it (talos-facts §10.9).
                 match client.pull_image(&image).await {
-                    Ok(_) => client.upgrade(&image).await,
+                    Ok(_) => match client.upgrade(&image).await {
+                        Ok(()) => client.reboot().await,
+                        Err(error) => Err(error),
+                    },
                     Err(error) => Err(error),
                 }
             }

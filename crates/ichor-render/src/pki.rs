@@ -51,6 +51,8 @@ pub enum Role {
     Operator,
     /// Read-only.
     Reader,
+    /// etcd snapshots (and the etcd reads a backup needs), nothing else.
+    EtcdBackup,
 }
 
 impl Role {
@@ -60,6 +62,7 @@ impl Role {
             Self::Admin => "os:admin",
             Self::Operator => "os:operator",
             Self::Reader => "os:reader",
+            Self::EtcdBackup => "os:etcd:backup",
         }
     }
 }

@@ -10,7 +10,6 @@ use std::time::Duration;
 use ichor_talos::api::common::Data;
 use ichor_talos::api::machine::apply_configuration_request::Mode;
 use ichor_talos::api::machine::machine_service_server::MachineService;
-use ichor_talos::api::machine::reset_request::WipeMode;
 use ichor_talos::api::machine::{
     ApplyConfigurationRequest, ApplyConfigurationResponse, Bootstrap, BootstrapRequest,
     BootstrapResponse, EtcdDefragment, EtcdDefragmentResponse, EtcdForfeitLeadership,
@@ -18,9 +17,9 @@ use ichor_talos::api::machine::{
     EtcdLeaveClusterRequest, EtcdLeaveClusterResponse, EtcdMember, EtcdMemberListRequest,
     EtcdMemberListResponse, EtcdMemberStatus, EtcdMembers, EtcdRecover, EtcdRecoverResponse,
     EtcdRemoveMemberById, EtcdRemoveMemberByIdRequest, EtcdRemoveMemberByIdResponse,
-    EtcdSnapshotRequest, EtcdStatus, EtcdStatusResponse, Hostname, HostnameResponse, Reboot,
-    RebootRequest, RebootResponse, Reset, ResetRequest, ResetResponse, ServiceEvents,
-    ServiceHealth, ServiceInfo, ServiceList, ServiceListResponse, Upgrade, UpgradeRequest,
+    EtcdSnapshotRequest, EtcdStatus, EtcdStatusResponse, EventsRequest, Hostname, HostnameResponse,
+    ReadRequest, Reboot, RebootRequest, RebootResponse, Reset, ResetRequest, ResetResponse,
+    ServiceListResponse, Shutdown, ShutdownRequest, ShutdownResponse, Upgrade, UpgradeRequest,
     UpgradeResponse, VersionResponse,
 };
 use tokio::sync::Mutex;
@@ -29,83 +28,14 @@ use tonic::{Request, Response, Status};
 
 use crate::apply::{self, handler};
 use crate::config::AppliedConfig;
-use crate::maintenance::version_reply;
 use crate::network::{EtcdCluster, EtcdDown, Inner, Member, Shared, network, random_id};
 use crate::snapshot::keyspace::Keyspace;
 use crate::snapshot::{self, SnapshotStream};
 use crate::{EtcdData, Node, Recovery, Stage};
 
-/// Talos API roles, weakest first (talos-facts §2 "Client certificate").
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) enum Role {
-    Reader,
-    EtcdBackup,
-    Operator,
-    Admin,
-}
-
-impl Role {
-    fn name(self) -> &'static str {
-        match self {
-            Self::Reader => "os:reader",
-            Self::EtcdBackup => "os:etcd:backup",
-            Self::Operator => "os:operator",
-            Self::Admin => "os:admin",
-        }
-    }
-}
-
-/// The known roles in the client certificate's Organization; unknown roles are ignored
-/// (talos-facts §2 "Role enforcement").
-pub(crate) fn caller_roles<T>(request: &Request<T>) -> Vec<Role> {
-    let Some(certs) = request.peer_certs() else {
-        return Vec::new();
-    };
-    let Some(leaf) = certs.first() else {
-        return Vec::new();
-    };
-    let Ok((_, cert)) = x509_parser::parse_x509_certificate(leaf.as_ref()) else {
-        return Vec::new();
-    };
-    cert.subject()
-        .iter_organization()
-        .filter_map(|o| o.as_str().ok())
-        .filter_map(|o| match o {
-            "os:admin" => Some(Role::Admin),
-            "os:operator" => Some(Role::Operator),
-            "os:reader" => Some(Role::Reader),
-            "os:etcd:backup" => Some(Role::EtcdBackup),
-            _ => None,
-        })
-        .collect()
-}
-
-/// Refuses a caller below `needed`. `os:etcd:backup` grants only snapshots; admin and
-/// operator include reader.
-pub(crate) fn authorize<T>(request: &Request<T>, needed: Role) -> Result<(), Status> {
-    let roles = caller_roles(request);
-    let granted = roles.iter().any(|&role| match needed {
-        // EtcdSnapshot: admin, operator or os:etcd:backup (talos-facts §12.1).
-        Role::EtcdBackup => role >= Role::EtcdBackup,
-        _ => role != Role::EtcdBackup && role >= needed,
-    });
-    if granted {
-        return Ok(());
-    }
-    let held = roles
-        .iter()
-        .map(|r| r.name())
-        .collect::<Vec<_>>()
-        .join(", ");
-    Err(Status::permission_denied(if held.is_empty() {
-        "not authorized: the client certificate carries no Talos role".to_owned()
-    } else {
-        format!(
-            "not authorized: this method needs {}, the client certificate grants {held}",
-            needed.name()
-        )
-    }))
-}
+/// Roles are checked per method before any handler (`authz`); the handlers here only add
+/// ApplyConfiguration's "os:admin once configured".
+pub(crate) use crate::authz::{Role, authorize};
 
 /// The MachineService of a configured node.
 pub(crate) struct Configured {
@@ -215,45 +145,9 @@ fn member_proto(m: &Member) -> EtcdMember {
     }
 }
 
-/// The services a node runs and their state (talos-facts §1.2 "ServiceList").
+/// The services a node runs, their events and health (talos-facts §1.2, §10.7).
 pub(crate) async fn service_list(node: &Weak<Mutex<Node>>) -> Result<ServiceListResponse, Status> {
-    let strong = node.upgrade().ok_or_else(gone)?;
-    let node = strong.lock().await;
-    let running = |id: &str| (id.to_owned(), "Running", true);
-    let mut services = vec![running("apid"), running("machined"), running("udevd")];
-    if let Some(config) = &node.running {
-        services.push(running("containerd"));
-        services.push(running("cri"));
-        services.push(running("kubelet"));
-        if config.is_control_plane() {
-            services.push(running("trustd"));
-            let etcd = local_member(&node).is_ok();
-            services.push((
-                "etcd".into(),
-                if etcd { "Running" } else { "Preparing" },
-                etcd,
-            ));
-        }
-    }
-    Ok(ServiceListResponse {
-        messages: vec![ServiceList {
-            metadata: None,
-            services: services
-                .into_iter()
-                .map(|(id, state, healthy)| ServiceInfo {
-                    id,
-                    state: state.into(),
-                    events: Some(ServiceEvents { events: Vec::new() }),
-                    health: Some(ServiceHealth {
-                        unknown: false,
-                        healthy,
-                        last_message: String::new(),
-                        last_change: None,
-                    }),
-                })
-                .collect(),
-        }],
-    })
+    crate::services::list(node).await
 }
 
 impl Configured {
@@ -261,21 +155,25 @@ impl Configured {
         self.node.upgrade().ok_or_else(gone)
     }
 
-    /// Leaves the etcd cluster: the member is removed and etcd stops, its data directory
-    /// cleared (talos-facts §5 "Removing a node").
     fn leave(&self, node: &mut Node) -> Result<(), Status> {
-        let data = local_member(node)?;
-        if self.shared.fail_leave.load(Ordering::SeqCst) {
-            return Err(Status::unavailable(
-                "failed to leave the etcd cluster: etcdserver: request timed out",
-            ));
-        }
-        remove_member(&mut network(), data.cluster, data.member)?;
-        node.etcd = None;
-        node.etcd_stopped = true;
-        self.shared.etcd_running.store(0, Ordering::SeqCst);
-        Ok(())
+        leave(&self.shared, node)
     }
+}
+
+/// Leaves the etcd cluster: the member is removed and etcd stops, its data directory cleared
+/// (talos-facts §5 "Removing a node").
+fn leave(shared: &Shared, node: &mut Node) -> Result<(), Status> {
+    let data = local_member(node)?;
+    if shared.fail_leave.load(Ordering::SeqCst) {
+        return Err(Status::unavailable(
+            "failed to leave the etcd cluster: etcdserver: request timed out",
+        ));
+    }
+    remove_member(&mut network(), data.cluster, data.member)?;
+    node.etcd = None;
+    node.etcd_stopped = true;
+    shared.etcd_running.store(0, Ordering::SeqCst);
+    Ok(())
 }
 
 /// Roles per method are those of talos-facts §1.2.
@@ -370,8 +268,7 @@ impl MachineService for Configured {
     /// Bootstrap (talos-facts §5): not available while the node still boots, refused without
     /// an etcd CA, `AlreadyExists` once the data directory holds a member; otherwise a new
     /// etcd cluster with this node as its only voter — even when another one exists.
-    async fn bootstrap(&self, r: Request<BootstrapRequest>) -> Reply<BootstrapResponse> {
-        authorize(&r, Role::Admin)?;
+    async fn bootstrap(&self, _r: Request<BootstrapRequest>) -> Reply<BootstrapResponse> {
         let strong = self.strong()?;
         let mut node = strong.lock().await;
         let config = control_plane_only(&node, "bootstrap")?;
@@ -421,7 +318,6 @@ impl MachineService for Configured {
         &self,
         r: Request<EtcdMemberListRequest>,
     ) -> Reply<EtcdMemberListResponse> {
-        authorize(&r, Role::Reader)?;
         let query_local = r.get_ref().query_local;
         let strong = self.strong()?;
         let node = strong.lock().await;
@@ -453,7 +349,6 @@ impl MachineService for Configured {
         &self,
         r: Request<EtcdRemoveMemberByIdRequest>,
     ) -> Reply<EtcdRemoveMemberByIdResponse> {
-        authorize(&r, Role::Admin)?;
         let id = r.get_ref().member_id;
         let strong = self.strong()?;
         let node = strong.lock().await;
@@ -470,9 +365,8 @@ impl MachineService for Configured {
 
     async fn etcd_leave_cluster(
         &self,
-        r: Request<EtcdLeaveClusterRequest>,
+        _r: Request<EtcdLeaveClusterRequest>,
     ) -> Reply<EtcdLeaveClusterResponse> {
-        authorize(&r, Role::Admin)?;
         let strong = self.strong()?;
         let mut node = strong.lock().await;
         control_plane_only(&node, "etcd leave cluster")?;
@@ -486,9 +380,8 @@ impl MachineService for Configured {
     /// leader afterwards.
     async fn etcd_forfeit_leadership(
         &self,
-        r: Request<EtcdForfeitLeadershipRequest>,
+        _r: Request<EtcdForfeitLeadershipRequest>,
     ) -> Reply<EtcdForfeitLeadershipResponse> {
-        authorize(&r, Role::Admin)?;
         let strong = self.strong()?;
         let node = strong.lock().await;
         control_plane_only(&node, "etcd forfeit leadership")?;
@@ -528,8 +421,7 @@ impl MachineService for Configured {
     }
 
     /// The local member's status; without quorum it has no leader.
-    async fn etcd_status(&self, r: Request<()>) -> Reply<EtcdStatusResponse> {
-        authorize(&r, Role::Reader)?;
+    async fn etcd_status(&self, _r: Request<()>) -> Reply<EtcdStatusResponse> {
         let strong = self.strong()?;
         let node = strong.lock().await;
         control_plane_only(&node, "etcd status")?;
@@ -576,12 +468,11 @@ impl MachineService for Configured {
 
     /// A snapshot of the local member's database (talos-facts §12.1): the bbolt file with its
     /// SHA-256 trailer, streamed in chunks while it is written (admin, operator or
-    /// `os:etcd:backup`).
+    /// `os:etcd:backup`, §10.6).
     async fn etcd_snapshot(
         &self,
-        r: Request<EtcdSnapshotRequest>,
+        _r: Request<EtcdSnapshotRequest>,
     ) -> Reply<Self::EtcdSnapshotStream> {
-        authorize(&r, Role::EtcdBackup)?;
         let strong = self.strong()?;
         let node = strong.lock().await;
         control_plane_only(&node, "etcd snapshot")?;
@@ -620,8 +511,7 @@ impl MachineService for Configured {
         }))
     }
 
-    async fn etcd_defragment(&self, r: Request<()>) -> Reply<EtcdDefragmentResponse> {
-        authorize(&r, Role::Admin)?;
+    async fn etcd_defragment(&self, _r: Request<()>) -> Reply<EtcdDefragmentResponse> {
         let strong = self.strong()?;
         let node = strong.lock().await;
         control_plane_only(&node, "etcd defragment")?;
@@ -631,72 +521,63 @@ impl MachineService for Configured {
         }))
     }
 
-    /// Reset (talos-facts §1.2, §8.4): a graceful reset leaves etcd first; the named system
-    /// partitions are wiped — STATE holds the config, EPHEMERAL the etcd data — and an empty
-    /// list wipes every partition, so a disk-booted node has nothing left to boot. The node
-    /// then reboots (or powers off without `reboot`).
+    /// Reset (talos-facts §1.2, §8.4, §10.4): answered at once with the actor id; the reset
+    /// sequence — with a graceful control plane's etcd leave, the wipe, the reboot or
+    /// power-off — follows in the background.
     async fn reset(&self, r: Request<ResetRequest>) -> Reply<ResetResponse> {
-        authorize(&r, Role::Admin)?;
-        let request = r.into_inner();
-        let strong = self.strong()?;
-        let mut node = strong.lock().await;
-        if request.graceful && local_member(&node).is_ok() {
-            self.leave(&mut node)?;
-        }
-        let labels: Vec<String> = request
-            .system_partitions_to_wipe
-            .iter()
-            .filter(|p| p.wipe)
-            .map(|p| p.label.clone())
-            .collect();
-        let wipe_system =
-            WipeMode::try_from(request.mode).unwrap_or(WipeMode::All) != WipeMode::UserDisks;
-        let everything = wipe_system && request.system_partitions_to_wipe.is_empty();
-        node.stage = Stage::Resetting;
-        let weak = self.node.clone();
-        let reboot = request.reboot;
-        tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-            let Some(strong) = weak.upgrade() else { return };
-            let mut node = strong.lock().await;
-            node.shut_down().await;
-            if everything {
-                node.bricked = true;
-                return;
+        crate::sequences::check_reset(&*self.strong()?.lock().await, r.get_ref())?;
+        let shared = Arc::clone(&self.shared);
+        let leave_etcd: crate::sequences::LeaveFn = Box::new(move |node: &mut Node| {
+            if local_member(node).is_err() {
+                return Ok(());
             }
-            if wipe_system && labels.iter().any(|l| l == "STATE") {
-                node.persisted = None;
-                node.staged = None;
-            }
-            if wipe_system && labels.iter().any(|l| l == "EPHEMERAL") {
-                node.etcd = None;
-                node.etcd_recovery = None;
-                node.images.clear();
-            }
-            if !reboot {
-                node.powered = false;
-                return;
-            }
-            drop(node);
-            Node::reboot_later(weak, Duration::ZERO);
+            leave(&shared, node).map_err(|s| s.message().to_owned())
         });
+        let actor = crate::sequences::reset(self.node.clone(), r.into_inner(), leave_etcd);
         Ok(Response::new(ResetResponse {
             messages: vec![Reset {
                 metadata: None,
-                actor_id: random_id().to_string(),
+                actor_id: actor,
             }],
         }))
     }
 
     async fn reboot(&self, r: Request<RebootRequest>) -> Reply<RebootResponse> {
-        authorize(&r, Role::Operator)?;
-        Node::reboot_later(self.node.clone(), Duration::from_millis(20));
+        let actor = crate::sequences::reboot(self.node.clone(), r.get_ref());
         Ok(Response::new(RebootResponse {
             messages: vec![Reboot {
                 metadata: None,
-                actor_id: random_id().to_string(),
+                actor_id: actor,
             }],
         }))
+    }
+
+    async fn shutdown(&self, r: Request<ShutdownRequest>) -> Reply<ShutdownResponse> {
+        let actor = crate::sequences::shutdown(self.node.clone(), r.get_ref());
+        Ok(Response::new(ShutdownResponse {
+            messages: vec![Shutdown {
+                metadata: None,
+                actor_id: actor,
+            }],
+        }))
+    }
+
+    type EventsStream = crate::events::EventStream;
+
+    async fn events(&self, r: Request<EventsRequest>) -> Reply<Self::EventsStream> {
+        Ok(Response::new(crate::machined::events(
+            &self.shared,
+            r.get_ref(),
+        )))
+    }
+
+    type ReadStream = crate::machined::ReadStream;
+
+    async fn read(&self, r: Request<ReadRequest>) -> Reply<Self::ReadStream> {
+        Ok(Response::new(crate::machined::read(
+            &self.shared,
+            r.get_ref(),
+        )?))
     }
 
     /// The deprecated Upgrade (talos-facts §1.2): refused when Talos is not installed; on a
@@ -704,7 +585,6 @@ impl MachineService for Configured {
     /// cost etcd its quorum (the check is unverified in detail). The node reboots into the
     /// image's version.
     async fn upgrade(&self, r: Request<UpgradeRequest>) -> Reply<UpgradeResponse> {
-        authorize(&r, Role::Admin)?;
         let request = r.into_inner();
         let strong = self.strong()?;
         let node = strong.lock().await;
@@ -725,23 +605,24 @@ impl MachineService for Configured {
             }
         }
         drop(node);
-        upgrade_later(self.node.clone(), &request.image);
+        let actor = crate::sequences::upgrade(self.node.clone(), &request);
         Ok(Response::new(UpgradeResponse {
             messages: vec![Upgrade {
                 metadata: None,
                 ack: "Upgrade request received".into(),
-                actor_id: random_id().to_string(),
+                actor_id: actor,
             }],
         }))
     }
 
-    async fn version(&self, r: Request<()>) -> Reply<VersionResponse> {
-        authorize(&r, Role::Reader)?;
-        Ok(Response::new(version_reply(&self.shared.talos_version())))
+    async fn version(&self, _r: Request<()>) -> Reply<VersionResponse> {
+        Ok(Response::new(crate::version::reply(
+            &self.shared.talos_version(),
+            true,
+        )))
     }
 
-    async fn hostname(&self, r: Request<()>) -> Reply<HostnameResponse> {
-        authorize(&r, Role::Reader)?;
+    async fn hostname(&self, _r: Request<()>) -> Reply<HostnameResponse> {
         let hostname = self.strong()?.lock().await.hostname();
         Ok(Response::new(HostnameResponse {
             messages: vec![Hostname {
@@ -751,8 +632,7 @@ impl MachineService for Configured {
         }))
     }
 
-    async fn service_list(&self, r: Request<()>) -> Reply<ServiceListResponse> {
-        authorize(&r, Role::Reader)?;
+    async fn service_list(&self, _r: Request<()>) -> Reply<ServiceListResponse> {
         Ok(Response::new(service_list(&self.node).await?))
     }
 }
@@ -761,25 +641,6 @@ impl MachineService for Configured {
 pub(crate) fn image_version(image: &str) -> Option<String> {
     let tag = image.rsplit(':').next()?;
     (tag.starts_with('v') && !tag.contains('/')).then(|| tag.to_owned())
-}
-
-/// Reboots into the image's version, or back into the old one under the rollback fault.
-pub(crate) fn upgrade_later(node: Weak<Mutex<Node>>, image: &str) {
-    let target = image_version(image);
-    tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        let Some(strong) = node.upgrade() else { return };
-        let mut guard = strong.lock().await;
-        guard.stage = Stage::Upgrading;
-        if let Some(version) = &target
-            && !guard.shared.upgrade_rollback.load(Ordering::SeqCst)
-        {
-            guard.talos_version.clone_from(version);
-            guard.shared.set_talos_version(version);
-        }
-        drop(guard);
-        Node::reboot_later(node, Duration::ZERO);
-    });
 }
 
 /// The etcd service of a control plane that has no member yet (talos-facts §5): it finds the
@@ -885,6 +746,7 @@ pub(crate) async fn await_trustd(node: Weak<Mutex<Node>>, timings: crate::Timing
             Ok(()) => {
                 if !guard.install_pending() {
                     guard.stage = Stage::Running;
+                    guard.boot_finished();
                 }
                 return;
             }

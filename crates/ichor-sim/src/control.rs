@@ -14,6 +14,7 @@ use std::time::Duration;
 use tokio::sync::{Notify, watch};
 use tonic::body::Body;
 use tonic::service::Routes;
+use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
 
 use crate::network::{Shared, network};
 
@@ -263,6 +264,24 @@ impl Controlled {
     }
 }
 
+/// tonic answers a path no service of ours routes (or a method a served service lacks) with a
+/// bare `Unimplemented`; the simulator says which method it is and that it is not simulated
+/// (talos-facts §10.10).
+fn name_unimplemented(path: &str, reply: Reply) -> Reply {
+    let headers = reply.headers();
+    let unimplemented = headers
+        .get("grpc-status")
+        .is_some_and(|s| s.as_bytes() == b"12");
+    let unnamed = headers
+        .get("grpc-message")
+        .is_none_or(|m| m.as_bytes().is_empty());
+    if unimplemented && unnamed {
+        crate::not_simulated_method(path).into_http()
+    } else {
+        reply
+    }
+}
+
 impl tower::Service<http::Request<Body>> for Controlled {
     type Response = Reply;
     type Error = Infallible;
@@ -285,10 +304,20 @@ impl tower::Service<http::Request<Body>> for Controlled {
             this.shared.controls.enter(&method).await;
             match this.route(&request) {
                 Route::Local => {
+                    let path = request.uri().path().to_owned();
+                    // Roles first, as machined's interceptor checks them (talos-facts §10.6).
+                    let certs = request
+                        .extensions()
+                        .get::<TlsConnectInfo<TcpConnectInfo>>()
+                        .and_then(TlsConnectInfo::peer_certs);
+                    let roles = crate::authz::caller_roles(!this.forwarding, certs.as_ref());
+                    if let Err(status) = crate::authz::check(&path, &roles) {
+                        return Ok(status.into_http());
+                    }
                     let mut routes = this.routes.clone();
                     let reply = tower::Service::call(&mut routes, request).await;
                     this.shared.controls.leave(&method).await;
-                    reply
+                    reply.map(|reply| name_unimplemented(&path, reply))
                 }
                 Route::Forward(mut target) => {
                     // The target answers as itself, with the caller's roles (impersonation)

@@ -22,23 +22,35 @@
 //!   quorum loss; a second Bootstrap makes a second cluster.
 //! - **Workers** (§5): their API comes up only once trustd on a bootstrapped control plane of
 //!   the same cluster, reached through the configured endpoint, accepts their token.
-//! - **Reset, reboot, upgrade** (§1.2, §1.3, §8.4), readiness by CNI (§8.3).
+//! - **Reset, reboot, upgrade, shutdown** (§1.2, §1.3, §8.4, §10.3–§10.5, §10.9), readiness by
+//!   CNI (§8.3).
+//! - **Machine events** (§10.1–§10.4): each boot's event log with machined's sequences, phases,
+//!   tasks, service and machine-status events, served by `MachineService.Events` with actor ids
+//!   and tail options, and the boot id talosctl's `--wait` reads.
+//! - **Roles per method** (§10.6), `Version` and services as machined fills them (§10.7, §10.8),
+//!   and `Unimplemented` naming every method the simulator does not model (§10.10).
 //! - **Faults and gates**: crash/restart, partition, slow, certificate faults, failing etcd
 //!   leave, upgrade rollback; gates that hold a named RPC until released.
 #![forbid(unsafe_code)]
 
 mod apply;
+mod authz;
 mod config;
 mod configured;
 mod control;
 mod cosi;
+mod events;
 pub mod hardware;
 mod lifecycle;
+mod machined;
 mod maintenance;
 mod network;
+mod sequences;
+mod services;
 mod snapshot;
 mod storage;
 mod tls;
+mod version;
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -69,6 +81,14 @@ use network::{Entry, Shared, network};
 /// saying so, never a made-up success.
 pub(crate) fn not_simulated(what: &str) -> tonic::Status {
     tonic::Status::unimplemented(format!("{what} is not simulated"))
+}
+
+/// The answer to a gRPC method the simulator does not serve at all (a path outside `proto/`,
+/// or one Talos has and the simulator does not model: diagnostics, Kubernetes-backed flows).
+pub(crate) fn not_simulated_method(path: &str) -> tonic::Status {
+    tonic::Status::unimplemented(format!(
+        "{path} is not simulated: ichor-sim does not model this method"
+    ))
 }
 
 /// What can go wrong running a simulated node.
@@ -104,6 +124,10 @@ pub struct Timings {
     pub install: Duration,
     /// Down time of a reboot.
     pub reboot: Duration,
+    /// How long after a Reboot, Reset, Shutdown or Upgrade call its sequence runs (a real
+    /// node spends seconds stopping pods and services; talosctl's event stream, opened while
+    /// the call is made, must be there to see it).
+    pub sequence: Duration,
     /// After boot, how long Bootstrap answers `FailedPrecondition "bootstrap is not available
     /// yet"` (the CRI is not running yet, talos-facts §5).
     pub bootstrap_window: Duration,
@@ -120,6 +144,7 @@ impl Default for Timings {
         Self {
             install: Duration::from_millis(300),
             reboot: Duration::from_millis(100),
+            sequence: Duration::from_millis(100),
             bootstrap_window: Duration::from_millis(300),
             discovery: Duration::from_millis(300),
             promotion: Duration::from_millis(200),
@@ -308,6 +333,21 @@ pub(crate) struct Node {
     pub(crate) etcd_stopped: bool,
     /// An apply is in progress.
     pub(crate) applying: bool,
+    /// The next boot is a power-on: machined starts afresh (new event log, boot id,
+    /// services).
+    pub(crate) fresh: bool,
+    /// A version installed to disk (an upgrade) that the next power-on boots.
+    pub(crate) pending_version: Option<String>,
+    /// This boot's machine events.
+    pub(crate) events: Arc<events::EventLog>,
+    /// This boot's id (`/proc/sys/kernel/random/boot_id`).
+    pub(crate) boot_id: String,
+    /// This boot's services.
+    pub(crate) services: services::Services,
+    /// The sequence running, as the machine-status controller tracks it.
+    pub(crate) current_sequence: String,
+    /// The machine status last published as an event.
+    pub(crate) last_status: Option<ichor_talos::api::machine::MachineStatusEvent>,
     certificate: Option<rustls::pki_types::CertificateDer<'static>>,
     resolver: Option<Arc<tls::Resolver>>,
     server: Option<Running>,
@@ -400,6 +440,13 @@ impl SimNode {
             running: None,
             etcd_stopped: false,
             applying: false,
+            fresh: true,
+            pending_version: None,
+            events: Arc::new(events::EventLog::default()),
+            boot_id: String::new(),
+            services: services::Services::default(),
+            current_sequence: String::new(),
+            last_status: None,
             certificate: None,
             resolver: None,
             server: None,
@@ -641,10 +688,23 @@ impl Node {
             })
     }
 
-    /// Boots from what is on disk.
+    /// Boots from what is on disk. A power-on starts machined afresh: a new event log, boot
+    /// id and services, and the initialize sequence (talos-facts §10.3); a config applied in
+    /// maintenance continues the same boot.
     pub(crate) async fn boot(&mut self, this: Weak<Mutex<Node>>) -> Result<(), SimError> {
         if self.bricked || !self.powered {
             return Ok(());
+        }
+        let fresh = std::mem::take(&mut self.fresh);
+        if fresh {
+            self.events = Arc::new(events::EventLog::default());
+            self.boot_id = sequences::uuid();
+            self.shared
+                .set_boot(Arc::clone(&self.events), self.boot_id.clone());
+            self.services = services::Services::default();
+            self.current_sequence.clear();
+            self.last_status = None;
+            sequences::take_pending_version(self);
         }
         self.booted_at = Instant::now();
         self.etcd_stopped = false;
@@ -659,6 +719,14 @@ impl Node {
         {
             *phase = InstallPhase::Installed;
         }
+        if fresh {
+            self.initialize(self.persisted.is_some());
+            if self.persisted.is_some() {
+                self.install_skipped();
+            }
+        }
+        self.tasks
+            .push(tokio::spawn(services::observe(this.clone(), self.timings)));
         match self.persisted.clone() {
             None => {
                 self.stage = Stage::Maintenance;
@@ -670,14 +738,17 @@ impl Node {
                 self.serve(this, Some(config)).await
             }
             Some(config) if config.is_control_plane() => {
+                self.boot_started();
                 self.stage = Stage::Running;
                 self.serve(this.clone(), Some(config)).await?;
+                self.boot_finished();
                 self.tasks
                     .push(tokio::spawn(configured::etcd_service(this, self.timings)));
                 Ok(())
             }
             Some(_) => {
                 // A worker's API needs a certificate from trustd first (talos-facts §5).
+                self.boot_started();
                 self.stage = Stage::Booting;
                 self.tasks
                     .push(tokio::spawn(configured::await_trustd(this, self.timings)));
@@ -759,11 +830,9 @@ impl Node {
         .add_service(storage)
         .add_service(LifecycleServiceServer::new(lifecycle::Lifecycle {
             node: this.clone(),
-            maintenance: config.is_none(),
         }))
         .add_service(ImageServiceServer::new(lifecycle::Images {
             node: this.clone(),
-            maintenance: config.is_none(),
         }));
         self.running.clone_from(&config);
         let hostname = self.hostname();
@@ -799,13 +868,16 @@ impl Node {
         Ok(())
     }
 
-    /// Stops everything of this boot; what is on disk stays.
+    /// Stops everything of this boot; what is on disk stays. The event streams end, and the
+    /// next boot is a power-on unless it continues this one.
     pub(crate) async fn shut_down(&mut self) {
         // Watches see the stage the node goes down in, then end: the server could not stop
         // gracefully while they stream.
         if let Some(boot) = self.cosi.take() {
             boot.end(self);
         }
+        self.events.disconnect();
+        self.fresh = true;
         for task in self.tasks.drain(..) {
             task.abort();
         }
@@ -816,31 +888,44 @@ impl Node {
             entry.forward = None;
         }
         self.running = None;
-        if let Some((stop, handle, accept)) = self.server.take() {
+        if let Some((stop, mut handle, accept)) = self.server.take() {
             accept.abort();
             let _ = accept.await;
             let _ = stop.send(());
-            let _ = handle.await;
+            // A call still waiting for this node's lock (held here) would hold the graceful
+            // stop forever: after a while the server is dropped, its clients told to go away.
+            if tokio::time::timeout(Duration::from_secs(5), &mut handle)
+                .await
+                .is_err()
+            {
+                tracing::warn!(addr = %self.shared.addr, "calls still in flight at shutdown were dropped");
+                handle.abort();
+            }
         }
     }
 
-    /// Goes down and comes back after the reboot time: a node's own reboot (apply, install,
-    /// upgrade, reset), run in the background because the caller already has its answer.
+    /// Reboots by itself after `delay` (an apply in REBOOT mode, the reboot after 1.14's
+    /// unattended install): the reboot sequence with no actor, down, and back after the
+    /// reboot time (talos-facts §10.3).
     pub(crate) fn reboot_later(node: Weak<Mutex<Node>>, delay: Duration) {
         tokio::spawn(async move {
             tokio::time::sleep(delay).await;
             let Some(strong) = node.upgrade() else { return };
             let mut guard = strong.lock().await;
-            guard.stage = Stage::Rebooting;
-            guard.shut_down().await;
-            let down = guard.timings.reboot;
-            drop(guard);
-            tokio::time::sleep(down).await;
-            let mut guard = strong.lock().await;
-            if let Err(error) = guard.boot(node.clone()).await {
-                tracing::warn!(%error, "simulated node failed to boot");
-            }
+            let plan = sequences::Plan::reboot(
+                ichor_talos::api::machine::reboot_request::Mode::Default,
+                guard.installed,
+            );
+            guard.go_down(node.clone(), "", &plan).await;
         });
+    }
+
+    /// Goes down at once and comes back after the reboot time, its sequence already
+    /// published (1.13's install sequence ends in its own reboot).
+    pub(crate) async fn restart(&mut self, node: Weak<Mutex<Node>>) {
+        self.stage = Stage::Rebooting;
+        self.shut_down().await;
+        sequences::boot_after(node, self.timings.reboot);
     }
 
     fn inject_certificate(&mut self, fault: Fault) -> Result<String, SimError> {

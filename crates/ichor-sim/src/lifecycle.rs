@@ -1,5 +1,8 @@
-//! `machine.LifecycleService` and `machine.ImageService` (talos-facts §1.3, §8.2): pulling an
-//! installer image into the system containerd, then upgrading from it.
+//! `machine.LifecycleService` and `machine.ImageService` (talos-facts §1.3, §8.2, §10.9):
+//! pulling an installer image into the system containerd, then installing the upgrade from
+//! it to disk; the node boots it at its next reboot, which the caller asks for separately.
+//! Roles are checked before these run (`authz`): both need os:admin, so maintenance mode
+//! (every caller os:reader) cannot call them.
 
 use std::pin::Pin;
 use std::sync::Weak;
@@ -17,24 +20,13 @@ use tokio::sync::Mutex;
 use tonic::{Request, Response, Status};
 
 use crate::Node;
-use crate::configured::{Role, authorize, image_version, upgrade_later};
+use crate::configured::image_version;
 
 type Stream<T> = Pin<Box<dyn tokio_stream::Stream<Item = Result<T, Status>> + Send>>;
-
-/// Maintenance mode grants `os:reader` only, and these need `os:admin` (talos-facts §2).
-fn admin_only<T>(request: &Request<T>, maintenance: bool) -> Result<(), Status> {
-    if maintenance {
-        return Err(Status::permission_denied(
-            "not authorized: this method needs os:admin, and maintenance mode grants every caller os:reader",
-        ));
-    }
-    authorize(request, Role::Admin)
-}
 
 /// The lifecycle service of one node.
 pub(crate) struct Lifecycle {
     pub(crate) node: Weak<Mutex<Node>>,
-    pub(crate) maintenance: bool,
 }
 
 fn progress(response: Progress) -> Result<LifecycleServiceUpgradeResponse, Status> {
@@ -51,53 +43,58 @@ impl LifecycleService for Lifecycle {
 
     async fn install(
         &self,
-        request: Request<LifecycleServiceInstallRequest>,
+        _request: Request<LifecycleServiceInstallRequest>,
     ) -> Result<Response<Self::InstallStream>, Status> {
-        admin_only(&request, self.maintenance)?;
         Err(crate::not_simulated("LifecycleService.Install"))
     }
 
     type UpgradeStream = Stream<LifecycleServiceUpgradeResponse>;
 
-    /// Upgrades from an image pulled beforehand (talos-facts §1.3). Failures end the stream
-    /// with a non-zero exit code, not a gRPC error; on success the node reboots into the
-    /// image's version.
+    /// Upgrades from an image pulled beforehand (talos-facts §1.3, §10.9): refused with
+    /// `FailedPrecondition` when Talos is not installed, `Internal` when the image is not in
+    /// the system containerd; otherwise the installer's progress and exit code 0, and the new
+    /// version waits on disk for the next boot. The stream carries no reboot: talosctl and
+    /// Ichor send Reboot afterwards.
     async fn upgrade(
         &self,
         request: Request<LifecycleServiceUpgradeRequest>,
     ) -> Result<Response<Self::UpgradeStream>, Status> {
-        admin_only(&request, self.maintenance)?;
         let image = request
             .into_inner()
             .source
             .map(|s| s.image_name)
             .unwrap_or_default();
+        if image.is_empty() {
+            return Err(Status::invalid_argument("installer image name is required"));
+        }
         let strong = self
             .node
             .upgrade()
             .ok_or_else(|| Status::unavailable("the node is shutting down"))?;
-        let node = strong.lock().await;
+        let mut node = strong.lock().await;
+        if !node.installed {
+            return Err(Status::failed_precondition("machine is not installed"));
+        }
+        if !node.images.contains(&image) {
+            return Err(Status::internal(format!(
+                "upgrade failed: installer image {image:?} not found in containerd store: image {image:?}: not found"
+            )));
+        }
         let mut replies = vec![progress(Progress::Message(format!(
             "upgrading from {image}"
         )))];
-        if !node.installed {
-            replies.push(progress(Progress::Message("Talos is not installed".into())));
-            replies.push(progress(Progress::ExitCode(1)));
-        } else if !node.images.contains(&image) {
-            replies.push(progress(Progress::Message(format!(
-                "image {image:?} not found: pull it first"
-            ))));
-            replies.push(progress(Progress::ExitCode(1)));
-        } else if image_version(&image).is_none() {
-            replies.push(progress(Progress::Message(format!(
-                "image {image:?} carries no Talos version tag"
-            ))));
-            replies.push(progress(Progress::ExitCode(1)));
-        } else {
-            replies.push(progress(Progress::Message("installation complete".into())));
-            replies.push(progress(Progress::ExitCode(0)));
-            drop(node);
-            upgrade_later(self.node.clone(), &image);
+        match image_version(&image) {
+            None => {
+                replies.push(progress(Progress::Message(format!(
+                    "image {image:?} carries no Talos version tag the simulator can install"
+                ))));
+                replies.push(progress(Progress::ExitCode(1)));
+            }
+            Some(version) => {
+                node.pending_version = Some(version);
+                replies.push(progress(Progress::Message("installation complete".into())));
+                replies.push(progress(Progress::ExitCode(0)));
+            }
         }
         Ok(Response::new(Box::pin(tokio_stream::iter(replies))))
     }
@@ -106,7 +103,6 @@ impl LifecycleService for Lifecycle {
 /// The image service of one node.
 pub(crate) struct Images {
     pub(crate) node: Weak<Mutex<Node>>,
-    pub(crate) maintenance: bool,
 }
 
 #[tonic::async_trait]
@@ -118,7 +114,6 @@ impl ImageService for Images {
         &self,
         request: Request<ImageServicePullRequest>,
     ) -> Result<Response<Self::PullStream>, Status> {
-        admin_only(&request, self.maintenance)?;
         let image = request.into_inner().image_ref;
         if image.is_empty() {
             return Err(Status::invalid_argument("image_ref is required"));

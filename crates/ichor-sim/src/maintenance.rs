@@ -11,9 +11,9 @@ use ichor_talos::api::machine::{
     EtcdDefragmentResponse, EtcdForfeitLeadershipRequest, EtcdForfeitLeadershipResponse,
     EtcdLeaveClusterRequest, EtcdLeaveClusterResponse, EtcdMemberListRequest,
     EtcdMemberListResponse, EtcdRemoveMemberByIdRequest, EtcdRemoveMemberByIdResponse,
-    EtcdSnapshotRequest, EtcdStatusResponse, FeaturesInfo, Hostname, HostnameResponse,
-    PlatformInfo, RebootRequest, RebootResponse, ResetRequest, ResetResponse, ServiceListResponse,
-    UpgradeRequest, UpgradeResponse, Version, VersionInfo, VersionResponse,
+    EtcdSnapshotRequest, EtcdStatusResponse, EventsRequest, Hostname, HostnameResponse,
+    ReadRequest, RebootRequest, RebootResponse, ResetRequest, ResetResponse, ServiceListResponse,
+    ShutdownRequest, ShutdownResponse, UpgradeRequest, UpgradeResponse, VersionResponse,
 };
 use tokio::sync::Mutex;
 use tonic::{Request, Response, Status};
@@ -45,27 +45,6 @@ fn machine_type_not_set() -> Status {
 
 type Reply<T> = Result<Response<T>, Status>;
 
-/// The Version reply. Answered locally, so with no per-node metadata (talos-facts §2 "Routing
-/// to nodes").
-pub(crate) fn version_reply(talos_version: &str) -> VersionResponse {
-    VersionResponse {
-        messages: vec![Version {
-            metadata: None,
-            version: Some(VersionInfo {
-                tag: talos_version.to_owned(),
-                os: "Talos".into(),
-                arch: "amd64".into(),
-                ..Default::default()
-            }),
-            platform: Some(PlatformInfo {
-                name: "metal".into(),
-                mode: "metal".into(),
-            }),
-            features: Some(FeaturesInfo { rbac: true }),
-        }],
-    }
-}
-
 /// After an apply in maintenance: the config is persisted and booting continues (talos-facts
 /// §5), installing as the plan says (§11.7):
 /// - no install section, or already installed: boots with the config in place;
@@ -83,18 +62,28 @@ async fn continue_boot(node: Weak<Mutex<Node>>, config: Arc<AppliedConfig>, plan
     guard.install_failure = None;
     // The apply stays in progress until the node has booted with the config (talos-facts §5:
     // a concurrent apply gets FailedPrecondition); `boot` clears it.
+    // The config is loaded: initialize ends, the install sequence starts (talos-facts §10.3).
+    guard.config_loaded(true);
     let (unattended, image, reboot) = match plan {
-        InstallPlan::None => return boot_in_place(guard, node).await,
-        _ if guard.installed => return boot_in_place(guard, node).await,
+        InstallPlan::None => {
+            guard.install_skipped();
+            return boot_in_place(guard, node).await;
+        }
+        _ if guard.installed => {
+            guard.install_skipped();
+            return boot_in_place(guard, node).await;
+        }
         InstallPlan::Unattended {
             disk: None, image, ..
         } => {
+            guard.install_skipped();
             guard.unattended = Some((image, InstallPhase::Pending));
             return boot_in_place(guard, node).await;
         }
         InstallPlan::Sequence {
             disk: Err(reason), ..
         } => {
+            guard.install_started();
             guard.stage = Stage::Installing;
             let down = guard.timings.reboot;
             drop(guard);
@@ -110,12 +99,18 @@ async fn continue_boot(node: Weak<Mutex<Node>>, config: Arc<AppliedConfig>, plan
             Node::reboot_later(node, down);
             return;
         }
-        InstallPlan::Sequence { disk: Ok(_), image } => (false, image, true),
+        InstallPlan::Sequence { disk: Ok(_), image } => {
+            guard.install_started();
+            (false, image, true)
+        }
         InstallPlan::Unattended {
             disk: Some(_),
             image,
             reboot,
-        } => (true, image, reboot),
+        } => {
+            guard.install_skipped();
+            (true, image, reboot)
+        }
     };
     guard.stage = Stage::Installing;
     if unattended {
@@ -134,7 +129,11 @@ async fn continue_boot(node: Weak<Mutex<Node>>, config: Arc<AppliedConfig>, plan
         };
         guard.unattended = Some((image, phase));
     }
-    if reboot {
+    if !unattended && reboot {
+        // The legacy install sequence ends in its own reboot.
+        guard.install_finished();
+        guard.restart(node).await;
+    } else if reboot {
         drop(guard);
         Node::reboot_later(node, std::time::Duration::ZERO);
     } else {
@@ -144,8 +143,7 @@ async fn continue_boot(node: Weak<Mutex<Node>>, config: Arc<AppliedConfig>, plan
 
 /// Boots again with what is on disk, without a reboot (the boot sequence goes on).
 async fn boot_in_place(mut guard: tokio::sync::MutexGuard<'_, Node>, node: Weak<Mutex<Node>>) {
-    guard.shut_down().await;
-    if let Err(error) = guard.boot(node).await {
+    if let Err(error) = guard.continue_configured(node).await {
         tracing::warn!(%error, "simulated node failed to boot with its config");
     }
 }
@@ -307,8 +305,33 @@ impl MachineService for Maintenance {
         Err(needs_role("os:admin"))
     }
 
+    async fn shutdown(&self, _: Request<ShutdownRequest>) -> Reply<ShutdownResponse> {
+        Err(needs_role("os:operator"))
+    }
+
+    type EventsStream = crate::events::EventStream;
+
+    async fn events(&self, r: Request<EventsRequest>) -> Reply<Self::EventsStream> {
+        Ok(Response::new(crate::machined::events(
+            &self.shared,
+            r.get_ref(),
+        )))
+    }
+
+    type ReadStream = crate::machined::ReadStream;
+
+    async fn read(&self, r: Request<ReadRequest>) -> Reply<Self::ReadStream> {
+        Ok(Response::new(crate::machined::read(
+            &self.shared,
+            r.get_ref(),
+        )?))
+    }
+
     async fn version(&self, _: Request<()>) -> Reply<VersionResponse> {
-        Ok(Response::new(version_reply(&self.shared.talos_version())))
+        Ok(Response::new(crate::version::reply(
+            &self.shared.talos_version(),
+            false,
+        )))
     }
 
     async fn hostname(&self, _: Request<()>) -> Reply<HostnameResponse> {

@@ -31,6 +31,9 @@ pub(crate) struct Shared {
     pub(crate) require_reboot: AtomicBool,
     /// The Talos version it runs (changes with upgrades).
     talos_version: StdMutex<String>,
+    /// This boot's event log and boot id, readable without the node's lock (a call racing
+    /// the node's shutdown must not wait for it).
+    boot: StdMutex<(Arc<crate::events::EventLog>, String)>,
 }
 
 impl Shared {
@@ -45,7 +48,23 @@ impl Shared {
             fail_leave: AtomicBool::new(false),
             upgrade_rollback: AtomicBool::new(false),
             require_reboot: AtomicBool::new(false),
+            boot: StdMutex::new((Arc::default(), String::new())),
         }
+    }
+
+    /// Records this boot's event log and boot id.
+    pub(crate) fn set_boot(&self, events: Arc<crate::events::EventLog>, boot_id: String) {
+        if let Ok(mut boot) = self.boot.lock() {
+            *boot = (events, boot_id);
+        }
+    }
+
+    /// This boot's event log and boot id.
+    pub(crate) fn boot(&self) -> (Arc<crate::events::EventLog>, String) {
+        self.boot
+            .lock()
+            .map(|b| b.clone())
+            .unwrap_or_else(|e| e.into_inner().clone())
     }
 
     /// Whether peers can reach it: serving and not partitioned away.

@@ -18,6 +18,8 @@ mod query;
 mod store;
 mod yaml;
 
+pub(crate) use node::unmet_conditions;
+
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
@@ -32,7 +34,7 @@ use tokio::sync::{Mutex, mpsc, watch};
 use tonic::{Request, Response, Status};
 
 use crate::Node;
-use crate::configured::{Role, caller_roles};
+use crate::authz::{Role, caller_roles};
 use crate::network::Shared;
 use definitions::Definition;
 use query::Query;
@@ -99,11 +101,7 @@ impl Cosi {
         namespace: &str,
         type_: &str,
     ) -> Result<&'static Definition, Status> {
-        let roles = if self.maintenance {
-            vec![Role::Reader]
-        } else {
-            caller_roles(request)
-        };
+        let roles = caller_roles(self.maintenance, request.peer_certs().as_ref());
         if !roles
             .iter()
             .any(|r| matches!(r, Role::Reader | Role::Operator | Role::Admin))

@@ -107,7 +107,7 @@ fn active(node: &Node) -> Option<&Arc<AppliedConfig>> {
 /// The readiness checks a node has not met (talos-facts §3 "Readiness checks", §8.3): a
 /// control plane's etcd service, and `nodeReady`, which needs a bootstrapped cluster with a
 /// CNI.
-fn unmet_conditions(node: &Node, shared: &Shared) -> Vec<UnmetCondition> {
+pub(crate) fn unmet_conditions(node: &Node, shared: &Shared) -> Vec<UnmetCondition> {
     let Some(config) = &node.running else {
         return Vec::new();
     };
