@@ -1,0 +1,433 @@
+//! The real talosctl (v1.14.1, built from Go modules by `cargo xtask oracles`) drives simulated
+//! nodes through Talos's getting-started flow: what a person with talosctl sees must be a
+//! Talos node. Each test uses loopback addresses of its own at port 50000, since talosctl
+//! always dials a node's port 50000 (talos-facts §2 "Routing to nodes").
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::time::Duration;
+
+use ichor_sim::{Hardware, SimNode, Stage};
+use tokio::io::{AsyncBufReadExt as _, BufReader};
+use tokio::process::Command;
+
+/// How long one talosctl call may take (its own `--wait` included).
+const CALL_LIMIT: Duration = Duration::from_secs(120);
+
+/// The talosctl binary `cargo xtask oracles` builds.
+fn talosctl_binary() -> PathBuf {
+    let path = ichor_testenv::assets::oracles_dir().join("talosctl");
+    assert!(
+        path.is_file(),
+        "{} is missing: run `cargo xtask oracles` (or `cargo xtask test`) to build talosctl",
+        path.display()
+    );
+    path
+}
+
+/// talosctl with a home and a talosconfig of its own.
+struct Talosctl {
+    binary: PathBuf,
+    dir: tempfile::TempDir,
+}
+
+impl Talosctl {
+    fn new() -> Self {
+        Self {
+            binary: talosctl_binary(),
+            dir: tempfile::tempdir().expect("a temporary folder"),
+        }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    async fn run(&self, args: &[&str]) -> Output {
+        let mut cmd = Command::new(&self.binary);
+        cmd.args(args)
+            .env_clear()
+            .env("HOME", self.dir.path())
+            .env("TALOSCONFIG", self.path("talosconfig"))
+            .kill_on_drop(true);
+        tokio::time::timeout(CALL_LIMIT, cmd.output())
+            .await
+            .unwrap_or_else(|_| {
+                panic!(
+                    "talosctl {} did not finish in {CALL_LIMIT:?}",
+                    args.join(" ")
+                )
+            })
+            .expect("run talosctl")
+    }
+
+    /// Runs a call that must succeed; returns what it printed, standard output then standard
+    /// error (talosctl prints apply results and progress on standard error).
+    async fn ok(&self, args: &[&str]) -> String {
+        let out = self.run(args).await;
+        assert!(
+            out.status.success(),
+            "talosctl {} failed ({}):\n{}\n{}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        printed(&out)
+    }
+
+    /// Runs a call that must fail; returns its standard error.
+    async fn fails(&self, args: &[&str]) -> String {
+        let out = self.run(args).await;
+        assert!(
+            !out.status.success(),
+            "talosctl {} succeeded but must fail:\n{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stdout)
+        );
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    }
+
+    /// Repeats a call until it succeeds (a node coming up), at most `limit`.
+    async fn ok_within(&self, limit: Duration, args: &[&str]) -> String {
+        self.ok_when(limit, args, |_| true).await
+    }
+
+    /// Repeats a call until it succeeds and what it prints satisfies `done`, at most `limit`.
+    async fn ok_when(&self, limit: Duration, args: &[&str], done: impl Fn(&str) -> bool) -> String {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let out = self.run(args).await;
+            let text = printed(&out);
+            if out.status.success() && done(&text) {
+                return text;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "talosctl {} has not printed what was expected after {limit:?}:\n{text}",
+                args.join(" "),
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+/// Standard output, then standard error.
+fn printed(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// A node in maintenance mode on `ip`, port 50000, with a `vda` disk.
+async fn node(ip: &str, seed: u32) -> SimNode {
+    let addr: SocketAddr = format!("{ip}:50000").parse().expect("address");
+    SimNode::start_with(addr, "v1.14.1", Hardware::vm(seed))
+        .await
+        .expect("a simulated node")
+}
+
+fn file(dir: &Path, name: &str, text: &str) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, text).expect("write a file");
+    path.to_string_lossy().into_owned()
+}
+
+#[tokio::test]
+async fn maintenance_mode_is_inspected_with_and_without_the_pinned_fingerprint() {
+    let ip = "127.0.97.1";
+    let sim = node(ip, 9701).await;
+    let talosctl = Talosctl::new();
+    let node_args = ["-e", ip, "-n", ip];
+    let with = |rest: &[&'static str]| -> Vec<&'static str> {
+        [&node_args[..], rest, &["--insecure"]].concat()
+    };
+
+    let version = talosctl.ok(&with(&["version"])).await;
+    let server = version.split("Server:").nth(1).expect("a server section");
+    assert!(server.contains("Tag:         v1.14.1"), "{version}");
+    assert!(server.contains("OS/Arch:     linux/amd64"), "{version}");
+    assert!(!server.contains("Go version:  \n"), "{version}");
+
+    let disks = talosctl.ok(&with(&["get", "disks"])).await;
+    assert!(disks.contains("vda"), "{disks}");
+    let info = talosctl.ok(&with(&["get", "systeminformation"])).await;
+    assert!(info.contains(&sim.hardware().uuid), "{info}");
+    let definitions = talosctl.ok(&with(&["get", "rd"])).await;
+    assert!(
+        definitions.contains("disks.block.talos.dev"),
+        "{definitions}"
+    );
+
+    // `get -w` watches (talos-facts §9.2, §9.7): the disks arrive as the initial contents.
+    let mut watch = Command::new(&talosctl.binary)
+        .args(with(&["get", "disks", "-w"]))
+        .env_clear()
+        .env("HOME", talosctl.dir.path())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("talosctl get disks -w");
+    let mut lines = BufReader::new(watch.stdout.take().expect("stdout")).lines();
+    let seen = tokio::time::timeout(CALL_LIMIT, async {
+        while let Ok(Some(line)) = lines.next_line().await {
+            if line.contains("vda") {
+                return line;
+            }
+        }
+        panic!("the watch ended without vda");
+    })
+    .await
+    .expect("the watch lists vda");
+    assert!(seen.contains("Disk"), "{seen}");
+    watch.kill().await.expect("stop the watch");
+
+    let fingerprint = sim.fingerprint();
+    let mut pinned_args = with(&["get", "disks"]);
+    pinned_args.extend(["--cert-fingerprint", fingerprint.as_str()]);
+    let pinned = talosctl.ok(&pinned_args).await;
+    assert!(pinned.contains("vda"), "{pinned}");
+    let wrong = "ImKkCmgRMs9vNl1KMcy6K6f7BtnLJG2oG9m3eKmkcNk=";
+    let mut wrong_args = with(&["get", "disks"]);
+    wrong_args.extend(["--cert-fingerprint", wrong]);
+    let refused = talosctl.fails(&wrong_args).await;
+    assert!(
+        refused.contains("doesn't match the provided fingerprints"),
+        "{refused}"
+    );
+    sim.stop().await;
+}
+
+#[tokio::test]
+async fn a_config_talos_refuses_leaves_the_node_in_maintenance() {
+    let ip = "127.0.97.11";
+    let sim = node(ip, 9711).await;
+    let fingerprint = sim.fingerprint();
+    let talosctl = Talosctl::new();
+    let bad = file(
+        talosctl.dir.path(),
+        "bad.yaml",
+        "version: v1alpha1\nmachine:\n  type: controlplane\n",
+    );
+    let refused = talosctl
+        .fails(&["apply-config", "--insecure", "-n", ip, "--file", &bad])
+        .await;
+    assert!(refused.contains("InvalidArgument"), "{refused}");
+    assert_eq!(sim.stage().await, Stage::Maintenance);
+    assert_eq!(sim.fingerprint(), fingerprint);
+    let disks = talosctl
+        .ok(&["-e", ip, "-n", ip, "get", "disks", "--insecure"])
+        .await;
+    assert!(disks.contains("vda"), "{disks}");
+    sim.stop().await;
+}
+
+#[tokio::test]
+async fn apply_config_dry_run_changes_nothing() {
+    let ip = "127.0.97.21";
+    let sim = node(ip, 9721).await;
+    let fingerprint = sim.fingerprint();
+    let talosctl = Talosctl::new();
+    let out = talosctl.path("config").to_string_lossy().into_owned();
+    talosctl
+        .ok(&[
+            "gen",
+            "config",
+            "dry",
+            &format!("https://{ip}:6443"),
+            "--install-disk",
+            "/dev/vda",
+            "--output-dir",
+            &out,
+        ])
+        .await;
+    let config = format!("{out}/controlplane.yaml");
+    let summary = talosctl
+        .ok(&[
+            "apply-config",
+            "--insecure",
+            "-n",
+            ip,
+            "--file",
+            &config,
+            "--dry-run",
+        ])
+        .await;
+    assert!(summary.contains("Dry run summary"), "{summary}");
+    assert_eq!(sim.stage().await, Stage::Maintenance);
+    assert_eq!(sim.fingerprint(), fingerprint);
+    assert!(!sim.installed().await);
+    sim.stop().await;
+}
+
+/// Talos's getting-started flow: generate a config, apply it in maintenance mode, bootstrap,
+/// join a worker, then the day-2 calls with their default `--wait`.
+#[tokio::test]
+async fn the_getting_started_flow_works_with_talosctl() {
+    let (cp_ip, worker_ip) = ("127.0.97.31", "127.0.97.32");
+    let cp = node(cp_ip, 9731).await;
+    let worker = node(worker_ip, 9732).await;
+    let talosctl = Talosctl::new();
+    let out = talosctl.dir.path().to_string_lossy().into_owned();
+
+    talosctl
+        .ok(&[
+            "gen",
+            "config",
+            "flow",
+            &format!("https://{cp_ip}:6443"),
+            "--install-disk",
+            "/dev/vda",
+            "--output-dir",
+            &out,
+        ])
+        .await;
+    talosctl.ok(&["config", "endpoint", cp_ip]).await;
+    talosctl.ok(&["config", "node", cp_ip]).await;
+
+    let cp_config = format!("{out}/controlplane.yaml");
+    talosctl
+        .ok(&[
+            "apply-config",
+            "--insecure",
+            "-n",
+            cp_ip,
+            "--file",
+            &cp_config,
+        ])
+        .await;
+    let version = talosctl
+        .ok_within(Duration::from_secs(30), &["version"])
+        .await;
+    assert!(version.contains("Tag:         v1.14.1"), "{version}");
+    assert!(cp.installed().await);
+
+    // Right after boot Talos answers "bootstrap is not available yet" (talos-facts §5): a
+    // person runs it again, and so does this test.
+    talosctl
+        .ok_within(Duration::from_secs(30), &["bootstrap"])
+        .await;
+    let members = talosctl
+        .ok_within(Duration::from_secs(30), &["etcd", "members"])
+        .await;
+    assert!(members.contains(&cp.hostname().await), "{members}");
+
+    let worker_config = format!("{out}/worker.yaml");
+    talosctl
+        .ok(&[
+            "apply-config",
+            "--insecure",
+            "-n",
+            worker_ip,
+            "--file",
+            &worker_config,
+        ])
+        .await;
+    let joined = talosctl
+        .ok_within(Duration::from_secs(30), &["-n", worker_ip, "version"])
+        .await;
+    assert!(joined.contains("Tag:         v1.14.1"), "{joined}");
+    let status = talosctl
+        .ok_within(
+            Duration::from_secs(30),
+            &["-n", worker_ip, "get", "machinestatus"],
+        )
+        .await;
+    assert!(status.contains("running"), "{status}");
+    // Both nodes are cluster members (discovery, talos-facts §9.6).
+    let (cp_name, worker_name) = (cp.hostname().await, worker.hostname().await);
+    talosctl
+        .ok_when(Duration::from_secs(30), &["get", "members"], |members| {
+            members.contains(&cp_name) && members.contains(&worker_name)
+        })
+        .await;
+
+    // A snapshot talosctl accepts: etcdutl's status, which it runs on the file, counts the
+    // keys the simulated keyspace holds (talos-facts §12.1).
+    let snapshot = format!("{out}/etcd.snapshot");
+    let saved = talosctl
+        .ok(&["-n", cp_ip, "etcd", "snapshot", &snapshot])
+        .await;
+    let keys = cp.etcd_keys().await.expect("a keyspace");
+    assert!(
+        saved.contains(&format!("total keys {keys},")),
+        "{saved}\nexpected total keys {keys}"
+    );
+    assert!(std::fs::metadata(&snapshot).expect("the snapshot").len() > 1024 * 1024);
+
+    // Day 2, each with talosctl's default --wait.
+    talosctl.ok(&["-n", cp_ip, "reboot"]).await;
+    assert_eq!(cp.stage().await, Stage::Running);
+    let services = talosctl.ok(&["-n", cp_ip, "services"]).await;
+    assert!(services.contains("etcd"), "{services}");
+
+    talosctl
+        .ok(&[
+            "-n",
+            cp_ip,
+            "upgrade",
+            "--drain=false",
+            "--image",
+            "ghcr.io/siderolabs/installer:v1.14.1",
+        ])
+        .await;
+    let upgraded = talosctl.ok(&["-n", cp_ip, "version"]).await;
+    assert!(upgraded.contains("Tag:         v1.14.1"), "{upgraded}");
+
+    // reset's defaults: graceful, then power off (no --reboot).
+    talosctl.ok(&["-n", worker_ip, "reset"]).await;
+    assert!(!worker.is_serving().await);
+
+    worker.stop().await;
+    cp.stop().await;
+}
+
+/// An install disk the machine does not have: Talos accepts the config (the path is not checked
+/// at apply time), and 1.14's unattended install stays pending, saying why (talos-facts §11.5,
+/// §11.7); the node never installs.
+#[tokio::test]
+async fn an_install_disk_the_machine_lacks_leaves_the_install_pending() {
+    let ip = "127.0.97.41";
+    let sim = node(ip, 9741).await;
+    let talosctl = Talosctl::new();
+    let out = talosctl.dir.path().to_string_lossy().into_owned();
+    talosctl
+        .ok(&[
+            "gen",
+            "config",
+            "nodisk",
+            &format!("https://{ip}:6443"),
+            "--install-disk",
+            "/dev/sda",
+            "--output-dir",
+            &out,
+        ])
+        .await;
+    let config = format!("{out}/controlplane.yaml");
+    talosctl
+        .ok(&["apply-config", "--insecure", "-n", ip, "--file", &config])
+        .await;
+    talosctl.ok(&["config", "endpoint", ip]).await;
+    talosctl.ok(&["config", "node", ip]).await;
+    let status = talosctl
+        .ok_within(
+            Duration::from_secs(30),
+            &["get", "unattendedinstallstatus", "-o", "yaml"],
+        )
+        .await;
+    assert!(status.contains("no disk matched the selector"), "{status}");
+    assert_eq!(
+        sim.unattended_install().await,
+        Some(("pending", "no disk matched the selector"))
+    );
+    assert!(!sim.installed().await);
+    let refused = talosctl.fails(&["bootstrap"]).await;
+    assert!(
+        refused.contains("bootstrap is not available yet"),
+        "{refused}"
+    );
+    sim.stop().await;
+}
