@@ -253,7 +253,12 @@ pub fn oracles(root: &Path) -> Result<PathBuf> {
             .and_then(|n| n.to_str())
             .context("oracle module name")?
             .to_owned();
-        let mut stamp = core.clone();
+        // Only the oracles require talos-oracle-core.
+        let mut stamp = if name.starts_with("talos-oracle-") {
+            core.clone()
+        } else {
+            String::new()
+        };
         for file in ["go.mod", "go.sum"] {
             stamp.push_str(&std::fs::read_to_string(module.join(file)).unwrap_or_default());
         }
