@@ -3,8 +3,8 @@
 //! - `test`: every check and test the project has (the README's test command).
 //! - `envtest-assets`: build (or reuse) kube-apiserver, etcd, kube-controller-manager and kwok;
 //!   prints their folder last.
-//! - `oracles`: build (or reuse) the Talos oracles from `tools/talos-oracle-*`; prints their
-//!   folder last.
+//! - `oracles`: build (or reuse) the Talos oracles from `tools/talos-oracle-*`, the conformance
+//!   tool and the real talosctl (`tools/talosctl`); prints their folder last.
 //! - `helm`: build (or reuse) helm from `tools/helm`; prints its path last.
 //! - `k8s-replaces [--check]`: regenerate the staging-module `replace` block of
 //!   `tools/k8s/go.mod` from `k8s.io/kubernetes`'s own go.mod.
