@@ -174,12 +174,7 @@ pub fn assets(root: &Path) -> Result<PathBuf> {
 /// The helm version `tools/helm` builds (its go.mod's `helm.sh/helm/v4` requirement).
 fn helm_version(root: &Path) -> Result<String> {
     let go_mod = read(&root.join("tools").join("helm").join("go.mod"))?;
-    go_mod
-        .lines()
-        .find_map(|l| {
-            let mut words = l.split_whitespace();
-            (words.next() == Some("helm.sh/helm/v4")).then(|| words.next().map(str::to_owned))?
-        })
+    assets::required_version(&go_mod, "helm.sh/helm/v4")
         .context("tools/helm/go.mod must require helm.sh/helm/v4")
 }
 
@@ -295,17 +290,7 @@ pub fn oracles(root: &Path) -> Result<PathBuf> {
 /// The linker flags that stamp talosctl with the Talos version its module requires, as Talos's
 /// release build does (`talosctl version --client` and `gen config`'s default contract read it).
 fn talosctl_ldflags(go_mod: &str) -> Result<String> {
-    let version = go_mod
-        .lines()
-        .find_map(|line| {
-            // Either a line of a `require (` block or a one-line `require module version`.
-            let line = line.trim().trim_start_matches("require ");
-            let mut words = line.split_whitespace();
-            (words.next() == Some("github.com/siderolabs/talos"))
-                .then(|| words.next())
-                .flatten()
-                .filter(|v| v.starts_with('v'))
-        })
+    let version = assets::required_version(go_mod, "github.com/siderolabs/talos")
         .context("tools/talosctl/go.mod must require github.com/siderolabs/talos")?;
     Ok(format!(
         " -X github.com/siderolabs/talos/pkg/machinery/version.Tag={version}"

@@ -34,19 +34,9 @@ pub struct ToolVersions {
 impl ToolVersions {
     /// Reads the pinned versions from the text of `tools/k8s/go.mod`.
     pub fn from_go_mod(go_mod: &str) -> Option<Self> {
-        let find = |module: &str| {
-            go_mod.lines().find_map(|line| {
-                let mut words = line.split_whitespace();
-                (words.next() == Some(module))
-                    .then(|| words.next())
-                    .flatten()
-                    .filter(|v| v.starts_with('v'))
-                    .map(str::to_owned)
-            })
-        };
         Some(Self {
-            kubernetes: find("k8s.io/kubernetes")?,
-            etcd: find("go.etcd.io/etcd/server/v3")?,
+            kubernetes: required_version(go_mod, "k8s.io/kubernetes")?,
+            etcd: required_version(go_mod, "go.etcd.io/etcd/server/v3")?,
         })
     }
 
@@ -54,6 +44,20 @@ impl ToolVersions {
     pub fn folder_name(&self) -> String {
         format!("k8s-{}-etcd-{}", self.kubernetes, self.etcd)
     }
+}
+
+/// The version of `module` that the text of a `go.mod` requires, written either in a
+/// `require (` block or as a one-line `require module version`.
+pub fn required_version(go_mod: &str, module: &str) -> Option<String> {
+    go_mod.lines().find_map(|line| {
+        let line = line.trim().trim_start_matches("require ");
+        let mut words = line.split_whitespace();
+        (words.next() == Some(module))
+            .then(|| words.next())
+            .flatten()
+            .filter(|v| v.starts_with('v'))
+            .map(str::to_owned)
+    })
 }
 
 /// The root of Ichor's build cache, outside any source tree.
@@ -112,6 +116,19 @@ fn missing(dir: &Path, names: &[&'static str]) -> Vec<&'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reads_a_one_line_require() {
+        let go_mod = "module x\n\nrequire github.com/siderolabs/talos v1.14.1\n\nrequire (\n\tgithub.com/siderolabs/talos/pkg/machinery v1.14.1 // indirect\n)\nreplace (\n\tgithub.com/cosi-project/runtime => github.com/cosi-project/runtime v1.16.2\n)\n";
+        assert_eq!(
+            required_version(go_mod, "github.com/siderolabs/talos").as_deref(),
+            Some("v1.14.1")
+        );
+        assert_eq!(
+            required_version(go_mod, "github.com/cosi-project/runtime"),
+            None
+        );
+    }
 
     #[test]
     fn reads_pinned_versions_from_go_mod() {
