@@ -12,6 +12,8 @@
 //! - `bench [render]`: benchmarks, beside the reference implementation's rate; results go to
 //!   `docs/benchmarks/`.
 //! - `demo [--until-ready]`: the local demo (sim target: discovery to a Ready cluster).
+//! - `bins`: build every workspace binary as the tests build them; prints their folder last.
+//! - `readme`: run the README's commands as a new user would (`cargo xtask test` runs them).
 //! - `e2e --target sim|cluster|qemu`: the end-to-end specs against a target (docs/e2e.md).
 #![forbid(unsafe_code)]
 
@@ -20,6 +22,7 @@ use std::process::ExitCode;
 
 mod bench;
 mod envtest;
+mod readme;
 mod run;
 mod test;
 
@@ -27,7 +30,7 @@ mod test;
 #[allow(dead_code)]
 mod assets;
 
-const USAGE: &str = "usage: cargo xtask <test | envtest-assets | oracles | helm | k8s-replaces [--check] | crdgen | bench [render] | demo [--until-ready] | e2e --target sim|cluster|qemu>";
+const USAGE: &str = "usage: cargo xtask <test | envtest-assets | oracles | helm | k8s-replaces [--check] | crdgen | bench [render] | demo [--until-ready] | bins | readme | e2e --target sim|cluster|qemu>";
 
 /// The workspace root (the parent of this crate's folder).
 fn workspace_root() -> PathBuf {
@@ -56,6 +59,8 @@ fn main() -> ExitCode {
         Some("bench") => bench::bench(&root, &args[1..]),
         Some("demo") => test::demo(&root, &args[1..]),
         Some("e2e") => test::e2e(&root, &args[1..]),
+        Some("bins") => test::bins(&root),
+        Some("readme") => readme::check(&root, &[]),
         _ => {
             eprintln!("{USAGE}");
             return ExitCode::from(2);

@@ -54,6 +54,12 @@ fn all_phases(root: &Path, phases: &mut Phases) -> Result<()> {
             "clippy",
             "--workspace",
             "--all-targets",
+            // The spec sets are `test = false` (they run through `cargo xtask e2e`), which
+            // `--all-targets` leaves out.
+            "--test",
+            "e2e",
+            "--test",
+            "day2",
             "--",
             "-D",
             "warnings",
@@ -68,30 +74,31 @@ fn all_phases(root: &Path, phases: &mut Phases) -> Result<()> {
         run_cmd(cmd)
     })?;
     let static_dir = phases.phase("rust build (static binaries)", || build_static(root))?;
-    let testenv_bin = phases.phase("rust build (tests)", || build_tests(root))?;
+    let built = phases.phase("rust build (tests)", || build_tests(root))?;
     let audit_dir = crate::assets::cache_root().join("rbac-audit");
     let _ = std::fs::remove_dir_all(&audit_dir);
     let tools = TestTools {
         assets,
         oracles,
-        testenv_bin,
+        testenv_bin: built.testenv.clone(),
         helm,
-        static_dir,
+        static_dir: static_dir.clone(),
         audit_dir: audit_dir.clone(),
     };
     phases.phase("tests", || run_tests(root, &tools))?;
+    phases.phase("README commands (e2e, demo, talosctl, simulator)", || {
+        crate::readme::check(
+            root,
+            &[
+                ("ICHOR_MANAGER_BIN", static_dir.join("ichor-manager")),
+                ("ICHOR_WEBHOOK_BIN", static_dir.join("ichor-webhook")),
+                ("ICHOR_AUDIT_DIR", audit_dir.clone()),
+            ],
+        )
+    })?;
     phases.phase("rbac audit (unused grants)", || {
-        let mut cmd = cargo(root);
-        cmd.args([
-            "run",
-            "--quiet",
-            "--package",
-            "ichor-harness",
-            "--bin",
-            "ichor-rbac-audit",
-            "--",
-        ])
-        .arg(&audit_dir);
+        let mut cmd = Command::new(built.bin_dir.join("ichor-rbac-audit"));
+        cmd.current_dir(root).arg(&audit_dir);
         run_cmd(cmd)
     })
 }
@@ -122,8 +129,17 @@ fn ensure_cargo_deny(root: &Path) -> Result<()> {
     run_cmd(cmd)
 }
 
-/// Builds every test target and returns the path of the `ichor-testenv` binary built with them.
-fn build_tests(root: &Path) -> Result<PathBuf> {
+/// What `cargo test --workspace --no-run` built.
+pub struct Built {
+    /// The `ichor-testenv` binary.
+    testenv: PathBuf,
+    /// The folder of every workspace binary, built with the tests' features.
+    pub bin_dir: PathBuf,
+}
+
+/// Builds every test target, and with them every workspace binary. Building the binaries this
+/// way (not with `cargo build -p …`, whose feature set differs) compiles nothing twice.
+pub fn build_tests(root: &Path) -> Result<Built> {
     let mut cmd = cargo(root);
     cmd.args([
         "test",
@@ -155,7 +171,12 @@ fn build_tests(root: &Path) -> Result<PathBuf> {
     if !status.success() {
         bail!("building the tests failed ({status})");
     }
-    testenv.context("cargo built no ichor-testenv binary")
+    let testenv = testenv.context("cargo built no ichor-testenv binary")?;
+    let bin_dir = testenv
+        .parent()
+        .context("the ichor-testenv binary has no folder")?
+        .to_path_buf();
+    Ok(Built { testenv, bin_dir })
 }
 
 /// The run's shared control plane, served by `ichor-testenv serve` until dropped.
@@ -263,37 +284,22 @@ pub fn crdgen(root: &Path) -> Result<()> {
 pub fn demo(root: &Path, args: &[String]) -> Result<()> {
     trap_signals()?;
     let assets = envtest::assets(root)?;
-    build_binaries(root)?;
-    let mut cmd = cargo(root);
-    cmd.args([
-        "run",
-        "--quiet",
-        "--package",
-        "ichor-harness",
-        "--bin",
-        "ichor-demo",
-        "--",
-        "--out",
-    ])
-    .arg(root.join(".ichor-demo"))
-    .args(args)
-    .env(crate::assets::ASSETS_ENV, assets);
+    let built = build_tests(root)?;
+    let mut cmd = Command::new(built.bin_dir.join("ichor-demo"));
+    cmd.current_dir(root)
+        .arg("--out")
+        .arg(root.join(".ichor-demo"))
+        .args(args)
+        .env(crate::assets::ASSETS_ENV, assets);
     run_forwarding_signals(cmd).or_else(|err| if interrupted() { Ok(()) } else { Err(err) })
 }
 
-/// Builds the binaries the sim target runs as processes.
-fn build_binaries(root: &Path) -> Result<()> {
-    let mut cmd = cargo(root);
-    cmd.args([
-        "build",
-        "--quiet",
-        "--package",
-        "ichor-manager",
-        "--package",
-        "ichor-webhook",
-        "--bins",
-    ]);
-    run_cmd(cmd)
+/// `cargo xtask bins`: builds every workspace binary as the tests build them; prints their
+/// folder last.
+pub fn bins(root: &Path) -> Result<()> {
+    let built = build_tests(root)?;
+    println!("{}", built.bin_dir.display());
+    Ok(())
 }
 
 /// `e2e --target sim|cluster|qemu [options]`: the spec set against a target. `sim` runs here
@@ -313,14 +319,14 @@ pub fn e2e(root: &Path, args: &[String]) -> Result<()> {
                 bail!("the sim target takes no options");
             }
             let assets = envtest::assets(root)?;
-            build_binaries(root)?;
+            // Every binary the specs start (the manager, the webhook), fresh.
+            build_tests(root)?;
             let mut cmd = cargo(root);
-            // The spec sets only: the harness's other suites (packaging, rails) check what
-            // `cargo xtask test` builds (helm, the static binaries) and run there.
+            // The spec sets only (`test = false`, so `cargo test` alone leaves them out). The
+            // whole workspace is selected so the features, and so the build, are the tests'.
             cmd.args([
                 "test",
-                "--package",
-                "ichor-harness",
+                "--workspace",
                 "--test",
                 "e2e",
                 "--test",
@@ -333,23 +339,13 @@ pub fn e2e(root: &Path, args: &[String]) -> Result<()> {
             run_forwarding_signals(cmd)
         }
         "cluster" | "qemu" => {
-            let mut run = cargo(root);
-            run.args([
-                "run",
-                "--quiet",
-                "--package",
-                "ichor-harness",
-                "--bin",
-                "ichor-harness",
-                "--",
-            ])
-            .args(["run", "--target", target]);
+            let built = build_tests(root)?;
+            let mut run = Command::new(built.bin_dir.join("ichor-harness"));
+            run.current_dir(root).args(["run", "--target", target]);
             if target == "cluster" {
                 // The controller pod gets statically linked binaries (no image, no libc there).
                 let dir = build_static(root)?;
                 run.arg("--binaries").arg(dir);
-            } else {
-                build_binaries(root)?;
             }
             run.args(rest);
             run_forwarding_signals(run)
