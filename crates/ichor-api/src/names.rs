@@ -1,5 +1,5 @@
 //! The one home of every name Ichor writes into Kubernetes objects: annotation and label keys,
-//! finalizers, field managers, condition types and condition reasons.
+//! finalizers, field managers, condition types, condition and Event reasons, Event actions.
 //!
 //! Every other crate uses these constants; no literal spells one of them twice.
 
@@ -162,4 +162,99 @@ pub mod reasons {
     pub const NEEDS_REBOOT: &str = "NeedsReboot";
     /// The TalosCluster is being deleted: its machines are removed, workers first.
     pub const TEARING_DOWN: &str = "TearingDown";
+    /// The secrets bundle is present and valid.
+    pub const BUNDLE_VALID: &str = "BundleValid";
+    /// No configured control plane answers yet, so none can bootstrap etcd.
+    pub const WAITING_FOR_CONTROL_PLANE: &str = "WaitingForControlPlane";
+    /// The machine recorded to bootstrap etcd does not answer; no other one is bootstrapped.
+    pub const WAITING_FOR_RECORDED_MACHINE: &str = "WaitingForRecordedMachine";
+    /// etcd already runs on a control plane: nothing to bootstrap.
+    pub const ETCD_RUNNING: &str = "EtcdRunning";
+    /// A control plane was recorded to bootstrap etcd (an Event).
+    pub const BOOTSTRAP_CHOSEN: &str = "BootstrapChosen";
+    /// etcd was bootstrapped.
+    pub const BOOTSTRAPPED: &str = "Bootstrapped";
+    /// The bootstrap call has not succeeded yet; it is retried.
+    pub const BOOTSTRAP_PENDING: &str = "BootstrapPending";
+    /// A force-removed node answered again and was reset (an Event).
+    pub const TOMBSTONE_RESET: &str = "TombstoneReset";
+    /// Every approved machine of the cluster is Ready.
+    pub const ALL_MACHINES_READY: &str = "AllMachinesReady";
+    /// Some approved machine of the cluster is not Ready yet.
+    pub const MACHINES_NOT_READY: &str = "MachinesNotReady";
+    /// The node's mutual-TLS API does not answer yet (installing, rebooting, or a worker
+    /// waiting for its certificate from trustd).
+    pub const WAITING_FOR_NODE_API: &str = "WaitingForNodeAPI";
+    /// The node answers but is not in stage `running` yet.
+    pub const BOOTING: &str = "Booting";
+    /// The worker runs.
+    pub const RUNNING: &str = "Running";
+    /// The control plane runs as an etcd voter.
+    pub const ETCD_VOTER: &str = "EtcdVoter";
+    /// The control plane joined etcd as a learner and waits for promotion.
+    pub const ETCD_LEARNER: &str = "EtcdLearner";
+    /// The control plane runs; etcd waits for the bootstrap or for joining.
+    pub const WAITING_FOR_ETCD: &str = "WaitingForEtcd";
+    /// Discovery recorded a machine found in maintenance mode (an Event).
+    pub const DISCOVERED: &str = "Discovered";
+    /// The machine presents its pinned certificate.
+    pub const FINGERPRINT_MATCHES: &str = "FingerprintMatches";
+    /// The TalosCluster named by `spec.clusterRef` does not exist.
+    pub const CLUSTER_NOT_FOUND: &str = "ClusterNotFound";
+    /// An approved machine has no `spec.role`.
+    pub const ROLE_REQUIRED: &str = "RoleRequired";
+    /// The config is being applied over the pinned maintenance connection.
+    pub const APPLYING: &str = "Applying";
+    /// The node refused the first config.
+    pub const APPLY_FAILED: &str = "ApplyFailed";
+    /// The config was applied.
+    pub const APPLIED: &str = "Applied";
+    /// Talos answers with its configured API: installed.
+    pub const INSTALLED: &str = "Installed";
+    /// A config was applied to a machine (an Event).
+    pub const CONFIG_APPLIED: &str = "ConfigApplied";
+    /// Drift was applied, live or with a reboot (an Event).
+    pub const DRIFT_APPLIED: &str = "DriftApplied";
+    /// Drift is staged and the node reboots into it under the cluster lock (an Event).
+    pub const REBOOT_FOR_DRIFT: &str = "RebootForDrift";
+    /// The machine became Ready (an Event).
+    pub const READY: &str = "Ready";
+    /// A TalosOperation reset the machine back to maintenance mode (an Event).
+    pub const RESET: &str = "Reset";
+    /// A TalosOperation took the lock and started (an Event).
+    pub const STARTED: &str = "Started";
+    /// `upgradeKubernetes` set the cluster's `spec.kubernetesVersion` (an Event).
+    pub const KUBERNETES_VERSION: &str = "KubernetesVersion";
+    /// A removal step was done (an Event).
+    pub const REMOVAL: &str = "Removal";
+    /// An unreachable node's reset was skipped by force removal (an Event).
+    pub const RESET_SKIPPED: &str = "ResetSkipped";
+    /// The Kubernetes API failed (retried with backoff).
+    pub const KUBERNETES_API: &str = "KubernetesAPI";
+    /// A node's Talos API failed or refused a call.
+    pub const TALOS_API: &str = "TalosAPI";
+    /// A spec field holds a value Ichor cannot use.
+    pub const INVALID_SPEC: &str = "InvalidSpec";
+    /// An invariant of the controller broke: a bug to report.
+    pub const INTERNAL_ERROR: &str = "InternalError";
+}
+
+/// Event actions: what the controller was doing when it published an Event.
+pub mod actions {
+    /// Reconciling an object towards its spec.
+    pub const RECONCILE: &str = "Reconcile";
+    /// Sweeping for machines in maintenance mode.
+    pub const DISCOVER: &str = "Discover";
+    /// Applying a config to a node.
+    pub const APPLY: &str = "Apply";
+    /// Bootstrapping etcd.
+    pub const BOOTSTRAP: &str = "Bootstrap";
+    /// Resetting a node.
+    pub const RESET: &str = "Reset";
+    /// Deleting objects (a cluster's teardown).
+    pub const DELETE: &str = "Delete";
+    /// Removing a machine (its finalizer's work).
+    pub const REMOVE: &str = "Remove";
+    /// Running a TalosOperation.
+    pub const OPERATE: &str = "Operate";
 }

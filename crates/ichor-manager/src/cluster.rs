@@ -7,7 +7,7 @@ use std::time::Duration;
 use ichor_api::cluster::{BootstrapRecord, MachineCounts, TalosClusterStatus};
 use ichor_api::common::Role;
 use ichor_api::machine::ApprovalState;
-use ichor_api::names::{conditions, finalizers, reasons};
+use ichor_api::names::{actions, conditions, finalizers, reasons};
 use ichor_api::{TalosCluster, TalosMachine};
 use ichor_render::credentials;
 use ichor_talos::Bootstrapped;
@@ -33,6 +33,9 @@ pub async fn reconcile(cluster: Arc<TalosCluster>, ctx: Arc<Context>) -> Result<
     let started = std::time::Instant::now();
     let result = reconcile_inner(&cluster, &ctx).await;
     ctx.metrics.reconciled("TalosCluster", started.elapsed());
+    if result.is_ok() {
+        ctx.reconciled_ok(&*cluster);
+    }
     result
 }
 
@@ -66,7 +69,13 @@ async fn reconcile_inner(cluster: &TalosCluster, ctx: &Context) -> Result<Action
     if cluster.metadata.deletion_timestamp.is_some() {
         return teardown(ctx, cluster).await;
     }
-    ensure_finalizer(ctx, cluster).await?;
+    // Held until its machines are removed (a deleted cluster is torn down).
+    crate::finalizer::add(
+        &clusters_api(ctx, cluster),
+        cluster,
+        finalizers::CLUSTER_REMOVAL,
+    )
+    .await?;
     let namespace = cluster.namespace().unwrap_or_default();
     let mut status = cluster.status.clone().unwrap_or_default();
     let generation = cluster.metadata.generation;
@@ -79,9 +88,10 @@ async fn reconcile_inner(cluster: &TalosCluster, ctx: &Context) -> Result<Action
                 &mut status.conditions,
                 conditions::SECRETS_READY,
                 true,
-                "BundleValid",
+                reasons::BUNDLE_VALID,
                 "the secrets bundle is present and valid",
                 generation,
+                &ctx.now(),
             );
             status.secrets_secret = Some(secrets::bundle_secret_name(cluster));
             Some(b)
@@ -94,6 +104,7 @@ async fn reconcile_inner(cluster: &TalosCluster, ctx: &Context) -> Result<Action
                 reasons::SECRETS_BUNDLE_UNAVAILABLE,
                 problem.to_string(),
                 generation,
+                &ctx.now(),
             );
             None
         }
@@ -177,6 +188,7 @@ async fn reconcile_inner(cluster: &TalosCluster, ctx: &Context) -> Result<Action
         reason,
         message,
         generation,
+        &ctx.now(),
     );
 
     if let Some(bundle) = &bundle {
@@ -196,7 +208,10 @@ async fn reconcile_inner(cluster: &TalosCluster, ctx: &Context) -> Result<Action
                     &cluster.name_any(),
                     &cluster.spec.endpoint,
                 )
-                .map_err(|e| Error::Invalid(format!("cannot mint the workload kubeconfig: {e}")))?;
+                .map_err(|source| Error::Mint {
+                    what: "the workload kubeconfig",
+                    source,
+                })?;
                 secrets::publish(
                     &ctx.client,
                     cluster,
@@ -220,14 +235,15 @@ async fn reconcile_inner(cluster: &TalosCluster, ctx: &Context) -> Result<Action
         conditions::READY,
         all_ready,
         if all_ready {
-            "AllMachinesReady"
+            reasons::ALL_MACHINES_READY
         } else {
-            "MachinesNotReady"
+            reasons::MACHINES_NOT_READY
         },
         format!(
             "control planes {cp_ready}/{cp_approved} ready, workers {w_ready}/{w_approved} ready"
         ),
         generation,
+        &ctx.now(),
     );
     write_status(ctx, cluster, &status).await?;
     let tombstoned = cluster
@@ -279,8 +295,12 @@ async fn publish_talosconfig(
     if same {
         return Ok(());
     }
-    let file = credentials::talosconfig(bundle, &cluster.name_any(), &endpoints, &nodes)
-        .map_err(|e| Error::Invalid(format!("cannot mint the talosconfig: {e}")))?;
+    let file = credentials::talosconfig(bundle, &cluster.name_any(), &endpoints, &nodes).map_err(
+        |source| Error::Mint {
+            what: "the talosconfig",
+            source,
+        },
+    )?;
     secrets::publish(
         &ctx.client,
         cluster,
@@ -340,9 +360,10 @@ async fn bootstrap(
                 &mut status.conditions,
                 conditions::BOOTSTRAPPED,
                 false,
-                "WaitingForControlPlane",
+                reasons::WAITING_FOR_CONTROL_PLANE,
                 "no configured control plane answers yet",
                 generation,
+                &ctx.now(),
             );
         }
         BootstrapStep::WaitForRecorded { name } => {
@@ -350,27 +371,29 @@ async fn bootstrap(
                 &mut status.conditions,
                 conditions::BOOTSTRAPPED,
                 false,
-                "WaitingForRecordedMachine",
+                reasons::WAITING_FOR_RECORDED_MACHINE,
                 format!(
                     "{name} was chosen to bootstrap etcd and does not answer; no other machine will be bootstrapped"
                 ),
                 generation,
+                &ctx.now(),
             );
         }
         BootstrapStep::AlreadyRunning { name, uid } => {
             status.bootstrap.get_or_insert(BootstrapRecord {
                 machine_name: name.clone(),
                 machine_uid: uid,
-                chosen_at: cond::now(),
-                completed_at: Some(cond::now()),
+                chosen_at: ctx.now(),
+                completed_at: Some(ctx.now()),
             });
             cond::set(
                 &mut status.conditions,
                 conditions::BOOTSTRAPPED,
                 true,
-                "EtcdRunning",
+                reasons::ETCD_RUNNING,
                 format!("etcd already runs ({name} reports members)"),
                 generation,
+                &ctx.now(),
             );
         }
         BootstrapStep::Choose { name, uid } => {
@@ -381,7 +404,7 @@ async fn bootstrap(
             next.bootstrap = Some(BootstrapRecord {
                 machine_name: name.clone(),
                 machine_uid: uid,
-                chosen_at: cond::now(),
+                chosen_at: ctx.now(),
                 completed_at: None,
             });
             recorded.status = Some(next.clone());
@@ -395,8 +418,8 @@ async fn bootstrap(
             ctx.event(
                 cluster,
                 EventType::Normal,
-                "BootstrapChosen",
-                "Bootstrap",
+                reasons::BOOTSTRAP_CHOSEN,
+                actions::BOOTSTRAP,
                 format!("{name} will bootstrap etcd"),
             )
             .await;
@@ -406,7 +429,11 @@ async fn bootstrap(
                 .into_iter()
                 .find(|(n, _)| *n == name)
                 .and_then(|(_, c)| c)
-                .ok_or_else(|| Error::Invalid(format!("{name} stopped answering")))?;
+                .ok_or_else(|| {
+                    Error::Invariant(format!(
+                        "bootstrap chose {name} as reachable, but no connection to it is kept"
+                    ))
+                })?;
             match client.bootstrap(ctx.settings.bootstrap_patience).await {
                 Ok(outcome) => {
                     let message = match outcome {
@@ -417,18 +444,19 @@ async fn bootstrap(
                         &mut status.conditions,
                         conditions::BOOTSTRAPPED,
                         true,
-                        "Bootstrapped",
+                        reasons::BOOTSTRAPPED,
                         message.clone(),
                         generation,
+                        &ctx.now(),
                     );
                     if let Some(record) = status.bootstrap.as_mut() {
-                        record.completed_at.get_or_insert_with(cond::now);
+                        record.completed_at.get_or_insert_with(|| ctx.now());
                     }
                     ctx.event(
                         cluster,
                         EventType::Normal,
-                        "Bootstrapped",
-                        "Bootstrap",
+                        reasons::BOOTSTRAPPED,
+                        actions::BOOTSTRAP,
                         message,
                     )
                     .await;
@@ -438,43 +466,16 @@ async fn bootstrap(
                         &mut status.conditions,
                         conditions::BOOTSTRAPPED,
                         false,
-                        "BootstrapPending",
+                        reasons::BOOTSTRAP_PENDING,
                         format!("bootstrap on {name} not done yet: {error}"),
                         generation,
+                        &ctx.now(),
                     );
                 }
             }
         }
     }
     Ok(())
-}
-
-/// Holds the TalosCluster until its machines are removed (a deleted cluster is torn down).
-async fn ensure_finalizer(ctx: &Context, cluster: &TalosCluster) -> Result<(), Error> {
-    if cluster
-        .finalizers()
-        .iter()
-        .any(|f| f == finalizers::CLUSTER_REMOVAL)
-    {
-        return Ok(());
-    }
-    let mut all = cluster.finalizers().to_vec();
-    all.push(finalizers::CLUSTER_REMOVAL.to_owned());
-    let patch =
-        json!({"metadata": {"finalizers": all, "resourceVersion": cluster.resource_version()}});
-    match clusters_api(ctx, cluster)
-        .patch(
-            &cluster.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(patch),
-        )
-        .await
-    {
-        Ok(_) => Ok(()),
-        // A stale copy: the next reconcile sees the fresh one.
-        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
-        Err(e) => Err(e.into()),
-    }
 }
 
 fn clusters_api(ctx: &Context, cluster: &TalosCluster) -> Api<TalosCluster> {
@@ -485,11 +486,7 @@ fn clusters_api(ctx: &Context, cluster: &TalosCluster) -> Api<TalosCluster> {
 /// workers, then the control planes one by one, the last one reset without a graceful leave.
 /// Each removal runs the removal sequence under the cluster lock. The bundle Secret stays.
 async fn teardown(ctx: &Context, cluster: &TalosCluster) -> Result<Action, Error> {
-    if !cluster
-        .finalizers()
-        .iter()
-        .any(|f| f == finalizers::CLUSTER_REMOVAL)
-    {
+    if !crate::finalizer::has(cluster, finalizers::CLUSTER_REMOVAL) {
         return Ok(Action::await_change());
     }
     let namespace = cluster.namespace().unwrap_or_default();
@@ -534,40 +531,33 @@ async fn teardown(ctx: &Context, cluster: &TalosCluster) -> Result<Action, Error
                     cluster,
                     EventType::Normal,
                     reasons::TEARING_DOWN,
-                    "Delete",
+                    actions::DELETE,
                     format!("removing {} (cluster teardown)", machine.name_any()),
                 )
                 .await;
             }
-            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(kube::Error::Api(s)) if s.is_not_found() => {}
             Err(e) => return Err(e.into()),
         }
     }
     if machines.is_empty() {
-        let remaining: Vec<String> = cluster
-            .finalizers()
-            .iter()
-            .filter(|f| f.as_str() != finalizers::CLUSTER_REMOVAL)
-            .cloned()
-            .collect();
         ctx.event(
             cluster,
             EventType::Normal,
             reasons::TEARING_DOWN,
-            "Delete",
+            actions::DELETE,
             format!(
                 "every machine removed; the secrets bundle Secret {} is kept (delete it yourself once you no longer need the cluster's CA keys)",
                 secrets::bundle_secret_name(cluster)
             ),
         )
         .await;
-        clusters_api(ctx, cluster)
-            .patch(
-                &cluster.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(json!({"metadata": {"finalizers": remaining, "resourceVersion": cluster.resource_version()}})),
-            )
-            .await?;
+        crate::finalizer::remove(
+            &clusters_api(ctx, cluster),
+            cluster,
+            finalizers::CLUSTER_REMOVAL,
+        )
+        .await?;
         return Ok(Action::await_change());
     }
     let mut status = cluster.status.clone().unwrap_or_default();
@@ -582,6 +572,7 @@ async fn teardown(ctx: &Context, cluster: &TalosCluster) -> Result<Action, Error
             cps.len()
         ),
         cluster.metadata.generation,
+        &ctx.now(),
     );
     write_status(ctx, cluster, &status).await?;
     Ok(Action::requeue(ctx.settings.progress_requeue))
@@ -614,14 +605,12 @@ async fn tombstones(
                     reboot: true,
                 })
                 .await
-                .map_err(|e| {
-                    Error::Invalid(format!("resetting tombstoned {}: {e}", stone.address))
-                })?;
+                .map_err(|e| Error::talos(format!("resetting tombstoned {}", stone.address), e))?;
             ctx.event(
                 cluster,
                 EventType::Warning,
-                "TombstoneReset",
-                "Reset",
+                reasons::TOMBSTONE_RESET,
+                actions::RESET,
                 format!(
                     "{} ({}), force-removed while unreachable, answered again: reset to maintenance before it could rejoin",
                     stone.address, stone.machine

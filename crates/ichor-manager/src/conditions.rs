@@ -2,12 +2,8 @@
 
 use ichor_api::common::{Condition, ConditionStatus};
 
-/// The current time, RFC 3339.
-pub fn now() -> String {
-    k8s_openapi::jiff::Timestamp::now().to_string()
-}
-
-/// Sets condition `type_` in `conditions`.
+/// Sets condition `type_` in `conditions`; `now` (RFC 3339, from the context's clock) becomes
+/// its transition time if its status changes.
 pub fn set(
     conditions: &mut Vec<Condition>,
     type_: &str,
@@ -15,6 +11,7 @@ pub fn set(
     reason: &str,
     message: impl Into<String>,
     generation: Option<i64>,
+    now: &str,
 ) {
     let status = if holds {
         ConditionStatus::True
@@ -25,7 +22,7 @@ pub fn set(
     match conditions.iter_mut().find(|c| c.type_ == type_) {
         Some(existing) => {
             if existing.status != status {
-                existing.last_transition_time = now();
+                now.clone_into(&mut existing.last_transition_time);
             }
             existing.status = status;
             reason.clone_into(&mut existing.reason);
@@ -37,7 +34,7 @@ pub fn set(
             status,
             reason: reason.to_owned(),
             message,
-            last_transition_time: now(),
+            last_transition_time: now.to_owned(),
             observed_generation: generation,
         }),
     }

@@ -1,9 +1,13 @@
 //! Pure decisions: what a machine's observations mean, whether a node's version is acceptable,
 //! and which machine bootstraps etcd. No I/O here; the reconcilers observe and act.
 
+use std::time::Duration;
+
 use ichor_api::common::Role;
 use ichor_api::machine::MachinePhase;
-use ichor_talos::Stage;
+use ichor_api::names::reasons;
+use ichor_talos::{ApplyRefusal, Stage, TalosError};
+use k8s_openapi::jiff::Timestamp;
 
 /// A node's etcd membership, as its local member reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,7 +51,7 @@ pub fn standing(role: Role, api: Option<NodeView>) -> Standing {
         return Standing {
             phase: MachinePhase::Booting,
             ready: false,
-            reason: "WaitingForNodeAPI",
+            reason: reasons::WAITING_FOR_NODE_API,
             message: match role {
                 Role::Worker => "installed; the worker's API comes up once it gets its certificate from trustd on a bootstrapped control plane".into(),
                 Role::ControlPlane => "installing or rebooting; waiting for the node's API with mutual TLS".into(),
@@ -58,7 +62,7 @@ pub fn standing(role: Role, api: Option<NodeView>) -> Standing {
         return Standing {
             phase: MachinePhase::Booting,
             ready: false,
-            reason: "Booting",
+            reason: reasons::BOOTING,
             message: format!("the node is in stage {:?}", view.stage),
         };
     }
@@ -66,25 +70,25 @@ pub fn standing(role: Role, api: Option<NodeView>) -> Standing {
         (Role::Worker, _) => Standing {
             phase: MachinePhase::Ready,
             ready: true,
-            reason: "Running",
+            reason: reasons::RUNNING,
             message: "the worker is running".into(),
         },
         (Role::ControlPlane, Etcd::Voter(id)) => Standing {
             phase: MachinePhase::Ready,
             ready: true,
-            reason: "EtcdVoter",
+            reason: reasons::ETCD_VOTER,
             message: format!("running; etcd voter {id:016x}"),
         },
         (Role::ControlPlane, Etcd::Learner(id)) => Standing {
             phase: MachinePhase::Joining,
             ready: false,
-            reason: "EtcdLearner",
+            reason: reasons::ETCD_LEARNER,
             message: format!("joined etcd as learner {id:016x}; waiting for promotion"),
         },
         (Role::ControlPlane, Etcd::NotMember) => Standing {
             phase: MachinePhase::Joining,
             ready: false,
-            reason: "WaitingForEtcd",
+            reason: reasons::WAITING_FOR_ETCD,
             message: "running; etcd waits for the cluster's bootstrap or for joining".into(),
         },
     }
@@ -185,31 +189,121 @@ pub fn bootstrap_step(record: Option<(&str, &str)>, candidates: &[Candidate]) ->
     }
 }
 
-/// Whether a refused `NO_REBOOT` apply says the change needs a reboot (Talos ≤1.13 refuses a
-/// change it cannot apply immediately, talos-facts §5 and §8.2), as opposed to a node that is
-/// busy, unreachable or refusing the config itself.
-pub fn needs_reboot(error: &str) -> bool {
-    let error = error.to_ascii_lowercase();
-    error.contains("reboot") && !error.contains("already in progress")
+/// What to do about drift a node refused to apply live with `NO_REBOOT`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DriftRefused {
+    /// The change may need a reboot: stage it and reboot under the cluster lock. The staged
+    /// apply is validated like the live one, so a config that is invalid (rather than not
+    /// applicable live) is refused there, before any reboot.
+    StageAndReboot,
+    /// The node is busy, unreachable or does not serve the call: report it and retry; a
+    /// transient error never reboots a node.
+    Retry,
+}
+
+/// Decides on a refused `NO_REBOOT` apply by its gRPC code, never its text. Talos ≤ 1.13
+/// refuses a change it cannot apply immediately with `InvalidArgument`, the code it also
+/// gives an invalid config (talos-facts §11.1 step 9, and steps 5 and 8); `FailedPrecondition`
+/// means another apply is in progress or the node is rebooting (§11.1 steps 2 and 3, §5).
+pub fn drift_refused(error: &TalosError) -> DriftRefused {
+    match error.apply_refusal() {
+        ApplyRefusal::NotLive => DriftRefused::StageAndReboot,
+        ApplyRefusal::Busy | ApplyRefusal::Unsupported | ApplyRefusal::NotAnswered => {
+            DriftRefused::Retry
+        }
+    }
+}
+
+/// Whether a cluster last swept at `last` (with its generation then) is due for a sweep at
+/// `now`: never swept, its interval passed, or its spec changed since.
+pub fn sweep_due(
+    last: Option<(Timestamp, Option<i64>)>,
+    generation: Option<i64>,
+    interval: Duration,
+    now: Timestamp,
+) -> bool {
+    match last {
+        None => true,
+        Some((at, swept_generation)) => {
+            swept_generation != generation || elapsed(at, now) >= interval
+        }
+    }
+}
+
+/// The time from `then` to `now` (zero if `now` is earlier).
+pub fn elapsed(then: Timestamp, now: Timestamp) -> Duration {
+    Duration::try_from(now.duration_since(then)).unwrap_or_default()
 }
 
 #[cfg(test)]
 mod tests {
-    #[test]
-    fn only_a_reboot_refusal_leads_to_a_reboot() {
-        assert!(super::needs_reboot(
-            "the node refused: FailedPrecondition: the configuration changes cannot be applied without a reboot"
-        ));
-        assert!(!super::needs_reboot(
-            "FailedPrecondition: another apply configuration is already in progress"
-        ));
-        assert!(!super::needs_reboot("transport error: connection refused"));
-        assert!(!super::needs_reboot(
-            "InvalidArgument: unknown field machine.foo"
-        ));
+    use super::*;
+
+    fn refused(code: tonic::Code) -> TalosError {
+        TalosError::Rpc {
+            method: "ApplyConfiguration",
+            endpoint: "10.0.0.1".into(),
+            status: tonic::Status::new(code, "the text is never read"),
+        }
     }
 
-    use super::*;
+    #[test]
+    fn only_a_not_live_refusal_leads_to_a_staged_reboot() {
+        assert_eq!(
+            drift_refused(&refused(tonic::Code::InvalidArgument)),
+            DriftRefused::StageAndReboot
+        );
+        assert_eq!(
+            drift_refused(&refused(tonic::Code::FailedPrecondition)),
+            DriftRefused::Retry,
+            "another apply in progress"
+        );
+        assert_eq!(
+            drift_refused(&refused(tonic::Code::Unavailable)),
+            DriftRefused::Retry
+        );
+        let timeout = TalosError::ConnectTimeout {
+            endpoint: "10.0.0.1".into(),
+            seconds: 10,
+        };
+        assert_eq!(drift_refused(&timeout), DriftRefused::Retry);
+    }
+
+    fn at(text: &str) -> Timestamp {
+        text.parse().expect("timestamp")
+    }
+
+    #[test]
+    fn a_sweep_is_due_after_its_interval_or_a_spec_change() {
+        let interval = Duration::from_secs(300);
+        let swept = Some((at("2026-12-03T10:00:00Z"), Some(4)));
+        assert!(sweep_due(
+            None,
+            Some(4),
+            interval,
+            at("2026-12-03T10:00:00Z")
+        ));
+        assert!(!sweep_due(
+            swept,
+            Some(4),
+            interval,
+            at("2026-12-03T10:04:59Z")
+        ));
+        assert!(sweep_due(
+            swept,
+            Some(4),
+            interval,
+            at("2026-12-03T10:05:00Z")
+        ));
+        assert!(
+            sweep_due(swept, Some(5), interval, at("2026-12-03T10:00:01Z")),
+            "a spec change sweeps at once"
+        );
+        assert!(
+            !sweep_due(swept, Some(4), interval, at("2026-12-03T09:00:00Z")),
+            "a clock that went back is no reason to sweep"
+        );
+    }
 
     fn candidate(name: &str, reachable: bool, members: usize) -> Candidate {
         Candidate {
@@ -291,7 +385,10 @@ mod tests {
         );
         assert!(!standing(Role::ControlPlane, running(Etcd::NotMember)).ready);
         assert!(standing(Role::Worker, running(Etcd::NotMember)).ready);
-        assert_eq!(standing(Role::Worker, None).reason, "WaitingForNodeAPI");
+        assert_eq!(
+            standing(Role::Worker, None).reason,
+            reasons::WAITING_FOR_NODE_API
+        );
     }
 
     #[test]

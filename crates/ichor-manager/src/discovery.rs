@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use ichor_api::machine::{DiskInfo, HardwareInventory, LinkInfo, TalosMachineStatus};
-use ichor_api::names::{conditions, labels, reasons};
+use ichor_api::names::{actions, conditions, labels, reasons};
 use ichor_api::{TalosCluster, TalosMachine};
 use ichor_talos::discovery::{Found, ProbeOutcome, SweepConfig, sweep};
 use kube::ResourceExt as _;
@@ -88,7 +88,10 @@ pub async fn run_once(
     let namespace = cluster.namespace().unwrap_or_default();
     let probes = sweep(&discovery.cidrs, config)
         .await
-        .map_err(|e| Error::Invalid(format!("spec.discovery.cidrs: {e}")))?;
+        .map_err(|e| Error::Spec {
+            field: "spec.discovery.cidrs",
+            problem: e.to_string(),
+        })?;
     // One UUID, two live certificates at once: report, do not guess.
     let mut by_uuid: BTreeMap<String, Vec<Found>> = BTreeMap::new();
     for probe in probes {
@@ -112,7 +115,7 @@ pub async fn run_once(
                 cluster,
                 EventType::Warning,
                 reasons::FINGERPRINT_MISMATCH,
-                "Discover",
+                actions::DISCOVER,
                 format!(
                     "SMBIOS UUID {uuid} answers at {} with different certificates: not recorded; machines sharing a UUID need it fixed in firmware",
                     addresses.join(", ")
@@ -153,15 +156,15 @@ pub async fn run_once(
                         "fingerprint": found.fingerprint,
                     }
                 }))
-                .map_err(|e| Error::Invalid(e.to_string()))?;
+                .map_err(Error::Serde)?;
                 match machines.create(&PostParams::default(), &machine).await {
                     Ok(created) => {
                         write_observation(ctx, &created, found).await?;
                         ctx.event(
                             &created,
                             EventType::Normal,
-                            "Discovered",
-                            "Discover",
+                            reasons::DISCOVERED,
+                            actions::DISCOVER,
                             format!(
                                 "found in maintenance mode at {} (Talos {}, fingerprint {}); approve it to use it",
                                 found.address, found.version, found.fingerprint
@@ -170,7 +173,7 @@ pub async fn run_once(
                         .await;
                         report.created.push(name);
                     }
-                    Err(kube::Error::Api(status)) if status.code == 409 => {}
+                    Err(kube::Error::Api(status)) if status.is_already_exists() => {}
                     Err(error) => return Err(error.into()),
                 }
             }
@@ -220,7 +223,7 @@ async fn write_observation(
         if changed {
             reasons::FINGERPRINT_MISMATCH
         } else {
-            "FingerprintMatches"
+            reasons::FINGERPRINT_MATCHES
         },
         if changed {
             format!(
@@ -233,13 +236,14 @@ async fn write_observation(
             "the machine presents the pinned certificate".to_owned()
         },
         machine.metadata.generation,
+        &ctx.now(),
     );
     if changed && !was_changed {
         ctx.event(
             machine,
             EventType::Warning,
             reasons::FINGERPRINT_MISMATCH,
-            "Discover",
+            actions::DISCOVER,
             format!(
                 "fingerprint changed from pinned {} to {}",
                 pinned.unwrap_or_default(),

@@ -3,10 +3,13 @@
 //! functions, unit-tested) and acts; nothing is written to a machine nobody approved.
 #![forbid(unsafe_code)]
 
+pub mod clock;
 pub mod cluster;
 pub mod conditions;
 pub mod decide;
 pub mod discovery;
+pub mod error;
+pub mod finalizer;
 pub mod http;
 pub mod leader;
 pub mod lock;
@@ -18,7 +21,7 @@ pub mod secrets;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures::StreamExt as _;
 use ichor_api::operation::TalosOperation;
@@ -26,6 +29,7 @@ use ichor_api::{TalosCluster, TalosMachine};
 use ichor_render::SecretsBundle;
 use ichor_talos::discovery::SweepConfig;
 use ichor_talos::{Credentials, TalosClient};
+use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
@@ -33,28 +37,9 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt as _};
 
+pub use clock::{Clock, SystemClock, TestClock};
+pub use error::{Category, Error};
 pub use metrics::Metrics;
-
-/// What can fail in a reconcile.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// The Kubernetes API failed (transient: retried with backoff).
-    #[error("the Kubernetes API failed: {0}")]
-    Kube(#[from] kube::Error),
-    /// An object is invalid in a way a person must fix (waits for a change).
-    #[error("{0}")]
-    Invalid(String),
-}
-
-impl Error {
-    /// The reason label for metrics.
-    pub fn reason(&self) -> &'static str {
-        match self {
-            Self::Kube(_) => "KubernetesAPI",
-            Self::Invalid(_) => "Invalid",
-        }
-    }
-}
 
 /// Tunables.
 #[derive(Debug, Clone)]
@@ -94,9 +79,13 @@ pub struct Context {
     pub settings: Settings,
     /// Metrics.
     pub metrics: Arc<Metrics>,
+    /// Where decisions and records read the time.
+    pub clock: Arc<dyn Clock>,
     recorder: Recorder,
     /// When each cluster (namespace/name, generation) was last swept.
-    last_sweep: Mutex<BTreeMap<String, (Instant, Option<i64>)>>,
+    last_sweep: Mutex<BTreeMap<String, (Timestamp, Option<i64>)>>,
+    /// Per-object backoff for transient errors.
+    backoff: error::Backoff,
 }
 
 impl Context {
@@ -113,9 +102,28 @@ impl Context {
             client,
             settings,
             metrics,
+            clock: Arc::new(SystemClock),
             recorder,
             last_sweep: Mutex::new(BTreeMap::new()),
+            backoff: error::Backoff::default(),
         }
+    }
+
+    /// The same context reading the time from `clock`.
+    #[must_use]
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// The current time, RFC 3339 (as recorded in status fields).
+    pub fn now(&self) -> String {
+        self.clock.rfc3339()
+    }
+
+    /// Forgets `object`'s transient failures: it reconciled.
+    pub(crate) fn reconciled_ok<K: Resource<DynamicType = ()>>(&self, object: &K) {
+        self.backoff.reset(&error::key(object));
     }
 
     /// Publishes an Event about `object`; a failure to publish is logged, never fatal.
@@ -152,14 +160,15 @@ impl Context {
         let Ok(mut map) = self.last_sweep.lock() else {
             return true;
         };
-        let due = match map.get(&key) {
-            None => true,
-            Some((at, generation)) => {
-                at.elapsed() >= interval || *generation != cluster.metadata.generation
-            }
-        };
+        let now = self.clock.now();
+        let due = decide::sweep_due(
+            map.get(&key).copied(),
+            cluster.metadata.generation,
+            interval,
+            now,
+        );
         if due {
-            map.insert(key, (Instant::now(), cluster.metadata.generation));
+            map.insert(key, (now, cluster.metadata.generation));
         }
         due
     }
@@ -173,7 +182,10 @@ pub fn credentials(bundle: &SecretsBundle) -> Result<Credentials, Error> {
         ichor_render::pki::Role::Admin,
         Duration::from_secs(24 * 3600),
     )
-    .map_err(|e| Error::Invalid(format!("cannot mint node credentials: {e}")))?;
+    .map_err(|source| Error::Mint {
+        what: "node credentials",
+        source,
+    })?;
     Ok(Credentials {
         ca_pem: bundle.certs.os.crt.0.clone(),
         cert_pem: issued.cert_pem,
@@ -247,16 +259,43 @@ pub fn parse_duration(text: &str) -> Option<Duration> {
     (number.is_empty() && total > 0).then(|| Duration::from_secs(total))
 }
 
+/// What a failed reconcile leads to: an object a person must fix waits for a change (with a
+/// Warning Event saying why), a transient fault backs off per object, a bug is logged as an
+/// error (and published) and retried slowly.
 fn error_policy<K>(object: Arc<K>, error: &Error, ctx: Arc<Context>) -> Action
 where
-    K: Resource<DynamicType = ()>,
+    K: Resource<DynamicType = ()> + Send + Sync + 'static,
 {
     ctx.metrics.error(error.reason());
-    tracing::warn!(name = %object.meta().name.clone().unwrap_or_default(), %error, "reconcile failed");
-    match error {
-        Error::Invalid(_) => Action::requeue(Duration::from_secs(300)),
-        Error::Kube(_) => Action::requeue(Duration::from_secs(5)),
-    }
+    let name = object.meta().name.clone().unwrap_or_default();
+    let category = error.category();
+    let action = match category {
+        Category::UserFix => {
+            tracing::warn!(%name, %error, "reconcile failed; waiting for a change");
+            Action::await_change()
+        }
+        Category::Transient => {
+            let delay = ctx.backoff.next(&error::key(&*object));
+            tracing::warn!(%name, %error, ?delay, "reconcile failed; retrying");
+            return Action::requeue(delay);
+        }
+        Category::Bug => {
+            tracing::error!(%name, %error, "reconcile failed on a broken invariant");
+            Action::requeue(error::BUG_REQUEUE)
+        }
+    };
+    let (reason, note) = (error.reason(), error.to_string());
+    tokio::spawn(async move {
+        ctx.event(
+            &*object,
+            EventType::Warning,
+            reason,
+            ichor_api::names::actions::RECONCILE,
+            note,
+        )
+        .await;
+    });
+    action
 }
 
 /// Runs both controllers until `shutdown` resolves.

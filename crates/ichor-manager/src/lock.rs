@@ -17,7 +17,7 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use serde_json::json;
 
 use crate::leader::{LeaseSettings, try_acquire};
-use crate::{Context, Error, conditions as cond};
+use crate::{Context, Error};
 
 /// How long a hold on the cluster lock lasts without renewal.
 pub const LOCK_SECONDS: u64 = 60;
@@ -78,12 +78,14 @@ fn settings(namespace: &str, cluster: &str, holder: &str) -> LeaseSettings {
     }
 }
 
-fn view(lease: &Lease) -> Option<LockView> {
+/// The lock as `lock_decision` sees it at `now`: who holds it, and whether that hold expired
+/// (not renewed within its duration; a lease without a renewal time is expired).
+pub fn view(lease: &Lease, now: Timestamp) -> Option<LockView> {
     let spec = lease.spec.as_ref()?;
     let holder = spec.holder_identity.clone()?;
     let expired = match (&spec.renew_time, spec.lease_duration_seconds) {
         (Some(renewed), Some(seconds)) => {
-            renewed.0 + Duration::from_secs(u64::try_from(seconds).unwrap_or(0)) < Timestamp::now()
+            renewed.0 + Duration::from_secs(u64::try_from(seconds).unwrap_or(0)) < now
         }
         _ => true,
     };
@@ -103,7 +105,7 @@ pub async fn acquire(
     let name = cluster.name_any();
     let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), &namespace);
     let current = leases.get_opt(&lock_name(&name)).await?;
-    let current_view = current.as_ref().and_then(view);
+    let current_view = current.as_ref().and_then(|l| view(l, ctx.clock.now()));
     let outcome = match lock_decision(current_view.as_ref(), holder, transitioning, completes) {
         LockDecision::Take | LockDecision::Keep => {
             if try_acquire(&ctx.client, &settings(&namespace, &name, holder)).await? {
@@ -134,7 +136,7 @@ pub async fn release(ctx: &Context, cluster: &TalosCluster, holder: &str) -> Res
     {
         match leases.delete(&name, &DeleteParams::default()).await {
             Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(kube::Error::Api(s)) if s.is_not_found() => {}
             Err(e) => return Err(e.into()),
         }
     }
@@ -165,7 +167,7 @@ pub async fn held_by_other(ctx: &Context, cluster: &TalosCluster, me: &str) -> R
         .get_opt(&lock_name(&cluster.name_any()))
         .await?
         .as_ref()
-        .and_then(view)
+        .and_then(|l| view(l, ctx.clock.now()))
         .is_some_and(|v| !v.expired && v.holder != me))
 }
 
@@ -187,7 +189,7 @@ async fn mirror(ctx: &Context, cluster: &TalosCluster, holder: &str, outcome: &O
         Outcome::Held => {
             if next.holder.as_deref() != Some(holder) {
                 next.holder = Some(holder.to_owned());
-                next.since = Some(cond::now());
+                next.since = Some(ctx.now());
             }
             next.waiting.retain(|w| w != holder);
         }
@@ -229,5 +231,48 @@ async fn write(clusters: &Api<TalosCluster>, fresh: &TalosCluster, lock: &LockSt
         .await
     {
         tracing::debug!(%error, "lock status not mirrored this time");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::coordination::v1::LeaseSpec;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+
+    use super::*;
+
+    fn at(text: &str) -> Timestamp {
+        text.parse().expect("timestamp")
+    }
+
+    fn lease(renewed: Option<&str>) -> Lease {
+        Lease {
+            spec: Some(LeaseSpec {
+                holder_identity: Some("operation/reboot-all".into()),
+                renew_time: renewed.map(|t| MicroTime(at(t))),
+                lease_duration_seconds: Some(60),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_hold_expires_once_its_duration_passed_without_renewal() {
+        let held = lease(Some("2026-12-03T10:00:00Z"));
+        let seen = view(&held, at("2026-12-03T10:00:59Z")).expect("held");
+        assert_eq!(seen.holder, "operation/reboot-all");
+        assert!(!seen.expired);
+        assert!(
+            view(&held, at("2026-12-03T10:01:01Z"))
+                .expect("held")
+                .expired
+        );
+        assert!(
+            view(&lease(None), at("2026-12-03T10:00:00Z"))
+                .expect("held")
+                .expired,
+            "never renewed"
+        );
     }
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use ichor_api::common::Role;
 use ichor_api::machine::{ApprovalState, MachinePhase, TalosMachineStatus};
-use ichor_api::names::{conditions, labels, reasons, secrets as secret_names};
+use ichor_api::names::{actions, conditions, labels, reasons, secrets as secret_names};
 use ichor_api::{TalosCluster, TalosMachine};
 use ichor_render::Rendered;
 use ichor_talos::{ApplyMode, TalosClient, TalosError};
@@ -20,7 +20,7 @@ use kube::runtime::events::EventType;
 use kube::{Resource as _, ResourceExt as _};
 use serde_json::json;
 
-use crate::decide::{Etcd, NodeView, standing, version_supported};
+use crate::decide::{DriftRefused, Etcd, NodeView, drift_refused, standing, version_supported};
 use crate::{Context, Error, conditions as cond, secrets};
 
 /// Reconciles one TalosMachine.
@@ -29,6 +29,9 @@ pub async fn reconcile(machine: Arc<TalosMachine>, ctx: Arc<Context>) -> Result<
     if machine.metadata.deletion_timestamp.is_some() {
         let result = crate::removal::reconcile(&ctx, &machine).await;
         ctx.metrics.reconciled("TalosMachine", started.elapsed());
+        if result.is_ok() {
+            ctx.reconciled_ok(&*machine);
+        }
         return result;
     }
     let result = match machine.spec.approval_state {
@@ -43,6 +46,9 @@ pub async fn reconcile(machine: Arc<TalosMachine>, ctx: Arc<Context>) -> Result<
         ApprovalState::Approved => approved(&machine, &ctx).await,
     };
     ctx.metrics.reconciled("TalosMachine", started.elapsed());
+    if result.is_ok() {
+        ctx.reconciled_ok(&*machine);
+    }
     result
 }
 
@@ -100,11 +106,18 @@ async fn blocked(
         reason,
         message.clone(),
         machine.metadata.generation,
+        &ctx.now(),
     );
     write_status(ctx, machine, &status).await?;
     if first {
-        ctx.event(machine, EventType::Warning, reason, "Reconcile", message)
-            .await;
+        ctx.event(
+            machine,
+            EventType::Warning,
+            reason,
+            actions::RECONCILE,
+            message,
+        )
+        .await;
     }
     Ok(Action::requeue(ctx.settings.settled_requeue))
 }
@@ -125,8 +138,8 @@ pub(crate) fn render_for(
     machine: &TalosMachine,
     role: Role,
     bundle: &ichor_render::SecretsBundle,
-) -> Result<Rendered, String> {
-    ichor_render::render_machine(cluster, machine, role, bundle).map_err(|e| e.to_string())
+) -> Result<Rendered, ichor_render::RenderError> {
+    ichor_render::render_machine(cluster, machine, role, bundle)
 }
 
 /// The name of the Secret holding the config last applied to `machine`.
@@ -205,7 +218,7 @@ async fn approved(machine: &TalosMachine, ctx: &Context) -> Result<Action, Error
             machine,
             status,
             MachinePhase::Approved,
-            "ClusterNotFound",
+            reasons::CLUSTER_NOT_FOUND,
             format!(
                 "TalosCluster {} (spec.clusterRef) does not exist in namespace {namespace}",
                 machine.spec.cluster_ref.name
@@ -233,7 +246,7 @@ async fn approved(machine: &TalosMachine, ctx: &Context) -> Result<Action, Error
             machine,
             status,
             MachinePhase::Approved,
-            "RoleRequired",
+            reasons::ROLE_REQUIRED,
             "an approved machine needs spec.role: controlplane or worker".into(),
         )
         .await;
@@ -265,7 +278,12 @@ async fn approved(machine: &TalosMachine, ctx: &Context) -> Result<Action, Error
     };
     let credentials = crate::credentials(&bundle)?;
     // Held until the removal sequence has finished (issue: safe removal).
-    crate::removal::ensure_finalizer(ctx, machine).await?;
+    crate::finalizer::add(
+        &api(ctx, machine),
+        machine,
+        ichor_api::names::finalizers::MACHINE_REMOVAL,
+    )
+    .await?;
     if status.applied_config_hash.is_none() {
         apply_first(
             ctx,
@@ -403,12 +421,13 @@ async fn apply_first(
         &mut status.conditions,
         conditions::CONFIG_APPLIED,
         false,
-        "Applying",
+        reasons::APPLYING,
         format!(
             "applying config {} over the pinned maintenance connection",
             rendered.hash
         ),
         machine.metadata.generation,
+        &ctx.now(),
     );
     write_status(ctx, machine, &status).await?;
     if let Err(error) = client
@@ -420,7 +439,7 @@ async fn apply_first(
             machine,
             status,
             MachinePhase::Applying,
-            "ApplyFailed",
+            reasons::APPLY_FAILED,
             format!("the node refused the config: {error}"),
         )
         .await;
@@ -442,19 +461,26 @@ async fn record_applied(
         &mut status,
         machine,
         format!("config {} applied", rendered.hash),
+        &ctx.now(),
     );
     write_status(ctx, machine, &status).await
 }
 
 /// `ConfigApplied` true, with `message`.
-fn config_applied(status: &mut TalosMachineStatus, machine: &TalosMachine, message: String) {
+fn config_applied(
+    status: &mut TalosMachineStatus,
+    machine: &TalosMachine,
+    message: String,
+    now: &str,
+) {
     cond::set(
         &mut status.conditions,
         conditions::CONFIG_APPLIED,
         true,
-        "Applied",
+        reasons::APPLIED,
         message,
         machine.metadata.generation,
+        now,
     );
 }
 
@@ -466,8 +492,14 @@ async fn applied(
     rendered: &Rendered,
     note: String,
 ) -> Result<Action, Error> {
-    ctx.event(machine, EventType::Normal, "ConfigApplied", "Apply", note)
-        .await;
+    ctx.event(
+        machine,
+        EventType::Normal,
+        reasons::CONFIG_APPLIED,
+        actions::APPLY,
+        note,
+    )
+    .await;
     record_applied(ctx, machine, status, rendered).await?;
     Ok(Action::requeue(ctx.settings.progress_requeue))
 }
@@ -497,6 +529,7 @@ async fn unreachable(
         reasons::NODE_UNREACHABLE,
         format!("the node did not answer: {detail}"),
         machine.metadata.generation,
+        &ctx.now(),
     );
     write_status(ctx, machine, &status).await?;
     Ok(Action::requeue(ctx.settings.progress_requeue))
@@ -556,9 +589,10 @@ async fn follow(
             &mut status.conditions,
             conditions::INSTALLED,
             true,
-            "Installed",
+            reasons::INSTALLED,
             "the node answers with its configured API".to_owned(),
             machine.metadata.generation,
+            &ctx.now(),
         );
     }
     if let Some(NodeView {
@@ -587,8 +621,8 @@ async fn follow(
                 ctx.event(
                     machine,
                     EventType::Normal,
-                    "DriftApplied",
-                    "Apply",
+                    reasons::DRIFT_APPLIED,
+                    actions::APPLY,
                     format!(
                         "applied config {} live (NO_REBOOT), replacing {applied}",
                         rendered.hash
@@ -598,7 +632,7 @@ async fn follow(
             }
             // Anything but "this needs a reboot" (the node busy, a timeout, a refused config)
             // is reported and retried: a transient error never reboots a node.
-            Err(error) if !crate::decide::needs_reboot(&error.to_string()) => {
+            Err(error) if drift_refused(&error) == DriftRefused::Retry => {
                 cond::set(
                     &mut status.conditions,
                     conditions::CONFIG_APPLIED,
@@ -609,6 +643,7 @@ async fn follow(
                         rendered.hash
                     ),
                     machine.metadata.generation,
+                    &ctx.now(),
                 );
             }
             Err(error) => {
@@ -623,17 +658,19 @@ async fn follow(
                     reasons::NEEDS_REBOOT,
                     message,
                     machine.metadata.generation,
+                    &ctx.now(),
                 );
-                if let Some(waiting) =
+                if let Some((reason, waiting)) =
                     reboot_for_drift(ctx, machine, cluster, client, rendered, &applied).await?
                 {
                     cond::set(
                         &mut status.conditions,
                         conditions::CONFIG_APPLIED,
                         false,
-                        reasons::NEEDS_REBOOT,
+                        reason,
                         waiting,
                         machine.metadata.generation,
+                        &ctx.now(),
                     );
                 } else {
                     status.applied_config_hash = Some(rendered.hash.clone());
@@ -661,20 +698,20 @@ async fn follow(
         && view.is_some()
     {
         let message = format!("config {} applied", rendered.hash);
-        config_applied(&mut status, machine, message);
+        config_applied(&mut status, machine, message, &ctx.now());
     }
     if reboot_back {
         status.drift_reboot = None;
         // A merge patch leaves out `None`: clear the field explicitly.
         patch_status(ctx, machine, json!({"driftReboot": null})).await?;
         let message = format!("config {} applied with a reboot", rendered.hash);
-        config_applied(&mut status, machine, message);
+        config_applied(&mut status, machine, message, &ctx.now());
         crate::lock::release(ctx, cluster, &me).await?;
         ctx.event(
             machine,
             EventType::Normal,
-            "DriftApplied",
-            "Apply",
+            reasons::DRIFT_APPLIED,
+            actions::APPLY,
             format!(
                 "config {} applied with a reboot; the node is back",
                 rendered.hash
@@ -693,14 +730,15 @@ async fn follow(
         judged.reason,
         judged.message.clone(),
         machine.metadata.generation,
+        &ctx.now(),
     );
     write_status(ctx, machine, &status).await?;
     if became_ready {
         ctx.event(
             machine,
             EventType::Normal,
-            "Ready",
-            "Reconcile",
+            reasons::READY,
+            actions::RECONCILE,
             judged.message,
         )
         .await;
@@ -718,7 +756,8 @@ pub fn drift_holder(machine: &TalosMachine) -> String {
 }
 
 /// Applies drift that cannot go live: under the cluster lock, staged, then a reboot. `Some`
-/// says why it waits; `None` means the reboot was sent and the node went down.
+/// says why it waits (reason and message); `None` means the reboot was sent and the node
+/// went down. A refused staging releases the lock: nothing disruptive started.
 async fn reboot_for_drift(
     ctx: &Context,
     machine: &TalosMachine,
@@ -726,35 +765,42 @@ async fn reboot_for_drift(
     client: &TalosClient,
     rendered: &Rendered,
     applied: &str,
-) -> Result<Option<String>, Error> {
+) -> Result<Option<(&'static str, String)>, Error> {
     let namespace = cluster.namespace().unwrap_or_default();
     let machines = crate::cluster_machines(ctx, cluster).await?;
     let moving = crate::lock::transitioning(cluster, &machines);
     let me = drift_holder(machine);
     let outcome = crate::lock::acquire(ctx, cluster, &me, moving, false).await?;
     if !outcome.held() {
-        return Ok(Some(format!(
-            "config {} needs a reboot: {} (namespace {namespace})",
-            rendered.hash,
-            outcome.message()
+        return Ok(Some((
+            reasons::NEEDS_REBOOT,
+            format!(
+                "config {} needs a reboot: {} (namespace {namespace})",
+                rendered.hash,
+                outcome.message()
+            ),
         )));
     }
     if let Err(error) = client
         .apply_configuration(rendered.yaml.as_bytes(), ApplyMode::Staged)
         .await
     {
-        return Ok(Some(format!(
-            "staging config {} failed: {error}",
-            rendered.hash
+        crate::lock::release(ctx, cluster, &me).await?;
+        return Ok(Some((
+            reasons::DRIFT_NOT_APPLIED,
+            format!(
+                "config {} was not applied: the node refused it staged too: {error}; it is retried",
+                rendered.hash
+            ),
         )));
     }
     // Staged: the node boots into it. Kept before the reboot, so a failure to keep it never
     // costs a second reboot.
     store_applied(ctx, machine, rendered).await?;
     if let Err(error) = client.reboot().await {
-        return Ok(Some(format!(
-            "the reboot for config {} failed: {error}",
-            rendered.hash
+        return Ok(Some((
+            reasons::NEEDS_REBOOT,
+            format!("the reboot for config {} failed: {error}", rendered.hash),
         )));
     }
     // Watch it go down, so "back" later means back from this reboot.
@@ -772,8 +818,8 @@ async fn reboot_for_drift(
     ctx.event(
         machine,
         EventType::Normal,
-        "RebootForDrift",
-        "Apply",
+        reasons::REBOOT_FOR_DRIFT,
+        actions::APPLY,
         format!(
             "config {} staged (replacing {applied}); rebooting under the cluster lock",
             rendered.hash
@@ -827,8 +873,8 @@ pub(crate) async fn forget_config(ctx: &Context, machine: &TalosMachine) -> Resu
     ctx.event(
         machine,
         EventType::Warning,
-        "Reset",
-        "Operate",
+        reasons::RESET,
+        actions::OPERATE,
         "reset by a TalosOperation: back in maintenance mode with a new certificate; approve it again by updating spec.fingerprint after checking it".into(),
     )
     .await;

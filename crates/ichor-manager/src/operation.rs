@@ -11,16 +11,17 @@ use std::time::Duration;
 
 use ichor_api::common::Role;
 use ichor_api::machine::ApprovalState;
-use ichor_api::names::{conditions, reasons};
+use ichor_api::names::{actions, conditions, reasons};
 use ichor_api::operation::{
     NodeStep, OperationAction, OperationPhase, TalosOperation, TalosOperationStatus,
 };
 use ichor_api::{TalosCluster, TalosMachine};
 use ichor_deleteguard::etcd_quorum;
-use ichor_talos::{ApplyMode, Credentials, ResetOptions, Stage, TalosClient};
+use ichor_talos::{ApplyMode, Credentials, ResetOptions, Stage, TalosClient, TalosError};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, OwnerReference};
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
@@ -46,6 +47,9 @@ pub async fn reconcile(operation: Arc<TalosOperation>, ctx: Arc<Context>) -> Res
     let started = std::time::Instant::now();
     let result = reconcile_inner(&operation, &ctx).await;
     ctx.metrics.reconciled("TalosOperation", started.elapsed());
+    if result.is_ok() {
+        ctx.reconciled_ok(&*operation);
+    }
     result
 }
 
@@ -92,12 +96,19 @@ async fn waiting(
         reason,
         message.clone(),
         operation.metadata.generation,
+        &ctx.now(),
     );
     write(ctx, operation, &status).await?;
     if first {
         tracing::info!(operation = %operation.name_any(), reason, %message, "operation waits");
-        ctx.event(operation, EventType::Normal, reason, "Operate", message)
-            .await;
+        ctx.event(
+            operation,
+            EventType::Normal,
+            reason,
+            actions::OPERATE,
+            message,
+        )
+        .await;
     }
     Ok(Action::requeue(ctx.settings.progress_requeue))
 }
@@ -117,7 +128,7 @@ async fn end(
     } else {
         OperationPhase::Failed
     };
-    status.completed_at = Some(cond::now());
+    status.completed_at = Some(ctx.now());
     status.progress = Some(progress(&status.nodes));
     cond::set(
         &mut status.conditions,
@@ -126,6 +137,7 @@ async fn end(
         reason,
         message.clone(),
         operation.metadata.generation,
+        &ctx.now(),
     );
     write(ctx, operation, &status).await?;
     if let Some(cluster) = cluster {
@@ -137,7 +149,8 @@ async fn end(
         EventType::Warning
     };
     tracing::info!(operation = %operation.name_any(), succeeded, reason, %message, "operation ended");
-    ctx.event(operation, kind, reason, "Operate", message).await;
+    ctx.event(operation, kind, reason, actions::OPERATE, message)
+        .await;
     Ok(Action::await_change())
 }
 
@@ -183,8 +196,35 @@ fn is_control_plane(machine: &TalosMachine) -> bool {
     machine.spec.role == Some(Role::ControlPlane)
 }
 
+/// Why an operation has no machines to act on.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NoTargets {
+    /// `spec.machineName` names no machine of the cluster.
+    #[error("spec.machineName {name}: no TalosMachine of cluster {cluster} has that name")]
+    UnknownMachine {
+        /// The name given.
+        name: String,
+        /// The cluster.
+        cluster: String,
+    },
+    /// A chosen machine is not approved and configured.
+    #[error(
+        "{0} is not an approved, configured machine (nothing was applied to it, or it is being deleted)"
+    )]
+    NotConfigured(String),
+    /// An etcd action found no configured control plane.
+    #[error("the selection holds no configured control plane (etcd runs only there)")]
+    NoControlPlane,
+    /// The selector matches nothing configured.
+    #[error("spec.selector matches no configured machine of the cluster")]
+    NoMatch,
+}
+
 /// The machines an operation acts on, control planes first, each group by name.
-fn targets(operation: &TalosOperation, machines: &[TalosMachine]) -> Result<Vec<String>, String> {
+fn targets(
+    operation: &TalosOperation,
+    machines: &[TalosMachine],
+) -> Result<Vec<String>, NoTargets> {
     let spec = &operation.spec;
     let mut chosen: Vec<&TalosMachine> = machines
         .iter()
@@ -197,10 +237,10 @@ fn targets(operation: &TalosOperation, machines: &[TalosMachine]) -> Result<Vec<
     if let Some(name) = &spec.machine_name
         && chosen.is_empty()
     {
-        return Err(format!(
-            "spec.machineName {name}: no TalosMachine of cluster {} has that name",
-            spec.cluster_ref.name
-        ));
+        return Err(NoTargets::UnknownMachine {
+            name: name.clone(),
+            cluster: spec.cluster_ref.name.clone(),
+        });
     }
     if spec.machine_name.is_none() {
         // A selector acts on the machines it finds configured (not those still installing or
@@ -208,10 +248,7 @@ fn targets(operation: &TalosOperation, machines: &[TalosMachine]) -> Result<Vec<
         chosen.retain(|m| configured(m));
     }
     if let Some(unready) = chosen.iter().find(|m| !configured(m)) {
-        return Err(format!(
-            "{} is not an approved, configured machine (nothing was applied to it, or it is being deleted)",
-            unready.name_any()
-        ));
+        return Err(NoTargets::NotConfigured(unready.name_any()));
     }
     if matches!(
         spec.action,
@@ -226,9 +263,9 @@ fn targets(operation: &TalosOperation, machines: &[TalosMachine]) -> Result<Vec<
     if chosen.is_empty() {
         return Err(match spec.action {
             OperationAction::EtcdSnapshot | OperationAction::EtcdDefrag => {
-                "the selection holds no configured control plane (etcd runs only there)".into()
+                NoTargets::NoControlPlane
             }
-            _ => "spec.selector matches no configured machine of the cluster".into(),
+            _ => NoTargets::NoMatch,
         });
     }
     Ok(chosen.iter().map(|m| m.name_any()).collect())
@@ -240,9 +277,48 @@ pub fn image_version(image: &str) -> Option<String> {
     (tag.starts_with('v') && !tag.contains('/') && !image.contains('@')).then(|| tag.to_owned())
 }
 
+/// Why etcd is not healthy enough to touch the next control plane.
+#[derive(Debug, thiserror::Error)]
+pub enum EtcdUnhealthy {
+    /// A control plane does not answer.
+    #[error("{machine} ({address}) does not answer")]
+    NotAnswering {
+        /// The machine.
+        machine: String,
+        /// Its address.
+        address: String,
+    },
+    /// A control plane is still a learner.
+    #[error("{0} is still an etcd learner")]
+    Learner(String),
+    /// A control plane's etcd status fails.
+    #[error("etcd on {machine} is not healthy: {source}")]
+    Status {
+        /// The machine.
+        machine: String,
+        /// The node's error.
+        #[source]
+        source: TalosError,
+    },
+    /// The member list holds a learner.
+    #[error("etcd has a learner that is not promoted yet")]
+    UnpromotedLearner,
+    /// Fewer members than control planes.
+    #[error("etcd lists {members} members for {control_planes} control planes")]
+    MembersMissing {
+        /// Members listed.
+        members: usize,
+        /// Configured control planes.
+        control_planes: usize,
+    },
+}
+
 /// A control plane's view of etcd health: every configured control plane answers as a voter,
 /// and the member list has no learners.
-async fn etcd_health(machines: &[TalosMachine], credentials: &Credentials) -> Result<(), String> {
+async fn etcd_health(
+    machines: &[TalosMachine],
+    credentials: &Credentials,
+) -> Result<(), EtcdUnhealthy> {
     let cps: Vec<&TalosMachine> = machines
         .iter()
         .filter(|m| configured(m) && is_control_plane(m))
@@ -251,21 +327,21 @@ async fn etcd_health(machines: &[TalosMachine], credentials: &Credentials) -> Re
     for machine in &cps {
         let address = address(machine);
         let Some(client) = crate::connect(&address, credentials).await else {
-            return Err(format!(
-                "{} ({address}) does not answer",
-                machine.name_any()
-            ));
+            return Err(EtcdUnhealthy::NotAnswering {
+                machine: machine.name_any(),
+                address,
+            });
         };
         match client.etcd_status().await {
             Ok(status) if status.learner => {
-                return Err(format!("{} is still an etcd learner", machine.name_any()));
+                return Err(EtcdUnhealthy::Learner(machine.name_any()));
             }
             Ok(_) => {}
-            Err(error) => {
-                return Err(format!(
-                    "etcd on {} is not healthy: {error}",
-                    machine.name_any()
-                ));
+            Err(source) => {
+                return Err(EtcdUnhealthy::Status {
+                    machine: machine.name_any(),
+                    source,
+                });
             }
         }
         if listed.is_none() {
@@ -274,14 +350,13 @@ async fn etcd_health(machines: &[TalosMachine], credentials: &Credentials) -> Re
     }
     let members = listed.unwrap_or_default();
     if members.iter().any(|m| m.learner) {
-        return Err("etcd has a learner that is not promoted yet".into());
+        return Err(EtcdUnhealthy::UnpromotedLearner);
     }
     if members.len() < cps.len() {
-        return Err(format!(
-            "etcd lists {} members for {} control planes",
-            members.len(),
-            cps.len()
-        ));
+        return Err(EtcdUnhealthy::MembersMissing {
+            members: members.len(),
+            control_planes: cps.len(),
+        });
     }
     Ok(())
 }
@@ -302,30 +377,69 @@ async fn up(address: &str, credentials: &Credentials) -> Option<TalosClient> {
     (status.stage == Stage::Running).then_some(client)
 }
 
-/// Whether the node is back and healthy for its role.
-async fn healthy(address: &str, credentials: &Credentials, role: Role) -> Result<String, String> {
+/// Why a node is not back and healthy yet.
+#[derive(Debug, thiserror::Error)]
+pub enum NotHealthy {
+    /// The configured API does not answer in stage running.
+    #[error("{0} is not running yet")]
+    NotRunning(String),
+    /// A control plane came back as a learner.
+    #[error("{0} is back as an etcd learner")]
+    Learner(String),
+    /// A control plane's etcd does not answer.
+    #[error("etcd on {address} is not back: {source}")]
+    EtcdNotBack {
+        /// The node.
+        address: String,
+        /// The node's error.
+        #[source]
+        source: TalosError,
+    },
+    /// The node does not report its version.
+    #[error("{address} does not report its version: {source}")]
+    NoVersion {
+        /// The node.
+        address: String,
+        /// The node's error.
+        #[source]
+        source: TalosError,
+    },
+}
+
+/// Whether the node is back and healthy for its role; its version if so.
+async fn healthy(
+    address: &str,
+    credentials: &Credentials,
+    role: Role,
+) -> Result<String, NotHealthy> {
     let Some(client) = up(address, credentials).await else {
-        return Err(format!("{address} is not running yet"));
+        return Err(NotHealthy::NotRunning(address.to_owned()));
     };
     if role == Role::ControlPlane {
         match client.etcd_status().await {
             Ok(s) if !s.learner => {}
-            Ok(_) => return Err(format!("{address} is back as an etcd learner")),
-            Err(error) => return Err(format!("etcd on {address} is not back: {error}")),
+            Ok(_) => return Err(NotHealthy::Learner(address.to_owned())),
+            Err(source) => {
+                return Err(NotHealthy::EtcdNotBack {
+                    address: address.to_owned(),
+                    source,
+                });
+            }
         }
     }
     client
         .version()
         .await
-        .map_err(|e| format!("{address} does not report its version: {e}"))
+        .map_err(|source| NotHealthy::NoVersion {
+            address: address.to_owned(),
+            source,
+        })
 }
 
-fn elapsed_since(at: Option<&str>) -> Duration {
-    at.and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
-        .map(|t| {
-            let now = k8s_openapi::jiff::Timestamp::now();
-            Duration::from_secs(u64::try_from(now.as_second() - t.as_second()).unwrap_or(0))
-        })
+/// How long ago `at` (RFC 3339) was at `now` (zero when unknown).
+fn elapsed_since(at: Option<&str>, now: Timestamp) -> Duration {
+    at.and_then(|t| t.parse::<Timestamp>().ok())
+        .map(|t| crate::decide::elapsed(t, now))
         .unwrap_or_default()
 }
 
@@ -367,7 +481,7 @@ async fn reconcile_inner(operation: &TalosOperation, ctx: &Context) -> Result<Ac
                     .collect();
                 status.progress = Some(progress(&status.nodes));
             }
-            Err(message) => {
+            Err(problem) => {
                 return end(
                     ctx,
                     operation,
@@ -375,7 +489,7 @@ async fn reconcile_inner(operation: &TalosOperation, ctx: &Context) -> Result<Ac
                     status,
                     false,
                     reasons::NO_TARGETS,
-                    message,
+                    problem.to_string(),
                 )
                 .await;
             }
@@ -412,7 +526,7 @@ async fn reconcile_inner(operation: &TalosOperation, ctx: &Context) -> Result<Ac
     }
     if status.phase != OperationPhase::Running {
         status.phase = OperationPhase::Running;
-        status.started_at.get_or_insert_with(cond::now);
+        status.started_at.get_or_insert_with(|| ctx.now());
         if operation.spec.action == OperationAction::UpgradeKubernetes {
             set_kubernetes_version(ctx, operation, &cluster).await?;
         }
@@ -420,8 +534,8 @@ async fn reconcile_inner(operation: &TalosOperation, ctx: &Context) -> Result<Ac
         ctx.event(
             operation,
             EventType::Normal,
-            "Started",
-            "Operate",
+            reasons::STARTED,
+            actions::OPERATE,
             format!(
                 "{:?} on {} node(s), one at a time",
                 operation.spec.action,
@@ -552,8 +666,8 @@ async fn set_kubernetes_version(
     ctx.event(
         cluster,
         EventType::Normal,
-        "KubernetesVersion",
-        "Operate",
+        reasons::KUBERNETES_VERSION,
+        actions::OPERATE,
         format!(
             "{} sets spec.kubernetesVersion {} -> {version}; nodes follow one at a time",
             holder(operation),
@@ -562,6 +676,22 @@ async fn set_kubernetes_version(
     )
     .await;
     Ok(())
+}
+
+/// Why resetting a control plane would break etcd.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum QuorumAtRisk {
+    /// It is the last control plane.
+    #[error("resetting the last control plane would destroy etcd: delete the TalosCluster instead")]
+    LastControlPlane,
+    /// The members left would be below quorum.
+    #[error("control planes {voters} -> {}, below etcd quorum of {quorum}", voters - 1)]
+    BelowQuorum {
+        /// Configured control planes now.
+        voters: usize,
+        /// etcd's quorum for them.
+        quorum: usize,
+    },
 }
 
 /// What one node's step came to.
@@ -617,7 +747,7 @@ impl Node<'_> {
                 && let Err(problem) = etcd_health(self.machines, &self.credentials).await
             {
                 step.phase = OperationPhase::Waiting;
-                step.message = Some(problem.clone());
+                step.message = Some(problem.to_string());
                 return Ok((
                     step,
                     Verdict::Wait {
@@ -627,9 +757,9 @@ impl Node<'_> {
                 ));
             }
             if action == OperationAction::Reset
-                && let Err(problem) = self.reset_keeps_quorum().await
+                && let Err(problem) = self.reset_keeps_quorum()
             {
-                return Ok((step, fail(reasons::QUORUM_AT_RISK, problem)?));
+                return Ok((step, fail(reasons::QUORUM_AT_RISK, problem.to_string())?));
             }
             let Some(client) = up(&self.address, &self.credentials).await else {
                 step.phase = OperationPhase::Waiting;
@@ -653,7 +783,7 @@ impl Node<'_> {
             if let Some(verdict) = self.send(&mut step).await? {
                 return Ok((step, verdict));
             }
-            step.issued_at = Some(cond::now());
+            step.issued_at = Some(self.ctx.now());
             self.record(&step).await?;
         }
         let verdict = self.follow(&mut step).await?;
@@ -676,7 +806,7 @@ impl Node<'_> {
     }
 
     /// For `reset` of a control plane: the members left must keep quorum.
-    async fn reset_keeps_quorum(&self) -> Result<(), String> {
+    fn reset_keeps_quorum(&self) -> Result<(), QuorumAtRisk> {
         if self.role != Role::ControlPlane {
             return Ok(());
         }
@@ -686,14 +816,13 @@ impl Node<'_> {
             .filter(|m| configured(m) && is_control_plane(m))
             .count();
         if voters <= 1 {
-            return Err("resetting the last control plane would destroy etcd: delete the TalosCluster instead".into());
+            return Err(QuorumAtRisk::LastControlPlane);
         }
         if voters - 1 < etcd_quorum(voters) {
-            return Err(format!(
-                "control planes {voters} -> {}, below etcd quorum of {}",
-                voters - 1,
-                etcd_quorum(voters)
-            ));
+            return Err(QuorumAtRisk::BelowQuorum {
+                voters,
+                quorum: etcd_quorum(voters),
+            });
         }
         Ok(())
     }
@@ -847,7 +976,7 @@ impl Node<'_> {
         let secrets: Api<Secret> = Api::namespaced(self.ctx.client.clone(), &namespace);
         match secrets.create(&PostParams::default(), &secret).await {
             Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(kube::Error::Api(s)) if s.is_already_exists() => {}
             Err(e) => return Err(e.into()),
         }
         let api = api(self.ctx, self.operation);
@@ -871,7 +1000,7 @@ impl Node<'_> {
         if step.phase == OperationPhase::Succeeded {
             return Ok(Verdict::Next);
         }
-        let since = elapsed_since(step.issued_at.as_deref());
+        let since = elapsed_since(step.issued_at.as_deref(), self.ctx.clock.now());
         match action {
             OperationAction::Reset => {
                 if crate::in_maintenance(&self.address, self.ctx.settings.sweep)
@@ -923,9 +1052,9 @@ impl Node<'_> {
                     Ok(v) => v,
                     Err(problem) => {
                         if since > NODE_PATIENCE {
-                            return fail(reasons::NODE_NOT_HEALTHY, problem);
+                            return fail(reasons::NODE_NOT_HEALTHY, problem.to_string());
                         }
-                        return wait(reasons::NODE_NOT_HEALTHY, problem);
+                        return wait(reasons::NODE_NOT_HEALTHY, problem.to_string());
                     }
                 };
                 step.version_after = Some(version.clone());
@@ -965,9 +1094,9 @@ impl Node<'_> {
                         Ok(Verdict::Next)
                     }
                     Err(problem) if since > NODE_PATIENCE => {
-                        fail(reasons::NODE_NOT_HEALTHY, problem)
+                        fail(reasons::NODE_NOT_HEALTHY, problem.to_string())
                     }
-                    Err(problem) => wait(reasons::NODE_NOT_HEALTHY, problem),
+                    Err(problem) => wait(reasons::NODE_NOT_HEALTHY, problem.to_string()),
                 }
             }
             OperationAction::EtcdSnapshot => Ok(Verdict::Next),

@@ -9,7 +9,7 @@ use std::time::Duration;
 use ichor_api::cluster::Tombstone;
 use ichor_api::common::Role;
 use ichor_api::machine::{MachinePhase, RemovalProgress, RemovalStep, TalosMachineStatus};
-use ichor_api::names::{annotations, conditions, finalizers, reasons};
+use ichor_api::names::{actions, annotations, conditions, finalizers, reasons};
 use ichor_api::{TalosCluster, TalosMachine};
 use ichor_deleteguard::{Cluster, Machine, RemovalVerdict, check_machine_removal};
 use ichor_deleteguard::{next_removal_step, removal_completes_transition};
@@ -28,57 +28,12 @@ fn machines_api(ctx: &Context, machine: &TalosMachine) -> Api<TalosMachine> {
 }
 
 async fn release_finalizer(ctx: &Context, machine: &TalosMachine) -> Result<(), Error> {
-    // Read the latest version: the status writes of this removal moved it on.
-    let api = machines_api(ctx, machine);
-    let Some(fresh) = api.get_opt(&machine.name_any()).await? else {
-        return Ok(());
-    };
-    let remaining: Vec<String> = fresh
-        .finalizers()
-        .iter()
-        .filter(|f| f.as_str() != finalizers::MACHINE_REMOVAL)
-        .cloned()
-        .collect();
-    api.patch(
-        &fresh.name_any(),
-        &PatchParams::default(),
-        &Patch::Merge(json!({"metadata": {"finalizers": remaining, "resourceVersion": fresh.resource_version()}})),
+    crate::finalizer::remove(
+        &machines_api(ctx, machine),
+        machine,
+        finalizers::MACHINE_REMOVAL,
     )
-    .await?;
-    Ok(())
-}
-
-/// Adds the removal finalizer to an approved machine (before anything is applied to it).
-pub async fn ensure_finalizer(ctx: &Context, machine: &TalosMachine) -> Result<(), Error> {
-    if machine
-        .finalizers()
-        .iter()
-        .any(|f| f == finalizers::MACHINE_REMOVAL)
-    {
-        return Ok(());
-    }
-    let api = machines_api(ctx, machine);
-    let Some(fresh) = api.get_opt(&machine.name_any()).await? else {
-        return Ok(());
-    };
-    if fresh
-        .finalizers()
-        .iter()
-        .any(|f| f == finalizers::MACHINE_REMOVAL)
-    {
-        return Ok(());
-    }
-    let mut all = fresh.finalizers().to_vec();
-    all.push(finalizers::MACHINE_REMOVAL.to_owned());
-    api.patch(
-        &fresh.name_any(),
-        &PatchParams::default(),
-        &Patch::Merge(
-            json!({"metadata": {"finalizers": all, "resourceVersion": fresh.resource_version()}}),
-        ),
-    )
-    .await?;
-    Ok(())
+    .await
 }
 
 async fn record(
@@ -89,7 +44,7 @@ async fn record(
     message: String,
 ) -> Result<TalosMachineStatus, Error> {
     let progress = status.removal.get_or_insert_with(|| RemovalProgress {
-        started_at: Some(cond::now()),
+        started_at: Some(ctx.now()),
         ..Default::default()
     });
     progress.step = step;
@@ -123,12 +78,19 @@ async fn waiting(
         reason,
         message.clone(),
         machine.metadata.generation,
+        &ctx.now(),
     );
     record(ctx, machine, status, step, message.clone()).await?;
     if first {
         tracing::info!(machine = %machine.name_any(), reason, %message, "removal waits");
-        ctx.event(machine, EventType::Warning, reason, "Remove", message)
-            .await;
+        ctx.event(
+            machine,
+            EventType::Warning,
+            reason,
+            actions::REMOVE,
+            message,
+        )
+        .await;
     }
     Ok(Action::requeue(ctx.settings.progress_requeue))
 }
@@ -195,11 +157,7 @@ fn wait(reason: &str, message: impl Into<String>) -> Result<Step, Error> {
 
 /// Drives a deleted machine's removal one step per reconcile.
 pub async fn reconcile(ctx: &Context, machine: &TalosMachine) -> Result<Action, Error> {
-    if !machine
-        .finalizers()
-        .iter()
-        .any(|f| f == finalizers::MACHINE_REMOVAL)
-    {
+    if !crate::finalizer::has(machine, finalizers::MACHINE_REMOVAL) {
         return Ok(Action::await_change());
     }
     let status = machine.status.clone().unwrap_or_default();
@@ -310,7 +268,7 @@ pub async fn reconcile(ctx: &Context, machine: &TalosMachine) -> Result<Action, 
                     progress.reset_skipped = true;
                 } else {
                     status.removal = Some(RemovalProgress {
-                        started_at: Some(cond::now()),
+                        started_at: Some(ctx.now()),
                         reset_skipped: true,
                         ..Default::default()
                     });
@@ -318,8 +276,8 @@ pub async fn reconcile(ctx: &Context, machine: &TalosMachine) -> Result<Action, 
                 ctx.event(
                     machine,
                     EventType::Warning,
-                    "ResetSkipped",
-                    "Remove",
+                    reasons::RESET_SKIPPED,
+                    actions::REMOVE,
                     message.clone(),
                 )
                 .await;
@@ -327,8 +285,8 @@ pub async fn reconcile(ctx: &Context, machine: &TalosMachine) -> Result<Action, 
                 ctx.event(
                     machine,
                     EventType::Normal,
-                    "Removal",
-                    "Remove",
+                    reasons::REMOVAL,
+                    actions::REMOVE,
                     message.clone(),
                 )
                 .await;
@@ -419,8 +377,13 @@ impl Scene<'_> {
                 Api::namespaced(workload.clone(), &pod.namespace().unwrap_or_default());
             match api.evict(&pod.name_any(), &EvictParams::default()).await {
                 Ok(_) => {}
-                Err(kube::Error::Api(s)) if s.code == 429 => blocked.push(pod.name_any()),
-                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                // A PodDisruptionBudget refuses the eviction with TooManyRequests (429).
+                Err(kube::Error::Api(s))
+                    if s.reason == kube::core::response::reason::TOO_MANY_REQUESTS =>
+                {
+                    blocked.push(pod.name_any());
+                }
+                Err(kube::Error::Api(s)) if s.is_not_found() => {}
                 Err(e) => return Err(e.into()),
             }
         }
@@ -610,7 +573,7 @@ impl Scene<'_> {
                 machine: self.machine.name_any(),
                 address: self.address.clone(),
                 etcd_member_id: member.map(|m| format!("{m:016x}")),
-                removed_at: cond::now(),
+                removed_at: self.ctx.now(),
             });
             let patch = json!({"metadata": {"resourceVersion": fresh.resource_version()}, "status": {"tombstones": stones}});
             match clusters
@@ -622,7 +585,7 @@ impl Scene<'_> {
                 .await
             {
                 Ok(_) => return Ok(()),
-                Err(kube::Error::Api(s)) if s.code == 409 => continue,
+                Err(kube::Error::Api(s)) if s.is_conflict() => continue,
                 Err(e) => return Err(e.into()),
             }
         }
@@ -700,7 +663,7 @@ impl Scene<'_> {
         let nodes: Api<Node> = Api::all(workload);
         match nodes.delete(&node_name, &DeleteParams::default()).await {
             Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(kube::Error::Api(s)) if s.is_not_found() => {}
             Err(e) => return Err(e.into()),
         }
         done(format!("deleted Node {node_name}"))

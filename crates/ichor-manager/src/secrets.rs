@@ -73,13 +73,13 @@ pub async fn bundle(
             return Ok(Err(BundleUnavailable::Missing(name)));
         }
         None => {
-            let contract = Contract::from_version(&cluster.spec.talos_version)
-                .map_err(|e| Error::Invalid(format!("spec.talosVersion: {e}")))?;
-            let generated = SecretsBundle::generate(contract)
-                .map_err(|e| Error::Invalid(format!("cannot generate a secrets bundle: {e}")))?;
-            let yaml = generated
-                .to_yaml()
-                .map_err(|e| Error::Invalid(format!("cannot encode the secrets bundle: {e}")))?;
+            let contract =
+                Contract::from_version(&cluster.spec.talos_version).map_err(|e| Error::Spec {
+                    field: "spec.talosVersion",
+                    problem: e.to_string(),
+                })?;
+            let generated = SecretsBundle::generate(contract).map_err(Error::Bundle)?;
+            let yaml = generated.to_yaml().map_err(Error::Bundle)?;
             // No owner reference: the CA keys must outlive an accidental cluster delete.
             let secret = Secret {
                 metadata: labelled(cluster, &name),
@@ -92,7 +92,9 @@ pub async fn bundle(
             };
             match secrets.create(&PostParams::default(), &secret).await {
                 Ok(created) => created,
-                Err(kube::Error::Api(status)) if status.code == 409 => secrets.get(&name).await?,
+                Err(kube::Error::Api(status)) if status.is_already_exists() => {
+                    secrets.get(&name).await?
+                }
                 Err(error) => return Err(error.into()),
             }
         }
@@ -137,7 +139,7 @@ pub async fn publish(
     match secrets.get_opt(name).await? {
         None => match secrets.create(&PostParams::default(), &secret).await {
             Ok(_) => Ok(()),
-            Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
+            Err(kube::Error::Api(status)) if status.is_already_exists() => Ok(()),
             Err(error) => Err(error.into()),
         },
         Some(existing) if replace => {

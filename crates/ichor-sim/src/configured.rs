@@ -226,8 +226,9 @@ impl MachineService for Configured {
             && self.shared.require_reboot.load(Ordering::SeqCst)
             && current.as_ref() != config.as_ref()
         {
-            return Err(Status::failed_precondition(
-                "the configuration changes cannot be applied without a reboot",
+            // Talos 1.13's answer when `CanApplyImmediate` refuses (talos-facts §11.1 step 9).
+            return Err(Status::invalid_argument(
+                "this config change can't be applied in immediate mode\ndiff:\n(not simulated)",
             ));
         }
         let details = match mode {

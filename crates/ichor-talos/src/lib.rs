@@ -110,11 +110,13 @@
 
 pub mod client;
 pub mod discovery;
+pub mod error;
 pub mod ops;
 pub mod resources;
 pub mod tls;
 
 pub use client::{Applied, ApplyMode, Credentials, TalosClient, TalosError};
+pub use error::{ApplyRefusal, Category};
 pub use ops::{Bootstrapped, EtcdMember, EtcdStatus, ResetOptions, Service};
 pub use resources::{Inventory, MachineStatus, Stage, UnattendedInstall};
 pub use tls::{NotACertificate, fingerprint_der, fingerprint_pem};

@@ -3,6 +3,7 @@
 //! a write guarded by `resourceVersion`, so concurrent deletes are serialized (ADR 7).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use ichor_api::names::{annotations, reasons};
@@ -47,22 +48,30 @@ impl Decision {
 
 pub use ichor_api::reservation::{Reservation, reservations};
 
-fn now() -> u64 {
+/// Where the guard reads the time: Unix seconds.
+pub type Clock = Arc<dyn Fn() -> u64 + Send + Sync>;
+
+/// The system clock, in Unix seconds.
+pub fn system_clock() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
 }
 
-/// The reservations still standing: their machine exists with the same uid and is either
-/// being deleted or was admitted less than the TTL ago.
-fn live_reservations(all: Vec<Reservation>, machines: &[TalosMachine]) -> Vec<Reservation> {
+/// The reservations still standing at `now` (Unix seconds): their machine exists with the
+/// same uid and is either being deleted or was admitted less than the TTL ago.
+fn live_reservations(
+    all: Vec<Reservation>,
+    machines: &[TalosMachine],
+    now: u64,
+) -> Vec<Reservation> {
     all.into_iter()
         .filter(|r| {
             machines.iter().any(|m| {
                 m.metadata.name.as_deref() == Some(r.machine.as_str())
                     && m.metadata.uid.as_deref() == Some(r.uid.as_str())
                     && (m.metadata.deletion_timestamp.is_some()
-                        || now().saturating_sub(r.at) < RESERVATION_TTL.as_secs())
+                        || now.saturating_sub(r.at) < RESERVATION_TTL.as_secs())
             })
         })
         .collect()
@@ -72,6 +81,7 @@ fn live_reservations(all: Vec<Reservation>, machines: &[TalosMachine]) -> Vec<Re
 #[derive(Clone)]
 pub struct Guard {
     client: kube::Client,
+    clock: Clock,
 }
 
 /// What went wrong reading live state or decoding the request.
@@ -105,7 +115,17 @@ fn decode<T: serde::de::DeserializeOwned>(
 impl Guard {
     /// A guard reading through `client`.
     pub fn new(client: kube::Client) -> Self {
-        Self { client }
+        Self {
+            client,
+            clock: Arc::new(system_clock),
+        }
+    }
+
+    /// The same guard reading the time from `clock`.
+    #[must_use]
+    pub fn with_clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
     }
 
     /// Decides on one request. Errors mean live state could not be read; the caller refuses
@@ -150,6 +170,7 @@ impl Guard {
         let machines_api: Api<TalosMachine> = Api::namespaced(self.client.clone(), &namespace);
         let clusters: Api<TalosCluster> = Api::namespaced(self.client.clone(), &namespace);
         for _ in 0..ATTEMPTS {
+            let now = (self.clock)();
             let cluster = clusters.get_opt(&cluster_name).await?;
             let machines: Vec<TalosMachine> = machines_api
                 .list(&ListParams::default())
@@ -160,7 +181,7 @@ impl Guard {
                 .collect();
             let standing = cluster
                 .as_ref()
-                .map(|c| live_reservations(reservations(c), &machines))
+                .map(|c| live_reservations(reservations(c), &machines, now))
                 .unwrap_or_default();
             let target_uid = target.metadata.uid.clone().unwrap_or_default();
             let inputs: Vec<Machine> = machines
@@ -199,7 +220,7 @@ impl Guard {
                 next.push(Reservation {
                     machine: target.metadata.name.clone().unwrap_or_default(),
                     uid: target_uid.clone(),
-                    at: now(),
+                    at: now,
                 });
             }
             let value = ichor_api::reservation::annotation_value(&next);
@@ -215,7 +236,7 @@ impl Guard {
                 .await
             {
                 Ok(_) => return Ok(Decision::Allow),
-                Err(kube::Error::Api(status)) if status.code == 409 => {}
+                Err(kube::Error::Api(status)) if status.is_conflict() => {}
                 Err(error) => return Err(error.into()),
             }
         }
@@ -229,4 +250,56 @@ pub fn unavailable(error: &GuardError) -> Decision {
         reasons::LIVE_STATE_UNAVAILABLE,
         format!("refused because the webhook cannot check it safely: {error}; retry shortly"),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn machine(name: &str, uid: &str, deleting: bool) -> TalosMachine {
+        let spec = serde_json::from_value(serde_json::json!({"clusterRef": {"name": "lab"}}))
+            .expect("a spec");
+        let mut machine = TalosMachine::new(name, spec);
+        machine.metadata.uid = Some(uid.to_owned());
+        if deleting {
+            machine.metadata.deletion_timestamp =
+                Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    "2026-12-03T10:00:00Z".parse().expect("timestamp"),
+                ));
+        }
+        machine
+    }
+
+    fn reservation(machine: &str, uid: &str, at: u64) -> Reservation {
+        Reservation {
+            machine: machine.into(),
+            uid: uid.into(),
+            at,
+        }
+    }
+
+    #[test]
+    fn a_reservation_stands_for_its_ttl_or_while_its_machine_is_deleted() {
+        let at = 1_000_000;
+        let ttl = RESERVATION_TTL.as_secs();
+        let machines = [machine("cp-1", "u1", false), machine("cp-2", "u2", true)];
+        let all = vec![
+            reservation("cp-1", "u1", at),
+            reservation("cp-2", "u2", at),
+            reservation("cp-3", "u3", at),
+            reservation("cp-1", "recreated", at),
+        ];
+        let live = |now| {
+            live_reservations(all.clone(), &machines, now)
+                .into_iter()
+                .map(|r| r.machine)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(live(at + ttl - 1), ["cp-1", "cp-2"]);
+        assert_eq!(
+            live(at + ttl),
+            ["cp-2"],
+            "expired, but cp-2 is being deleted"
+        );
+    }
 }
