@@ -1,7 +1,12 @@
-//! Leader election on a `coordination.k8s.io` Lease: each replica has its own identity (its pod
-//! name); only the holder runs the controllers. A leader that cannot renew in time stops.
+//! Leader election on a `coordination.k8s.io` Lease (why our own: docs/adr/0015): each
+//! replica has its own identity (its pod name); only the holder runs the controllers. Every
+//! replica is Ready, leader or standby. A leader that cannot renew in time, or finds the lease
+//! taken, stops.
+//!
+//! The decisions are pure functions of the observed Lease and the time ([`decide`],
+//! [`expired`], [`renewal_overdue`]); [`try_acquire`] observes, decides and writes once.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
@@ -23,13 +28,67 @@ pub struct LeaseSettings {
     pub retry: Duration,
 }
 
-fn expired(lease: &Lease, now: Timestamp) -> bool {
-    let Some(spec) = &lease.spec else { return true };
+/// Whether a lease has run out at `now`: renewed longer ago than its duration, or never
+/// renewed at all.
+pub fn expired(spec: &LeaseSpec, now: Timestamp) -> bool {
     let (Some(renewed), Some(seconds)) = (&spec.renew_time, spec.lease_duration_seconds) else {
         return true;
     };
-    let until = renewed.0 + std::time::Duration::from_secs(u64::try_from(seconds).unwrap_or(0));
+    let until = renewed.0 + Duration::from_secs(u64::try_from(seconds).unwrap_or(0));
     until < now
+}
+
+/// What a replica does with the Lease it observed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseDecision {
+    /// There is no Lease: create it, holding it.
+    Create,
+    /// It holds the Lease: renew it.
+    Renew,
+    /// Another holder's lease ran out (or has no holder): take it over.
+    TakeOver,
+    /// Another replica holds a current lease: stand by.
+    StandBy,
+}
+
+/// Decides what `identity` does with the observed Lease spec at `now`.
+pub fn decide(observed: Option<&LeaseSpec>, identity: &str, now: Timestamp) -> LeaseDecision {
+    let Some(spec) = observed else {
+        return LeaseDecision::Create;
+    };
+    match spec.holder_identity.as_deref() {
+        Some(holder) if holder == identity => LeaseDecision::Renew,
+        Some(holder) if !holder.is_empty() && !expired(spec, now) => LeaseDecision::StandBy,
+        _ => LeaseDecision::TakeOver,
+    }
+}
+
+/// Whether a leader last renewed at `renewed` must stop at `now`: its lease may have run out,
+/// so another replica may lead.
+pub fn renewal_overdue(renewed: Instant, now: Instant, duration: Duration) -> bool {
+    now.saturating_duration_since(renewed) >= duration
+}
+
+/// The Lease spec `identity` writes at `now`, over what it observed (`None` when creating).
+fn claimed(
+    observed: Option<&LeaseSpec>,
+    settings: &LeaseSettings,
+    decision: LeaseDecision,
+    now: Timestamp,
+) -> LeaseSpec {
+    let mut spec = observed.cloned().unwrap_or_default();
+    if decision != LeaseDecision::Renew {
+        spec.acquire_time = Some(MicroTime(now));
+        spec.lease_transitions = Some(match observed {
+            None => 0,
+            Some(old) => old.lease_transitions.unwrap_or(0) + 1,
+        });
+    }
+    spec.holder_identity = Some(settings.identity.clone());
+    spec.lease_duration_seconds =
+        Some(i32::try_from(settings.duration.as_secs()).unwrap_or(i32::MAX));
+    spec.renew_time = Some(MicroTime(now));
+    spec
 }
 
 /// Tries once to take or renew the lease; returns whether this replica holds it.
@@ -39,55 +98,40 @@ pub async fn try_acquire(
 ) -> Result<bool, kube::Error> {
     let leases: Api<Lease> = Api::namespaced(client.clone(), &settings.namespace);
     let now = Timestamp::now();
-    let seconds = i32::try_from(settings.duration.as_secs()).unwrap_or(i32::MAX);
-    match leases.get_opt(&settings.name).await? {
-        None => {
+    let observed = leases.get_opt(&settings.name).await?;
+    let observed_spec = observed
+        .as_ref()
+        .map(|l| l.spec.clone().unwrap_or_default());
+    let decision = decide(observed_spec.as_ref(), &settings.identity, now);
+    let spec = claimed(observed_spec.as_ref(), settings, decision, now);
+    let written = match (decision, observed) {
+        (LeaseDecision::StandBy, _) => return Ok(false),
+        (_, None) => {
             let lease = Lease {
                 metadata: ObjectMeta {
                     name: Some(settings.name.clone()),
                     namespace: Some(settings.namespace.clone()),
                     ..Default::default()
                 },
-                spec: Some(LeaseSpec {
-                    holder_identity: Some(settings.identity.clone()),
-                    lease_duration_seconds: Some(seconds),
-                    acquire_time: Some(MicroTime(now)),
-                    renew_time: Some(MicroTime(now)),
-                    lease_transitions: Some(0),
-                    ..Default::default()
-                }),
+                spec: Some(spec),
             };
-            match leases.create(&PostParams::default(), &lease).await {
-                Ok(_) => Ok(true),
-                Err(kube::Error::Api(status)) if status.code == 409 => Ok(false),
-                Err(error) => Err(error),
-            }
+            leases.create(&PostParams::default(), &lease).await
         }
-        Some(mut lease) => {
-            let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
-            let holder = spec.holder_identity.clone();
-            let mine = holder.as_deref() == Some(settings.identity.as_str());
-            if !mine && !expired(&lease, now) {
-                return Ok(false);
-            }
-            let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
-            if !mine {
-                spec.acquire_time = Some(MicroTime(now));
-                spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
-            }
-            spec.holder_identity = Some(settings.identity.clone());
-            spec.lease_duration_seconds = Some(seconds);
-            spec.renew_time = Some(MicroTime(now));
+        (_, Some(mut lease)) => {
+            lease.spec = Some(spec);
             // The resourceVersion read above makes a concurrent taker's write conflict.
-            match leases
+            leases
                 .replace(&settings.name, &PostParams::default(), &lease)
                 .await
-            {
-                Ok(_) => Ok(true),
-                Err(kube::Error::Api(status)) if status.code == 409 => Ok(false),
-                Err(error) => Err(error),
-            }
         }
+    };
+    match written {
+        Ok(_) => Ok(true),
+        // Another replica created or wrote it first.
+        Err(kube::Error::Api(status)) if status.is_already_exists() || status.is_conflict() => {
+            Ok(false)
+        }
+        Err(error) => Err(error),
     }
 }
 
@@ -103,23 +147,116 @@ pub async fn acquire(client: &kube::Client, settings: &LeaseSettings) {
     }
 }
 
-/// Renews the lease until a renewal fails to land within the lease duration; then returns
-/// (the caller stops leading).
+/// Renews the lease until a renewal fails to land within the lease duration, or another
+/// replica holds it; then returns (the caller stops leading).
 pub async fn hold(client: &kube::Client, settings: &LeaseSettings) {
-    let mut last = std::time::Instant::now();
+    let mut renewed = Instant::now();
     loop {
         tokio::time::sleep(settings.retry).await;
         match try_acquire(client, settings).await {
-            Ok(true) => last = std::time::Instant::now(),
+            Ok(true) => renewed = Instant::now(),
             Ok(false) => {
                 tracing::error!("the lease was taken by another replica");
                 return;
             }
             Err(error) => tracing::warn!(%error, "lease renewal failed"),
         }
-        if last.elapsed() >= settings.duration {
+        if renewal_overdue(renewed, Instant::now(), settings.duration) {
             tracing::error!("the lease could not be renewed in time");
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// 2026-01-01T00:00:00Z plus `offset_seconds`.
+    fn at(offset_seconds: i64) -> Timestamp {
+        Timestamp::from_second(1_767_225_600 + offset_seconds).expect("a time")
+    }
+
+    fn held_by(holder: &str, renewed: i64, seconds: i32) -> LeaseSpec {
+        LeaseSpec {
+            holder_identity: Some(holder.into()),
+            renew_time: Some(MicroTime(at(renewed))),
+            lease_duration_seconds: Some(seconds),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_lease_runs_out_once_its_duration_has_passed_since_the_renewal() {
+        let spec = held_by("a", 0, 15);
+        assert!(!expired(&spec, at(0)));
+        assert!(!expired(&spec, at(15)), "still current at the last instant");
+        assert!(expired(&spec, at(16)));
+        assert!(expired(&LeaseSpec::default(), at(0)), "never renewed");
+    }
+
+    #[test]
+    fn a_replica_renews_its_own_lease_and_stands_by_for_a_current_one() {
+        let spec = held_by("a", 0, 15);
+        assert_eq!(decide(Some(&spec), "a", at(5)), LeaseDecision::Renew);
+        assert_eq!(decide(Some(&spec), "b", at(5)), LeaseDecision::StandBy);
+        assert_eq!(
+            decide(Some(&spec), "a", at(60)),
+            LeaseDecision::Renew,
+            "its own lease, even late: it renews (hold decides whether it was too late)"
+        );
+    }
+
+    #[test]
+    fn a_replica_takes_over_a_lease_that_ran_out_or_has_no_holder() {
+        assert_eq!(
+            decide(Some(&held_by("a", 0, 15)), "b", at(16)),
+            LeaseDecision::TakeOver
+        );
+        assert_eq!(
+            decide(Some(&held_by("", 0, 15)), "b", at(1)),
+            LeaseDecision::TakeOver,
+            "a released lease"
+        );
+        assert_eq!(decide(None, "b", at(0)), LeaseDecision::Create);
+    }
+
+    #[test]
+    fn a_takeover_counts_a_transition_and_a_renewal_does_not() {
+        let settings = LeaseSettings {
+            namespace: "ns".into(),
+            name: "l".into(),
+            identity: "b".into(),
+            duration: Duration::from_secs(15),
+            retry: Duration::from_secs(3),
+        };
+        let mut old = held_by("a", 0, 15);
+        old.lease_transitions = Some(2);
+        let taken = claimed(Some(&old), &settings, LeaseDecision::TakeOver, at(20));
+        assert_eq!(taken.holder_identity.as_deref(), Some("b"));
+        assert_eq!(taken.lease_transitions, Some(3));
+        assert_eq!(taken.acquire_time, Some(MicroTime(at(20))));
+        let renewed = claimed(Some(&taken), &settings, LeaseDecision::Renew, at(23));
+        assert_eq!(renewed.lease_transitions, Some(3));
+        assert_eq!(renewed.acquire_time, Some(MicroTime(at(20))));
+        assert_eq!(renewed.renew_time, Some(MicroTime(at(23))));
+        let created = claimed(None, &settings, LeaseDecision::Create, at(0));
+        assert_eq!(created.lease_transitions, Some(0));
+    }
+
+    #[test]
+    fn a_leader_stops_once_a_whole_duration_passed_without_a_renewal() {
+        let renewed = Instant::now();
+        let duration = Duration::from_secs(15);
+        assert!(!renewal_overdue(
+            renewed,
+            renewed + Duration::from_secs(14),
+            duration
+        ));
+        assert!(renewal_overdue(
+            renewed,
+            renewed + Duration::from_secs(15),
+            duration
+        ));
     }
 }

@@ -298,11 +298,15 @@ where
     action
 }
 
-/// Runs both controllers until `shutdown` resolves.
+/// Runs the controllers until `shutdown` resolves. Talos API calls made meanwhile are timed
+/// into `ctx.metrics` (the process-wide observer of `ichor_talos::client::observe`, installed
+/// by the first `run`).
 pub async fn run(
     ctx: Arc<Context>,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
+    let metrics = Arc::clone(&ctx.metrics);
+    ichor_talos::client::observe(Arc::new(move |rpc| metrics.talos_rpc(rpc)));
     let clusters: Api<TalosCluster> = Api::all(ctx.client.clone());
     let machines: Api<TalosMachine> = Api::all(ctx.client.clone());
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -330,6 +334,9 @@ pub async fn run(
     // A cluster's change (patches, versions) re-renders each of its machines.
     let machine_controller = Controller::new(machines, watcher::Config::default());
     let known = machine_controller.store();
+    // The machine gauge is counted from this cache at scrape time: a deleted machine leaves
+    // it, so it leaves the gauge.
+    ctx.metrics.watch_machines(machine_controller.store());
     let machine_controller = machine_controller
         .watches(
             clusters.clone(),

@@ -1,78 +1,281 @@
-//! Prometheus metrics: reconciles and their durations per kind, errors by reason, machines by
-//! phase. Rendered in the text exposition format.
+//! The manager's Prometheus metrics (`prometheus-client`): reconciles, their durations and
+//! errors; Talos RPC latency; machines by namespace and phase, computed at scrape time from the
+//! machine controller's cache so that deleted machines vanish by construction; whether this
+//! replica leads. Served by `ichor_service::serve` (see [`crate::http`]).
 
-use std::collections::BTreeMap;
-use std::fmt::Write as _;
-use std::sync::Mutex;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use ichor_api::machine::MachinePhase;
+use ichor_api::TalosMachine;
+use ichor_service::Registry;
+use kube::ResourceExt as _;
+use kube::runtime::reflector::Store;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric as _};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 
-/// The manager's metrics.
-#[derive(Debug, Default)]
+/// A kind label (`TalosCluster`, `TalosMachine`, `TalosOperation`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabel {
+    kind: String,
+}
+
+/// A failure reason label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: String,
+}
+
+/// The labels of a Talos RPC: gRPC service and method, and the result code.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RpcLabels {
+    service: String,
+    method: String,
+    code: String,
+}
+
+/// The labels of the machine gauge.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PhaseLabels {
+    namespace: String,
+    phase: String,
+}
+
+type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
+
+/// Reconciles take milliseconds to tens of seconds (a bootstrap waits for the node).
+fn reconcile_buckets() -> Histogram {
+    Histogram::new(exponential_buckets(0.005, 2.0, 14))
+}
+
+/// Talos calls take milliseconds to the 30 s request limit.
+fn rpc_buckets() -> Histogram {
+    Histogram::new(exponential_buckets(0.002, 2.0, 15))
+}
+
+/// Machines by namespace and phase, counted from the machine controller's cache at each
+/// scrape; nothing is reported before [`Metrics::watch_machines`] hands the cache over.
+#[derive(Default)]
+struct MachinePhases {
+    store: RwLock<Option<Store<TalosMachine>>>,
+}
+
+impl std::fmt::Debug for MachinePhases {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MachinePhases").finish_non_exhaustive()
+    }
+}
+
+impl MachinePhases {
+    fn counts(&self) -> Family<PhaseLabels, Gauge> {
+        let family = Family::<PhaseLabels, Gauge>::default();
+        let machines = self
+            .store
+            .read()
+            .ok()
+            .and_then(|s| s.as_ref().map(Store::state))
+            .unwrap_or_default();
+        for machine in machines {
+            let phase = machine.status.as_ref().map(|s| s.phase).unwrap_or_default();
+            family
+                .get_or_create(&PhaseLabels {
+                    namespace: machine.namespace().unwrap_or_default(),
+                    phase: format!("{phase:?}"),
+                })
+                .inc();
+        }
+        family
+    }
+}
+
+impl Collector for MachinePhases {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let family = self.counts();
+        let metric = encoder.encode_descriptor(
+            "ichor_machines",
+            "TalosMachines by namespace and phase.",
+            None,
+            family.metric_type(),
+        )?;
+        family.encode(metric)
+    }
+}
+
+/// The manager's metrics, registered in one registry.
+#[derive(Debug)]
 pub struct Metrics {
-    reconciles: Mutex<BTreeMap<String, (u64, f64)>>,
-    errors: Mutex<BTreeMap<String, u64>>,
-    phases: Mutex<BTreeMap<String, String>>,
+    registry: Arc<Registry>,
+    reconciles: Family<KindLabel, Counter>,
+    durations: Histograms<KindLabel>,
+    errors: Family<ReasonLabel, Counter>,
+    rpcs: Histograms<RpcLabels>,
+    leader: Gauge,
+    machines: Arc<MachinePhases>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::default();
+        let reconciles = Family::<KindLabel, Counter>::default();
+        registry.register(
+            "ichor_reconciles",
+            "Reconciles by kind.",
+            reconciles.clone(),
+        );
+        let durations: Histograms<KindLabel> =
+            Family::new_with_constructor(reconcile_buckets as fn() -> Histogram);
+        registry.register(
+            "ichor_reconcile_duration_seconds",
+            "How long reconciles take, by kind.",
+            durations.clone(),
+        );
+        let errors = Family::<ReasonLabel, Counter>::default();
+        registry.register(
+            "ichor_reconcile_errors",
+            "Failed reconciles by reason.",
+            errors.clone(),
+        );
+        let rpcs: Histograms<RpcLabels> =
+            Family::new_with_constructor(rpc_buckets as fn() -> Histogram);
+        registry.register(
+            "ichor_talos_rpc_duration_seconds",
+            "How long Talos API calls take (to the reply's headers), by service, method and gRPC code.",
+            rpcs.clone(),
+        );
+        let leader = Gauge::default();
+        registry.register(
+            "ichor_leader",
+            "Whether this replica leads (1) or stands by (0).",
+            leader.clone(),
+        );
+        let machines = Arc::new(MachinePhases::default());
+        registry.register_collector(Box::new(Arc::clone(&machines)));
+        Self {
+            registry: Arc::new(registry),
+            reconciles,
+            durations,
+            errors,
+            rpcs,
+            leader,
+            machines,
+        }
+    }
 }
 
 impl Metrics {
     /// Counts one reconcile of `kind` that took `took`.
     pub fn reconciled(&self, kind: &str, took: Duration) {
-        if let Ok(mut map) = self.reconciles.lock() {
-            let entry = map.entry(kind.to_owned()).or_default();
-            entry.0 += 1;
-            entry.1 += took.as_secs_f64();
-        }
+        let label = KindLabel {
+            kind: kind.to_owned(),
+        };
+        self.reconciles.get_or_create(&label).inc();
+        self.durations
+            .get_or_create(&label)
+            .observe(took.as_secs_f64());
     }
 
     /// Counts one failed reconcile by reason.
     pub fn error(&self, reason: &str) {
-        if let Ok(mut map) = self.errors.lock() {
-            *map.entry(reason.to_owned()).or_default() += 1;
+        self.errors
+            .get_or_create(&ReasonLabel {
+                reason: reason.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Records one Talos API call (see `ichor_talos::client::observe`).
+    pub fn talos_rpc(&self, rpc: &ichor_talos::client::Rpc<'_>) {
+        self.rpcs
+            .get_or_create(&RpcLabels {
+                service: rpc.service.to_owned(),
+                method: rpc.method.to_owned(),
+                code: format!("{:?}", rpc.code),
+            })
+            .observe(rpc.took.as_secs_f64());
+    }
+
+    /// Records whether this replica leads.
+    pub fn set_leading(&self, leading: bool) {
+        self.leader.set(i64::from(leading));
+    }
+
+    /// Counts machines by phase from `store` (the machine controller's cache) at each scrape.
+    pub fn watch_machines(&self, store: Store<TalosMachine>) {
+        if let Ok(mut slot) = self.machines.store.write() {
+            *slot = Some(store);
         }
     }
 
-    /// Records a machine's phase.
-    pub fn phase(&self, machine: &str, phase: MachinePhase) {
-        if let Ok(mut map) = self.phases.lock() {
-            map.insert(machine.to_owned(), format!("{phase:?}"));
-        }
+    /// Kept for the reconcilers that report a phase change: the machine gauge is read from
+    /// the cache at scrape time ([`Metrics::watch_machines`]), so this records nothing.
+    pub fn phase(&self, _machine: &str, _phase: ichor_api::machine::MachinePhase) {}
+
+    /// The registry holding all of the above, for the HTTP endpoint.
+    pub fn registry(&self) -> Arc<Registry> {
+        Arc::clone(&self.registry)
     }
 
-    /// The text exposition.
+    /// The text exposition (Prometheus text format).
     pub fn render(&self) -> String {
-        let mut out = String::new();
-        out.push_str("# HELP ichor_reconciles_total Reconciles by kind.\n# TYPE ichor_reconciles_total counter\n");
-        out.push_str("# HELP ichor_reconcile_seconds_total Time spent reconciling by kind.\n# TYPE ichor_reconcile_seconds_total counter\n");
-        if let Ok(map) = self.reconciles.lock() {
-            for (kind, (count, seconds)) in map.iter() {
-                let _ = writeln!(out, "ichor_reconciles_total{{kind=\"{kind}\"}} {count}");
-                let _ = writeln!(
-                    out,
-                    "ichor_reconcile_seconds_total{{kind=\"{kind}\"}} {seconds}"
-                );
-            }
-        }
-        out.push_str("# HELP ichor_reconcile_errors_total Failed reconciles by reason.\n# TYPE ichor_reconcile_errors_total counter\n");
-        if let Ok(map) = self.errors.lock() {
-            for (reason, count) in map.iter() {
-                let _ = writeln!(
-                    out,
-                    "ichor_reconcile_errors_total{{reason=\"{reason}\"}} {count}"
-                );
-            }
-        }
-        out.push_str("# HELP ichor_machines Machines by phase.\n# TYPE ichor_machines gauge\n");
-        if let Ok(map) = self.phases.lock() {
-            let mut by_phase: BTreeMap<&str, u64> = BTreeMap::new();
-            for phase in map.values() {
-                *by_phase.entry(phase).or_default() += 1;
-            }
-            for (phase, count) in by_phase {
-                let _ = writeln!(out, "ichor_machines{{phase=\"{phase}\"}} {count}");
-            }
-        }
-        out
+        ichor_service::render(&self.registry)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::runtime::reflector;
+    use kube::runtime::watcher::Event;
+
+    fn machine(namespace: &str, name: &str) -> TalosMachine {
+        let mut machine = TalosMachine::new(
+            name,
+            ichor_api::machine::TalosMachineSpec {
+                cluster_ref: ichor_api::common::LocalObjectReference { name: "c".into() },
+                role: None,
+                approval_state: ichor_api::machine::ApprovalState::Pending,
+                endpoints: Vec::new(),
+                fingerprint: None,
+                hostname: None,
+                install: None,
+                config_patches: Vec::new(),
+            },
+        );
+        machine.metadata.namespace = Some(namespace.into());
+        machine
+    }
+
+    #[test]
+    fn machines_are_counted_by_namespace_and_vanish_once_deleted() {
+        let (store, mut writer) = reflector::store::<TalosMachine>();
+        let metrics = Metrics::default();
+        metrics.watch_machines(store);
+        let (a, b) = (machine("ns-a", "m1"), machine("ns-b", "m2"));
+        writer.apply_watcher_event(&Event::Apply(a.clone()));
+        writer.apply_watcher_event(&Event::Apply(b));
+        let text = metrics.render();
+        assert!(
+            text.contains("ichor_machines{namespace=\"ns-a\",phase=\"Pending\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("ichor_machines{namespace=\"ns-b\",phase=\"Pending\"} 1"),
+            "{text}"
+        );
+        writer.apply_watcher_event(&Event::Delete(a));
+        let text = metrics.render();
+        assert!(!text.contains("namespace=\"ns-a\""), "{text}");
+        assert!(text.contains("namespace=\"ns-b\""), "{text}");
+    }
+
+    #[test]
+    fn the_leader_gauge_follows_leadership() {
+        let metrics = Metrics::default();
+        assert!(metrics.render().contains("ichor_leader 0"));
+        metrics.set_leading(true);
+        assert!(metrics.render().contains("ichor_leader 1"));
     }
 }

@@ -1,8 +1,9 @@
 //! Connections to a Talos node and the typed operations on them.
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
+use tonic::codegen::{GrpcMethod, Service, http};
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
 use crate::api::machine::machine_service_client::MachineServiceClient;
@@ -13,6 +14,90 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Limit for one call's answer (a partitioned node accepts connections but never answers).
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// One finished Talos API call, as an [`observe`]r sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct Rpc<'a> {
+    /// The gRPC service (`machine.MachineService`, `cosi.resource.State`, ...).
+    pub service: &'a str,
+    /// The method (`Version`, `Get`, ...).
+    pub method: &'a str,
+    /// The result: the code of a trailers-only reply (how servers report a failed call),
+    /// `Unavailable` when the transport failed, else `Ok`.
+    pub code: tonic::Code,
+    /// From the call to the reply's headers (for a stream: to its start).
+    pub took: Duration,
+}
+
+/// Something told about every Talos API call a [`TalosClient`] makes.
+pub type Observer = Arc<dyn Fn(&Rpc<'_>) + Send + Sync>;
+
+static OBSERVER: OnceLock<Observer> = OnceLock::new();
+
+/// Installs the process-wide observer of every call made through a [`TalosClient`]'s typed
+/// operations (a metrics histogram, say); set once, for the life of the process. Returns
+/// false (and keeps the first) when one is already installed. Calls made on the raw
+/// [`TalosClient::channel`] are not observed.
+pub fn observe(observer: Observer) -> bool {
+    OBSERVER.set(observer).is_ok()
+}
+
+/// A [`Channel`] whose calls are reported to the [`observe`]r, if one is installed.
+#[derive(Debug, Clone)]
+pub struct Observed {
+    inner: Channel,
+}
+
+impl Service<http::Request<tonic::body::Body>> for Observed {
+    type Response = http::Response<tonic::body::Body>;
+    type Error = tonic::transport::Error;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<Self::Response, Self::Error>> + Send>,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
+        let observer = OBSERVER.get().cloned();
+        let names = request
+            .extensions()
+            .get::<GrpcMethod>()
+            .map(|m| (m.service().to_owned(), m.method().to_owned()));
+        let call = self.inner.call(request);
+        Box::pin(async move {
+            let started = Instant::now();
+            let result = call.await;
+            if let Some(observer) = observer {
+                let (service, method) = names.unwrap_or_default();
+                observer(&Rpc {
+                    service: &service,
+                    method: &method,
+                    code: reply_code(&result),
+                    took: started.elapsed(),
+                });
+            }
+            result
+        })
+    }
+}
+
+/// The code a reply's headers carry (a trailers-only reply: a failed call), else `Ok`.
+fn reply_code<B, E>(result: &Result<http::Response<B>, E>) -> tonic::Code {
+    match result {
+        Err(_) => tonic::Code::Unavailable,
+        Ok(reply) => reply
+            .headers()
+            .get("grpc-status")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<i32>().ok())
+            .map_or(tonic::Code::Ok, tonic::Code::from_i32),
+    }
+}
 
 /// What went wrong talking to a node.
 #[derive(Debug, thiserror::Error)]
@@ -420,9 +505,16 @@ impl TalosClient {
         }
     }
 
-    /// The underlying channel, for calls without a typed wrapper yet.
+    /// The underlying channel, for calls without a typed wrapper yet (not [`observe`]d).
     pub fn channel(&self) -> Channel {
         self.channel.clone()
+    }
+
+    /// The channel the typed operations use: every call is reported to the [`observe`]r.
+    pub fn transport(&self) -> Observed {
+        Observed {
+            inner: self.channel.clone(),
+        }
     }
 
     /// The node's address.
@@ -437,7 +529,7 @@ impl TalosClient {
         mode: ApplyMode,
     ) -> Result<Applied, TalosError> {
         const METHOD: &str = "ApplyConfiguration";
-        let reply = MachineServiceClient::new(self.channel.clone())
+        let reply = MachineServiceClient::new(self.transport())
             .apply_configuration(
                 self.request(crate::api::machine::ApplyConfigurationRequest {
                     data: config.to_vec(),
@@ -463,12 +555,37 @@ impl TalosClient {
     /// The Talos version the node runs (`VersionInfo.tag`, e.g. `v1.14.1`).
     pub async fn version(&self) -> Result<String, TalosError> {
         const METHOD: &str = "Version";
-        let reply = MachineServiceClient::new(self.channel.clone())
+        let reply = MachineServiceClient::new(self.transport())
             .version(self.request(()))
             .await
             .map_err(self.rpc_error(METHOD))?
             .into_inner();
         let first = self.single(METHOD, reply.messages, |m| m.metadata.as_ref())?;
         Ok(first.version.map(|v| v.tag).unwrap_or_default())
+    }
+}
+
+#[cfg(test)]
+mod observer_tests {
+    use super::*;
+
+    fn reply(status: Option<&str>) -> Result<http::Response<()>, ()> {
+        let mut builder = http::Response::builder();
+        if let Some(status) = status {
+            builder = builder.header("grpc-status", status);
+        }
+        Ok(builder.body(()).expect("a response"))
+    }
+
+    #[test]
+    fn a_reply_code_is_the_trailers_only_status_else_ok() {
+        assert_eq!(reply_code(&reply(None)), tonic::Code::Ok);
+        assert_eq!(reply_code(&reply(Some("0"))), tonic::Code::Ok);
+        assert_eq!(
+            reply_code(&reply(Some("9"))),
+            tonic::Code::FailedPrecondition
+        );
+        assert_eq!(reply_code(&reply(Some("nonsense"))), tonic::Code::Ok);
+        assert_eq!(reply_code::<(), ()>(&Err(())), tonic::Code::Unavailable);
     }
 }

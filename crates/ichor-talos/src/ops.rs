@@ -91,8 +91,8 @@ pub struct ResetOptions {
 }
 
 impl TalosClient {
-    fn machine(&self) -> MachineServiceClient<tonic::transport::Channel> {
-        MachineServiceClient::new(self.channel())
+    fn machine(&self) -> MachineServiceClient<crate::client::Observed> {
+        MachineServiceClient::new(self.transport())
     }
 
     /// Bootstraps etcd on this control plane, retrying while the node answers
@@ -316,7 +316,7 @@ impl TalosClient {
     /// Pulls an image into the system containerd (for an upgrade); returns its resolved name.
     pub async fn pull_image(&self, image: &str) -> Result<String, TalosError> {
         const METHOD: &str = "ImageService.Pull";
-        let mut stream = ImageServiceClient::new(self.channel())
+        let mut stream = ImageServiceClient::new(self.transport())
             .pull(self.request(ImageServicePullRequest {
                 containerd: Some(system_containerd()),
                 image_ref: image.into(),
@@ -337,7 +337,7 @@ impl TalosClient {
     /// non-zero exit code in the stream is a failure carrying the node's last messages.
     pub async fn upgrade(&self, image: &str) -> Result<(), TalosError> {
         const METHOD: &str = "LifecycleService.Upgrade";
-        let mut stream = LifecycleServiceClient::new(self.channel())
+        let mut stream = LifecycleServiceClient::new(self.transport())
             .upgrade(self.request(LifecycleServiceUpgradeRequest {
                 containerd: Some(system_containerd()),
                 source: Some(InstallArtifactsSource {
@@ -375,7 +375,7 @@ impl TalosClient {
     /// Wipes block devices (names without `/dev/`), quickly.
     pub async fn wipe(&self, devices: &[&str]) -> Result<(), TalosError> {
         const METHOD: &str = "BlockDeviceWipe";
-        let reply = StorageServiceClient::new(self.channel())
+        let reply = StorageServiceClient::new(self.transport())
             .block_device_wipe(
                 self.request(BlockDeviceWipeRequest {
                     devices: devices

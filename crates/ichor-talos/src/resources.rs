@@ -166,8 +166,8 @@ fn spec_of(resource: &Resource) -> Result<Value, String> {
 }
 
 impl TalosClient {
-    fn state(&self) -> StateClient<tonic::transport::Channel> {
-        StateClient::new(self.channel())
+    fn state(&self) -> StateClient<crate::client::Observed> {
+        StateClient::new(self.transport())
     }
 
     /// The spec of one resource.

@@ -215,7 +215,7 @@ pub async fn ensure_ca(client: &kube::Client, settings: &CertSettings) -> Result
             .await
         {
             Ok(_) => Ok(ca),
-            Err(kube::Error::Api(status)) if status.code == 409 => {
+            Err(kube::Error::Api(status)) if status.is_conflict() => {
                 let winner = secrets.get(&settings.secret).await?;
                 Ca::from_secret(&winner, &settings.secret)
             }
@@ -239,7 +239,7 @@ pub async fn ensure_ca(client: &kube::Client, settings: &CertSettings) -> Result
     };
     match secrets.create(&PostParams::default(), &secret).await {
         Ok(_) => Ok(ca),
-        Err(kube::Error::Api(status)) if status.code == 409 => {
+        Err(kube::Error::Api(status)) if status.is_already_exists() => {
             let winner = secrets.get(&settings.secret).await?;
             Ca::from_secret(&winner, &settings.secret)
         }
@@ -279,7 +279,7 @@ pub async fn inject_ca_bundle(
             .await
         {
             Ok(_) => return Ok(true),
-            Err(kube::Error::Api(status)) if status.code == 409 => {}
+            Err(kube::Error::Api(status)) if status.is_conflict() => {}
             Err(error) => return Err(error.into()),
         }
     }
@@ -312,6 +312,20 @@ impl ResolvesServerCert for LeafResolver {
     }
 }
 
+/// Whether a new serving leaf is due at `now`: the CA changed (or none was issued yet), or
+/// the leaf expiring at `expires` has less than `renew_before` left.
+pub fn leaf_due(
+    ca_changed: bool,
+    expires: SystemTime,
+    renew_before: Duration,
+    now: SystemTime,
+) -> bool {
+    let renew_at = expires
+        .checked_sub(renew_before)
+        .unwrap_or(SystemTime::UNIX_EPOCH);
+    ca_changed || now >= renew_at
+}
+
 /// Keeps the leaf and the `caBundle` current: on every tick, reads (or recreates) the CA;
 /// issues a new leaf when the CA changed or the leaf nears expiry; injects the CA.
 pub struct Refresher {
@@ -337,11 +351,13 @@ impl Refresher {
     /// One round. Returns the CA in use.
     pub async fn refresh(&mut self) -> Result<Ca, CertError> {
         let ca = ensure_ca(&self.client, &self.settings).await?;
-        let renew_at = self
-            .expires
-            .checked_sub(self.settings.renew_before)
-            .unwrap_or(SystemTime::UNIX_EPOCH);
-        if self.ca.as_ref() != Some(&ca) || SystemTime::now() >= renew_at {
+        let ca_changed = self.ca.as_ref() != Some(&ca);
+        if leaf_due(
+            ca_changed,
+            self.expires,
+            self.settings.renew_before,
+            SystemTime::now(),
+        ) {
             let (leaf, expires) = ca.issue_leaf(&self.settings)?;
             self.resolver.set(leaf);
             self.expires = expires;
@@ -367,5 +383,34 @@ impl Refresher {
                 tracing::warn!(%error, "certificate refresh failed; retrying");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// 2026-01-01T00:00:00Z plus `hours`.
+    fn at(hours: u64) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(1_767_225_600 + hours * 3600)
+    }
+
+    #[test]
+    fn a_leaf_is_renewed_once_less_than_the_margin_is_left() {
+        let (expires, margin) = (at(168), Duration::from_secs(56 * 3600));
+        assert!(!leaf_due(false, expires, margin, at(0)));
+        assert!(!leaf_due(false, expires, margin, at(111)));
+        assert!(leaf_due(false, expires, margin, at(112)), "56 h left");
+        assert!(leaf_due(false, expires, margin, at(200)), "expired");
+    }
+
+    #[test]
+    fn a_changed_ca_or_no_leaf_yet_means_a_new_leaf_now() {
+        let margin = Duration::from_secs(3600);
+        assert!(leaf_due(true, at(168), margin, at(0)), "the CA changed");
+        assert!(
+            leaf_due(false, SystemTime::UNIX_EPOCH, margin, at(0)),
+            "never issued"
+        );
     }
 }

@@ -6,10 +6,12 @@
 
 pub mod certs;
 pub mod guard;
+pub mod metrics;
 pub mod server;
 
 pub use certs::CertSettings;
 pub use guard::{Decision, Guard};
+pub use metrics::Metrics;
 pub use server::{Running, Settings, start};
 
 pub use ichor_api::admission::{

@@ -1,9 +1,10 @@
 //! The HTTPS admission server: `POST /validate` takes an `AdmissionReview` v1 and always
-//! answers with a well-formed one; `GET /healthz` says whether a serving certificate is loaded.
+//! answers with a well-formed one, timing each decision into [`Metrics`]; `GET /healthz` says
+//! whether a serving certificate is loaded.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::Json;
 use axum::body::Bytes;
@@ -12,11 +13,12 @@ use axum::http::StatusCode;
 use axum::routing::{get, post};
 use ichor_api::names::reasons;
 use kube::core::DynamicObject;
-use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview};
+use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
 
 use crate::Error;
 use crate::certs::{CertSettings, LeafResolver, Refresher};
 use crate::guard::{Decision, Guard, unavailable};
+use crate::metrics::Metrics;
 
 /// How long a decision may take: under the webhook's 10 s timeout, so the apiserver gets a
 /// refusal rather than a timeout.
@@ -37,6 +39,37 @@ pub struct Settings {
 struct AppState {
     guard: Guard,
     resolver: Arc<LeafResolver>,
+    metrics: Arc<Metrics>,
+}
+
+/// What a review was about: the resource and the operation, as metric labels.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Subject {
+    resource: String,
+    operation: &'static str,
+}
+
+impl Subject {
+    const UNKNOWN: &'static str = "unknown";
+
+    fn unknown() -> Self {
+        Self {
+            resource: Self::UNKNOWN.to_owned(),
+            operation: Self::UNKNOWN,
+        }
+    }
+
+    fn of(request: &AdmissionRequest<DynamicObject>) -> Self {
+        Self {
+            resource: request.resource.resource.clone(),
+            operation: match request.operation {
+                Operation::Create => "CREATE",
+                Operation::Update => "UPDATE",
+                Operation::Delete => "DELETE",
+                Operation::Connect => "CONNECT",
+            },
+        }
+    }
 }
 
 /// An answer for a request that could not be read: refused, with the request's uid when
@@ -55,14 +88,38 @@ fn invalid(body: &[u8], why: &str) -> AdmissionReview<DynamicObject> {
 
 /// Decides on one review body.
 pub async fn review(guard: &Guard, body: &[u8]) -> AdmissionReview<DynamicObject> {
+    decide(guard, body).await.0
+}
+
+/// Decides on one review body and records how long it took in `metrics`.
+pub async fn review_timed(
+    guard: &Guard,
+    metrics: &Metrics,
+    body: &[u8],
+) -> AdmissionReview<DynamicObject> {
+    let started = Instant::now();
+    let (answer, subject) = decide(guard, body).await;
+    let allowed = answer.response.as_ref().is_some_and(|r| r.allowed);
+    metrics.admitted(
+        &subject.resource,
+        subject.operation,
+        allowed,
+        started.elapsed(),
+    );
+    answer
+}
+
+/// The answer to one review body, and what it was about.
+async fn decide(guard: &Guard, body: &[u8]) -> (AdmissionReview<DynamicObject>, Subject) {
     let parsed: AdmissionReview<DynamicObject> = match serde_json::from_slice(body) {
         Ok(review) => review,
-        Err(error) => return invalid(body, &error.to_string()),
+        Err(error) => return (invalid(body, &error.to_string()), Subject::unknown()),
     };
     let request: AdmissionRequest<DynamicObject> = match parsed.try_into() {
         Ok(request) => request,
-        Err(_) => return invalid(body, "it carries no request"),
+        Err(_) => return (invalid(body, "it carries no request"), Subject::unknown()),
     };
+    let subject = Subject::of(&request);
     let response = AdmissionResponse::from(&request);
     let decision = match tokio::time::timeout(DECISION_TIMEOUT, guard.decide(&request)).await {
         Ok(Ok(decision)) => decision,
@@ -86,14 +143,14 @@ pub async fn review(guard: &Guard, body: &[u8]) -> AdmissionReview<DynamicObject
             denied
         }
     };
-    response.into_review()
+    (response.into_review(), subject)
 }
 
 async fn validate(
     State(state): State<AppState>,
     body: Bytes,
 ) -> Json<AdmissionReview<DynamicObject>> {
-    Json(review(&state.guard, &body).await)
+    Json(review_timed(&state.guard, &state.metrics, &body).await)
 }
 
 async fn healthz(State(state): State<AppState>) -> (StatusCode, &'static str) {
@@ -114,12 +171,18 @@ pub struct Running {
     handle: axum_server::Handle<SocketAddr>,
     server: tokio::task::JoinHandle<std::io::Result<()>>,
     refresher: tokio::task::JoinHandle<()>,
+    metrics: Arc<Metrics>,
 }
 
 impl Running {
     /// The address it listens on.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Its metrics (serve them with `ichor_service::serve(addr, running.metrics().registry(), ..)`).
+    pub fn metrics(&self) -> Arc<Metrics> {
+        Arc::clone(&self.metrics)
     }
 
     /// Stops it.
@@ -162,12 +225,14 @@ pub async fn start(client: kube::Client, settings: Settings) -> Result<Running, 
         .with_no_client_auth()
         .with_cert_resolver(Arc::clone(&resolver) as Arc<dyn rustls::server::ResolvesServerCert>);
     tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    let metrics = Arc::new(Metrics::default());
     let app = axum::Router::new()
         .route("/validate", post(validate))
         .route("/healthz", get(healthz))
         .with_state(AppState {
             guard: Guard::new(client),
             resolver,
+            metrics: Arc::clone(&metrics),
         });
     let handle = axum_server::Handle::new();
     let server = tokio::spawn(
@@ -185,5 +250,6 @@ pub async fn start(client: kube::Client, settings: Settings) -> Result<Running, 
         handle,
         server,
         refresher,
+        metrics,
     })
 }

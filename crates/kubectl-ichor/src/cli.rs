@@ -1,5 +1,5 @@
-//! The command line: global flags (as kubectl reads them) and one command. Parsed by hand; a
-//! usage error names what is wrong and the binary exits with 2.
+//! The command line: global flags (as kubectl reads them, anywhere on the line) and one
+//! command, parsed with clap; a usage error names what is wrong and the binary exits with 2.
 
 use std::path::PathBuf;
 
@@ -100,140 +100,131 @@ fn usage(message: impl Into<String>) -> Error {
 
 /// Parses a role as written in the API.
 pub fn parse_role(text: &str) -> Result<Role, Error> {
+    role(text).map_err(|why| usage(format!("--role: {why}")))
+}
+
+fn role(text: &str) -> Result<Role, String> {
     match text {
         "controlplane" | "control-plane" => Ok(Role::ControlPlane),
         "worker" => Ok(Role::Worker),
-        other => Err(usage(format!(
-            "--role takes controlplane or worker, not {other:?}"
-        ))),
+        other => Err(format!("expected controlplane or worker, not {other:?}")),
     }
 }
 
-/// Flags split from positional words: each flag with its value (`None` for switches).
-struct Split {
-    flags: Vec<(String, Option<String>)>,
-    words: Vec<String>,
+/// The command line as clap reads it.
+#[derive(Debug, clap::Parser)]
+#[command(
+    name = "kubectl ichor",
+    bin_name = "kubectl ichor",
+    override_help = USAGE,
+    disable_help_subcommand = true
+)]
+struct Cli {
+    /// The kubeconfig (else KUBECONFIG, else ~/.kube/config).
+    #[arg(long, global = true, value_parser = clap::builder::NonEmptyStringValueParser::new())]
+    kubeconfig: Option<String>,
+    /// The kubeconfig context (else its current context).
+    #[arg(long, global = true, value_parser = clap::builder::NonEmptyStringValueParser::new())]
+    context: Option<String>,
+    /// The namespace (else the context's, else default).
+    #[arg(short = 'n', long, global = true, value_parser = clap::builder::NonEmptyStringValueParser::new())]
+    namespace: Option<String>,
+    #[command(subcommand)]
+    command: Option<Sub>,
 }
 
-/// Flags that take a value.
-const VALUED: [&str; 5] = ["kubeconfig", "context", "namespace", "role", "output"];
-/// Flags that take none.
-const SWITCHES: [&str; 3] = ["diff", "force", "help"];
+#[derive(Debug, clap::Subcommand)]
+enum Sub {
+    /// Pending TalosMachines with hardware and fingerprints.
+    Pending,
+    /// Approve a machine with a role.
+    Approve {
+        /// The TalosMachine.
+        machine: String,
+        /// controlplane or worker.
+        #[arg(long, value_parser = role)]
+        role: Option<Role>,
+    },
+    /// Reject a machine (it is never touched).
+    Reject {
+        /// The TalosMachine.
+        machine: String,
+    },
+    /// A TalosCluster and its machines, as a tree.
+    Describe {
+        #[command(subcommand)]
+        what: Describe,
+    },
+    /// The config the machine would get now, secrets redacted.
+    Render {
+        /// The TalosMachine.
+        machine: String,
+        /// Compare with the config last applied.
+        #[arg(long)]
+        diff: bool,
+        /// The role to render with when the machine has none yet.
+        #[arg(long, value_parser = role)]
+        role: Option<Role>,
+    },
+    /// Write the cluster's talosconfig (mode 0600).
+    Talosconfig {
+        /// The TalosCluster.
+        cluster: String,
+        /// The file to write.
+        #[arg(short = 'o', long, default_value = "talosconfig")]
+        output: PathBuf,
+        /// Overwrite an existing file.
+        #[arg(long)]
+        force: bool,
+    },
+    /// This help.
+    Help,
+}
 
-fn split(args: &[String]) -> Result<Split, Error> {
-    let mut flags = Vec::new();
-    let mut words = Vec::new();
-    let mut rest = args.iter();
-    while let Some(arg) = rest.next() {
-        if arg == "--" {
-            words.extend(rest.by_ref().cloned());
-            break;
-        }
-        let (name, inline) = if let Some(long) = arg.strip_prefix("--") {
-            match long.split_once('=') {
-                Some((n, v)) => (n.to_owned(), Some(v.to_owned())),
-                None => (long.to_owned(), None),
-            }
-        } else if let Some(short) = arg.strip_prefix('-').filter(|s| !s.is_empty()) {
-            let (letter, tail) = short.split_at(1);
-            let long = match letter {
-                "n" => "namespace",
-                "o" => "output",
-                "h" => "help",
-                _ => return Err(usage(format!("unknown flag {arg}"))),
-            };
-            let tail = tail.strip_prefix('=').unwrap_or(tail);
-            (long.to_owned(), (!tail.is_empty()).then(|| tail.to_owned()))
-        } else {
-            words.push(arg.clone());
-            continue;
-        };
-        if SWITCHES.contains(&name.as_str()) {
-            if inline.is_some() {
-                return Err(usage(format!("--{name} takes no value")));
-            }
-            flags.push((name, None));
-        } else if VALUED.contains(&name.as_str()) {
-            let value = match inline {
-                Some(v) => v,
-                None => rest
-                    .next()
-                    .cloned()
-                    .ok_or_else(|| usage(format!("--{name} needs a value")))?,
-            };
-            if value.is_empty() {
-                return Err(usage(format!("--{name} needs a value")));
-            }
-            flags.push((name, Some(value)));
-        } else {
-            return Err(usage(format!("unknown flag --{name}")));
-        }
-    }
-    Ok(Split { flags, words })
+#[derive(Debug, clap::Subcommand)]
+enum Describe {
+    /// A TalosCluster and its machines.
+    #[command(visible_aliases = ["clusters", "taloscluster", "tc"])]
+    Cluster {
+        /// The TalosCluster.
+        name: String,
+    },
 }
 
 /// Parses the arguments after the program name.
 pub fn parse(args: &[String]) -> Result<Invocation, Error> {
-    let Split { flags, words } = split(args)?;
-    let mut global = Global::default();
-    let mut role = None;
-    let mut output = None;
-    let mut diff = false;
-    let mut force = false;
-    for (name, value) in flags {
-        let value = value.unwrap_or_default();
-        match name.as_str() {
-            "help" => {
-                return Ok(Invocation {
-                    global,
-                    command: Command::Help,
-                });
-            }
-            "kubeconfig" => global.kubeconfig = Some(PathBuf::from(value)),
-            "context" => global.context = Some(value),
-            "namespace" => global.namespace = Some(value),
-            "role" => role = Some(parse_role(&value)?),
-            "output" => output = Some(PathBuf::from(value)),
-            "diff" => diff = true,
-            "force" => force = true,
-            _ => unreachable!("split only lets known flags through"),
-        }
-    }
-    let words: Vec<&str> = words.iter().map(String::as_str).collect();
-    let only = |allowed: &[&str], command: &str| -> Result<(), Error> {
-        let given = [
-            ("role", role.is_some()),
-            ("output", output.is_some()),
-            ("diff", diff),
-            ("force", force),
-        ];
-        match given
-            .iter()
-            .find(|(flag, set)| *set && !allowed.contains(flag))
+    use clap::error::ErrorKind;
+    let words = std::iter::once("kubectl-ichor".to_owned()).chain(args.iter().cloned());
+    let cli = match <Cli as clap::Parser>::try_parse_from(words) {
+        Ok(cli) => cli,
+        Err(error)
+            if matches!(
+                error.kind(),
+                ErrorKind::DisplayHelp
+                    | ErrorKind::DisplayVersion
+                    | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+            ) =>
         {
-            Some((flag, _)) => Err(usage(format!("{command} does not take --{flag}"))),
-            None => Ok(()),
+            return Ok(Invocation {
+                global: Global::default(),
+                command: Command::Help,
+            });
+        }
+        Err(error) => {
+            let text = error.render().to_string();
+            let text = text.strip_prefix("error: ").unwrap_or(&text);
+            return Err(Error::Usage(text.trim_end().to_owned()));
         }
     };
-    let one = |command: &str, what: &str, rest: &[&str]| -> Result<String, Error> {
-        match rest {
-            [name] => Ok((*name).to_owned()),
-            [] => Err(usage(format!("{command} needs {what}"))),
-            [_, extra, ..] => Err(usage(format!("{command}: unexpected argument {extra}"))),
-        }
+    let global = Global {
+        kubeconfig: cli.kubeconfig.map(PathBuf::from),
+        context: cli.context,
+        namespace: cli.namespace,
     };
-    let command = match words.as_slice() {
-        [] | ["help"] => Command::Help,
-        ["pending", rest @ ..] => {
-            only(&[], "pending")?;
-            if let Some(extra) = rest.first() {
-                return Err(usage(format!("pending: unexpected argument {extra}")));
-            }
-            Command::Pending
-        }
-        ["approve", rest @ ..] => {
-            only(&["role"], "approve")?;
-            let machine = one("approve", "a TalosMachine name", rest)?;
+    let command = match cli.command {
+        None | Some(Sub::Help) => Command::Help,
+        Some(Sub::Pending) => Command::Pending,
+        Some(Sub::Approve { machine, role }) => {
             let role = role.ok_or_else(|| {
                 usage(format!(
                     "approve needs --role controlplane or --role worker: a machine is approved with the role it will have (it cannot change once its config is applied), e.g. kubectl ichor approve {machine} --role worker"
@@ -241,40 +232,28 @@ pub fn parse(args: &[String]) -> Result<Invocation, Error> {
             })?;
             Command::Approve { machine, role }
         }
-        ["reject", rest @ ..] => {
-            only(&[], "reject")?;
-            Command::Reject {
-                machine: one("reject", "a TalosMachine name", rest)?,
-            }
-        }
-        [
-            "describe",
-            "cluster" | "clusters" | "taloscluster" | "tc",
-            rest @ ..,
-        ] => {
-            only(&[], "describe cluster")?;
-            Command::DescribeCluster {
-                name: one("describe cluster", "a TalosCluster name", rest)?,
-            }
-        }
-        ["describe", ..] => return Err(usage("describe takes: describe cluster NAME")),
-        ["render", rest @ ..] => {
-            only(&["diff", "role"], "render")?;
-            Command::Render {
-                machine: one("render", "a TalosMachine name", rest)?,
-                diff,
-                role,
-            }
-        }
-        ["talosconfig", rest @ ..] => {
-            only(&["output", "force"], "talosconfig")?;
-            Command::Talosconfig {
-                cluster: one("talosconfig", "a TalosCluster name", rest)?,
-                output: output.unwrap_or_else(|| PathBuf::from("talosconfig")),
-                force,
-            }
-        }
-        [other, ..] => return Err(usage(format!("unknown command {other:?}"))),
+        Some(Sub::Reject { machine }) => Command::Reject { machine },
+        Some(Sub::Describe {
+            what: Describe::Cluster { name },
+        }) => Command::DescribeCluster { name },
+        Some(Sub::Render {
+            machine,
+            diff,
+            role,
+        }) => Command::Render {
+            machine,
+            diff,
+            role,
+        },
+        Some(Sub::Talosconfig {
+            cluster,
+            output,
+            force,
+        }) => Command::Talosconfig {
+            cluster,
+            output,
+            force,
+        },
     };
     Ok(Invocation { global, command })
 }
@@ -392,17 +371,28 @@ mod tests {
     }
 
     #[test]
-    fn mistakes_are_usage_errors() {
-        assert!(refused("frobnicate").contains("unknown command"));
-        assert!(refused("approve").contains("needs a TalosMachine name"));
-        assert!(refused("reject a b").contains("unexpected argument b"));
-        assert!(refused("describe machine m1").contains("describe cluster NAME"));
-        assert!(refused("pending --bogus").contains("unknown flag --bogus"));
-        assert!(refused("pending -x").contains("unknown flag -x"));
-        assert!(refused("pending --context").contains("--context needs a value"));
-        assert!(refused("reject m1 --role worker").contains("reject does not take --role"));
-        assert!(refused("render m1 --force").contains("render does not take --force"));
-        assert!(refused("render m1 --diff=yes").contains("--diff takes no value"));
-        assert!(refused("pending extra").contains("unexpected argument extra"));
+    fn mistakes_are_usage_errors_naming_what_is_wrong() {
+        assert!(refused("frobnicate").contains("unrecognized subcommand 'frobnicate'"));
+        assert!(refused("approve").contains("<MACHINE>"));
+        assert!(refused("reject a b").contains("unexpected argument 'b'"));
+        assert!(refused("describe machine m1").contains("unrecognized subcommand 'machine'"));
+        assert!(refused("pending --bogus").contains("unexpected argument '--bogus'"));
+        assert!(refused("pending -x").contains("unexpected argument '-x'"));
+        assert!(refused("pending --context").contains("'--context <CONTEXT>'"));
+        assert!(refused("pending --context=").contains("'--context <CONTEXT>'"));
+        assert!(refused("reject m1 --role worker").contains("unexpected argument '--role'"));
+        assert!(refused("render m1 --force").contains("unexpected argument '--force'"));
+        assert!(refused("render m1 --diff=yes").contains("'--diff'"));
+        assert!(refused("pending extra").contains("unexpected argument 'extra'"));
+    }
+
+    #[test]
+    fn describe_takes_the_cluster_kinds_kubectl_spellings() {
+        for kind in ["cluster", "clusters", "taloscluster", "tc"] {
+            assert_eq!(
+                command(&format!("describe {kind} lab")),
+                Command::DescribeCluster { name: "lab".into() }
+            );
+        }
     }
 }

@@ -6,6 +6,8 @@
 //! ```text
 //! ichor-demo [--until-ready] [--net 10] [--talos-version v1.14.1] [--out .ichor-demo]
 //! ```
+//!
+//! (`ichor-demo --help` says what each one means.)
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -18,41 +20,30 @@ use ichor_harness::{SimOptions, SimTarget, Target};
 use kube::ResourceExt as _;
 use kube::api::{Api, ListParams};
 
+/// Ichor's main job, locally: a management control plane, five simulated Talos machines in
+/// maintenance mode, the real manager and webhook, and a TalosCluster that discovers them.
+#[derive(Debug, clap::Parser)]
 struct Options {
+    /// Exit once the cluster is Ready (instead of waiting for Ctrl-C).
+    #[arg(long)]
     until_ready: bool,
+    /// The nodes' network: they are 127.0.<net>.1-5.
+    #[arg(long, default_value_t = 10)]
     net: u8,
+    /// The Talos version the nodes run and the cluster is rendered for (v1.13.x or v1.14.x).
+    #[arg(long, default_value = "v1.14.1", value_parser = talos_version)]
     talos_version: String,
+    /// Where the kubeconfig and talosconfig are written.
+    #[arg(long, default_value = ".ichor-demo")]
     out: PathBuf,
 }
 
-fn options() -> Result<Options, String> {
-    let mut options = Options {
-        until_ready: false,
-        net: 10,
-        talos_version: "v1.14.1".into(),
-        out: PathBuf::from(".ichor-demo"),
-    };
-    let mut args = std::env::args().skip(1);
-    while let Some(arg) = args.next() {
-        match arg.as_str() {
-            "--until-ready" => options.until_ready = true,
-            "--net" => {
-                options.net = args
-                    .next()
-                    .and_then(|v| v.parse().ok())
-                    .ok_or("--net takes a number from 0 to 255 (the nodes are 127.0.<net>.1-5)")?;
-            }
-            "--talos-version" => {
-                options.talos_version = args
-                    .next()
-                    .filter(|v| v.starts_with("v1.13.") || v.starts_with("v1.14."))
-                    .ok_or("--talos-version takes v1.13.x or v1.14.x")?;
-            }
-            "--out" => options.out = args.next().ok_or("--out takes a folder")?.into(),
-            other => return Err(format!("unknown argument {other}")),
-        }
+fn talos_version(text: &str) -> Result<String, String> {
+    if text.starts_with("v1.13.") || text.starts_with("v1.14.") {
+        Ok(text.to_owned())
+    } else {
+        Err("expected v1.13.x or v1.14.x".into())
     }
-    Ok(options)
 }
 
 /// One line per machine: name, address, role, approval, phase, and what it waits for.
@@ -185,13 +176,7 @@ async fn run(options: Options) -> Result<(), String> {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let options = match options() {
-        Ok(o) => o,
-        Err(error) => {
-            eprintln!("ichor-demo: {error}");
-            return ExitCode::from(2);
-        }
-    };
+    let options = <Options as clap::Parser>::parse();
     match run(options).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {

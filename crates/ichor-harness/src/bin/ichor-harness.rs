@@ -6,6 +6,8 @@
 //! ichor-harness down --target cluster|qemu [options]       # deletes the run's objects by name
 //! ```
 //!
+//! `ichor-harness --help` lists every option and the target it applies to.
+//!
 //! SIGINT or SIGTERM at any point, even halfway through bring-up, cleans up before exiting.
 //! The `cluster` target needs `KUBECONFIG` and `ICHOR_E2E_KUBE_CONTEXT` (the outer cluster,
 //! never a default context); `ICHOR_E2E_PROTECTED_ADDRESSES` lists addresses never to be
@@ -22,70 +24,87 @@ use ichor_harness::specs::{self, Shape};
 use ichor_harness::{SimOptions, SimTarget, Target};
 use tokio::signal::unix::{SignalKind, signal};
 
-const USAGE: &str = "usage: ichor-harness up|run|down --target sim|cluster|qemu [--talos-version V] [--nodes N] [--management 1|3] [--iso-schematic ID] [--installer-schematic ID] [--storage-class C] [--pod-subnet CIDR] [--service-subnet CIDR] [--outer-subnets CIDR,…] [--binaries DIR] [--talosctl PATH] [--workers N] [--host-address IP] [--net N] [--out DIR]";
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum Action {
+    /// Bring the target up; hold it until SIGINT/SIGTERM, then clean up.
     Up,
+    /// Bring the target up, run the spec set, bring it down (cluster and qemu).
     Run,
+    /// Delete the run's objects by name (cluster and qemu).
     Down,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum TargetName {
+    /// Simulated nodes and a local control plane (up only).
+    Sim,
+    /// A real Kubernetes cluster (`KUBECONFIG`, `ICHOR_E2E_KUBE_CONTEXT`).
+    Cluster,
+    /// QEMU virtual machines made by talosctl.
+    Qemu,
+}
+
+/// Brings an e2e target up, runs the spec set on it, and tears it down (docs/e2e.md).
+#[derive(Debug, clap::Parser)]
 struct Args {
+    /// What to do.
+    #[arg(value_enum)]
     action: Action,
-    target: String,
-    values: std::collections::BTreeMap<String, String>,
+    /// The target.
+    #[arg(long, value_enum)]
+    target: TargetName,
+    /// The Talos version of the nodes.
+    #[arg(long, default_value = "v1.14.1")]
+    talos_version: String,
+    /// Nodes (cluster target).
+    #[arg(long, default_value_t = 3)]
+    nodes: usize,
+    /// Management control planes, 1 or 3 (cluster target).
+    #[arg(long, default_value_t = 1)]
+    management: usize,
+    /// The Image Factory schematic of the boot ISO (cluster target).
+    #[arg(long, required_if_eq("target", "cluster"))]
+    iso_schematic: Option<String>,
+    /// The Image Factory schematic of the installer (cluster target).
+    #[arg(long, required_if_eq("target", "cluster"))]
+    installer_schematic: Option<String>,
+    /// The storage class of the nodes' disks (cluster target).
+    #[arg(long)]
+    storage_class: Option<String>,
+    /// The workload cluster's pod subnet (cluster target).
+    #[arg(long, default_value = "10.244.0.0/16")]
+    pod_subnet: String,
+    /// The workload cluster's service subnet (cluster target).
+    #[arg(long, default_value = "10.96.0.0/12")]
+    service_subnet: String,
+    /// The outer cluster's subnets, comma-separated (cluster target).
+    #[arg(long, value_delimiter = ',')]
+    outer_subnets: Vec<String>,
+    /// The folder of the statically linked ichor-manager and ichor-webhook (cluster target).
+    #[arg(long, default_value = ".")]
+    binaries: PathBuf,
+    /// The talosctl to run (qemu target).
+    #[arg(long, default_value = "talosctl")]
+    talosctl: PathBuf,
+    /// Worker nodes (qemu target).
+    #[arg(long, default_value_t = 2)]
+    workers: usize,
+    /// The host's address on the QEMU network (qemu target).
+    #[arg(long, default_value = "10.5.0.1")]
+    host_address: std::net::IpAddr,
+    /// The simulated nodes' network, 127.0.<net>.x (sim target).
+    #[arg(long, default_value_t = 90)]
+    net: u8,
+    /// Where the kubeconfig and state go [default: .ichor-e2e/<target>].
+    #[arg(long)]
+    out: Option<PathBuf>,
 }
 
 impl Args {
-    fn parse() -> Result<Self, String> {
-        let mut args = std::env::args().skip(1);
-        let action = match args.next().as_deref() {
-            Some("up") => Action::Up,
-            Some("run") => Action::Run,
-            Some("down") => Action::Down,
-            _ => return Err(USAGE.into()),
-        };
-        let mut values = std::collections::BTreeMap::new();
-        while let Some(flag) = args.next() {
-            let Some(name) = flag.strip_prefix("--") else {
-                return Err(format!("unexpected argument {flag}\n{USAGE}"));
-            };
-            let value = args
-                .next()
-                .ok_or_else(|| format!("--{name} needs a value\n{USAGE}"))?;
-            values.insert(name.to_owned(), value);
-        }
-        let target = values
-            .remove("target")
-            .ok_or_else(|| format!("--target is required\n{USAGE}"))?;
-        Ok(Self {
-            action,
-            target,
-            values,
-        })
-    }
-
-    fn get(&self, name: &str, default: &str) -> String {
-        self.values
-            .get(name)
-            .cloned()
-            .unwrap_or_else(|| default.to_owned())
-    }
-
-    fn required(&self, name: &str) -> Result<String, String> {
-        self.values
-            .get(name)
-            .cloned()
-            .ok_or_else(|| format!("--{name} is required for the {} target", self.target))
-    }
-
-    fn number(&self, name: &str, default: usize) -> Result<usize, String> {
-        self.values.get(name).map_or(Ok(default), |v| {
-            v.parse()
-                .map_err(|_| format!("--{name} takes a number, not {v:?}"))
-        })
+    fn out(&self, target: &str) -> PathBuf {
+        self.out
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(format!(".ichor-e2e/{target}")))
     }
 }
 
@@ -95,38 +114,34 @@ fn protected() -> Result<Protected, String> {
 }
 
 fn cluster_options(args: &Args) -> Result<ClusterOptions, String> {
-    let talos_version = args.get("talos-version", "v1.14.1");
     let plan = ClusterPlan {
-        talos_version,
-        iso_schematic: args.required("iso-schematic")?,
-        installer_schematic: args.required("installer-schematic")?,
-        nodes: args.number("nodes", 3)?,
-        storage_class: args.values.get("storage-class").cloned(),
-        pod_subnet: args.get("pod-subnet", "10.244.0.0/16"),
-        service_subnet: args.get("service-subnet", "10.96.0.0/12"),
+        talos_version: args.talos_version.clone(),
+        iso_schematic: args.iso_schematic.clone().unwrap_or_default(),
+        installer_schematic: args.installer_schematic.clone().unwrap_or_default(),
+        nodes: args.nodes,
+        storage_class: args.storage_class.clone(),
+        pod_subnet: args.pod_subnet.clone(),
+        service_subnet: args.service_subnet.clone(),
         outer_subnets: args
-            .get("outer-subnets", "")
-            .split(',')
-            .map(str::trim)
+            .outer_subnets
+            .iter()
+            .map(|s| s.trim())
             .filter(|s| !s.is_empty())
             .map(str::to_owned)
             .collect(),
     };
-    let mut options = ClusterOptions::new(plan, PathBuf::from(args.get("binaries", ".")));
-    options.management = args.number("management", 1)?;
+    let mut options = ClusterOptions::new(plan, args.binaries.clone());
+    options.management = args.management;
     options.protected = protected()?;
     Ok(options)
 }
 
 fn qemu_options(args: &Args) -> Result<QemuOptions, String> {
     Ok(QemuOptions {
-        talosctl: PathBuf::from(args.get("talosctl", "talosctl")),
-        workers: args.number("workers", 2)?,
-        host_address: args
-            .get("host-address", "10.5.0.1")
-            .parse()
-            .map_err(|_| "--host-address takes an IP address".to_owned())?,
-        state: PathBuf::from(args.get("out", ".ichor-e2e/qemu")),
+        talosctl: args.talosctl.clone(),
+        workers: args.workers,
+        host_address: args.host_address,
+        state: args.out("qemu"),
         protected: protected()?,
     })
 }
@@ -167,13 +182,10 @@ async fn sim(args: &Args) -> Result<(), String> {
     if args.action != Action::Up {
         return Err("the sim target is only brought up here (`cargo xtask e2e --target sim` runs its specs)".into());
     }
-    let net: u8 = args
-        .get("net", "90")
-        .parse()
-        .map_err(|_| "--net takes 0-255".to_owned())?;
-    let out = PathBuf::from(args.get("out", ".ichor-e2e/sim"));
+    let net = args.net;
+    let out = args.out("sim");
     std::fs::create_dir_all(&out).map_err(|e| e.to_string())?;
-    let version = args.get("talos-version", "v1.14.1");
+    let version = args.talos_version.clone();
     let signal = tokio::select! {
         target = SimTarget::up(SimOptions::new(3, net, &version)) => {
             let target = target.map_err(|e| e.to_string())?;
@@ -222,7 +234,7 @@ async fn cluster(args: &Args) -> Result<(), String> {
                 }
                 Ok::<_, String>(None)
             } else {
-                let out = PathBuf::from(args.get("out", ".ichor-e2e/cluster"));
+                let out = args.out("cluster");
                 std::fs::create_dir_all(&out).map_err(|e| e.to_string())?;
                 std::fs::write(out.join("kubeconfig"), target.kubeconfig()).map_err(|e| e.to_string())?;
                 println!("inner kubeconfig: {} (through a relay held by this process)", out.join("kubeconfig").display());
@@ -248,7 +260,7 @@ async fn qemu_target(args: &Args) -> Result<(), String> {
         println!("cleaned up");
         return Ok(());
     }
-    let version = args.get("talos-version", "v1.14.1");
+    let version = args.talos_version.clone();
     let outcome = tokio::select! {
         result = async {
             let target = QemuTarget::up(options.clone()).await.map_err(|e| e.to_string())?;
@@ -280,18 +292,11 @@ async fn qemu_target(args: &Args) -> Result<(), String> {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> ExitCode {
-    let args = match Args::parse() {
-        Ok(args) => args,
-        Err(e) => {
-            eprintln!("{e}");
-            return ExitCode::from(2);
-        }
-    };
-    let result = match args.target.as_str() {
-        "sim" => sim(&args).await,
-        "cluster" => cluster(&args).await,
-        "qemu" => qemu_target(&args).await,
-        other => Err(format!("unknown target {other:?}: sim, cluster or qemu")),
+    let args = <Args as clap::Parser>::parse();
+    let result = match args.target {
+        TargetName::Sim => sim(&args).await,
+        TargetName::Cluster => cluster(&args).await,
+        TargetName::Qemu => qemu_target(&args).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -2,15 +2,21 @@
 //! shipped role grants a permission Ichor never used, or when Ichor asked for something and was
 //! refused. `cargo xtask test` runs it after the tests.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 
+use clap::Parser;
 use ichor_harness::audit;
 
+/// Checks the shipped roles against what a run's audit logs show Ichor used.
+#[derive(Debug, Parser)]
+struct Options {
+    /// The folder of the run's audit logs (`*.log`).
+    dir: PathBuf,
+}
+
 fn main() -> ExitCode {
-    let Some(dir) = std::env::args().nth(1) else {
-        eprintln!("usage: ichor-rbac-audit DIR (the folder of the run's audit logs)");
-        return ExitCode::from(2);
-    };
+    let dir = Options::parse().dir;
     let mut requests = Vec::new();
     let mut files = 0;
     match std::fs::read_dir(&dir) {
@@ -30,7 +36,7 @@ fn main() -> ExitCode {
             }
         }
         Err(e) => {
-            eprintln!("ichor-rbac-audit: cannot read {dir}: {e}");
+            eprintln!("ichor-rbac-audit: cannot read {}: {e}", dir.display());
             return ExitCode::FAILURE;
         }
     }

@@ -1,187 +1,149 @@
-//! `ichor-manager`: the controller, leader-elected.
+//! `ichor-manager`: the controller, leader-elected. Flags and their environment variables:
+//! `ichor-manager --help`.
 //!
-//! | flag | env | default |
-//! |---|---|---|
-//! | `--namespace` | `POD_NAMESPACE` | `ichor-system` (where the Lease lives) |
-//! | `--identity` | `POD_NAME` | the hostname |
-//! | `--metrics-addr` | `ICHOR_METRICS_ADDR` | `0.0.0.0:8080` |
-//! | `--lease-name` | `ICHOR_LEASE_NAME` | `ichor-manager` |
-//! | `--lease-seconds` | `ICHOR_LEASE_SECONDS` | `15` |
-//! | `--sweep-timeout-ms` | `ICHOR_SWEEP_TIMEOUT_MS` | `2000` |
-//! | `--requeue-ms` | `ICHOR_REQUEUE_MS` | `2000` |
-//!
-//! The Kubernetes connection is the in-cluster one, or `KUBECONFIG`. SIGTERM stops it
-//! gracefully; losing the Lease stops it with exit status 1.
+//! Every replica serves `/metrics`, `/healthz` and `/readyz` and is Ready, leader or standby;
+//! only the Lease holder reconciles. SIGTERM stops it with status 0; losing the Lease stops it
+//! with status 1; bad flags with status 2.
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use clap::Parser;
 use ichor_manager::http::Health;
 use ichor_manager::leader::{self, LeaseSettings};
 use ichor_manager::{Context, Metrics, Settings};
 
-const KNOWN: [&str; 7] = [
-    "--namespace",
-    "--identity",
-    "--metrics-addr",
-    "--lease-name",
-    "--lease-seconds",
-    "--sweep-timeout-ms",
-    "--requeue-ms",
-];
-
-fn value(args: &[String], flag: &str, env: &str, default: &str) -> Result<String, String> {
-    if let Some(i) = args.iter().position(|a| a == flag) {
-        return args
-            .get(i + 1)
-            .cloned()
-            .ok_or_else(|| format!("{flag} needs a value"));
-    }
-    Ok(std::env::var(env)
-        .ok()
-        .filter(|v| !v.is_empty())
-        .unwrap_or_else(|| default.to_owned()))
-}
-
-fn number(args: &[String], flag: &str, env: &str, default: &str) -> Result<u64, String> {
-    let text = value(args, flag, env, default)?;
-    text.parse::<u64>()
-        .ok()
-        .filter(|n| *n > 0)
-        .ok_or_else(|| format!("{flag} {text:?}: expected a positive whole number"))
-}
-
+/// The Ichor controller. The Kubernetes connection is the in-cluster one, or `KUBECONFIG`;
+/// logs are JSON lines filtered by `RUST_LOG`.
+#[derive(Debug, Parser)]
+#[command(version)]
 struct Options {
-    lease: LeaseSettings,
-    metrics: SocketAddr,
-    settings: Settings,
+    /// Namespace of the leader-election Lease.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "ichor-system")]
+    namespace: String,
+    /// This replica's identity in the Lease [default: the hostname].
+    #[arg(long, env = "POD_NAME")]
+    identity: Option<String>,
+    /// Where to serve /metrics, /healthz and /readyz (HOST:PORT).
+    #[arg(long, env = "ICHOR_METRICS_ADDR", default_value = "0.0.0.0:8080")]
+    metrics_addr: SocketAddr,
+    /// Name of the leader-election Lease.
+    #[arg(long, env = "ICHOR_LEASE_NAME", default_value = "ichor-manager")]
+    lease_name: String,
+    /// Seconds a leader's Lease lasts without renewal (renewed every fifth of it).
+    #[arg(long, env = "ICHOR_LEASE_SECONDS", default_value = "15", value_parser = clap::value_parser!(u64).range(1..))]
+    lease_seconds: u64,
+    /// How long a discovery sweep waits for each address, in milliseconds.
+    #[arg(long, env = "ICHOR_SWEEP_TIMEOUT_MS", default_value = "2000", value_parser = clap::value_parser!(u64).range(1..))]
+    sweep_timeout_ms: u64,
+    /// How often an unfinished reconcile is retried, in milliseconds.
+    #[arg(long, env = "ICHOR_REQUEUE_MS", default_value = "2000", value_parser = clap::value_parser!(u64).range(1..))]
+    requeue_ms: u64,
 }
 
-fn options() -> Result<Options, String> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    for (i, arg) in args.iter().enumerate() {
-        if i % 2 == 0 && !KNOWN.contains(&arg.as_str()) {
-            return Err(format!("unknown argument {arg}"));
+impl Options {
+    fn lease(&self, identity: &str) -> LeaseSettings {
+        let duration = Duration::from_secs(self.lease_seconds);
+        LeaseSettings {
+            namespace: self.namespace.clone(),
+            name: self.lease_name.clone(),
+            identity: identity.to_owned(),
+            duration,
+            retry: duration.div_f64(5.0),
         }
     }
-    let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_owned())
-        .unwrap_or_else(|_| "ichor-manager".into());
-    let identity = value(&args, "--identity", "POD_NAME", &hostname)?;
-    let metrics_text = value(
-        &args,
-        "--metrics-addr",
-        "ICHOR_METRICS_ADDR",
-        "0.0.0.0:8080",
-    )?;
-    let metrics = metrics_text
-        .parse()
-        .map_err(|_| format!("--metrics-addr {metrics_text:?}: expected HOST:PORT"))?;
-    let lease_seconds = number(&args, "--lease-seconds", "ICHOR_LEASE_SECONDS", "15")?;
-    let mut settings = Settings {
-        instance: identity.clone(),
-        ..Settings::default()
-    };
-    settings.sweep.timeout = Duration::from_millis(number(
-        &args,
-        "--sweep-timeout-ms",
-        "ICHOR_SWEEP_TIMEOUT_MS",
-        "2000",
-    )?);
-    settings.progress_requeue =
-        Duration::from_millis(number(&args, "--requeue-ms", "ICHOR_REQUEUE_MS", "2000")?);
-    Ok(Options {
-        lease: LeaseSettings {
-            namespace: value(&args, "--namespace", "POD_NAMESPACE", "ichor-system")?,
-            name: value(&args, "--lease-name", "ICHOR_LEASE_NAME", "ichor-manager")?,
-            identity,
-            duration: Duration::from_secs(lease_seconds),
-            retry: Duration::from_secs(lease_seconds).div_f64(5.0),
-        },
-        metrics,
-        settings,
-    })
-}
 
-async fn terminated() {
-    use tokio::signal::unix::{SignalKind, signal};
-    if let Ok(mut term) = signal(SignalKind::terminate()) {
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
-        }
-    } else {
-        let _ = tokio::signal::ctrl_c().await;
+    fn settings(&self, identity: &str) -> Settings {
+        let mut settings = Settings {
+            instance: identity.to_owned(),
+            ..Settings::default()
+        };
+        settings.sweep.timeout = Duration::from_millis(self.sweep_timeout_ms);
+        settings.progress_requeue = Duration::from_millis(self.requeue_ms);
+        settings
     }
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .json()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .init();
-    let options = match options() {
-        Ok(o) => o,
-        Err(error) => {
-            eprintln!("ichor-manager: {error}");
-            return ExitCode::from(2);
-        }
-    };
-    let client = match kube::Client::try_default().await {
-        Ok(c) => c,
-        Err(error) => {
-            eprintln!("ichor-manager: cannot connect to Kubernetes: {error}");
-            return ExitCode::FAILURE;
-        }
-    };
+/// Why the manager stopped before a clean shutdown.
+#[derive(Debug, thiserror::Error)]
+enum Failure {
+    #[error("cannot connect to Kubernetes: {0}")]
+    Kubernetes(#[from] kube::Error),
+    #[error("cannot serve metrics on {addr}: {source}")]
+    Metrics {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("lost the lease; stopping")]
+    LostLease,
+}
+
+async fn run(options: Options) -> Result<(), Failure> {
+    let identity = options
+        .identity
+        .clone()
+        .filter(|i| !i.is_empty())
+        .unwrap_or_else(|| {
+            std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .map(|h| h.trim().to_owned())
+                .unwrap_or_else(|_| "ichor-manager".into())
+        });
+    let lease = options.lease(&identity);
+    let client = ichor_service::client().await?;
     let metrics = Arc::new(Metrics::default());
     let health = Arc::new(Health::default());
-    match ichor_manager::http::serve(options.metrics, Arc::clone(&metrics), Arc::clone(&health))
-        .await
-    {
-        Ok(bound) => println!("metrics on http://{bound}"),
-        Err(error) => {
-            eprintln!(
-                "ichor-manager: cannot serve metrics on {}: {error}",
-                options.metrics
-            );
-            return ExitCode::FAILURE;
-        }
-    }
-    health.ready.store(true, Ordering::SeqCst);
+    let bound = ichor_manager::http::serve(
+        options.metrics_addr,
+        Arc::clone(&metrics),
+        Arc::clone(&health),
+    )
+    .await
+    .map_err(|source| Failure::Metrics {
+        addr: options.metrics_addr,
+        source,
+    })?;
+    println!("metrics on http://{bound}");
+    // Ready as a standby already: readiness says the replica works, not that it leads.
+    health.set_ready(true);
     tokio::select! {
-        () = leader::acquire(&client, &options.lease) => {}
-        () = terminated() => return ExitCode::SUCCESS,
+        () = leader::acquire(&client, &lease) => {}
+        () = ichor_service::terminated() => return Ok(()),
     }
-    health.leading.store(true, Ordering::SeqCst);
-    tracing::info!(identity = %options.lease.identity, "leading");
-    println!("leading as {}", options.lease.identity);
+    metrics.set_leading(true);
+    tracing::info!(identity = %lease.identity, "leading");
+    println!("leading as {}", lease.identity);
     let (lost_tx, lost_rx) = tokio::sync::oneshot::channel::<()>();
     let lease_client = client.clone();
-    let lease = options.lease.clone();
+    let held = lease.clone();
     tokio::spawn(async move {
-        leader::hold(&lease_client, &lease).await;
+        leader::hold(&lease_client, &held).await;
         let _ = lost_tx.send(());
     });
-    let (why_tx, mut why_rx) = tokio::sync::watch::channel(false);
-    let ctx = Arc::new(Context::new(client, options.settings, metrics));
+    let (why_tx, why_rx) = tokio::sync::watch::channel(false);
+    let ctx = Arc::new(Context::new(
+        client,
+        options.settings(&identity),
+        Arc::clone(&metrics),
+    ));
     ichor_manager::run(ctx, async move {
         tokio::select! {
-            () = terminated() => {}
+            () = ichor_service::terminated() => {}
             _ = lost_rx => { let _ = why_tx.send(true); }
         }
     })
     .await;
-    if *why_rx.borrow_and_update() {
-        eprintln!("ichor-manager: lost the lease; stopping");
-        return ExitCode::FAILURE;
+    metrics.set_leading(false);
+    if *why_rx.borrow() {
+        return Err(Failure::LostLease);
     }
-    ExitCode::SUCCESS
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let options = Options::parse();
+    ichor_service::init_tracing();
+    ichor_service::exit("ichor-manager", run(options).await)
 }

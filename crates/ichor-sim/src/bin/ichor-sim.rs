@@ -3,9 +3,11 @@
 //! gates.
 //!
 //! ```text
-//! ichor-sim --nodes 3 --base 127.0.10.1 --talos-version v1.14.1 [--control 127.0.0.1:50080]
-//!           [--etcd-size 4MiB]
+//! ichor-sim --nodes 3 --base 127.0.10.1 --talos-version v1.14.1 [--port 50000]
+//!           [--control 127.0.0.1:50080] [--etcd-size 4MiB]
 //! ```
+//!
+//! (`ichor-sim --help` describes each.)
 //!
 //! `--etcd-size` is about how large the etcd database of a cluster these nodes bootstrap is
 //! (its simulated Kubernetes keyspace, and so its snapshots): bytes, or with a `KiB`, `MiB`
@@ -34,16 +36,48 @@ use ichor_sim::{Fault, Gate, Hardware, NodeSpec, SimNode};
 use serde::Serialize;
 use tokio::sync::Mutex;
 
-const USAGE: &str = "usage: ichor-sim --nodes N --base IPV4 --talos-version vX.Y.Z [--port 50000] [--control ADDR] [--etcd-size BYTES|NKiB|NMiB|NGiB]";
-
-/// Command-line options.
+/// Simulated Talos nodes, each on its own loopback address, with an HTTP control endpoint
+/// for faults and gates.
+#[derive(Debug, clap::Parser)]
 struct Options {
+    /// How many nodes (1 to 1024).
+    #[arg(long, value_parser = node_count)]
     nodes: u32,
+    /// The first node's IPv4 address (the others follow it), e.g. 127.0.10.1.
+    #[arg(long)]
     base: Ipv4Addr,
+    /// The Talos version the nodes run (v1.13.x or v1.14.x).
+    #[arg(long, value_parser = talos_version)]
     talos_version: String,
+    /// The Talos API port of every node.
+    #[arg(long, default_value_t = 50000)]
     port: u16,
+    /// Where the HTTP control endpoint listens.
+    #[arg(long, default_value = "127.0.0.1:50080")]
     control: SocketAddr,
-    etcd_size: u64,
+    /// The etcd database size of a cluster these nodes bootstrap: bytes, or N with KiB, MiB or
+    /// GiB [default: 4MiB].
+    #[arg(long, value_parser = etcd_size)]
+    etcd_size: Option<u64>,
+}
+
+fn node_count(text: &str) -> Result<u32, String> {
+    text.parse::<u32>()
+        .ok()
+        .filter(|n| (1..=1024).contains(n))
+        .ok_or_else(|| "--nodes takes a number from 1 to 1024".into())
+}
+
+fn talos_version(text: &str) -> Result<String, String> {
+    if text.starts_with("v1.13.") || text.starts_with("v1.14.") {
+        Ok(text.to_owned())
+    } else {
+        Err("the simulator models v1.13.x and v1.14.x".into())
+    }
+}
+
+fn etcd_size(text: &str) -> Result<u64, String> {
+    parse_size(text).ok_or_else(|| "expected bytes, or N with KiB, MiB or GiB".into())
 }
 
 /// A size: bytes, or a number with a `KiB`, `MiB` or `GiB` suffix.
@@ -60,73 +94,6 @@ fn parse_size(text: &str) -> Option<u64> {
         _ => return None,
     };
     number.parse::<u64>().ok()?.checked_mul(1 << shift)
-}
-
-fn parse(args: &[String]) -> Result<Options, String> {
-    let mut nodes = None;
-    let mut base = None;
-    let mut talos_version = None;
-    let mut port = 50000u16;
-    let mut control: SocketAddr = ([127, 0, 0, 1], 50080).into();
-    let mut etcd_size = ichor_sim::DEFAULT_ETCD_SIZE;
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        let mut value = || {
-            it.next()
-                .cloned()
-                .ok_or_else(|| format!("{flag} needs a value"))
-        };
-        match flag.as_str() {
-            "--nodes" => {
-                nodes = Some(
-                    value()?
-                        .parse::<u32>()
-                        .ok()
-                        .filter(|n| (1..=1024).contains(n))
-                        .ok_or("--nodes takes a number from 1 to 1024")?,
-                );
-            }
-            "--base" => {
-                base = Some(
-                    value()?
-                        .parse::<Ipv4Addr>()
-                        .map_err(|_| "--base takes an IPv4 address, e.g. 127.0.10.1")?,
-                );
-            }
-            "--talos-version" => {
-                let v = value()?;
-                if !(v.starts_with("v1.13.") || v.starts_with("v1.14.")) {
-                    return Err(format!(
-                        "--talos-version {v}: the simulator models v1.13.x and v1.14.x"
-                    ));
-                }
-                talos_version = Some(v);
-            }
-            "--port" => {
-                port = value()?
-                    .parse()
-                    .map_err(|_| "--port takes a TCP port number")?;
-            }
-            "--control" => {
-                control = value()?
-                    .parse()
-                    .map_err(|_| "--control takes an address, e.g. 127.0.0.1:50080")?;
-            }
-            "--etcd-size" => {
-                etcd_size = parse_size(&value()?)
-                    .ok_or("--etcd-size takes a size: bytes, or N with KiB, MiB or GiB")?;
-            }
-            other => return Err(format!("unknown argument {other}")),
-        }
-    }
-    Ok(Options {
-        nodes: nodes.ok_or("--nodes is required")?,
-        base: base.ok_or("--base is required")?,
-        talos_version: talos_version.ok_or("--talos-version is required")?,
-        port,
-        control,
-        etcd_size,
-    })
 }
 
 /// The running nodes by IP, and the gates held through the control endpoint.
@@ -285,20 +252,14 @@ async fn stopped() {
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let options = match parse(&args) {
-        Ok(o) => o,
-        Err(error) => {
-            eprintln!("ichor-sim: {error}\n{USAGE}");
-            return std::process::ExitCode::from(2);
-        }
-    };
+    let options = <Options as clap::Parser>::parse();
+    let etcd_size = options.etcd_size.unwrap_or(ichor_sim::DEFAULT_ETCD_SIZE);
     let mut nodes = BTreeMap::new();
     for i in 0..options.nodes {
         let ip = Ipv4Addr::from(u32::from(options.base) + i);
         let spec = NodeSpec {
             hardware: Hardware::vm(i + 1),
-            etcd_size: options.etcd_size,
+            etcd_size,
             ..NodeSpec::new(SocketAddr::from((ip, options.port)), &options.talos_version)
         };
         match SimNode::spawn(spec).await {

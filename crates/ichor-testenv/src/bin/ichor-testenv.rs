@@ -14,32 +14,27 @@ use ichor_testenv::{ControlPlane, SHARED_DIR_ENV};
 use tokio::io::AsyncReadExt as _;
 use tokio::signal::unix::{SignalKind, signal};
 
-const USAGE: &str = "usage: ichor-testenv serve [--kubeconfig-out PATH] [--exit-on-stdin-eof]";
-
-struct Args {
-    kubeconfig_out: Option<PathBuf>,
-    exit_on_stdin_eof: bool,
+/// Runs a local etcd + kube-apiserver until interrupted.
+#[derive(Debug, clap::Parser)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
 }
 
-fn parse(mut argv: impl Iterator<Item = String>) -> Result<Args, String> {
-    if argv.next().as_deref() != Some("serve") {
-        return Err(USAGE.into());
-    }
-    let mut args = Args {
-        kubeconfig_out: None,
-        exit_on_stdin_eof: false,
-    };
-    while let Some(arg) = argv.next() {
-        match arg.as_str() {
-            "--kubeconfig-out" => {
-                let path = argv.next().ok_or("--kubeconfig-out needs a path")?;
-                args.kubeconfig_out = Some(path.into());
-            }
-            "--exit-on-stdin-eof" => args.exit_on_stdin_eof = true,
-            other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
-        }
-    }
-    Ok(args)
+#[derive(Debug, clap::Subcommand)]
+enum Command {
+    /// Start the control plane and serve until SIGINT or SIGTERM.
+    Serve(Args),
+}
+
+#[derive(Debug, clap::Args)]
+struct Args {
+    /// Also write the admin kubeconfig here (mode 0600; removed on exit).
+    #[arg(long)]
+    kubeconfig_out: Option<PathBuf>,
+    /// Also stop when standard input closes.
+    #[arg(long)]
+    exit_on_stdin_eof: bool,
 }
 
 async fn stdin_closed() {
@@ -110,13 +105,7 @@ async fn serve(args: Args) -> Result<(), String> {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let args = match parse(std::env::args().skip(1)) {
-        Ok(args) => args,
-        Err(msg) => {
-            eprintln!("{msg}");
-            return ExitCode::from(2);
-        }
-    };
+    let Command::Serve(args) = <Cli as clap::Parser>::parse().command;
     match serve(args).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(msg) => {

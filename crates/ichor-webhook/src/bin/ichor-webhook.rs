@@ -1,164 +1,105 @@
-//! `ichor-webhook`: the validating admission webhook server.
+//! `ichor-webhook`: the validating admission webhook server. Flags and their environment
+//! variables: `ichor-webhook --help`.
 //!
-//! Settings come from flags, else from the environment:
-//!
-//! | flag | env | default |
-//! |---|---|---|
-//! | `--namespace` | `POD_NAMESPACE` | `ichor-system` |
-//! | `--service-name` | `ICHOR_WEBHOOK_SERVICE` | `ichor-webhook` |
-//! | `--pod-ip` | `POD_IP` | required |
-//! | `--port` | `ICHOR_WEBHOOK_PORT` | `9443` |
-//! | `--secret-name` | `ICHOR_WEBHOOK_SECRET` | `ichor-webhook-server-cert` |
-//! | `--webhook-configuration` | `ICHOR_WEBHOOK_CONFIGURATION` | `ichor-validating-webhook-configuration` |
-//! | `--refresh-seconds` | `ICHOR_WEBHOOK_REFRESH_SECONDS` | `30` |
-//! | `--leaf-validity-hours` | `ICHOR_WEBHOOK_LEAF_VALIDITY_HOURS` | `168` |
-//!
-//! The Kubernetes connection is the in-cluster one, or `KUBECONFIG`.
+//! SIGTERM stops it with status 0; a serving failure with status 1; bad flags with status 2.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
+use clap::Parser;
 use ichor_webhook::{CERT_SECRET, CertSettings, Settings, WEBHOOK_CONFIGURATION};
 
-struct Flags {
-    args: Vec<String>,
+/// The Ichor validating admission webhook. The Kubernetes connection is the in-cluster one,
+/// or `KUBECONFIG`; logs are JSON lines filtered by `RUST_LOG`.
+#[derive(Debug, Parser)]
+#[command(version)]
+struct Options {
+    /// Namespace of the Service and of the CA Secret.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "ichor-system")]
+    namespace: String,
+    /// The webhook's Service (the serving certificate names it).
+    #[arg(long, env = "ICHOR_WEBHOOK_SERVICE", default_value = "ichor-webhook")]
+    service_name: String,
+    /// This replica's pod IP (the serving certificate names it).
+    #[arg(long, env = "POD_IP")]
+    pod_ip: IpAddr,
+    /// The HTTPS port (0 picks one).
+    #[arg(long, env = "ICHOR_WEBHOOK_PORT", default_value = "9443")]
+    port: u16,
+    /// The Secret holding the webhook's CA.
+    #[arg(long, env = "ICHOR_WEBHOOK_SECRET", default_value = CERT_SECRET)]
+    secret_name: String,
+    /// The ValidatingWebhookConfiguration whose caBundle gets the CA.
+    #[arg(long, env = "ICHOR_WEBHOOK_CONFIGURATION", default_value = WEBHOOK_CONFIGURATION)]
+    webhook_configuration: String,
+    /// How often the CA is re-read and the leaf checked, in seconds.
+    #[arg(long, env = "ICHOR_WEBHOOK_REFRESH_SECONDS", default_value = "30", value_parser = clap::value_parser!(u64).range(1..))]
+    refresh_seconds: u64,
+    /// Lifetime of this replica's serving certificate, in hours (renewed with a third left).
+    #[arg(long, env = "ICHOR_WEBHOOK_LEAF_VALIDITY_HOURS", default_value = "168", value_parser = clap::value_parser!(u64).range(1..))]
+    leaf_validity_hours: u64,
+    /// Where to serve /metrics, /healthz and /readyz over plain HTTP (HOST:PORT); none if
+    /// unset.
+    #[arg(long, env = "ICHOR_WEBHOOK_METRICS_ADDR")]
+    metrics_addr: Option<SocketAddr>,
 }
 
-impl Flags {
-    /// The value of `--flag`, else of `env`, else `default`.
-    fn value(&self, flag: &str, env: &str, default: Option<&str>) -> Result<String, String> {
-        if let Some(i) = self.args.iter().position(|a| a == flag) {
-            return self
-                .args
-                .get(i + 1)
-                .cloned()
-                .ok_or_else(|| format!("{flag} needs a value"));
+impl Options {
+    fn settings(&self) -> Settings {
+        let leaf_validity = Duration::from_secs(self.leaf_validity_hours * 3600);
+        Settings {
+            bind: SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), self.port),
+            certs: CertSettings {
+                namespace: self.namespace.clone(),
+                service: self.service_name.clone(),
+                pod_ip: self.pod_ip,
+                secret: self.secret_name.clone(),
+                webhook_configuration: self.webhook_configuration.clone(),
+                leaf_validity,
+                renew_before: leaf_validity / 3,
+            },
+            refresh: Duration::from_secs(self.refresh_seconds),
         }
-        if let Ok(v) = std::env::var(env)
-            && !v.is_empty()
-        {
-            return Ok(v);
-        }
-        default
-            .map(str::to_owned)
-            .ok_or_else(|| format!("{flag} (or {env}) is required"))
-    }
-
-    fn number(&self, flag: &str, env: &str, default: &str) -> Result<u64, String> {
-        let v = self.value(flag, env, Some(default))?;
-        v.parse()
-            .map_err(|_| format!("{flag} {v:?}: expected a whole number"))
     }
 }
 
-fn settings() -> Result<Settings, String> {
-    let flags = Flags {
-        args: std::env::args().skip(1).collect(),
-    };
-    const KNOWN: [&str; 8] = [
-        "--namespace",
-        "--service-name",
-        "--pod-ip",
-        "--port",
-        "--secret-name",
-        "--webhook-configuration",
-        "--refresh-seconds",
-        "--leaf-validity-hours",
-    ];
-    for (i, arg) in flags.args.iter().enumerate() {
-        if i % 2 == 0 && !KNOWN.contains(&arg.as_str()) {
-            return Err(format!("unknown argument {arg}"));
-        }
+/// Why the webhook stopped before a clean shutdown.
+#[derive(Debug, thiserror::Error)]
+enum Failure {
+    #[error("cannot connect to Kubernetes: {0}")]
+    Kubernetes(#[from] kube::Error),
+    #[error(transparent)]
+    Webhook(#[from] ichor_webhook::Error),
+    #[error("cannot serve metrics on {addr}: {source}")]
+    Metrics {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+async fn run(options: Options) -> Result<(), Failure> {
+    let client = ichor_service::client().await?;
+    let running = ichor_webhook::start(client, options.settings()).await?;
+    // The first line: what the harness and the tests wait for.
+    println!("listening on {}", running.addr());
+    if let Some(addr) = options.metrics_addr {
+        let health = Arc::new(ichor_service::Health::default());
+        health.set_ready(true);
+        let bound = ichor_service::serve(addr, running.metrics().registry(), health)
+            .await
+            .map_err(|source| Failure::Metrics { addr, source })?;
+        println!("metrics on http://{bound}");
     }
-    let pod_ip_text = flags.value("--pod-ip", "POD_IP", None)?;
-    let pod_ip: IpAddr = pod_ip_text
-        .parse()
-        .map_err(|_| format!("--pod-ip {pod_ip_text:?}: expected an IP address"))?;
-    let port = u16::try_from(flags.number("--port", "ICHOR_WEBHOOK_PORT", "9443")?)
-        .map_err(|_| "--port: expected a TCP port (0-65535)".to_owned())?;
-    let refresh = flags.number("--refresh-seconds", "ICHOR_WEBHOOK_REFRESH_SECONDS", "30")?;
-    let validity = flags.number(
-        "--leaf-validity-hours",
-        "ICHOR_WEBHOOK_LEAF_VALIDITY_HOURS",
-        "168",
-    )?;
-    if refresh == 0 || validity == 0 {
-        return Err("--refresh-seconds and --leaf-validity-hours must be positive".into());
-    }
-    let leaf_validity = Duration::from_secs(validity * 3600);
-    Ok(Settings {
-        bind: SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port),
-        certs: CertSettings {
-            namespace: flags.value("--namespace", "POD_NAMESPACE", Some("ichor-system"))?,
-            service: flags.value(
-                "--service-name",
-                "ICHOR_WEBHOOK_SERVICE",
-                Some("ichor-webhook"),
-            )?,
-            pod_ip,
-            secret: flags.value("--secret-name", "ICHOR_WEBHOOK_SECRET", Some(CERT_SECRET))?,
-            webhook_configuration: flags.value(
-                "--webhook-configuration",
-                "ICHOR_WEBHOOK_CONFIGURATION",
-                Some(WEBHOOK_CONFIGURATION),
-            )?,
-            leaf_validity,
-            renew_before: leaf_validity / 3,
-        },
-        refresh: Duration::from_secs(refresh),
-    })
+    ichor_service::terminated().await;
+    running.shutdown();
+    Ok(running.wait().await?)
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .json()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .init();
-    let settings = match settings() {
-        Ok(s) => s,
-        Err(error) => {
-            eprintln!("ichor-webhook: {error}");
-            return ExitCode::from(2);
-        }
-    };
-    let client = match kube::Client::try_default().await {
-        Ok(c) => c,
-        Err(error) => {
-            eprintln!("ichor-webhook: cannot connect to Kubernetes: {error}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let running = match ichor_webhook::start(client, settings).await {
-        Ok(r) => r,
-        Err(error) => {
-            eprintln!("ichor-webhook: {error}");
-            return ExitCode::FAILURE;
-        }
-    };
-    println!("listening on {}", running.addr());
-    let stop = tokio::spawn(async {
-        use tokio::signal::unix::{SignalKind, signal};
-        if let Ok(mut term) = signal(SignalKind::terminate()) {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-            }
-        } else {
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    });
-    let _ = stop.await;
-    running.shutdown();
-    match running.wait().await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!("ichor-webhook: {error}");
-            ExitCode::FAILURE
-        }
-    }
+    let options = Options::parse();
+    ichor_service::init_tracing();
+    ichor_service::exit("ichor-webhook", run(options).await)
 }
