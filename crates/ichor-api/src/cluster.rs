@@ -80,6 +80,33 @@ pub struct TalosClusterSpec {
     pub config_patches: Vec<ConfigPatch>,
 }
 
+impl TalosClusterSpec {
+    /// A cluster running Talos `talos_version` and Kubernetes `kubernetes_version` behind
+    /// `endpoint`, with `control_planes` control planes; every other field at its default.
+    pub fn new(
+        talos_version: &str,
+        kubernetes_version: &str,
+        endpoint: &str,
+        control_planes: i32,
+    ) -> Self {
+        Self {
+            talos_version: talos_version.to_owned(),
+            kubernetes_version: kubernetes_version.to_owned(),
+            endpoint: endpoint.to_owned(),
+            control_plane: ControlPlaneSpec {
+                count: control_planes,
+            },
+            network: NetworkSpec::default(),
+            cni: CniSpec::default(),
+            kube_proxy: KubeProxyMode::default(),
+            discovery: None,
+            secrets_ref: None,
+            install: None,
+            config_patches: Vec::new(),
+        }
+    }
+}
+
 /// The control-plane shape.
 #[derive(KubeSchema, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -159,6 +186,44 @@ pub enum CniPreset {
     Cilium,
     /// No CNI at all.
     None,
+}
+
+impl CniPreset {
+    /// The value as written in the API (`flannel`, `cilium`, `none`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Flannel => "flannel",
+            Self::Cilium => "cilium",
+            Self::None => "none",
+        }
+    }
+}
+
+/// A name that is not a CNI preset.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnknownCniPreset(pub String);
+
+impl std::fmt::Display for UnknownCniPreset {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "unknown CNI preset {:?}: flannel, cilium or none",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for UnknownCniPreset {}
+
+impl std::str::FromStr for CniPreset {
+    type Err = UnknownCniPreset;
+
+    fn from_str(name: &str) -> Result<Self, Self::Err> {
+        [Self::Flannel, Self::Cilium, Self::None]
+            .into_iter()
+            .find(|p| p.as_str() == name)
+            .ok_or_else(|| UnknownCniPreset(name.to_owned()))
+    }
 }
 
 /// Whether kube-proxy runs.

@@ -4,7 +4,8 @@
 //! enforces, and the admission policy shipped beside the CRDs ([`admission`]).
 //!
 //! This crate knows nothing of a Kubernetes client or the network: it only describes the API.
-//! The YAML under `config/` is generated from it (`cargo xtask crdgen`).
+//! The YAML under `config/` is generated from it (`cargo xtask crdgen`). Test builders for each
+//! kind live in `testing`, behind the `testing` feature.
 #![forbid(unsafe_code)]
 
 pub mod admission;
@@ -18,6 +19,8 @@ pub mod operation;
 pub mod reservation;
 mod rules;
 pub mod storage;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt as _;

@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::common::{Condition, InstallSpec, LocalObjectReference, Role};
 use crate::config::ConfigPatch;
+use crate::names::labels;
 
 /// The CEL rule locking `approvalState` and `role` once a config was applied.
 const APPLIED_LOCK_RULE: &str = "!has(oldSelf.status) || !has(oldSelf.status.appliedConfigHash) || (self.spec.approvalState == oldSelf.spec.approvalState && has(self.spec.role) == has(oldSelf.spec.role) && (!has(self.spec.role) || self.spec.role == oldSelf.spec.role))";
@@ -68,6 +69,46 @@ pub struct TalosMachineSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 32))]
     pub config_patches: Vec<ConfigPatch>,
+}
+
+impl TalosMachineSpec {
+    /// A pending machine of `cluster`, reached at `address` and pinned to `fingerprint` (the
+    /// first certificate seen): what discovery records before anyone approves it.
+    pub fn pending(cluster: &str, address: &str, fingerprint: &str) -> Self {
+        Self {
+            cluster_ref: LocalObjectReference {
+                name: cluster.to_owned(),
+            },
+            role: None,
+            approval_state: ApprovalState::Pending,
+            endpoints: vec![address.to_owned()],
+            fingerprint: Some(fingerprint.to_owned()),
+            hostname: None,
+            install: None,
+            config_patches: Vec::new(),
+        }
+    }
+}
+
+impl TalosMachine {
+    /// The record discovery creates for a machine with SMBIOS UUID `uuid`: `spec` (see
+    /// [`TalosMachineSpec::pending`]) in `namespace`, labelled with its cluster, its UUID and
+    /// Ichor as its manager. The hardware goes to the status afterwards.
+    pub fn discovered(namespace: &str, name: &str, uuid: &str, spec: TalosMachineSpec) -> Self {
+        let mut machine = Self::new(name, spec);
+        machine.metadata.namespace = Some(namespace.to_owned());
+        machine.metadata.labels = Some(
+            [
+                (labels::CLUSTER, machine.spec.cluster_ref.name.as_str()),
+                (labels::MACHINE_UUID, uuid),
+                (labels::MANAGED_BY, labels::MANAGED_BY_VALUE),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect(),
+        );
+        machine
+    }
 }
 
 /// Whether Ichor may configure a machine.

@@ -53,6 +53,23 @@ pub struct TalosOperationSpec {
     pub upgrade_kubernetes: Option<UpgradeKubernetesSpec>,
 }
 
+impl TalosOperationSpec {
+    /// `action` on the machines of `cluster`; the target (`machineName` or `selector`) and the
+    /// action's settings are still to be set.
+    pub fn new(cluster: &str, action: OperationAction) -> Self {
+        Self {
+            cluster_ref: LocalObjectReference {
+                name: cluster.to_owned(),
+            },
+            action,
+            machine_name: None,
+            selector: None,
+            upgrade: None,
+            upgrade_kubernetes: None,
+        }
+    }
+}
+
 /// The day-2 actions.
 #[derive(schemars::JsonSchema, Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

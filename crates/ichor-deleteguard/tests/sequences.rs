@@ -10,7 +10,7 @@
 //! cluster keeps a voter, one action at most holds the lock, no once-only step runs twice and
 //! one node at most is down.
 //!
-//! A failure prints the seed and the action trace; `ICHOR_SEED=<n> cargo test -p
+//! A failure prints the seed and the action trace; `ICHOR_TEST_SEED=<n> cargo test -p
 //! ichor-deleteguard --test sequences` replays one seed.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -23,6 +23,7 @@ use ichor_deleteguard::{
     check_machine_delete, check_machine_removal, etcd_quorum, is_once_only, lock_decision,
     next_removal_step, reasons, removal_completes_transition, transitioning,
 };
+use ichor_testenv::rng::{self, SEED_ENV, TestRng as Rng};
 
 /// Seeds run by default.
 const SEEDS: u64 = 2000;
@@ -44,33 +45,6 @@ macro_rules! log {
             $world.trace.push(entry);
         }
     };
-}
-
-/// SplitMix64: small, seedable, good enough to pick actions.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Self {
-        Self(seed ^ 0x5DEE_CE66_D1CE_5EED)
-    }
-
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// A number in `0..n` (`n > 0`).
-    fn below(&mut self, n: usize) -> usize {
-        usize::try_from(self.next() % n as u64).expect("fits")
-    }
-
-    /// True `num` times in `den`.
-    fn chance(&mut self, num: u64, den: u64) -> bool {
-        self.next() % den < num
-    }
 }
 
 /// One TalosMachine and the node behind it.
@@ -948,7 +922,7 @@ impl World {
 
     fn failure(&self, seed: u64, error: &str) -> String {
         format!(
-            "seed {seed} failed: {error}\nreplay: ICHOR_SEED={seed} cargo test -p \
+            "seed {seed} failed: {error}\nreplay: {SEED_ENV}={seed} cargo test -p \
              ichor-deleteguard --test sequences\ntrace ({} entries):\n{}",
             self.trace.len(),
             self.trace.join("\n")
@@ -962,14 +936,6 @@ struct TeardownLog {
     workers_gone_at: Option<usize>,
     first_control_plane_at: Option<usize>,
     most_control_planes_at_once: usize,
-}
-
-/// The seeds to run: `ICHOR_SEED` alone if set.
-fn seeds(default: u64) -> Vec<u64> {
-    match std::env::var("ICHOR_SEED") {
-        Ok(seed) => vec![seed.trim().parse().expect("ICHOR_SEED is a number")],
-        Err(_) => (0..default).collect(),
-    }
 }
 
 /// Runs a scenario for `seed`: `setup` builds the world from the seed's generator, `body`
@@ -1040,7 +1006,7 @@ fn random_scenario(seed: u64) -> World {
 
 #[test]
 fn random_sequences_keep_quorum_the_lock_and_once_only_steps() {
-    let seeds = seeds(SEEDS);
+    let seeds = rng::seeds(SEEDS);
     let mut total = Coverage::default();
     let mut teardowns = 0;
     for &seed in &seeds {
@@ -1106,7 +1072,7 @@ fn teardown_removes_workers_first_then_control_planes_one_by_one() {
 
 #[test]
 fn teardown_with_crashes_keeps_quorum_until_the_last_member() {
-    for seed in seeds(300) {
+    for seed in rng::seeds(300) {
         run(
             seed,
             |rng| {

@@ -456,6 +456,8 @@ impl std::fmt::Debug for ClusterTarget {
     }
 }
 
+/// Waits with [`ichor_testenv::wait::try_eventually`] for `f` to give a value (`Ok(None)`: not
+/// yet; an error is kept as the last observation).
 pub(crate) async fn eventually<T, F, Fut>(
     what: &str,
     within: Duration,
@@ -465,27 +467,18 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<Option<T>, Error>>,
 {
-    let deadline = tokio::time::Instant::now() + within;
-    let mut last = String::new();
-    loop {
-        match f().await {
-            Ok(Some(value)) => return Ok(value),
-            Ok(None) => {}
-            Err(e) => last = e.to_string(),
+    let value = ichor_testenv::wait::try_eventually(what, within, || {
+        let attempt = f();
+        async move {
+            match attempt.await {
+                Ok(Some(value)) => Ok(value),
+                Ok(None) => Err("not yet".to_owned()),
+                Err(e) => Err(e.to_string()),
+            }
         }
-        if tokio::time::Instant::now() > deadline {
-            return Err(Error::Spec(format!(
-                "{what}: not within {} s{}",
-                within.as_secs(),
-                if last.is_empty() {
-                    String::new()
-                } else {
-                    format!(" (last error: {last})")
-                }
-            )));
-        }
-        tokio::time::sleep(Duration::from_secs(3)).await;
-    }
+    })
+    .await?;
+    Ok(value)
 }
 
 impl ClusterTarget {
@@ -609,14 +602,17 @@ impl ClusterTarget {
         let plan = self.options.plan.clone();
         let endpoint = ClusterPlan::endpoint(&self.endpoint_address().to_string())
             .map_err(|e| Error::Spec(e.to_string()))?;
-        let spec: ichor_api::cluster::TalosClusterSpec = parse(json!({
-            "talosVersion": plan.talos_version,
-            "kubernetesVersion": self.options.kubernetes_version,
-            "endpoint": endpoint,
-            "controlPlane": {"count": self.options.management},
-            "network": {"podSubnets": [plan.pod_subnet], "serviceSubnets": [plan.service_subnet]},
-            "install": {"disk": "/dev/vda", "image": plan.installer_image()},
-        }))?;
+        let control_planes = i32::try_from(self.options.management)
+            .map_err(|_| Error::Spec("too many management nodes".into()))?;
+        let spec = ichor_api::TalosCluster::test("ichor-e2e-management")
+            .talos(&plan.talos_version)
+            .kubernetes(&self.options.kubernetes_version)
+            .endpoint(&endpoint)
+            .control_planes(control_planes)
+            .subnets(&[&plan.pod_subnet], &[&plan.service_subnet])
+            .install_disk("/dev/vda")
+            .installer(&plan.installer_image())
+            .spec();
         let mut data = BTreeMap::new();
         let addresses: Vec<String> = self
             .management()

@@ -47,6 +47,9 @@ pub enum Error {
     /// A spec's expectation did not hold.
     #[error("{0}")]
     Spec(String),
+    /// Something waited for did not happen in time.
+    #[error("{0}")]
+    Wait(#[from] ichor_testenv::wait::Timeout),
 }
 
 /// A place the specs run against.

@@ -63,6 +63,7 @@ pub struct SimTarget {
     manager: Option<Child>,
     manager_runs: u32,
     manager_log: LogTail,
+    manager_metrics: Option<String>,
     webhook: Option<Child>,
     dir: tempfile::TempDir,
     manager_kubeconfig: PathBuf,
@@ -317,6 +318,7 @@ impl SimTarget {
             manager: None,
             manager_runs: 0,
             manager_log: LogTail::default(),
+            manager_metrics: None,
             webhook: Some(webhook),
             dir,
             manager_kubeconfig,
@@ -330,7 +332,7 @@ impl SimTarget {
     /// Starts (or restarts) the manager process.
     pub async fn start_manager(&mut self) -> Result<(), Error> {
         self.manager_runs += 1;
-        let (manager, _) = spawn(
+        let (manager, ready) = spawn(
             binary("ichor-manager")?,
             &[
                 "--namespace".into(),
@@ -355,7 +357,35 @@ impl SimTarget {
         )
         .await?;
         self.manager = Some(manager);
+        // "metrics on http://127.0.0.1:<port>"
+        self.manager_metrics = ready
+            .rsplit("://")
+            .next()
+            .map(|addr| addr.trim().to_owned());
         Ok(())
+    }
+
+    /// How many reconciles of `kind` (e.g. `TalosMachine`) the running manager has counted,
+    /// read from its `/metrics`: a test's proof that the manager had its chance to act before
+    /// it asserts that something did not happen.
+    pub async fn manager_reconciles(&self, kind: &str) -> Result<u64, Error> {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let addr = self
+            .manager_metrics
+            .as_deref()
+            .ok_or_else(|| Error::Spec("the manager is not running".into()))?;
+        let mut stream = tokio::net::TcpStream::connect(addr).await?;
+        stream
+            .write_all(b"GET /metrics HTTP/1.1\r\nhost: metrics\r\nconnection: close\r\n\r\n")
+            .await?;
+        let mut text = String::new();
+        stream.read_to_string(&mut text).await?;
+        let series = format!("ichor_reconciles_total{{kind=\"{kind}\"}}");
+        Ok(text
+            .lines()
+            .find_map(|line| line.strip_prefix(series.as_str()))
+            .and_then(|value| value.trim().parse::<f64>().ok())
+            .map_or(0, |value| value as u64))
     }
 
     /// The manager's last log lines (every run), for failure messages.
@@ -368,6 +398,7 @@ impl SimTarget {
 
     /// Kills the manager with SIGKILL, as a crash would.
     pub async fn kill_manager(&mut self) {
+        self.manager_metrics = None;
         if let Some(mut manager) = self.manager.take() {
             let _ = manager.kill().await;
         }

@@ -3,10 +3,12 @@
 use std::time::Duration;
 
 use base64::Engine as _;
+use ichor_api::cluster::{CniPreset, UnknownCniPreset};
 use ichor_api::common::ConditionStatus;
 use ichor_api::names::conditions;
-use ichor_api::{TalosCluster, TalosMachine};
+use ichor_api::{TalosCluster, TalosMachine, TalosOperation};
 use ichor_talos::{Credentials, TalosClient};
+use ichor_testenv::wait::try_eventually;
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt as _;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
@@ -39,24 +41,6 @@ impl Shape {
     }
 }
 
-/// Polls `check` every 200 ms until it holds or `limit` passes.
-pub async fn eventually<F, Fut>(what: &str, limit: Duration, mut check: F) -> Result<(), Error>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = std::time::Instant::now() + limit;
-    while !check().await {
-        if std::time::Instant::now() > deadline {
-            return Err(Error::Spec(format!(
-                "timed out after {limit:?} waiting for {what}"
-            )));
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    Ok(())
-}
-
 fn machines(target: &impl Target) -> Api<TalosMachine> {
     Api::namespaced(target.client(), target.namespace())
 }
@@ -79,26 +63,24 @@ pub async fn create_cluster(target: &impl Target, shape: &Shape) -> Result<(), E
         .collect();
     cidrs.sort();
     cidrs.dedup();
-    let mut install = json!({"disk": "/dev/vda"});
+    let preset: CniPreset = shape
+        .cni
+        .parse()
+        .map_err(|e: UnknownCniPreset| Error::Spec(e.to_string()))?;
+    let control_planes = i32::try_from(shape.control_planes)
+        .map_err(|_| Error::Spec("too many control planes".into()))?;
+    let mut cluster = TalosCluster::test(&shape.name)
+        .namespace(target.namespace())
+        .talos(&shape.talos_version)
+        .endpoint(&format!("https://{first}:6443"))
+        .control_planes(control_planes)
+        .cni(preset)
+        .discovery(&cidrs, "10s")
+        .install_disk("/dev/vda");
     if let Some(image) = target.installer_image() {
-        install["image"] = json!(image);
+        cluster = cluster.installer(&image);
     }
-    let cluster: TalosCluster = serde_json::from_value(json!({
-        "apiVersion": "ichor.maesh.dev/v1alpha1",
-        "kind": "TalosCluster",
-        "metadata": {"name": shape.name, "namespace": target.namespace()},
-        "spec": {
-            "talosVersion": shape.talos_version,
-            "kubernetesVersion": "1.36.3",
-            "endpoint": format!("https://{first}:6443"),
-            "controlPlane": {"count": shape.control_planes},
-            "cni": {"preset": shape.cni},
-            "kubeProxy": if shape.cni == "flannel" { "enabled" } else { "disabled" },
-            "discovery": {"cidrs": cidrs, "interval": "10s"},
-            "install": install
-        }
-    }))
-    .map_err(|e| Error::Spec(e.to_string()))?;
+    let cluster = cluster.build();
     clusters(target)
         .create(&PostParams::default(), &cluster)
         .await?;
@@ -108,7 +90,7 @@ pub async fn create_cluster(target: &impl Target, shape: &Shape) -> Result<(), E
 /// Waits until `n` machines were discovered, all pending.
 pub async fn wait_discovered(target: &impl Target, n: usize) -> Result<Vec<TalosMachine>, Error> {
     let api = machines(target);
-    eventually(
+    try_eventually(
         &format!("{n} discovered machines"),
         Duration::from_secs(60),
         || async {
@@ -363,7 +345,7 @@ pub async fn lifecycle(target: &impl Target, shape: &Shape) -> Result<(), Error>
     let nodes = target.node_endpoints().len();
     let workload = workload_client(target, &shape.name).await?;
     let listed = Api::<k8s_openapi::api::core::v1::Node>::all(workload);
-    eventually(
+    try_eventually(
         &format!("{nodes} Ready Nodes in the workload cluster"),
         Duration::from_secs(60),
         || async {
@@ -372,7 +354,8 @@ pub async fn lifecycle(target: &impl Target, shape: &Shape) -> Result<(), Error>
             })
         },
     )
-    .await
+    .await?;
+    Ok(())
 }
 
 /// A client for the workload cluster from the published kubeconfig Secret.
@@ -440,27 +423,14 @@ pub async fn delete_cluster(target: &impl Target, name: &str) -> Result<(), Erro
     Ok(())
 }
 
-/// Creates a TalosOperation on cluster `cluster`; `target_spec` holds `machineName` or
-/// `selector` and the action's settings (merged into the spec).
+/// Creates `operation` (e.g. built with [`TalosOperation::test`]) in the target's namespace.
 pub async fn create_operation(
     target: &impl Target,
-    name: &str,
-    cluster: &str,
-    action: &str,
-    target_spec: serde_json::Value,
+    operation: impl Into<TalosOperation>,
 ) -> Result<(), Error> {
-    let mut spec = json!({"clusterRef": {"name": cluster}, "action": action});
-    if let (Some(spec), Some(extra)) = (spec.as_object_mut(), target_spec.as_object()) {
-        spec.extend(extra.clone());
-    }
-    let operation: ichor_api::operation::TalosOperation = serde_json::from_value(json!({
-        "apiVersion": "ichor.maesh.dev/v1alpha1",
-        "kind": "TalosOperation",
-        "metadata": {"name": name, "namespace": target.namespace()},
-        "spec": spec,
-    }))
-    .map_err(|e| Error::Spec(e.to_string()))?;
-    Api::<ichor_api::operation::TalosOperation>::namespaced(target.client(), target.namespace())
+    let mut operation = operation.into();
+    operation.metadata.namespace = Some(target.namespace().to_owned());
+    Api::<TalosOperation>::namespaced(target.client(), target.namespace())
         .create(&PostParams::default(), &operation)
         .await?;
     Ok(())

@@ -8,13 +8,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use ichor_api::TalosMachine;
 use ichor_api::common::ConditionStatus;
 use ichor_api::names::{annotations, conditions, reasons};
+use ichor_api::operation::OperationAction;
 use ichor_api::operation::OperationPhase;
-use ichor_harness::specs::{self, Shape, eventually};
+use ichor_api::{TalosMachine, TalosOperation};
+use ichor_harness::specs::{self, Shape};
 use ichor_harness::{SimOptions, SimTarget, Target};
 use ichor_sim::{Fault, SimNode, Stage};
+use ichor_testenv::wait::try_eventually;
 use k8s_openapi::api::core::v1::{Node, Pod, Secret};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -148,7 +150,7 @@ async fn uid_of(target: &SimTarget, name: &str) -> Option<String> {
 /// discovered again under the same name: that new record is another machine record.
 async fn gone(target: &SimTarget, name: &str, uid: &Option<String>, limit: Duration) {
     let machines: Api<TalosMachine> = Api::namespaced(target.client(), target.namespace());
-    if let Err(error) = eventually(&format!("{name} gone"), limit, || async {
+    if let Err(error) = try_eventually(&format!("{name} gone"), limit, || async {
         machines
             .get_opt(name)
             .await
@@ -204,7 +206,7 @@ async fn removal_resumes_after_manager_kills_and_runs_once_only_steps_once() {
         .create(&PostParams::default(), &budget)
         .await
         .expect("create budget");
-    eventually(
+    try_eventually(
         "the budget to count the pod healthy",
         Duration::from_secs(60),
         || async {
@@ -230,7 +232,7 @@ async fn removal_resumes_after_manager_kills_and_runs_once_only_steps_once() {
     let uid = uid_of(&target, &name).await;
 
     // Kill points 1 and 2: after the cordon, in the middle of a drain the budget blocks.
-    eventually("the drain blocked", Duration::from_secs(90), || async {
+    try_eventually("the drain blocked", Duration::from_secs(90), || async {
         removal_reason(&target, &endpoints[2]).await.as_deref() == Some(reasons::DRAIN_BLOCKED)
     })
     .await
@@ -244,7 +246,27 @@ async fn removal_resumes_after_manager_kills_and_runs_once_only_steps_once() {
     );
     target.kill_manager().await;
     target.start_manager().await.expect("restart");
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The restarted manager had its chances: it reconciled every machine more than once (the
+    // waiting removal requeues itself), and the removal is still blocked.
+    let machine_count = Api::<TalosMachine>::namespaced(target.client(), target.namespace())
+        .list(&ListParams::default())
+        .await
+        .expect("machines")
+        .items
+        .len() as u64;
+    try_eventually(
+        "the restarted manager reconciling the machines",
+        Duration::from_secs(60),
+        || async {
+            match target.manager_reconciles("TalosMachine").await {
+                Ok(n) if n > 2 * machine_count => Ok(n),
+                Ok(n) => Err(format!("{n} reconciles of {machine_count} machines")),
+                Err(e) => Err(e.to_string()),
+            }
+        },
+    )
+    .await
+    .expect("reconciled after the restart");
     assert_eq!(
         removal_reason(&target, &endpoints[2]).await.as_deref(),
         Some(reasons::DRAIN_BLOCKED),
@@ -275,7 +297,7 @@ async fn removal_resumes_after_manager_kills_and_runs_once_only_steps_once() {
 
     gone(&target, &name, &uid, Duration::from_secs(120)).await;
     let seen = monitor.finish().await;
-    eventually("cp-3 in maintenance", Duration::from_secs(30), || async {
+    try_eventually("cp-3 in maintenance", Duration::from_secs(30), || async {
         node.stage().await == Stage::Maintenance
     })
     .await
@@ -323,7 +345,7 @@ async fn a_failed_leave_stops_and_the_force_path_removes_a_partitioned_node() {
         .await
         .expect("admitted");
     let uid = uid_of(&target, &name).await;
-    eventually("EtcdLeaveFailed", Duration::from_secs(90), || async {
+    try_eventually("EtcdLeaveFailed", Duration::from_secs(90), || async {
         removal_reason(&target, &endpoints[3]).await.as_deref() == Some(reasons::ETCD_LEAVE_FAILED)
     })
     .await
@@ -334,7 +356,7 @@ async fn a_failed_leave_stops_and_the_force_path_removes_a_partitioned_node() {
 
     // The node drops off the network: without the force annotation the removal waits.
     node.inject(Fault::Partition).await.expect("partition");
-    eventually("NodeUnreachable", Duration::from_secs(60), || async {
+    try_eventually("NodeUnreachable", Duration::from_secs(60), || async {
         removal_reason(&target, &endpoints[3]).await.as_deref() == Some(reasons::NODE_UNREACHABLE)
     })
     .await
@@ -375,14 +397,14 @@ async fn a_failed_leave_stops_and_the_force_path_removes_a_partitioned_node() {
 
     // It comes back: reset before anything else, and the tombstone goes.
     node.inject(Fault::Heal).await.expect("heal");
-    eventually(
+    try_eventually(
         "the healed node reset into maintenance",
         Duration::from_secs(60),
         || async { node.stage().await == Stage::Maintenance },
     )
     .await
     .expect("reset after healing");
-    eventually("the tombstone cleared", Duration::from_secs(30), || async {
+    try_eventually("the tombstone cleared", Duration::from_secs(30), || async {
         clusters
             .get(CLUSTER)
             .await
@@ -446,7 +468,7 @@ async fn deleting_a_cluster_removes_workers_first_then_control_planes_and_keeps_
     specs::delete_cluster(&target, CLUSTER)
         .await
         .expect("delete admitted with the annotation");
-    eventually(
+    try_eventually(
         "the TalosCluster gone",
         Duration::from_secs(180),
         || async { clusters.get_opt(CLUSTER).await.is_ok_and(|c| c.is_none()) },
@@ -485,7 +507,7 @@ async fn deleting_a_cluster_removes_workers_first_then_control_planes_and_keeps_
         "no machine records"
     );
     for (i, node) in target.nodes().iter().enumerate() {
-        eventually(
+        try_eventually(
             &format!("node {i} in maintenance"),
             Duration::from_secs(30),
             || async { node.stage().await == Stage::Maintenance },
@@ -522,10 +544,9 @@ async fn operations_go_one_node_at_a_time_and_a_rolled_back_upgrade_fails() {
     let monitor = Monitor::start(target.nodes().to_vec());
     specs::create_operation(
         &target,
-        "reboot-all",
-        CLUSTER,
-        "reboot",
-        json!({"selector": {}}),
+        TalosOperation::test("reboot-all", OperationAction::Reboot)
+            .cluster(CLUSTER)
+            .all(),
     )
     .await
     .expect("operation");
@@ -556,10 +577,10 @@ async fn operations_go_one_node_at_a_time_and_a_rolled_back_upgrade_fails() {
         .name_any();
     specs::create_operation(
         &target,
-        "upgrade-cp-2",
-        CLUSTER,
-        "upgrade",
-        json!({"machineName": cp2, "upgrade": {"image": "ghcr.io/siderolabs/installer:v1.14.2"}}),
+        TalosOperation::test("upgrade-cp-2", OperationAction::Upgrade)
+            .cluster(CLUSTER)
+            .machine(&cp2)
+            .image("ghcr.io/siderolabs/installer:v1.14.2"),
     )
     .await
     .expect("operation");
@@ -575,8 +596,6 @@ async fn operations_go_one_node_at_a_time_and_a_rolled_back_upgrade_fails() {
         .map(|c| c.reason.clone());
     assert_eq!(reason.as_deref(), Some(reasons::UPGRADE_ROLLED_BACK));
     assert_eq!(status.nodes[0].version_after.as_deref(), Some("v1.14.1"));
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(target.nodes()[1].calls("Upgrade"), 1, "never retried");
 
     // The same upgrade on cp-1 without the fault succeeds and is verified.
     let cp1 = specs::machine_at(&target, &endpoints[0])
@@ -585,10 +604,10 @@ async fn operations_go_one_node_at_a_time_and_a_rolled_back_upgrade_fails() {
         .name_any();
     specs::create_operation(
         &target,
-        "upgrade-cp-1",
-        CLUSTER,
-        "upgrade",
-        json!({"machineName": cp1, "upgrade": {"image": "ghcr.io/siderolabs/installer:v1.14.2"}}),
+        TalosOperation::test("upgrade-cp-1", OperationAction::Upgrade)
+            .cluster(CLUSTER)
+            .machine(&cp1)
+            .image("ghcr.io/siderolabs/installer:v1.14.2"),
     )
     .await
     .expect("operation");
@@ -598,15 +617,17 @@ async fn operations_go_one_node_at_a_time_and_a_rolled_back_upgrade_fails() {
         .status
         .expect("status");
     assert_eq!(upgraded.phase, OperationPhase::Succeeded, "{upgraded:?}");
+    // A later operation ran to the end under the cluster lock: the failed one had every chance
+    // to be retried, and was not.
+    assert_eq!(target.nodes()[1].calls("Upgrade"), 1, "never retried");
     assert_eq!(target.nodes()[0].talos_version(), "v1.14.2");
 
     // An etcd snapshot lands in a Secret.
     specs::create_operation(
         &target,
-        "snap",
-        CLUSTER,
-        "etcdSnapshot",
-        json!({"selector": {}}),
+        TalosOperation::test("snap", OperationAction::EtcdSnapshot)
+            .cluster(CLUSTER)
+            .all(),
     )
     .await
     .expect("operation");
@@ -637,10 +658,9 @@ async fn operations_go_one_node_at_a_time_and_a_rolled_back_upgrade_fails() {
         .expect("grow the keyspace");
     specs::create_operation(
         &target,
-        "snap-large",
-        CLUSTER,
-        "etcdSnapshot",
-        json!({"selector": {}}),
+        TalosOperation::test("snap-large", OperationAction::EtcdSnapshot)
+            .cluster(CLUSTER)
+            .all(),
     )
     .await
     .expect("operation");
@@ -666,10 +686,9 @@ async fn operations_go_one_node_at_a_time_and_a_rolled_back_upgrade_fails() {
     // Defragmentation, one control plane at a time.
     specs::create_operation(
         &target,
-        "defrag",
-        CLUSTER,
-        "etcdDefrag",
-        json!({"selector": {}}),
+        TalosOperation::test("defrag", OperationAction::EtcdDefrag)
+            .cluster(CLUSTER)
+            .all(),
     )
     .await
     .expect("operation");
@@ -686,10 +705,10 @@ async fn operations_go_one_node_at_a_time_and_a_rolled_back_upgrade_fails() {
     // A Kubernetes upgrade: the spec takes the version, the nodes follow one at a time.
     specs::create_operation(
         &target,
-        "kubernetes",
-        CLUSTER,
-        "upgradeKubernetes",
-        json!({"selector": {}, "upgradeKubernetes": {"version": "1.36.4"}}),
+        TalosOperation::test("kubernetes", OperationAction::UpgradeKubernetes)
+            .cluster(CLUSTER)
+            .all()
+            .kubernetes("1.36.4"),
     )
     .await
     .expect("operation");
@@ -724,10 +743,9 @@ async fn operations_go_one_node_at_a_time_and_a_rolled_back_upgrade_fails() {
     let monitor = Monitor::start(target.nodes().to_vec());
     specs::create_operation(
         &target,
-        "reset-cp-3",
-        CLUSTER,
-        "reset",
-        json!({"machineName": cp3}),
+        TalosOperation::test("reset-cp-3", OperationAction::Reset)
+            .cluster(CLUSTER)
+            .machine(&cp3),
     )
     .await
     .expect("operation");
@@ -769,7 +787,7 @@ async fn drift_that_needs_a_reboot_is_applied_under_the_lock_one_node_at_a_time(
         .await
         .expect("a change that needs a reboot");
     let machines: Api<TalosMachine> = Api::namespaced(target.client(), target.namespace());
-    eventually(
+    try_eventually(
         "every node rebooted into the new config",
         Duration::from_secs(180),
         || async {
@@ -846,23 +864,6 @@ fn state_summary(target: &SimTarget) -> String {
     })
 }
 
-/// A small deterministic generator (SplitMix64), so a seed replays the same sequence.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        usize::try_from(self.next() % u64::try_from(n.max(1)).unwrap_or(1)).unwrap_or(0)
-    }
-}
-
 /// Whether the cluster has settled after an action: no operation in flight, every machine
 /// Ready, pending approval, or being removed and waiting with a reason.
 async fn settled(target: &SimTarget) -> bool {
@@ -912,17 +913,17 @@ async fn settled(target: &SimTarget) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_seeded_random_sequence_keeps_quorum_end_to_end() {
-    let seed: u64 = std::env::var("ICHOR_E2E_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(20_261_202);
+    let seed = ichor_testenv::rng::seed(20_261_202);
     let target = SimTarget::up(SimOptions::new(5, 82, "v1.14.1"))
         .await
         .expect("sim target");
     cluster_of(&target, 3, 3, 0).await;
     let monitor = Monitor::start(target.nodes().to_vec());
-    let mut rng = Rng(seed);
-    let mut trace = vec![format!("seed {seed} (replay: ICHOR_E2E_SEED={seed})")];
+    let mut rng = ichor_testenv::rng::TestRng::new(seed);
+    let mut trace = vec![format!(
+        "seed {seed} (replay: {}={seed})",
+        ichor_testenv::rng::SEED_ENV
+    )];
     let machines: Api<TalosMachine> = Api::namespaced(target.client(), target.namespace());
     for step in 0..5 {
         let list = machines
@@ -972,10 +973,9 @@ async fn a_seeded_random_sequence_keeps_quorum_end_to_end() {
                 trace.push(format!("step {step}: reboot every configured machine"));
                 specs::create_operation(
                     &target,
-                    &format!("reboot-{step}"),
-                    CLUSTER,
-                    "reboot",
-                    json!({"selector": {}}),
+                    TalosOperation::test(&format!("reboot-{step}"), OperationAction::Reboot)
+                        .cluster(CLUSTER)
+                        .all(),
                 )
                 .await
                 .expect("operation");
@@ -983,7 +983,7 @@ async fn a_seeded_random_sequence_keeps_quorum_end_to_end() {
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
         if let Err(error) =
-            eventually("settled", Duration::from_secs(150), || settled(&target)).await
+            try_eventually("settled", Duration::from_secs(150), || settled(&target)).await
         {
             panic!("{error}\n{}\n{}", trace.join("\n"), state_summary(&target));
         }

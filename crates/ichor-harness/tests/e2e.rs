@@ -6,9 +6,10 @@ use std::time::Duration;
 
 use ichor_api::TalosMachine;
 use ichor_api::names::{conditions, reasons};
-use ichor_harness::specs::{self, Shape, eventually};
+use ichor_harness::specs::{self, Shape};
 use ichor_harness::{SimOptions, SimTarget, Target};
 use ichor_sim::{Fault, Stage};
+use ichor_testenv::wait::try_eventually;
 use kube::ResourceExt as _;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
@@ -63,7 +64,7 @@ async fn changed_fingerprints_are_flagged_and_never_applied_to() {
     rebooted.reboot().await.expect("reboot");
     let fresh = rebooted.fingerprint();
     assert_ne!(pinned, fresh);
-    eventually("FingerprintChanged", Duration::from_secs(30), || async {
+    try_eventually("FingerprintChanged", Duration::from_secs(30), || async {
         specs::machine_condition(&target, &endpoints[0], conditions::FINGERPRINT_CHANGED)
             .await
             .is_some_and(|(holds, _, _)| holds)
@@ -81,12 +82,26 @@ async fn changed_fingerprints_are_flagged_and_never_applied_to() {
     specs::approve(&target, &endpoints[0], true, "cp-1")
         .await
         .expect("approve");
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // The manager had its chance: it refused the apply and said why.
+    try_eventually(
+        "the apply refused on the pin",
+        Duration::from_secs(30),
+        || async {
+            specs::machine_condition(&target, &endpoints[0], conditions::READY)
+                .await
+                .is_some_and(|(_, reason, message)| {
+                    reason == reasons::FINGERPRINT_MISMATCH && message.contains(&fresh)
+                })
+        },
+    )
+    .await
+    .expect("refused while the pin differs");
     assert_eq!(
         rebooted.stage().await,
         Stage::Maintenance,
         "nothing applied while the pin differs"
     );
+    assert_eq!(rebooted.calls("ApplyConfiguration"), 0, "never sent");
 
     // A person confirms it is the same machine: the pin is updated, and the apply goes ahead.
     Api::<TalosMachine>::namespaced(target.client(), target.namespace())
@@ -97,7 +112,7 @@ async fn changed_fingerprints_are_flagged_and_never_applied_to() {
         )
         .await
         .expect("update the pin");
-    eventually("the config applied", Duration::from_secs(60), || async {
+    try_eventually("the config applied", Duration::from_secs(60), || async {
         specs::machine_at(&target, &endpoints[0])
             .await
             .ok()
@@ -117,7 +132,7 @@ async fn changed_fingerprints_are_flagged_and_never_applied_to() {
     specs::approve(&target, &endpoints[1], false, "worker-2")
         .await
         .expect("approve");
-    eventually("FingerprintMismatch", Duration::from_secs(30), || async {
+    try_eventually("FingerprintMismatch", Duration::from_secs(30), || async {
         specs::machine_condition(&target, &endpoints[1], conditions::READY)
             .await
             .is_some_and(|(_, reason, message)| {
@@ -161,7 +176,7 @@ async fn killing_the_manager_at_each_step_ends_in_one_cluster() {
     target.start_manager().await.expect("restart");
 
     // Kill point 2: while a node installs.
-    eventually("a node installing", Duration::from_secs(60), || async {
+    try_eventually("a node installing", Duration::from_secs(60), || async {
         for node in target.nodes() {
             if node.stage().await == Stage::Installing {
                 return true;
@@ -221,7 +236,7 @@ async fn removing_a_control_plane_runs_the_whole_sequence_and_waits_without_a_re
             .await
             .expect("approve");
     }
-    eventually(
+    try_eventually(
         "three Ready control planes",
         Duration::from_secs(120),
         || async {
@@ -259,7 +274,7 @@ async fn removing_a_control_plane_runs_the_whole_sequence_and_waits_without_a_re
     specs::delete_machine(&target, &endpoints[2])
         .await
         .expect("the webhook admits 4 -> 3");
-    eventually(
+    try_eventually(
         "the machine record gone",
         Duration::from_secs(120),
         || async {
@@ -275,7 +290,7 @@ async fn removing_a_control_plane_runs_the_whole_sequence_and_waits_without_a_re
         panic!("{e}: {m:?}\nmanager log:\n{}", target.manager_log_tail())
     });
     eprintln!("removal 4 -> 3 took {:?}", removal_started.elapsed());
-    eventually(
+    try_eventually(
         "the node back in maintenance",
         Duration::from_secs(30),
         || async { target.nodes()[2].stage().await == Stage::Maintenance },
@@ -307,7 +322,7 @@ async fn removing_a_control_plane_runs_the_whole_sequence_and_waits_without_a_re
         .expect("admitted: 3 -> 2 keeps quorum");
     let started = std::time::Instant::now();
     let seen = std::sync::Mutex::new(Vec::<Option<String>>::new());
-    let waited = eventually("AwaitingReplacement", Duration::from_secs(60), || async {
+    let waited = try_eventually("AwaitingReplacement", Duration::from_secs(60), || async {
         let now = specs::machine_condition(&target, &endpoints[1], conditions::REMOVAL_APPROVED)
             .await
             .map(|(_, reason, message)| format!("{reason}: {message}"));

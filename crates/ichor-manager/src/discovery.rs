@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use ichor_api::machine::{DiskInfo, HardwareInventory, LinkInfo, TalosMachineStatus};
 use ichor_api::names::{actions, conditions, labels, reasons};
-use ichor_api::{TalosCluster, TalosMachine};
+use ichor_api::{TalosCluster, TalosMachine, TalosMachineSpec};
 use ichor_talos::discovery::{Found, ProbeOutcome, SweepConfig, sweep};
 use kube::ResourceExt as _;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
@@ -137,26 +137,16 @@ pub async fn run_once(
         match record {
             None => {
                 let name = machine_name(&uuid);
-                let machine: TalosMachine = serde_json::from_value(json!({
-                    "apiVersion": "ichor.maesh.dev/v1alpha1",
-                    "kind": "TalosMachine",
-                    "metadata": {
-                        "name": name,
-                        "namespace": namespace,
-                        "labels": {
-                            labels::CLUSTER: cluster.name_any(),
-                            labels::MACHINE_UUID: uuid,
-                            labels::MANAGED_BY: labels::MANAGED_BY_VALUE,
-                        }
-                    },
-                    "spec": {
-                        "clusterRef": {"name": cluster.name_any()},
-                        "approvalState": "pending",
-                        "endpoints": [found.address.to_string()],
-                        "fingerprint": found.fingerprint,
-                    }
-                }))
-                .map_err(Error::Serde)?;
+                let machine = TalosMachine::discovered(
+                    &namespace,
+                    &name,
+                    &uuid,
+                    TalosMachineSpec::pending(
+                        &cluster.name_any(),
+                        &found.address.to_string(),
+                        &found.fingerprint,
+                    ),
+                );
                 match machines.create(&PostParams::default(), &machine).await {
                     Ok(created) => {
                         write_observation(ctx, &created, found).await?;

@@ -8,32 +8,22 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use ichor_api::names::{conditions, reasons};
+use ichor_api::testing::ClusterBuilder;
 use ichor_api::{TalosCluster, TalosMachine};
 use ichor_sim::{Hardware, SimNode, Stage};
+use ichor_testenv::wait::eventually;
 use k8s_openapi::api::core::v1::{Event, Secret};
 use kube::ResourceExt as _;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
-fn cluster(ns: &str, name: &str, net: u8, extra: serde_json::Value) -> TalosCluster {
-    let mut spec = json!({
-        "talosVersion": "v1.14.1",
-        "kubernetesVersion": "1.36.3",
-        "endpoint": format!("https://127.0.{net}.1:6443"),
-        "controlPlane": {"count": 1},
-        "discovery": {"cidrs": [format!("127.0.{net}.0/24")], "interval": "10s"},
-        "install": {"disk": "/dev/vda"}
-    });
-    if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra.as_object()) {
-        spec.extend(extra.clone());
-    }
-    serde_json::from_value(json!({
-        "apiVersion": "ichor.maesh.dev/v1alpha1",
-        "kind": "TalosCluster",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": spec
-    }))
-    .expect("cluster")
+/// A one-control-plane cluster `name` discovering 127.0.`net`.0/24.
+fn cluster(ns: &str, name: &str, net: u8) -> ClusterBuilder {
+    TalosCluster::test(name)
+        .namespace(ns)
+        .endpoint(&format!("https://127.0.{net}.1:6443"))
+        .discovery(&[format!("127.0.{net}.0/24")], "10s")
+        .install_disk("/dev/vda")
 }
 
 fn condition(c: &TalosCluster, type_: &str) -> Option<(String, String)> {
@@ -75,9 +65,9 @@ async fn refusals_and_reports() {
     .expect("twin");
 
     for c in [
-        cluster(&ns, "old", 62, json!({})),
-        cluster(&ns, "twins", 63, json!({})),
-        cluster(&ns, "missing", 64, json!({"secretsRef": {"name": "nope"}})),
+        cluster(&ns, "old", 62).build(),
+        cluster(&ns, "twins", 63).build(),
+        cluster(&ns, "missing", 64).secrets("nope").build(),
     ] {
         clusters
             .create(&PostParams::default(), &c)
@@ -87,7 +77,7 @@ async fn refusals_and_reports() {
     let (stop_tx, manager) = support::start_manager(&env);
 
     // secretsRef naming nothing: SecretsReady false, saying what to do.
-    support::eventually(
+    eventually(
         "SecretsBundleUnavailable",
         Duration::from_secs(60),
         || async {
@@ -104,7 +94,7 @@ async fn refusals_and_reports() {
     .await;
 
     // A generated bundle outlives its cluster: no owner reference.
-    support::eventually("the generated bundle", Duration::from_secs(60), || async {
+    eventually("the generated bundle", Duration::from_secs(60), || async {
         Api::<Secret>::namespaced(env.client(), &ns)
             .get_opt("old-secrets")
             .await
@@ -126,7 +116,7 @@ async fn refusals_and_reports() {
     );
 
     // One UUID, two certificates: reported, not recorded.
-    support::eventually(
+    eventually(
         "the UUID conflict event",
         Duration::from_secs(60),
         || async {
@@ -155,7 +145,7 @@ async fn refusals_and_reports() {
     );
 
     // A node older than the contract is refused before anything is applied.
-    support::eventually(
+    eventually(
         "the old machine discovered",
         Duration::from_secs(60),
         || async {
@@ -183,7 +173,7 @@ async fn refusals_and_reports() {
         )
         .await
         .expect("approve");
-    support::eventually("TalosVersionTooOld", Duration::from_secs(60), || async {
+    eventually("TalosVersionTooOld", Duration::from_secs(60), || async {
         machines
             .get(&name)
             .await

@@ -7,6 +7,7 @@ use ichor_manager::Metrics;
 use ichor_manager::http::{Health, serve};
 use ichor_manager::leader::{LeaseSettings, try_acquire};
 use ichor_testenv::TestEnv;
+use ichor_testenv::wait::eventually;
 
 fn lease(namespace: &str, identity: &str) -> LeaseSettings {
     LeaseSettings {
@@ -33,11 +34,18 @@ async fn one_replica_leads_until_its_lease_expires() {
             .await
             .expect("a renews")
     );
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    // b keeps asking; it gets the Lease once a's 2 s term has run out, and not before.
+    let renewed = std::time::Instant::now();
+    eventually(
+        "b to take over after a's lease expires",
+        Duration::from_secs(10),
+        || async { try_acquire(&client, &lease(&ns, "b")).await.expect("b") },
+    )
+    .await;
     assert!(
-        try_acquire(&client, &lease(&ns, "b"))
-            .await
-            .expect("b takes over after expiry")
+        renewed.elapsed() >= Duration::from_millis(1500),
+        "b took over {:?} after a renewed a 2 s lease",
+        renewed.elapsed()
     );
     assert!(
         !try_acquire(&client, &lease(&ns, "a")).await.expect("a"),

@@ -11,6 +11,7 @@ use ichor_api::names::conditions;
 use ichor_api::{TalosCluster, TalosMachine};
 use ichor_sim::{Hardware, SimNode, Stage as SimStage};
 use ichor_talos::{Credentials, TalosClient};
+use ichor_testenv::wait::eventually;
 use kube::ResourceExt as _;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -49,32 +50,25 @@ async fn run_lifecycle(net: u8, talos_version: &str, cni: &str) {
             .expect("sim node"),
         );
     }
-    let cluster: TalosCluster = serde_json::from_value(json!({
-        "apiVersion": "ichor.maesh.dev/v1alpha1",
-        "kind": "TalosCluster",
-        "metadata": {"name": "lab", "namespace": ns},
-        "spec": {
-            "talosVersion": talos_version,
-            "kubernetesVersion": "1.36.3",
-            "endpoint": format!("https://127.0.{net}.1:6443"),
-            "controlPlane": {"count": 3},
-            "cni": {"preset": cni},
-            "kubeProxy": if cni == "flannel" { "enabled" } else { "disabled" },
-            "discovery": {"cidrs": [format!("127.0.{net}.0/24")], "interval": "10s"},
-            "install": {"disk": "/dev/vda"}
-        }
-    }))
-    .expect("cluster");
+    let cluster = TalosCluster::test("lab")
+        .namespace(&ns)
+        .talos(talos_version)
+        .endpoint(&format!("https://127.0.{net}.1:6443"))
+        .control_planes(3)
+        .cni(cni.parse().expect("a CNI preset"))
+        .discovery(&[format!("127.0.{net}.0/24")], "10s")
+        .install_disk("/dev/vda")
+        .build();
     let clusters: Api<TalosCluster> = Api::namespaced(env.client(), &ns);
     clusters
         .create(&PostParams::default(), &cluster)
         .await
         .expect("create cluster");
 
-    let (stop_tx, manager) = support::start_manager(&env);
+    let (stop_tx, manager, metrics) = support::start_manager_with_metrics(&env);
 
     let machines: Api<TalosMachine> = Api::namespaced(env.client(), &ns);
-    support::eventually(
+    eventually(
         "five discovered machines",
         Duration::from_secs(60),
         || async {
@@ -87,12 +81,43 @@ async fn run_lifecycle(net: u8, talos_version: &str, cni: &str) {
         },
     )
     .await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // The manager had its chance: discovery recorded every machine's hardware, and the machine
+    // controller reconciled each of them (each machine at least once after it was created).
+    eventually(
+        "every machine observed",
+        Duration::from_secs(60),
+        || async {
+            machines.list(&ListParams::default()).await.is_ok_and(|l| {
+                l.items
+                    .iter()
+                    .all(|m| m.status.as_ref().is_some_and(|s| s.hardware.is_some()))
+            })
+        },
+    )
+    .await;
+    eventually(
+        "five machine reconciles",
+        Duration::from_secs(60),
+        || async {
+            let n = support::reconciles(&metrics, "TalosMachine");
+            if n >= 5 {
+                Ok(n)
+            } else {
+                Err(format!("{n} reconciles"))
+            }
+        },
+    )
+    .await;
     for node in &nodes {
         assert_eq!(
             node.stage().await,
             SimStage::Maintenance,
             "nothing applied before approval"
+        );
+        assert_eq!(
+            node.calls("ApplyConfiguration"),
+            0,
+            "nothing sent before approval"
         );
     }
 
@@ -124,7 +149,7 @@ async fn run_lifecycle(net: u8, talos_version: &str, cni: &str) {
             .expect("approve");
     }
 
-    support::eventually("the cluster Ready", Duration::from_secs(120), || async {
+    eventually("the cluster Ready", Duration::from_secs(120), || async {
         clusters
             .get("lab")
             .await

@@ -103,18 +103,15 @@ fn render_machine_takes_the_machines_install_and_patches_over_the_clusters() {
         json!([{"documents": {"KubeNodeConfig": {"labels": {"tier": "cluster", "zone": "a"}}}}]),
     );
     let cluster = ichor_api::TalosCluster::new("lab", spec.clone());
-    let machine: ichor_api::TalosMachine = serde_json::from_value(json!({
-        "apiVersion": "ichor.maesh.dev/v1alpha1",
-        "kind": "TalosMachine",
-        "metadata": {"name": "m1", "namespace": "ns"},
-        "spec": {
-            "clusterRef": {"name": "lab"},
-            "hostname": "cp-1",
-            "install": {"disk": "/dev/nvme0n1"},
-            "configPatches": [{"documents": {"KubeNodeConfig": {"labels": {"tier": "machine"}}}}]
-        }
-    }))
-    .expect("machine");
+    let machine = ichor_api::TalosMachine::test("m1")
+        .namespace("ns")
+        .hostname("cp-1")
+        .install_disk("/dev/nvme0n1")
+        .patch(
+            patches(json!([{"documents": {"KubeNodeConfig": {"labels": {"tier": "machine"}}}}]))
+                .remove(0),
+        )
+        .build();
     let out = ichor_render::render_machine(&cluster, &machine, Role::ControlPlane, &f.bundle)
         .expect("render");
     let labels = &document(&out, "KubeNodeConfig")["labels"];

@@ -14,6 +14,10 @@ use ichor_talos::api::machine::ApplyConfigurationRequest;
 use ichor_talos::api::machine::apply_configuration_request::Mode;
 use ichor_talos::api::machine::machine_service_client::MachineServiceClient;
 use ichor_talos::{ApplyMode, Credentials, TalosClient};
+use ichor_testenv::wait::eventually;
+
+/// How long the simulated node gets for what a test waits for.
+const WAIT: Duration = Duration::from_secs(10);
 
 fn golden_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../ichor-render/tests/golden")
@@ -63,21 +67,6 @@ async fn admin(bundle: &str, node: &SimNode) -> TalosClient {
     }
 }
 
-async fn eventually<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while !check().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 async fn dry_run(client: &TalosClient, config: &str, mode: Mode) -> (i32, String) {
     let reply = MachineServiceClient::new(client.channel())
         .apply_configuration(ApplyConfigurationRequest {
@@ -111,7 +100,7 @@ async fn a_1_13_install_to_a_missing_disk_fails_and_the_node_returns_to_maintena
         .apply_configuration(config.as_bytes(), ApplyMode::Auto)
         .await
         .expect("accepted");
-    eventually("the install to fail", || async {
+    eventually("the install to fail", WAIT, || async {
         node.install_failure().await.is_some()
     })
     .await;
@@ -121,7 +110,7 @@ async fn a_1_13_install_to_a_missing_disk_fails_and_the_node_returns_to_maintena
             "sequence failed: error running phase 2 in install sequence: task 1/1: failed, lstat /dev/sda: no such file or directory"
         )
     );
-    eventually("the node back in maintenance mode", || async {
+    eventually("the node back in maintenance mode", WAIT, || async {
         node.stage().await == Stage::Maintenance && node.is_serving().await
     })
     .await;
@@ -137,7 +126,7 @@ async fn a_1_13_install_to_a_missing_disk_fails_and_the_node_returns_to_maintena
         .apply_configuration(to_vda(&config).as_bytes(), ApplyMode::Auto)
         .await
         .expect("accepted");
-    eventually("the install", || async { node.installed().await }).await;
+    eventually("the install", WAIT, || async { node.installed().await }).await;
     let client = admin("bundle-1.13.yaml", &node).await;
     assert_eq!(
         client.machine_status().await.expect("status").stage,
@@ -187,8 +176,8 @@ async fn a_1_14_unattended_install_without_a_matching_disk_stays_pending() {
         .apply_configuration(to_vda(&config).as_bytes(), ApplyMode::NoReboot)
         .await
         .expect("accepted");
-    eventually("the install", || async { node.installed().await }).await;
-    eventually("the installed system running", || async {
+    eventually("the install", WAIT, || async { node.installed().await }).await;
+    eventually("the installed system running", WAIT, || async {
         node.unattended_install().await == Some(("installed", ""))
             && node.stage().await == Stage::Running
     })
@@ -217,7 +206,12 @@ async fn a_dry_run_answers_talos_summary_and_changes_nothing() {
         details.lines().filter(|l| l.starts_with('+')).count() > lines / 2,
         "every line is new"
     );
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The dry run's reply is the signal: the node handled it, and applied nothing.
+    assert_eq!(
+        node.calls("ApplyConfiguration"),
+        1,
+        "the dry run was handled"
+    );
     assert_eq!(node.stage().await, Stage::Maintenance, "nothing applied");
     assert_eq!(node.fingerprint(), fingerprint);
     assert!(!node.installed().await);

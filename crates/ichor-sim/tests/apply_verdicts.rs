@@ -19,12 +19,13 @@ use ichor_talos::TalosClient;
 use ichor_talos::api::machine::ApplyConfigurationRequest;
 use ichor_talos::api::machine::apply_configuration_request::Mode;
 use ichor_talos::api::machine::machine_service_client::MachineServiceClient;
-use rand::rngs::StdRng;
+use ichor_testenv::rng::TestRng;
+use rand::Rng as _;
 use rand::seq::IndexedRandom as _;
-use rand::{Rng as _, SeedableRng as _};
 use serde_json::{Value, json};
 
-/// The seed of the mutations: fixed, so a failure reproduces.
+/// The seed of the mutations by default (`ICHOR_TEST_SEED` replaces it): fixed, so a failure
+/// reproduces.
 const SEED: u64 = 0x1c40_0016;
 /// How many mutations each golden config gets.
 const PER_GOLDEN: usize = 20;
@@ -183,10 +184,10 @@ fn put(root: &mut Value, path: &str, value: Option<Value>) -> Option<()> {
     }
 }
 
-type Mutation = fn(&mut Vec<Value>, &mut StdRng, &str) -> Option<String>;
+type Mutation = fn(&mut Vec<Value>, &mut TestRng, &str) -> Option<String>;
 
 /// Picks one of `values`.
-fn pick<'a>(rng: &mut StdRng, values: &[&'a str]) -> &'a str {
+fn pick<'a>(rng: &mut TestRng, values: &[&'a str]) -> &'a str {
     values.choose(rng).copied().unwrap_or_default()
 }
 
@@ -791,7 +792,7 @@ const MUTATIONS: &[(&str, Mutation)] = &[
 
 /// Every golden config, and `PER_GOLDEN` seeded mutations of each.
 fn cases() -> Vec<Case> {
-    let mut rng = StdRng::seed_from_u64(SEED);
+    let mut rng = ichor_testenv::rng::seeded(SEED);
     let mut files: Vec<PathBuf> = std::fs::read_dir(golden_dir())
         .expect("the golden folder")
         .filter_map(|e| e.ok().map(|e| e.path()))

@@ -17,8 +17,9 @@ use ichor_talos::api::cosi::resource::{
 };
 use ichor_talos::api::resource::definitions::runtime::MachineStatusSpec;
 use ichor_talos::{ApplyMode, TalosClient};
+use ichor_testenv::wait::eventually;
 use prost::Message as _;
-use support::{bundle_for, config, credentials, eventually};
+use support::{WAIT, bundle_for, config, credentials};
 use tokio::process::Command;
 use tokio_stream::StreamExt as _;
 use tonic::Code;
@@ -99,7 +100,7 @@ async fn bootstrapped(cluster: u8) -> (SimNode, TalosClient, SecretsBundle) {
         .await
         .expect("bootstrap");
     let probe = admin.clone();
-    eventually("the local etcd member resource", || {
+    eventually("the local etcd member resource", WAIT, || {
         let client = probe.clone();
         async move {
             StateClient::new(client.channel())

@@ -11,7 +11,8 @@ use std::time::Duration;
 use ichor_api::common::Role;
 use ichor_sim::{Fault, Hardware, SimNode};
 use ichor_talos::{Bootstrapped, TalosClient};
-use support::{NodeConfig, admin, bundle_for, eventually, node_config};
+use ichor_testenv::wait::eventually;
+use support::{NodeConfig, WAIT, admin, bundle_for, node_config};
 
 fn addr(net: u8, host: u8) -> SocketAddr {
     SocketAddr::from(([127, 0, net, host], 50000))
@@ -110,7 +111,7 @@ async fn three_control_planes_form_one_etcd_and_one_leaves() {
         .bootstrap(Duration::from_secs(5))
         .await
         .expect("bootstrap");
-    eventually("three voters", || async {
+    eventually("three voters", WAIT, || async {
         voters(&nodes[0].1).await == ["cp-1", "cp-2", "cp-3"]
     })
     .await;
@@ -145,7 +146,7 @@ async fn a_dead_member_is_removed_by_id_through_a_healthy_peer_and_quorum_loss_f
         .bootstrap(Duration::from_secs(5))
         .await
         .expect("bootstrap");
-    eventually("three voters", || async {
+    eventually("three voters", WAIT, || async {
         voters(&nodes[0].1).await.len() == 3
     })
     .await;
@@ -177,7 +178,7 @@ async fn a_dead_member_is_removed_by_id_through_a_healthy_peer_and_quorum_loss_f
     let status = nodes[0].1.etcd_status().await.expect("status");
     assert_eq!(status.leader, 0, "no leader without quorum");
     nodes[1].0.restart().await.expect("restart");
-    eventually("quorum back", || async {
+    eventually("quorum back", WAIT, || async {
         nodes[0].1.etcd_members(false).await.is_ok()
     })
     .await;
@@ -209,7 +210,7 @@ async fn forfeit_snapshot_defragment_and_a_failing_leave() {
         .bootstrap(Duration::from_secs(5))
         .await
         .expect("bootstrap");
-    eventually("two voters", || async {
+    eventually("two voters", WAIT, || async {
         voters(&nodes[0].1).await.len() == 2
     })
     .await;

@@ -14,7 +14,8 @@ use ichor_api::common::Role;
 use ichor_render::pki::Role as TalosRole;
 use ichor_sim::{Hardware, NodeSpec, SimNode};
 use ichor_talos::{ResetOptions, TalosClient};
-use support::{NodeConfig, admin, bundle_for, credentials, eventually, node_config};
+use ichor_testenv::wait::eventually;
+use support::{NodeConfig, WAIT, admin, bundle_for, credentials, node_config};
 
 /// A bootstrapped control plane on 127.0.94.`host` whose cluster holds about `etcd_size`
 /// bytes.
@@ -213,7 +214,7 @@ async fn an_uploaded_snapshot_is_kept_with_what_a_recovery_will_find() {
         })
         .await
         .expect("reset");
-    eventually("the upload wiped", || async {
+    eventually("the upload wiped", WAIT, || async {
         node.etcd_recovery_snapshot().await.is_none()
     })
     .await;

@@ -18,8 +18,9 @@ use ichor_talos::api::machine::{
     Event, EventsRequest, MachineStatusEvent, ReadRequest, RebootRequest, ResetPartitionSpec,
     ResetRequest, RestartEvent, SequenceEvent, TaskEvent,
 };
+use ichor_testenv::wait::eventually;
 use prost::Message as _;
-use support::{NodeConfig, admin, bundle_for, credentials, eventually, node_config};
+use support::{NodeConfig, WAIT, admin, bundle_for, credentials, node_config};
 use tokio_stream::StreamExt as _;
 use tonic::transport::Channel;
 
@@ -251,7 +252,7 @@ async fn a_reset_without_reboot_powers_off_until_powered_on() {
             .any(|s| matches!(s, Seen::Restart(r) if r.cmd == 0x4321_fedc)),
         "power off: {seen:?}"
     );
-    eventually("off", || async { !node.is_serving().await }).await;
+    eventually("off", WAIT, || async { !node.is_serving().await }).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!node.is_serving().await, "it stays off");
     node.restart().await.expect("power on");
@@ -450,7 +451,7 @@ async fn version_and_services_are_filled_as_machined_fills_them() {
     let events = &etcd.events.as_ref().expect("events").events;
     assert_eq!(events[0].msg, "Starting service");
     assert!(events.iter().all(|e| e.ts.is_some_and(|t| t.seconds > 0)));
-    eventually("etcd healthy", || {
+    eventually("etcd healthy", WAIT, || {
         let client = client.clone();
         async move {
             let services = machine(&client)

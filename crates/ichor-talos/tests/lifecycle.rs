@@ -4,13 +4,12 @@
 
 mod support;
 
-use std::time::{Duration, Instant};
-
 use ichor_api::common::Role;
 use ichor_render::pki::Role as TalosRole;
 use ichor_sim::{Hardware, SimNode};
 use ichor_talos::{ApplyMode, TalosClient, TalosError};
-use support::{bundle, config, credentials};
+use ichor_testenv::wait::eventually;
+use support::{WAIT, bundle, config, credentials};
 
 async fn maintenance_node(version: &str) -> (SimNode, TalosClient) {
     let node = SimNode::start_with(
@@ -24,19 +23,6 @@ async fn maintenance_node(version: &str) -> (SimNode, TalosClient) {
         .await
         .expect("pinned connect");
     (node, client)
-}
-
-/// Polls until `check` holds (the simulated install and reboot take milliseconds).
-async fn eventually<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !check().await {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 #[tokio::test]
@@ -57,7 +43,7 @@ async fn an_applied_control_plane_comes_back_behind_mutual_tls() {
 
     let credentials = credentials(&b, TalosRole::Admin);
     let endpoint = node.addr().to_string();
-    eventually("the node to serve mutual TLS", || async {
+    eventually("the node to serve mutual TLS", WAIT, || async {
         match TalosClient::connect(&endpoint, &credentials).await {
             Ok(client) => client.version().await.is_ok(),
             Err(_) => false,
@@ -82,7 +68,7 @@ async fn an_applied_worker_waits_for_trustd() {
         )
         .await
         .expect("apply");
-    eventually("the worker's API to go away", || async {
+    eventually("the worker's API to go away", WAIT, || async {
         !node.is_serving().await
     })
     .await;

@@ -12,7 +12,8 @@ use ichor_api::common::Role;
 use ichor_render::pki::Role as TalosRole;
 use ichor_sim::{Fault, Hardware, NodeSpec, SimNode, Timings};
 use ichor_talos::{ApplyMode, ResetOptions, Stage, TalosClient};
-use support::{NodeConfig, admin, bundle_for, credentials, eventually, node_config};
+use ichor_testenv::wait::eventually;
+use support::{NodeConfig, WAIT, admin, bundle_for, credentials, node_config};
 
 fn addr(net: u8, host: u8) -> SocketAddr {
     SocketAddr::from(([127, 0, net, host], 50000))
@@ -200,7 +201,7 @@ async fn install_stages_per_version() {
             )
             .await
             .expect("apply");
-        eventually("the install stage", || async {
+        eventually("the install stage", WAIT, || async {
             pinned
                 .machine_status()
                 .await
@@ -299,7 +300,7 @@ async fn reset_returns_to_maintenance_and_an_empty_partition_list_bricks() {
         })
         .await
         .expect("reset");
-    eventually("maintenance mode", || async {
+    eventually("maintenance mode", WAIT, || async {
         cp.fingerprint() != configured_fingerprint
             && TalosClient::connect_maintenance(&cp.addr().to_string(), &cp.fingerprint())
                 .await
@@ -331,9 +332,10 @@ async fn reset_returns_to_maintenance_and_an_empty_partition_list_bricks() {
         })
         .await
         .expect("reset with an empty list");
-    eventually("silence", || async { !doomed.is_serving().await }).await;
+    eventually("silence", WAIT, || async { !doomed.is_serving().await }).await;
+    // The power cycle returns once the node has booted as far as it can (a node with something
+    // to boot is serving by then): the positive signal that it had its chance.
     doomed.reboot().await.expect("power cycle");
-    tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!doomed.is_serving().await, "nothing left to boot");
     doomed.stop().await;
 }
@@ -356,7 +358,7 @@ async fn reboot_and_upgrade_through_the_lifecycle_service() {
     // caller asks for (talos-facts §10.9).
     assert_eq!(client.version().await.expect("version"), "v1.14.1");
     client.reboot().await.expect("reboot into the upgrade");
-    eventually("the new version", || async {
+    eventually("the new version", WAIT, || async {
         cp.talos_version() == "v1.14.2"
             && TalosClient::connect(&cp.addr().to_string(), &credentials(&b, TalosRole::Admin))
                 .await
@@ -373,7 +375,7 @@ async fn reboot_and_upgrade_through_the_lifecycle_service() {
     client.pull_image(next).await.expect("pull");
     client.upgrade(next).await.expect("upgrade accepted");
     client.reboot().await.expect("reboot into the upgrade");
-    eventually("the reboot", || async { !cp.is_serving().await }).await;
+    eventually("the reboot", WAIT, || async { !cp.is_serving().await }).await;
     let client = admin(&b, cp.addr()).await;
     assert_eq!(
         client.version().await.expect("version"),
@@ -382,7 +384,7 @@ async fn reboot_and_upgrade_through_the_lifecycle_service() {
     );
 
     client.reboot().await.expect("reboot");
-    eventually("down", || async { !cp.is_serving().await }).await;
+    eventually("down", WAIT, || async { !cp.is_serving().await }).await;
     let client = admin(&b, cp.addr()).await;
     assert_eq!(client.hostname().await.expect("hostname"), "cp-1");
     cp.stop().await;
@@ -435,7 +437,7 @@ async fn partitions_slowness_and_gates() {
         async move { client.bootstrap(Duration::from_secs(5)).await }
     });
     gate.arrived(1).await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(cp.calls("Bootstrap"), 0, "its handler has not run");
     assert!(!call.is_finished(), "held at the gate");
     assert_eq!(cp.etcd_member_id().await, None);
     gate.release();

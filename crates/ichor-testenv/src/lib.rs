@@ -16,6 +16,9 @@
 //! Kubernetes CA, kube-controller-manager, and kwok playing the kubelets — is
 //! [`WorkloadControlPlane`] (see [`workload`]).
 //!
+//! Shared by every test besides: [`wait::eventually`] (poll until a condition holds) and
+//! [`rng`] (seeded, replayable randomness).
+//!
 //! Missing binaries are an error that says how to build them; a test never skips.
 //! Child processes die with the process that started them, and their folder goes with them
 //! (see [`process`]).
@@ -25,6 +28,8 @@ pub mod assets;
 mod control_plane;
 pub mod pki;
 pub mod process;
+pub mod rng;
+pub mod wait;
 pub mod workload;
 
 use std::path::PathBuf;

@@ -6,6 +6,7 @@
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
+use ichor_testenv::wait::eventually;
 use ichor_testenv::workload::node_is_ready;
 use ichor_testenv::{CertAndKey, Error, NodeRegistration, WorkloadControlPlane, WorkloadSpec};
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
@@ -80,22 +81,6 @@ async fn start() -> (WorkloadControlPlane, CertAndKey) {
         .await
         .expect("workload control plane");
     (plane, ca)
-}
-
-/// Polls `check` every 200 ms until it gives a value, failing after `timeout` with `what`.
-async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
 }
 
 fn meta(name: &str, namespace: &str) -> ObjectMeta {

@@ -4,7 +4,11 @@
 
 use std::time::Duration;
 
-use ichor_api::names::{annotations, finalizers};
+use ichor_api::common::Role as MachineRole;
+use ichor_api::machine::ApprovalState;
+use ichor_api::names::annotations;
+use ichor_api::testing::MachineBuilder;
+use ichor_api::{TalosCluster, TalosMachine};
 use ichor_testenv::TestEnv;
 use ichor_webhook::certs::CA_CERT_KEY;
 use ichor_webhook::{CERT_SECRET, CertSettings, Settings, WEBHOOK_CONFIGURATION, WEBHOOK_PATH};
@@ -19,7 +23,7 @@ use kube::Api;
 use kube::api::{
     ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
 };
-use serde_json::{Value, json};
+use serde_json::json;
 
 fn api(env: &TestEnv, ns: &str, kind: &str) -> Api<DynamicObject> {
     let gvk = GroupVersionKind::gvk(ichor_api::GROUP, ichor_api::VERSION, kind);
@@ -162,18 +166,7 @@ async fn setup() -> (TestEnv, String, ichor_webhook::Running) {
     let machines = api(&env, &ns, "TalosMachine");
     for attempt in 0.. {
         let probe = format!("probe-{attempt}");
-        create_machine(
-            &env,
-            &ns,
-            &MachineSpec {
-                name: &probe,
-                role: "worker",
-                approval: "pending",
-                applied: false,
-                allow_delete: false,
-            },
-        )
-        .await;
+        create_machine(&env, &ns, TalosMachine::test(&probe).worker(), false).await;
         match delete(&machines, &probe).await {
             Ok(()) => break,
             Err(e) => {
@@ -185,59 +178,22 @@ async fn setup() -> (TestEnv, String, ichor_webhook::Running) {
     (env, ns, running)
 }
 
-fn cluster(name: &str, count: u32, allow_delete: bool) -> Value {
-    let mut metadata = json!({"name": name});
-    if allow_delete {
-        metadata["annotations"] = json!({annotations::ALLOW_DELETE: "true"});
-    }
-    json!({
-        "apiVersion": "ichor.maesh.dev/v1alpha1",
-        "kind": "TalosCluster",
-        "metadata": metadata,
-        "spec": {
-            "talosVersion": "v1.14.1",
-            "kubernetesVersion": "1.36.3",
-            "endpoint": "https://192.168.10.5:6443",
-            "controlPlane": {"count": count}
-        }
-    })
-}
-
-struct MachineSpec<'a> {
-    name: &'a str,
-    role: &'a str,
-    approval: &'a str,
-    applied: bool,
-    allow_delete: bool,
-}
-
-async fn create_machine(env: &TestEnv, ns: &str, m: &MachineSpec<'_>) {
+/// Creates `machine` (in cluster `lab`, with the removal finalizer the manager would add);
+/// `applied` records a config hash in its status, as the manager does after an apply.
+async fn create_machine(env: &TestEnv, ns: &str, machine: MachineBuilder, applied: bool) {
     let machines = api(env, ns, "TalosMachine");
-    let mut metadata = json!({"name": m.name, "finalizers": [finalizers::MACHINE_REMOVAL]});
-    if m.allow_delete {
-        metadata["annotations"] = json!({annotations::ALLOW_DELETE: "true"});
-    }
-    let object: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "ichor.maesh.dev/v1alpha1",
-        "kind": "TalosMachine",
-        "metadata": metadata,
-        "spec": {
-            "clusterRef": {"name": "lab"},
-            "role": m.role,
-            "approvalState": m.approval,
-            "endpoints": ["192.168.10.21"],
-            "fingerprint": "n7cGkBrmW4Sdq4aR8RCH7TL+5L3N8CuTDxQYX0ngk4U="
-        }
-    }))
-    .expect("machine");
+    let machine = machine.removal_finalizer().build();
+    let name = machine.metadata.name.clone().expect("a name");
+    let object: DynamicObject =
+        serde_json::from_value(serde_json::to_value(&machine).expect("json")).expect("machine");
     machines
         .create(&PostParams::default(), &object)
         .await
         .expect("create machine");
-    if m.applied {
+    if applied {
         machines
             .patch_status(
-                m.name,
+                &name,
                 &PatchParams::default(),
                 &Patch::Merge(json!({"status": {"appliedConfigHash": "sha256:0123"}})),
             )
@@ -246,9 +202,9 @@ async fn create_machine(env: &TestEnv, ns: &str, m: &MachineSpec<'_>) {
     }
 }
 
-async fn create_cluster(env: &TestEnv, ns: &str, count: u32, allow_delete: bool) {
-    let object: DynamicObject =
-        serde_json::from_value(cluster("lab", count, allow_delete)).expect("cluster");
+async fn create_cluster(env: &TestEnv, ns: &str, count: i32) {
+    let cluster = TalosCluster::test("lab").control_planes(count).json();
+    let object: DynamicObject = serde_json::from_value(cluster).expect("cluster");
     api(env, ns, "TalosCluster")
         .create(&PostParams::default(), &object)
         .await
@@ -257,18 +213,16 @@ async fn create_cluster(env: &TestEnv, ns: &str, count: u32, allow_delete: bool)
 
 /// Three applied, approved control planes, annotated for deletion.
 async fn three_control_planes(env: &TestEnv, ns: &str) {
-    create_cluster(env, ns, 3, false).await;
+    create_cluster(env, ns, 3).await;
     for name in ["cp-1", "cp-2", "cp-3"] {
         create_machine(
             env,
             ns,
-            &MachineSpec {
-                name,
-                role: "controlplane",
-                approval: "approved",
-                applied: true,
-                allow_delete: true,
-            },
+            TalosMachine::test(name)
+                .control_plane()
+                .approved()
+                .allow_delete(),
+            true,
         )
         .await;
     }
@@ -286,19 +240,14 @@ async fn delete(api: &Api<DynamicObject>, name: &str) -> Result<(), String> {
 #[tokio::test]
 async fn unsafe_deletes_and_updates_are_refused_at_the_door() {
     let (env, ns, running) = setup().await;
-    create_cluster(&env, &ns, 3, false).await;
+    create_cluster(&env, &ns, 3).await;
     let machines = api(&env, &ns, "TalosMachine");
     for (name, applied) in [("cp-1", true), ("cp-2", true), ("cp-3", true)] {
         create_machine(
             &env,
             &ns,
-            &MachineSpec {
-                name,
-                role: "controlplane",
-                approval: "approved",
-                applied,
-                allow_delete: false,
-            },
+            TalosMachine::test(name).control_plane().approved(),
+            applied,
         )
         .await;
     }
@@ -349,20 +298,30 @@ async fn unsafe_deletes_and_updates_are_refused_at_the_door() {
 
     // Safe deletes pass without the annotation.
     for (name, role, approval, applied) in [
-        ("worker-1", "worker", "approved", true),
-        ("pending-1", "controlplane", "pending", false),
-        ("rejected-1", "controlplane", "rejected", false),
+        (
+            "worker-1",
+            MachineRole::Worker,
+            ApprovalState::Approved,
+            true,
+        ),
+        (
+            "pending-1",
+            MachineRole::ControlPlane,
+            ApprovalState::Pending,
+            false,
+        ),
+        (
+            "rejected-1",
+            MachineRole::ControlPlane,
+            ApprovalState::Rejected,
+            false,
+        ),
     ] {
         create_machine(
             &env,
             &ns,
-            &MachineSpec {
-                name,
-                role,
-                approval,
-                applied,
-                allow_delete: false,
-            },
+            TalosMachine::test(name).role(role).approval(approval),
+            applied,
         )
         .await;
         delete(&machines, name)
@@ -395,17 +354,15 @@ async fn parallel_deletes_admit_at_most_one_and_the_last_control_plane_stays() {
     }
 
     let last = env.namespace("last").await.expect("namespace");
-    create_cluster(&env, &last, 1, false).await;
+    create_cluster(&env, &last, 1).await;
     create_machine(
         &env,
         &last,
-        &MachineSpec {
-            name: "cp-1",
-            role: "controlplane",
-            approval: "approved",
-            applied: true,
-            allow_delete: true,
-        },
+        TalosMachine::test("cp-1")
+            .control_plane()
+            .approved()
+            .allow_delete(),
+        true,
     )
     .await;
     let refused = delete(&api(&env, &last, "TalosMachine"), "cp-1")

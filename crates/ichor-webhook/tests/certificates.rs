@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ichor_testenv::TestEnv;
+use ichor_testenv::wait::eventually;
 use ichor_webhook::certs::{CA_CERT_KEY, CA_KEY_KEY, Ca};
 use ichor_webhook::{CERT_SECRET, WEBHOOK_CONFIGURATION};
 use k8s_openapi::ByteString;
@@ -21,6 +22,9 @@ use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::{CertificateDer, ServerName};
 use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _, BufReader};
 use tokio::process::{Child, Command};
+
+/// How long the webhook and the apiserver get for what a test waits for.
+const WAIT: Duration = Duration::from_secs(20);
 
 /// Starts one webhook process; returns it and its port.
 async fn webhook(kubeconfig: &std::path::Path, ns: &str) -> (Child, u16) {
@@ -107,21 +111,6 @@ async fn ca_bundle(env: &TestEnv) -> Option<Vec<u8>> {
         .map(|b| b.0)
 }
 
-async fn eventually<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while !check().await {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 /// A private control plane with the webhook configuration registered (no CA yet), a namespace
 /// named after `prefix`, and an admin kubeconfig file (kept while the folder lives).
 async fn control_plane(prefix: &str) -> (TestEnv, String, tempfile::TempDir, std::path::PathBuf) {
@@ -151,7 +140,7 @@ async fn two_replicas_share_one_ca_and_follow_a_rotation() {
     let secrets: Api<Secret> = Api::namespaced(env.client(), &ns);
     let secret = secrets.get(CERT_SECRET).await.expect("one Secret");
     let ca = secret.data.clone().expect("data")[CA_CERT_KEY].0.clone();
-    eventually("the CA in the caBundle", || async {
+    eventually("the CA in the caBundle", WAIT, || async {
         ca_bundle(&env).await.as_ref() == Some(&ca)
     })
     .await;
@@ -180,11 +169,11 @@ async fn two_replicas_share_one_ca_and_follow_a_rotation() {
         .await
         .expect("rotate");
     let new_ca = rotated.cert_pem.as_bytes().to_vec();
-    eventually("both replicas serving from the new CA", || async {
+    eventually("both replicas serving from the new CA", WAIT, || async {
         healthy_with(&new_ca, port_a).await.is_ok() && healthy_with(&new_ca, port_b).await.is_ok()
     })
     .await;
-    eventually("the new CA in the caBundle", || async {
+    eventually("the new CA in the caBundle", WAIT, || async {
         ca_bundle(&env).await.as_ref() == Some(&new_ca)
     })
     .await;
@@ -224,7 +213,7 @@ async fn an_empty_secret_from_the_installer_is_filled_once() {
     let secret = secrets.get(CERT_SECRET).await.expect("the Secret");
     let ca = secret.data.clone().expect("filled")[CA_CERT_KEY].0.clone();
     assert!(!ca.is_empty());
-    eventually("the CA in the caBundle", || async {
+    eventually("the CA in the caBundle", WAIT, || async {
         ca_bundle(&env).await.as_ref() == Some(&ca)
     })
     .await;

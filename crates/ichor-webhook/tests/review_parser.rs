@@ -44,6 +44,12 @@ fn unreadable_reviews_are_refused_with_their_uid_when_known() {
 
 #[test]
 fn a_delete_it_cannot_check_is_refused_not_allowed() {
+    let mut old = ichor_api::TalosMachine::test("cp-1")
+        .namespace("lab")
+        .control_plane()
+        .approved()
+        .build();
+    old.metadata.uid = Some("x".into());
     let body = serde_json::json!({
         "apiVersion": "admission.k8s.io/v1",
         "kind": "AdmissionReview",
@@ -55,12 +61,7 @@ fn a_delete_it_cannot_check_is_refused_not_allowed() {
             "namespace": "lab",
             "operation": "DELETE",
             "userInfo": {"username": "someone"},
-            "oldObject": {
-                "apiVersion": "ichor.maesh.dev/v1alpha1",
-                "kind": "TalosMachine",
-                "metadata": {"name": "cp-1", "namespace": "lab", "uid": "x"},
-                "spec": {"clusterRef": {"name": "lab"}, "role": "controlplane", "approvalState": "approved"}
-            },
+            "oldObject": old,
             "dryRun": false
         }
     });

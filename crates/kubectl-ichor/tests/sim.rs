@@ -10,9 +10,10 @@ use std::time::Duration;
 use ichor_api::machine::ApprovalState;
 use ichor_api::names::{labels, secrets as secret_names};
 use ichor_api::{TalosCluster, TalosMachine};
-use ichor_harness::specs::{self, Shape, eventually};
+use ichor_harness::specs::{self, Shape};
 use ichor_harness::{SimOptions, SimTarget, Target};
 use ichor_render::SecretsBundle;
+use ichor_testenv::wait::try_eventually;
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt as _;
 use kube::api::{Api, Patch, PatchParams};
@@ -394,7 +395,7 @@ async fn render_diff_shows_drift_until_the_manager_applies_it() {
 
     // The manager applies it live and keeps it: no difference any more.
     target.start_manager().await.expect("restart");
-    eventually(
+    try_eventually(
         "the drift applied and recorded",
         Duration::from_secs(90),
         || async {

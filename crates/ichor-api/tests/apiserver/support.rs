@@ -111,6 +111,10 @@ pub async fn merge_status(api: &Api<DynamicObject>, name: &str, patch: Value) ->
 }
 
 /// A valid TalosCluster named `name`, with `spec` fields overridden by `overrides`.
+///
+/// Minimal JSON on purpose, not `ichor_api::testing`'s builders: these tests check what the
+/// apiserver fills in (defaults) and refuses (CEL, schema), so they send only what a person
+/// would write, and overrides are often what the typed API cannot express.
 pub fn cluster(name: &str, overrides: Value) -> Value {
     let mut spec = serde_json::json!({
         "talosVersion": "v1.14.0",
@@ -128,7 +132,8 @@ pub fn cluster(name: &str, overrides: Value) -> Value {
     })
 }
 
-/// A valid pending TalosMachine named `name` in cluster `lab`, with `spec` overrides.
+/// A valid pending TalosMachine named `name` in cluster `lab`, with `spec` overrides (minimal
+/// JSON, as for [`cluster`]).
 pub fn machine(name: &str, overrides: Value) -> Value {
     let mut spec = serde_json::json!({
         "clusterRef": {"name": "lab"},

@@ -1,5 +1,5 @@
 //! Shared by the manager's tests: a private control plane with the CRDs and a namespace, the
-//! manager running in process against it, and a poll helper.
+//! manager running in process against it, and its reconcile counts.
 
 #![allow(dead_code)]
 
@@ -25,6 +25,19 @@ pub fn start_manager(
     tokio::sync::oneshot::Sender<()>,
     tokio::task::JoinHandle<()>,
 ) {
+    let (stop_tx, manager, _) = start_manager_with_metrics(env);
+    (stop_tx, manager)
+}
+
+/// [`start_manager`], also returning the manager's metrics: the reconcile counts prove the
+/// manager had its chance to act before a test asserts something did not happen.
+pub fn start_manager_with_metrics(
+    env: &TestEnv,
+) -> (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<()>,
+    Arc<Metrics>,
+) {
     let settings = Settings {
         sweep: SweepConfig {
             timeout: Duration::from_millis(500),
@@ -33,30 +46,22 @@ pub fn start_manager(
         progress_requeue: Duration::from_millis(300),
         ..Settings::default()
     };
-    let ctx = Arc::new(Context::new(
-        env.client(),
-        settings,
-        Arc::new(Metrics::default()),
-    ));
+    let metrics = Arc::new(Metrics::default());
+    let ctx = Arc::new(Context::new(env.client(), settings, Arc::clone(&metrics)));
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let manager = tokio::spawn(ichor_manager::run(ctx, async {
         let _ = stop_rx.await;
     }));
-    (stop_tx, manager)
+    (stop_tx, manager, metrics)
 }
 
-/// Polls `check` every 200 ms until it holds, for up to `limit`.
-pub async fn eventually<F, Fut>(what: &str, limit: Duration, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = std::time::Instant::now() + limit;
-    while !check().await {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+/// How many reconciles of `kind` (e.g. `TalosMachine`) `metrics` counted.
+pub fn reconciles(metrics: &Metrics, kind: &str) -> u64 {
+    let series = format!("ichor_reconciles_total{{kind=\"{kind}\"}}");
+    metrics
+        .render()
+        .lines()
+        .find_map(|line| line.strip_prefix(series.as_str()))
+        .and_then(|value| value.trim().parse::<f64>().ok())
+        .map_or(0, |value| value as u64)
 }

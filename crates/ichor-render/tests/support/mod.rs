@@ -7,7 +7,8 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use ichor_api::cluster::{CniPreset, TalosClusterSpec};
+use ichor_api::TalosCluster;
+use ichor_api::cluster::{CniPreset, KubeProxyMode, TalosClusterSpec};
 use ichor_api::common::{DiskSelector, InstallSpec, Role};
 use ichor_api::config::ConfigPatch;
 use ichor_render::{Contract, RenderInput, Rendered, SecretsBundle, render};
@@ -85,16 +86,18 @@ pub fn cluster_spec(case: &Case) -> TalosClusterSpec {
         Contract::V1_13 => "v1.13.9",
         Contract::V1_14 => "v1.14.1",
     };
-    serde_json::from_value(json!({
-        "talosVersion": talos_version,
-        "kubernetesVersion": "1.36.3",
-        "endpoint": "https://192.168.10.5:6443",
-        "controlPlane": {"count": 3},
-        "network": {"podSubnets": ["10.244.0.0/16"], "serviceSubnets": ["10.96.0.0/12"], "dnsDomain": "cluster.local"},
-        "cni": {"preset": match case.cni { CniPreset::Flannel => "flannel", CniPreset::Cilium => "cilium", CniPreset::None => "none" }},
-        "kubeProxy": if case.cni == CniPreset::Cilium { "disabled" } else { "enabled" }
-    }))
-    .expect("a valid cluster spec")
+    // Cilium runs without kube-proxy; flannel needs it; none keeps it.
+    let kube_proxy = if case.cni == CniPreset::Cilium {
+        KubeProxyMode::Disabled
+    } else {
+        KubeProxyMode::Enabled
+    };
+    TalosCluster::test("lab")
+        .talos(talos_version)
+        .control_planes(3)
+        .cni(case.cni)
+        .kube_proxy(kube_proxy)
+        .spec()
 }
 
 /// The cluster, class and machine patch layers of a case.

@@ -5,11 +5,14 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use ichor_api::cluster::TalosClusterSpec;
+use ichor_api::TalosCluster;
 use ichor_api::common::{InstallSpec, Role};
 use ichor_render::pki::{self, Role as TalosRole};
 use ichor_render::{RenderInput, SecretsBundle, render};
 use ichor_talos::Credentials;
+
+/// How long the simulated nodes get for what a test waits for.
+pub const WAIT: Duration = Duration::from_secs(10);
 
 /// The renderer's fixed test bundle (contract 1.14).
 pub fn bundle() -> SecretsBundle {
@@ -83,15 +86,12 @@ pub struct NodeConfig<'a> {
 
 /// A rendered config for one node of a test cluster.
 pub fn node_config(bundle: &SecretsBundle, node: &NodeConfig<'_>) -> String {
-    let spec: TalosClusterSpec = serde_json::from_value(serde_json::json!({
-        "talosVersion": node.talos_version,
-        "kubernetesVersion": "1.36.3",
-        "endpoint": format!("https://{}:6443", node.endpoint_host),
-        "controlPlane": {"count": 3},
-        "cni": {"preset": node.cni},
-        "kubeProxy": if node.cni == "flannel" { "enabled" } else { "disabled" },
-    }))
-    .expect("spec");
+    let spec = TalosCluster::test("lab")
+        .talos(node.talos_version)
+        .endpoint(&format!("https://{}:6443", node.endpoint_host))
+        .control_planes(3)
+        .cni(node.cni.parse().expect("a CNI preset"))
+        .spec();
     let install = InstallSpec {
         disk: Some("/dev/vda".into()),
         ..Default::default()
@@ -111,22 +111,6 @@ pub fn node_config(bundle: &SecretsBundle, node: &NodeConfig<'_>) -> String {
     })
     .expect("render")
     .yaml
-}
-
-/// Polls until `check` holds, for up to 10 s (simulated nodes take milliseconds).
-pub async fn eventually<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while !check().await {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// An admin client for a configured node, once it answers with mutual TLS.
