@@ -25,6 +25,14 @@ pub use prometheus_client::registry::Registry;
 /// The exit code of a usage error (bad flags), as clap uses it.
 pub const USAGE: u8 = 2;
 
+/// A clap value parser for settings that must be a positive whole number (seconds, counts).
+pub fn positive(text: &str) -> Result<u64, String> {
+    text.parse::<u64>()
+        .ok()
+        .filter(|n| *n > 0)
+        .ok_or_else(|| "expected a positive whole number".to_owned())
+}
+
 /// Installs the JSON log subscriber, filtered by `RUST_LOG` (default `info`).
 pub fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
@@ -162,6 +170,14 @@ mod tests {
             .find(|s| s.metric == "ichor_things_total")
             .unwrap_or_else(|| panic!("no ichor_things_total in {text}"));
         assert_eq!(sample.value, prometheus_parse::Value::Counter(3.0));
+    }
+
+    #[test]
+    fn positive_settings_refuse_zero_and_words() {
+        assert_eq!(positive("15"), Ok(15));
+        assert!(positive("0").is_err());
+        assert!(positive("-1").is_err());
+        assert!(positive("soon").is_err());
     }
 
     #[test]

@@ -33,13 +33,13 @@ struct Options {
     #[arg(long, env = "ICHOR_LEASE_NAME", default_value = "ichor-manager")]
     lease_name: String,
     /// Seconds a leader's Lease lasts without renewal (renewed every fifth of it).
-    #[arg(long, env = "ICHOR_LEASE_SECONDS", default_value = "15", value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, env = "ICHOR_LEASE_SECONDS", default_value = "15", value_parser = ichor_service::positive)]
     lease_seconds: u64,
     /// How long a discovery sweep waits for each address, in milliseconds.
-    #[arg(long, env = "ICHOR_SWEEP_TIMEOUT_MS", default_value = "2000", value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, env = "ICHOR_SWEEP_TIMEOUT_MS", default_value = "2000", value_parser = ichor_service::positive)]
     sweep_timeout_ms: u64,
     /// How often an unfinished reconcile is retried, in milliseconds.
-    #[arg(long, env = "ICHOR_REQUEUE_MS", default_value = "2000", value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, env = "ICHOR_REQUEUE_MS", default_value = "2000", value_parser = ichor_service::positive)]
     requeue_ms: u64,
 }
 

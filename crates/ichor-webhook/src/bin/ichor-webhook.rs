@@ -35,10 +35,10 @@ struct Options {
     #[arg(long, env = "ICHOR_WEBHOOK_CONFIGURATION", default_value = WEBHOOK_CONFIGURATION)]
     webhook_configuration: String,
     /// How often the CA is re-read and the leaf checked, in seconds.
-    #[arg(long, env = "ICHOR_WEBHOOK_REFRESH_SECONDS", default_value = "30", value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, env = "ICHOR_WEBHOOK_REFRESH_SECONDS", default_value = "30", value_parser = ichor_service::positive)]
     refresh_seconds: u64,
     /// Lifetime of this replica's serving certificate, in hours (renewed with a third left).
-    #[arg(long, env = "ICHOR_WEBHOOK_LEAF_VALIDITY_HOURS", default_value = "168", value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, env = "ICHOR_WEBHOOK_LEAF_VALIDITY_HOURS", default_value = "168", value_parser = ichor_service::positive)]
     leaf_validity_hours: u64,
     /// Where to serve /metrics, /healthz and /readyz over plain HTTP (HOST:PORT); none if
     /// unset.
