@@ -243,7 +243,7 @@ impl Drop for SharedControlPlane {
 fn run_tests(root: &Path, tools: &TestTools) -> Result<()> {
     let plane = SharedControlPlane::start(&tools.testenv_bin, &tools.assets)?;
     let mut cmd = cargo(root);
-    cmd.args(["test", "--workspace"])
+    cmd.args(["test", "--workspace", "--no-fail-fast"])
         .env(SHARED_DIR_ENV, &plane.dir)
         .env(crate::assets::ASSETS_ENV, &tools.assets)
         .env(crate::assets::ORACLES_ENV, &tools.oracles)
