@@ -154,7 +154,7 @@ async fn run(options: Options) -> Result<(), String> {
         .await
         .map_err(|e| e.to_string())?;
     println!(
-        "\nTalosCluster demo is Ready in {:.1}s: one etcd cluster of 3 voters, 2 workers.\n\nLook around:\n  export KUBECONFIG={}\n  kubectl -n {ns} get talosclusters,talosmachines\n  kubectl -n {ns} get events\nand at the nodes with the real talosctl (built by `cargo xtask oracles`):\n  cargo run -q -p kubectl-ichor -- talosconfig demo -n {ns} -o {talosconfig}\n  \"$(cargo xtask oracles | tail -n 1)/talosctl\" --talosconfig {talosconfig} -n {first} get members\n",
+        "\nTalosCluster demo is Ready in {:.1}s: one etcd cluster of 3 voters, 2 workers.\n\nLook around:\n  export KUBECONFIG={}\n  kubectl -n {ns} get talosclusters,talosmachines\n  kubectl -n {ns} get events\nand at the nodes with the real talosctl (built by `cargo xtask oracles`):\n  \"$(cargo xtask bins | tail -n 1)/kubectl-ichor\" talosconfig demo -n {ns} -o {talosconfig}\n  \"$(cargo xtask oracles | tail -n 1)/talosctl\" --talosconfig {talosconfig} -n {first} get members\n",
         started.elapsed().as_secs_f64(),
         kubeconfig.display(),
         ns = target.namespace(),
