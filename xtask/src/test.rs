@@ -66,6 +66,13 @@ fn all_phases(root: &Path, phases: &mut Phases) -> Result<()> {
         ]);
         run_cmd(cmd)
     })?;
+    phases.phase("rustdoc", || {
+        let mut cmd = cargo(root);
+        // After clippy, the dependencies' metadata is built: this documents the workspace only.
+        cmd.args(["doc", "--workspace", "--no-deps", "--quiet"])
+            .env("RUSTDOCFLAGS", "-D warnings");
+        run_cmd(cmd)
+    })?;
     let helm = phases.phase("tools: helm (go build)", || envtest::helm(root))?;
     phases.phase("helm lint", || {
         let mut cmd = Command::new(&helm);

@@ -27,7 +27,7 @@ struct Options {
     /// Exit once the cluster is Ready (instead of waiting for Ctrl-C).
     #[arg(long)]
     until_ready: bool,
-    /// The nodes' network: they are 127.0.<net>.1-5.
+    /// The nodes' network: they are `127.0.<net>.1-5`.
     #[arg(long, default_value_t = 10)]
     net: u8,
     /// The Talos version the nodes run and the cluster is rendered for (v1.13.x or v1.14.x).
