@@ -251,37 +251,71 @@ impl ControlPlane {
     }
 }
 
+/// How often etcd is started on fresh ports when another process took a chosen one first.
+const ETCD_ATTEMPTS: usize = 3;
+
 /// Starts etcd on free loopback ports, its data in `root/etcd`; returns it and its client URL.
+///
+/// A port is free when [`free_port`] looks, but another test may bind it before etcd does; etcd
+/// then exits at once with `address already in use`. That start is retried on fresh ports.
 pub(crate) fn start_etcd(
     assets_dir: &Path,
     root: &Path,
     pgids: &Path,
 ) -> Result<(Supervised, String), Error> {
-    let (etcd_port, peer_port) = (free_port()?, free_port()?);
-    let etcd_url = format!("http://127.0.0.1:{etcd_port}");
-    let peer_url = format!("http://127.0.0.1:{peer_port}");
-    let etcd = Supervised::start(
-        "etcd",
-        ChildSpec {
-            program: assets_dir.join("etcd"),
-            args: args(&[
-                "--name=testenv".into(),
-                format!("--data-dir={}", root.join("etcd").display()),
-                format!("--listen-client-urls={etcd_url}"),
-                format!("--advertise-client-urls={etcd_url}"),
-                format!("--listen-peer-urls={peer_url}"),
-                format!("--initial-advertise-peer-urls={peer_url}"),
-                format!("--initial-cluster=testenv={peer_url}"),
-                "--unsafe-no-fsync=true".into(),
-                "--log-level=warn".into(),
-            ]),
-            log: root.join("etcd.log"),
-            env: Vec::new(),
-        },
-        pgids,
-    )
-    .map_err(Error::io("start etcd"))?;
-    Ok((etcd, etcd_url))
+    let mut attempt = 1;
+    loop {
+        let (etcd_port, peer_port) = (free_port()?, free_port()?);
+        let etcd_url = format!("http://127.0.0.1:{etcd_port}");
+        let peer_url = format!("http://127.0.0.1:{peer_port}");
+        let _ = std::fs::remove_dir_all(root.join("etcd"));
+        let mut etcd = Supervised::start(
+            "etcd",
+            ChildSpec {
+                program: assets_dir.join("etcd"),
+                args: args(&[
+                    "--name=testenv".into(),
+                    format!("--data-dir={}", root.join("etcd").display()),
+                    format!("--listen-client-urls={etcd_url}"),
+                    format!("--advertise-client-urls={etcd_url}"),
+                    format!("--listen-peer-urls={peer_url}"),
+                    format!("--initial-advertise-peer-urls={peer_url}"),
+                    format!("--initial-cluster=testenv={peer_url}"),
+                    "--unsafe-no-fsync=true".into(),
+                    "--log-level=warn".into(),
+                ]),
+                log: root.join("etcd.log"),
+                env: Vec::new(),
+            },
+            pgids,
+        )
+        .map_err(Error::io("start etcd"))?;
+        match etcd_listening(&mut etcd, etcd_port) {
+            Ok(()) => return Ok((etcd, etcd_url)),
+            Err(log) if log.contains("address already in use") && attempt < ETCD_ATTEMPTS => {
+                etcd.kill();
+                attempt += 1;
+            }
+            Err(log) => return Err(Error::Startup(log)),
+        }
+    }
+}
+
+/// Waits until etcd accepts connections on its client port and is still running a moment
+/// later (a lost port makes it exit within milliseconds); its exit message otherwise.
+fn etcd_listening(etcd: &mut Supervised, port: u16) -> Result<(), String> {
+    let address = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let deadline = Instant::now() + READY_TIMEOUT;
+    while Instant::now() < deadline {
+        etcd.check_running()?;
+        if std::net::TcpStream::connect_timeout(&address, Duration::from_millis(100)).is_ok() {
+            std::thread::sleep(Duration::from_millis(200));
+            return etcd.check_running();
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Not listening yet: the apiserver's readiness wait reports what follows.
+    Ok(())
 }
 
 /// Polls the apiserver's `/readyz` through `client` until it answers ok, failing as soon as one
