@@ -97,6 +97,28 @@ macro_rules! metadata_setters {
     };
 }
 
+/// The install-disk and config-patch setters the cluster and machine builders share: the
+/// cluster's are defaults for every machine, the machine's its own.
+macro_rules! config_setters {
+    ($disk_doc:literal, $patch_doc:literal) => {
+        #[doc = $disk_doc]
+        pub fn install_disk(mut self, disk: &str) -> Self {
+            self.0
+                .spec
+                .install
+                .get_or_insert_with(InstallSpec::default)
+                .disk = Some(disk.to_owned());
+            self
+        }
+
+        #[doc = $patch_doc]
+        pub fn patch(mut self, patch: ConfigPatch) -> Self {
+            self.0.spec.config_patches.push(patch);
+            self
+        }
+    };
+}
+
 impl TalosCluster {
     /// A valid cluster named `name` for tests: Talos v1.14.1, Kubernetes 1.36.3, one control
     /// plane behind `https://192.168.10.5:6443`, flannel with kube-proxy, no discovery.
@@ -177,15 +199,10 @@ impl ClusterBuilder {
         self
     }
 
-    /// Installs to `disk` (e.g. `/dev/vda`) by default.
-    pub fn install_disk(mut self, disk: &str) -> Self {
-        self.0
-            .spec
-            .install
-            .get_or_insert_with(InstallSpec::default)
-            .disk = Some(disk.to_owned());
-        self
-    }
+    config_setters!(
+        "Installs to `disk` (e.g. `/dev/vda`) by default.",
+        "Adds a config patch for every machine."
+    );
 
     /// Installs the installer `image` by default.
     pub fn installer(mut self, image: &str) -> Self {
@@ -202,12 +219,6 @@ impl ClusterBuilder {
         self.0.spec.secrets_ref = Some(LocalObjectReference {
             name: name.to_owned(),
         });
-        self
-    }
-
-    /// Adds a config patch for every machine.
-    pub fn patch(mut self, patch: ConfigPatch) -> Self {
-        self.0.spec.config_patches.push(patch);
         self
     }
 
@@ -306,21 +317,10 @@ impl MachineBuilder {
         self
     }
 
-    /// Installs to `disk`.
-    pub fn install_disk(mut self, disk: &str) -> Self {
-        self.0
-            .spec
-            .install
-            .get_or_insert_with(InstallSpec::default)
-            .disk = Some(disk.to_owned());
-        self
-    }
-
-    /// Adds a config patch for this machine.
-    pub fn patch(mut self, patch: ConfigPatch) -> Self {
-        self.0.spec.config_patches.push(patch);
-        self
-    }
+    config_setters!(
+        "Installs to `disk`.",
+        "Adds a config patch for this machine."
+    );
 
     /// Holds the removal finalizer, as every approved machine does once the manager saw it.
     pub fn removal_finalizer(self) -> Self {

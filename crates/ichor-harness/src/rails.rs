@@ -194,7 +194,7 @@ impl Outer {
             .await
         {
             Ok(_) => Ok(()),
-            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            Err(kube::Error::Api(s)) if s.is_not_found() => Ok(()),
             Err(e) => Err(e.into()),
         }
     }
@@ -221,7 +221,7 @@ impl Outer {
             .await
         {
             Ok(_) => Ok(()),
-            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            Err(kube::Error::Api(s)) if s.is_not_found() => Ok(()),
             Err(e) => Err(e.into()),
         }
     }
@@ -230,7 +230,7 @@ impl Outer {
     pub async fn serves(&self, api_version: &str) -> Result<bool, crate::Error> {
         match self.client.list_api_group_resources(api_version).await {
             Ok(_) => Ok(true),
-            Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
+            Err(kube::Error::Api(s)) if s.is_not_found() => Ok(false),
             Err(e) => Err(e.into()),
         }
     }

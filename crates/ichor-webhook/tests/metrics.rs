@@ -2,6 +2,8 @@
 //! reviews were sent to the running server over HTTPS: the admission-latency histogram has
 //! its buckets, sum and count by resource, operation and result.
 
+mod support;
+
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -121,20 +123,7 @@ async fn admission_latency_is_scraped_by_resource_operation_and_result() {
         .expect("the webhook's CA");
 
     // A create needs no live state: allowed. An unreadable review: denied.
-    let create = serde_json::json!({
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": "u-1",
-            "kind": {"group": "ichor.maesh.dev", "version": "v1alpha1", "kind": "TalosMachine"},
-            "resource": {"group": "ichor.maesh.dev", "version": "v1alpha1", "resource": "talosmachines"},
-            "name": "m1",
-            "namespace": ns,
-            "operation": "CREATE",
-            "userInfo": {"username": "someone"},
-            "dryRun": false
-        }
-    });
+    let create = support::machine_review("u-1", "CREATE", "m1", &ns, None);
     let port = running.addr().port();
     for _ in 0..2 {
         let reply = post_review(&ca.cert_pem, port, &create.to_string()).await;

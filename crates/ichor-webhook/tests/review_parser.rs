@@ -1,6 +1,8 @@
 //! The review parser never panics and always answers with a well-formed AdmissionReview:
 //! arbitrary bytes, JSON of the wrong shape, reviews without a request.
 
+mod support;
+
 use ichor_webhook::Guard;
 use ichor_webhook::server::review;
 use proptest::prelude::*;
@@ -50,21 +52,13 @@ fn a_delete_it_cannot_check_is_refused_not_allowed() {
         .approved()
         .build();
     old.metadata.uid = Some("x".into());
-    let body = serde_json::json!({
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": "u-1",
-            "kind": {"group": "ichor.maesh.dev", "version": "v1alpha1", "kind": "TalosMachine"},
-            "resource": {"group": "ichor.maesh.dev", "version": "v1alpha1", "resource": "talosmachines"},
-            "name": "cp-1",
-            "namespace": "lab",
-            "operation": "DELETE",
-            "userInfo": {"username": "someone"},
-            "oldObject": old,
-            "dryRun": false
-        }
-    });
+    let body = support::machine_review(
+        "u-1",
+        "DELETE",
+        "cp-1",
+        "lab",
+        Some(serde_json::to_value(&old).expect("the machine as JSON")),
+    );
     let answer = well_formed(body.to_string().as_bytes());
     assert_eq!(answer["response"]["uid"], "u-1");
     assert_eq!(
