@@ -230,7 +230,9 @@ impl Outer {
     pub async fn serves(&self, api_version: &str) -> Result<bool, crate::Error> {
         match self.client.list_api_group_resources(api_version).await {
             Ok(_) => Ok(true),
-            Err(kube::Error::Api(s)) if s.is_not_found() => Ok(false),
+            // A group the apiserver does not serve answers a plain-text "404 page not found",
+            // not a Status with reason NotFound: the code is all there is to read.
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
             Err(e) => Err(e.into()),
         }
     }
