@@ -156,7 +156,19 @@ fn wait(reason: &str, message: impl Into<String>) -> Result<Step, Error> {
 }
 
 /// Drives a deleted machine's removal one step per reconcile.
-pub async fn reconcile(ctx: &Context, machine: &TalosMachine) -> Result<Action, Error> {
+pub async fn reconcile(ctx: &Context, cached: &TalosMachine) -> Result<Action, Error> {
+    // The cache lags this manager's own writes: a removal decides on the machine as stored now.
+    // A removal that has just finished (its finalizer released, the object gone) must never
+    // run again from a stale copy: it would take the cluster lock for a machine that no longer
+    // exists, and every other action would wait for that hold to expire.
+    let Some(machine) = machines_api(ctx, cached)
+        .get_opt(&cached.name_any())
+        .await?
+        .filter(|fresh| fresh.uid() == cached.uid())
+    else {
+        return Ok(Action::await_change());
+    };
+    let machine = &machine;
     if !crate::finalizer::has(machine, finalizers::MACHINE_REMOVAL) {
         return Ok(Action::await_change());
     }
