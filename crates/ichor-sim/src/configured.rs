@@ -662,7 +662,7 @@ pub(crate) async fn etcd_service(node: Weak<Mutex<Node>>, timings: crate::Timing
         let shared = Arc::clone(&guard.shared);
         if let Some(data) = guard.etcd {
             let Some(since) = learner_since else { continue };
-            if since.elapsed() < timings.promotion {
+            if since.elapsed() < timings.promotion || shared.controls.holds(crate::PROMOTION) {
                 continue;
             }
             let mut net = network();

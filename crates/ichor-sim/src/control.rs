@@ -169,6 +169,26 @@ impl Controls {
         }
     }
 
+    /// Whether a gate holds `what` now: something the node does by itself rather than a call
+    /// it answers (e.g. [`crate::PROMOTION`]), which skips it while held. The first time a
+    /// gate holds it, one arrival is counted, so a test can wait until the node got there.
+    pub(crate) fn holds(&self, what: &str) -> bool {
+        let gate = self.gates.lock().ok().and_then(|g| g.get(what).cloned());
+        match gate {
+            Some(gate) if !*gate.open.borrow() => {
+                if gate
+                    .arrived
+                    .compare_exchange(0, 1, Ordering::SeqCst, Ordering::SeqCst)
+                    .is_ok()
+                {
+                    gate.arrivals.notify_waiters();
+                }
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// How many calls `method`'s handler ran for.
     pub(crate) fn handled(&self, method: &str) -> usize {
         self.handled

@@ -30,7 +30,8 @@
 //! - **Roles per method** (§10.6), `Version` and services as machined fills them (§10.7, §10.8),
 //!   and `Unimplemented` naming every method the simulator does not model (§10.10).
 //! - **Faults and gates**: crash/restart, partition, slow, certificate faults, failing etcd
-//!   leave, upgrade rollback; gates that hold a named RPC until released.
+//!   leave, upgrade rollback; gates that hold a named RPC until released, and one that keeps
+//!   a joined etcd learner from promoting itself.
 #![forbid(unsafe_code)]
 
 mod apply;
@@ -190,6 +191,10 @@ impl NodeSpec {
 }
 
 pub use ichor_talos::Stage;
+
+/// What [`SimNode::hold_promotion`] holds: the promotion of a learner to voter, which the node
+/// does by itself (not an RPC, so no call can be named like it).
+pub(crate) const PROMOTION: &str = "etcd learner promotion";
 
 /// The proto enum value and YAML string Talos uses for a stage (talos-facts §3).
 pub(crate) fn stage_wire(stage: Stage) -> (i32, &'static str) {
@@ -513,6 +518,13 @@ impl SimNode {
     /// until the returned gate is released.
     pub fn gate(&self, method: &str) -> Gate {
         Controls::gate(&self.shared, method)
+    }
+
+    /// Keeps this control plane's etcd member a learner (joined, not promoted to voter) until
+    /// the returned gate is released, as a new member still catching up is (talos-facts §5).
+    /// The gate counts one arrival once the member is held where it would have promoted.
+    pub fn hold_promotion(&self) -> Gate {
+        Controls::gate(&self.shared, PROMOTION)
     }
 
     /// Lets every call to `method` run, then holds its reply until the returned gate is

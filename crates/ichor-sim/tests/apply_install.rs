@@ -3,29 +3,20 @@
 //! to maintenance; 1.14: the unattended install stays pending with Talos's reason), and a dry
 //! run answers Talos's summary and changes nothing, in maintenance and configured mode.
 
+mod support;
+
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use ichor_render::SecretsBundle;
-use ichor_render::pki::{self, Role as TalosRole};
 use ichor_sim::{Hardware, SimNode, Stage};
 use ichor_talos::api::machine::ApplyConfigurationRequest;
 use ichor_talos::api::machine::apply_configuration_request::Mode;
 use ichor_talos::api::machine::machine_service_client::MachineServiceClient;
-use ichor_talos::{ApplyMode, Credentials, TalosClient};
+use ichor_talos::{ApplyMode, TalosClient};
 use ichor_testenv::wait::eventually;
 
 /// How long the simulated node gets for what a test waits for.
 const WAIT: Duration = Duration::from_secs(10);
-
-fn golden_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../ichor-render/tests/golden")
-}
-
-fn golden(name: &str) -> String {
-    std::fs::read_to_string(golden_dir().join(name)).expect("read a golden file")
-}
 
 /// A golden config installing to the VM's disk (`vda`) instead of `/dev/sda`.
 fn to_vda(config: &str) -> String {
@@ -40,31 +31,6 @@ async fn pinned(node: &SimNode) -> TalosClient {
     TalosClient::connect_maintenance(&node.addr().to_string(), &node.fingerprint())
         .await
         .expect("connect in maintenance mode")
-}
-
-async fn admin(bundle: &str, node: &SimNode) -> TalosClient {
-    let bundle = SecretsBundle::from_yaml(&golden(bundle)).expect("the test bundle");
-    let issued =
-        pki::client_certificate(&bundle, "test", TalosRole::Admin, Duration::from_secs(600))
-            .expect("a client certificate");
-    let credentials = Credentials {
-        ca_pem: bundle.certs.os.crt.0.clone(),
-        cert_pem: issued.cert_pem,
-        key_pem: issued.key_pem,
-    };
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        if let Ok(client) = TalosClient::connect(&node.addr().to_string(), &credentials).await
-            && client.version().await.is_ok()
-        {
-            return client;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the node never answered with mutual TLS"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 async fn dry_run(client: &TalosClient, config: &str, mode: Mode) -> (i32, String) {
@@ -89,7 +55,7 @@ async fn a_1_13_install_to_a_missing_disk_fails_and_the_node_returns_to_maintena
         .await
         .expect("start");
     let before = node.fingerprint();
-    let config = golden("1.13-controlplane-flannel-plain.yaml");
+    let config = support::golden("1.13-controlplane-flannel-plain.yaml");
     assert!(
         config.contains("disk: /dev/sda"),
         "installs to /dev/sda, which the VM lacks"
@@ -127,7 +93,7 @@ async fn a_1_13_install_to_a_missing_disk_fails_and_the_node_returns_to_maintena
         .await
         .expect("accepted");
     eventually("the install", WAIT, || async { node.installed().await }).await;
-    let client = admin("bundle-1.13.yaml", &node).await;
+    let client = support::admin("bundle-1.13.yaml", &node).await;
     assert_eq!(
         client.machine_status().await.expect("status").stage,
         Stage::Running
@@ -140,14 +106,14 @@ async fn a_1_14_unattended_install_without_a_matching_disk_stays_pending() {
     let node = SimNode::start_with(addr(32), "v1.14.1", Hardware::vm(32))
         .await
         .expect("start");
-    let config = golden("1.14-controlplane-flannel-plain.yaml");
+    let config = support::golden("1.14-controlplane-flannel-plain.yaml");
     assert!(config.contains(r#"disk.dev_path == "/dev/sda""#));
     pinned(&node)
         .await
         .apply_configuration(config.as_bytes(), ApplyMode::Auto)
         .await
         .expect("accepted");
-    let client = admin("bundle-1.14.yaml", &node).await;
+    let client = support::admin("bundle-1.14.yaml", &node).await;
     let status = client
         .unattended_install()
         .await
@@ -191,7 +157,7 @@ async fn a_dry_run_answers_talos_summary_and_changes_nothing() {
         .await
         .expect("start");
     let fingerprint = node.fingerprint();
-    let config = to_vda(&golden("1.14-controlplane-flannel-plain.yaml"));
+    let config = to_vda(&support::golden("1.14-controlplane-flannel-plain.yaml"));
     let maintenance = pinned(&node).await;
     let (mode, details) = dry_run(&maintenance, &config, Mode::Auto).await;
     assert_eq!(mode, Mode::NoReboot as i32);
@@ -220,7 +186,7 @@ async fn a_dry_run_answers_talos_summary_and_changes_nothing() {
     let node = SimNode::start_configured(addr(34), "v1.14.1", Hardware::vm(34), &config)
         .await
         .expect("start configured");
-    let client = admin("bundle-1.14.yaml", &node).await;
+    let client = support::admin("bundle-1.14.yaml", &node).await;
     let hostname = node.hostname().await;
     let (_, same) = dry_run(&client, &config, Mode::NoReboot).await;
     assert_eq!(
