@@ -81,7 +81,8 @@ pub const WEBHOOK_NAME: &str = "ichor-webhook";
 /// The path the webhook serves reviews on.
 pub const WEBHOOK_PATH: &str = "/validate";
 
-/// The webhook's rules: TalosMachine deletes and updates, TalosCluster deletes.
+/// The webhook's rules: TalosMachine deletes and updates, TalosCluster deletes, TalosOperation
+/// creates (a reset or reboot is checked at the door as the planner would run it).
 pub fn webhook_rules() -> Vec<k8s_openapi::api::admissionregistration::v1::RuleWithOperations> {
     use k8s_openapi::api::admissionregistration::v1::RuleWithOperations;
     let rule = |resource: &str, operations: &[&str]| RuleWithOperations {
@@ -94,6 +95,7 @@ pub fn webhook_rules() -> Vec<k8s_openapi::api::admissionregistration::v1::RuleW
     vec![
         rule("talosmachines", &["DELETE", "UPDATE"]),
         rule("talosclusters", &["DELETE"]),
+        rule("talosoperations", &["CREATE"]),
     ]
 }
 

@@ -1,5 +1,6 @@
 //! `TalosMachine`: one physical machine, from discovery to removal.
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
@@ -191,6 +192,10 @@ pub struct TalosMachineStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 16))]
     pub etcd_member_id: Option<String>,
+    /// The control plane's etcd member as last observed on the node, with the time: the
+    /// planner counts an observation older than its limit as unhealthy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd: Option<EtcdObservation>,
     /// The content hash of the config last applied. Once set, `spec.approvalState` and
     /// `spec.role` are immutable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -204,6 +209,19 @@ pub struct TalosMachineStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 128))]
     pub drift_reboot: Option<String>,
+}
+
+/// A control plane's etcd member as the manager observed it on the node.
+#[derive(KubeSchema, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EtcdObservation {
+    /// Whether the member is a voter (a learner is not). Kept from the last answer while the
+    /// node does not answer: a voter that stops answering is still in the member list.
+    pub voter: bool,
+    /// Whether the node answered and its etcd member reported its status.
+    pub healthy: bool,
+    /// When it was observed.
+    pub observed_at: Time,
 }
 
 /// Hardware as read from the machine in maintenance mode.

@@ -162,6 +162,8 @@ pub mod reasons {
     pub const NEEDS_REBOOT: &str = "NeedsReboot";
     /// The TalosCluster is being deleted: its machines are removed, workers first.
     pub const TEARING_DOWN: &str = "TearingDown";
+    /// A control plane's removal in a teardown waits until the configured workers are gone.
+    pub const TEARDOWN_WORKERS_FIRST: &str = "TeardownWorkersFirst";
     /// The secrets bundle is present and valid.
     pub const BUNDLE_VALID: &str = "BundleValid";
     /// No configured control plane answers yet, so none can bootstrap etcd.

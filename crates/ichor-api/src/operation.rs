@@ -1,10 +1,14 @@
 //! `TalosOperation`: a day-2 action run one node at a time under the cluster lock.
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
-use crate::common::{Condition, LocalObjectReference};
+use crate::TalosMachine;
+use crate::common::{Condition, LocalObjectReference, Role};
+use crate::machine::ApprovalState;
 
 /// A disruptive action on one machine or a set of machines of a cluster.
 #[derive(CustomResource, KubeSchema, Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -190,4 +194,156 @@ pub struct NodeStep {
     /// Whether the node was seen down (rebooting) since the action was sent.
     #[serde(default)]
     pub went_down: bool,
+}
+
+/// Whether `labels` match `selector` (matchLabels and matchExpressions).
+pub fn selects(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
+    let by_label = selector
+        .match_labels
+        .iter()
+        .flatten()
+        .all(|(k, v)| labels.get(k) == Some(v));
+    let by_expression = selector.match_expressions.iter().flatten().all(|e| {
+        let values = e.values.clone().unwrap_or_default();
+        let value = labels.get(&e.key);
+        match e.operator.as_str() {
+            "In" => value.is_some_and(|v| values.contains(v)),
+            "NotIn" => value.is_none_or(|v| !values.contains(v)),
+            "Exists" => value.is_some(),
+            "DoesNotExist" => value.is_none(),
+            _ => false,
+        }
+    });
+    by_label && by_expression
+}
+
+/// `metadata.name`, empty when unset.
+fn name(machine: &TalosMachine) -> String {
+    machine.metadata.name.clone().unwrap_or_default()
+}
+
+/// Whether `machine` is approved, configured and not being deleted: what an operation acts on.
+fn configured(machine: &TalosMachine) -> bool {
+    machine.spec.approval_state == ApprovalState::Approved
+        && machine.metadata.deletion_timestamp.is_none()
+        && machine
+            .status
+            .as_ref()
+            .is_some_and(|s| s.applied_config_hash.is_some())
+}
+
+fn is_control_plane(machine: &TalosMachine) -> bool {
+    machine.spec.role == Some(Role::ControlPlane)
+}
+
+/// Why an operation has no machines to act on.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NoTargets {
+    /// `spec.machineName` names no machine of the cluster.
+    #[error("spec.machineName {name}: no TalosMachine of cluster {cluster} has that name")]
+    UnknownMachine {
+        /// The name given.
+        name: String,
+        /// The cluster.
+        cluster: String,
+    },
+    /// A chosen machine is not approved and configured.
+    #[error(
+        "{0} is not an approved, configured machine (nothing was applied to it, or it is being deleted)"
+    )]
+    NotConfigured(String),
+    /// An etcd action found no configured control plane.
+    #[error("the selection holds no configured control plane (etcd runs only there)")]
+    NoControlPlane,
+    /// The selector matches nothing configured.
+    #[error("spec.selector matches no configured machine of the cluster")]
+    NoMatch,
+}
+
+impl TalosOperationSpec {
+    /// The machines the operation acts on, among `machines` (those of its cluster), in the
+    /// order it runs them: control planes first, each group by name.
+    pub fn targets(&self, machines: &[TalosMachine]) -> Result<Vec<String>, NoTargets> {
+        targets(self, machines)
+    }
+}
+
+/// The machines `spec` acts on (see [`TalosOperationSpec::targets`]).
+fn targets(spec: &TalosOperationSpec, machines: &[TalosMachine]) -> Result<Vec<String>, NoTargets> {
+    let mut chosen: Vec<&TalosMachine> = machines
+        .iter()
+        .filter(|m| match (&spec.machine_name, &spec.selector) {
+            (Some(wanted), _) => &name(m) == wanted,
+            (None, Some(selector)) => selects(
+                selector,
+                m.metadata.labels.as_ref().unwrap_or(&BTreeMap::new()),
+            ),
+            (None, None) => false,
+        })
+        .collect();
+    if let Some(wanted) = &spec.machine_name
+        && chosen.is_empty()
+    {
+        return Err(NoTargets::UnknownMachine {
+            name: wanted.clone(),
+            cluster: spec.cluster_ref.name.clone(),
+        });
+    }
+    if spec.machine_name.is_none() {
+        // A selector acts on the machines it finds configured (not those still installing or
+        // being removed).
+        chosen.retain(|m| configured(m));
+    }
+    if let Some(unready) = chosen.iter().find(|m| !configured(m)) {
+        return Err(NoTargets::NotConfigured(name(unready)));
+    }
+    if matches!(
+        spec.action,
+        OperationAction::EtcdSnapshot | OperationAction::EtcdDefrag
+    ) {
+        chosen.retain(|m| is_control_plane(m));
+    }
+    chosen.sort_by_key(|m| (!is_control_plane(m), name(m)));
+    if spec.action == OperationAction::EtcdSnapshot {
+        chosen.truncate(1);
+    }
+    if chosen.is_empty() {
+        return Err(match spec.action {
+            OperationAction::EtcdSnapshot | OperationAction::EtcdDefrag => {
+                NoTargets::NoControlPlane
+            }
+            _ => NoTargets::NoMatch,
+        });
+    }
+    Ok(chosen.iter().map(|m| name(m)).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn selectors_match_labels_and_expressions() {
+        let labels = BTreeMap::from([
+            ("pool".to_owned(), "a".to_owned()),
+            ("zone".to_owned(), "1".to_owned()),
+        ]);
+        let mut selector = LabelSelector {
+            match_labels: Some(BTreeMap::from([("pool".to_owned(), "a".to_owned())])),
+            match_expressions: None,
+        };
+        assert!(selects(&selector, &labels));
+        selector.match_expressions = Some(vec![
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement {
+                key: "zone".into(),
+                operator: "NotIn".into(),
+                values: Some(vec!["1".into()]),
+            },
+        ]);
+        assert!(!selects(&selector, &labels));
+        assert!(
+            selects(&LabelSelector::default(), &labels),
+            "empty selects all"
+        );
+    }
 }

@@ -1,5 +1,8 @@
-//! Pure deletion-safety rules: etcd quorum, the last control plane, the declared control-plane
-//! count, the allow-delete annotation, and the approval/role lock of applied machines.
+//! Pure safety rules for Talos clusters: the planner's rules for every disruptive action
+//! ([`plan`]: deletes, resets, reboots, upgrades, reboots for drift), etcd quorum over the
+//! observed voters and their health, the last control plane, the declared control-plane count,
+//! the allow-delete annotation, the approval/role lock of applied machines, the removal
+//! sequence, the teardown order and the cluster lock.
 //!
 //! Functions over plain inputs; no Kubernetes client, no network. Used by the admission webhook
 //! ([`check_machine_delete`], [`check_cluster_delete`], [`check_machine_update`]) and rechecked
@@ -12,10 +15,13 @@
 //! CamelCase reason, usable as a condition reason, and a message saying what to do.
 //!
 //! How machines are counted:
-//! - A *control-plane member* is a machine with role `controlplane` whose config was applied
-//!   (`status.appliedConfigHash` set), whatever its `approvalState` says: a rejected flag on a
-//!   live control plane must not make it vanish from the count. An approved control plane whose
-//!   config was not applied yet is not an etcd member and is not counted.
+//! - A *control-plane member* (an etcd voter) is a machine with role `controlplane` whose config
+//!   was applied (`status.appliedConfigHash` set), whatever its `approvalState` says (a rejected
+//!   flag on a live control plane must not make it vanish from the count), that has not left
+//!   etcd and was not last observed as a learner or no member. An approved control plane whose
+//!   config was not applied yet, or that is still installing, is not a voter.
+//! - A voter is *healthy* when the manager's last observation of its member (`status.etcd`)
+//!   says so and is no older than the cluster's limit; never observed counts as unhealthy.
 //! - Members being deleted (deletion timestamp set) other than the one being checked are not
 //!   counted as remaining: they are leaving. Counting them is the bug that lets two deletes at
 //!   three control planes both see `3 -> 2`.
@@ -26,17 +32,26 @@
 #![forbid(unsafe_code)]
 
 mod model;
+pub mod plan;
 mod rules;
 mod sequence;
 mod verdict;
 
-pub use model::{Cluster, ControlPlaneCounts, Machine, ObjectKind, control_plane_counts};
+pub use model::{
+    Cluster, ControlPlaneCounts, Machine, OBSERVATION_MAX_AGE, ObjectKind, Observation,
+    annotation_true, control_plane_counts,
+};
+pub use plan::{
+    Disruption, Justification, Leave, Rule, RuleSet, Stage, check, check_targets, check_with,
+};
 pub use rules::{
-    check_cluster_delete, check_machine_delete, check_machine_removal, check_machine_update,
-    etcd_quorum,
+    check_cluster_delete, check_machine_delete, check_machine_delete_with, check_machine_removal,
+    check_machine_update, etcd_quorum,
 };
 pub use sequence::{
     LockDecision, LockView, approved_control_planes, completes_transition, is_once_only,
-    lock_decision, next_removal_step, removal_completes_transition, transitioning,
+    lock_decision, next_removal_step, removal_completes_transition, teardown_next, transitioning,
 };
-pub use verdict::{LockedChange, LockedField, Refusal, RemovalVerdict, Wait, reasons};
+pub use verdict::{
+    LockedChange, LockedField, Refusal, RemovalVerdict, Unhealthy, Verdict, Wait, reasons,
+};

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use ichor_api::common::Role;
-use ichor_api::machine::ApprovalState;
+use ichor_api::machine::{ApprovalState, RemovalStep};
 use ichor_api::names::annotations;
 use ichor_api::{TalosCluster, TalosMachine};
 
@@ -24,6 +24,43 @@ pub struct Machine {
     pub deleting: bool,
     /// Whether the annotation `ichor.maesh.dev/allow-delete` is exactly `"true"`.
     pub allow_delete: bool,
+    /// Whether the annotation `ichor.maesh.dev/force-remove` is exactly `"true"`.
+    pub force_remove: bool,
+    /// The etcd member as last observed on the node (`status.etcd`); `None` if never observed.
+    pub etcd: Option<Observation>,
+    /// Whether its removal recorded leaving etcd (`status.removal.step` at `EtcdLeft` or later).
+    pub left_etcd: bool,
+}
+
+/// A control plane's etcd member as observed on the node at one time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Observation {
+    /// A voter (a learner, or no member, is not one).
+    pub voter: bool,
+    /// The node answered and its member reported its status.
+    pub healthy: bool,
+    /// When it was observed, in Unix seconds.
+    pub at: i64,
+}
+
+impl Observation {
+    /// A healthy voter observed at `at` (Unix seconds).
+    pub fn healthy_voter(at: i64) -> Self {
+        Self {
+            voter: true,
+            healthy: true,
+            at,
+        }
+    }
+
+    /// A voter whose member did not answer, observed at `at` (Unix seconds).
+    pub fn unhealthy_voter(at: i64) -> Self {
+        Self {
+            voter: true,
+            healthy: false,
+            at,
+        }
+    }
 }
 
 impl Machine {
@@ -37,6 +74,9 @@ impl Machine {
             applied: false,
             deleting: false,
             allow_delete: false,
+            force_remove: false,
+            etcd: None,
+            left_etcd: false,
         }
     }
 
@@ -88,15 +128,58 @@ impl Machine {
         self
     }
 
+    /// Sets the force-remove annotation.
+    pub fn forcing_removal(mut self) -> Self {
+        self.force_remove = true;
+        self
+    }
+
+    /// Records `observation` of its etcd member.
+    pub fn observed(mut self, observation: Observation) -> Self {
+        self.etcd = Some(observation);
+        self
+    }
+
+    /// Records a healthy voter observed at time 0: a live control plane in tests whose clock
+    /// stands at 0.
+    pub fn healthy(self) -> Self {
+        self.observed(Observation::healthy_voter(0))
+    }
+
+    /// Records a voter whose member did not answer, observed at time 0.
+    pub fn unhealthy(self) -> Self {
+        self.observed(Observation::unhealthy_voter(0))
+    }
+
+    /// Records that its removal left etcd.
+    pub fn having_left_etcd(mut self) -> Self {
+        self.left_etcd = true;
+        self
+    }
+
     /// Whether the role is `controlplane`.
     pub fn is_control_plane(&self) -> bool {
         self.role == Some(Role::ControlPlane)
     }
 
-    /// Whether the machine counts as an etcd member: a control plane whose config was applied,
-    /// whatever its approval state says.
+    /// Whether the machine counts as an etcd voter: a control plane whose config was applied,
+    /// whatever its approval state says, that has not left etcd, and that was not last
+    /// observed as a learner or no member. A control plane never observed counts (unhealthy):
+    /// not knowing is no reason to leave it out of the quorum.
     pub fn is_control_plane_member(&self) -> bool {
-        self.is_control_plane() && self.applied
+        self.is_control_plane()
+            && self.applied
+            && !self.left_etcd
+            && self.etcd.is_none_or(|o| o.voter)
+    }
+
+    /// Whether it is a voter whose member was observed healthy no longer than `max_age`
+    /// seconds before `now`: an older observation counts as unhealthy.
+    pub fn is_healthy_voter(&self, now: i64, max_age: i64) -> bool {
+        self.is_control_plane_member()
+            && self
+                .etcd
+                .is_some_and(|o| o.voter && o.healthy && now.saturating_sub(o.at) <= max_age)
     }
 
     /// Whether deleting it needs the allow-delete annotation: an approved control plane, or a
@@ -109,18 +192,25 @@ impl Machine {
 impl From<&TalosMachine> for Machine {
     fn from(machine: &TalosMachine) -> Self {
         let meta = &machine.metadata;
+        let status = machine.status.as_ref();
         Self {
             name: meta.name.clone().unwrap_or_default(),
             namespace: meta.namespace.clone(),
             role: machine.spec.role,
             approval: machine.spec.approval_state,
             // Presence, as the apiserver's CEL lock reads it (`has(status.appliedConfigHash)`).
-            applied: machine
-                .status
-                .as_ref()
-                .is_some_and(|s| s.applied_config_hash.is_some()),
+            applied: status.is_some_and(|s| s.applied_config_hash.is_some()),
             deleting: meta.deletion_timestamp.is_some(),
-            allow_delete: allow_delete_set(meta.annotations.as_ref()),
+            allow_delete: annotation_true(meta.annotations.as_ref(), annotations::ALLOW_DELETE),
+            force_remove: annotation_true(meta.annotations.as_ref(), annotations::FORCE_REMOVE),
+            etcd: status.and_then(|s| s.etcd.as_ref()).map(|o| Observation {
+                voter: o.voter,
+                healthy: o.healthy,
+                at: o.observed_at.0.as_second(),
+            }),
+            left_etcd: status
+                .and_then(|s| s.removal.as_ref())
+                .is_some_and(|r| r.step >= RemovalStep::EtcdLeft),
         }
     }
 }
@@ -139,10 +229,19 @@ pub struct Cluster {
     pub deleting: bool,
     /// Whether the annotation `ichor.maesh.dev/allow-delete` is exactly `"true"`.
     pub allow_delete: bool,
+    /// The time the rules judge at, in Unix seconds.
+    pub now: i64,
+    /// How old, in seconds, an etcd observation may be and still count as healthy.
+    pub max_age: i64,
 }
 
+/// How old, in seconds, an etcd observation may be by default and still count as healthy: a
+/// healthy machine is observed every minute, so two missed observations make it unhealthy.
+pub const OBSERVATION_MAX_AGE: i64 = 180;
+
 impl Cluster {
-    /// A cluster declaring `declared_control_planes`, not being deleted, not annotated.
+    /// A cluster declaring `declared_control_planes`, not being deleted, not annotated, judged
+    /// at time 0 with the default observation age.
     pub fn new(name: impl Into<String>, declared_control_planes: usize) -> Self {
         Self {
             name: name.into(),
@@ -150,7 +249,21 @@ impl Cluster {
             declared_control_planes,
             deleting: false,
             allow_delete: false,
+            now: 0,
+            max_age: OBSERVATION_MAX_AGE,
         }
+    }
+
+    /// Judges at `now` (Unix seconds).
+    pub fn at(mut self, now: i64) -> Self {
+        self.now = now;
+        self
+    }
+
+    /// Counts etcd observations older than `max_age` seconds as unhealthy.
+    pub fn observations_valid_for(mut self, max_age: i64) -> Self {
+        self.max_age = max_age;
+        self
     }
 
     /// Sets the namespace.
@@ -180,15 +293,17 @@ impl From<&TalosCluster> for Cluster {
             namespace: meta.namespace.clone(),
             declared_control_planes: usize::try_from(cluster.spec.control_plane.count).unwrap_or(0),
             deleting: meta.deletion_timestamp.is_some(),
-            allow_delete: allow_delete_set(meta.annotations.as_ref()),
+            allow_delete: annotation_true(meta.annotations.as_ref(), annotations::ALLOW_DELETE),
+            now: 0,
+            max_age: OBSERVATION_MAX_AGE,
         }
     }
 }
 
-/// Whether the allow-delete annotation is present with the exact value `"true"`.
-fn allow_delete_set(annotations: Option<&BTreeMap<String, String>>) -> bool {
+/// Whether the annotation `key` is present with the exact value `"true"`.
+pub fn annotation_true(annotations: Option<&BTreeMap<String, String>>, key: &str) -> bool {
     annotations
-        .and_then(|a| a.get(annotations::ALLOW_DELETE))
+        .and_then(|a| a.get(key))
         .is_some_and(|v| v == annotations::TRUE)
 }
 
@@ -199,6 +314,8 @@ pub enum ObjectKind {
     TalosMachine,
     /// A TalosCluster.
     TalosCluster,
+    /// A TalosOperation.
+    TalosOperation,
 }
 
 impl ObjectKind {
@@ -207,6 +324,7 @@ impl ObjectKind {
         match self {
             Self::TalosMachine => "talosmachine",
             Self::TalosCluster => "taloscluster",
+            Self::TalosOperation => "talosoperation",
         }
     }
 }
@@ -296,9 +414,12 @@ mod tests {
             let map: BTreeMap<String, String> = [(annotations::ALLOW_DELETE.into(), value.into())]
                 .into_iter()
                 .collect();
-            assert!(!allow_delete_set(Some(&map)), "{value:?}");
+            assert!(
+                !annotation_true(Some(&map), annotations::ALLOW_DELETE),
+                "{value:?}"
+            );
         }
-        assert!(!allow_delete_set(None));
+        assert!(!annotation_true(None, annotations::ALLOW_DELETE));
     }
 
     #[test]

@@ -3,16 +3,19 @@
 use ichor_api::common::Role;
 use ichor_api::machine::ApprovalState;
 
-use crate::model::{Cluster, ControlPlaneCounts, Machine, ObjectKind, control_plane_counts};
-use crate::verdict::{LockedChange, LockedField, Refusal, RemovalVerdict, Wait};
+use crate::model::{Cluster, Machine, ObjectKind};
+use crate::plan::{self, Disruption, RuleSet, Stage};
+use crate::verdict::{LockedChange, LockedField, Refusal, RemovalVerdict, Verdict};
 
 /// The etcd quorum of `members` members: a strict majority.
 pub fn etcd_quorum(members: usize) -> usize {
     members / 2 + 1
 }
 
-/// Admission of a TalosMachine delete: the last control plane, etcd quorum and the allow-delete
-/// annotation. `machines` is every TalosMachine of `cluster` (with or without the target).
+/// Admission of a TalosMachine delete: the planner's rules at the door ([`plan::check`] with
+/// [`Disruption::Delete`]): the last control plane, etcd quorum, the allow-delete annotation and
+/// etcd health as the manager recorded it. `machines` is every TalosMachine of `cluster` (with
+/// or without the target).
 ///
 /// A target already being deleted was admitted before and passes again; so does every machine
 /// of a cluster being deleted (the teardown was admitted with the cluster's annotation).
@@ -21,14 +24,35 @@ pub fn check_machine_delete(
     machines: &[Machine],
     cluster: &Cluster,
 ) -> Result<(), Refusal> {
+    check_machine_delete_with(target, machines, cluster, RuleSet::ALL)
+}
+
+/// [`check_machine_delete`] with only the rules in `rules` (the model tests disable one at a
+/// time).
+pub fn check_machine_delete_with(
+    target: &Machine,
+    machines: &[Machine],
+    cluster: &Cluster,
+    rules: RuleSet,
+) -> Result<(), Refusal> {
     if cluster.deleting || target.deleting {
         return Ok(());
     }
-    check_delete_rules(target, machines, cluster).map(|_| ())
+    match plan::check_with(
+        target,
+        machines,
+        cluster,
+        &Disruption::Delete,
+        Stage::Admission,
+        rules,
+    ) {
+        Verdict::Refuse(refusal) => Err(refusal),
+        Verdict::Proceed(_) | Verdict::Wait(_) => Ok(()),
+    }
 }
 
 /// The controller's recheck of an admitted removal, inside the cluster lock and before its
-/// first disruptive step: the admission rules again, then the declared control-plane count.
+/// first disruptive step: the planner's rules in the controller, the declared count included.
 ///
 /// `target` is normally being deleted itself; other members being deleted are not counted as
 /// remaining. In a cluster being deleted every removal proceeds (the teardown orders them).
@@ -37,24 +61,7 @@ pub fn check_machine_removal(
     machines: &[Machine],
     cluster: &Cluster,
 ) -> RemovalVerdict {
-    if cluster.deleting {
-        return RemovalVerdict::Proceed;
-    }
-    match check_delete_rules(target, machines, cluster) {
-        Err(refusal) => RemovalVerdict::Refuse(refusal),
-        Ok(counts)
-            if target.is_control_plane_member()
-                && counts.after < cluster.declared_control_planes =>
-        {
-            RemovalVerdict::Wait(Wait::AwaitingReplacement {
-                name: target.name.clone(),
-                cluster: cluster.name.clone(),
-                counts,
-                declared: cluster.declared_control_planes,
-            })
-        }
-        Ok(_) => RemovalVerdict::Proceed,
-    }
+    plan::check(target, machines, cluster, &Disruption::Delete, Stage::Run)
 }
 
 /// Admission of a TalosCluster delete: it needs the allow-delete annotation.
@@ -99,41 +106,6 @@ pub fn check_machine_update(old: &Machine, new: &Machine) -> Result<(), Refusal>
     })
 }
 
-/// The rules shared by admission and the controller, most binding first: what the annotation
-/// cannot fix (last control plane, quorum) is reported before the missing annotation.
-fn check_delete_rules(
-    target: &Machine,
-    machines: &[Machine],
-    cluster: &Cluster,
-) -> Result<ControlPlaneCounts, Refusal> {
-    let counts = control_plane_counts(target, machines);
-    if target.is_control_plane_member() {
-        if counts.after == 0 {
-            return Err(Refusal::LastControlPlane {
-                name: target.name.clone(),
-                cluster: cluster.name.clone(),
-            });
-        }
-        if counts.after < etcd_quorum(counts.before) {
-            return Err(Refusal::QuorumAtRisk {
-                name: target.name.clone(),
-                counts,
-            });
-        }
-    }
-    if target.needs_allow_delete() && !target.allow_delete {
-        return Err(Refusal::AllowDeleteRequired {
-            kind: ObjectKind::TalosMachine,
-            name: target.name.clone(),
-            namespace: target
-                .namespace
-                .clone()
-                .or_else(|| cluster.namespace.clone()),
-        });
-    }
-    Ok(counts)
-}
-
 /// `spec.approvalState` as written in the API.
 fn approval_str(approval: ApprovalState) -> &'static str {
     match approval {
@@ -164,6 +136,7 @@ mod tests {
                     .approved()
                     .config_applied()
                     .allowing_delete()
+                    .healthy()
             })
             .collect()
     }
@@ -294,12 +267,8 @@ mod tests {
                 m.name
             );
             let deleting = m.clone().being_deleted();
-            assert_eq!(
-                check_machine_removal(&deleting, &all, &prod(1)),
-                RemovalVerdict::Proceed,
-                "{}",
-                m.name
-            );
+            let verdict = check_machine_removal(&deleting, &all, &prod(1));
+            assert!(verdict.is_proceed(), "{}: {verdict:?}", m.name);
         }
     }
 
@@ -363,10 +332,8 @@ mod tests {
         let cluster = prod(1).being_deleted();
         assert_eq!(check_machine_delete(&cps[0], &cps, &cluster), Ok(()));
         let deleting = cps[0].clone().being_deleted();
-        assert_eq!(
-            check_machine_removal(&deleting, &cps, &cluster),
-            RemovalVerdict::Proceed
-        );
+        let verdict = check_machine_removal(&deleting, &cps, &cluster);
+        assert!(verdict.is_proceed(), "{verdict:?}");
     }
 
     #[test]
@@ -396,8 +363,8 @@ mod tests {
             wait.message(),
             "removing talosmachine cp-1 would take control planes 3 -> 2, below \
              spec.controlPlane.count 3 of taloscluster prod: waiting for a replacement control \
-             plane (approve another machine as controlplane; the removal resumes once its config \
-             is applied), or lower spec.controlPlane.count"
+             plane (approve another machine as controlplane; it resumes once that one is a \
+             healthy etcd voter), or lower spec.controlPlane.count"
         );
 
         // The replacement approved but not yet applied: still waiting.
@@ -406,8 +373,14 @@ mod tests {
             check_machine_removal(&cps[0], &cps, &prod(3)),
             RemovalVerdict::Wait(_)
         ));
-        // Applied: 3 -> 4 -> 3.
+        // Applied but still installing, never observed: an unhealthy voter, still waiting.
         cps[3].applied = true;
+        assert!(matches!(
+            check_machine_removal(&cps[0], &cps, &prod(3)),
+            RemovalVerdict::Wait(_)
+        ));
+        // A healthy voter: 3 -> 4 -> 3.
+        cps[3] = cps[3].clone().healthy();
         assert!(check_machine_removal(&cps[0], &cps, &prod(3)).is_proceed());
         // Or the declared count lowered.
         cps.pop();

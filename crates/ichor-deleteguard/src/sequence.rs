@@ -22,6 +22,42 @@ pub fn next_removal_step(done: RemovalStep, role: Role) -> RemovalStep {
     }
 }
 
+/// What a teardown deletes next (ADR 0009), by name: machines never configured at once
+/// (nothing on their nodes to undo), then every configured worker, then the configured control
+/// planes one at a time in name order, each once the one before is gone. Machines already being
+/// deleted are not named again.
+pub fn teardown_next(machines: &[Machine]) -> Vec<String> {
+    let mut next: Vec<String> = machines
+        .iter()
+        .filter(|m| !m.applied && !m.deleting)
+        .map(|m| m.name.clone())
+        .collect();
+    let configured_workers: Vec<&Machine> = machines
+        .iter()
+        .filter(|m| m.applied && !m.is_control_plane())
+        .collect();
+    if configured_workers.is_empty() {
+        let mut control_planes: Vec<&Machine> = machines
+            .iter()
+            .filter(|m| m.applied && m.is_control_plane())
+            .collect();
+        control_planes.sort_by(|a, b| a.name.cmp(&b.name));
+        if !control_planes.iter().any(|m| m.deleting)
+            && let Some(first) = control_planes.first()
+        {
+            next.push(first.name.clone());
+        }
+    } else {
+        next.extend(
+            configured_workers
+                .iter()
+                .filter(|m| !m.deleting)
+                .map(|m| m.name.clone()),
+        );
+    }
+    next
+}
+
 /// Whether `step` must never run twice (leaving etcd, resetting the node): after a restart that
 /// lost the record, the caller checks whether it was already done and records it instead.
 pub fn is_once_only(step: RemovalStep) -> bool {
@@ -304,6 +340,22 @@ mod tests {
         let worker = Machine::new("w-1").worker().approved().config_applied();
         assert!(completes_transition(&worker, &[], &cluster));
         assert!(completes_transition(&cp("cp-1"), &[cp("cp-1")], &cluster));
+    }
+
+    #[test]
+    fn a_teardown_takes_the_unconfigured_then_workers_then_control_planes_one_by_one() {
+        let pending = Machine::new("p-1");
+        let w1 = Machine::new("w-1").worker().approved().config_applied();
+        let w2 = Machine::new("w-2").worker().approved().config_applied();
+        let machines = vec![cp("cp-2"), cp("cp-1"), pending, w1.clone(), w2.clone()];
+        assert_eq!(teardown_next(&machines), ["p-1", "w-1", "w-2"]);
+        let machines = vec![cp("cp-2"), cp("cp-1"), w1.being_deleted(), w2];
+        assert_eq!(teardown_next(&machines), ["w-2"], "workers first");
+        let machines = vec![cp("cp-2"), cp("cp-1")];
+        assert_eq!(teardown_next(&machines), ["cp-1"]);
+        let machines = vec![cp("cp-2"), cp("cp-1").being_deleted()];
+        assert!(teardown_next(&machines).is_empty(), "one at a time");
+        assert!(teardown_next(&[]).is_empty());
     }
 
     fn held(holder: &str, expired: bool) -> LockView {

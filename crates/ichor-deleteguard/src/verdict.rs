@@ -6,13 +6,14 @@ use std::fmt;
 use ichor_api::names::annotations;
 
 use crate::model::{ControlPlaneCounts, ObjectKind};
+use crate::plan::Justification;
 use crate::rules::etcd_quorum;
 
 /// Condition reasons of the refusals and waits (CamelCase, stable).
 pub mod reasons {
     pub use ichor_api::names::reasons::{
-        ALLOW_DELETE_REQUIRED, AWAITING_REPLACEMENT, IMMUTABLE_ONCE_APPLIED, LAST_CONTROL_PLANE,
-        QUORUM_AT_RISK,
+        ALLOW_DELETE_REQUIRED, AWAITING_REPLACEMENT, ETCD_UNHEALTHY, IMMUTABLE_ONCE_APPLIED,
+        LAST_CONTROL_PLANE, QUORUM_AT_RISK, TEARDOWN_WORKERS_FIRST,
     };
 }
 
@@ -38,11 +39,16 @@ pub enum Refusal {
     },
     /// The control planes that would remain fall below etcd quorum of the current members.
     QuorumAtRisk {
+        /// What is done to the machine, as a verb (`deleting`, `resetting`).
+        action: &'static str,
         /// The machine.
         name: String,
         /// The members before and after.
         counts: ControlPlaneCounts,
     },
+    /// An etcd voter is not healthy (or not observed recently), so the action could cost
+    /// quorum.
+    EtcdUnhealthy(Unhealthy),
     /// `spec.approvalState` or `spec.role` changed after the machine's config was applied.
     ImmutableOnceApplied {
         /// The machine.
@@ -59,6 +65,7 @@ impl Refusal {
             Self::AllowDeleteRequired { .. } => reasons::ALLOW_DELETE_REQUIRED,
             Self::LastControlPlane { .. } => reasons::LAST_CONTROL_PLANE,
             Self::QuorumAtRisk { .. } => reasons::QUORUM_AT_RISK,
+            Self::EtcdUnhealthy(_) => reasons::ETCD_UNHEALTHY,
             Self::ImmutableOnceApplied { .. } => reasons::IMMUTABLE_ONCE_APPLIED,
         }
     }
@@ -81,6 +88,16 @@ impl fmt::Display for Refusal {
                 let what = match kind {
                     ObjectKind::TalosMachine => "control plane ",
                     ObjectKind::TalosCluster => "",
+                    ObjectKind::TalosOperation => {
+                        return write!(
+                            f,
+                            "talosoperation {name} resets a control plane, which takes it out of \
+                             etcd as a delete does: create the operation with the annotation \
+                             {key}: \"{value}\"",
+                            key = annotations::ALLOW_DELETE,
+                            value = annotations::TRUE,
+                        );
+                    }
                 };
                 let ns = namespace
                     .as_deref()
@@ -99,10 +116,14 @@ impl fmt::Display for Refusal {
                 "talosmachine {name} is the last control plane of taloscluster {cluster} \
                  (control planes 1 -> 0): delete the TalosCluster instead"
             ),
-            Self::QuorumAtRisk { name, counts } => {
+            Self::QuorumAtRisk {
+                action,
+                name,
+                counts,
+            } => {
                 write!(
                     f,
-                    "deleting talosmachine {name} would take control planes {} -> {}, below etcd \
+                    "{action} talosmachine {name} would take control planes {} -> {}, below etcd \
                      quorum of {} for {} members",
                     counts.before,
                     counts.after,
@@ -116,6 +137,7 @@ impl fmt::Display for Refusal {
                      before removing this one"
                 )
             }
+            Self::EtcdUnhealthy(unhealthy) => write!(f, "{unhealthy}"),
             Self::ImmutableOnceApplied { name, changes } => {
                 for (i, change) in changes.iter().enumerate() {
                     if i > 0 {
@@ -151,6 +173,47 @@ fn write_already_deleting(f: &mut fmt::Formatter<'_>, n: usize) -> fmt::Result {
             f,
             " ({n} control planes already being deleted are not counted)"
         ),
+    }
+}
+
+/// Why the health of etcd holds an action: the voters that are not healthy, as observed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unhealthy {
+    /// The machine the action is for.
+    pub target: String,
+    /// What the action does to it, as a verb (`deleting`, `resetting`, `restarting`).
+    pub action: &'static str,
+    /// The other voters that are not healthy, each with what was observed.
+    pub voters: Vec<String>,
+    /// When the healthy voters left fall short of quorum: how many are left and the quorum of
+    /// the voters left.
+    pub short: Option<(usize, usize)>,
+}
+
+impl fmt::Display for Unhealthy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.short {
+            Some((healthy, quorum)) => write!(
+                f,
+                "{} talosmachine {} would leave {healthy} healthy etcd voter(s), below the \
+                 quorum of {quorum}",
+                self.action, self.target
+            )?,
+            None => write!(
+                f,
+                "{} talosmachine {}, a healthy control plane, must wait while an etcd voter is \
+                 unhealthy",
+                self.action, self.target
+            )?,
+        }
+        if !self.voters.is_empty() {
+            write!(f, " (not healthy: {})", self.voters.join(", "))?;
+        }
+        write!(
+            f,
+            "; it can go ahead once every voter is observed healthy (the manager records each \
+             control plane's etcd member in status.etcd), or once the unhealthy member is removed"
+        )
     }
 }
 
@@ -191,6 +254,8 @@ pub enum Wait {
     /// Removing the machine would take the members below `spec.controlPlane.count`: it waits
     /// for a replacement (`3 -> 4 -> 3`, never `3 -> 2`).
     AwaitingReplacement {
+        /// What is done to the machine, as a verb (`removing`, `resetting`).
+        action: &'static str,
         /// The machine.
         name: String,
         /// Its TalosCluster.
@@ -199,6 +264,17 @@ pub enum Wait {
         counts: ControlPlaneCounts,
         /// `spec.controlPlane.count`.
         declared: usize,
+        /// The healthy voters that would be left.
+        healthy: usize,
+    },
+    /// An etcd voter is not healthy (or not observed recently): the action waits.
+    EtcdUnhealthy(Unhealthy),
+    /// In a teardown, a control plane's removal waits until the configured workers are gone.
+    TeardownWorkersFirst {
+        /// The machine.
+        name: String,
+        /// Configured workers left.
+        workers: usize,
     },
 }
 
@@ -207,6 +283,8 @@ impl Wait {
     pub fn reason(&self) -> &'static str {
         match self {
             Self::AwaitingReplacement { .. } => reasons::AWAITING_REPLACEMENT,
+            Self::EtcdUnhealthy(_) => reasons::ETCD_UNHEALTHY,
+            Self::TeardownWorkersFirst { .. } => reasons::TEARDOWN_WORKERS_FIRST,
         }
     }
 
@@ -220,51 +298,68 @@ impl fmt::Display for Wait {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::AwaitingReplacement {
+                action,
                 name,
                 cluster,
                 counts,
                 declared,
+                healthy,
             } => {
                 write!(
                     f,
-                    "removing talosmachine {name} would take control planes {} -> {}, below \
-                     spec.controlPlane.count {declared} of taloscluster {cluster}",
+                    "{action} talosmachine {name} would take control planes {} -> {}",
                     counts.before, counts.after,
+                )?;
+                if *healthy < counts.after {
+                    write!(f, " ({healthy} of them healthy voters)")?;
+                }
+                write!(
+                    f,
+                    ", below spec.controlPlane.count {declared} of taloscluster {cluster}"
                 )?;
                 write_already_deleting(f, counts.already_deleting)?;
                 write!(
                     f,
                     ": waiting for a replacement control plane (approve another machine as \
-                     controlplane; the removal resumes once its config is applied), or lower \
+                     controlplane; it resumes once that one is a healthy etcd voter), or lower \
                      spec.controlPlane.count"
                 )
             }
+            Self::EtcdUnhealthy(unhealthy) => write!(f, "{unhealthy}"),
+            Self::TeardownWorkersFirst { name, workers } => write!(
+                f,
+                "the cluster is being torn down: control plane {name} is removed once the \
+                 {workers} configured worker(s) left are gone"
+            ),
         }
     }
 }
 
-/// The controller's answer on a removal, rechecked inside the cluster lock.
+/// The planner's answer on one disruptive action.
 #[must_use]
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum RemovalVerdict {
-    /// Go ahead with the removal sequence.
-    Proceed,
-    /// Hold; resumes by itself once a replacement control plane is configured.
+pub enum Verdict {
+    /// Go ahead, for the reasons given.
+    Proceed(Justification),
+    /// Hold; resumes by itself (a replacement, etcd health).
     Wait(Wait),
-    /// Hold until a person acts (the same refusals as at admission).
+    /// Hold until a person acts.
     Refuse(Refusal),
 }
 
-impl RemovalVerdict {
-    /// Whether the removal may go ahead.
+/// The controller's answer on a removal, rechecked inside the cluster lock.
+pub type RemovalVerdict = Verdict;
+
+impl Verdict {
+    /// Whether the action may go ahead.
     pub fn is_proceed(&self) -> bool {
-        matches!(self, Self::Proceed)
+        matches!(self, Self::Proceed(_))
     }
 
     /// The condition reason when held, `None` when it may go ahead.
     pub fn reason(&self) -> Option<&'static str> {
         match self {
-            Self::Proceed => None,
+            Self::Proceed(_) => None,
             Self::Wait(w) => Some(w.reason()),
             Self::Refuse(r) => Some(r.reason()),
         }
@@ -273,7 +368,7 @@ impl RemovalVerdict {
     /// The message when held, `None` when it may go ahead.
     pub fn message(&self) -> Option<String> {
         match self {
-            Self::Proceed => None,
+            Self::Proceed(_) => None,
             Self::Wait(w) => Some(w.message()),
             Self::Refuse(r) => Some(r.message()),
         }

@@ -31,11 +31,12 @@ enum Kind {
 fn machine(kind: Kind, i: usize) -> Machine {
     let m = Machine::new(format!("{kind:?}-{i}")).in_namespace("infra");
     match kind {
-        Kind::LiveControlPlane => m.control_plane().approved().config_applied(),
+        Kind::LiveControlPlane => m.control_plane().approved().config_applied().healthy(),
         Kind::DeletingControlPlane => m
             .control_plane()
             .approved()
             .config_applied()
+            .healthy()
             .being_deleted(),
         Kind::UnappliedControlPlane => m.control_plane().approved(),
         Kind::PendingControlPlane => m.control_plane(),
@@ -226,16 +227,24 @@ fn removal_matches_the_rules_for_every_small_cluster() {
                         (RemovalVerdict::Refuse(_), Some(r)) => {
                             assert_ne!(r, reasons::AWAITING_REPLACEMENT)
                         }
-                        (RemovalVerdict::Proceed, None) => {}
+                        (RemovalVerdict::Proceed(_), None) => {}
                         other => panic!("verdict kind mismatch: {other:?}"),
                     }
-                    assert!(
-                        check_machine_removal(
-                            &target,
-                            &machines_of(&machines),
-                            &cluster.clone().being_deleted()
-                        )
-                        .is_proceed()
+                    // In a teardown every removal goes, a configured control plane once the
+                    // configured workers are gone.
+                    let teardown = check_machine_removal(
+                        &target,
+                        &machines_of(&machines),
+                        &cluster.clone().being_deleted(),
+                    );
+                    let workers_left = machines
+                        .iter()
+                        .any(|(k, _)| matches!(k, Kind::Worker | Kind::DeletingWorker));
+                    let waits = target.is_control_plane() && target.applied && workers_left;
+                    assert_eq!(
+                        teardown.reason(),
+                        waits.then_some(reasons::TEARDOWN_WORKERS_FIRST),
+                        "{kind:?} in a teardown: {teardown:?}"
                     );
                     checked += 1;
                 }

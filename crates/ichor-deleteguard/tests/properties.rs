@@ -5,8 +5,8 @@
 use ichor_api::common::Role;
 use ichor_api::machine::ApprovalState;
 use ichor_deleteguard::{
-    Cluster, Machine, check_machine_delete, check_machine_removal, check_machine_update,
-    etcd_quorum,
+    Cluster, Machine, Observation, check_machine_delete, check_machine_removal,
+    check_machine_update, etcd_quorum,
 };
 use proptest::prelude::*;
 
@@ -101,7 +101,12 @@ impl World {
             next: 0,
         };
         for _ in 0..members {
-            let m = world.named().control_plane().approved().config_applied();
+            let m = world
+                .named()
+                .control_plane()
+                .approved()
+                .config_applied()
+                .healthy();
             world.machines.push(m.allowing_delete());
         }
         for _ in 0..workers {
@@ -152,6 +157,8 @@ impl World {
                     let m = &mut self.machines[i];
                     if m.approval == ApprovalState::Approved && m.role.is_some() && !m.deleting {
                         m.applied = true;
+                        // It joins etcd and the manager observes it healthy.
+                        m.etcd = Some(Observation::healthy_voter(0));
                     }
                 }
             }

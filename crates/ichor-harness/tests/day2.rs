@@ -4,6 +4,7 @@
 //! binaries, simulated Talos nodes. A monitor watches etcd quorum (and how many nodes are
 //! down) every few milliseconds throughout.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -20,6 +21,7 @@ use ichor_testenv::wait::try_eventually;
 use k8s_openapi::api::core::v1::{Node, Pod, Secret};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::ResourceExt as _;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -735,17 +737,29 @@ async fn operations_go_one_node_at_a_time_and_a_rolled_back_upgrade_fails() {
         "1.36.4"
     );
 
-    // A reset of one control plane: etcd 3 -> 2, the node back in maintenance.
+    // A reset of one control plane: etcd 3 -> 2, the node back in maintenance. A reset takes
+    // the node out of etcd as a delete does: the cluster declares one control plane first (so
+    // the reset does not wait for a replacement), and the operation carries the allow-delete
+    // annotation.
     let cp3 = specs::machine_at(&target, &endpoints[2])
         .await
         .expect("cp-3")
         .name_any();
+    clusters
+        .patch(
+            CLUSTER,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"controlPlane": {"count": 1}}})),
+        )
+        .await
+        .expect("declare one control plane");
     let monitor = Monitor::start(target.nodes().to_vec());
     specs::create_operation(
         &target,
         TalosOperation::test("reset-cp-3", OperationAction::Reset)
             .cluster(CLUSTER)
-            .machine(&cp3),
+            .machine(&cp3)
+            .allow_delete(),
     )
     .await
     .expect("operation");
@@ -1014,5 +1028,395 @@ async fn a_seeded_random_sequence_keeps_quorum_end_to_end() {
         trace.join("\n")
     );
     println!("{}", trace.join("\n"));
+    target.down().await;
+}
+
+/// Creates `operation`, which the webhook must refuse with `reason`; returns the refusal's
+/// message.
+async fn refused(target: &SimTarget, operation: impl Into<TalosOperation>, reason: &str) -> String {
+    let operation: TalosOperation = operation.into();
+    let name = operation.name_any();
+    match specs::create_operation(target, operation).await {
+        Err(ichor_harness::Error::Kube(kube::Error::Api(status))) => {
+            assert_eq!(status.reason, reason, "{name}: {status:?}");
+            assert!(
+                status.message.contains("denied the request"),
+                "{name}: {status:?}"
+            );
+            let operations: Api<TalosOperation> =
+                Api::namespaced(target.client(), target.namespace());
+            assert!(
+                operations.get_opt(&name).await.expect("get").is_none(),
+                "{name} was not created"
+            );
+            status.message
+        }
+        other => panic!("{name} should be refused with {reason}, got {other:?}"),
+    }
+}
+
+/// The operation `name` once its `Succeeded` condition has `reason` or it has ended: its
+/// status and that condition's (reason, message).
+async fn operation_at(
+    target: &SimTarget,
+    name: &str,
+    reason: &str,
+    limit: Duration,
+) -> (ichor_api::operation::TalosOperationStatus, String, String) {
+    let operations: Api<TalosOperation> = Api::namespaced(target.client(), target.namespace());
+    try_eventually(&format!("{name} at {reason}"), limit, || async {
+        let status = operations
+            .get(name)
+            .await
+            .map_err(|e| e.to_string())?
+            .status
+            .unwrap_or_default();
+        let condition = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == conditions::SUCCEEDED)
+            .map(|c| (c.reason.clone(), c.message.clone()));
+        match condition {
+            Some((seen, message))
+                if seen == reason
+                    || matches!(
+                        status.phase,
+                        OperationPhase::Succeeded | OperationPhase::Failed
+                    ) =>
+            {
+                Ok((status, seen, message))
+            }
+            other => Err(format!("{:?} {other:?}", status.phase)),
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", state_summary(target)))
+}
+
+/// Waits until the manager has recorded the etcd member of the machine at `address` as
+/// `holds` says; returns the machine's status.
+async fn observed(
+    target: &SimTarget,
+    address: &str,
+    what: &str,
+    holds: impl Fn(&ichor_api::machine::TalosMachineStatus) -> bool,
+) -> ichor_api::machine::TalosMachineStatus {
+    try_eventually(what, Duration::from_secs(120), || async {
+        let status = specs::machine_at(target, address)
+            .await
+            .map_err(|e| e.to_string())?
+            .status
+            .unwrap_or_default();
+        if holds(&status) {
+            Ok(status)
+        } else {
+            Err(format!(
+                "etcd {:?}, member {:?}, applied {:?}",
+                status.etcd, status.etcd_member_id, status.applied_config_hash
+            ))
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", state_summary(target)))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_is_checked_at_the_door_and_stops_at_the_declared_count() {
+    // Five control planes in a cluster declaring three.
+    let target = SimTarget::up(SimOptions::new(5, 83, "v1.14.1"))
+        .await
+        .expect("sim target");
+    cluster_of(&target, 3, 5, 0).await;
+    let endpoints = target.node_endpoints();
+    let mut names = Vec::new();
+    for address in &endpoints {
+        names.push(
+            specs::machine_at(&target, address)
+                .await
+                .expect("machine")
+                .name_any(),
+        );
+    }
+    // The order an operation runs its targets in: control planes by name.
+    let mut ordered = names.clone();
+    ordered.sort();
+
+    // At the door a reset is a delete, its targets taken out one after another:
+    // 5 -> 4 -> 3 -> 2 keep quorum, the fourth step (2 -> 1) does not.
+    let message = refused(
+        &target,
+        TalosOperation::test("reset-all", OperationAction::Reset)
+            .cluster(CLUSTER)
+            .all()
+            .allow_delete(),
+        reasons::QUORUM_AT_RISK,
+    )
+    .await;
+    assert!(
+        message.contains(&format!("talosmachine {} ", ordered[3])) && message.contains("2 -> 1"),
+        "{message}"
+    );
+    // The annotation goes on the operation: without it, even one reset is refused.
+    let message = refused(
+        &target,
+        TalosOperation::test("reset-one", OperationAction::Reset)
+            .cluster(CLUSTER)
+            .machine(&names[4]),
+        reasons::ALLOW_DELETE_REQUIRED,
+    )
+    .await;
+    assert!(message.contains("talosoperation reset-one"), "{message}");
+    for node in target.nodes() {
+        assert_eq!(node.calls("Reset"), 0, "nothing was reset");
+    }
+
+    // Three of the five, by label, with the annotation: admitted (5 -> 2 keeps quorum at each
+    // step). Two go; the third would leave two voters where three are declared, and waits.
+    let machines: Api<TalosMachine> = Api::namespaced(target.client(), target.namespace());
+    for name in &names[2..] {
+        machines
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"labels": {"e2e.ichor.maesh.dev/wipe": "yes"}}})),
+            )
+            .await
+            .expect("label");
+    }
+    let monitor = Monitor::start(target.nodes().to_vec());
+    specs::create_operation(
+        &target,
+        TalosOperation::test("reset-three", OperationAction::Reset)
+            .cluster(CLUSTER)
+            .selector(LabelSelector {
+                match_labels: Some(BTreeMap::from([(
+                    "e2e.ichor.maesh.dev/wipe".to_owned(),
+                    "yes".to_owned(),
+                )])),
+                match_expressions: None,
+            })
+            .allow_delete(),
+    )
+    .await
+    .expect("admitted");
+    let (status, reason, message) = operation_at(
+        &target,
+        "reset-three",
+        reasons::AWAITING_REPLACEMENT,
+        Duration::from_secs(180),
+    )
+    .await;
+    assert_eq!(reason, reasons::AWAITING_REPLACEMENT, "{status:?}");
+    assert_eq!(status.phase, OperationPhase::Running, "{status:?}");
+    let mut selected = names[2..].to_vec();
+    selected.sort();
+    let steps: Vec<(&str, OperationPhase)> = status
+        .nodes
+        .iter()
+        .map(|n| (n.machine.as_str(), n.phase))
+        .collect();
+    assert_eq!(
+        steps,
+        [
+            (selected[0].as_str(), OperationPhase::Succeeded),
+            (selected[1].as_str(), OperationPhase::Succeeded),
+            (selected[2].as_str(), OperationPhase::Waiting),
+        ],
+        "{message}"
+    );
+    assert!(message.contains(&selected[2]), "{message}");
+    for (i, node) in target.nodes().iter().enumerate() {
+        let expected = if i == 2 || i == 3 {
+            Stage::Maintenance
+        } else {
+            Stage::Running
+        };
+        assert_eq!(node.stage().await, expected, "node {i}");
+    }
+    assert_eq!(
+        target.nodes()[4].calls("Reset"),
+        0,
+        "the third was not reset"
+    );
+    let members = etcd_members(&target, &endpoints[0]).await;
+    assert_eq!(members.len(), 3, "{members:?}");
+    assert!(members.iter().all(|m| !m.learner), "{members:?}");
+    let seen = monitor.finish().await;
+    assert!(seen.worst.is_some_and(|(a, v)| a * 2 > v), "{seen:?}");
+    target.down().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replacement_counts_once_a_voter_and_an_unhealthy_voter_holds_the_healthy_ones() {
+    let target = SimTarget::up(SimOptions::new(4, 84, "v1.14.1"))
+        .await
+        .expect("sim target");
+    cluster_of(&target, 3, 3, 0).await;
+    let endpoints = target.node_endpoints();
+    let machines: Api<TalosMachine> = Api::namespaced(target.client(), target.namespace());
+    let monitor = Monitor::start(target.nodes().to_vec());
+
+    // A replacement must be a voter. A fourth control plane is approved; it joins etcd as a
+    // learner and is held there, as a new member still catching up is.
+    let promotion = target.nodes()[3].hold_promotion();
+    specs::approve(&target, &endpoints[3], true, "cp-4")
+        .await
+        .expect("approve cp-4");
+    tokio::time::timeout(Duration::from_secs(120), promotion.arrived(1))
+        .await
+        .unwrap_or_else(|_| panic!("cp-4 never joined etcd: {}", state_summary(&target)));
+    // The manager recorded it so: configured, in etcd, not a voter (the door would count a
+    // control plane never observed as an unhealthy voter).
+    observed(&target, &endpoints[3], "cp-4 observed as a learner", |s| {
+        s.applied_config_hash.is_some()
+            && s.etcd_member_id.is_some()
+            && s.etcd.as_ref().is_some_and(|o| !o.voter && !o.healthy)
+    })
+    .await;
+    let cp1 = target.nodes()[0].clone();
+    let name = specs::delete_machine(&target, &endpoints[0])
+        .await
+        .expect("admitted: voters 3 -> 2 keep quorum");
+    let uid = uid_of(&target, &name).await;
+    try_eventually("AwaitingReplacement", Duration::from_secs(90), || async {
+        match removal_reason(&target, &endpoints[0]).await {
+            Some(reason) if reason == reasons::AWAITING_REPLACEMENT => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}: {}", state_summary(&target)));
+    assert_eq!(cp1.calls("EtcdLeaveCluster"), 0, "cp-1 still in etcd");
+    let members = etcd_members(&target, &endpoints[1]).await;
+    assert_eq!(members.len(), 4, "{members:?}");
+    assert_eq!(
+        members.iter().filter(|m| m.learner).count(),
+        1,
+        "{members:?}"
+    );
+    // cp-4 becomes a voter: the removal goes on, leaving three voters.
+    promotion.release();
+    gone(&target, &name, &uid, Duration::from_secs(120)).await;
+    let members = etcd_members(&target, &endpoints[1]).await;
+    let mut voters: Vec<String> = members
+        .iter()
+        .filter(|m| !m.learner)
+        .map(|m| m.hostname.clone())
+        .collect();
+    voters.sort();
+    assert_eq!(voters, ["cp-2", "cp-3", "cp-4"], "{members:?}");
+    assert_eq!(members.len(), 3, "{members:?}");
+    assert_eq!(cp1.calls("EtcdLeaveCluster"), 1, "cp-1 left once");
+
+    // An unhealthy voter holds disruption of the healthy ones. cp-3 drops off the network.
+    // The reboot of cp-2 is created at once: the door judges on what the manager recorded,
+    // which cannot know yet (a node that does not answer takes ~10 s to time out); the
+    // controller looks at every voter again before acting, and waits.
+    let cp2 = specs::machine_at(&target, &endpoints[1])
+        .await
+        .expect("cp-2")
+        .name_any();
+    let cp3 = specs::machine_at(&target, &endpoints[2])
+        .await
+        .expect("cp-3")
+        .name_any();
+    let cp4 = specs::machine_at(&target, &endpoints[3])
+        .await
+        .expect("cp-4")
+        .name_any();
+    let reboots = target.nodes()[1].calls("Reboot");
+    target.nodes()[2]
+        .inject(Fault::Partition)
+        .await
+        .expect("partition");
+    specs::create_operation(
+        &target,
+        TalosOperation::test("reboot-cp-2", OperationAction::Reboot)
+            .cluster(CLUSTER)
+            .machine(&cp2),
+    )
+    .await
+    .expect("admitted on the recorded observations");
+    let (status, reason, message) = operation_at(
+        &target,
+        "reboot-cp-2",
+        reasons::ETCD_UNHEALTHY,
+        Duration::from_secs(90),
+    )
+    .await;
+    assert_eq!(reason, reasons::ETCD_UNHEALTHY, "{status:?}");
+    assert!(message.contains(&cp3), "{message}");
+    assert_eq!(status.nodes[0].phase, OperationPhase::Waiting, "{status:?}");
+    assert_eq!(
+        target.nodes()[1].calls("Reboot"),
+        reboots,
+        "cp-2 was not rebooted"
+    );
+    // Now the manager has recorded cp-3 unhealthy: the door refuses another reboot.
+    let message = refused(
+        &target,
+        TalosOperation::test("reboot-cp-4", OperationAction::Reboot)
+            .cluster(CLUSTER)
+            .machine(&cp4),
+        reasons::ETCD_UNHEALTHY,
+    )
+    .await;
+    assert!(message.contains(&cp3), "{message}");
+
+    // The unhealthy member itself may go, through a healthy peer, once the declared count
+    // allows it: cp-1's node, back in maintenance mode and discovered again, replaces it.
+    try_eventually(
+        "cp-1's node discovered again",
+        Duration::from_secs(60),
+        || async {
+            specs::machine_at(&target, &endpoints[0])
+                .await
+                .ok()
+                .filter(|m| m.metadata.uid != uid)
+                .map(|m| m.name_any())
+        },
+    )
+    .await
+    .expect("discovered again");
+    specs::approve(&target, &endpoints[0], true, "cp-5")
+        .await
+        .expect("approve cp-5");
+    observed(&target, &endpoints[0], "cp-5 a healthy voter", |s| {
+        s.etcd.as_ref().is_some_and(|o| o.voter && o.healthy)
+    })
+    .await;
+    machines
+        .patch(
+            &cp3,
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"metadata": {"annotations": {annotations::FORCE_REMOVE: "true"}}}),
+            ),
+        )
+        .await
+        .expect("force");
+    let uid3 = uid_of(&target, &cp3).await;
+    specs::delete_machine(&target, &endpoints[2])
+        .await
+        .expect("admitted: the unhealthy voter itself");
+    gone(&target, &cp3, &uid3, Duration::from_secs(180)).await;
+    assert!(
+        !events_with_reason(&target, "ResetSkipped").await.is_empty(),
+        "the skipped reset has an Event"
+    );
+    // Every voter healthy again: the reboot goes ahead.
+    let done = specs::wait_operation(&target, "reboot-cp-2", Duration::from_secs(180))
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", state_summary(&target)))
+        .status
+        .expect("status");
+    assert_eq!(done.phase, OperationPhase::Succeeded, "{done:?}");
+    assert_eq!(target.nodes()[1].calls("Reboot"), reboots + 1);
+    let members = etcd_members(&target, &endpoints[1]).await;
+    let mut voters: Vec<String> = members.iter().map(|m| m.hostname.clone()).collect();
+    voters.sort();
+    assert_eq!(voters, ["cp-2", "cp-4", "cp-5"], "{members:?}");
+    let seen = monitor.finish().await;
+    assert!(seen.worst.is_some_and(|(a, v)| a * 2 > v), "{seen:?}");
     target.down().await;
 }

@@ -497,42 +497,30 @@ async fn teardown(ctx: &Context, cluster: &TalosCluster) -> Result<Action, Error
             .as_ref()
             .is_some_and(|s| s.applied_config_hash.is_some())
     };
-    let deleting = |m: &TalosMachine| m.metadata.deletion_timestamp.is_some();
     let is_cp = |m: &TalosMachine| m.spec.role == Some(Role::ControlPlane);
-    let mut delete = Vec::new();
-    // Nothing on these nodes to undo: their records go at once.
-    delete.extend(machines.iter().filter(|m| !configured(m) && !deleting(m)));
-    let workers: Vec<&TalosMachine> = machines
+    let workers = machines
         .iter()
         .filter(|m| configured(m) && !is_cp(m))
-        .collect();
-    let mut cps: Vec<&TalosMachine> = machines
+        .count();
+    let cps = machines
         .iter()
         .filter(|m| configured(m) && is_cp(m))
+        .count();
+    // The order is the planner's: unconfigured at once, workers, control planes one by one.
+    let inputs: Vec<ichor_deleteguard::Machine> = machines
+        .iter()
+        .map(ichor_deleteguard::Machine::from)
         .collect();
-    cps.sort_by_key(|m| m.name_any());
-    if workers.is_empty() {
-        // Control planes one by one.
-        if !cps.iter().any(|m| deleting(m))
-            && let Some(first) = cps.first()
-        {
-            delete.push(first);
-        }
-    } else {
-        delete.extend(workers.iter().filter(|m| !deleting(m)));
-    }
-    for machine in delete {
-        match api
-            .delete(&machine.name_any(), &DeleteParams::default())
-            .await
-        {
+    let delete = ichor_deleteguard::teardown_next(&inputs);
+    for name in delete {
+        match api.delete(&name, &DeleteParams::default()).await {
             Ok(_) => {
                 ctx.event(
                     cluster,
                     EventType::Normal,
                     reasons::TEARING_DOWN,
                     actions::DELETE,
-                    format!("removing {} (cluster teardown)", machine.name_any()),
+                    format!("removing {name} (cluster teardown)"),
                 )
                 .await;
             }
@@ -567,9 +555,7 @@ async fn teardown(ctx: &Context, cluster: &TalosCluster) -> Result<Action, Error
         false,
         reasons::TEARING_DOWN,
         format!(
-            "the cluster is being deleted: {} worker(s) and {} control plane(s) left, removed workers first, then control planes one by one",
-            workers.len(),
-            cps.len()
+            "the cluster is being deleted: {workers} worker(s) and {cps} control plane(s) left, removed workers first, then control planes one by one"
         ),
         cluster.metadata.generation,
         &ctx.now(),

@@ -4,9 +4,10 @@
 use std::time::Duration;
 
 use ichor_api::common::Role;
-use ichor_api::machine::MachinePhase;
+use ichor_api::machine::{EtcdObservation, MachinePhase};
 use ichor_api::names::reasons;
 use ichor_talos::{ApplyRefusal, Stage, TalosError};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
 /// A node's etcd membership, as its local member reports it.
@@ -91,6 +92,39 @@ pub fn standing(role: Role, api: Option<NodeView>) -> Standing {
             reason: reasons::WAITING_FOR_ETCD,
             message: "running; etcd waits for the cluster's bootstrap or for joining".into(),
         },
+    }
+}
+
+/// How old an unchanged etcd observation may be before it is recorded again: writing the time
+/// at every look would change the object at every reconcile, and each change starts another.
+pub const OBSERVATION_REFRESH: Duration = Duration::from_secs(30);
+
+/// A control plane's etcd member as observed now, from what its node answered (`None`: it did
+/// not answer) and the last observation. A voter stays a voter while it does not answer or its
+/// member fails: it is still in the member list, and the planner must count it, unhealthy. An
+/// unchanged observation younger than [`OBSERVATION_REFRESH`] is kept as it was.
+pub fn etcd_observation(
+    previous: Option<&EtcdObservation>,
+    answered: Option<Etcd>,
+    now: Timestamp,
+) -> EtcdObservation {
+    let was_voter = previous.is_some_and(|p| p.voter);
+    let (voter, healthy) = match answered {
+        Some(Etcd::Voter(_)) => (true, true),
+        Some(Etcd::Learner(_) | Etcd::NotMember) | None => (was_voter, false),
+    };
+    if let Some(previous) = previous
+        && previous.voter == voter
+        && previous.healthy == healthy
+        && previous.observed_at.0 <= now
+        && elapsed(previous.observed_at.0, now) < OBSERVATION_REFRESH
+    {
+        return previous.clone();
+    }
+    EtcdObservation {
+        voter,
+        healthy,
+        observed_at: Time(now),
     }
 }
 
@@ -389,6 +423,33 @@ mod tests {
             standing(Role::Worker, None).reason,
             reasons::WAITING_FOR_NODE_API
         );
+    }
+
+    #[test]
+    fn a_voter_stays_a_voter_while_it_does_not_answer() {
+        let now = at("2026-12-03T10:00:00Z");
+        let voter = etcd_observation(None, Some(Etcd::Voter(7)), now);
+        assert!(voter.voter && voter.healthy);
+        assert_eq!(voter.observed_at, Time(now));
+        for silent in [None, Some(Etcd::NotMember)] {
+            let later = etcd_observation(Some(&voter), silent, now);
+            assert!(later.voter && !later.healthy, "{silent:?}");
+        }
+        // Unchanged and recent: kept as it was, so recording it changes nothing.
+        let soon = now + std::time::Duration::from_secs(29);
+        assert_eq!(
+            etcd_observation(Some(&voter), Some(Etcd::Voter(7)), soon),
+            voter
+        );
+        let later = now + OBSERVATION_REFRESH;
+        assert_eq!(
+            etcd_observation(Some(&voter), Some(Etcd::Voter(7)), later).observed_at,
+            Time(later)
+        );
+        let joining = etcd_observation(None, Some(Etcd::Learner(8)), now);
+        assert!(!joining.voter && !joining.healthy);
+        let installing = etcd_observation(None, None, now);
+        assert!(!installing.voter && !installing.healthy);
     }
 
     #[test]

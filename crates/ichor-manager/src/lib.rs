@@ -15,9 +15,11 @@ pub mod leader;
 pub mod lock;
 pub mod machine;
 pub mod metrics;
+pub mod observe;
 pub mod operation;
 pub mod removal;
 pub mod secrets;
+pub mod workload;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};

@@ -10,6 +10,7 @@ use ichor_api::common::Role;
 use ichor_api::machine::{ApprovalState, MachinePhase, TalosMachineStatus};
 use ichor_api::names::{actions, conditions, labels, reasons, secrets as secret_names};
 use ichor_api::{TalosCluster, TalosMachine};
+use ichor_deleteguard::{Disruption, Stage};
 use ichor_render::Rendered;
 use ichor_talos::{ApplyMode, TalosClient, TalosError};
 use k8s_openapi::ByteString;
@@ -602,6 +603,14 @@ async fn follow(
     {
         status.etcd_member_id = Some(format!("{id:016x}"));
     }
+    if role == Role::ControlPlane {
+        // What the planner's snapshot reads, with the time it was seen.
+        status.etcd = Some(crate::decide::etcd_observation(
+            status.etcd.as_ref(),
+            view.map(|v| v.etcd),
+            ctx.clock.now(),
+        ));
+    }
     // Drift: what the objects now render differs from what was applied. It waits while
     // another action holds the cluster lock (an operation rolls it out node by node).
     let me = drift_holder(machine);
@@ -660,8 +669,16 @@ async fn follow(
                     machine.metadata.generation,
                     &ctx.now(),
                 );
-                if let Some((reason, waiting)) =
-                    reboot_for_drift(ctx, machine, cluster, client, rendered, &applied).await?
+                if let Some((reason, waiting)) = reboot_for_drift(
+                    ctx,
+                    machine,
+                    cluster,
+                    client,
+                    rendered,
+                    &applied,
+                    credentials,
+                )
+                .await?
                 {
                     cond::set(
                         &mut status.conditions,
@@ -765,6 +782,7 @@ async fn reboot_for_drift(
     client: &TalosClient,
     rendered: &Rendered,
     applied: &str,
+    credentials: &ichor_talos::Credentials,
 ) -> Result<Option<(&'static str, String)>, Error> {
     let namespace = cluster.namespace().unwrap_or_default();
     let machines = crate::cluster_machines(ctx, cluster).await?;
@@ -778,6 +796,28 @@ async fn reboot_for_drift(
                 "config {} needs a reboot: {} (namespace {namespace})",
                 rendered.hash,
                 outcome.message()
+            ),
+        )));
+    }
+    // The planner: a reboot is a restart, held while a voter is unhealthy.
+    let plan = crate::observe::plan(
+        ctx,
+        machine,
+        cluster,
+        &machines,
+        credentials,
+        &Disruption::Restart,
+        Stage::Run,
+    )
+    .await?;
+    if !plan.is_proceed() {
+        crate::lock::release(ctx, cluster, &me).await?;
+        return Ok(Some((
+            plan.reason().unwrap_or(reasons::ETCD_UNHEALTHY),
+            format!(
+                "config {} needs a reboot, which waits: {}",
+                rendered.hash,
+                plan.message().unwrap_or_default()
             ),
         )));
     }
@@ -866,6 +906,7 @@ pub(crate) async fn forget_config(ctx: &Context, machine: &TalosMachine) -> Resu
         json!({
             "appliedConfigHash": null,
             "etcdMemberId": null,
+            "etcd": null,
             "phase": MachinePhase::Approved,
         }),
     )

@@ -10,17 +10,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ichor_api::common::Role;
-use ichor_api::machine::ApprovalState;
-use ichor_api::names::{actions, conditions, reasons};
+use ichor_api::names::{actions, annotations, conditions, reasons};
 use ichor_api::operation::{
     NodeStep, OperationAction, OperationPhase, TalosOperation, TalosOperationStatus,
 };
 use ichor_api::{TalosCluster, TalosMachine};
-use ichor_deleteguard::etcd_quorum;
+use ichor_deleteguard::{Disruption, Stage as PlanStage, Verdict as Plan, annotation_true};
 use ichor_talos::{ApplyMode, Credentials, ResetOptions, Stage, TalosClient, TalosError};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
@@ -28,7 +27,7 @@ use kube::runtime::events::EventType;
 use kube::{Resource as _, ResourceExt as _};
 use serde_json::json;
 
-use crate::{Context, Error, conditions as cond, lock, secrets};
+use crate::{Context, Error, conditions as cond, lock, secrets, workload};
 
 /// How long a node may take to go down after a reboot or an upgrade was sent, and to come back.
 const NODE_PATIENCE: Duration = Duration::from_secs(300);
@@ -162,203 +161,10 @@ fn progress(nodes: &[NodeStep]) -> String {
     format!("{done}/{}", nodes.len())
 }
 
-/// Whether `labels` match `selector` (matchLabels and matchExpressions).
-pub fn selects(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
-    let by_label = selector
-        .match_labels
-        .iter()
-        .flatten()
-        .all(|(k, v)| labels.get(k) == Some(v));
-    let by_expression = selector.match_expressions.iter().flatten().all(|e| {
-        let values = e.values.clone().unwrap_or_default();
-        let value = labels.get(&e.key);
-        match e.operator.as_str() {
-            "In" => value.is_some_and(|v| values.contains(v)),
-            "NotIn" => value.is_none_or(|v| !values.contains(v)),
-            "Exists" => value.is_some(),
-            "DoesNotExist" => value.is_none(),
-            _ => false,
-        }
-    });
-    by_label && by_expression
-}
-
-fn configured(machine: &TalosMachine) -> bool {
-    machine.spec.approval_state == ApprovalState::Approved
-        && machine.metadata.deletion_timestamp.is_none()
-        && machine
-            .status
-            .as_ref()
-            .is_some_and(|s| s.applied_config_hash.is_some())
-}
-
-fn is_control_plane(machine: &TalosMachine) -> bool {
-    machine.spec.role == Some(Role::ControlPlane)
-}
-
-/// Why an operation has no machines to act on.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum NoTargets {
-    /// `spec.machineName` names no machine of the cluster.
-    #[error("spec.machineName {name}: no TalosMachine of cluster {cluster} has that name")]
-    UnknownMachine {
-        /// The name given.
-        name: String,
-        /// The cluster.
-        cluster: String,
-    },
-    /// A chosen machine is not approved and configured.
-    #[error(
-        "{0} is not an approved, configured machine (nothing was applied to it, or it is being deleted)"
-    )]
-    NotConfigured(String),
-    /// An etcd action found no configured control plane.
-    #[error("the selection holds no configured control plane (etcd runs only there)")]
-    NoControlPlane,
-    /// The selector matches nothing configured.
-    #[error("spec.selector matches no configured machine of the cluster")]
-    NoMatch,
-}
-
-/// The machines an operation acts on, control planes first, each group by name.
-fn targets(
-    operation: &TalosOperation,
-    machines: &[TalosMachine],
-) -> Result<Vec<String>, NoTargets> {
-    let spec = &operation.spec;
-    let mut chosen: Vec<&TalosMachine> = machines
-        .iter()
-        .filter(|m| match (&spec.machine_name, &spec.selector) {
-            (Some(name), _) => &m.name_any() == name,
-            (None, Some(selector)) => selects(selector, m.labels()),
-            (None, None) => false,
-        })
-        .collect();
-    if let Some(name) = &spec.machine_name
-        && chosen.is_empty()
-    {
-        return Err(NoTargets::UnknownMachine {
-            name: name.clone(),
-            cluster: spec.cluster_ref.name.clone(),
-        });
-    }
-    if spec.machine_name.is_none() {
-        // A selector acts on the machines it finds configured (not those still installing or
-        // being removed).
-        chosen.retain(|m| configured(m));
-    }
-    if let Some(unready) = chosen.iter().find(|m| !configured(m)) {
-        return Err(NoTargets::NotConfigured(unready.name_any()));
-    }
-    if matches!(
-        spec.action,
-        OperationAction::EtcdSnapshot | OperationAction::EtcdDefrag
-    ) {
-        chosen.retain(|m| is_control_plane(m));
-    }
-    chosen.sort_by_key(|m| (!is_control_plane(m), m.name_any()));
-    if spec.action == OperationAction::EtcdSnapshot {
-        chosen.truncate(1);
-    }
-    if chosen.is_empty() {
-        return Err(match spec.action {
-            OperationAction::EtcdSnapshot | OperationAction::EtcdDefrag => {
-                NoTargets::NoControlPlane
-            }
-            _ => NoTargets::NoMatch,
-        });
-    }
-    Ok(chosen.iter().map(|m| m.name_any()).collect())
-}
-
 /// The version an installer image carries (`…/installer:v1.14.1` → `v1.14.1`).
 pub fn image_version(image: &str) -> Option<String> {
     let tag = image.rsplit(':').next()?;
     (tag.starts_with('v') && !tag.contains('/') && !image.contains('@')).then(|| tag.to_owned())
-}
-
-/// Why etcd is not healthy enough to touch the next control plane.
-#[derive(Debug, thiserror::Error)]
-pub enum EtcdUnhealthy {
-    /// A control plane does not answer.
-    #[error("{machine} ({address}) does not answer")]
-    NotAnswering {
-        /// The machine.
-        machine: String,
-        /// Its address.
-        address: String,
-    },
-    /// A control plane is still a learner.
-    #[error("{0} is still an etcd learner")]
-    Learner(String),
-    /// A control plane's etcd status fails.
-    #[error("etcd on {machine} is not healthy: {source}")]
-    Status {
-        /// The machine.
-        machine: String,
-        /// The node's error.
-        #[source]
-        source: TalosError,
-    },
-    /// The member list holds a learner.
-    #[error("etcd has a learner that is not promoted yet")]
-    UnpromotedLearner,
-    /// Fewer members than control planes.
-    #[error("etcd lists {members} members for {control_planes} control planes")]
-    MembersMissing {
-        /// Members listed.
-        members: usize,
-        /// Configured control planes.
-        control_planes: usize,
-    },
-}
-
-/// A control plane's view of etcd health: every configured control plane answers as a voter,
-/// and the member list has no learners.
-async fn etcd_health(
-    machines: &[TalosMachine],
-    credentials: &Credentials,
-) -> Result<(), EtcdUnhealthy> {
-    let cps: Vec<&TalosMachine> = machines
-        .iter()
-        .filter(|m| configured(m) && is_control_plane(m))
-        .collect();
-    let mut listed = None;
-    for machine in &cps {
-        let address = address(machine);
-        let Some(client) = crate::connect(&address, credentials).await else {
-            return Err(EtcdUnhealthy::NotAnswering {
-                machine: machine.name_any(),
-                address,
-            });
-        };
-        match client.etcd_status().await {
-            Ok(status) if status.learner => {
-                return Err(EtcdUnhealthy::Learner(machine.name_any()));
-            }
-            Ok(_) => {}
-            Err(source) => {
-                return Err(EtcdUnhealthy::Status {
-                    machine: machine.name_any(),
-                    source,
-                });
-            }
-        }
-        if listed.is_none() {
-            listed = client.etcd_members(false).await.ok();
-        }
-    }
-    let members = listed.unwrap_or_default();
-    if members.iter().any(|m| m.learner) {
-        return Err(EtcdUnhealthy::UnpromotedLearner);
-    }
-    if members.len() < cps.len() {
-        return Err(EtcdUnhealthy::MembersMissing {
-            members: members.len(),
-            control_planes: cps.len(),
-        });
-    }
-    Ok(())
 }
 
 fn address(machine: &TalosMachine) -> String {
@@ -470,7 +276,7 @@ async fn reconcile_inner(operation: &TalosOperation, ctx: &Context) -> Result<Ac
     };
     let machines = crate::cluster_machines(ctx, &cluster).await?;
     if status.nodes.is_empty() {
-        match targets(operation, &machines) {
+        match operation.spec.targets(&machines) {
             Ok(names) => {
                 status.nodes = names
                     .into_iter()
@@ -495,10 +301,12 @@ async fn reconcile_inner(operation: &TalosOperation, ctx: &Context) -> Result<Ac
             }
         }
     }
-    // The lock: operations never complete a transition.
+    // The lock: an operation completes no transition, but a reset of a surplus control plane
+    // does, as its removal would.
     let moving = lock::transitioning(&cluster, &machines);
     let me = holder(operation);
-    let outcome = lock::acquire(ctx, &cluster, &me, moving, false).await?;
+    let completes = resets_a_surplus_control_plane(operation, &status, &cluster, &machines);
+    let outcome = lock::acquire(ctx, &cluster, &me, moving, completes).await?;
     match outcome {
         lock::Outcome::Held => {}
         lock::Outcome::Busy(_) => {
@@ -624,6 +432,18 @@ async fn reconcile_inner(operation: &TalosOperation, ctx: &Context) -> Result<Ac
             )
             .await
         }
+        Verdict::Held { reason, message } => {
+            lock::release(ctx, &cluster, &holder(operation)).await?;
+            waiting(
+                ctx,
+                operation,
+                status,
+                OperationPhase::Waiting,
+                reason,
+                message,
+            )
+            .await
+        }
         Verdict::Fail { reason, message } => {
             end(
                 ctx,
@@ -637,6 +457,38 @@ async fn reconcile_inner(operation: &TalosOperation, ctx: &Context) -> Result<Ac
             .await
         }
     }
+}
+
+/// Whether the operation is a reset whose next node is an approved control plane while the
+/// approved ones outnumber the declared count: taking it out moves toward the declared count.
+fn resets_a_surplus_control_plane(
+    operation: &TalosOperation,
+    status: &TalosOperationStatus,
+    cluster: &TalosCluster,
+    machines: &[TalosMachine],
+) -> bool {
+    if operation.spec.action != OperationAction::Reset {
+        return false;
+    }
+    let Some(next) = status
+        .nodes
+        .iter()
+        .find(|n| n.phase != OperationPhase::Succeeded)
+    else {
+        return false;
+    };
+    let inputs: Vec<ichor_deleteguard::Machine> = machines
+        .iter()
+        .map(ichor_deleteguard::Machine::from)
+        .collect();
+    inputs.iter().any(|m| {
+        m.name == next.machine
+            && ichor_deleteguard::completes_transition(
+                m,
+                &inputs,
+                &ichor_deleteguard::Cluster::from(cluster),
+            )
+    })
 }
 
 /// `upgradeKubernetes` records its version in the cluster's spec first (under the lock, so
@@ -678,28 +530,19 @@ async fn set_kubernetes_version(
     Ok(())
 }
 
-/// Why resetting a control plane would break etcd.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum QuorumAtRisk {
-    /// It is the last control plane.
-    #[error("resetting the last control plane would destroy etcd: delete the TalosCluster instead")]
-    LastControlPlane,
-    /// The members left would be below quorum.
-    #[error("control planes {voters} -> {}, below etcd quorum of {quorum}", voters - 1)]
-    BelowQuorum {
-        /// Configured control planes now.
-        voters: usize,
-        /// etcd's quorum for them.
-        quorum: usize,
-    },
-}
-
 /// What one node's step came to.
 enum Verdict {
     /// This node is done: go on to the next.
     Next,
     /// Not yet.
     Wait {
+        reason: &'static str,
+        message: String,
+    },
+    /// The planner holds the next node before anything was sent to it: the lock is released
+    /// meanwhile, so the action that can end the hold (a replacement's removal, the removal of
+    /// the unhealthy member) is not locked out by this wait.
+    Held {
         reason: &'static str,
         message: String,
     },
@@ -742,24 +585,35 @@ impl Node<'_> {
     async fn advance(&self, mut step: NodeStep) -> Result<(NodeStep, Verdict), Error> {
         let action = self.operation.spec.action;
         if step.phase == OperationPhase::Pending || step.phase == OperationPhase::Waiting {
-            // Before touching a control plane: etcd must be healthy (all voters up).
-            if self.role == Role::ControlPlane
-                && let Err(problem) = etcd_health(self.machines, &self.credentials).await
-            {
-                step.phase = OperationPhase::Waiting;
-                step.message = Some(problem.to_string());
-                return Ok((
-                    step,
-                    Verdict::Wait {
-                        reason: reasons::ETCD_UNHEALTHY,
-                        message: format!("before {}: {problem}", self.machine.name_any()),
-                    },
-                ));
-            }
-            if action == OperationAction::Reset
-                && let Err(problem) = self.reset_keeps_quorum()
-            {
-                return Ok((step, fail(reasons::QUORUM_AT_RISK, problem.to_string())?));
+            // The planner, on every control plane's etcd member looked at now.
+            if let Some(disruption) = self.disruption() {
+                let plan = crate::observe::plan(
+                    self.ctx,
+                    self.machine,
+                    self.cluster,
+                    self.machines,
+                    &self.credentials,
+                    &disruption,
+                    PlanStage::Run,
+                )
+                .await?;
+                match plan {
+                    Plan::Proceed(_) => {}
+                    Plan::Wait(hold) => {
+                        step.phase = OperationPhase::Waiting;
+                        step.message = Some(hold.message());
+                        return Ok((
+                            step,
+                            Verdict::Held {
+                                reason: hold.reason(),
+                                message: format!("before {}: {hold}", self.machine.name_any()),
+                            },
+                        ));
+                    }
+                    Plan::Refuse(refusal) => {
+                        return Ok((step, fail(refusal.reason(), refusal.message())?));
+                    }
+                }
             }
             let Some(client) = up(&self.address, &self.credentials).await else {
                 step.phase = OperationPhase::Waiting;
@@ -771,6 +625,13 @@ impl Node<'_> {
                     )?,
                 ));
             };
+            if action == OperationAction::Reset
+                && let Some((reason, message)) = self.take_node_away().await?
+            {
+                step.phase = OperationPhase::Waiting;
+                step.message = Some(message.clone());
+                return Ok((step, Verdict::Wait { reason, message }));
+            }
             step.version_before = client.version().await.ok();
             step.phase = OperationPhase::Running;
             step.message = Some(format!("{action:?}: sending"));
@@ -805,26 +666,43 @@ impl Node<'_> {
         write(self.ctx, self.operation, &status).await
     }
 
-    /// For `reset` of a control plane: the members left must keep quorum.
-    fn reset_keeps_quorum(&self) -> Result<(), QuorumAtRisk> {
-        if self.role != Role::ControlPlane {
-            return Ok(());
+    /// The workload side of this node.
+    fn node(&self) -> workload::NodeSteps<'_> {
+        workload::NodeSteps {
+            ctx: self.ctx,
+            cluster: self.cluster,
+            machine: self.machine,
         }
-        let voters = self
-            .machines
-            .iter()
-            .filter(|m| configured(m) && is_control_plane(m))
-            .count();
-        if voters <= 1 {
-            return Err(QuorumAtRisk::LastControlPlane);
+    }
+
+    /// Before a reset, as before a removal: the Node is cordoned and drained. `Some` says what
+    /// it waits for.
+    async fn take_node_away(&self) -> Result<Option<(&'static str, String)>, Error> {
+        for outcome in [self.node().cordon().await?, self.node().drain().await?] {
+            if let workload::Outcome::Wait { reason, message } = outcome {
+                return Ok(Some((reason, message)));
+            }
         }
-        if voters - 1 < etcd_quorum(voters) {
-            return Err(QuorumAtRisk::BelowQuorum {
-                voters,
-                quorum: etcd_quorum(voters),
-            });
+        Ok(None)
+    }
+
+    /// What the action does to the node, as the planner judges it (`None`: nothing that can
+    /// cost etcd quorum).
+    fn disruption(&self) -> Option<Disruption> {
+        match self.operation.spec.action {
+            OperationAction::Reset => Some(Disruption::Reset {
+                operation: self.operation.name_any(),
+                allow_delete: annotation_true(
+                    self.operation.metadata.annotations.as_ref(),
+                    annotations::ALLOW_DELETE,
+                ),
+            }),
+            OperationAction::Reboot
+            | OperationAction::Upgrade
+            | OperationAction::EtcdDefrag
+            | OperationAction::UpgradeKubernetes => Some(Disruption::Restart),
+            OperationAction::EtcdSnapshot => None,
         }
-        Ok(())
     }
 
     /// Sends the action (looking first for its effect, after a restart). `Some` stops here.
@@ -1007,9 +885,15 @@ impl Node<'_> {
                     .await
                     .is_some()
                 {
+                    // As after a removal, the Node goes; then the machine forgets its config.
+                    if let workload::Outcome::Wait { reason, message } =
+                        self.node().delete().await?
+                    {
+                        return wait(reason, message);
+                    }
                     crate::machine::forget_config(self.ctx, self.machine).await?;
                     step.phase = OperationPhase::Succeeded;
-                    step.message = Some("reset: back in maintenance mode".into());
+                    step.message = Some("reset: back in maintenance mode, its Node deleted".into());
                     return Ok(Verdict::Next);
                 }
                 if since > NODE_PATIENCE {
@@ -1107,7 +991,6 @@ impl Node<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
 
     #[test]
     fn image_tags_give_the_version_to_verify() {
@@ -1121,28 +1004,5 @@ mod tests {
         );
         assert_eq!(image_version("registry.local:5000/installer"), None);
         assert_eq!(image_version("installer@sha256:abcd"), None);
-    }
-
-    #[test]
-    fn selectors_match_labels_and_expressions() {
-        let labels = BTreeMap::from([
-            ("pool".to_owned(), "a".to_owned()),
-            ("zone".to_owned(), "1".to_owned()),
-        ]);
-        let mut selector = LabelSelector {
-            match_labels: Some(BTreeMap::from([("pool".to_owned(), "a".to_owned())])),
-            match_expressions: None,
-        };
-        assert!(selects(&selector, &labels));
-        selector.match_expressions = Some(vec![LabelSelectorRequirement {
-            key: "zone".into(),
-            operator: "NotIn".into(),
-            values: Some(vec!["1".into()]),
-        }]);
-        assert!(!selects(&selector, &labels));
-        assert!(
-            selects(&LabelSelector::default(), &labels),
-            "empty selects all"
-        );
     }
 }

@@ -11,17 +11,16 @@ use ichor_api::common::Role;
 use ichor_api::machine::{MachinePhase, RemovalProgress, RemovalStep, TalosMachineStatus};
 use ichor_api::names::{actions, annotations, conditions, finalizers, reasons};
 use ichor_api::{TalosCluster, TalosMachine};
-use ichor_deleteguard::{Cluster, Machine, RemovalVerdict, check_machine_removal};
+use ichor_deleteguard::{Cluster, Disruption, Machine, Stage, Verdict};
 use ichor_deleteguard::{next_removal_step, removal_completes_transition};
 use ichor_talos::{ResetOptions, TalosClient};
-use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::ResourceExt as _;
-use kube::api::{Api, DeleteParams, EvictParams, ListParams, Patch, PatchParams};
+use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use serde_json::json;
 
-use crate::{Context, Error, conditions as cond, lock, secrets};
+use crate::{Context, Error, conditions as cond, lock, secrets, workload};
 
 fn machines_api(ctx: &Context, machine: &TalosMachine) -> Api<TalosMachine> {
     Api::namespaced(ctx.client.clone(), &machine.namespace().unwrap_or_default())
@@ -93,26 +92,6 @@ async fn waiting(
         .await;
     }
     Ok(Action::requeue(ctx.settings.progress_requeue))
-}
-
-/// The workload cluster's client, from the published kubeconfig Secret.
-pub async fn workload_client(ctx: &Context, cluster: &TalosCluster) -> Option<kube::Client> {
-    let namespace = cluster.namespace().unwrap_or_default();
-    let name = cluster.status.as_ref()?.kubeconfig_secret.clone()?;
-    let text = secrets::read(&ctx.client, &namespace, &name, secrets::KUBECONFIG_KEY)
-        .await
-        .ok()??;
-    let kubeconfig = kube::config::Kubeconfig::from_yaml(&text).ok()?;
-    let mut config = kube::Config::from_custom_kubeconfig(
-        kubeconfig,
-        &kube::config::KubeConfigOptions::default(),
-    )
-    .await
-    .ok()?;
-    // An eviction a PodDisruptionBudget refuses answers 429: the drain must see it at once
-    // (and report it), not have the client retry it with backoff.
-    config.default_retry = false;
-    kube::Client::try_from(config).ok()
 }
 
 /// What the removal of one machine needs, read once per reconcile.
@@ -206,21 +185,6 @@ pub async fn reconcile(ctx: &Context, cached: &TalosMachine) -> Result<Action, E
         .await;
     }
     let role = machine.spec.role.unwrap_or(Role::Worker);
-    if done_step == RemovalStep::Pending {
-        match check_machine_removal(&target, &inputs, &guard_cluster) {
-            RemovalVerdict::Proceed => {}
-            verdict => {
-                let reason = verdict
-                    .reason()
-                    .unwrap_or(reasons::QUORUM_AT_RISK)
-                    .to_owned();
-                let message = verdict.message().unwrap_or_default();
-                // Not ours to go yet: let other actions have the lock meanwhile.
-                lock::release(ctx, &cluster, &holder).await?;
-                return waiting(ctx, machine, status, &reason, message).await;
-            }
-        }
-    }
     let next = next_removal_step(done_step, role);
     let bundle = match secrets::bundle(&ctx.client, &cluster).await? {
         Ok(b) => b,
@@ -235,6 +199,47 @@ pub async fn reconcile(ctx: &Context, cached: &TalosMachine) -> Result<Action, E
             .await;
         }
     };
+    let credentials = crate::credentials(&bundle)?;
+    // The planner decides before the removal starts and again right before the etcd leave.
+    let stage = match (done_step, next) {
+        (RemovalStep::Pending, _) => Some(Stage::Run),
+        (_, RemovalStep::EtcdLeft) => Some(Stage::Act),
+        _ => None,
+    };
+    if let Some(stage) = stage {
+        let verdict = crate::observe::plan(
+            ctx,
+            machine,
+            &cluster,
+            &all,
+            &credentials,
+            &Disruption::Delete,
+            stage,
+        )
+        .await?;
+        match verdict {
+            Verdict::Proceed(why) if stage == Stage::Run => {
+                ctx.event(
+                    machine,
+                    EventType::Normal,
+                    reasons::REMOVAL,
+                    actions::REMOVE,
+                    format!("the removal starts: {why}"),
+                )
+                .await;
+            }
+            Verdict::Proceed(_) => {}
+            verdict => {
+                let reason = verdict.reason().unwrap_or(reasons::QUORUM_AT_RISK);
+                let message = verdict.message().unwrap_or_default();
+                if stage == Stage::Run {
+                    // Not ours to go yet: let other actions have the lock meanwhile.
+                    lock::release(ctx, &cluster, &holder).await?;
+                }
+                return waiting(ctx, machine, status, reason, message).await;
+            }
+        }
+    }
     let scene = Scene {
         ctx,
         machine,
@@ -245,7 +250,7 @@ pub async fn reconcile(ctx: &Context, cached: &TalosMachine) -> Result<Action, E
             .clone()
             .or_else(|| machine.spec.endpoints.first().cloned())
             .unwrap_or_default(),
-        credentials: crate::credentials(&bundle)?,
+        credentials,
         force: machine
             .annotations()
             .get(annotations::FORCE_REMOVE)
@@ -320,108 +325,27 @@ pub fn holder(machine: &TalosMachine) -> String {
 }
 
 impl Scene<'_> {
-    fn node_name(&self) -> String {
-        self.status.node_name.clone().unwrap_or_default()
-    }
-
-    async fn workload(&self) -> Option<kube::Client> {
-        workload_client(self.ctx, &self.cluster).await
-    }
-
-    fn no_workload() -> Result<Step, Error> {
-        wait(
-            reasons::NODE_UNREACHABLE,
-            "the workload cluster's API cannot be reached (kubeconfig Secret missing or API down)",
-        )
+    /// The workload side of this machine's node.
+    fn node(&self) -> workload::NodeSteps<'_> {
+        workload::NodeSteps {
+            ctx: self.ctx,
+            cluster: &self.cluster,
+            machine: self.machine,
+        }
     }
 
     async fn cordon(&self) -> Result<Step, Error> {
         if self.teardown {
             return done("cordon skipped: the cluster is being deleted");
         }
-        let Some(workload) = self.workload().await else {
-            return Self::no_workload();
-        };
-        let node_name = self.node_name();
-        let nodes: Api<Node> = Api::all(workload);
-        if nodes.get_opt(&node_name).await?.is_some() {
-            nodes
-                .patch(
-                    &node_name,
-                    &PatchParams::default(),
-                    &Patch::Merge(json!({"spec": {"unschedulable": true}})),
-                )
-                .await?;
-        }
-        done(format!("cordoned Node {node_name}"))
+        Ok(self.node().cordon().await?.into())
     }
 
     async fn drain(&self) -> Result<Step, Error> {
         if self.teardown {
             return done("drain skipped: the cluster is being deleted");
         }
-        let Some(workload) = self.workload().await else {
-            return Self::no_workload();
-        };
-        let skip_drain = self
-            .machine
-            .annotations()
-            .get(annotations::SKIP_DRAIN)
-            .map(String::as_str)
-            == Some(annotations::TRUE);
-        let node_name = self.node_name();
-        let pods: Api<Pod> = Api::all(workload.clone());
-        let on_node = |pods: Vec<Pod>| -> Vec<Pod> {
-            pods.into_iter()
-                .filter(|p| {
-                    let owners = p.metadata.owner_references.clone().unwrap_or_default();
-                    let daemon = owners.iter().any(|o| o.kind == "DaemonSet");
-                    let mirror = p.annotations().contains_key("kubernetes.io/config.mirror");
-                    !daemon && !mirror && p.metadata.deletion_timestamp.is_none()
-                })
-                .collect()
-        };
-        let fields = ListParams::default().fields(&format!("spec.nodeName={node_name}"));
-        let evictable = on_node(pods.list(&fields).await?.items);
-        let mut blocked = Vec::new();
-        for pod in &evictable {
-            let api: Api<Pod> =
-                Api::namespaced(workload.clone(), &pod.namespace().unwrap_or_default());
-            match api.evict(&pod.name_any(), &EvictParams::default()).await {
-                Ok(_) => {}
-                // A PodDisruptionBudget refuses the eviction with TooManyRequests (429).
-                Err(kube::Error::Api(s))
-                    if s.reason == kube::core::response::reason::TOO_MANY_REQUESTS =>
-                {
-                    blocked.push(pod.name_any());
-                }
-                Err(kube::Error::Api(s)) if s.is_not_found() => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
-        if skip_drain {
-            return done(format!(
-                "drain of Node {node_name} skipped by {}",
-                annotations::SKIP_DRAIN
-            ));
-        }
-        if !blocked.is_empty() {
-            return wait(
-                reasons::DRAIN_BLOCKED,
-                format!(
-                    "evicting {} is refused by a PodDisruptionBudget; it retries, or set {}=true to continue without draining",
-                    blocked.join(", "),
-                    annotations::SKIP_DRAIN
-                ),
-            );
-        }
-        if !evictable.is_empty() && !on_node(pods.list(&fields).await?.items).is_empty() {
-            return wait(
-                reasons::DRAINING,
-                format!("waiting for pods to leave Node {node_name}"),
-            );
-        }
-        done(format!("drained Node {node_name}"))
+        Ok(self.node().drain().await?.into())
     }
 
     /// The member id recorded while the machine was followed.
@@ -668,17 +592,22 @@ impl Scene<'_> {
         if self.teardown {
             return done("Node deletion skipped: the cluster is being deleted");
         }
-        let Some(workload) = self.workload().await else {
-            return Self::no_workload();
-        };
-        let node_name = self.node_name();
-        let nodes: Api<Node> = Api::all(workload);
-        match nodes.delete(&node_name, &DeleteParams::default()).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.is_not_found() => {}
-            Err(e) => return Err(e.into()),
+        Ok(self.node().delete().await?.into())
+    }
+}
+
+impl From<workload::Outcome> for Step {
+    fn from(outcome: workload::Outcome) -> Self {
+        match outcome {
+            workload::Outcome::Done(message) => Self::Done {
+                message,
+                reset_skipped: false,
+            },
+            workload::Outcome::Wait { reason, message } => Self::Wait {
+                reason: reason.to_owned(),
+                message,
+            },
         }
-        done(format!("deleted Node {node_name}"))
     }
 }
 

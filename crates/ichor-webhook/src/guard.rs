@@ -1,16 +1,21 @@
-//! Admission decisions on live state: reads the cluster's machines, applies
-//! `ichor-deleteguard`, and reserves an admitted control-plane removal on the TalosCluster with
-//! a write guarded by `resourceVersion`, so concurrent deletes are serialized (ADR 7).
+//! Admission decisions on live state: reads the cluster's machines as the manager recorded them
+//! (etcd observations with their times; a stale one counts as unhealthy), applies the planner's
+//! rules of `ichor-deleteguard`, and reserves an admitted control-plane removal on the
+//! TalosCluster with a write guarded by `resourceVersion`, so concurrent deletes are serialized
+//! (ADR 7). A TalosOperation that resets or reboots is checked at its creation: a reset's
+//! targets as if they were deleted one after another, a reboot's each against the cluster as
+//! it is.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use ichor_api::names::{annotations, reasons};
+use ichor_api::operation::{OperationAction, TalosOperation};
 use ichor_api::{TalosCluster, TalosMachine};
 use ichor_deleteguard::{
-    Cluster, Machine, check_cluster_delete, check_machine_delete, check_machine_update,
-    control_plane_counts,
+    Cluster, Disruption, Machine, annotation_true, check_cluster_delete, check_machine_delete,
+    check_machine_update, check_targets, control_plane_counts,
 };
 use kube::api::{Api, ListParams, PostParams};
 use kube::core::DynamicObject;
@@ -149,6 +154,16 @@ impl Guard {
                     },
                 )
             }
+            ("TalosOperation", Operation::Create) => {
+                let operation: TalosOperation = decode(request.object.as_ref(), "object")?;
+                let namespace = operation
+                    .metadata
+                    .namespace
+                    .clone()
+                    .or_else(|| request.namespace.clone())
+                    .unwrap_or_default();
+                self.operation_create(&operation, &namespace).await
+            }
             ("TalosCluster", Operation::Delete) => {
                 let cluster: TalosCluster = decode(request.old_object.as_ref(), "oldObject")?;
                 Ok(match check_cluster_delete(&Cluster::from(&cluster)) {
@@ -199,10 +214,13 @@ impl Guard {
                     input
                 })
                 .collect();
-            let guard_cluster = cluster.as_ref().map_or_else(
-                || Cluster::new(cluster_name.clone(), 0).in_namespace(namespace.clone()),
-                Cluster::from,
-            );
+            let guard_cluster = cluster
+                .as_ref()
+                .map_or_else(
+                    || Cluster::new(cluster_name.clone(), 0).in_namespace(namespace.clone()),
+                    Cluster::from,
+                )
+                .at(i64::try_from(now).unwrap_or(i64::MAX));
             let me = Machine::from(target);
             if let Err(refusal) = check_machine_delete(&me, &inputs, &guard_cluster) {
                 return Ok(Decision::deny(refusal.reason(), refusal.message()));
@@ -241,6 +259,54 @@ impl Guard {
             }
         }
         Err(GuardError::Contended)
+    }
+}
+
+impl Guard {
+    /// A TalosOperation's creation: a reset's targets are checked as deletes one after
+    /// another, a reboot's or an upgrade's each as a restart, by the planner's rules at the
+    /// door on the machines as recorded. Other actions, and operations whose cluster or targets
+    /// do not resolve (the manager reports those), are admitted.
+    async fn operation_create(
+        &self,
+        operation: &TalosOperation,
+        namespace: &str,
+    ) -> Result<Decision, GuardError> {
+        let disruption = match operation.spec.action {
+            OperationAction::Reset => Disruption::Reset {
+                operation: operation.metadata.name.clone().unwrap_or_default(),
+                allow_delete: annotation_true(
+                    operation.metadata.annotations.as_ref(),
+                    annotations::ALLOW_DELETE,
+                ),
+            },
+            OperationAction::Reboot | OperationAction::Upgrade => Disruption::Restart,
+            _ => return Ok(Decision::Allow),
+        };
+        let cluster_name = &operation.spec.cluster_ref.name;
+        let clusters: Api<TalosCluster> = Api::namespaced(self.client.clone(), namespace);
+        let Some(cluster) = clusters.get_opt(cluster_name).await? else {
+            return Ok(Decision::Allow);
+        };
+        let machines: Vec<TalosMachine> =
+            Api::<TalosMachine>::namespaced(self.client.clone(), namespace)
+                .list(&ListParams::default())
+                .await?
+                .items
+                .into_iter()
+                .filter(|m| &m.spec.cluster_ref.name == cluster_name)
+                .collect();
+        let Ok(targets) = operation.spec.targets(&machines) else {
+            return Ok(Decision::Allow);
+        };
+        let names: Vec<&str> = targets.iter().map(String::as_str).collect();
+        let inputs: Vec<Machine> = machines.iter().map(Machine::from).collect();
+        let now = i64::try_from((self.clock)()).unwrap_or(i64::MAX);
+        let view = Cluster::from(&cluster).at(now);
+        Ok(match check_targets(&names, &inputs, &view, &disruption) {
+            Ok(()) => Decision::Allow,
+            Err(refusal) => Decision::deny(refusal.reason(), refusal.message()),
+        })
     }
 }
 

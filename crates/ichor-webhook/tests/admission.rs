@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use ichor_api::common::Role as MachineRole;
 use ichor_api::machine::ApprovalState;
-use ichor_api::names::annotations;
-use ichor_api::testing::MachineBuilder;
+use ichor_api::names::{annotations, reasons};
+use ichor_api::operation::{OperationAction, TalosOperation};
+use ichor_api::testing::{MachineBuilder, OperationBuilder};
 use ichor_api::{TalosCluster, TalosMachine};
 use ichor_testenv::TestEnv;
 use ichor_webhook::certs::CA_CERT_KEY;
@@ -19,6 +20,8 @@ use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::rbac::v1::{
     ClusterRole, ClusterRoleBinding, Role, RoleBinding, RoleRef, Subject,
 };
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use kube::api::{
     ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
@@ -191,11 +194,19 @@ async fn create_machine(env: &TestEnv, ns: &str, machine: MachineBuilder, applie
         .await
         .expect("create machine");
     if applied {
+        // An applied control plane as the manager records it: a healthy etcd voter, observed
+        // now (the webhook counts a voter never observed, or observed too long ago, as
+        // unhealthy).
+        let etcd = (machine.spec.role == Some(MachineRole::ControlPlane)).then(
+            || json!({"voter": true, "healthy": true, "observedAt": Timestamp::now().to_string()}),
+        );
         machines
             .patch_status(
                 &name,
                 &PatchParams::default(),
-                &Patch::Merge(json!({"status": {"appliedConfigHash": "sha256:0123"}})),
+                &Patch::Merge(
+                    json!({"status": {"appliedConfigHash": "sha256:0123", "etcd": etcd}}),
+                ),
             )
             .await
             .expect("status");
@@ -383,4 +394,97 @@ async fn futures_join(machines: &Api<DynamicObject>) -> Vec<Result<(), String>> 
         delete(machines, "cp-3")
     );
     vec![a, b, c]
+}
+
+/// Creates `operation`; the refusal's reason and message, if refused.
+async fn create_operation(
+    operations: &Api<DynamicObject>,
+    operation: OperationBuilder,
+) -> Result<(), (String, String)> {
+    let object: DynamicObject = serde_json::from_value(operation.json()).expect("operation");
+    match operations.create(&PostParams::default(), &object).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) => Err((status.reason, status.message)),
+        Err(other) => Err((String::new(), other.to_string())),
+    }
+}
+
+#[tokio::test]
+async fn resets_and_reboots_that_would_break_etcd_are_refused_at_the_door() {
+    let (env, ns, running) = setup().await;
+    create_cluster(&env, &ns, 3).await;
+    for i in 1..=5 {
+        let pool = if i <= 3 { "a" } else { "b" };
+        create_machine(
+            &env,
+            &ns,
+            TalosMachine::test(&format!("cp-{i}"))
+                .control_plane()
+                .approved()
+                .label("pool", pool),
+            true,
+        )
+        .await;
+    }
+    let operations = api(&env, &ns, "TalosOperation");
+
+    // Every control plane, one after another: the fourth would take etcd 2 -> 1.
+    let every = TalosOperation::test("wipe-every", OperationAction::Reset)
+        .cluster("lab")
+        .all()
+        .allow_delete();
+    let (reason, message) = create_operation(&operations, every)
+        .await
+        .expect_err("a reset of all five control planes");
+    assert_eq!(reason, reasons::QUORUM_AT_RISK, "{message}");
+    assert!(message.contains("cp-4"), "{message}");
+
+    // A control plane's reset needs the annotation on the operation.
+    let unannotated = TalosOperation::test("wipe-one", OperationAction::Reset)
+        .cluster("lab")
+        .machine("cp-1");
+    let (reason, message) = create_operation(&operations, unannotated)
+        .await
+        .expect_err("no annotation");
+    assert_eq!(reason, reasons::ALLOW_DELETE_REQUIRED, "{message}");
+    assert!(message.contains("talosoperation wipe-one"), "{message}");
+
+    // Three of five, annotated: each step keeps quorum (the declared count is the manager's).
+    let three = TalosOperation::test("wipe-three", OperationAction::Reset)
+        .cluster("lab")
+        .selector(LabelSelector {
+            match_labels: Some([("pool".to_owned(), "a".to_owned())].into()),
+            match_expressions: None,
+        })
+        .allow_delete();
+    create_operation(&operations, three)
+        .await
+        .expect("5 -> 4 -> 3 -> 2 keeps quorum at each step");
+
+    // cp-5 observed unhealthy: no healthy control plane is rebooted meanwhile.
+    api(&env, &ns, "TalosMachine")
+        .patch_status(
+            "cp-5",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"etcd": {
+                "voter": true, "healthy": false, "observedAt": Timestamp::now().to_string()
+            }}})),
+        )
+        .await
+        .expect("status");
+    let reboot = TalosOperation::test("reboot-cp-1", OperationAction::Reboot)
+        .cluster("lab")
+        .machine("cp-1");
+    let (reason, message) = create_operation(&operations, reboot)
+        .await
+        .expect_err("cp-5 is unhealthy");
+    assert_eq!(reason, reasons::ETCD_UNHEALTHY, "{message}");
+    assert!(message.contains("cp-5"), "{message}");
+    let heal = TalosOperation::test("reboot-cp-5", OperationAction::Reboot)
+        .cluster("lab")
+        .machine("cp-5");
+    create_operation(&operations, heal)
+        .await
+        .expect("rebooting the unhealthy one itself keeps a healthy quorum");
+    running.stop().await;
 }
