@@ -293,7 +293,7 @@ pub(crate) fn start_etcd(
         match etcd_listening(&mut etcd, etcd_port) {
             Ok(()) => return Ok((etcd, etcd_url)),
             Err(log) if log.contains("address already in use") && attempt < ETCD_ATTEMPTS => {
-                etcd.kill();
+                etcd.discard(pgids).map_err(Error::io("start etcd"))?;
                 attempt += 1;
             }
             Err(log) => return Err(Error::Startup(log)),

@@ -148,6 +148,20 @@ impl Supervised {
         }
         let _ = self.child.wait();
     }
+
+    /// Stops the process and takes its group out of `pgids`, for a start that is given up and
+    /// tried again: a group that no longer exists must not stay listed, since its id may be
+    /// another process's by the time the watchdog kills what is listed.
+    pub fn discard(mut self, pgids: &Path) -> io::Result<()> {
+        self.kill();
+        let gone = self.child.id().to_string();
+        let kept: String = std::fs::read_to_string(pgids)?
+            .lines()
+            .filter(|line| line.trim() != gone)
+            .map(|line| format!("{line}\n"))
+            .collect();
+        std::fs::write(pgids, kept)
+    }
 }
 
 impl Drop for Supervised {
@@ -192,5 +206,35 @@ impl Drop for Watchdog {
     fn drop(&mut self) {
         drop(self.pipe.take());
         let _ = self.child.wait();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_discarded_start_is_taken_out_of_the_pgids_file() {
+        let dir = tempfile::tempdir().expect("a folder");
+        let pgids = dir.path().join(PGIDS_FILE);
+        std::fs::write(&pgids, "1\n").expect("an earlier group");
+        let spec = || ChildSpec {
+            program: "sleep".into(),
+            args: vec!["30".into()],
+            log: dir.path().join("sleep.log"),
+            env: Vec::new(),
+        };
+        let kept = Supervised::start("kept", spec(), &pgids).expect("start");
+        let given_up = Supervised::start("given up", spec(), &pgids).expect("start");
+        let gone = given_up.pid();
+        given_up.discard(&pgids).expect("discard");
+        let listed = std::fs::read_to_string(&pgids).expect("pgids");
+        assert_eq!(listed, format!("1\n{}\n", kept.pid()));
+        assert!(
+            !Path::new(&format!("/proc/{gone}")).exists()
+                || std::fs::read_to_string(format!("/proc/{gone}/stat"))
+                    .is_ok_and(|stat| stat.contains(") Z")),
+            "the given-up process is stopped"
+        );
     }
 }
