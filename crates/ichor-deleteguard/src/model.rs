@@ -366,18 +366,20 @@ pub fn control_plane_counts(target: &Machine, machines: &[Machine]) -> ControlPl
 mod tests {
     use super::*;
 
-    fn machine_object(object: serde_json::Value) -> TalosMachine {
-        serde_json::from_value(object).expect("TalosMachine")
+    use ichor_api::machine::{EtcdObservation, RemovalProgress, TalosMachineStatus};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    fn deleted_at(text: &str) -> Option<Time> {
+        Some(Time(text.parse().expect("a timestamp")))
     }
 
     #[test]
     fn reads_a_live_machine() {
-        let tm = machine_object(serde_json::json!({
-            "apiVersion": "ichor.maesh.dev/v1alpha1",
-            "kind": "TalosMachine",
-            "metadata": {"name": "cp-1", "namespace": "infra"},
-            "spec": {"clusterRef": {"name": "prod"}, "role": "controlplane", "approvalState": "approved"},
-        }));
+        let tm = TalosMachine::test("cp-1")
+            .namespace("infra")
+            .control_plane()
+            .approved()
+            .build();
         assert_eq!(
             Machine::from(&tm),
             Machine::new("cp-1")
@@ -386,17 +388,26 @@ mod tests {
                 .approved()
         );
 
-        let tm = machine_object(serde_json::json!({
-            "apiVersion": "ichor.maesh.dev/v1alpha1",
-            "kind": "TalosMachine",
-            "metadata": {
-                "name": "cp-1",
-                "deletionTimestamp": "2025-01-01T00:00:00Z",
-                "annotations": {"ichor.maesh.dev/allow-delete": "true"},
-            },
-            "spec": {"clusterRef": {"name": "prod"}, "role": "controlplane", "approvalState": "rejected"},
-            "status": {"appliedConfigHash": "abc"},
-        }));
+        let mut tm = TalosMachine::test("cp-1")
+            .control_plane()
+            .rejected()
+            .allow_delete()
+            .annotation(annotations::FORCE_REMOVE, annotations::TRUE)
+            .status(TalosMachineStatus {
+                applied_config_hash: Some("abc".into()),
+                etcd: Some(EtcdObservation {
+                    voter: true,
+                    healthy: false,
+                    observed_at: Time("2025-01-01T00:01:40Z".parse().expect("a timestamp")),
+                }),
+                removal: Some(RemovalProgress {
+                    step: RemovalStep::EtcdLeft,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })
+            .build();
+        tm.metadata.deletion_timestamp = deleted_at("2025-01-01T00:00:00Z");
         assert_eq!(
             Machine::from(&tm),
             Machine::new("cp-1")
@@ -405,6 +416,9 @@ mod tests {
                 .config_applied()
                 .being_deleted()
                 .allowing_delete()
+                .forcing_removal()
+                .observed(Observation::unhealthy_voter(1_735_689_700))
+                .having_left_etcd()
         );
     }
 
@@ -424,23 +438,12 @@ mod tests {
 
     #[test]
     fn reads_a_live_cluster() {
-        let tc: TalosCluster = serde_json::from_value(serde_json::json!({
-            "apiVersion": "ichor.maesh.dev/v1alpha1",
-            "kind": "TalosCluster",
-            "metadata": {
-                "name": "prod",
-                "namespace": "infra",
-                "deletionTimestamp": "2025-01-01T00:00:00Z",
-                "annotations": {"ichor.maesh.dev/allow-delete": "true"},
-            },
-            "spec": {
-                "talosVersion": "v1.14.0",
-                "kubernetesVersion": "1.36.0",
-                "endpoint": "https://10.0.0.10:6443",
-                "controlPlane": {"count": 3},
-            },
-        }))
-        .expect("TalosCluster");
+        let mut tc = TalosCluster::test("prod")
+            .namespace("infra")
+            .control_planes(3)
+            .allow_delete()
+            .build();
+        tc.metadata.deletion_timestamp = deleted_at("2025-01-01T00:00:00Z");
         assert_eq!(
             Cluster::from(&tc),
             Cluster::new("prod", 3)
