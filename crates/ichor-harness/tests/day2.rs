@@ -1207,7 +1207,7 @@ async fn a_reset_is_checked_at_the_door_and_stops_at_the_declared_count() {
     )
     .await;
     assert_eq!(reason, reasons::AWAITING_REPLACEMENT, "{status:?}");
-    assert_eq!(status.phase, OperationPhase::Running, "{status:?}");
+    assert_eq!(status.phase, OperationPhase::Waiting, "{status:?}");
     let mut selected = names[2..].to_vec();
     selected.sort();
     let steps: Vec<(&str, OperationPhase)> = status

@@ -332,9 +332,11 @@ async fn reconcile_inner(operation: &TalosOperation, ctx: &Context) -> Result<Ac
             .await;
         }
     }
-    if status.phase != OperationPhase::Running {
-        status.phase = OperationPhase::Running;
-        status.started_at.get_or_insert_with(|| ctx.now());
+    // Waiting (for the lock, or held by the planner) and running again: only the first start
+    // is recorded and announced.
+    status.phase = OperationPhase::Running;
+    if status.started_at.is_none() {
+        status.started_at = Some(ctx.now());
         if operation.spec.action == OperationAction::UpgradeKubernetes {
             set_kubernetes_version(ctx, operation, &cluster).await?;
         }
