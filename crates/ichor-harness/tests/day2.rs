@@ -960,7 +960,19 @@ async fn a_seeded_random_sequence_keeps_quorum_end_to_end() {
             })
             .collect();
         let choice = rng.below(3);
-        match choice {
+        // What shows that the manager has picked the step up, so `settled` is not judged on
+        // the state from before it.
+        enum PickedUp {
+            /// Nothing changed (a refused deletion).
+            Nothing,
+            /// The machine `name`, approved, has left the Pending phase.
+            Approved(String),
+            /// The machine `name` (with this uid) is being removed, or gone.
+            Removing(String, String),
+            /// The operation `name` has a status.
+            Operation(String),
+        }
+        let picked_up = match choice {
             0 if !pending.is_empty() => {
                 let m = pending[rng.below(pending.len())];
                 let cp = rng.below(3) > 0;
@@ -969,6 +981,7 @@ async fn a_seeded_random_sequence_keeps_quorum_end_to_end() {
                 specs::approve(&target, &address, cp, &format!("r-{step}"))
                     .await
                     .expect("approve");
+                PickedUp::Approved(m.name_any())
             }
             1 | 0 if !live.is_empty() => {
                 let m = live[rng.below(live.len())];
@@ -982,20 +995,74 @@ async fn a_seeded_random_sequence_keeps_quorum_end_to_end() {
                         Err(e) => format!("refused: {e}"),
                     }
                 ));
+                match outcome {
+                    Ok(name) => PickedUp::Removing(name, m.uid().unwrap_or_default()),
+                    Err(_) => PickedUp::Nothing,
+                }
             }
             _ => {
                 trace.push(format!("step {step}: reboot every configured machine"));
+                let name = format!("reboot-{step}");
                 specs::create_operation(
                     &target,
-                    TalosOperation::test(&format!("reboot-{step}"), OperationAction::Reboot)
+                    TalosOperation::test(&name, OperationAction::Reboot)
                         .cluster(CLUSTER)
                         .all(),
                 )
                 .await
                 .expect("operation");
+                PickedUp::Operation(name)
             }
+        };
+        let operations: Api<TalosOperation> = Api::namespaced(target.client(), target.namespace());
+        let picked = try_eventually(
+            "the manager picked the step up",
+            Duration::from_secs(60),
+            || async {
+                match &picked_up {
+                    PickedUp::Nothing => Ok(()),
+                    PickedUp::Approved(name) => {
+                        let phase = machines
+                            .get(name)
+                            .await
+                            .map_err(|e| e.to_string())?
+                            .status
+                            .unwrap_or_default()
+                            .phase;
+                        if phase == ichor_api::machine::MachinePhase::Pending {
+                            Err(format!("{name} still {phase:?}"))
+                        } else {
+                            Ok(())
+                        }
+                    }
+                    PickedUp::Removing(name, uid) => {
+                        match machines.get_opt(name).await.map_err(|e| e.to_string())? {
+                            Some(m) if m.uid().as_ref() == Some(uid) => {
+                                let phase = m.status.unwrap_or_default().phase;
+                                if phase == ichor_api::machine::MachinePhase::Removing {
+                                    Ok(())
+                                } else {
+                                    Err(format!("{name} still {phase:?}"))
+                                }
+                            }
+                            // Gone (a machine found again since is another object).
+                            _ => Ok(()),
+                        }
+                    }
+                    PickedUp::Operation(name) => {
+                        let operation = operations.get(name).await.map_err(|e| e.to_string())?;
+                        operation
+                            .status
+                            .map(drop)
+                            .ok_or_else(|| format!("{name} has no status yet"))
+                    }
+                }
+            },
+        )
+        .await;
+        if let Err(error) = picked {
+            panic!("{error}\n{}\n{}", trace.join("\n"), state_summary(&target));
         }
-        tokio::time::sleep(Duration::from_secs(1)).await;
         if let Err(error) =
             try_eventually("settled", Duration::from_secs(150), || settled(&target)).await
         {

@@ -274,7 +274,7 @@ impl MachineService for Configured {
         let mut node = strong.lock().await;
         let config = control_plane_only(&node, "bootstrap")?;
         // The CRI waits for a pending unattended install (talos-facts §11.7).
-        if node.booted_at.elapsed() < node.timings.bootstrap_window || node.install_pending() {
+        if !node.bootstrap_available() {
             return Err(Status::failed_precondition(
                 "bootstrap is not available yet",
             ));
@@ -653,6 +653,7 @@ pub(crate) async fn etcd_service(node: Weak<Mutex<Node>>, timings: crate::Timing
         tokio::time::sleep(timings.tick).await;
         let Some(strong) = node.upgrade() else { return };
         let mut guard = strong.lock().await;
+        guard.shared.etcd_rounds.fetch_add(1, Ordering::SeqCst);
         let Some(config) = guard.running.clone() else {
             continue;
         };
@@ -728,6 +729,7 @@ pub(crate) async fn await_trustd(node: Weak<Mutex<Node>>, timings: crate::Timing
         let Some(config) = guard.persisted.clone() else {
             return;
         };
+        guard.shared.trustd_attempts.fetch_add(1, Ordering::SeqCst);
         let ready = {
             let net = network();
             net.control_plane_at(&config.endpoint_host, &config.cluster_identity())

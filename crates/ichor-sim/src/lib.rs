@@ -608,6 +608,32 @@ impl SimNode {
         self.node.lock().await.stage
     }
 
+    /// Whether the node is powered on. A crash or a power-off (a shutdown, a reset without
+    /// reboot) turns it off until [`SimNode::restart`] or [`SimNode::reboot`]; nothing else
+    /// powers it on, and an unpowered node does not boot.
+    pub async fn is_powered(&self) -> bool {
+        self.node.lock().await.powered
+    }
+
+    /// Whether Bootstrap is available on this boot: its not-ready window has passed and no
+    /// unattended install holds it (talos-facts §5, §11.7).
+    pub async fn bootstrap_available(&self) -> bool {
+        self.node.lock().await.bootstrap_available()
+    }
+
+    /// How many rounds this control plane's etcd service has begun since the node was spawned
+    /// (each looks for a cluster to join, or promotes a learner): a test's proof that the
+    /// service looked again.
+    pub fn etcd_rounds(&self) -> usize {
+        self.shared.etcd_rounds.load(Ordering::SeqCst)
+    }
+
+    /// How many times this worker has begun asking trustd for its certificate since the node
+    /// was spawned: a test's proof that it tried again.
+    pub fn trustd_attempts(&self) -> usize {
+        self.shared.trustd_attempts.load(Ordering::SeqCst)
+    }
+
     /// The Talos version it runs.
     pub fn talos_version(&self) -> String {
         self.shared.talos_version()
@@ -679,6 +705,13 @@ impl Node {
     /// Whether the unattended install waits for a disk (talos-facts §11.7).
     pub(crate) fn install_pending(&self) -> bool {
         matches!(self.unattended, Some((_, InstallPhase::Pending)))
+    }
+
+    /// Whether Bootstrap is available as far as this boot goes: the CRI is up (the not-ready
+    /// window after boot has passed) and no unattended install holds it (talos-facts §5,
+    /// §11.7).
+    pub(crate) fn bootstrap_available(&self) -> bool {
+        self.booted_at.elapsed() >= self.timings.bootstrap_window && !self.install_pending()
     }
 
     /// The hostname: configured, or derived from the hardware as Talos derives a stable

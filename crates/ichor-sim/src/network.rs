@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock, Mutex as StdMutex, MutexGuard};
 use std::time::Duration;
 
@@ -29,6 +29,10 @@ pub(crate) struct Shared {
     pub(crate) upgrade_rollback: AtomicBool,
     /// Fault: config changes need a reboot (`NO_REBOOT` refused).
     pub(crate) require_reboot: AtomicBool,
+    /// How many rounds its etcd service has begun (control planes; for tests).
+    pub(crate) etcd_rounds: AtomicUsize,
+    /// How many times it has begun asking trustd for its certificate (workers; for tests).
+    pub(crate) trustd_attempts: AtomicUsize,
     /// The Talos version it runs (changes with upgrades).
     talos_version: StdMutex<String>,
     /// This boot's event log and boot id, readable without the node's lock (a call racing
@@ -48,6 +52,8 @@ impl Shared {
             fail_leave: AtomicBool::new(false),
             upgrade_rollback: AtomicBool::new(false),
             require_reboot: AtomicBool::new(false),
+            etcd_rounds: AtomicUsize::new(0),
+            trustd_attempts: AtomicUsize::new(0),
             boot: StdMutex::new((Arc::default(), String::new())),
         }
     }

@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use ichor_api::common::Role;
-use ichor_sim::{Fault, Hardware, SimNode};
+use ichor_sim::{Fault, Hardware, SimNode, Timings};
 use ichor_talos::{Bootstrapped, TalosClient};
 use ichor_testenv::wait::eventually;
 use support::{NodeConfig, WAIT, admin, bundle_for, node_config};
@@ -196,7 +196,23 @@ async fn a_second_bootstrap_elsewhere_creates_a_second_cluster() {
     );
     assert_eq!(a.expect("first"), Bootstrapped::Now);
     assert_eq!(b.expect("second"), Bootstrapped::Now);
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Each etcd service looks again for long enough that discovery would have shown it the
+    // other cluster (every round waits a tick first), and then once more: a merge would have
+    // happened by now.
+    let timings = Timings::default();
+    let discovery_rounds = timings
+        .discovery
+        .as_nanos()
+        .div_ceil(timings.tick.as_nanos());
+    let rounds = usize::try_from(discovery_rounds).expect("a round count") + 2;
+    let since: Vec<usize> = nodes.iter().map(|(node, _)| node.etcd_rounds()).collect();
+    eventually("both etcd services looked again", WAIT, || async {
+        nodes
+            .iter()
+            .zip(&since)
+            .all(|((node, _), since)| node.etcd_rounds() >= since + rounds)
+    })
+    .await;
     assert_eq!(voters(&nodes[0].1).await, ["cp-1"]);
     assert_eq!(voters(&nodes[1].1).await, ["cp-2"]);
     stop_all(nodes).await;

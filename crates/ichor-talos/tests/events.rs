@@ -252,8 +252,12 @@ async fn a_reset_without_reboot_powers_off_until_powered_on() {
             .any(|s| matches!(s, Seen::Restart(r) if r.cmd == 0x4321_fedc)),
         "power off: {seen:?}"
     );
-    eventually("off", WAIT, || async { !node.is_serving().await }).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The reset's end is where the simulator brings a node back or leaves it off: once the
+    // node is reported powered off, that decision is made, and an unpowered node does not boot.
+    eventually("powered off (or back)", WAIT, || async {
+        !node.is_powered().await || node.is_serving().await
+    })
+    .await;
     assert!(!node.is_serving().await, "it stays off");
     node.restart().await.expect("power on");
     TalosClient::connect_maintenance(&node.addr().to_string(), &node.fingerprint())

@@ -58,6 +58,16 @@ async fn configured(net: u8, host: u8, config: &str) -> SimNode {
     .expect("start")
 }
 
+/// Waits until `worker` has begun two more attempts at its certificate from trustd than
+/// `since` (the second began after the first had ended, so it saw the cluster as it was when
+/// `since` was read), or has its API (and tries no more).
+async fn two_more_trustd_attempts(worker: &SimNode, since: usize) {
+    eventually("two more trustd attempts", WAIT, || async {
+        worker.trustd_attempts() >= since + 2 || worker.is_serving().await
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn a_worker_gets_its_api_only_after_bootstrap_through_the_endpoint_with_its_token() {
     let b = bundle_for(40);
@@ -68,7 +78,7 @@ async fn a_worker_gets_its_api_only_after_bootstrap_through_the_endpoint_with_it
     let stranger = configured(40, 3, &worker_config(&wrong_token, "127.0.40.1")).await;
     let lost = configured(40, 4, &worker_config(&b, "127.0.40.99")).await;
 
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    two_more_trustd_attempts(&worker, worker.trustd_attempts()).await;
     assert!(
         !worker.is_serving().await,
         "no API before the cluster is bootstrapped"
@@ -90,7 +100,10 @@ async fn a_worker_gets_its_api_only_after_bootstrap_through_the_endpoint_with_it
         .expect_err("etcd lives on control planes");
     assert_eq!(err.code(), Some(tonic::Code::Unimplemented), "{err}");
 
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The cluster is bootstrapped and trustd answers (the worker got its API).
+    let (stranger_since, lost_since) = (stranger.trustd_attempts(), lost.trustd_attempts());
+    two_more_trustd_attempts(&stranger, stranger_since).await;
+    two_more_trustd_attempts(&lost, lost_since).await;
     assert!(!stranger.is_serving().await, "trustd refuses a wrong token");
     assert!(
         !lost.is_serving().await,
@@ -452,7 +465,11 @@ async fn a_reply_gate_holds_the_answer_after_the_node_acted() {
     let b = bundle_for(49);
     let cp = configured(49, 1, &cp_config(&b, 49, "flannel", "v1.14.1")).await;
     let client = admin(&b, cp.addr()).await;
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    // A Bootstrap refused inside the not-ready window would reach the reply gate too.
+    eventually("bootstrap available", WAIT, || async {
+        cp.bootstrap_available().await
+    })
+    .await;
     let gate = cp.gate_reply("Bootstrap");
     let call = tokio::spawn({
         let client = client.clone();
