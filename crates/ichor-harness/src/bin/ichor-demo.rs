@@ -96,6 +96,10 @@ async fn run(options: Options) -> Result<(), String> {
         .await
         .map_err(|e| e.to_string())?;
     std::fs::create_dir_all(&options.out).map_err(|e| e.to_string())?;
+    // The README's block writes the talosconfig here; one left by an earlier demo belongs to a
+    // cluster that is gone, and would refuse the new one.
+    let talosconfig = options.out.join("talosconfig");
+    let _ = std::fs::remove_file(&talosconfig);
     let kubeconfig = options.out.join("kubeconfig");
     std::fs::write(&kubeconfig, target.kubeconfig()).map_err(|e| e.to_string())?;
     let shape = Shape {
@@ -171,6 +175,7 @@ async fn run(options: Options) -> Result<(), String> {
     }
     target.down().await;
     let _ = std::fs::remove_file(&kubeconfig);
+    let _ = std::fs::remove_file(&talosconfig);
     Ok(())
 }
 
