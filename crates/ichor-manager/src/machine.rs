@@ -124,7 +124,8 @@ async fn blocked(
 }
 
 /// The machine's address: observed, else the first endpoint.
-fn address(machine: &TalosMachine) -> Option<String> {
+/// Where the machine is reached: the address recorded in status, or its first endpoint.
+pub(crate) fn address(machine: &TalosMachine) -> Option<String> {
     machine
         .status
         .as_ref()

@@ -44,17 +44,13 @@ pub async fn refresh(
 ) -> Result<Vec<TalosMachine>, Error> {
     let mut observed = machines.to_vec();
     for machine in &mut observed {
+        let address = crate::machine::address(machine).unwrap_or_default();
         let Some(status) = machine.status.as_mut() else {
             continue;
         };
         if machine.spec.role != Some(Role::ControlPlane) || status.applied_config_hash.is_none() {
             continue;
         }
-        let address = status
-            .address
-            .clone()
-            .or_else(|| machine.spec.endpoints.first().cloned())
-            .unwrap_or_default();
         let answer = etcd_answer(&address, credentials).await;
         let observation = etcd_observation(status.etcd.as_ref(), answer, ctx.clock.now());
         if status.etcd.as_ref() == Some(&observation) {

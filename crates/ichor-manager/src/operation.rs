@@ -168,12 +168,7 @@ pub fn image_version(image: &str) -> Option<String> {
 }
 
 fn address(machine: &TalosMachine) -> String {
-    machine
-        .status
-        .as_ref()
-        .and_then(|s| s.address.clone())
-        .or_else(|| machine.spec.endpoints.first().cloned())
-        .unwrap_or_default()
+    crate::machine::address(machine).unwrap_or_default()
 }
 
 /// Whether the node answers with its configured API, running (a rebooting node does not).

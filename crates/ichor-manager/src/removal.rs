@@ -245,11 +245,7 @@ pub async fn reconcile(ctx: &Context, cached: &TalosMachine) -> Result<Action, E
         machine,
         teardown: cluster.metadata.deletion_timestamp.is_some(),
         cluster,
-        address: status
-            .address
-            .clone()
-            .or_else(|| machine.spec.endpoints.first().cloned())
-            .unwrap_or_default(),
+        address: crate::machine::address(machine).unwrap_or_default(),
         credentials,
         force: machine
             .annotations()
