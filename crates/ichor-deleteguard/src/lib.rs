@@ -42,7 +42,8 @@ pub use model::{
     annotation_true, control_plane_counts,
 };
 pub use plan::{
-    Disruption, Justification, Leave, Rule, RuleSet, Stage, check, check_targets, check_with,
+    Disruption, Justification, Leave, Rule, RuleSet, Stage, check, check_targets,
+    check_targets_with, check_with,
 };
 pub use rules::{
     check_cluster_delete, check_machine_delete, check_machine_delete_with, check_machine_removal,

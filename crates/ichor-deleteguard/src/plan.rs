@@ -505,15 +505,31 @@ pub fn check_targets(
     cluster: &Cluster,
     disruption: &Disruption,
 ) -> Result<(), Refusal> {
+    check_targets_with(targets, machines, cluster, disruption, RuleSet::ALL)
+}
+
+/// [`check_targets`] with only the rules in `rules` (the model tests disable one at a time).
+pub fn check_targets_with(
+    targets: &[&str],
+    machines: &[Machine],
+    cluster: &Cluster,
+    disruption: &Disruption,
+    rules: RuleSet,
+) -> Result<(), Refusal> {
     let mut working: Vec<Machine> = machines.to_vec();
     for name in targets {
         let Some(index) = working.iter().position(|m| m.name == *name) else {
             continue;
         };
         let target = working[index].clone();
-        if let Verdict::Refuse(refusal) =
-            check(&target, &working, cluster, disruption, Stage::Admission)
-        {
+        if let Verdict::Refuse(refusal) = check_with(
+            &target,
+            &working,
+            cluster,
+            disruption,
+            Stage::Admission,
+            rules,
+        ) {
             return Err(refusal);
         }
         if disruption.leaves_etcd() {
@@ -812,6 +828,27 @@ mod tests {
             check_targets(&all, &machines, &cluster, &Disruption::Restart),
             Ok(()),
             "restarts come back: each is checked against the cluster as it is"
+        );
+    }
+
+    #[test]
+    fn an_operation_admitted_without_a_rule_lets_through_what_the_rule_refuses() {
+        let machines = cps(3);
+        let cluster = Cluster::new("prod", 3);
+        let unannotated = Disruption::Reset {
+            operation: "wipe".into(),
+            allow_delete: false,
+        };
+        let refusal = check_targets(&["cp-1"], &machines, &cluster, &unannotated).unwrap_err();
+        assert_eq!(refusal.reason(), reasons::ALLOW_DELETE_REQUIRED);
+        let lenient = RuleSet::ALL.without(Rule::AllowDelete);
+        assert_eq!(
+            check_targets_with(&["cp-1"], &machines, &cluster, &unannotated, lenient),
+            Ok(())
+        );
+        assert_eq!(
+            check_targets_with(&["cp-1"], &machines, &cluster, &unannotated, RuleSet::ALL),
+            Err(refusal)
         );
     }
 
