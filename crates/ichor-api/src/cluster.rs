@@ -1,5 +1,6 @@
 //! `TalosCluster`: one workload cluster Ichor builds and manages.
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
@@ -305,7 +306,7 @@ pub struct TalosClusterStatus {
 }
 
 /// A node removed without its reset.
-#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(KubeSchema, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Tombstone {
     /// The TalosMachine it was.
@@ -318,9 +319,8 @@ pub struct Tombstone {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 16))]
     pub etcd_member_id: Option<String>,
-    /// When it was removed (RFC 3339).
-    #[schemars(length(max = 64))]
-    pub removed_at: String,
+    /// When it was removed.
+    pub removed_at: Time,
 }
 
 /// Machine counts of one role.
@@ -340,7 +340,7 @@ pub struct MachineCounts {
 }
 
 /// The machine chosen to bootstrap etcd.
-#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(KubeSchema, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct BootstrapRecord {
     /// The TalosMachine's name.
@@ -349,29 +349,138 @@ pub struct BootstrapRecord {
     /// The TalosMachine's UID.
     #[schemars(length(max = 64))]
     pub machine_uid: String,
-    /// When the machine was chosen (RFC 3339).
-    #[schemars(length(max = 64))]
-    pub chosen_at: String,
-    /// When the bootstrap was confirmed done (RFC 3339).
+    /// When the machine was chosen.
+    pub chosen_at: Time,
+    /// When the bootstrap was confirmed done.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 64))]
-    pub completed_at: Option<String>,
+    pub completed_at: Option<Time>,
+}
+
+/// The action holding (or waiting for) a cluster lock. Written `removal/<machine uid>`,
+/// `operation/<name>` or `drift/<machine uid>`: the lock Lease's holder identity.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum LockHolder {
+    /// The removal of a TalosMachine, by UID.
+    Removal(String),
+    /// A TalosOperation, by name.
+    Operation(String),
+    /// The drift of a TalosMachine's config that needs a reboot, by the machine's UID.
+    Drift(String),
+}
+
+impl LockHolder {
+    /// The kind and the object it names.
+    fn parts(&self) -> (&'static str, &str) {
+        match self {
+            Self::Removal(id) => ("removal", id),
+            Self::Operation(name) => ("operation", name),
+            Self::Drift(id) => ("drift", id),
+        }
+    }
+}
+
+impl std::fmt::Display for LockHolder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (kind, id) = self.parts();
+        write!(f, "{kind}/{id}")
+    }
+}
+
+/// A lock holder that is not `removal/…`, `operation/…` or `drift/…`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("lock holder {0:?} is not removal/<uid>, operation/<name> or drift/<uid>")]
+pub struct UnknownHolder(pub String);
+
+impl std::str::FromStr for LockHolder {
+    type Err = UnknownHolder;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let parsed = match s.split_once('/') {
+            Some(("removal", id)) if !id.is_empty() => Self::Removal(id.to_owned()),
+            Some(("operation", name)) if !name.is_empty() => Self::Operation(name.to_owned()),
+            // `reboot-for-drift/` is how a drift reboot held the lock before this type.
+            Some(("drift" | "reboot-for-drift", id)) if !id.is_empty() => {
+                Self::Drift(id.to_owned())
+            }
+            _ => return Err(UnknownHolder(s.to_owned())),
+        };
+        Ok(parsed)
+    }
+}
+
+impl TryFrom<String> for LockHolder {
+    type Error = UnknownHolder;
+
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        s.parse()
+    }
+}
+
+impl From<LockHolder> for String {
+    fn from(holder: LockHolder) -> Self {
+        holder.to_string()
+    }
+}
+
+impl schemars::JsonSchema for LockHolder {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "LockHolder".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "`removal/<machine uid>`, `operation/<name>` or `drift/<machine uid>`.",
+            "type": "string",
+            "maxLength": 320,
+            "pattern": "^(removal|operation|drift)/.+$",
+        })
+    }
 }
 
 /// The cluster lock as seen by the controller.
 #[derive(KubeSchema, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct LockStatus {
-    /// The action holding the lock, e.g. `removal/<machine uid>` or `operation/<name>`.
+    /// The action holding the lock.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 320))]
-    pub holder: Option<String>,
-    /// When the holder took the lock (RFC 3339).
+    pub holder: Option<LockHolder>,
+    /// When the holder took the lock.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 64))]
-    pub since: Option<String>,
+    pub since: Option<Time>,
     /// Actions waiting for the lock, in arrival order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 64), inner(length(max = 320)))]
-    pub waiting: Vec<String>,
+    #[schemars(length(max = 64))]
+    pub waiting: Vec<LockHolder>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lock_holders_read_back_as_written_and_refuse_other_words() {
+        for holder in [
+            LockHolder::Removal("0b7c".into()),
+            LockHolder::Operation("reboot-all".into()),
+            LockHolder::Drift("9f1e".into()),
+        ] {
+            assert_eq!(holder.to_string().parse::<LockHolder>(), Ok(holder.clone()));
+            let json = serde_json::to_value(&holder).unwrap();
+            assert_eq!(json, serde_json::json!(holder.to_string()));
+        }
+        assert_eq!(
+            "reboot-for-drift/9f1e".parse(),
+            Ok(LockHolder::Drift("9f1e".into()))
+        );
+        for bad in ["", "removal/", "upgrade/x", "operation"] {
+            assert_eq!(bad.parse::<LockHolder>(), Err(UnknownHolder(bad.into())));
+        }
+        let status: LockStatus = serde_json::from_value(
+            serde_json::json!({"holder": "operation/up", "waiting": ["removal/u1"]}),
+        )
+        .unwrap();
+        assert_eq!(status.holder, Some(LockHolder::Operation("up".into())));
+        assert_eq!(status.waiting, vec![LockHolder::Removal("u1".into())]);
+    }
 }

@@ -1,10 +1,11 @@
 //! Types shared by several resources: conditions, references, roles, install settings.
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::KubeSchema;
 use serde::{Deserialize, Serialize};
 
 /// A Kubernetes-style condition: one observed aspect of an object's state.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Condition {
     /// The aspect this condition reports, e.g. `Ready` or `ConfigApplied`.
@@ -20,9 +21,8 @@ pub struct Condition {
     #[schemars(length(max = 2048))]
     #[serde(default)]
     pub message: String,
-    /// When `status` last changed (RFC 3339).
-    #[schemars(length(max = 64))]
-    pub last_transition_time: String,
+    /// When `status` last changed.
+    pub last_transition_time: Time,
     /// The `metadata.generation` this condition was computed from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,

@@ -205,7 +205,7 @@ pub struct TalosMachineStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub removal: Option<RemovalProgress>,
     /// The config hash being applied with a reboot (drift that cannot apply live), under the
-    /// cluster lock held as `reboot-for-drift/<uid>`; cleared once the node is back.
+    /// cluster lock held as `drift/<uid>`; cleared once the node is back.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 128))]
     pub drift_reboot: Option<String>,
@@ -359,10 +359,9 @@ pub enum RemovalStep {
 pub struct RemovalProgress {
     /// The last step completed.
     pub step: RemovalStep,
-    /// When the removal started (RFC 3339).
+    /// When the removal started.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 64))]
-    pub started_at: Option<String>,
+    pub started_at: Option<Time>,
     /// Whether the reset was skipped (force removal of an unreachable node).
     #[serde(default)]
     pub reset_skipped: bool,

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
@@ -151,14 +151,12 @@ pub struct TalosOperationStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 256))]
     pub nodes: Vec<NodeStep>,
-    /// When the operation started (RFC 3339).
+    /// When the operation started.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 64))]
-    pub started_at: Option<String>,
-    /// When it finished (RFC 3339).
+    pub started_at: Option<Time>,
+    /// When it finished.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 64))]
-    pub completed_at: Option<String>,
+    pub completed_at: Option<Time>,
     /// For `etcdSnapshot`: the Secret holding the snapshot (key `snapshot.db`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 253))]
@@ -186,14 +184,121 @@ pub struct NodeStep {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 64))]
     pub version_after: Option<String>,
-    /// When the action was sent to the node (RFC 3339); unset while it is only intended, so a
-    /// restart knows whether to look for its effect or to send it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 64))]
-    pub issued_at: Option<String>,
-    /// Whether the node was seen down (rebooting) since the action was sent.
+    /// How far the action went on this node, so a restart knows whether to send it or to look
+    /// for its effect.
     #[serde(default)]
-    pub went_down: bool,
+    pub progress: NodeProgress,
+}
+
+/// How far an operation's action went on one node, each step with when it was seen.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(
+    tag = "step",
+    rename_all = "camelCase",
+    rename_all_fields = "camelCase"
+)]
+pub enum NodeProgress {
+    /// Not sent (at most intended): a restart sends it.
+    #[default]
+    Intended,
+    /// Sent: a restart looks for its effect instead of sending it again.
+    Sent {
+        /// When it was sent.
+        sent_at: Time,
+    },
+    /// Sent, and the node was seen going down (rebooting) since.
+    WentDown {
+        /// When it was sent.
+        sent_at: Time,
+        /// When the node was seen down.
+        down_at: Time,
+    },
+    /// Its effect was verified.
+    Verified {
+        /// When it was sent (unset for an action found done before it was recorded sent).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        sent_at: Option<Time>,
+        /// When the node was seen down, for actions that take it down.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        down_at: Option<Time>,
+        /// When it was verified.
+        verified_at: Time,
+    },
+}
+
+/// One flat object, `step` naming the variant beside the times it carries: the structural
+/// schema Kubernetes needs for serde's internally tagged form.
+impl schemars::JsonSchema for NodeProgress {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "NodeProgress".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        let time = |description: &str| serde_json::json!({"type": "string", "format": "date-time", "description": description});
+        schemars::json_schema!({
+            "description": "How far the action went on this node: `step` is intended, sent, wentDown or verified, with the times seen.",
+            "type": "object",
+            "required": ["step"],
+            "properties": {
+                "step": {"type": "string", "enum": ["intended", "sent", "wentDown", "verified"]},
+                "sentAt": time("When it was sent."),
+                "downAt": time("When the node was seen down."),
+                "verifiedAt": time("When it was verified."),
+            },
+        })
+    }
+}
+
+impl NodeProgress {
+    /// When the action was sent, once it was.
+    pub fn sent_at(&self) -> Option<&Time> {
+        match self {
+            Self::Sent { sent_at } | Self::WentDown { sent_at, .. } => Some(sent_at),
+            Self::Verified { sent_at, .. } => sent_at.as_ref(),
+            Self::Intended => None,
+        }
+    }
+
+    /// When the node was seen down, once it was.
+    pub fn down_at(&self) -> Option<&Time> {
+        match self {
+            Self::WentDown { down_at, .. } => Some(down_at),
+            Self::Verified { down_at, .. } => down_at.as_ref(),
+            Self::Intended | Self::Sent { .. } => None,
+        }
+    }
+
+    /// Verified at `at`, keeping when it was sent and seen down.
+    #[must_use]
+    pub fn verified(self, at: Time) -> Self {
+        Self::Verified {
+            sent_at: self.sent_at().cloned(),
+            down_at: self.down_at().cloned(),
+            verified_at: at,
+        }
+    }
+
+    /// Whether the action is still to be sent.
+    pub fn is_intended(&self) -> bool {
+        matches!(self, Self::Intended)
+    }
+
+    /// Whether the node was seen down since the action was sent, or the action was verified.
+    pub fn went_down(&self) -> bool {
+        matches!(self, Self::WentDown { .. } | Self::Verified { .. })
+    }
+
+    /// The node was seen down at `at` (no change unless the action was sent).
+    #[must_use]
+    pub fn down(self, at: Time) -> Self {
+        match self {
+            Self::Sent { sent_at } => Self::WentDown {
+                sent_at,
+                down_at: at,
+            },
+            other => other,
+        }
+    }
 }
 
 /// Whether `labels` match `selector` (matchLabels and matchExpressions).
@@ -321,6 +426,40 @@ fn targets(spec: &TalosOperationSpec, machines: &[TalosMachine]) -> Result<Vec<S
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn node_progress_is_one_flat_object_naming_its_step() {
+        let at = |s: &str| Time(s.parse().unwrap());
+        let sent = NodeProgress::Sent {
+            sent_at: at("2026-12-03T10:00:00Z"),
+        };
+        assert_eq!(
+            serde_json::to_value(&sent).unwrap(),
+            serde_json::json!({"step": "sent", "sentAt": "2026-12-03T10:00:00Z"})
+        );
+        let down = sent.clone().down(at("2026-12-03T10:00:05Z"));
+        assert_eq!(
+            serde_json::to_value(&down).unwrap(),
+            serde_json::json!({"step": "wentDown", "sentAt": "2026-12-03T10:00:00Z", "downAt": "2026-12-03T10:00:05Z"})
+        );
+        assert_eq!(down.sent_at(), sent.sent_at());
+        assert!(down.went_down() && !sent.went_down());
+        let verified = down.clone().verified(at("2026-12-03T10:01:00Z"));
+        assert_eq!(verified.sent_at(), down.sent_at());
+        assert_eq!(verified.down_at(), down.down_at());
+        assert_eq!(
+            serde_json::to_value(&verified).unwrap(),
+            serde_json::json!({"step": "verified", "sentAt": "2026-12-03T10:00:00Z", "downAt": "2026-12-03T10:00:05Z", "verifiedAt": "2026-12-03T10:01:00Z"})
+        );
+        assert_eq!(
+            NodeProgress::Intended.down(at("2026-12-03T10:00:05Z")),
+            NodeProgress::Intended
+        );
+        let step: NodeStep =
+            serde_json::from_value(serde_json::json!({"machine": "cp-1", "phase": "Running"}))
+                .unwrap();
+        assert!(step.progress.is_intended());
+    }
 
     #[test]
     fn selectors_match_labels_and_expressions() {

@@ -559,7 +559,10 @@ async fn operations_go_one_node_at_a_time_and_a_rolled_back_upgrade_fails() {
     let status = done.status.expect("status");
     assert_eq!(status.phase, OperationPhase::Succeeded, "{status:?}");
     assert_eq!(status.nodes.len(), 3);
-    assert!(status.nodes.iter().all(|n| n.went_down), "{status:?}");
+    assert!(
+        status.nodes.iter().all(|n| n.progress.down_at().is_some()),
+        "{status:?}"
+    );
     assert_eq!(
         seen.most_down, 1,
         "exactly one node down at a time: {seen:?}"

@@ -11,11 +11,6 @@ use k8s_openapi::jiff::Timestamp;
 pub trait Clock: Send + Sync + std::fmt::Debug {
     /// The current time.
     fn now(&self) -> Timestamp;
-
-    /// The current time, RFC 3339 (as recorded in status fields).
-    fn rfc3339(&self) -> String {
-        self.now().to_string()
-    }
 }
 
 /// The system's clock.
@@ -71,7 +66,7 @@ mod tests {
         let clock = TestClock::new(start);
         assert_eq!(clock.now(), start);
         clock.advance(Duration::from_secs(90));
-        assert_eq!(clock.rfc3339(), "2026-12-03T10:01:30Z");
+        assert_eq!(clock.now().to_string(), "2026-12-03T10:01:30Z");
         clock.set(start);
         assert_eq!(clock.now(), start);
     }

@@ -1,8 +1,9 @@
 //! Conditions on status: set one, keeping its transition time when its status did not change.
 
 use ichor_api::common::{Condition, ConditionStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-/// Sets condition `type_` in `conditions`; `now` (RFC 3339, from the context's clock) becomes
+/// Sets condition `type_` in `conditions`; `now` (from the context's clock) becomes
 /// its transition time if its status changes.
 pub fn set(
     conditions: &mut Vec<Condition>,
@@ -11,7 +12,7 @@ pub fn set(
     reason: &str,
     message: impl Into<String>,
     generation: Option<i64>,
-    now: &str,
+    now: &Time,
 ) {
     let status = if holds {
         ConditionStatus::True
@@ -34,7 +35,7 @@ pub fn set(
             status,
             reason: reason.to_owned(),
             message,
-            last_transition_time: now.to_owned(),
+            last_transition_time: now.clone(),
             observed_generation: generation,
         }),
     }

@@ -31,6 +31,7 @@ use ichor_api::{TalosCluster, TalosMachine};
 use ichor_render::SecretsBundle;
 use ichor_talos::discovery::SweepConfig;
 use ichor_talos::{Credentials, TalosClient};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
 use kube::runtime::controller::{Action, Controller};
@@ -118,9 +119,9 @@ impl Context {
         self
     }
 
-    /// The current time, RFC 3339 (as recorded in status fields).
-    pub fn now(&self) -> String {
-        self.clock.rfc3339()
+    /// The current time, as recorded in status fields.
+    pub fn now(&self) -> Time {
+        Time(self.clock.now())
     }
 
     /// Forgets `object`'s transient failures: it reconciled.

@@ -1,5 +1,5 @@
 //! The cluster lock: one disruptive action per TalosCluster at a time. It is a `Lease` whose
-//! holder is the *action* (`removal/<uid>`, `operation/<name>`, `reboot-for-drift/<uid>`), so
+//! holder is the *action* ([`LockHolder`]: `removal/<uid>`, `operation/<name>`, `drift/<uid>`), so
 //! whichever manager replica leads carries the action on; a lock whose action vanished is taken
 //! over only once its lease expired. The holder and the actions waiting are mirrored into
 //! `TalosCluster.status.lock`. While the cluster is `Transitioning`, only the action that
@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use ichor_api::cluster::LockStatus;
+use ichor_api::cluster::{LockHolder, LockStatus};
 use ichor_api::{TalosCluster, TalosMachine};
 use ichor_deleteguard::{LockDecision, LockView, lock_decision};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -45,8 +45,8 @@ pub fn transitioning(cluster: &TalosCluster, machines: &[TalosMachine]) -> bool 
 pub enum Outcome {
     /// The action holds the lock (taken now or carried on).
     Held,
-    /// Another action holds it.
-    Busy(String),
+    /// Another action holds it (`None`: one that won a race just now, read on the next try).
+    Busy(Option<LockHolder>),
     /// The lock is free but the cluster is transitioning and this action does not complete the
     /// transition.
     Transitioning,
@@ -62,17 +62,18 @@ impl Outcome {
     pub fn message(&self) -> String {
         match self {
             Self::Held => "holding the cluster lock".into(),
-            Self::Busy(holder) => format!("waiting for the cluster lock, held by {holder}"),
+            Self::Busy(Some(holder)) => format!("waiting for the cluster lock, held by {holder}"),
+            Self::Busy(None) => "waiting for the cluster lock, just taken by another action".into(),
             Self::Transitioning => "the cluster is Transitioning (control planes approved differ from spec.controlPlane.count, or the count is even); only the action that completes the transition may take the cluster lock".into(),
         }
     }
 }
 
-fn settings(namespace: &str, cluster: &str, holder: &str) -> LeaseSettings {
+fn settings(namespace: &str, cluster: &str, holder: &LockHolder) -> LeaseSettings {
     LeaseSettings {
         namespace: namespace.to_owned(),
         name: lock_name(cluster),
-        identity: holder.to_owned(),
+        identity: holder.to_string(),
         duration: Duration::from_secs(LOCK_SECONDS),
         retry: Duration::from_secs(2),
     }
@@ -97,7 +98,7 @@ pub fn view(lease: &Lease, now: Timestamp) -> Option<LockView> {
 pub async fn acquire(
     ctx: &Context,
     cluster: &TalosCluster,
-    holder: &str,
+    holder: &LockHolder,
     transitioning: bool,
     completes: bool,
 ) -> Result<Outcome, Error> {
@@ -106,16 +107,21 @@ pub async fn acquire(
     let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), &namespace);
     let current = leases.get_opt(&lock_name(&name)).await?;
     let current_view = current.as_ref().and_then(|l| view(l, ctx.clock.now()));
-    let outcome = match lock_decision(current_view.as_ref(), holder, transitioning, completes) {
+    let outcome = match lock_decision(
+        current_view.as_ref(),
+        &holder.to_string(),
+        transitioning,
+        completes,
+    ) {
         LockDecision::Take | LockDecision::Keep => {
             if try_acquire(&ctx.client, &settings(&namespace, &name, holder)).await? {
                 Outcome::Held
             } else {
                 // Lost a race for a free lock: read who won on the next try.
-                Outcome::Busy("another action".into())
+                Outcome::Busy(None)
             }
         }
-        LockDecision::Busy { holder } => Outcome::Busy(holder),
+        LockDecision::Busy { holder } => Outcome::Busy(holder.parse().ok()),
         LockDecision::RefusedWhileTransitioning => Outcome::Transitioning,
     };
     mirror(ctx, cluster, holder, &outcome).await;
@@ -123,7 +129,11 @@ pub async fn acquire(
 }
 
 /// Releases the lock if `holder` holds it, and clears it from status.
-pub async fn release(ctx: &Context, cluster: &TalosCluster, holder: &str) -> Result<(), Error> {
+pub async fn release(
+    ctx: &Context,
+    cluster: &TalosCluster,
+    holder: &LockHolder,
+) -> Result<(), Error> {
     let namespace = cluster.namespace().unwrap_or_default();
     let name = lock_name(&cluster.name_any());
     let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), &namespace);
@@ -132,7 +142,7 @@ pub async fn release(ctx: &Context, cluster: &TalosCluster, holder: &str) -> Res
             .spec
             .as_ref()
             .and_then(|s| s.holder_identity.as_deref())
-            == Some(holder)
+            == Some(holder.to_string().as_str())
     {
         match leases.delete(&name, &DeleteParams::default()).await {
             Ok(_) => {}
@@ -147,7 +157,7 @@ pub async fn release(ctx: &Context, cluster: &TalosCluster, holder: &str) -> Res
             .as_ref()
             .and_then(|s| s.lock.clone())
             .unwrap_or_default();
-        if lock.holder.as_deref() == Some(holder) || lock.waiting.iter().any(|w| w == holder) {
+        if lock.holder.as_ref() == Some(holder) || lock.waiting.contains(holder) {
             let next = LockStatus {
                 holder: None,
                 since: None,
@@ -160,7 +170,11 @@ pub async fn release(ctx: &Context, cluster: &TalosCluster, holder: &str) -> Res
 }
 
 /// Whether some action other than `me` holds the lock right now (drift waits for it).
-pub async fn held_by_other(ctx: &Context, cluster: &TalosCluster, me: &str) -> Result<bool, Error> {
+pub async fn held_by_other(
+    ctx: &Context,
+    cluster: &TalosCluster,
+    me: &LockHolder,
+) -> Result<bool, Error> {
     let leases: Api<Lease> =
         Api::namespaced(ctx.client.clone(), &cluster.namespace().unwrap_or_default());
     Ok(leases
@@ -168,12 +182,12 @@ pub async fn held_by_other(ctx: &Context, cluster: &TalosCluster, me: &str) -> R
         .await?
         .as_ref()
         .and_then(|l| view(l, ctx.clock.now()))
-        .is_some_and(|v| !v.expired && v.holder != me))
+        .is_some_and(|v| !v.expired && v.holder != me.to_string()))
 }
 
 /// Mirrors the outcome into `status.lock` (best effort: the Lease is the truth; a conflicting
 /// write is retried by the next reconcile).
-async fn mirror(ctx: &Context, cluster: &TalosCluster, holder: &str, outcome: &Outcome) {
+async fn mirror(ctx: &Context, cluster: &TalosCluster, holder: &LockHolder, outcome: &Outcome) {
     let clusters: Api<TalosCluster> =
         Api::namespaced(ctx.client.clone(), &cluster.namespace().unwrap_or_default());
     let Ok(Some(fresh)) = clusters.get_opt(&cluster.name_any()).await else {
@@ -187,24 +201,26 @@ async fn mirror(ctx: &Context, cluster: &TalosCluster, holder: &str, outcome: &O
     let mut next = lock.clone();
     match outcome {
         Outcome::Held => {
-            if next.holder.as_deref() != Some(holder) {
-                next.holder = Some(holder.to_owned());
+            if next.holder.as_ref() != Some(holder) {
+                next.holder = Some(holder.clone());
                 next.since = Some(ctx.now());
             }
             next.waiting.retain(|w| w != holder);
         }
         Outcome::Busy(other) => {
-            if other != "another action" && next.holder.as_deref() != Some(other) {
+            if let Some(other) = other
+                && next.holder.as_ref() != Some(other)
+            {
                 next.holder = Some(other.clone());
                 next.since = None;
             }
-            if !next.waiting.iter().any(|w| w == holder) {
-                next.waiting.push(holder.to_owned());
+            if !next.waiting.contains(holder) {
+                next.waiting.push(holder.clone());
             }
         }
         Outcome::Transitioning => {
-            if !next.waiting.iter().any(|w| w == holder) {
-                next.waiting.push(holder.to_owned());
+            if !next.waiting.contains(holder) {
+                next.waiting.push(holder.clone());
             }
         }
     }

@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use ichor_api::cluster::LockHolder;
 use ichor_api::common::Role;
 use ichor_api::machine::{ApprovalState, MachinePhase, TalosMachineStatus};
 use ichor_api::names::{actions, conditions, labels, reasons, secrets as secret_names};
@@ -15,6 +16,7 @@ use ichor_render::Rendered;
 use ichor_talos::{ApplyMode, TalosClient, TalosError};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
@@ -473,7 +475,7 @@ fn config_applied(
     status: &mut TalosMachineStatus,
     machine: &TalosMachine,
     message: String,
-    now: &str,
+    now: &Time,
 ) {
     cond::set(
         &mut status.conditions,
@@ -769,8 +771,8 @@ async fn follow(
 }
 
 /// The lock holder of a reboot that applies drift.
-pub fn drift_holder(machine: &TalosMachine) -> String {
-    format!("reboot-for-drift/{}", machine.uid().unwrap_or_default())
+pub fn drift_holder(machine: &TalosMachine) -> LockHolder {
+    LockHolder::Drift(machine.uid().unwrap_or_default())
 }
 
 /// Applies drift that cannot go live: under the cluster lock, staged, then a reboot. `Some`

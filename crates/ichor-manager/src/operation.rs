@@ -9,17 +9,18 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use ichor_api::cluster::LockHolder;
 use ichor_api::common::Role;
 use ichor_api::names::{actions, annotations, conditions, reasons};
 use ichor_api::operation::{
-    NodeStep, OperationAction, OperationPhase, TalosOperation, TalosOperationStatus,
+    NodeProgress, NodeStep, OperationAction, OperationPhase, TalosOperation, TalosOperationStatus,
 };
 use ichor_api::{TalosCluster, TalosMachine};
 use ichor_deleteguard::{Disruption, Stage as PlanStage, Verdict as Plan, annotation_true};
 use ichor_talos::{ApplyMode, Credentials, ResetOptions, Stage, TalosClient, TalosError};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
@@ -37,8 +38,8 @@ const DOWN_WATCH: Duration = Duration::from_secs(20);
 const MAX_SNAPSHOT: usize = 900 * 1024;
 
 /// The lock holder of an operation.
-pub fn holder(operation: &TalosOperation) -> String {
-    format!("operation/{}", operation.name_any())
+pub fn holder(operation: &TalosOperation) -> LockHolder {
+    LockHolder::Operation(operation.name_any())
 }
 
 /// Reconciles one TalosOperation.
@@ -237,10 +238,9 @@ async fn healthy(
         })
 }
 
-/// How long ago `at` (RFC 3339) was at `now` (zero when unknown).
-fn elapsed_since(at: Option<&str>, now: Timestamp) -> Duration {
-    at.and_then(|t| t.parse::<Timestamp>().ok())
-        .map(|t| crate::decide::elapsed(t, now))
+/// How long ago `at` was at `now` (zero when unknown).
+fn elapsed_since(at: Option<&Time>, now: Timestamp) -> Duration {
+    at.map(|t| crate::decide::elapsed(t.0, now))
         .unwrap_or_default()
 }
 
@@ -632,20 +632,28 @@ impl Node<'_> {
             step.version_before = client.version().await.ok();
             step.phase = OperationPhase::Running;
             step.message = Some(format!("{action:?}: sending"));
-            step.issued_at = None;
-            step.went_down = false;
+            step.progress = NodeProgress::Intended;
             // Record the intent before sending.
             self.record(&step).await?;
         }
-        if step.issued_at.is_none() {
+        if step.progress.is_intended() {
             if let Some(verdict) = self.send(&mut step).await? {
                 return Ok((step, verdict));
             }
-            step.issued_at = Some(self.ctx.now());
+            if step.progress.is_intended() {
+                step.progress = NodeProgress::Sent {
+                    sent_at: self.ctx.now(),
+                };
+            }
             self.record(&step).await?;
         }
         let verdict = self.follow(&mut step).await?;
         Ok((step, verdict))
+    }
+
+    /// `progress`, verified now.
+    fn verified(&self, progress: &NodeProgress) -> NodeProgress {
+        progress.clone().verified(self.ctx.now())
     }
 
     async fn record(&self, step: &NodeStep) -> Result<(), Error> {
@@ -738,7 +746,11 @@ impl Node<'_> {
                     && step.version_before.as_deref() != Some(target.as_str())
                 {
                     // Sent before a restart and already done.
-                    step.went_down = true;
+                    let now = self.ctx.now();
+                    step.progress = NodeProgress::WentDown {
+                        sent_at: now.clone(),
+                        down_at: now,
+                    };
                     return Ok(None);
                 }
                 if self.role == Role::ControlPlane {
@@ -875,7 +887,7 @@ impl Node<'_> {
         if step.phase == OperationPhase::Succeeded {
             return Ok(Verdict::Next);
         }
-        let since = elapsed_since(step.issued_at.as_deref(), self.ctx.clock.now());
+        let since = elapsed_since(step.progress.sent_at(), self.ctx.clock.now());
         match action {
             OperationAction::Reset => {
                 if crate::in_maintenance(&self.address, self.ctx.settings.sweep)
@@ -890,6 +902,7 @@ impl Node<'_> {
                     }
                     crate::machine::forget_config(self.ctx, self.machine).await?;
                     step.phase = OperationPhase::Succeeded;
+                    step.progress = self.verified(&step.progress);
                     step.message = Some("reset: back in maintenance mode, its Node deleted".into());
                     return Ok(Verdict::Next);
                 }
@@ -905,16 +918,16 @@ impl Node<'_> {
                 )
             }
             OperationAction::Reboot | OperationAction::Upgrade => {
-                if !step.went_down {
+                if !step.progress.went_down() {
                     let deadline = tokio::time::Instant::now() + DOWN_WATCH;
                     while tokio::time::Instant::now() < deadline {
                         if up(&self.address, &self.credentials).await.is_none() {
-                            step.went_down = true;
+                            step.progress = step.progress.clone().down(self.ctx.now());
                             break;
                         }
                         tokio::time::sleep(Duration::from_millis(25)).await;
                     }
-                    if !step.went_down {
+                    if !step.progress.went_down() {
                         if since > NODE_PATIENCE {
                             return fail(
                                 reasons::NODE_NOT_HEALTHY,
@@ -963,6 +976,7 @@ impl Node<'_> {
                     }
                 }
                 step.phase = OperationPhase::Succeeded;
+                step.progress = self.verified(&step.progress);
                 step.message = Some(format!("{action:?}: back and healthy on {version}"));
                 Ok(Verdict::Next)
             }
@@ -971,6 +985,7 @@ impl Node<'_> {
                     Ok(version) => {
                         step.version_after = Some(version);
                         step.phase = OperationPhase::Succeeded;
+                        step.progress = self.verified(&step.progress);
                         step.message = Some(format!("{action:?}: done, node healthy"));
                         Ok(Verdict::Next)
                     }

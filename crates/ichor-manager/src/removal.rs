@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use ichor_api::cluster::Tombstone;
+use ichor_api::cluster::{LockHolder, Tombstone};
 use ichor_api::common::Role;
 use ichor_api::machine::{MachinePhase, RemovalProgress, RemovalStep, TalosMachineStatus};
 use ichor_api::names::{actions, annotations, conditions, finalizers, reasons};
@@ -316,8 +316,8 @@ pub async fn reconcile(ctx: &Context, cached: &TalosMachine) -> Result<Action, E
 }
 
 /// The lock holder of a machine's removal.
-pub fn holder(machine: &TalosMachine) -> String {
-    format!("removal/{}", machine.uid().unwrap_or_default())
+pub fn holder(machine: &TalosMachine) -> LockHolder {
+    LockHolder::Removal(machine.uid().unwrap_or_default())
 }
 
 impl Scene<'_> {
@@ -612,7 +612,7 @@ async fn finish(
     ctx: &Context,
     machine: &TalosMachine,
     cluster: &TalosCluster,
-    holder: &str,
+    holder: &LockHolder,
 ) -> Result<(), Error> {
     let namespace = cluster.namespace().unwrap_or_default();
     let uid = machine.uid().unwrap_or_default();

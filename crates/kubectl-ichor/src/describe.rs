@@ -191,10 +191,10 @@ pub fn cluster_tree(cluster: &TalosCluster, machines: &[TalosMachine]) -> Tree {
         counts(&status.workers)
     )));
     if let Some(bootstrap) = &status.bootstrap {
-        let done = bootstrap
-            .completed_at
-            .as_ref()
-            .map_or_else(|| "not confirmed yet".to_owned(), |t| format!("done {t}"));
+        let done = bootstrap.completed_at.as_ref().map_or_else(
+            || "not confirmed yet".to_owned(),
+            |t| format!("done {}", t.0),
+        );
         children.push(Tree::leaf(format!(
             "bootstrap: {} ({done})",
             bootstrap.machine_name
@@ -205,10 +205,11 @@ pub fn cluster_tree(cluster: &TalosCluster, machines: &[TalosMachine]) -> Tree {
             let lock = status.lock.clone().unwrap_or_default();
             let mut text = format!("lock: held by {holder}");
             if let Some(since) = &lock.since {
-                text.push_str(&format!(" since {since}"));
+                text.push_str(&format!(" since {}", since.0));
             }
             if !lock.waiting.is_empty() {
-                text.push_str(&format!("; waiting: {}", lock.waiting.join(", ")));
+                let waiting: Vec<String> = lock.waiting.iter().map(ToString::to_string).collect();
+                text.push_str(&format!("; waiting: {}", waiting.join(", ")));
             }
             text
         }
@@ -218,7 +219,7 @@ pub fn cluster_tree(cluster: &TalosCluster, machines: &[TalosMachine]) -> Tree {
     for t in &status.tombstones {
         let mut text = format!(
             "tombstone: {} ({}) removed {} without a reset",
-            t.machine, t.address, t.removed_at
+            t.machine, t.address, t.removed_at.0
         );
         if let Some(id) = &t.etcd_member_id {
             text.push_str(&format!(", etcd member {id}"));
@@ -329,9 +330,9 @@ mod tests {
             ],
             "controlPlanes": {"declared": 1, "approved": 1, "ready": 1, "summary": "1/1"},
             "workers": {"approved": 1, "ready": 0, "summary": "0/1"},
-            "bootstrap": {"machineName": "cp", "machineUid": "u1", "chosenAt": "t0", "completedAt": "t1"},
-            "lock": {"holder": "reboot-for-drift/u2", "since": "t2", "waiting": ["operation/up"]},
-            "tombstones": [{"machine": "gone", "address": "127.0.85.9", "etcdMemberId": "00000000000000ab", "removedAt": "t3"}]
+            "bootstrap": {"machineName": "cp", "machineUid": "u1", "chosenAt": "2026-12-03T10:00:00Z", "completedAt": "2026-12-03T10:01:00Z"},
+            "lock": {"holder": "drift/u2", "since": "2026-12-03T10:02:00Z", "waiting": ["operation/up"]},
+            "tombstones": [{"machine": "gone", "address": "127.0.85.9", "etcdMemberId": "00000000000000ab", "removedAt": "2026-12-03T10:03:00Z"}]
         }));
         let machines = vec![
             machine(
@@ -368,9 +369,9 @@ mod tests {
             "TalosCluster/lab   Ready=False MachinesNotReady: control planes 1/1 ready, workers 0/1 ready",
             "├─ endpoint https://127.0.85.1:6443, Talos v1.14.1, Kubernetes 1.36.3, CNI flannel, kube-proxy enabled",
             "├─ control planes 1/1 ready (declared 1), workers 0/1 ready",
-            "├─ bootstrap: cp (done t1)",
-            "├─ lock: held by reboot-for-drift/u2 since t2; waiting: operation/up",
-            "├─ tombstone: gone (127.0.85.9) removed t3 without a reset, etcd member 00000000000000ab: reset before anything else if it answers again",
+            "├─ bootstrap: cp (done 2026-12-03T10:01:00Z)",
+            "├─ lock: held by drift/u2 since 2026-12-03T10:02:00Z; waiting: operation/up",
+            "├─ tombstone: gone (127.0.85.9) removed 2026-12-03T10:03:00Z without a reset, etcd member 00000000000000ab: reset before anything else if it answers again",
             "├─ Control planes (1)",
             "│  └─ TalosMachine/cp   cp-1   Ready   127.0.85.2   Ready=True Reconciled: running, etcd voter",
             "├─ Workers (1)",
