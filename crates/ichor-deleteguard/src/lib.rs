@@ -26,17 +26,20 @@
 //!   counted as remaining: they are leaving. Counting them is the bug that lets two deletes at
 //!   three control planes both see `3 -> 2`.
 //!
-//! The removal sequence and the cluster lock are decided here too: [`next_removal_step`] and
+//! Which control plane bootstraps etcd is decided here too ([`bootstrap_step`]), as are the
+//! removal sequence and the cluster lock: [`next_removal_step`] and
 //! [`is_once_only`] for the recorded steps, [`transitioning`], [`completes_transition`] and
 //! [`lock_decision`] for who may hold the lock.
 #![forbid(unsafe_code)]
 
+pub mod bootstrap;
 mod model;
 pub mod plan;
 mod rules;
 mod sequence;
 mod verdict;
 
+pub use bootstrap::{BootstrapStep, Candidate, bootstrap_step};
 pub use model::{
     Cluster, ControlPlaneCounts, Machine, OBSERVATION_MAX_AGE, ObjectKind, Observation,
     annotation_true, control_plane_counts,

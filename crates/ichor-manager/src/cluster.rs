@@ -17,8 +17,8 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use serde_json::json;
 
-use crate::decide::{BootstrapStep, Candidate, bootstrap_step};
 use crate::{Context, Error, conditions as cond, discovery, secrets};
+use ichor_deleteguard::{BootstrapStep, Candidate, bootstrap_step};
 
 fn talosconfig_name(cluster: &TalosCluster) -> String {
     format!("{}-talosconfig", cluster.name_any())
