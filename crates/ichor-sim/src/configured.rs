@@ -68,6 +68,7 @@ fn etcd_down(down: &EtcdDown) -> Status {
             "etcdserver: the member has been permanently removed from the cluster",
         ),
         EtcdDown::NoQuorum => Status::unavailable("etcdserver: request timed out"),
+        EtcdDown::Unhealthy => Status::deadline_exceeded("context deadline exceeded"),
     }
 }
 
@@ -82,6 +83,25 @@ fn local_member(node: &Node) -> Result<EtcdData, Status> {
         }
         _ => Err(etcd_down(&EtcdDown::NotRunning)),
     }
+}
+
+/// The node's running etcd member, answering a client on the node itself (Talos's
+/// `etcd.NewLocalClient`), or why not: an unhealthy member (`Fault::EtcdUnhealthy`) runs but
+/// does not answer.
+fn answering_member(node: &Node) -> Result<EtcdData, Status> {
+    let data = local_member(node)?;
+    if node.shared.etcd_unhealthy.load(Ordering::SeqCst) {
+        return Err(etcd_down(&EtcdDown::Unhealthy));
+    }
+    Ok(data)
+}
+
+/// Why a call that needs the local member's id fails on a node whose member is unhealthy:
+/// Talos reads the id from the `EtcdMember` resource (`etcd.GetLocalMemberID`, which waits up
+/// to three minutes for it), and `etcd.MemberController` destroys that resource while the etcd
+/// service is not healthy.
+fn no_local_member_id() -> Status {
+    Status::deadline_exceeded("failed to get local etcd member ID: context deadline exceeded")
 }
 
 /// etcd's strict reconfiguration check: a member may go only if the voters left still have
@@ -164,6 +184,9 @@ impl Configured {
 /// (talos-facts §5 "Removing a node").
 fn leave(shared: &Shared, node: &mut Node) -> Result<(), Status> {
     let data = local_member(node)?;
+    if shared.etcd_unhealthy.load(Ordering::SeqCst) {
+        return Err(no_local_member_id());
+    }
     if shared.fail_leave.load(Ordering::SeqCst) {
         return Err(Status::unavailable(
             "failed to leave the etcd cluster: etcdserver: request timed out",
@@ -323,7 +346,13 @@ impl MachineService for Configured {
         let strong = self.strong()?;
         let node = strong.lock().await;
         control_plane_only(&node, "etcd member list")?;
-        let data = local_member(&node)?;
+        // A local query asks the node's own member; otherwise Talos asks the control planes'
+        // members, peers included.
+        let data = if query_local {
+            answering_member(&node)?
+        } else {
+            local_member(&node)?
+        };
         let mut net = network();
         // A local query is served by the member itself, without a quorum read.
         let members = if query_local {
@@ -387,6 +416,9 @@ impl MachineService for Configured {
         let node = strong.lock().await;
         control_plane_only(&node, "etcd forfeit leadership")?;
         let data = local_member(&node)?;
+        if self.shared.etcd_unhealthy.load(Ordering::SeqCst) {
+            return Err(no_local_member_id());
+        }
         let mut net = network();
         let cluster = net
             .serving_cluster(data.cluster, data.member)
@@ -421,12 +453,19 @@ impl MachineService for Configured {
         }))
     }
 
-    /// The local member's status; without quorum it has no leader.
+    /// The local member's status; without quorum it has no leader (etcd's `Status` lists
+    /// "etcdserver: no leader" and any alarm in `errors`). An unhealthy member does not answer:
+    /// the call fails as Talos wraps the local client's error.
     async fn etcd_status(&self, _r: Request<()>) -> Reply<EtcdStatusResponse> {
         let strong = self.strong()?;
         let node = strong.lock().await;
         control_plane_only(&node, "etcd status")?;
-        let data = local_member(&node)?;
+        let data = answering_member(&node).map_err(|s| {
+            Status::new(
+                s.code(),
+                format!("failed to query etcd status: {}", s.message()),
+            )
+        })?;
         let mut net = network();
         let leader = net.settle_leader(data.cluster);
         let cluster = net
@@ -477,7 +516,7 @@ impl MachineService for Configured {
         let strong = self.strong()?;
         let node = strong.lock().await;
         control_plane_only(&node, "etcd snapshot")?;
-        let data = local_member(&node)?;
+        let data = answering_member(&node)?;
         // The member reads its own database: no quorum needed.
         let view = network()
             .cluster(data.cluster)
@@ -516,7 +555,7 @@ impl MachineService for Configured {
         let strong = self.strong()?;
         let node = strong.lock().await;
         control_plane_only(&node, "etcd defragment")?;
-        local_member(&node)?;
+        answering_member(&node)?;
         Ok(Response::new(EtcdDefragmentResponse {
             messages: vec![EtcdDefragment { metadata: None }],
         }))

@@ -30,7 +30,7 @@
 //! - **Roles per method** (§10.6), `Version` and services as machined fills them (§10.7, §10.8),
 //!   and `Unimplemented` naming every method the simulator does not model (§10.10).
 //! - **Faults and gates**: crash/restart, partition, slow, certificate faults, failing etcd
-//!   leave, upgrade rollback; gates that hold a named RPC until released, and one that keeps
+//!   leave, an unhealthy etcd member on a node that still answers, upgrade rollback; gates that hold a named RPC until released, and one that keeps
 //!   a joined etcd learner from promoting itself.
 #![forbid(unsafe_code)]
 
@@ -256,6 +256,32 @@ pub enum Fault {
     Slow(Duration),
     /// Etcd leave fails (`EtcdLeaveCluster` and graceful resets) until cleared.
     FailEtcdLeave(bool),
+    /// This control plane's etcd member is unhealthy, until cleared, while the node's Talos API
+    /// keeps answering (version, services, COSI resources): its etcd runs but answers neither
+    /// clients nor peers, as a hung member does. It stays in the member list peers report (a
+    /// voter still), and counts as down for quorum and leadership. What Talos does then, from
+    /// its source (siderolabs/talos):
+    ///
+    /// - `EtcdStatus` (`v1alpha1_server.go` `Server.EtcdStatus`) asks the local member through
+    ///   `etcd.NewLocalClient`; clientv3 waits for a ready connection, so the call fails when the
+    ///   caller's deadline passes, wrapped as "failed to query etcd status: …". The simulator
+    ///   fails it at once with `DeadlineExceeded`. (`EtcdMemberStatus.errors`, field 8, is for a
+    ///   member that does answer: etcd's `maintenanceServer.Status` lists "etcdserver: no
+    ///   leader" and each alarm there, e.g. `NOSPACE`; it is not this fault.)
+    /// - The etcd service's health check (`services/etcd.go` `Etcd.HealthFunc`) is a read
+    ///   through the local client (`Client.ValidateQuorum`): it fails, so the service is
+    ///   Running but not healthy, and the `services` readiness condition is unmet.
+    /// - `etcd.MemberController` (`controllers/etcd/member.go`) destroys the local `EtcdMember`
+    ///   resource while the service is not healthy.
+    /// - `EtcdLeaveCluster` and a graceful reset's `leaveEtcd` task (`Client.LeaveCluster` in
+    ///   `internal/pkg/etcd/etcd.go`) read the member id from that resource first
+    ///   (`etcd.GetLocalMemberID`, waiting up to three minutes): they fail, "failed to get local
+    ///   etcd member ID: context deadline exceeded" (at once here), and a graceful reset fails in
+    ///   its leave phase.
+    /// - `EtcdMemberList`, `EtcdRemoveMemberByID` and `EtcdForfeitLeadership` go through every
+    ///   control plane's member (`etcd.NewClientFromControlPlaneIPs`), so peers serve them; a
+    ///   healthy peer's `EtcdRemoveMemberByID` removes the unhealthy member.
+    EtcdUnhealthy(bool),
     /// Upgrades come back on the old version until cleared.
     UpgradeRollback(bool),
     /// Config changes cannot be applied live until cleared: `NO_REBOOT` (and an `AUTO` that
@@ -505,6 +531,7 @@ impl SimNode {
             Fault::Heal => controls.set_partitioned(false),
             Fault::Slow(delay) => controls.set_slow(delay),
             Fault::FailEtcdLeave(on) => self.shared.fail_leave.store(on, Ordering::SeqCst),
+            Fault::EtcdUnhealthy(on) => self.shared.etcd_unhealthy.store(on, Ordering::SeqCst),
             Fault::UpgradeRollback(on) => self.shared.upgrade_rollback.store(on, Ordering::SeqCst),
             Fault::RequireReboot(on) => self.shared.require_reboot.store(on, Ordering::SeqCst),
             Fault::DifferentCertificate | Fault::MismatchedKey => {

@@ -25,6 +25,8 @@ pub(crate) struct Shared {
     pub(crate) controls: Controls,
     /// Fault: the next `EtcdLeaveCluster` (or graceful reset) fails.
     pub(crate) fail_leave: AtomicBool,
+    /// Fault: its etcd member runs but answers neither its clients nor its peers.
+    pub(crate) etcd_unhealthy: AtomicBool,
     /// Fault: an upgrade comes back on the old version.
     pub(crate) upgrade_rollback: AtomicBool,
     /// Fault: config changes need a reboot (`NO_REBOOT` refused).
@@ -50,6 +52,7 @@ impl Shared {
             etcd_running: AtomicU64::new(0),
             controls: Controls::default(),
             fail_leave: AtomicBool::new(false),
+            etcd_unhealthy: AtomicBool::new(false),
             upgrade_rollback: AtomicBool::new(false),
             require_reboot: AtomicBool::new(false),
             etcd_rounds: AtomicUsize::new(0),
@@ -201,13 +204,19 @@ pub(crate) enum EtcdDown {
     Removed,
     /// The cluster lost quorum.
     NoQuorum,
+    /// The node's member runs but does not answer (the `EtcdUnhealthy` fault): a client of it
+    /// waits until its deadline.
+    Unhealthy,
 }
 
 impl Inner {
-    /// Whether `member` answers: its node is reachable and runs that cluster's etcd.
+    /// Whether `member` answers: its node is reachable and runs that cluster's etcd, and its
+    /// member is not unhealthy.
     pub(crate) fn alive(&self, cluster: u64, member: &Member) -> bool {
         self.nodes.get(&member.addr).is_some_and(|e| {
-            e.shared.reachable() && e.shared.etcd_running.load(Ordering::SeqCst) == cluster
+            e.shared.reachable()
+                && e.shared.etcd_running.load(Ordering::SeqCst) == cluster
+                && !e.shared.etcd_unhealthy.load(Ordering::SeqCst)
         })
     }
 

@@ -281,7 +281,8 @@ impl Node {
     }
 
     /// Follows the etcd member: the service runs once the node's member does, and its health
-    /// check fails while the member is gone or stopped.
+    /// check fails while the member is gone or stopped, or unhealthy (`Fault::EtcdUnhealthy`:
+    /// Talos's check, `Etcd.HealthFunc`, is a read through the local client, which times out).
     fn observe_etcd(&mut self) {
         let Some(state) = self.services.records.get("etcd").map(|r| r.state) else {
             return;
@@ -291,6 +292,9 @@ impl Node {
         });
         match (state, member) {
             (Action::Preparing, Some(_)) => self.run_service("etcd"),
+            (Action::Running, Some(_)) if self.shared.etcd_unhealthy.load(Ordering::SeqCst) => {
+                self.health_event("etcd", false, "context deadline exceeded");
+            }
             (Action::Running, Some(_)) => self.health_event("etcd", true, ""),
             (Action::Running, None) => self.health_event(
                 "etcd",

@@ -1,7 +1,7 @@
 //! Bootstrap and etcd membership against simulated control planes whose cluster comes only
 //! from their applied configs (talos-facts §1.2, §5): the not-ready window, joins as learners
-//! and promotion, leave, remove by id, quorum loss, and the second cluster a second
-//! Bootstrap creates.
+//! and promotion, leave, remove by id, quorum loss, an unhealthy member on a node that still
+//! answers, and the second cluster a second Bootstrap creates.
 
 mod support;
 
@@ -10,9 +10,12 @@ use std::time::Duration;
 
 use ichor_api::common::Role;
 use ichor_sim::{Fault, Hardware, SimNode, Timings};
-use ichor_talos::{Bootstrapped, TalosClient};
+use ichor_talos::api::machine::ReadRequest;
+use ichor_talos::api::machine::machine_service_client::MachineServiceClient;
+use ichor_talos::{Bootstrapped, ResetOptions, TalosClient};
 use ichor_testenv::wait::eventually;
 use support::{NodeConfig, WAIT, admin, bundle_for, node_config};
+use tokio_stream::StreamExt as _;
 
 fn addr(net: u8, host: u8) -> SocketAddr {
     SocketAddr::from(([127, 0, net, host], 50000))
@@ -261,5 +264,108 @@ async fn forfeit_snapshot_defragment_and_a_failing_leave() {
         2,
         "a failed leave changes nothing"
     );
+    stop_all(nodes).await;
+}
+
+/// The node's boot id (`/proc/sys/kernel/random/boot_id`), or nothing while it does not answer.
+async fn boot_id(client: &TalosClient) -> Option<String> {
+    let mut stream = MachineServiceClient::new(client.channel())
+        .read(ReadRequest {
+            path: "/proc/sys/kernel/random/boot_id".into(),
+        })
+        .await
+        .ok()?
+        .into_inner();
+    let mut text = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        text.extend(chunk.ok()?.bytes);
+    }
+    String::from_utf8(text).ok()
+}
+
+#[tokio::test]
+async fn an_unhealthy_member_stays_a_voter_cannot_leave_and_is_removed_through_a_peer() {
+    let nodes = control_planes(35, 3).await;
+    nodes[0]
+        .1
+        .bootstrap(Duration::from_secs(5))
+        .await
+        .expect("bootstrap");
+    eventually("three voters", WAIT, || async {
+        voters(&nodes[0].1).await.len() == 3
+    })
+    .await;
+    let (sick, client) = &nodes[2];
+    let id = sick.etcd_member_id().await.expect("a member");
+    sick.inject(Fault::EtcdUnhealthy(true))
+        .await
+        .expect("fault");
+
+    // The node answers; its etcd member does not, and its etcd service is not healthy.
+    client.version().await.expect("the Talos API answers");
+    let err = client
+        .etcd_status()
+        .await
+        .expect_err("the local member does not answer");
+    assert_eq!(err.code(), Some(tonic::Code::DeadlineExceeded), "{err}");
+    assert!(
+        err.to_string().contains("failed to query etcd status"),
+        "{err}"
+    );
+    let services = client.services().await.expect("services");
+    assert!(
+        services
+            .iter()
+            .any(|s| s.id == "etcd" && s.state == "Running" && !s.healthy),
+        "{services:?}"
+    );
+    let status = client.machine_status().await.expect("machine status");
+    assert!(
+        status
+            .unmet
+            .iter()
+            .any(|(name, reason)| name == "services" && reason.contains("etcd")),
+        "{status:?}"
+    );
+
+    // Its peers still list it, a voter, and count it down: two of three answer.
+    assert_eq!(voters(&nodes[0].1).await, ["cp-1", "cp-2", "cp-3"]);
+    assert_eq!(nodes[0].0.etcd_quorum_view().await, Some((3, 2)));
+    let peer = nodes[0].1.etcd_status().await.expect("a healthy peer");
+    assert!(peer.errors.is_empty(), "{peer:?}");
+    assert!(peer.leader != 0 && peer.leader != id, "{peer:?}");
+
+    // It cannot leave: neither by EtcdLeaveCluster nor by a graceful reset, which fails in
+    // its leave phase, wipes nothing and reboots the node.
+    let err = client.etcd_leave().await.expect_err("no local member id");
+    assert!(
+        err.to_string()
+            .contains("failed to get local etcd member ID"),
+        "{err}"
+    );
+    let before = boot_id(client).await.expect("boot id");
+    client
+        .reset(ResetOptions {
+            graceful: true,
+            reboot: true,
+        })
+        .await
+        .expect("the reset is accepted; its sequence fails");
+    eventually("the node back from the failed reset", WAIT, || async {
+        boot_id(client).await.is_some_and(|now| now != before)
+    })
+    .await;
+    assert_eq!(sick.etcd_member_id().await, Some(id), "nothing was wiped");
+    assert_eq!(voters(&nodes[0].1).await, ["cp-1", "cp-2", "cp-3"]);
+    assert_eq!(sick.calls("EtcdLeaveCluster"), 1);
+
+    // A healthy peer removes it by id.
+    nodes[1]
+        .1
+        .etcd_remove_member(id)
+        .await
+        .expect("removed through a healthy peer");
+    assert_eq!(voters(&nodes[0].1).await, ["cp-1", "cp-2"]);
+    assert_eq!(nodes[0].0.etcd_quorum_view().await, Some((2, 2)));
     stop_all(nodes).await;
 }

@@ -18,8 +18,8 @@
 //!   `etcd_keys`: the keys of its etcd cluster's keyspace (null without a member);
 //! - `POST /nodes/{ip}/{action}` with `action` one of `crash`, `restart`, `reboot`,
 //!   `partition`, `heal`, `cni-present`, `cni-absent`, `different-certificate`,
-//!   `mismatched-key`, `fail-leave`, `succeed-leave`, `upgrade-rollback`, `upgrade-forward`,
-//!   `slow?ms=N`, or `etcd-size?bytes=SIZE` (the node's etcd cluster grows or shrinks);
+//!   `mismatched-key`, `fail-leave`, `succeed-leave`, `etcd-unhealthy`, `etcd-healthy`,
+//!   `upgrade-rollback`, `upgrade-forward`, `slow?ms=N`, or `etcd-size?bytes=SIZE` (the node's etcd cluster grows or shrinks);
 //! - `POST /nodes/{ip}/gates/{method}` holds a method, `GET` reports how many calls arrived,
 //!   `DELETE` releases it.
 
@@ -192,6 +192,8 @@ async fn act(
         "mismatched-key" => Fault::MismatchedKey,
         "fail-leave" => Fault::FailEtcdLeave(true),
         "succeed-leave" => Fault::FailEtcdLeave(false),
+        "etcd-unhealthy" => Fault::EtcdUnhealthy(true),
+        "etcd-healthy" => Fault::EtcdUnhealthy(false),
         "upgrade-rollback" => Fault::UpgradeRollback(true),
         "upgrade-forward" => Fault::UpgradeRollback(false),
         "require-reboot" => Fault::RequireReboot(true),

@@ -115,7 +115,7 @@ pub(crate) fn unmet_conditions(node: &Node, shared: &Shared) -> Vec<UnmetConditi
     let net = network();
     let cluster_id = if config.is_control_plane() {
         let running = shared.etcd_running.load(Ordering::SeqCst);
-        if running == 0 {
+        if running == 0 || shared.etcd_unhealthy.load(Ordering::SeqCst) {
             unmet.push(UnmetCondition {
                 name: "services".into(),
                 reason: "service \"etcd\" is not healthy".into(),
@@ -434,10 +434,13 @@ fn machine_configs(node: &Node) -> Vec<Res> {
     out
 }
 
-/// The local etcd member, while the node's etcd runs.
+/// The local etcd member, while the node's etcd runs and is healthy (`etcd.MemberController`
+/// destroys it while the etcd service is not healthy).
 fn etcd_member(node: &Node, shared: &Shared) -> Option<Res> {
     let data = node.etcd.filter(|d| {
-        !node.etcd_stopped && shared.etcd_running.load(Ordering::SeqCst) == d.cluster
+        !node.etcd_stopped
+            && shared.etcd_running.load(Ordering::SeqCst) == d.cluster
+            && !shared.etcd_unhealthy.load(Ordering::SeqCst)
     })?;
     let member_id = format!("{:016x}", data.member);
     Some(Res::new(
