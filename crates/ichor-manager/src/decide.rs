@@ -6,7 +6,7 @@ use std::time::Duration;
 use ichor_api::common::Role;
 use ichor_api::machine::{EtcdObservation, MachinePhase};
 use ichor_api::names::reasons;
-use ichor_talos::{ApplyRefusal, Stage, TalosError};
+use ichor_talos::{ApplyRefusal, EtcdStatus, Stage, TalosError};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
@@ -92,6 +92,18 @@ pub fn standing(role: Role, api: Option<NodeView>) -> Standing {
             reason: reasons::WAITING_FOR_ETCD,
             message: "running; etcd waits for the cluster's bootstrap or for joining".into(),
         },
+    }
+}
+
+/// What a control plane's `EtcdStatus` answer says of its member. An error is not a member
+/// that answers: none runs yet, it has left, or it runs and fails (a hung or crashed member:
+/// Talos asks the local member, and that call fails). The answer alone cannot tell these
+/// apart; [`etcd_observation`] keeps a known voter a voter, unhealthy.
+pub fn etcd_answered<E>(answer: Result<EtcdStatus, E>) -> Etcd {
+    match answer {
+        Ok(status) if status.learner => Etcd::Learner(status.member_id),
+        Ok(status) => Etcd::Voter(status.member_id),
+        Err(_) => Etcd::NotMember,
     }
 }
 
@@ -450,6 +462,64 @@ mod tests {
         assert!(!joining.voter && !joining.healthy);
         let installing = etcd_observation(None, None, now);
         assert!(!installing.voter && !installing.healthy);
+    }
+
+    fn etcd_status(member_id: u64, learner: bool) -> EtcdStatus {
+        EtcdStatus {
+            member_id,
+            leader: 1,
+            learner,
+            raft_index: 10,
+            raft_term: 2,
+            db_size: 4096,
+            errors: Vec::new(),
+        }
+    }
+
+    /// What Talos answers when the node's own member does not: its local client's call times
+    /// out (`Server.EtcdStatus`).
+    fn member_fails() -> Result<EtcdStatus, TalosError> {
+        Err(TalosError::Rpc {
+            method: "EtcdStatus",
+            endpoint: "10.0.0.3".into(),
+            status: tonic::Status::deadline_exceeded(
+                "failed to query etcd status: context deadline exceeded",
+            ),
+        })
+    }
+
+    #[test]
+    fn a_voter_whose_member_fails_while_its_node_answers_stays_a_voter_unhealthy() {
+        let now = at("2026-12-03T10:00:00Z");
+        let ok = || Ok::<_, TalosError>(etcd_status(7, false));
+        let voter = etcd_observation(None, Some(etcd_answered(ok())), now);
+        assert!(voter.voter && voter.healthy);
+
+        // The node answers, its member does not: recorded at once as an unhealthy voter,
+        // never as "not a member".
+        let soon = now + Duration::from_secs(1);
+        let sick = etcd_observation(Some(&voter), Some(etcd_answered(member_fails())), soon);
+        assert!(sick.voter && !sick.healthy, "{sick:?}");
+        assert_eq!(
+            sick.observed_at,
+            Time(soon),
+            "a change is recorded when seen"
+        );
+        let later = now + Duration::from_secs(45);
+        let still = etcd_observation(Some(&sick), Some(etcd_answered(member_fails())), later);
+        assert!(still.voter && !still.healthy, "{still:?}");
+
+        // Once its member answers again, it is a healthy voter again.
+        let back = etcd_observation(Some(&still), Some(etcd_answered(ok())), later);
+        assert!(back.voter && back.healthy, "{back:?}");
+
+        // A control plane never seen a voter is not made one by a failing answer.
+        let never = etcd_observation(None, Some(etcd_answered(member_fails())), now);
+        assert!(!never.voter && !never.healthy);
+        assert_eq!(
+            etcd_answered(Ok::<_, TalosError>(etcd_status(8, true))),
+            Etcd::Learner(8)
+        );
     }
 
     #[test]

@@ -12,7 +12,7 @@ use kube::ResourceExt as _;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
-use crate::decide::{Etcd, etcd_observation};
+use crate::decide::{Etcd, etcd_answered, etcd_observation};
 use crate::{Context, Error};
 
 /// The planner's view of `cluster` and its `machines`, as recorded, judged now.
@@ -28,11 +28,7 @@ pub fn snapshot(
 /// What a control plane's etcd member answers now (`None`: the node does not answer).
 pub async fn etcd_answer(address: &str, credentials: &Credentials) -> Option<Etcd> {
     let client = crate::connect(address, credentials).await?;
-    Some(match client.etcd_status().await {
-        Ok(status) if status.learner => Etcd::Learner(status.member_id),
-        Ok(status) => Etcd::Voter(status.member_id),
-        Err(_) => Etcd::NotMember,
-    })
+    Some(etcd_answered(client.etcd_status().await))
 }
 
 /// Looks at every configured control plane's etcd member now and records what it saw in each
