@@ -1,20 +1,32 @@
 //! Randomized, seeded, replayable sequences on a model of one cluster: machines approved,
 //! configured and joining etcd, deletes admitted (with or without the allow-delete annotation),
-//! removals stepping under the cluster lock, a reboot operation across the control planes, etcd
-//! members falling sick and healing, the manager's observations of them recorded or not (an
-//! observer outage lets them go stale), the declared count changed, the manager crashing
-//! (between performing a step and recording it, too), and finally the cluster torn down.
+//! removals stepping under the cluster lock, TalosOperations (`reset`, `reboot`, `upgrade`) on
+//! one machine, the control planes or every machine, admitted at the door and run one node at a
+//! time, config drift that needs a reboot (accepted by the node, or refused), etcd members
+//! falling sick and healing, the manager's observations of them recorded or not (an observer
+//! outage lets them go stale), the declared count changed, the manager crashing (between
+//! sending an action to a node and recording it, too), and finally the cluster torn down.
 //!
-//! Every decision is the planner's (`ichor_deleteguard::plan`, through `check_machine_delete_with`
-//! at admission and `check_with` in the controller: at step Pending, right before the etcd leave
-//! and before each reboot), with `next_removal_step`, `is_once_only`, `lock_decision`,
-//! `transitioning`, `removal_completes_transition` and `teardown_next`. The planner sees only the
-//! recorded observations; the model keeps the truth. It performs what the planner decides and
-//! checks, in closed form over the truth, that etcd keeps quorum, the cluster keeps a voter, a
-//! control plane leaves etcd only while the voters staying keep quorum of the voters before and
-//! with its allow-delete annotation, no healthy control plane is disrupted while another voter
-//! is unhealthy, a removal starts only with the declared count of healthy voters staying, one
-//! action at most holds the lock, no once-only step runs twice and one node at most is down.
+//! Every decision is the planner's (`ichor_deleteguard::plan`): `check_machine_delete_with` and
+//! `check_targets_with` at admission, `check_with` in the controller (when a removal, an
+//! operation's node or a reboot for drift starts, and right before the step that takes a voter
+//! out or down of one already started), with `next_removal_step` (a reset walks the removal's
+//! steps, the machine staying), `is_once_only`, `lock_decision`, `transitioning`,
+//! `removal_completes_transition` and `teardown_next`. The planner sees only the recorded
+//! observations; the model keeps the truth. A restarted actor looks for the effect of what it
+//! may have sent (out of etcd, in maintenance, booted again, running the new version or config)
+//! before sending it again.
+//!
+//! After every step the model checks, in closed form over the truth: etcd keeps quorum of its
+//! voters and at least one voter; a control plane leaves etcd only while the voters staying keep
+//! quorum of the voters before, and with the allow-delete annotation (on the machine, or on the
+//! operation for a reset); no healthy control plane is disrupted while another voter is not
+//! serving; a removal or a reset of a voter starts only with the declared count of healthy
+//! voters staying; every disruptive step is taken by the action holding the cluster lock, and
+//! one action at most believes it holds it; no once-only step (etcd leave, reset, an
+//! operation's reboot or upgrade of a node, a reboot for drift) runs twice; one voter at most is
+//! down; a config the node refused is neither recorded nor running anywhere, and its action
+//! holds nothing.
 //!
 //! Each rule of the planner's table is needed: `every_rule_is_caught_when_disabled` runs the
 //! seeds with one rule left out at a time and expects a broken invariant for each.
@@ -29,9 +41,9 @@ use ichor_api::common::Role;
 use ichor_api::machine::RemovalStep;
 use ichor_deleteguard::{
     Cluster, Disruption, LockDecision, LockView, Machine, Observation, Rule, RuleSet, Stage,
-    Verdict, approved_control_planes, check_machine_delete_with, check_with, etcd_quorum,
-    is_once_only, lock_decision, next_removal_step, reasons, removal_completes_transition,
-    teardown_next, transitioning,
+    Verdict, approved_control_planes, check_machine_delete_with, check_targets_with, check_with,
+    etcd_quorum, is_once_only, lock_decision, next_removal_step, reasons,
+    removal_completes_transition, teardown_next, transitioning,
 };
 use ichor_testenv::rng::{self, SEED_ENV, TestRng as Rng};
 
@@ -72,10 +84,21 @@ struct Node {
     deleting: bool,
     /// An etcd voter.
     voter: bool,
-    /// Configured as control plane, joining etcd at the next tick.
+    /// Configured as control plane, joining etcd at the next tick it is up.
     joining: bool,
-    /// Rebooting; up again at the next tick.
-    down: bool,
+    /// Rebooting: ticks until it is up again (0: up).
+    down: usize,
+    /// How many times it booted (the truth; a restarted actor compares it with its record).
+    boots: u32,
+    /// The Talos version it runs.
+    version: u32,
+    /// The config it runs (0: none), and the one staged for its next boot.
+    config: u32,
+    staged: Option<u32>,
+    /// The config recorded as applied (`status.appliedConfigHash`).
+    applied_config: u32,
+    /// Its reboot for drift, as recorded in status.
+    drift: Option<Drift>,
     /// Its etcd member is healthy (the truth; a fault makes it sick).
     healthy: bool,
     /// The manager's last recorded observation of its etcd member.
@@ -99,24 +122,113 @@ impl Node {
         self.role == Role::ControlPlane
     }
 
+    fn drift_id(&self) -> String {
+        format!("drift/{}", self.name)
+    }
+
     /// A voter that is up and healthy, in truth.
     fn serving(&self) -> bool {
-        self.voter && self.healthy && !self.down
+        self.voter && self.healthy && self.down == 0
+    }
+
+    /// Up, and healthy for its role: what an action waits for after taking it down.
+    fn back(&self) -> bool {
+        self.down == 0 && (self.serving() || !self.voter)
     }
 }
 
-/// The reboot operation: one control plane at a time, etcd healthy before the next.
+/// A config change that needs a reboot, on one machine (`drift/<machine>`): under
+/// the cluster lock, staged, then a reboot, the lock held until the node is back.
+#[derive(Clone, Debug, PartialEq)]
+struct Drift {
+    /// The config to apply.
+    patch: u32,
+    /// The node refuses it (the truth: the actor learns it by staging).
+    refused_by_node: bool,
+    /// Recorded: how far it got.
+    step: DriftStep,
+    /// The last reason it was held.
+    held: Option<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum DriftStep {
+    /// Nothing sent.
+    Pending,
+    /// Staged on the node and recorded as applied: the reboot comes next.
+    Staged,
+    /// Rebooted: the lock is held until the node is back.
+    Rebooting,
+    /// The node refused the config: the action stopped there, nothing changed.
+    Refused,
+}
+
+/// What a TalosOperation does to each of its nodes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum OpKind {
+    /// Out of etcd for good, back to maintenance (the machine stays).
+    Reset,
+    /// Down and back.
+    Reboot,
+    /// Down and back on a new version.
+    Upgrade,
+}
+
+/// How far an operation got on its current node, as recorded in its status.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum OpStep {
+    /// Nothing done on it.
+    Pending,
+    /// A restart's intent, recorded before sending: the node's boot count then.
+    Intent { boots: u32 },
+    /// A restart sent: waiting for the node to be back and healthy.
+    Sent,
+    /// A reset, through the removal's steps: the last one done.
+    Removal(RemovalStep),
+}
+
+/// A TalosOperation: one node at a time under the cluster lock, each back and healthy (or, for
+/// a reset, in maintenance) before the next.
 #[derive(Clone, Debug, PartialEq)]
 struct Operation {
     id: String,
-    /// Control planes to reboot, by name.
+    kind: OpKind,
+    /// The allow-delete annotation, on the operation.
+    allow_delete: bool,
+    /// Machines, by name, control planes first.
     targets: Vec<String>,
-    /// Recorded: the next target.
+    /// Recorded: the current target.
     index: usize,
-    /// Recorded: the current target was rebooted, waiting for etcd health.
-    rebooted: bool,
+    /// Recorded: how far the current target got.
+    step: OpStep,
+    /// The version an upgrade installs.
+    version: u32,
     /// The last reason it was held.
     held: Option<String>,
+}
+
+impl Operation {
+    /// What it does to a node, for the planner.
+    fn disruption(&self) -> Disruption {
+        match self.kind {
+            OpKind::Reset => Disruption::Reset {
+                operation: self.id.trim_start_matches("operation/").to_owned(),
+                allow_delete: self.allow_delete,
+            },
+            OpKind::Reboot | OpKind::Upgrade => Disruption::Restart,
+        }
+    }
+}
+
+/// An action the controller reconciles.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Action {
+    /// The removal of a machine being deleted.
+    Removal(String),
+    /// The operation.
+    Operation,
+    /// The reboot for drift of a machine.
+    Drift(String),
 }
 
 /// Totals over all seeds, so the test can show it reached the interesting cases.
@@ -125,15 +237,59 @@ struct Coverage {
     removals_completed: usize,
     control_planes_removed: usize,
     operations_completed: usize,
+    operations_failed: usize,
     reboots: usize,
+    upgrades: usize,
+    control_plane_resets: usize,
+    drift_reboots: usize,
+    drifts_refused: usize,
+    /// Restarts sent while another node (a worker: a voter down holds them) was still down
+    /// from an action whose lock expired after a crash.
+    restarted_while_another_down: usize,
     crashes: usize,
     crashes_before_record: usize,
     once_only_found_done: usize,
+    /// Once-only steps a restarted actor found done instead of repeating, by step and actor.
+    found_done: BTreeMap<String, usize>,
     held: BTreeMap<String, usize>,
     refused_deletes: BTreeMap<&'static str, usize>,
+    refused_operations: BTreeMap<&'static str, usize>,
     declared_changes: usize,
     sickened: usize,
     stale_outages: usize,
+}
+
+impl Coverage {
+    fn add(&mut self, other: &Self) {
+        self.removals_completed += other.removals_completed;
+        self.control_planes_removed += other.control_planes_removed;
+        self.operations_completed += other.operations_completed;
+        self.operations_failed += other.operations_failed;
+        self.reboots += other.reboots;
+        self.upgrades += other.upgrades;
+        self.control_plane_resets += other.control_plane_resets;
+        self.drift_reboots += other.drift_reboots;
+        self.drifts_refused += other.drifts_refused;
+        self.restarted_while_another_down += other.restarted_while_another_down;
+        self.crashes += other.crashes;
+        self.crashes_before_record += other.crashes_before_record;
+        self.once_only_found_done += other.once_only_found_done;
+        for (what, n) in &other.found_done {
+            *self.found_done.entry(what.clone()).or_default() += n;
+        }
+        for (reason, n) in &other.held {
+            *self.held.entry(reason.clone()).or_default() += n;
+        }
+        for (reason, n) in &other.refused_deletes {
+            *self.refused_deletes.entry(reason).or_default() += n;
+        }
+        for (reason, n) in &other.refused_operations {
+            *self.refused_operations.entry(reason).or_default() += n;
+        }
+        self.declared_changes += other.declared_changes;
+        self.sickened += other.sickened;
+        self.stale_outages += other.stale_outages;
+    }
 }
 
 /// The model of one cluster.
@@ -150,8 +306,8 @@ struct World {
     /// Actions whose in-memory state says they hold the lock (lost on a crash).
     holders: BTreeSet<String>,
     op: Option<Operation>,
-    /// Once-only steps performed, by machine and step.
-    once_only: BTreeMap<(String, RemovalStep), usize>,
+    /// Once-only steps performed, by action, machine and step.
+    once_only: BTreeMap<(String, String, &'static str), usize>,
     /// The first once-only step performed twice.
     twice: Option<String>,
     /// Control planes whose etcd leave was skipped as the last member of a teardown.
@@ -160,6 +316,7 @@ struct World {
     leaves: Vec<String>,
     next_name: usize,
     next_op: usize,
+    next_patch: u32,
     tick: usize,
     /// Whether `trace` is kept.
     tracing: bool,
@@ -185,6 +342,7 @@ impl World {
             leaves: Vec::new(),
             next_name: 0,
             next_op: 0,
+            next_patch: 0,
             tick: 0,
             tracing: false,
             trace: Vec::new(),
@@ -226,7 +384,13 @@ impl World {
             deleting: false,
             voter: false,
             joining: false,
-            down: false,
+            down: 0,
+            boots: 0,
+            version: 0,
+            config: 0,
+            staged: None,
+            applied_config: 0,
+            drift: None,
             healthy: true,
             record: None,
             allow_delete: false,
@@ -339,12 +503,12 @@ impl World {
     // ---- The physical world -------------------------------------------------------------
 
     /// What happens between ticks without the manager: rebooted nodes come back, configured
-    /// control planes join etcd.
+    /// control planes that are up join etcd.
     fn physical(&mut self) -> Result<(), String> {
         self.tick += 1;
         for n in &mut self.nodes {
-            n.down = false;
-            if n.joining {
+            n.down = n.down.saturating_sub(1);
+            if n.joining && n.down == 0 {
                 n.joining = false;
                 n.voter = true;
             }
@@ -400,12 +564,15 @@ impl World {
         log!(self, "fault: {} falls sick", self.nodes[i].name);
     }
 
-    /// A sick member heals.
+    /// A sick member heals, while the observer is up. (Healed unobserved, it would be removed
+    /// as the unhealthy member its record says it is, a healthy control plane disrupted while
+    /// another voter is sick; the manager looks at every member right before acting, which the
+    /// model's observer outage stands in for.)
     fn heal(&mut self, rng: &mut Rng) {
         let sick: Vec<usize> = (0..self.nodes.len())
             .filter(|&i| !self.nodes[i].healthy)
             .collect();
-        if sick.is_empty() {
+        if sick.is_empty() || !self.observer_up {
             return;
         }
         let i = sick[rng.below(sick.len())];
@@ -422,6 +589,10 @@ impl World {
     fn configure(&mut self, i: usize) {
         let n = &mut self.nodes[i];
         n.applied = true;
+        n.maintenance = false;
+        // The config it was approved with (drift patches are numbered from 1).
+        n.config = 0;
+        n.applied_config = 0;
         n.joining = n.is_control_plane();
         let name = n.name.clone();
         log!(self, "configure {name}");
@@ -510,7 +681,8 @@ impl World {
             }
         }
         log!(self, "removal {name}: {:?} -> {next:?}", node.recorded);
-        self.perform(i, next)?;
+        let allow_delete = node.allow_delete;
+        self.perform(i, next, &id, allow_delete)?;
         if next == RemovalStep::Complete {
             // The finalizer goes first: a crash before the lock is released leaves a lock
             // whose holder no longer exists, free to take once expired.
@@ -540,8 +712,9 @@ impl World {
         self.check()
     }
 
-    /// A control plane's removal starts (outside a teardown): the healthy voters staying, not
-    /// being deleted, are at least the declared count (closed form, over the truth).
+    /// A control plane's removal or reset starts (outside a teardown): the healthy voters
+    /// staying, not being deleted, are at least the declared count (closed form, over the
+    /// truth).
     fn starting_removal(&self, i: usize) -> Result<(), String> {
         let target = &self.nodes[i];
         if self.teardown || !target.is_control_plane() || !target.voter {
@@ -562,18 +735,31 @@ impl World {
         Ok(())
     }
 
-    /// Machine `i` is about to be taken out of etcd (`leaves`) or down: the invariants that
-    /// hold the planner to account, in closed form over the truth. Outside a teardown, a
-    /// control plane leaves only with its allow-delete annotation and while the voters staying
-    /// keep quorum of the voters before it; and no healthy control plane is disrupted while
-    /// another voter is not serving.
-    fn disrupting(&self, i: usize, leaves: bool) -> Result<(), String> {
+    /// Machine `i` is about to be taken out of etcd (`leaves`) or down by the action `by`: the
+    /// invariants that hold the planner to account, in closed form over the truth. The action
+    /// holds the cluster lock. Outside a teardown, a control plane leaves only with the
+    /// allow-delete annotation (`allow_delete`: the machine's, or a reset operation's) and
+    /// while the voters staying keep quorum of the voters before it; and no healthy control
+    /// plane is disrupted while another voter is not serving.
+    fn disrupting(
+        &self,
+        i: usize,
+        leaves: bool,
+        by: &str,
+        allow_delete: bool,
+    ) -> Result<(), String> {
         let target = &self.nodes[i];
+        if self.lock.as_ref().is_none_or(|l| l.holder != by) || !self.holders.contains(by) {
+            return Err(format!(
+                "{by} disrupts {} without holding the lock ({:?})",
+                target.name, self.lock
+            ));
+        }
         if self.teardown || !target.voter {
             return Ok(());
         }
         if leaves {
-            if !target.allow_delete {
+            if !allow_delete {
                 return Err(format!(
                     "{} leaves etcd without the allow-delete annotation",
                     target.name
@@ -616,8 +802,15 @@ impl World {
         }
     }
 
-    /// Performs `step` of the removal of `i` on the node (not recorded yet).
-    fn perform(&mut self, i: usize, step: RemovalStep) -> Result<(), String> {
+    /// Performs `step` of the removal (or reset) of `i` by the action `by` on the node (not
+    /// recorded yet).
+    fn perform(
+        &mut self,
+        i: usize,
+        step: RemovalStep,
+        by: &str,
+        allow_delete: bool,
+    ) -> Result<(), String> {
         let name = self.nodes[i].name.clone();
         let other_voters = self
             .nodes
@@ -629,7 +822,7 @@ impl World {
             RemovalStep::Cordoned | RemovalStep::Drained | RemovalStep::NodeDeleted => {}
             RemovalStep::EtcdLeft => {
                 if is_once_only(step) && !self.nodes[i].voter {
-                    self.coverage.once_only_found_done += 1;
+                    self.found_done("EtcdLeft", by);
                     log!(self, "  {name} is not an etcd member: leave recorded");
                 } else if self.teardown && other_voters == 0 {
                     if !self.leaves_skipped.contains(&name) {
@@ -637,8 +830,8 @@ impl World {
                     }
                     log!(self, "  {name} is the last member: no etcd leave");
                 } else {
-                    self.disrupting(i, true)?;
-                    self.performed_once_only(&name, step);
+                    self.disrupting(i, true, by, allow_delete)?;
+                    self.performed_once_only(by, &name, "EtcdLeft");
                     self.nodes[i].voter = false;
                     self.leaves.push(name.clone());
                     log!(self, "  {name} leaves etcd");
@@ -646,10 +839,10 @@ impl World {
             }
             RemovalStep::Reset => {
                 if is_once_only(step) && self.nodes[i].maintenance {
-                    self.coverage.once_only_found_done += 1;
+                    self.found_done("Reset", by);
                     log!(self, "  {name} is in maintenance: reset recorded");
                 } else {
-                    self.performed_once_only(&name, step);
+                    self.performed_once_only(by, &name, "Reset");
                     if self.nodes[i].voter {
                         if !(self.teardown && other_voters == 0) {
                             return Err(format!(
@@ -659,7 +852,12 @@ impl World {
                         }
                         self.nodes[i].voter = false;
                     }
-                    self.nodes[i].maintenance = true;
+                    // Wiped: no config, and no sick etcd member to bring back.
+                    let n = &mut self.nodes[i];
+                    n.maintenance = true;
+                    n.config = 0;
+                    n.staged = None;
+                    n.healthy = true;
                     log!(self, "  {name} reset");
                 }
             }
@@ -669,95 +867,192 @@ impl World {
         self.check()
     }
 
-    /// Counts a performed once-only step; a second time is a broken invariant.
-    fn performed_once_only(&mut self, name: &str, step: RemovalStep) {
-        let n = self.once_only.entry((name.to_owned(), step)).or_default();
+    /// Counts a once-only step (`what`) that the action `by`, resumed, found done.
+    fn found_done(&mut self, what: &str, by: &str) {
+        self.coverage.once_only_found_done += 1;
+        let actor = by.split('/').next().unwrap_or_default();
+        *self
+            .coverage
+            .found_done
+            .entry(format!("{what} by {actor}"))
+            .or_default() += 1;
+    }
+
+    /// Counts a once-only step (`what`) performed by the action `by` on machine `name`; a
+    /// second time is a broken invariant. Callers name only the steps that must never run twice
+    /// (stated here, not through `is_once_only`: the invariant must not move with it).
+    fn performed_once_only(&mut self, by: &str, name: &str, what: &'static str) {
+        let n = self
+            .once_only
+            .entry((by.to_owned(), name.to_owned(), what))
+            .or_default();
         *n += 1;
-        // Stated here, not through `is_once_only`: the invariant must not move with it.
-        if matches!(step, RemovalStep::EtcdLeft | RemovalStep::Reset)
-            && *n > 1
-            && self.twice.is_none()
-        {
-            self.twice = Some(format!("{step:?} of {name} performed {n} times"));
+        if *n > 1 && self.twice.is_none() {
+            self.twice = Some(format!("{what} of {name} by {by} performed {n} times"));
         }
     }
 
-    /// Starts a reboot of every control plane, one at a time.
-    fn start_operation(&mut self) {
+    // ---- Operations -----------------------------------------------------------------------
+
+    /// A person creates an operation over `targets` (control planes first); the door admits it
+    /// with `check_targets_with`, as the webhook does, or refuses it.
+    fn admit_operation(&mut self, kind: OpKind, targets: Vec<String>, allow_delete: bool) {
+        if self.op.is_some() || targets.is_empty() {
+            return;
+        }
+        let op = self.new_operation(kind, targets, allow_delete);
+        let names: Vec<&str> = op.targets.iter().map(String::as_str).collect();
+        match check_targets_with(
+            &names,
+            &self.machines(),
+            &self.cluster(),
+            &op.disruption(),
+            self.rules,
+        ) {
+            Ok(()) => {
+                log!(self, "{}: admitted over {:?}", op.id, op.targets);
+                self.op = Some(op);
+            }
+            Err(refusal) => {
+                *self
+                    .coverage
+                    .refused_operations
+                    .entry(refusal.reason())
+                    .or_default() += 1;
+                log!(self, "{}: refused {}", op.id, refusal.reason());
+            }
+        }
+    }
+
+    fn new_operation(
+        &mut self,
+        kind: OpKind,
+        targets: Vec<String>,
+        allow_delete: bool,
+    ) -> Operation {
+        self.next_op += 1;
+        let verb = match kind {
+            OpKind::Reset => "reset",
+            OpKind::Reboot => "reboot",
+            OpKind::Upgrade => "upgrade",
+        };
+        Operation {
+            id: format!("operation/{verb}-{}", self.next_op),
+            kind,
+            allow_delete,
+            targets,
+            index: 0,
+            step: OpStep::Pending,
+            version: u32::try_from(self.next_op).expect("few operations"),
+            held: None,
+        }
+    }
+
+    /// Starts an operation over `targets` without asking the door (it was admitted before
+    /// what the test sets up happened).
+    fn start_operation(&mut self, kind: OpKind, targets: &[&str]) {
+        let targets = targets.iter().map(|t| (*t).to_owned()).collect();
+        let op = self.new_operation(kind, targets, true);
+        log!(self, "{}: started over {:?}", op.id, op.targets);
+        self.op = Some(op);
+    }
+
+    /// A random operation: a reset, a reboot or an upgrade of one configured machine, of every
+    /// control plane, or of every configured machine (control planes first), the allow-delete
+    /// annotation on it nine times in ten.
+    fn random_operation(&mut self, rng: &mut Rng) {
         if self.op.is_some() {
             return;
         }
-        let targets: Vec<String> = self
+        let kind = [OpKind::Reset, OpKind::Reboot, OpKind::Upgrade][rng.below(3)];
+        let mut configured: Vec<&Node> = self
             .nodes
             .iter()
-            .filter(|n| n.voter)
-            .map(|n| n.name.clone())
+            .filter(|n| n.applied && !n.deleting && !n.joining)
             .collect();
-        if targets.is_empty() {
+        configured.sort_by_key(|n| !n.is_control_plane());
+        if configured.is_empty() {
             return;
         }
-        self.next_op += 1;
-        let id = format!("operation/reboot-{}", self.next_op);
-        log!(self, "start {id} over {targets:?}");
-        self.op = Some(Operation {
-            id,
-            targets,
-            index: 0,
-            rebooted: false,
-            held: None,
-        });
+        let targets: Vec<String> = match rng.below(4) {
+            0 | 1 => vec![configured[rng.below(configured.len())].name.clone()],
+            2 => configured
+                .iter()
+                .filter(|n| n.is_control_plane())
+                .map(|n| n.name.clone())
+                .collect(),
+            _ => configured.iter().map(|n| n.name.clone()).collect(),
+        };
+        let allow_delete = !rng.chance(1, 10);
+        self.admit_operation(kind, targets, allow_delete);
+    }
+
+    /// Records why the operation waits (counted once per change).
+    fn op_held(&mut self, op: &mut Operation, reason: &str) {
+        if op.held.as_deref() != Some(reason) {
+            log!(self, "{}: held, {reason}", op.id);
+            *self.coverage.held.entry(reason.to_owned()).or_default() += 1;
+            op.held = Some(reason.to_owned());
+        }
+    }
+
+    /// Whether the operation completes the transition, by the library: a reset of a surplus
+    /// control plane does, as its removal would, and one that started on a node always may
+    /// finish it; restarts complete nothing.
+    fn op_completes(&self, op: &Operation) -> bool {
+        if op.kind != OpKind::Reset {
+            return false;
+        }
+        let Some(i) = op.targets.get(op.index).and_then(|name| self.index(name)) else {
+            return false;
+        };
+        let done = match op.step {
+            OpStep::Removal(step) => step,
+            _ => RemovalStep::Pending,
+        };
+        removal_completes_transition(
+            done,
+            &Self::machine(&self.nodes[i]),
+            &self.machines(),
+            &self.cluster(),
+        )
     }
 
     /// One reconcile of the operation.
-    fn operation_tick(&mut self, crash_before_record: bool) -> Result<(), String> {
+    fn operation_tick(&mut self, crash: bool) -> Result<(), String> {
         let Some(mut op) = self.op.clone() else {
             return Ok(());
         };
         let id = op.id.clone();
-        // An operation completes no transition (a teardown cancels it).
-        let decision = lock_decision(self.lock.as_ref(), &id, self.transitioning(), false);
+        let decision = lock_decision(
+            self.lock.as_ref(),
+            &id,
+            self.transitioning(),
+            self.op_completes(&op),
+        );
         if !decision.holds() {
             let reason = match &decision {
                 LockDecision::Busy { .. } => "LockBusy",
                 _ => "RefusedWhileTransitioning",
             };
-            if op.held.as_deref() != Some(reason) {
-                log!(self, "{id}: held, {reason}");
-                op.held = Some(reason.to_owned());
-            }
+            self.op_held(&mut op, reason);
             self.op = Some(op);
             return Ok(());
         }
         self.hold(&id, &decision)?;
         op.held = None;
-        if op.rebooted {
-            // The node rebooted: go on once it is back and healthy (the operation looks at it).
-            let back = self
-                .index(&op.targets[op.index])
-                .is_none_or(|i| self.nodes[i].serving() || !self.nodes[i].voter);
-            if back {
-                if crash_before_record {
-                    log!(self, "{id}: healthy; crash before recording");
-                    self.crash();
-                } else {
-                    op.rebooted = false;
-                    op.index += 1;
-                    log!(
-                        self,
-                        "{id}: etcd healthy after {}",
-                        op.targets[op.index - 1]
-                    );
-                }
+        // Targets gone (removed), or not started and no longer configured, are passed over.
+        while op.index < op.targets.len() {
+            let there = self.index(&op.targets[op.index]);
+            let passed = match there {
+                None => true,
+                Some(i) => op.step == OpStep::Pending && !self.nodes[i].applied,
+            };
+            if !passed {
+                break;
             }
-            self.op = Some(op);
-            return self.check();
-        }
-        while op.index < op.targets.len()
-            && !self
-                .index(&op.targets[op.index])
-                .is_some_and(|i| self.nodes[i].voter)
-        {
             op.index += 1;
+            op.step = OpStep::Pending;
         }
         if op.index == op.targets.len() {
             self.release(&id);
@@ -766,62 +1061,434 @@ impl World {
             log!(self, "{id}: done");
             return self.check();
         }
-        // The planner: etcd healthy enough to take this node down (a cluster declaring 3 with 3
-        // approved control planes is not transitioning while the third is still being
-        // configured, with 2 etcd members: seed 115 loses quorum without a check here).
-        let i = self.index(&op.targets[op.index]).ok_or("target gone")?;
-        let verdict = self.plan(i, &Disruption::Restart, Stage::Run);
-        if !verdict.is_proceed() {
-            let reason = verdict.reason().unwrap_or_default().to_owned();
-            if op.held.as_deref() != Some(reason.as_str()) {
-                log!(self, "{id}: held before {}, {reason}", self.nodes[i].name);
-                *self.coverage.held.entry(reason.clone()).or_default() += 1;
-                op.held = Some(reason);
+        let i = self
+            .index(&op.targets[op.index])
+            .ok_or("operation target gone")?;
+        let ended = match op.kind {
+            OpKind::Reset => self.reset_step(&mut op, i, crash)?,
+            OpKind::Reboot | OpKind::Upgrade => {
+                self.restart_step(&mut op, i, crash)?;
+                false
             }
-            // Nothing was sent to this node: the lock goes meanwhile, so the action that can end
-            // the hold is not locked out by it.
-            self.release(&id);
-            self.op = Some(op);
-            return self.check();
-        }
-        self.disrupting(i, false)?;
-        self.nodes[i].down = true;
-        // The operation saw it go down.
-        self.nodes[i].record = Some(Observation {
-            voter: self.nodes[i].voter,
-            healthy: false,
-            at: self.now(),
-        });
-        self.coverage.reboots += 1;
-        log!(self, "{id}: reboots {}", self.nodes[i].name);
-        if crash_before_record {
-            log!(self, "{id}: crash before recording the reboot");
-            self.crash();
-        } else {
-            op.rebooted = true;
-        }
-        self.op = Some(op);
+        };
+        self.op = (!ended).then_some(op);
         self.check()
     }
 
-    /// The actions the controller reconciles: every removal, then the operation.
-    fn controller_actions(&self) -> Vec<Option<String>> {
-        let mut actions: Vec<Option<String>> = self
+    /// One reconcile of a reboot or an upgrade of node `i`: the planner before it starts,
+    /// the intent recorded, sent, recorded as sent; back and healthy before the next node.
+    /// Resumed at the intent (a crash lost the record of sending), it looks for the effect
+    /// first, then asks the planner again before sending.
+    fn restart_step(&mut self, op: &mut Operation, i: usize, crash: bool) -> Result<(), String> {
+        let id = op.id.clone();
+        let name = self.nodes[i].name.clone();
+        match op.step {
+            OpStep::Sent => {
+                if self.nodes[i].back() {
+                    if crash {
+                        // Nothing lost: it looks again.
+                        log!(self, "{id}: {name} back; crash before recording");
+                        self.crash();
+                    } else {
+                        log!(self, "{id}: {name} back and healthy");
+                        op.step = OpStep::Pending;
+                        op.index += 1;
+                    }
+                }
+                return Ok(());
+            }
+            OpStep::Pending => {
+                let verdict = self.plan(i, &Disruption::Restart, Stage::Run);
+                if !verdict.is_proceed() {
+                    // Nothing was sent to this node: the lock goes meanwhile, so the action that
+                    // can end the hold is not locked out by it.
+                    self.op_held(op, verdict.reason().unwrap_or_default());
+                    self.release(&id);
+                    return Ok(());
+                }
+                op.step = OpStep::Intent {
+                    boots: self.nodes[i].boots,
+                };
+            }
+            OpStep::Intent { boots } => {
+                let n = &self.nodes[i];
+                if n.down > 0 {
+                    self.op_held(op, "NodeUnreachable");
+                    return Ok(());
+                }
+                let done = match op.kind {
+                    OpKind::Upgrade => n.version == op.version,
+                    _ => n.boots != boots,
+                };
+                if done {
+                    self.found_done(
+                        if op.kind == OpKind::Upgrade {
+                            "Upgrade"
+                        } else {
+                            "Reboot"
+                        },
+                        &id,
+                    );
+                    log!(self, "{id}: {name} already restarted: recorded as sent");
+                    op.step = OpStep::Sent;
+                    return Ok(());
+                }
+                let verdict = self.plan(i, &Disruption::Restart, Stage::Act);
+                if !verdict.is_proceed() {
+                    self.op_held(op, verdict.reason().unwrap_or_default());
+                    self.release(&id);
+                    return Ok(());
+                }
+            }
+            OpStep::Removal(_) => return Err(format!("{id} recorded a removal step")),
+        }
+        self.disrupting(i, false, &id, false)?;
+        self.restarting(i);
+        let what = match op.kind {
+            OpKind::Upgrade => {
+                self.coverage.upgrades += 1;
+                "Upgrade"
+            }
+            _ => {
+                self.coverage.reboots += 1;
+                "Reboot"
+            }
+        };
+        self.performed_once_only(&id, &name, what);
+        let now = self.now();
+        let n = &mut self.nodes[i];
+        n.down = if op.kind == OpKind::Upgrade { 2 } else { 1 };
+        n.boots += 1;
+        if op.kind == OpKind::Upgrade {
+            n.version = op.version;
+        }
+        // The operation saw it go down.
+        n.record = n.record.map(|_| Observation {
+            voter: n.voter,
+            healthy: false,
+            at: now,
+        });
+        log!(self, "{id}: {what} {name}");
+        if crash {
+            self.coverage.crashes_before_record += 1;
+            log!(
+                self,
+                "{id}: crash before recording {what} of {name} as sent"
+            );
+            self.crash();
+        } else {
+            op.step = OpStep::Sent;
+        }
+        Ok(())
+    }
+
+    /// One reconcile of a reset of node `i`, through the removal's steps (the planner when it
+    /// starts and right before the etcd leave); at the end the machine stays, its config and
+    /// etcd record forgotten, back to maintenance. `true` if the operation ends (refused).
+    fn reset_step(&mut self, op: &mut Operation, i: usize, crash: bool) -> Result<bool, String> {
+        let id = op.id.clone();
+        let name = self.nodes[i].name.clone();
+        let disruption = op.disruption();
+        let done = match op.step {
+            OpStep::Pending => RemovalStep::Pending,
+            OpStep::Removal(step) => step,
+            other => return Err(format!("{id} recorded {other:?}")),
+        };
+        if done == RemovalStep::Pending {
+            match self.plan(i, &disruption, Stage::Run) {
+                Verdict::Proceed(_) => {}
+                Verdict::Wait(wait) => {
+                    self.op_held(op, wait.reason());
+                    self.release(&id);
+                    return Ok(false);
+                }
+                Verdict::Refuse(refusal) => {
+                    log!(self, "{id}: fails before {name}, {}", refusal.reason());
+                    self.coverage.operations_failed += 1;
+                    self.release(&id);
+                    return Ok(true);
+                }
+            }
+            self.starting_removal(i)?;
+        }
+        let next = next_removal_step(done, self.nodes[i].role);
+        if next == RemovalStep::EtcdLeft {
+            let verdict = self.plan(i, &disruption, Stage::Act);
+            if !verdict.is_proceed() {
+                self.op_held(op, verdict.reason().unwrap_or_default());
+                return Ok(false);
+            }
+        }
+        log!(self, "{id}: {name} {done:?} -> {next:?}");
+        if next == RemovalStep::Complete {
+            // The machine stays; its config and etcd record are forgotten once (a node
+            // configured again since is not touched).
+            let n = &mut self.nodes[i];
+            if n.applied && n.maintenance {
+                n.applied = false;
+                n.record = None;
+                n.applied_config = 0;
+            }
+            if crash {
+                self.coverage.crashes_before_record += 1;
+                log!(self, "{id}: crash before recording {name} done");
+                self.crash();
+            } else {
+                if self.nodes[i].is_control_plane() {
+                    self.coverage.control_plane_resets += 1;
+                }
+                op.step = OpStep::Pending;
+                op.index += 1;
+            }
+            return Ok(false);
+        }
+        let allow_delete = op.allow_delete;
+        self.perform(i, next, &id, allow_delete)?;
+        if crash {
+            self.coverage.crashes_before_record += 1;
+            log!(self, "{id}: crash before recording {next:?} of {name}");
+            self.crash();
+        } else {
+            op.step = OpStep::Removal(next);
+        }
+        Ok(false)
+    }
+
+    /// Node `i` is about to go down: counts another node still down.
+    fn restarting(&mut self, i: usize) {
+        if self
+            .nodes
+            .iter()
+            .enumerate()
+            .any(|(k, n)| k != i && n.down > 0)
+        {
+            self.coverage.restarted_while_another_down += 1;
+        }
+    }
+
+    // ---- Drift ----------------------------------------------------------------------------
+
+    /// A config change that needs a reboot: to every configured control plane (a cluster
+    /// patch) or to one (a machine's patch). One node in five refuses it.
+    fn random_drift(&mut self, rng: &mut Rng) {
+        let candidates: Vec<usize> = (0..self.nodes.len())
+            .filter(|&i| {
+                let n = &self.nodes[i];
+                n.is_control_plane()
+                    && n.applied
+                    && !n.deleting
+                    && n.drift
+                        .as_ref()
+                        .is_none_or(|d| d.step == DriftStep::Refused)
+            })
+            .collect();
+        if candidates.is_empty() {
+            return;
+        }
+        let chosen = if rng.chance(1, 2) {
+            candidates
+        } else {
+            vec![candidates[rng.below(candidates.len())]]
+        };
+        self.next_patch += 1;
+        for i in chosen {
+            let refused_by_node = rng.chance(1, 5);
+            let n = &mut self.nodes[i];
+            n.drift = Some(Drift {
+                patch: self.next_patch,
+                refused_by_node,
+                step: DriftStep::Pending,
+                held: None,
+            });
+            let name = n.name.clone();
+            log!(self, "config {} for {name} needs a reboot", self.next_patch);
+        }
+    }
+
+    fn drift_held(&mut self, drift: &mut Drift, name: &str, reason: &str) {
+        if drift.held.as_deref() != Some(reason) {
+            log!(self, "reboot for drift of {name}: held, {reason}");
+            *self.coverage.held.entry(reason.to_owned()).or_default() += 1;
+            drift.held = Some(reason.to_owned());
+        }
+    }
+
+    /// One reconcile of the reboot for drift of `name`: under the lock, the planner, staged
+    /// (the node may refuse: the action stops, records it and releases the lock), recorded as
+    /// applied, rebooted; the lock held until the node is back. Resumed staged (a crash lost
+    /// the record of the reboot), it looks for the node running the config first.
+    fn drift_tick(&mut self, name: &str, crash: bool) -> Result<(), String> {
+        let i = self.index(name).ok_or("drift of a machine that is gone")?;
+        let Some(mut drift) = self.nodes[i].drift.clone() else {
+            return Ok(());
+        };
+        let id = self.nodes[i].drift_id();
+        if drift.step == DriftStep::Refused {
+            return Ok(());
+        }
+        if drift.step == DriftStep::Pending && (self.nodes[i].deleting || !self.nodes[i].applied) {
+            // Nothing started: a machine going away, or reset, has no drift to apply.
+            log!(self, "reboot for drift of {name}: dropped");
+            self.nodes[i].drift = None;
+            self.release(&id);
+            return self.check();
+        }
+        // A reboot for drift completes no transition.
+        let decision = lock_decision(self.lock.as_ref(), &id, self.transitioning(), false);
+        if !decision.holds() {
+            let reason = match &decision {
+                LockDecision::Busy { .. } => "LockBusy",
+                _ => "RefusedWhileTransitioning",
+            };
+            self.drift_held(&mut drift, name, reason);
+            self.nodes[i].drift = Some(drift);
+            return Ok(());
+        }
+        self.hold(&id, &decision)?;
+        drift.held = None;
+        match drift.step {
+            DriftStep::Pending => {
+                let verdict = self.plan(i, &Disruption::Restart, Stage::Run);
+                if !verdict.is_proceed() {
+                    self.drift_held(&mut drift, name, verdict.reason().unwrap_or_default());
+                    self.release(&id);
+                    self.nodes[i].drift = Some(drift);
+                    return self.check();
+                }
+                if drift.refused_by_node {
+                    log!(
+                        self,
+                        "{name} refuses config {}: the reboot for drift stops",
+                        drift.patch
+                    );
+                    self.coverage.drifts_refused += 1;
+                    drift.step = DriftStep::Refused;
+                    self.nodes[i].drift = Some(drift);
+                    self.release(&id);
+                    return self.check();
+                }
+                // Staged, and recorded as applied before the reboot, so a failure to record
+                // never costs a second one.
+                self.nodes[i].staged = Some(drift.patch);
+                self.nodes[i].applied_config = drift.patch;
+                drift.step = DriftStep::Staged;
+            }
+            DriftStep::Staged => {
+                let n = &self.nodes[i];
+                if n.down > 0 {
+                    self.drift_held(&mut drift, name, "NodeUnreachable");
+                    self.nodes[i].drift = Some(drift);
+                    return Ok(());
+                }
+                if n.config == drift.patch {
+                    self.found_done("Reboot", &id);
+                    log!(self, "{name} already runs config {}: rebooted", drift.patch);
+                    drift.step = DriftStep::Rebooting;
+                    self.nodes[i].drift = Some(drift);
+                    return self.check();
+                }
+                let verdict = self.plan(i, &Disruption::Restart, Stage::Act);
+                if !verdict.is_proceed() {
+                    self.drift_held(&mut drift, name, verdict.reason().unwrap_or_default());
+                    self.release(&id);
+                    self.nodes[i].drift = Some(drift);
+                    return self.check();
+                }
+            }
+            DriftStep::Rebooting => {
+                if self.nodes[i].back() {
+                    if crash {
+                        log!(
+                            self,
+                            "reboot for drift of {name}: back; crash before recording"
+                        );
+                        self.crash();
+                        self.nodes[i].drift = Some(drift);
+                    } else {
+                        log!(self, "reboot for drift of {name}: back, done");
+                        self.nodes[i].drift = None;
+                        self.release(&id);
+                    }
+                } else {
+                    self.nodes[i].drift = Some(drift);
+                }
+                return self.check();
+            }
+            DriftStep::Refused => unreachable!("returned above"),
+        }
+        self.disrupting(i, false, &id, false)?;
+        self.restarting(i);
+        self.performed_once_only(&format!("{id}#{}", drift.patch), name, "Reboot");
+        self.coverage.drift_reboots += 1;
+        let now = self.now();
+        let n = &mut self.nodes[i];
+        n.down = 1;
+        n.boots += 1;
+        if let Some(staged) = n.staged.take() {
+            n.config = staged;
+        }
+        n.record = n.record.map(|_| Observation {
+            voter: n.voter,
+            healthy: false,
+            at: now,
+        });
+        log!(
+            self,
+            "reboot for drift of {name}: reboots into config {}",
+            drift.patch
+        );
+        if crash {
+            self.coverage.crashes_before_record += 1;
+            log!(
+                self,
+                "reboot for drift of {name}: crash before recording the reboot"
+            );
+            self.crash();
+        } else {
+            drift.step = DriftStep::Rebooting;
+        }
+        self.nodes[i].drift = Some(drift);
+        self.check()
+    }
+
+    /// The actions the controller reconciles: every removal, the operation, every reboot for
+    /// drift not stopped.
+    fn controller_actions(&self) -> Vec<Action> {
+        let mut actions: Vec<Action> = self
             .nodes
             .iter()
             .filter(|n| n.deleting)
-            .map(|n| Some(n.name.clone()))
+            .map(|n| Action::Removal(n.name.clone()))
             .collect();
         if self.op.is_some() {
-            actions.push(None);
+            actions.push(Action::Operation);
         }
+        actions.extend(
+            self.nodes
+                .iter()
+                .filter(|n| {
+                    n.drift
+                        .as_ref()
+                        .is_some_and(|d| d.step != DriftStep::Refused)
+                })
+                .map(|n| Action::Drift(n.name.clone())),
+        );
         actions
     }
 
-    fn controller_tick(&mut self, action: Option<&str>, crash: bool) -> Result<(), String> {
+    /// Whether `action` still has something to reconcile (its machine is there).
+    fn exists(&self, action: &Action) -> bool {
         match action {
-            Some(name) => self.removal_tick(name, crash),
-            None => self.operation_tick(crash),
+            Action::Removal(name) | Action::Drift(name) => self.index(name).is_some(),
+            Action::Operation => self.op.is_some(),
+        }
+    }
+
+    fn controller_tick(&mut self, action: &Action, crash: bool) -> Result<(), String> {
+        match action {
+            Action::Removal(name) => self.removal_tick(name, crash),
+            Action::Operation => self.operation_tick(crash),
+            Action::Drift(name) => self.drift_tick(name, crash),
         }
     }
 
@@ -831,7 +1498,7 @@ impl World {
         let (voters, up) = (self.voters(), self.voters_up());
         // A single voter restarting is down by necessity: no order avoids it, and it keeps its
         // data.
-        let single_restart = voters == 1 && self.nodes.iter().any(|n| n.voter && n.down);
+        let single_restart = voters == 1 && self.nodes.iter().any(|n| n.voter && n.down > 0);
         if voters > 0 && up < etcd_quorum(voters) && !single_restart {
             return Err(format!(
                 "etcd lost quorum: {up} of {voters} members up, quorum {}",
@@ -855,14 +1522,37 @@ impl World {
         if let Some(twice) = &self.twice {
             return Err(twice.clone());
         }
+        // One voter at most down. (Not one node: a crash lets the lock expire while the node
+        // its action took down is still down, and only a voter's recorded observation tells
+        // the next action; a worker down meanwhile is counted in the coverage.)
         let down: Vec<&str> = self
             .nodes
             .iter()
-            .filter(|n| n.down)
+            .filter(|n| n.down > 0 && n.voter)
             .map(|n| n.name.as_str())
             .collect();
         if down.len() > 1 {
             return Err(format!("{down:?} are down at once"));
+        }
+        // A config the node refused changed nothing: neither recorded, staged nor running, and
+        // its stopped action holds nothing.
+        for n in &self.nodes {
+            if let Some(d) = n.drift.as_ref().filter(|d| d.step == DriftStep::Refused) {
+                if n.applied_config == d.patch || n.config == d.patch || n.staged == Some(d.patch) {
+                    return Err(format!(
+                        "{} refused config {} but it took effect",
+                        n.name, d.patch
+                    ));
+                }
+                if self.holders.contains(&n.drift_id())
+                    || self.lock.as_ref().is_some_and(|l| l.holder == n.drift_id())
+                {
+                    return Err(format!(
+                        "the stopped reboot for drift of {} holds the lock",
+                        n.name
+                    ));
+                }
+            }
         }
         Ok(())
     }
@@ -911,7 +1601,8 @@ impl World {
                         self.declared = declared;
                     }
                 }
-                10 => self.start_operation(),
+                10 | 12 | 14 | 15 => self.random_operation(rng),
+                13 => self.random_drift(rng),
                 11 => {
                     log!(self, "crash");
                     self.crash();
@@ -930,7 +1621,7 @@ impl World {
                     if !actions.is_empty() {
                         let action = actions[rng.below(actions.len())].clone();
                         let crash = rng.chance(1, 10);
-                        self.controller_tick(action.as_deref(), crash)?;
+                        self.controller_tick(&action, crash)?;
                     }
                 }
             }
@@ -959,7 +1650,9 @@ impl World {
                 }
             }
             for action in self.controller_actions() {
-                self.controller_tick(action.as_deref(), false)?;
+                if self.exists(&action) {
+                    self.controller_tick(&action, false)?;
+                }
             }
             if before == (self.nodes.clone(), self.lock.clone(), self.op.clone()) {
                 unchanged += 1;
@@ -1025,10 +1718,37 @@ impl World {
             }
         }
         if let Some(op) = &self.op {
-            let decision = lock_decision(self.lock.as_ref(), &op.id, moving, false);
-            if decision != LockDecision::RefusedWhileTransitioning || !self.transitioning_by_rule()
-            {
-                return Err(format!("operation stuck ({decision:?}): {op:?}"));
+            let decision = lock_decision(self.lock.as_ref(), &op.id, moving, self.op_completes(op));
+            let target = op.targets.get(op.index).and_then(|name| self.index(name));
+            match (decision, target) {
+                (LockDecision::RefusedWhileTransitioning, _)
+                    if self.transitioning_by_rule() && !self.completes_by_rule(&op.id) => {}
+                // Held by the planner before anything was sent to its node.
+                (LockDecision::Take | LockDecision::Keep, Some(i))
+                    if op.step == OpStep::Pending
+                        && !self.plan(i, &op.disruption(), Stage::Run).is_proceed() => {}
+                (decision, _) => {
+                    return Err(format!("operation stuck ({decision:?}): {op:?}"));
+                }
+            }
+        }
+        for (i, n) in self.nodes.iter().enumerate() {
+            let Some(drift) = n.drift.as_ref().filter(|d| d.step != DriftStep::Refused) else {
+                continue;
+            };
+            let decision = lock_decision(self.lock.as_ref(), &n.drift_id(), moving, false);
+            match decision {
+                LockDecision::RefusedWhileTransitioning
+                    if self.transitioning_by_rule() && !self.completes_by_rule(&n.drift_id()) => {}
+                LockDecision::Take | LockDecision::Keep
+                    if drift.step == DriftStep::Pending
+                        && !self.plan(i, &Disruption::Restart, Stage::Run).is_proceed() => {}
+                decision => {
+                    return Err(format!(
+                        "reboot for drift of {} stuck ({decision:?}): {drift:?}",
+                        n.name
+                    ));
+                }
             }
         }
         Ok(())
@@ -1039,8 +1759,13 @@ impl World {
         let Some(lock) = &self.lock else {
             return true;
         };
-        let exists = self.nodes.iter().any(|n| n.removal_id() == lock.holder)
-            || self.op.as_ref().is_some_and(|op| op.id == lock.holder);
+        let exists = self.nodes.iter().any(|n| {
+            n.removal_id() == lock.holder
+                || (n.drift_id() == lock.holder
+                    && n.drift
+                        .as_ref()
+                        .is_some_and(|d| d.step != DriftStep::Refused))
+        }) || self.op.as_ref().is_some_and(|op| op.id == lock.holder);
         lock.expired && !exists
     }
 
@@ -1052,16 +1777,29 @@ impl World {
     }
 
     /// The completion rule in closed form, independent of `completes_transition`: a teardown
-    /// completes everything; otherwise only the removal of a control plane while the approved
-    /// ones outnumber the declared count (an operation completes nothing).
+    /// completes everything; otherwise only the removal (or a reset operation's reset) of a
+    /// control plane while the approved ones outnumber the declared count, or one already
+    /// started (restarts complete nothing).
     fn completes_by_rule(&self, id: &str) -> bool {
         let approved = self.nodes.iter().filter(|n| n.is_control_plane()).count();
-        let removal = id
-            .strip_prefix("removal/")
-            .and_then(|name| self.index(name));
-        let started = removal.is_some_and(|i| self.nodes[i].recorded > RemovalStep::Pending);
-        let control_plane_removal = removal.is_some_and(|i| self.nodes[i].is_control_plane());
-        self.teardown || started || (control_plane_removal && approved > self.declared)
+        let (target, started) = if let Some(name) = id.strip_prefix("removal/") {
+            let i = self.index(name);
+            (
+                i,
+                i.is_some_and(|i| self.nodes[i].recorded > RemovalStep::Pending),
+            )
+        } else if let Some(op) = self
+            .op
+            .as_ref()
+            .filter(|op| op.id == id && op.kind == OpKind::Reset)
+        {
+            let i = op.targets.get(op.index).and_then(|name| self.index(name));
+            (i, i.is_some() && op.step != OpStep::Pending)
+        } else {
+            (None, false)
+        };
+        let control_plane = target.is_some_and(|i| self.nodes[i].is_control_plane());
+        self.teardown || started || (control_plane && approved > self.declared)
     }
 
     /// Checks a refusal of the lock while transitioning against the rules in closed form.
@@ -1084,10 +1822,18 @@ impl World {
     fn teardown(&mut self, rng: &mut Rng, crash_odds: u64) -> Result<TeardownLog, String> {
         log!(self, "-- teardown --");
         self.teardown = true;
-        // An operation on a cluster being deleted is cancelled, its hold on the lock with it.
+        // An operation on a cluster being deleted is cancelled, its hold on the lock with it;
+        // so are the reboots for drift.
         if let Some(op) = self.op.take() {
             log!(self, "{}: cancelled by the teardown", op.id);
             self.release(&op.id);
+        }
+        for i in 0..self.nodes.len() {
+            if self.nodes[i].drift.take().is_some() {
+                let id = self.nodes[i].drift_id();
+                log!(self, "{id}: cancelled by the teardown");
+                self.release(&id);
+            }
         }
         self.observer_up = true;
         let already_started: BTreeSet<String> = self
@@ -1109,14 +1855,11 @@ impl World {
                 actions.swap(k, rng.below(k + 1));
             }
             for action in actions {
-                if action
-                    .as_deref()
-                    .is_some_and(|name| self.index(name).is_none())
-                {
+                if !self.exists(&action) {
                     continue;
                 }
                 let crash = rng.chance(crash_odds, 1000);
-                self.controller_tick(action.as_deref(), crash)?;
+                self.controller_tick(&action, crash)?;
                 let workers_left = self.nodes.iter().any(|n| n.role == Role::Worker);
                 if !workers_left && log.workers_gone_at.is_none() {
                     log.workers_gone_at = Some(self.tick);
@@ -1268,32 +2011,36 @@ fn random_sequences_keep_quorum_the_lock_and_once_only_steps() {
     for &seed in &seeds {
         let world = random_scenario(seed);
         teardowns += 1;
-        let c = &world.coverage;
-        total.removals_completed += c.removals_completed;
-        total.control_planes_removed += c.control_planes_removed;
-        total.operations_completed += c.operations_completed;
-        total.reboots += c.reboots;
-        total.crashes += c.crashes;
-        total.crashes_before_record += c.crashes_before_record;
-        total.once_only_found_done += c.once_only_found_done;
-        for (reason, n) in &c.refused_deletes {
-            *total.refused_deletes.entry(reason).or_default() += n;
-        }
-        total.declared_changes += c.declared_changes;
-        total.sickened += c.sickened;
-        total.stale_outages += c.stale_outages;
-        for (reason, n) in &c.held {
-            *total.held.entry(reason.clone()).or_default() += n;
-        }
+        total.add(&world.coverage);
     }
     if seeds.len() > 1 {
         // The sequences reach the cases that matter, not only quiet ones.
         let held = |reason: &str| total.held.get(reason).copied().unwrap_or(0);
         assert!(total.control_planes_removed > 1000, "{total:?}");
         assert!(total.operations_completed > 100, "{total:?}");
-        assert!(total.reboots > 1000, "{total:?}");
+        assert!(total.reboots > 300, "{total:?}");
+        assert!(total.upgrades > 300, "{total:?}");
+        assert!(total.control_plane_resets > 30, "{total:?}");
+        assert!(total.drift_reboots > 500, "{total:?}");
+        assert!(total.drifts_refused > 100, "{total:?}");
         assert!(total.crashes_before_record > 100, "{total:?}");
         assert!(total.once_only_found_done > 10, "{total:?}");
+        // Restarted actors found what they had sent done, for every kind of once-only step.
+        let found = |what: &str| total.found_done.get(what).copied().unwrap_or(0);
+        assert!(found("EtcdLeft by removal") > 10, "{total:?}");
+        assert!(found("Reset by removal") > 10, "{total:?}");
+        assert!(found("Reboot by operation") > 10, "{total:?}");
+        assert!(found("Upgrade by operation") > 10, "{total:?}");
+        assert!(found("Reboot by drift") > 10, "{total:?}");
+        assert!(
+            found("EtcdLeft by operation") + found("Reset by operation") > 5,
+            "{total:?}"
+        );
+        let refused_op = |reason: &str| total.refused_operations.get(reason).copied().unwrap_or(0);
+        assert!(refused_op(reasons::QUORUM_AT_RISK) > 100, "{total:?}");
+        assert!(refused_op(reasons::LAST_CONTROL_PLANE) > 30, "{total:?}");
+        assert!(refused_op(reasons::ALLOW_DELETE_REQUIRED) > 30, "{total:?}");
+        assert!(refused_op(reasons::ETCD_UNHEALTHY) > 100, "{total:?}");
         let refused = |reason: &str| total.refused_deletes.get(reason).copied().unwrap_or(0);
         assert!(refused(reasons::QUORUM_AT_RISK) > 100, "{total:?}");
         assert!(held(reasons::AWAITING_REPLACEMENT) > 100, "{total:?}");
@@ -1406,7 +2153,7 @@ fn a_removal_waits_for_a_replacement_then_goes_3_4_3() {
                 ));
             }
             // 3 approved, 3 declared: not transitioning, so a reboot runs meanwhile.
-            w.start_operation();
+            w.start_operation(OpKind::Reboot, &["cp-1", "cp-2", "cp-3"]);
             w.settle(SETTLE_TICKS)?;
             if w.op.is_some() || w.coverage.operations_completed != 1 {
                 return Err(format!("the reboot did not run: {:?}", w.op));
@@ -1519,9 +2266,9 @@ fn an_operation_held_by_an_unhealthy_voter_lets_the_way_out_through() {
             let sick = w.index("cp-3").ok_or("cp-3")?;
             w.nodes[sick].healthy = false;
             w.observe(sick);
-            // A reboot of every control plane: the first, healthy, is held.
-            w.start_operation();
-            w.controller_tick(None, false)?;
+            // A reboot of every control plane, admitted before: the first, healthy, is held.
+            w.start_operation(OpKind::Reboot, &["cp-1", "cp-2", "cp-3"]);
+            w.controller_tick(&Action::Operation, false)?;
             let held = w.op.as_ref().and_then(|op| op.held.clone());
             if held.as_deref() != Some(reasons::ETCD_UNHEALTHY) {
                 return Err(format!("the reboot should wait for etcd: {held:?}"));
@@ -1539,8 +2286,8 @@ fn an_operation_held_by_an_unhealthy_voter_lets_the_way_out_through() {
                     }
                 }
                 for action in w.controller_actions() {
-                    if action.as_deref().is_none_or(|name| w.index(name).is_some()) {
-                        w.controller_tick(action.as_deref(), false)?;
+                    if w.exists(&action) {
+                        w.controller_tick(&action, false)?;
                     }
                 }
                 if w.index("cp-3").is_none() && w.op.is_none() {
