@@ -267,7 +267,7 @@ fn default_discovery_interval() -> String {
 #[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TalosClusterStatus {
-    /// `Ready`, `Bootstrapped`, `SecretsReady`, `Transitioning`.
+    /// `Ready`, `Bootstrapped`, `SecretsReady`, `Transitioning`, `ConfigRolledOut`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 16))]
     pub conditions: Vec<Condition>,
@@ -303,6 +303,27 @@ pub struct TalosClusterStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64))]
     pub tombstones: Vec<Tombstone>,
+    /// Where the drift rollout stopped: the machine that refused its changed config. No other
+    /// machine gets drift until a change renders that machine's config differently.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drift_halt: Option<DriftHaltStatus>,
+}
+
+/// The machine that stopped a drift rollout, and why.
+#[derive(KubeSchema, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DriftHaltStatus {
+    /// The TalosMachine that refused.
+    #[schemars(length(max = 253))]
+    pub machine: String,
+    /// The hash of the config it refused.
+    #[schemars(length(max = 128))]
+    pub rendered_hash: String,
+    /// What the node answered.
+    #[schemars(length(max = 2048))]
+    pub message: String,
+    /// When it refused.
+    pub at: Time,
 }
 
 /// A node removed without its reset.

@@ -88,6 +88,9 @@ pub mod conditions {
     pub const FINGERPRINT_CHANGED: &str = "FingerprintChanged";
     /// A day-2 operation finished successfully.
     pub const SUCCEEDED: &str = "Succeeded";
+    /// Every machine of the cluster runs the config rendered for it (no drift rollout pending
+    /// or stopped).
+    pub const CONFIG_ROLLED_OUT: &str = "ConfigRolledOut";
 }
 
 /// Condition reasons (CamelCase), one per cause a person can act on.
@@ -160,6 +163,14 @@ pub mod reasons {
     pub const DRIFT_NOT_APPLIED: &str = "DriftNotApplied";
     /// Drift that cannot be applied live waits for the cluster lock to reboot the node.
     pub const NEEDS_REBOOT: &str = "NeedsReboot";
+    /// Drift waits for its turn: another machine goes first, or must be healthy again first.
+    pub const DRIFT_QUEUED: &str = "DriftQueued";
+    /// The drift rollout stopped at a machine that refused its config; fix the patch.
+    pub const DRIFT_HALTED: &str = "DriftHalted";
+    /// Drift is being rolled out, one machine at a time.
+    pub const DRIFT_ROLLING_OUT: &str = "DriftRollingOut";
+    /// Every machine runs the config rendered for it.
+    pub const CONFIG_CURRENT: &str = "ConfigCurrent";
     /// The TalosCluster is being deleted: its machines are removed, workers first.
     pub const TEARING_DOWN: &str = "TearingDown";
     /// A control plane's removal in a teardown waits until the configured workers are gone.

@@ -33,6 +33,7 @@
 #![forbid(unsafe_code)]
 
 pub mod bootstrap;
+pub mod drift;
 mod model;
 pub mod plan;
 mod rules;
@@ -40,6 +41,7 @@ mod sequence;
 mod verdict;
 
 pub use bootstrap::{BootstrapStep, Candidate, bootstrap_step};
+pub use drift::{DriftHalt, DriftMachine, DriftTurn, drift_turn, halt_stands};
 pub use model::{
     Cluster, ControlPlaneCounts, Machine, OBSERVATION_MAX_AGE, ObjectKind, Observation,
     annotation_true, control_plane_counts,

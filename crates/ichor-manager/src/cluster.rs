@@ -44,11 +44,13 @@ async fn write_status(
     cluster: &TalosCluster,
     status: &TalosClusterStatus,
 ) -> Result<(), Error> {
-    // `lock` and `tombstones` have their own writers (lock.rs, removal.rs): a merge patch
+    // `lock`, `tombstones` and `driftHalt` have their own writers (lock.rs, removal.rs,
+    // drift.rs): a merge patch
     // without them leaves them as they are.
     let owned = |s: &TalosClusterStatus| TalosClusterStatus {
         lock: None,
         tombstones: Vec::new(),
+        drift_halt: None,
         ..s.clone()
     };
     let status = owned(status);
@@ -225,6 +227,20 @@ async fn reconcile_inner(cluster: &TalosCluster, ctx: &Context) -> Result<Action
             status.kubeconfig_secret = Some(name);
         }
     }
+
+    let (current, reason, message) = crate::drift::rolled_out(
+        cluster.status.as_ref().and_then(|s| s.drift_halt.as_ref()),
+        &machines,
+    );
+    cond::set(
+        &mut status.conditions,
+        conditions::CONFIG_ROLLED_OUT,
+        current,
+        reason,
+        message,
+        generation,
+        &ctx.now(),
+    );
 
     let all_ready = cp_approved > 0
         && cp_ready == cp_approved

@@ -7,6 +7,7 @@ pub mod clock;
 pub mod cluster;
 pub mod conditions;
 pub mod decide;
+pub mod drift;
 pub mod discovery;
 pub mod error;
 pub mod finalizer;

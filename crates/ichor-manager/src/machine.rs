@@ -11,7 +11,9 @@ use ichor_api::common::Role;
 use ichor_api::machine::{ApprovalState, MachinePhase, TalosMachineStatus};
 use ichor_api::names::{actions, conditions, labels, reasons, secrets as secret_names};
 use ichor_api::{TalosCluster, TalosMachine};
-use ichor_deleteguard::{Disruption, Stage};
+use ichor_deleteguard::{
+    Disruption, DriftHalt, DriftMachine, DriftTurn, Stage, drift_turn, halt_stands,
+};
 use ichor_render::Rendered;
 use ichor_talos::{ApplyMode, TalosClient, TalosError};
 use k8s_openapi::ByteString;
@@ -300,16 +302,12 @@ async fn approved(machine: &TalosMachine, ctx: &Context) -> Result<Action, Error
         )
         .await
     } else {
-        follow(
-            ctx,
-            machine,
-            &cluster,
-            status,
-            &rendered,
-            &address,
-            &credentials,
-        )
-        .await
+        let reach = Reach {
+            address: &address,
+            credentials: &credentials,
+            bundle: &bundle,
+        };
+        follow(ctx, machine, &cluster, status, &rendered, &reach).await
     }
 }
 
@@ -540,15 +538,26 @@ async fn unreachable(
 }
 
 /// After the apply: follows install, boot and join over mutual TLS; applies drift live.
+/// How a configured machine is reached, and the bundle its cluster's configs render from.
+struct Reach<'a> {
+    address: &'a str,
+    credentials: &'a ichor_talos::Credentials,
+    bundle: &'a ichor_render::SecretsBundle,
+}
+
 async fn follow(
     ctx: &Context,
     machine: &TalosMachine,
     cluster: &TalosCluster,
     mut status: TalosMachineStatus,
     rendered: &Rendered,
-    address: &str,
-    credentials: &ichor_talos::Credentials,
+    reach: &Reach<'_>,
 ) -> Result<Action, Error> {
+    let Reach {
+        address,
+        credentials,
+        bundle,
+    } = *reach;
     // Checked by the caller: an approved machine has a role.
     let role = machine.spec.role.unwrap_or(Role::Worker);
     // Drift is a multi-step flow (apply, or lock + stage + reboot, then back): decide it on
@@ -614,14 +623,43 @@ async fn follow(
             ctx.clock.now(),
         ));
     }
-    // Drift: what the objects now render differs from what was applied. It waits while
-    // another action holds the cluster lock (an operation rolls it out node by node).
+    // Drift: what the objects now render differs from what was applied. It is rolled out one
+    // machine at a time in the planner's order, under the cluster lock (ADR 0019).
     let me = drift_holder(machine);
     let mut reboot_back = false;
-    if let (Some(client), Some(applied)) = (&client, status.applied_config_hash.clone())
+    let turn = match (&status.applied_config_hash, &view) {
+        (Some(applied), Some(_)) if *applied != rendered.hash => {
+            drift_wait(ctx, machine, cluster, bundle).await?
+        }
+        _ => None,
+    };
+    if let Some((reason, message)) = turn {
+        cond::set(
+            &mut status.conditions,
+            conditions::CONFIG_APPLIED,
+            false,
+            reason,
+            message,
+            machine.metadata.generation,
+            &ctx.now(),
+        );
+    } else if let (Some(_), Some(applied)) = (&client, &status.applied_config_hash)
+        && *applied != rendered.hash
+        && view.is_some()
+        && let Some(queued) = drift_lock(ctx, cluster, &me, rendered).await?
+    {
+        cond::set(
+            &mut status.conditions,
+            conditions::CONFIG_APPLIED,
+            false,
+            reasons::DRIFT_QUEUED,
+            queued,
+            machine.metadata.generation,
+            &ctx.now(),
+        );
+    } else if let (Some(client), Some(applied)) = (&client, status.applied_config_hash.clone())
         && applied != rendered.hash
         && view.is_some()
-        && !crate::lock::held_by_other(ctx, cluster, &me).await?
     {
         match client
             .apply_configuration(rendered.yaml.as_bytes(), ApplyMode::NoReboot)
@@ -630,6 +668,9 @@ async fn follow(
             Ok(_) => {
                 store_applied(ctx, machine, rendered).await?;
                 status.applied_config_hash = Some(rendered.hash.clone());
+                // The lock is kept until the node is seen healthy again (below, next time).
+                status.drift_reboot = Some(rendered.hash.clone());
+                patch_status(ctx, machine, json!({"driftReboot": rendered.hash})).await?;
                 ctx.event(
                     machine,
                     EventType::Normal,
@@ -645,6 +686,7 @@ async fn follow(
             // Anything but "this needs a reboot" (the node busy, a timeout, a refused config)
             // is reported and retried: a transient error never reboots a node.
             Err(error) if drift_refused(&error) == DriftRefused::Retry => {
+                crate::lock::release(ctx, cluster, &me).await?;
                 cond::set(
                     &mut status.conditions,
                     conditions::CONFIG_APPLIED,
@@ -724,7 +766,7 @@ async fn follow(
         status.drift_reboot = None;
         // A merge patch leaves out `None`: clear the field explicitly.
         patch_status(ctx, machine, json!({"driftReboot": null})).await?;
-        let message = format!("config {} applied with a reboot", rendered.hash);
+        let message = format!("config {} applied; the node is healthy again", rendered.hash);
         config_applied(&mut status, machine, message, &ctx.now());
         crate::lock::release(ctx, cluster, &me).await?;
         ctx.event(
@@ -733,7 +775,7 @@ async fn follow(
             reasons::DRIFT_APPLIED,
             actions::APPLY,
             format!(
-                "config {} applied with a reboot; the node is back",
+                "config {} rolled out; the node is healthy again and the next machine may go",
                 rendered.hash
             ),
         )
@@ -767,6 +809,107 @@ async fn follow(
         ctx.settings.settled_requeue
     } else {
         ctx.settings.progress_requeue
+    }))
+}
+
+/// Why this machine's drift waits for its turn (reason and message), or `None` if it is its
+/// turn: the planner's order over every machine of the cluster, with their recorded health and
+/// the halt recorded on the cluster. A halt that no longer stands (the config fixed) is cleared.
+async fn drift_wait(
+    ctx: &Context,
+    machine: &TalosMachine,
+    cluster: &TalosCluster,
+    bundle: &ichor_render::SecretsBundle,
+) -> Result<Option<(&'static str, String)>, Error> {
+    let machines = crate::cluster_machines(ctx, cluster).await?;
+    let views: Vec<DriftMachine> = machines
+        .iter()
+        .filter_map(|m| drift_view(cluster, m, bundle))
+        .collect();
+    let fresh = Api::<TalosCluster>::namespaced(
+        ctx.client.clone(),
+        &cluster.namespace().unwrap_or_default(),
+    )
+    .get_opt(&cluster.name_any())
+    .await?;
+    let recorded = fresh
+        .as_ref()
+        .and_then(|c| c.status.as_ref())
+        .and_then(|s| s.drift_halt.clone());
+    let halt = recorded.as_ref().map(|h| DriftHalt {
+        machine: h.machine.clone(),
+        rendered: h.rendered_hash.clone(),
+    });
+    if let Some(stale) = halt.as_ref().filter(|h| !halt_stands(&views, h)) {
+        crate::drift::clear_halt(ctx, cluster, &stale.machine).await?;
+    }
+    let name = machine.name_any();
+    Ok(match drift_turn(&views, halt.as_ref()) {
+        DriftTurn::Settled => None,
+        DriftTurn::Next { machine, .. } if machine == name => None,
+        DriftTurn::Next { machine, .. } => Some((
+            reasons::DRIFT_QUEUED,
+            format!(
+                "its changed config waits for its turn: {machine} takes its own first (control planes, then workers, each by name; one machine at a time)"
+            ),
+        )),
+        DriftTurn::WaitForHealthy { machine } => Some((
+            reasons::DRIFT_QUEUED,
+            format!(
+                "its changed config waits until {machine} is healthy again (Ready, and for a control plane a healthy etcd voter): one machine at a time, each healthy before the next"
+            ),
+        )),
+        DriftTurn::Halted { machine } => {
+            let why = recorded.map(|h| h.message).unwrap_or_default();
+            Some((
+                reasons::DRIFT_HALTED,
+                format!(
+                    "the drift rollout stopped at {machine}, which refused its changed config ({why}); no other machine gets it until a change renders {machine}'s config differently: fix the patch"
+                ),
+            ))
+        }
+    })
+}
+
+/// What the drift rollout needs to know of `machine` (`None`: not an approved machine with a
+/// role, or its config does not render, so it is no drift target).
+fn drift_view(
+    cluster: &TalosCluster,
+    machine: &TalosMachine,
+    bundle: &ichor_render::SecretsBundle,
+) -> Option<DriftMachine> {
+    let role = machine.spec.role?;
+    if machine.spec.approval_state != ApprovalState::Approved {
+        return None;
+    }
+    let status = machine.status.clone().unwrap_or_default();
+    let rendered = render_for(cluster, machine, role, bundle).ok()?;
+    Some(DriftMachine {
+        name: machine.name_any(),
+        role,
+        rendered: rendered.hash,
+        applied: status.applied_config_hash.clone(),
+        healthy: cond::is_true(&status.conditions, conditions::READY),
+        leaving: machine.metadata.deletion_timestamp.is_some() || status.removal.is_some(),
+    })
+}
+
+/// Takes the cluster lock for this machine's drift. `Some` says why it waits for it.
+async fn drift_lock(
+    ctx: &Context,
+    cluster: &TalosCluster,
+    me: &LockHolder,
+    rendered: &Rendered,
+) -> Result<Option<String>, Error> {
+    let machines = crate::cluster_machines(ctx, cluster).await?;
+    let moving = crate::lock::transitioning(cluster, &machines);
+    let outcome = crate::lock::acquire(ctx, cluster, me, moving, false).await?;
+    Ok((!outcome.held()).then(|| {
+        format!(
+            "config {} is next to roll out here: {}",
+            rendered.hash,
+            outcome.message()
+        )
     }))
 }
 
@@ -829,6 +972,18 @@ async fn reboot_for_drift(
         .await
     {
         crate::lock::release(ctx, cluster, &me).await?;
+        // Refused as a config (not busy, not unreachable): the rollout stops here.
+        if drift_refused(&error) == DriftRefused::StageAndReboot {
+            let message = error.to_string();
+            crate::drift::record_halt(ctx, cluster, machine, &rendered.hash, &message).await?;
+            return Ok(Some((
+                reasons::DRIFT_HALTED,
+                format!(
+                    "the node refused config {}: {message}; the drift rollout stops here and no other machine gets it until the patch is fixed",
+                    rendered.hash
+                ),
+            )));
+        }
         return Ok(Some((
             reasons::DRIFT_NOT_APPLIED,
             format!(

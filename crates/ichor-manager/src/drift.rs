@@ -1,0 +1,187 @@
+//! The cluster's record of a stopped drift rollout (`status.driftHalt`): written when a machine
+//! refuses its changed config, cleared once a change renders that machine's config differently.
+//! The machine controller is its one writer; the cluster controller only reads it into the
+//! `ConfigRolledOut` condition.
+
+use ichor_api::cluster::DriftHaltStatus;
+use ichor_api::names::{actions, conditions, reasons};
+use ichor_api::{TalosCluster, TalosMachine};
+use kube::ResourceExt as _;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::events::EventType;
+use serde_json::json;
+
+use crate::{Context, Error};
+
+fn api(ctx: &Context, cluster: &TalosCluster) -> Api<TalosCluster> {
+    Api::namespaced(ctx.client.clone(), &cluster.namespace().unwrap_or_default())
+}
+
+/// Records that `machine` refused config `rendered_hash` with `message`: the rollout stops
+/// there. An Event on the cluster and the machine says so.
+pub async fn record_halt(
+    ctx: &Context,
+    cluster: &TalosCluster,
+    machine: &TalosMachine,
+    rendered_hash: &str,
+    message: &str,
+) -> Result<(), Error> {
+    let halt = DriftHaltStatus {
+        machine: machine.name_any(),
+        rendered_hash: rendered_hash.to_owned(),
+        message: message.to_owned(),
+        at: ctx.now(),
+    };
+    api(ctx, cluster)
+        .patch_status(
+            &cluster.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"driftHalt": halt}})),
+        )
+        .await?;
+    let note = format!(
+        "the drift rollout stopped at {}: it refused config {rendered_hash} ({message}); no other machine gets it until the patch is fixed",
+        machine.name_any()
+    );
+    ctx.event(
+        cluster,
+        EventType::Warning,
+        reasons::DRIFT_HALTED,
+        actions::APPLY,
+        note.clone(),
+    )
+    .await;
+    ctx.event(
+        machine,
+        EventType::Warning,
+        reasons::DRIFT_HALTED,
+        actions::APPLY,
+        note,
+    )
+    .await;
+    Ok(())
+}
+
+/// Clears the halt recorded for `machine`: its config renders differently now.
+pub async fn clear_halt(ctx: &Context, cluster: &TalosCluster, machine: &str) -> Result<(), Error> {
+    api(ctx, cluster)
+        .patch_status(
+            &cluster.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"driftHalt": null}})),
+        )
+        .await?;
+    tracing::info!(
+        cluster = %cluster.name_any(),
+        %machine,
+        "the drift rollout resumes: the refused config renders differently now"
+    );
+    Ok(())
+}
+
+/// The cluster's `ConfigRolledOut` condition: whether it holds, its reason and message, from
+/// the halt recorded and the machines' own `ConfigApplied` conditions.
+pub fn rolled_out(
+    halt: Option<&DriftHaltStatus>,
+    machines: &[TalosMachine],
+) -> (bool, &'static str, String) {
+    if let Some(halt) = halt {
+        return (
+            false,
+            reasons::DRIFT_HALTED,
+            format!(
+                "the drift rollout stopped at {}, which refused config {} ({}); no other machine gets it until a change renders {}'s config differently: fix the patch",
+                halt.machine, halt.rendered_hash, halt.message, halt.machine
+            ),
+        );
+    }
+    let pending: Vec<String> = machines
+        .iter()
+        .filter(|m| {
+            m.status.as_ref().is_some_and(|s| {
+                s.drift_reboot.is_some()
+                    || s.conditions.iter().any(|c| {
+                        c.type_ == conditions::CONFIG_APPLIED
+                            && [
+                                reasons::NEEDS_REBOOT,
+                                reasons::DRIFT_QUEUED,
+                                reasons::DRIFT_NOT_APPLIED,
+                                reasons::DRIFT_HALTED,
+                            ]
+                            .contains(&c.reason.as_str())
+                    })
+            })
+        })
+        .map(kube::ResourceExt::name_any)
+        .collect();
+    if pending.is_empty() {
+        (
+            true,
+            reasons::CONFIG_CURRENT,
+            "every machine runs the config rendered for it".to_owned(),
+        )
+    } else {
+        (
+            false,
+            reasons::DRIFT_ROLLING_OUT,
+            format!(
+                "changed config rolls out one machine at a time; still to take it: {}",
+                pending.join(", ")
+            ),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use ichor_api::common::{Condition, ConditionStatus};
+    use ichor_api::machine::TalosMachineStatus;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    use super::*;
+
+    fn at() -> Time {
+        Time("2026-12-03T10:00:00Z".parse().unwrap())
+    }
+
+    fn machine(name: &str, reason: &str) -> TalosMachine {
+        let mut m = TalosMachine::test(name).build();
+        m.status = Some(TalosMachineStatus {
+            conditions: vec![Condition {
+                type_: conditions::CONFIG_APPLIED.into(),
+                status: ConditionStatus::False,
+                reason: reason.into(),
+                message: String::new(),
+                last_transition_time: at(),
+                observed_generation: None,
+            }],
+            ..Default::default()
+        });
+        m
+    }
+
+    #[test]
+    fn a_halt_names_the_machine_and_pending_drift_lists_the_rest() {
+        let machines = [
+            machine("cp-1", reasons::DRIFT_QUEUED),
+            machine("w-1", reasons::CONFIG_APPLIED),
+        ];
+        let (holds, reason, message) = rolled_out(None, &machines);
+        assert!(!holds);
+        assert_eq!(reason, reasons::DRIFT_ROLLING_OUT);
+        assert!(message.ends_with("cp-1"), "{message}");
+        let halt = DriftHaltStatus {
+            machine: "cp-1".into(),
+            rendered_hash: "abc".into(),
+            message: "unknown field".into(),
+            at: at(),
+        };
+        let (holds, reason, message) = rolled_out(Some(&halt), &machines);
+        assert!(!holds);
+        assert_eq!(reason, reasons::DRIFT_HALTED);
+        assert!(message.contains("cp-1") && message.contains("unknown field"));
+        let (holds, reason, _) = rolled_out(None, &machines[1..]);
+        assert!(holds);
+        assert_eq!(reason, reasons::CONFIG_CURRENT);
+    }
+}
