@@ -2362,3 +2362,171 @@ fn every_rule_is_caught_by_operations_and_drift_alone() {
     }
     assert_eq!(caught.len(), Rule::ALL.len());
 }
+
+/// Reconciles the operation until it is done; `Err` if it is not within `ticks`.
+fn run_operation(w: &mut World, ticks: usize) -> Result<(), String> {
+    for _ in 0..ticks {
+        if w.op.is_none() {
+            return Ok(());
+        }
+        w.physical()?;
+        w.controller_tick(&Action::Operation, false)?;
+    }
+    match &w.op {
+        None => Ok(()),
+        Some(op) => Err(format!("the operation is not done: {op:?}")),
+    }
+}
+
+/// The once-only steps `by` performed on `name`, in name order.
+fn once_only_steps(w: &World, by: &str, name: &str) -> Vec<&'static str> {
+    w.once_only
+        .keys()
+        .filter(|(action, machine, _)| action == by && machine == name)
+        .map(|(_, _, what)| *what)
+        .collect()
+}
+
+#[test]
+fn a_reset_leaves_etcd_through_the_removal_steps_and_the_machine_stays() {
+    run(
+        0,
+        |_| World::new(5, 0, 3),
+        |w, _| {
+            w.admit_operation(OpKind::Reset, vec!["cp-1".into()], true)?;
+            if w.op.is_none() {
+                return Err("the reset of one control plane of five was refused".into());
+            }
+            run_operation(w, 20)?;
+            let i = w
+                .index("cp-1")
+                .ok_or("cp-1 is gone: a reset keeps the machine")?;
+            let n = &w.nodes[i];
+            if n.voter || n.applied || !n.maintenance || n.record.is_some() {
+                return Err(format!(
+                    "cp-1 should be out of etcd and in maintenance, its config and etcd record \
+                     forgotten: {n:?}"
+                ));
+            }
+            let steps = once_only_steps(w, "operation/reset-1", "cp-1");
+            if steps != ["EtcdLeft", "Reset"] || w.voters() != 4 {
+                return Err(format!("steps {steps:?}, {} voters", w.voters()));
+            }
+            // Configured again, it joins etcd as a new member.
+            w.configure(i);
+            w.physical()?;
+            if !w.nodes[i].voter {
+                return Err("cp-1 did not join etcd again".into());
+            }
+            Ok(())
+        },
+    );
+}
+
+#[test]
+fn a_reset_down_to_the_declared_count_waits_for_a_replacement() {
+    run(
+        0,
+        |_| World::new(3, 0, 3),
+        |w, _| {
+            w.admit_operation(OpKind::Reset, vec!["cp-1".into()], true)?;
+            w.settle(SETTLE_TICKS)?;
+            w.check_liveness()?;
+            let held = w.op.as_ref().and_then(|op| op.held.clone());
+            if held.as_deref() != Some(reasons::AWAITING_REPLACEMENT) || w.lock.is_some() {
+                return Err(format!(
+                    "the reset should wait unlocked: {held:?}, {:?}",
+                    w.lock
+                ));
+            }
+            // The replacement: 4 approved, 3 declared; the reset of a surplus control plane
+            // completes the transition.
+            let cp = w.approve(Role::ControlPlane);
+            w.nodes.push(cp);
+            w.settle(SETTLE_TICKS)?;
+            w.check_liveness()?;
+            let steps = once_only_steps(w, "operation/reset-1", "cp-1");
+            if w.op.is_some() || steps != ["EtcdLeft", "Reset"] {
+                return Err(format!("the reset did not run: {:?}, {steps:?}", w.op));
+            }
+            Ok(())
+        },
+    );
+}
+
+#[test]
+fn a_crash_after_sending_a_restart_finds_it_done_instead_of_sending_it_again() {
+    for kind in [OpKind::Reboot, OpKind::Upgrade] {
+        run(
+            0,
+            |_| World::new(3, 0, 3),
+            |w, _| {
+                w.admit_operation(kind, vec!["cp-1".into(), "cp-2".into()], true)?;
+                w.physical()?;
+                // Sent to cp-1; the manager crashes before recording it sent.
+                w.controller_tick(&Action::Operation, true)?;
+                let step = w.op.as_ref().map(|op| op.step);
+                if !matches!(step, Some(OpStep::Intent { .. })) {
+                    return Err(format!("only the intent should be recorded: {step:?}"));
+                }
+                run_operation(w, 20)?;
+                let boots: Vec<u32> = w.nodes.iter().map(|n| n.boots).collect();
+                if boots != [1, 1, 0] || w.coverage.once_only_found_done != 1 {
+                    return Err(format!(
+                        "{kind:?}: boots {boots:?}, found done {}",
+                        w.coverage.once_only_found_done
+                    ));
+                }
+                Ok(())
+            },
+        );
+    }
+}
+
+#[test]
+fn a_config_the_node_refuses_stops_its_reboot_and_touches_nothing() {
+    run(
+        0,
+        |_| World::new(3, 0, 3),
+        |w, _| {
+            for (name, refused_by_node) in [("cp-1", true), ("cp-2", false)] {
+                let i = w.index(name).ok_or("no such machine")?;
+                w.nodes[i].drift = Some(Drift {
+                    patch: 1,
+                    refused_by_node,
+                    step: DriftStep::Pending,
+                    held: None,
+                });
+            }
+            let state = |w: &World| -> Vec<(u32, u32, u32, bool)> {
+                w.nodes
+                    .iter()
+                    .map(|n| (n.config, n.applied_config, n.boots, n.voter))
+                    .collect()
+            };
+            let before = state(w);
+            w.physical()?;
+            w.controller_tick(&Action::Drift("cp-1".into()), false)?;
+            let step = w.nodes[0].drift.as_ref().map(|d| d.step);
+            if step != Some(DriftStep::Refused) || state(w) != before || w.lock.is_some() {
+                return Err(format!(
+                    "cp-1's refusal should be recorded with nothing changed and the lock free: \
+                     {step:?}, {:?}, {:?}",
+                    state(w),
+                    w.lock
+                ));
+            }
+            // The stopped action is not reconciled again; the other machine's goes on.
+            if w.controller_actions() != [Action::Drift("cp-2".into())] {
+                return Err(format!("actions: {:?}", w.controller_actions()));
+            }
+            w.settle(SETTLE_TICKS)?;
+            w.check_liveness()?;
+            let (cp1, cp2) = (&w.nodes[0], &w.nodes[1]);
+            if cp2.config != 1 || cp2.boots != 1 || cp2.drift.is_some() || cp1.config != 0 {
+                return Err(format!("cp-1 {cp1:?}, cp-2 {cp2:?}"));
+            }
+            Ok(())
+        },
+    );
+}
