@@ -92,7 +92,8 @@ struct Node {
     boots: u32,
     /// The Talos version it runs.
     version: u32,
-    /// The config it runs (0: none), and the one staged for its next boot.
+    /// The config it runs (0: the one it was configured with; drift patches count from 1), and
+    /// the one staged for its next boot.
     config: u32,
     staged: Option<u32>,
     /// The config recorded as applied (`status.appliedConfigHash`).
