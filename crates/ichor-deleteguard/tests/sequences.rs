@@ -2,7 +2,8 @@
 //! configured and joining etcd, deletes admitted (with or without the allow-delete annotation),
 //! removals stepping under the cluster lock, TalosOperations (`reset`, `reboot`, `upgrade`) on
 //! one machine, the control planes or every machine, admitted at the door and run one node at a
-//! time, config drift that needs a reboot (accepted by the node, or refused), etcd members
+//! time, config drift that needs a reboot rolled out in the planner's order (taken by each
+//! node, or refused by one, which halts the rollout until the patch changes), etcd members
 //! falling sick and healing, the manager's observations of them recorded or not (an observer
 //! outage lets them go stale), the declared count changed, the manager crashing (between
 //! sending an action to a node and recording it, too), and finally the cluster torn down.
@@ -12,10 +13,10 @@
 //! operation's node or a reboot for drift starts, and right before the step that takes a voter
 //! out or down of one already started), with `next_removal_step` (a reset walks the removal's
 //! steps, the machine staying), `is_once_only`, `lock_decision`, `transitioning`,
-//! `removal_completes_transition` and `teardown_next`. The planner sees only the recorded
-//! observations; the model keeps the truth. A restarted actor looks for the effect of what it
-//! may have sent (out of etcd, in maintenance, booted again, running the new version or config)
-//! before sending it again.
+//! `removal_completes_transition`, `drift_turn`, `halt_stands` and `teardown_next`. The planner
+//! sees only the recorded observations; the model keeps the truth. A restarted actor looks for
+//! the effect of what it may have sent (out of etcd, in maintenance, booted again, running the
+//! new version or config) before sending it again.
 //!
 //! After every step the model checks, in closed form over the truth: etcd keeps quorum of its
 //! voters and at least one voter; a control plane leaves etcd only while the voters staying keep
@@ -25,11 +26,13 @@
 //! voters staying; every disruptive step is taken by the action holding the cluster lock, and
 //! one action at most believes it holds it; no once-only step (etcd leave, reset, an
 //! operation's reboot or upgrade of a node, a reboot for drift) runs twice; one voter at most is
-//! down; a config the node refused is neither recorded nor running anywhere, and its action
-//! holds nothing.
+//! down; a config a node refused never takes effect there, no machine takes a config while
+//! the refusal stands, control planes take theirs before workers, and a halted rollout holds
+//! no lock.
 //!
 //! Each rule of the planner's table is needed: `every_rule_is_caught_when_disabled` runs the
-//! seeds with one rule left out at a time and expects a broken invariant for each.
+//! seeds with one rule left out at a time and expects a broken invariant for each, and
+//! `every_rule_is_caught_by_operations_and_drift_alone` does it again with no deletes by people.
 //!
 //! A failure prints the seed and the action trace; `ICHOR_TEST_SEED=<n> cargo test -p
 //! ichor-deleteguard --test sequences` replays one seed.
@@ -40,10 +43,11 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use ichor_api::common::Role;
 use ichor_api::machine::RemovalStep;
 use ichor_deleteguard::{
-    Cluster, Disruption, LockDecision, LockView, Machine, Observation, Rule, RuleSet, Stage,
-    Verdict, approved_control_planes, check_machine_delete_with, check_targets_with, check_with,
-    etcd_quorum, is_once_only, lock_decision, next_removal_step, reasons,
-    removal_completes_transition, teardown_next, transitioning,
+    Cluster, Disruption, DriftHalt, DriftMachine, DriftTurn, LockDecision, LockView, Machine,
+    Observation, Rule, RuleSet, Stage, Verdict, approved_control_planes, check_machine_delete_with,
+    check_targets_with, check_with, drift_turn, etcd_quorum, halt_stands, is_once_only,
+    lock_decision, next_removal_step, reasons, removal_completes_transition, teardown_next,
+    transitioning,
 };
 use ichor_testenv::rng::{self, SEED_ENV, TestRng as Rng};
 
@@ -92,14 +96,16 @@ struct Node {
     boots: u32,
     /// The Talos version it runs.
     version: u32,
-    /// The config it runs (0: the one it was configured with; drift patches count from 1), and
-    /// the one staged for its next boot.
+    /// The config it runs (0: none, or the one before any patch; patches count from 1).
     config: u32,
-    staged: Option<u32>,
+    /// The config its objects render now.
+    rendered: u32,
     /// The config recorded as applied (`status.appliedConfigHash`).
     applied_config: u32,
-    /// Its reboot for drift, as recorded in status.
-    drift: Option<Drift>,
+    /// A reboot for drift in flight (`status.driftReboot`): the config it reboots into.
+    drift_reboot: Option<u32>,
+    /// The last reason its drift was held.
+    drift_held: Option<String>,
     /// Its etcd member is healthy (the truth; a fault makes it sick).
     healthy: bool,
     /// The manager's last recorded observation of its etcd member.
@@ -136,32 +142,6 @@ impl Node {
     fn back(&self) -> bool {
         self.down == 0 && (self.serving() || !self.voter)
     }
-}
-
-/// A config change that needs a reboot, on one machine (`drift/<machine>`): under
-/// the cluster lock, staged, then a reboot, the lock held until the node is back.
-#[derive(Clone, Debug, PartialEq)]
-struct Drift {
-    /// The config to apply.
-    patch: u32,
-    /// The node refuses it (the truth: the actor learns it by staging).
-    refused_by_node: bool,
-    /// Recorded: how far it got.
-    step: DriftStep,
-    /// The last reason it was held.
-    held: Option<String>,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum DriftStep {
-    /// Nothing sent.
-    Pending,
-    /// Staged on the node and recorded as applied: the reboot comes next.
-    Staged,
-    /// Rebooted: the lock is held until the node is back.
-    Rebooting,
-    /// The node refused the config: the action stopped there, nothing changed.
-    Refused,
 }
 
 /// What a TalosOperation does to each of its nodes.
@@ -322,6 +302,12 @@ struct World {
     next_op: usize,
     next_patch: u32,
     tick: usize,
+    /// Configs a node refuses, by machine: the truth, learnt by trying.
+    refusals: BTreeSet<(String, u32)>,
+    /// The drift halt recorded on the cluster (`status.driftHalt`).
+    drift_halt: Option<DriftHalt>,
+    /// The last refusal, by machine and config (the truth kept for the invariants).
+    halted: Option<(String, u32)>,
     /// Whether `trace` is kept.
     tracing: bool,
     trace: Vec<String>,
@@ -349,6 +335,9 @@ impl World {
             next_op: 0,
             next_patch: 0,
             tick: 0,
+            refusals: BTreeSet::new(),
+            drift_halt: None,
+            halted: None,
             tracing: false,
             trace: Vec::new(),
             coverage: Coverage::default(),
@@ -393,9 +382,10 @@ impl World {
             boots: 0,
             version: 0,
             config: 0,
-            staged: None,
+            rendered: 0,
             applied_config: 0,
-            drift: None,
+            drift_reboot: None,
+            drift_held: None,
             healthy: true,
             record: None,
             allow_delete: false,
@@ -595,9 +585,9 @@ impl World {
         let n = &mut self.nodes[i];
         n.applied = true;
         n.maintenance = false;
-        // The config it was approved with (drift patches are numbered from 1).
-        n.config = 0;
-        n.applied_config = 0;
+        // A first apply is not drift: it takes what its objects render.
+        n.config = n.rendered;
+        n.applied_config = n.rendered;
         n.joining = n.is_control_plane();
         let name = n.name.clone();
         log!(self, "configure {name}");
@@ -837,7 +827,12 @@ impl World {
                 } else {
                     self.disrupting(i, true, by, allow_delete)?;
                     self.performed_once_only(by, &name, "EtcdLeft");
-                    self.nodes[i].voter = false;
+                    // The next action's fresh look finds its member failing while the node
+                    // answers: a voter, unhealthy, until the leave is recorded or observed.
+                    let now = self.now();
+                    let n = &mut self.nodes[i];
+                    n.voter = false;
+                    n.record = n.record.map(|_| Observation::unhealthy_voter(now));
                     self.leaves.push(name.clone());
                     log!(self, "  {name} leaves etcd");
                 }
@@ -857,12 +852,12 @@ impl World {
                         }
                         self.nodes[i].voter = false;
                     }
-                    // Wiped: no config, and no sick etcd member to bring back.
+                    // Wiped: no config, no sick etcd member to bring back, nothing it refused.
                     let n = &mut self.nodes[i];
                     n.maintenance = true;
                     n.config = 0;
-                    n.staged = None;
                     n.healthy = true;
+                    self.refusals.retain(|(machine, _)| *machine != name);
                     log!(self, "  {name} reset");
                 }
             }
@@ -1241,10 +1236,25 @@ impl World {
         }
         let next = next_removal_step(done, self.nodes[i].role);
         if next == RemovalStep::EtcdLeft {
-            let verdict = self.plan(i, &disruption, Stage::Act);
-            if !verdict.is_proceed() {
-                self.op_held(op, verdict.reason().unwrap_or_default());
-                return Ok(false);
+            // A wait keeps the lock, as a removal's does; a refusal (another control plane
+            // deleted since, which the door let through: a reset's target is not counted as
+            // leaving there) does not resolve by itself: the operation fails, the lock goes.
+            match self.plan(i, &disruption, Stage::Act) {
+                Verdict::Proceed(_) => {}
+                Verdict::Wait(wait) => {
+                    self.op_held(op, wait.reason());
+                    return Ok(false);
+                }
+                Verdict::Refuse(refusal) => {
+                    log!(
+                        self,
+                        "{id}: fails before {name} leaves etcd, {}",
+                        refusal.reason()
+                    );
+                    self.coverage.operations_failed += 1;
+                    self.release(&id);
+                    return Ok(true);
+                }
             }
         }
         log!(self, "{id}: {name} {done:?} -> {next:?}");
@@ -1296,70 +1306,146 @@ impl World {
 
     // ---- Drift ----------------------------------------------------------------------------
 
-    /// A config change that needs a reboot: to every configured control plane (a cluster
-    /// patch) or to one (a machine's patch). One node in five refuses it.
-    fn random_drift(&mut self, rng: &mut Rng) {
-        let candidates: Vec<usize> = (0..self.nodes.len())
-            .filter(|&i| {
-                let n = &self.nodes[i];
-                n.is_control_plane()
-                    && n.applied
-                    && !n.deleting
-                    && n.drift
-                        .as_ref()
-                        .is_none_or(|d| d.step == DriftStep::Refused)
+    /// Whether machine `n` is leaving (being deleted, or its removal started).
+    fn leaving(n: &Node) -> bool {
+        n.deleting || n.recorded > RemovalStep::Pending
+    }
+
+    /// Whether machine `n` drifted: configured, not leaving, rendering another config than the
+    /// one recorded as applied.
+    fn drifted(n: &Node) -> bool {
+        n.applied && !Self::leaving(n) && n.rendered != n.applied_config
+    }
+
+    /// Every machine as the drift rollout sees it: recorded health (a control plane's last
+    /// etcd observation; a worker is Ready when up).
+    fn drift_views(&self) -> Vec<DriftMachine> {
+        self.nodes
+            .iter()
+            .map(|n| DriftMachine {
+                name: n.name.clone(),
+                role: n.role,
+                rendered: n.rendered.to_string(),
+                applied: n.applied.then(|| n.applied_config.to_string()),
+                healthy: match n.role {
+                    Role::ControlPlane => n.record.is_some_and(|r| r.voter && r.healthy),
+                    Role::Worker => n.down == 0,
+                },
+                leaving: Self::leaving(n),
             })
-            .collect();
-        if candidates.is_empty() {
+            .collect()
+    }
+
+    /// The halt of the rollout in closed form, over the truth: the machine that refused a
+    /// config is there, configured, not leaving, still renders that config and did not take
+    /// it.
+    fn halt_stands_by_rule(&self) -> Option<&(String, u32)> {
+        self.halted.as_ref().filter(|(name, patch)| {
+            self.index(name).is_some_and(|i| {
+                let n = &self.nodes[i];
+                n.applied && !Self::leaving(n) && n.rendered == *patch && n.applied_config != *patch
+            })
+        })
+    }
+
+    /// A config change that needs a reboot: a cluster patch (every machine renders it) or a
+    /// machine's own patch. One time in four, one configured machine it reaches refuses it.
+    fn random_drift(&mut self, rng: &mut Rng) {
+        if self.nodes.is_empty() {
             return;
         }
-        let chosen = if rng.chance(1, 2) {
-            candidates
-        } else {
-            vec![candidates[rng.below(candidates.len())]]
-        };
         self.next_patch += 1;
-        for i in chosen {
-            let refused_by_node = rng.chance(1, 5);
-            let n = &mut self.nodes[i];
-            n.drift = Some(Drift {
-                patch: self.next_patch,
-                refused_by_node,
-                step: DriftStep::Pending,
-                held: None,
-            });
+        let patch = self.next_patch;
+        let reached: Vec<usize> = if rng.chance(1, 2) {
+            (0..self.nodes.len()).collect()
+        } else {
+            vec![rng.below(self.nodes.len())]
+        };
+        for &i in &reached {
+            self.nodes[i].rendered = patch;
+        }
+        let configured: Vec<usize> = reached
+            .into_iter()
+            .filter(|&i| self.nodes[i].applied)
+            .collect();
+        let refusing = (!configured.is_empty() && rng.chance(1, 4)).then(|| {
+            self.nodes[configured[rng.below(configured.len())]]
+                .name
+                .clone()
+        });
+        log!(
+            self,
+            "config {patch} rendered for {} machine(s); refused by {refusing:?}",
+            configured.len()
+        );
+        if let Some(name) = refusing {
+            self.refusals.insert((name, patch));
+        }
+    }
+
+    fn drift_held(&mut self, i: usize, reason: &str) {
+        let n = &mut self.nodes[i];
+        if n.drift_held.as_deref() != Some(reason) {
             let name = n.name.clone();
-            log!(self, "config {} for {name} needs a reboot", self.next_patch);
-        }
-    }
-
-    fn drift_held(&mut self, drift: &mut Drift, name: &str, reason: &str) {
-        if drift.held.as_deref() != Some(reason) {
-            log!(self, "reboot for drift of {name}: held, {reason}");
+            n.drift_held = Some(reason.to_owned());
             *self.coverage.held.entry(reason.to_owned()).or_default() += 1;
-            drift.held = Some(reason.to_owned());
+            log!(self, "drift of {name}: held, {reason}");
         }
     }
 
-    /// One reconcile of the reboot for drift of `name`: under the lock, the planner, staged
-    /// (the node may refuse: the action stops, records it and releases the lock), recorded as
-    /// applied, rebooted; the lock held until the node is back. Resumed staged (a crash lost
-    /// the record of the reboot), it looks for the node running the config first.
+    /// One reconcile of the drift of machine `name`: its turn by `drift_turn` (the halt
+    /// recorded, cleared once it no longer stands), the cluster lock, the planner's `Restart`,
+    /// then staged and rebooted (a node that refuses the config records the halt and releases
+    /// the lock), recorded, and the lock kept until the node is back. Resumed after a crash
+    /// that lost the record, it finds the node running the config instead of rebooting again.
     fn drift_tick(&mut self, name: &str, crash: bool) -> Result<(), String> {
         let i = self.index(name).ok_or("drift of a machine that is gone")?;
-        let Some(mut drift) = self.nodes[i].drift.clone() else {
-            return Ok(());
-        };
         let id = self.nodes[i].drift_id();
-        if drift.step == DriftStep::Refused {
+        if self.nodes[i].drift_reboot.is_some() {
+            // In flight: back, it is recorded and the lock (if still its own) released;
+            // until then the lock is kept.
+            if self.nodes[i].back() {
+                if crash {
+                    log!(self, "drift of {name}: back; crash before recording");
+                    self.crash();
+                } else {
+                    log!(self, "drift of {name}: back, done");
+                    self.nodes[i].drift_reboot = None;
+                    self.nodes[i].drift_held = None;
+                    self.release(&id);
+                }
+                return self.check();
+            }
+            let decision = lock_decision(self.lock.as_ref(), &id, self.transitioning(), false);
+            if decision.holds() {
+                self.hold(&id, &decision)?;
+            } else {
+                self.drift_held(i, "LockBusy");
+            }
+            return self.check();
+        }
+        if !Self::drifted(&self.nodes[i]) {
             return Ok(());
         }
-        if drift.step == DriftStep::Pending && (self.nodes[i].deleting || !self.nodes[i].applied) {
-            // Nothing started: a machine going away, or reset, has no drift to apply.
-            log!(self, "reboot for drift of {name}: dropped");
-            self.nodes[i].drift = None;
-            self.release(&id);
-            return self.check();
+        let views = self.drift_views();
+        if let Some(halt) = self.drift_halt.take() {
+            if halt_stands(&views, &halt) {
+                self.drift_halt = Some(halt);
+            } else {
+                log!(self, "the drift halt at {} is cleared", halt.machine);
+            }
+        }
+        match drift_turn(&views, self.drift_halt.as_ref()) {
+            DriftTurn::Next { machine, .. } if machine == name => {}
+            DriftTurn::Next { .. } | DriftTurn::WaitForHealthy { .. } => {
+                self.drift_held(i, "DriftQueued");
+                return Ok(());
+            }
+            DriftTurn::Halted { .. } => {
+                self.drift_held(i, "DriftHalted");
+                return Ok(());
+            }
+            DriftTurn::Settled => return Err(format!("{name} drifted, the rollout is settled")),
         }
         // A reboot for drift completes no transition.
         let decision = lock_decision(self.lock.as_ref(), &id, self.transitioning(), false);
@@ -1368,114 +1454,97 @@ impl World {
                 LockDecision::Busy { .. } => "LockBusy",
                 _ => "RefusedWhileTransitioning",
             };
-            self.drift_held(&mut drift, name, reason);
-            self.nodes[i].drift = Some(drift);
+            self.drift_held(i, reason);
             return Ok(());
         }
         self.hold(&id, &decision)?;
-        drift.held = None;
-        match drift.step {
-            DriftStep::Pending => {
-                let verdict = self.plan(i, &Disruption::Restart, Stage::Run);
-                if !verdict.is_proceed() {
-                    self.drift_held(&mut drift, name, verdict.reason().unwrap_or_default());
-                    self.release(&id);
-                    self.nodes[i].drift = Some(drift);
-                    return self.check();
-                }
-                if drift.refused_by_node {
-                    log!(
-                        self,
-                        "{name} refuses config {}: the reboot for drift stops",
-                        drift.patch
-                    );
-                    self.coverage.drifts_refused += 1;
-                    drift.step = DriftStep::Refused;
-                    self.nodes[i].drift = Some(drift);
-                    self.release(&id);
-                    return self.check();
-                }
-                // Staged, and recorded as applied before the reboot, so a failure to record
-                // never costs a second one.
-                self.nodes[i].staged = Some(drift.patch);
-                self.nodes[i].applied_config = drift.patch;
-                drift.step = DriftStep::Staged;
-            }
-            DriftStep::Staged => {
-                let n = &self.nodes[i];
-                if n.down > 0 {
-                    self.drift_held(&mut drift, name, "NodeUnreachable");
-                    self.nodes[i].drift = Some(drift);
-                    return Ok(());
-                }
-                if n.config == drift.patch {
-                    self.found_done("Reboot", &id);
-                    log!(self, "{name} already runs config {}: rebooted", drift.patch);
-                    drift.step = DriftStep::Rebooting;
-                    self.nodes[i].drift = Some(drift);
-                    return self.check();
-                }
-                let verdict = self.plan(i, &Disruption::Restart, Stage::Act);
-                if !verdict.is_proceed() {
-                    self.drift_held(&mut drift, name, verdict.reason().unwrap_or_default());
-                    self.release(&id);
-                    self.nodes[i].drift = Some(drift);
-                    return self.check();
-                }
-            }
-            DriftStep::Rebooting => {
-                if self.nodes[i].back() {
-                    if crash {
-                        log!(
-                            self,
-                            "reboot for drift of {name}: back; crash before recording"
-                        );
-                        self.crash();
-                        self.nodes[i].drift = Some(drift);
-                    } else {
-                        log!(self, "reboot for drift of {name}: back, done");
-                        self.nodes[i].drift = None;
-                        self.release(&id);
-                    }
-                } else {
-                    self.nodes[i].drift = Some(drift);
-                }
-                return self.check();
-            }
-            DriftStep::Refused => unreachable!("returned above"),
+        let verdict = self.plan(i, &Disruption::Restart, Stage::Run);
+        if !verdict.is_proceed() {
+            self.drift_held(i, verdict.reason().unwrap_or_default());
+            self.release(&id);
+            return self.check();
+        }
+        if self.nodes[i].down > 0 {
+            self.drift_held(i, "NodeUnreachable");
+            self.release(&id);
+            return self.check();
+        }
+        let patch = self.nodes[i].rendered;
+        self.nodes[i].drift_held = None;
+        if self.nodes[i].config == patch {
+            // It rebooted into it before a crash lost the record: recorded now, not again.
+            self.found_done("Reboot", &id);
+            log!(self, "{name} already runs config {patch}: recorded");
+            self.nodes[i].applied_config = patch;
+            self.nodes[i].drift_reboot = Some(patch);
+            return self.check();
+        }
+        if self.refusals.contains(&(name.to_owned(), patch)) {
+            log!(self, "{name} refuses config {patch}: the rollout halts");
+            self.coverage.drifts_refused += 1;
+            self.drift_halt = Some(DriftHalt {
+                machine: name.to_owned(),
+                rendered: patch.to_string(),
+            });
+            self.halted = Some((name.to_owned(), patch));
+            self.release(&id);
+            return self.check();
+        }
+        // The rollout's promises, in closed form: nothing while a refusal stands, and control
+        // planes before workers.
+        // The rollout's promises, in closed form: nothing while a refusal stands, and control
+        // planes before workers.
+        if let Some((halted, refused)) = self.halt_stands_by_rule() {
+            return Err(format!(
+                "{name} takes config {patch} while the rollout is halted at {halted}, which \
+                 refused config {refused}"
+            ));
+        }
+        if !self.nodes[i].is_control_plane()
+            && let Some(cp) = self
+                .nodes
+                .iter()
+                .find(|n| n.is_control_plane() && Self::drifted(n))
+        {
+            return Err(format!(
+                "worker {name} takes config {patch} before control plane {} took its own",
+                cp.name
+            ));
+        }
+        if !self.nodes[i].is_control_plane()
+            && let Some(cp) = self
+                .nodes
+                .iter()
+                .find(|n| n.is_control_plane() && Self::drifted(n))
+        {
+            return Err(format!(
+                "worker {name} takes config {patch} before control plane {} took its own",
+                cp.name
+            ));
         }
         self.disrupting(i, false, &id, false)?;
         self.restarting(i);
-        self.performed_once_only(&format!("{id}#{}", drift.patch), name, "Reboot");
+        self.performed_once_only(&format!("{id}#{patch}"), name, "Reboot");
         self.coverage.drift_reboots += 1;
         let now = self.now();
         let n = &mut self.nodes[i];
         n.down = 1;
         n.boots += 1;
-        if let Some(staged) = n.staged.take() {
-            n.config = staged;
-        }
+        n.config = patch;
         n.record = n.record.map(|_| Observation {
             voter: n.voter,
             healthy: false,
             at: now,
         });
-        log!(
-            self,
-            "reboot for drift of {name}: reboots into config {}",
-            drift.patch
-        );
+        log!(self, "drift of {name}: staged config {patch}, reboots");
         if crash {
             self.coverage.crashes_before_record += 1;
-            log!(
-                self,
-                "reboot for drift of {name}: crash before recording the reboot"
-            );
+            log!(self, "drift of {name}: crash before recording the reboot");
             self.crash();
         } else {
-            drift.step = DriftStep::Rebooting;
+            self.nodes[i].applied_config = patch;
+            self.nodes[i].drift_reboot = Some(patch);
         }
-        self.nodes[i].drift = Some(drift);
         self.check()
     }
 
@@ -1494,11 +1563,7 @@ impl World {
         actions.extend(
             self.nodes
                 .iter()
-                .filter(|n| {
-                    n.drift
-                        .as_ref()
-                        .is_some_and(|d| d.step != DriftStep::Refused)
-                })
+                .filter(|n| n.drift_reboot.is_some() || Self::drifted(n))
                 .map(|n| Action::Drift(n.name.clone())),
         );
         actions
@@ -1562,24 +1627,19 @@ impl World {
         if down.len() > 1 {
             return Err(format!("{down:?} are down at once"));
         }
-        // A config the node refused changed nothing: neither recorded, staged nor running, and
-        // its stopped action holds nothing.
-        for n in &self.nodes {
-            if let Some(d) = n.drift.as_ref().filter(|d| d.step == DriftStep::Refused) {
-                if n.applied_config == d.patch || n.config == d.patch || n.staged == Some(d.patch) {
-                    return Err(format!(
-                        "{} refused config {} but it took effect",
-                        n.name, d.patch
-                    ));
-                }
-                if self.holders.contains(&n.drift_id())
-                    || self.lock.as_ref().is_some_and(|l| l.holder == n.drift_id())
-                {
-                    return Err(format!(
-                        "the stopped reboot for drift of {} holds the lock",
-                        n.name
-                    ));
-                }
+        // A config a node refused changed nothing there: neither recorded nor running.
+        for (name, patch) in &self.refusals {
+            if let Some(n) = self.index(name).map(|i| &self.nodes[i])
+                && (n.applied_config == *patch || n.config == *patch)
+            {
+                return Err(format!("{name} refused config {patch} but it took effect"));
+            }
+        }
+        // A halted rollout holds nothing: the refusing machine released the lock.
+        if let Some((name, _)) = self.halt_stands_by_rule() {
+            let id = format!("drift/{name}");
+            if self.holders.contains(&id) || self.lock.as_ref().is_some_and(|l| l.holder == id) {
+                return Err(format!("the drift halted at {name} holds the lock"));
             }
         }
         Ok(())
@@ -1760,23 +1820,36 @@ impl World {
                 }
             }
         }
+        // Drift is rolled out, or halted at a refusal (a person fixes the patch), or its next
+        // machine is held by the planner or the transition.
+        let views = self.drift_views();
+        let halted = self.halt_stands_by_rule().is_some();
         for (i, n) in self.nodes.iter().enumerate() {
-            let Some(drift) = n.drift.as_ref().filter(|d| d.step != DriftStep::Refused) else {
+            if n.drift_reboot.is_some() {
+                return Err(format!(
+                    "the reboot for drift of {} is still in flight",
+                    n.name
+                ));
+            }
+            if !Self::drifted(n) || halted {
                 continue;
-            };
-            let decision = lock_decision(self.lock.as_ref(), &n.drift_id(), moving, false);
-            match decision {
-                LockDecision::RefusedWhileTransitioning
-                    if self.transitioning_by_rule() && !self.completes_by_rule(&n.drift_id()) => {}
-                LockDecision::Take | LockDecision::Keep
-                    if drift.step == DriftStep::Pending
-                        && !self.plan(i, &Disruption::Restart, Stage::Run).is_proceed() => {}
-                decision => {
-                    return Err(format!(
-                        "reboot for drift of {} stuck ({decision:?}): {drift:?}",
-                        n.name
-                    ));
+            }
+            match drift_turn(&views, self.drift_halt.as_ref()) {
+                DriftTurn::Next { machine, .. } if machine != n.name => {}
+                DriftTurn::Next { .. } => {
+                    let decision = lock_decision(self.lock.as_ref(), &n.drift_id(), moving, false);
+                    match decision {
+                        LockDecision::RefusedWhileTransitioning
+                            if self.transitioning_by_rule()
+                                && !self.completes_by_rule(&n.drift_id()) => {}
+                        LockDecision::Take | LockDecision::Keep
+                            if !self.plan(i, &Disruption::Restart, Stage::Run).is_proceed() => {}
+                        decision => {
+                            return Err(format!("drift of {} stuck ({decision:?})", n.name));
+                        }
+                    }
                 }
+                turn => return Err(format!("drift of {} stuck: {turn:?}", n.name)),
             }
         }
         Ok(())
@@ -1789,10 +1862,7 @@ impl World {
         };
         let exists = self.nodes.iter().any(|n| {
             n.removal_id() == lock.holder
-                || (n.drift_id() == lock.holder
-                    && n.drift
-                        .as_ref()
-                        .is_some_and(|d| d.step != DriftStep::Refused))
+                || (n.drift_id() == lock.holder && (n.drift_reboot.is_some() || Self::drifted(n)))
         }) || self.op.as_ref().is_some_and(|op| op.id == lock.holder);
         lock.expired && !exists
     }
@@ -1857,7 +1927,7 @@ impl World {
             self.release(&op.id);
         }
         for i in 0..self.nodes.len() {
-            if self.nodes[i].drift.take().is_some() {
+            if self.nodes[i].drift_reboot.take().is_some() {
                 let id = self.nodes[i].drift_id();
                 log!(self, "{id}: cancelled by the teardown");
                 self.release(&id);
@@ -2050,7 +2120,7 @@ fn random_sequences_keep_quorum_the_lock_and_once_only_steps() {
         assert!(total.upgrades > 300, "{total:?}");
         assert!(total.control_plane_resets > 30, "{total:?}");
         assert!(total.drift_reboots > 500, "{total:?}");
-        assert!(total.drifts_refused > 100, "{total:?}");
+        assert!(total.drifts_refused > 50, "{total:?}");
         assert!(total.crashes_before_record > 100, "{total:?}");
         assert!(total.once_only_found_done > 10, "{total:?}");
         // Restarted actors found what they had sent done, for every kind of once-only step.
@@ -2059,7 +2129,7 @@ fn random_sequences_keep_quorum_the_lock_and_once_only_steps() {
         assert!(found("Reset by removal") > 10, "{total:?}");
         assert!(found("Reboot by operation") > 10, "{total:?}");
         assert!(found("Upgrade by operation") > 10, "{total:?}");
-        assert!(found("Reboot by drift") > 10, "{total:?}");
+        assert!(found("Reboot by drift") > 5, "{total:?}");
         assert!(
             found("EtcdLeft by operation") + found("Reset by operation") > 5,
             "{total:?}"
@@ -2069,6 +2139,8 @@ fn random_sequences_keep_quorum_the_lock_and_once_only_steps() {
         assert!(refused_op(reasons::LAST_CONTROL_PLANE) > 30, "{total:?}");
         assert!(refused_op(reasons::ALLOW_DELETE_REQUIRED) > 30, "{total:?}");
         assert!(refused_op(reasons::ETCD_UNHEALTHY) > 100, "{total:?}");
+        assert!(held("DriftQueued") > 1000, "{total:?}");
+        assert!(held("DriftHalted") > 50, "{total:?}");
         let refused = |reason: &str| total.refused_deletes.get(reason).copied().unwrap_or(0);
         assert!(refused(reasons::QUORUM_AT_RISK) > 100, "{total:?}");
         assert!(held(reasons::AWAITING_REPLACEMENT) > 100, "{total:?}");
@@ -2485,47 +2557,51 @@ fn a_crash_after_sending_a_restart_finds_it_done_instead_of_sending_it_again() {
 }
 
 #[test]
-fn a_config_the_node_refuses_stops_its_reboot_and_touches_nothing() {
+fn a_config_a_node_refuses_halts_the_rollout_until_the_patch_is_fixed() {
     run(
         0,
-        |_| World::new(3, 0, 3),
+        |_| World::new(3, 1, 3),
         |w, _| {
-            for (name, refused_by_node) in [("cp-1", true), ("cp-2", false)] {
-                let i = w.index(name).ok_or("no such machine")?;
-                w.nodes[i].drift = Some(Drift {
-                    patch: 1,
-                    refused_by_node,
-                    step: DriftStep::Pending,
-                    held: None,
-                });
+            // A cluster patch, config 1, which cp-2 refuses.
+            for n in &mut w.nodes {
+                n.rendered = 1;
             }
-            let state = |w: &World| -> Vec<(u32, u32, u32, bool)> {
-                w.nodes
-                    .iter()
-                    .map(|n| (n.config, n.applied_config, n.boots, n.voter))
-                    .collect()
-            };
-            let before = state(w);
-            w.physical()?;
-            w.controller_tick(&Action::Drift("cp-1".into()), false)?;
-            let step = w.nodes[0].drift.as_ref().map(|d| d.step);
-            if step != Some(DriftStep::Refused) || state(w) != before || w.lock.is_some() {
+            w.refusals.insert(("cp-2".into(), 1));
+            w.settle(SETTLE_TICKS)?;
+            w.check_liveness()?;
+            let configs = |w: &World| -> Vec<u32> { w.nodes.iter().map(|n| n.config).collect() };
+            let boots = |w: &World| -> Vec<u32> { w.nodes.iter().map(|n| n.boots).collect() };
+            // cp-1 took it, cp-2 refused it and the rollout stopped there: cp-3 and the worker
+            // did not get it, and nothing holds the lock.
+            if configs(w) != [1, 0, 0, 0] || boots(w) != [1, 0, 0, 0] || w.lock.is_some() {
                 return Err(format!(
-                    "cp-1's refusal should be recorded with nothing changed and the lock free: \
-                     {step:?}, {:?}, {:?}",
-                    state(w),
+                    "configs {:?}, boots {:?}, lock {:?}",
+                    configs(w),
+                    boots(w),
                     w.lock
                 ));
             }
-            // The stopped action is not reconciled again; the other machine's goes on.
-            if w.controller_actions() != [Action::Drift("cp-2".into())] {
-                return Err(format!("actions: {:?}", w.controller_actions()));
+            let halt = w
+                .drift_halt
+                .as_ref()
+                .map(|h| (h.machine.as_str(), h.rendered.as_str()));
+            if halt != Some(("cp-2", "1")) {
+                return Err(format!("the halt should name cp-2 and config 1: {halt:?}"));
+            }
+            // The patch fixed: config 2 for every machine, which they all take, control planes
+            // first, the halt cleared.
+            for n in &mut w.nodes {
+                n.rendered = 2;
             }
             w.settle(SETTLE_TICKS)?;
             w.check_liveness()?;
-            let (cp1, cp2) = (&w.nodes[0], &w.nodes[1]);
-            if cp2.config != 1 || cp2.boots != 1 || cp2.drift.is_some() || cp1.config != 0 {
-                return Err(format!("cp-1 {cp1:?}, cp-2 {cp2:?}"));
+            if configs(w) != [2, 2, 2, 2] || boots(w) != [2, 1, 1, 1] || w.drift_halt.is_some() {
+                return Err(format!(
+                    "configs {:?}, boots {:?}, halt {:?}",
+                    configs(w),
+                    boots(w),
+                    w.drift_halt
+                ));
             }
             Ok(())
         },
