@@ -578,11 +578,7 @@ async fn follow(
             Ok(machine_status) => {
                 let etcd = match role {
                     Role::Worker => Etcd::NotMember,
-                    Role::ControlPlane => match client.etcd_status().await {
-                        Ok(s) if s.learner => Etcd::Learner(s.member_id),
-                        Ok(s) => Etcd::Voter(s.member_id),
-                        Err(_) => Etcd::NotMember,
-                    },
+                    Role::ControlPlane => crate::decide::etcd_answered(client.etcd_status().await),
                 };
                 if let Ok(version) = client.version().await {
                     status.talos_version = Some(version);
@@ -766,7 +762,10 @@ async fn follow(
         status.drift_reboot = None;
         // A merge patch leaves out `None`: clear the field explicitly.
         patch_status(ctx, machine, json!({"driftReboot": null})).await?;
-        let message = format!("config {} applied; the node is healthy again", rendered.hash);
+        let message = format!(
+            "config {} applied; the node is healthy again",
+            rendered.hash
+        );
         config_applied(&mut status, machine, message, &ctx.now());
         crate::lock::release(ctx, cluster, &me).await?;
         ctx.event(

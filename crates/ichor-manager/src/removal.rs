@@ -402,8 +402,15 @@ impl Scene<'_> {
                 }
                 Some(status.member_id)
             }
-            // Not a member (any more): a leave already done before a restart.
-            Err(_) => self.recorded_member(),
+            // No member answers on the node: a leave already done before a restart, or a
+            // member that runs and fails. Peers still listing the recorded member tell the
+            // second: it cannot leave by itself, only a healthy peer can remove it.
+            Err(_) => match self.recorded_member() {
+                Some(member) if self.gone_from_etcd(member).await? == Some(false) => {
+                    return self.remove_unhealthy(member).await;
+                }
+                other => other,
+            },
         };
         let Some(member) = member else {
             return done("not an etcd member: nothing to leave");
@@ -442,6 +449,46 @@ impl Scene<'_> {
                 "no etcd member id was recorded for this machine: it cannot be removed by id",
             );
         };
+        if let Some(waiting) = self.remove_through_peer(member).await? {
+            return Ok(waiting);
+        }
+        self.tombstone(Some(member)).await?;
+        Ok(Step::Done {
+            message: format!(
+                "{} was unreachable: member {member:016x} removed through a peer ({}); its reset was SKIPPED, and a tombstone resets it if it answers again",
+                self.address,
+                annotations::FORCE_REMOVE
+            ),
+            reset_skipped: true,
+        })
+    }
+
+    /// A control plane that answers while its etcd member does not (the planner's exception):
+    /// removed by id through a healthy peer, only with the force annotation; its reset follows
+    /// as usual, since the node answers.
+    async fn remove_unhealthy(&self, member: u64) -> Result<Step, Error> {
+        if !self.force {
+            return wait(
+                reasons::ETCD_UNHEALTHY,
+                format!(
+                    "{} answers but its etcd member {member:016x} does not, so it cannot leave etcd; to remove it through a healthy peer, set {}=true",
+                    self.address,
+                    annotations::FORCE_REMOVE
+                ),
+            );
+        }
+        if let Some(waiting) = self.remove_through_peer(member).await? {
+            return Ok(waiting);
+        }
+        done(format!(
+            "its etcd member {member:016x} did not answer: removed through a healthy peer ({})",
+            annotations::FORCE_REMOVE
+        ))
+    }
+
+    /// Removes `member` by id through the first healthy peer that answers, and verifies it is
+    /// gone. `Some` is the wait when it could not (yet).
+    async fn remove_through_peer(&self, member: u64) -> Result<Option<Step>, Error> {
         let mut removed = false;
         for peer in self.peers().await? {
             let Ok(members) = peer.etcd_members(false).await else {
@@ -453,7 +500,8 @@ impl Scene<'_> {
                 return wait(
                     reasons::ETCD_LEAVE_FAILED,
                     format!("removing member {member:016x} through a peer failed: {error}"),
-                );
+                )
+                .map(Some);
             }
             removed = true;
             break;
@@ -462,26 +510,17 @@ impl Scene<'_> {
             return wait(
                 reasons::ETCD_LEAVE_UNVERIFIED,
                 "no healthy peer answers to remove the member",
-            );
+            )
+            .map(Some);
         }
         match self.gone_from_etcd(member).await? {
-            Some(true) => {}
-            _ => {
-                return wait(
-                    reasons::ETCD_LEAVE_UNVERIFIED,
-                    format!("no peer confirms member {member:016x} is gone yet"),
-                );
-            }
+            Some(true) => Ok(None),
+            _ => wait(
+                reasons::ETCD_LEAVE_UNVERIFIED,
+                format!("no peer confirms member {member:016x} is gone yet"),
+            )
+            .map(Some),
         }
-        self.tombstone(Some(member)).await?;
-        Ok(Step::Done {
-            message: format!(
-                "{} was unreachable: member {member:016x} removed through a peer ({}); its reset was SKIPPED, and a tombstone resets it if it answers again",
-                self.address,
-                annotations::FORCE_REMOVE
-            ),
-            reset_skipped: true,
-        })
     }
 
     async fn tombstone(&self, member: Option<u64>) -> Result<(), Error> {
