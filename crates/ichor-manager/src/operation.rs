@@ -457,7 +457,9 @@ async fn reconcile_inner(operation: &TalosOperation, ctx: &Context) -> Result<Ac
 }
 
 /// Whether the operation is a reset whose next node is an approved control plane while the
-/// approved ones outnumber the declared count: taking it out moves toward the declared count.
+/// approved ones outnumber the declared count (taking it out moves toward the declared count),
+/// or whose next node's reset has started: stopping half-way helps no transition, as for a
+/// started removal (`removal_completes_transition`).
 fn resets_a_surplus_control_plane(
     operation: &TalosOperation,
     status: &TalosOperationStatus,
@@ -474,6 +476,9 @@ fn resets_a_surplus_control_plane(
     else {
         return false;
     };
+    if next.phase == OperationPhase::Running || !next.progress.is_intended() {
+        return true;
+    }
     let inputs: Vec<ichor_deleteguard::Machine> = machines
         .iter()
         .map(ichor_deleteguard::Machine::from)
