@@ -17,6 +17,9 @@ pub enum Etcd {
     Voter(u64),
     /// A learner (joined, not promoted yet).
     Learner(u64),
+    /// A voter with this member id that answers with errors (an alarm such as NOSPACE, or no
+    /// leader): a voter, not a healthy one.
+    Failing(u64),
     /// No member runs (not bootstrapped, or not joined yet).
     NotMember,
 }
@@ -80,6 +83,14 @@ pub fn standing(role: Role, api: Option<NodeView>) -> Standing {
             reason: reasons::ETCD_VOTER,
             message: format!("running; etcd voter {id:016x}"),
         },
+        (Role::ControlPlane, Etcd::Failing(id)) => Standing {
+            phase: MachinePhase::Ready,
+            ready: false,
+            reason: reasons::ETCD_UNHEALTHY,
+            message: format!(
+                "running; etcd voter {id:016x} reports errors (an alarm, or no leader): see `talosctl etcd status` and `talosctl etcd alarm list`"
+            ),
+        },
         (Role::ControlPlane, Etcd::Learner(id)) => Standing {
             phase: MachinePhase::Joining,
             ready: false,
@@ -98,10 +109,14 @@ pub fn standing(role: Role, api: Option<NodeView>) -> Standing {
 /// What a control plane's `EtcdStatus` answer says of its member. An error is not a member
 /// that answers: none runs yet, it has left, or it runs and fails (a hung or crashed member:
 /// Talos asks the local member, and that call fails). The answer alone cannot tell these
-/// apart; [`etcd_observation`] keeps a known voter a voter, unhealthy.
+/// apart; [`etcd_observation`] keeps a known voter a voter, unhealthy. A member that answers
+/// with errors (`EtcdMemberStatus.errors`, field 8, talos-facts "Etcd messages": etcd's
+/// `maintenanceServer.Status` lists "etcdserver: no leader" and each alarm there) is a failing
+/// voter.
 pub fn etcd_answered<E>(answer: Result<EtcdStatus, E>) -> Etcd {
     match answer {
         Ok(status) if status.learner => Etcd::Learner(status.member_id),
+        Ok(status) if !status.errors.is_empty() => Etcd::Failing(status.member_id),
         Ok(status) => Etcd::Voter(status.member_id),
         Err(_) => Etcd::NotMember,
     }
@@ -123,6 +138,7 @@ pub fn etcd_observation(
     let was_voter = previous.is_some_and(|p| p.voter);
     let (voter, healthy) = match answered {
         Some(Etcd::Voter(_)) => (true, true),
+        Some(Etcd::Failing(_)) => (true, false),
         Some(Etcd::Learner(_) | Etcd::NotMember) | None => (was_voter, false),
     };
     if let Some(previous) = previous
@@ -380,6 +396,26 @@ mod tests {
             etcd_answered(Ok::<_, TalosError>(etcd_status(8, true))),
             Etcd::Learner(8)
         );
+    }
+
+    #[test]
+    fn a_member_answering_with_an_alarm_is_a_failing_voter_not_ready() {
+        let now = at("2026-12-03T10:00:00Z");
+        let mut alarmed = etcd_status(7, false);
+        alarmed.errors = vec!["memberID:7 alarm:NOSPACE".into()];
+        let answer = etcd_answered(Ok::<_, TalosError>(alarmed));
+        assert_eq!(answer, Etcd::Failing(7));
+        let seen = etcd_observation(None, Some(answer), now);
+        assert!(seen.voter && !seen.healthy, "{seen:?}");
+        let judged = standing(
+            Role::ControlPlane,
+            Some(NodeView {
+                stage: Stage::Running,
+                etcd: answer,
+            }),
+        );
+        assert!(!judged.ready);
+        assert_eq!(judged.reason, reasons::ETCD_UNHEALTHY);
     }
 
     #[test]

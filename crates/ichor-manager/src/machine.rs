@@ -605,7 +605,7 @@ async fn follow(
         );
     }
     if let Some(NodeView {
-        etcd: Etcd::Voter(id) | Etcd::Learner(id),
+        etcd: Etcd::Voter(id) | Etcd::Learner(id) | Etcd::Failing(id),
         ..
     }) = view
     {

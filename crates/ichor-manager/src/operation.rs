@@ -188,6 +188,14 @@ pub enum NotHealthy {
     /// A control plane came back as a learner.
     #[error("{0} is back as an etcd learner")]
     Learner(String),
+    /// A control plane's etcd member answers with errors (an alarm, or no leader).
+    #[error("etcd on {address} reports errors: {errors}")]
+    EtcdErrors {
+        /// The node.
+        address: String,
+        /// What the member reports.
+        errors: String,
+    },
     /// A control plane's etcd does not answer.
     #[error("etcd on {address} is not back: {source}")]
     EtcdNotBack {
@@ -219,8 +227,14 @@ async fn healthy(
     };
     if role == Role::ControlPlane {
         match client.etcd_status().await {
-            Ok(s) if !s.learner => {}
-            Ok(_) => return Err(NotHealthy::Learner(address.to_owned())),
+            Ok(s) if s.learner => return Err(NotHealthy::Learner(address.to_owned())),
+            Ok(s) if !s.errors.is_empty() => {
+                return Err(NotHealthy::EtcdErrors {
+                    address: address.to_owned(),
+                    errors: s.errors.join("; "),
+                });
+            }
+            Ok(_) => {}
             Err(source) => {
                 return Err(NotHealthy::EtcdNotBack {
                     address: address.to_owned(),
