@@ -1,6 +1,7 @@
 //! Day-2 e2e on the sim target: removal under manager kills, the failed leave and the force
 //! path, cluster teardown, operations one node at a time, drift that needs a reboot, drift
-//! that a node refuses (the rollout stops there) and its fix rolling out one machine at a time, an
+//! that a node refuses (the rollout stops there) and its fix rolling out one machine at a time, a
+//! rollout resumed after a manager kill without a second apply, an
 //! unhealthy etcd member on a node that still answers, and a seeded random sequence — real
 //! apiserver, the real `ichor-manager` and `ichor-webhook` binaries, simulated Talos nodes. A
 //! monitor watches etcd quorum (and how many nodes are down) every few milliseconds
@@ -1839,6 +1840,78 @@ async fn a_refused_patch_stops_the_drift_rollout_at_one_node_and_a_fixed_patch_r
     let last = applies(&order);
     for (i, (name, _)) in order.iter().enumerate() {
         assert!(last[i] > after[i], "{name} took the fixed config: {last:?}");
+    }
+    target.down().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_manager_killed_mid_rollout_resumes_and_no_node_gets_the_config_twice() {
+    let mut target = SimTarget::up(SimOptions::new(3, 86, "v1.14.1"))
+        .await
+        .expect("sim target");
+    cluster_of(&target, 3, 3, 0).await;
+    let order = control_planes_in_order(&target).await;
+    assert_eq!(order.len(), 3, "three control planes");
+    let before: Vec<usize> = order.iter().map(|(_, n)| n.config_applies()).collect();
+    // The first node applies the change; the manager never hears, and is killed.
+    let reply = order[0].1.gate_reply("ApplyConfiguration");
+    let clusters: Api<ichor_api::TalosCluster> =
+        Api::namespaced(target.client(), target.namespace());
+    clusters
+        .patch(
+            CLUSTER,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"configPatches": [{"name": "san", "machine": {"certSANs": ["rollout.example.internal"]}}]}})),
+        )
+        .await
+        .expect("a change that applies live");
+    tokio::time::timeout(Duration::from_secs(90), reply.arrived(1))
+        .await
+        .expect("the first node was sent its config");
+    target.kill_manager().await;
+    reply.release();
+    assert_eq!(
+        order[0].1.config_applies(),
+        before[0] + 1,
+        "the node took it before the kill"
+    );
+    target.start_manager().await.expect("restart");
+    let machines: Api<TalosMachine> = Api::namespaced(target.client(), target.namespace());
+    let done = try_eventually(
+        "the rollout resumed and finished",
+        Duration::from_secs(120),
+        || async {
+            let current = rolled_out(&target).await.is_some_and(|(s, r, _)| {
+                s == ConditionStatus::True && r == reasons::CONFIG_CURRENT
+            });
+            let settled = machines.list(&ListParams::default()).await.is_ok_and(|l| {
+                l.items.iter().all(|m| {
+                    m.status.as_ref().is_some_and(|s| {
+                        s.drift_reboot.is_none()
+                            && s.conditions.iter().any(|c| {
+                                c.type_ == conditions::CONFIG_APPLIED
+                                    && c.status == ConditionStatus::True
+                            })
+                    })
+                })
+            });
+            current && settled
+        },
+    )
+    .await;
+    if let Err(e) = done {
+        panic!(
+            "{e}: {:?} {}",
+            rolled_out(&target).await,
+            state_summary(&target)
+        );
+    }
+    for ((name, node), was) in order.iter().zip(&before) {
+        assert_eq!(
+            node.config_applies(),
+            was + 1,
+            "{name} got the changed config exactly once"
+        );
     }
     target.down().await;
 }

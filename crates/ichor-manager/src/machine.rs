@@ -657,31 +657,30 @@ async fn follow(
         && applied != rendered.hash
         && view.is_some()
     {
-        match client
-            .apply_configuration(rendered.yaml.as_bytes(), ApplyMode::NoReboot)
-            .await
-        {
-            Ok(_) => {
+        match apply_live_once(ctx, machine, client, rendered, &mut status).await? {
+            Ok(sent) => {
                 store_applied(ctx, machine, rendered).await?;
+                // The lock and `driftReboot` are kept until the node is seen healthy again
+                // (below, next time).
                 status.applied_config_hash = Some(rendered.hash.clone());
-                // The lock is kept until the node is seen healthy again (below, next time).
-                status.drift_reboot = Some(rendered.hash.clone());
-                patch_status(ctx, machine, json!({"driftReboot": rendered.hash})).await?;
+                let how = if sent {
+                    "applied live (NO_REBOOT)"
+                } else {
+                    "found running after a restart (not sent again)"
+                };
                 ctx.event(
                     machine,
                     EventType::Normal,
                     reasons::DRIFT_APPLIED,
                     actions::APPLY,
-                    format!(
-                        "applied config {} live (NO_REBOOT), replacing {applied}",
-                        rendered.hash
-                    ),
+                    format!("config {} {how}, replacing {applied}", rendered.hash),
                 )
                 .await;
             }
             // Anything but "this needs a reboot" (the node busy, a timeout, a refused config)
             // is reported and retried: a transient error never reboots a node.
             Err(error) if drift_refused(&error) == DriftRefused::Retry => {
+                forget_drift_intent(ctx, machine, &mut status).await?;
                 crate::lock::release(ctx, cluster, &me).await?;
                 cond::set(
                     &mut status.conditions,
@@ -721,6 +720,7 @@ async fn follow(
                 )
                 .await?
                 {
+                    forget_drift_intent(ctx, machine, &mut status).await?;
                     cond::set(
                         &mut status.conditions,
                         conditions::CONFIG_APPLIED,
@@ -910,6 +910,46 @@ async fn drift_lock(
             outcome.message()
         )
     }))
+}
+
+/// Applies drift live, once across restarts: the intent (`driftReboot`, the hash) is recorded
+/// before the call, and when a restart finds it recorded, a dry run looks for the config on the
+/// node first and sends it only if the node does not run it. `Ok(true)`: sent now;
+/// `Ok(false)`: found running; `Err`: what the node answered.
+async fn apply_live_once(
+    ctx: &Context,
+    machine: &TalosMachine,
+    client: &TalosClient,
+    rendered: &Rendered,
+    status: &mut TalosMachineStatus,
+) -> Result<Result<bool, TalosError>, Error> {
+    if status.drift_reboot.as_deref() == Some(rendered.hash.as_str()) {
+        match client.runs_config(rendered.yaml.as_bytes()).await {
+            Ok(true) => return Ok(Ok(false)),
+            Ok(false) => {}
+            Err(error) => return Ok(Err(error)),
+        }
+    } else {
+        patch_status(ctx, machine, json!({"driftReboot": rendered.hash})).await?;
+        status.drift_reboot = Some(rendered.hash.clone());
+    }
+    Ok(client
+        .apply_configuration(rendered.yaml.as_bytes(), ApplyMode::NoReboot)
+        .await
+        .map(|_| true))
+}
+
+/// Clears the drift intent (`driftReboot`): nothing was applied, the rollout may go on.
+async fn forget_drift_intent(
+    ctx: &Context,
+    machine: &TalosMachine,
+    status: &mut TalosMachineStatus,
+) -> Result<(), Error> {
+    if status.drift_reboot.take().is_some() {
+        // A merge patch leaves out `None`: clear the field explicitly.
+        patch_status(ctx, machine, json!({"driftReboot": null})).await?;
+    }
+    Ok(())
 }
 
 /// The lock holder of a reboot that applies drift.

@@ -268,6 +268,9 @@ impl MachineService for Configured {
                 &container,
             )));
         }
+        if mode != Mode::Try {
+            self.shared.config_applies.fetch_add(1, Ordering::SeqCst);
+        }
         match mode {
             Mode::Try => return Err(crate::not_simulated("apply mode TRY")),
             Mode::Staged => node.staged = Some(config),

@@ -568,6 +568,13 @@ impl SimNode {
         self.shared.controls.handled(method)
     }
 
+    /// How many configs the node accepted once configured (`ApplyConfiguration` that changed
+    /// its running, persisted or staged config; dry runs and refusals not counted): a test's
+    /// proof that a config was sent once.
+    pub fn config_applies(&self) -> usize {
+        self.shared.config_applies.load(Ordering::SeqCst)
+    }
+
     /// Marks a CNI as present (or not) in the Kubernetes cluster this node belongs to:
     /// `nodeReady` stays unmet without one (talos-facts §8.3).
     pub async fn set_cni(&self, present: bool) -> Result<(), SimError> {

@@ -35,6 +35,8 @@ pub(crate) struct Shared {
     pub(crate) etcd_rounds: AtomicUsize,
     /// How many times it has begun asking trustd for its certificate (workers; for tests).
     pub(crate) trustd_attempts: AtomicUsize,
+    /// How many configs it accepted once configured, dry runs not counted (for tests).
+    pub(crate) config_applies: AtomicUsize,
     /// The Talos version it runs (changes with upgrades).
     talos_version: StdMutex<String>,
     /// This boot's event log and boot id, readable without the node's lock (a call racing
@@ -57,6 +59,7 @@ impl Shared {
             require_reboot: AtomicBool::new(false),
             etcd_rounds: AtomicUsize::new(0),
             trustd_attempts: AtomicUsize::new(0),
+            config_applies: AtomicUsize::new(0),
             boot: StdMutex::new((Arc::default(), String::new())),
         }
     }

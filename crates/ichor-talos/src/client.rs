@@ -273,6 +273,10 @@ async fn connect_within<T>(
         })
 }
 
+/// The end of a dry run's answer when the node runs the config already (see
+/// [`TalosClient::runs_config`]).
+const NO_CHANGES: &str = "Config diff:\n\nNo changes.";
+
 impl TalosClient {
     /// Connects to a node in maintenance mode (`host` or `host:port`), trusting only the
     /// certificate whose fingerprint is `pinned`. A different certificate is refused with
@@ -528,13 +532,32 @@ impl TalosClient {
         config: &[u8],
         mode: ApplyMode,
     ) -> Result<Applied, TalosError> {
+        self.apply(config, mode, false).await
+    }
+
+    /// Whether the node runs `config` already, by a `NO_REBOOT` dry run: Talos diffs its
+    /// running config against it and answers `Config diff:\n\nNo changes.` when they are the
+    /// same (siderolabs/talos, `internal/app/machined/internal/server/v1alpha1/
+    /// v1alpha1_server.go`, `ApplyConfiguration` with `DryRun` and `generateDiff`). Nothing
+    /// changes on the node.
+    pub async fn runs_config(&self, config: &[u8]) -> Result<bool, TalosError> {
+        let answer = self.apply(config, ApplyMode::NoReboot, true).await?;
+        Ok(answer.details.trim_end().ends_with(NO_CHANGES))
+    }
+
+    async fn apply(
+        &self,
+        config: &[u8],
+        mode: ApplyMode,
+        dry_run: bool,
+    ) -> Result<Applied, TalosError> {
         const METHOD: &str = "ApplyConfiguration";
         let reply = MachineServiceClient::new(self.transport())
             .apply_configuration(
                 self.request(crate::api::machine::ApplyConfigurationRequest {
                     data: config.to_vec(),
                     mode: mode.to_proto() as i32,
-                    dry_run: false,
+                    dry_run,
                     try_mode_timeout: None,
                 }),
             )

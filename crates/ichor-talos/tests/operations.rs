@@ -297,6 +297,31 @@ async fn apply_modes_on_configured_nodes_follow_the_version() {
 }
 
 #[tokio::test]
+async fn a_dry_run_tells_whether_the_node_runs_a_config_and_changes_nothing() {
+    let b = bundle_for(44);
+    let config = cp_config(&b, 44, "flannel", "v1.14.1");
+    let node = configured(44, 2, &config).await;
+    let client = admin(&b, node.addr()).await;
+    assert!(
+        client.runs_config(config.as_bytes()).await.expect("dry run"),
+        "the config it booted with"
+    );
+    let other = cp_config(&b, 44, "none", "v1.14.1");
+    assert!(
+        !client.runs_config(other.as_bytes()).await.expect("dry run"),
+        "another config"
+    );
+    assert_eq!(node.config_applies(), 0, "a dry run changes nothing");
+    client
+        .apply_configuration(other.as_bytes(), ApplyMode::NoReboot)
+        .await
+        .expect("apply");
+    assert_eq!(node.config_applies(), 1);
+    assert!(client.runs_config(other.as_bytes()).await.expect("dry run"));
+    node.stop().await;
+}
+
+#[tokio::test]
 async fn reset_returns_to_maintenance_and_an_empty_partition_list_bricks() {
     let b = bundle_for(45);
     let cp = configured(45, 1, &cp_config(&b, 45, "flannel", "v1.14.1")).await;
