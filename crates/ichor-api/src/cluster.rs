@@ -286,6 +286,11 @@ pub struct TalosClusterStatus {
     /// The action holding the cluster lock, and those waiting for it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lock: Option<LockStatus>,
+    /// The fingerprint (`sha256:` of its PEM) of the OS CA of the bundle this cluster was
+    /// built with, recorded when it first used one: another bundle under that name is refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 80))]
+    pub bundle_fingerprint: Option<String>,
     /// The Secret holding the secrets bundle.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 253))]

@@ -103,6 +103,11 @@ pub mod reasons {
     pub const FINGERPRINT_MISMATCH: &str = "FingerprintMismatch";
     /// The secrets bundle Secret is missing or invalid.
     pub const SECRETS_BUNDLE_UNAVAILABLE: &str = "SecretsBundleUnavailable";
+    /// The secrets bundle is gone although machines were configured with it: it is never
+    /// regenerated; restore the Secret.
+    pub const SECRETS_BUNDLE_LOST: &str = "SecretsBundleLost";
+    /// The bundle Secret holds another bundle (another OS CA) than the cluster was built with.
+    pub const SECRETS_BUNDLE_MISMATCH: &str = "SecretsBundleMismatch";
     /// The node runs an older Talos than the cluster's version contract.
     pub const TALOS_VERSION_TOO_OLD: &str = "TalosVersionTooOld";
     /// The rendered config references hardware the machine does not have.

@@ -33,6 +33,7 @@
 #![forbid(unsafe_code)]
 
 pub mod bootstrap;
+pub mod bundle;
 pub mod drift;
 mod model;
 pub mod plan;
@@ -41,6 +42,7 @@ mod sequence;
 mod verdict;
 
 pub use bootstrap::{BootstrapStep, Candidate, bootstrap_step};
+pub use bundle::{BundleStep, Found, bundle_step};
 pub use drift::{DriftHalt, DriftMachine, DriftTurn, drift_turn, halt_stands};
 pub use model::{
     Cluster, ControlPlaneCounts, Machine, OBSERVATION_MAX_AGE, ObjectKind, Observation,

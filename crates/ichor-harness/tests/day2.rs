@@ -1,7 +1,8 @@
 //! Day-2 e2e on the sim target: removal under manager kills, the failed leave and the force
 //! path, cluster teardown, operations one node at a time, drift that needs a reboot, drift
 //! that a node refuses (the rollout stops there) and its fix rolling out one machine at a time, a
-//! rollout resumed after a manager kill without a second apply, an
+//! rollout resumed after a manager kill without a second apply, a lost secrets bundle that is
+//! never regenerated, an
 //! unhealthy etcd member on a node that still answers, and a seeded random sequence — real
 //! apiserver, the real `ichor-manager` and `ichor-webhook` binaries, simulated Talos nodes. A
 //! monitor watches etcd quorum (and how many nodes are down) every few milliseconds
@@ -1913,5 +1914,115 @@ async fn a_manager_killed_mid_rollout_resumes_and_no_node_gets_the_config_twice(
             "{name} got the changed config exactly once"
         );
     }
+    target.down().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_bundle_is_never_regenerated_and_restoring_it_resumes_work() {
+    let target = SimTarget::up(SimOptions::new(1, 88, "v1.14.1"))
+        .await
+        .expect("sim target");
+    cluster_of(&target, 1, 1, 0).await;
+    let clusters: Api<ichor_api::TalosCluster> =
+        Api::namespaced(target.client(), target.namespace());
+    let fingerprint = clusters
+        .get(CLUSTER)
+        .await
+        .expect("cluster")
+        .status
+        .and_then(|s| s.bundle_fingerprint)
+        .expect("the cluster recorded its bundle");
+    let secrets: Api<Secret> = Api::namespaced(target.client(), target.namespace());
+    let name = format!("{CLUSTER}-secrets");
+    let saved = secrets.get(&name).await.expect("the bundle Secret");
+    let node = target.nodes()[0].clone();
+    let applies = node.config_applies();
+    secrets
+        .delete(&name, &DeleteParams::default())
+        .await
+        .expect("delete the bundle");
+    let secrets_ready = |reason: &'static str| {
+        let clusters = clusters.clone();
+        async move {
+            clusters
+                .get(CLUSTER)
+                .await
+                .ok()
+                .and_then(|c| c.status)
+                .and_then(|s| {
+                    s.conditions
+                        .into_iter()
+                        .find(|c| c.type_ == conditions::SECRETS_READY)
+                })
+                .filter(|c| c.reason == reason)
+                .map(|c| c.message)
+        }
+    };
+    let lost = try_eventually(
+        "the bundle reported lost",
+        Duration::from_secs(60),
+        || async {
+            secrets_ready(reasons::SECRETS_BUNDLE_LOST)
+                .await
+                .is_some_and(|m| m.contains(&name))
+        },
+    )
+    .await;
+    if let Err(e) = lost {
+        panic!("{e}: {}", specs::summary(&target).await);
+    }
+    // The manager had its chances to regenerate: it reconciled the cluster and the machine
+    // again, and no Secret appeared, no node received anything.
+    let seen = target
+        .manager_reconciles("TalosCluster")
+        .await
+        .expect("metrics");
+    try_eventually(
+        "the manager reconciling after the loss",
+        Duration::from_secs(60),
+        || async {
+            match target.manager_reconciles("TalosCluster").await {
+                Ok(n) if n > seen + 2 => Ok(n),
+                Ok(n) => Err(format!("{n} reconciles")),
+                Err(e) => Err(e.to_string()),
+            }
+        },
+    )
+    .await
+    .expect("reconciled");
+    assert!(
+        secrets.get_opt(&name).await.expect("read").is_none(),
+        "no new bundle"
+    );
+    assert_eq!(node.config_applies(), applies, "no node received anything");
+    assert!(
+        !events_with_reason(&target, reasons::SECRETS_BUNDLE_LOST)
+            .await
+            .is_empty(),
+        "an Event names the loss"
+    );
+    // Restored: the cluster comes back with the same CA.
+    let mut restored = saved.clone();
+    restored.metadata = kube::api::ObjectMeta {
+        name: saved.metadata.name.clone(),
+        namespace: saved.metadata.namespace.clone(),
+        labels: saved.metadata.labels.clone(),
+        ..Default::default()
+    };
+    secrets
+        .create(&PostParams::default(), &restored)
+        .await
+        .expect("restore the bundle");
+    if let Err(error) = specs::wait_ready(&target, CLUSTER, Duration::from_secs(120)).await {
+        panic!("{error}: {}", specs::summary(&target).await);
+    }
+    assert!(secrets_ready(reasons::BUNDLE_VALID).await.is_some());
+    let after = clusters
+        .get(CLUSTER)
+        .await
+        .expect("cluster")
+        .status
+        .and_then(|s| s.bundle_fingerprint);
+    assert_eq!(after.as_deref(), Some(fingerprint.as_str()), "the same CA");
     target.down().await;
 }

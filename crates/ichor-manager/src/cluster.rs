@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use ichor_api::cluster::{BootstrapRecord, MachineCounts, TalosClusterStatus};
 use ichor_api::common::Role;
-use ichor_api::machine::ApprovalState;
+use ichor_api::machine::{ApprovalState, MachinePhase};
 use ichor_api::names::{actions, conditions, finalizers, reasons};
 use ichor_api::{TalosCluster, TalosMachine};
 use ichor_render::credentials;
@@ -67,6 +67,59 @@ async fn write_status(
     Ok(())
 }
 
+/// Whether `machine` was ever configured with its cluster's bundle: a config applied, an etcd
+/// member recorded, or a phase past the first apply.
+fn ever_configured(machine: &TalosMachine) -> bool {
+    machine.status.as_ref().is_some_and(|s| {
+        s.applied_config_hash.is_some()
+            || s.etcd_member_id.is_some()
+            || matches!(
+                s.phase,
+                MachinePhase::Applying
+                    | MachinePhase::Installing
+                    | MachinePhase::Booting
+                    | MachinePhase::Joining
+                    | MachinePhase::Ready
+                    | MachinePhase::Removing
+            )
+    })
+}
+
+/// `SecretsReady` False with the problem's reason; a Warning Event when the bundle turns lost
+/// or mismatched (once, when the reason changes).
+async fn bundle_unavailable(
+    ctx: &Context,
+    cluster: &TalosCluster,
+    status: &mut TalosClusterStatus,
+    problem: &secrets::BundleUnavailable,
+) {
+    let reason = problem.reason();
+    let before = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == conditions::SECRETS_READY)
+        .map(|c| c.reason.clone());
+    cond::set(
+        &mut status.conditions,
+        conditions::SECRETS_READY,
+        false,
+        reason,
+        problem.to_string(),
+        cluster.metadata.generation,
+        &ctx.now(),
+    );
+    if reason != reasons::SECRETS_BUNDLE_UNAVAILABLE && before.as_deref() != Some(reason) {
+        ctx.event(
+            cluster,
+            EventType::Warning,
+            reason,
+            actions::RECONCILE,
+            problem.to_string(),
+        )
+        .await;
+    }
+}
+
 async fn reconcile_inner(cluster: &TalosCluster, ctx: &Context) -> Result<Action, Error> {
     if cluster.metadata.deletion_timestamp.is_some() {
         return teardown(ctx, cluster).await;
@@ -83,9 +136,17 @@ async fn reconcile_inner(cluster: &TalosCluster, ctx: &Context) -> Result<Action
     let generation = cluster.metadata.generation;
     status.observed_generation = generation;
 
-    // Secrets.
-    let bundle = match secrets::bundle(&ctx.client, cluster).await? {
+    // Secrets: generated only while no machine was ever configured; lost, never regenerated,
+    // after (ichor-deleteguard's bundle_step).
+    let configured = crate::cluster_machines(ctx, cluster)
+        .await?
+        .iter()
+        .any(ever_configured);
+    let bundle = match secrets::ensure(&ctx.client, cluster, configured).await? {
         Ok(b) => {
+            status
+                .bundle_fingerprint
+                .get_or_insert_with(|| secrets::fingerprint(&b));
             cond::set(
                 &mut status.conditions,
                 conditions::SECRETS_READY,
@@ -99,15 +160,7 @@ async fn reconcile_inner(cluster: &TalosCluster, ctx: &Context) -> Result<Action
             Some(b)
         }
         Err(problem) => {
-            cond::set(
-                &mut status.conditions,
-                conditions::SECRETS_READY,
-                false,
-                reasons::SECRETS_BUNDLE_UNAVAILABLE,
-                problem.to_string(),
-                generation,
-                &ctx.now(),
-            );
+            bundle_unavailable(ctx, cluster, &mut status, &problem).await;
             None
         }
     };

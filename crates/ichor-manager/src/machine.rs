@@ -240,7 +240,7 @@ async fn approved(machine: &TalosMachine, ctx: &Context) -> Result<Action, Error
                 machine,
                 status,
                 MachinePhase::Approved,
-                reasons::SECRETS_BUNDLE_UNAVAILABLE,
+                problem.reason(),
                 problem.to_string(),
             )
             .await;

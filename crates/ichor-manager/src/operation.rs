@@ -371,7 +371,7 @@ async fn reconcile_inner(operation: &TalosOperation, ctx: &Context) -> Result<Ac
                 operation,
                 status,
                 OperationPhase::Running,
-                reasons::SECRETS_BUNDLE_UNAVAILABLE,
+                problem.reason(),
                 problem.to_string(),
             )
             .await;

@@ -189,14 +189,7 @@ pub async fn reconcile(ctx: &Context, cached: &TalosMachine) -> Result<Action, E
     let bundle = match secrets::bundle(&ctx.client, &cluster).await? {
         Ok(b) => b,
         Err(problem) => {
-            return waiting(
-                ctx,
-                machine,
-                status,
-                reasons::SECRETS_BUNDLE_UNAVAILABLE,
-                problem.to_string(),
-            )
-            .await;
+            return waiting(ctx, machine, status, problem.reason(), problem.to_string()).await;
         }
     };
     let credentials = crate::credentials(&bundle)?;

@@ -5,7 +5,8 @@
 use std::collections::BTreeMap;
 
 use ichor_api::TalosCluster;
-use ichor_api::names::labels;
+use ichor_api::names::{labels, reasons};
+use ichor_deleteguard::{BundleStep, Found, bundle_step};
 use ichor_render::{Contract, SecretsBundle};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
@@ -33,14 +34,47 @@ pub enum BundleUnavailable {
         "Secret {0} named by spec.secretsRef does not exist: create it with key {BUNDLE_KEY} (talosctl gen secrets), or remove secretsRef to have one generated"
     )]
     Missing(String),
-    /// The Secret has no bundle or an invalid one.
+    /// Not generated yet: the cluster controller generates it.
+    #[error("Secret {0} with the cluster's secrets bundle is not generated yet")]
+    NotYet(String),
+    /// Gone although machines were configured with it: never regenerated.
+    #[error(
+        "Secret {0} with the cluster's secrets bundle is gone, and machines of this cluster were configured with it: a new bundle would carry another CA and cut them off, so none is generated and nothing is rendered or applied. Restore the Secret (key {BUNDLE_KEY}) from a backup; work resumes once it is back"
+    )]
+    Lost(String),
+    /// Another bundle than the one the cluster was built with.
+    #[error(
+        "Secret {secret} holds a bundle whose OS CA ({found}) is not the one this cluster was built with ({recorded}): nothing is rendered or applied. Restore the original bundle under {BUNDLE_KEY}"
+    )]
+    Mismatch {
+        /// The Secret.
+        secret: String,
+        /// The fingerprint the cluster recorded.
+        recorded: String,
+        /// The fingerprint found.
+        found: String,
+    },
+    /// The Secret exists but its content is not a valid bundle.
     #[error("Secret {secret} does not hold a valid bundle under {BUNDLE_KEY}: {reason}")]
     Invalid {
         /// The Secret.
         secret: String,
-        /// What is wrong (never the secret values).
+        /// What is wrong.
         reason: String,
     },
+}
+
+impl BundleUnavailable {
+    /// The condition reason.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::Lost(_) => reasons::SECRETS_BUNDLE_LOST,
+            Self::Mismatch { .. } => reasons::SECRETS_BUNDLE_MISMATCH,
+            Self::Missing(_) | Self::NotYet(_) | Self::Invalid { .. } => {
+                reasons::SECRETS_BUNDLE_UNAVAILABLE
+            }
+        }
+    }
 }
 
 fn labelled(cluster: &TalosCluster, name: &str) -> ObjectMeta {
@@ -58,60 +92,132 @@ fn labelled(cluster: &TalosCluster, name: &str) -> ObjectMeta {
     }
 }
 
-/// Reads the bundle; generates and stores it first when the cluster names none and it does not
-/// exist yet (create-if-absent: a concurrent creator wins and its bundle is read).
+/// The fingerprint that identifies a bundle: `sha256:` and the hex digest of its OS CA
+/// certificate's PEM.
+pub fn fingerprint(bundle: &SecretsBundle) -> String {
+    let digest = ring::digest::digest(
+        &ring::digest::SHA256,
+        bundle.certs.os.crt.0.trim().as_bytes(),
+    );
+    let hex: String = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+    format!("sha256:{hex}")
+}
+
+/// Reads the cluster's bundle for rendering and connecting; never generates one (only the
+/// cluster controller does, in [`ensure`]). A bundle other than the one the cluster recorded
+/// is refused.
 pub async fn bundle(
     client: &kube::Client,
     cluster: &TalosCluster,
 ) -> Result<Result<SecretsBundle, BundleUnavailable>, Error> {
+    let recorded = recorded(cluster);
+    // Absent: lost once the cluster recorded a bundle, not generated yet before.
+    load(client, cluster, recorded.is_some()).await
+}
+
+/// The cluster controller's read: generates and stores the bundle when the cluster names none,
+/// none exists, and none of its machines was ever configured (`ever_configured`); otherwise as
+/// [`bundle`] (a missing bundle of a configured cluster is lost, never regenerated).
+pub async fn ensure(
+    client: &kube::Client,
+    cluster: &TalosCluster,
+    ever_configured: bool,
+) -> Result<Result<SecretsBundle, BundleUnavailable>, Error> {
+    match load(client, cluster, ever_configured).await? {
+        Err(BundleUnavailable::NotYet(name)) => {
+            generate(client, cluster, &name).await?;
+            load(client, cluster, ever_configured).await
+        }
+        other => Ok(other),
+    }
+}
+
+/// The fingerprint the cluster recorded, if it ever used a bundle.
+fn recorded(cluster: &TalosCluster) -> Option<&str> {
+    cluster
+        .status
+        .as_ref()
+        .and_then(|s| s.bundle_fingerprint.as_deref())
+}
+
+/// Reads and checks the bundle Secret (the planner's `bundle_step`).
+async fn load(
+    client: &kube::Client,
+    cluster: &TalosCluster,
+    ever_configured: bool,
+) -> Result<Result<SecretsBundle, BundleUnavailable>, Error> {
     let namespace = cluster.namespace().unwrap_or_default();
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
     let name = bundle_secret_name(cluster);
-    let existing = match secrets.get_opt(&name).await? {
-        Some(secret) => secret,
-        None if cluster.spec.secrets_ref.is_some() => {
-            return Ok(Err(BundleUnavailable::Missing(name)));
-        }
-        None => {
-            let contract =
-                Contract::from_version(&cluster.spec.talos_version).map_err(|e| Error::Spec {
-                    field: "spec.talosVersion",
-                    problem: e.to_string(),
-                })?;
-            let generated = SecretsBundle::generate(contract).map_err(Error::Bundle)?;
-            let yaml = generated.to_yaml().map_err(Error::Bundle)?;
-            // No owner reference: the CA keys must outlive an accidental cluster delete.
-            let secret = Secret {
-                metadata: labelled(cluster, &name),
-                type_: Some("Opaque".into()),
-                data: Some(BTreeMap::from([(
-                    BUNDLE_KEY.to_owned(),
-                    ByteString(yaml.into_bytes()),
-                )])),
-                ..Default::default()
+    let existing = secrets.get_opt(&name).await?;
+    let parsed = match &existing {
+        None => None,
+        Some(secret) => {
+            let Some(bytes) = secret.data.as_ref().and_then(|d| d.get(BUNDLE_KEY)) else {
+                return Ok(Err(BundleUnavailable::Invalid {
+                    secret: name,
+                    reason: format!("no key {BUNDLE_KEY}"),
+                }));
             };
-            match secrets.create(&PostParams::default(), &secret).await {
-                Ok(created) => created,
-                Err(kube::Error::Api(status)) if status.is_already_exists() => {
-                    secrets.get(&name).await?
+            let text = String::from_utf8_lossy(&bytes.0);
+            match SecretsBundle::from_yaml(&text).and_then(|b| b.validate().map(|()| b)) {
+                Ok(bundle) => Some(bundle),
+                Err(e) => {
+                    return Ok(Err(BundleUnavailable::Invalid {
+                        secret: name,
+                        reason: e.to_string(),
+                    }));
                 }
-                Err(error) => return Err(error.into()),
             }
         }
     };
-    let Some(bytes) = existing.data.as_ref().and_then(|d| d.get(BUNDLE_KEY)) else {
-        return Ok(Err(BundleUnavailable::Invalid {
-            secret: name,
-            reason: format!("no key {BUNDLE_KEY}"),
-        }));
+    let found_print = parsed.as_ref().map(fingerprint);
+    let found = found_print.as_deref().map_or(Found::Nothing, Found::Bundle);
+    Ok(
+        match bundle_step(
+            found,
+            recorded(cluster),
+            ever_configured,
+            cluster.spec.secrets_ref.is_some(),
+        ) {
+            BundleStep::Use => parsed.ok_or(BundleUnavailable::NotYet(name)),
+            BundleStep::Generate => Err(BundleUnavailable::NotYet(name)),
+            BundleStep::Missing => Err(BundleUnavailable::Missing(name)),
+            BundleStep::Lost => Err(BundleUnavailable::Lost(name)),
+            BundleStep::Mismatch { recorded, found } => Err(BundleUnavailable::Mismatch {
+                secret: name,
+                recorded,
+                found,
+            }),
+        },
+    )
+}
+
+/// Generates a bundle and stores it under `name` (create-if-absent: a concurrent creator wins).
+async fn generate(client: &kube::Client, cluster: &TalosCluster, name: &str) -> Result<(), Error> {
+    let secrets: Api<Secret> =
+        Api::namespaced(client.clone(), &cluster.namespace().unwrap_or_default());
+    let contract =
+        Contract::from_version(&cluster.spec.talos_version).map_err(|e| Error::Spec {
+            field: "spec.talosVersion",
+            problem: e.to_string(),
+        })?;
+    let generated = SecretsBundle::generate(contract).map_err(Error::Bundle)?;
+    let yaml = generated.to_yaml().map_err(Error::Bundle)?;
+    let secret = Secret {
+        metadata: labelled(cluster, name),
+        type_: Some("Opaque".into()),
+        data: Some(BTreeMap::from([(
+            BUNDLE_KEY.to_owned(),
+            ByteString(yaml.into_bytes()),
+        )])),
+        ..Default::default()
     };
-    let text = String::from_utf8_lossy(&bytes.0);
-    Ok(SecretsBundle::from_yaml(&text)
-        .and_then(|b| b.validate().map(|()| b))
-        .map_err(|e| BundleUnavailable::Invalid {
-            secret: name,
-            reason: e.to_string(),
-        }))
+    match secrets.create(&PostParams::default(), &secret).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.is_already_exists() => Ok(()),
+        Err(error) => Err(error.into()),
+    }
 }
 
 /// Creates (or, when `replace`, rewrites) a Secret owned by the cluster holding one key.

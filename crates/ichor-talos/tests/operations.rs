@@ -303,7 +303,10 @@ async fn a_dry_run_tells_whether_the_node_runs_a_config_and_changes_nothing() {
     let node = configured(44, 2, &config).await;
     let client = admin(&b, node.addr()).await;
     assert!(
-        client.runs_config(config.as_bytes()).await.expect("dry run"),
+        client
+            .runs_config(config.as_bytes())
+            .await
+            .expect("dry run"),
         "the config it booted with"
     );
     let other = cp_config(&b, 44, "none", "v1.14.1");
