@@ -80,6 +80,8 @@ async fn write_status(
     Ok(())
 }
 
+/// A machine not approved: its phase, and `Ready` False saying why (`AwaitingApproval` or
+/// `Rejected`), as the docs list.
 async fn set_phase(
     ctx: &Context,
     machine: &TalosMachine,
@@ -87,6 +89,26 @@ async fn set_phase(
 ) -> Result<(), Error> {
     let mut status = machine.status.clone().unwrap_or_default();
     status.phase = phase;
+    let (reason, message) = if phase == MachinePhase::Rejected {
+        (
+            reasons::REJECTED,
+            "rejected: Ichor never writes to it; set spec.approvalState: approved with a spec.role to use it",
+        )
+    } else {
+        (
+            reasons::AWAITING_APPROVAL,
+            "found in maintenance mode; nothing is written to it until it is approved (spec.approvalState: approved with a spec.role)",
+        )
+    };
+    cond::set(
+        &mut status.conditions,
+        conditions::READY,
+        false,
+        reason,
+        message,
+        machine.metadata.generation,
+        &ctx.now(),
+    );
     write_status(ctx, machine, &status).await
 }
 

@@ -1,6 +1,6 @@
 //! What the manager refuses and reports: a secretsRef naming no Secret, a node older than the
-//! cluster's contract, one SMBIOS UUID answering with two certificates; and the generated
-//! bundle Secret carries no owner reference.
+//! cluster's contract, one SMBIOS UUID answering with two certificates, pending and rejected
+//! machines; and the generated bundle Secret carries no owner reference.
 
 mod support;
 
@@ -165,6 +165,26 @@ async fn refusals_and_reports() {
         .find(|m| m.spec.cluster_ref.name == "old")
         .expect("old machine")
         .name_any();
+    let ready_reason = |name: String| {
+        let machines = machines.clone();
+        async move {
+            machines
+                .get(&name)
+                .await
+                .ok()
+                .and_then(|m| m.status)
+                .and_then(|s| {
+                    s.conditions
+                        .into_iter()
+                        .find(|c| c.type_ == conditions::READY)
+                })
+                .map(|c| c.reason)
+        }
+    };
+    eventually("AwaitingApproval", Duration::from_secs(60), || async {
+        ready_reason(name.clone()).await.as_deref() == Some(reasons::AWAITING_APPROVAL)
+    })
+    .await;
     machines
         .patch(
             &name,
@@ -187,6 +207,18 @@ async fn refusals_and_reports() {
     })
     .await;
     assert_eq!(old.stage().await, Stage::Maintenance, "nothing applied");
+    machines
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"approvalState": "rejected"}})),
+        )
+        .await
+        .expect("reject");
+    eventually("Rejected", Duration::from_secs(60), || async {
+        ready_reason(name.clone()).await.as_deref() == Some(reasons::REJECTED)
+    })
+    .await;
 
     let _ = stop_tx.send(());
     let _ = manager.await;

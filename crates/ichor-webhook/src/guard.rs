@@ -214,10 +214,16 @@ impl Guard {
                     input
                 })
                 .collect();
+            // An orphan (its TalosCluster is gone): nothing manages its cluster any more, so
+            // its machines go as in a teardown; the manager releases their finalizers.
             let guard_cluster = cluster
                 .as_ref()
                 .map_or_else(
-                    || Cluster::new(cluster_name.clone(), 0).in_namespace(namespace.clone()),
+                    || {
+                        Cluster::new(cluster_name.clone(), 0)
+                            .in_namespace(namespace.clone())
+                            .being_deleted()
+                    },
                     Cluster::from,
                 )
                 .at(i64::try_from(now).unwrap_or(i64::MAX));

@@ -383,6 +383,20 @@ async fn parallel_deletes_admit_at_most_one_and_the_last_control_plane_stays() {
         refused.contains("delete the TalosCluster instead"),
         "{refused}"
     );
+
+    // An orphan, whose TalosCluster is gone, can be deleted: there is no cluster to delete
+    // instead.
+    let orphans = env.namespace("orphan").await.expect("namespace");
+    create_machine(
+        &env,
+        &orphans,
+        TalosMachine::test("cp-1").control_plane().approved(),
+        true,
+    )
+    .await;
+    delete(&api(&env, &orphans, "TalosMachine"), "cp-1")
+        .await
+        .expect("an orphaned control plane may be deleted");
     running.stop().await;
 }
 
