@@ -135,6 +135,37 @@ pub async fn try_acquire(
     }
 }
 
+/// Runs `work` while keeping the lease of `settings` renewed every third of its duration, so a
+/// long step (an image pull, a defragment, an upload) cannot outlive it. If a renewal finds the
+/// lease held by another, renewing stops (the work, started under the lease, still finishes;
+/// the caller's next turn sees the loss).
+pub async fn renewed_while<F: std::future::Future>(
+    client: &kube::Client,
+    settings: LeaseSettings,
+    work: F,
+) -> F::Output {
+    let period = settings.duration / 3;
+    let client = client.clone();
+    let renewer = tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(period).await;
+            match try_acquire(&client, &settings).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    tracing::warn!(lease = %settings.name, holder = %settings.identity, "the lease was taken by another while a long step ran");
+                    return;
+                }
+                Err(error) => {
+                    tracing::warn!(%error, lease = %settings.name, "renewing the lease failed; retrying")
+                }
+            }
+        }
+    });
+    let output = work.await;
+    renewer.abort();
+    output
+}
+
 /// Waits until this replica holds the lease.
 pub async fn acquire(client: &kube::Client, settings: &LeaseSettings) {
     loop {

@@ -128,6 +128,22 @@ pub async fn acquire(
     Ok(outcome)
 }
 
+/// Runs `work` while `holder`'s hold on the cluster lock is renewed, so a long step cannot
+/// outlive the Lease ([`crate::leader::renewed_while`]).
+pub async fn renewed_while<F: std::future::Future>(
+    ctx: &Context,
+    cluster: &TalosCluster,
+    holder: &LockHolder,
+    work: F,
+) -> F::Output {
+    let settings = settings(
+        &cluster.namespace().unwrap_or_default(),
+        &cluster.name_any(),
+        holder,
+    );
+    crate::leader::renewed_while(&ctx.client, settings, work).await
+}
+
 /// Releases the lock if `holder` holds it, and clears it from status.
 pub async fn release(
     ctx: &Context,

@@ -656,7 +656,16 @@ impl Node<'_> {
             self.record(&step).await?;
         }
         if step.progress.is_intended() {
-            if let Some(verdict) = self.send(&mut step).await? {
+            // A pull, an upgrade, a defragment or a snapshot may run for minutes: the lock is
+            // renewed meanwhile.
+            let sent = crate::lock::renewed_while(
+                self.ctx,
+                self.cluster,
+                &holder(self.operation),
+                self.send(&mut step),
+            )
+            .await?;
+            if let Some(verdict) = sent {
                 return Ok((step, verdict));
             }
             if step.progress.is_intended() {

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use ichor_manager::Metrics;
 use ichor_manager::http::{Health, serve};
-use ichor_manager::leader::{LeaseSettings, try_acquire};
+use ichor_manager::leader::{LeaseSettings, renewed_while, try_acquire};
 use ichor_testenv::TestEnv;
 use ichor_testenv::wait::eventually;
 
@@ -51,6 +51,36 @@ async fn one_replica_leads_until_its_lease_expires() {
         !try_acquire(&client, &lease(&ns, "a")).await.expect("a"),
         "b holds it now"
     );
+}
+
+#[tokio::test]
+async fn a_long_step_keeps_its_lease_renewed() {
+    let env = TestEnv::shared().await.expect("control plane");
+    let ns = env.namespace("long-step").await.expect("namespace");
+    let client = env.client();
+    assert!(try_acquire(&client, &lease(&ns, "a")).await.expect("a"));
+    // A step of two and a half lease terms: without renewal b would take over after one.
+    let contested = renewed_while(&client, lease(&ns, "a"), async {
+        let mut b_won = false;
+        for _ in 0..10 {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            b_won |= try_acquire(&client, &lease(&ns, "b")).await.expect("b");
+        }
+        b_won
+    })
+    .await;
+    assert!(!contested, "the lease stayed a's for the whole step");
+    // Once the step is over, nobody renews: b takes over after the term.
+    eventually(
+        "b to take over after the step",
+        Duration::from_secs(10),
+        || async {
+            try_acquire(&client, &lease(&ns, "b"))
+                .await
+                .unwrap_or(false)
+        },
+    )
+    .await;
 }
 
 #[tokio::test]
