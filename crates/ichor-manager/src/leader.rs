@@ -63,10 +63,11 @@ pub fn decide(observed: Option<&LeaseSpec>, identity: &str, now: Timestamp) -> L
     }
 }
 
-/// Whether a leader last renewed at `renewed` must stop at `now`: its lease may have run out,
-/// so another replica may lead.
+/// Whether a leader last renewed at `renewed` must stop at `now`: two thirds of the lease's
+/// duration passed without a renewal. It stops then, a third of a term before its lease can
+/// run out and another replica may lead, so its in-flight work ends before anyone else acts.
 pub fn renewal_overdue(renewed: Instant, now: Instant, duration: Duration) -> bool {
-    now.saturating_duration_since(renewed) >= duration
+    now.saturating_duration_since(renewed) >= duration * 2 / 3
 }
 
 /// The Lease spec `identity` writes at `now`, over what it observed (`None` when creating).
@@ -276,17 +277,17 @@ mod tests {
     }
 
     #[test]
-    fn a_leader_stops_once_a_whole_duration_passed_without_a_renewal() {
+    fn a_leader_stops_a_third_of_a_term_before_its_lease_can_run_out() {
         let renewed = Instant::now();
         let duration = Duration::from_secs(15);
         assert!(!renewal_overdue(
             renewed,
-            renewed + Duration::from_secs(14),
+            renewed + Duration::from_secs(9),
             duration
         ));
         assert!(renewal_overdue(
             renewed,
-            renewed + Duration::from_secs(15),
+            renewed + Duration::from_secs(10),
             duration
         ));
     }

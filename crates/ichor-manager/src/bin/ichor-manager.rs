@@ -121,24 +121,25 @@ async fn run(options: Options) -> Result<(), Failure> {
         leader::hold(&lease_client, &held).await;
         let _ = lost_tx.send(());
     });
-    let (why_tx, why_rx) = tokio::sync::watch::channel(false);
     let ctx = Arc::new(Context::new(
         client,
         options.settings(&identity),
         Arc::clone(&metrics),
     ));
-    ichor_manager::run(ctx, async move {
-        tokio::select! {
-            () = ichor_service::terminated() => {}
-            _ = lost_rx => { let _ = why_tx.send(true); }
+    // A termination signal drains in-flight reconciles; a lost lease does not: they are
+    // dropped at once, before another replica may lead (leader::renewal_overdue), and the
+    // process exits.
+    let run = ichor_manager::run(ctx, ichor_service::terminated());
+    tokio::select! {
+        () = run => {
+            metrics.set_leading(false);
+            Ok(())
         }
-    })
-    .await;
-    metrics.set_leading(false);
-    if *why_rx.borrow() {
-        return Err(Failure::LostLease);
+        _ = lost_rx => {
+            metrics.set_leading(false);
+            Err(Failure::LostLease)
+        }
     }
-    Ok(())
 }
 
 #[tokio::main]
