@@ -64,48 +64,96 @@ fn no_workload() -> Outcome {
     }
 }
 
+/// What a Node step does for a machine that never recorded a node name: nothing to cordon,
+/// drain or delete by name, so the step is skipped (it used to fail every reconcile).
+fn no_node_name(step: &str) -> Outcome {
+    Outcome::Done(format!(
+        "{step} skipped: no Node name was ever recorded for this machine"
+    ))
+}
+
+/// A workload API call that failed: a refusal or a server error is the API's answer and goes
+/// up; a call that never reached the API (connection refused, timeout) waits, with a reason a
+/// person can read, instead of failing every reconcile.
+fn unreachable(error: kube::Error) -> Result<Outcome, Error> {
+    match error {
+        kube::Error::Api(_) => Err(error.into()),
+        other => Ok(Outcome::Wait {
+            reason: reasons::NODE_UNREACHABLE,
+            message: format!("the workload cluster's API does not answer: {other}"),
+        }),
+    }
+}
+
 impl NodeSteps<'_> {
-    fn node_name(&self) -> String {
+    /// The machine's Node name, if one was ever recorded.
+    fn node_name(&self) -> Option<String> {
         self.machine
             .status
             .as_ref()
             .and_then(|s| s.node_name.clone())
-            .unwrap_or_default()
+            .filter(|n| !n.is_empty())
     }
 
     /// Marks the Node unschedulable.
     pub async fn cordon(&self) -> Result<Outcome, Error> {
+        let Some(node_name) = self.node_name() else {
+            return Ok(no_node_name("cordon"));
+        };
         let Some(workload) = client(self.ctx, self.cluster).await else {
             return Ok(no_workload());
         };
-        let node_name = self.node_name();
+        match self.cordon_node(workload, &node_name).await {
+            Ok(()) => Ok(Outcome::Done(format!("cordoned Node {node_name}"))),
+            Err(error) => unreachable(error),
+        }
+    }
+
+    async fn cordon_node(
+        &self,
+        workload: kube::Client,
+        node_name: &str,
+    ) -> Result<(), kube::Error> {
         let nodes: Api<Node> = Api::all(workload);
-        if nodes.get_opt(&node_name).await?.is_some() {
+        if nodes.get_opt(node_name).await?.is_some() {
             nodes
                 .patch(
-                    &node_name,
+                    node_name,
                     &PatchParams::default(),
                     &Patch::Merge(json!({"spec": {"unschedulable": true}})),
                 )
                 .await?;
         }
-        Ok(Outcome::Done(format!("cordoned Node {node_name}")))
+        Ok(())
     }
 
     /// Evicts the Node's pods (not DaemonSet or mirror pods) and waits for them to leave; a
     /// PodDisruptionBudget's refusal waits, unless the machine carries the skip-drain
     /// annotation.
     pub async fn drain(&self) -> Result<Outcome, Error> {
+        let Some(node_name) = self.node_name() else {
+            return Ok(no_node_name("drain"));
+        };
         let Some(workload) = client(self.ctx, self.cluster).await else {
             return Ok(no_workload());
         };
+        match self.drain_node(workload, &node_name).await {
+            Ok(outcome) => Ok(outcome),
+            Err(error) => unreachable(error),
+        }
+    }
+
+    async fn drain_node(
+        &self,
+        workload: kube::Client,
+        node_name: &str,
+    ) -> Result<Outcome, kube::Error> {
         let skip_drain = self
             .machine
             .annotations()
             .get(annotations::SKIP_DRAIN)
             .map(String::as_str)
             == Some(annotations::TRUE);
-        let node_name = self.node_name();
         let pods: Api<Pod> = Api::all(workload.clone());
         let on_node = |pods: Vec<Pod>| -> Vec<Pod> {
             pods.into_iter()
@@ -132,7 +180,7 @@ impl NodeSteps<'_> {
                     blocked.push(pod.name_any());
                 }
                 Err(kube::Error::Api(s)) if s.is_not_found() => {}
-                Err(e) => return Err(e.into()),
+                Err(e) => return Err(e),
             }
         }
         if skip_drain {
@@ -162,16 +210,72 @@ impl NodeSteps<'_> {
 
     /// Deletes the Node object (gone already is done).
     pub async fn delete(&self) -> Result<Outcome, Error> {
+        let Some(node_name) = self.node_name() else {
+            return Ok(no_node_name("Node deletion"));
+        };
         let Some(workload) = client(self.ctx, self.cluster).await else {
             return Ok(no_workload());
         };
-        let node_name = self.node_name();
         let nodes: Api<Node> = Api::all(workload);
         match nodes.delete(&node_name, &DeleteParams::default()).await {
             Ok(_) => {}
             Err(kube::Error::Api(s)) if s.is_not_found() => {}
-            Err(e) => return Err(e.into()),
+            Err(e) => return unreachable(e),
         }
         Ok(Outcome::Done(format!("deleted Node {node_name}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_machine_without_a_node_name_skips_its_node_steps_without_calling_anything() {
+        // A client to an address nothing listens on: a call would fail.
+        let nowhere = kube::Client::try_from(kube::Config::new(
+            "http://127.0.0.1:9".parse().expect("url"),
+        ))
+        .expect("client");
+        let ctx = Context::new(
+            nowhere,
+            crate::Settings::default(),
+            Arc::new(crate::Metrics::default()),
+        );
+        let cluster = TalosCluster::test("lab").build();
+        let machine = TalosMachine::test("w-1").build();
+        let steps = NodeSteps {
+            ctx: &ctx,
+            cluster: &cluster,
+            machine: &machine,
+        };
+        for outcome in [
+            steps.cordon().await.expect("cordon"),
+            steps.drain().await.expect("drain"),
+            steps.delete().await.expect("delete"),
+        ] {
+            assert!(
+                matches!(&outcome, Outcome::Done(m) if m.contains("no Node name")),
+                "{outcome:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_api_that_does_not_answer_waits_and_an_api_refusal_goes_up() {
+        let waited = unreachable(kube::Error::Service("connection refused".into()));
+        assert!(
+            matches!(&waited, Ok(Outcome::Wait { reason, message })
+                if *reason == reasons::NODE_UNREACHABLE && message.contains("connection refused")),
+            "{waited:?}"
+        );
+        let refused = kube::Error::Api(
+            kube::core::Status::failure("forbidden", "Forbidden")
+                .with_code(403)
+                .boxed(),
+        );
+        assert!(unreachable(refused).is_err());
     }
 }
