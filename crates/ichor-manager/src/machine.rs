@@ -645,11 +645,21 @@ async fn follow(
     // machine at a time in the planner's order, under the cluster lock (ADR 0019).
     let me = drift_holder(machine);
     let mut reboot_back = false;
-    let turn = match (&status.applied_config_hash, &view) {
-        (Some(applied), Some(_)) if *applied != rendered.hash => {
-            drift_wait(ctx, machine, cluster, bundle).await?
-        }
-        _ => None,
+    let drifted = view.is_some()
+        && status
+            .applied_config_hash
+            .as_ref()
+            .is_some_and(|applied| *applied != rendered.hash);
+    // The cluster's machines, read once for the turn and the lock.
+    let machines = if drifted {
+        crate::cluster_machines(ctx, cluster).await?
+    } else {
+        Vec::new()
+    };
+    let turn = if drifted {
+        drift_wait(ctx, machine, cluster, &machines, bundle).await?
+    } else {
+        None
     };
     if let Some((reason, message)) = turn {
         cond::set(
@@ -661,10 +671,9 @@ async fn follow(
             machine.metadata.generation,
             &ctx.now(),
         );
-    } else if let (Some(_), Some(applied)) = (&client, &status.applied_config_hash)
-        && *applied != rendered.hash
-        && view.is_some()
-        && let Some(queued) = drift_lock(ctx, cluster, &me, rendered).await?
+    } else if drifted
+        && client.is_some()
+        && let Some(queued) = drift_lock(ctx, cluster, &machines, &me, rendered).await?
     {
         cond::set(
             &mut status.conditions,
@@ -676,8 +685,7 @@ async fn follow(
             &ctx.now(),
         );
     } else if let (Some(client), Some(applied)) = (&client, status.applied_config_hash.clone())
-        && applied != rendered.hash
-        && view.is_some()
+        && drifted
     {
         match apply_live_once(ctx, machine, client, rendered, &mut status).await? {
             Ok(sent) => {
@@ -781,9 +789,7 @@ async fn follow(
         config_applied(&mut status, machine, message, &ctx.now());
     }
     if reboot_back {
-        status.drift_reboot = None;
-        // A merge patch leaves out `None`: clear the field explicitly.
-        patch_status(ctx, machine, json!({"driftReboot": null})).await?;
+        forget_drift_intent(ctx, machine, &mut status).await?;
         let message = format!(
             "config {} applied; the node is healthy again",
             rendered.hash
@@ -840,9 +846,9 @@ async fn drift_wait(
     ctx: &Context,
     machine: &TalosMachine,
     cluster: &TalosCluster,
+    machines: &[TalosMachine],
     bundle: &ichor_render::SecretsBundle,
 ) -> Result<Option<(&'static str, String)>, Error> {
-    let machines = crate::cluster_machines(ctx, cluster).await?;
     let views: Vec<DriftMachine> = machines
         .iter()
         .filter_map(|m| drift_view(cluster, m, bundle))
@@ -919,11 +925,11 @@ fn drift_view(
 async fn drift_lock(
     ctx: &Context,
     cluster: &TalosCluster,
+    machines: &[TalosMachine],
     me: &LockHolder,
     rendered: &Rendered,
 ) -> Result<Option<String>, Error> {
-    let machines = crate::cluster_machines(ctx, cluster).await?;
-    let moving = crate::lock::transitioning(cluster, &machines);
+    let moving = crate::lock::transitioning(cluster, machines);
     let outcome = crate::lock::acquire(ctx, cluster, me, moving, false).await?;
     Ok((!outcome.held()).then(|| {
         format!(
@@ -961,7 +967,8 @@ async fn apply_live_once(
         .map(|_| true))
 }
 
-/// Clears the drift intent (`driftReboot`): nothing was applied, the rollout may go on.
+/// Clears the drift intent (`driftReboot`): this machine's turn is over, its config not applied
+/// (a refusal, a wait) or applied and the node healthy again.
 async fn forget_drift_intent(
     ctx: &Context,
     machine: &TalosMachine,
