@@ -136,12 +136,29 @@ async fn reconcile_inner(cluster: &TalosCluster, ctx: &Context) -> Result<Action
     let generation = cluster.metadata.generation;
     status.observed_generation = generation;
 
+    // Discovery (reads only).
+    let mut next_sweep = None;
+    if let Some(discovery) = &cluster.spec.discovery {
+        let interval =
+            crate::parse_duration(&discovery.interval).unwrap_or(Duration::from_secs(300));
+        next_sweep = Some(interval);
+        if ctx.sweep_due(cluster, interval) {
+            match discovery::run_once(ctx, cluster, ctx.settings.sweep).await {
+                Ok(report) => {
+                    if !report.created.is_empty() {
+                        tracing::info!(cluster = %cluster.name_any(), created = ?report.created, "discovered machines");
+                    }
+                }
+                Err(error) => tracing::warn!(%error, "discovery sweep failed"),
+            }
+        }
+    }
+
+    let machines = crate::cluster_machines(ctx, cluster).await?;
+
     // Secrets: generated only while no machine was ever configured; lost, never regenerated,
     // after (ichor-deleteguard's bundle_step).
-    let configured = crate::cluster_machines(ctx, cluster)
-        .await?
-        .iter()
-        .any(ever_configured);
+    let configured = machines.iter().any(ever_configured);
     let bundle = match secrets::ensure(&ctx.client, cluster, configured).await? {
         Ok(b) => {
             status
@@ -165,25 +182,6 @@ async fn reconcile_inner(cluster: &TalosCluster, ctx: &Context) -> Result<Action
         }
     };
 
-    // Discovery (reads only).
-    let mut next_sweep = None;
-    if let Some(discovery) = &cluster.spec.discovery {
-        let interval =
-            crate::parse_duration(&discovery.interval).unwrap_or(Duration::from_secs(300));
-        next_sweep = Some(interval);
-        if ctx.sweep_due(cluster, interval) {
-            match discovery::run_once(ctx, cluster, ctx.settings.sweep).await {
-                Ok(report) => {
-                    if !report.created.is_empty() {
-                        tracing::info!(cluster = %cluster.name_any(), created = ?report.created, "discovered machines");
-                    }
-                }
-                Err(error) => tracing::warn!(%error, "discovery sweep failed"),
-            }
-        }
-    }
-
-    let machines = crate::cluster_machines(ctx, cluster).await?;
     let approved = |role: Role| {
         machines.iter().filter(move |m| {
             m.spec.approval_state == ApprovalState::Approved && m.spec.role == Some(role)
