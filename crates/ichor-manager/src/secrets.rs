@@ -93,14 +93,9 @@ fn labelled(cluster: &TalosCluster, name: &str) -> ObjectMeta {
 }
 
 /// The fingerprint that identifies a bundle: `sha256:` and the hex digest of its OS CA
-/// certificate's PEM.
+/// certificate's PEM (the same content hash as a config's, `ichor_render::config_hash`).
 pub fn fingerprint(bundle: &SecretsBundle) -> String {
-    let digest = ring::digest::digest(
-        &ring::digest::SHA256,
-        bundle.certs.os.crt.0.trim().as_bytes(),
-    );
-    let hex: String = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
-    format!("sha256:{hex}")
+    ichor_render::config_hash(bundle.certs.os.crt.0.trim())
 }
 
 /// Reads the cluster's bundle for rendering and connecting; never generates one (only the
