@@ -35,6 +35,8 @@
 pub mod bootstrap;
 pub mod bundle;
 pub mod drift;
+#[cfg(test)]
+mod fixtures;
 mod model;
 pub mod plan;
 mod rules;

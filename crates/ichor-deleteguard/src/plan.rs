@@ -545,19 +545,7 @@ mod tests {
     use crate::model::Observation;
     use crate::verdict::reasons;
 
-    fn cp(name: &str) -> Machine {
-        Machine::new(name)
-            .in_namespace("infra")
-            .control_plane()
-            .approved()
-            .config_applied()
-            .allowing_delete()
-            .healthy()
-    }
-
-    fn cps(n: usize) -> Vec<Machine> {
-        (1..=n).map(|i| cp(&format!("cp-{i}"))).collect()
-    }
+    use crate::fixtures::control_planes as cps;
 
     fn reset() -> Disruption {
         Disruption::Reset {

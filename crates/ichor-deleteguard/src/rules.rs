@@ -125,21 +125,7 @@ mod tests {
     use super::*;
     use crate::reasons;
 
-    /// `n` approved control planes with applied configs and the allow-delete annotation, in
-    /// namespace `infra`.
-    fn control_planes(n: usize) -> Vec<Machine> {
-        (1..=n)
-            .map(|i| {
-                Machine::new(format!("cp-{i}"))
-                    .in_namespace("infra")
-                    .control_plane()
-                    .approved()
-                    .config_applied()
-                    .allowing_delete()
-                    .healthy()
-            })
-            .collect()
-    }
+    use crate::fixtures::control_planes;
 
     fn prod(declared: usize) -> Cluster {
         Cluster::new("prod", declared).in_namespace("infra")
