@@ -807,7 +807,6 @@ async fn drift_that_needs_a_reboot_is_applied_under_the_lock_one_node_at_a_time(
         )
         .await
         .expect("a change that needs a reboot");
-    let machines: Api<TalosMachine> = Api::namespaced(target.client(), target.namespace());
     try_eventually(
         "every node rebooted into the new config",
         Duration::from_secs(180),
@@ -817,18 +816,7 @@ async fn drift_that_needs_a_reboot_is_applied_under_the_lock_one_node_at_a_time(
                 .iter()
                 .zip(&before)
                 .all(|(n, b)| n.calls("Reboot") > *b);
-            let settled = machines.list(&ListParams::default()).await.is_ok_and(|l| {
-                l.items.iter().all(|m| {
-                    m.status.as_ref().is_some_and(|s| {
-                        s.drift_reboot.is_none()
-                            && s.conditions.iter().any(|c| {
-                                c.type_ == conditions::CONFIG_APPLIED
-                                    && c.status == ConditionStatus::True
-                            })
-                    })
-                })
-            });
-            rebooted && settled
+            rebooted && every_machine_applied(&target).await
         },
     )
     .await
@@ -836,6 +824,40 @@ async fn drift_that_needs_a_reboot_is_applied_under_the_lock_one_node_at_a_time(
     let seen = monitor.finish().await;
     assert_eq!(seen.most_down, 1, "one node at a time: {seen:?}");
     target.down().await;
+}
+
+/// Whether every machine has its config applied (`ConfigApplied` true) and no drift in flight.
+async fn every_machine_applied(target: &SimTarget) -> bool {
+    let machines: Api<TalosMachine> = Api::namespaced(target.client(), target.namespace());
+    machines.list(&ListParams::default()).await.is_ok_and(|l| {
+        l.items.iter().all(|m| {
+            m.status.as_ref().is_some_and(|s| {
+                s.drift_reboot.is_none()
+                    && s.conditions.iter().any(|c| {
+                        c.type_ == conditions::CONFIG_APPLIED && c.status == ConditionStatus::True
+                    })
+            })
+        })
+    })
+}
+
+/// Waits until the cluster's `ConfigRolledOut` says `ConfigCurrent` and every machine has its
+/// config applied; fails with the state if not within two minutes.
+async fn wait_rolled_out(target: &SimTarget, what: &str) {
+    let done = try_eventually(what, Duration::from_secs(120), || async {
+        let current = rolled_out(target)
+            .await
+            .is_some_and(|(s, r, _)| s == ConditionStatus::True && r == reasons::CONFIG_CURRENT);
+        current && every_machine_applied(target).await
+    })
+    .await;
+    if let Err(e) = done {
+        panic!(
+            "{e}: {:?} {}",
+            rolled_out(target).await,
+            state_summary(target)
+        );
+    }
 }
 
 /// Each machine's drift and removal state and the cluster lock, for failure messages.
@@ -1800,36 +1822,7 @@ async fn a_refused_patch_stops_the_drift_rollout_at_one_node_and_a_fixed_patch_r
         )
         .await
         .expect("the fixed patch");
-    let machines: Api<TalosMachine> = Api::namespaced(target.client(), target.namespace());
-    let done = try_eventually(
-        "every machine took the fixed config",
-        Duration::from_secs(120),
-        || async {
-            let current = rolled_out(&target).await.is_some_and(|(s, r, _)| {
-                s == ConditionStatus::True && r == reasons::CONFIG_CURRENT
-            });
-            let applied = machines.list(&ListParams::default()).await.is_ok_and(|l| {
-                l.items.iter().all(|m| {
-                    m.status.as_ref().is_some_and(|s| {
-                        s.drift_reboot.is_none()
-                            && s.conditions.iter().any(|c| {
-                                c.type_ == conditions::CONFIG_APPLIED
-                                    && c.status == ConditionStatus::True
-                            })
-                    })
-                })
-            });
-            current && applied
-        },
-    )
-    .await;
-    if let Err(e) = done {
-        panic!(
-            "{e}: {:?} {}",
-            rolled_out(&target).await,
-            state_summary(&target)
-        );
-    }
+    wait_rolled_out(&target, "every machine took the fixed config").await;
     stop.store(true, Ordering::SeqCst);
     let most_in_flight = in_flight.await.expect("drift monitor");
     let seen = monitor.finish().await;
@@ -1877,36 +1870,7 @@ async fn a_manager_killed_mid_rollout_resumes_and_no_node_gets_the_config_twice(
         "the node took it before the kill"
     );
     target.start_manager().await.expect("restart");
-    let machines: Api<TalosMachine> = Api::namespaced(target.client(), target.namespace());
-    let done = try_eventually(
-        "the rollout resumed and finished",
-        Duration::from_secs(120),
-        || async {
-            let current = rolled_out(&target).await.is_some_and(|(s, r, _)| {
-                s == ConditionStatus::True && r == reasons::CONFIG_CURRENT
-            });
-            let settled = machines.list(&ListParams::default()).await.is_ok_and(|l| {
-                l.items.iter().all(|m| {
-                    m.status.as_ref().is_some_and(|s| {
-                        s.drift_reboot.is_none()
-                            && s.conditions.iter().any(|c| {
-                                c.type_ == conditions::CONFIG_APPLIED
-                                    && c.status == ConditionStatus::True
-                            })
-                    })
-                })
-            });
-            current && settled
-        },
-    )
-    .await;
-    if let Err(e) = done {
-        panic!(
-            "{e}: {:?} {}",
-            rolled_out(&target).await,
-            state_summary(&target)
-        );
-    }
+    wait_rolled_out(&target, "the rollout resumed and finished").await;
     for ((name, node), was) in order.iter().zip(&before) {
         assert_eq!(
             node.config_applies(),
