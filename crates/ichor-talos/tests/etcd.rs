@@ -106,6 +106,21 @@ async fn bootstrap_retries_while_the_node_boots_then_reports_already_done() {
     stop_all(nodes).await;
 }
 
+/// `n` control planes of one etcd: the first bootstrapped, every one a voter.
+async fn one_etcd(net: u8, n: u8) -> Vec<(SimNode, TalosClient)> {
+    let nodes = control_planes(net, n).await;
+    nodes[0]
+        .1
+        .bootstrap(Duration::from_secs(5))
+        .await
+        .expect("bootstrap");
+    eventually("every control plane a voter", WAIT, || async {
+        voters(&nodes[0].1).await.len() == usize::from(n)
+    })
+    .await;
+    nodes
+}
+
 #[tokio::test]
 async fn three_control_planes_form_one_etcd_and_one_leaves() {
     let nodes = control_planes(31, 3).await;
@@ -143,16 +158,7 @@ async fn three_control_planes_form_one_etcd_and_one_leaves() {
 
 #[tokio::test]
 async fn a_dead_member_is_removed_by_id_through_a_healthy_peer_and_quorum_loss_fails_calls() {
-    let nodes = control_planes(32, 3).await;
-    nodes[0]
-        .1
-        .bootstrap(Duration::from_secs(5))
-        .await
-        .expect("bootstrap");
-    eventually("three voters", WAIT, || async {
-        voters(&nodes[0].1).await.len() == 3
-    })
-    .await;
+    let nodes = one_etcd(32, 3).await;
     let dead_id = nodes[2].0.etcd_member_id().await.expect("a member");
     nodes[2].0.crash().await;
 
@@ -223,16 +229,7 @@ async fn a_second_bootstrap_elsewhere_creates_a_second_cluster() {
 
 #[tokio::test]
 async fn forfeit_snapshot_defragment_and_a_failing_leave() {
-    let nodes = control_planes(34, 2).await;
-    nodes[0]
-        .1
-        .bootstrap(Duration::from_secs(5))
-        .await
-        .expect("bootstrap");
-    eventually("two voters", WAIT, || async {
-        voters(&nodes[0].1).await.len() == 2
-    })
-    .await;
+    let nodes = one_etcd(34, 2).await;
     let first = nodes[0].1.etcd_status().await.expect("status");
     assert_eq!(
         first.leader, first.member_id,
@@ -285,16 +282,7 @@ async fn boot_id(client: &TalosClient) -> Option<String> {
 
 #[tokio::test]
 async fn an_unhealthy_member_stays_a_voter_cannot_leave_and_is_removed_through_a_peer() {
-    let nodes = control_planes(35, 3).await;
-    nodes[0]
-        .1
-        .bootstrap(Duration::from_secs(5))
-        .await
-        .expect("bootstrap");
-    eventually("three voters", WAIT, || async {
-        voters(&nodes[0].1).await.len() == 3
-    })
-    .await;
+    let nodes = one_etcd(35, 3).await;
     let (sick, client) = &nodes[2];
     let id = sick.etcd_member_id().await.expect("a member");
     sick.inject(Fault::EtcdUnhealthy(true))
