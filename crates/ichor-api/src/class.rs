@@ -75,6 +75,6 @@ pub struct TalosMachineClassStatus {
     pub matched_machines: i32,
     /// Problems with the class (e.g. its cluster does not exist).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 16))]
+    #[schemars(length(max = 16), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
 }

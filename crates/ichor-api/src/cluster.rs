@@ -269,7 +269,7 @@ fn default_discovery_interval() -> String {
 pub struct TalosClusterStatus {
     /// `Ready`, `Bootstrapped`, `SecretsReady`, `Transitioning`, `ConfigRolledOut`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 16))]
+    #[schemars(length(max = 16), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
     /// The generation last reconciled.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -164,7 +164,7 @@ pub struct TalosMachineStatus {
     pub phase: MachinePhase,
     /// `Ready`, `ConfigApplied`, `Installed`, `RemovalApproved`, `FingerprintChanged`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 16))]
+    #[schemars(length(max = 16), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
     /// The generation last reconciled.
     #[serde(default, skip_serializing_if = "Option::is_none")]

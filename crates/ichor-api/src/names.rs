@@ -66,6 +66,35 @@ pub mod field_managers {
     pub const MANAGER: &str = "ichor-manager";
     /// The admission webhook (removal reservations, its certificate Secret).
     pub const WEBHOOK: &str = "ichor-webhook";
+
+    // One field manager per group of status fields: every status field has exactly one, and a
+    // writer applies its whole group, so no writer sends, strips or clobbers another's fields
+    // (ADR 0020).
+
+    /// TalosCluster status: conditions, counts, bootstrap record, bundle identity, Secrets.
+    pub const CLUSTER_STATUS: &str = "ichor-manager/cluster";
+    /// TalosCluster `status.lock`: the cluster lock's mirror.
+    pub const CLUSTER_LOCK: &str = "ichor-manager/lock";
+    /// TalosCluster `status.tombstones`: nodes force-removed while unreachable.
+    pub const CLUSTER_TOMBSTONES: &str = "ichor-manager/tombstones";
+    /// TalosCluster `status.driftHalt`: where a drift rollout stopped.
+    pub const CLUSTER_DRIFT: &str = "ichor-manager/drift";
+    /// TalosMachine lifecycle: phase, its conditions, node name, etcd member id.
+    pub const MACHINE_LIFECYCLE: &str = "ichor-manager/lifecycle";
+    /// TalosMachine `status.appliedConfigHash`: recorded once a config is on the node.
+    pub const MACHINE_APPLIED: &str = "ichor-manager/applied";
+    /// TalosMachine `status.driftReboot`: the intent of a drift apply with a reboot.
+    pub const MACHINE_DRIFT: &str = "ichor-manager/drift-reboot";
+    /// TalosMachine inventory: address, fingerprint seen, Talos version, hardware.
+    pub const MACHINE_INVENTORY: &str = "ichor-manager/inventory";
+    /// TalosMachine `status.etcd`: the etcd member as last observed on the node.
+    pub const MACHINE_ETCD: &str = "ichor-manager/etcd";
+    /// TalosMachine `status.removal` and `RemovalApproved`: the removal sequence.
+    pub const MACHINE_REMOVAL: &str = "ichor-manager/removal";
+    /// TalosOperation status, but for the snapshot Secret.
+    pub const OPERATION_STATUS: &str = "ichor-manager/operation";
+    /// TalosOperation `status.snapshotSecret`.
+    pub const OPERATION_SNAPSHOT: &str = "ichor-manager/snapshot";
 }
 
 /// Condition types.

@@ -145,7 +145,7 @@ pub struct TalosOperationStatus {
     pub progress: Option<String>,
     /// `Succeeded` and the reason of a failure.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 16))]
+    #[schemars(length(max = 16), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
     /// Per-node steps, in the order the nodes are handled.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

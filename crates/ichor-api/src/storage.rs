@@ -83,7 +83,7 @@ pub enum Filesystem {
 pub struct TalosStorageStatus {
     /// `Ready` and the reasons volumes are missing.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 16))]
+    #[schemars(length(max = 16), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
     /// How many volumes are provisioned across machines.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -12,7 +12,7 @@ use ichor_api::{TalosCluster, TalosMachine};
 use ichor_render::credentials;
 use ichor_talos::Bootstrapped;
 use kube::ResourceExt as _;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use serde_json::json;
@@ -44,26 +44,19 @@ async fn write_status(
     cluster: &TalosCluster,
     status: &TalosClusterStatus,
 ) -> Result<(), Error> {
-    // `lock`, `tombstones` and `driftHalt` have their own writers (lock.rs, removal.rs,
-    // drift.rs): a merge patch
-    // without them leaves them as they are.
-    let owned = |s: &TalosClusterStatus| TalosClusterStatus {
-        lock: None,
-        tombstones: Vec::new(),
-        drift_halt: None,
-        ..s.clone()
-    };
-    let status = owned(status);
-    if cluster.status.as_ref().map(owned).as_ref() == Some(&status) {
-        return Ok(());
-    }
-    Api::<TalosCluster>::namespaced(ctx.client.clone(), &cluster.namespace().unwrap_or_default())
-        .patch_status(
-            &cluster.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": status})),
-        )
-        .await?;
+    // `lock`, `tombstones` and `driftHalt` are other groups with their own writers (lock.rs,
+    // removal.rs, drift.rs): this one writes only its own.
+    let api = Api::<TalosCluster>::namespaced(
+        ctx.client.clone(),
+        &cluster.namespace().unwrap_or_default(),
+    );
+    crate::status::write_only(
+        &api,
+        cluster,
+        status,
+        ichor_api::names::field_managers::CLUSTER_STATUS,
+    )
+    .await?;
     Ok(())
 }
 
@@ -687,12 +680,9 @@ async fn tombstones(
                     .into_iter()
                     .filter(|t| t.address != stone.address)
                     .collect();
-                api.patch_status(
-                    &cluster.name_any(),
-                    &PatchParams::default(),
-                    &Patch::Merge(json!({"metadata": {"resourceVersion": fresh.resource_version()}, "status": {"tombstones": left}})),
-                )
-                .await?;
+                let mut status = fresh.status.clone().unwrap_or_default();
+                status.tombstones = left;
+                crate::status::write_checked(&api, &fresh, &status).await?;
             }
         }
     }

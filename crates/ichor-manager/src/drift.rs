@@ -7,7 +7,7 @@ use ichor_api::cluster::DriftHaltStatus;
 use ichor_api::names::{actions, conditions, reasons};
 use ichor_api::{TalosCluster, TalosMachine};
 use kube::ResourceExt as _;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::Api;
 use kube::runtime::events::EventType;
 use serde_json::json;
 
@@ -32,13 +32,12 @@ pub async fn record_halt(
         message: message.to_owned(),
         at: ctx.now(),
     };
-    api(ctx, cluster)
-        .patch_status(
-            &cluster.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"driftHalt": halt}})),
-        )
-        .await?;
+    crate::status::merge(
+        &api(ctx, cluster),
+        &cluster.name_any(),
+        &json!({"driftHalt": halt}),
+    )
+    .await?;
     let note = format!(
         "the drift rollout stopped at {}: it refused config {rendered_hash} ({message}); no other machine gets it until the patch is fixed",
         machine.name_any()
@@ -64,13 +63,12 @@ pub async fn record_halt(
 
 /// Clears the halt recorded for `machine`: its config renders differently now.
 pub async fn clear_halt(ctx: &Context, cluster: &TalosCluster, machine: &str) -> Result<(), Error> {
-    api(ctx, cluster)
-        .patch_status(
-            &cluster.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"driftHalt": null}})),
-        )
-        .await?;
+    crate::status::merge(
+        &api(ctx, cluster),
+        &cluster.name_any(),
+        &json!({"driftHalt": null}),
+    )
+    .await?;
     tracing::info!(
         cluster = %cluster.name_any(),
         %machine,

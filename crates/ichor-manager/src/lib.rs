@@ -20,6 +20,7 @@ pub mod observe;
 pub mod operation;
 pub mod removal;
 pub mod secrets;
+pub mod status;
 pub mod workload;
 
 use std::collections::BTreeMap;

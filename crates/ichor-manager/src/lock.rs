@@ -13,8 +13,7 @@ use ichor_deleteguard::{LockDecision, LockView, lock_decision};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt as _;
-use kube::api::{Api, DeleteParams, Patch, PatchParams};
-use serde_json::json;
+use kube::api::{Api, DeleteParams};
 
 use crate::leader::{LeaseSettings, try_acquire};
 use crate::{Context, Error};
@@ -246,22 +245,9 @@ async fn mirror(ctx: &Context, cluster: &TalosCluster, holder: &LockHolder, outc
 }
 
 async fn write(clusters: &Api<TalosCluster>, fresh: &TalosCluster, lock: &LockStatus) {
-    let patch = json!({
-        "metadata": {"resourceVersion": fresh.resource_version()},
-        "status": {"lock": {
-            "holder": lock.holder,
-            "since": lock.since,
-            "waiting": lock.waiting,
-        }},
-    });
-    if let Err(error) = clusters
-        .patch_status(
-            &fresh.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(patch),
-        )
-        .await
-    {
+    let mut status = fresh.status.clone().unwrap_or_default();
+    status.lock = Some(lock.clone());
+    if let Err(error) = crate::status::write_checked(clusters, fresh, &status).await {
         tracing::debug!(%error, "lock status not mirrored this time");
     }
 }

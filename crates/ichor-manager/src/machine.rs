@@ -19,7 +19,7 @@ use ichor_talos::{ApplyMode, TalosClient, TalosError};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{Api, ObjectMeta, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::{Resource as _, ResourceExt as _};
@@ -69,13 +69,7 @@ async fn write_status(
     if machine.status.as_ref() == Some(status) {
         return Ok(());
     }
-    api(ctx, machine)
-        .patch_status(
-            &machine.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": status})),
-        )
-        .await?;
+    crate::status::write(&api(ctx, machine), machine, status).await?;
     ctx.metrics.phase(&machine.name_any(), status.phase);
     Ok(())
 }
@@ -1106,20 +1100,14 @@ pub(crate) async fn record_hash(
     patch_status(ctx, machine, json!({"appliedConfigHash": rendered.hash})).await
 }
 
-/// Merges `fields` into the machine's status (explicit `null`s clear fields, which a
-/// serialized status with `None` cannot).
+/// Merges `fields` into the machine's current status (explicit `null`s clear fields), writing
+/// each group of fields that changed with its own field manager.
 async fn patch_status(
     ctx: &Context,
     machine: &TalosMachine,
     fields: serde_json::Value,
 ) -> Result<(), Error> {
-    api(ctx, machine)
-        .patch_status(
-            &machine.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "status": fields })),
-        )
-        .await?;
+    crate::status::merge(&api(ctx, machine), &machine.name_any(), &fields).await?;
     Ok(())
 }
 

@@ -9,7 +9,7 @@ use ichor_api::{TalosCluster, TalosMachine};
 use ichor_deleteguard::{Cluster, Disruption, Machine, Stage, Verdict};
 use ichor_talos::Credentials;
 use kube::ResourceExt as _;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::Api;
 use serde_json::json;
 
 use crate::decide::{Etcd, etcd_answered, etcd_observation};
@@ -55,13 +55,12 @@ pub async fn refresh(
         status.etcd = Some(observation.clone());
         let machines: Api<TalosMachine> =
             Api::namespaced(ctx.client.clone(), &machine.namespace().unwrap_or_default());
-        match machines
-            .patch_status(
-                &machine.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(json!({"status": {"etcd": observation}})),
-            )
-            .await
+        match crate::status::merge(
+            &machines,
+            &machine.name_any(),
+            &json!({"etcd": observation}),
+        )
+        .await
         {
             Ok(_) => {}
             // Removed meanwhile: nothing to record, and the planner reads it as gone next time.

@@ -65,13 +65,7 @@ async fn write(
     operation: &TalosOperation,
     status: &TalosOperationStatus,
 ) -> Result<(), Error> {
-    api(ctx, operation)
-        .patch_status(
-            &operation.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": status})),
-        )
-        .await?;
+    crate::status::write(&api(ctx, operation), operation, status).await?;
     Ok(())
 }
 

@@ -49,13 +49,7 @@ async fn record(
     progress.step = step;
     progress.message = Some(message);
     status.phase = MachinePhase::Removing;
-    machines_api(ctx, machine)
-        .patch_status(
-            &machine.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": status})),
-        )
-        .await?;
+    crate::status::write(&machines_api(ctx, machine), machine, &status).await?;
     Ok(status)
 }
 
@@ -539,15 +533,9 @@ impl Scene<'_> {
                 etcd_member_id: member.map(|m| format!("{m:016x}")),
                 removed_at: self.ctx.now(),
             });
-            let patch = json!({"metadata": {"resourceVersion": fresh.resource_version()}, "status": {"tombstones": stones}});
-            match clusters
-                .patch_status(
-                    &fresh.name_any(),
-                    &PatchParams::default(),
-                    &Patch::Merge(patch),
-                )
-                .await
-            {
+            let mut status = fresh.status.clone().unwrap_or_default();
+            status.tombstones = stones;
+            match crate::status::write_checked(&clusters, &fresh, &status).await {
                 Ok(_) => return Ok(()),
                 Err(kube::Error::Api(s)) if s.is_conflict() => continue,
                 Err(e) => return Err(e.into()),

@@ -1,0 +1,429 @@
+//! Status writes by server-side apply, one field manager per group of fields (ADR 0020).
+//!
+//! Every status field belongs to exactly one [`Group`], and every group has its own field
+//! manager (`ichor_api::names::field_managers`). A write compares the status it started from
+//! with the one it wants and applies each group that differs, whole: the apiserver then keeps
+//! every field the group no longer sends cleared, and never touches another group's fields.
+//! Conditions are a list-map keyed by type, so a group owns its condition types and no other.
+//! No writer strips or re-sends another's fields.
+
+use std::fmt::Debug;
+
+use ichor_api::names::{conditions, field_managers as fm};
+use ichor_api::{TalosCluster, TalosMachine, TalosOperation};
+use kube::api::{Api, Patch, PatchParams};
+use kube::{Resource, ResourceExt as _};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Map, Value, json};
+
+/// The conditions a group owns.
+#[derive(Debug, Clone, Copy)]
+pub enum Owned {
+    /// None.
+    None,
+    /// Only these types.
+    Only(&'static [&'static str]),
+    /// Every type no other group of the kind names.
+    Rest,
+}
+
+/// Status fields written together by one field manager.
+#[derive(Debug, Clone, Copy)]
+pub struct Group {
+    /// The field manager.
+    pub manager: &'static str,
+    /// The status fields (JSON names), but conditions.
+    pub fields: &'static [&'static str],
+    /// The condition types.
+    pub conditions: Owned,
+}
+
+/// The groups of TalosCluster status.
+pub const CLUSTER: &[Group] = &[
+    Group {
+        manager: fm::CLUSTER_STATUS,
+        fields: &[
+            "observedGeneration",
+            "controlPlanes",
+            "workers",
+            "bootstrap",
+            "bundleFingerprint",
+            "secretsSecret",
+            "talosconfigSecret",
+            "kubeconfigSecret",
+        ],
+        conditions: Owned::Rest,
+    },
+    Group {
+        manager: fm::CLUSTER_LOCK,
+        fields: &["lock"],
+        conditions: Owned::None,
+    },
+    Group {
+        manager: fm::CLUSTER_TOMBSTONES,
+        fields: &["tombstones"],
+        conditions: Owned::None,
+    },
+    Group {
+        manager: fm::CLUSTER_DRIFT,
+        fields: &["driftHalt"],
+        conditions: Owned::None,
+    },
+];
+
+/// The groups of TalosMachine status.
+pub const MACHINE: &[Group] = &[
+    Group {
+        manager: fm::MACHINE_LIFECYCLE,
+        fields: &["phase", "observedGeneration", "nodeName", "etcdMemberId"],
+        conditions: Owned::Rest,
+    },
+    Group {
+        manager: fm::MACHINE_APPLIED,
+        fields: &["appliedConfigHash"],
+        conditions: Owned::None,
+    },
+    Group {
+        manager: fm::MACHINE_DRIFT,
+        fields: &["driftReboot"],
+        conditions: Owned::None,
+    },
+    Group {
+        manager: fm::MACHINE_INVENTORY,
+        fields: &["address", "observedFingerprint", "talosVersion", "hardware"],
+        conditions: Owned::Only(&[conditions::FINGERPRINT_CHANGED]),
+    },
+    Group {
+        manager: fm::MACHINE_ETCD,
+        fields: &["etcd"],
+        conditions: Owned::None,
+    },
+    Group {
+        manager: fm::MACHINE_REMOVAL,
+        fields: &["removal"],
+        conditions: Owned::Only(&[conditions::REMOVAL_APPROVED]),
+    },
+];
+
+/// The groups of TalosOperation status.
+pub const OPERATION: &[Group] = &[
+    Group {
+        manager: fm::OPERATION_STATUS,
+        fields: &["phase", "progress", "nodes", "startedAt", "completedAt"],
+        conditions: Owned::Rest,
+    },
+    Group {
+        manager: fm::OPERATION_SNAPSHOT,
+        fields: &["snapshotSecret"],
+        conditions: Owned::None,
+    },
+];
+
+/// A custom resource whose status is written in groups.
+pub trait Grouped:
+    Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Serialize
+{
+    /// Its status type.
+    type Status: Serialize;
+    /// Its groups: every status field in exactly one.
+    const GROUPS: &'static [Group];
+    /// Its status, if any.
+    fn status_of(&self) -> Option<&Self::Status>;
+}
+
+impl Grouped for TalosCluster {
+    type Status = ichor_api::cluster::TalosClusterStatus;
+    const GROUPS: &'static [Group] = CLUSTER;
+    fn status_of(&self) -> Option<&Self::Status> {
+        self.status.as_ref()
+    }
+}
+
+impl Grouped for TalosMachine {
+    type Status = ichor_api::machine::TalosMachineStatus;
+    const GROUPS: &'static [Group] = MACHINE;
+    fn status_of(&self) -> Option<&Self::Status> {
+        self.status.as_ref()
+    }
+}
+
+impl Grouped for TalosOperation {
+    type Status = ichor_api::operation::TalosOperationStatus;
+    const GROUPS: &'static [Group] = OPERATION;
+    fn status_of(&self) -> Option<&Self::Status> {
+        self.status.as_ref()
+    }
+}
+
+/// Whether a condition of `type_` belongs to `group` among `groups`.
+fn owns_condition(group: &Group, groups: &[Group], type_: &str) -> bool {
+    match group.conditions {
+        Owned::None => false,
+        Owned::Only(types) => types.contains(&type_),
+        Owned::Rest => !groups.iter().any(|g| match g.conditions {
+            Owned::Only(types) => types.contains(&type_),
+            _ => false,
+        }),
+    }
+}
+
+/// The part of `status` (a JSON object) that `group` writes.
+pub fn project(group: &Group, groups: &[Group], status: &Value) -> Map<String, Value> {
+    let mut out = Map::new();
+    let Some(all) = status.as_object() else {
+        return out;
+    };
+    for field in group.fields {
+        if let Some(value) = all.get(*field).filter(|v| !v.is_null()) {
+            out.insert((*field).to_owned(), value.clone());
+        }
+    }
+    if !matches!(group.conditions, Owned::None) {
+        let owned: Vec<Value> = all
+            .get("conditions")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter(|c| {
+                c.get("type")
+                    .and_then(Value::as_str)
+                    .is_some_and(|t| owns_condition(group, groups, t))
+            })
+            .cloned()
+            .collect();
+        if !owned.is_empty() {
+            out.insert("conditions".to_owned(), Value::Array(owned));
+        }
+    }
+    out
+}
+
+/// The groups whose part differs between `old` and `new`.
+pub fn changed<'g>(groups: &'g [Group], old: &Value, new: &Value) -> Vec<&'g Group> {
+    groups
+        .iter()
+        .filter(|g| project(g, groups, old) != project(g, groups, new))
+        .collect()
+}
+
+/// Applies each group of `new` that differs from `old` to object `name`, with that group's
+/// field manager. With `resource_version`, the first apply fails with a conflict if the object
+/// changed since it was read (the following ones carry the version the previous one made).
+async fn apply_changed<K: Grouped>(
+    api: &Api<K>,
+    name: &str,
+    old: &Value,
+    new: &Value,
+    mut resource_version: Option<String>,
+    only: Option<&str>,
+) -> Result<(), kube::Error> {
+    let groups = changed(K::GROUPS, old, new);
+    for group in groups
+        .into_iter()
+        .filter(|g| only.is_none_or(|m| m == g.manager))
+    {
+        let mut metadata = json!({ "name": name });
+        if let Some(version) = &resource_version {
+            metadata["resourceVersion"] = json!(version);
+        }
+        let body = json!({
+            "apiVersion": K::api_version(&()),
+            "kind": K::kind(&()),
+            "metadata": metadata,
+            "status": project(group, K::GROUPS, new),
+        });
+        let written = api
+            .patch_status(
+                name,
+                &PatchParams::apply(group.manager).force(),
+                &Patch::Apply(body),
+            )
+            .await?;
+        if resource_version.is_some() {
+            resource_version = written.resource_version();
+        }
+    }
+    Ok(())
+}
+
+fn to_value(status: Option<&impl Serialize>) -> Value {
+    status
+        .and_then(|s| serde_json::to_value(s).ok())
+        .unwrap_or_else(|| json!({}))
+}
+
+/// Writes `new` as the status of `object`, group by group: only the groups that differ from
+/// the status `object` carries.
+pub async fn write<K: Grouped>(
+    api: &Api<K>,
+    object: &K,
+    new: &K::Status,
+) -> Result<(), kube::Error> {
+    let old = to_value(object.status_of());
+    apply_changed(
+        api,
+        &object.name_any(),
+        &old,
+        &to_value(Some(new)),
+        None,
+        None,
+    )
+    .await
+}
+
+/// As [`write`], but only the group of field manager `manager`: for a writer whose status
+/// copy may not carry the other groups' current values.
+pub async fn write_only<K: Grouped>(
+    api: &Api<K>,
+    object: &K,
+    new: &K::Status,
+    manager: &str,
+) -> Result<(), kube::Error> {
+    let old = to_value(object.status_of());
+    let name = object.name_any();
+    apply_changed(api, &name, &old, &to_value(Some(new)), None, Some(manager)).await
+}
+
+/// As [`write`], but only if `object` is still the current version: a conflict otherwise,
+/// for writers that read, modify and write (the lock's mirror, the tombstones).
+pub async fn write_checked<K: Grouped>(
+    api: &Api<K>,
+    object: &K,
+    new: &K::Status,
+) -> Result<(), kube::Error> {
+    let old = to_value(object.status_of());
+    let version = object.resource_version();
+    apply_changed(
+        api,
+        &object.name_any(),
+        &old,
+        &to_value(Some(new)),
+        version,
+        None,
+    )
+    .await
+}
+
+/// Merges `fields` (JSON merge-patch semantics: `null` clears a field) into the current status
+/// of object `name`, read fresh, and writes the groups that changed. Retried on a conflict.
+pub async fn merge<K: Grouped>(
+    api: &Api<K>,
+    name: &str,
+    fields: &Value,
+) -> Result<(), kube::Error> {
+    let mut attempts = 0;
+    loop {
+        let fresh = api.get(name).await?;
+        let old = to_value(fresh.status_of());
+        let mut new = old.clone();
+        json_patch::merge(&mut new, fields);
+        match apply_changed(api, name, &old, &new, fresh.resource_version(), None).await {
+            Err(kube::Error::Api(s)) if s.is_conflict() && attempts < 5 => attempts += 1,
+            other => return other,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+
+    /// The status fields of `S` as its schema lists them.
+    fn schema_fields<S: schemars::JsonSchema>() -> BTreeSet<String> {
+        let schema = schemars::schema_for!(S);
+        schema
+            .get("properties")
+            .and_then(Value::as_object)
+            .expect("properties")
+            .keys()
+            .cloned()
+            .collect()
+    }
+
+    fn partitions<S: schemars::JsonSchema>(groups: &[Group]) {
+        let mut seen = BTreeSet::new();
+        for group in groups {
+            for field in group.fields {
+                assert!(seen.insert((*field).to_owned()), "{field} in two groups");
+            }
+        }
+        seen.insert("conditions".to_owned());
+        assert_eq!(
+            seen,
+            schema_fields::<S>(),
+            "every status field in exactly one group"
+        );
+        let rest = groups
+            .iter()
+            .filter(|g| matches!(g.conditions, Owned::Rest))
+            .count();
+        assert_eq!(rest, 1, "one group takes the conditions no other names");
+    }
+
+    #[test]
+    fn every_status_field_has_exactly_one_group() {
+        partitions::<ichor_api::cluster::TalosClusterStatus>(CLUSTER);
+        partitions::<ichor_api::machine::TalosMachineStatus>(MACHINE);
+        partitions::<ichor_api::operation::TalosOperationStatus>(OPERATION);
+    }
+
+    fn condition(type_: &str) -> Value {
+        json!({"type": type_, "status": "True", "reason": "R", "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"})
+    }
+
+    #[test]
+    fn conditions_go_to_the_group_naming_them_and_the_rest_to_the_lifecycle() {
+        let status = json!({
+            "phase": "Ready",
+            "address": "10.0.0.1",
+            "conditions": [condition("Ready"), condition("FingerprintChanged"), condition("RemovalApproved")],
+        });
+        let types = |g: &Group| -> Vec<String> {
+            project(g, MACHINE, &status)
+                .get("conditions")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .map(|c| c["type"].as_str().unwrap().to_owned())
+                .collect()
+        };
+        assert_eq!(types(&MACHINE[0]), ["Ready"]);
+        assert_eq!(types(&MACHINE[3]), ["FingerprintChanged"]);
+        assert_eq!(types(&MACHINE[5]), ["RemovalApproved"]);
+        assert!(types(&MACHINE[1]).is_empty());
+        assert_eq!(
+            project(&MACHINE[3], MACHINE, &status)["address"],
+            "10.0.0.1"
+        );
+        assert!(!project(&MACHINE[0], MACHINE, &status).contains_key("address"));
+    }
+
+    #[test]
+    fn only_the_groups_that_changed_are_written() {
+        let old = json!({"phase": "Ready", "driftReboot": "h1", "address": "10.0.0.1"});
+        let mut new = old.clone();
+        json_patch::merge(&mut new, &json!({"driftReboot": null}));
+        let managers: Vec<_> = changed(MACHINE, &old, &new)
+            .iter()
+            .map(|g| g.manager)
+            .collect();
+        assert_eq!(managers, [fm::MACHINE_DRIFT]);
+        assert!(project(&MACHINE[2], MACHINE, &new).is_empty());
+        assert!(changed(MACHINE, &old, &old).is_empty());
+    }
+
+    #[test]
+    fn a_changed_condition_writes_only_its_owner() {
+        let old = json!({"conditions": [condition("Ready"), condition("FingerprintChanged")]});
+        let mut new = old.clone();
+        new["conditions"][1]["status"] = json!("False");
+        let managers: Vec<_> = changed(MACHINE, &old, &new)
+            .iter()
+            .map(|g| g.manager)
+            .collect();
+        assert_eq!(managers, [fm::MACHINE_INVENTORY]);
+    }
+}
