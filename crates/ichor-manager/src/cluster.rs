@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ichor_api::cluster::{BootstrapRecord, MachineCounts, TalosClusterStatus};
+use ichor_api::cluster::{BootstrapRecord, MachineCounts, TalosClusterStatus, Tombstone};
 use ichor_api::common::Role;
 use ichor_api::machine::{ApprovalState, MachinePhase};
 use ichor_api::names::{actions, conditions, finalizers, reasons};
@@ -644,57 +644,76 @@ async fn tombstones(
         .map(|s| s.tombstones.clone())
         .unwrap_or_default();
     for stone in stones {
-        let answered = tokio::time::timeout(Duration::from_secs(2), async {
-            let client = crate::connect(&stone.address, credentials).await?;
-            client.version().await.ok().map(|_| client)
+        if clear_tombstone(ctx, cluster, credentials, &stone).await? {
+            write_tombstones(ctx, cluster, &stone).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Whether `stone` no longer needs watching: it answered the cluster's credentials and was reset
+/// (with a Warning Event), or it is found in maintenance mode.
+async fn clear_tombstone(
+    ctx: &Context,
+    cluster: &TalosCluster,
+    credentials: &ichor_talos::Credentials,
+    stone: &Tombstone,
+) -> Result<bool, Error> {
+    let answered = tokio::time::timeout(Duration::from_secs(2), async {
+        let client = crate::connect(&stone.address, credentials).await?;
+        client.version().await.ok().map(|_| client)
+    })
+    .await
+    .ok()
+    .flatten();
+    let Some(client) = answered else {
+        return Ok(crate::in_maintenance(&stone.address, ctx.settings.sweep)
+            .await
+            .is_some());
+    };
+    client
+        .reset(ichor_talos::ResetOptions {
+            graceful: false,
+            reboot: true,
         })
         .await
-        .ok()
-        .flatten();
-        let cleared = if let Some(client) = answered {
-            client
-                .reset(ichor_talos::ResetOptions {
-                    graceful: false,
-                    reboot: true,
-                })
-                .await
-                .map_err(|e| Error::talos(format!("resetting tombstoned {}", stone.address), e))?;
-            ctx.event(
-                cluster,
-                EventType::Warning,
-                reasons::TOMBSTONE_RESET,
-                actions::RESET,
-                format!(
-                    "{} ({}), force-removed while unreachable, answered again: reset to maintenance before it could rejoin",
-                    stone.address, stone.machine
-                ),
-            )
-            .await;
-            true
-        } else {
-            crate::in_maintenance(&stone.address, ctx.settings.sweep)
-                .await
-                .is_some()
-        };
-        if cleared {
-            let api = clusters_api(ctx, cluster);
-            if let Some(fresh) = api.get_opt(&cluster.name_any()).await? {
-                let left: Vec<_> = fresh
-                    .status
-                    .as_ref()
-                    .map(|s| s.tombstones.clone())
-                    .unwrap_or_default()
-                    .into_iter()
-                    .filter(|t| t.address != stone.address)
-                    .collect();
-                api.patch_status(
-                    &cluster.name_any(),
-                    &PatchParams::default(),
-                    &Patch::Merge(json!({"metadata": {"resourceVersion": fresh.resource_version()}, "status": {"tombstones": left}})),
-                )
-                .await?;
-            }
-        }
+        .map_err(|e| Error::talos(format!("resetting tombstoned {}", stone.address), e))?;
+    ctx.event(
+        cluster,
+        EventType::Warning,
+        reasons::TOMBSTONE_RESET,
+        actions::RESET,
+        format!(
+            "{} ({}), force-removed while unreachable, answered again: reset to maintenance before it could rejoin",
+            stone.address, stone.machine
+        ),
+    )
+    .await;
+    Ok(true)
+}
+
+/// Takes the cleared `stone` out of the cluster's freshly read tombstones.
+async fn write_tombstones(
+    ctx: &Context,
+    cluster: &TalosCluster,
+    stone: &Tombstone,
+) -> Result<(), Error> {
+    let api = clusters_api(ctx, cluster);
+    if let Some(fresh) = api.get_opt(&cluster.name_any()).await? {
+        let left: Vec<_> = fresh
+            .status
+            .as_ref()
+            .map(|s| s.tombstones.clone())
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|t| t.address != stone.address)
+            .collect();
+        api.patch_status(
+            &cluster.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"resourceVersion": fresh.resource_version()}, "status": {"tombstones": left}})),
+        )
+        .await?;
     }
     Ok(())
 }
