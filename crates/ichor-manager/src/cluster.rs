@@ -19,6 +19,9 @@ use serde_json::json;
 
 use crate::{Context, Error, conditions as cond, discovery, secrets};
 use ichor_deleteguard::{BootstrapStep, Candidate, bootstrap_step};
+use plan::Teardown;
+
+mod plan;
 
 fn talosconfig_name(cluster: &TalosCluster) -> String {
     format!("{}-talosconfig", cluster.name_any())
@@ -556,31 +559,46 @@ async fn teardown(ctx: &Context, cluster: &TalosCluster) -> Result<Action, Error
     if !crate::finalizer::has(cluster, finalizers::CLUSTER_REMOVAL) {
         return Ok(Action::await_change());
     }
-    let namespace = cluster.namespace().unwrap_or_default();
-    let api: Api<TalosMachine> = Api::namespaced(ctx.client.clone(), &namespace);
     let machines = crate::cluster_machines(ctx, cluster).await?;
-    let configured = |m: &TalosMachine| {
-        m.status
-            .as_ref()
-            .is_some_and(|s| s.applied_config_hash.is_some())
-    };
-    let is_cp = |m: &TalosMachine| m.spec.role == Some(Role::ControlPlane);
-    let workers = machines
-        .iter()
-        .filter(|m| configured(m) && !is_cp(m))
-        .count();
-    let cps = machines
-        .iter()
-        .filter(|m| configured(m) && is_cp(m))
-        .count();
-    // The order is the planner's: unconfigured at once, workers, control planes one by one.
-    let inputs: Vec<ichor_deleteguard::Machine> = machines
-        .iter()
-        .map(ichor_deleteguard::Machine::from)
-        .collect();
-    let delete = ichor_deleteguard::teardown_next(&inputs);
-    for name in delete {
-        match api.delete(&name, &DeleteParams::default()).await {
+    match plan::teardown(&machines) {
+        Teardown::Finished => {
+            finish_teardown(ctx, cluster).await?;
+            Ok(Action::await_change())
+        }
+        Teardown::Remove {
+            delete,
+            workers,
+            control_planes,
+        } => {
+            delete_machines(ctx, cluster, &delete).await?;
+            let mut status = cluster.status.clone().unwrap_or_default();
+            cond::set(
+                &mut status.conditions,
+                conditions::READY,
+                false,
+                reasons::TEARING_DOWN,
+                format!(
+                    "the cluster is being deleted: {workers} worker(s) and {control_planes} control plane(s) left, removed workers first, then control planes one by one"
+                ),
+                cluster.metadata.generation,
+                &ctx.now(),
+            );
+            write_status(ctx, cluster, &status).await?;
+            Ok(Action::requeue(ctx.settings.progress_requeue))
+        }
+    }
+}
+
+/// Deletes the TalosMachines `names` (one already gone is fine), an Event for each.
+async fn delete_machines(
+    ctx: &Context,
+    cluster: &TalosCluster,
+    names: &[String],
+) -> Result<(), Error> {
+    let api: Api<TalosMachine> =
+        Api::namespaced(ctx.client.clone(), &cluster.namespace().unwrap_or_default());
+    for name in names {
+        match api.delete(name, &DeleteParams::default()).await {
             Ok(_) => {
                 ctx.event(
                     cluster,
@@ -595,40 +613,28 @@ async fn teardown(ctx: &Context, cluster: &TalosCluster) -> Result<Action, Error
             Err(e) => return Err(e.into()),
         }
     }
-    if machines.is_empty() {
-        ctx.event(
-            cluster,
-            EventType::Normal,
-            reasons::TEARING_DOWN,
-            actions::DELETE,
-            format!(
-                "every machine removed; the secrets bundle Secret {} is kept (delete it yourself once you no longer need the cluster's CA keys)",
-                secrets::bundle_secret_name(cluster)
-            ),
-        )
-        .await;
-        crate::finalizer::remove(
-            &clusters_api(ctx, cluster),
-            cluster,
-            finalizers::CLUSTER_REMOVAL,
-        )
-        .await?;
-        return Ok(Action::await_change());
-    }
-    let mut status = cluster.status.clone().unwrap_or_default();
-    cond::set(
-        &mut status.conditions,
-        conditions::READY,
-        false,
+    Ok(())
+}
+
+/// Every machine is removed: says the bundle Secret is kept and releases the cluster's finalizer.
+async fn finish_teardown(ctx: &Context, cluster: &TalosCluster) -> Result<(), Error> {
+    ctx.event(
+        cluster,
+        EventType::Normal,
         reasons::TEARING_DOWN,
+        actions::DELETE,
         format!(
-            "the cluster is being deleted: {workers} worker(s) and {cps} control plane(s) left, removed workers first, then control planes one by one"
+            "every machine removed; the secrets bundle Secret {} is kept (delete it yourself once you no longer need the cluster's CA keys)",
+            secrets::bundle_secret_name(cluster)
         ),
-        cluster.metadata.generation,
-        &ctx.now(),
-    );
-    write_status(ctx, cluster, &status).await?;
-    Ok(Action::requeue(ctx.settings.progress_requeue))
+    )
+    .await;
+    crate::finalizer::remove(
+        &clusters_api(ctx, cluster),
+        cluster,
+        finalizers::CLUSTER_REMOVAL,
+    )
+    .await
 }
 
 /// Nodes removed without their reset: one that answers the cluster's credentials again is
