@@ -10,7 +10,7 @@ use ichor_api::machine::{ApprovalState, MachinePhase};
 use ichor_api::names::{actions, conditions, finalizers, reasons};
 use ichor_api::{TalosCluster, TalosMachine};
 use ichor_render::credentials;
-use ichor_talos::Bootstrapped;
+use ichor_talos::TalosClient;
 use kube::ResourceExt as _;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
@@ -391,22 +391,61 @@ async fn bootstrap(
     machines: &[TalosMachine],
     credentials: &ichor_talos::Credentials,
 ) -> Result<(), Error> {
+    let (candidates, clients) = bootstrap_candidates(machines, credentials).await;
+    let record = status
+        .bootstrap
+        .as_ref()
+        .map(|r| (r.machine_name.as_str(), r.machine_uid.as_str()));
+    match bootstrap_step(record, &candidates) {
+        BootstrapStep::Wait => set_bootstrapped(
+            ctx,
+            cluster,
+            status,
+            false,
+            reasons::WAITING_FOR_CONTROL_PLANE,
+            "no configured control plane answers yet",
+        ),
+        BootstrapStep::WaitForRecorded { name } => set_bootstrapped(
+            ctx,
+            cluster,
+            status,
+            false,
+            reasons::WAITING_FOR_RECORDED_MACHINE,
+            format!(
+                "{name} was chosen to bootstrap etcd and does not answer; no other machine will be bootstrapped"
+            ),
+        ),
+        BootstrapStep::AlreadyRunning { name, uid } => {
+            status.bootstrap.get_or_insert(BootstrapRecord {
+                machine_name: name.clone(),
+                machine_uid: uid,
+                chosen_at: ctx.now(),
+                completed_at: Some(ctx.now()),
+            });
+            let message = format!("etcd already runs ({name} reports members)");
+            set_bootstrapped(ctx, cluster, status, true, reasons::ETCD_RUNNING, message);
+        }
+        BootstrapStep::Choose { name, uid } => {
+            record_bootstrap_choice(ctx, cluster, status, name, uid).await?;
+        }
+        BootstrapStep::Call { name } => {
+            let client = plan::kept_connection(clients, &name)?;
+            call_bootstrap(ctx, cluster, status, &name, &client).await;
+        }
+    }
+    Ok(())
+}
+
+/// Each configured control plane as a bootstrap candidate: whether it answers and how many etcd
+/// members it reports; the connections are kept for the call.
+async fn bootstrap_candidates(
+    machines: &[TalosMachine],
+    credentials: &ichor_talos::Credentials,
+) -> (Vec<Candidate>, Vec<(String, Option<TalosClient>)>) {
     let mut candidates = Vec::new();
     let mut clients = Vec::new();
-    for m in machines.iter().filter(|m| {
-        m.spec.approval_state == ApprovalState::Approved
-            && m.spec.role == Some(Role::ControlPlane)
-            && m.status
-                .as_ref()
-                .is_some_and(|s| s.applied_config_hash.is_some())
-    }) {
-        let address = m
-            .status
-            .as_ref()
-            .and_then(|s| s.address.clone())
-            .or_else(|| m.spec.endpoints.first().cloned())
-            .unwrap_or_default();
-        let client = crate::connect(&address, credentials).await;
+    for m in machines.iter().filter(|m| plan::bootstrap_candidate(m)) {
+        let client = crate::connect(&plan::bootstrap_address(m), credentials).await;
         let members = match &client {
             Some(c) => c.etcd_members(true).await.map(|m| m.len()).unwrap_or(0),
             None => 0,
@@ -419,133 +458,89 @@ async fn bootstrap(
         });
         clients.push((m.name_any(), client));
     }
-    let record = status
-        .bootstrap
-        .as_ref()
-        .map(|r| (r.machine_name.as_str(), r.machine_uid.as_str()));
-    let generation = cluster.metadata.generation;
-    match bootstrap_step(record, &candidates) {
-        BootstrapStep::Wait => {
-            cond::set(
-                &mut status.conditions,
-                conditions::BOOTSTRAPPED,
-                false,
-                reasons::WAITING_FOR_CONTROL_PLANE,
-                "no configured control plane answers yet",
-                generation,
-                &ctx.now(),
-            );
-        }
-        BootstrapStep::WaitForRecorded { name } => {
-            cond::set(
-                &mut status.conditions,
-                conditions::BOOTSTRAPPED,
-                false,
-                reasons::WAITING_FOR_RECORDED_MACHINE,
-                format!(
-                    "{name} was chosen to bootstrap etcd and does not answer; no other machine will be bootstrapped"
-                ),
-                generation,
-                &ctx.now(),
-            );
-        }
-        BootstrapStep::AlreadyRunning { name, uid } => {
-            status.bootstrap.get_or_insert(BootstrapRecord {
-                machine_name: name.clone(),
-                machine_uid: uid,
-                chosen_at: ctx.now(),
-                completed_at: Some(ctx.now()),
-            });
-            cond::set(
-                &mut status.conditions,
-                conditions::BOOTSTRAPPED,
-                true,
-                reasons::ETCD_RUNNING,
-                format!("etcd already runs ({name} reports members)"),
-                generation,
-                &ctx.now(),
-            );
-        }
-        BootstrapStep::Choose { name, uid } => {
-            // Record first, guarded by resourceVersion: a concurrent writer makes this fail
-            // and the next reconcile decides again on what it wrote.
-            let mut recorded = cluster.clone();
-            let mut next = status.clone();
-            next.bootstrap = Some(BootstrapRecord {
-                machine_name: name.clone(),
-                machine_uid: uid,
-                chosen_at: ctx.now(),
-                completed_at: None,
-            });
-            recorded.status = Some(next.clone());
-            Api::<TalosCluster>::namespaced(
-                ctx.client.clone(),
-                &cluster.namespace().unwrap_or_default(),
-            )
-            .replace_status(&cluster.name_any(), &PostParams::default(), &recorded)
-            .await?;
-            *status = next;
-            ctx.event(
-                cluster,
-                EventType::Normal,
-                reasons::BOOTSTRAP_CHOSEN,
-                actions::BOOTSTRAP,
-                format!("{name} will bootstrap etcd"),
-            )
-            .await;
-        }
-        BootstrapStep::Call { name } => {
-            let client = clients
-                .into_iter()
-                .find(|(n, _)| *n == name)
-                .and_then(|(_, c)| c)
-                .ok_or_else(|| {
-                    Error::Invariant(format!(
-                        "bootstrap chose {name} as reachable, but no connection to it is kept"
-                    ))
-                })?;
-            match client.bootstrap(ctx.settings.bootstrap_patience).await {
-                Ok(outcome) => {
-                    let message = match outcome {
-                        Bootstrapped::Now => format!("etcd bootstrapped on {name}"),
-                        Bootstrapped::Already => format!("etcd was already bootstrapped on {name}"),
-                    };
-                    cond::set(
-                        &mut status.conditions,
-                        conditions::BOOTSTRAPPED,
-                        true,
-                        reasons::BOOTSTRAPPED,
-                        message.clone(),
-                        generation,
-                        &ctx.now(),
-                    );
-                    if let Some(record) = status.bootstrap.as_mut() {
-                        record.completed_at.get_or_insert_with(|| ctx.now());
-                    }
-                    ctx.event(
-                        cluster,
-                        EventType::Normal,
-                        reasons::BOOTSTRAPPED,
-                        actions::BOOTSTRAP,
-                        message,
-                    )
-                    .await;
-                }
-                Err(error) => {
-                    cond::set(
-                        &mut status.conditions,
-                        conditions::BOOTSTRAPPED,
-                        false,
-                        reasons::BOOTSTRAP_PENDING,
-                        format!("bootstrap on {name} not done yet: {error}"),
-                        generation,
-                        &ctx.now(),
-                    );
-                }
-            }
-        }
-    }
+    (candidates, clients)
+}
+
+/// Sets the cluster's `Bootstrapped` condition.
+fn set_bootstrapped(
+    ctx: &Context,
+    cluster: &TalosCluster,
+    status: &mut TalosClusterStatus,
+    holds: bool,
+    reason: &str,
+    message: impl Into<String>,
+) {
+    cond::set(
+        &mut status.conditions,
+        conditions::BOOTSTRAPPED,
+        holds,
+        reason,
+        message,
+        cluster.metadata.generation,
+        &ctx.now(),
+    );
+}
+
+/// Records `name` as the machine that bootstraps etcd, before any call, with an Event.
+async fn record_bootstrap_choice(
+    ctx: &Context,
+    cluster: &TalosCluster,
+    status: &mut TalosClusterStatus,
+    name: String,
+    uid: String,
+) -> Result<(), Error> {
+    // Record first, guarded by resourceVersion: a concurrent writer makes this fail
+    // and the next reconcile decides again on what it wrote.
+    let mut recorded = cluster.clone();
+    let mut next = status.clone();
+    next.bootstrap = Some(BootstrapRecord {
+        machine_name: name.clone(),
+        machine_uid: uid,
+        chosen_at: ctx.now(),
+        completed_at: None,
+    });
+    recorded.status = Some(next.clone());
+    Api::<TalosCluster>::namespaced(ctx.client.clone(), &cluster.namespace().unwrap_or_default())
+        .replace_status(&cluster.name_any(), &PostParams::default(), &recorded)
+        .await?;
+    *status = next;
+    ctx.event(
+        cluster,
+        EventType::Normal,
+        reasons::BOOTSTRAP_CHOSEN,
+        actions::BOOTSTRAP,
+        format!("{name} will bootstrap etcd"),
+    )
+    .await;
     Ok(())
+}
+
+/// Calls Bootstrap on the recorded machine `name`: done (either way) completes the record with an
+/// Event; a failure leaves `Bootstrapped` False with the cause, for the next reconcile.
+async fn call_bootstrap(
+    ctx: &Context,
+    cluster: &TalosCluster,
+    status: &mut TalosClusterStatus,
+    name: &str,
+    client: &TalosClient,
+) {
+    let answer = client.bootstrap(ctx.settings.bootstrap_patience).await;
+    let (done, reason, message) = plan::bootstrap_answered(name, &answer);
+    set_bootstrapped(ctx, cluster, status, done, reason, message.clone());
+    if !done {
+        return;
+    }
+    if let Some(record) = status.bootstrap.as_mut() {
+        record.completed_at.get_or_insert_with(|| ctx.now());
+    }
+    ctx.event(
+        cluster,
+        EventType::Normal,
+        reasons::BOOTSTRAPPED,
+        actions::BOOTSTRAP,
+        message,
+    )
+    .await;
 }
 
 fn clusters_api(ctx: &Context, cluster: &TalosCluster) -> Api<TalosCluster> {
