@@ -4,9 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ichor_api::cluster::{BootstrapRecord, MachineCounts, TalosClusterStatus, Tombstone};
-use ichor_api::common::Role;
-use ichor_api::machine::{ApprovalState, MachinePhase};
+use ichor_api::cluster::{BootstrapRecord, TalosClusterStatus, Tombstone};
+use ichor_api::machine::MachinePhase;
 use ichor_api::names::{actions, conditions, finalizers, reasons};
 use ichor_api::{TalosCluster, TalosMachine};
 use ichor_render::credentials;
@@ -19,7 +18,7 @@ use serde_json::json;
 
 use crate::{Context, Error, conditions as cond, discovery, secrets};
 use ichor_deleteguard::{BootstrapStep, Candidate, bootstrap_step};
-use plan::Teardown;
+use plan::{Tally, Teardown};
 
 mod plan;
 
@@ -123,6 +122,8 @@ async fn bundle_unavailable(
     }
 }
 
+/// A deleted cluster is torn down; otherwise: observe (discovery, machines, bundle), record the
+/// counts, act on what needs the bundle, record readiness and write status once.
 async fn reconcile_inner(cluster: &TalosCluster, ctx: &Context) -> Result<Action, Error> {
     if cluster.metadata.deletion_timestamp.is_some() {
         return teardown(ctx, cluster).await;
@@ -134,35 +135,61 @@ async fn reconcile_inner(cluster: &TalosCluster, ctx: &Context) -> Result<Action
         finalizers::CLUSTER_REMOVAL,
     )
     .await?;
-    let namespace = cluster.namespace().unwrap_or_default();
     let mut status = cluster.status.clone().unwrap_or_default();
-    let generation = cluster.metadata.generation;
-    status.observed_generation = generation;
+    status.observed_generation = cluster.metadata.generation;
 
-    // Discovery (reads only).
-    let mut next_sweep = None;
-    if let Some(discovery) = &cluster.spec.discovery {
-        let interval =
-            crate::parse_duration(&discovery.interval).unwrap_or(Duration::from_secs(300));
-        next_sweep = Some(interval);
-        if ctx.sweep_due(cluster, interval) {
-            match discovery::run_once(ctx, cluster, ctx.settings.sweep).await {
-                Ok(report) => {
-                    if !report.created.is_empty() {
-                        tracing::info!(cluster = %cluster.name_any(), created = ?report.created, "discovered machines");
-                    }
+    let next_sweep = discover(ctx, cluster).await;
+    let machines = crate::cluster_machines(ctx, cluster).await?;
+    let bundle = ensure_bundle(ctx, cluster, &mut status, &machines).await?;
+    let tally = Tally::of(cluster.spec.control_plane.count, &machines);
+    record_counts(ctx, cluster, &mut status, &tally);
+    if let Some(bundle) = &bundle {
+        publish_and_bootstrap(ctx, cluster, &mut status, &machines, bundle).await?;
+    }
+    let all_ready = record_readiness(ctx, cluster, &mut status, &machines, &tally);
+    write_status(ctx, cluster, &status).await?;
+    let tombstoned = cluster
+        .status
+        .as_ref()
+        .is_some_and(|s| !s.tombstones.is_empty());
+    Ok(Action::requeue(plan::requeue_after(
+        &ctx.settings,
+        all_ready,
+        tombstoned,
+        next_sweep,
+    )))
+}
+
+/// Discovery (reads only): a sweep when one is due; the sweep interval, if the cluster
+/// discovers, bounds the next requeue.
+async fn discover(ctx: &Context, cluster: &TalosCluster) -> Option<Duration> {
+    let discovery = cluster.spec.discovery.as_ref()?;
+    let interval = plan::sweep_interval(&discovery.interval);
+    if ctx.sweep_due(cluster, interval) {
+        match discovery::run_once(ctx, cluster, ctx.settings.sweep).await {
+            Ok(report) => {
+                if !report.created.is_empty() {
+                    tracing::info!(cluster = %cluster.name_any(), created = ?report.created, "discovered machines");
                 }
-                Err(error) => tracing::warn!(%error, "discovery sweep failed"),
             }
+            Err(error) => tracing::warn!(%error, "discovery sweep failed"),
         }
     }
+    Some(interval)
+}
 
-    let machines = crate::cluster_machines(ctx, cluster).await?;
-
+/// The cluster's secrets bundle, recorded in `SecretsReady` (and its fingerprint and Secret in
+/// status); `None` while it is unavailable.
+async fn ensure_bundle(
+    ctx: &Context,
+    cluster: &TalosCluster,
+    status: &mut TalosClusterStatus,
+    machines: &[TalosMachine],
+) -> Result<Option<ichor_render::SecretsBundle>, Error> {
     // Secrets: generated only while no machine was ever configured; lost, never regenerated,
     // after (ichor-deleteguard's bundle_step).
     let configured = machines.iter().any(ever_configured);
-    let bundle = match secrets::ensure(&ctx.client, cluster, configured).await? {
+    match secrets::ensure(&ctx.client, cluster, configured).await? {
         Ok(b) => {
             status
                 .bundle_fingerprint
@@ -173,118 +200,105 @@ async fn reconcile_inner(cluster: &TalosCluster, ctx: &Context) -> Result<Action
                 true,
                 reasons::BUNDLE_VALID,
                 "the secrets bundle is present and valid",
-                generation,
+                cluster.metadata.generation,
                 &ctx.now(),
             );
             status.secrets_secret = Some(secrets::bundle_secret_name(cluster));
-            Some(b)
+            Ok(Some(b))
         }
         Err(problem) => {
-            bundle_unavailable(ctx, cluster, &mut status, &problem).await;
-            None
+            bundle_unavailable(ctx, cluster, status, &problem).await;
+            Ok(None)
         }
-    };
+    }
+}
 
-    let approved = |role: Role| {
-        machines.iter().filter(move |m| {
-            m.spec.approval_state == ApprovalState::Approved && m.spec.role == Some(role)
-        })
-    };
-    let ready = |m: &&TalosMachine| {
-        m.status
-            .as_ref()
-            .is_some_and(|s| cond::is_true(&s.conditions, conditions::READY))
-    };
-    let declared = cluster.spec.control_plane.count;
-    let cp_approved = i32::try_from(approved(Role::ControlPlane).count()).unwrap_or(i32::MAX);
-    let cp_ready =
-        i32::try_from(approved(Role::ControlPlane).filter(ready).count()).unwrap_or(i32::MAX);
-    let w_approved = i32::try_from(approved(Role::Worker).count()).unwrap_or(i32::MAX);
-    let w_ready = i32::try_from(approved(Role::Worker).filter(ready).count()).unwrap_or(i32::MAX);
-    status.control_planes = Some(MachineCounts {
-        declared: Some(declared),
-        approved: cp_approved,
-        ready: cp_ready,
-        summary: format!("{cp_ready}/{declared}"),
-    });
-    status.workers = Some(MachineCounts {
-        declared: None,
-        approved: w_approved,
-        ready: w_ready,
-        summary: format!("{w_ready}/{w_approved}"),
-    });
-
+/// The machine counts in status and the `Transitioning` condition they imply.
+fn record_counts(
+    ctx: &Context,
+    cluster: &TalosCluster,
+    status: &mut TalosClusterStatus,
+    tally: &Tally,
+) {
+    status.control_planes = Some(tally.control_planes());
+    status.workers = Some(tally.workers());
     // Transitioning is a fact, not an error.
-    let (transitioning, reason, message) = if declared % 2 == 0 {
-        (
-            true,
-            reasons::EVEN_CONTROL_PLANE_COUNT,
-            format!(
-                "spec.controlPlane.count is {declared}: an even count tolerates no more failures than {}",
-                declared - 1
-            ),
-        )
-    } else if cp_approved != declared {
-        (
-            true,
-            reasons::CONTROL_PLANE_COUNT_MISMATCH,
-            format!("{cp_approved} control planes approved, {declared} declared"),
-        )
-    } else {
-        (
-            false,
-            reasons::RECONCILED,
-            "control planes as declared".to_owned(),
-        )
-    };
+    let (transitioning, reason, message) = tally.transitioning();
     cond::set(
         &mut status.conditions,
         conditions::TRANSITIONING,
         transitioning,
         reason,
         message,
-        generation,
+        cluster.metadata.generation,
         &ctx.now(),
     );
+}
 
-    if let Some(bundle) = &bundle {
-        let credentials = crate::credentials(bundle)?;
-        // A force-removed node that answers again is reset before anything else.
-        tombstones(ctx, cluster, &credentials).await?;
-        publish_talosconfig(ctx, cluster, bundle, &machines).await?;
-        status.talosconfig_secret = Some(talosconfig_name(cluster));
-        if !cond::is_true(&status.conditions, conditions::BOOTSTRAPPED) {
-            bootstrap(ctx, cluster, &mut status, &machines, &credentials).await?;
-        }
-        if cond::is_true(&status.conditions, conditions::BOOTSTRAPPED) {
-            let name = kubeconfig_name(cluster);
-            if !secrets::exists(&ctx.client, &namespace, &name).await? {
-                let kubeconfig = credentials::admin_kubeconfig(
-                    bundle,
-                    &cluster.name_any(),
-                    &cluster.spec.endpoint,
-                )
-                .map_err(|source| Error::Mint {
-                    what: "the workload kubeconfig",
-                    source,
-                })?;
-                secrets::publish(
-                    &ctx.client,
-                    cluster,
-                    &name,
-                    secrets::KUBECONFIG_KEY,
-                    &kubeconfig.0,
-                    false,
-                )
-                .await?;
-            }
-            status.kubeconfig_secret = Some(name);
-        }
+/// What needs the bundle: tombstoned nodes reset, the talosconfig published, etcd bootstrapped
+/// once, then the workload kubeconfig published.
+async fn publish_and_bootstrap(
+    ctx: &Context,
+    cluster: &TalosCluster,
+    status: &mut TalosClusterStatus,
+    machines: &[TalosMachine],
+    bundle: &ichor_render::SecretsBundle,
+) -> Result<(), Error> {
+    let credentials = crate::credentials(bundle)?;
+    // A force-removed node that answers again is reset before anything else.
+    tombstones(ctx, cluster, &credentials).await?;
+    publish_talosconfig(ctx, cluster, bundle, machines).await?;
+    status.talosconfig_secret = Some(talosconfig_name(cluster));
+    if !cond::is_true(&status.conditions, conditions::BOOTSTRAPPED) {
+        bootstrap(ctx, cluster, status, machines, &credentials).await?;
     }
+    if cond::is_true(&status.conditions, conditions::BOOTSTRAPPED) {
+        publish_kubeconfig(ctx, cluster, bundle).await?;
+        status.kubeconfig_secret = Some(kubeconfig_name(cluster));
+    }
+    Ok(())
+}
 
+/// The workload kubeconfig Secret, minted and published once (never rewritten).
+async fn publish_kubeconfig(
+    ctx: &Context,
+    cluster: &TalosCluster,
+    bundle: &ichor_render::SecretsBundle,
+) -> Result<(), Error> {
+    let namespace = cluster.namespace().unwrap_or_default();
+    let name = kubeconfig_name(cluster);
+    if secrets::exists(&ctx.client, &namespace, &name).await? {
+        return Ok(());
+    }
+    let kubeconfig =
+        credentials::admin_kubeconfig(bundle, &cluster.name_any(), &cluster.spec.endpoint)
+            .map_err(|source| Error::Mint {
+                what: "the workload kubeconfig",
+                source,
+            })?;
+    secrets::publish(
+        &ctx.client,
+        cluster,
+        &name,
+        secrets::KUBECONFIG_KEY,
+        &kubeconfig.0,
+        false,
+    )
+    .await
+}
+
+/// `ConfigRolledOut` and `Ready` on the cluster; whether it is Ready.
+fn record_readiness(
+    ctx: &Context,
+    cluster: &TalosCluster,
+    status: &mut TalosClusterStatus,
+    machines: &[TalosMachine],
+    tally: &Tally,
+) -> bool {
+    let generation = cluster.metadata.generation;
     let (current, reason, message) = crate::drift::rolled_out(
         cluster.status.as_ref().and_then(|s| s.drift_halt.as_ref()),
-        &machines,
+        machines,
     );
     cond::set(
         &mut status.conditions,
@@ -295,11 +309,7 @@ async fn reconcile_inner(cluster: &TalosCluster, ctx: &Context) -> Result<Action
         generation,
         &ctx.now(),
     );
-
-    let all_ready = cp_approved > 0
-        && cp_ready == cp_approved
-        && w_ready == w_approved
-        && cond::is_true(&status.conditions, conditions::BOOTSTRAPPED);
+    let all_ready = tally.all_ready(cond::is_true(&status.conditions, conditions::BOOTSTRAPPED));
     cond::set(
         &mut status.conditions,
         conditions::READY,
@@ -309,25 +319,11 @@ async fn reconcile_inner(cluster: &TalosCluster, ctx: &Context) -> Result<Action
         } else {
             reasons::MACHINES_NOT_READY
         },
-        format!(
-            "control planes {cp_ready}/{cp_approved} ready, workers {w_ready}/{w_approved} ready"
-        ),
+        tally.ready_message(),
         generation,
         &ctx.now(),
     );
-    write_status(ctx, cluster, &status).await?;
-    let tombstoned = cluster
-        .status
-        .as_ref()
-        .is_some_and(|s| !s.tombstones.is_empty());
-    let requeue = if all_ready && !tombstoned {
-        ctx.settings.settled_requeue
-    } else {
-        ctx.settings.progress_requeue
-    };
-    Ok(Action::requeue(
-        next_sweep.map_or(requeue, |s| s.min(requeue)),
-    ))
+    all_ready
 }
 
 /// The talosconfig Secret: `os:admin` credentials with the control planes as endpoints,
@@ -338,31 +334,11 @@ async fn publish_talosconfig(
     bundle: &ichor_render::SecretsBundle,
     machines: &[TalosMachine],
 ) -> Result<(), Error> {
-    let mut endpoints: Vec<String> = machines
-        .iter()
-        .filter(|m| {
-            m.spec.approval_state == ApprovalState::Approved
-                && m.spec.role == Some(Role::ControlPlane)
-        })
-        .filter_map(|m| m.spec.endpoints.first().cloned())
-        .collect();
-    endpoints.sort();
-    let mut nodes: Vec<String> = machines
-        .iter()
-        .filter(|m| m.spec.approval_state == ApprovalState::Approved)
-        .filter_map(|m| m.spec.endpoints.first().cloned())
-        .collect();
-    nodes.sort();
+    let (endpoints, nodes) = plan::talosconfig_targets(machines);
     let namespace = cluster.namespace().unwrap_or_default();
     let name = talosconfig_name(cluster);
     let current = secrets::read(&ctx.client, &namespace, &name, secrets::TALOSCONFIG_KEY).await?;
-    let same = current.as_deref().is_some_and(|text| {
-        serde_saphyr::from_str::<serde_json::Value>(text).is_ok_and(|v| {
-            let context = &v["contexts"][cluster.name_any()];
-            context["endpoints"] == json!(endpoints) && context["nodes"] == json!(nodes)
-        })
-    });
-    if same {
+    if plan::talosconfig_current(current.as_deref(), &cluster.name_any(), &endpoints, &nodes) {
         return Ok(());
     }
     let file = credentials::talosconfig(bundle, &cluster.name_any(), &endpoints, &nodes).map_err(

@@ -2,14 +2,179 @@
 //! here; the bootstrap and teardown orders themselves are ichor-deleteguard's.
 
 use std::fmt::Display;
+use std::time::Duration;
 
 use ichor_api::TalosMachine;
+use ichor_api::cluster::MachineCounts;
 use ichor_api::common::Role;
 use ichor_api::machine::ApprovalState;
-use ichor_api::names::reasons;
+use ichor_api::names::{conditions, reasons};
 use ichor_talos::Bootstrapped;
+use serde_json::json;
 
-use crate::Error;
+use crate::{Error, Settings, conditions as cond};
+
+/// How often a discovering cluster is swept: its `interval`, five minutes if that does not parse.
+pub(super) fn sweep_interval(interval: &str) -> Duration {
+    crate::parse_duration(interval).unwrap_or(Duration::from_secs(300))
+}
+
+/// Approved and Ready machines of each role, against the declared control planes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Tally {
+    /// Control planes declared in the spec.
+    pub declared: i32,
+    /// Approved control planes.
+    pub cp_approved: i32,
+    /// Approved control planes that are Ready.
+    pub cp_ready: i32,
+    /// Approved workers.
+    pub w_approved: i32,
+    /// Approved workers that are Ready.
+    pub w_ready: i32,
+}
+
+impl Tally {
+    /// Counts `machines` against `declared` control planes.
+    pub fn of(declared: i32, machines: &[TalosMachine]) -> Self {
+        let approved = |role: Role| {
+            machines.iter().filter(move |m| {
+                m.spec.approval_state == ApprovalState::Approved && m.spec.role == Some(role)
+            })
+        };
+        let ready = |m: &&TalosMachine| {
+            m.status
+                .as_ref()
+                .is_some_and(|s| cond::is_true(&s.conditions, conditions::READY))
+        };
+        let count = |n: usize| i32::try_from(n).unwrap_or(i32::MAX);
+        Self {
+            declared,
+            cp_approved: count(approved(Role::ControlPlane).count()),
+            cp_ready: count(approved(Role::ControlPlane).filter(ready).count()),
+            w_approved: count(approved(Role::Worker).count()),
+            w_ready: count(approved(Role::Worker).filter(ready).count()),
+        }
+    }
+
+    /// `status.controlPlanes`: Ready of declared.
+    pub fn control_planes(&self) -> MachineCounts {
+        MachineCounts {
+            declared: Some(self.declared),
+            approved: self.cp_approved,
+            ready: self.cp_ready,
+            summary: format!("{}/{}", self.cp_ready, self.declared),
+        }
+    }
+
+    /// `status.workers`: Ready of approved.
+    pub fn workers(&self) -> MachineCounts {
+        MachineCounts {
+            declared: None,
+            approved: self.w_approved,
+            ready: self.w_ready,
+            summary: format!("{}/{}", self.w_ready, self.w_approved),
+        }
+    }
+
+    /// The `Transitioning` condition (holds, reason, message): an even declared count, or
+    /// approved control planes other than declared.
+    pub fn transitioning(&self) -> (bool, &'static str, String) {
+        let (declared, cp_approved) = (self.declared, self.cp_approved);
+        if declared % 2 == 0 {
+            (
+                true,
+                reasons::EVEN_CONTROL_PLANE_COUNT,
+                format!(
+                    "spec.controlPlane.count is {declared}: an even count tolerates no more failures than {}",
+                    declared - 1
+                ),
+            )
+        } else if cp_approved != declared {
+            (
+                true,
+                reasons::CONTROL_PLANE_COUNT_MISMATCH,
+                format!("{cp_approved} control planes approved, {declared} declared"),
+            )
+        } else {
+            (
+                false,
+                reasons::RECONCILED,
+                "control planes as declared".to_owned(),
+            )
+        }
+    }
+
+    /// Whether the cluster is Ready: a control plane at least, every approved machine Ready, and
+    /// etcd `bootstrapped`.
+    pub fn all_ready(&self, bootstrapped: bool) -> bool {
+        self.cp_approved > 0
+            && self.cp_ready == self.cp_approved
+            && self.w_ready == self.w_approved
+            && bootstrapped
+    }
+
+    /// The `Ready` condition's message.
+    pub fn ready_message(&self) -> String {
+        format!(
+            "control planes {}/{} ready, workers {}/{} ready",
+            self.cp_ready, self.cp_approved, self.w_ready, self.w_approved
+        )
+    }
+}
+
+/// When to look again: settled once Ready with no tombstone left, else soon; a discovering
+/// cluster no later than its next sweep.
+pub(super) fn requeue_after(
+    settings: &Settings,
+    all_ready: bool,
+    tombstoned: bool,
+    next_sweep: Option<Duration>,
+) -> Duration {
+    let requeue = if all_ready && !tombstoned {
+        settings.settled_requeue
+    } else {
+        settings.progress_requeue
+    };
+    next_sweep.map_or(requeue, |s| s.min(requeue))
+}
+
+/// The talosconfig's endpoints (approved control planes) and nodes (every approved machine),
+/// each by its first endpoint, sorted.
+pub(super) fn talosconfig_targets(machines: &[TalosMachine]) -> (Vec<String>, Vec<String>) {
+    let mut endpoints: Vec<String> = machines
+        .iter()
+        .filter(|m| {
+            m.spec.approval_state == ApprovalState::Approved
+                && m.spec.role == Some(Role::ControlPlane)
+        })
+        .filter_map(|m| m.spec.endpoints.first().cloned())
+        .collect();
+    endpoints.sort();
+    let mut nodes: Vec<String> = machines
+        .iter()
+        .filter(|m| m.spec.approval_state == ApprovalState::Approved)
+        .filter_map(|m| m.spec.endpoints.first().cloned())
+        .collect();
+    nodes.sort();
+    (endpoints, nodes)
+}
+
+/// Whether the published talosconfig `current` already names these `endpoints` and `nodes` for
+/// the context `cluster` (anything unreadable is rewritten).
+pub(super) fn talosconfig_current(
+    current: Option<&str>,
+    cluster: &str,
+    endpoints: &[String],
+    nodes: &[String],
+) -> bool {
+    current.is_some_and(|text| {
+        serde_saphyr::from_str::<serde_json::Value>(text).is_ok_and(|v| {
+            let context = &v["contexts"][cluster];
+            context["endpoints"] == json!(endpoints) && context["nodes"] == json!(nodes)
+        })
+    })
+}
 
 /// Whether `machine` may bootstrap etcd: an approved control plane that was given its config.
 pub(super) fn bootstrap_candidate(machine: &TalosMachine) -> bool {
@@ -123,6 +288,7 @@ pub(super) fn teardown(machines: &[TalosMachine]) -> Teardown {
 #[cfg(test)]
 mod tests {
     use ichor_api::machine::TalosMachineStatus;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     use super::*;
 
@@ -134,6 +300,192 @@ mod tests {
                 ..Default::default()
             })
             .build()
+    }
+
+    /// A machine whose `Ready` condition holds.
+    fn ready(builder: ichor_api::testing::MachineBuilder) -> TalosMachine {
+        let mut conditions = Vec::new();
+        cond::set(
+            &mut conditions,
+            conditions::READY,
+            true,
+            reasons::READY,
+            "",
+            None,
+            &Time("2026-12-03T10:00:00Z".parse().unwrap()),
+        );
+        builder
+            .status(TalosMachineStatus {
+                conditions,
+                ..Default::default()
+            })
+            .build()
+    }
+
+    #[test]
+    fn a_sweep_interval_that_does_not_parse_is_five_minutes() {
+        assert_eq!(sweep_interval("1m30s"), Duration::from_secs(90));
+        assert_eq!(sweep_interval("10s"), Duration::from_secs(10));
+        assert_eq!(sweep_interval("soon"), Duration::from_secs(300));
+    }
+
+    #[test]
+    fn only_approved_machines_count_and_only_ready_ones_are_ready() {
+        let machines = [
+            ready(TalosMachine::test("cp-1").control_plane().approved()),
+            TalosMachine::test("cp-2")
+                .control_plane()
+                .approved()
+                .build(),
+            ready(TalosMachine::test("cp-3").control_plane()),
+            ready(TalosMachine::test("w-1").worker().approved()),
+            ready(TalosMachine::test("w-2").worker().rejected()),
+            TalosMachine::test("new").build(),
+        ];
+        let tally = Tally::of(3, &machines);
+        assert_eq!(
+            tally,
+            Tally {
+                declared: 3,
+                cp_approved: 2,
+                cp_ready: 1,
+                w_approved: 1,
+                w_ready: 1,
+            }
+        );
+        assert_eq!(
+            tally.control_planes(),
+            MachineCounts {
+                declared: Some(3),
+                approved: 2,
+                ready: 1,
+                summary: "1/3".into(),
+            }
+        );
+        assert_eq!(
+            tally.workers(),
+            MachineCounts {
+                declared: None,
+                approved: 1,
+                ready: 1,
+                summary: "1/1".into(),
+            }
+        );
+        assert_eq!(
+            tally.ready_message(),
+            "control planes 1/2 ready, workers 1/1 ready"
+        );
+    }
+
+    #[test]
+    fn an_even_count_or_a_count_mismatch_is_transitioning() {
+        let tally = |declared, cp_approved| Tally {
+            declared,
+            cp_approved,
+            cp_ready: 0,
+            w_approved: 0,
+            w_ready: 0,
+        };
+        let (holds, reason, message) = tally(2, 2).transitioning();
+        assert!(holds, "even, though as many as declared are approved");
+        assert_eq!(reason, reasons::EVEN_CONTROL_PLANE_COUNT);
+        assert!(message.ends_with("failures than 1"), "{message}");
+        let (holds, reason, message) = tally(3, 2).transitioning();
+        assert!(holds);
+        assert_eq!(reason, reasons::CONTROL_PLANE_COUNT_MISMATCH);
+        assert_eq!(message, "2 control planes approved, 3 declared");
+        let (holds, reason, _) = tally(3, 3).transitioning();
+        assert!(!holds);
+        assert_eq!(reason, reasons::RECONCILED);
+    }
+
+    #[test]
+    fn ready_needs_a_control_plane_every_approved_machine_ready_and_bootstrap() {
+        let all = Tally {
+            declared: 1,
+            cp_approved: 1,
+            cp_ready: 1,
+            w_approved: 2,
+            w_ready: 2,
+        };
+        assert!(all.all_ready(true));
+        assert!(!all.all_ready(false), "etcd not bootstrapped");
+        assert!(!Tally { w_ready: 1, ..all }.all_ready(true));
+        assert!(!Tally { cp_ready: 0, ..all }.all_ready(true));
+        let none = Tally {
+            cp_approved: 0,
+            cp_ready: 0,
+            w_approved: 0,
+            w_ready: 0,
+            ..all
+        };
+        assert!(!none.all_ready(true), "no control plane at all");
+    }
+
+    #[test]
+    fn a_settled_cluster_requeues_late_unless_tombstoned_or_due_for_a_sweep() {
+        let settings = Settings::default();
+        let (settled, progress) = (settings.settled_requeue, settings.progress_requeue);
+        assert!(progress < settled);
+        assert_eq!(requeue_after(&settings, true, false, None), settled);
+        assert_eq!(requeue_after(&settings, true, true, None), progress);
+        assert_eq!(requeue_after(&settings, false, false, None), progress);
+        let sweep = progress + (settled - progress) / 2;
+        assert_eq!(requeue_after(&settings, true, false, Some(sweep)), sweep);
+        assert_eq!(
+            requeue_after(&settings, false, false, Some(settled)),
+            progress
+        );
+    }
+
+    #[test]
+    fn the_talosconfig_names_control_planes_as_endpoints_and_every_approved_machine_as_a_node() {
+        let machines = [
+            TalosMachine::test("w-1")
+                .worker()
+                .approved()
+                .at("10.5.0.9")
+                .build(),
+            TalosMachine::test("cp-2")
+                .control_plane()
+                .approved()
+                .at("10.5.0.3")
+                .build(),
+            TalosMachine::test("cp-1")
+                .control_plane()
+                .approved()
+                .at("10.5.0.2")
+                .build(),
+            TalosMachine::test("cp-9")
+                .control_plane()
+                .at("10.5.0.4")
+                .build(),
+        ];
+        let (endpoints, nodes) = talosconfig_targets(&machines);
+        assert_eq!(endpoints, ["10.5.0.2", "10.5.0.3"]);
+        assert_eq!(nodes, ["10.5.0.2", "10.5.0.3", "10.5.0.9"]);
+    }
+
+    #[test]
+    fn a_talosconfig_is_current_only_with_the_same_endpoints_and_nodes_for_its_context() {
+        let text = "context: lab\ncontexts:\n  lab:\n    endpoints: [10.5.0.2]\n    nodes: [10.5.0.2, 10.5.0.9]\n";
+        let endpoints = ["10.5.0.2".to_owned()];
+        let nodes = ["10.5.0.2".to_owned(), "10.5.0.9".to_owned()];
+        assert!(talosconfig_current(Some(text), "lab", &endpoints, &nodes));
+        assert!(!talosconfig_current(
+            Some(text),
+            "lab",
+            &endpoints,
+            &nodes[..1]
+        ));
+        assert!(!talosconfig_current(
+            Some(text),
+            "other",
+            &endpoints,
+            &nodes
+        ));
+        assert!(!talosconfig_current(None, "lab", &endpoints, &nodes));
+        assert!(!talosconfig_current(Some("{"), "lab", &endpoints, &nodes));
     }
 
     #[test]
