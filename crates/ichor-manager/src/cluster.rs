@@ -4,13 +4,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ichor_api::cluster::{BootstrapRecord, MachineCounts, TalosClusterStatus};
-use ichor_api::common::Role;
-use ichor_api::machine::{ApprovalState, MachinePhase};
+use ichor_api::cluster::{BootstrapRecord, TalosClusterStatus, Tombstone};
+use ichor_api::machine::MachinePhase;
 use ichor_api::names::{actions, conditions, finalizers, reasons};
 use ichor_api::{TalosCluster, TalosMachine};
 use ichor_render::credentials;
-use ichor_talos::Bootstrapped;
+use ichor_talos::TalosClient;
 use kube::ResourceExt as _;
 use kube::api::{Api, DeleteParams, PostParams};
 use kube::runtime::controller::Action;
@@ -19,6 +18,9 @@ use serde_json::json;
 
 use crate::{Context, Error, conditions as cond, discovery, secrets};
 use ichor_deleteguard::{BootstrapStep, Candidate, bootstrap_step};
+use plan::{Tally, Teardown};
+
+mod plan;
 
 fn talosconfig_name(cluster: &TalosCluster) -> String {
     format!("{}-talosconfig", cluster.name_any())
@@ -113,6 +115,8 @@ async fn bundle_unavailable(
     }
 }
 
+/// A deleted cluster is torn down; otherwise: observe (discovery, machines, bundle), record the
+/// counts, act on what needs the bundle, record readiness and write status once.
 async fn reconcile_inner(cluster: &TalosCluster, ctx: &Context) -> Result<Action, Error> {
     if cluster.metadata.deletion_timestamp.is_some() {
         return teardown(ctx, cluster).await;
@@ -124,35 +128,61 @@ async fn reconcile_inner(cluster: &TalosCluster, ctx: &Context) -> Result<Action
         finalizers::CLUSTER_REMOVAL,
     )
     .await?;
-    let namespace = cluster.namespace().unwrap_or_default();
     let mut status = cluster.status.clone().unwrap_or_default();
-    let generation = cluster.metadata.generation;
-    status.observed_generation = generation;
+    status.observed_generation = cluster.metadata.generation;
 
-    // Discovery (reads only).
-    let mut next_sweep = None;
-    if let Some(discovery) = &cluster.spec.discovery {
-        let interval =
-            crate::parse_duration(&discovery.interval).unwrap_or(Duration::from_secs(300));
-        next_sweep = Some(interval);
-        if ctx.sweep_due(cluster, interval) {
-            match discovery::run_once(ctx, cluster, ctx.settings.sweep).await {
-                Ok(report) => {
-                    if !report.created.is_empty() {
-                        tracing::info!(cluster = %cluster.name_any(), created = ?report.created, "discovered machines");
-                    }
+    let next_sweep = discover(ctx, cluster).await;
+    let machines = crate::cluster_machines(ctx, cluster).await?;
+    let bundle = ensure_bundle(ctx, cluster, &mut status, &machines).await?;
+    let tally = Tally::of(cluster.spec.control_plane.count, &machines);
+    record_counts(ctx, cluster, &mut status, &tally);
+    if let Some(bundle) = &bundle {
+        publish_and_bootstrap(ctx, cluster, &mut status, &machines, bundle).await?;
+    }
+    let all_ready = record_readiness(ctx, cluster, &mut status, &machines, &tally);
+    write_status(ctx, cluster, &status).await?;
+    let tombstoned = cluster
+        .status
+        .as_ref()
+        .is_some_and(|s| !s.tombstones.is_empty());
+    Ok(Action::requeue(plan::requeue_after(
+        &ctx.settings,
+        all_ready,
+        tombstoned,
+        next_sweep,
+    )))
+}
+
+/// Discovery (reads only): a sweep when one is due; the sweep interval, if the cluster
+/// discovers, bounds the next requeue.
+async fn discover(ctx: &Context, cluster: &TalosCluster) -> Option<Duration> {
+    let discovery = cluster.spec.discovery.as_ref()?;
+    let interval = plan::sweep_interval(&discovery.interval);
+    if ctx.sweep_due(cluster, interval) {
+        match discovery::run_once(ctx, cluster, ctx.settings.sweep).await {
+            Ok(report) => {
+                if !report.created.is_empty() {
+                    tracing::info!(cluster = %cluster.name_any(), created = ?report.created, "discovered machines");
                 }
-                Err(error) => tracing::warn!(%error, "discovery sweep failed"),
             }
+            Err(error) => tracing::warn!(%error, "discovery sweep failed"),
         }
     }
+    Some(interval)
+}
 
-    let machines = crate::cluster_machines(ctx, cluster).await?;
-
+/// The cluster's secrets bundle, recorded in `SecretsReady` (and its fingerprint and Secret in
+/// status); `None` while it is unavailable.
+async fn ensure_bundle(
+    ctx: &Context,
+    cluster: &TalosCluster,
+    status: &mut TalosClusterStatus,
+    machines: &[TalosMachine],
+) -> Result<Option<ichor_render::SecretsBundle>, Error> {
     // Secrets: generated only while no machine was ever configured; lost, never regenerated,
     // after (ichor-deleteguard's bundle_step).
     let configured = machines.iter().any(ever_configured);
-    let bundle = match secrets::ensure(&ctx.client, cluster, configured).await? {
+    match secrets::ensure(&ctx.client, cluster, configured).await? {
         Ok(b) => {
             status
                 .bundle_fingerprint
@@ -163,118 +193,105 @@ async fn reconcile_inner(cluster: &TalosCluster, ctx: &Context) -> Result<Action
                 true,
                 reasons::BUNDLE_VALID,
                 "the secrets bundle is present and valid",
-                generation,
+                cluster.metadata.generation,
                 &ctx.now(),
             );
             status.secrets_secret = Some(secrets::bundle_secret_name(cluster));
-            Some(b)
+            Ok(Some(b))
         }
         Err(problem) => {
-            bundle_unavailable(ctx, cluster, &mut status, &problem).await;
-            None
+            bundle_unavailable(ctx, cluster, status, &problem).await;
+            Ok(None)
         }
-    };
+    }
+}
 
-    let approved = |role: Role| {
-        machines.iter().filter(move |m| {
-            m.spec.approval_state == ApprovalState::Approved && m.spec.role == Some(role)
-        })
-    };
-    let ready = |m: &&TalosMachine| {
-        m.status
-            .as_ref()
-            .is_some_and(|s| cond::is_true(&s.conditions, conditions::READY))
-    };
-    let declared = cluster.spec.control_plane.count;
-    let cp_approved = i32::try_from(approved(Role::ControlPlane).count()).unwrap_or(i32::MAX);
-    let cp_ready =
-        i32::try_from(approved(Role::ControlPlane).filter(ready).count()).unwrap_or(i32::MAX);
-    let w_approved = i32::try_from(approved(Role::Worker).count()).unwrap_or(i32::MAX);
-    let w_ready = i32::try_from(approved(Role::Worker).filter(ready).count()).unwrap_or(i32::MAX);
-    status.control_planes = Some(MachineCounts {
-        declared: Some(declared),
-        approved: cp_approved,
-        ready: cp_ready,
-        summary: format!("{cp_ready}/{declared}"),
-    });
-    status.workers = Some(MachineCounts {
-        declared: None,
-        approved: w_approved,
-        ready: w_ready,
-        summary: format!("{w_ready}/{w_approved}"),
-    });
-
+/// The machine counts in status and the `Transitioning` condition they imply.
+fn record_counts(
+    ctx: &Context,
+    cluster: &TalosCluster,
+    status: &mut TalosClusterStatus,
+    tally: &Tally,
+) {
+    status.control_planes = Some(tally.control_planes());
+    status.workers = Some(tally.workers());
     // Transitioning is a fact, not an error.
-    let (transitioning, reason, message) = if declared % 2 == 0 {
-        (
-            true,
-            reasons::EVEN_CONTROL_PLANE_COUNT,
-            format!(
-                "spec.controlPlane.count is {declared}: an even count tolerates no more failures than {}",
-                declared - 1
-            ),
-        )
-    } else if cp_approved != declared {
-        (
-            true,
-            reasons::CONTROL_PLANE_COUNT_MISMATCH,
-            format!("{cp_approved} control planes approved, {declared} declared"),
-        )
-    } else {
-        (
-            false,
-            reasons::RECONCILED,
-            "control planes as declared".to_owned(),
-        )
-    };
+    let (transitioning, reason, message) = tally.transitioning();
     cond::set(
         &mut status.conditions,
         conditions::TRANSITIONING,
         transitioning,
         reason,
         message,
-        generation,
+        cluster.metadata.generation,
         &ctx.now(),
     );
+}
 
-    if let Some(bundle) = &bundle {
-        let credentials = crate::credentials(bundle)?;
-        // A force-removed node that answers again is reset before anything else.
-        tombstones(ctx, cluster, &credentials).await?;
-        publish_talosconfig(ctx, cluster, bundle, &machines).await?;
-        status.talosconfig_secret = Some(talosconfig_name(cluster));
-        if !cond::is_true(&status.conditions, conditions::BOOTSTRAPPED) {
-            bootstrap(ctx, cluster, &mut status, &machines, &credentials).await?;
-        }
-        if cond::is_true(&status.conditions, conditions::BOOTSTRAPPED) {
-            let name = kubeconfig_name(cluster);
-            if !secrets::exists(&ctx.client, &namespace, &name).await? {
-                let kubeconfig = credentials::admin_kubeconfig(
-                    bundle,
-                    &cluster.name_any(),
-                    &cluster.spec.endpoint,
-                )
-                .map_err(|source| Error::Mint {
-                    what: "the workload kubeconfig",
-                    source,
-                })?;
-                secrets::publish(
-                    &ctx.client,
-                    cluster,
-                    &name,
-                    secrets::KUBECONFIG_KEY,
-                    &kubeconfig.0,
-                    false,
-                )
-                .await?;
-            }
-            status.kubeconfig_secret = Some(name);
-        }
+/// What needs the bundle: tombstoned nodes reset, the talosconfig published, etcd bootstrapped
+/// once, then the workload kubeconfig published.
+async fn publish_and_bootstrap(
+    ctx: &Context,
+    cluster: &TalosCluster,
+    status: &mut TalosClusterStatus,
+    machines: &[TalosMachine],
+    bundle: &ichor_render::SecretsBundle,
+) -> Result<(), Error> {
+    let credentials = crate::credentials(bundle)?;
+    // A force-removed node that answers again is reset before anything else.
+    tombstones(ctx, cluster, &credentials).await?;
+    publish_talosconfig(ctx, cluster, bundle, machines).await?;
+    status.talosconfig_secret = Some(talosconfig_name(cluster));
+    if !cond::is_true(&status.conditions, conditions::BOOTSTRAPPED) {
+        bootstrap(ctx, cluster, status, machines, &credentials).await?;
     }
+    if cond::is_true(&status.conditions, conditions::BOOTSTRAPPED) {
+        publish_kubeconfig(ctx, cluster, bundle).await?;
+        status.kubeconfig_secret = Some(kubeconfig_name(cluster));
+    }
+    Ok(())
+}
 
+/// The workload kubeconfig Secret, minted and published once (never rewritten).
+async fn publish_kubeconfig(
+    ctx: &Context,
+    cluster: &TalosCluster,
+    bundle: &ichor_render::SecretsBundle,
+) -> Result<(), Error> {
+    let namespace = cluster.namespace().unwrap_or_default();
+    let name = kubeconfig_name(cluster);
+    if secrets::exists(&ctx.client, &namespace, &name).await? {
+        return Ok(());
+    }
+    let kubeconfig =
+        credentials::admin_kubeconfig(bundle, &cluster.name_any(), &cluster.spec.endpoint)
+            .map_err(|source| Error::Mint {
+                what: "the workload kubeconfig",
+                source,
+            })?;
+    secrets::publish(
+        &ctx.client,
+        cluster,
+        &name,
+        secrets::KUBECONFIG_KEY,
+        &kubeconfig.0,
+        false,
+    )
+    .await
+}
+
+/// `ConfigRolledOut` and `Ready` on the cluster; whether it is Ready.
+fn record_readiness(
+    ctx: &Context,
+    cluster: &TalosCluster,
+    status: &mut TalosClusterStatus,
+    machines: &[TalosMachine],
+    tally: &Tally,
+) -> bool {
+    let generation = cluster.metadata.generation;
     let (current, reason, message) = crate::drift::rolled_out(
         cluster.status.as_ref().and_then(|s| s.drift_halt.as_ref()),
-        &machines,
+        machines,
     );
     cond::set(
         &mut status.conditions,
@@ -285,11 +302,7 @@ async fn reconcile_inner(cluster: &TalosCluster, ctx: &Context) -> Result<Action
         generation,
         &ctx.now(),
     );
-
-    let all_ready = cp_approved > 0
-        && cp_ready == cp_approved
-        && w_ready == w_approved
-        && cond::is_true(&status.conditions, conditions::BOOTSTRAPPED);
+    let all_ready = tally.all_ready(cond::is_true(&status.conditions, conditions::BOOTSTRAPPED));
     cond::set(
         &mut status.conditions,
         conditions::READY,
@@ -299,25 +312,11 @@ async fn reconcile_inner(cluster: &TalosCluster, ctx: &Context) -> Result<Action
         } else {
             reasons::MACHINES_NOT_READY
         },
-        format!(
-            "control planes {cp_ready}/{cp_approved} ready, workers {w_ready}/{w_approved} ready"
-        ),
+        tally.ready_message(),
         generation,
         &ctx.now(),
     );
-    write_status(ctx, cluster, &status).await?;
-    let tombstoned = cluster
-        .status
-        .as_ref()
-        .is_some_and(|s| !s.tombstones.is_empty());
-    let requeue = if all_ready && !tombstoned {
-        ctx.settings.settled_requeue
-    } else {
-        ctx.settings.progress_requeue
-    };
-    Ok(Action::requeue(
-        next_sweep.map_or(requeue, |s| s.min(requeue)),
-    ))
+    all_ready
 }
 
 /// The talosconfig Secret: `os:admin` credentials with the control planes as endpoints,
@@ -328,31 +327,11 @@ async fn publish_talosconfig(
     bundle: &ichor_render::SecretsBundle,
     machines: &[TalosMachine],
 ) -> Result<(), Error> {
-    let mut endpoints: Vec<String> = machines
-        .iter()
-        .filter(|m| {
-            m.spec.approval_state == ApprovalState::Approved
-                && m.spec.role == Some(Role::ControlPlane)
-        })
-        .filter_map(|m| m.spec.endpoints.first().cloned())
-        .collect();
-    endpoints.sort();
-    let mut nodes: Vec<String> = machines
-        .iter()
-        .filter(|m| m.spec.approval_state == ApprovalState::Approved)
-        .filter_map(|m| m.spec.endpoints.first().cloned())
-        .collect();
-    nodes.sort();
+    let (endpoints, nodes) = plan::talosconfig_targets(machines);
     let namespace = cluster.namespace().unwrap_or_default();
     let name = talosconfig_name(cluster);
     let current = secrets::read(&ctx.client, &namespace, &name, secrets::TALOSCONFIG_KEY).await?;
-    let same = current.as_deref().is_some_and(|text| {
-        serde_saphyr::from_str::<serde_json::Value>(text).is_ok_and(|v| {
-            let context = &v["contexts"][cluster.name_any()];
-            context["endpoints"] == json!(endpoints) && context["nodes"] == json!(nodes)
-        })
-    });
-    if same {
+    if plan::talosconfig_current(current.as_deref(), &cluster.name_any(), &endpoints, &nodes) {
         return Ok(());
     }
     let file = credentials::talosconfig(bundle, &cluster.name_any(), &endpoints, &nodes).map_err(
@@ -381,22 +360,61 @@ async fn bootstrap(
     machines: &[TalosMachine],
     credentials: &ichor_talos::Credentials,
 ) -> Result<(), Error> {
+    let (candidates, clients) = bootstrap_candidates(machines, credentials).await;
+    let record = status
+        .bootstrap
+        .as_ref()
+        .map(|r| (r.machine_name.as_str(), r.machine_uid.as_str()));
+    match bootstrap_step(record, &candidates) {
+        BootstrapStep::Wait => set_bootstrapped(
+            ctx,
+            cluster,
+            status,
+            false,
+            reasons::WAITING_FOR_CONTROL_PLANE,
+            "no configured control plane answers yet",
+        ),
+        BootstrapStep::WaitForRecorded { name } => set_bootstrapped(
+            ctx,
+            cluster,
+            status,
+            false,
+            reasons::WAITING_FOR_RECORDED_MACHINE,
+            format!(
+                "{name} was chosen to bootstrap etcd and does not answer; no other machine will be bootstrapped"
+            ),
+        ),
+        BootstrapStep::AlreadyRunning { name, uid } => {
+            status.bootstrap.get_or_insert(BootstrapRecord {
+                machine_name: name.clone(),
+                machine_uid: uid,
+                chosen_at: ctx.now(),
+                completed_at: Some(ctx.now()),
+            });
+            let message = format!("etcd already runs ({name} reports members)");
+            set_bootstrapped(ctx, cluster, status, true, reasons::ETCD_RUNNING, message);
+        }
+        BootstrapStep::Choose { name, uid } => {
+            record_bootstrap_choice(ctx, cluster, status, name, uid).await?;
+        }
+        BootstrapStep::Call { name } => {
+            let client = plan::kept_connection(clients, &name)?;
+            call_bootstrap(ctx, cluster, status, &name, &client).await;
+        }
+    }
+    Ok(())
+}
+
+/// Each configured control plane as a bootstrap candidate: whether it answers and how many etcd
+/// members it reports; the connections are kept for the call.
+async fn bootstrap_candidates(
+    machines: &[TalosMachine],
+    credentials: &ichor_talos::Credentials,
+) -> (Vec<Candidate>, Vec<(String, Option<TalosClient>)>) {
     let mut candidates = Vec::new();
     let mut clients = Vec::new();
-    for m in machines.iter().filter(|m| {
-        m.spec.approval_state == ApprovalState::Approved
-            && m.spec.role == Some(Role::ControlPlane)
-            && m.status
-                .as_ref()
-                .is_some_and(|s| s.applied_config_hash.is_some())
-    }) {
-        let address = m
-            .status
-            .as_ref()
-            .and_then(|s| s.address.clone())
-            .or_else(|| m.spec.endpoints.first().cloned())
-            .unwrap_or_default();
-        let client = crate::connect(&address, credentials).await;
+    for m in machines.iter().filter(|m| plan::bootstrap_candidate(m)) {
+        let client = crate::connect(&plan::bootstrap_address(m), credentials).await;
         let members = match &client {
             Some(c) => c.etcd_members(true).await.map(|m| m.len()).unwrap_or(0),
             None => 0,
@@ -409,133 +427,85 @@ async fn bootstrap(
         });
         clients.push((m.name_any(), client));
     }
-    let record = status
-        .bootstrap
-        .as_ref()
-        .map(|r| (r.machine_name.as_str(), r.machine_uid.as_str()));
-    let generation = cluster.metadata.generation;
-    match bootstrap_step(record, &candidates) {
-        BootstrapStep::Wait => {
-            cond::set(
-                &mut status.conditions,
-                conditions::BOOTSTRAPPED,
-                false,
-                reasons::WAITING_FOR_CONTROL_PLANE,
-                "no configured control plane answers yet",
-                generation,
-                &ctx.now(),
-            );
-        }
-        BootstrapStep::WaitForRecorded { name } => {
-            cond::set(
-                &mut status.conditions,
-                conditions::BOOTSTRAPPED,
-                false,
-                reasons::WAITING_FOR_RECORDED_MACHINE,
-                format!(
-                    "{name} was chosen to bootstrap etcd and does not answer; no other machine will be bootstrapped"
-                ),
-                generation,
-                &ctx.now(),
-            );
-        }
-        BootstrapStep::AlreadyRunning { name, uid } => {
-            status.bootstrap.get_or_insert(BootstrapRecord {
-                machine_name: name.clone(),
-                machine_uid: uid,
-                chosen_at: ctx.now(),
-                completed_at: Some(ctx.now()),
-            });
-            cond::set(
-                &mut status.conditions,
-                conditions::BOOTSTRAPPED,
-                true,
-                reasons::ETCD_RUNNING,
-                format!("etcd already runs ({name} reports members)"),
-                generation,
-                &ctx.now(),
-            );
-        }
-        BootstrapStep::Choose { name, uid } => {
-            // Record first, guarded by resourceVersion: a concurrent writer makes this fail
-            // and the next reconcile decides again on what it wrote.
-            let mut recorded = cluster.clone();
-            let mut next = status.clone();
-            next.bootstrap = Some(BootstrapRecord {
-                machine_name: name.clone(),
-                machine_uid: uid,
-                chosen_at: ctx.now(),
-                completed_at: None,
-            });
-            recorded.status = Some(next.clone());
-            Api::<TalosCluster>::namespaced(
-                ctx.client.clone(),
-                &cluster.namespace().unwrap_or_default(),
-            )
-            .replace_status(&cluster.name_any(), &PostParams::default(), &recorded)
-            .await?;
-            *status = next;
-            ctx.event(
-                cluster,
-                EventType::Normal,
-                reasons::BOOTSTRAP_CHOSEN,
-                actions::BOOTSTRAP,
-                format!("{name} will bootstrap etcd"),
-            )
-            .await;
-        }
-        BootstrapStep::Call { name } => {
-            let client = clients
-                .into_iter()
-                .find(|(n, _)| *n == name)
-                .and_then(|(_, c)| c)
-                .ok_or_else(|| {
-                    Error::Invariant(format!(
-                        "bootstrap chose {name} as reachable, but no connection to it is kept"
-                    ))
-                })?;
-            match client.bootstrap(ctx.settings.bootstrap_patience).await {
-                Ok(outcome) => {
-                    let message = match outcome {
-                        Bootstrapped::Now => format!("etcd bootstrapped on {name}"),
-                        Bootstrapped::Already => format!("etcd was already bootstrapped on {name}"),
-                    };
-                    cond::set(
-                        &mut status.conditions,
-                        conditions::BOOTSTRAPPED,
-                        true,
-                        reasons::BOOTSTRAPPED,
-                        message.clone(),
-                        generation,
-                        &ctx.now(),
-                    );
-                    if let Some(record) = status.bootstrap.as_mut() {
-                        record.completed_at.get_or_insert_with(|| ctx.now());
-                    }
-                    ctx.event(
-                        cluster,
-                        EventType::Normal,
-                        reasons::BOOTSTRAPPED,
-                        actions::BOOTSTRAP,
-                        message,
-                    )
-                    .await;
-                }
-                Err(error) => {
-                    cond::set(
-                        &mut status.conditions,
-                        conditions::BOOTSTRAPPED,
-                        false,
-                        reasons::BOOTSTRAP_PENDING,
-                        format!("bootstrap on {name} not done yet: {error}"),
-                        generation,
-                        &ctx.now(),
-                    );
-                }
-            }
-        }
-    }
+    (candidates, clients)
+}
+
+/// Sets the cluster's `Bootstrapped` condition.
+fn set_bootstrapped(
+    ctx: &Context,
+    cluster: &TalosCluster,
+    status: &mut TalosClusterStatus,
+    holds: bool,
+    reason: &str,
+    message: impl Into<String>,
+) {
+    cond::set(
+        &mut status.conditions,
+        conditions::BOOTSTRAPPED,
+        holds,
+        reason,
+        message,
+        cluster.metadata.generation,
+        &ctx.now(),
+    );
+}
+
+/// Records `name` as the machine that bootstraps etcd, before any call, with an Event.
+async fn record_bootstrap_choice(
+    ctx: &Context,
+    cluster: &TalosCluster,
+    status: &mut TalosClusterStatus,
+    name: String,
+    uid: String,
+) -> Result<(), Error> {
+    // Record first, guarded by resourceVersion: a concurrent writer makes this fail
+    // and the next reconcile decides again on what it wrote.
+    let mut next = status.clone();
+    next.bootstrap = Some(BootstrapRecord {
+        machine_name: name.clone(),
+        machine_uid: uid,
+        chosen_at: ctx.now(),
+        completed_at: None,
+    });
+    crate::status::write_checked(&clusters_api(ctx, cluster), cluster, &next).await?;
+    *status = next;
+    ctx.event(
+        cluster,
+        EventType::Normal,
+        reasons::BOOTSTRAP_CHOSEN,
+        actions::BOOTSTRAP,
+        format!("{name} will bootstrap etcd"),
+    )
+    .await;
     Ok(())
+}
+
+/// Calls Bootstrap on the recorded machine `name`: done (either way) completes the record with an
+/// Event; a failure leaves `Bootstrapped` False with the cause, for the next reconcile.
+async fn call_bootstrap(
+    ctx: &Context,
+    cluster: &TalosCluster,
+    status: &mut TalosClusterStatus,
+    name: &str,
+    client: &TalosClient,
+) {
+    let answer = client.bootstrap(ctx.settings.bootstrap_patience).await;
+    let (done, reason, message) = plan::bootstrap_answered(name, &answer);
+    set_bootstrapped(ctx, cluster, status, done, reason, message.clone());
+    if !done {
+        return;
+    }
+    if let Some(record) = status.bootstrap.as_mut() {
+        record.completed_at.get_or_insert_with(|| ctx.now());
+    }
+    ctx.event(
+        cluster,
+        EventType::Normal,
+        reasons::BOOTSTRAPPED,
+        actions::BOOTSTRAP,
+        message,
+    )
+    .await;
 }
 
 fn clusters_api(ctx: &Context, cluster: &TalosCluster) -> Api<TalosCluster> {
@@ -549,31 +519,46 @@ async fn teardown(ctx: &Context, cluster: &TalosCluster) -> Result<Action, Error
     if !crate::finalizer::has(cluster, finalizers::CLUSTER_REMOVAL) {
         return Ok(Action::await_change());
     }
-    let namespace = cluster.namespace().unwrap_or_default();
-    let api: Api<TalosMachine> = Api::namespaced(ctx.client.clone(), &namespace);
     let machines = crate::cluster_machines(ctx, cluster).await?;
-    let configured = |m: &TalosMachine| {
-        m.status
-            .as_ref()
-            .is_some_and(|s| s.applied_config_hash.is_some())
-    };
-    let is_cp = |m: &TalosMachine| m.spec.role == Some(Role::ControlPlane);
-    let workers = machines
-        .iter()
-        .filter(|m| configured(m) && !is_cp(m))
-        .count();
-    let cps = machines
-        .iter()
-        .filter(|m| configured(m) && is_cp(m))
-        .count();
-    // The order is the planner's: unconfigured at once, workers, control planes one by one.
-    let inputs: Vec<ichor_deleteguard::Machine> = machines
-        .iter()
-        .map(ichor_deleteguard::Machine::from)
-        .collect();
-    let delete = ichor_deleteguard::teardown_next(&inputs);
-    for name in delete {
-        match api.delete(&name, &DeleteParams::default()).await {
+    match plan::teardown(&machines) {
+        Teardown::Finished => {
+            finish_teardown(ctx, cluster).await?;
+            Ok(Action::await_change())
+        }
+        Teardown::Remove {
+            delete,
+            workers,
+            control_planes,
+        } => {
+            delete_machines(ctx, cluster, &delete).await?;
+            let mut status = cluster.status.clone().unwrap_or_default();
+            cond::set(
+                &mut status.conditions,
+                conditions::READY,
+                false,
+                reasons::TEARING_DOWN,
+                format!(
+                    "the cluster is being deleted: {workers} worker(s) and {control_planes} control plane(s) left, removed workers first, then control planes one by one"
+                ),
+                cluster.metadata.generation,
+                &ctx.now(),
+            );
+            write_status(ctx, cluster, &status).await?;
+            Ok(Action::requeue(ctx.settings.progress_requeue))
+        }
+    }
+}
+
+/// Deletes the TalosMachines `names` (one already gone is fine), an Event for each.
+async fn delete_machines(
+    ctx: &Context,
+    cluster: &TalosCluster,
+    names: &[String],
+) -> Result<(), Error> {
+    let api: Api<TalosMachine> =
+        Api::namespaced(ctx.client.clone(), &cluster.namespace().unwrap_or_default());
+    for name in names {
+        match api.delete(name, &DeleteParams::default()).await {
             Ok(_) => {
                 ctx.event(
                     cluster,
@@ -588,40 +573,28 @@ async fn teardown(ctx: &Context, cluster: &TalosCluster) -> Result<Action, Error
             Err(e) => return Err(e.into()),
         }
     }
-    if machines.is_empty() {
-        ctx.event(
-            cluster,
-            EventType::Normal,
-            reasons::TEARING_DOWN,
-            actions::DELETE,
-            format!(
-                "every machine removed; the secrets bundle Secret {} is kept (delete it yourself once you no longer need the cluster's CA keys)",
-                secrets::bundle_secret_name(cluster)
-            ),
-        )
-        .await;
-        crate::finalizer::remove(
-            &clusters_api(ctx, cluster),
-            cluster,
-            finalizers::CLUSTER_REMOVAL,
-        )
-        .await?;
-        return Ok(Action::await_change());
-    }
-    let mut status = cluster.status.clone().unwrap_or_default();
-    cond::set(
-        &mut status.conditions,
-        conditions::READY,
-        false,
+    Ok(())
+}
+
+/// Every machine is removed: says the bundle Secret is kept and releases the cluster's finalizer.
+async fn finish_teardown(ctx: &Context, cluster: &TalosCluster) -> Result<(), Error> {
+    ctx.event(
+        cluster,
+        EventType::Normal,
         reasons::TEARING_DOWN,
+        actions::DELETE,
         format!(
-            "the cluster is being deleted: {workers} worker(s) and {cps} control plane(s) left, removed workers first, then control planes one by one"
+            "every machine removed; the secrets bundle Secret {} is kept (delete it yourself once you no longer need the cluster's CA keys)",
+            secrets::bundle_secret_name(cluster)
         ),
-        cluster.metadata.generation,
-        &ctx.now(),
-    );
-    write_status(ctx, cluster, &status).await?;
-    Ok(Action::requeue(ctx.settings.progress_requeue))
+    )
+    .await;
+    crate::finalizer::remove(
+        &clusters_api(ctx, cluster),
+        cluster,
+        finalizers::CLUSTER_REMOVAL,
+    )
+    .await
 }
 
 /// Nodes removed without their reset: one that answers the cluster's credentials again is
@@ -637,54 +610,73 @@ async fn tombstones(
         .map(|s| s.tombstones.clone())
         .unwrap_or_default();
     for stone in stones {
-        let answered = tokio::time::timeout(Duration::from_secs(2), async {
-            let client = crate::connect(&stone.address, credentials).await?;
-            client.version().await.ok().map(|_| client)
+        if clear_tombstone(ctx, cluster, credentials, &stone).await? {
+            write_tombstones(ctx, cluster, &stone).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Whether `stone` no longer needs watching: it answered the cluster's credentials and was reset
+/// (with a Warning Event), or it is found in maintenance mode.
+async fn clear_tombstone(
+    ctx: &Context,
+    cluster: &TalosCluster,
+    credentials: &ichor_talos::Credentials,
+    stone: &Tombstone,
+) -> Result<bool, Error> {
+    let answered = tokio::time::timeout(Duration::from_secs(2), async {
+        let client = crate::connect(&stone.address, credentials).await?;
+        client.version().await.ok().map(|_| client)
+    })
+    .await
+    .ok()
+    .flatten();
+    let Some(client) = answered else {
+        return Ok(crate::in_maintenance(&stone.address, ctx.settings.sweep)
+            .await
+            .is_some());
+    };
+    client
+        .reset(ichor_talos::ResetOptions {
+            graceful: false,
+            reboot: true,
         })
         .await
-        .ok()
-        .flatten();
-        let cleared = if let Some(client) = answered {
-            client
-                .reset(ichor_talos::ResetOptions {
-                    graceful: false,
-                    reboot: true,
-                })
-                .await
-                .map_err(|e| Error::talos(format!("resetting tombstoned {}", stone.address), e))?;
-            ctx.event(
-                cluster,
-                EventType::Warning,
-                reasons::TOMBSTONE_RESET,
-                actions::RESET,
-                format!(
-                    "{} ({}), force-removed while unreachable, answered again: reset to maintenance before it could rejoin",
-                    stone.address, stone.machine
-                ),
-            )
-            .await;
-            true
-        } else {
-            crate::in_maintenance(&stone.address, ctx.settings.sweep)
-                .await
-                .is_some()
-        };
-        if cleared {
-            let api = clusters_api(ctx, cluster);
-            if let Some(fresh) = api.get_opt(&cluster.name_any()).await? {
-                let left: Vec<_> = fresh
-                    .status
-                    .as_ref()
-                    .map(|s| s.tombstones.clone())
-                    .unwrap_or_default()
-                    .into_iter()
-                    .filter(|t| t.address != stone.address)
-                    .collect();
-                let mut status = fresh.status.clone().unwrap_or_default();
-                status.tombstones = left;
-                crate::status::write_checked(&api, &fresh, &status).await?;
-            }
-        }
+        .map_err(|e| Error::talos(format!("resetting tombstoned {}", stone.address), e))?;
+    ctx.event(
+        cluster,
+        EventType::Warning,
+        reasons::TOMBSTONE_RESET,
+        actions::RESET,
+        format!(
+            "{} ({}), force-removed while unreachable, answered again: reset to maintenance before it could rejoin",
+            stone.address, stone.machine
+        ),
+    )
+    .await;
+    Ok(true)
+}
+
+/// Takes the cleared `stone` out of the cluster's freshly read tombstones.
+async fn write_tombstones(
+    ctx: &Context,
+    cluster: &TalosCluster,
+    stone: &Tombstone,
+) -> Result<(), Error> {
+    let api = clusters_api(ctx, cluster);
+    if let Some(fresh) = api.get_opt(&cluster.name_any()).await? {
+        let left: Vec<_> = fresh
+            .status
+            .as_ref()
+            .map(|s| s.tombstones.clone())
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|t| t.address != stone.address)
+            .collect();
+        let mut status = fresh.status.clone().unwrap_or_default();
+        status.tombstones = left;
+        crate::status::write_checked(&api, &fresh, &status).await?;
     }
     Ok(())
 }

@@ -1,0 +1,578 @@
+//! The cluster reconciler's pure decisions: what to do next, from what was observed. No I/O
+//! here; the bootstrap and teardown orders themselves are ichor-deleteguard's.
+
+use std::fmt::Display;
+use std::time::Duration;
+
+use ichor_api::TalosMachine;
+use ichor_api::cluster::MachineCounts;
+use ichor_api::common::Role;
+use ichor_api::machine::ApprovalState;
+use ichor_api::names::{conditions, reasons};
+use ichor_talos::Bootstrapped;
+use serde_json::json;
+
+use crate::{Error, Settings, conditions as cond};
+
+/// How often a discovering cluster is swept: its `interval`, five minutes if that does not parse.
+pub(super) fn sweep_interval(interval: &str) -> Duration {
+    crate::parse_duration(interval).unwrap_or(Duration::from_secs(300))
+}
+
+/// Approved and Ready machines of each role, against the declared control planes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Tally {
+    /// Control planes declared in the spec.
+    pub declared: i32,
+    /// Approved control planes.
+    pub cp_approved: i32,
+    /// Approved control planes that are Ready.
+    pub cp_ready: i32,
+    /// Approved workers.
+    pub w_approved: i32,
+    /// Approved workers that are Ready.
+    pub w_ready: i32,
+}
+
+impl Tally {
+    /// Counts `machines` against `declared` control planes.
+    pub fn of(declared: i32, machines: &[TalosMachine]) -> Self {
+        let approved = |role: Role| {
+            machines.iter().filter(move |m| {
+                m.spec.approval_state == ApprovalState::Approved && m.spec.role == Some(role)
+            })
+        };
+        let ready = |m: &&TalosMachine| {
+            m.status
+                .as_ref()
+                .is_some_and(|s| cond::is_true(&s.conditions, conditions::READY))
+        };
+        let count = |n: usize| i32::try_from(n).unwrap_or(i32::MAX);
+        Self {
+            declared,
+            cp_approved: count(approved(Role::ControlPlane).count()),
+            cp_ready: count(approved(Role::ControlPlane).filter(ready).count()),
+            w_approved: count(approved(Role::Worker).count()),
+            w_ready: count(approved(Role::Worker).filter(ready).count()),
+        }
+    }
+
+    /// `status.controlPlanes`: Ready of declared.
+    pub fn control_planes(&self) -> MachineCounts {
+        MachineCounts {
+            declared: Some(self.declared),
+            approved: self.cp_approved,
+            ready: self.cp_ready,
+            summary: format!("{}/{}", self.cp_ready, self.declared),
+        }
+    }
+
+    /// `status.workers`: Ready of approved.
+    pub fn workers(&self) -> MachineCounts {
+        MachineCounts {
+            declared: None,
+            approved: self.w_approved,
+            ready: self.w_ready,
+            summary: format!("{}/{}", self.w_ready, self.w_approved),
+        }
+    }
+
+    /// The `Transitioning` condition (holds, reason, message): an even declared count, or
+    /// approved control planes other than declared.
+    pub fn transitioning(&self) -> (bool, &'static str, String) {
+        let (declared, cp_approved) = (self.declared, self.cp_approved);
+        if declared % 2 == 0 {
+            (
+                true,
+                reasons::EVEN_CONTROL_PLANE_COUNT,
+                format!(
+                    "spec.controlPlane.count is {declared}: an even count tolerates no more failures than {}",
+                    declared - 1
+                ),
+            )
+        } else if cp_approved != declared {
+            (
+                true,
+                reasons::CONTROL_PLANE_COUNT_MISMATCH,
+                format!("{cp_approved} control planes approved, {declared} declared"),
+            )
+        } else {
+            (
+                false,
+                reasons::RECONCILED,
+                "control planes as declared".to_owned(),
+            )
+        }
+    }
+
+    /// Whether the cluster is Ready: a control plane at least, every approved machine Ready, and
+    /// etcd `bootstrapped`.
+    pub fn all_ready(&self, bootstrapped: bool) -> bool {
+        self.cp_approved > 0
+            && self.cp_ready == self.cp_approved
+            && self.w_ready == self.w_approved
+            && bootstrapped
+    }
+
+    /// The `Ready` condition's message.
+    pub fn ready_message(&self) -> String {
+        format!(
+            "control planes {}/{} ready, workers {}/{} ready",
+            self.cp_ready, self.cp_approved, self.w_ready, self.w_approved
+        )
+    }
+}
+
+/// When to look again: settled once Ready with no tombstone left, else soon; a discovering
+/// cluster no later than its next sweep.
+pub(super) fn requeue_after(
+    settings: &Settings,
+    all_ready: bool,
+    tombstoned: bool,
+    next_sweep: Option<Duration>,
+) -> Duration {
+    let requeue = if all_ready && !tombstoned {
+        settings.settled_requeue
+    } else {
+        settings.progress_requeue
+    };
+    next_sweep.map_or(requeue, |s| s.min(requeue))
+}
+
+/// The talosconfig's endpoints (approved control planes) and nodes (every approved machine),
+/// each by its first endpoint, sorted.
+pub(super) fn talosconfig_targets(machines: &[TalosMachine]) -> (Vec<String>, Vec<String>) {
+    let mut endpoints: Vec<String> = machines
+        .iter()
+        .filter(|m| {
+            m.spec.approval_state == ApprovalState::Approved
+                && m.spec.role == Some(Role::ControlPlane)
+        })
+        .filter_map(|m| m.spec.endpoints.first().cloned())
+        .collect();
+    endpoints.sort();
+    let mut nodes: Vec<String> = machines
+        .iter()
+        .filter(|m| m.spec.approval_state == ApprovalState::Approved)
+        .filter_map(|m| m.spec.endpoints.first().cloned())
+        .collect();
+    nodes.sort();
+    (endpoints, nodes)
+}
+
+/// Whether the published talosconfig `current` already names these `endpoints` and `nodes` for
+/// the context `cluster` (anything unreadable is rewritten).
+pub(super) fn talosconfig_current(
+    current: Option<&str>,
+    cluster: &str,
+    endpoints: &[String],
+    nodes: &[String],
+) -> bool {
+    current.is_some_and(|text| {
+        serde_saphyr::from_str::<serde_json::Value>(text).is_ok_and(|v| {
+            let context = &v["contexts"][cluster];
+            context["endpoints"] == json!(endpoints) && context["nodes"] == json!(nodes)
+        })
+    })
+}
+
+/// Whether `machine` may bootstrap etcd: an approved control plane that was given its config.
+pub(super) fn bootstrap_candidate(machine: &TalosMachine) -> bool {
+    machine.spec.approval_state == ApprovalState::Approved
+        && machine.spec.role == Some(Role::ControlPlane)
+        && machine
+            .status
+            .as_ref()
+            .is_some_and(|s| s.applied_config_hash.is_some())
+}
+
+/// Where a bootstrap candidate is asked: the address recorded in status, else its first endpoint.
+pub(super) fn bootstrap_address(machine: &TalosMachine) -> String {
+    machine
+        .status
+        .as_ref()
+        .and_then(|s| s.address.clone())
+        .or_else(|| machine.spec.endpoints.first().cloned())
+        .unwrap_or_default()
+}
+
+/// The connection kept for `name` while its candidacy was observed; the planner chose it as
+/// reachable, so none kept is a broken invariant.
+pub(super) fn kept_connection<C>(
+    clients: Vec<(String, Option<C>)>,
+    name: &str,
+) -> Result<C, Error> {
+    clients
+        .into_iter()
+        .find(|(n, _)| *n == name)
+        .and_then(|(_, c)| c)
+        .ok_or_else(|| {
+            Error::Invariant(format!(
+                "bootstrap chose {name} as reachable, but no connection to it is kept"
+            ))
+        })
+}
+
+/// The `Bootstrapped` condition (holds, reason, message) once Bootstrap on `name` answered:
+/// etcd bootstrapped now or before is done; a failure is pending, with its cause.
+pub(super) fn bootstrap_answered<E: Display>(
+    name: &str,
+    answer: &Result<Bootstrapped, E>,
+) -> (bool, &'static str, String) {
+    match answer {
+        Ok(Bootstrapped::Now) => (
+            true,
+            reasons::BOOTSTRAPPED,
+            format!("etcd bootstrapped on {name}"),
+        ),
+        Ok(Bootstrapped::Already) => (
+            true,
+            reasons::BOOTSTRAPPED,
+            format!("etcd was already bootstrapped on {name}"),
+        ),
+        Err(error) => (
+            false,
+            reasons::BOOTSTRAP_PENDING,
+            format!("bootstrap on {name} not done yet: {error}"),
+        ),
+    }
+}
+
+/// One teardown pass of a deleted cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Teardown {
+    /// No machine is left: the finalizer goes (the bundle Secret stays).
+    Finished,
+    /// Machines are left: delete `delete` now and report what is left.
+    Remove {
+        /// The machines to delete now, in the planner's order.
+        delete: Vec<String>,
+        /// Configured workers left.
+        workers: usize,
+        /// Configured control planes left.
+        control_planes: usize,
+    },
+}
+
+/// The next teardown pass over the cluster's `machines`.
+pub(super) fn teardown(machines: &[TalosMachine]) -> Teardown {
+    if machines.is_empty() {
+        return Teardown::Finished;
+    }
+    let configured = |m: &TalosMachine| {
+        m.status
+            .as_ref()
+            .is_some_and(|s| s.applied_config_hash.is_some())
+    };
+    let is_cp = |m: &TalosMachine| m.spec.role == Some(Role::ControlPlane);
+    let workers = machines
+        .iter()
+        .filter(|m| configured(m) && !is_cp(m))
+        .count();
+    let control_planes = machines
+        .iter()
+        .filter(|m| configured(m) && is_cp(m))
+        .count();
+    // The order is the planner's: unconfigured at once, workers, control planes one by one.
+    let inputs: Vec<ichor_deleteguard::Machine> = machines
+        .iter()
+        .map(ichor_deleteguard::Machine::from)
+        .collect();
+    Teardown::Remove {
+        delete: ichor_deleteguard::teardown_next(&inputs),
+        workers,
+        control_planes,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use ichor_api::machine::TalosMachineStatus;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    use super::*;
+
+    /// A machine that was configured with its cluster's bundle.
+    fn configured(builder: ichor_api::testing::MachineBuilder) -> TalosMachine {
+        builder
+            .status(TalosMachineStatus {
+                applied_config_hash: Some("abc".into()),
+                ..Default::default()
+            })
+            .build()
+    }
+
+    /// A machine whose `Ready` condition holds.
+    fn ready(builder: ichor_api::testing::MachineBuilder) -> TalosMachine {
+        let mut conditions = Vec::new();
+        cond::set(
+            &mut conditions,
+            conditions::READY,
+            true,
+            reasons::READY,
+            "",
+            None,
+            &Time("2026-12-03T10:00:00Z".parse().unwrap()),
+        );
+        builder
+            .status(TalosMachineStatus {
+                conditions,
+                ..Default::default()
+            })
+            .build()
+    }
+
+    #[test]
+    fn a_sweep_interval_that_does_not_parse_is_five_minutes() {
+        assert_eq!(sweep_interval("1m30s"), Duration::from_secs(90));
+        assert_eq!(sweep_interval("10s"), Duration::from_secs(10));
+        assert_eq!(sweep_interval("soon"), Duration::from_secs(300));
+    }
+
+    #[test]
+    fn only_approved_machines_count_and_only_ready_ones_are_ready() {
+        let machines = [
+            ready(TalosMachine::test("cp-1").control_plane().approved()),
+            TalosMachine::test("cp-2")
+                .control_plane()
+                .approved()
+                .build(),
+            ready(TalosMachine::test("cp-3").control_plane()),
+            ready(TalosMachine::test("w-1").worker().approved()),
+            ready(TalosMachine::test("w-2").worker().rejected()),
+            TalosMachine::test("new").build(),
+        ];
+        let tally = Tally::of(3, &machines);
+        assert_eq!(
+            tally,
+            Tally {
+                declared: 3,
+                cp_approved: 2,
+                cp_ready: 1,
+                w_approved: 1,
+                w_ready: 1,
+            }
+        );
+        assert_eq!(
+            tally.control_planes(),
+            MachineCounts {
+                declared: Some(3),
+                approved: 2,
+                ready: 1,
+                summary: "1/3".into(),
+            }
+        );
+        assert_eq!(
+            tally.workers(),
+            MachineCounts {
+                declared: None,
+                approved: 1,
+                ready: 1,
+                summary: "1/1".into(),
+            }
+        );
+        assert_eq!(
+            tally.ready_message(),
+            "control planes 1/2 ready, workers 1/1 ready"
+        );
+    }
+
+    #[test]
+    fn an_even_count_or_a_count_mismatch_is_transitioning() {
+        let tally = |declared, cp_approved| Tally {
+            declared,
+            cp_approved,
+            cp_ready: 0,
+            w_approved: 0,
+            w_ready: 0,
+        };
+        let (holds, reason, message) = tally(2, 2).transitioning();
+        assert!(holds, "even, though as many as declared are approved");
+        assert_eq!(reason, reasons::EVEN_CONTROL_PLANE_COUNT);
+        assert!(message.ends_with("failures than 1"), "{message}");
+        let (holds, reason, message) = tally(3, 2).transitioning();
+        assert!(holds);
+        assert_eq!(reason, reasons::CONTROL_PLANE_COUNT_MISMATCH);
+        assert_eq!(message, "2 control planes approved, 3 declared");
+        let (holds, reason, _) = tally(3, 3).transitioning();
+        assert!(!holds);
+        assert_eq!(reason, reasons::RECONCILED);
+    }
+
+    #[test]
+    fn ready_needs_a_control_plane_every_approved_machine_ready_and_bootstrap() {
+        let all = Tally {
+            declared: 1,
+            cp_approved: 1,
+            cp_ready: 1,
+            w_approved: 2,
+            w_ready: 2,
+        };
+        assert!(all.all_ready(true));
+        assert!(!all.all_ready(false), "etcd not bootstrapped");
+        assert!(!Tally { w_ready: 1, ..all }.all_ready(true));
+        assert!(!Tally { cp_ready: 0, ..all }.all_ready(true));
+        let none = Tally {
+            cp_approved: 0,
+            cp_ready: 0,
+            w_approved: 0,
+            w_ready: 0,
+            ..all
+        };
+        assert!(!none.all_ready(true), "no control plane at all");
+    }
+
+    #[test]
+    fn a_settled_cluster_requeues_late_unless_tombstoned_or_due_for_a_sweep() {
+        let settings = Settings::default();
+        let (settled, progress) = (settings.settled_requeue, settings.progress_requeue);
+        assert!(progress < settled);
+        assert_eq!(requeue_after(&settings, true, false, None), settled);
+        assert_eq!(requeue_after(&settings, true, true, None), progress);
+        assert_eq!(requeue_after(&settings, false, false, None), progress);
+        let sweep = progress + (settled - progress) / 2;
+        assert_eq!(requeue_after(&settings, true, false, Some(sweep)), sweep);
+        assert_eq!(
+            requeue_after(&settings, false, false, Some(settled)),
+            progress
+        );
+    }
+
+    #[test]
+    fn the_talosconfig_names_control_planes_as_endpoints_and_every_approved_machine_as_a_node() {
+        let machines = [
+            TalosMachine::test("w-1")
+                .worker()
+                .approved()
+                .at("10.5.0.9")
+                .build(),
+            TalosMachine::test("cp-2")
+                .control_plane()
+                .approved()
+                .at("10.5.0.3")
+                .build(),
+            TalosMachine::test("cp-1")
+                .control_plane()
+                .approved()
+                .at("10.5.0.2")
+                .build(),
+            TalosMachine::test("cp-9")
+                .control_plane()
+                .at("10.5.0.4")
+                .build(),
+        ];
+        let (endpoints, nodes) = talosconfig_targets(&machines);
+        assert_eq!(endpoints, ["10.5.0.2", "10.5.0.3"]);
+        assert_eq!(nodes, ["10.5.0.2", "10.5.0.3", "10.5.0.9"]);
+    }
+
+    #[test]
+    fn a_talosconfig_is_current_only_with_the_same_endpoints_and_nodes_for_its_context() {
+        let text = "context: lab\ncontexts:\n  lab:\n    endpoints: [10.5.0.2]\n    nodes: [10.5.0.2, 10.5.0.9]\n";
+        let endpoints = ["10.5.0.2".to_owned()];
+        let nodes = ["10.5.0.2".to_owned(), "10.5.0.9".to_owned()];
+        assert!(talosconfig_current(Some(text), "lab", &endpoints, &nodes));
+        assert!(!talosconfig_current(
+            Some(text),
+            "lab",
+            &endpoints,
+            &nodes[..1]
+        ));
+        assert!(!talosconfig_current(
+            Some(text),
+            "other",
+            &endpoints,
+            &nodes
+        ));
+        assert!(!talosconfig_current(None, "lab", &endpoints, &nodes));
+        assert!(!talosconfig_current(Some("{"), "lab", &endpoints, &nodes));
+    }
+
+    #[test]
+    fn only_an_approved_configured_control_plane_may_bootstrap() {
+        let cp = || TalosMachine::test("cp-1").control_plane().approved();
+        assert!(bootstrap_candidate(&configured(cp())));
+        assert!(!bootstrap_candidate(&cp().build()), "never configured");
+        assert!(!bootstrap_candidate(&configured(
+            TalosMachine::test("w-1").worker().approved()
+        )));
+        assert!(!bootstrap_candidate(&configured(
+            TalosMachine::test("cp-2").control_plane()
+        )));
+    }
+
+    #[test]
+    fn a_candidate_is_asked_at_its_recorded_address_before_its_endpoint() {
+        let machine = TalosMachine::test("cp-1").at("10.5.0.2");
+        assert_eq!(bootstrap_address(&machine.clone().build()), "10.5.0.2");
+        let moved = machine.status(TalosMachineStatus {
+            address: Some("10.5.0.9".into()),
+            ..Default::default()
+        });
+        assert_eq!(bootstrap_address(&moved.build()), "10.5.0.9");
+    }
+
+    #[test]
+    fn the_call_uses_the_connection_kept_for_the_chosen_machine() {
+        let clients = || vec![("cp-1".to_owned(), None), ("cp-2".to_owned(), Some(2))];
+        assert_eq!(kept_connection(clients(), "cp-2").ok(), Some(2));
+        assert!(matches!(
+            kept_connection(clients(), "cp-1"),
+            Err(Error::Invariant(_))
+        ));
+        assert!(matches!(
+            kept_connection(clients(), "cp-3"),
+            Err(Error::Invariant(_))
+        ));
+    }
+
+    #[test]
+    fn bootstrapped_now_or_before_is_done_and_a_failure_is_pending() {
+        let now: Result<_, &str> = Ok(Bootstrapped::Now);
+        assert_eq!(
+            bootstrap_answered("cp-1", &now),
+            (
+                true,
+                reasons::BOOTSTRAPPED,
+                "etcd bootstrapped on cp-1".into()
+            )
+        );
+        let (done, reason, message) =
+            bootstrap_answered::<&str>("cp-1", &Ok(Bootstrapped::Already));
+        assert!(done);
+        assert_eq!(reason, reasons::BOOTSTRAPPED);
+        assert!(message.contains("already"), "{message}");
+        let (done, reason, message) = bootstrap_answered("cp-1", &Err("etcd not ready"));
+        assert!(!done);
+        assert_eq!(reason, reasons::BOOTSTRAP_PENDING);
+        assert!(message.ends_with("etcd not ready"), "{message}");
+    }
+
+    #[test]
+    fn teardown_removes_workers_before_control_planes_and_finishes_with_none_left() {
+        assert_eq!(teardown(&[]), Teardown::Finished);
+        let machines = [
+            configured(TalosMachine::test("cp-2").control_plane().approved()),
+            configured(TalosMachine::test("cp-1").control_plane().approved()),
+            configured(TalosMachine::test("w-1").worker().approved()),
+            TalosMachine::test("new").build(),
+        ];
+        assert_eq!(
+            teardown(&machines),
+            Teardown::Remove {
+                delete: vec!["new".into(), "w-1".into()],
+                workers: 1,
+                control_planes: 2,
+            }
+        );
+        assert_eq!(
+            teardown(&machines[..2]),
+            Teardown::Remove {
+                delete: vec!["cp-1".into()],
+                workers: 0,
+                control_planes: 2,
+            },
+            "control planes one by one, by name"
+        );
+    }
+}
