@@ -5,7 +5,6 @@
 //! After an upgrade the running version is verified: a node back on its old version fails the
 //! operation, which is never retried.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,17 +17,18 @@ use ichor_api::operation::{
 use ichor_api::{TalosCluster, TalosMachine};
 use ichor_deleteguard::{Disruption, Stage as PlanStage, Verdict as Plan, annotation_true};
 use ichor_talos::{ApplyMode, Credentials, ResetOptions, Stage, TalosClient, TalosError};
-use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::ResourceExt as _;
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
-use kube::{Resource as _, ResourceExt as _};
 use serde_json::json;
 
 use crate::{Context, Error, conditions as cond, lock, secrets, workload};
+
+mod plan;
 
 /// How long a node may take to go down after a reboot or an upgrade was sent, and to come back.
 const NODE_PATIENCE: Duration = Duration::from_secs(300);
@@ -846,12 +846,9 @@ impl Node<'_> {
         }
     }
 
+    /// Keeps an etcd snapshot in a Secret owned by the operation and names it in the status.
     async fn store_snapshot(&self, step: &mut NodeStep, bytes: Vec<u8>) -> Result<Verdict, Error> {
-        let digest: String = ring::digest::digest(&ring::digest::SHA256, &bytes)
-            .as_ref()
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
+        let digest = plan::sha256_hex(&bytes);
         if bytes.len() > MAX_SNAPSHOT {
             return fail(
                 reasons::ACTION_FAILED,
@@ -863,37 +860,24 @@ impl Node<'_> {
         }
         let name = format!("{}-etcd-snapshot", self.operation.name_any());
         let namespace = self.operation.namespace().unwrap_or_default();
-        let owner = OwnerReference {
-            api_version: TalosOperation::api_version(&()).into_owned(),
-            kind: TalosOperation::kind(&()).into_owned(),
-            name: self.operation.name_any(),
-            uid: self.operation.uid().unwrap_or_default(),
-            controller: Some(true),
-            block_owner_deletion: None,
-        };
-        let secret = Secret {
-            metadata: ObjectMeta {
-                name: Some(name.clone()),
-                namespace: Some(namespace.clone()),
-                owner_references: Some(vec![owner]),
-                labels: Some(BTreeMap::from([(
-                    ichor_api::names::labels::CLUSTER.to_owned(),
-                    self.cluster.name_any(),
-                )])),
-                ..Default::default()
-            },
-            data: Some(BTreeMap::from([(
-                "snapshot.db".to_owned(),
-                ByteString(bytes.clone()),
-            )])),
-            ..Default::default()
-        };
+        let secret = plan::snapshot_secret(self.operation, self.cluster, &name, &bytes);
         let secrets: Api<Secret> = Api::namespaced(self.ctx.client.clone(), &namespace);
         match secrets.create(&PostParams::default(), &secret).await {
             Ok(_) => {}
             Err(kube::Error::Api(s)) if s.is_already_exists() => {}
             Err(e) => return Err(e.into()),
         }
+        self.record_snapshot_secret(&name).await?;
+        step.phase = OperationPhase::Succeeded;
+        step.message = Some(format!(
+            "snapshot of {} bytes (sha256 {digest}) in Secret {name}",
+            bytes.len()
+        ));
+        Ok(Verdict::Next)
+    }
+
+    /// Names the snapshot's Secret in the operation's status (`status.snapshotSecret`).
+    async fn record_snapshot_secret(&self, name: &str) -> Result<(), Error> {
         let api = api(self.ctx, self.operation);
         api.patch_status(
             &self.operation.name_any(),
@@ -901,12 +885,7 @@ impl Node<'_> {
             &Patch::Merge(json!({"status": {"snapshotSecret": name}})),
         )
         .await?;
-        step.phase = OperationPhase::Succeeded;
-        step.message = Some(format!(
-            "snapshot of {} bytes (sha256 {digest}) in Secret {name}",
-            bytes.len()
-        ));
-        Ok(Verdict::Next)
+        Ok(())
     }
 
     /// After sending: the node goes down (reboot, upgrade, reset) and comes back healthy.
