@@ -547,6 +547,7 @@ async fn set_kubernetes_version(
 }
 
 /// What one node's step came to.
+#[derive(Debug, PartialEq, Eq)]
 enum Verdict {
     /// This node is done: go on to the next.
     Next,
@@ -890,119 +891,114 @@ impl Node<'_> {
 
     /// After sending: the node goes down (reboot, upgrade, reset) and comes back healthy.
     async fn follow(&self, step: &mut NodeStep) -> Result<Verdict, Error> {
-        let action = self.operation.spec.action;
         if step.phase == OperationPhase::Succeeded {
             return Ok(Verdict::Next);
         }
         let since = elapsed_since(step.progress.sent_at(), self.ctx.clock.now());
-        match action {
-            OperationAction::Reset => {
-                if crate::in_maintenance(&self.address, self.ctx.settings.sweep)
-                    .await
-                    .is_some()
-                {
-                    // As after a removal, the Node goes; then the machine forgets its config.
-                    if let workload::Outcome::Wait { reason, message } =
-                        self.node().delete().await?
-                    {
-                        return wait(reason, message);
-                    }
-                    crate::machine::forget_config(self.ctx, self.machine).await?;
-                    step.phase = OperationPhase::Succeeded;
-                    step.progress = self.verified(&step.progress);
-                    step.message = Some("reset: back in maintenance mode, its Node deleted".into());
-                    return Ok(Verdict::Next);
-                }
-                if since > NODE_PATIENCE {
-                    return fail(
-                        reasons::NODE_NOT_HEALTHY,
-                        "the node did not come back in maintenance mode after its reset",
-                    );
-                }
-                wait(
-                    reasons::NODE_NOT_HEALTHY,
-                    "waiting for the node to reach maintenance mode",
-                )
-            }
+        match self.operation.spec.action {
+            OperationAction::Reset => self.follow_reset(step, since).await,
             OperationAction::Reboot | OperationAction::Upgrade => {
-                if !step.progress.went_down() {
-                    let deadline = tokio::time::Instant::now() + DOWN_WATCH;
-                    while tokio::time::Instant::now() < deadline {
-                        if up(&self.address, &self.credentials).await.is_none() {
-                            step.progress = step.progress.clone().down(self.ctx.now());
-                            break;
-                        }
-                        tokio::time::sleep(Duration::from_millis(25)).await;
-                    }
-                    if !step.progress.went_down() {
-                        if since > NODE_PATIENCE {
-                            return fail(
-                                reasons::NODE_NOT_HEALTHY,
-                                "the node was never seen going down after the action was sent",
-                            );
-                        }
-                        return wait(
-                            reasons::NODE_NOT_HEALTHY,
-                            format!("waiting for {} to go down", self.address),
-                        );
-                    }
-                    step.message = Some(format!("{action:?}: the node went down"));
-                    self.record(step).await?;
-                }
-                let version = match healthy(&self.address, &self.credentials, self.role).await {
-                    Ok(v) => v,
-                    Err(problem) => {
-                        if since > NODE_PATIENCE {
-                            return fail(reasons::NODE_NOT_HEALTHY, problem.to_string());
-                        }
-                        return wait(reasons::NODE_NOT_HEALTHY, problem.to_string());
-                    }
-                };
-                step.version_after = Some(version.clone());
-                if action == OperationAction::Upgrade {
-                    let image = self
-                        .operation
-                        .spec
-                        .upgrade
-                        .as_ref()
-                        .map(|u| u.image.clone())
-                        .unwrap_or_default();
-                    let expected = image_version(&image);
-                    let rolled_back = match &expected {
-                        Some(target) => &version != target,
-                        None => step.version_before.as_deref() == Some(version.as_str()),
-                    };
-                    if rolled_back {
-                        step.phase = OperationPhase::Failed;
-                        let message = format!(
-                            "after the upgrade to {image} the node runs {version} (before: {}): it rolled back; the operation stops and is not retried",
-                            step.version_before.as_deref().unwrap_or("unknown")
-                        );
-                        step.message = Some(message.clone());
-                        return fail(reasons::UPGRADE_ROLLED_BACK, message);
-                    }
-                }
-                step.phase = OperationPhase::Succeeded;
-                step.progress = self.verified(&step.progress);
-                step.message = Some(format!("{action:?}: back and healthy on {version}"));
-                Ok(Verdict::Next)
+                self.follow_restart(step, since).await
             }
             OperationAction::EtcdDefrag | OperationAction::UpgradeKubernetes => {
-                match healthy(&self.address, &self.credentials, self.role).await {
-                    Ok(version) => {
-                        step.version_after = Some(version);
-                        step.phase = OperationPhase::Succeeded;
-                        step.progress = self.verified(&step.progress);
-                        step.message = Some(format!("{action:?}: done, node healthy"));
-                        Ok(Verdict::Next)
-                    }
-                    Err(problem) if since > NODE_PATIENCE => {
-                        fail(reasons::NODE_NOT_HEALTHY, problem.to_string())
-                    }
-                    Err(problem) => wait(reasons::NODE_NOT_HEALTHY, problem.to_string()),
-                }
+                self.follow_health(step, since).await
             }
             OperationAction::EtcdSnapshot => Ok(Verdict::Next),
+        }
+    }
+
+    /// After a reset: the node back in maintenance mode loses its Node, and the machine its
+    /// config.
+    async fn follow_reset(&self, step: &mut NodeStep, since: Duration) -> Result<Verdict, Error> {
+        if crate::in_maintenance(&self.address, self.ctx.settings.sweep)
+            .await
+            .is_none()
+        {
+            return Ok(plan::not_yet(
+                since,
+                "waiting for the node to reach maintenance mode",
+                "the node did not come back in maintenance mode after its reset",
+            ));
+        }
+        // As after a removal, the Node goes; then the machine forgets its config.
+        if let workload::Outcome::Wait { reason, message } = self.node().delete().await? {
+            return wait(reason, message);
+        }
+        crate::machine::forget_config(self.ctx, self.machine).await?;
+        step.phase = OperationPhase::Succeeded;
+        step.progress = self.verified(&step.progress);
+        step.message = Some("reset: back in maintenance mode, its Node deleted".into());
+        Ok(Verdict::Next)
+    }
+
+    /// After a reboot or an upgrade: the node is seen going down, then comes back healthy (on
+    /// the upgrade's version).
+    async fn follow_restart(&self, step: &mut NodeStep, since: Duration) -> Result<Verdict, Error> {
+        let action = self.operation.spec.action;
+        if !step.progress.went_down() {
+            self.watch_going_down(step).await;
+            if !step.progress.went_down() {
+                return Ok(plan::not_yet(
+                    since,
+                    format!("waiting for {} to go down", self.address),
+                    "the node was never seen going down after the action was sent",
+                ));
+            }
+            step.message = Some(format!("{action:?}: the node went down"));
+            self.record(step).await?;
+        }
+        let version = match healthy(&self.address, &self.credentials, self.role).await {
+            Ok(v) => v,
+            Err(problem) => {
+                return Ok(plan::not_yet(
+                    since,
+                    problem.to_string(),
+                    problem.to_string(),
+                ));
+            }
+        };
+        step.version_after = Some(version.clone());
+        if action == OperationAction::Upgrade
+            && let Some(verdict) =
+                plan::rolled_back(step, &plan::upgrade_image(self.operation), &version)
+        {
+            return Ok(verdict);
+        }
+        step.phase = OperationPhase::Succeeded;
+        step.progress = self.verified(&step.progress);
+        step.message = Some(format!("{action:?}: back and healthy on {version}"));
+        Ok(Verdict::Next)
+    }
+
+    /// Watches the node for up to `DOWN_WATCH`; once it is seen not running, `step` records
+    /// it went down.
+    async fn watch_going_down(&self, step: &mut NodeStep) {
+        let deadline = tokio::time::Instant::now() + DOWN_WATCH;
+        while tokio::time::Instant::now() < deadline {
+            if up(&self.address, &self.credentials).await.is_none() {
+                step.progress = step.progress.clone().down(self.ctx.now());
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    /// After a defragment or a Kubernetes upgrade: the node answers healthy.
+    async fn follow_health(&self, step: &mut NodeStep, since: Duration) -> Result<Verdict, Error> {
+        let action = self.operation.spec.action;
+        match healthy(&self.address, &self.credentials, self.role).await {
+            Ok(version) => {
+                step.version_after = Some(version);
+                step.phase = OperationPhase::Succeeded;
+                step.progress = self.verified(&step.progress);
+                step.message = Some(format!("{action:?}: done, node healthy"));
+                Ok(Verdict::Next)
+            }
+            Err(problem) => Ok(plan::not_yet(
+                since,
+                problem.to_string(),
+                problem.to_string(),
+            )),
         }
     }
 }

@@ -2,14 +2,71 @@
 //! nodes' answers) in, what to do next out. No I/O here; the reconcile and `Node` act on them.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use ichor_api::TalosCluster;
-use ichor_api::operation::TalosOperation;
+use ichor_api::names::reasons;
+use ichor_api::operation::{NodeStep, OperationPhase, TalosOperation};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::ObjectMeta;
 use kube::{Resource as _, ResourceExt as _};
+
+use super::{NODE_PATIENCE, Verdict, image_version};
+
+/// The installer image an upgrade names (empty when the spec names none).
+pub(super) fn upgrade_image(operation: &TalosOperation) -> String {
+    operation
+        .spec
+        .upgrade
+        .as_ref()
+        .map(|u| u.image.clone())
+        .unwrap_or_default()
+}
+
+/// A node not there yet, `since` the action was sent: a wait while within `NODE_PATIENCE`, the
+/// operation's failure after.
+pub(super) fn not_yet(
+    since: Duration,
+    waiting: impl Into<String>,
+    failing: impl Into<String>,
+) -> Verdict {
+    if since > NODE_PATIENCE {
+        Verdict::Fail {
+            reason: reasons::NODE_NOT_HEALTHY,
+            message: failing.into(),
+        }
+    } else {
+        Verdict::Wait {
+            reason: reasons::NODE_NOT_HEALTHY,
+            message: waiting.into(),
+        }
+    }
+}
+
+/// After an upgrade to `image`, the node back on `version`: `Some` (the step failed, the
+/// operation fails) when it rolled back, i.e. it does not run the image's version or, for an
+/// image without a version tag, still runs the version it ran before.
+pub(super) fn rolled_back(step: &mut NodeStep, image: &str, version: &str) -> Option<Verdict> {
+    let rolled_back = match image_version(image) {
+        Some(target) => version != target,
+        None => step.version_before.as_deref() == Some(version),
+    };
+    if !rolled_back {
+        return None;
+    }
+    step.phase = OperationPhase::Failed;
+    let message = format!(
+        "after the upgrade to {image} the node runs {version} (before: {}): it rolled back; the operation stops and is not retried",
+        step.version_before.as_deref().unwrap_or("unknown")
+    );
+    step.message = Some(message.clone());
+    Some(Verdict::Fail {
+        reason: reasons::UPGRADE_ROLLED_BACK,
+        message,
+    })
+}
 
 /// The lowercase hex SHA-256 of `bytes`, as a snapshot's message gives it.
 pub(super) fn sha256_hex(bytes: &[u8]) -> String {
@@ -60,6 +117,92 @@ mod tests {
     use ichor_api::operation::OperationAction;
 
     use super::*;
+
+    #[test]
+    fn an_upgrade_names_its_image_or_none() {
+        let upgrade = TalosOperation::test("up", OperationAction::Upgrade)
+            .image("ghcr.io/siderolabs/installer:v1.14.1")
+            .build();
+        assert_eq!(
+            upgrade_image(&upgrade),
+            "ghcr.io/siderolabs/installer:v1.14.1"
+        );
+        let reboot = TalosOperation::test("rb", OperationAction::Reboot).build();
+        assert_eq!(upgrade_image(&reboot), "");
+    }
+
+    #[test]
+    fn a_node_not_there_yet_waits_until_its_patience_runs_out_then_fails() {
+        let wait = |message: &str| Verdict::Wait {
+            reason: reasons::NODE_NOT_HEALTHY,
+            message: message.into(),
+        };
+        assert_eq!(not_yet(Duration::ZERO, "w", "f"), wait("w"));
+        assert_eq!(not_yet(NODE_PATIENCE, "w", "f"), wait("w"));
+        assert_eq!(
+            not_yet(NODE_PATIENCE + Duration::from_secs(1), "w", "f"),
+            Verdict::Fail {
+                reason: reasons::NODE_NOT_HEALTHY,
+                message: "f".into(),
+            }
+        );
+    }
+
+    fn upgraded_from(before: Option<&str>) -> NodeStep {
+        NodeStep {
+            machine: "cp-1".into(),
+            phase: OperationPhase::Running,
+            version_before: before.map(str::to_owned),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_node_on_the_images_version_did_not_roll_back() {
+        let mut step = upgraded_from(Some("v1.13.9"));
+        let image = "ghcr.io/siderolabs/installer:v1.14.1";
+        assert_eq!(rolled_back(&mut step, image, "v1.14.1"), None);
+        assert_eq!(step, upgraded_from(Some("v1.13.9")));
+    }
+
+    #[test]
+    fn a_node_on_another_version_than_the_images_rolled_back_and_fails() {
+        let mut step = upgraded_from(Some("v1.13.9"));
+        let image = "ghcr.io/siderolabs/installer:v1.14.1";
+        let Some(Verdict::Fail { reason, message }) = rolled_back(&mut step, image, "v1.13.9")
+        else {
+            panic!("a rollback fails the operation");
+        };
+        assert_eq!(reason, reasons::UPGRADE_ROLLED_BACK);
+        assert_eq!(
+            message,
+            "after the upgrade to ghcr.io/siderolabs/installer:v1.14.1 the node runs v1.13.9 (before: v1.13.9): it rolled back; the operation stops and is not retried"
+        );
+        assert_eq!(step.phase, OperationPhase::Failed);
+        assert_eq!(step.message.as_deref(), Some(message.as_str()));
+    }
+
+    #[test]
+    fn without_a_version_tag_a_rollback_is_the_version_from_before() {
+        let image = "registry.local:5000/installer";
+        let mut same = upgraded_from(Some("v1.13.9"));
+        assert!(rolled_back(&mut same, image, "v1.13.9").is_some());
+        assert_eq!(same.phase, OperationPhase::Failed);
+        let mut moved = upgraded_from(Some("v1.13.9"));
+        assert_eq!(rolled_back(&mut moved, image, "v1.14.1"), None);
+        let mut unknown = upgraded_from(None);
+        assert_eq!(rolled_back(&mut unknown, image, "v1.14.1"), None);
+    }
+
+    #[test]
+    fn a_rollback_from_an_unrecorded_version_says_unknown() {
+        let mut step = upgraded_from(None);
+        let image = "ghcr.io/siderolabs/installer:v1.14.1";
+        let Some(Verdict::Fail { message, .. }) = rolled_back(&mut step, image, "v1.13.9") else {
+            panic!("a rollback fails the operation");
+        };
+        assert!(message.contains("(before: unknown)"), "{message}");
+    }
 
     #[test]
     fn a_snapshot_digest_is_lowercase_sha256_hex() {
