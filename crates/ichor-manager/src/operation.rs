@@ -757,44 +757,10 @@ impl Node<'_> {
         };
         let sent = match action {
             OperationAction::Reboot => {
-                if self.role == Role::ControlPlane {
-                    let _ = client.etcd_forfeit_leadership().await;
-                }
+                self.forfeit_leadership(&client).await;
                 client.reboot().await
             }
-            OperationAction::Upgrade => {
-                let image = self
-                    .operation
-                    .spec
-                    .upgrade
-                    .as_ref()
-                    .map(|u| u.image.clone())
-                    .unwrap_or_default();
-                if let (Some(target), Ok(running)) = (image_version(&image), client.version().await)
-                    && running == target
-                    && step.version_before.as_deref() != Some(target.as_str())
-                {
-                    // Sent before a restart and already done.
-                    let now = self.ctx.now();
-                    step.progress = NodeProgress::WentDown {
-                        sent_at: now.clone(),
-                        down_at: now,
-                    };
-                    return Ok(None);
-                }
-                if self.role == Role::ControlPlane {
-                    let _ = client.etcd_forfeit_leadership().await;
-                }
-                // The lifecycle upgrade installs to disk and does not reboot: the reboot is a
-                // separate call, as talosctl makes it (talos-facts §10.9).
-                match client.pull_image(&image).await {
-                    Ok(_) => match client.upgrade(&image).await {
-                        Ok(()) => client.reboot().await,
-                        Err(error) => Err(error),
-                    },
-                    Err(error) => Err(error),
-                }
-            }
+            OperationAction::Upgrade => return self.send_upgrade(&client, step).await,
             OperationAction::Reset => {
                 client
                     .reset(ResetOptions {
@@ -808,43 +774,85 @@ impl Node<'_> {
                 Err(error) => Err(error),
             },
             OperationAction::EtcdDefrag => client.etcd_defragment().await,
-            OperationAction::UpgradeKubernetes => {
-                let rendered = match crate::machine::render_for(
-                    self.cluster,
-                    self.machine,
-                    self.role,
-                    self.bundle,
-                ) {
-                    Ok(r) => r,
-                    Err(problem) => {
-                        return Ok(Some(Verdict::Fail {
-                            reason: reasons::INVALID_PATCH,
-                            message: format!("the config cannot be rendered: {problem}"),
-                        }));
-                    }
-                };
-                match client
-                    .apply_configuration(rendered.yaml.as_bytes(), ApplyMode::NoReboot)
-                    .await
-                {
-                    Ok(_) => {
-                        crate::machine::record_hash(self.ctx, self.machine, &rendered).await?;
-                        Ok(())
-                    }
-                    Err(error) => Err(error),
-                }
-            }
+            OperationAction::UpgradeKubernetes => return self.send_kubernetes(&client, step).await,
         };
-        match sent {
-            Ok(()) => {
-                step.message = Some(format!("{action:?}: sent"));
-                Ok(None)
-            }
-            Err(error) => Ok(Some(Verdict::Fail {
-                reason: reasons::ACTION_FAILED,
-                message: format!("the node refused {action:?}: {error}"),
-            })),
+        Ok(plan::answered(action, step, sent))
+    }
+
+    /// A control plane hands its etcd leadership on before it goes down (best effort).
+    async fn forfeit_leadership(&self, client: &TalosClient) {
+        if self.role == Role::ControlPlane {
+            let _ = client.etcd_forfeit_leadership().await;
         }
+    }
+
+    /// Sends an upgrade (the image pulled, installed, then the reboot), unless the node already
+    /// runs the image's version: then it was sent before a restart and went down since.
+    async fn send_upgrade(
+        &self,
+        client: &TalosClient,
+        step: &mut NodeStep,
+    ) -> Result<Option<Verdict>, Error> {
+        let image = plan::upgrade_image(self.operation);
+        let running = client.version().await.ok();
+        if plan::upgraded_already(
+            image_version(&image).as_deref(),
+            running.as_deref(),
+            step.version_before.as_deref(),
+        ) {
+            // Sent before a restart and already done.
+            let now = self.ctx.now();
+            step.progress = NodeProgress::WentDown {
+                sent_at: now.clone(),
+                down_at: now,
+            };
+            return Ok(None);
+        }
+        self.forfeit_leadership(client).await;
+        // The lifecycle upgrade installs to disk and does not reboot: the reboot is a
+        // separate call, as talosctl makes it (talos-facts §10.9).
+        let sent = match client.pull_image(&image).await {
+            Ok(_) => match client.upgrade(&image).await {
+                Ok(()) => client.reboot().await,
+                Err(error) => Err(error),
+            },
+            Err(error) => Err(error),
+        };
+        Ok(plan::answered(OperationAction::Upgrade, step, sent))
+    }
+
+    /// Sends a Kubernetes upgrade: the machine's config, rendered for the cluster's (new)
+    /// version, applied without a reboot, and its hash recorded.
+    async fn send_kubernetes(
+        &self,
+        client: &TalosClient,
+        step: &mut NodeStep,
+    ) -> Result<Option<Verdict>, Error> {
+        let rendered =
+            match crate::machine::render_for(self.cluster, self.machine, self.role, self.bundle) {
+                Ok(r) => r,
+                Err(problem) => {
+                    return Ok(Some(Verdict::Fail {
+                        reason: reasons::INVALID_PATCH,
+                        message: format!("the config cannot be rendered: {problem}"),
+                    }));
+                }
+            };
+        let sent = match client
+            .apply_configuration(rendered.yaml.as_bytes(), ApplyMode::NoReboot)
+            .await
+        {
+            Ok(_) => {
+                crate::machine::record_hash(self.ctx, self.machine, &rendered).await?;
+                Ok(())
+            }
+            Err(error) => Err(error),
+        };
+        Ok(plan::answered(
+            OperationAction::UpgradeKubernetes,
+            step,
+            sent,
+        ))
     }
 
     /// Keeps an etcd snapshot in a Secret owned by the operation and names it in the status.

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use ichor_api::TalosCluster;
 use ichor_api::names::reasons;
-use ichor_api::operation::{NodeStep, OperationPhase, TalosOperation};
+use ichor_api::operation::{NodeStep, OperationAction, OperationPhase, TalosOperation};
+use ichor_talos::TalosError;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -23,6 +24,35 @@ pub(super) fn upgrade_image(operation: &TalosOperation) -> String {
         .as_ref()
         .map(|u| u.image.clone())
         .unwrap_or_default()
+}
+
+/// Whether an upgrade to the image's version `target` was sent before a restart and is done:
+/// the node runs `target` and ran another version (or none recorded) before.
+pub(super) fn upgraded_already(
+    target: Option<&str>,
+    running: Option<&str>,
+    before: Option<&str>,
+) -> bool {
+    target.is_some_and(|target| running == Some(target) && before != Some(target))
+}
+
+/// The node's answer to the action sent: `None` goes on to look for its effect (`step` says it
+/// was sent); a refusal fails the operation.
+pub(super) fn answered(
+    action: OperationAction,
+    step: &mut NodeStep,
+    sent: Result<(), TalosError>,
+) -> Option<Verdict> {
+    match sent {
+        Ok(()) => {
+            step.message = Some(format!("{action:?}: sent"));
+            None
+        }
+        Err(error) => Some(Verdict::Fail {
+            reason: reasons::ACTION_FAILED,
+            message: format!("the node refused {action:?}: {error}"),
+        }),
+    }
 }
 
 /// A node not there yet, `since` the action was sent: a wait while within `NODE_PATIENCE`, the
@@ -114,9 +144,49 @@ pub(super) fn snapshot_secret(
 
 #[cfg(test)]
 mod tests {
-    use ichor_api::operation::OperationAction;
-
     use super::*;
+
+    #[test]
+    fn an_upgrade_is_found_done_only_on_the_target_it_did_not_run_before() {
+        let target = Some("v1.14.1");
+        assert!(upgraded_already(target, Some("v1.14.1"), Some("v1.13.9")));
+        assert!(upgraded_already(target, Some("v1.14.1"), None));
+        // Already on the target before: nothing says it was sent, it is sent.
+        assert!(!upgraded_already(target, Some("v1.14.1"), Some("v1.14.1")));
+        assert!(!upgraded_already(target, Some("v1.13.9"), Some("v1.13.9")));
+        // The node does not tell its version, or the image names none.
+        assert!(!upgraded_already(target, None, Some("v1.13.9")));
+        assert!(!upgraded_already(None, Some("v1.14.1"), Some("v1.13.9")));
+    }
+
+    #[test]
+    fn an_accepted_action_is_recorded_sent_and_goes_on() {
+        let mut step = NodeStep::default();
+        assert_eq!(answered(OperationAction::Reboot, &mut step, Ok(())), None);
+        assert_eq!(step.message.as_deref(), Some("Reboot: sent"));
+    }
+
+    #[test]
+    fn a_refused_action_fails_the_operation_with_the_nodes_error() {
+        let mut step = NodeStep {
+            message: Some("Reset: sending".into()),
+            ..Default::default()
+        };
+        let refused = Err(TalosError::ConnectTimeout {
+            endpoint: "10.0.0.5".into(),
+            seconds: 10,
+        });
+        assert_eq!(
+            answered(OperationAction::Reset, &mut step, refused),
+            Some(Verdict::Fail {
+                reason: reasons::ACTION_FAILED,
+                message:
+                    "the node refused Reset: connecting to 10.0.0.5 did not complete within 10 s"
+                        .into(),
+            })
+        );
+        assert_eq!(step.message.as_deref(), Some("Reset: sending"));
+    }
 
     #[test]
     fn an_upgrade_names_its_image_or_none() {
