@@ -15,7 +15,7 @@ use ichor_api::operation::{
     NodeProgress, NodeStep, OperationAction, OperationPhase, TalosOperation, TalosOperationStatus,
 };
 use ichor_api::{TalosCluster, TalosMachine};
-use ichor_deleteguard::{Disruption, Stage as PlanStage, Verdict as Plan, annotation_true};
+use ichor_deleteguard::{Disruption, Stage as PlanStage, annotation_true};
 use ichor_talos::{ApplyMode, Credentials, ResetOptions, Stage, TalosClient, TalosError};
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -600,84 +600,90 @@ impl Node<'_> {
     /// Moves one node's step on: check, record the intent, send, record it sent, wait for the
     /// effect, verify.
     async fn advance(&self, mut step: NodeStep) -> Result<(NodeStep, Verdict), Error> {
-        let action = self.operation.spec.action;
-        if step.phase == OperationPhase::Pending || step.phase == OperationPhase::Waiting {
-            // The planner, on every control plane's etcd member looked at now.
-            if let Some(disruption) = self.disruption() {
-                let plan = crate::observe::plan(
-                    self.ctx,
-                    self.machine,
-                    self.cluster,
-                    self.machines,
-                    &self.credentials,
-                    &disruption,
-                    PlanStage::Run,
-                )
-                .await?;
-                match plan {
-                    Plan::Proceed(_) => {}
-                    Plan::Wait(hold) => {
-                        step.phase = OperationPhase::Waiting;
-                        step.message = Some(hold.message());
-                        return Ok((
-                            step,
-                            Verdict::Held {
-                                reason: hold.reason(),
-                                message: format!("before {}: {hold}", self.machine.name_any()),
-                            },
-                        ));
-                    }
-                    Plan::Refuse(refusal) => {
-                        return Ok((step, fail(refusal.reason(), refusal.message())?));
-                    }
-                }
-            }
-            let Some(client) = up(&self.address, &self.credentials).await else {
-                step.phase = OperationPhase::Waiting;
-                return Ok((
-                    step,
-                    wait(
-                        reasons::NODE_UNREACHABLE,
-                        format!("{} is not running", self.address),
-                    )?,
-                ));
-            };
-            if action == OperationAction::Reset
-                && let Some((reason, message)) = self.take_node_away().await?
-            {
-                step.phase = OperationPhase::Waiting;
-                step.message = Some(message.clone());
-                return Ok((step, Verdict::Wait { reason, message }));
-            }
-            step.version_before = client.version().await.ok();
-            step.phase = OperationPhase::Running;
-            step.message = Some(format!("{action:?}: sending"));
-            step.progress = NodeProgress::Intended;
-            // Record the intent before sending.
-            self.record(&step).await?;
+        if (step.phase == OperationPhase::Pending || step.phase == OperationPhase::Waiting)
+            && let Some(verdict) = self.prepare(&mut step).await?
+        {
+            return Ok((step, verdict));
         }
-        if step.progress.is_intended() {
-            // A pull, an upgrade, a defragment or a snapshot may run for minutes: the lock is
-            // renewed meanwhile.
-            let sent = crate::lock::renewed_while(
-                self.ctx,
-                self.cluster,
-                &holder(self.operation),
-                self.send(&mut step),
-            )
-            .await?;
-            if let Some(verdict) = sent {
-                return Ok((step, verdict));
-            }
-            if step.progress.is_intended() {
-                step.progress = NodeProgress::Sent {
-                    sent_at: self.ctx.now(),
-                };
-            }
-            self.record(&step).await?;
+        if step.progress.is_intended()
+            && let Some(verdict) = self.send_recorded(&mut step).await?
+        {
+            return Ok((step, verdict));
         }
         let verdict = self.follow(&mut step).await?;
         Ok((step, verdict))
+    }
+
+    /// Before anything is sent: the planner's check, the node answering, a reset's Node taken
+    /// away, then the intent recorded. `Some` stops here.
+    async fn prepare(&self, step: &mut NodeStep) -> Result<Option<Verdict>, Error> {
+        let action = self.operation.spec.action;
+        if let Some(verdict) = self.check(step).await? {
+            return Ok(Some(verdict));
+        }
+        let Some(client) = up(&self.address, &self.credentials).await else {
+            step.phase = OperationPhase::Waiting;
+            return Ok(Some(wait(
+                reasons::NODE_UNREACHABLE,
+                format!("{} is not running", self.address),
+            )?));
+        };
+        if action == OperationAction::Reset
+            && let Some((reason, message)) = self.take_node_away().await?
+        {
+            step.phase = OperationPhase::Waiting;
+            step.message = Some(message.clone());
+            return Ok(Some(Verdict::Wait { reason, message }));
+        }
+        step.version_before = client.version().await.ok();
+        step.phase = OperationPhase::Running;
+        step.message = Some(format!("{action:?}: sending"));
+        step.progress = NodeProgress::Intended;
+        // Record the intent before sending.
+        self.record(step).await?;
+        Ok(None)
+    }
+
+    /// The planner, on every control plane's etcd member looked at now (for an action that can
+    /// cost etcd quorum). `Some` holds or refuses the node.
+    async fn check(&self, step: &mut NodeStep) -> Result<Option<Verdict>, Error> {
+        let Some(disruption) = self.disruption() else {
+            return Ok(None);
+        };
+        let plan = crate::observe::plan(
+            self.ctx,
+            self.machine,
+            self.cluster,
+            self.machines,
+            &self.credentials,
+            &disruption,
+            PlanStage::Run,
+        )
+        .await?;
+        Ok(plan::planner_verdict(plan, step, &self.machine.name_any()))
+    }
+
+    /// Sends the intended action and records it sent. `Some` stops here.
+    async fn send_recorded(&self, step: &mut NodeStep) -> Result<Option<Verdict>, Error> {
+        // A pull, an upgrade, a defragment or a snapshot may run for minutes: the lock is
+        // renewed meanwhile.
+        let sent = crate::lock::renewed_while(
+            self.ctx,
+            self.cluster,
+            &holder(self.operation),
+            self.send(step),
+        )
+        .await?;
+        if sent.is_some() {
+            return Ok(sent);
+        }
+        if step.progress.is_intended() {
+            step.progress = NodeProgress::Sent {
+                sent_at: self.ctx.now(),
+            };
+        }
+        self.record(step).await?;
+        Ok(None)
     }
 
     /// `progress`, verified now.

@@ -7,6 +7,7 @@ use std::time::Duration;
 use ichor_api::TalosCluster;
 use ichor_api::names::reasons;
 use ichor_api::operation::{NodeStep, OperationAction, OperationPhase, TalosOperation};
+use ichor_deleteguard::Verdict as Plan;
 use ichor_talos::TalosError;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
@@ -24,6 +25,27 @@ pub(super) fn upgrade_image(operation: &TalosOperation) -> String {
         .as_ref()
         .map(|u| u.image.clone())
         .unwrap_or_default()
+}
+
+/// The planner's verdict on the node before anything is sent to it: `None` goes ahead; a wait
+/// holds the node (its step waiting, the lock released meanwhile); a refusal fails the
+/// operation.
+pub(super) fn planner_verdict(plan: Plan, step: &mut NodeStep, machine: &str) -> Option<Verdict> {
+    match plan {
+        Plan::Proceed(_) => None,
+        Plan::Wait(hold) => {
+            step.phase = OperationPhase::Waiting;
+            step.message = Some(hold.message());
+            Some(Verdict::Held {
+                reason: hold.reason(),
+                message: format!("before {machine}: {hold}"),
+            })
+        }
+        Plan::Refuse(refusal) => Some(Verdict::Fail {
+            reason: refusal.reason(),
+            message: refusal.message(),
+        }),
+    }
 }
 
 /// Whether an upgrade to the image's version `target` was sent before a restart and is done:
@@ -145,6 +167,65 @@ pub(super) fn snapshot_secret(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn pending(machine: &str) -> NodeStep {
+        NodeStep {
+            machine: machine.into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_planner_going_ahead_leaves_the_step_to_be_sent() {
+        let proceed = Plan::Proceed(ichor_deleteguard::Justification {
+            target: "cp-1".into(),
+            action: "restarting",
+            voters: 3,
+            voters_after: 3,
+            healthy_left: 2,
+            declared: 3,
+            leave: ichor_deleteguard::Leave::Stays,
+            teardown: false,
+        });
+        let mut step = pending("cp-1");
+        assert_eq!(planner_verdict(proceed, &mut step, "cp-1"), None);
+        assert_eq!(step, pending("cp-1"));
+    }
+
+    #[test]
+    fn a_planner_wait_holds_the_node_and_says_before_which_machine() {
+        let hold = ichor_deleteguard::Wait::TeardownWorkersFirst {
+            name: "cp-1".into(),
+            workers: 2,
+        };
+        let mut step = pending("cp-1");
+        assert_eq!(
+            planner_verdict(Plan::Wait(hold.clone()), &mut step, "cp-1"),
+            Some(Verdict::Held {
+                reason: hold.reason(),
+                message: format!("before cp-1: {hold}"),
+            })
+        );
+        assert_eq!(step.phase, OperationPhase::Waiting);
+        assert_eq!(step.message, Some(hold.message()));
+    }
+
+    #[test]
+    fn a_planner_refusal_fails_the_operation_and_leaves_the_step() {
+        let refusal = ichor_deleteguard::Refusal::LastControlPlane {
+            name: "cp-1".into(),
+            cluster: "lab".into(),
+        };
+        let mut step = pending("cp-1");
+        assert_eq!(
+            planner_verdict(Plan::Refuse(refusal.clone()), &mut step, "cp-1"),
+            Some(Verdict::Fail {
+                reason: refusal.reason(),
+                message: refusal.message(),
+            })
+        );
+        assert_eq!(step, pending("cp-1"));
+    }
 
     #[test]
     fn an_upgrade_is_found_done_only_on_the_target_it_did_not_run_before() {
