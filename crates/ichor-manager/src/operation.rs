@@ -258,111 +258,41 @@ fn elapsed_since(at: Option<&Time>, now: Timestamp) -> Duration {
         .unwrap_or_default()
 }
 
+/// Observes the operation, its cluster and machines, takes the cluster lock and reads the
+/// secrets bundle, then moves the next node's step on.
 async fn reconcile_inner(operation: &TalosOperation, ctx: &Context) -> Result<Action, Error> {
     let mut status = operation.status.clone().unwrap_or_default();
-    if matches!(
-        status.phase,
-        OperationPhase::Succeeded | OperationPhase::Failed
-    ) {
+    if plan::is_over(&status) {
         return Ok(Action::await_change());
     }
-    let namespace = operation.namespace().unwrap_or_default();
-    let cluster_name = operation.spec.cluster_ref.name.clone();
-    let Some(cluster) = Api::<TalosCluster>::namespaced(ctx.client.clone(), &namespace)
-        .get_opt(&cluster_name)
-        .await?
-    else {
-        return end(
+    let Observed { cluster, machines } = match observe(ctx, operation, &mut status).await? {
+        Ok(observed) => observed,
+        Err(message) => {
+            return end(
+                ctx,
+                operation,
+                None,
+                status,
+                false,
+                reasons::NO_TARGETS,
+                message,
+            )
+            .await;
+        }
+    };
+    let outcome = take_lock(ctx, operation, &status, &cluster, &machines).await?;
+    if let Some(reason) = plan::lock_wait(&outcome) {
+        return waiting(
             ctx,
             operation,
-            None,
             status,
-            false,
-            reasons::NO_TARGETS,
-            format!("TalosCluster {cluster_name} (spec.clusterRef) does not exist in namespace {namespace}"),
-        )
-        .await;
-    };
-    let machines = crate::cluster_machines(ctx, &cluster).await?;
-    if status.nodes.is_empty() {
-        match operation.spec.targets(&machines) {
-            Ok(names) => {
-                status.nodes = names
-                    .into_iter()
-                    .map(|machine| NodeStep {
-                        machine,
-                        ..Default::default()
-                    })
-                    .collect();
-                status.progress = Some(progress(&status.nodes));
-            }
-            Err(problem) => {
-                return end(
-                    ctx,
-                    operation,
-                    None,
-                    status,
-                    false,
-                    reasons::NO_TARGETS,
-                    problem.to_string(),
-                )
-                .await;
-            }
-        }
-    }
-    // The lock: an operation completes no transition, but a reset of a surplus control plane
-    // does, as its removal would.
-    let moving = lock::transitioning(&cluster, &machines);
-    let me = holder(operation);
-    let completes = resets_a_surplus_control_plane(operation, &status, &cluster, &machines);
-    let outcome = lock::acquire(ctx, &cluster, &me, moving, completes).await?;
-    match outcome {
-        lock::Outcome::Held => {}
-        lock::Outcome::Busy(_) => {
-            return waiting(
-                ctx,
-                operation,
-                status,
-                OperationPhase::Waiting,
-                reasons::WAITING_FOR_LOCK,
-                outcome.message(),
-            )
-            .await;
-        }
-        lock::Outcome::Transitioning => {
-            return waiting(
-                ctx,
-                operation,
-                status,
-                OperationPhase::Waiting,
-                reasons::CLUSTER_TRANSITIONING,
-                outcome.message(),
-            )
-            .await;
-        }
-    }
-    // Waiting (for the lock, or held by the planner) and running again: only the first start
-    // is recorded and announced.
-    status.phase = OperationPhase::Running;
-    if status.started_at.is_none() {
-        status.started_at = Some(ctx.now());
-        if operation.spec.action == OperationAction::UpgradeKubernetes {
-            set_kubernetes_version(ctx, operation, &cluster).await?;
-        }
-        write(ctx, operation, &status).await?;
-        ctx.event(
-            operation,
-            EventType::Normal,
-            reasons::STARTED,
-            actions::OPERATE,
-            format!(
-                "{:?} on {} node(s), one at a time",
-                operation.spec.action,
-                status.nodes.len()
-            ),
+            OperationPhase::Waiting,
+            reason,
+            outcome.message(),
         )
         .await;
     }
+    start(ctx, operation, &cluster, &mut status).await?;
     let bundle = match secrets::bundle(&ctx.client, &cluster).await? {
         Ok(b) => b,
         Err(problem) => {
@@ -377,56 +307,150 @@ async fn reconcile_inner(operation: &TalosOperation, ctx: &Context) -> Result<Ac
             .await;
         }
     };
-    let credentials = crate::credentials(&bundle)?;
-    let Some(index) = status
-        .nodes
-        .iter()
-        .position(|n| n.phase != OperationPhase::Succeeded)
+    run_next(ctx, operation, &cluster, &machines, &bundle, status).await
+}
+
+/// What a reconcile acts on: the operation's cluster and that cluster's machines.
+struct Observed {
+    /// The TalosCluster of `spec.clusterRef`.
+    cluster: TalosCluster,
+    /// Its machines.
+    machines: Vec<TalosMachine>,
+}
+
+/// Reads the operation's cluster and its machines, and chooses the operation's nodes on its
+/// first run. The inner `Err` says why it has nothing to act on.
+async fn observe(
+    ctx: &Context,
+    operation: &TalosOperation,
+    status: &mut TalosOperationStatus,
+) -> Result<Result<Observed, String>, Error> {
+    let namespace = operation.namespace().unwrap_or_default();
+    let cluster_name = operation.spec.cluster_ref.name.clone();
+    let Some(cluster) = Api::<TalosCluster>::namespaced(ctx.client.clone(), &namespace)
+        .get_opt(&cluster_name)
+        .await?
     else {
-        let message = format!(
-            "{:?} done on {} node(s)",
+        return Ok(Err(format!(
+            "TalosCluster {cluster_name} (spec.clusterRef) does not exist in namespace {namespace}"
+        )));
+    };
+    let machines = crate::cluster_machines(ctx, &cluster).await?;
+    if let Err(problem) = plan::choose_targets(status, &operation.spec, &machines) {
+        return Ok(Err(problem.to_string()));
+    }
+    Ok(Ok(Observed { cluster, machines }))
+}
+
+/// Takes the cluster lock for the operation, or keeps it.
+async fn take_lock(
+    ctx: &Context,
+    operation: &TalosOperation,
+    status: &TalosOperationStatus,
+    cluster: &TalosCluster,
+    machines: &[TalosMachine],
+) -> Result<lock::Outcome, Error> {
+    // The lock: an operation completes no transition, but a reset of a surplus control plane
+    // does, as its removal would.
+    let moving = lock::transitioning(cluster, machines);
+    let me = holder(operation);
+    let completes = resets_a_surplus_control_plane(operation, status, cluster, machines);
+    lock::acquire(ctx, cluster, &me, moving, completes).await
+}
+
+/// Marks the operation running; its first start is recorded and announced (and an
+/// `upgradeKubernetes` sets the cluster's version then).
+async fn start(
+    ctx: &Context,
+    operation: &TalosOperation,
+    cluster: &TalosCluster,
+    status: &mut TalosOperationStatus,
+) -> Result<(), Error> {
+    // Waiting (for the lock, or held by the planner) and running again: only the first start
+    // is recorded and announced.
+    status.phase = OperationPhase::Running;
+    if status.started_at.is_some() {
+        return Ok(());
+    }
+    status.started_at = Some(ctx.now());
+    if operation.spec.action == OperationAction::UpgradeKubernetes {
+        set_kubernetes_version(ctx, operation, cluster).await?;
+    }
+    write(ctx, operation, status).await?;
+    ctx.event(
+        operation,
+        EventType::Normal,
+        reasons::STARTED,
+        actions::OPERATE,
+        format!(
+            "{:?} on {} node(s), one at a time",
             operation.spec.action,
             status.nodes.len()
-        );
-        return end(
-            ctx,
-            operation,
-            Some(&cluster),
-            status,
-            true,
-            reasons::COMPLETED,
+        ),
+    )
+    .await;
+    Ok(())
+}
+
+/// Under the lock: moves the first node not done on by one step, or ends the operation once
+/// every node is done (or the next one's machine is gone).
+async fn run_next(
+    ctx: &Context,
+    operation: &TalosOperation,
+    cluster: &TalosCluster,
+    machines: &[TalosMachine],
+    bundle: &ichor_render::SecretsBundle,
+    mut status: TalosOperationStatus,
+) -> Result<Action, Error> {
+    let credentials = crate::credentials(bundle)?;
+    let (index, machine) = match plan::next_node(operation.spec.action, &status, machines) {
+        plan::NextNode::At { index, machine } => (index, machine),
+        plan::NextNode::End {
+            succeeded,
+            reason,
             message,
-        )
-        .await;
+        } => {
+            return end(
+                ctx,
+                operation,
+                Some(cluster),
+                status,
+                succeeded,
+                reason,
+                message,
+            )
+            .await;
+        }
     };
     let name = status.nodes[index].machine.clone();
-    let Some(machine) = machines.iter().find(|m| m.name_any() == name) else {
-        return end(
-            ctx,
-            operation,
-            Some(&cluster),
-            status,
-            false,
-            reasons::NO_TARGETS,
-            format!("TalosMachine {name} is gone"),
-        )
-        .await;
-    };
     let node = Node {
         ctx,
         operation,
-        cluster: &cluster,
+        cluster,
         machine,
-        machines: &machines,
+        machines,
         role: machine.spec.role.unwrap_or(Role::Worker),
         address: address(machine),
         credentials,
-        bundle: &bundle,
+        bundle,
     };
     let step = status.nodes[index].clone();
     let (step, verdict) = node.advance(step).await?;
     status.nodes[index] = step;
     status.progress = Some(progress(&status.nodes));
+    conclude(ctx, operation, cluster, status, &name, verdict).await
+}
+
+/// Acts on what the node's step came to: the status written and the next node soon, a wait
+/// (the lock released while the planner holds the node), or the operation's end.
+async fn conclude(
+    ctx: &Context,
+    operation: &TalosOperation,
+    cluster: &TalosCluster,
+    status: TalosOperationStatus,
+    name: &str,
+    verdict: Verdict,
+) -> Result<Action, Error> {
     match verdict {
         Verdict::Next => {
             write(ctx, operation, &status).await?;
@@ -444,7 +468,7 @@ async fn reconcile_inner(operation: &TalosOperation, ctx: &Context) -> Result<Ac
             .await
         }
         Verdict::Held { reason, message } => {
-            lock::release(ctx, &cluster, &holder(operation)).await?;
+            lock::release(ctx, cluster, &holder(operation)).await?;
             waiting(
                 ctx,
                 operation,
@@ -459,7 +483,7 @@ async fn reconcile_inner(operation: &TalosOperation, ctx: &Context) -> Result<Ac
             end(
                 ctx,
                 operation,
-                Some(&cluster),
+                Some(cluster),
                 status,
                 false,
                 reason,

@@ -4,9 +4,12 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use ichor_api::TalosCluster;
 use ichor_api::names::reasons;
-use ichor_api::operation::{NodeStep, OperationAction, OperationPhase, TalosOperation};
+use ichor_api::operation::{
+    NoTargets, NodeStep, OperationAction, OperationPhase, TalosOperation, TalosOperationSpec,
+    TalosOperationStatus,
+};
+use ichor_api::{TalosCluster, TalosMachine};
 use ichor_deleteguard::Verdict as Plan;
 use ichor_talos::TalosError;
 use k8s_openapi::ByteString;
@@ -15,7 +18,96 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::ObjectMeta;
 use kube::{Resource as _, ResourceExt as _};
 
-use super::{NODE_PATIENCE, Verdict, image_version};
+use super::{NODE_PATIENCE, Verdict, image_version, progress};
+use crate::lock;
+
+/// Whether the operation ended (succeeded or failed): it is never run again.
+pub(super) fn is_over(status: &TalosOperationStatus) -> bool {
+    matches!(
+        status.phase,
+        OperationPhase::Succeeded | OperationPhase::Failed
+    )
+}
+
+/// The operation's nodes, chosen once among its cluster's `machines` (while none are recorded);
+/// later reconciles keep the ones recorded.
+pub(super) fn choose_targets(
+    status: &mut TalosOperationStatus,
+    spec: &TalosOperationSpec,
+    machines: &[TalosMachine],
+) -> Result<(), NoTargets> {
+    if !status.nodes.is_empty() {
+        return Ok(());
+    }
+    status.nodes = spec
+        .targets(machines)?
+        .into_iter()
+        .map(|machine| NodeStep {
+            machine,
+            ..Default::default()
+        })
+        .collect();
+    status.progress = Some(progress(&status.nodes));
+    Ok(())
+}
+
+/// Why the operation waits for the cluster lock (`None`: it holds it).
+pub(super) fn lock_wait(outcome: &lock::Outcome) -> Option<&'static str> {
+    match outcome {
+        lock::Outcome::Held => None,
+        lock::Outcome::Busy(_) => Some(reasons::WAITING_FOR_LOCK),
+        lock::Outcome::Transitioning => Some(reasons::CLUSTER_TRANSITIONING),
+    }
+}
+
+/// What comes next among the operation's nodes, in their recorded order.
+#[derive(Debug)]
+pub(super) enum NextNode<'m> {
+    /// The first node not done, at `index` among the status's nodes, and its machine.
+    At {
+        /// Its place in `status.nodes`.
+        index: usize,
+        /// Its TalosMachine.
+        machine: &'m TalosMachine,
+    },
+    /// The operation ends: every node is done, or the next node's TalosMachine is gone.
+    End {
+        /// Whether it succeeded.
+        succeeded: bool,
+        /// The condition reason.
+        reason: &'static str,
+        /// The condition message.
+        message: String,
+    },
+}
+
+/// The first node not done and its machine among `machines`, or how the operation ends.
+pub(super) fn next_node<'m>(
+    action: OperationAction,
+    status: &TalosOperationStatus,
+    machines: &'m [TalosMachine],
+) -> NextNode<'m> {
+    let Some(index) = status
+        .nodes
+        .iter()
+        .position(|n| n.phase != OperationPhase::Succeeded)
+    else {
+        return NextNode::End {
+            succeeded: true,
+            reason: reasons::COMPLETED,
+            message: format!("{action:?} done on {} node(s)", status.nodes.len()),
+        };
+    };
+    let name = &status.nodes[index].machine;
+    match machines.iter().find(|m| &m.name_any() == name) {
+        Some(machine) => NextNode::At { index, machine },
+        None => NextNode::End {
+            succeeded: false,
+            reason: reasons::NO_TARGETS,
+            message: format!("TalosMachine {name} is gone"),
+        },
+    }
+}
 
 /// The installer image an upgrade names (empty when the spec names none).
 pub(super) fn upgrade_image(operation: &TalosOperation) -> String {
@@ -168,6 +260,146 @@ pub(super) fn snapshot_secret(
 mod tests {
     use super::*;
 
+    /// A status with these nodes, in this order.
+    fn status_with(nodes: &[(&str, OperationPhase)]) -> TalosOperationStatus {
+        TalosOperationStatus {
+            nodes: nodes
+                .iter()
+                .map(|(machine, phase)| NodeStep {
+                    machine: (*machine).into(),
+                    phase: *phase,
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn only_a_succeeded_or_failed_operation_is_over() {
+        let at = |phase| TalosOperationStatus {
+            phase,
+            ..Default::default()
+        };
+        assert!(is_over(&at(OperationPhase::Succeeded)));
+        assert!(is_over(&at(OperationPhase::Failed)));
+        assert!(!is_over(&at(OperationPhase::Pending)));
+        assert!(!is_over(&at(OperationPhase::Waiting)));
+        assert!(!is_over(&at(OperationPhase::Running)));
+    }
+
+    /// A worker approved and configured (its config applied), so operations may target it.
+    fn configured(name: &str) -> TalosMachine {
+        let mut machine = TalosMachine::test(name).worker().approved().build();
+        machine.status = Some(ichor_api::machine::TalosMachineStatus {
+            applied_config_hash: Some("hash".into()),
+            ..Default::default()
+        });
+        machine
+    }
+
+    #[test]
+    fn targets_are_chosen_once_with_their_progress() {
+        let machines = [configured("w-1"), configured("w-2")];
+        let spec = TalosOperation::test("rb", OperationAction::Reboot)
+            .machine("w-2")
+            .build()
+            .spec;
+        let mut status = TalosOperationStatus::default();
+        assert_eq!(choose_targets(&mut status, &spec, &machines), Ok(()));
+        assert_eq!(
+            status.nodes,
+            status_with(&[("w-2", OperationPhase::Pending)]).nodes
+        );
+        assert_eq!(status.progress.as_deref(), Some("0/1"));
+        // Recorded nodes stay, whatever the machines are now.
+        let mut recorded = status_with(&[("w-1", OperationPhase::Succeeded)]);
+        assert_eq!(choose_targets(&mut recorded, &spec, &[]), Ok(()));
+        assert_eq!(recorded, status_with(&[("w-1", OperationPhase::Succeeded)]));
+    }
+
+    #[test]
+    fn no_target_is_the_operations_problem_and_records_nothing() {
+        let spec = TalosOperation::test("rb", OperationAction::Reboot)
+            .machine("w-9")
+            .build()
+            .spec;
+        let mut status = TalosOperationStatus::default();
+        assert_eq!(
+            choose_targets(&mut status, &spec, &[configured("w-1")]),
+            Err(NoTargets::UnknownMachine {
+                name: "w-9".into(),
+                cluster: ichor_api::testing::CLUSTER.into(),
+            })
+        );
+        assert_eq!(status, TalosOperationStatus::default());
+    }
+
+    #[test]
+    fn the_lock_held_goes_on_and_otherwise_says_why_it_waits() {
+        assert_eq!(lock_wait(&lock::Outcome::Held), None);
+        assert_eq!(
+            lock_wait(&lock::Outcome::Busy(None)),
+            Some(reasons::WAITING_FOR_LOCK)
+        );
+        assert_eq!(
+            lock_wait(&lock::Outcome::Transitioning),
+            Some(reasons::CLUSTER_TRANSITIONING)
+        );
+    }
+
+    #[test]
+    fn the_next_node_is_the_first_not_succeeded_in_the_recorded_order() {
+        let machines = [configured("a"), configured("b"), configured("c")];
+        let status = status_with(&[
+            ("c", OperationPhase::Succeeded),
+            ("b", OperationPhase::Waiting),
+            ("a", OperationPhase::Pending),
+        ]);
+        let next = next_node(OperationAction::Reboot, &status, &machines);
+        assert!(
+            matches!(next, NextNode::At { index: 1, machine } if std::ptr::eq(machine, &machines[1])),
+            "{next:?}"
+        );
+    }
+
+    #[test]
+    fn every_node_succeeded_completes_the_operation() {
+        let status = status_with(&[
+            ("a", OperationPhase::Succeeded),
+            ("b", OperationPhase::Succeeded),
+        ]);
+        let machines = [configured("a")];
+        let next = next_node(OperationAction::Upgrade, &status, &machines);
+        assert!(
+            matches!(
+                &next,
+                NextNode::End { succeeded: true, reason, message }
+                    if *reason == reasons::COMPLETED && message == "Upgrade done on 2 node(s)"
+            ),
+            "{next:?}"
+        );
+    }
+
+    #[test]
+    fn a_next_node_whose_machine_is_gone_fails_the_operation() {
+        let status = status_with(&[
+            ("a", OperationPhase::Succeeded),
+            ("b", OperationPhase::Running),
+        ]);
+        let machines = [configured("a")];
+        let next = next_node(OperationAction::Reboot, &status, &machines);
+        assert!(
+            matches!(
+                &next,
+                NextNode::End { succeeded: false, reason, message }
+                    if *reason == reasons::NO_TARGETS && message == "TalosMachine b is gone"
+            ),
+            "{next:?}"
+        );
+    }
+
+    /// A node step not started.
     fn pending(machine: &str) -> NodeStep {
         NodeStep {
             machine: machine.into(),
@@ -299,6 +531,7 @@ mod tests {
         );
     }
 
+    /// A running upgrade step, from `before` (when recorded).
     fn upgraded_from(before: Option<&str>) -> NodeStep {
         NodeStep {
             machine: "cp-1".into(),
