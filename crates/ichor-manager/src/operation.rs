@@ -674,7 +674,7 @@ impl Node<'_> {
         let Some(disruption) = self.disruption() else {
             return Ok(None);
         };
-        let plan = crate::observe::plan(
+        let verdict = crate::observe::plan(
             self.ctx,
             self.machine,
             self.cluster,
@@ -684,7 +684,11 @@ impl Node<'_> {
             PlanStage::Run,
         )
         .await?;
-        Ok(plan::planner_verdict(plan, step, &self.machine.name_any()))
+        Ok(plan::planner_verdict(
+            verdict,
+            step,
+            &self.machine.name_any(),
+        ))
     }
 
     /// Sends the intended action and records it sent. `Some` stops here.
