@@ -5,7 +5,6 @@
 //! After an upgrade the running version is verified: a node back on its old version fails the
 //! operation, which is never retried.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,19 +15,20 @@ use ichor_api::operation::{
     NodeProgress, NodeStep, OperationAction, OperationPhase, TalosOperation, TalosOperationStatus,
 };
 use ichor_api::{TalosCluster, TalosMachine};
-use ichor_deleteguard::{Disruption, Stage as PlanStage, Verdict as Plan, annotation_true};
+use ichor_deleteguard::{Disruption, Stage as PlanStage, annotation_true};
 use ichor_talos::{ApplyMode, Credentials, ResetOptions, Stage, TalosClient, TalosError};
-use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::ResourceExt as _;
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
-use kube::{Resource as _, ResourceExt as _};
 use serde_json::json;
 
 use crate::{Context, Error, conditions as cond, lock, secrets, workload};
+
+mod plan;
 
 /// How long a node may take to go down after a reboot or an upgrade was sent, and to come back.
 const NODE_PATIENCE: Duration = Duration::from_secs(300);
@@ -252,111 +252,41 @@ fn elapsed_since(at: Option<&Time>, now: Timestamp) -> Duration {
         .unwrap_or_default()
 }
 
+/// Observes the operation, its cluster and machines, takes the cluster lock and reads the
+/// secrets bundle, then moves the next node's step on.
 async fn reconcile_inner(operation: &TalosOperation, ctx: &Context) -> Result<Action, Error> {
     let mut status = operation.status.clone().unwrap_or_default();
-    if matches!(
-        status.phase,
-        OperationPhase::Succeeded | OperationPhase::Failed
-    ) {
+    if plan::is_over(&status) {
         return Ok(Action::await_change());
     }
-    let namespace = operation.namespace().unwrap_or_default();
-    let cluster_name = operation.spec.cluster_ref.name.clone();
-    let Some(cluster) = Api::<TalosCluster>::namespaced(ctx.client.clone(), &namespace)
-        .get_opt(&cluster_name)
-        .await?
-    else {
-        return end(
+    let Observed { cluster, machines } = match observe(ctx, operation, &mut status).await? {
+        Ok(observed) => observed,
+        Err(message) => {
+            return end(
+                ctx,
+                operation,
+                None,
+                status,
+                false,
+                reasons::NO_TARGETS,
+                message,
+            )
+            .await;
+        }
+    };
+    let outcome = take_lock(ctx, operation, &status, &cluster, &machines).await?;
+    if let Some(reason) = plan::lock_wait(&outcome) {
+        return waiting(
             ctx,
             operation,
-            None,
             status,
-            false,
-            reasons::NO_TARGETS,
-            format!("TalosCluster {cluster_name} (spec.clusterRef) does not exist in namespace {namespace}"),
-        )
-        .await;
-    };
-    let machines = crate::cluster_machines(ctx, &cluster).await?;
-    if status.nodes.is_empty() {
-        match operation.spec.targets(&machines) {
-            Ok(names) => {
-                status.nodes = names
-                    .into_iter()
-                    .map(|machine| NodeStep {
-                        machine,
-                        ..Default::default()
-                    })
-                    .collect();
-                status.progress = Some(progress(&status.nodes));
-            }
-            Err(problem) => {
-                return end(
-                    ctx,
-                    operation,
-                    None,
-                    status,
-                    false,
-                    reasons::NO_TARGETS,
-                    problem.to_string(),
-                )
-                .await;
-            }
-        }
-    }
-    // The lock: an operation completes no transition, but a reset of a surplus control plane
-    // does, as its removal would.
-    let moving = lock::transitioning(&cluster, &machines);
-    let me = holder(operation);
-    let completes = resets_a_surplus_control_plane(operation, &status, &cluster, &machines);
-    let outcome = lock::acquire(ctx, &cluster, &me, moving, completes).await?;
-    match outcome {
-        lock::Outcome::Held => {}
-        lock::Outcome::Busy(_) => {
-            return waiting(
-                ctx,
-                operation,
-                status,
-                OperationPhase::Waiting,
-                reasons::WAITING_FOR_LOCK,
-                outcome.message(),
-            )
-            .await;
-        }
-        lock::Outcome::Transitioning => {
-            return waiting(
-                ctx,
-                operation,
-                status,
-                OperationPhase::Waiting,
-                reasons::CLUSTER_TRANSITIONING,
-                outcome.message(),
-            )
-            .await;
-        }
-    }
-    // Waiting (for the lock, or held by the planner) and running again: only the first start
-    // is recorded and announced.
-    status.phase = OperationPhase::Running;
-    if status.started_at.is_none() {
-        status.started_at = Some(ctx.now());
-        if operation.spec.action == OperationAction::UpgradeKubernetes {
-            set_kubernetes_version(ctx, operation, &cluster).await?;
-        }
-        write(ctx, operation, &status).await?;
-        ctx.event(
-            operation,
-            EventType::Normal,
-            reasons::STARTED,
-            actions::OPERATE,
-            format!(
-                "{:?} on {} node(s), one at a time",
-                operation.spec.action,
-                status.nodes.len()
-            ),
+            OperationPhase::Waiting,
+            reason,
+            outcome.message(),
         )
         .await;
     }
+    start(ctx, operation, &cluster, &mut status).await?;
     let bundle = match secrets::bundle(&ctx.client, &cluster).await? {
         Ok(b) => b,
         Err(problem) => {
@@ -371,56 +301,150 @@ async fn reconcile_inner(operation: &TalosOperation, ctx: &Context) -> Result<Ac
             .await;
         }
     };
-    let credentials = crate::credentials(&bundle)?;
-    let Some(index) = status
-        .nodes
-        .iter()
-        .position(|n| n.phase != OperationPhase::Succeeded)
+    run_next(ctx, operation, &cluster, &machines, &bundle, status).await
+}
+
+/// What a reconcile acts on: the operation's cluster and that cluster's machines.
+struct Observed {
+    /// The TalosCluster of `spec.clusterRef`.
+    cluster: TalosCluster,
+    /// Its machines.
+    machines: Vec<TalosMachine>,
+}
+
+/// Reads the operation's cluster and its machines, and chooses the operation's nodes on its
+/// first run. The inner `Err` says why it has nothing to act on.
+async fn observe(
+    ctx: &Context,
+    operation: &TalosOperation,
+    status: &mut TalosOperationStatus,
+) -> Result<Result<Observed, String>, Error> {
+    let namespace = operation.namespace().unwrap_or_default();
+    let cluster_name = operation.spec.cluster_ref.name.clone();
+    let Some(cluster) = Api::<TalosCluster>::namespaced(ctx.client.clone(), &namespace)
+        .get_opt(&cluster_name)
+        .await?
     else {
-        let message = format!(
-            "{:?} done on {} node(s)",
+        return Ok(Err(format!(
+            "TalosCluster {cluster_name} (spec.clusterRef) does not exist in namespace {namespace}"
+        )));
+    };
+    let machines = crate::cluster_machines(ctx, &cluster).await?;
+    if let Err(problem) = plan::choose_targets(status, &operation.spec, &machines) {
+        return Ok(Err(problem.to_string()));
+    }
+    Ok(Ok(Observed { cluster, machines }))
+}
+
+/// Takes the cluster lock for the operation, or keeps it.
+async fn take_lock(
+    ctx: &Context,
+    operation: &TalosOperation,
+    status: &TalosOperationStatus,
+    cluster: &TalosCluster,
+    machines: &[TalosMachine],
+) -> Result<lock::Outcome, Error> {
+    // The lock: an operation completes no transition, but a reset of a surplus control plane
+    // does, as its removal would.
+    let moving = lock::transitioning(cluster, machines);
+    let me = holder(operation);
+    let completes = resets_a_surplus_control_plane(operation, status, cluster, machines);
+    lock::acquire(ctx, cluster, &me, moving, completes).await
+}
+
+/// Marks the operation running; its first start is recorded and announced (and an
+/// `upgradeKubernetes` sets the cluster's version then).
+async fn start(
+    ctx: &Context,
+    operation: &TalosOperation,
+    cluster: &TalosCluster,
+    status: &mut TalosOperationStatus,
+) -> Result<(), Error> {
+    // Waiting (for the lock, or held by the planner) and running again: only the first start
+    // is recorded and announced.
+    status.phase = OperationPhase::Running;
+    if status.started_at.is_some() {
+        return Ok(());
+    }
+    status.started_at = Some(ctx.now());
+    if operation.spec.action == OperationAction::UpgradeKubernetes {
+        set_kubernetes_version(ctx, operation, cluster).await?;
+    }
+    write(ctx, operation, status).await?;
+    ctx.event(
+        operation,
+        EventType::Normal,
+        reasons::STARTED,
+        actions::OPERATE,
+        format!(
+            "{:?} on {} node(s), one at a time",
             operation.spec.action,
             status.nodes.len()
-        );
-        return end(
-            ctx,
-            operation,
-            Some(&cluster),
-            status,
-            true,
-            reasons::COMPLETED,
+        ),
+    )
+    .await;
+    Ok(())
+}
+
+/// Under the lock: moves the first node not done on by one step, or ends the operation once
+/// every node is done (or the next one's machine is gone).
+async fn run_next(
+    ctx: &Context,
+    operation: &TalosOperation,
+    cluster: &TalosCluster,
+    machines: &[TalosMachine],
+    bundle: &ichor_render::SecretsBundle,
+    mut status: TalosOperationStatus,
+) -> Result<Action, Error> {
+    let credentials = crate::credentials(bundle)?;
+    let (index, machine) = match plan::next_node(operation.spec.action, &status, machines) {
+        plan::NextNode::At { index, machine } => (index, machine),
+        plan::NextNode::End {
+            succeeded,
+            reason,
             message,
-        )
-        .await;
+        } => {
+            return end(
+                ctx,
+                operation,
+                Some(cluster),
+                status,
+                succeeded,
+                reason,
+                message,
+            )
+            .await;
+        }
     };
     let name = status.nodes[index].machine.clone();
-    let Some(machine) = machines.iter().find(|m| m.name_any() == name) else {
-        return end(
-            ctx,
-            operation,
-            Some(&cluster),
-            status,
-            false,
-            reasons::NO_TARGETS,
-            format!("TalosMachine {name} is gone"),
-        )
-        .await;
-    };
     let node = Node {
         ctx,
         operation,
-        cluster: &cluster,
+        cluster,
         machine,
-        machines: &machines,
+        machines,
         role: machine.spec.role.unwrap_or(Role::Worker),
         address: address(machine),
         credentials,
-        bundle: &bundle,
+        bundle,
     };
     let step = status.nodes[index].clone();
     let (step, verdict) = node.advance(step).await?;
     status.nodes[index] = step;
     status.progress = Some(progress(&status.nodes));
+    conclude(ctx, operation, cluster, status, &name, verdict).await
+}
+
+/// Acts on what the node's step came to: the status written and the next node soon, a wait
+/// (the lock released while the planner holds the node), or the operation's end.
+async fn conclude(
+    ctx: &Context,
+    operation: &TalosOperation,
+    cluster: &TalosCluster,
+    status: TalosOperationStatus,
+    name: &str,
+    verdict: Verdict,
+) -> Result<Action, Error> {
     match verdict {
         Verdict::Next => {
             write(ctx, operation, &status).await?;
@@ -438,7 +462,7 @@ async fn reconcile_inner(operation: &TalosOperation, ctx: &Context) -> Result<Ac
             .await
         }
         Verdict::Held { reason, message } => {
-            lock::release(ctx, &cluster, &holder(operation)).await?;
+            lock::release(ctx, cluster, &holder(operation)).await?;
             waiting(
                 ctx,
                 operation,
@@ -453,7 +477,7 @@ async fn reconcile_inner(operation: &TalosOperation, ctx: &Context) -> Result<Ac
             end(
                 ctx,
                 operation,
-                Some(&cluster),
+                Some(cluster),
                 status,
                 false,
                 reason,
@@ -541,6 +565,7 @@ async fn set_kubernetes_version(
 }
 
 /// What one node's step came to.
+#[derive(Debug, PartialEq, Eq)]
 enum Verdict {
     /// This node is done: go on to the next.
     Next,
@@ -593,84 +618,94 @@ impl Node<'_> {
     /// Moves one node's step on: check, record the intent, send, record it sent, wait for the
     /// effect, verify.
     async fn advance(&self, mut step: NodeStep) -> Result<(NodeStep, Verdict), Error> {
-        let action = self.operation.spec.action;
-        if step.phase == OperationPhase::Pending || step.phase == OperationPhase::Waiting {
-            // The planner, on every control plane's etcd member looked at now.
-            if let Some(disruption) = self.disruption() {
-                let plan = crate::observe::plan(
-                    self.ctx,
-                    self.machine,
-                    self.cluster,
-                    self.machines,
-                    &self.credentials,
-                    &disruption,
-                    PlanStage::Run,
-                )
-                .await?;
-                match plan {
-                    Plan::Proceed(_) => {}
-                    Plan::Wait(hold) => {
-                        step.phase = OperationPhase::Waiting;
-                        step.message = Some(hold.message());
-                        return Ok((
-                            step,
-                            Verdict::Held {
-                                reason: hold.reason(),
-                                message: format!("before {}: {hold}", self.machine.name_any()),
-                            },
-                        ));
-                    }
-                    Plan::Refuse(refusal) => {
-                        return Ok((step, fail(refusal.reason(), refusal.message())?));
-                    }
-                }
-            }
-            let Some(client) = up(&self.address, &self.credentials).await else {
-                step.phase = OperationPhase::Waiting;
-                return Ok((
-                    step,
-                    wait(
-                        reasons::NODE_UNREACHABLE,
-                        format!("{} is not running", self.address),
-                    )?,
-                ));
-            };
-            if action == OperationAction::Reset
-                && let Some((reason, message)) = self.take_node_away().await?
-            {
-                step.phase = OperationPhase::Waiting;
-                step.message = Some(message.clone());
-                return Ok((step, Verdict::Wait { reason, message }));
-            }
-            step.version_before = client.version().await.ok();
-            step.phase = OperationPhase::Running;
-            step.message = Some(format!("{action:?}: sending"));
-            step.progress = NodeProgress::Intended;
-            // Record the intent before sending.
-            self.record(&step).await?;
+        if (step.phase == OperationPhase::Pending || step.phase == OperationPhase::Waiting)
+            && let Some(verdict) = self.prepare(&mut step).await?
+        {
+            return Ok((step, verdict));
         }
-        if step.progress.is_intended() {
-            // A pull, an upgrade, a defragment or a snapshot may run for minutes: the lock is
-            // renewed meanwhile.
-            let sent = crate::lock::renewed_while(
-                self.ctx,
-                self.cluster,
-                &holder(self.operation),
-                self.send(&mut step),
-            )
-            .await?;
-            if let Some(verdict) = sent {
-                return Ok((step, verdict));
-            }
-            if step.progress.is_intended() {
-                step.progress = NodeProgress::Sent {
-                    sent_at: self.ctx.now(),
-                };
-            }
-            self.record(&step).await?;
+        if step.progress.is_intended()
+            && let Some(verdict) = self.send_recorded(&mut step).await?
+        {
+            return Ok((step, verdict));
         }
         let verdict = self.follow(&mut step).await?;
         Ok((step, verdict))
+    }
+
+    /// Before anything is sent: the planner's check, the node answering, a reset's Node taken
+    /// away, then the intent recorded. `Some` stops here.
+    async fn prepare(&self, step: &mut NodeStep) -> Result<Option<Verdict>, Error> {
+        let action = self.operation.spec.action;
+        if let Some(verdict) = self.check(step).await? {
+            return Ok(Some(verdict));
+        }
+        let Some(client) = up(&self.address, &self.credentials).await else {
+            step.phase = OperationPhase::Waiting;
+            return Ok(Some(wait(
+                reasons::NODE_UNREACHABLE,
+                format!("{} is not running", self.address),
+            )?));
+        };
+        if action == OperationAction::Reset
+            && let Some((reason, message)) = self.take_node_away().await?
+        {
+            step.phase = OperationPhase::Waiting;
+            step.message = Some(message.clone());
+            return Ok(Some(Verdict::Wait { reason, message }));
+        }
+        step.version_before = client.version().await.ok();
+        step.phase = OperationPhase::Running;
+        step.message = Some(format!("{action:?}: sending"));
+        step.progress = NodeProgress::Intended;
+        // Record the intent before sending.
+        self.record(step).await?;
+        Ok(None)
+    }
+
+    /// The planner, on every control plane's etcd member looked at now (for an action that can
+    /// cost etcd quorum). `Some` holds or refuses the node.
+    async fn check(&self, step: &mut NodeStep) -> Result<Option<Verdict>, Error> {
+        let Some(disruption) = self.disruption() else {
+            return Ok(None);
+        };
+        let verdict = crate::observe::plan(
+            self.ctx,
+            self.machine,
+            self.cluster,
+            self.machines,
+            &self.credentials,
+            &disruption,
+            PlanStage::Run,
+        )
+        .await?;
+        Ok(plan::planner_verdict(
+            verdict,
+            step,
+            &self.machine.name_any(),
+        ))
+    }
+
+    /// Sends the intended action and records it sent. `Some` stops here.
+    async fn send_recorded(&self, step: &mut NodeStep) -> Result<Option<Verdict>, Error> {
+        // A pull, an upgrade, a defragment or a snapshot may run for minutes: the lock is
+        // renewed meanwhile.
+        let sent = crate::lock::renewed_while(
+            self.ctx,
+            self.cluster,
+            &holder(self.operation),
+            self.send(step),
+        )
+        .await?;
+        if sent.is_some() {
+            return Ok(sent);
+        }
+        if step.progress.is_intended() {
+            step.progress = NodeProgress::Sent {
+                sent_at: self.ctx.now(),
+            };
+        }
+        self.record(step).await?;
+        Ok(None)
     }
 
     /// `progress`, verified now.
@@ -750,44 +785,10 @@ impl Node<'_> {
         };
         let sent = match action {
             OperationAction::Reboot => {
-                if self.role == Role::ControlPlane {
-                    let _ = client.etcd_forfeit_leadership().await;
-                }
+                self.forfeit_leadership(&client).await;
                 client.reboot().await
             }
-            OperationAction::Upgrade => {
-                let image = self
-                    .operation
-                    .spec
-                    .upgrade
-                    .as_ref()
-                    .map(|u| u.image.clone())
-                    .unwrap_or_default();
-                if let (Some(target), Ok(running)) = (image_version(&image), client.version().await)
-                    && running == target
-                    && step.version_before.as_deref() != Some(target.as_str())
-                {
-                    // Sent before a restart and already done.
-                    let now = self.ctx.now();
-                    step.progress = NodeProgress::WentDown {
-                        sent_at: now.clone(),
-                        down_at: now,
-                    };
-                    return Ok(None);
-                }
-                if self.role == Role::ControlPlane {
-                    let _ = client.etcd_forfeit_leadership().await;
-                }
-                // The lifecycle upgrade installs to disk and does not reboot: the reboot is a
-                // separate call, as talosctl makes it (talos-facts §10.9).
-                match client.pull_image(&image).await {
-                    Ok(_) => match client.upgrade(&image).await {
-                        Ok(()) => client.reboot().await,
-                        Err(error) => Err(error),
-                    },
-                    Err(error) => Err(error),
-                }
-            }
+            OperationAction::Upgrade => return self.send_upgrade(&client, step).await,
             OperationAction::Reset => {
                 client
                     .reset(ResetOptions {
@@ -801,51 +802,90 @@ impl Node<'_> {
                 Err(error) => Err(error),
             },
             OperationAction::EtcdDefrag => client.etcd_defragment().await,
-            OperationAction::UpgradeKubernetes => {
-                let rendered = match crate::machine::render_for(
-                    self.cluster,
-                    self.machine,
-                    self.role,
-                    self.bundle,
-                ) {
-                    Ok(r) => r,
-                    Err(problem) => {
-                        return Ok(Some(Verdict::Fail {
-                            reason: reasons::INVALID_PATCH,
-                            message: format!("the config cannot be rendered: {problem}"),
-                        }));
-                    }
-                };
-                match client
-                    .apply_configuration(rendered.yaml.as_bytes(), ApplyMode::NoReboot)
-                    .await
-                {
-                    Ok(_) => {
-                        crate::machine::record_hash(self.ctx, self.machine, &rendered).await?;
-                        Ok(())
-                    }
-                    Err(error) => Err(error),
-                }
-            }
+            OperationAction::UpgradeKubernetes => return self.send_kubernetes(&client, step).await,
         };
-        match sent {
-            Ok(()) => {
-                step.message = Some(format!("{action:?}: sent"));
-                Ok(None)
-            }
-            Err(error) => Ok(Some(Verdict::Fail {
-                reason: reasons::ACTION_FAILED,
-                message: format!("the node refused {action:?}: {error}"),
-            })),
+        Ok(plan::answered(action, step, sent))
+    }
+
+    /// A control plane hands its etcd leadership on before it goes down (best effort).
+    async fn forfeit_leadership(&self, client: &TalosClient) {
+        if self.role == Role::ControlPlane {
+            let _ = client.etcd_forfeit_leadership().await;
         }
     }
 
+    /// Sends an upgrade (the image pulled, installed, then the reboot), unless the node already
+    /// runs the image's version: then it was sent before a restart and went down since.
+    async fn send_upgrade(
+        &self,
+        client: &TalosClient,
+        step: &mut NodeStep,
+    ) -> Result<Option<Verdict>, Error> {
+        let image = plan::upgrade_image(self.operation);
+        let running = client.version().await.ok();
+        if plan::upgraded_already(
+            image_version(&image).as_deref(),
+            running.as_deref(),
+            step.version_before.as_deref(),
+        ) {
+            // Sent before a restart and already done.
+            let now = self.ctx.now();
+            step.progress = NodeProgress::WentDown {
+                sent_at: now.clone(),
+                down_at: now,
+            };
+            return Ok(None);
+        }
+        self.forfeit_leadership(client).await;
+        // The lifecycle upgrade installs to disk and does not reboot: the reboot is a
+        // separate call, as talosctl makes it (talos-facts §10.9).
+        let sent = match client.pull_image(&image).await {
+            Ok(_) => match client.upgrade(&image).await {
+                Ok(()) => client.reboot().await,
+                Err(error) => Err(error),
+            },
+            Err(error) => Err(error),
+        };
+        Ok(plan::answered(OperationAction::Upgrade, step, sent))
+    }
+
+    /// Sends a Kubernetes upgrade: the machine's config, rendered for the cluster's (new)
+    /// version, applied without a reboot, and its hash recorded.
+    async fn send_kubernetes(
+        &self,
+        client: &TalosClient,
+        step: &mut NodeStep,
+    ) -> Result<Option<Verdict>, Error> {
+        let rendered =
+            match crate::machine::render_for(self.cluster, self.machine, self.role, self.bundle) {
+                Ok(r) => r,
+                Err(problem) => {
+                    return Ok(Some(Verdict::Fail {
+                        reason: reasons::INVALID_PATCH,
+                        message: format!("the config cannot be rendered: {problem}"),
+                    }));
+                }
+            };
+        let sent = match client
+            .apply_configuration(rendered.yaml.as_bytes(), ApplyMode::NoReboot)
+            .await
+        {
+            Ok(_) => {
+                crate::machine::record_hash(self.ctx, self.machine, &rendered).await?;
+                Ok(())
+            }
+            Err(error) => Err(error),
+        };
+        Ok(plan::answered(
+            OperationAction::UpgradeKubernetes,
+            step,
+            sent,
+        ))
+    }
+
+    /// Keeps an etcd snapshot in a Secret owned by the operation and names it in the status.
     async fn store_snapshot(&self, step: &mut NodeStep, bytes: Vec<u8>) -> Result<Verdict, Error> {
-        let digest: String = ring::digest::digest(&ring::digest::SHA256, &bytes)
-            .as_ref()
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
+        let digest = plan::sha256_hex(&bytes);
         if bytes.len() > MAX_SNAPSHOT {
             return fail(
                 reasons::ACTION_FAILED,
@@ -857,44 +897,14 @@ impl Node<'_> {
         }
         let name = format!("{}-etcd-snapshot", self.operation.name_any());
         let namespace = self.operation.namespace().unwrap_or_default();
-        let owner = OwnerReference {
-            api_version: TalosOperation::api_version(&()).into_owned(),
-            kind: TalosOperation::kind(&()).into_owned(),
-            name: self.operation.name_any(),
-            uid: self.operation.uid().unwrap_or_default(),
-            controller: Some(true),
-            block_owner_deletion: None,
-        };
-        let secret = Secret {
-            metadata: ObjectMeta {
-                name: Some(name.clone()),
-                namespace: Some(namespace.clone()),
-                owner_references: Some(vec![owner]),
-                labels: Some(BTreeMap::from([(
-                    ichor_api::names::labels::CLUSTER.to_owned(),
-                    self.cluster.name_any(),
-                )])),
-                ..Default::default()
-            },
-            data: Some(BTreeMap::from([(
-                "snapshot.db".to_owned(),
-                ByteString(bytes.clone()),
-            )])),
-            ..Default::default()
-        };
+        let secret = plan::snapshot_secret(self.operation, self.cluster, &name, &bytes);
         let secrets: Api<Secret> = Api::namespaced(self.ctx.client.clone(), &namespace);
         match secrets.create(&PostParams::default(), &secret).await {
             Ok(_) => {}
             Err(kube::Error::Api(s)) if s.is_already_exists() => {}
             Err(e) => return Err(e.into()),
         }
-        let api = api(self.ctx, self.operation);
-        api.patch_status(
-            &self.operation.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"snapshotSecret": name}})),
-        )
-        .await?;
+        self.record_snapshot_secret(&name).await?;
         step.phase = OperationPhase::Succeeded;
         step.message = Some(format!(
             "snapshot of {} bytes (sha256 {digest}) in Secret {name}",
@@ -903,121 +913,128 @@ impl Node<'_> {
         Ok(Verdict::Next)
     }
 
+    /// Names the snapshot's Secret in the operation's status (`status.snapshotSecret`).
+    async fn record_snapshot_secret(&self, name: &str) -> Result<(), Error> {
+        let api = api(self.ctx, self.operation);
+        api.patch_status(
+            &self.operation.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"snapshotSecret": name}})),
+        )
+        .await?;
+        Ok(())
+    }
+
     /// After sending: the node goes down (reboot, upgrade, reset) and comes back healthy.
     async fn follow(&self, step: &mut NodeStep) -> Result<Verdict, Error> {
-        let action = self.operation.spec.action;
         if step.phase == OperationPhase::Succeeded {
             return Ok(Verdict::Next);
         }
         let since = elapsed_since(step.progress.sent_at(), self.ctx.clock.now());
-        match action {
-            OperationAction::Reset => {
-                if crate::in_maintenance(&self.address, self.ctx.settings.sweep)
-                    .await
-                    .is_some()
-                {
-                    // As after a removal, the Node goes; then the machine forgets its config.
-                    if let workload::Outcome::Wait { reason, message } =
-                        self.node().delete().await?
-                    {
-                        return wait(reason, message);
-                    }
-                    crate::machine::forget_config(self.ctx, self.machine).await?;
-                    step.phase = OperationPhase::Succeeded;
-                    step.progress = self.verified(&step.progress);
-                    step.message = Some("reset: back in maintenance mode, its Node deleted".into());
-                    return Ok(Verdict::Next);
-                }
-                if since > NODE_PATIENCE {
-                    return fail(
-                        reasons::NODE_NOT_HEALTHY,
-                        "the node did not come back in maintenance mode after its reset",
-                    );
-                }
-                wait(
-                    reasons::NODE_NOT_HEALTHY,
-                    "waiting for the node to reach maintenance mode",
-                )
-            }
+        match self.operation.spec.action {
+            OperationAction::Reset => self.follow_reset(step, since).await,
             OperationAction::Reboot | OperationAction::Upgrade => {
-                if !step.progress.went_down() {
-                    let deadline = tokio::time::Instant::now() + DOWN_WATCH;
-                    while tokio::time::Instant::now() < deadline {
-                        if up(&self.address, &self.credentials).await.is_none() {
-                            step.progress = step.progress.clone().down(self.ctx.now());
-                            break;
-                        }
-                        tokio::time::sleep(Duration::from_millis(25)).await;
-                    }
-                    if !step.progress.went_down() {
-                        if since > NODE_PATIENCE {
-                            return fail(
-                                reasons::NODE_NOT_HEALTHY,
-                                "the node was never seen going down after the action was sent",
-                            );
-                        }
-                        return wait(
-                            reasons::NODE_NOT_HEALTHY,
-                            format!("waiting for {} to go down", self.address),
-                        );
-                    }
-                    step.message = Some(format!("{action:?}: the node went down"));
-                    self.record(step).await?;
-                }
-                let version = match healthy(&self.address, &self.credentials, self.role).await {
-                    Ok(v) => v,
-                    Err(problem) => {
-                        if since > NODE_PATIENCE {
-                            return fail(reasons::NODE_NOT_HEALTHY, problem.to_string());
-                        }
-                        return wait(reasons::NODE_NOT_HEALTHY, problem.to_string());
-                    }
-                };
-                step.version_after = Some(version.clone());
-                if action == OperationAction::Upgrade {
-                    let image = self
-                        .operation
-                        .spec
-                        .upgrade
-                        .as_ref()
-                        .map(|u| u.image.clone())
-                        .unwrap_or_default();
-                    let expected = image_version(&image);
-                    let rolled_back = match &expected {
-                        Some(target) => &version != target,
-                        None => step.version_before.as_deref() == Some(version.as_str()),
-                    };
-                    if rolled_back {
-                        step.phase = OperationPhase::Failed;
-                        let message = format!(
-                            "after the upgrade to {image} the node runs {version} (before: {}): it rolled back; the operation stops and is not retried",
-                            step.version_before.as_deref().unwrap_or("unknown")
-                        );
-                        step.message = Some(message.clone());
-                        return fail(reasons::UPGRADE_ROLLED_BACK, message);
-                    }
-                }
-                step.phase = OperationPhase::Succeeded;
-                step.progress = self.verified(&step.progress);
-                step.message = Some(format!("{action:?}: back and healthy on {version}"));
-                Ok(Verdict::Next)
+                self.follow_restart(step, since).await
             }
             OperationAction::EtcdDefrag | OperationAction::UpgradeKubernetes => {
-                match healthy(&self.address, &self.credentials, self.role).await {
-                    Ok(version) => {
-                        step.version_after = Some(version);
-                        step.phase = OperationPhase::Succeeded;
-                        step.progress = self.verified(&step.progress);
-                        step.message = Some(format!("{action:?}: done, node healthy"));
-                        Ok(Verdict::Next)
-                    }
-                    Err(problem) if since > NODE_PATIENCE => {
-                        fail(reasons::NODE_NOT_HEALTHY, problem.to_string())
-                    }
-                    Err(problem) => wait(reasons::NODE_NOT_HEALTHY, problem.to_string()),
-                }
+                self.follow_health(step, since).await
             }
             OperationAction::EtcdSnapshot => Ok(Verdict::Next),
+        }
+    }
+
+    /// After a reset: the node back in maintenance mode loses its Node, and the machine its
+    /// config.
+    async fn follow_reset(&self, step: &mut NodeStep, since: Duration) -> Result<Verdict, Error> {
+        if crate::in_maintenance(&self.address, self.ctx.settings.sweep)
+            .await
+            .is_none()
+        {
+            return Ok(plan::not_yet(
+                since,
+                "waiting for the node to reach maintenance mode",
+                "the node did not come back in maintenance mode after its reset",
+            ));
+        }
+        // As after a removal, the Node goes; then the machine forgets its config.
+        if let workload::Outcome::Wait { reason, message } = self.node().delete().await? {
+            return wait(reason, message);
+        }
+        crate::machine::forget_config(self.ctx, self.machine).await?;
+        step.phase = OperationPhase::Succeeded;
+        step.progress = self.verified(&step.progress);
+        step.message = Some("reset: back in maintenance mode, its Node deleted".into());
+        Ok(Verdict::Next)
+    }
+
+    /// After a reboot or an upgrade: the node is seen going down, then comes back healthy (on
+    /// the upgrade's version).
+    async fn follow_restart(&self, step: &mut NodeStep, since: Duration) -> Result<Verdict, Error> {
+        let action = self.operation.spec.action;
+        if !step.progress.went_down() {
+            self.watch_going_down(step).await;
+            if !step.progress.went_down() {
+                return Ok(plan::not_yet(
+                    since,
+                    format!("waiting for {} to go down", self.address),
+                    "the node was never seen going down after the action was sent",
+                ));
+            }
+            step.message = Some(format!("{action:?}: the node went down"));
+            self.record(step).await?;
+        }
+        let version = match healthy(&self.address, &self.credentials, self.role).await {
+            Ok(v) => v,
+            Err(problem) => {
+                return Ok(plan::not_yet(
+                    since,
+                    problem.to_string(),
+                    problem.to_string(),
+                ));
+            }
+        };
+        step.version_after = Some(version.clone());
+        if action == OperationAction::Upgrade
+            && let Some(verdict) =
+                plan::rolled_back(step, &plan::upgrade_image(self.operation), &version)
+        {
+            return Ok(verdict);
+        }
+        step.phase = OperationPhase::Succeeded;
+        step.progress = self.verified(&step.progress);
+        step.message = Some(format!("{action:?}: back and healthy on {version}"));
+        Ok(Verdict::Next)
+    }
+
+    /// Watches the node for up to `DOWN_WATCH`; once it is seen not running, `step` records
+    /// it went down.
+    async fn watch_going_down(&self, step: &mut NodeStep) {
+        let deadline = tokio::time::Instant::now() + DOWN_WATCH;
+        while tokio::time::Instant::now() < deadline {
+            if up(&self.address, &self.credentials).await.is_none() {
+                step.progress = step.progress.clone().down(self.ctx.now());
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    /// After a defragment or a Kubernetes upgrade: the node answers healthy.
+    async fn follow_health(&self, step: &mut NodeStep, since: Duration) -> Result<Verdict, Error> {
+        let action = self.operation.spec.action;
+        match healthy(&self.address, &self.credentials, self.role).await {
+            Ok(version) => {
+                step.version_after = Some(version);
+                step.phase = OperationPhase::Succeeded;
+                step.progress = self.verified(&step.progress);
+                step.message = Some(format!("{action:?}: done, node healthy"));
+                Ok(Verdict::Next)
+            }
+            Err(problem) => Ok(plan::not_yet(
+                since,
+                problem.to_string(),
+                problem.to_string(),
+            )),
         }
     }
 }
