@@ -11,10 +11,9 @@ use ichor_api::{TalosCluster, TalosMachine};
 use ichor_render::credentials;
 use ichor_talos::TalosClient;
 use kube::ResourceExt as _;
-use kube::api::{Api, DeleteParams, PostParams};
+use kube::api::{Api, DeleteParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
-use serde_json::json;
 
 use crate::{Context, Error, conditions as cond, discovery, secrets};
 use ichor_deleteguard::{BootstrapStep, Candidate, bootstrap_step};

@@ -916,10 +916,10 @@ impl Node<'_> {
     /// Names the snapshot's Secret in the operation's status (`status.snapshotSecret`).
     async fn record_snapshot_secret(&self, name: &str) -> Result<(), Error> {
         let api = api(self.ctx, self.operation);
-        api.patch_status(
+        crate::status::merge(
+            &api,
             &self.operation.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"snapshotSecret": name}})),
+            &json!({"snapshotSecret": name}),
         )
         .await?;
         Ok(())

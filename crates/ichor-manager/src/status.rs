@@ -11,6 +11,7 @@ use std::fmt::Debug;
 
 use ichor_api::names::{conditions, field_managers as fm};
 use ichor_api::{TalosCluster, TalosMachine, TalosOperation};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
 use kube::api::{Api, Patch, PatchParams};
 use kube::{Resource, ResourceExt as _};
 use serde::Serialize;
@@ -125,7 +126,7 @@ pub trait Grouped:
     Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Serialize
 {
     /// Its status type.
-    type Status: Serialize;
+    type Status: Serialize + DeserializeOwned;
     /// Its groups: every status field in exactly one.
     const GROUPS: &'static [Group];
     /// Its status, if any.
@@ -207,9 +208,75 @@ pub fn changed<'g>(groups: &'g [Group], old: &Value, new: &Value) -> Vec<&'g Gro
         .collect()
 }
 
+/// What `after` would clear of `before`: `after` plus the fields and condition types only
+/// `before` has, or `None` when it clears nothing. Applied first, it makes the group own what it
+/// then clears: a field the group never applied (an earlier manager wrote it by merge patch)
+/// would otherwise stay.
+fn claim(before: &Map<String, Value>, after: &Map<String, Value>) -> Option<Map<String, Value>> {
+    let mut claimed = after.clone();
+    let mut clears = false;
+    for (key, value) in before {
+        if key == "conditions" {
+            continue;
+        }
+        if !after.contains_key(key) {
+            claimed.insert(key.clone(), value.clone());
+            clears = true;
+        }
+    }
+    let types = |m: &Map<String, Value>| -> Vec<Value> {
+        m.get("conditions")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default()
+    };
+    let kept = types(after);
+    let gone: Vec<Value> = types(before)
+        .into_iter()
+        .filter(|c| !kept.iter().any(|k| k.get("type") == c.get("type")))
+        .collect();
+    if !gone.is_empty() {
+        clears = true;
+        claimed.insert("conditions".to_owned(), Value::Array([kept, gone].concat()));
+    }
+    clears.then_some(claimed)
+}
+
+/// Applies `status` to object `name` as field manager `manager`, checked against
+/// `resource_version` when there is one (which then becomes the version written).
+async fn apply_one<K: Grouped>(
+    api: &Api<K>,
+    name: &str,
+    manager: &str,
+    status: Map<String, Value>,
+    resource_version: &mut Option<String>,
+) -> Result<(), kube::Error> {
+    let mut metadata = json!({ "name": name });
+    if let Some(version) = resource_version.as_ref() {
+        metadata["resourceVersion"] = json!(version);
+    }
+    let body = json!({
+        "apiVersion": K::api_version(&()),
+        "kind": K::kind(&()),
+        "metadata": metadata,
+        "status": status,
+    });
+    let written = api
+        .patch_status(
+            name,
+            &PatchParams::apply(manager).force(),
+            &Patch::Apply(body),
+        )
+        .await?;
+    if resource_version.is_some() {
+        *resource_version = written.resource_version();
+    }
+    Ok(())
+}
+
 /// Applies each group of `new` that differs from `old` to object `name`, with that group's
-/// field manager. With `resource_version`, the first apply fails with a conflict if the object
-/// changed since it was read (the following ones carry the version the previous one made).
+/// field manager (only `only`'s, when given). With `resource_version`, the first apply fails
+/// with a conflict if the object changed since it was read.
 async fn apply_changed<K: Grouped>(
     api: &Api<K>,
     name: &str,
@@ -223,34 +290,104 @@ async fn apply_changed<K: Grouped>(
         .into_iter()
         .filter(|g| only.is_none_or(|m| m == g.manager))
     {
-        let mut metadata = json!({ "name": name });
-        if let Some(version) = &resource_version {
-            metadata["resourceVersion"] = json!(version);
+        let before = project(group, K::GROUPS, old);
+        let after = project(group, K::GROUPS, new);
+        if let Some(claimed) = claim(&before, &after) {
+            apply_one(api, name, group.manager, claimed, &mut resource_version).await?;
         }
-        let body = json!({
-            "apiVersion": K::api_version(&()),
-            "kind": K::kind(&()),
-            "metadata": metadata,
-            "status": project(group, K::GROUPS, new),
-        });
-        let written = api
-            .patch_status(
-                name,
-                &PatchParams::apply(group.manager).force(),
-                &Patch::Apply(body),
-            )
-            .await?;
-        if resource_version.is_some() {
-            resource_version = written.resource_version();
-        }
+        apply_one(api, name, group.manager, after, &mut resource_version).await?;
     }
     Ok(())
+}
+
+/// Whether `object`'s status has fields owned by an update (a merge patch by an earlier
+/// manager): a group sharing such a field with it could never clear it.
+fn has_updated_status(object: &impl Resource) -> bool {
+    object
+        .meta()
+        .managed_fields
+        .iter()
+        .flatten()
+        .any(is_status_update)
+}
+
+fn is_status_update(entry: &ManagedFieldsEntry) -> bool {
+    entry.subresource.as_deref() == Some("status") && entry.operation.as_deref() == Some("Update")
+}
+
+/// Drops the status entries owned by updates from `object`'s managed fields, checked against
+/// the version read, so that each status field is owned by its group alone once the group
+/// applies it. Returns the version written, or `None` when another writer came first.
+async fn forget_updated_status<K: Grouped>(
+    api: &Api<K>,
+    object: &K,
+) -> Result<Option<String>, kube::Error> {
+    let kept: Vec<_> = object
+        .meta()
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter(|e| !is_status_update(e))
+        .cloned()
+        .collect();
+    // An empty list leaves managed fields as they are; one empty entry clears them.
+    let kept = if kept.is_empty() {
+        json!([{}])
+    } else {
+        json!(kept)
+    };
+    let patch: json_patch::Patch = serde_json::from_value(json!([
+        {"op": "test", "path": "/metadata/resourceVersion", "value": object.resource_version()},
+        {"op": "replace", "path": "/metadata/managedFields", "value": kept},
+    ]))
+    .map_err(kube::Error::SerdeError)?;
+    match api
+        .patch(
+            &object.name_any(),
+            &PatchParams::default(),
+            &Patch::<()>::Json(patch),
+        )
+        .await
+    {
+        Ok(written) => Ok(written.resource_version()),
+        Err(kube::Error::Api(s)) if s.is_conflict() || s.code == 422 => Ok(None),
+        Err(e) => Err(e),
+    }
 }
 
 fn to_value(status: Option<&impl Serialize>) -> Value {
     status
         .and_then(|s| serde_json::to_value(s).ok())
         .unwrap_or_else(|| json!({}))
+}
+
+/// Writes `new` as the status of `object`: each group that differs from the status `object`
+/// carries (only `only`'s, when given), checked against `object`'s version when `checked`.
+/// Status fields an earlier manager owns by update are first handed to their groups.
+async fn write_groups<K: Grouped>(
+    api: &Api<K>,
+    object: &K,
+    new: &K::Status,
+    checked: bool,
+    only: Option<&str>,
+) -> Result<(), kube::Error> {
+    let mut version = object.resource_version();
+    if has_updated_status(object) {
+        match forget_updated_status(api, object).await? {
+            Some(written) => version = Some(written),
+            None if checked => {
+                // Changed since it was read: the caller's read-modify-write starts again.
+                let mut status = kube::core::Status::failure("changed since read", "Conflict");
+                status.code = 409;
+                return Err(kube::Error::Api(Box::new(status)));
+            }
+            None => {}
+        }
+    }
+    let old = to_value(object.status_of());
+    let version = version.filter(|_| checked);
+    let name = object.name_any();
+    apply_changed(api, &name, &old, &to_value(Some(new)), version, only).await
 }
 
 /// Writes `new` as the status of `object`, group by group: only the groups that differ from
@@ -260,16 +397,7 @@ pub async fn write<K: Grouped>(
     object: &K,
     new: &K::Status,
 ) -> Result<(), kube::Error> {
-    let old = to_value(object.status_of());
-    apply_changed(
-        api,
-        &object.name_any(),
-        &old,
-        &to_value(Some(new)),
-        None,
-        None,
-    )
-    .await
+    write_groups(api, object, new, false, None).await
 }
 
 /// As [`write`], but only the group of field manager `manager`: for a writer whose status
@@ -280,9 +408,7 @@ pub async fn write_only<K: Grouped>(
     new: &K::Status,
     manager: &str,
 ) -> Result<(), kube::Error> {
-    let old = to_value(object.status_of());
-    let name = object.name_any();
-    apply_changed(api, &name, &old, &to_value(Some(new)), None, Some(manager)).await
+    write_groups(api, object, new, false, Some(manager)).await
 }
 
 /// As [`write`], but only if `object` is still the current version: a conflict otherwise,
@@ -292,17 +418,7 @@ pub async fn write_checked<K: Grouped>(
     object: &K,
     new: &K::Status,
 ) -> Result<(), kube::Error> {
-    let old = to_value(object.status_of());
-    let version = object.resource_version();
-    apply_changed(
-        api,
-        &object.name_any(),
-        &old,
-        &to_value(Some(new)),
-        version,
-        None,
-    )
-    .await
+    write_groups(api, object, new, true, None).await
 }
 
 /// Merges `fields` (JSON merge-patch semantics: `null` clears a field) into the current status
@@ -315,10 +431,10 @@ pub async fn merge<K: Grouped>(
     let mut attempts = 0;
     loop {
         let fresh = api.get(name).await?;
-        let old = to_value(fresh.status_of());
-        let mut new = old.clone();
+        let mut new = to_value(fresh.status_of());
         json_patch::merge(&mut new, fields);
-        match apply_changed(api, name, &old, &new, fresh.resource_version(), None).await {
+        let new: K::Status = serde_json::from_value(new).map_err(kube::Error::SerdeError)?;
+        match write_groups(api, &fresh, &new, true, None).await {
             Err(kube::Error::Api(s)) if s.is_conflict() && attempts < 5 => attempts += 1,
             other => return other,
         }
@@ -413,6 +529,31 @@ mod tests {
         assert_eq!(managers, [fm::MACHINE_DRIFT]);
         assert!(project(&MACHINE[2], MACHINE, &new).is_empty());
         assert!(changed(MACHINE, &old, &old).is_empty());
+    }
+
+    #[test]
+    fn a_clear_is_claimed_first_and_nothing_else_is() {
+        let before = project(
+            &MACHINE[0],
+            MACHINE,
+            &json!({"phase": "Ready", "nodeName": "n1", "conditions": [condition("Ready"), condition("Installed")]}),
+        );
+        let after = project(
+            &MACHINE[0],
+            MACHINE,
+            &json!({"phase": "Approved", "conditions": [condition("Ready")]}),
+        );
+        let claimed = claim(&before, &after).expect("clears nodeName and Installed");
+        assert_eq!(claimed["phase"], "Approved", "the new value, not the old");
+        assert_eq!(claimed["nodeName"], "n1");
+        let types: Vec<_> = claimed["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["type"].as_str().unwrap())
+            .collect();
+        assert_eq!(types, ["Ready", "Installed"]);
+        assert!(claim(&after, &before).is_none(), "adding clears nothing");
     }
 
     #[test]

@@ -15,7 +15,7 @@ use ichor_manager::status;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt as _;
-use kube::api::{Api, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
 fn condition(type_: &str, holds: bool) -> Condition {
@@ -218,5 +218,38 @@ async fn each_status_field_has_one_writer_and_no_writer_clobbers_another() {
         "{:?}",
         owners(&now)
     );
+
+    // A status an earlier manager wrote by merge patch: the group that now owns the field
+    // still clears it, because the update's ownership is dropped first.
+    machines
+        .create(
+            &PostParams::default(),
+            &TalosMachine::test("m2")
+                .namespace(&ns)
+                .cluster("c1")
+                .build(),
+        )
+        .await
+        .expect("create machine");
+    machines
+        .patch_status(
+            "m2",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"phase": "Joining", "driftReboot": "sha256:bbbb"}})),
+        )
+        .await
+        .expect("legacy merge");
+    status::merge(&machines, "m2", &json!({"driftReboot": null}))
+        .await
+        .expect("merge");
+    let now = machines.get("m2").await.expect("get");
+    let s = now.status.clone().expect("status");
+    assert_eq!(
+        s.drift_reboot, None,
+        "cleared despite the earlier update: {:?}",
+        now.metadata.managed_fields
+    );
+    assert_eq!(s.phase, MachinePhase::Joining, "the rest stands");
+    assert_disjoint(&owners(&now));
     let _ = now.name_any();
 }
