@@ -25,8 +25,12 @@ use kube::runtime::events::EventType;
 use kube::{Resource as _, ResourceExt as _};
 use serde_json::json;
 
-use crate::decide::{DriftRefused, Etcd, NodeView, drift_refused, standing, version_supported};
+use crate::decide::{DriftRefused, Etcd, NodeView, drift_refused, standing};
 use crate::{Context, Error, conditions as cond, secrets};
+
+mod plan;
+
+use plan::Blocked;
 
 /// Reconciles one TalosMachine.
 pub async fn reconcile(machine: Arc<TalosMachine>, ctx: Arc<Context>) -> Result<Action, Error> {
@@ -117,10 +121,13 @@ async fn blocked(
     ctx: &Context,
     machine: &TalosMachine,
     mut status: TalosMachineStatus,
-    phase: MachinePhase,
-    reason: &str,
-    message: String,
+    stop: Blocked,
 ) -> Result<Action, Error> {
+    let Blocked {
+        phase,
+        reason,
+        message,
+    } = stop;
     let first = !status
         .conditions
         .iter()
@@ -236,73 +243,17 @@ async fn store_applied(
     Ok(())
 }
 
+/// An approved machine: observes its cluster and secrets bundle, plans whether it can be
+/// configured (role, config, address), then applies its first config or follows it.
 async fn approved(machine: &TalosMachine, ctx: &Context) -> Result<Action, Error> {
     let status = machine.status.clone().unwrap_or_default();
-    let namespace = machine.namespace().unwrap_or_default();
-    let clusters: Api<TalosCluster> = Api::namespaced(ctx.client.clone(), &namespace);
-    let Some(cluster) = clusters.get_opt(&machine.spec.cluster_ref.name).await? else {
-        return blocked(
-            ctx,
-            machine,
-            status,
-            MachinePhase::Approved,
-            reasons::CLUSTER_NOT_FOUND,
-            format!(
-                "TalosCluster {} (spec.clusterRef) does not exist in namespace {namespace}",
-                machine.spec.cluster_ref.name
-            ),
-        )
-        .await;
+    let (cluster, bundle) = match cluster_and_bundle(ctx, machine).await? {
+        Ok(found) => found,
+        Err(stop) => return blocked(ctx, machine, status, stop).await,
     };
-    let bundle = match secrets::bundle(&ctx.client, &cluster).await? {
-        Ok(b) => b,
-        Err(problem) => {
-            return blocked(
-                ctx,
-                machine,
-                status,
-                MachinePhase::Approved,
-                problem.reason(),
-                problem.to_string(),
-            )
-            .await;
-        }
-    };
-    let Some(role) = machine.spec.role else {
-        return blocked(
-            ctx,
-            machine,
-            status,
-            MachinePhase::Approved,
-            reasons::ROLE_REQUIRED,
-            "an approved machine needs spec.role: controlplane or worker".into(),
-        )
-        .await;
-    };
-    let rendered = match render_for(&cluster, machine, role, &bundle) {
-        Ok(r) => r,
-        Err(problem) => {
-            return blocked(
-                ctx,
-                machine,
-                status,
-                MachinePhase::Failed,
-                reasons::INVALID_PATCH,
-                format!("the config cannot be rendered: {problem}"),
-            )
-            .await;
-        }
-    };
-    let Some(address) = address(machine) else {
-        return blocked(
-            ctx,
-            machine,
-            status,
-            MachinePhase::Approved,
-            reasons::NODE_UNREACHABLE,
-            "the machine has no address: set spec.endpoints".into(),
-        )
-        .await;
+    let (rendered, address) = match plan::configurable(machine, &cluster, &bundle) {
+        Ok(target) => target,
+        Err(stop) => return blocked(ctx, machine, status, stop).await,
     };
     let credentials = crate::credentials(&bundle)?;
     // Held until the removal sequence has finished (issue: safe removal).
@@ -312,25 +263,39 @@ async fn approved(machine: &TalosMachine, ctx: &Context) -> Result<Action, Error
         ichor_api::names::finalizers::MACHINE_REMOVAL,
     )
     .await?;
+    let reach = Reach {
+        address: &address,
+        credentials: &credentials,
+        bundle: &bundle,
+    };
     if status.applied_config_hash.is_none() {
-        apply_first(
-            ctx,
-            machine,
-            &cluster,
-            status,
-            &rendered,
-            &address,
-            &credentials,
-        )
-        .await
+        apply_first(ctx, machine, &cluster, status, &rendered, &reach).await
     } else {
-        let reach = Reach {
-            address: &address,
-            credentials: &credentials,
-            bundle: &bundle,
-        };
         follow(ctx, machine, &cluster, status, &rendered, &reach).await
     }
+}
+
+/// The machine's cluster and the secrets bundle its configs render from, or why there are
+/// none yet (a missing cluster, a bundle not there or not valid).
+async fn cluster_and_bundle(
+    ctx: &Context,
+    machine: &TalosMachine,
+) -> Result<Result<(TalosCluster, ichor_render::SecretsBundle), Blocked>, Error> {
+    let namespace = machine.namespace().unwrap_or_default();
+    let clusters: Api<TalosCluster> = Api::namespaced(ctx.client.clone(), &namespace);
+    let Some(cluster) = clusters.get_opt(&machine.spec.cluster_ref.name).await? else {
+        return Ok(Err(Blocked::approved(
+            reasons::CLUSTER_NOT_FOUND,
+            format!(
+                "TalosCluster {} (spec.clusterRef) does not exist in namespace {namespace}",
+                machine.spec.cluster_ref.name
+            ),
+        )));
+    };
+    Ok(match secrets::bundle(&ctx.client, &cluster).await? {
+        Ok(bundle) => Ok((cluster, bundle)),
+        Err(problem) => Err(Blocked::approved(problem.reason(), problem.to_string())),
+    })
 }
 
 /// The first apply, over the pinned maintenance connection.
@@ -338,107 +303,94 @@ async fn apply_first(
     ctx: &Context,
     machine: &TalosMachine,
     cluster: &TalosCluster,
-    mut status: TalosMachineStatus,
+    status: TalosMachineStatus,
     rendered: &Rendered,
-    address: &str,
-    credentials: &ichor_talos::Credentials,
+    reach: &Reach<'_>,
 ) -> Result<Action, Error> {
     // The cache can lag our own status writes: never apply twice on a stale view.
-    if let Some(fresh) = api(ctx, machine).get_opt(&machine.name_any()).await?
-        && fresh
-            .status
-            .as_ref()
-            .is_some_and(|s| s.applied_config_hash.is_some())
-    {
+    if applied_since(ctx, machine).await? {
         return Ok(Action::requeue(ctx.settings.progress_requeue));
     }
-    let Some(pinned) = machine.spec.fingerprint.clone() else {
-        return blocked(
-            ctx,
-            machine,
-            status,
-            MachinePhase::Approved,
-            reasons::FINGERPRINT_MISMATCH,
-            "no fingerprint is pinned (spec.fingerprint): nothing is applied to an unverified machine".into(),
-        )
-        .await;
+    let pinned = match plan::first_apply_checks(machine, &status, rendered) {
+        Ok(pinned) => pinned,
+        Err(stop) => return blocked(ctx, machine, status, stop).await,
     };
-    if cond::is_true(&status.conditions, conditions::FINGERPRINT_CHANGED)
-        && status.observed_fingerprint.as_deref() != Some(pinned.as_str())
-    {
-        return blocked(
-            ctx,
-            machine,
-            status.clone(),
-            MachinePhase::Approved,
-            reasons::FINGERPRINT_MISMATCH,
-            format!(
-                "the machine presented {} but {pinned} is pinned: confirm it is the same machine and update spec.fingerprint",
-                status.observed_fingerprint.clone().unwrap_or_default()
-            ),
-        )
-        .await;
-    }
-    if let Some(hardware) = &status.hardware
-        && let Err(problems) = ichor_render::hardware::check(rendered, hardware)
-    {
-        let text: Vec<String> = problems.iter().map(ToString::to_string).collect();
-        return blocked(
-            ctx,
-            machine,
-            status,
-            MachinePhase::Failed,
-            reasons::HARDWARE_MISMATCH,
-            text.join("; "),
-        )
-        .await;
-    }
-    let client = match TalosClient::connect_maintenance(address, &pinned).await {
+    let client = match TalosClient::connect_maintenance(reach.address, &pinned).await {
         Ok(c) => c,
-        Err(TalosError::FingerprintMismatch { observed, .. }) => {
-            // Before concluding anything, see whether the node is already configured with
-            // this cluster's CA: a previous run applied and was interrupted before recording.
-            if already_ours(address, credentials).await {
-                return applied(ctx, machine, status, rendered, ADOPTED.into()).await;
-            }
-            status.observed_fingerprint = Some(observed.clone());
-            return blocked(
-                ctx,
-                machine,
-                status,
-                MachinePhase::Approved,
-                reasons::FINGERPRINT_MISMATCH,
-                format!(
-                    "{address} presented certificate fingerprint {observed}, not the pinned {pinned}: nothing was applied; if this is the same machine (it rebooted), update spec.fingerprint"
-                ),
-            )
-            .await;
-        }
         Err(error) => {
-            if already_ours(address, credentials).await {
-                return applied(ctx, machine, status, rendered, ADOPTED.into()).await;
-            }
-            return unreachable(ctx, machine, status, &error.to_string()).await;
+            return not_connected(ctx, machine, status, rendered, reach, &pinned, error).await;
         }
     };
     let version = match client.version().await {
         Ok(v) => v,
         Err(error) => return unreachable(ctx, machine, status, &error.to_string()).await,
     };
-    if !version_supported(&version, &cluster.spec.talos_version) {
-        return blocked(
-            ctx,
-            machine,
-            status,
-            MachinePhase::Failed,
-            reasons::TALOS_VERSION_TOO_OLD,
-            format!(
-                "the machine runs Talos {version}, older than the cluster's contract {}: boot it from a newer image",
-                cluster.spec.talos_version
-            ),
-        )
-        .await;
+    if let Some(stop) = plan::too_old(&version, &cluster.spec.talos_version) {
+        return blocked(ctx, machine, status, stop).await;
     }
+    send_first(
+        ctx,
+        machine,
+        status,
+        rendered,
+        &client,
+        version,
+        reach.address,
+    )
+    .await
+}
+
+/// Whether the machine as stored now (not as cached) already records an applied config.
+async fn applied_since(ctx: &Context, machine: &TalosMachine) -> Result<bool, Error> {
+    Ok(api(ctx, machine)
+        .get_opt(&machine.name_any())
+        .await?
+        .is_some_and(|fresh| {
+            fresh
+                .status
+                .as_ref()
+                .is_some_and(|s| s.applied_config_hash.is_some())
+        }))
+}
+
+/// The pinned maintenance connection failed: an earlier apply is recorded if the node already
+/// answers with this cluster's CA; otherwise another certificate blocks, anything else is
+/// reported unreachable.
+async fn not_connected(
+    ctx: &Context,
+    machine: &TalosMachine,
+    mut status: TalosMachineStatus,
+    rendered: &Rendered,
+    reach: &Reach<'_>,
+    pinned: &str,
+    error: TalosError,
+) -> Result<Action, Error> {
+    // Before concluding anything, see whether the node is already configured with
+    // this cluster's CA: a previous run applied and was interrupted before recording.
+    if already_ours(reach.address, reach.credentials).await {
+        return applied(ctx, machine, status, rendered, ADOPTED.into()).await;
+    }
+    match error {
+        TalosError::FingerprintMismatch { observed, .. } => {
+            status.observed_fingerprint = Some(observed.clone());
+            let stop = plan::fingerprint_presented(reach.address, &observed, pinned);
+            blocked(ctx, machine, status, stop).await
+        }
+        error => unreachable(ctx, machine, status, &error.to_string()).await,
+    }
+}
+
+/// Sends the first config over the maintenance connection: `Applying` is recorded first, then
+/// the config is applied and recorded (or the node's refusal blocks).
+async fn send_first(
+    ctx: &Context,
+    machine: &TalosMachine,
+    mut status: TalosMachineStatus,
+    rendered: &Rendered,
+    client: &TalosClient,
+    version: String,
+    address: &str,
+) -> Result<Action, Error> {
     status.phase = MachinePhase::Applying;
     status.talos_version = Some(version);
     cond::set(
@@ -458,15 +410,12 @@ async fn apply_first(
         .apply_configuration(rendered.yaml.as_bytes(), ApplyMode::Auto)
         .await
     {
-        return blocked(
-            ctx,
-            machine,
-            status,
-            MachinePhase::Applying,
-            reasons::APPLY_FAILED,
-            format!("the node refused the config: {error}"),
-        )
-        .await;
+        let stop = Blocked {
+            phase: MachinePhase::Applying,
+            reason: reasons::APPLY_FAILED,
+            message: format!("the node refused the config: {error}"),
+        };
+        return blocked(ctx, machine, status, stop).await;
     }
     let note = format!("applied config {} to {address}", rendered.hash);
     applied(ctx, machine, status, rendered, note).await
