@@ -30,7 +30,7 @@ use crate::{Context, Error, conditions as cond, secrets};
 
 mod plan;
 
-use plan::Blocked;
+use plan::{Answers, Blocked, DriftStep};
 
 /// Reconciles one TalosMachine.
 pub async fn reconcile(machine: Arc<TalosMachine>, ctx: Arc<Context>) -> Result<Action, Error> {
@@ -508,7 +508,6 @@ async fn unreachable(
     Ok(Action::requeue(ctx.settings.progress_requeue))
 }
 
-/// After the apply: follows install, boot and join over mutual TLS; applies drift live.
 /// How a configured machine is reached, and the bundle its cluster's configs render from.
 struct Reach<'a> {
     address: &'a str,
@@ -516,6 +515,8 @@ struct Reach<'a> {
     bundle: &'a ichor_render::SecretsBundle,
 }
 
+/// After the apply: follows install, boot and join over mutual TLS; applies drift live.
+/// Observes the node, plans the drift step, acts on it, then reports where the machine stands.
 async fn follow(
     ctx: &Context,
     machine: &TalosMachine,
@@ -524,11 +525,6 @@ async fn follow(
     rendered: &Rendered,
     reach: &Reach<'_>,
 ) -> Result<Action, Error> {
-    let Reach {
-        address,
-        credentials,
-        bundle,
-    } = *reach;
     // Checked by the caller: an approved machine has a role.
     let role = machine.spec.role.unwrap_or(Role::Worker);
     // Drift is a multi-step flow (apply, or lock + stage + reboot, then back): decide it on
@@ -541,235 +537,74 @@ async fn follow(
         };
         status = fresh.status.unwrap_or_default();
     }
-    let client = crate::connect(address, credentials).await;
-    let view = match &client {
+    let client = crate::connect(reach.address, reach.credentials).await;
+    let answers = match &client {
+        Some(client) => ask_node(client, role).await,
         None => None,
-        Some(client) => match client.machine_status().await {
-            Err(_) => None,
-            Ok(machine_status) => {
-                let etcd = match role {
-                    Role::Worker => Etcd::NotMember,
-                    Role::ControlPlane => crate::decide::etcd_answered(client.etcd_status().await),
-                };
-                if let Ok(version) = client.version().await {
-                    status.talos_version = Some(version);
-                }
-                if let Ok(hostname) = client.hostname().await {
-                    status.node_name = Some(hostname);
-                }
-                Some(NodeView {
-                    stage: machine_status.stage,
-                    etcd,
-                })
-            }
-        },
     };
-    if view.is_some() {
-        cond::set(
-            &mut status.conditions,
-            conditions::INSTALLED,
-            true,
-            reasons::INSTALLED,
-            "the node answers with its configured API".to_owned(),
-            machine.metadata.generation,
-            &ctx.now(),
-        );
-    }
-    if let Some(NodeView {
-        etcd: Etcd::Voter(id) | Etcd::Learner(id) | Etcd::Failing(id),
-        ..
-    }) = view
-    {
-        status.etcd_member_id = Some(format!("{id:016x}"));
-    }
-    if role == Role::ControlPlane {
-        // What the planner's snapshot reads, with the time it was seen.
-        status.etcd = Some(crate::decide::etcd_observation(
-            status.etcd.as_ref(),
-            view.map(|v| v.etcd),
-            ctx.clock.now(),
-        ));
-    }
-    // Drift: what the objects now render differs from what was applied. It is rolled out one
-    // machine at a time in the planner's order, under the cluster lock (ADR 0019).
-    let me = drift_holder(machine);
-    let mut reboot_back = false;
-    let drifted = view.is_some()
-        && status
-            .applied_config_hash
-            .as_ref()
-            .is_some_and(|applied| *applied != rendered.hash);
-    // The cluster's machines, read once for the turn and the lock.
-    let machines = if drifted {
-        crate::cluster_machines(ctx, cluster).await?
-    } else {
-        Vec::new()
-    };
-    let turn = if drifted {
-        drift_wait(ctx, machine, cluster, &machines, bundle).await?
-    } else {
-        None
-    };
-    if let Some((reason, message)) = turn {
-        cond::set(
-            &mut status.conditions,
-            conditions::CONFIG_APPLIED,
-            false,
-            reason,
-            message,
-            machine.metadata.generation,
-            &ctx.now(),
-        );
-    } else if drifted
-        && client.is_some()
-        && let Some(queued) = drift_lock(ctx, cluster, &machines, &me, rendered).await?
-    {
-        cond::set(
-            &mut status.conditions,
-            conditions::CONFIG_APPLIED,
-            false,
-            reasons::DRIFT_QUEUED,
-            queued,
-            machine.metadata.generation,
-            &ctx.now(),
-        );
-    } else if let (Some(client), Some(applied)) = (&client, status.applied_config_hash.clone())
-        && drifted
-    {
-        match apply_live_once(ctx, machine, client, rendered, &mut status).await? {
-            Ok(sent) => {
-                store_applied(ctx, machine, rendered).await?;
-                // The lock and `driftReboot` are kept until the node is seen healthy again
-                // (below, next time).
-                status.applied_config_hash = Some(rendered.hash.clone());
-                let how = if sent {
-                    "applied live (NO_REBOOT)"
-                } else {
-                    "found running after a restart (not sent again)"
-                };
-                ctx.event(
-                    machine,
-                    EventType::Normal,
-                    reasons::DRIFT_APPLIED,
-                    actions::APPLY,
-                    format!("config {} {how}, replacing {applied}", rendered.hash),
-                )
-                .await;
-            }
-            // Anything but "this needs a reboot" (the node busy, a timeout, a refused config)
-            // is reported and retried: a transient error never reboots a node.
-            Err(error) if drift_refused(&error) == DriftRefused::Retry => {
-                forget_drift_intent(ctx, machine, &mut status).await?;
-                crate::lock::release(ctx, cluster, &me).await?;
-                cond::set(
-                    &mut status.conditions,
-                    conditions::CONFIG_APPLIED,
-                    false,
-                    reasons::DRIFT_NOT_APPLIED,
-                    format!(
-                        "config {} was not applied live: {error}; it is retried",
-                        rendered.hash
-                    ),
-                    machine.metadata.generation,
-                    &ctx.now(),
-                );
-            }
-            Err(error) => {
-                let message = format!(
-                    "config {} cannot be applied live ({error}); it is applied with a reboot under the cluster lock, one node at a time",
-                    rendered.hash
-                );
-                cond::set(
-                    &mut status.conditions,
-                    conditions::CONFIG_APPLIED,
-                    false,
-                    reasons::NEEDS_REBOOT,
-                    message,
-                    machine.metadata.generation,
-                    &ctx.now(),
-                );
-                if let Some((reason, waiting)) = reboot_for_drift(
-                    ctx,
-                    machine,
-                    cluster,
-                    client,
-                    rendered,
-                    &applied,
-                    credentials,
-                )
-                .await?
-                {
-                    forget_drift_intent(ctx, machine, &mut status).await?;
-                    cond::set(
-                        &mut status.conditions,
-                        conditions::CONFIG_APPLIED,
-                        false,
-                        reason,
-                        waiting,
-                        machine.metadata.generation,
-                        &ctx.now(),
-                    );
-                } else {
-                    status.applied_config_hash = Some(rendered.hash.clone());
-                    status.drift_reboot = Some(rendered.hash.clone());
-                }
-            }
+    let generation = machine.metadata.generation;
+    let (now, at) = (ctx.now(), ctx.clock.now());
+    plan::record_answers(&mut status, role, answers.as_ref(), generation, &now, at);
+    let view = answers.map(|a| a.view);
+    match (
+        plan::drift_step(&status, view, &rendered.hash, role),
+        &client,
+    ) {
+        (DriftStep::RollOut { applied }, Some(client)) => {
+            let rollout = Rollout {
+                machine,
+                cluster,
+                client,
+                rendered,
+                applied: &applied,
+                credentials: reach.credentials,
+                bundle: reach.bundle,
+            };
+            roll_out(ctx, &rollout, &mut status).await?;
         }
-    } else if status.drift_reboot.is_some()
-        && view.as_ref().is_some_and(|v| {
-            v.stage == ichor_talos::Stage::Running
-                && (role == Role::Worker || matches!(v.etcd, Etcd::Voter(_)))
-        })
-    {
-        // The reboot for drift is done: the node is back.
-        reboot_back = true;
+        (DriftStep::Back, _) => drift_back(ctx, machine, cluster, &mut status, rendered).await?,
+        (DriftStep::Settled, _) => {
+            let message = format!("config {} applied", rendered.hash);
+            config_applied(&mut status, machine, message, &ctx.now());
+        }
+        (DriftStep::RollOut { .. } | DriftStep::Idle, _) => {}
     }
-    // Drift settled (applied live, or by a reboot seen through): the condition says so.
-    if status.applied_config_hash.as_deref() == Some(rendered.hash.as_str())
-        && status.drift_reboot.is_none()
-        && status.conditions.iter().any(|c| {
-            c.type_ == conditions::CONFIG_APPLIED
-                && (c.reason == reasons::NEEDS_REBOOT || c.reason == reasons::DRIFT_NOT_APPLIED)
-        })
-        && !reboot_back
-        && view.is_some()
-    {
-        let message = format!("config {} applied", rendered.hash);
-        config_applied(&mut status, machine, message, &ctx.now());
-    }
-    if reboot_back {
-        forget_drift_intent(ctx, machine, &mut status).await?;
-        let message = format!(
-            "config {} applied; the node is healthy again",
-            rendered.hash
-        );
-        config_applied(&mut status, machine, message, &ctx.now());
-        crate::lock::release(ctx, cluster, &me).await?;
-        ctx.event(
-            machine,
-            EventType::Normal,
-            reasons::DRIFT_APPLIED,
-            actions::APPLY,
-            format!(
-                "config {} rolled out; the node is healthy again and the next machine may go",
-                rendered.hash
-            ),
-        )
-        .await;
-    }
+    stand(ctx, machine, status, role, view, reach.address).await
+}
+
+/// What the configured node answers over mutual TLS: its machine status (`None` if it does
+/// not answer that), its etcd membership for a control plane, its version and hostname.
+async fn ask_node(client: &TalosClient, role: Role) -> Option<Answers> {
+    let machine_status = client.machine_status().await.ok()?;
+    let etcd = match role {
+        Role::Worker => Etcd::NotMember,
+        Role::ControlPlane => crate::decide::etcd_answered(client.etcd_status().await),
+    };
+    let version = client.version().await.ok();
+    let hostname = client.hostname().await.ok();
+    Some(Answers {
+        view: NodeView {
+            stage: machine_status.stage,
+            etcd,
+        },
+        version,
+        hostname,
+    })
+}
+
+/// Reports where the machine stands (phase, address, `Ready`), announces it becoming Ready,
+/// and says when to look again.
+async fn stand(
+    ctx: &Context,
+    machine: &TalosMachine,
+    mut status: TalosMachineStatus,
+    role: Role,
+    view: Option<NodeView>,
+    address: &str,
+) -> Result<Action, Error> {
     let judged = standing(role, view);
-    let became_ready = judged.ready && !cond::is_true(&status.conditions, conditions::READY);
-    status.phase = judged.phase;
-    status.address = Some(address.to_owned());
-    cond::set(
-        &mut status.conditions,
-        conditions::READY,
-        judged.ready,
-        judged.reason,
-        judged.message.clone(),
-        machine.metadata.generation,
-        &ctx.now(),
-    );
+    let generation = machine.metadata.generation;
+    let became_ready = plan::record_standing(&mut status, &judged, address, generation, &ctx.now());
     write_status(ctx, machine, &status).await?;
     if became_ready {
         ctx.event(
@@ -786,6 +621,191 @@ async fn follow(
     } else {
         ctx.settings.progress_requeue
     }))
+}
+
+/// One machine's drift being rolled out: the machine, its cluster, the node's client, the
+/// config it gets and the hash of the one it runs, and what the planner and the turn need.
+struct Rollout<'a> {
+    machine: &'a TalosMachine,
+    cluster: &'a TalosCluster,
+    client: &'a TalosClient,
+    rendered: &'a Rendered,
+    applied: &'a str,
+    credentials: &'a ichor_talos::Credentials,
+    bundle: &'a ichor_render::SecretsBundle,
+}
+
+/// Drift: what the objects now render differs from what was applied. It is rolled out one
+/// machine at a time in the planner's order, under the cluster lock (ADR 0019): this waits
+/// for the machine's turn and the lock, then applies the config live, or staged with a reboot
+/// when it cannot go live.
+async fn roll_out(
+    ctx: &Context,
+    r: &Rollout<'_>,
+    status: &mut TalosMachineStatus,
+) -> Result<(), Error> {
+    let me = drift_holder(r.machine);
+    // The cluster's machines, read once for the turn and the lock.
+    let machines = crate::cluster_machines(ctx, r.cluster).await?;
+    let waiting = match drift_wait(ctx, r.machine, r.cluster, &machines, r.bundle).await? {
+        Some(turn) => Some(turn),
+        None => drift_lock(ctx, r.cluster, &machines, &me, r.rendered)
+            .await?
+            .map(|queued| (reasons::DRIFT_QUEUED, queued)),
+    };
+    if let Some((reason, message)) = waiting {
+        cond::set(
+            &mut status.conditions,
+            conditions::CONFIG_APPLIED,
+            false,
+            reason,
+            message,
+            r.machine.metadata.generation,
+            &ctx.now(),
+        );
+        return Ok(());
+    }
+    match apply_live_once(ctx, r.machine, r.client, r.rendered, status).await? {
+        Ok(sent) => live_applied(ctx, r, status, sent).await,
+        // Anything but "this needs a reboot" (the node busy, a timeout, a refused config)
+        // is reported and retried: a transient error never reboots a node.
+        Err(error) if drift_refused(&error) == DriftRefused::Retry => {
+            live_retried(ctx, r, status, &error).await
+        }
+        Err(error) => live_refused(ctx, r, status, &error).await,
+    }
+}
+
+/// The config went live (or was found running after a restart): kept, recorded, announced.
+async fn live_applied(
+    ctx: &Context,
+    r: &Rollout<'_>,
+    status: &mut TalosMachineStatus,
+    sent: bool,
+) -> Result<(), Error> {
+    store_applied(ctx, r.machine, r.rendered).await?;
+    // The lock and `driftReboot` are kept until the node is seen healthy again
+    // (`DriftStep::Back`, next time).
+    status.applied_config_hash = Some(r.rendered.hash.clone());
+    let how = if sent {
+        "applied live (NO_REBOOT)"
+    } else {
+        "found running after a restart (not sent again)"
+    };
+    ctx.event(
+        r.machine,
+        EventType::Normal,
+        reasons::DRIFT_APPLIED,
+        actions::APPLY,
+        format!("config {} {how}, replacing {}", r.rendered.hash, r.applied),
+    )
+    .await;
+    Ok(())
+}
+
+/// The node did not take the config live for a passing reason: the intent is forgotten, the
+/// lock released, and `ConfigApplied` says it is retried.
+async fn live_retried(
+    ctx: &Context,
+    r: &Rollout<'_>,
+    status: &mut TalosMachineStatus,
+    error: &TalosError,
+) -> Result<(), Error> {
+    forget_drift_intent(ctx, r.machine, status).await?;
+    crate::lock::release(ctx, r.cluster, &drift_holder(r.machine)).await?;
+    cond::set(
+        &mut status.conditions,
+        conditions::CONFIG_APPLIED,
+        false,
+        reasons::DRIFT_NOT_APPLIED,
+        format!(
+            "config {} was not applied live: {error}; it is retried",
+            r.rendered.hash
+        ),
+        r.machine.metadata.generation,
+        &ctx.now(),
+    );
+    Ok(())
+}
+
+/// The config cannot go live: it is applied with a reboot under the cluster lock. Recorded as
+/// applied with the reboot in flight, or `ConfigApplied` says why the reboot waits.
+async fn live_refused(
+    ctx: &Context,
+    r: &Rollout<'_>,
+    status: &mut TalosMachineStatus,
+    error: &TalosError,
+) -> Result<(), Error> {
+    let message = format!(
+        "config {} cannot be applied live ({error}); it is applied with a reboot under the cluster lock, one node at a time",
+        r.rendered.hash
+    );
+    let generation = r.machine.metadata.generation;
+    cond::set(
+        &mut status.conditions,
+        conditions::CONFIG_APPLIED,
+        false,
+        reasons::NEEDS_REBOOT,
+        message,
+        generation,
+        &ctx.now(),
+    );
+    if let Some((reason, waiting)) = reboot_for_drift(
+        ctx,
+        r.machine,
+        r.cluster,
+        r.client,
+        r.rendered,
+        r.applied,
+        r.credentials,
+    )
+    .await?
+    {
+        forget_drift_intent(ctx, r.machine, status).await?;
+        cond::set(
+            &mut status.conditions,
+            conditions::CONFIG_APPLIED,
+            false,
+            reason,
+            waiting,
+            generation,
+            &ctx.now(),
+        );
+    } else {
+        status.applied_config_hash = Some(r.rendered.hash.clone());
+        status.drift_reboot = Some(r.rendered.hash.clone());
+    }
+    Ok(())
+}
+
+/// The reboot for drift is done: the node is back and healthy. The intent is forgotten,
+/// `ConfigApplied` says so, the lock is released for the next machine, with an Event.
+async fn drift_back(
+    ctx: &Context,
+    machine: &TalosMachine,
+    cluster: &TalosCluster,
+    status: &mut TalosMachineStatus,
+    rendered: &Rendered,
+) -> Result<(), Error> {
+    forget_drift_intent(ctx, machine, status).await?;
+    let message = format!(
+        "config {} applied; the node is healthy again",
+        rendered.hash
+    );
+    config_applied(status, machine, message, &ctx.now());
+    crate::lock::release(ctx, cluster, &drift_holder(machine)).await?;
+    ctx.event(
+        machine,
+        EventType::Normal,
+        reasons::DRIFT_APPLIED,
+        actions::APPLY,
+        format!(
+            "config {} rolled out; the node is healthy again and the next machine may go",
+            rendered.hash
+        ),
+    )
+    .await;
+    Ok(())
 }
 
 /// Why this machine's drift waits for its turn (reason and message), or `None` if it is its
