@@ -750,17 +750,7 @@ async fn live_refused(
         generation,
         &ctx.now(),
     );
-    if let Some((reason, waiting)) = reboot_for_drift(
-        ctx,
-        r.machine,
-        r.cluster,
-        r.client,
-        r.rendered,
-        r.applied,
-        r.credentials,
-    )
-    .await?
-    {
+    if let Some((reason, waiting)) = reboot_for_drift(ctx, r).await? {
         forget_drift_intent(ctx, r.machine, status).await?;
         cond::set(
             &mut status.conditions,
@@ -960,24 +950,57 @@ pub fn drift_holder(machine: &TalosMachine) -> LockHolder {
 /// went down. A refused staging releases the lock: nothing disruptive started.
 async fn reboot_for_drift(
     ctx: &Context,
-    machine: &TalosMachine,
-    cluster: &TalosCluster,
-    client: &TalosClient,
-    rendered: &Rendered,
-    applied: &str,
-    credentials: &ichor_talos::Credentials,
+    r: &Rollout<'_>,
 ) -> Result<Option<(&'static str, String)>, Error> {
-    let namespace = cluster.namespace().unwrap_or_default();
-    let machines = crate::cluster_machines(ctx, cluster).await?;
-    let moving = crate::lock::transitioning(cluster, &machines);
-    let me = drift_holder(machine);
-    let outcome = crate::lock::acquire(ctx, cluster, &me, moving, false).await?;
+    let me = drift_holder(r.machine);
+    if let Some(waits) = reboot_cleared(ctx, r, &me).await? {
+        return Ok(Some(waits));
+    }
+    if let Some(refused) = stage(ctx, r, &me).await? {
+        return Ok(Some(refused));
+    }
+    // Staged: the node boots into it. Kept before the reboot, so a failure to keep it never
+    // costs a second reboot.
+    store_applied(ctx, r.machine, r.rendered).await?;
+    if let Err(error) = r.client.reboot().await {
+        return Ok(Some((
+            reasons::NEEDS_REBOOT,
+            format!("the reboot for config {} failed: {error}", r.rendered.hash),
+        )));
+    }
+    // Watch it go down, so "back" later means back from this reboot.
+    watch_down(r.client).await;
+    ctx.event(
+        r.machine,
+        EventType::Normal,
+        reasons::REBOOT_FOR_DRIFT,
+        actions::APPLY,
+        format!(
+            "config {} staged (replacing {}); rebooting under the cluster lock",
+            r.rendered.hash, r.applied
+        ),
+    )
+    .await;
+    Ok(None)
+}
+
+/// Takes the cluster lock for the reboot (`me`) and asks the planner. `Some` says why the
+/// reboot waits; when the planner holds it, the lock is given back.
+async fn reboot_cleared(
+    ctx: &Context,
+    r: &Rollout<'_>,
+    me: &LockHolder,
+) -> Result<Option<(&'static str, String)>, Error> {
+    let namespace = r.cluster.namespace().unwrap_or_default();
+    let machines = crate::cluster_machines(ctx, r.cluster).await?;
+    let moving = crate::lock::transitioning(r.cluster, &machines);
+    let outcome = crate::lock::acquire(ctx, r.cluster, me, moving, false).await?;
     if !outcome.held() {
         return Ok(Some((
             reasons::NEEDS_REBOOT,
             format!(
                 "config {} needs a reboot: {} (namespace {namespace})",
-                rendered.hash,
+                r.rendered.hash,
                 outcome.message()
             ),
         )));
@@ -985,60 +1008,66 @@ async fn reboot_for_drift(
     // The planner: a reboot is a restart, held while a voter is unhealthy.
     let plan = crate::observe::plan(
         ctx,
-        machine,
-        cluster,
+        r.machine,
+        r.cluster,
         &machines,
-        credentials,
+        r.credentials,
         &Disruption::Restart,
         Stage::Run,
     )
     .await?;
     if !plan.is_proceed() {
-        crate::lock::release(ctx, cluster, &me).await?;
+        crate::lock::release(ctx, r.cluster, me).await?;
         return Ok(Some((
             plan.reason().unwrap_or(reasons::ETCD_UNHEALTHY),
             format!(
                 "config {} needs a reboot, which waits: {}",
-                rendered.hash,
+                r.rendered.hash,
                 plan.message().unwrap_or_default()
             ),
         )));
     }
-    if let Err(error) = client
-        .apply_configuration(rendered.yaml.as_bytes(), ApplyMode::Staged)
+    Ok(None)
+}
+
+/// Stages the config for the reboot. `Some` says why it was not staged: the lock (`me`) is
+/// released, and a refusal of the config itself halts the rollout.
+async fn stage(
+    ctx: &Context,
+    r: &Rollout<'_>,
+    me: &LockHolder,
+) -> Result<Option<(&'static str, String)>, Error> {
+    let Err(error) = r
+        .client
+        .apply_configuration(r.rendered.yaml.as_bytes(), ApplyMode::Staged)
         .await
-    {
-        crate::lock::release(ctx, cluster, &me).await?;
-        // Refused as a config (not busy, not unreachable): the rollout stops here.
-        if drift_refused(&error) == DriftRefused::StageAndReboot {
-            let message = error.to_string();
-            crate::drift::record_halt(ctx, cluster, machine, &rendered.hash, &message).await?;
-            return Ok(Some((
-                reasons::DRIFT_HALTED,
-                format!(
-                    "the node refused config {}: {message}; the drift rollout stops here and no other machine gets it until the patch is fixed",
-                    rendered.hash
-                ),
-            )));
-        }
+    else {
+        return Ok(None);
+    };
+    crate::lock::release(ctx, r.cluster, me).await?;
+    // Refused as a config (not busy, not unreachable): the rollout stops here.
+    if drift_refused(&error) == DriftRefused::StageAndReboot {
+        let message = error.to_string();
+        crate::drift::record_halt(ctx, r.cluster, r.machine, &r.rendered.hash, &message).await?;
         return Ok(Some((
-            reasons::DRIFT_NOT_APPLIED,
+            reasons::DRIFT_HALTED,
             format!(
-                "config {} was not applied: the node refused it staged too: {error}; it is retried",
-                rendered.hash
+                "the node refused config {}: {message}; the drift rollout stops here and no other machine gets it until the patch is fixed",
+                r.rendered.hash
             ),
         )));
     }
-    // Staged: the node boots into it. Kept before the reboot, so a failure to keep it never
-    // costs a second reboot.
-    store_applied(ctx, machine, rendered).await?;
-    if let Err(error) = client.reboot().await {
-        return Ok(Some((
-            reasons::NEEDS_REBOOT,
-            format!("the reboot for config {} failed: {error}", rendered.hash),
-        )));
-    }
-    // Watch it go down, so "back" later means back from this reboot.
+    Ok(Some((
+        reasons::DRIFT_NOT_APPLIED,
+        format!(
+            "config {} was not applied: the node refused it staged too: {error}; it is retried",
+            r.rendered.hash
+        ),
+    )))
+}
+
+/// Waits (at most 20 seconds) until the rebooted node no longer reports itself running.
+async fn watch_down(client: &TalosClient) {
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
     while tokio::time::Instant::now() < deadline {
         let running = match client.machine_status().await {
@@ -1050,18 +1079,6 @@ async fn reboot_for_drift(
         }
         tokio::time::sleep(std::time::Duration::from_millis(25)).await;
     }
-    ctx.event(
-        machine,
-        EventType::Normal,
-        reasons::REBOOT_FOR_DRIFT,
-        actions::APPLY,
-        format!(
-            "config {} staged (replacing {applied}); rebooting under the cluster lock",
-            rendered.hash
-        ),
-    )
-    .await;
-    Ok(None)
 }
 
 /// Records `rendered` as applied (an operation applied it): the config in the machine's
