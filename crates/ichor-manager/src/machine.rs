@@ -25,8 +25,12 @@ use kube::runtime::events::EventType;
 use kube::{Resource as _, ResourceExt as _};
 use serde_json::json;
 
-use crate::decide::{DriftRefused, Etcd, NodeView, drift_refused, standing, version_supported};
+use crate::decide::{DriftRefused, Etcd, NodeView, drift_refused, standing};
 use crate::{Context, Error, conditions as cond, secrets};
+
+mod plan;
+
+use plan::{Answers, Blocked, DriftStep};
 
 /// Reconciles one TalosMachine.
 pub async fn reconcile(machine: Arc<TalosMachine>, ctx: Arc<Context>) -> Result<Action, Error> {
@@ -111,10 +115,13 @@ async fn blocked(
     ctx: &Context,
     machine: &TalosMachine,
     mut status: TalosMachineStatus,
-    phase: MachinePhase,
-    reason: &str,
-    message: String,
+    stop: Blocked,
 ) -> Result<Action, Error> {
+    let Blocked {
+        phase,
+        reason,
+        message,
+    } = stop;
     let first = !status
         .conditions
         .iter()
@@ -230,73 +237,17 @@ async fn store_applied(
     Ok(())
 }
 
+/// An approved machine: observes its cluster and secrets bundle, plans whether it can be
+/// configured (role, config, address), then applies its first config or follows it.
 async fn approved(machine: &TalosMachine, ctx: &Context) -> Result<Action, Error> {
     let status = machine.status.clone().unwrap_or_default();
-    let namespace = machine.namespace().unwrap_or_default();
-    let clusters: Api<TalosCluster> = Api::namespaced(ctx.client.clone(), &namespace);
-    let Some(cluster) = clusters.get_opt(&machine.spec.cluster_ref.name).await? else {
-        return blocked(
-            ctx,
-            machine,
-            status,
-            MachinePhase::Approved,
-            reasons::CLUSTER_NOT_FOUND,
-            format!(
-                "TalosCluster {} (spec.clusterRef) does not exist in namespace {namespace}",
-                machine.spec.cluster_ref.name
-            ),
-        )
-        .await;
+    let (cluster, bundle) = match cluster_and_bundle(ctx, machine).await? {
+        Ok(found) => found,
+        Err(stop) => return blocked(ctx, machine, status, stop).await,
     };
-    let bundle = match secrets::bundle(&ctx.client, &cluster).await? {
-        Ok(b) => b,
-        Err(problem) => {
-            return blocked(
-                ctx,
-                machine,
-                status,
-                MachinePhase::Approved,
-                problem.reason(),
-                problem.to_string(),
-            )
-            .await;
-        }
-    };
-    let Some(role) = machine.spec.role else {
-        return blocked(
-            ctx,
-            machine,
-            status,
-            MachinePhase::Approved,
-            reasons::ROLE_REQUIRED,
-            "an approved machine needs spec.role: controlplane or worker".into(),
-        )
-        .await;
-    };
-    let rendered = match render_for(&cluster, machine, role, &bundle) {
-        Ok(r) => r,
-        Err(problem) => {
-            return blocked(
-                ctx,
-                machine,
-                status,
-                MachinePhase::Failed,
-                reasons::INVALID_PATCH,
-                format!("the config cannot be rendered: {problem}"),
-            )
-            .await;
-        }
-    };
-    let Some(address) = address(machine) else {
-        return blocked(
-            ctx,
-            machine,
-            status,
-            MachinePhase::Approved,
-            reasons::NODE_UNREACHABLE,
-            "the machine has no address: set spec.endpoints".into(),
-        )
-        .await;
+    let (rendered, address) = match plan::configurable(machine, &cluster, &bundle) {
+        Ok(target) => target,
+        Err(stop) => return blocked(ctx, machine, status, stop).await,
     };
     let credentials = crate::credentials(&bundle)?;
     // Held until the removal sequence has finished (issue: safe removal).
@@ -306,25 +257,39 @@ async fn approved(machine: &TalosMachine, ctx: &Context) -> Result<Action, Error
         ichor_api::names::finalizers::MACHINE_REMOVAL,
     )
     .await?;
+    let reach = Reach {
+        address: &address,
+        credentials: &credentials,
+        bundle: &bundle,
+    };
     if status.applied_config_hash.is_none() {
-        apply_first(
-            ctx,
-            machine,
-            &cluster,
-            status,
-            &rendered,
-            &address,
-            &credentials,
-        )
-        .await
+        apply_first(ctx, machine, &cluster, status, &rendered, &reach).await
     } else {
-        let reach = Reach {
-            address: &address,
-            credentials: &credentials,
-            bundle: &bundle,
-        };
         follow(ctx, machine, &cluster, status, &rendered, &reach).await
     }
+}
+
+/// The machine's cluster and the secrets bundle its configs render from, or why there are
+/// none yet (a missing cluster, a bundle not there or not valid).
+async fn cluster_and_bundle(
+    ctx: &Context,
+    machine: &TalosMachine,
+) -> Result<Result<(TalosCluster, ichor_render::SecretsBundle), Blocked>, Error> {
+    let namespace = machine.namespace().unwrap_or_default();
+    let clusters: Api<TalosCluster> = Api::namespaced(ctx.client.clone(), &namespace);
+    let Some(cluster) = clusters.get_opt(&machine.spec.cluster_ref.name).await? else {
+        return Ok(Err(Blocked::approved(
+            reasons::CLUSTER_NOT_FOUND,
+            format!(
+                "TalosCluster {} (spec.clusterRef) does not exist in namespace {namespace}",
+                machine.spec.cluster_ref.name
+            ),
+        )));
+    };
+    Ok(match secrets::bundle(&ctx.client, &cluster).await? {
+        Ok(bundle) => Ok((cluster, bundle)),
+        Err(problem) => Err(Blocked::approved(problem.reason(), problem.to_string())),
+    })
 }
 
 /// The first apply, over the pinned maintenance connection.
@@ -332,107 +297,94 @@ async fn apply_first(
     ctx: &Context,
     machine: &TalosMachine,
     cluster: &TalosCluster,
-    mut status: TalosMachineStatus,
+    status: TalosMachineStatus,
     rendered: &Rendered,
-    address: &str,
-    credentials: &ichor_talos::Credentials,
+    reach: &Reach<'_>,
 ) -> Result<Action, Error> {
     // The cache can lag our own status writes: never apply twice on a stale view.
-    if let Some(fresh) = api(ctx, machine).get_opt(&machine.name_any()).await?
-        && fresh
-            .status
-            .as_ref()
-            .is_some_and(|s| s.applied_config_hash.is_some())
-    {
+    if applied_since(ctx, machine).await? {
         return Ok(Action::requeue(ctx.settings.progress_requeue));
     }
-    let Some(pinned) = machine.spec.fingerprint.clone() else {
-        return blocked(
-            ctx,
-            machine,
-            status,
-            MachinePhase::Approved,
-            reasons::FINGERPRINT_MISMATCH,
-            "no fingerprint is pinned (spec.fingerprint): nothing is applied to an unverified machine".into(),
-        )
-        .await;
+    let pinned = match plan::first_apply_checks(machine, &status, rendered) {
+        Ok(pinned) => pinned,
+        Err(stop) => return blocked(ctx, machine, status, stop).await,
     };
-    if cond::is_true(&status.conditions, conditions::FINGERPRINT_CHANGED)
-        && status.observed_fingerprint.as_deref() != Some(pinned.as_str())
-    {
-        return blocked(
-            ctx,
-            machine,
-            status.clone(),
-            MachinePhase::Approved,
-            reasons::FINGERPRINT_MISMATCH,
-            format!(
-                "the machine presented {} but {pinned} is pinned: confirm it is the same machine and update spec.fingerprint",
-                status.observed_fingerprint.clone().unwrap_or_default()
-            ),
-        )
-        .await;
-    }
-    if let Some(hardware) = &status.hardware
-        && let Err(problems) = ichor_render::hardware::check(rendered, hardware)
-    {
-        let text: Vec<String> = problems.iter().map(ToString::to_string).collect();
-        return blocked(
-            ctx,
-            machine,
-            status,
-            MachinePhase::Failed,
-            reasons::HARDWARE_MISMATCH,
-            text.join("; "),
-        )
-        .await;
-    }
-    let client = match TalosClient::connect_maintenance(address, &pinned).await {
+    let client = match TalosClient::connect_maintenance(reach.address, &pinned).await {
         Ok(c) => c,
-        Err(TalosError::FingerprintMismatch { observed, .. }) => {
-            // Before concluding anything, see whether the node is already configured with
-            // this cluster's CA: a previous run applied and was interrupted before recording.
-            if already_ours(address, credentials).await {
-                return applied(ctx, machine, status, rendered, ADOPTED.into()).await;
-            }
-            status.observed_fingerprint = Some(observed.clone());
-            return blocked(
-                ctx,
-                machine,
-                status,
-                MachinePhase::Approved,
-                reasons::FINGERPRINT_MISMATCH,
-                format!(
-                    "{address} presented certificate fingerprint {observed}, not the pinned {pinned}: nothing was applied; if this is the same machine (it rebooted), update spec.fingerprint"
-                ),
-            )
-            .await;
-        }
         Err(error) => {
-            if already_ours(address, credentials).await {
-                return applied(ctx, machine, status, rendered, ADOPTED.into()).await;
-            }
-            return unreachable(ctx, machine, status, &error.to_string()).await;
+            return not_connected(ctx, machine, status, rendered, reach, &pinned, error).await;
         }
     };
     let version = match client.version().await {
         Ok(v) => v,
         Err(error) => return unreachable(ctx, machine, status, &error.to_string()).await,
     };
-    if !version_supported(&version, &cluster.spec.talos_version) {
-        return blocked(
-            ctx,
-            machine,
-            status,
-            MachinePhase::Failed,
-            reasons::TALOS_VERSION_TOO_OLD,
-            format!(
-                "the machine runs Talos {version}, older than the cluster's contract {}: boot it from a newer image",
-                cluster.spec.talos_version
-            ),
-        )
-        .await;
+    if let Some(stop) = plan::too_old(&version, &cluster.spec.talos_version) {
+        return blocked(ctx, machine, status, stop).await;
     }
+    send_first(
+        ctx,
+        machine,
+        status,
+        rendered,
+        &client,
+        version,
+        reach.address,
+    )
+    .await
+}
+
+/// Whether the machine as stored now (not as cached) already records an applied config.
+async fn applied_since(ctx: &Context, machine: &TalosMachine) -> Result<bool, Error> {
+    Ok(api(ctx, machine)
+        .get_opt(&machine.name_any())
+        .await?
+        .is_some_and(|fresh| {
+            fresh
+                .status
+                .as_ref()
+                .is_some_and(|s| s.applied_config_hash.is_some())
+        }))
+}
+
+/// The pinned maintenance connection failed: an earlier apply is recorded if the node already
+/// answers with this cluster's CA; otherwise another certificate blocks, anything else is
+/// reported unreachable.
+async fn not_connected(
+    ctx: &Context,
+    machine: &TalosMachine,
+    mut status: TalosMachineStatus,
+    rendered: &Rendered,
+    reach: &Reach<'_>,
+    pinned: &str,
+    error: TalosError,
+) -> Result<Action, Error> {
+    // Before concluding anything, see whether the node is already configured with
+    // this cluster's CA: a previous run applied and was interrupted before recording.
+    if already_ours(reach.address, reach.credentials).await {
+        return applied(ctx, machine, status, rendered, ADOPTED.into()).await;
+    }
+    match error {
+        TalosError::FingerprintMismatch { observed, .. } => {
+            status.observed_fingerprint = Some(observed.clone());
+            let stop = plan::fingerprint_presented(reach.address, &observed, pinned);
+            blocked(ctx, machine, status, stop).await
+        }
+        error => unreachable(ctx, machine, status, &error.to_string()).await,
+    }
+}
+
+/// Sends the first config over the maintenance connection: `Applying` is recorded first, then
+/// the config is applied and recorded (or the node's refusal blocks).
+async fn send_first(
+    ctx: &Context,
+    machine: &TalosMachine,
+    mut status: TalosMachineStatus,
+    rendered: &Rendered,
+    client: &TalosClient,
+    version: String,
+    address: &str,
+) -> Result<Action, Error> {
     status.phase = MachinePhase::Applying;
     status.talos_version = Some(version);
     cond::set(
@@ -452,15 +404,12 @@ async fn apply_first(
         .apply_configuration(rendered.yaml.as_bytes(), ApplyMode::Auto)
         .await
     {
-        return blocked(
-            ctx,
-            machine,
-            status,
-            MachinePhase::Applying,
-            reasons::APPLY_FAILED,
-            format!("the node refused the config: {error}"),
-        )
-        .await;
+        let stop = Blocked {
+            phase: MachinePhase::Applying,
+            reason: reasons::APPLY_FAILED,
+            message: format!("the node refused the config: {error}"),
+        };
+        return blocked(ctx, machine, status, stop).await;
     }
     let note = format!("applied config {} to {address}", rendered.hash);
     applied(ctx, machine, status, rendered, note).await
@@ -553,7 +502,6 @@ async fn unreachable(
     Ok(Action::requeue(ctx.settings.progress_requeue))
 }
 
-/// After the apply: follows install, boot and join over mutual TLS; applies drift live.
 /// How a configured machine is reached, and the bundle its cluster's configs render from.
 struct Reach<'a> {
     address: &'a str,
@@ -561,6 +509,8 @@ struct Reach<'a> {
     bundle: &'a ichor_render::SecretsBundle,
 }
 
+/// After the apply: follows install, boot and join over mutual TLS; applies drift live.
+/// Observes the node, plans the drift step, acts on it, then reports where the machine stands.
 async fn follow(
     ctx: &Context,
     machine: &TalosMachine,
@@ -569,11 +519,6 @@ async fn follow(
     rendered: &Rendered,
     reach: &Reach<'_>,
 ) -> Result<Action, Error> {
-    let Reach {
-        address,
-        credentials,
-        bundle,
-    } = *reach;
     // Checked by the caller: an approved machine has a role.
     let role = machine.spec.role.unwrap_or(Role::Worker);
     // Drift is a multi-step flow (apply, or lock + stage + reboot, then back): decide it on
@@ -586,235 +531,74 @@ async fn follow(
         };
         status = fresh.status.unwrap_or_default();
     }
-    let client = crate::connect(address, credentials).await;
-    let view = match &client {
+    let client = crate::connect(reach.address, reach.credentials).await;
+    let answers = match &client {
+        Some(client) => ask_node(client, role).await,
         None => None,
-        Some(client) => match client.machine_status().await {
-            Err(_) => None,
-            Ok(machine_status) => {
-                let etcd = match role {
-                    Role::Worker => Etcd::NotMember,
-                    Role::ControlPlane => crate::decide::etcd_answered(client.etcd_status().await),
-                };
-                if let Ok(version) = client.version().await {
-                    status.talos_version = Some(version);
-                }
-                if let Ok(hostname) = client.hostname().await {
-                    status.node_name = Some(hostname);
-                }
-                Some(NodeView {
-                    stage: machine_status.stage,
-                    etcd,
-                })
-            }
-        },
     };
-    if view.is_some() {
-        cond::set(
-            &mut status.conditions,
-            conditions::INSTALLED,
-            true,
-            reasons::INSTALLED,
-            "the node answers with its configured API".to_owned(),
-            machine.metadata.generation,
-            &ctx.now(),
-        );
-    }
-    if let Some(NodeView {
-        etcd: Etcd::Voter(id) | Etcd::Learner(id) | Etcd::Failing(id),
-        ..
-    }) = view
-    {
-        status.etcd_member_id = Some(format!("{id:016x}"));
-    }
-    if role == Role::ControlPlane {
-        // What the planner's snapshot reads, with the time it was seen.
-        status.etcd = Some(crate::decide::etcd_observation(
-            status.etcd.as_ref(),
-            view.map(|v| v.etcd),
-            ctx.clock.now(),
-        ));
-    }
-    // Drift: what the objects now render differs from what was applied. It is rolled out one
-    // machine at a time in the planner's order, under the cluster lock (ADR 0019).
-    let me = drift_holder(machine);
-    let mut reboot_back = false;
-    let drifted = view.is_some()
-        && status
-            .applied_config_hash
-            .as_ref()
-            .is_some_and(|applied| *applied != rendered.hash);
-    // The cluster's machines, read once for the turn and the lock.
-    let machines = if drifted {
-        crate::cluster_machines(ctx, cluster).await?
-    } else {
-        Vec::new()
-    };
-    let turn = if drifted {
-        drift_wait(ctx, machine, cluster, &machines, bundle).await?
-    } else {
-        None
-    };
-    if let Some((reason, message)) = turn {
-        cond::set(
-            &mut status.conditions,
-            conditions::CONFIG_APPLIED,
-            false,
-            reason,
-            message,
-            machine.metadata.generation,
-            &ctx.now(),
-        );
-    } else if drifted
-        && client.is_some()
-        && let Some(queued) = drift_lock(ctx, cluster, &machines, &me, rendered).await?
-    {
-        cond::set(
-            &mut status.conditions,
-            conditions::CONFIG_APPLIED,
-            false,
-            reasons::DRIFT_QUEUED,
-            queued,
-            machine.metadata.generation,
-            &ctx.now(),
-        );
-    } else if let (Some(client), Some(applied)) = (&client, status.applied_config_hash.clone())
-        && drifted
-    {
-        match apply_live_once(ctx, machine, client, rendered, &mut status).await? {
-            Ok(sent) => {
-                store_applied(ctx, machine, rendered).await?;
-                // The lock and `driftReboot` are kept until the node is seen healthy again
-                // (below, next time).
-                status.applied_config_hash = Some(rendered.hash.clone());
-                let how = if sent {
-                    "applied live (NO_REBOOT)"
-                } else {
-                    "found running after a restart (not sent again)"
-                };
-                ctx.event(
-                    machine,
-                    EventType::Normal,
-                    reasons::DRIFT_APPLIED,
-                    actions::APPLY,
-                    format!("config {} {how}, replacing {applied}", rendered.hash),
-                )
-                .await;
-            }
-            // Anything but "this needs a reboot" (the node busy, a timeout, a refused config)
-            // is reported and retried: a transient error never reboots a node.
-            Err(error) if drift_refused(&error) == DriftRefused::Retry => {
-                forget_drift_intent(ctx, machine, &mut status).await?;
-                crate::lock::release(ctx, cluster, &me).await?;
-                cond::set(
-                    &mut status.conditions,
-                    conditions::CONFIG_APPLIED,
-                    false,
-                    reasons::DRIFT_NOT_APPLIED,
-                    format!(
-                        "config {} was not applied live: {error}; it is retried",
-                        rendered.hash
-                    ),
-                    machine.metadata.generation,
-                    &ctx.now(),
-                );
-            }
-            Err(error) => {
-                let message = format!(
-                    "config {} cannot be applied live ({error}); it is applied with a reboot under the cluster lock, one node at a time",
-                    rendered.hash
-                );
-                cond::set(
-                    &mut status.conditions,
-                    conditions::CONFIG_APPLIED,
-                    false,
-                    reasons::NEEDS_REBOOT,
-                    message,
-                    machine.metadata.generation,
-                    &ctx.now(),
-                );
-                if let Some((reason, waiting)) = reboot_for_drift(
-                    ctx,
-                    machine,
-                    cluster,
-                    client,
-                    rendered,
-                    &applied,
-                    credentials,
-                )
-                .await?
-                {
-                    forget_drift_intent(ctx, machine, &mut status).await?;
-                    cond::set(
-                        &mut status.conditions,
-                        conditions::CONFIG_APPLIED,
-                        false,
-                        reason,
-                        waiting,
-                        machine.metadata.generation,
-                        &ctx.now(),
-                    );
-                } else {
-                    status.applied_config_hash = Some(rendered.hash.clone());
-                    status.drift_reboot = Some(rendered.hash.clone());
-                }
-            }
+    let generation = machine.metadata.generation;
+    let (now, at) = (ctx.now(), ctx.clock.now());
+    plan::record_answers(&mut status, role, answers.as_ref(), generation, &now, at);
+    let view = answers.map(|a| a.view);
+    match (
+        plan::drift_step(&status, view, &rendered.hash, role),
+        &client,
+    ) {
+        (DriftStep::RollOut { applied }, Some(client)) => {
+            let rollout = Rollout {
+                machine,
+                cluster,
+                client,
+                rendered,
+                applied: &applied,
+                credentials: reach.credentials,
+                bundle: reach.bundle,
+            };
+            roll_out(ctx, &rollout, &mut status).await?;
         }
-    } else if status.drift_reboot.is_some()
-        && view.as_ref().is_some_and(|v| {
-            v.stage == ichor_talos::Stage::Running
-                && (role == Role::Worker || matches!(v.etcd, Etcd::Voter(_)))
-        })
-    {
-        // The reboot for drift is done: the node is back.
-        reboot_back = true;
+        (DriftStep::Back, _) => drift_back(ctx, machine, cluster, &mut status, rendered).await?,
+        (DriftStep::Settled, _) => {
+            let message = format!("config {} applied", rendered.hash);
+            config_applied(&mut status, machine, message, &ctx.now());
+        }
+        (DriftStep::RollOut { .. } | DriftStep::Idle, _) => {}
     }
-    // Drift settled (applied live, or by a reboot seen through): the condition says so.
-    if status.applied_config_hash.as_deref() == Some(rendered.hash.as_str())
-        && status.drift_reboot.is_none()
-        && status.conditions.iter().any(|c| {
-            c.type_ == conditions::CONFIG_APPLIED
-                && (c.reason == reasons::NEEDS_REBOOT || c.reason == reasons::DRIFT_NOT_APPLIED)
-        })
-        && !reboot_back
-        && view.is_some()
-    {
-        let message = format!("config {} applied", rendered.hash);
-        config_applied(&mut status, machine, message, &ctx.now());
-    }
-    if reboot_back {
-        forget_drift_intent(ctx, machine, &mut status).await?;
-        let message = format!(
-            "config {} applied; the node is healthy again",
-            rendered.hash
-        );
-        config_applied(&mut status, machine, message, &ctx.now());
-        crate::lock::release(ctx, cluster, &me).await?;
-        ctx.event(
-            machine,
-            EventType::Normal,
-            reasons::DRIFT_APPLIED,
-            actions::APPLY,
-            format!(
-                "config {} rolled out; the node is healthy again and the next machine may go",
-                rendered.hash
-            ),
-        )
-        .await;
-    }
+    stand(ctx, machine, status, role, view, reach.address).await
+}
+
+/// What the configured node answers over mutual TLS: its machine status (`None` if it does
+/// not answer that), its etcd membership for a control plane, its version and hostname.
+async fn ask_node(client: &TalosClient, role: Role) -> Option<Answers> {
+    let machine_status = client.machine_status().await.ok()?;
+    let etcd = match role {
+        Role::Worker => Etcd::NotMember,
+        Role::ControlPlane => crate::decide::etcd_answered(client.etcd_status().await),
+    };
+    let version = client.version().await.ok();
+    let hostname = client.hostname().await.ok();
+    Some(Answers {
+        view: NodeView {
+            stage: machine_status.stage,
+            etcd,
+        },
+        version,
+        hostname,
+    })
+}
+
+/// Reports where the machine stands (phase, address, `Ready`), announces it becoming Ready,
+/// and says when to look again.
+async fn stand(
+    ctx: &Context,
+    machine: &TalosMachine,
+    mut status: TalosMachineStatus,
+    role: Role,
+    view: Option<NodeView>,
+    address: &str,
+) -> Result<Action, Error> {
     let judged = standing(role, view);
-    let became_ready = judged.ready && !cond::is_true(&status.conditions, conditions::READY);
-    status.phase = judged.phase;
-    status.address = Some(address.to_owned());
-    cond::set(
-        &mut status.conditions,
-        conditions::READY,
-        judged.ready,
-        judged.reason,
-        judged.message.clone(),
-        machine.metadata.generation,
-        &ctx.now(),
-    );
+    let generation = machine.metadata.generation;
+    let became_ready = plan::record_standing(&mut status, &judged, address, generation, &ctx.now());
     write_status(ctx, machine, &status).await?;
     if became_ready {
         ctx.event(
@@ -831,6 +615,181 @@ async fn follow(
     } else {
         ctx.settings.progress_requeue
     }))
+}
+
+/// One machine's drift being rolled out: the machine, its cluster, the node's client, the
+/// config it gets and the hash of the one it runs, and what the planner and the turn need.
+struct Rollout<'a> {
+    machine: &'a TalosMachine,
+    cluster: &'a TalosCluster,
+    client: &'a TalosClient,
+    rendered: &'a Rendered,
+    applied: &'a str,
+    credentials: &'a ichor_talos::Credentials,
+    bundle: &'a ichor_render::SecretsBundle,
+}
+
+/// Drift: what the objects now render differs from what was applied. It is rolled out one
+/// machine at a time in the planner's order, under the cluster lock (ADR 0019): this waits
+/// for the machine's turn and the lock, then applies the config live, or staged with a reboot
+/// when it cannot go live.
+async fn roll_out(
+    ctx: &Context,
+    r: &Rollout<'_>,
+    status: &mut TalosMachineStatus,
+) -> Result<(), Error> {
+    let me = drift_holder(r.machine);
+    // The cluster's machines, read once for the turn and the lock.
+    let machines = crate::cluster_machines(ctx, r.cluster).await?;
+    let waiting = match drift_wait(ctx, r.machine, r.cluster, &machines, r.bundle).await? {
+        Some(turn) => Some(turn),
+        None => drift_lock(ctx, r.cluster, &machines, &me, r.rendered)
+            .await?
+            .map(|queued| (reasons::DRIFT_QUEUED, queued)),
+    };
+    if let Some((reason, message)) = waiting {
+        cond::set(
+            &mut status.conditions,
+            conditions::CONFIG_APPLIED,
+            false,
+            reason,
+            message,
+            r.machine.metadata.generation,
+            &ctx.now(),
+        );
+        return Ok(());
+    }
+    match apply_live_once(ctx, r.machine, r.client, r.rendered, status).await? {
+        Ok(sent) => live_applied(ctx, r, status, sent).await,
+        // Anything but "this needs a reboot" (the node busy, a timeout, a refused config)
+        // is reported and retried: a transient error never reboots a node.
+        Err(error) if drift_refused(&error) == DriftRefused::Retry => {
+            live_retried(ctx, r, status, &error).await
+        }
+        Err(error) => live_refused(ctx, r, status, &error).await,
+    }
+}
+
+/// The config went live (or was found running after a restart): kept, recorded, announced.
+async fn live_applied(
+    ctx: &Context,
+    r: &Rollout<'_>,
+    status: &mut TalosMachineStatus,
+    sent: bool,
+) -> Result<(), Error> {
+    store_applied(ctx, r.machine, r.rendered).await?;
+    // The lock and `driftReboot` are kept until the node is seen healthy again
+    // (`DriftStep::Back`, next time).
+    status.applied_config_hash = Some(r.rendered.hash.clone());
+    let how = if sent {
+        "applied live (NO_REBOOT)"
+    } else {
+        "found running after a restart (not sent again)"
+    };
+    ctx.event(
+        r.machine,
+        EventType::Normal,
+        reasons::DRIFT_APPLIED,
+        actions::APPLY,
+        format!("config {} {how}, replacing {}", r.rendered.hash, r.applied),
+    )
+    .await;
+    Ok(())
+}
+
+/// The node did not take the config live for a passing reason: the intent is forgotten, the
+/// lock released, and `ConfigApplied` says it is retried.
+async fn live_retried(
+    ctx: &Context,
+    r: &Rollout<'_>,
+    status: &mut TalosMachineStatus,
+    error: &TalosError,
+) -> Result<(), Error> {
+    forget_drift_intent(ctx, r.machine, status).await?;
+    crate::lock::release(ctx, r.cluster, &drift_holder(r.machine)).await?;
+    cond::set(
+        &mut status.conditions,
+        conditions::CONFIG_APPLIED,
+        false,
+        reasons::DRIFT_NOT_APPLIED,
+        format!(
+            "config {} was not applied live: {error}; it is retried",
+            r.rendered.hash
+        ),
+        r.machine.metadata.generation,
+        &ctx.now(),
+    );
+    Ok(())
+}
+
+/// The config cannot go live: it is applied with a reboot under the cluster lock. Recorded as
+/// applied with the reboot in flight, or `ConfigApplied` says why the reboot waits.
+async fn live_refused(
+    ctx: &Context,
+    r: &Rollout<'_>,
+    status: &mut TalosMachineStatus,
+    error: &TalosError,
+) -> Result<(), Error> {
+    let message = format!(
+        "config {} cannot be applied live ({error}); it is applied with a reboot under the cluster lock, one node at a time",
+        r.rendered.hash
+    );
+    let generation = r.machine.metadata.generation;
+    cond::set(
+        &mut status.conditions,
+        conditions::CONFIG_APPLIED,
+        false,
+        reasons::NEEDS_REBOOT,
+        message,
+        generation,
+        &ctx.now(),
+    );
+    if let Some((reason, waiting)) = reboot_for_drift(ctx, r).await? {
+        forget_drift_intent(ctx, r.machine, status).await?;
+        cond::set(
+            &mut status.conditions,
+            conditions::CONFIG_APPLIED,
+            false,
+            reason,
+            waiting,
+            generation,
+            &ctx.now(),
+        );
+    } else {
+        status.applied_config_hash = Some(r.rendered.hash.clone());
+        status.drift_reboot = Some(r.rendered.hash.clone());
+    }
+    Ok(())
+}
+
+/// The reboot for drift is done: the node is back and healthy. The intent is forgotten,
+/// `ConfigApplied` says so, the lock is released for the next machine, with an Event.
+async fn drift_back(
+    ctx: &Context,
+    machine: &TalosMachine,
+    cluster: &TalosCluster,
+    status: &mut TalosMachineStatus,
+    rendered: &Rendered,
+) -> Result<(), Error> {
+    forget_drift_intent(ctx, machine, status).await?;
+    let message = format!(
+        "config {} applied; the node is healthy again",
+        rendered.hash
+    );
+    config_applied(status, machine, message, &ctx.now());
+    crate::lock::release(ctx, cluster, &drift_holder(machine)).await?;
+    ctx.event(
+        machine,
+        EventType::Normal,
+        reasons::DRIFT_APPLIED,
+        actions::APPLY,
+        format!(
+            "config {} rolled out; the node is healthy again and the next machine may go",
+            rendered.hash
+        ),
+    )
+    .await;
+    Ok(())
 }
 
 /// Why this machine's drift waits for its turn (reason and message), or `None` if it is its
@@ -985,24 +944,57 @@ pub fn drift_holder(machine: &TalosMachine) -> LockHolder {
 /// went down. A refused staging releases the lock: nothing disruptive started.
 async fn reboot_for_drift(
     ctx: &Context,
-    machine: &TalosMachine,
-    cluster: &TalosCluster,
-    client: &TalosClient,
-    rendered: &Rendered,
-    applied: &str,
-    credentials: &ichor_talos::Credentials,
+    r: &Rollout<'_>,
 ) -> Result<Option<(&'static str, String)>, Error> {
-    let namespace = cluster.namespace().unwrap_or_default();
-    let machines = crate::cluster_machines(ctx, cluster).await?;
-    let moving = crate::lock::transitioning(cluster, &machines);
-    let me = drift_holder(machine);
-    let outcome = crate::lock::acquire(ctx, cluster, &me, moving, false).await?;
+    let me = drift_holder(r.machine);
+    if let Some(waits) = reboot_cleared(ctx, r, &me).await? {
+        return Ok(Some(waits));
+    }
+    if let Some(refused) = stage(ctx, r, &me).await? {
+        return Ok(Some(refused));
+    }
+    // Staged: the node boots into it. Kept before the reboot, so a failure to keep it never
+    // costs a second reboot.
+    store_applied(ctx, r.machine, r.rendered).await?;
+    if let Err(error) = r.client.reboot().await {
+        return Ok(Some((
+            reasons::NEEDS_REBOOT,
+            format!("the reboot for config {} failed: {error}", r.rendered.hash),
+        )));
+    }
+    // Watch it go down, so "back" later means back from this reboot.
+    watch_down(r.client).await;
+    ctx.event(
+        r.machine,
+        EventType::Normal,
+        reasons::REBOOT_FOR_DRIFT,
+        actions::APPLY,
+        format!(
+            "config {} staged (replacing {}); rebooting under the cluster lock",
+            r.rendered.hash, r.applied
+        ),
+    )
+    .await;
+    Ok(None)
+}
+
+/// Takes the cluster lock for the reboot (`me`) and asks the planner. `Some` says why the
+/// reboot waits; when the planner holds it, the lock is given back.
+async fn reboot_cleared(
+    ctx: &Context,
+    r: &Rollout<'_>,
+    me: &LockHolder,
+) -> Result<Option<(&'static str, String)>, Error> {
+    let namespace = r.cluster.namespace().unwrap_or_default();
+    let machines = crate::cluster_machines(ctx, r.cluster).await?;
+    let moving = crate::lock::transitioning(r.cluster, &machines);
+    let outcome = crate::lock::acquire(ctx, r.cluster, me, moving, false).await?;
     if !outcome.held() {
         return Ok(Some((
             reasons::NEEDS_REBOOT,
             format!(
                 "config {} needs a reboot: {} (namespace {namespace})",
-                rendered.hash,
+                r.rendered.hash,
                 outcome.message()
             ),
         )));
@@ -1010,60 +1002,66 @@ async fn reboot_for_drift(
     // The planner: a reboot is a restart, held while a voter is unhealthy.
     let plan = crate::observe::plan(
         ctx,
-        machine,
-        cluster,
+        r.machine,
+        r.cluster,
         &machines,
-        credentials,
+        r.credentials,
         &Disruption::Restart,
         Stage::Run,
     )
     .await?;
     if !plan.is_proceed() {
-        crate::lock::release(ctx, cluster, &me).await?;
+        crate::lock::release(ctx, r.cluster, me).await?;
         return Ok(Some((
             plan.reason().unwrap_or(reasons::ETCD_UNHEALTHY),
             format!(
                 "config {} needs a reboot, which waits: {}",
-                rendered.hash,
+                r.rendered.hash,
                 plan.message().unwrap_or_default()
             ),
         )));
     }
-    if let Err(error) = client
-        .apply_configuration(rendered.yaml.as_bytes(), ApplyMode::Staged)
+    Ok(None)
+}
+
+/// Stages the config for the reboot. `Some` says why it was not staged: the lock (`me`) is
+/// released, and a refusal of the config itself halts the rollout.
+async fn stage(
+    ctx: &Context,
+    r: &Rollout<'_>,
+    me: &LockHolder,
+) -> Result<Option<(&'static str, String)>, Error> {
+    let Err(error) = r
+        .client
+        .apply_configuration(r.rendered.yaml.as_bytes(), ApplyMode::Staged)
         .await
-    {
-        crate::lock::release(ctx, cluster, &me).await?;
-        // Refused as a config (not busy, not unreachable): the rollout stops here.
-        if drift_refused(&error) == DriftRefused::StageAndReboot {
-            let message = error.to_string();
-            crate::drift::record_halt(ctx, cluster, machine, &rendered.hash, &message).await?;
-            return Ok(Some((
-                reasons::DRIFT_HALTED,
-                format!(
-                    "the node refused config {}: {message}; the drift rollout stops here and no other machine gets it until the patch is fixed",
-                    rendered.hash
-                ),
-            )));
-        }
+    else {
+        return Ok(None);
+    };
+    crate::lock::release(ctx, r.cluster, me).await?;
+    // Refused as a config (not busy, not unreachable): the rollout stops here.
+    if drift_refused(&error) == DriftRefused::StageAndReboot {
+        let message = error.to_string();
+        crate::drift::record_halt(ctx, r.cluster, r.machine, &r.rendered.hash, &message).await?;
         return Ok(Some((
-            reasons::DRIFT_NOT_APPLIED,
+            reasons::DRIFT_HALTED,
             format!(
-                "config {} was not applied: the node refused it staged too: {error}; it is retried",
-                rendered.hash
+                "the node refused config {}: {message}; the drift rollout stops here and no other machine gets it until the patch is fixed",
+                r.rendered.hash
             ),
         )));
     }
-    // Staged: the node boots into it. Kept before the reboot, so a failure to keep it never
-    // costs a second reboot.
-    store_applied(ctx, machine, rendered).await?;
-    if let Err(error) = client.reboot().await {
-        return Ok(Some((
-            reasons::NEEDS_REBOOT,
-            format!("the reboot for config {} failed: {error}", rendered.hash),
-        )));
-    }
-    // Watch it go down, so "back" later means back from this reboot.
+    Ok(Some((
+        reasons::DRIFT_NOT_APPLIED,
+        format!(
+            "config {} was not applied: the node refused it staged too: {error}; it is retried",
+            r.rendered.hash
+        ),
+    )))
+}
+
+/// Waits (at most 20 seconds) until the rebooted node no longer reports itself running.
+async fn watch_down(client: &TalosClient) {
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
     while tokio::time::Instant::now() < deadline {
         let running = match client.machine_status().await {
@@ -1075,18 +1073,6 @@ async fn reboot_for_drift(
         }
         tokio::time::sleep(std::time::Duration::from_millis(25)).await;
     }
-    ctx.event(
-        machine,
-        EventType::Normal,
-        reasons::REBOOT_FOR_DRIFT,
-        actions::APPLY,
-        format!(
-            "config {} staged (replacing {applied}); rebooting under the cluster lock",
-            rendered.hash
-        ),
-    )
-    .await;
-    Ok(None)
 }
 
 /// Records `rendered` as applied (an operation applied it): the config in the machine's

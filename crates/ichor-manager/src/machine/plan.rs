@@ -1,0 +1,692 @@
+//! The machine reconciler's pure decisions: whether an approved machine can be configured,
+//! whether its first apply may go, what a configured node's answers mean for its status, and
+//! what to do about drift. No I/O here; the reconciler observes and acts.
+
+use ichor_api::common::Role;
+use ichor_api::machine::{MachinePhase, TalosMachineStatus};
+use ichor_api::names::{conditions, reasons};
+use ichor_api::{TalosCluster, TalosMachine};
+use ichor_render::{Rendered, SecretsBundle};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+
+use crate::conditions as cond;
+use crate::decide::{Etcd, NodeView, Standing, etcd_observation, version_supported};
+
+/// A problem a person must fix: the phase shown meanwhile, and `Ready`'s reason and message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Blocked {
+    /// The phase the machine shows while blocked.
+    pub phase: MachinePhase,
+    /// The `Ready` condition's reason (also the Event's).
+    pub reason: &'static str,
+    /// The `Ready` condition's message (also the Event's note).
+    pub message: String,
+}
+
+impl Blocked {
+    /// Blocked before anything was written to the machine: it stays `Approved`.
+    pub fn approved(reason: &'static str, message: String) -> Self {
+        Self {
+            phase: MachinePhase::Approved,
+            reason,
+            message,
+        }
+    }
+
+    /// Blocked on something the machine or its config can never satisfy as it is: `Failed`.
+    pub fn failed(reason: &'static str, message: String) -> Self {
+        Self {
+            phase: MachinePhase::Failed,
+            reason,
+            message,
+        }
+    }
+}
+
+/// What an approved machine of `cluster` gets and where it is reached: its rendered config
+/// and address, or why it cannot be configured (no role, a config that does not render, no
+/// address), checked in that order.
+pub(super) fn configurable(
+    machine: &TalosMachine,
+    cluster: &TalosCluster,
+    bundle: &SecretsBundle,
+) -> Result<(Rendered, String), Blocked> {
+    let Some(role) = machine.spec.role else {
+        return Err(Blocked::approved(
+            reasons::ROLE_REQUIRED,
+            "an approved machine needs spec.role: controlplane or worker".into(),
+        ));
+    };
+    let rendered = super::render_for(cluster, machine, role, bundle).map_err(|problem| {
+        Blocked::failed(
+            reasons::INVALID_PATCH,
+            format!("the config cannot be rendered: {problem}"),
+        )
+    })?;
+    let Some(address) = super::address(machine) else {
+        return Err(Blocked::approved(
+            reasons::NODE_UNREACHABLE,
+            "the machine has no address: set spec.endpoints".into(),
+        ));
+    };
+    Ok((rendered, address))
+}
+
+/// Whether the first apply may be tried: a pinned fingerprint (returned), no unconfirmed
+/// change of the machine's certificate, and hardware that fits the rendered config.
+pub(super) fn first_apply_checks(
+    machine: &TalosMachine,
+    status: &TalosMachineStatus,
+    rendered: &Rendered,
+) -> Result<String, Blocked> {
+    let Some(pinned) = machine.spec.fingerprint.clone() else {
+        return Err(Blocked::approved(
+            reasons::FINGERPRINT_MISMATCH,
+            "no fingerprint is pinned (spec.fingerprint): nothing is applied to an unverified machine".into(),
+        ));
+    };
+    if cond::is_true(&status.conditions, conditions::FINGERPRINT_CHANGED)
+        && status.observed_fingerprint.as_deref() != Some(pinned.as_str())
+    {
+        return Err(Blocked::approved(
+            reasons::FINGERPRINT_MISMATCH,
+            format!(
+                "the machine presented {} but {pinned} is pinned: confirm it is the same machine and update spec.fingerprint",
+                status.observed_fingerprint.clone().unwrap_or_default()
+            ),
+        ));
+    }
+    if let Some(hardware) = &status.hardware
+        && let Err(problems) = ichor_render::hardware::check(rendered, hardware)
+    {
+        let text: Vec<String> = problems.iter().map(ToString::to_string).collect();
+        return Err(Blocked::failed(reasons::HARDWARE_MISMATCH, text.join("; ")));
+    }
+    Ok(pinned)
+}
+
+/// The machine at `address` presented `observed`, not the `pinned` fingerprint: nothing is
+/// applied until a person confirms it.
+pub(super) fn fingerprint_presented(address: &str, observed: &str, pinned: &str) -> Blocked {
+    Blocked::approved(
+        reasons::FINGERPRINT_MISMATCH,
+        format!(
+            "{address} presented certificate fingerprint {observed}, not the pinned {pinned}: nothing was applied; if this is the same machine (it rebooted), update spec.fingerprint"
+        ),
+    )
+}
+
+/// Why a node running Talos `version` cannot get a config for the cluster's `contract`
+/// (`None`: it can).
+pub(super) fn too_old(version: &str, contract: &str) -> Option<Blocked> {
+    (!version_supported(version, contract)).then(|| {
+        Blocked::failed(
+            reasons::TALOS_VERSION_TOO_OLD,
+            format!(
+                "the machine runs Talos {version}, older than the cluster's contract {contract}: boot it from a newer image"
+            ),
+        )
+    })
+}
+
+/// What a configured node answered over mutual TLS (it answered its machine status).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Answers {
+    /// Its stage and etcd membership.
+    pub view: NodeView,
+    /// Its Talos version, if it answered that too.
+    pub version: Option<String>,
+    /// Its hostname, if it answered that too.
+    pub hostname: Option<String>,
+}
+
+/// Records what the node answered (`None`: it did not) in `status`: its version and hostname,
+/// `Installed` once it answers with its configured API, its etcd member id, and for a control
+/// plane the etcd observation the planner reads, with the time it was seen (`at`).
+pub(super) fn record_answers(
+    status: &mut TalosMachineStatus,
+    role: Role,
+    answers: Option<&Answers>,
+    generation: Option<i64>,
+    now: &Time,
+    at: Timestamp,
+) {
+    let view = answers.map(|a| a.view);
+    if let Some(answers) = answers {
+        if let Some(version) = &answers.version {
+            status.talos_version = Some(version.clone());
+        }
+        if let Some(hostname) = &answers.hostname {
+            status.node_name = Some(hostname.clone());
+        }
+        cond::set(
+            &mut status.conditions,
+            conditions::INSTALLED,
+            true,
+            reasons::INSTALLED,
+            "the node answers with its configured API".to_owned(),
+            generation,
+            now,
+        );
+    }
+    if let Some(NodeView {
+        etcd: Etcd::Voter(id) | Etcd::Learner(id) | Etcd::Failing(id),
+        ..
+    }) = view
+    {
+        status.etcd_member_id = Some(format!("{id:016x}"));
+    }
+    if role == Role::ControlPlane {
+        // What the planner's snapshot reads, with the time it was seen.
+        status.etcd = Some(etcd_observation(
+            status.etcd.as_ref(),
+            view.map(|v| v.etcd),
+            at,
+        ));
+    }
+}
+
+/// What a configured machine does about drift this time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum DriftStep {
+    /// Nothing: no drift, none in flight, nothing to settle.
+    Idle,
+    /// What the objects now render differs from what was applied (`applied`), and the node
+    /// answers: roll it out (wait for its turn and the lock, then apply live, or staged with a
+    /// reboot).
+    RollOut {
+        /// The hash of the config the node runs now.
+        applied: String,
+    },
+    /// The reboot for drift is done: the node is back, running (and a voter, for a control
+    /// plane); its intent is forgotten and the lock released.
+    Back,
+    /// Drift applied earlier is settled (no reboot in flight) while `ConfigApplied` still says
+    /// it needs a reboot or was not applied: the condition says applied again.
+    Settled,
+}
+
+/// Decides the drift step from the machine's status (as stored now), what its node shows
+/// (`None`: it did not answer), the hash of the config it should run, and its role.
+pub(super) fn drift_step(
+    status: &TalosMachineStatus,
+    view: Option<NodeView>,
+    rendered: &str,
+    role: Role,
+) -> DriftStep {
+    if view.is_some()
+        && let Some(applied) = &status.applied_config_hash
+        && applied != rendered
+    {
+        return DriftStep::RollOut {
+            applied: applied.clone(),
+        };
+    }
+    if status.drift_reboot.is_some()
+        && view.is_some_and(|v| {
+            v.stage == ichor_talos::Stage::Running
+                && (role == Role::Worker || matches!(v.etcd, Etcd::Voter(_)))
+        })
+    {
+        return DriftStep::Back;
+    }
+    // Drift settled (applied live, or by a reboot seen through): the condition says so.
+    if status.applied_config_hash.as_deref() == Some(rendered)
+        && status.drift_reboot.is_none()
+        && status.conditions.iter().any(|c| {
+            c.type_ == conditions::CONFIG_APPLIED
+                && (c.reason == reasons::NEEDS_REBOOT || c.reason == reasons::DRIFT_NOT_APPLIED)
+        })
+        && view.is_some()
+    {
+        return DriftStep::Settled;
+    }
+    DriftStep::Idle
+}
+
+/// Records where the machine stands (`judged`): its phase, its `address` and `Ready`.
+/// Returns whether it became Ready just now.
+pub(super) fn record_standing(
+    status: &mut TalosMachineStatus,
+    judged: &Standing,
+    address: &str,
+    generation: Option<i64>,
+    now: &Time,
+) -> bool {
+    let became_ready = judged.ready && !cond::is_true(&status.conditions, conditions::READY);
+    status.phase = judged.phase;
+    status.address = Some(address.to_owned());
+    cond::set(
+        &mut status.conditions,
+        conditions::READY,
+        judged.ready,
+        judged.reason,
+        judged.message.clone(),
+        generation,
+        now,
+    );
+    became_ready
+}
+
+#[cfg(test)]
+mod tests {
+    use ichor_api::machine::{DiskInfo, EtcdObservation, HardwareInventory};
+    use ichor_api::testing::{ADDRESS, FINGERPRINT};
+    use ichor_render::Contract;
+    use ichor_talos::Stage;
+
+    use super::*;
+
+    fn bundle() -> SecretsBundle {
+        SecretsBundle::generate(Contract::V1_14).expect("bundle")
+    }
+
+    fn time(text: &str) -> Time {
+        Time(text.parse().expect("timestamp"))
+    }
+
+    /// A status with condition `type_` holding (or not) for `reason`.
+    fn with_condition(type_: &str, holds: bool, reason: &str) -> TalosMachineStatus {
+        let mut status = TalosMachineStatus::default();
+        let now = time("2026-12-03T10:00:00Z");
+        cond::set(&mut status.conditions, type_, holds, reason, "", None, &now);
+        status
+    }
+
+    fn reason_of<'a>(status: &'a TalosMachineStatus, type_: &str) -> Option<&'a str> {
+        status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == type_)
+            .map(|c| c.reason.as_str())
+    }
+
+    #[test]
+    fn an_approved_machine_needs_a_role_a_config_that_renders_and_an_address() {
+        let bundle = bundle();
+        let cluster = TalosCluster::test("lab").build();
+        let no_role = TalosMachine::test("m1").approved().build();
+        let stop = configurable(&no_role, &cluster, &bundle).expect_err("no role");
+        assert_eq!(
+            (stop.phase, stop.reason),
+            (MachinePhase::Approved, reasons::ROLE_REQUIRED)
+        );
+
+        let old = TalosCluster::test("lab").talos("v1.9.0").build();
+        let worker = TalosMachine::test("m1").approved().worker().build();
+        let stop = configurable(&worker, &old, &bundle).expect_err("no contract");
+        assert_eq!(
+            (stop.phase, stop.reason),
+            (MachinePhase::Failed, reasons::INVALID_PATCH)
+        );
+        assert!(stop.message.starts_with("the config cannot be rendered: "));
+
+        let mut nowhere = worker.clone();
+        nowhere.spec.endpoints.clear();
+        let stop = configurable(&nowhere, &cluster, &bundle).expect_err("no address");
+        assert_eq!(
+            (stop.phase, stop.reason),
+            (MachinePhase::Approved, reasons::NODE_UNREACHABLE)
+        );
+
+        let (rendered, address) = configurable(&worker, &cluster, &bundle).expect("configurable");
+        let expected =
+            super::super::render_for(&cluster, &worker, Role::Worker, &bundle).expect("renders");
+        assert_eq!(rendered.hash, expected.hash);
+        assert_eq!(address, ADDRESS);
+    }
+
+    #[test]
+    fn the_recorded_address_is_preferred_to_the_first_endpoint() {
+        let bundle = bundle();
+        let cluster = TalosCluster::test("lab").build();
+        let machine = TalosMachine::test("m1")
+            .approved()
+            .worker()
+            .status(TalosMachineStatus {
+                address: Some("10.9.9.9".into()),
+                ..Default::default()
+            })
+            .build();
+        let (_, address) = configurable(&machine, &cluster, &bundle).expect("configurable");
+        assert_eq!(address, "10.9.9.9");
+    }
+
+    #[test]
+    fn nothing_is_applied_without_a_pin_or_with_an_unconfirmed_certificate() {
+        let bundle = bundle();
+        let cluster = TalosCluster::test("lab").build();
+        let pinned = TalosMachine::test("m1").approved().worker().build();
+        let rendered = render_for_test(&cluster, &pinned, &bundle);
+
+        let mut unpinned = pinned.clone();
+        unpinned.spec.fingerprint = None;
+        let stop = first_apply_checks(&unpinned, &TalosMachineStatus::default(), &rendered)
+            .expect_err("no pin");
+        assert_eq!(
+            (stop.phase, stop.reason),
+            (MachinePhase::Approved, reasons::FINGERPRINT_MISMATCH)
+        );
+        assert!(stop.message.starts_with("no fingerprint is pinned"));
+
+        let mut changed = with_condition(conditions::FINGERPRINT_CHANGED, true, "Changed");
+        changed.observed_fingerprint = Some("other".into());
+        let stop = first_apply_checks(&pinned, &changed, &rendered).expect_err("changed");
+        assert_eq!(stop.reason, reasons::FINGERPRINT_MISMATCH);
+        assert!(stop.message.contains("presented other but"));
+        assert!(stop.message.contains(FINGERPRINT));
+
+        // The pin updated to what the machine presents: confirmed.
+        changed.observed_fingerprint = Some(FINGERPRINT.into());
+        assert_eq!(
+            first_apply_checks(&pinned, &changed, &rendered).as_deref(),
+            Ok(FINGERPRINT)
+        );
+        // A change no longer reported (condition false) does not block either.
+        let settled = with_condition(conditions::FINGERPRINT_CHANGED, false, "Same");
+        assert_eq!(
+            first_apply_checks(&pinned, &settled, &rendered).as_deref(),
+            Ok(FINGERPRINT)
+        );
+    }
+
+    #[test]
+    fn hardware_that_does_not_fit_the_config_fails_the_machine() {
+        let bundle = bundle();
+        let cluster = TalosCluster::test("lab").build();
+        let machine = TalosMachine::test("m1")
+            .approved()
+            .worker()
+            .install_disk("/dev/nvme0n1")
+            .build();
+        let rendered = render_for_test(&cluster, &machine, &bundle);
+        let only = |path: &str| TalosMachineStatus {
+            hardware: Some(HardwareInventory {
+                disks: vec![DiskInfo {
+                    name: path.trim_start_matches("/dev/").into(),
+                    dev_path: path.into(),
+                    size: 500_000_000_000,
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let stop =
+            first_apply_checks(&machine, &only("/dev/sda"), &rendered).expect_err("no such disk");
+        assert_eq!(
+            (stop.phase, stop.reason),
+            (MachinePhase::Failed, reasons::HARDWARE_MISMATCH)
+        );
+        assert!(
+            first_apply_checks(&machine, &only("/dev/nvme0n1"), &rendered).is_ok(),
+            "the disk is there"
+        );
+    }
+
+    fn render_for_test(
+        cluster: &TalosCluster,
+        machine: &TalosMachine,
+        bundle: &SecretsBundle,
+    ) -> Rendered {
+        let role = machine.spec.role.expect("role");
+        super::super::render_for(cluster, machine, role, bundle).expect("renders")
+    }
+
+    #[test]
+    fn a_node_older_than_the_contract_fails_and_a_newer_one_passes() {
+        let stop = too_old("v1.13.4", "v1.14.1").expect("older minor");
+        assert_eq!(
+            (stop.phase, stop.reason),
+            (MachinePhase::Failed, reasons::TALOS_VERSION_TOO_OLD)
+        );
+        assert!(stop.message.contains("runs Talos v1.13.4"));
+        assert_eq!(too_old("v1.14.0", "v1.14.1"), None, "same minor");
+        assert_eq!(too_old("v1.15.0", "v1.14.1"), None);
+    }
+
+    #[test]
+    fn a_different_certificate_names_both_fingerprints() {
+        let stop = fingerprint_presented("10.0.0.1", "seen", "pinned");
+        assert_eq!(
+            (stop.phase, stop.reason),
+            (MachinePhase::Approved, reasons::FINGERPRINT_MISMATCH)
+        );
+        assert!(
+            stop.message.starts_with(
+                "10.0.0.1 presented certificate fingerprint seen, not the pinned pinned"
+            )
+        );
+    }
+
+    fn answered(stage: Stage, etcd: Etcd) -> Answers {
+        Answers {
+            view: NodeView { stage, etcd },
+            version: Some("v1.14.1".into()),
+            hostname: Some("cp-1".into()),
+        }
+    }
+
+    #[test]
+    fn a_control_plane_answering_as_a_voter_is_installed_with_its_member_id() {
+        let mut status = TalosMachineStatus::default();
+        let now = time("2026-12-03T10:00:00Z");
+        let answers = answered(Stage::Running, Etcd::Voter(0xab));
+        record_answers(
+            &mut status,
+            Role::ControlPlane,
+            Some(&answers),
+            Some(3),
+            &now,
+            now.0,
+        );
+        assert_eq!(status.talos_version.as_deref(), Some("v1.14.1"));
+        assert_eq!(status.node_name.as_deref(), Some("cp-1"));
+        assert!(cond::is_true(&status.conditions, conditions::INSTALLED));
+        assert_eq!(status.etcd_member_id.as_deref(), Some("00000000000000ab"));
+        assert_eq!(
+            status.etcd,
+            Some(EtcdObservation {
+                voter: true,
+                healthy: true,
+                observed_at: now,
+            })
+        );
+    }
+
+    #[test]
+    fn a_silent_node_keeps_what_was_recorded_and_a_voter_stays_a_voter_unhealthy() {
+        let before = time("2026-12-03T10:00:00Z");
+        let mut status = TalosMachineStatus {
+            talos_version: Some("v1.13.0".into()),
+            etcd_member_id: Some("00000000000000ab".into()),
+            etcd: Some(EtcdObservation {
+                voter: true,
+                healthy: true,
+                observed_at: before.clone(),
+            }),
+            ..Default::default()
+        };
+        let now = time("2026-12-03T10:05:00Z");
+        record_answers(&mut status, Role::ControlPlane, None, None, &now, now.0);
+        assert_eq!(status.talos_version.as_deref(), Some("v1.13.0"));
+        assert_eq!(status.etcd_member_id.as_deref(), Some("00000000000000ab"));
+        assert_eq!(reason_of(&status, conditions::INSTALLED), None);
+        let etcd = status.etcd.expect("observed");
+        assert!(etcd.voter && !etcd.healthy);
+
+        let mut worker = TalosMachineStatus::default();
+        let answers = answered(Stage::Running, Etcd::NotMember);
+        record_answers(&mut worker, Role::Worker, Some(&answers), None, &now, now.0);
+        assert!(cond::is_true(&worker.conditions, conditions::INSTALLED));
+        assert_eq!((worker.etcd_member_id, worker.etcd), (None, None));
+    }
+
+    fn applied(hash: &str) -> TalosMachineStatus {
+        TalosMachineStatus {
+            applied_config_hash: Some(hash.into()),
+            ..Default::default()
+        }
+    }
+
+    const RUNNING_VOTER: NodeView = NodeView {
+        stage: Stage::Running,
+        etcd: Etcd::Voter(1),
+    };
+
+    #[test]
+    fn drift_rolls_out_only_while_the_node_answers() {
+        let status = applied("sha256:old");
+        assert_eq!(
+            drift_step(
+                &status,
+                Some(RUNNING_VOTER),
+                "sha256:new",
+                Role::ControlPlane
+            ),
+            DriftStep::RollOut {
+                applied: "sha256:old".into()
+            }
+        );
+        assert_eq!(
+            drift_step(&status, None, "sha256:new", Role::ControlPlane),
+            DriftStep::Idle,
+            "a node that does not answer is not rolled out"
+        );
+        assert_eq!(
+            drift_step(
+                &applied("sha256:new"),
+                Some(RUNNING_VOTER),
+                "sha256:new",
+                Role::Worker
+            ),
+            DriftStep::Idle
+        );
+        // Still rolling out while a reboot is in flight for an older config.
+        let mut rebooting = applied("sha256:old");
+        rebooting.drift_reboot = Some("sha256:old".into());
+        assert!(matches!(
+            drift_step(&rebooting, Some(RUNNING_VOTER), "sha256:new", Role::Worker),
+            DriftStep::RollOut { .. }
+        ));
+    }
+
+    #[test]
+    fn a_reboot_for_drift_is_back_once_running_and_for_a_control_plane_a_voter() {
+        let mut status = applied("sha256:new");
+        status.drift_reboot = Some("sha256:new".into());
+        let learner = NodeView {
+            stage: Stage::Running,
+            etcd: Etcd::Learner(1),
+        };
+        let booting = NodeView {
+            stage: Stage::Booting,
+            etcd: Etcd::NotMember,
+        };
+        let cp = Role::ControlPlane;
+        assert_eq!(
+            drift_step(&status, Some(RUNNING_VOTER), "sha256:new", cp),
+            DriftStep::Back
+        );
+        assert_eq!(
+            drift_step(&status, Some(learner), "sha256:new", cp),
+            DriftStep::Idle
+        );
+        assert_eq!(
+            drift_step(&status, Some(learner), "sha256:new", Role::Worker),
+            DriftStep::Back,
+            "a worker is back once running"
+        );
+        assert_eq!(
+            drift_step(&status, Some(booting), "sha256:new", Role::Worker),
+            DriftStep::Idle
+        );
+        assert_eq!(
+            drift_step(&status, None, "sha256:new", Role::Worker),
+            DriftStep::Idle
+        );
+    }
+
+    #[test]
+    fn a_settled_drift_clears_a_needs_reboot_or_not_applied_condition() {
+        for reason in [reasons::NEEDS_REBOOT, reasons::DRIFT_NOT_APPLIED] {
+            let mut status = with_condition(conditions::CONFIG_APPLIED, false, reason);
+            status.applied_config_hash = Some("sha256:new".into());
+            assert_eq!(
+                drift_step(&status, Some(RUNNING_VOTER), "sha256:new", Role::Worker),
+                DriftStep::Settled,
+                "{reason}"
+            );
+            assert_eq!(
+                drift_step(&status, None, "sha256:new", Role::Worker),
+                DriftStep::Idle,
+                "{reason}: only once the node answers"
+            );
+            status.drift_reboot = Some("sha256:new".into());
+            let booting = NodeView {
+                stage: Stage::Rebooting,
+                etcd: Etcd::NotMember,
+            };
+            assert_eq!(
+                drift_step(&status, Some(booting), "sha256:new", Role::Worker),
+                DriftStep::Idle,
+                "{reason}: not while its reboot is in flight"
+            );
+        }
+        let mut queued = with_condition(conditions::CONFIG_APPLIED, false, reasons::DRIFT_QUEUED);
+        queued.applied_config_hash = Some("sha256:new".into());
+        assert_eq!(
+            drift_step(&queued, Some(RUNNING_VOTER), "sha256:new", Role::Worker),
+            DriftStep::Idle
+        );
+    }
+
+    fn judged(ready: bool) -> Standing {
+        Standing {
+            phase: if ready {
+                MachinePhase::Ready
+            } else {
+                MachinePhase::Booting
+            },
+            ready,
+            reason: if ready {
+                reasons::READY
+            } else {
+                reasons::WAITING_FOR_NODE_API
+            },
+            message: "judged".into(),
+        }
+    }
+
+    #[test]
+    fn becoming_ready_is_reported_once() {
+        let mut status = TalosMachineStatus::default();
+        let now = time("2026-12-03T10:00:00Z");
+        assert!(!record_standing(
+            &mut status,
+            &judged(false),
+            ADDRESS,
+            Some(1),
+            &now
+        ));
+        assert_eq!(status.phase, MachinePhase::Booting);
+        assert_eq!(status.address.as_deref(), Some(ADDRESS));
+        assert_eq!(
+            reason_of(&status, conditions::READY),
+            Some(reasons::WAITING_FOR_NODE_API)
+        );
+        assert!(record_standing(
+            &mut status,
+            &judged(true),
+            ADDRESS,
+            Some(1),
+            &now
+        ));
+        assert_eq!(status.phase, MachinePhase::Ready);
+        assert!(
+            !record_standing(&mut status, &judged(true), ADDRESS, Some(1), &now),
+            "already Ready"
+        );
+    }
+}
