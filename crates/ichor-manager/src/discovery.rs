@@ -8,7 +8,8 @@ use std::collections::BTreeMap;
 use ichor_api::machine::{DiskInfo, HardwareInventory, LinkInfo, TalosMachineStatus};
 use ichor_api::names::{actions, conditions, labels, reasons};
 use ichor_api::{TalosCluster, TalosMachine, TalosMachineSpec};
-use ichor_talos::discovery::{Found, ProbeOutcome, SweepConfig, sweep};
+use ichor_talos::discovery::{Found, Probe, ProbeOutcome, SweepConfig, sweep};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt as _;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::events::EventType;
@@ -85,14 +86,43 @@ pub async fn run_once(
     let Some(discovery) = &cluster.spec.discovery else {
         return Ok(SweepReport::default());
     };
-    let namespace = cluster.namespace().unwrap_or_default();
     let probes = sweep(&discovery.cidrs, config)
         .await
         .map_err(|e| Error::Spec {
             field: "spec.discovery.cidrs",
             problem: e.to_string(),
         })?;
-    // One UUID, two live certificates at once: report, do not guess.
+    let by_uuid = maintenance_by_uuid(probes);
+    let machines: Api<TalosMachine> =
+        Api::namespaced(ctx.client.clone(), &cluster.namespace().unwrap_or_default());
+    let existing = machines.list(&ListParams::default()).await?.items;
+    let mut report = SweepReport::default();
+    for (uuid, found) in &by_uuid {
+        match sighting(uuid, found, &existing) {
+            Sighting::Conflict { addresses } => {
+                report_conflict(ctx, cluster, uuid, &addresses).await;
+                report.conflicts.push(uuid.clone());
+            }
+            Sighting::New { found } => {
+                if let Some(name) = create(ctx, &machines, cluster, uuid, found).await? {
+                    report.created.push(name);
+                }
+            }
+            Sighting::Known {
+                machine,
+                found,
+                endpoint,
+            } => {
+                update(ctx, &machines, machine, found, endpoint).await?;
+                report.updated.push(machine.name_any());
+            }
+        }
+    }
+    Ok(report)
+}
+
+/// The machines answering in maintenance mode, by SMBIOS UUID (in UUID order).
+fn maintenance_by_uuid(probes: Vec<Probe>) -> BTreeMap<String, Vec<Found>> {
     let mut by_uuid: BTreeMap<String, Vec<Found>> = BTreeMap::new();
     for probe in probes {
         if let ProbeOutcome::Maintenance(found) = probe.outcome {
@@ -102,88 +132,140 @@ pub async fn run_once(
                 .push(*found);
         }
     }
-    let machines: Api<TalosMachine> = Api::namespaced(ctx.client.clone(), &namespace);
-    let existing = machines.list(&ListParams::default()).await?.items;
-    let mut report = SweepReport::default();
-    for (uuid, found) in by_uuid {
-        let mut fingerprints: Vec<&str> = found.iter().map(|f| f.fingerprint.as_str()).collect();
-        fingerprints.sort_unstable();
-        fingerprints.dedup();
-        if fingerprints.len() > 1 {
-            let addresses: Vec<String> = found.iter().map(|f| f.address.to_string()).collect();
-            ctx.event(
-                cluster,
-                EventType::Warning,
-                reasons::FINGERPRINT_MISMATCH,
-                actions::DISCOVER,
-                format!(
-                    "SMBIOS UUID {uuid} answers at {} with different certificates: not recorded; machines sharing a UUID need it fixed in firmware",
-                    addresses.join(", ")
-                ),
-            )
-            .await;
-            report.conflicts.push(uuid);
-            continue;
-        }
-        let found = &found[0];
-        let record = existing.iter().find(|m| {
-            m.labels().get(labels::MACHINE_UUID) == Some(&uuid)
-                || m.status
-                    .as_ref()
-                    .and_then(|s| s.hardware.as_ref())
-                    .map(|h| &h.uuid)
-                    == Some(&uuid)
-        });
-        match record {
-            None => {
-                let name = machine_name(&uuid);
-                let machine = TalosMachine::discovered(
-                    &namespace,
-                    &name,
-                    &uuid,
-                    TalosMachineSpec::pending(
-                        &cluster.name_any(),
-                        &found.address.to_string(),
-                        &found.fingerprint,
-                    ),
-                );
-                match machines.create(&PostParams::default(), &machine).await {
-                    Ok(created) => {
-                        write_observation(ctx, &created, found).await?;
-                        ctx.event(
-                            &created,
-                            EventType::Normal,
-                            reasons::DISCOVERED,
-                            actions::DISCOVER,
-                            format!(
-                                "found in maintenance mode at {} (Talos {}, fingerprint {}); approve it to use it",
-                                found.address, found.version, found.fingerprint
-                            ),
-                        )
-                        .await;
-                        report.created.push(name);
-                    }
-                    Err(kube::Error::Api(status)) if status.is_already_exists() => {}
-                    Err(error) => return Err(error.into()),
-                }
-            }
-            Some(machine) => {
-                let address = found.address.to_string();
-                if machine.spec.endpoints.first() != Some(&address) {
-                    machines
-                        .patch(
-                            &machine.name_any(),
-                            &PatchParams::default(),
-                            &Patch::Merge(json!({"spec": {"endpoints": [address]}})),
-                        )
-                        .await?;
-                }
-                write_observation(ctx, machine, found).await?;
-                report.updated.push(machine.name_any());
+    by_uuid
+}
+
+/// What a sweep does about one SMBIOS UUID it found.
+#[derive(Debug)]
+enum Sighting<'a> {
+    /// It answers at these addresses with different certificates: reported, not recorded.
+    Conflict {
+        /// Where it answered.
+        addresses: Vec<String>,
+    },
+    /// No machine records it yet: one is created.
+    New {
+        /// What answered.
+        found: &'a Found,
+    },
+    /// `machine` records it: its observation is written.
+    Known {
+        /// The machine recording the UUID.
+        machine: &'a TalosMachine,
+        /// What answered.
+        found: &'a Found,
+        /// The address its endpoints move to, when it answers elsewhere than its first one.
+        endpoint: Option<String>,
+    },
+}
+
+/// Decides what to do about `uuid`, found as `found` (never empty), given the machines recorded.
+fn sighting<'a>(uuid: &str, found: &'a [Found], existing: &'a [TalosMachine]) -> Sighting<'a> {
+    // One UUID, two live certificates at once: report, do not guess.
+    let mut fingerprints: Vec<&str> = found.iter().map(|f| f.fingerprint.as_str()).collect();
+    fingerprints.sort_unstable();
+    fingerprints.dedup();
+    if fingerprints.len() > 1 {
+        return Sighting::Conflict {
+            addresses: found.iter().map(|f| f.address.to_string()).collect(),
+        };
+    }
+    let found = &found[0];
+    let record = existing.iter().find(|m| {
+        m.labels().get(labels::MACHINE_UUID).map(String::as_str) == Some(uuid)
+            || m.status
+                .as_ref()
+                .and_then(|s| s.hardware.as_ref())
+                .map(|h| h.uuid.as_str())
+                == Some(uuid)
+    });
+    match record {
+        None => Sighting::New { found },
+        Some(machine) => {
+            let address = found.address.to_string();
+            Sighting::Known {
+                machine,
+                found,
+                endpoint: (machine.spec.endpoints.first() != Some(&address)).then_some(address),
             }
         }
     }
-    Ok(report)
+}
+
+/// Warns on the cluster that `uuid` answers at `addresses` with different certificates.
+async fn report_conflict(ctx: &Context, cluster: &TalosCluster, uuid: &str, addresses: &[String]) {
+    ctx.event(
+        cluster,
+        EventType::Warning,
+        reasons::FINGERPRINT_MISMATCH,
+        actions::DISCOVER,
+        format!(
+            "SMBIOS UUID {uuid} answers at {} with different certificates: not recorded; machines sharing a UUID need it fixed in firmware",
+            addresses.join(", ")
+        ),
+    )
+    .await;
+}
+
+/// Creates the pending machine for `uuid` and records what was found; its name, or `None` when
+/// it already exists.
+async fn create(
+    ctx: &Context,
+    machines: &Api<TalosMachine>,
+    cluster: &TalosCluster,
+    uuid: &str,
+    found: &Found,
+) -> Result<Option<String>, Error> {
+    let name = machine_name(uuid);
+    let machine = TalosMachine::discovered(
+        &cluster.namespace().unwrap_or_default(),
+        &name,
+        uuid,
+        TalosMachineSpec::pending(
+            &cluster.name_any(),
+            &found.address.to_string(),
+            &found.fingerprint,
+        ),
+    );
+    match machines.create(&PostParams::default(), &machine).await {
+        Ok(created) => {
+            write_observation(ctx, &created, found).await?;
+            ctx.event(
+                &created,
+                EventType::Normal,
+                reasons::DISCOVERED,
+                actions::DISCOVER,
+                format!(
+                    "found in maintenance mode at {} (Talos {}, fingerprint {}); approve it to use it",
+                    found.address, found.version, found.fingerprint
+                ),
+            )
+            .await;
+            Ok(Some(name))
+        }
+        Err(kube::Error::Api(status)) if status.is_already_exists() => Ok(None),
+        Err(error) => Err(error.into()),
+    }
+}
+
+/// Moves a recorded machine's endpoints to `endpoint` (when `Some`) and records what was found.
+async fn update(
+    ctx: &Context,
+    machines: &Api<TalosMachine>,
+    machine: &TalosMachine,
+    found: &Found,
+    endpoint: Option<String>,
+) -> Result<(), Error> {
+    if let Some(address) = endpoint {
+        machines
+            .patch(
+                &machine.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"endpoints": [address]}})),
+            )
+            .await?;
+    }
+    write_observation(ctx, machine, found).await
 }
 
 /// Records inventory, version and the observed fingerprint; flags a fingerprint different
@@ -193,11 +275,38 @@ async fn write_observation(
     machine: &TalosMachine,
     found: &Found,
 ) -> Result<(), Error> {
+    let Some(observed) = observation(machine, found, &ctx.now()) else {
+        return Ok(());
+    };
+    if let Some(message) = observed.newly_changed {
+        ctx.event(
+            machine,
+            EventType::Warning,
+            reasons::FINGERPRINT_MISMATCH,
+            actions::DISCOVER,
+            message,
+        )
+        .await;
+    }
+    write_status(ctx, machine, &observed.status).await
+}
+
+/// A maintenance-mode machine's status with what was found, and the Event owed for it.
+#[derive(Debug)]
+struct Observed {
+    /// The status to record.
+    status: TalosMachineStatus,
+    /// The Warning's message when the fingerprint differs from the pin and was not flagged yet.
+    newly_changed: Option<String>,
+}
+
+/// The status `machine` records for `found` at `now`; `None` for a configured machine.
+fn observation(machine: &TalosMachine, found: &Found, now: &Time) -> Option<Observed> {
     // Only machines still in maintenance mode are seen by discovery; configured ones keep the
     // status their reconciler writes.
     let mut status: TalosMachineStatus = machine.status.clone().unwrap_or_default();
     if status.applied_config_hash.is_some() {
-        return Ok(());
+        return None;
     }
     status.address = Some(found.address.to_string());
     status.talos_version = Some(found.version.clone());
@@ -226,23 +335,28 @@ async fn write_observation(
             "the machine presents the pinned certificate".to_owned()
         },
         machine.metadata.generation,
-        &ctx.now(),
+        now,
     );
-    if changed && !was_changed {
-        ctx.event(
-            machine,
-            EventType::Warning,
-            reasons::FINGERPRINT_MISMATCH,
-            actions::DISCOVER,
-            format!(
-                "fingerprint changed from pinned {} to {}",
-                pinned.unwrap_or_default(),
-                found.fingerprint
-            ),
+    let newly_changed = (changed && !was_changed).then(|| {
+        format!(
+            "fingerprint changed from pinned {} to {}",
+            pinned.unwrap_or_default(),
+            found.fingerprint
         )
-        .await;
-    }
-    if machine.status.as_ref() != Some(&status) {
+    });
+    Some(Observed {
+        status,
+        newly_changed,
+    })
+}
+
+/// Writes `status` when it differs from the one stored.
+async fn write_status(
+    ctx: &Context,
+    machine: &TalosMachine,
+    status: &TalosMachineStatus,
+) -> Result<(), Error> {
+    if machine.status.as_ref() != Some(status) {
         Api::<TalosMachine>::namespaced(
             ctx.client.clone(),
             &machine.namespace().unwrap_or_default(),
@@ -255,4 +369,175 @@ async fn write_observation(
         .await?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::Ipv4Addr;
+
+    use ichor_talos::Inventory;
+    use k8s_openapi::jiff::Timestamp;
+
+    use super::*;
+
+    /// What answers in maintenance mode for `uuid` at 10.0.0.`last_octet`.
+    fn found(uuid: &str, last_octet: u8, fingerprint: &str) -> Found {
+        Found {
+            address: Ipv4Addr::new(10, 0, 0, last_octet),
+            fingerprint: fingerprint.into(),
+            version: "v1.11.0".into(),
+            inventory: Inventory {
+                uuid: uuid.into(),
+                ..Inventory::default()
+            },
+        }
+    }
+
+    /// One answer of a sweep.
+    fn probe(outcome: ProbeOutcome) -> Probe {
+        Probe {
+            address: Ipv4Addr::new(10, 0, 0, 9),
+            outcome,
+        }
+    }
+
+    /// A machine discovered for `uuid` at 10.0.0.`last_octet`, pinned to `pin`.
+    fn recorded(uuid: &str, last_octet: u8, pin: &str) -> TalosMachine {
+        TalosMachine::discovered(
+            "ns",
+            &machine_name(uuid),
+            uuid,
+            TalosMachineSpec::pending("c", &format!("10.0.0.{last_octet}"), pin),
+        )
+    }
+
+    /// A fixed time for the conditions.
+    fn now() -> Time {
+        Time(Timestamp::UNIX_EPOCH)
+    }
+
+    /// Whether `status` flags `FingerprintChanged`.
+    fn flagged(status: &TalosMachineStatus) -> bool {
+        cond::is_true(&status.conditions, conditions::FINGERPRINT_CHANGED)
+    }
+
+    #[test]
+    fn only_maintenance_answers_are_grouped_by_uuid() {
+        let probes = vec![
+            probe(ProbeOutcome::Maintenance(Box::new(found("b", 2, "fb")))),
+            probe(ProbeOutcome::NoTls),
+            probe(ProbeOutcome::Maintenance(Box::new(found("a", 1, "fa")))),
+            probe(ProbeOutcome::Configured {
+                fingerprint: "fc".into(),
+            }),
+            probe(ProbeOutcome::Maintenance(Box::new(found("b", 3, "fb")))),
+        ];
+        let by_uuid = maintenance_by_uuid(probes);
+        assert_eq!(by_uuid.keys().collect::<Vec<_>>(), ["a", "b"]);
+        assert_eq!(by_uuid["a"], [found("a", 1, "fa")]);
+        assert_eq!(by_uuid["b"], [found("b", 2, "fb"), found("b", 3, "fb")]);
+    }
+
+    #[test]
+    fn one_uuid_with_two_certificates_is_a_conflict_even_when_recorded() {
+        let answers = [found("u", 1, "f1"), found("u", 2, "f2")];
+        let existing = [recorded("u", 1, "f1")];
+        let Sighting::Conflict { addresses } = sighting("u", &answers, &existing) else {
+            panic!("two certificates for one UUID must not be recorded");
+        };
+        assert_eq!(addresses, ["10.0.0.1", "10.0.0.2"]);
+    }
+
+    #[test]
+    fn one_certificate_at_two_addresses_is_one_machine_at_the_first() {
+        let answers = [found("u", 1, "f"), found("u", 2, "f")];
+        let Sighting::New { found } = sighting("u", &answers, &[]) else {
+            panic!("an unrecorded UUID is created");
+        };
+        assert_eq!(found.address, Ipv4Addr::new(10, 0, 0, 1));
+    }
+
+    #[test]
+    fn a_machine_labelled_with_the_uuid_keeps_its_endpoint_when_it_answers_there() {
+        let answers = [found("u", 1, "f")];
+        let existing = [recorded("other", 1, "f"), recorded("u", 1, "f")];
+        let Sighting::Known {
+            machine, endpoint, ..
+        } = sighting("u", &answers, &existing)
+        else {
+            panic!("the labelled machine records it");
+        };
+        assert_eq!(machine.name_any(), machine_name("u"));
+        assert_eq!(endpoint, None);
+    }
+
+    #[test]
+    fn a_machine_with_the_uuid_in_its_hardware_moves_to_the_new_address() {
+        let answers = [found("u", 7, "f")];
+        let mut machine = recorded("u", 1, "f");
+        machine.metadata.labels = None;
+        machine.status = Some(TalosMachineStatus {
+            hardware: Some(inventory(&answers[0])),
+            ..TalosMachineStatus::default()
+        });
+        let existing = [machine];
+        let Sighting::Known { endpoint, .. } = sighting("u", &answers, &existing) else {
+            panic!("the machine whose hardware has the UUID records it");
+        };
+        assert_eq!(endpoint.as_deref(), Some("10.0.0.7"));
+    }
+
+    #[test]
+    fn a_configured_machine_keeps_the_status_its_reconciler_writes() {
+        let mut machine = recorded("u", 1, "f");
+        machine.status = Some(TalosMachineStatus {
+            applied_config_hash: Some("h".into()),
+            ..TalosMachineStatus::default()
+        });
+        assert!(observation(&machine, &found("u", 1, "other"), &now()).is_none());
+    }
+
+    #[test]
+    fn the_pinned_certificate_is_recorded_and_not_flagged() {
+        let machine = recorded("u", 1, "f");
+        let observed = observation(&machine, &found("u", 2, "f"), &now()).expect("observed");
+        assert_eq!(observed.status.address.as_deref(), Some("10.0.0.2"));
+        assert_eq!(observed.status.talos_version.as_deref(), Some("v1.11.0"));
+        assert_eq!(observed.status.observed_fingerprint.as_deref(), Some("f"));
+        assert_eq!(
+            observed.status.hardware.as_ref().map(|h| h.uuid.as_str()),
+            Some("u")
+        );
+        assert!(!flagged(&observed.status));
+        assert_eq!(observed.newly_changed, None);
+    }
+
+    #[test]
+    fn a_new_certificate_is_flagged_and_warned_about_once() {
+        let mut machine = recorded("u", 1, "pinned");
+        let observed = observation(&machine, &found("u", 1, "new"), &now()).expect("observed");
+        assert!(flagged(&observed.status));
+        assert_eq!(machine.spec.fingerprint.as_deref(), Some("pinned"));
+        assert_eq!(observed.status.observed_fingerprint.as_deref(), Some("new"));
+        assert_eq!(
+            observed.newly_changed.as_deref(),
+            Some("fingerprint changed from pinned pinned to new")
+        );
+        machine.status = Some(observed.status);
+        let again = observation(&machine, &found("u", 1, "new"), &now()).expect("observed");
+        assert!(flagged(&again.status));
+        assert_eq!(
+            again.newly_changed, None,
+            "already flagged: no second Warning"
+        );
+    }
+
+    #[test]
+    fn without_a_pin_no_certificate_is_flagged() {
+        let mut machine = recorded("u", 1, "f");
+        machine.spec.fingerprint = None;
+        let observed = observation(&machine, &found("u", 1, "any"), &now()).expect("observed");
+        assert!(!flagged(&observed.status));
+        assert_eq!(observed.newly_changed, None);
+    }
 }

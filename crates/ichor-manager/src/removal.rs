@@ -134,171 +134,263 @@ pub async fn reconcile(ctx: &Context, cached: &TalosMachine) -> Result<Action, E
     // A removal that has just finished (its finalizer released, the object gone) must never
     // run again from a stale copy: it would take the cluster lock for a machine that no longer
     // exists, and every other action would wait for that hold to expire.
-    let Some(machine) = machines_api(ctx, cached)
+    let fresh = machines_api(ctx, cached)
         .get_opt(&cached.name_any())
-        .await?
-        .filter(|fresh| fresh.uid() == cached.uid())
-    else {
-        return Ok(Action::await_change());
+        .await?;
+    let machine = match entry(cached, fresh) {
+        Entry::Idle => return Ok(Action::await_change()),
+        Entry::Release(machine) => {
+            release_finalizer(ctx, &machine).await?;
+            return Ok(Action::await_change());
+        }
+        Entry::Undo(machine) => machine,
     };
     let machine = &machine;
-    if !crate::finalizer::has(machine, finalizers::MACHINE_REMOVAL) {
-        return Ok(Action::await_change());
-    }
-    let status = machine.status.clone().unwrap_or_default();
-    let namespace = machine.namespace().unwrap_or_default();
-    let cluster_name = machine.spec.cluster_ref.name.clone();
-    let holder = holder(machine);
-    // Never configured: nothing to undo on the node.
-    if status.applied_config_hash.is_none() {
-        release_finalizer(ctx, machine).await?;
-        return Ok(Action::await_change());
-    }
-    let clusters: Api<TalosCluster> = Api::namespaced(ctx.client.clone(), &namespace);
-    let Some(cluster) = clusters.get_opt(&cluster_name).await? else {
+    let clusters: Api<TalosCluster> =
+        Api::namespaced(ctx.client.clone(), &machine.namespace().unwrap_or_default());
+    let Some(cluster) = clusters.get_opt(&machine.spec.cluster_ref.name).await? else {
         release_finalizer(ctx, machine).await?;
         return Ok(Action::await_change());
     };
-    let all = crate::cluster_machines(ctx, &cluster).await?;
-    let inputs: Vec<Machine> = all.iter().map(Machine::from).collect();
-    let target = Machine::from(machine);
-    let guard_cluster = Cluster::from(&cluster);
-    let moving = lock::transitioning(&cluster, &all);
-    let done_step = status.removal.as_ref().map(|r| r.step).unwrap_or_default();
-    let completes = removal_completes_transition(done_step, &target, &inputs, &guard_cluster);
-    // One disruptive action per cluster: the lock's holder is this removal.
-    let outcome = lock::acquire(ctx, &cluster, &holder, moving, completes).await?;
-    if !outcome.held() {
-        return waiting(
-            ctx,
-            machine,
-            status,
-            reasons::WAITING_FOR_LOCK,
-            outcome.message(),
-        )
-        .await;
+    let status = machine.status.clone().unwrap_or_default();
+    let holder = holder(machine);
+    let (next, credentials) = match admit(ctx, machine, &cluster, &status, &holder).await? {
+        Admission::Go { next, credentials } => (next, credentials),
+        Admission::Hold { reason, message } => {
+            return waiting(ctx, machine, status, reason, message).await;
+        }
+    };
+    let scene = Scene::new(ctx, machine, cluster, status, credentials);
+    let outcome = scene.run(next).await?;
+    scene.conclude(outcome, next, &holder).await
+}
+
+/// Where a removal starts, read from the machine as stored now.
+#[derive(Debug)]
+enum Entry {
+    /// Nothing to do: the machine is gone, replaced (another uid), or its finalizer released.
+    Idle,
+    /// Never configured: nothing to undo on the node, the finalizer goes.
+    Release(TalosMachine),
+    /// Configured: its removal is undone step by step.
+    Undo(TalosMachine),
+}
+
+/// Where the removal of `cached` starts, from `fresh`, the machine as stored now.
+fn entry(cached: &TalosMachine, fresh: Option<TalosMachine>) -> Entry {
+    let Some(machine) = fresh.filter(|fresh| fresh.uid() == cached.uid()) else {
+        return Entry::Idle;
+    };
+    if !crate::finalizer::has(&machine, finalizers::MACHINE_REMOVAL) {
+        return Entry::Idle;
     }
-    let role = machine.spec.role.unwrap_or(Role::Worker);
-    let next = next_removal_step(done_step, role);
-    let bundle = match secrets::bundle(&ctx.client, &cluster).await? {
+    // Never configured: nothing to undo on the node.
+    if machine
+        .status
+        .as_ref()
+        .is_none_or(|s| s.applied_config_hash.is_none())
+    {
+        return Entry::Release(machine);
+    }
+    Entry::Undo(machine)
+}
+
+/// Whether this reconcile runs the removal's next step.
+enum Admission {
+    /// Inside the cluster lock and cleared by the planner: `next` runs with `credentials`.
+    Go {
+        /// The step to run.
+        next: RemovalStep,
+        /// The cluster's Talos credentials.
+        credentials: ichor_talos::Credentials,
+    },
+    /// The removal waits, with this condition reason and message.
+    Hold {
+        /// The condition reason.
+        reason: &'static str,
+        /// The condition message.
+        message: String,
+    },
+}
+
+/// Takes the cluster lock, reads the cluster's credentials and, where it decides, asks the
+/// planner: whether the next step runs now.
+async fn admit(
+    ctx: &Context,
+    machine: &TalosMachine,
+    cluster: &TalosCluster,
+    status: &TalosMachineStatus,
+    holder: &LockHolder,
+) -> Result<Admission, Error> {
+    let all = crate::cluster_machines(ctx, cluster).await?;
+    let done_step = status.removal.as_ref().map(|r| r.step).unwrap_or_default();
+    let outcome = take_lock(ctx, machine, cluster, &all, holder, done_step).await?;
+    if !outcome.held() {
+        return Ok(Admission::Hold {
+            reason: reasons::WAITING_FOR_LOCK,
+            message: outcome.message(),
+        });
+    }
+    let next = next_removal_step(done_step, machine.spec.role.unwrap_or(Role::Worker));
+    let bundle = match secrets::bundle(&ctx.client, cluster).await? {
         Ok(b) => b,
         Err(problem) => {
-            return waiting(ctx, machine, status, problem.reason(), problem.to_string()).await;
+            return Ok(Admission::Hold {
+                reason: problem.reason(),
+                message: problem.to_string(),
+            });
         }
     };
     let credentials = crate::credentials(&bundle)?;
     // The planner decides before the removal starts and again right before the etcd leave.
-    let stage = match (done_step, next) {
-        (RemovalStep::Pending, _) => Some(Stage::Run),
-        (_, RemovalStep::EtcdLeft) => Some(Stage::Act),
-        _ => None,
-    };
-    if let Some(stage) = stage {
+    if let Some(stage) = planner_stage(done_step, next) {
         let verdict = crate::observe::plan(
             ctx,
             machine,
-            &cluster,
+            cluster,
             &all,
             &credentials,
             &Disruption::Delete,
             stage,
         )
         .await?;
-        match verdict {
-            Verdict::Proceed(why) if stage == Stage::Run => {
-                ctx.event(
-                    machine,
-                    EventType::Normal,
-                    reasons::REMOVAL,
-                    actions::REMOVE,
-                    format!("the removal starts: {why}"),
-                )
-                .await;
-            }
-            Verdict::Proceed(_) => {}
-            verdict => {
-                let reason = verdict.reason().unwrap_or(reasons::QUORUM_AT_RISK);
-                let message = verdict.message().unwrap_or_default();
-                if stage == Stage::Run {
-                    // Not ours to go yet: let other actions have the lock meanwhile.
-                    lock::release(ctx, &cluster, &holder).await?;
-                }
-                return waiting(ctx, machine, status, reason, message).await;
-            }
+        if let Some(hold) = answer(ctx, machine, cluster, holder, recheck(&verdict, stage)).await? {
+            return Ok(hold);
         }
     }
-    let scene = Scene {
-        ctx,
-        machine,
-        teardown: cluster.metadata.deletion_timestamp.is_some(),
-        cluster,
-        address: crate::machine::address(machine).unwrap_or_default(),
-        credentials,
-        force: machine
-            .annotations()
-            .get(annotations::FORCE_REMOVE)
-            .map(String::as_str)
-            == Some(annotations::TRUE),
-        status,
-    };
-    let outcome = match next {
-        RemovalStep::Cordoned => scene.cordon().await?,
-        RemovalStep::Drained => scene.drain().await?,
-        RemovalStep::EtcdLeft => scene.leave_etcd().await?,
-        RemovalStep::Reset => scene.reset().await?,
-        RemovalStep::NodeDeleted => scene.delete_node().await?,
-        RemovalStep::Pending | RemovalStep::Complete => done("done")?,
-    };
-    let Scene {
-        cluster,
-        mut status,
-        ..
-    } = scene;
-    match outcome {
-        Step::Wait { reason, message } => waiting(ctx, machine, status, &reason, message).await,
-        Step::Done {
-            message,
-            reset_skipped,
-        } => {
-            let mut next = next;
-            if reset_skipped {
-                // The node could not be reset: the Reset step is recorded as skipped.
-                next = RemovalStep::Reset;
-                if let Some(progress) = status.removal.as_mut() {
-                    progress.reset_skipped = true;
-                } else {
-                    status.removal = Some(RemovalProgress {
-                        started_at: Some(ctx.now()),
-                        reset_skipped: true,
-                        ..Default::default()
-                    });
-                }
-                ctx.event(
-                    machine,
-                    EventType::Warning,
-                    reasons::RESET_SKIPPED,
-                    actions::REMOVE,
-                    message.clone(),
-                )
-                .await;
-            } else {
-                ctx.event(
-                    machine,
-                    EventType::Normal,
-                    reasons::REMOVAL,
-                    actions::REMOVE,
-                    message.clone(),
-                )
-                .await;
-            }
-            tracing::info!(machine = %machine.name_any(), step = ?next, %message, "removal step done");
-            record(ctx, machine, status, next, message).await?;
-            if matches!(next, RemovalStep::NodeDeleted | RemovalStep::Complete) {
-                finish(ctx, machine, &cluster, &holder).await?;
-                return Ok(Action::await_change());
-            }
-            Ok(Action::requeue(Duration::from_millis(50)))
+    Ok(Admission::Go { next, credentials })
+}
+
+/// Tries the cluster lock for this removal, `done_step` being the last step recorded.
+async fn take_lock(
+    ctx: &Context,
+    machine: &TalosMachine,
+    cluster: &TalosCluster,
+    all: &[TalosMachine],
+    holder: &LockHolder,
+    done_step: RemovalStep,
+) -> Result<lock::Outcome, Error> {
+    let inputs: Vec<Machine> = all.iter().map(Machine::from).collect();
+    let target = Machine::from(machine);
+    let guard_cluster = Cluster::from(cluster);
+    let moving = lock::transitioning(cluster, all);
+    let completes = removal_completes_transition(done_step, &target, &inputs, &guard_cluster);
+    // One disruptive action per cluster: the lock's holder is this removal.
+    lock::acquire(ctx, cluster, holder, moving, completes).await
+}
+
+/// When the planner is asked: before the removal starts (`Run`) and right before the etcd
+/// leave (`Act`); `None` between.
+fn planner_stage(done: RemovalStep, next: RemovalStep) -> Option<Stage> {
+    match (done, next) {
+        (RemovalStep::Pending, _) => Some(Stage::Run),
+        (_, RemovalStep::EtcdLeft) => Some(Stage::Act),
+        _ => None,
+    }
+}
+
+/// What the removal does with the planner's verdict.
+#[derive(Debug, PartialEq, Eq)]
+enum Recheck {
+    /// The removal starts: a Normal Event with this message says why.
+    Starts(String),
+    /// The removal goes on.
+    Continues,
+    /// The removal waits.
+    Holds {
+        /// The condition reason.
+        reason: &'static str,
+        /// The condition message.
+        message: String,
+        /// Whether the cluster lock is let go meanwhile (the removal has not started).
+        release_lock: bool,
+    },
+}
+
+/// Reads the planner's `verdict` at `stage`.
+fn recheck(verdict: &Verdict, stage: Stage) -> Recheck {
+    match verdict {
+        Verdict::Proceed(why) if stage == Stage::Run => {
+            Recheck::Starts(format!("the removal starts: {why}"))
         }
+        Verdict::Proceed(_) => Recheck::Continues,
+        verdict => Recheck::Holds {
+            reason: verdict.reason().unwrap_or(reasons::QUORUM_AT_RISK),
+            message: verdict.message().unwrap_or_default(),
+            release_lock: stage == Stage::Run,
+        },
+    }
+}
+
+/// Acts on the planner's answer: the start's Event, or the hold (`Some`).
+async fn answer(
+    ctx: &Context,
+    machine: &TalosMachine,
+    cluster: &TalosCluster,
+    holder: &LockHolder,
+    recheck: Recheck,
+) -> Result<Option<Admission>, Error> {
+    match recheck {
+        Recheck::Starts(message) => {
+            ctx.event(
+                machine,
+                EventType::Normal,
+                reasons::REMOVAL,
+                actions::REMOVE,
+                message,
+            )
+            .await;
+            Ok(None)
+        }
+        Recheck::Continues => Ok(None),
+        Recheck::Holds {
+            reason,
+            message,
+            release_lock,
+        } => {
+            if release_lock {
+                // Not ours to go yet: let other actions have the lock meanwhile.
+                lock::release(ctx, cluster, holder).await?;
+            }
+            Ok(Some(Admission::Hold { reason, message }))
+        }
+    }
+}
+
+/// What recording a step done means.
+#[derive(Debug, PartialEq, Eq)]
+struct Completion {
+    /// The step recorded.
+    step: RemovalStep,
+    /// Whether the reset is recorded as skipped.
+    reset_skipped: bool,
+    /// The Event's type.
+    event_type: EventType,
+    /// The Event's reason.
+    reason: &'static str,
+    /// Whether the removal ends with it (reservation, lock and finalizer released).
+    finishes: bool,
+}
+
+/// What recording `next` done means; a step that could not reset the node is recorded as the
+/// Reset step, skipped, with a Warning.
+fn completion(next: RemovalStep, reset_skipped: bool) -> Completion {
+    let step = if reset_skipped {
+        RemovalStep::Reset
+    } else {
+        next
+    };
+    let (event_type, reason) = if reset_skipped {
+        (EventType::Warning, reasons::RESET_SKIPPED)
+    } else {
+        (EventType::Normal, reasons::REMOVAL)
+    };
+    Completion {
+        step,
+        reset_skipped,
+        event_type,
+        reason,
+        finishes: matches!(step, RemovalStep::NodeDeleted | RemovalStep::Complete),
     }
 }
 
@@ -307,7 +399,95 @@ pub fn holder(machine: &TalosMachine) -> LockHolder {
     LockHolder::Removal(machine.uid().unwrap_or_default())
 }
 
-impl Scene<'_> {
+impl<'a> Scene<'a> {
+    /// The scene of `machine`'s removal from `cluster`.
+    fn new(
+        ctx: &'a Context,
+        machine: &'a TalosMachine,
+        cluster: TalosCluster,
+        status: TalosMachineStatus,
+        credentials: ichor_talos::Credentials,
+    ) -> Self {
+        Self {
+            ctx,
+            machine,
+            teardown: cluster.metadata.deletion_timestamp.is_some(),
+            cluster,
+            address: crate::machine::address(machine).unwrap_or_default(),
+            credentials,
+            force: machine
+                .annotations()
+                .get(annotations::FORCE_REMOVE)
+                .map(String::as_str)
+                == Some(annotations::TRUE),
+            status,
+        }
+    }
+
+    /// Runs the step `next`.
+    async fn run(&self, next: RemovalStep) -> Result<Step, Error> {
+        match next {
+            RemovalStep::Cordoned => self.cordon().await,
+            RemovalStep::Drained => self.drain().await,
+            RemovalStep::EtcdLeft => self.leave_etcd().await,
+            RemovalStep::Reset => self.reset().await,
+            RemovalStep::NodeDeleted => self.delete_node().await,
+            RemovalStep::Pending | RemovalStep::Complete => done("done"),
+        }
+    }
+
+    /// Records the outcome of the step `next`: the wait, or the step done with its Event; the
+    /// last step ends the removal.
+    async fn conclude(
+        self,
+        outcome: Step,
+        next: RemovalStep,
+        holder: &LockHolder,
+    ) -> Result<Action, Error> {
+        let Scene {
+            ctx,
+            machine,
+            cluster,
+            mut status,
+            ..
+        } = self;
+        let (message, reset_skipped) = match outcome {
+            Step::Wait { reason, message } => {
+                return waiting(ctx, machine, status, &reason, message).await;
+            }
+            Step::Done {
+                message,
+                reset_skipped,
+            } => (message, reset_skipped),
+        };
+        let done = completion(next, reset_skipped);
+        if done.reset_skipped {
+            // The node could not be reset: the Reset step is recorded as skipped.
+            status
+                .removal
+                .get_or_insert_with(|| RemovalProgress {
+                    started_at: Some(ctx.now()),
+                    ..Default::default()
+                })
+                .reset_skipped = true;
+        }
+        ctx.event(
+            machine,
+            done.event_type,
+            done.reason,
+            actions::REMOVE,
+            message.clone(),
+        )
+        .await;
+        tracing::info!(machine = %machine.name_any(), step = ?done.step, %message, "removal step done");
+        record(ctx, machine, status, done.step, message).await?;
+        if done.finishes {
+            finish(ctx, machine, &cluster, holder).await?;
+            return Ok(Action::await_change());
+        }
+        Ok(Action::requeue(Duration::from_millis(50)))
+    }
+
     /// The workload side of this machine's node.
     fn node(&self) -> workload::NodeSteps<'_> {
         workload::NodeSteps {
@@ -669,4 +849,176 @@ async fn peer_addresses(ctx: &Context, machine: &TalosMachine) -> Result<Vec<Str
         })
         .filter_map(|m| m.status.and_then(|s| s.address))
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use ichor_api::TalosMachineSpec;
+    use ichor_deleteguard::{Justification, Leave, Refusal, Wait};
+
+    use super::*;
+
+    /// A machine with `uid`, its removal finalizer set or not, configured or not.
+    fn machine(uid: &str, finalizer: bool, configured: bool) -> TalosMachine {
+        let mut machine = TalosMachine::new("m", TalosMachineSpec::pending("c", "10.0.0.1", "f"));
+        machine.metadata.uid = Some(uid.into());
+        machine.metadata.finalizers =
+            finalizer.then(|| vec![finalizers::MACHINE_REMOVAL.to_owned()]);
+        machine.status = Some(TalosMachineStatus {
+            applied_config_hash: configured.then(|| "h".to_owned()),
+            ..TalosMachineStatus::default()
+        });
+        machine
+    }
+
+    /// The planner's go-ahead on deleting `m`.
+    fn proceed() -> Verdict {
+        Verdict::Proceed(Justification {
+            target: "m".into(),
+            action: "deleting",
+            voters: 3,
+            voters_after: 2,
+            healthy_left: 2,
+            declared: 3,
+            leave: Leave::Graceful,
+            teardown: false,
+        })
+    }
+
+    #[test]
+    fn a_removal_runs_only_for_the_same_machine_still_holding_its_finalizer() {
+        let cached = machine("u1", true, true);
+        assert!(matches!(entry(&cached, None), Entry::Idle), "gone");
+        assert!(
+            matches!(entry(&cached, Some(machine("u2", true, true))), Entry::Idle),
+            "a new machine of the same name is not this removal's"
+        );
+        assert!(
+            matches!(
+                entry(&cached, Some(machine("u1", false, true))),
+                Entry::Idle
+            ),
+            "finalizer already released"
+        );
+        assert!(matches!(
+            entry(&cached, Some(machine("u1", true, true))),
+            Entry::Undo(_)
+        ));
+    }
+
+    #[test]
+    fn a_machine_never_configured_only_releases_its_finalizer() {
+        let cached = machine("u1", true, true);
+        assert!(matches!(
+            entry(&cached, Some(machine("u1", true, false))),
+            Entry::Release(_)
+        ));
+        let mut bare = machine("u1", true, false);
+        bare.status = None;
+        assert!(matches!(entry(&cached, Some(bare)), Entry::Release(_)));
+    }
+
+    #[test]
+    fn the_planner_is_asked_at_the_start_and_right_before_the_etcd_leave() {
+        let asked = |role| {
+            let mut done = RemovalStep::Pending;
+            let mut stages = Vec::new();
+            while done != RemovalStep::Complete {
+                let next = next_removal_step(done, role);
+                if let Some(stage) = planner_stage(done, next) {
+                    stages.push((next, stage));
+                }
+                done = next;
+            }
+            stages
+        };
+        assert_eq!(
+            asked(Role::ControlPlane),
+            [
+                (RemovalStep::Cordoned, Stage::Run),
+                (RemovalStep::EtcdLeft, Stage::Act)
+            ]
+        );
+        assert_eq!(asked(Role::Worker), [(RemovalStep::Cordoned, Stage::Run)]);
+    }
+
+    #[test]
+    fn a_go_ahead_announces_the_start_once() {
+        let Recheck::Starts(message) = recheck(&proceed(), Stage::Run) else {
+            panic!("a removal cleared at the start starts");
+        };
+        assert!(
+            message.starts_with("the removal starts: deleting talosmachine m"),
+            "{message}"
+        );
+        assert_eq!(recheck(&proceed(), Stage::Act), Recheck::Continues);
+    }
+
+    #[test]
+    fn a_hold_at_the_start_lets_the_lock_go_and_one_before_the_leave_keeps_it() {
+        let refused = Verdict::Refuse(Refusal::LastControlPlane {
+            name: "m".into(),
+            cluster: "c".into(),
+        });
+        assert_eq!(
+            recheck(&refused, Stage::Run),
+            Recheck::Holds {
+                reason: reasons::LAST_CONTROL_PLANE,
+                message: refused.message().unwrap_or_default(),
+                release_lock: true,
+            }
+        );
+        let waits = Verdict::Wait(Wait::TeardownWorkersFirst {
+            name: "m".into(),
+            workers: 2,
+        });
+        assert_eq!(
+            recheck(&waits, Stage::Act),
+            Recheck::Holds {
+                reason: reasons::TEARDOWN_WORKERS_FIRST,
+                message: waits.message().unwrap_or_default(),
+                release_lock: false,
+            }
+        );
+    }
+
+    #[test]
+    fn a_step_done_is_recorded_with_a_normal_event_and_the_node_delete_finishes() {
+        for (next, finishes) in [
+            (RemovalStep::Cordoned, false),
+            (RemovalStep::EtcdLeft, false),
+            (RemovalStep::Reset, false),
+            (RemovalStep::NodeDeleted, true),
+            (RemovalStep::Complete, true),
+        ] {
+            assert_eq!(
+                completion(next, false),
+                Completion {
+                    step: next,
+                    reset_skipped: false,
+                    event_type: EventType::Normal,
+                    reason: reasons::REMOVAL,
+                    finishes,
+                },
+                "{next:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_skipped_reset_is_recorded_as_the_reset_step_with_a_warning() {
+        for next in [RemovalStep::EtcdLeft, RemovalStep::Reset] {
+            assert_eq!(
+                completion(next, true),
+                Completion {
+                    step: RemovalStep::Reset,
+                    reset_skipped: true,
+                    event_type: EventType::Warning,
+                    reason: reasons::RESET_SKIPPED,
+                    finishes: false,
+                },
+                "{next:?}"
+            );
+        }
+    }
 }
