@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use ichor_api::machine::{DiskInfo, HardwareInventory, LinkInfo, TalosMachineStatus};
-use ichor_api::names::{actions, conditions, labels, reasons};
+use ichor_api::names::{actions, conditions, field_managers, labels, reasons};
 use ichor_api::{TalosCluster, TalosMachine, TalosMachineSpec};
 use ichor_talos::discovery::{Found, Probe, ProbeOutcome, SweepConfig, sweep};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -356,17 +356,13 @@ async fn write_status(
     machine: &TalosMachine,
     status: &TalosMachineStatus,
 ) -> Result<(), Error> {
+    // What discovery sees is the inventory group; its copy of the rest may be stale.
     if machine.status.as_ref() != Some(status) {
-        Api::<TalosMachine>::namespaced(
+        let api = Api::<TalosMachine>::namespaced(
             ctx.client.clone(),
             &machine.namespace().unwrap_or_default(),
-        )
-        .patch_status(
-            &machine.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": status})),
-        )
-        .await?;
+        );
+        crate::status::write_only(&api, machine, status, field_managers::MACHINE_INVENTORY).await?;
     }
     Ok(())
 }

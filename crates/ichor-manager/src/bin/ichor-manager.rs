@@ -4,6 +4,7 @@
 //! Every replica serves `/metrics`, `/healthz` and `/readyz` and is Ready, leader or standby;
 //! only the Lease holder reconciles. SIGTERM stops it with status 0; losing the Lease stops it
 //! with status 1; bad flags with status 2.
+#![warn(clippy::too_many_lines)]
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
