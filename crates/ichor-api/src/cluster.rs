@@ -303,6 +303,10 @@ pub struct TalosClusterStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 253))]
     pub kubeconfig_secret: Option<String>,
+    /// When the published credentials' certificates expire (each is renewed at two thirds of
+    /// its lifetime, and re-minted when what it points at changes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials: Option<CredentialsStatus>,
     /// Nodes force-removed while unreachable, so never reset: if one answers again with the
     /// cluster's credentials, it is reset before anything else.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -312,6 +316,18 @@ pub struct TalosClusterStatus {
     /// machine gets drift until a change renders that machine's config differently.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drift_halt: Option<DriftHaltStatus>,
+}
+
+/// When the published credentials expire.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CredentialsStatus {
+    /// When the client certificate of the published kubeconfig expires.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubeconfig_expires_at: Option<Time>,
+    /// When the client certificate of the published talosconfig expires.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub talosconfig_expires_at: Option<Time>,
 }
 
 /// The machine that stopped a drift rollout, and why.

@@ -217,6 +217,9 @@ pub mod reasons {
     pub const WAITING_FOR_RECORDED_MACHINE: &str = "WaitingForRecordedMachine";
     /// etcd already runs on a control plane: nothing to bootstrap.
     pub const ETCD_RUNNING: &str = "EtcdRunning";
+    /// A published kubeconfig or talosconfig was minted anew: renewed before it expires, or
+    /// re-minted because what it points at changed (an Event).
+    pub const CREDENTIALS_RENEWED: &str = "CredentialsRenewed";
     /// A control plane was recorded to bootstrap etcd (an Event).
     pub const BOOTSTRAP_CHOSEN: &str = "BootstrapChosen";
     /// etcd was bootstrapped.
@@ -304,4 +307,6 @@ pub mod actions {
     pub const REMOVE: &str = "Remove";
     /// Running a TalosOperation.
     pub const OPERATE: &str = "Operate";
+    /// Publishing a cluster's kubeconfig or talosconfig.
+    pub const PUBLISH: &str = "Publish";
 }

@@ -8,13 +8,16 @@ use ichor_api::cluster::{BootstrapRecord, TalosClusterStatus, Tombstone};
 use ichor_api::machine::MachinePhase;
 use ichor_api::names::{actions, conditions, finalizers, reasons};
 use ichor_api::{TalosCluster, TalosMachine};
-use ichor_render::credentials;
+use ichor_render::credentials::{self, Minted, Published};
 use ichor_talos::TalosClient;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt as _;
 use kube::api::{Api, DeleteParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 
+use crate::renewal::{self, Renewal, Validity, Why};
 use crate::{Context, Error, conditions as cond, discovery, secrets};
 use ichor_deleteguard::{BootstrapStep, Candidate, bootstrap_step};
 use plan::{Tally, Teardown};
@@ -135,8 +138,9 @@ async fn reconcile_inner(cluster: &TalosCluster, ctx: &Context) -> Result<Action
     let bundle = ensure_bundle(ctx, cluster, &mut status, &machines).await?;
     let tally = Tally::of(cluster.spec.control_plane.count, &machines);
     record_counts(ctx, cluster, &mut status, &tally);
+    let mut renew_in = None;
     if let Some(bundle) = &bundle {
-        publish_and_bootstrap(ctx, cluster, &mut status, &machines, bundle).await?;
+        renew_in = publish_and_bootstrap(ctx, cluster, &mut status, &machines, bundle).await?;
     }
     let all_ready = record_readiness(ctx, cluster, &mut status, &machines, &tally);
     write_status(ctx, cluster, &status).await?;
@@ -144,11 +148,12 @@ async fn reconcile_inner(cluster: &TalosCluster, ctx: &Context) -> Result<Action
         .status
         .as_ref()
         .is_some_and(|s| !s.tombstones.is_empty());
+    let due = [next_sweep, renew_in].into_iter().flatten().min();
     Ok(Action::requeue(plan::requeue_after(
         &ctx.settings,
         all_ready,
         tombstoned,
-        next_sweep,
+        due,
     )))
 }
 
@@ -228,53 +233,115 @@ fn record_counts(
 }
 
 /// What needs the bundle: tombstoned nodes reset, the talosconfig published, etcd bootstrapped
-/// once, then the workload kubeconfig published.
+/// once, then the workload kubeconfig published; each published file's expiry is recorded.
+/// Returns how long until the first of them is due for renewal.
 async fn publish_and_bootstrap(
     ctx: &Context,
     cluster: &TalosCluster,
     status: &mut TalosClusterStatus,
     machines: &[TalosMachine],
     bundle: &ichor_render::SecretsBundle,
-) -> Result<(), Error> {
-    let credentials = crate::credentials(bundle)?;
+) -> Result<Option<Duration>, Error> {
+    let credentials = ctx.node_credentials(cluster, bundle)?;
     // A force-removed node that answers again is reset before anything else.
     tombstones(ctx, cluster, &credentials).await?;
-    publish_talosconfig(ctx, cluster, bundle, machines).await?;
+    let talos = publish_talosconfig(ctx, cluster, bundle, machines).await?;
     status.talosconfig_secret = Some(talosconfig_name(cluster));
+    let expiries = status.credentials.get_or_insert_with(Default::default);
+    expiries.talosconfig_expires_at = Some(Time(talos.expires));
+    let mut renew_at = talos.renew_at;
     if !cond::is_true(&status.conditions, conditions::BOOTSTRAPPED) {
         bootstrap(ctx, cluster, status, machines, &credentials).await?;
     }
     if cond::is_true(&status.conditions, conditions::BOOTSTRAPPED) {
-        publish_kubeconfig(ctx, cluster, bundle).await?;
+        let kube = publish_kubeconfig(ctx, cluster, bundle).await?;
         status.kubeconfig_secret = Some(kubeconfig_name(cluster));
+        let expiries = status.credentials.get_or_insert_with(Default::default);
+        expiries.kubeconfig_expires_at = Some(Time(kube.expires));
+        renew_at = renew_at.min(kube.renew_at);
     }
-    Ok(())
+    Ok(Some(renewal::until(renew_at, ctx.clock.now())))
 }
 
-/// The workload kubeconfig Secret, minted and published once (never rewritten).
+/// A published credentials file after this reconcile: when it expires, when it is due.
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    expires: Timestamp,
+    renew_at: Timestamp,
+}
+
+/// The published file under `key` of Secret `name`, read by `read`: kept while `current`
+/// says it points where it should and it is not due, else minted anew by `mint` (valid for the
+/// configured lifetime) and rewritten, with an Event saying why unless it was missing.
+async fn keep_or_mint(
+    ctx: &Context,
+    cluster: &TalosCluster,
+    (name, key, what): (&str, &str, &'static str),
+    read: impl FnOnce(&str) -> Option<Published>,
+    current: impl FnOnce(&Published) -> bool,
+    mint: impl FnOnce(Duration) -> Result<Minted, ichor_render::pki::PkiError>,
+) -> Result<Held, Error> {
+    let namespace = cluster.namespace().unwrap_or_default();
+    let text = secrets::read(&ctx.client, &namespace, name, key).await?;
+    let published = text.as_deref().and_then(read);
+    let validity = published
+        .as_ref()
+        .and_then(|p| Validity::from_system(p.not_before, p.not_after));
+    let lifetime = ctx.settings.credential_lifetime;
+    let is_current = published.as_ref().is_some_and(current);
+    let why = match renewal::decide(validity, is_current, lifetime, ctx.clock.now()) {
+        Renewal::Keep { renew_at } => {
+            let expires = validity.map_or(renew_at, |v| v.not_after);
+            return Ok(Held { expires, renew_at });
+        }
+        Renewal::Mint(why) => why,
+    };
+    let minted = mint(lifetime).map_err(|source| Error::Mint { what, source })?;
+    secrets::publish(&ctx.client, cluster, name, key, &minted.file.0, true).await?;
+    let expires = Timestamp::try_from(minted.expires)
+        .map_err(|e| Error::Invariant(format!("{what} expires out of range: {e}")))?;
+    if why != Why::Missing {
+        let note = format!("{what} in Secret {name} minted anew ({why}); it expires at {expires}");
+        ctx.event(
+            cluster,
+            EventType::Normal,
+            reasons::CREDENTIALS_RENEWED,
+            actions::PUBLISH,
+            note,
+        )
+        .await;
+    }
+    let renew_at = renewal::renew_at(
+        Validity {
+            not_before: expires
+                - SignedDuration::try_from(lifetime).unwrap_or(SignedDuration::ZERO),
+            not_after: expires,
+        },
+        lifetime,
+    );
+    Ok(Held { expires, renew_at })
+}
+
+/// The workload kubeconfig Secret: an admin kubeconfig for `spec.endpoint`, renewed at two
+/// thirds of its lifetime and re-minted when the endpoint changes.
 async fn publish_kubeconfig(
     ctx: &Context,
     cluster: &TalosCluster,
     bundle: &ichor_render::SecretsBundle,
-) -> Result<(), Error> {
-    let namespace = cluster.namespace().unwrap_or_default();
-    let name = kubeconfig_name(cluster);
-    if secrets::exists(&ctx.client, &namespace, &name).await? {
-        return Ok(());
-    }
-    let kubeconfig =
-        credentials::admin_kubeconfig(bundle, &cluster.name_any(), &cluster.spec.endpoint)
-            .map_err(|source| Error::Mint {
-                what: "the workload kubeconfig",
-                source,
-            })?;
-    secrets::publish(
-        &ctx.client,
+) -> Result<Held, Error> {
+    let endpoint = &cluster.spec.endpoint;
+    let ca = &bundle.certs.k8s.crt.0;
+    keep_or_mint(
+        ctx,
         cluster,
-        &name,
-        secrets::KUBECONFIG_KEY,
-        &kubeconfig.0,
-        false,
+        (
+            &kubeconfig_name(cluster),
+            secrets::KUBECONFIG_KEY,
+            "the workload kubeconfig",
+        ),
+        credentials::read_kubeconfig,
+        |p| plan::kubeconfig_current(p, endpoint, ca),
+        |ttl| credentials::kubeconfig_for(bundle, &cluster.name_any(), endpoint, "admin", ttl),
     )
     .await
 }
@@ -319,33 +386,27 @@ fn record_readiness(
 }
 
 /// The talosconfig Secret: `os:admin` credentials with the control planes as endpoints,
-/// rewritten only when those change.
+/// renewed at two thirds of its lifetime and re-minted when its endpoints or nodes change.
 async fn publish_talosconfig(
     ctx: &Context,
     cluster: &TalosCluster,
     bundle: &ichor_render::SecretsBundle,
     machines: &[TalosMachine],
-) -> Result<(), Error> {
+) -> Result<Held, Error> {
     let (endpoints, nodes) = plan::talosconfig_targets(machines);
-    let namespace = cluster.namespace().unwrap_or_default();
-    let name = talosconfig_name(cluster);
-    let current = secrets::read(&ctx.client, &namespace, &name, secrets::TALOSCONFIG_KEY).await?;
-    if plan::talosconfig_current(current.as_deref(), &cluster.name_any(), &endpoints, &nodes) {
-        return Ok(());
-    }
-    let file = credentials::talosconfig(bundle, &cluster.name_any(), &endpoints, &nodes).map_err(
-        |source| Error::Mint {
-            what: "the talosconfig",
-            source,
-        },
-    )?;
-    secrets::publish(
-        &ctx.client,
+    let name = cluster.name_any();
+    let ca = &bundle.certs.os.crt.0;
+    keep_or_mint(
+        ctx,
         cluster,
-        &name,
-        secrets::TALOSCONFIG_KEY,
-        &file.0,
-        true,
+        (
+            &talosconfig_name(cluster),
+            secrets::TALOSCONFIG_KEY,
+            "the talosconfig",
+        ),
+        |text| credentials::read_talosconfig(text, &name),
+        |p| plan::talosconfig_current(p, &endpoints, &nodes, ca),
+        |ttl| credentials::talosconfig_for(bundle, &name, &endpoints, &nodes, ttl),
     )
     .await
 }
@@ -588,6 +649,7 @@ async fn finish_teardown(ctx: &Context, cluster: &TalosCluster) -> Result<(), Er
         ),
     )
     .await;
+    ctx.forget_credentials(cluster);
     crate::finalizer::remove(
         &clusters_api(ctx, cluster),
         cluster,

@@ -21,7 +21,9 @@ pub mod machine;
 pub mod metrics;
 pub mod observe;
 pub mod operation;
+pub mod own;
 pub mod removal;
+pub mod renewal;
 pub mod secrets;
 pub mod status;
 pub mod workload;
@@ -33,7 +35,6 @@ use std::time::Duration;
 use futures::StreamExt as _;
 use ichor_api::operation::TalosOperation;
 use ichor_api::{TalosCluster, TalosMachine};
-use ichor_render::SecretsBundle;
 use ichor_talos::discovery::SweepConfig;
 use ichor_talos::{Credentials, TalosClient};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -64,6 +65,12 @@ pub struct Settings {
     pub reporter: String,
     /// This replica's identity (pod name).
     pub instance: String,
+    /// How long the published kubeconfig and talosconfig certificates live (renewed at two
+    /// thirds of it).
+    pub credential_lifetime: Duration,
+    /// How long the certificates the manager mints for its own calls live (renewed at two
+    /// thirds of it).
+    pub own_credential_lifetime: Duration,
 }
 
 impl Default for Settings {
@@ -75,6 +82,8 @@ impl Default for Settings {
             settled_requeue: Duration::from_secs(60),
             reporter: "ichor-manager".into(),
             instance: "ichor-manager".into(),
+            credential_lifetime: ichor_render::credentials::CLIENT_TTL,
+            own_credential_lifetime: Duration::from_secs(3600),
         }
     }
 }
@@ -94,6 +103,8 @@ pub struct Context {
     last_sweep: Mutex<BTreeMap<String, (Timestamp, Option<i64>)>>,
     /// Per-object backoff for transient errors.
     backoff: error::Backoff,
+    /// The manager's own short-lived credentials, per cluster.
+    own: own::Cache,
 }
 
 impl Context {
@@ -114,6 +125,7 @@ impl Context {
             recorder,
             last_sweep: Mutex::new(BTreeMap::new()),
             backoff: error::Backoff::default(),
+            own: own::Cache::default(),
         }
     }
 
@@ -182,25 +194,6 @@ impl Context {
     }
 }
 
-/// Admin credentials for a cluster's nodes, minted from its bundle.
-pub fn credentials(bundle: &SecretsBundle) -> Result<Credentials, Error> {
-    let issued = ichor_render::pki::client_certificate(
-        bundle,
-        "ichor-manager",
-        ichor_render::pki::Role::Admin,
-        Duration::from_secs(24 * 3600),
-    )
-    .map_err(|source| Error::Mint {
-        what: "node credentials",
-        source,
-    })?;
-    Ok(Credentials {
-        ca_pem: bundle.certs.os.crt.0.clone(),
-        cert_pem: issued.cert_pem,
-        key_pem: issued.key_pem,
-    })
-}
-
 /// Every TalosMachine of `cluster` (they live in its namespace).
 pub async fn cluster_machines(
     ctx: &Context,
@@ -246,7 +239,8 @@ pub async fn in_maintenance(address: &str, sweep: SweepConfig) -> Option<String>
     }
 }
 
-/// Parses a discovery interval (`30s`, `5m`, `1h`, or combinations such as `1m30s`).
+/// Parses a duration such as a discovery interval (`30s`, `5m`, `1h`, `365d`, or combinations
+/// such as `1m30s`).
 pub fn parse_duration(text: &str) -> Option<Duration> {
     let mut total = 0u64;
     let mut number = String::new();
@@ -260,6 +254,7 @@ pub fn parse_duration(text: &str) -> Option<Duration> {
                 's' => n,
                 'm' => n * 60,
                 'h' => n * 3600,
+                'd' => n * 24 * 3600,
                 _ => return None,
             };
         }
@@ -370,4 +365,25 @@ pub async fn run(
         .run(operation::reconcile, error_policy, Arc::clone(&ctx))
         .for_each(|_| async {});
     tokio::join!(cluster_controller, machine_controller, operation_controller);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_read_seconds_minutes_hours_and_days() {
+        assert_eq!(parse_duration("1m30s"), Some(Duration::from_secs(90)));
+        assert_eq!(
+            parse_duration("365d"),
+            Some(Duration::from_secs(365 * 86_400))
+        );
+        assert_eq!(
+            parse_duration("1d12h"),
+            Some(Duration::from_secs(36 * 3600))
+        );
+        for bad in ["", "10", "5w", "0s"] {
+            assert_eq!(parse_duration(bad), None, "{bad}");
+        }
+    }
 }

@@ -249,7 +249,7 @@ async fn approved(machine: &TalosMachine, ctx: &Context) -> Result<Action, Error
         Ok(target) => target,
         Err(stop) => return blocked(ctx, machine, status, stop).await,
     };
-    let credentials = crate::credentials(&bundle)?;
+    let credentials = ctx.node_credentials(&cluster, &bundle)?;
     // Held until the removal sequence has finished (issue: safe removal).
     crate::finalizer::add(
         &api(ctx, machine),

@@ -396,7 +396,7 @@ async fn run_next(
     bundle: &ichor_render::SecretsBundle,
     mut status: TalosOperationStatus,
 ) -> Result<Action, Error> {
-    let credentials = crate::credentials(bundle)?;
+    let credentials = ctx.node_credentials(cluster, bundle)?;
     let (index, machine) = match plan::next_node(operation.spec.action, &status, machines) {
         plan::NextNode::At { index, machine } => (index, machine),
         plan::NextNode::End {

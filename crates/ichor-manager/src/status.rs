@@ -53,6 +53,7 @@ pub const CLUSTER: &[Group] = &[
             "secretsSecret",
             "talosconfigSecret",
             "kubeconfigSecret",
+            "credentials",
         ],
         conditions: Owned::Rest,
     },

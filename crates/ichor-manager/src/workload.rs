@@ -9,26 +9,12 @@ use kube::ResourceExt as _;
 use kube::api::{Api, DeleteParams, EvictParams, ListParams, Patch, PatchParams};
 use serde_json::json;
 
-use crate::{Context, Error, secrets};
+use crate::{Context, Error};
 
-/// The workload cluster's client, from the published kubeconfig Secret.
+/// The workload cluster's client: the manager's own short-lived credentials for it, cached
+/// (`Context::workload_client`), never the published kubeconfig.
 pub async fn client(ctx: &Context, cluster: &TalosCluster) -> Option<kube::Client> {
-    let namespace = cluster.namespace().unwrap_or_default();
-    let name = cluster.status.as_ref()?.kubeconfig_secret.clone()?;
-    let text = secrets::read(&ctx.client, &namespace, &name, secrets::KUBECONFIG_KEY)
-        .await
-        .ok()??;
-    let kubeconfig = kube::config::Kubeconfig::from_yaml(&text).ok()?;
-    let mut config = kube::Config::from_custom_kubeconfig(
-        kubeconfig,
-        &kube::config::KubeConfigOptions::default(),
-    )
-    .await
-    .ok()?;
-    // An eviction a PodDisruptionBudget refuses answers 429: the drain must see it at once
-    // (and report it), not have the client retry it with backoff.
-    config.default_retry = false;
-    kube::Client::try_from(config).ok()
+    ctx.workload_client(cluster).await
 }
 
 /// What one step came to.

@@ -42,6 +42,21 @@ struct Options {
     /// How often an unfinished reconcile is retried, in milliseconds.
     #[arg(long, env = "ICHOR_REQUEUE_MS", default_value = "2000", value_parser = ichor_service::positive)]
     requeue_ms: u64,
+    /// How long the published kubeconfig and talosconfig certificates live (`365d`, `12h`,
+    /// `90s`, …); each is renewed at two thirds of it.
+    #[arg(long, env = "ICHOR_CREDENTIAL_LIFETIME", default_value = "365d", value_parser = lifetime)]
+    credential_lifetime: Duration,
+    /// How long the certificates the manager mints for its own Talos and Kubernetes calls
+    /// live; renewed at two thirds of it.
+    #[arg(long, env = "ICHOR_OWN_CREDENTIAL_LIFETIME", default_value = "1h", value_parser = lifetime)]
+    own_credential_lifetime: Duration,
+}
+
+/// A certificate lifetime: a duration of at least 3 s (`30s`, `5m`, `12h`, `365d`).
+fn lifetime(text: &str) -> Result<Duration, String> {
+    ichor_manager::parse_duration(text)
+        .filter(|d| *d >= Duration::from_secs(3))
+        .ok_or_else(|| format!("{text:?} is not a lifetime such as 90s, 12h or 365d (3s at least)"))
 }
 
 impl Options {
@@ -63,6 +78,8 @@ impl Options {
         };
         settings.sweep.timeout = Duration::from_millis(self.sweep_timeout_ms);
         settings.progress_requeue = Duration::from_millis(self.requeue_ms);
+        settings.credential_lifetime = self.credential_lifetime;
+        settings.own_credential_lifetime = self.own_credential_lifetime;
         settings
     }
 }

@@ -9,8 +9,8 @@ use ichor_api::cluster::MachineCounts;
 use ichor_api::common::Role;
 use ichor_api::machine::ApprovalState;
 use ichor_api::names::{conditions, reasons};
+use ichor_render::credentials::Published;
 use ichor_talos::Bootstrapped;
-use serde_json::json;
 
 use crate::{Error, Settings, conditions as cond};
 
@@ -123,20 +123,20 @@ impl Tally {
     }
 }
 
-/// When to look again: settled once Ready with no tombstone left, else soon; a discovering
-/// cluster no later than its next sweep.
+/// When to look again: settled once Ready with no tombstone left, else soon; no later than
+/// `due`, the next sweep of a discovering cluster or the next credential renewal.
 pub(super) fn requeue_after(
     settings: &Settings,
     all_ready: bool,
     tombstoned: bool,
-    next_sweep: Option<Duration>,
+    due: Option<Duration>,
 ) -> Duration {
     let requeue = if all_ready && !tombstoned {
         settings.settled_requeue
     } else {
         settings.progress_requeue
     };
-    next_sweep.map_or(requeue, |s| s.min(requeue))
+    due.map_or(requeue, |s| s.min(requeue))
 }
 
 /// The talosconfig's endpoints (approved control planes) and nodes (every approved machine),
@@ -160,20 +160,21 @@ pub(super) fn talosconfig_targets(machines: &[TalosMachine]) -> (Vec<String>, Ve
     (endpoints, nodes)
 }
 
-/// Whether the published talosconfig `current` already names these `endpoints` and `nodes` for
-/// the context `cluster` (anything unreadable is rewritten).
+/// Whether the published talosconfig `published` names these `endpoints` and `nodes` and
+/// trusts `ca_pem` (otherwise it is minted anew).
 pub(super) fn talosconfig_current(
-    current: Option<&str>,
-    cluster: &str,
+    published: &Published,
     endpoints: &[String],
     nodes: &[String],
+    ca_pem: &str,
 ) -> bool {
-    current.is_some_and(|text| {
-        serde_saphyr::from_str::<serde_json::Value>(text).is_ok_and(|v| {
-            let context = &v["contexts"][cluster];
-            context["endpoints"] == json!(endpoints) && context["nodes"] == json!(nodes)
-        })
-    })
+    published.endpoints == endpoints && published.nodes == nodes && published.ca_pem == ca_pem
+}
+
+/// Whether the published kubeconfig `published` talks to `endpoint` and trusts `ca_pem`
+/// (otherwise it is minted anew).
+pub(super) fn kubeconfig_current(published: &Published, endpoint: &str, ca_pem: &str) -> bool {
+    published.endpoints == [endpoint] && published.ca_pem == ca_pem
 }
 
 /// Whether `machine` may bootstrap etcd: an approved control plane that was given its config.
@@ -466,26 +467,42 @@ mod tests {
         assert_eq!(nodes, ["10.5.0.2", "10.5.0.3", "10.5.0.9"]);
     }
 
+    fn published(endpoints: &[&str], nodes: &[&str]) -> Published {
+        Published {
+            endpoints: endpoints.iter().map(|e| (*e).to_owned()).collect(),
+            nodes: nodes.iter().map(|n| (*n).to_owned()).collect(),
+            ca_pem: "CA".into(),
+            not_before: std::time::SystemTime::UNIX_EPOCH,
+            not_after: std::time::SystemTime::UNIX_EPOCH,
+        }
+    }
+
     #[test]
-    fn a_talosconfig_is_current_only_with_the_same_endpoints_and_nodes_for_its_context() {
-        let text = "context: lab\ncontexts:\n  lab:\n    endpoints: [10.5.0.2]\n    nodes: [10.5.0.2, 10.5.0.9]\n";
+    fn a_talosconfig_is_current_only_with_the_same_endpoints_nodes_and_ca() {
+        let text = published(&["10.5.0.2"], &["10.5.0.2", "10.5.0.9"]);
         let endpoints = ["10.5.0.2".to_owned()];
         let nodes = ["10.5.0.2".to_owned(), "10.5.0.9".to_owned()];
-        assert!(talosconfig_current(Some(text), "lab", &endpoints, &nodes));
+        assert!(talosconfig_current(&text, &endpoints, &nodes, "CA"));
+        assert!(!talosconfig_current(&text, &endpoints, &nodes[..1], "CA"));
+        assert!(!talosconfig_current(&text, &nodes, &nodes, "CA"));
         assert!(!talosconfig_current(
-            Some(text),
-            "lab",
+            &text,
             &endpoints,
-            &nodes[..1]
+            &nodes,
+            "another CA"
         ));
-        assert!(!talosconfig_current(
-            Some(text),
-            "other",
-            &endpoints,
-            &nodes
+    }
+
+    #[test]
+    fn a_kubeconfig_is_current_only_with_the_same_endpoint_and_ca() {
+        let text = published(&["https://10.5.0.10:6443"], &[]);
+        assert!(kubeconfig_current(&text, "https://10.5.0.10:6443", "CA"));
+        assert!(!kubeconfig_current(&text, "https://10.5.0.11:6443", "CA"));
+        assert!(!kubeconfig_current(
+            &text,
+            "https://10.5.0.10:6443",
+            "another CA"
         ));
-        assert!(!talosconfig_current(None, "lab", &endpoints, &nodes));
-        assert!(!talosconfig_current(Some("{"), "lab", &endpoints, &nodes));
     }
 
     #[test]
