@@ -217,9 +217,11 @@ pub mod reasons {
     pub const WAITING_FOR_RECORDED_MACHINE: &str = "WaitingForRecordedMachine";
     /// etcd already runs on a control plane: nothing to bootstrap.
     pub const ETCD_RUNNING: &str = "EtcdRunning";
-    /// A published kubeconfig or talosconfig was minted anew: renewed before it expires, or
-    /// re-minted because what it points at changed (an Event).
+    /// A published kubeconfig or talosconfig was renewed before it expires (an Event).
     pub const CREDENTIALS_RENEWED: &str = "CredentialsRenewed";
+    /// A published kubeconfig or talosconfig was minted anew because what it points at changed
+    /// (endpoint, nodes, CA) (an Event).
+    pub const CREDENTIALS_REMINTED: &str = "CredentialsReminted";
     /// A control plane was recorded to bootstrap etcd (an Event).
     pub const BOOTSTRAP_CHOSEN: &str = "BootstrapChosen";
     /// etcd was bootstrapped.

@@ -39,6 +39,8 @@ pub struct SimOptions {
     /// Create the webhook's certificate Secret empty before the webhook starts, as the Helm
     /// chart does (the webhook fills it); otherwise the webhook creates it.
     pub empty_cert_secret: bool,
+    /// More arguments for the manager (e.g. `--credential-lifetime 45s`).
+    pub manager_args: Vec<String>,
 }
 
 impl SimOptions {
@@ -51,6 +53,7 @@ impl SimOptions {
             timings: Timings::default(),
             etcd_size: ichor_sim::DEFAULT_ETCD_SIZE,
             empty_cert_secret: false,
+            manager_args: Vec::new(),
         }
     }
 }
@@ -332,25 +335,27 @@ impl SimTarget {
     /// Starts (or restarts) the manager process.
     pub async fn start_manager(&mut self) -> Result<(), Error> {
         self.manager_runs += 1;
+        let mut args: Vec<String> = vec![
+            "--namespace".into(),
+            SYSTEM_NAMESPACE.into(),
+            "--identity".into(),
+            format!("manager-{}", self.manager_runs),
+            "--metrics-addr".into(),
+            "127.0.0.1:0".into(),
+            // Short enough that a restarted manager takes over quickly after a kill, long
+            // enough that a loaded CI machine does not lose it between renewals (a manager
+            // that loses its Lease exits, and nothing restarts it here).
+            "--lease-seconds".into(),
+            "5".into(),
+            "--sweep-timeout-ms".into(),
+            "500".into(),
+            "--requeue-ms".into(),
+            "300".into(),
+        ];
+        args.extend(self.options.manager_args.iter().cloned());
         let (manager, ready) = spawn(
             binary("ichor-manager")?,
-            &[
-                "--namespace".into(),
-                SYSTEM_NAMESPACE.into(),
-                "--identity".into(),
-                format!("manager-{}", self.manager_runs),
-                "--metrics-addr".into(),
-                "127.0.0.1:0".into(),
-                // Short enough that a restarted manager takes over quickly after a kill, long
-                // enough that a loaded CI machine does not lose it between renewals (a manager
-                // that loses its Lease exits, and nothing restarts it here).
-                "--lease-seconds".into(),
-                "5".into(),
-                "--sweep-timeout-ms".into(),
-                "500".into(),
-                "--requeue-ms".into(),
-                "300".into(),
-            ],
+            &args,
             &self.manager_kubeconfig,
             "metrics on",
             Some(Arc::clone(&self.manager_log)),

@@ -300,16 +300,15 @@ async fn keep_or_mint(
     secrets::publish(&ctx.client, cluster, name, key, &minted.file.0, true).await?;
     let expires = Timestamp::try_from(minted.expires)
         .map_err(|e| Error::Invariant(format!("{what} expires out of range: {e}")))?;
-    if why != Why::Missing {
+    let reason = match why {
+        Why::Missing => None,
+        Why::Changed => Some(reasons::CREDENTIALS_REMINTED),
+        Why::Due | Why::Shortened => Some(reasons::CREDENTIALS_RENEWED),
+    };
+    if let Some(reason) = reason {
         let note = format!("{what} in Secret {name} minted anew ({why}); it expires at {expires}");
-        ctx.event(
-            cluster,
-            EventType::Normal,
-            reasons::CREDENTIALS_RENEWED,
-            actions::PUBLISH,
-            note,
-        )
-        .await;
+        ctx.event(cluster, EventType::Normal, reason, actions::PUBLISH, note)
+            .await;
     }
     let renew_at = renewal::renew_at(
         Validity {

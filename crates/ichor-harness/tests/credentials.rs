@@ -1,0 +1,280 @@
+//! Published credentials on the sim target (ADR 0022): with a 45 s lifetime, the kubeconfig and
+//! the talosconfig a cluster's status names say when they expire, are renewed before they do,
+//! and the renewed files keep working with the real `kubectl` and the real `talosctl`, while
+//! the first ones stop working once expired. A changed `spec.endpoint` re-mints the kubeconfig
+//! at once.
+//!
+//! `kubectl` is `ICHOR_KUBECTL` or the one on `PATH`; `talosctl` is the one `cargo xtask
+//! oracles` builds (`ICHOR_ORACLES_DIR`).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use ichor_api::TalosCluster;
+use ichor_api::names::{reasons, secrets};
+use ichor_harness::specs::{self, Shape};
+use ichor_harness::{SimOptions, SimTarget, Target};
+use ichor_testenv::wait::try_eventually;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use serde_json::json;
+
+const CLUSTER: &str = "lab";
+/// The published credentials' lifetime: renewed 30 s after they are minted.
+const LIFETIME: Duration = Duration::from_secs(45);
+
+/// The `kubectl` binary: `ICHOR_KUBECTL`, else `kubectl` on `PATH`.
+fn kubectl() -> PathBuf {
+    if let Some(path) = std::env::var_os("ICHOR_KUBECTL") {
+        return PathBuf::from(path);
+    }
+    std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .map(|dir| dir.join("kubectl"))
+        .find(|p| p.is_file())
+        .expect("kubectl is not on PATH: install it or set ICHOR_KUBECTL")
+}
+
+/// The `talosctl` binary `cargo xtask oracles` builds.
+fn talosctl() -> PathBuf {
+    let path = ichor_testenv::assets::oracles_dir().join("talosctl");
+    assert!(
+        path.is_file(),
+        "{} is missing: run `cargo xtask oracles` to build talosctl",
+        path.display()
+    );
+    path
+}
+
+/// Runs `program` with `args` and a home of its own; whether it succeeded, and what it printed.
+async fn run(program: &Path, home: &Path, args: &[&str]) -> (bool, String) {
+    let mut command = tokio::process::Command::new(program);
+    command
+        .args(args)
+        .env_clear()
+        .env("HOME", home)
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .kill_on_drop(true);
+    let output = tokio::time::timeout(Duration::from_secs(60), command.output())
+        .await
+        .unwrap_or_else(|_| panic!("{} {args:?} did not finish in 60 s", program.display()))
+        .expect("run it");
+    let printed = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (output.status.success(), printed)
+}
+
+/// When the published kubeconfig and talosconfig expire, as the cluster's status says.
+async fn expiries(target: &SimTarget) -> (Option<Timestamp>, Option<Timestamp>) {
+    let cluster = Api::<TalosCluster>::namespaced(target.client(), target.namespace())
+        .get(CLUSTER)
+        .await
+        .expect("the cluster");
+    let credentials = cluster
+        .status
+        .and_then(|s| s.credentials)
+        .unwrap_or_default();
+    (
+        credentials.kubeconfig_expires_at.map(|t| t.0),
+        credentials.talosconfig_expires_at.map(|t| t.0),
+    )
+}
+
+/// Writes the published file `key` of Secret `name` to `dir/file`; returns its path and text.
+async fn published(target: &SimTarget, name: &str, key: &str, file: &str) -> (PathBuf, String) {
+    let secret = Api::<Secret>::namespaced(target.client(), target.namespace())
+        .get(name)
+        .await
+        .expect("the published Secret");
+    let bytes = secret
+        .data
+        .and_then(|d| d.get(key).cloned())
+        .unwrap_or_else(|| panic!("{name} has no {key}"));
+    let path = target.dir().join(file);
+    std::fs::write(&path, &bytes.0).expect("write the file");
+    (path, String::from_utf8_lossy(&bytes.0).into_owned())
+}
+
+/// Both files as published now, written under `suffix`.
+async fn files(target: &SimTarget, suffix: &str) -> (PathBuf, PathBuf) {
+    let kubeconfig = format!("{CLUSTER}-kubeconfig");
+    let talosconfig = format!("{CLUSTER}-talosconfig");
+    let (kube, _) = published(
+        target,
+        &kubeconfig,
+        secrets::KUBECONFIG_KEY,
+        &format!("kubeconfig-{suffix}"),
+    )
+    .await;
+    let (talos, _) = published(
+        target,
+        &talosconfig,
+        secrets::TALOSCONFIG_KEY,
+        &format!("talosconfig-{suffix}"),
+    )
+    .await;
+    (kube, talos)
+}
+
+/// `kubectl get nodes` and `talosctl version` with the files: whether each succeeded.
+async fn clients_with(
+    target: &SimTarget,
+    (kube, talos): &(PathBuf, PathBuf),
+) -> [(bool, String); 2] {
+    let home = target.dir();
+    let kube = kube.to_string_lossy().into_owned();
+    let talos = talos.to_string_lossy().into_owned();
+    [
+        run(
+            &kubectl(),
+            home,
+            &["--kubeconfig", &kube, "get", "nodes", "-o", "name"],
+        )
+        .await,
+        run(&talosctl(), home, &["--talosconfig", &talos, "version"]).await,
+    ]
+}
+
+async fn renewal_events(target: &SimTarget) -> Vec<String> {
+    Api::<Event>::namespaced(target.client(), target.namespace())
+        .list(&ListParams::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some(reasons::CREDENTIALS_RENEWED))
+        .filter_map(|e| e.note)
+        .collect()
+}
+
+fn later(a: Option<Timestamp>, b: Option<Timestamp>) -> bool {
+    matches!((a, b), (Some(a), Some(b)) if a > b)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn published_credentials_are_renewed_before_they_expire_and_keep_working() {
+    let target = SimTarget::up(SimOptions {
+        manager_args: vec!["--credential-lifetime".into(), "45s".into()],
+        ..SimOptions::new(1, 91, "v1.14.1")
+    })
+    .await
+    .expect("sim target");
+    let shape = Shape {
+        control_planes: 1,
+        ..Shape::new("v1.14.1", "flannel")
+    };
+    specs::create_cluster(&target, &shape)
+        .await
+        .expect("cluster");
+    specs::wait_discovered(&target, 1)
+        .await
+        .expect("discovered");
+    specs::approve_shape(&target, 1, 0).await.expect("approve");
+    if let Err(error) = specs::wait_ready(&target, CLUSTER, Duration::from_secs(180)).await {
+        panic!("{error}: {}", specs::summary(&target).await);
+    }
+    target
+        .kubelets_registered(CLUSTER)
+        .await
+        .expect("Nodes registered");
+
+    // Status says when each expires: within the lifetime from now.
+    let first = expiries(&target).await;
+    let now = Timestamp::now();
+    for expiry in [first.0, first.1] {
+        let expiry = expiry.expect("an expiry in status");
+        let left = expiry.duration_since(now);
+        assert!(
+            left.as_secs() > 0 && left.as_secs() <= LIFETIME.as_secs() as i64,
+            "expires at {expiry}, {left:?} from now"
+        );
+    }
+    let first_files = files(&target, "first").await;
+    for (ok, printed) in clients_with(&target, &first_files).await {
+        assert!(ok, "the first files work: {printed}");
+    }
+
+    // Renewed before they expire: both expiries move on while the first ones still hold.
+    if let Err(error) = try_eventually("both renewed", LIFETIME, || async {
+        let now = expiries(&target).await;
+        later(now.0, first.0) && later(now.1, first.1)
+    })
+    .await
+    {
+        panic!(
+            "{error}: {:?} then {:?}\nmanager log:\n{}",
+            first,
+            expiries(&target).await,
+            target.manager_log_tail()
+        );
+    }
+    let renewed_at = Timestamp::now();
+    assert!(
+        first.0.is_some_and(|e| renewed_at < e) && first.1.is_some_and(|e| renewed_at < e),
+        "renewed at {renewed_at}, after the first ones expired: {first:?}"
+    );
+
+    // Once the first ones have expired, they no longer work; the published files do.
+    let last_expiry = first.0.max(first.1).expect("expiries");
+    let wait = Duration::try_from(last_expiry.duration_since(Timestamp::now())).unwrap_or_default()
+        + Duration::from_secs(2);
+    tokio::time::sleep(wait).await;
+    let [kube, talos] = clients_with(&target, &first_files).await;
+    assert!(!kube.0, "an expired kubeconfig is refused: {}", kube.1);
+    assert!(!talos.0, "an expired talosconfig is refused: {}", talos.1);
+    let renewed = files(&target, "renewed").await;
+    let [kube, talos] = clients_with(&target, &renewed).await;
+    assert!(
+        kube.0,
+        "kubectl get nodes with the renewed kubeconfig: {}",
+        kube.1
+    );
+    assert!(kube.1.contains("node/cp-1"), "{}", kube.1);
+    assert!(
+        talos.0,
+        "talosctl version with the renewed talosconfig: {}",
+        talos.1
+    );
+    let events = renewal_events(&target).await;
+    // Repeats of one reason are counted in the first Event's series (its note stays).
+    assert!(
+        events.iter().any(|n| n.contains("two thirds")),
+        "a CredentialsRenewed Event says why: {events:?}"
+    );
+
+    // A new endpoint re-mints the kubeconfig at once, long before it is due.
+    let clusters = Api::<TalosCluster>::namespaced(target.client(), target.namespace());
+    let moved = "https://127.0.91.1:6444";
+    clusters
+        .patch(
+            CLUSTER,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"endpoint": moved}})),
+        )
+        .await
+        .expect("move the endpoint");
+    try_eventually(
+        "the kubeconfig names the new endpoint",
+        Duration::from_secs(10),
+        || async {
+            let (_, text) = published(
+                &target,
+                &format!("{CLUSTER}-kubeconfig"),
+                secrets::KUBECONFIG_KEY,
+                "kubeconfig-moved",
+            )
+            .await;
+            ichor_render::credentials::read_kubeconfig(&text)
+                .is_some_and(|p| p.endpoints == [moved])
+        },
+    )
+    .await
+    .expect("re-minted for the new endpoint");
+    target.down().await;
+}
