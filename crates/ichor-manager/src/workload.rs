@@ -35,7 +35,7 @@ pub enum Outcome {
 pub struct NodeSteps<'a> {
     /// The manager's context.
     pub ctx: &'a Context,
-    /// The machine's cluster (its published kubeconfig reaches the workload API).
+    /// The machine's cluster (its bundle and endpoint reach the workload API).
     pub cluster: &'a TalosCluster,
     /// The machine.
     pub machine: &'a TalosMachine,
@@ -45,7 +45,7 @@ fn no_workload() -> Outcome {
     Outcome::Wait {
         reason: reasons::NODE_UNREACHABLE,
         message:
-            "the workload cluster's API cannot be reached (kubeconfig Secret missing or API down)"
+            "the workload cluster's API cannot be reached (secrets bundle unavailable or API down)"
                 .into(),
     }
 }
