@@ -11,13 +11,13 @@ use ichor_api::{TalosCluster, TalosMachine};
 use ichor_render::credentials::{self, Minted, Published};
 use ichor_talos::TalosClient;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt as _;
 use kube::api::{Api, DeleteParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 
-use crate::renewal::{self, Renewal, Validity, Why};
+use crate::renewal::{self, Renewal, Validity};
 use crate::{Context, Error, conditions as cond, discovery, secrets};
 use ichor_deleteguard::{BootstrapStep, Candidate, bootstrap_step};
 use plan::{Tally, Teardown};
@@ -300,24 +300,12 @@ async fn keep_or_mint(
     secrets::publish(&ctx.client, cluster, name, key, &minted.file.0, true).await?;
     let expires = Timestamp::try_from(minted.expires)
         .map_err(|e| Error::Invariant(format!("{what} expires out of range: {e}")))?;
-    let reason = match why {
-        Why::Missing => None,
-        Why::Changed => Some(reasons::CREDENTIALS_REMINTED),
-        Why::Due | Why::Shortened => Some(reasons::CREDENTIALS_RENEWED),
-    };
-    if let Some(reason) = reason {
+    if let Some(reason) = why.event_reason() {
         let note = format!("{what} in Secret {name} minted anew ({why}); it expires at {expires}");
         ctx.event(cluster, EventType::Normal, reason, actions::PUBLISH, note)
             .await;
     }
-    let renew_at = renewal::renew_at(
-        Validity {
-            not_before: expires
-                - SignedDuration::try_from(lifetime).unwrap_or(SignedDuration::ZERO),
-            not_after: expires,
-        },
-        lifetime,
-    );
+    let renew_at = renewal::due_after_mint(expires, lifetime);
     Ok(Held { expires, renew_at })
 }
 

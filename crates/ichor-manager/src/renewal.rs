@@ -5,6 +5,7 @@
 
 use std::time::{Duration, SystemTime};
 
+use ichor_api::names::reasons;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 /// How much longer than its lifetime a certificate may still run before it is taken for one
@@ -54,6 +55,18 @@ impl std::fmt::Display for Why {
     }
 }
 
+impl Why {
+    /// The reason of the Event that says so: none for a first mint, `CredentialsReminted` for
+    /// a changed target, `CredentialsRenewed` for a renewal.
+    pub fn event_reason(self) -> Option<&'static str> {
+        match self {
+            Self::Missing => None,
+            Self::Changed => Some(reasons::CREDENTIALS_REMINTED),
+            Self::Due | Self::Shortened => Some(reasons::CREDENTIALS_RENEWED),
+        }
+    }
+}
+
 /// What to do with credentials.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Renewal {
@@ -81,6 +94,18 @@ pub fn renew_at(validity: Validity, lifetime: Duration) -> Timestamp {
         .not_after
         .checked_sub(signed(third))
         .unwrap_or(validity.not_before)
+}
+
+/// When credentials just minted to live `lifetime`, expiring at `expires`, are due.
+pub fn due_after_mint(expires: Timestamp, lifetime: Duration) -> Timestamp {
+    let minted = expires.checked_sub(signed(lifetime)).unwrap_or(expires);
+    renew_at(
+        Validity {
+            not_before: minted,
+            not_after: expires,
+        },
+        lifetime,
+    )
 }
 
 /// What to do with credentials whose certificate has `held` validity (`None`: there are none)
@@ -168,6 +193,33 @@ mod tests {
             "expired ones too"
         );
         assert_eq!(until(due, at("2026-12-03T10:01:00Z")), Duration::ZERO);
+    }
+
+    #[test]
+    fn just_minted_credentials_are_due_a_third_of_their_lifetime_before_they_expire() {
+        let expires = at("2026-12-03T10:00:45Z");
+        let lifetime = Duration::from_secs(45);
+        assert_eq!(
+            due_after_mint(expires, lifetime),
+            at("2026-12-03T10:00:30Z")
+        );
+        let held = minted("2026-12-03T10:00:00Z", lifetime);
+        assert_eq!(
+            due_after_mint(held.not_after, lifetime),
+            renew_at(held, lifetime)
+        );
+    }
+
+    #[test]
+    fn only_a_renewal_or_a_re_mint_is_announced() {
+        assert_eq!(Why::Missing.event_reason(), None);
+        assert_eq!(
+            Why::Changed.event_reason(),
+            Some(reasons::CREDENTIALS_REMINTED)
+        );
+        for why in [Why::Due, Why::Shortened] {
+            assert_eq!(why.event_reason(), Some(reasons::CREDENTIALS_RENEWED));
+        }
     }
 
     #[test]
