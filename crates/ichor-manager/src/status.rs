@@ -71,6 +71,11 @@ pub const CLUSTER: &[Group] = &[
         fields: &["driftHalt"],
         conditions: Owned::None,
     },
+    Group {
+        manager: fm::CLUSTER_NODE_DELETES,
+        fields: &["pendingNodeDeletes"],
+        conditions: Owned::None,
+    },
 ];
 
 /// The groups of TalosMachine status.
