@@ -312,6 +312,11 @@ pub struct TalosClusterStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64))]
     pub tombstones: Vec<Tombstone>,
+    /// Nodes of force-removed machines whose Kubernetes Node could not be deleted because the
+    /// workload cluster's API did not answer: deleted once it answers again (ADR 0021).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub pending_node_deletes: Vec<PendingNodeDelete>,
     /// Where the drift rollout stopped: the machine that refused its changed config. No other
     /// machine gets drift until a change renders that machine's config differently.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -363,6 +368,21 @@ pub struct Tombstone {
     pub etcd_member_id: Option<String>,
     /// When it was removed.
     pub removed_at: Time,
+}
+
+/// A Kubernetes Node to delete once the workload cluster's API answers again.
+#[derive(KubeSchema, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PendingNodeDelete {
+    /// The Node's name.
+    #[schemars(length(max = 253))]
+    pub node: String,
+    /// The TalosMachine it belonged to.
+    #[schemars(length(max = 253))]
+    pub machine: String,
+    /// When the machine's removal handed the delete over: a Node of that name registered
+    /// after this is another node's, and is kept.
+    pub since: Time,
 }
 
 /// Machine counts of one role.

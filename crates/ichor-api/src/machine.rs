@@ -369,4 +369,25 @@ pub struct RemovalProgress {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 1024))]
     pub message: Option<String>,
+    /// Workload steps skipped by force removal because the workload cluster's API did not
+    /// answer (cordon, drain; the Node delete is handed to the TalosCluster).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 8))]
+    pub skipped: Vec<SkippedStep>,
+}
+
+/// A removal step skipped by force removal, with why and when.
+#[derive(KubeSchema, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SkippedStep {
+    /// The step skipped (`Cordoned`, `Drained`, `NodeDeleted`).
+    pub step: RemovalStep,
+    /// Why, as a condition reason (e.g. `WorkloadAPIUnreachable`).
+    #[schemars(length(max = 64))]
+    pub reason: String,
+    /// What failed, and what happens instead.
+    #[schemars(length(max = 1024))]
+    pub message: String,
+    /// When it was skipped.
+    pub at: Time,
 }

@@ -10,7 +10,9 @@ pub mod annotations {
     /// `"true"` allows switching `spec.kubeProxy` on an existing TalosCluster.
     pub const CONFIRM_KUBE_PROXY_SWITCH: &str = "ichor.maesh.dev/confirm-kube-proxy-switch";
     /// `"true"` allows removing an unreachable control plane from etcd through a healthy peer,
-    /// skipping its graceful leave and its reset (both recorded).
+    /// skipping its graceful leave and its reset (both recorded); and, while the workload
+    /// cluster's API does not answer, skipping the cordon and drain and deleting the Node once
+    /// it answers again (all recorded).
     pub const FORCE_REMOVE: &str = "ichor.maesh.dev/force-remove";
     /// `"true"` lets a removal continue past a drain that cannot finish (PodDisruptionBudgets).
     pub const SKIP_DRAIN: &str = "ichor.maesh.dev/skip-drain";
@@ -77,6 +79,9 @@ pub mod field_managers {
     pub const CLUSTER_LOCK: &str = "ichor-manager/lock";
     /// TalosCluster `status.tombstones`: nodes force-removed while unreachable.
     pub const CLUSTER_TOMBSTONES: &str = "ichor-manager/tombstones";
+    /// TalosCluster `status.pendingNodeDeletes`: Nodes of force-removed machines, deleted once
+    /// the workload API answers.
+    pub const CLUSTER_NODE_DELETES: &str = "ichor-manager/node-deletes";
     /// TalosCluster `status.driftHalt`: where a drift rollout stopped.
     pub const CLUSTER_DRIFT: &str = "ichor-manager/drift";
     /// TalosMachine lifecycle: phase, its conditions, node name, etcd member id.
@@ -281,6 +286,21 @@ pub mod reasons {
     pub const REMOVAL: &str = "Removal";
     /// An unreachable node's reset was skipped by force removal (an Event).
     pub const RESET_SKIPPED: &str = "ResetSkipped";
+    /// The workload cluster's API does not answer (or its kubeconfig Secret is missing), so a
+    /// removal cannot cordon, drain or delete the Node: it waits, or skips those steps with the
+    /// force-remove annotation.
+    pub const WORKLOAD_API_UNREACHABLE: &str = "WorkloadAPIUnreachable";
+    /// A removal skipped a cordon or drain the workload API could not answer (force removal; an
+    /// Event).
+    pub const NODE_STEP_SKIPPED: &str = "NodeStepSkipped";
+    /// A removal handed its Node delete to the TalosCluster, to run once the workload API
+    /// answers again (force removal; an Event).
+    pub const NODE_DELETE_DEFERRED: &str = "NodeDeleteDeferred";
+    /// A Node whose delete was handed to the TalosCluster was deleted (an Event).
+    pub const DEFERRED_NODE_DELETED: &str = "DeferredNodeDeleted";
+    /// A Node whose delete was handed to the TalosCluster was kept: it was registered after the
+    /// removal, or another machine claims it now (an Event).
+    pub const DEFERRED_NODE_KEPT: &str = "DeferredNodeKept";
     /// The Kubernetes API failed (retried with backoff).
     pub const KUBERNETES_API: &str = "KubernetesAPI";
     /// A node's Talos API failed or refused a call.

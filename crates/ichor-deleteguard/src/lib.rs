@@ -29,7 +29,9 @@
 //! Which control plane bootstraps etcd is decided here too ([`bootstrap_step`]), as are the
 //! removal sequence and the cluster lock: [`next_removal_step`] and
 //! [`is_once_only`] for the recorded steps, [`transitioning`], [`completes_transition`] and
-//! [`lock_decision`] for who may hold the lock.
+//! [`lock_decision`] for who may hold the lock. A removal whose workload steps the workload
+//! API does not answer waits or, forced, skips them ([`unanswered_node_step`]); a Node delete
+//! handed to the cluster runs only on the removed machine's Node ([`deferred_node_delete`]).
 #![forbid(unsafe_code)]
 
 pub mod bootstrap;
@@ -42,6 +44,7 @@ pub mod plan;
 mod rules;
 mod sequence;
 mod verdict;
+pub mod workload;
 
 pub use bootstrap::{BootstrapStep, Candidate, bootstrap_step};
 pub use bundle::{BundleStep, Found, bundle_step};
@@ -65,3 +68,4 @@ pub use sequence::{
 pub use verdict::{
     LockedChange, LockedField, Refusal, RemovalVerdict, Unhealthy, Verdict, Wait, reasons,
 };
+pub use workload::{DeferredDelete, Kept, Unanswered, deferred_node_delete, unanswered_node_step};

@@ -409,6 +409,28 @@ impl SimTarget {
         }
     }
 
+    /// Stops the workload cluster's apiserver (started by `kubelets_registered`): its API stops
+    /// answering, and everything it stored stays for [`start_workload_api`](Self::start_workload_api).
+    pub async fn stop_workload_api(&self) -> Result<(), Error> {
+        let mut workload = self.workload.lock().await;
+        let plane = workload
+            .as_mut()
+            .ok_or_else(|| Error::Spec("no workload control plane runs".into()))?;
+        plane.stop_apiserver()?;
+        Ok(())
+    }
+
+    /// Starts the workload cluster's apiserver again, same endpoint and certificates, and waits
+    /// until it is ready.
+    pub async fn start_workload_api(&self) -> Result<(), Error> {
+        let mut workload = self.workload.lock().await;
+        let plane = workload
+            .as_mut()
+            .ok_or_else(|| Error::Spec("no workload control plane runs".into()))?;
+        plane.start_apiserver().await?;
+        Ok(())
+    }
+
     /// The simulated nodes.
     pub fn nodes(&self) -> &[SimNode] {
         &self.nodes

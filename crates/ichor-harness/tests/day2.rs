@@ -3,7 +3,9 @@
 //! that a node refuses (the rollout stops there) and its fix rolling out one machine at a time, a
 //! rollout resumed after a manager kill without a second apply, a lost secrets bundle that is
 //! never regenerated, an
-//! unhealthy etcd member on a node that still answers, and a seeded random sequence — real
+//! unhealthy etcd member on a node that still answers, a removal while the workload API is down
+//! (it waits; forced, it skips the Node steps and the Node is deleted once the API is back),
+//! and a seeded random sequence — real
 //! apiserver, the real `ichor-manager` and `ichor-webhook` binaries, simulated Talos nodes. A
 //! monitor watches etcd quorum (and how many nodes are down) every few milliseconds
 //! throughout.
@@ -1988,5 +1990,224 @@ async fn a_lost_bundle_is_never_regenerated_and_restoring_it_resumes_work() {
         .status
         .and_then(|s| s.bundle_fingerprint);
     assert_eq!(after.as_deref(), Some(fingerprint.as_str()), "the same CA");
+    target.down().await;
+}
+
+/// The `RemovalApproved` condition of the machine at `address`: (reason, message).
+async fn removal_condition(target: &SimTarget, address: &str) -> Option<(String, String)> {
+    specs::machine_condition(target, address, conditions::REMOVAL_APPROVED)
+        .await
+        .map(|(_, reason, message)| (reason, message))
+}
+
+/// The cluster's Node deletes handed over by force removals.
+async fn pending_node_deletes(target: &SimTarget) -> Vec<ichor_api::cluster::PendingNodeDelete> {
+    Api::<ichor_api::TalosCluster>::namespaced(target.client(), target.namespace())
+        .get(CLUSTER)
+        .await
+        .ok()
+        .and_then(|c| c.status)
+        .map(|s| s.pending_node_deletes)
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removal_waits_while_the_workload_api_is_down_and_with_force_skips_its_node_steps_and_deletes_the_node_once_it_answers()
+ {
+    let target = SimTarget::up(SimOptions::new(4, 89, "v1.14.1"))
+        .await
+        .expect("sim target");
+    cluster_of(&target, 3, 4, 0).await;
+    let endpoints = target.node_endpoints();
+    let address = endpoints[3].clone();
+    let workload = specs::workload_client(&target, CLUSTER)
+        .await
+        .expect("workload");
+    let api_endpoint =
+        Api::<ichor_api::TalosCluster>::namespaced(target.client(), target.namespace())
+            .get(CLUSTER)
+            .await
+            .expect("cluster")
+            .spec
+            .endpoint;
+    let node_name = specs::machine_at(&target, &address)
+        .await
+        .expect("machine")
+        .status
+        .and_then(|s| s.node_name)
+        .expect("a Node name");
+
+    // A pod the removal cannot evict holds it after the cordon: the workload API goes down in
+    // the middle of the removal, at the drain.
+    let pods: Api<Pod> = Api::namespaced(workload.clone(), "default");
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "pinned", "labels": {"app": "pinned"}},
+        "spec": {"nodeName": node_name, "containers": [{"name": "app", "image": "registry.invalid/app:1"}]}
+    }))
+    .expect("pod");
+    pods.create(&PostParams::default(), &pod)
+        .await
+        .expect("create pod");
+    let budgets: Api<PodDisruptionBudget> = Api::namespaced(workload.clone(), "default");
+    let budget: PodDisruptionBudget = serde_json::from_value(json!({
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+        "metadata": {"name": "pinned"},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "pinned"}}}
+    }))
+    .expect("budget");
+    budgets
+        .create(&PostParams::default(), &budget)
+        .await
+        .expect("create budget");
+    try_eventually("the budget in force", Duration::from_secs(60), || async {
+        budgets
+            .get("pinned")
+            .await
+            .ok()
+            .and_then(|b| b.status)
+            .is_some_and(|s| s.current_healthy == Some(1) && s.disruptions_allowed == Some(0))
+    })
+    .await
+    .expect("budget in force");
+
+    let node = target.nodes()[3].clone();
+    let reset = node.gate_reply("Reset");
+    let name = specs::delete_machine(&target, &address)
+        .await
+        .expect("the webhook admits 4 -> 3");
+    let uid = uid_of(&target, &name).await;
+    try_eventually("the drain blocked", Duration::from_secs(90), || async {
+        removal_reason(&target, &address).await.as_deref() == Some(reasons::DRAIN_BLOCKED)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}: {}", state_summary(&target)));
+    let nodes: Api<Node> = Api::all(workload.clone());
+    let cordoned = nodes.get(&node_name).await.expect("the Node");
+    assert_eq!(cordoned.spec.and_then(|s| s.unschedulable), Some(true));
+
+    // The workload API goes down: without force the removal waits, saying where and how on.
+    target
+        .stop_workload_api()
+        .await
+        .expect("stop the workload API");
+    try_eventually(
+        "WorkloadAPIUnreachable",
+        Duration::from_secs(60),
+        || async {
+            removal_reason(&target, &address).await.as_deref()
+                == Some(reasons::WORKLOAD_API_UNREACHABLE)
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}: {}", target.manager_log_tail()));
+    let (_, message) = removal_condition(&target, &address)
+        .await
+        .expect("the condition");
+    assert!(message.contains(&api_endpoint), "{message}");
+    assert!(message.contains("restore the API"), "{message}");
+    assert!(
+        message.contains(&format!("{}=true", annotations::FORCE_REMOVE)),
+        "{message}"
+    );
+    assert!(
+        !events_with_reason(&target, reasons::WORKLOAD_API_UNREACHABLE)
+            .await
+            .is_empty(),
+        "the wait has an Event"
+    );
+    // It had its chances and still waits: nothing went to etcd or the node.
+    let before = target
+        .manager_reconciles("TalosMachine")
+        .await
+        .expect("metrics");
+    try_eventually(
+        "the manager reconciling the waiting removal",
+        Duration::from_secs(60),
+        || async {
+            target
+                .manager_reconciles("TalosMachine")
+                .await
+                .is_ok_and(|n| n > before + 5)
+        },
+    )
+    .await
+    .expect("reconciled while waiting");
+    assert_eq!(
+        removal_reason(&target, &address).await.as_deref(),
+        Some(reasons::WORKLOAD_API_UNREACHABLE),
+        "still waiting"
+    );
+    assert_eq!(node.calls("EtcdLeaveCluster"), 0, "etcd untouched");
+    assert_eq!(node.calls("Reset"), 0, "never reset");
+    assert_eq!(etcd_members(&target, &endpoints[0]).await.len(), 4);
+
+    // With force, the drain is skipped and recorded, etcd is left and the node reset as usual,
+    // and the Node delete is handed to the cluster.
+    Api::<TalosMachine>::namespaced(target.client(), target.namespace())
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"metadata": {"annotations": {annotations::FORCE_REMOVE: "true"}}}),
+            ),
+        )
+        .await
+        .expect("force");
+    tokio::time::timeout(Duration::from_secs(90), reset.arrived(1))
+        .await
+        .unwrap_or_else(|_| panic!("the reset was never sent: {}", target.manager_log_tail()));
+    let skipped = specs::machine_at(&target, &address)
+        .await
+        .expect("the machine, held by the gated reset")
+        .status
+        .and_then(|s| s.removal)
+        .expect("removal progress")
+        .skipped;
+    assert_eq!(skipped.len(), 1, "{skipped:?}");
+    assert_eq!(skipped[0].step, ichor_api::machine::RemovalStep::Drained);
+    assert_eq!(skipped[0].reason, reasons::WORKLOAD_API_UNREACHABLE);
+    assert!(skipped[0].message.contains(&api_endpoint), "{skipped:?}");
+    reset.release();
+    gone(&target, &name, &uid, Duration::from_secs(120)).await;
+    assert_eq!(node.calls("EtcdLeaveCluster"), 1, "left etcd as usual");
+    assert_eq!(node.calls("Reset"), 1, "reset as usual");
+    assert_eq!(etcd_members(&target, &endpoints[0]).await.len(), 3);
+    for reason in [reasons::NODE_STEP_SKIPPED, reasons::NODE_DELETE_DEFERRED] {
+        let events = events_with_reason(&target, reason).await;
+        assert!(
+            events.iter().any(|e| e.type_.as_deref() == Some("Warning")),
+            "a Warning Event {reason}: {events:?}"
+        );
+    }
+    let pending = pending_node_deletes(&target).await;
+    assert_eq!(pending.len(), 1, "{pending:?}");
+    assert_eq!(pending[0].node, node_name);
+    assert_eq!(pending[0].machine, name);
+
+    // The workload API answers again: the Node goes, and with it the pending delete.
+    target
+        .start_workload_api()
+        .await
+        .expect("start the workload API");
+    try_eventually("the Node deleted", Duration::from_secs(90), || async {
+        nodes.get_opt(&node_name).await.is_ok_and(|n| n.is_none())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}: {}", target.manager_log_tail()));
+    try_eventually(
+        "the pending delete cleared",
+        Duration::from_secs(30),
+        || async { pending_node_deletes(&target).await.is_empty() },
+    )
+    .await
+    .expect("cleared");
+    assert!(
+        !events_with_reason(&target, reasons::DEFERRED_NODE_DELETED)
+            .await
+            .is_empty()
+    );
+    let others = nodes.list(&ListParams::default()).await.expect("Nodes");
+    assert_eq!(others.items.len(), 3, "the other Nodes stay");
     target.down().await;
 }

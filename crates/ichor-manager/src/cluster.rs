@@ -144,10 +144,13 @@ async fn reconcile_inner(cluster: &TalosCluster, ctx: &Context) -> Result<Action
     }
     let all_ready = record_readiness(ctx, cluster, &mut status, &machines, &tally);
     write_status(ctx, cluster, &status).await?;
-    let tombstoned = cluster
-        .status
-        .as_ref()
-        .is_some_and(|s| !s.tombstones.is_empty());
+    // Node deletes force removals handed over while the workload API did not answer (ADR 0021).
+    let nodes_pending = crate::node_deletes::retry(ctx, cluster).await?;
+    let tombstoned = nodes_pending
+        || cluster
+            .status
+            .as_ref()
+            .is_some_and(|s| !s.tombstones.is_empty());
     let due = [next_sweep, renew_in].into_iter().flatten().min();
     Ok(Action::requeue(plan::requeue_after(
         &ctx.settings,

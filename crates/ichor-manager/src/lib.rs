@@ -19,6 +19,7 @@ pub mod leader;
 pub mod lock;
 pub mod machine;
 pub mod metrics;
+pub mod node_deletes;
 pub mod observe;
 pub mod operation;
 pub mod own;

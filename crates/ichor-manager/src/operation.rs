@@ -741,7 +741,9 @@ impl Node<'_> {
     /// it waits for.
     async fn take_node_away(&self) -> Result<Option<(&'static str, String)>, Error> {
         for outcome in [self.node().cordon().await?, self.node().drain().await?] {
-            if let workload::Outcome::Wait { reason, message } = outcome {
+            if let workload::Outcome::Wait { reason, message } =
+                self.node().waiting_for_api(outcome)
+            {
                 return Ok(Some((reason, message)));
             }
         }
@@ -957,7 +959,8 @@ impl Node<'_> {
             ));
         }
         // As after a removal, the Node goes; then the machine forgets its config.
-        if let workload::Outcome::Wait { reason, message } = self.node().delete().await? {
+        let deleted = self.node().delete().await?;
+        if let workload::Outcome::Wait { reason, message } = self.node().waiting_for_api(deleted) {
             return wait(reason, message);
         }
         crate::machine::forget_config(self.ctx, self.machine).await?;

@@ -121,7 +121,8 @@ fn validity_of(pem: &[u8]) -> Result<Validity, Error> {
 }
 
 /// A workload client from a kubeconfig the manager minted; drains see a PodDisruptionBudget's
-/// 429 at once rather than have the client retry it with backoff.
+/// 429 at once rather than have the client retry it with backoff, and an API that does not
+/// answer is given up on after `workload::API_TIMEOUT`.
 async fn workload_client(text: &str) -> Option<kube::Client> {
     let kubeconfig = kube::config::Kubeconfig::from_yaml(text).ok()?;
     let mut config = kube::Config::from_custom_kubeconfig(
@@ -131,6 +132,9 @@ async fn workload_client(text: &str) -> Option<kube::Client> {
     .await
     .ok()?;
     config.default_retry = false;
+    // A workload API that does not answer is reported soon (ADR 0021).
+    config.connect_timeout = Some(crate::workload::API_TIMEOUT);
+    config.read_timeout = Some(crate::workload::API_TIMEOUT);
     kube::Client::try_from(config).ok()
 }
 

@@ -3,17 +3,24 @@
 //! resumes at the step reached: recheck (ichor-deleteguard), cordon and drain its Node in the
 //! workload cluster, leave etcd (a failed leave stops the removal), verify through a peer,
 //! reset naming STATE and EPHEMERAL with a reboot, delete the Node, release the finalizer.
+//!
+//! A workload step (cordon, drain, Node delete) whose workload API does not answer waits, or,
+//! with the force-remove annotation, is skipped and recorded; the Node delete then goes to the
+//! TalosCluster, which runs it once the API answers again (ADR 0021).
 
 use std::time::Duration;
 
 use ichor_api::cluster::{LockHolder, Tombstone};
 use ichor_api::common::Role;
-use ichor_api::machine::{MachinePhase, RemovalProgress, RemovalStep, TalosMachineStatus};
+use ichor_api::machine::{
+    MachinePhase, RemovalProgress, RemovalStep, SkippedStep, TalosMachineStatus,
+};
 use ichor_api::names::{actions, annotations, conditions, finalizers, reasons};
 use ichor_api::{TalosCluster, TalosMachine};
 use ichor_deleteguard::{Cluster, Disruption, Machine, Stage, Verdict};
 use ichor_deleteguard::{next_removal_step, removal_completes_transition};
 use ichor_talos::{ResetOptions, TalosClient};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt as _;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
@@ -21,6 +28,9 @@ use kube::runtime::events::EventType;
 use serde_json::json;
 
 use crate::{Context, Error, conditions as cond, lock, secrets, workload};
+use plan::Unreached;
+
+mod plan;
 
 fn machines_api(ctx: &Context, machine: &TalosMachine) -> Api<TalosMachine> {
     Api::namespaced(ctx.client.clone(), &machine.namespace().unwrap_or_default())
@@ -110,6 +120,13 @@ enum Step {
     },
     Wait {
         reason: String,
+        message: String,
+    },
+    /// A workload step the workload API did not answer, skipped by force removal.
+    Skipped {
+        /// The Warning Event's reason.
+        reason: &'static str,
+        /// What was skipped and why.
         message: String,
     },
 }
@@ -364,6 +381,8 @@ struct Completion {
     step: RemovalStep,
     /// Whether the reset is recorded as skipped.
     reset_skipped: bool,
+    /// Whether the step is recorded in `status.removal.skipped` (a workload step skipped).
+    skipped: bool,
     /// The Event's type.
     event_type: EventType,
     /// The Event's reason.
@@ -373,24 +392,50 @@ struct Completion {
 }
 
 /// What recording `next` done means; a step that could not reset the node is recorded as the
-/// Reset step, skipped, with a Warning.
-fn completion(next: RemovalStep, reset_skipped: bool) -> Completion {
+/// Reset step, skipped, with a Warning; a workload step skipped (`skipped`: the Event's reason)
+/// is recorded done and skipped, with a Warning.
+fn completion(next: RemovalStep, reset_skipped: bool, skipped: Option<&'static str>) -> Completion {
     let step = if reset_skipped {
         RemovalStep::Reset
     } else {
         next
     };
-    let (event_type, reason) = if reset_skipped {
-        (EventType::Warning, reasons::RESET_SKIPPED)
-    } else {
-        (EventType::Normal, reasons::REMOVAL)
+    let (event_type, reason) = match (reset_skipped, skipped) {
+        (true, _) => (EventType::Warning, reasons::RESET_SKIPPED),
+        (false, Some(reason)) => (EventType::Warning, reason),
+        (false, None) => (EventType::Normal, reasons::REMOVAL),
     };
     Completion {
         step,
         reset_skipped,
+        skipped: skipped.is_some() && !reset_skipped,
         event_type,
         reason,
         finishes: matches!(step, RemovalStep::NodeDeleted | RemovalStep::Complete),
+    }
+}
+
+/// Notes in `status` what `done` records beyond the step: the reset skipped, or a workload step
+/// skipped (with `message`, at `now`).
+fn note_skips(status: &mut TalosMachineStatus, done: &Completion, message: &str, now: Time) {
+    if !done.reset_skipped && !done.skipped {
+        return;
+    }
+    let progress = status.removal.get_or_insert_with(|| RemovalProgress {
+        started_at: Some(now.clone()),
+        ..Default::default()
+    });
+    if done.reset_skipped {
+        // The node could not be reset: the Reset step is recorded as skipped.
+        progress.reset_skipped = true;
+    }
+    if done.skipped && !progress.skipped.iter().any(|s| s.step == done.step) {
+        progress.skipped.push(SkippedStep {
+            step: done.step,
+            reason: reasons::WORKLOAD_API_UNREACHABLE.to_owned(),
+            message: message.to_owned(),
+            at: now,
+        });
     }
 }
 
@@ -451,26 +496,18 @@ impl<'a> Scene<'a> {
             mut status,
             ..
         } = self;
-        let (message, reset_skipped) = match outcome {
+        let (message, reset_skipped, skipped) = match outcome {
             Step::Wait { reason, message } => {
                 return waiting(ctx, machine, status, &reason, message).await;
             }
             Step::Done {
                 message,
                 reset_skipped,
-            } => (message, reset_skipped),
+            } => (message, reset_skipped, None),
+            Step::Skipped { reason, message } => (message, false, Some(reason)),
         };
-        let done = completion(next, reset_skipped);
-        if done.reset_skipped {
-            // The node could not be reset: the Reset step is recorded as skipped.
-            status
-                .removal
-                .get_or_insert_with(|| RemovalProgress {
-                    started_at: Some(ctx.now()),
-                    ..Default::default()
-                })
-                .reset_skipped = true;
-        }
+        let done = completion(next, reset_skipped, skipped);
+        note_skips(&mut status, &done, &message, ctx.now());
         ctx.event(
             machine,
             done.event_type,
@@ -501,14 +538,50 @@ impl<'a> Scene<'a> {
         if self.teardown {
             return done("cordon skipped: the cluster is being deleted");
         }
-        Ok(self.node().cordon().await?.into())
+        let outcome = self.node().cordon().await?;
+        self.workload_step(RemovalStep::Cordoned, outcome).await
     }
 
     async fn drain(&self) -> Result<Step, Error> {
         if self.teardown {
             return done("drain skipped: the cluster is being deleted");
         }
-        Ok(self.node().drain().await?.into())
+        let outcome = self.node().drain().await?;
+        self.workload_step(RemovalStep::Drained, outcome).await
+    }
+
+    /// What the workload step `step` came to: an unanswered one waits, or with force is skipped
+    /// (the Node delete handed to the TalosCluster first).
+    async fn workload_step(
+        &self,
+        step: RemovalStep,
+        outcome: workload::Outcome,
+    ) -> Result<Step, Error> {
+        let workload::Outcome::Unreachable(detail) = outcome else {
+            return Ok(outcome.into());
+        };
+        let node = self.node();
+        let name = node.node_name().unwrap_or_default();
+        match plan::unreached(step, self.force, node.endpoint(), &name, &detail) {
+            Unreached::Wait(message) => wait(reasons::WORKLOAD_API_UNREACHABLE, message),
+            Unreached::Skip {
+                event_reason,
+                message,
+            } => Ok(Step::Skipped {
+                reason: event_reason,
+                message,
+            }),
+            Unreached::Defer {
+                event_reason,
+                message,
+            } => {
+                crate::node_deletes::defer(self.ctx, &self.cluster, &name, self.machine).await?;
+                Ok(Step::Skipped {
+                    reason: event_reason,
+                    message,
+                })
+            }
+        }
     }
 
     /// The member id recorded while the machine was followed.
@@ -788,7 +861,8 @@ impl<'a> Scene<'a> {
         if self.teardown {
             return done("Node deletion skipped: the cluster is being deleted");
         }
-        Ok(self.node().delete().await?.into())
+        let outcome = self.node().delete().await?;
+        self.workload_step(RemovalStep::NodeDeleted, outcome).await
     }
 }
 
@@ -802,6 +876,10 @@ impl From<workload::Outcome> for Step {
             workload::Outcome::Wait { reason, message } => Self::Wait {
                 reason: reason.to_owned(),
                 message,
+            },
+            workload::Outcome::Unreachable(detail) => Self::Wait {
+                reason: reasons::WORKLOAD_API_UNREACHABLE.to_owned(),
+                message: format!("the workload cluster's API does not answer: {detail}"),
             },
         }
     }
@@ -992,10 +1070,11 @@ mod tests {
             (RemovalStep::Complete, true),
         ] {
             assert_eq!(
-                completion(next, false),
+                completion(next, false, None),
                 Completion {
                     step: next,
                     reset_skipped: false,
+                    skipped: false,
                     event_type: EventType::Normal,
                     reason: reasons::REMOVAL,
                     finishes,
@@ -1009,10 +1088,11 @@ mod tests {
     fn a_skipped_reset_is_recorded_as_the_reset_step_with_a_warning() {
         for next in [RemovalStep::EtcdLeft, RemovalStep::Reset] {
             assert_eq!(
-                completion(next, true),
+                completion(next, true, None),
                 Completion {
                     step: RemovalStep::Reset,
                     reset_skipped: true,
+                    skipped: false,
                     event_type: EventType::Warning,
                     reason: reasons::RESET_SKIPPED,
                     finishes: false,
@@ -1020,5 +1100,62 @@ mod tests {
                 "{next:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_skipped_workload_step_is_recorded_done_and_skipped_with_a_warning() {
+        for (next, finishes) in [
+            (RemovalStep::Cordoned, false),
+            (RemovalStep::Drained, false),
+            (RemovalStep::NodeDeleted, true),
+        ] {
+            let reason = if next == RemovalStep::NodeDeleted {
+                reasons::NODE_DELETE_DEFERRED
+            } else {
+                reasons::NODE_STEP_SKIPPED
+            };
+            let done = completion(next, false, Some(reason));
+            assert_eq!(
+                done,
+                Completion {
+                    step: next,
+                    reset_skipped: false,
+                    skipped: true,
+                    event_type: EventType::Warning,
+                    reason,
+                    finishes,
+                },
+                "{next:?}"
+            );
+            let mut status = TalosMachineStatus::default();
+            let at = Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
+            note_skips(&mut status, &done, "skipped", at.clone());
+            note_skips(&mut status, &done, "skipped", at.clone());
+            let removal = status.removal.expect("progress");
+            assert_eq!(
+                removal.skipped,
+                [SkippedStep {
+                    step: next,
+                    reason: reasons::WORKLOAD_API_UNREACHABLE.to_owned(),
+                    message: "skipped".to_owned(),
+                    at,
+                }],
+                "recorded once"
+            );
+            assert!(!removal.reset_skipped);
+        }
+    }
+
+    #[test]
+    fn a_step_done_notes_no_skip() {
+        let mut status = TalosMachineStatus::default();
+        let at = Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
+        note_skips(
+            &mut status,
+            &completion(RemovalStep::Drained, false, None),
+            "m",
+            at,
+        );
+        assert!(status.removal.is_none());
     }
 }

@@ -72,6 +72,11 @@ pub const CLUSTER: &[Group] = &[
         fields: &["driftHalt"],
         conditions: Owned::None,
     },
+    Group {
+        manager: fm::CLUSTER_NODE_DELETES,
+        fields: &["pendingNodeDeletes"],
+        conditions: Owned::None,
+    },
 ];
 
 /// The groups of TalosMachine status.
@@ -401,7 +406,7 @@ pub async fn write<K: Grouped>(
     write_groups(api, object, new, false, None).await
 }
 
-/// As [`write`], but only the group of field manager `manager`: for a writer whose status
+/// As [`write()`], but only the group of field manager `manager`: for a writer whose status
 /// copy may not carry the other groups' current values.
 pub async fn write_only<K: Grouped>(
     api: &Api<K>,
@@ -412,7 +417,7 @@ pub async fn write_only<K: Grouped>(
     write_groups(api, object, new, false, Some(manager)).await
 }
 
-/// As [`write`], but only if `object` is still the current version: a conflict otherwise,
+/// As [`write()`], but only if `object` is still the current version: a conflict otherwise,
 /// for writers that read, modify and write (the lock's mirror, the tombstones).
 pub async fn write_checked<K: Grouped>(
     api: &Api<K>,

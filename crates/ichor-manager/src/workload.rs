@@ -2,6 +2,8 @@
 //! PodDisruptionBudgets hold) and delete the Node. Used by removals and by reset operations;
 //! every step is idempotent, so a restart runs it again safely.
 
+use std::time::Duration;
+
 use ichor_api::names::{annotations, reasons};
 use ichor_api::{TalosCluster, TalosMachine};
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -17,6 +19,9 @@ pub async fn client(ctx: &Context, cluster: &TalosCluster) -> Option<kube::Clien
     ctx.workload_client(cluster).await
 }
 
+/// How long a workload API call may take to connect, or to answer.
+pub(crate) const API_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// What one step came to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
@@ -29,6 +34,9 @@ pub enum Outcome {
         /// What it waits for.
         message: String,
     },
+    /// The workload cluster's API did not answer (or cannot be reached at all): what failed.
+    /// The caller decides whether to wait or to skip (ADR 0021).
+    Unreachable(String),
 }
 
 /// The workload side of one machine's node.
@@ -42,12 +50,7 @@ pub struct NodeSteps<'a> {
 }
 
 fn no_workload() -> Outcome {
-    Outcome::Wait {
-        reason: reasons::NODE_UNREACHABLE,
-        message:
-            "the workload cluster's API cannot be reached (secrets bundle unavailable or API down)"
-                .into(),
-    }
+    Outcome::Unreachable("no client: the cluster's secrets bundle is unavailable".into())
 }
 
 /// What a Node step does for a machine that never recorded a node name: nothing to cordon,
@@ -59,21 +62,38 @@ fn no_node_name(step: &str) -> Outcome {
 }
 
 /// A workload API call that failed: a refusal or a server error is the API's answer and goes
-/// up; a call that never reached the API (connection refused, timeout) waits, with a reason a
-/// person can read, instead of failing every reconcile.
+/// up; a call that never reached the API (connection refused, timeout) is `Unreachable`, for
+/// the caller to wait or skip, instead of failing every reconcile.
 fn unreachable(error: kube::Error) -> Result<Outcome, Error> {
     match error {
         kube::Error::Api(_) => Err(error.into()),
-        other => Ok(Outcome::Wait {
-            reason: reasons::NODE_UNREACHABLE,
-            message: format!("the workload cluster's API does not answer: {other}"),
-        }),
+        other => Ok(Outcome::Unreachable(other.to_string())),
     }
 }
 
 impl NodeSteps<'_> {
+    /// The workload cluster's API endpoint, as the cluster declares it.
+    pub fn endpoint(&self) -> &str {
+        &self.cluster.spec.endpoint
+    }
+
+    /// `outcome`, an unreachable API made a wait naming the endpoint: for callers with no way
+    /// to skip a step (operations).
+    pub fn waiting_for_api(&self, outcome: Outcome) -> Outcome {
+        match outcome {
+            Outcome::Unreachable(detail) => Outcome::Wait {
+                reason: reasons::WORKLOAD_API_UNREACHABLE,
+                message: format!(
+                    "the workload cluster's API at {} does not answer ({detail}); it is retried once the API is restored",
+                    self.endpoint()
+                ),
+            },
+            other => other,
+        }
+    }
+
     /// The machine's Node name, if one was ever recorded.
-    fn node_name(&self) -> Option<String> {
+    pub fn node_name(&self) -> Option<String> {
         self.machine
             .status
             .as_ref()
@@ -250,11 +270,10 @@ mod tests {
     }
 
     #[test]
-    fn an_api_that_does_not_answer_waits_and_an_api_refusal_goes_up() {
+    fn an_api_that_does_not_answer_is_unreachable_and_an_api_refusal_goes_up() {
         let waited = unreachable(kube::Error::Service("connection refused".into()));
         assert!(
-            matches!(&waited, Ok(Outcome::Wait { reason, message })
-                if *reason == reasons::NODE_UNREACHABLE && message.contains("connection refused")),
+            matches!(&waited, Ok(Outcome::Unreachable(detail)) if detail.contains("connection refused")),
             "{waited:?}"
         );
         let refused = kube::Error::Api(

@@ -6,7 +6,7 @@ mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use ichor_api::cluster::Tombstone;
+use ichor_api::cluster::{PendingNodeDelete, Tombstone};
 use ichor_api::common::{Condition, ConditionStatus};
 use ichor_api::machine::{MachinePhase, TalosMachineStatus};
 use ichor_api::names::{conditions, field_managers as fm};
@@ -218,6 +218,31 @@ async fn each_status_field_has_one_writer_and_no_writer_clobbers_another() {
         "{:?}",
         owners(&now)
     );
+
+    // The Node deletes a forced removal hands over are their own group's (ADR 0021): writing
+    // them leaves the tombstones to theirs.
+    let mut handed = now.status.clone().unwrap_or_default();
+    handed.pending_node_deletes = vec![PendingNodeDelete {
+        node: "w-1".to_owned(),
+        machine: "m".to_owned(),
+        since: Time(Timestamp::now()),
+    }];
+    status::write_checked(&clusters, &now, &handed)
+        .await
+        .expect("pending Node delete");
+    let now = clusters.get("c1").await.expect("get cluster");
+    let owned = owners(&now);
+    assert_eq!(
+        owned.get(fm::CLUSTER_NODE_DELETES),
+        Some(&BTreeSet::from(["pendingNodeDeletes".to_owned()])),
+        "{owned:?}"
+    );
+    assert_eq!(
+        owned.get(fm::CLUSTER_TOMBSTONES),
+        Some(&BTreeSet::from(["tombstones".to_owned()])),
+        "{owned:?}"
+    );
+    assert_disjoint(&owned);
 
     // A status an earlier manager wrote by merge patch: the group that now owns the field
     // still clears it, because the update's ownership is dropped first.

@@ -82,6 +82,8 @@ pub(crate) struct Controls {
     partitioned: AtomicBool,
     healed: Notify,
     slow: StdMutex<Duration>,
+    /// Per method: the wait before a call is handled, and before each later piece of its reply.
+    slow_methods: StdMutex<BTreeMap<String, (Duration, Duration)>>,
     gates: StdMutex<BTreeMap<String, Arc<GateState>>>,
     /// Gates on replies: the call is handled, then its answer waits.
     reply_gates: StdMutex<BTreeMap<String, Arc<GateState>>>,
@@ -105,6 +107,27 @@ impl Controls {
         if let Ok(mut slow) = self.slow.lock() {
             *slow = delay;
         }
+    }
+
+    /// Makes calls to `method` wait `before` they are handled, and their replies `between`
+    /// pieces; both zero ends it.
+    pub(crate) fn set_slow_method(&self, method: &str, before: Duration, between: Duration) {
+        if let Ok(mut slow) = self.slow_methods.lock() {
+            if before.is_zero() && between.is_zero() {
+                slow.remove(method);
+            } else {
+                slow.insert(method.to_owned(), (before, between));
+            }
+        }
+    }
+
+    /// The waits of `method`: before it is handled, and between pieces of its reply.
+    fn slow_method(&self, method: &str) -> (Duration, Duration) {
+        self.slow_methods
+            .lock()
+            .ok()
+            .and_then(|slow| slow.get(method).copied())
+            .unwrap_or_default()
     }
 
     /// Holds calls to `method` until the returned gate is released.
@@ -151,7 +174,7 @@ impl Controls {
             }
             healed.await;
         }
-        let delay = self.slow.lock().map(|d| *d).unwrap_or_default();
+        let delay = self.slow.lock().map(|d| *d).unwrap_or_default() + self.slow_method(method).0;
         if !delay.is_zero() {
             tokio::time::sleep(delay).await;
         }
@@ -337,7 +360,15 @@ impl tower::Service<http::Request<Body>> for Controlled {
                     let mut routes = this.routes.clone();
                     let reply = tower::Service::call(&mut routes, request).await;
                     this.shared.controls.leave(&method).await;
-                    reply.map(|reply| name_unimplemented(&path, reply))
+                    let between = this.shared.controls.slow_method(&method).1;
+                    reply.map(|reply| {
+                        let reply = name_unimplemented(&path, reply);
+                        if between.is_zero() {
+                            reply
+                        } else {
+                            reply.map(|body| Body::new(Paced::new(body, between)))
+                        }
+                    })
                 }
                 Route::Forward(mut target) => {
                     // The target answers as itself, with the caller's roles (impersonation)
@@ -353,5 +384,56 @@ impl tower::Service<http::Request<Body>> for Controlled {
                 Route::Refuse(status) => Ok(status.into_http()),
             }
         })
+    }
+}
+
+/// A reply body that waits before each piece after the first ([`crate::Fault::SlowMethod`]).
+struct Paced {
+    inner: Body,
+    between: Duration,
+    /// Whether a data frame has gone out: every later piece waits.
+    started: bool,
+    wait: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl Paced {
+    fn new(inner: Body, between: Duration) -> Self {
+        Self {
+            inner,
+            between,
+            started: false,
+            wait: None,
+        }
+    }
+}
+
+impl http_body::Body for Paced {
+    type Data = tonic::codegen::Bytes;
+    type Error = tonic::Status;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        let this = self.get_mut();
+        if this.started {
+            let between = this.between;
+            let wait = this
+                .wait
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep(between)));
+            if wait.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+        }
+        let frame = Pin::new(&mut this.inner).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(frame))) = &frame {
+            this.wait = None;
+            this.started |= frame.is_data();
+        }
+        frame
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
     }
 }

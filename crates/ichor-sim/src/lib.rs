@@ -254,6 +254,18 @@ pub enum Fault {
     Heal,
     /// Every call waits this long before it is handled (zero ends it).
     Slow(Duration),
+    /// Calls to one method (its gRPC name, e.g. `"EtcdDefragment"`, `"EtcdSnapshot"`) wait
+    /// `before` before they are handled, and their reply waits `between` before each piece of
+    /// its body after the first (an HTTP/2 data frame, which may hold several messages of a
+    /// stream; then the trailers): a slow call, or a stream that stalls. Zero for both ends it.
+    SlowMethod {
+        /// The method.
+        method: &'static str,
+        /// The wait before the call is handled.
+        before: Duration,
+        /// The wait before each later piece of the reply.
+        between: Duration,
+    },
     /// Etcd leave fails (`EtcdLeaveCluster` and graceful resets) until cleared.
     FailEtcdLeave(bool),
     /// This control plane's etcd member is unhealthy, until cleared, while the node's Talos API
@@ -530,6 +542,11 @@ impl SimNode {
             Fault::Partition => controls.set_partitioned(true),
             Fault::Heal => controls.set_partitioned(false),
             Fault::Slow(delay) => controls.set_slow(delay),
+            Fault::SlowMethod {
+                method,
+                before,
+                between,
+            } => controls.set_slow_method(method, before, between),
             Fault::FailEtcdLeave(on) => self.shared.fail_leave.store(on, Ordering::SeqCst),
             Fault::EtcdUnhealthy(on) => self.shared.etcd_unhealthy.store(on, Ordering::SeqCst),
             Fault::UpgradeRollback(on) => self.shared.upgrade_rollback.store(on, Ordering::SeqCst),

@@ -7,20 +7,25 @@
 use std::pin::Pin;
 use std::sync::Weak;
 
+use ichor_talos::api::machine::image_service_pull_layer_progress::Status as LayerStatus;
 use ichor_talos::api::machine::image_service_pull_response::Response as PullReply;
 use ichor_talos::api::machine::image_service_server::ImageService;
 use ichor_talos::api::machine::lifecycle_service_install_progress::Response as Progress;
 use ichor_talos::api::machine::lifecycle_service_server::LifecycleService;
 use ichor_talos::api::machine::{
-    ImageServicePullRequest, ImageServicePullResponse, LifecycleServiceInstallProgress,
-    LifecycleServiceInstallRequest, LifecycleServiceInstallResponse,
-    LifecycleServiceUpgradeRequest, LifecycleServiceUpgradeResponse,
+    ImageServicePullLayerProgress, ImageServicePullProgress, ImageServicePullRequest,
+    ImageServicePullResponse, LifecycleServiceInstallProgress, LifecycleServiceInstallRequest,
+    LifecycleServiceInstallResponse, LifecycleServiceUpgradeRequest,
+    LifecycleServiceUpgradeResponse,
 };
 use tokio::sync::Mutex;
 use tonic::{Request, Response, Status};
 
 use crate::Node;
 use crate::configured::image_version;
+
+/// The size of the one layer a simulated pull reports.
+const LAYER_SIZE: i64 = 48 << 20;
 
 type Stream<T> = Pin<Box<dyn tokio_stream::Stream<Item = Result<T, Status>> + Send>>;
 
@@ -109,7 +114,11 @@ pub(crate) struct Images {
 impl ImageService for Images {
     type PullStream = Stream<ImageServicePullResponse>;
 
-    /// Pulls an image into the system containerd: progress, then the resolved name.
+    /// Pulls an image into the system containerd: progress, then the resolved name. A new
+    /// image is one layer, reported downloading (half way), downloaded and extracted, as
+    /// Talos reports each layer (`internal/app/images/images.go` `Service.Pull`,
+    /// `internal/pkg/containers/image/progress/pull_progress.go`); an image already there is
+    /// not pulled again and has no progress (`image.WithSkipIfAlreadyPulled`).
     async fn pull(
         &self,
         request: Request<ImageServicePullRequest>,
@@ -122,10 +131,35 @@ impl ImageService for Images {
             .node
             .upgrade()
             .ok_or_else(|| Status::unavailable("the node is shutting down"))?;
-        strong.lock().await.images.insert(image.clone());
-        let replies = vec![Ok(ImageServicePullResponse {
+        let fresh = strong.lock().await.images.insert(image.clone());
+        let mut replies = Vec::new();
+        if fresh {
+            let digest = ring::digest::digest(&ring::digest::SHA256, image.as_bytes());
+            let layer: String = digest.as_ref()[..6]
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect();
+            for (status, offset) in [
+                (LayerStatus::Downloading, LAYER_SIZE / 2),
+                (LayerStatus::DownloadComplete, 0),
+                (LayerStatus::ExtractComplete, 0),
+            ] {
+                replies.push(Ok(ImageServicePullResponse {
+                    response: Some(PullReply::PullProgress(ImageServicePullProgress {
+                        layer_id: layer.clone(),
+                        progress: Some(ImageServicePullLayerProgress {
+                            status: status as i32,
+                            elapsed: None,
+                            offset,
+                            total: if offset > 0 { LAYER_SIZE } else { 0 },
+                        }),
+                    })),
+                }));
+            }
+        }
+        replies.push(Ok(ImageServicePullResponse {
             response: Some(PullReply::Name(image)),
-        })];
+        }));
         Ok(Response::new(Box::pin(tokio_stream::iter(replies))))
     }
 }

@@ -1,19 +1,21 @@
 //! Connections to a Talos node and the typed operations on them.
 
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tonic::codegen::{GrpcMethod, Service, http};
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
 use crate::api::machine::machine_service_client::MachineServiceClient;
+use crate::limits::{self, LimitKind, Limited, Limits};
 use crate::tls::PinningVerifier;
 
 /// How long a TCP connect plus TLS handshake may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Limit for one call's answer (a partitioned node accepts connections but never answers).
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a whole connect (TCP, TLS handshake, HTTP/2) may take. Calls have their own
+/// limits, per method ([`Limits`]).
+const CONNECT_LIMIT: Duration = Duration::from_secs(10);
 
 /// One finished Talos API call, as an [`observe`]r sees it.
 #[derive(Debug, Clone, Copy)]
@@ -42,10 +44,12 @@ pub fn observe(observer: Observer) -> bool {
     OBSERVER.set(observer).is_ok()
 }
 
-/// A [`Channel`] whose calls are reported to the [`observe`]r, if one is installed.
+/// A [`Channel`] whose calls are held to their method's [`Limits`] and reported to the
+/// [`observe`]r, if one is installed.
 #[derive(Debug, Clone)]
 pub struct Observed {
     inner: Channel,
+    limits: Limits,
 }
 
 impl Service<http::Request<tonic::body::Body>> for Observed {
@@ -68,10 +72,29 @@ impl Service<http::Request<tonic::body::Body>> for Observed {
             .extensions()
             .get::<GrpcMethod>()
             .map(|m| (m.service().to_owned(), m.method().to_owned()));
+        let limit = names
+            .as_ref()
+            .map(|(service, method)| self.limits.of(service, method))
+            .unwrap_or_else(|| self.limits.of("", ""));
         let call = self.inner.call(request);
         Box::pin(async move {
-            let started = Instant::now();
-            let result = call.await;
+            let started = tokio::time::Instant::now();
+            let method = names
+                .as_ref()
+                .map(|(service, method)| format!("{service}/{method}"))
+                .unwrap_or_default();
+            let result = match limits::first(limit) {
+                Some((kind, first)) => match tokio::time::timeout(first, call).await {
+                    Ok(result) => result,
+                    Err(_) => Ok(limits::exceeded(&method, kind, first).into_http()),
+                },
+                None => call.await,
+            };
+            let result = result.map(|reply| {
+                reply.map(|body| {
+                    tonic::body::Body::new(Limited::new(body, method.clone(), limit, started))
+                })
+            });
             if let Some(observer) = observer {
                 let (service, method) = names.unwrap_or_default();
                 observer(&Rpc {
@@ -138,6 +161,19 @@ pub enum TalosError {
         /// The limit.
         seconds: u64,
     },
+    /// A call passed its limit ([`Limits`]): the node took too long to answer, or sent
+    /// nothing for too long in the middle of a stream.
+    #[error("{method} on {endpoint} {}", limit_passed(*.kind, *.limit))]
+    Timeout {
+        /// The RPC.
+        method: &'static str,
+        /// The node's address.
+        endpoint: String,
+        /// Which limit passed.
+        kind: LimitKind,
+        /// The limit.
+        limit: Duration,
+    },
     /// An RPC failed.
     #[error("{method} on {endpoint} failed: {status}")]
     Rpc {
@@ -172,11 +208,21 @@ pub struct Credentials {
     pub key_pem: String,
 }
 
+/// How a [`TalosError::Timeout`] says which limit passed.
+fn limit_passed(kind: LimitKind, limit: Duration) -> String {
+    match kind {
+        LimitKind::Overall => format!("did not finish within {limit:?}, its overall limit"),
+        LimitKind::Idle => format!("sent nothing for {limit:?}, its idle limit"),
+    }
+}
+
 impl TalosError {
-    /// The gRPC code of a failed call, if the failure was one.
+    /// The gRPC code of a failed call, if the failure was one; a call past its limit is
+    /// `DeadlineExceeded`, as gRPC reports a deadline the caller set.
     pub fn code(&self) -> Option<tonic::Code> {
         match self {
             Self::Rpc { status, .. } => Some(status.code()),
+            Self::Timeout { .. } => Some(tonic::Code::DeadlineExceeded),
             _ => None,
         }
     }
@@ -245,6 +291,8 @@ pub struct TalosClient {
     channel: Channel,
     /// The node the endpoint forwards calls to (the `node` metadata key), if not itself.
     target: Option<String>,
+    /// How long each call may take.
+    limits: Limits,
 }
 
 fn url(endpoint: &str) -> String {
@@ -265,11 +313,11 @@ async fn connect_within<T>(
     endpoint: &str,
     connect: impl std::future::Future<Output = T>,
 ) -> Result<T, TalosError> {
-    tokio::time::timeout(REQUEST_TIMEOUT, connect)
+    tokio::time::timeout(CONNECT_LIMIT, connect)
         .await
         .map_err(|_| TalosError::ConnectTimeout {
             endpoint: endpoint.to_owned(),
-            seconds: REQUEST_TIMEOUT.as_secs(),
+            seconds: CONNECT_LIMIT.as_secs(),
         })
 }
 
@@ -316,7 +364,6 @@ impl TalosClient {
                 source,
             })?
             .connect_timeout(CONNECT_TIMEOUT)
-            .timeout(REQUEST_TIMEOUT)
             .tls_config_with_verifier(tls, Arc::new(verifier))
             .map_err(|source| TalosError::InvalidEndpoint {
                 endpoint: endpoint.to_owned(),
@@ -327,6 +374,7 @@ impl TalosClient {
                 endpoint: endpoint.to_owned(),
                 channel,
                 target: None,
+                limits: Limits::default(),
             }),
             Err(source) => {
                 let seen = observed.lock().ok().and_then(|o| o.clone());
@@ -422,7 +470,6 @@ impl TalosClient {
         let channel = Endpoint::from_shared(url(endpoint))
             .map_err(invalid)?
             .connect_timeout(CONNECT_TIMEOUT)
-            .timeout(REQUEST_TIMEOUT)
             .tls_config(tls)
             .map_err(invalid)?;
         let channel = connect_within(endpoint, channel.connect())
@@ -435,6 +482,7 @@ impl TalosClient {
             endpoint: endpoint.to_owned(),
             channel,
             target: None,
+            limits: Limits::default(),
         })
     }
 
@@ -445,6 +493,16 @@ impl TalosClient {
             target: Some(node.to_owned()),
             ..self.clone()
         }
+    }
+
+    /// The same connection, with calls held to `limits` instead of [`Limits::default`].
+    pub fn with_limits(self, limits: Limits) -> Self {
+        Self { limits, ..self }
+    }
+
+    /// The limits calls are held to.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
     }
 
     /// A request carrying the target node, if any.
@@ -458,20 +516,29 @@ impl TalosClient {
         request
     }
 
-    /// Maps a failed call to [`TalosError::Rpc`].
+    /// Maps a failed call to [`TalosError::Rpc`], or to [`TalosError::Timeout`] when it
+    /// passed its limit.
     pub(crate) fn rpc_error(
         &self,
         method: &'static str,
     ) -> impl FnOnce(tonic::Status) -> TalosError + '_ {
-        move |status| TalosError::Rpc {
-            method,
-            endpoint: self.describe(),
-            status,
+        move |status| match limits::passed(&status) {
+            Some((kind, limit)) => TalosError::Timeout {
+                method,
+                endpoint: self.describe(),
+                kind,
+                limit,
+            },
+            None => TalosError::Rpc {
+                method,
+                endpoint: self.describe(),
+                status,
+            },
         }
     }
 
     /// The endpoint, and the node behind it when the call is forwarded.
-    fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         match &self.target {
             Some(target) => format!("{target} (through {})", self.endpoint),
             None => self.endpoint.clone(),
@@ -509,15 +576,18 @@ impl TalosClient {
         }
     }
 
-    /// The underlying channel, for calls without a typed wrapper yet (not [`observe`]d).
+    /// The underlying channel, for calls without a typed wrapper yet: not [`observe`]d, and
+    /// held to no [`Limits`] (bound such a call with `tonic::Request::set_timeout`).
     pub fn channel(&self) -> Channel {
         self.channel.clone()
     }
 
-    /// The channel the typed operations use: every call is reported to the [`observe`]r.
+    /// The channel the typed operations use: every call is held to its method's limit and
+    /// reported to the [`observe`]r.
     pub fn transport(&self) -> Observed {
         Observed {
             inner: self.channel.clone(),
+            limits: self.limits,
         }
     }
 

@@ -42,9 +42,10 @@ impl TalosError {
     pub fn category(&self) -> Category {
         match self {
             Self::FingerprintMismatch { .. } | Self::InvalidEndpoint { .. } => Category::UserFix,
-            Self::Connect { .. } | Self::ConnectTimeout { .. } | Self::Node { .. } => {
-                Category::Transient
-            }
+            Self::Connect { .. }
+            | Self::ConnectTimeout { .. }
+            | Self::Timeout { .. }
+            | Self::Node { .. } => Category::Transient,
             Self::Rpc { status, .. } => code_category(status.code()),
         }
     }

@@ -23,6 +23,9 @@
 //!   [`services`](TalosClient::services), [`hostname`](TalosClient::hostname).
 //! - [`discovery`]: sweep IPv4 ranges for maintenance-mode nodes and read each one's
 //!   fingerprint, version and hardware without writing anything.
+//! - [`Limits`]: how long each method may take, overridable per client
+//!   ([`TalosClient::with_limits`]); [`progress`]: what long calls report while they run, to
+//!   `tracing` and to a caller's callback (`*_with_progress`).
 //! - [`TalosError`]: one error type naming the endpoint and the RPC; [`TalosError::code`] gives
 //!   the gRPC code to decide on, never the message text.
 //! - [`api`]: the tonic clients and messages generated from this repository's `proto/` (the
@@ -97,7 +100,8 @@
 //!   not read talosconfig files: build [`Credentials`] from PEM.
 //! - **No retries or backoff**, except [`TalosClient::bootstrap`] waiting out the documented
 //!   not-ready window: the caller decides what is transient. Each connect is limited to 10 s
-//!   in all (TCP, TLS, HTTP/2), each call to 10 s.
+//!   in all (TCP, TLS, HTTP/2); each call to its method's [`Limits`] (10 s for reads, minutes
+//!   for a defragment, a pull or an upgrade, an idle limit only for a snapshot stream).
 //! - **One node per call.** Replies that Talos wraps per node are read for exactly one node
 //!   (the endpoint, or the [`for_node`](TalosClient::for_node) target), and a per-node error
 //!   in the reply is an error, never a silent success; there is no fan-out to many nodes.
@@ -111,13 +115,17 @@
 pub mod client;
 pub mod discovery;
 pub mod error;
+pub mod limits;
 pub mod ops;
+pub mod progress;
 pub mod resources;
 pub mod tls;
 
 pub use client::{Applied, ApplyMode, Credentials, TalosClient, TalosError};
 pub use error::{ApplyRefusal, Category};
+pub use limits::{Limit, LimitKind, Limits};
 pub use ops::{Bootstrapped, EtcdMember, EtcdStatus, ResetOptions, Service};
+pub use progress::{LayerProgress, LayerStatus, Progress};
 pub use resources::{Inventory, MachineStatus, Stage, UnattendedInstall};
 pub use tls::{NotACertificate, fingerprint_der, fingerprint_pem};
 

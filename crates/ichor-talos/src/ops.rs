@@ -11,7 +11,7 @@ use crate::api::common::{ContainerdInstance, Data};
 use crate::api::machine::image_service_client::ImageServiceClient;
 use crate::api::machine::image_service_pull_response::Response as PullReply;
 use crate::api::machine::lifecycle_service_client::LifecycleServiceClient;
-use crate::api::machine::lifecycle_service_install_progress::Response as Progress;
+use crate::api::machine::lifecycle_service_install_progress::Response as Installer;
 use crate::api::machine::machine_service_client::MachineServiceClient;
 use crate::api::machine::reset_request::WipeMode;
 use crate::api::machine::{
@@ -23,6 +23,7 @@ use crate::api::machine::{
 use crate::api::storage::storage_service_client::StorageServiceClient;
 use crate::api::storage::{BlockDeviceWipeDescriptor, BlockDeviceWipeRequest};
 use crate::client::{TalosClient, TalosError};
+use crate::progress::{LayerProgress, Progress, Reporter};
 
 /// How a Bootstrap ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -217,29 +218,45 @@ impl TalosClient {
         })
     }
 
-    /// A snapshot of the local member's database.
+    /// A snapshot of the local member's database, however long it takes while bytes keep
+    /// coming ([`Limits::snapshot_idle`](crate::Limits::snapshot_idle)).
     pub async fn etcd_snapshot(&self) -> Result<Vec<u8>, TalosError> {
+        self.etcd_snapshot_with_progress(|_| {}).await
+    }
+
+    /// [`etcd_snapshot`](Self::etcd_snapshot), telling `progress` the bytes received so far
+    /// ([`Progress::Received`]) after every message.
+    pub async fn etcd_snapshot_with_progress(
+        &self,
+        mut progress: impl FnMut(&Progress) + Send,
+    ) -> Result<Vec<u8>, TalosError> {
         const METHOD: &str = "EtcdSnapshot";
-        let mut stream = self
-            .machine()
-            .etcd_snapshot(self.request(EtcdSnapshotRequest {}))
-            .await
-            .map_err(self.rpc_error(METHOD))?
-            .into_inner();
-        let mut out = Vec::new();
-        while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(self.rpc_error(METHOD))?;
-            if let Some(error) = chunk
-                .metadata
-                .as_ref()
-                .map(|m| m.error.clone())
-                .filter(|e| !e.is_empty())
-            {
-                return Err(self.node_error(METHOD, error));
+        let mut reporter = Reporter::new(&mut progress);
+        self.traced(METHOD, async {
+            let mut stream = self
+                .machine()
+                .etcd_snapshot(self.request(EtcdSnapshotRequest {}))
+                .await
+                .map_err(self.rpc_error(METHOD))?
+                .into_inner();
+            let mut out = Vec::new();
+            while let Some(chunk) = stream.next().await {
+                let chunk = chunk.map_err(self.rpc_error(METHOD))?;
+                if let Some(error) = chunk
+                    .metadata
+                    .as_ref()
+                    .map(|m| m.error.clone())
+                    .filter(|e| !e.is_empty())
+                {
+                    return Err(self.node_error(METHOD, error));
+                }
+                out.extend_from_slice(&chunk.bytes);
+                reporter.report(&Progress::Received(out.len() as u64));
             }
-            out.extend_from_slice(&chunk.bytes);
-        }
-        Ok(out)
+            tracing::info!(bytes = out.len(), "snapshot received");
+            Ok(out)
+        })
+        .await
     }
 
     /// Uploads an etcd snapshot that a later `Bootstrap` recovering etcd restores from, in
@@ -263,17 +280,23 @@ impl TalosClient {
             .map(drop)
     }
 
-    /// Defragments the local member's database.
+    /// Defragments the local member's database, within
+    /// [`Limits::long`](crate::Limits::long). Talos answers once, when it is done, and
+    /// reports nothing meanwhile: the `talos_call` span's start and end are all the progress
+    /// there is.
     pub async fn etcd_defragment(&self) -> Result<(), TalosError> {
         const METHOD: &str = "EtcdDefragment";
-        let reply = self
-            .machine()
-            .etcd_defragment(self.request(()))
-            .await
-            .map_err(self.rpc_error(METHOD))?
-            .into_inner();
-        self.single(METHOD, reply.messages, |m| m.metadata.as_ref())
-            .map(drop)
+        self.traced(METHOD, async {
+            let reply = self
+                .machine()
+                .etcd_defragment(self.request(()))
+                .await
+                .map_err(self.rpc_error(METHOD))?
+                .into_inner();
+            self.single(METHOD, reply.messages, |m| m.metadata.as_ref())
+                .map(drop)
+        })
+        .await
     }
 
     /// Resets the node, wiping `STATE` and `EPHEMERAL` (never an empty list, talos-facts
@@ -315,61 +338,99 @@ impl TalosClient {
 
     /// Pulls an image into the system containerd (for an upgrade); returns its resolved name.
     pub async fn pull_image(&self, image: &str) -> Result<String, TalosError> {
+        self.pull_image_with_progress(image, |_| {}).await
+    }
+
+    /// [`pull_image`](Self::pull_image), telling `progress` each layer's state as the node
+    /// reports it ([`Progress::Layer`]; Talos sends one for every active layer every 100 ms,
+    /// and none for an image it has already).
+    pub async fn pull_image_with_progress(
+        &self,
+        image: &str,
+        mut progress: impl FnMut(&Progress) + Send,
+    ) -> Result<String, TalosError> {
         const METHOD: &str = "ImageService.Pull";
-        let mut stream = ImageServiceClient::new(self.transport())
-            .pull(self.request(ImageServicePullRequest {
-                containerd: Some(system_containerd()),
-                image_ref: image.into(),
-            }))
-            .await
-            .map_err(self.rpc_error(METHOD))?
-            .into_inner();
-        let mut name = None;
-        while let Some(item) = stream.next().await {
-            if let Some(PullReply::Name(n)) = item.map_err(self.rpc_error(METHOD))?.response {
-                name = Some(n);
+        let mut reporter = Reporter::new(&mut progress);
+        self.traced(METHOD, async {
+            let mut stream = ImageServiceClient::new(self.transport())
+                .pull(self.request(ImageServicePullRequest {
+                    containerd: Some(system_containerd()),
+                    image_ref: image.into(),
+                }))
+                .await
+                .map_err(self.rpc_error(METHOD))?
+                .into_inner();
+            let mut name = None;
+            while let Some(item) = stream.next().await {
+                match item.map_err(self.rpc_error(METHOD))?.response {
+                    Some(PullReply::Name(n)) => name = Some(n),
+                    Some(PullReply::PullProgress(layer)) => {
+                        reporter.report(&Progress::Layer(LayerProgress::from_proto(layer)));
+                    }
+                    None => {}
+                }
             }
-        }
-        name.ok_or_else(|| self.node_error(METHOD, format!("no image name for {image}")))
+            name.ok_or_else(|| self.node_error(METHOD, format!("no image name for {image}")))
+        })
+        .await
     }
 
     /// Upgrades to a pulled image with `LifecycleService.Upgrade` (talos-facts §1.3): a
     /// non-zero exit code in the stream is a failure carrying the node's last messages.
     pub async fn upgrade(&self, image: &str) -> Result<(), TalosError> {
+        self.upgrade_with_progress(image, |_| {}).await
+    }
+
+    /// [`upgrade`](Self::upgrade), telling `progress` each line of the installer's output
+    /// ([`Progress::Message`]).
+    pub async fn upgrade_with_progress(
+        &self,
+        image: &str,
+        mut progress: impl FnMut(&Progress) + Send,
+    ) -> Result<(), TalosError> {
         const METHOD: &str = "LifecycleService.Upgrade";
-        let mut stream = LifecycleServiceClient::new(self.transport())
-            .upgrade(self.request(LifecycleServiceUpgradeRequest {
-                containerd: Some(system_containerd()),
-                source: Some(InstallArtifactsSource {
-                    image_name: image.into(),
-                }),
-            }))
-            .await
-            .map_err(self.rpc_error(METHOD))?
-            .into_inner();
-        let mut messages = Vec::new();
-        while let Some(item) = stream.next().await {
-            match item
+        let mut reporter = Reporter::new(&mut progress);
+        self.traced(METHOD, async {
+            let mut stream = LifecycleServiceClient::new(self.transport())
+                .upgrade(self.request(LifecycleServiceUpgradeRequest {
+                    containerd: Some(system_containerd()),
+                    source: Some(InstallArtifactsSource {
+                        image_name: image.into(),
+                    }),
+                }))
+                .await
                 .map_err(self.rpc_error(METHOD))?
-                .progress
-                .and_then(|p| p.response)
-            {
-                Some(Progress::Message(m)) => messages.push(m),
-                Some(Progress::ExitCode(0)) => return Ok(()),
-                Some(Progress::ExitCode(code)) => {
-                    return Err(self
-                        .node_error(METHOD, format!("exit code {code}: {}", messages.join("; "))));
+                .into_inner();
+            let mut messages = Vec::new();
+            while let Some(item) = stream.next().await {
+                match item
+                    .map_err(self.rpc_error(METHOD))?
+                    .progress
+                    .and_then(|p| p.response)
+                {
+                    Some(Installer::Message(m)) => {
+                        reporter.report(&Progress::Message(m.clone()));
+                        messages.push(m);
+                    }
+                    Some(Installer::ExitCode(0)) => return Ok(()),
+                    Some(Installer::ExitCode(code)) => {
+                        return Err(self.node_error(
+                            METHOD,
+                            format!("exit code {code}: {}", messages.join("; ")),
+                        ));
+                    }
+                    None => {}
                 }
-                None => {}
             }
-        }
-        Err(self.node_error(
-            METHOD,
-            format!(
-                "the stream ended without an exit code: {}",
-                messages.join("; ")
-            ),
-        ))
+            Err(self.node_error(
+                METHOD,
+                format!(
+                    "the stream ended without an exit code: {}",
+                    messages.join("; ")
+                ),
+            ))
+        })
+        .await
     }
 
     /// Wipes block devices (names without `/dev/`), quickly.

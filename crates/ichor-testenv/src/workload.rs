@@ -109,14 +109,20 @@ impl WorkloadSpec {
 }
 
 /// A running workload control plane. Dropping it (or [`stop`](Self::stop)) kills every process
-/// and removes its folder.
+/// and removes its folder. Its apiserver alone can be stopped and started again
+/// ([`stop_apiserver`](Self::stop_apiserver), [`start_apiserver`](Self::start_apiserver)): an
+/// outage of the workload API with everything it stored kept.
 pub struct WorkloadControlPlane {
     // Field order is drop order: kwok and the controller manager go first, then the apiserver
     // and etcd, then the watchdog removes the folder.
     kwok: Supervised,
     controller_manager: Supervised,
-    apiserver: Supervised,
+    /// `None` while stopped.
+    apiserver: Option<Supervised>,
     etcd: Supervised,
+    /// What starts the apiserver again: its binaries' folder and its arguments.
+    assets_dir: PathBuf,
+    apiserver_args: Vec<String>,
     endpoint: SocketAddr,
     server: String,
     kubeconfig: String,
@@ -306,8 +312,10 @@ impl WorkloadControlPlane {
         Ok(Self {
             kwok,
             controller_manager,
-            apiserver,
+            apiserver: Some(apiserver),
             etcd,
+            assets_dir,
+            apiserver_args,
             endpoint,
             server,
             kubeconfig,
@@ -353,12 +361,12 @@ impl WorkloadControlPlane {
         self.dir.path()
     }
 
-    /// The process ids (each also its process group) of etcd, kube-apiserver,
-    /// kube-controller-manager and kwok.
+    /// The process ids (each also its process group) of etcd, kube-apiserver (0 while it is
+    /// stopped), kube-controller-manager and kwok.
     pub fn pids(&self) -> [u32; 4] {
         [
             self.etcd.pid(),
-            self.apiserver.pid(),
+            self.apiserver.as_ref().map_or(0, Supervised::pid),
             self.controller_manager.pid(),
             self.kwok.pid(),
         ]
@@ -372,6 +380,43 @@ impl WorkloadControlPlane {
     /// Waits until the Node `name` is Ready (see [`wait_node_ready`]).
     pub async fn wait_node_ready(&self, name: &str, timeout: Duration) -> Result<Node, Error> {
         wait_node_ready(&self.client, name, timeout).await
+    }
+
+    /// Stops kube-apiserver alone: the workload API stops answering at its endpoint, while etcd
+    /// keeps every object (Nodes included) and the other components wait for it to return.
+    pub fn stop_apiserver(&mut self) -> Result<(), Error> {
+        if let Some(apiserver) = self.apiserver.take() {
+            apiserver
+                .discard(&self.dir.path().join(PGIDS_FILE))
+                .map_err(Error::io("stop kube-apiserver"))?;
+        }
+        Ok(())
+    }
+
+    /// Starts kube-apiserver again after [`stop_apiserver`](Self::stop_apiserver), on the same
+    /// endpoint with the same certificates and etcd, so every kubeconfig still works; waits
+    /// until it is ready. Nothing happens while it runs.
+    pub async fn start_apiserver(&mut self) -> Result<(), Error> {
+        if self.apiserver.is_some() {
+            return Ok(());
+        }
+        let root = self.dir.path().to_path_buf();
+        let mut apiserver = spawn_component(
+            &self.assets_dir,
+            "kube-apiserver",
+            &self.apiserver_args,
+            &root,
+            &root.join(PGIDS_FILE),
+            Vec::new(),
+        )?;
+        let ready = wait_readyz(&self.client, &mut [&mut self.etcd, &mut apiserver]).await;
+        self.apiserver = Some(apiserver);
+        ready
+    }
+
+    /// Whether kube-apiserver runs (it was not stopped, or was started again).
+    pub fn apiserver_running(&self) -> bool {
+        self.apiserver.is_some()
     }
 
     /// Stops every process and removes the folder (what dropping it does).

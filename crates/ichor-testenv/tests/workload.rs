@@ -379,6 +379,47 @@ async fn registered_nodes_become_ready_pods_run_budgets_count_and_garbage_is_col
 }
 
 #[tokio::test]
+async fn a_stopped_apiserver_stops_answering_and_comes_back_with_its_objects_and_kubeconfig() {
+    let (mut plane, ca) = start().await;
+    let admin = plane
+        .client_with(&client_cert(&ca, "ichor", "system:masters"))
+        .await
+        .expect("client");
+    plane
+        .register_node(&NodeRegistration::new("worker-1"))
+        .await
+        .expect("register");
+    let [etcd, apiserver, ..] = plane.pids();
+
+    plane.stop_apiserver().expect("stop the apiserver");
+    assert!(!plane.apiserver_running());
+    assert_eq!(plane.pids()[1], 0, "no apiserver pid while stopped");
+    let nodes = Api::<k8s_openapi::api::core::v1::Node>::all(admin.clone());
+    match nodes.get_opt("worker-1").await {
+        Err(kube::Error::Api(status)) => panic!("a stopped API answered: {status:?}"),
+        Err(_) => {}
+        Ok(found) => panic!("a stopped API answered: {found:?}"),
+    }
+    assert!(alive(etcd), "etcd keeps running");
+    assert!(!alive(apiserver), "the apiserver stopped");
+    plane.stop_apiserver().expect("stopping twice is fine");
+
+    plane.start_apiserver().await.expect("start the apiserver");
+    assert!(plane.apiserver_running());
+    // The same endpoint and certificates: a client made before the outage works again, and the
+    // Node registered before it is still there.
+    let node = eventually("worker-1 after the restart", ACT, || async {
+        nodes.get_opt("worker-1").await.ok().flatten()
+    })
+    .await;
+    assert_eq!(node.metadata.name.as_deref(), Some("worker-1"));
+    plane
+        .start_apiserver()
+        .await
+        .expect("starting a running one does nothing");
+}
+
+#[tokio::test]
 async fn a_missing_workload_binary_fails_with_how_to_build_it() {
     let empty = tempfile::tempdir().expect("temporary folder");
     let spec = WorkloadSpec::new(endpoint(), kubernetes_ca()).assets_dir(empty.path());

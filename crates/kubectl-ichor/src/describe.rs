@@ -1,9 +1,10 @@
 //! `describe cluster NAME`: the TalosCluster and its machines as a tree, as `clusterctl describe
 //! cluster` shows a Cluster API cluster. The cluster comes first (Ready, endpoint, versions,
-//! counts, bootstrap record, lock holder, tombstones), then its machines grouped control planes,
-//! workers, then pending, rejected and unassigned ones. Under each object: the conditions in a
-//! bad state (`False` for the good-news conditions, `True` for `Transitioning` and
-//! `FingerprintChanged`), and a removal in progress.
+//! counts, bootstrap record, lock holder, tombstones, pending Node deletes), then its machines
+//! grouped control planes, workers, then pending, rejected and unassigned ones. Under each
+//! object: the conditions in a bad state (`False` for the good-news conditions, `True` for
+//! `Transitioning` and `FingerprintChanged`), and a removal in progress (with the steps it
+//! skipped).
 
 use ichor_api::cluster::{CniPreset, KubeProxyMode};
 use ichor_api::common::{Condition, ConditionStatus, Role};
@@ -130,6 +131,14 @@ fn machine_children(machine: &TalosMachine) -> Vec<Tree> {
         if removal.reset_skipped {
             text.push_str(", reset skipped");
         }
+        if !removal.skipped.is_empty() {
+            let steps: Vec<String> = removal
+                .skipped
+                .iter()
+                .map(|s| format!("{:?}", s.step))
+                .collect();
+            text.push_str(&format!(", skipped {}", steps.join(", ")));
+        }
         if let Some(message) = &removal.message {
             text.push_str(": ");
             text.push_str(message);
@@ -226,6 +235,12 @@ pub fn cluster_tree(cluster: &TalosCluster, machines: &[TalosMachine]) -> Tree {
         }
         text.push_str(": reset before anything else if it answers again");
         children.push(Tree::leaf(text));
+    }
+    for p in &status.pending_node_deletes {
+        children.push(Tree::leaf(format!(
+            "pending Node delete: {} of {} (since {}): deleted once the workload API answers",
+            p.node, p.machine, p.since.0
+        )));
     }
     children.extend(bad_conditions(&status.conditions));
 
@@ -332,7 +347,8 @@ mod tests {
             "workers": {"approved": 1, "ready": 0, "summary": "0/1"},
             "bootstrap": {"machineName": "cp", "machineUid": "u1", "chosenAt": "2026-12-03T10:00:00Z", "completedAt": "2026-12-03T10:01:00Z"},
             "lock": {"holder": "drift/u2", "since": "2026-12-03T10:02:00Z", "waiting": ["operation/up"]},
-            "tombstones": [{"machine": "gone", "address": "127.0.85.9", "etcdMemberId": "00000000000000ab", "removedAt": "2026-12-03T10:03:00Z"}]
+            "tombstones": [{"machine": "gone", "address": "127.0.85.9", "etcdMemberId": "00000000000000ab", "removedAt": "2026-12-03T10:03:00Z"}],
+            "pendingNodeDeletes": [{"node": "worker-9", "machine": "w9", "since": "2026-12-03T10:04:00Z"}]
         }));
         let machines = vec![
             machine(
@@ -372,6 +388,7 @@ mod tests {
             "├─ bootstrap: cp (done 2026-12-03T10:01:00Z)",
             "├─ lock: held by drift/u2 since 2026-12-03T10:02:00Z; waiting: operation/up",
             "├─ tombstone: gone (127.0.85.9) removed 2026-12-03T10:03:00Z without a reset, etcd member 00000000000000ab: reset before anything else if it answers again",
+            "├─ pending Node delete: worker-9 of w9 (since 2026-12-03T10:04:00Z): deleted once the workload API answers",
             "├─ Control planes (1)",
             "│  └─ TalosMachine/cp   cp-1   Ready   127.0.85.2   Ready=True Reconciled: running, etcd voter",
             "├─ Workers (1)",
