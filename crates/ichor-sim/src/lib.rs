@@ -10,8 +10,9 @@
 //! - **Apply and install** (§5, §8.2, §11): configs loaded and validated as machined does at
 //!   apply time, per release (refusals are `InvalidArgument` with Talos's message and change
 //!   nothing), dry runs answer Talos's summary; the install disk is matched against the
-//!   simulated disks: 1.13 installs through the install stage and reboots (a missing disk
-//!   fails the install and the node returns to maintenance), 1.14 through the
+//!   simulated disks: 1.13 installs through the install stage and reboots (a missing disk or
+//!   a failing installer fails the install sequence fatally and the node returns to
+//!   maintenance), 1.14 through the
 //!   unattended-install phases (no matching disk: pending); no install section boots on in
 //!   place.
 //! - **Configured nodes** (§2): mutual TLS with the config's OS CA, roles per method, `node`
@@ -30,8 +31,9 @@
 //! - **Roles per method** (§10.6), `Version` and services as machined fills them (§10.7, §10.8),
 //!   and `Unimplemented` naming every method the simulator does not model (§10.10).
 //! - **Faults and gates**: crash/restart, partition, slow, certificate faults, failing etcd
-//!   leave, an unhealthy etcd member on a node that still answers, upgrade rollback; gates that hold a named RPC until released, and one that keeps
-//!   a joined etcd learner from promoting itself.
+//!   leave, an unhealthy etcd member on a node that still answers, upgrade rollback, an
+//!   installer that fails or never finishes (`docs/install-failures.md`); gates that hold a
+//!   named RPC until released, and one that keeps a joined etcd learner from promoting itself.
 #![forbid(unsafe_code)]
 
 mod apply;

@@ -16,9 +16,9 @@ use crate::api::machine::machine_service_client::MachineServiceClient;
 use crate::api::machine::reset_request::WipeMode;
 use crate::api::machine::{
     BootstrapRequest, EtcdForfeitLeadershipRequest, EtcdLeaveClusterRequest, EtcdMemberListRequest,
-    EtcdRemoveMemberByIdRequest, EtcdSnapshotRequest, ImageServicePullRequest,
+    EtcdRemoveMemberByIdRequest, EtcdSnapshotRequest, EventsRequest, ImageServicePullRequest,
     InstallArtifactsSource, LifecycleServiceUpgradeRequest, RebootRequest, ResetPartitionSpec,
-    EventsRequest, ResetRequest, SequenceEvent,
+    ResetRequest, SequenceEvent,
 };
 use crate::api::storage::storage_service_client::StorageServiceClient;
 use crate::api::storage::{BlockDeviceWipeDescriptor, BlockDeviceWipeRequest};

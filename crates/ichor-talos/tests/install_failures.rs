@@ -109,7 +109,10 @@ async fn a_failed_1_13_install_reports_the_fatal_install_sequence_then_returns_t
             .any(|f| f.sequence == "install" && f.fatal && f.message == expected),
         "{failures:?}"
     );
-    assert_eq!(node.install_failure().await.as_deref(), Some(expected.as_str()));
+    assert_eq!(
+        node.install_failure().await.as_deref(),
+        Some(expected.as_str())
+    );
     assert!(!node.installed().await);
 
     // machined reboots by itself; the config lived in memory only.
@@ -117,7 +120,9 @@ async fn a_failed_1_13_install_reports_the_fatal_install_sequence_then_returns_t
     assert_eq!(again.install_failure(QUIET).await.expect("events"), None);
 
     // The fix, then the same config applied again in maintenance mode: it installs and runs.
-    node.inject(Fault::InstallFails(false)).await.expect("clear");
+    node.inject(Fault::InstallFails(false))
+        .await
+        .expect("clear");
     again
         .apply_configuration(config.as_bytes(), ApplyMode::Auto)
         .await
@@ -171,7 +176,11 @@ async fn a_failed_1_14_unattended_install_reports_failed_and_completes_once_fixe
         .bootstrap(Duration::from_millis(200))
         .await
         .expect_err("the CRI waits for the install");
-    assert_eq!(refused.code(), Some(tonic::Code::FailedPrecondition), "{refused}");
+    assert_eq!(
+        refused.code(),
+        Some(tonic::Code::FailedPrecondition),
+        "{refused}"
+    );
     // Still failing later: Talos keeps trying while the cause holds.
     eventually("installing again", WAIT, || async {
         client
@@ -186,7 +195,9 @@ async fn a_failed_1_14_unattended_install_reports_failed_and_completes_once_fixe
     .await;
 
     // The cause fixed: the next attempt installs, the node reboots into the installed system.
-    node.inject(Fault::InstallFails(false)).await.expect("clear");
+    node.inject(Fault::InstallFails(false))
+        .await
+        .expect("clear");
     eventually("installed", WAIT, || async { node.installed().await }).await;
     eventually("running, installed", WAIT, || async {
         node.stage().await == Stage::Running
@@ -235,14 +246,19 @@ async fn a_hung_install_stays_installing_and_a_power_cycle_lets_a_new_apply_fini
                 .await
                 .expect("read")
                 .expect("status");
-            assert_eq!((install.phase.as_str(), install.error.as_str()), ("installing", ""));
+            assert_eq!(
+                (install.phase.as_str(), install.error.as_str()),
+                ("installing", "")
+            );
         }
         assert_eq!(client.install_failure(QUIET).await.expect("events"), None);
         assert!(!node.installed().await);
 
         // Clearing the cause does not unstick a hung installer: a power cycle does, and the
         // config, in memory only, has to be applied again.
-        node.inject(Fault::InstallHangs(false)).await.expect("clear");
+        node.inject(Fault::InstallHangs(false))
+            .await
+            .expect("clear");
         node.reboot().await.expect("power cycle");
         let again = back_in_maintenance(&node, &before).await;
         again
