@@ -181,9 +181,10 @@ async fn unattended_failed(
     guard.install_failure = Some(crate::INSTALLER_FAILED.to_owned());
     guard.unattended = Some((image, InstallPhase::Failed));
     guard.config_in_memory = true;
+    let boot = guard.boot_id.clone();
     // Booting in place is not a power-on: the config stays (in memory).
     boot_in_place(guard, node.clone()).await;
-    retry_unattended(node);
+    retry_unattended(node, boot);
 }
 
 /// The unattended-install controller after a failed install: the controller runtime restarts
@@ -191,9 +192,9 @@ async fn unattended_failed(
 /// 0.5 s up to 60 s; here [`crate::Timings::install`]), and it installs again with the config
 /// it then finds (phase `installing`, the error cleared): failing again while the fault holds,
 /// otherwise installed, then a reboot or booting on as `reboot` says.
-/// The task ends once the phase is no longer `failed` (a power-on drops the in-memory config
-/// and the status with it).
-fn retry_unattended(this: Weak<Mutex<Node>>) {
+/// The task ends once the phase is no longer `failed`, or with the boot `boot` (a power-on
+/// drops the in-memory config and the status with it).
+fn retry_unattended(this: Weak<Mutex<Node>>, boot: String) {
     tokio::spawn(async move {
         loop {
             let Some(strong) = this.upgrade() else { return };
@@ -202,7 +203,8 @@ fn retry_unattended(this: Weak<Mutex<Node>>) {
             tokio::time::sleep(install).await;
             let Some(strong) = this.upgrade() else { return };
             let mut guard = strong.lock().await;
-            if !matches!(guard.unattended, Some((_, InstallPhase::Failed))) {
+            if guard.boot_id != boot || !matches!(guard.unattended, Some((_, InstallPhase::Failed)))
+            {
                 return;
             }
             let Some((disk, image, reboot)) = unattended_plan(&guard) else {
@@ -218,6 +220,12 @@ fn retry_unattended(this: Weak<Mutex<Node>>) {
             drop(guard);
             tokio::time::sleep(install).await;
             let mut guard = strong.lock().await;
+            // A power cycle meanwhile took the config, and the attempt, with it.
+            if guard.boot_id != boot
+                || !matches!(guard.unattended, Some((_, InstallPhase::Installing)))
+            {
+                return;
+            }
             if guard.shared.install_hangs.load(Ordering::SeqCst) {
                 return;
             }
@@ -308,8 +316,9 @@ pub(crate) fn resume_unattended(node: &mut Node, this: Weak<Mutex<Node>>) {
             guard.install_failure = Some(crate::INSTALLER_FAILED.to_owned());
             guard.unattended = Some((image, InstallPhase::Failed));
             guard.config_in_memory = true;
+            let boot = guard.boot_id.clone();
             drop(guard);
-            retry_unattended(this);
+            retry_unattended(this, boot);
             return;
         }
         guard.installed = true;
