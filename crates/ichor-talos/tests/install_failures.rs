@@ -194,6 +194,14 @@ async fn a_failed_1_14_unattended_install_reports_failed_and_completes_once_fixe
     })
     .await;
 
+    // A config can be applied meanwhile, over mutual TLS as os:admin (1.14: NO_REBOOT); the
+    // controller takes it at its next attempt.
+    let applied = client
+        .apply_configuration(cp_config(&b, 2, "v1.14.1").as_bytes(), ApplyMode::NoReboot)
+        .await
+        .expect("applied while the install fails");
+    assert_eq!(applied.mode, "NO_REBOOT");
+
     // The cause fixed: the next attempt installs, the node reboots into the installed system.
     node.inject(Fault::InstallFails(false))
         .await
