@@ -125,7 +125,7 @@ async fn a_1_14_unattended_install_without_a_matching_disk_stays_pending() {
     );
     assert_eq!(
         node.unattended_install().await,
-        Some(("pending", "no disk matched the selector"))
+        Some(("pending", "no disk matched the selector".to_owned()))
     );
     assert_eq!(
         client.machine_status().await.expect("status").stage,
@@ -144,7 +144,7 @@ async fn a_1_14_unattended_install_without_a_matching_disk_stays_pending() {
         .expect("accepted");
     eventually("the install", WAIT, || async { node.installed().await }).await;
     eventually("the installed system running", WAIT, || async {
-        node.unattended_install().await == Some(("installed", ""))
+        node.unattended_install().await == Some(("installed", String::new()))
             && node.stage().await == Stage::Running
     })
     .await;
