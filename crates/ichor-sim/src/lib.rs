@@ -326,6 +326,13 @@ pub enum Fault {
     /// nodes also reboot by themselves once the boot sequence's 70 min `BootTimeout` passes;
     /// not simulated.)
     InstallHangs(bool),
+    /// The machine's disks (all but CD-ROMs) are detached, until cleared: a disk pulled, or a
+    /// controller not up yet. The `Disks` resources are gone and no install selector matches
+    /// them: a 1.14 unattended install applied meanwhile stays `pending` ("no disk matched the
+    /// selector"). Attaching them again is a disk change, which Talos's
+    /// `UnattendedInstallController` watches (`block.DiskType` is among its inputs): a pending
+    /// install looks again and installs.
+    DisksDetached(bool),
 }
 
 /// The etcd data directory of a control plane: which cluster's member it holds.
@@ -384,6 +391,8 @@ pub(crate) struct Node {
     /// The config was applied in maintenance and no install completed since: it lives in
     /// memory only (no STATE partition), so a power-on finds none (used by the install faults).
     pub(crate) config_in_memory: bool,
+    /// The disks [`Fault::DisksDetached`] took away, until attached again.
+    pub(crate) detached: Vec<SimDisk>,
     /// Etcd data (in EPHEMERAL).
     pub(crate) etcd: Option<EtcdData>,
     /// A snapshot uploaded for recovery (in EPHEMERAL).
@@ -503,6 +512,7 @@ impl SimNode {
             unattended: None,
             install_failure: None,
             config_in_memory: false,
+            detached: Vec::new(),
             etcd: None,
             etcd_recovery: None,
             etcd_size: spec.etcd_size,
@@ -579,6 +589,10 @@ impl SimNode {
             Fault::RequireReboot(on) => self.shared.require_reboot.store(on, Ordering::SeqCst),
             Fault::InstallFails(on) => self.shared.install_fails.store(on, Ordering::SeqCst),
             Fault::InstallHangs(on) => self.shared.install_hangs.store(on, Ordering::SeqCst),
+            Fault::DisksDetached(on) => {
+                let mut node = self.node.lock().await;
+                node.detach_disks(on, Arc::downgrade(&self.node));
+            }
             Fault::DifferentCertificate | Fault::MismatchedKey => {
                 return self.node.lock().await.inject_certificate(fault);
             }
@@ -781,6 +795,24 @@ impl SimNode {
 }
 
 impl Node {
+    /// Detaches the machine's disks (all but CD-ROMs), or attaches them again; attaching is a
+    /// disk change a pending unattended install looks at again (`this`: the node, for it).
+    pub(crate) fn detach_disks(&mut self, detach: bool, this: Weak<Mutex<Node>>) {
+        if detach {
+            let (cdroms, disks) = std::mem::take(&mut self.hardware.disks)
+                .into_iter()
+                .partition(|d| d.cdrom);
+            self.hardware.disks = cdroms;
+            let disks: Vec<SimDisk> = disks;
+            self.detached.extend(disks);
+        } else if !self.detached.is_empty() {
+            let mut disks = std::mem::take(&mut self.detached);
+            disks.append(&mut self.hardware.disks);
+            self.hardware.disks = disks;
+            maintenance::resume_unattended(self, this);
+        }
+    }
+
     /// Whether the unattended install waits for a disk (talos-facts §11.7) or, failed, for its
     /// next attempt: either holds the boot (the CRI waits for phase `installed`:
     /// `system/services/cri.go` `CRI.Condition`, `resources/runtime/condition.go`

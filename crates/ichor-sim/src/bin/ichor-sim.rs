@@ -20,7 +20,8 @@
 //!   `partition`, `heal`, `cni-present`, `cni-absent`, `different-certificate`,
 //!   `mismatched-key`, `fail-leave`, `succeed-leave`, `etcd-unhealthy`, `etcd-healthy`,
 //!   `upgrade-rollback`, `upgrade-forward`, `require-reboot`, `apply-live`, `install-fails`,
-//!   `install-succeeds`, `install-hangs`, `install-unhangs`, `slow?ms=N`, or `etcd-size?bytes=SIZE` (the node's etcd cluster grows or shrinks);
+//!   `install-succeeds`, `install-hangs`, `install-unhangs`, `disks-detached`, `disks-attached`,
+//!   `slow?ms=N`, or `etcd-size?bytes=SIZE` (the node's etcd cluster grows or shrinks);
 //! - `POST /nodes/{ip}/gates/{method}` holds a method, `GET` reports how many calls arrived,
 //!   `DELETE` releases it.
 
@@ -203,6 +204,8 @@ async fn act(
         "install-succeeds" => Fault::InstallFails(false),
         "install-hangs" => Fault::InstallHangs(true),
         "install-unhangs" => Fault::InstallHangs(false),
+        "disks-detached" => Fault::DisksDetached(true),
+        "disks-attached" => Fault::DisksDetached(false),
         "slow" => match query.get("ms").and_then(|ms| ms.parse::<u64>().ok()) {
             Some(ms) => Fault::Slow(Duration::from_millis(ms)),
             None => return answer(Err("slow needs ?ms=<milliseconds>".into())),
