@@ -39,6 +39,9 @@ pub struct SimOptions {
     /// Create the webhook's certificate Secret empty before the webhook starts, as the Helm
     /// chart does (the webhook fills it); otherwise the webhook creates it.
     pub empty_cert_secret: bool,
+    /// The manager's install stall limit in seconds (`--install-stall-seconds`); its default
+    /// (sized for real hardware) unless a spec says.
+    pub install_stall_seconds: Option<u64>,
 }
 
 impl SimOptions {
@@ -51,6 +54,7 @@ impl SimOptions {
             timings: Timings::default(),
             etcd_size: ichor_sim::DEFAULT_ETCD_SIZE,
             empty_cert_secret: false,
+            install_stall_seconds: None,
         }
     }
 }
@@ -332,6 +336,11 @@ impl SimTarget {
     /// Starts (or restarts) the manager process.
     pub async fn start_manager(&mut self) -> Result<(), Error> {
         self.manager_runs += 1;
+        let stall = self
+            .options
+            .install_stall_seconds
+            .map(|s| vec!["--install-stall-seconds".to_owned(), s.to_string()])
+            .unwrap_or_default();
         let (manager, ready) = spawn(
             binary("ichor-manager")?,
             &[
@@ -350,7 +359,10 @@ impl SimTarget {
                 "500".into(),
                 "--requeue-ms".into(),
                 "300".into(),
-            ],
+            ]
+            .into_iter()
+            .chain(stall)
+            .collect::<Vec<String>>(),
             &self.manager_kubeconfig,
             "metrics on",
             Some(Arc::clone(&self.manager_log)),

@@ -42,6 +42,10 @@ struct Options {
     /// How often an unfinished reconcile is retried, in milliseconds.
     #[arg(long, env = "ICHOR_REQUEUE_MS", default_value = "2000", value_parser = ichor_service::positive)]
     requeue_ms: u64,
+    /// How long an install may run before the machine shows `InstallStalled`, in seconds
+    /// (Talos puts no deadline on its installer).
+    #[arg(long, env = "ICHOR_INSTALL_STALL_SECONDS", default_value = "1800", value_parser = ichor_service::positive)]
+    install_stall_seconds: u64,
 }
 
 impl Options {
@@ -63,6 +67,7 @@ impl Options {
         };
         settings.sweep.timeout = Duration::from_millis(self.sweep_timeout_ms);
         settings.progress_requeue = Duration::from_millis(self.requeue_ms);
+        settings.install_stall_limit = Duration::from_secs(self.install_stall_seconds);
         settings
     }
 }
