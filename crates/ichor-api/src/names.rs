@@ -266,7 +266,7 @@ pub mod reasons {
     pub const APPLY_FAILED: &str = "ApplyFailed";
     /// The config was applied.
     pub const APPLIED: &str = "Applied";
-    /// Talos answers with its configured API: installed.
+    /// Talos reports the install done (1.14: phase `installed`; 1.13: booted past the install).
     pub const INSTALLED: &str = "Installed";
     /// A config was applied to a machine (an Event).
     pub const CONFIG_APPLIED: &str = "ConfigApplied";
@@ -309,6 +309,15 @@ pub mod reasons {
     pub const INVALID_SPEC: &str = "InvalidSpec";
     /// An invariant of the controller broke: a bug to report.
     pub const INTERNAL_ERROR: &str = "InternalError";
+    /// The config was applied; Talos is installing to disk.
+    pub const INSTALLING: &str = "Installing";
+    /// Talos 1.14's unattended install waits (e.g. no disk matched the selector).
+    pub const INSTALL_PENDING: &str = "InstallPending";
+    /// The install failed: 1.14 reported phase `failed` (Talos retries it), or 1.13's install
+    /// sequence failed and the node went back to maintenance mode with a new certificate.
+    pub const INSTALL_FAILED: &str = "InstallFailed";
+    /// The install has run longer than the manager's install stall limit.
+    pub const INSTALL_STALLED: &str = "InstallStalled";
 }
 
 /// Event actions: what the controller was doing when it published an Event.

@@ -41,6 +41,9 @@ pub struct SimOptions {
     pub empty_cert_secret: bool,
     /// More arguments for the manager (e.g. `--credential-lifetime 45s`).
     pub manager_args: Vec<String>,
+    /// The manager's install stall limit in seconds (`--install-stall-seconds`); its default
+    /// (sized for real hardware) unless a spec says.
+    pub install_stall_seconds: Option<u64>,
 }
 
 impl SimOptions {
@@ -54,6 +57,7 @@ impl SimOptions {
             etcd_size: ichor_sim::DEFAULT_ETCD_SIZE,
             empty_cert_secret: false,
             manager_args: Vec::new(),
+            install_stall_seconds: None,
         }
     }
 }
@@ -353,6 +357,9 @@ impl SimTarget {
             "300".into(),
         ];
         args.extend(self.options.manager_args.iter().cloned());
+        if let Some(stall) = self.options.install_stall_seconds {
+            args.extend(["--install-stall-seconds".to_owned(), stall.to_string()]);
+        }
         let (manager, ready) = spawn(
             binary("ichor-manager")?,
             &args,

@@ -51,6 +51,10 @@ pub use clock::{Clock, SystemClock, TestClock};
 pub use error::{Category, Error};
 pub use metrics::Metrics;
 
+/// The default install stall limit: a real machine pulls the installer image and writes the
+/// disk in minutes; half an hour leaves room for a slow mirror or disk.
+pub const DEFAULT_INSTALL_STALL_LIMIT: Duration = Duration::from_secs(30 * 60);
+
 /// Tunables.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -62,6 +66,9 @@ pub struct Settings {
     pub progress_requeue: Duration,
     /// Requeue once settled.
     pub settled_requeue: Duration,
+    /// How long an install may run before the machine shows `InstallStalled` (Talos puts no
+    /// deadline on its installer).
+    pub install_stall_limit: Duration,
     /// Who writes Events.
     pub reporter: String,
     /// This replica's identity (pod name).
@@ -81,6 +88,7 @@ impl Default for Settings {
             bootstrap_patience: Duration::from_secs(10),
             progress_requeue: Duration::from_secs(2),
             settled_requeue: Duration::from_secs(60),
+            install_stall_limit: DEFAULT_INSTALL_STALL_LIMIT,
             reporter: "ichor-manager".into(),
             instance: "ichor-manager".into(),
             credential_lifetime: ichor_render::credentials::CLIENT_TTL,

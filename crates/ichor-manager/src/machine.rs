@@ -30,7 +30,7 @@ use crate::{Context, Error, conditions as cond, secrets};
 
 mod plan;
 
-use plan::{Answers, Blocked, DriftStep};
+use plan::{Answers, Blocked, DriftStep, InstallSeen, InstallVerdict};
 
 /// Reconciles one TalosMachine.
 pub async fn reconcile(machine: Arc<TalosMachine>, ctx: Arc<Context>) -> Result<Action, Error> {
@@ -110,13 +110,28 @@ async fn set_phase(
     write_status(ctx, machine, &status).await
 }
 
-/// Stops on a problem a person must fix: condition, Event, and a wait for a change.
+/// Stops on a problem a person must fix: condition, Event, and a wait for a change. A failed
+/// install stays what `Ready` says while the first apply waits for the new certificate to be
+/// confirmed.
 async fn blocked(
+    ctx: &Context,
+    machine: &TalosMachine,
+    status: TalosMachineStatus,
+    stop: Blocked,
+) -> Result<Action, Error> {
+    let stop = plan::keep_install_failure(&status, stop);
+    stopped(ctx, machine, status, stop).await?;
+    Ok(Action::requeue(ctx.settings.settled_requeue))
+}
+
+/// Records a stop: phase, `Ready` false with its reason and message, and a Warning Event the
+/// first time for that reason.
+async fn stopped(
     ctx: &Context,
     machine: &TalosMachine,
     mut status: TalosMachineStatus,
     stop: Blocked,
-) -> Result<Action, Error> {
+) -> Result<(), Error> {
     let Blocked {
         phase,
         reason,
@@ -147,7 +162,7 @@ async fn blocked(
         )
         .await;
     }
-    Ok(Action::requeue(ctx.settings.settled_requeue))
+    Ok(())
 }
 
 /// The machine's address: observed, else the first endpoint.
@@ -423,11 +438,10 @@ async fn record_applied(
 ) -> Result<(), Error> {
     store_applied(ctx, machine, rendered).await?;
     status.applied_config_hash = Some(rendered.hash.clone());
-    status.phase = MachinePhase::Installing;
-    config_applied(
+    plan::installing(
         &mut status,
-        machine,
         format!("config {} applied", rendered.hash),
+        machine.metadata.generation,
         &ctx.now(),
     );
     write_status(ctx, machine, &status).await
@@ -536,10 +550,14 @@ async fn follow(
         Some(client) => ask_node(client, role).await,
         None => None,
     };
-    let generation = machine.metadata.generation;
-    let (now, at) = (ctx.now(), ctx.clock.now());
-    plan::record_answers(&mut status, role, answers.as_ref(), generation, &now, at);
+    plan::record_answers(&mut status, role, answers.as_ref(), ctx.clock.now());
     let view = answers.map(|a| a.view);
+    if !cond::is_true(&status.conditions, conditions::INSTALLED)
+        && let Some(stopped) =
+            install_step(ctx, machine, &mut status, reach, client.as_ref(), view).await?
+    {
+        return Ok(stopped);
+    }
     match (
         plan::drift_step(&status, view, &rendered.hash, role),
         &client,
@@ -584,6 +602,99 @@ async fn ask_node(client: &TalosClient, role: Role) -> Option<Answers> {
         version,
         hostname,
     })
+}
+
+/// How long the event log may stay quiet before its backlog counts as read, when looking for
+/// the install sequence's FATAL error.
+const EVENTS_QUIET: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// The install of a machine not yet `Installed`: observes it, judges it, and either records it
+/// installed (or underway) for the usual judgement (`None`), or stops there and says when to
+/// look again (pending, failed, stalled, or back in maintenance mode).
+async fn install_step(
+    ctx: &Context,
+    machine: &TalosMachine,
+    status: &mut TalosMachineStatus,
+    reach: &Reach<'_>,
+    client: Option<&TalosClient>,
+    view: Option<NodeView>,
+) -> Result<Option<Action>, Error> {
+    let pinned = machine.spec.fingerprint.clone().unwrap_or_default();
+    let seen = match (client, view) {
+        (Some(client), Some(view)) => read_install(client, Some(view.stage), true).await,
+        _ => install_in_maintenance(ctx, reach.address, &pinned).await,
+    };
+    let limit = ctx.settings.install_stall_limit;
+    let generation = machine.metadata.generation;
+    match plan::install_verdict(status, &seen, &pinned, ctx.clock.now(), limit) {
+        InstallVerdict::Installed(message) => {
+            plan::installed(status, message, generation, &ctx.now());
+            Ok(None)
+        }
+        InstallVerdict::Underway => Ok(None),
+        InstallVerdict::Stopped(stop) => {
+            stopped(ctx, machine, status.clone(), stop).await?;
+            Ok(Some(Action::requeue(ctx.settings.progress_requeue)))
+        }
+        InstallVerdict::Uninstalled { stop, fingerprint } => {
+            // Nothing of the config is on the node: the first apply starts over, once the
+            // new certificate is confirmed (spec.fingerprint); the pin is never moved here.
+            status.applied_config_hash = None;
+            status.observed_fingerprint = Some(fingerprint);
+            stopped(ctx, machine, status.clone(), stop).await?;
+            Ok(Some(Action::requeue(ctx.settings.progress_requeue)))
+        }
+    }
+}
+
+/// What `client` shows of the install: the 1.14 unattended install status and, while the
+/// stage is `installing` or `rebooting` without one, the install sequence's FATAL error.
+async fn read_install(
+    client: &TalosClient,
+    stage: Option<ichor_talos::Stage>,
+    configured: bool,
+) -> InstallSeen {
+    let unattended = client
+        .unattended_install()
+        .await
+        .ok()
+        .flatten()
+        .map(|u| (u.phase, u.error));
+    let fatal = if unattended.is_none()
+        && matches!(
+            stage,
+            Some(ichor_talos::Stage::Installing | ichor_talos::Stage::Rebooting)
+        ) {
+        client.install_failure(EVENTS_QUIET).await.ok().flatten()
+    } else {
+        None
+    };
+    InstallSeen {
+        stage,
+        configured,
+        unattended,
+        fatal,
+        new_certificate: None,
+    }
+}
+
+/// The install seen when the node does not answer over mutual TLS: back in maintenance mode
+/// on another certificate, or still there on the pinned one (read over that connection).
+async fn install_in_maintenance(ctx: &Context, address: &str, pinned: &str) -> InstallSeen {
+    match crate::in_maintenance(address, ctx.settings.sweep).await {
+        Some(fingerprint) if fingerprint != pinned => InstallSeen {
+            new_certificate: Some(fingerprint),
+            ..InstallSeen::default()
+        },
+        Some(_) => match TalosClient::connect_maintenance(address, pinned).await {
+            Ok(client) => {
+                let stage = client.machine_status().await.ok().map(|s| s.stage);
+                read_install(&client, stage, false).await
+            }
+            Err(_) => InstallSeen::default(),
+        },
+        None => InstallSeen::default(),
+    }
 }
 
 /// Reports where the machine stands (phase, address, `Ready`), announces it becoming Ready,

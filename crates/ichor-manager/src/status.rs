@@ -214,40 +214,6 @@ pub fn changed<'g>(groups: &'g [Group], old: &Value, new: &Value) -> Vec<&'g Gro
         .collect()
 }
 
-/// What `after` would clear of `before`: `after` plus the fields and condition types only
-/// `before` has, or `None` when it clears nothing. Applied first, it makes the group own what it
-/// then clears: a field the group never applied (an earlier manager wrote it by merge patch)
-/// would otherwise stay.
-fn claim(before: &Map<String, Value>, after: &Map<String, Value>) -> Option<Map<String, Value>> {
-    let mut claimed = after.clone();
-    let mut clears = false;
-    for (key, value) in before {
-        if key == "conditions" {
-            continue;
-        }
-        if !after.contains_key(key) {
-            claimed.insert(key.clone(), value.clone());
-            clears = true;
-        }
-    }
-    let types = |m: &Map<String, Value>| -> Vec<Value> {
-        m.get("conditions")
-            .and_then(Value::as_array)
-            .cloned()
-            .unwrap_or_default()
-    };
-    let kept = types(after);
-    let gone: Vec<Value> = types(before)
-        .into_iter()
-        .filter(|c| !kept.iter().any(|k| k.get("type") == c.get("type")))
-        .collect();
-    if !gone.is_empty() {
-        clears = true;
-        claimed.insert("conditions".to_owned(), Value::Array([kept, gone].concat()));
-    }
-    clears.then_some(claimed)
-}
-
 /// Applies `status` to object `name` as field manager `manager`, checked against
 /// `resource_version` when there is one (which then becomes the version written).
 async fn apply_one<K: Grouped>(
@@ -296,11 +262,7 @@ async fn apply_changed<K: Grouped>(
         .into_iter()
         .filter(|g| only.is_none_or(|m| m == g.manager))
     {
-        let before = project(group, K::GROUPS, old);
         let after = project(group, K::GROUPS, new);
-        if let Some(claimed) = claim(&before, &after) {
-            apply_one(api, name, group.manager, claimed, &mut resource_version).await?;
-        }
         apply_one(api, name, group.manager, after, &mut resource_version).await?;
     }
     Ok(())
@@ -361,6 +323,32 @@ async fn forget_updated_status<K: Grouped>(
     }
 }
 
+/// Hands the status fields an earlier manager owns by update to their groups: drops those
+/// entries from the managed fields and has each group apply its part of the status as `object`
+/// holds it, all checked against `object`'s version, so only current values are applied. A
+/// group owns every field it may later clear (a group cannot clear a field it never applied).
+/// Returns the version written, or `None` when the object changed since it was read.
+async fn adopt<K: Grouped>(api: &Api<K>, object: &K) -> Result<Option<String>, kube::Error> {
+    let Some(mut version) = forget_updated_status(api, object).await? else {
+        return Ok(None);
+    };
+    let current = to_value(object.status_of());
+    let name = object.name_any();
+    for group in K::GROUPS {
+        let part = project(group, K::GROUPS, &current);
+        if part.is_empty() {
+            continue;
+        }
+        let mut checked = Some(version.clone());
+        match apply_one(api, &name, group.manager, part, &mut checked).await {
+            Ok(()) => version = checked.unwrap_or(version),
+            Err(kube::Error::Api(s)) if s.is_conflict() => return Ok(None),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(Some(version))
+}
+
 fn to_value(status: Option<&impl Serialize>) -> Value {
     status
         .and_then(|s| serde_json::to_value(s).ok())
@@ -379,7 +367,7 @@ async fn write_groups<K: Grouped>(
 ) -> Result<(), kube::Error> {
     let mut version = object.resource_version();
     if has_updated_status(object) {
-        match forget_updated_status(api, object).await? {
+        match adopt(api, object).await? {
             Some(written) => version = Some(written),
             None if checked => {
                 // Changed since it was read: the caller's read-modify-write starts again.
@@ -535,31 +523,6 @@ mod tests {
         assert_eq!(managers, [fm::MACHINE_DRIFT]);
         assert!(project(&MACHINE[2], MACHINE, &new).is_empty());
         assert!(changed(MACHINE, &old, &old).is_empty());
-    }
-
-    #[test]
-    fn a_clear_is_claimed_first_and_nothing_else_is() {
-        let before = project(
-            &MACHINE[0],
-            MACHINE,
-            &json!({"phase": "Ready", "nodeName": "n1", "conditions": [condition("Ready"), condition("Installed")]}),
-        );
-        let after = project(
-            &MACHINE[0],
-            MACHINE,
-            &json!({"phase": "Approved", "conditions": [condition("Ready")]}),
-        );
-        let claimed = claim(&before, &after).expect("clears nodeName and Installed");
-        assert_eq!(claimed["phase"], "Approved", "the new value, not the old");
-        assert_eq!(claimed["nodeName"], "n1");
-        let types: Vec<_> = claimed["conditions"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|c| c["type"].as_str().unwrap())
-            .collect();
-        assert_eq!(types, ["Ready", "Installed"]);
-        assert!(claim(&after, &before).is_none(), "adding clears nothing");
     }
 
     #[test]

@@ -10,8 +10,9 @@
 //! - **Apply and install** (§5, §8.2, §11): configs loaded and validated as machined does at
 //!   apply time, per release (refusals are `InvalidArgument` with Talos's message and change
 //!   nothing), dry runs answer Talos's summary; the install disk is matched against the
-//!   simulated disks: 1.13 installs through the install stage and reboots (a missing disk
-//!   fails the install and the node returns to maintenance), 1.14 through the
+//!   simulated disks: 1.13 installs through the install stage and reboots (a missing disk or
+//!   a failing installer fails the install sequence fatally and the node returns to
+//!   maintenance), 1.14 through the
 //!   unattended-install phases (no matching disk: pending); no install section boots on in
 //!   place.
 //! - **Configured nodes** (§2): mutual TLS with the config's OS CA, roles per method, `node`
@@ -30,8 +31,9 @@
 //! - **Roles per method** (§10.6), `Version` and services as machined fills them (§10.7, §10.8),
 //!   and `Unimplemented` naming every method the simulator does not model (§10.10).
 //! - **Faults and gates**: crash/restart, partition, slow, certificate faults, failing etcd
-//!   leave, an unhealthy etcd member on a node that still answers, upgrade rollback; gates that hold a named RPC until released, and one that keeps
-//!   a joined etcd learner from promoting itself.
+//!   leave, an unhealthy etcd member on a node that still answers, upgrade rollback, an
+//!   installer that fails or never finishes (`docs/install-failures.md`); gates that hold a
+//!   named RPC until released, and one that keeps a joined etcd learner from promoting itself.
 #![forbid(unsafe_code)]
 
 mod apply;
@@ -219,6 +221,9 @@ pub(crate) enum InstallPhase {
     Installing,
     Installed,
     WaitingForReboot,
+    /// The installer failed; the controller retries after its restart backoff (see
+    /// `docs/install-failures.md`).
+    Failed,
 }
 
 impl InstallPhase {
@@ -229,17 +234,15 @@ impl InstallPhase {
             Self::Installing => (1, "installing"),
             Self::Installed => (2, "installed"),
             Self::WaitingForReboot => (3, "waiting-for-reboot"),
-        }
-    }
-
-    /// The status's `error`: why a pending install waits (talos-facts §11.7).
-    pub(crate) fn error(self) -> &'static str {
-        match self {
-            Self::Pending => apply::PENDING_REASON,
-            _ => "",
+            Self::Failed => (4, "failed"),
         }
     }
 }
+
+/// The error the installer container's failure carries in Talos: a non-zero exit of the
+/// `upgrade` task (`internal/pkg/install/install.go` `RunInstallerContainer`, v1.13.9 and main
+/// alike). It is what [`Fault::InstallFails`] makes the installer return.
+pub const INSTALLER_FAILED: &str = "task \"upgrade\" failed: exit code 1";
 
 /// A fault a test injects into a running node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -300,6 +303,48 @@ pub enum Fault {
     /// resolves to it) is refused, as Talos ≤1.13 does for a change it cannot apply immediately
     /// (talos-facts §5, §8.2 "handle needs reboot explicitly"); `STAGED` still works.
     RequireReboot(bool),
+    /// The installer fails, until cleared: the apply was accepted (its checks passed), then the
+    /// installer container exits with 1 ([`INSTALLER_FAILED`]). What Talos does then, from its
+    /// source (siderolabs/talos; details and paths in `crates/ichor-sim/docs/install-failures.md`):
+    ///
+    /// - **1.13** (`machine.install`; also 1.14 with `machine.install`): the `install` task fails
+    ///   (`v1alpha1_sequencer_tasks.go` `Install`), so the install sequence fails
+    ///   (`v1alpha1_controller.go` `Controller.run`/`Run`): the task, phase and sequence STOP
+    ///   events, then a `SequenceEvent` NOOP for `install` with a FATAL error "sequence failed:
+    ///   error running phase 2 in install sequence: task 1/1: failed, task \"upgrade\" failed:
+    ///   exit code 1"; the machine-status controller moves the stage to `rebooting`
+    ///   (`machine_status.go`). machined's entrypoint returns the error (`main.go`
+    ///   `runEntrypoint`), services stop, and `handle` reboots after a 10 s countdown (no reboot
+    ///   sequence; `panic=0` on the kernel command line would halt instead). The config was only
+    ///   in memory (no STATE before an install): the node comes back in maintenance mode with a
+    ///   new certificate, where the config can be applied again (insecure API, `os:reader`).
+    /// - **1.14** (`UnattendedInstallConfig`): the config is applied at once (mutual-TLS API with
+    ///   the config's CA, stage `booting`, the CRI and trustd wait for phase `installed`, so
+    ///   Bootstrap is not available). `UnattendedInstallController` (`controllers/runtime/
+    ///   unattended_install.go`) sets phase `failed` with `error` = the installer's error and
+    ///   returns an error; the controller runtime restarts it after a backoff (cosi-project/
+    ///   runtime `rruntime/run.go`), and it installs again: phase `installing` (error cleared),
+    ///   then `failed` again while the fault holds. Cleared, the next attempt completes
+    ///   (`waiting-for-reboot` and a reboot, or `installed`). A new config applied over mutual
+    ///   TLS (`os:admin`, `AUTO`/`NO_REBOOT`) is taken at the next attempt. Here the restart
+    ///   backoff is [`Timings::install`].
+    InstallFails(bool),
+    /// The installer never finishes, until cleared: the install stays in progress (1.13 stage
+    /// `installing`, the `install` task started and never stopped; 1.14 phase `installing`).
+    /// Talos puts no deadline on the installer (`RunInstallerContainer` waits on the container
+    /// with a background context). Clearing the fault does not unstick an installer already
+    /// hung: recovery is a power cycle ([`SimNode::reboot`]): the config was only in memory, so
+    /// the node comes back in maintenance mode and the config is applied again. (On 1.14 real
+    /// nodes also reboot by themselves once the boot sequence's 70 min `BootTimeout` passes;
+    /// not simulated.)
+    InstallHangs(bool),
+    /// The machine's disks (all but CD-ROMs) are detached, until cleared: a disk pulled, or a
+    /// controller not up yet. The `Disks` resources are gone and no install selector matches
+    /// them: a 1.14 unattended install applied meanwhile stays `pending` ("no disk matched the
+    /// selector"). Attaching them again is a disk change, which Talos's
+    /// `UnattendedInstallController` watches (`block.DiskType` is among its inputs): a pending
+    /// install looks again and installs.
+    DisksDetached(bool),
 }
 
 /// The etcd data directory of a control plane: which cluster's member it holds.
@@ -352,8 +397,14 @@ pub(crate) struct Node {
     pub(crate) installed: bool,
     /// Whether the unattended installer ran (1.14).
     pub(crate) unattended: Option<(String, InstallPhase)>,
-    /// Why the last install failed (the install sequence's fatal error, talos-facts §11.7).
+    /// Why the last install failed (the install sequence's fatal error, talos-facts §11.7;
+    /// on 1.14 the unattended installer's error).
     pub(crate) install_failure: Option<String>,
+    /// The config was applied in maintenance and no install completed since: it lives in
+    /// memory only (no STATE partition), so a power-on finds none (used by the install faults).
+    pub(crate) config_in_memory: bool,
+    /// The disks [`Fault::DisksDetached`] took away, until attached again.
+    pub(crate) detached: Vec<SimDisk>,
     /// Etcd data (in EPHEMERAL).
     pub(crate) etcd: Option<EtcdData>,
     /// A snapshot uploaded for recovery (in EPHEMERAL).
@@ -472,6 +523,8 @@ impl SimNode {
             staged: None,
             unattended: None,
             install_failure: None,
+            config_in_memory: false,
+            detached: Vec::new(),
             etcd: None,
             etcd_recovery: None,
             etcd_size: spec.etcd_size,
@@ -551,6 +604,12 @@ impl SimNode {
             Fault::EtcdUnhealthy(on) => self.shared.etcd_unhealthy.store(on, Ordering::SeqCst),
             Fault::UpgradeRollback(on) => self.shared.upgrade_rollback.store(on, Ordering::SeqCst),
             Fault::RequireReboot(on) => self.shared.require_reboot.store(on, Ordering::SeqCst),
+            Fault::InstallFails(on) => self.shared.install_fails.store(on, Ordering::SeqCst),
+            Fault::InstallHangs(on) => self.shared.install_hangs.store(on, Ordering::SeqCst),
+            Fault::DisksDetached(on) => {
+                let mut node = self.node.lock().await;
+                node.detach_disks(on, Arc::downgrade(&self.node));
+            }
             Fault::DifferentCertificate | Fault::MismatchedKey => {
                 return self.node.lock().await.inject_certificate(fault);
             }
@@ -640,13 +699,13 @@ impl SimNode {
         self.node.lock().await.install_failure.clone()
     }
 
-    /// The unattended install's phase and, pending, why (1.14; talos-facts §11.7): e.g.
-    /// `("pending", "no disk matched the selector")`.
-    pub async fn unattended_install(&self) -> Option<(&'static str, &'static str)> {
+    /// The unattended install's phase and its `error` (1.14; talos-facts §11.7): e.g.
+    /// `("pending", "no disk matched the selector")`, `("failed", INSTALLER_FAILED)`.
+    pub async fn unattended_install(&self) -> Option<(&'static str, String)> {
         let node = self.node.lock().await;
         node.unattended
             .as_ref()
-            .map(|(_, phase)| (phase.wire().1, phase.error()))
+            .map(|(_, phase)| (phase.wire().1, node.unattended_error(*phase)))
     }
 
     /// Whether the node answers on its address (a worker waiting for trustd does not).
@@ -753,9 +812,44 @@ impl SimNode {
 }
 
 impl Node {
-    /// Whether the unattended install waits for a disk (talos-facts §11.7).
+    /// Detaches the machine's disks (all but CD-ROMs), or attaches them again; attaching is a
+    /// disk change a pending unattended install looks at again (`this`: the node, for it).
+    pub(crate) fn detach_disks(&mut self, detach: bool, this: Weak<Mutex<Node>>) {
+        if detach {
+            let (cdroms, disks) = std::mem::take(&mut self.hardware.disks)
+                .into_iter()
+                .partition(|d| d.cdrom);
+            self.hardware.disks = cdroms;
+            let disks: Vec<SimDisk> = disks;
+            self.detached.extend(disks);
+        } else if !self.detached.is_empty() {
+            let mut disks = std::mem::take(&mut self.detached);
+            disks.append(&mut self.hardware.disks);
+            self.hardware.disks = disks;
+            maintenance::resume_unattended(self, this);
+        }
+    }
+
+    /// Whether the unattended install waits for a disk (talos-facts §11.7) or, failed, for its
+    /// next attempt: either holds the boot (the CRI waits for phase `installed`:
+    /// `system/services/cri.go` `CRI.Condition`, `resources/runtime/condition.go`
+    /// `UnattendedInstallCondition`).
     pub(crate) fn install_pending(&self) -> bool {
-        matches!(self.unattended, Some((_, InstallPhase::Pending)))
+        matches!(
+            self.unattended,
+            Some((_, InstallPhase::Pending | InstallPhase::Failed))
+        )
+    }
+
+    /// The unattended-install status's `error`: why a pending install waits, or the
+    /// installer's error when failed (`controllers/runtime/unattended_install.go` `setStatus`
+    /// writes `err.Error()`, and clears it in every other phase).
+    pub(crate) fn unattended_error(&self, phase: InstallPhase) -> String {
+        match phase {
+            InstallPhase::Pending => apply::PENDING_REASON.to_owned(),
+            InstallPhase::Failed => self.install_failure.clone().unwrap_or_default(),
+            _ => String::new(),
+        }
     }
 
     /// Whether Bootstrap is available as far as this boot goes: the CRI is up (the not-ready
@@ -792,6 +886,12 @@ impl Node {
             return Ok(());
         }
         let fresh = std::mem::take(&mut self.fresh);
+        // A config that lived in memory only is gone after a power-on (no STATE partition):
+        // the machine is in maintenance mode again.
+        if fresh && std::mem::take(&mut self.config_in_memory) && !self.installed {
+            self.persisted = None;
+            self.unattended = None;
+        }
         if fresh {
             self.events = Arc::new(events::EventLog::default());
             self.boot_id = sequences::uuid();

@@ -2,6 +2,7 @@
 //! apply there sets off: persisting the config, installing, rebooting.
 
 use std::pin::Pin;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 
 use ichor_talos::api::common::Data;
@@ -84,20 +85,11 @@ async fn continue_boot(node: Weak<Mutex<Node>>, config: Arc<AppliedConfig>, plan
             disk: Err(reason), ..
         } => {
             guard.install_started();
-            guard.stage = Stage::Installing;
             let down = guard.timings.reboot;
             drop(guard);
             tokio::time::sleep(down).await;
-            let mut guard = strong.lock().await;
-            guard.install_failure = Some(format!(
-                "sequence failed: error running phase 2 in install sequence: task 1/1: failed, {reason}"
-            ));
-            guard.stage = Stage::Rebooting;
-            // The config lived in memory only: an uninstalled machine has no STATE partition.
-            guard.persisted = None;
-            drop(guard);
-            Node::reboot_later(node, down);
-            return;
+            let guard = strong.lock().await;
+            return install_sequence_failed(guard, node, reason).await;
         }
         InstallPlan::Sequence { disk: Ok(_), image } => {
             guard.install_started();
@@ -120,6 +112,17 @@ async fn continue_boot(node: Weak<Mutex<Node>>, config: Arc<AppliedConfig>, plan
     drop(guard);
     tokio::time::sleep(install).await;
     let mut guard = strong.lock().await;
+    if guard.shared.install_hangs.load(Ordering::SeqCst) {
+        // The installer never returns: the install stays in progress, the config in memory.
+        guard.config_in_memory = true;
+        return;
+    }
+    if guard.shared.install_fails.load(Ordering::SeqCst) {
+        if unattended {
+            return unattended_failed(guard, node, image).await;
+        }
+        return install_sequence_failed(guard, node, crate::INSTALLER_FAILED.to_owned()).await;
+    }
     guard.installed = true;
     if unattended {
         let phase = if reboot {
@@ -141,6 +144,133 @@ async fn continue_boot(node: Weak<Mutex<Node>>, config: Arc<AppliedConfig>, plan
     }
 }
 
+/// The install task failed (1.13's install sequence, and 1.14's with `machine.install`): the
+/// task, phase and sequence stop, the sequence's NOOP event carries the FATAL error and moves
+/// the stage to rebooting (`v1alpha1_controller.go` `Controller.run`/`Run`, `machine_status.go`);
+/// machined then stops its services and reboots by itself after its countdown, without a reboot
+/// sequence (`main.go` `runEntrypoint`, `handle`). Having no STATE partition to keep the
+/// config in, the node comes back in maintenance mode (a new certificate).
+async fn install_sequence_failed(
+    mut guard: tokio::sync::MutexGuard<'_, Node>,
+    node: Weak<Mutex<Node>>,
+    reason: String,
+) {
+    let message = guard.install_task_failed(&reason);
+    guard.install_failure = Some(message);
+    // The config lived in memory only: an uninstalled machine has no STATE partition.
+    guard.persisted = None;
+    guard.config_in_memory = false;
+    let countdown = guard.timings.reboot;
+    drop(guard);
+    tokio::time::sleep(countdown).await;
+    let Some(strong) = node.upgrade() else { return };
+    let mut guard = strong.lock().await;
+    if guard.stage == Stage::Rebooting {
+        guard.restart(node.clone()).await;
+    }
+}
+
+/// 1.14's unattended installer failed (`UnattendedInstallController.reconcile`): phase
+/// `failed` with the installer's error; the node boots on with the config (mutual TLS, services
+/// waiting for phase `installed`), and the controller, restarted after its backoff, tries again.
+async fn unattended_failed(
+    mut guard: tokio::sync::MutexGuard<'_, Node>,
+    node: Weak<Mutex<Node>>,
+    image: String,
+) {
+    guard.install_failure = Some(crate::INSTALLER_FAILED.to_owned());
+    guard.unattended = Some((image, InstallPhase::Failed));
+    guard.config_in_memory = true;
+    let boot = guard.boot_id.clone();
+    // Booting in place is not a power-on: the config stays (in memory).
+    boot_in_place(guard, node.clone()).await;
+    retry_unattended(node, boot);
+}
+
+/// The unattended-install controller after a failed install: the controller runtime restarts
+/// it after a backoff (cosi-project/runtime `rruntime/run.go` `Adapter.Run`: exponential from
+/// 0.5 s up to 60 s; here [`crate::Timings::install`]), and it installs again with the config
+/// it then finds (phase `installing`, the error cleared): failing again while the fault holds,
+/// otherwise installed, then a reboot or booting on as `reboot` says.
+/// The task ends once the phase is no longer `failed`, or with the boot `boot` (a power-on
+/// drops the in-memory config and the status with it).
+fn retry_unattended(this: Weak<Mutex<Node>>, boot: String) {
+    tokio::spawn(async move {
+        loop {
+            let Some(strong) = this.upgrade() else { return };
+            let install = strong.lock().await.timings.install;
+            drop(strong);
+            tokio::time::sleep(install).await;
+            let Some(strong) = this.upgrade() else { return };
+            let mut guard = strong.lock().await;
+            if guard.boot_id != boot || !matches!(guard.unattended, Some((_, InstallPhase::Failed)))
+            {
+                return;
+            }
+            let Some((disk, image, reboot)) = unattended_plan(&guard) else {
+                return;
+            };
+            if !disk {
+                // The new config's selector matches no disk: pending, waiting for one.
+                guard.install_failure = None;
+                guard.unattended = Some((image, InstallPhase::Pending));
+                return;
+            }
+            guard.unattended = Some((image.clone(), InstallPhase::Installing));
+            drop(guard);
+            tokio::time::sleep(install).await;
+            let mut guard = strong.lock().await;
+            // A power cycle meanwhile took the config, and the attempt, with it.
+            if guard.boot_id != boot
+                || !matches!(guard.unattended, Some((_, InstallPhase::Installing)))
+            {
+                return;
+            }
+            if guard.shared.install_hangs.load(Ordering::SeqCst) {
+                return;
+            }
+            if guard.shared.install_fails.load(Ordering::SeqCst) {
+                guard.install_failure = Some(crate::INSTALLER_FAILED.to_owned());
+                guard.unattended = Some((image, InstallPhase::Failed));
+                continue;
+            }
+            guard.install_failure = None;
+            guard.installed = true;
+            guard.config_in_memory = false;
+            let phase = if reboot {
+                InstallPhase::WaitingForReboot
+            } else {
+                InstallPhase::Installed
+            };
+            guard.unattended = Some((image, phase));
+            drop(guard);
+            if reboot {
+                Node::reboot_later(this, std::time::Duration::ZERO);
+            } else if let Some(strong) = this.upgrade() {
+                let guard = strong.lock().await;
+                boot_in_place(guard, this.clone()).await;
+            }
+            return;
+        }
+    });
+}
+
+/// The unattended install the running config asks for: whether a disk matches, the image and
+/// whether a reboot follows.
+fn unattended_plan(node: &Node) -> Option<(bool, String, bool)> {
+    let running = node.running.clone()?;
+    let rt = handler::runtime(node, false);
+    let container = apply::load(&rt, &running.yaml).ok()?;
+    match apply::install_plan(&rt, &container) {
+        InstallPlan::Unattended {
+            disk,
+            image,
+            reboot,
+        } => Some((disk.is_some(), image, reboot)),
+        _ => None,
+    }
+}
+
 /// Boots again with what is on disk, without a reboot (the boot sequence goes on).
 async fn boot_in_place(mut guard: tokio::sync::MutexGuard<'_, Node>, node: Weak<Mutex<Node>>) {
     if let Err(error) = guard.continue_configured(node).await {
@@ -152,7 +282,9 @@ async fn boot_in_place(mut guard: tokio::sync::MutexGuard<'_, Node>, node: Weak<
 /// config changes, talos-facts §11.7): when the new selector matches a disk, it installs, then
 /// reboots or boots on as `reboot` says.
 pub(crate) fn resume_unattended(node: &mut Node, this: Weak<Mutex<Node>>) {
-    if !node.install_pending() {
+    // A failed install is retried by its own loop (`retry_unattended`), with the config it
+    // then finds.
+    if !matches!(node.unattended, Some((_, InstallPhase::Pending))) {
         return;
     }
     let Some(running) = node.running.clone() else {
@@ -176,6 +308,19 @@ pub(crate) fn resume_unattended(node: &mut Node, this: Weak<Mutex<Node>>) {
         tokio::time::sleep(install).await;
         let Some(strong) = this.upgrade() else { return };
         let mut guard = strong.lock().await;
+        if guard.shared.install_hangs.load(Ordering::SeqCst) {
+            guard.config_in_memory = true;
+            return;
+        }
+        if guard.shared.install_fails.load(Ordering::SeqCst) {
+            guard.install_failure = Some(crate::INSTALLER_FAILED.to_owned());
+            guard.unattended = Some((image, InstallPhase::Failed));
+            guard.config_in_memory = true;
+            let boot = guard.boot_id.clone();
+            drop(guard);
+            retry_unattended(this, boot);
+            return;
+        }
         guard.installed = true;
         let phase = if reboot {
             InstallPhase::WaitingForReboot

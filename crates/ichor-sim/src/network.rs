@@ -31,6 +31,10 @@ pub(crate) struct Shared {
     pub(crate) upgrade_rollback: AtomicBool,
     /// Fault: config changes need a reboot (`NO_REBOOT` refused).
     pub(crate) require_reboot: AtomicBool,
+    /// Fault: the installer fails.
+    pub(crate) install_fails: AtomicBool,
+    /// Fault: the installer never finishes.
+    pub(crate) install_hangs: AtomicBool,
     /// How many rounds its etcd service has begun (control planes; for tests).
     pub(crate) etcd_rounds: AtomicUsize,
     /// How many times it has begun asking trustd for its certificate (workers; for tests).
@@ -57,6 +61,8 @@ impl Shared {
             etcd_unhealthy: AtomicBool::new(false),
             upgrade_rollback: AtomicBool::new(false),
             require_reboot: AtomicBool::new(false),
+            install_fails: AtomicBool::new(false),
+            install_hangs: AtomicBool::new(false),
             etcd_rounds: AtomicUsize::new(0),
             trustd_attempts: AtomicUsize::new(0),
             config_applies: AtomicUsize::new(0),

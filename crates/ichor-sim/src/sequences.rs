@@ -525,6 +525,34 @@ impl Node {
         );
     }
 
+    /// 1.13's install task failed with `reason`: the task, the phase and the sequence stop,
+    /// and the sequence's NOOP event carries the FATAL error (which moves the stage to
+    /// rebooting). Returns that error's message (`v1alpha1_controller.go` `Controller.Run`:
+    /// "sequence failed: " and `run`'s "error running phase N in install sequence", wrapping
+    /// `runPhase`'s "task 1/1: failed, ").
+    pub(crate) fn install_task_failed(&mut self, reason: &str) -> String {
+        self.task("", "install", task_event::Action::Stop);
+        self.phase("", "install", phase_event::Action::Stop);
+        self.sequence("", "install", sequence_event::Action::Stop);
+        let message = format!(
+            "sequence failed: error running phase {} in install sequence: task 1/1: failed, {reason}",
+            INSTALL_BEFORE.len() + 1
+        );
+        self.emit(
+            "",
+            Payload::Sequence(SequenceEvent {
+                sequence: "install".into(),
+                action: sequence_event::Action::Noop as i32,
+                error: Some(common::Error {
+                    code: common::Code::Fatal as i32,
+                    message: message.clone(),
+                    details: Vec::new(),
+                }),
+            }),
+        );
+        message
+    }
+
     /// The boot sequence runs up to starting every service, which it then waits for.
     pub(crate) fn boot_started(&mut self) {
         self.sequence("", "boot", sequence_event::Action::Start);

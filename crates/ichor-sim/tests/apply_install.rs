@@ -8,7 +8,7 @@ mod support;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use ichor_sim::{Hardware, SimNode, Stage};
+use ichor_sim::{Fault, Hardware, SimNode, Stage};
 use ichor_talos::api::machine::ApplyConfigurationRequest;
 use ichor_talos::api::machine::apply_configuration_request::Mode;
 use ichor_talos::api::machine::machine_service_client::MachineServiceClient;
@@ -125,7 +125,7 @@ async fn a_1_14_unattended_install_without_a_matching_disk_stays_pending() {
     );
     assert_eq!(
         node.unattended_install().await,
-        Some(("pending", "no disk matched the selector"))
+        Some(("pending", "no disk matched the selector".to_owned()))
     );
     assert_eq!(
         client.machine_status().await.expect("status").stage,
@@ -144,7 +144,45 @@ async fn a_1_14_unattended_install_without_a_matching_disk_stays_pending() {
         .expect("accepted");
     eventually("the install", WAIT, || async { node.installed().await }).await;
     eventually("the installed system running", WAIT, || async {
-        node.unattended_install().await == Some(("installed", ""))
+        node.unattended_install().await == Some(("installed", String::new()))
+            && node.stage().await == Stage::Running
+    })
+    .await;
+    node.stop().await;
+}
+
+#[tokio::test]
+async fn a_pending_install_installs_once_its_disk_is_attached() {
+    let node = SimNode::start_with(addr(36), "v1.14.1", Hardware::vm(36))
+        .await
+        .expect("start");
+    node.inject(Fault::DisksDetached(true))
+        .await
+        .expect("detach");
+    let config = to_vda(&support::golden("1.14-controlplane-flannel-plain.yaml"));
+    pinned(&node)
+        .await
+        .apply_configuration(config.as_bytes(), ApplyMode::Auto)
+        .await
+        .expect("accepted");
+    let client = support::admin("bundle-1.14.yaml", &node).await;
+    let status = client
+        .unattended_install()
+        .await
+        .expect("read")
+        .expect("1.14 reports the unattended install");
+    assert_eq!(
+        (status.phase.as_str(), status.error.as_str()),
+        ("pending", "no disk matched the selector")
+    );
+    assert!(!node.installed().await);
+    // The disk attached: Talos's controller watches the disks and installs, then reboots.
+    node.inject(Fault::DisksDetached(false))
+        .await
+        .expect("attach");
+    eventually("the install", WAIT, || async { node.installed().await }).await;
+    eventually("the installed system running", WAIT, || async {
+        node.unattended_install().await == Some(("installed", String::new()))
             && node.stage().await == Stage::Running
     })
     .await;

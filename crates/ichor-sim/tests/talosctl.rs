@@ -421,7 +421,7 @@ async fn an_install_disk_the_machine_lacks_leaves_the_install_pending() {
     assert!(status.contains("no disk matched the selector"), "{status}");
     assert_eq!(
         sim.unattended_install().await,
-        Some(("pending", "no disk matched the selector"))
+        Some(("pending", "no disk matched the selector".to_owned()))
     );
     assert!(!sim.installed().await);
     let refused = talosctl.fails(&["bootstrap"]).await;

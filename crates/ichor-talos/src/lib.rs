@@ -20,7 +20,10 @@
 //!   [`bootstrap`](TalosClient::bootstrap), etcd membership, status, snapshot and defragment,
 //!   [`reset`](TalosClient::reset), [`reboot`](TalosClient::reboot),
 //!   [`upgrade`](TalosClient::upgrade), [`wipe`](TalosClient::wipe),
-//!   [`services`](TalosClient::services), [`hostname`](TalosClient::hostname).
+//!   [`services`](TalosClient::services), [`hostname`](TalosClient::hostname),
+//!   [`sequence_failures`](TalosClient::sequence_failures) and
+//!   [`install_failure`](TalosClient::install_failure) (this boot's failed sequences, from the
+//!   event log).
 //! - [`discovery`]: sweep IPv4 ranges for maintenance-mode nodes and read each one's
 //!   fingerprint, version and hardware without writing anything.
 //! - [`Limits`]: how long each method may take, overridable per client
@@ -124,7 +127,7 @@ pub mod tls;
 pub use client::{Applied, ApplyMode, Credentials, TalosClient, TalosError};
 pub use error::{ApplyRefusal, Category};
 pub use limits::{Limit, LimitKind, Limits};
-pub use ops::{Bootstrapped, EtcdMember, EtcdStatus, ResetOptions, Service};
+pub use ops::{Bootstrapped, EtcdMember, EtcdStatus, ResetOptions, SequenceFailure, Service};
 pub use progress::{LayerProgress, LayerStatus, Progress};
 pub use resources::{Inventory, MachineStatus, Stage, UnattendedInstall};
 pub use tls::{NotACertificate, fingerprint_der, fingerprint_pem};

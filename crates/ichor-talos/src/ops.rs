@@ -16,9 +16,9 @@ use crate::api::machine::machine_service_client::MachineServiceClient;
 use crate::api::machine::reset_request::WipeMode;
 use crate::api::machine::{
     BootstrapRequest, EtcdForfeitLeadershipRequest, EtcdLeaveClusterRequest, EtcdMemberListRequest,
-    EtcdRemoveMemberByIdRequest, EtcdSnapshotRequest, ImageServicePullRequest,
+    EtcdRemoveMemberByIdRequest, EtcdSnapshotRequest, EventsRequest, ImageServicePullRequest,
     InstallArtifactsSource, LifecycleServiceUpgradeRequest, RebootRequest, ResetPartitionSpec,
-    ResetRequest,
+    ResetRequest, SequenceEvent,
 };
 use crate::api::storage::storage_service_client::StorageServiceClient;
 use crate::api::storage::{BlockDeviceWipeDescriptor, BlockDeviceWipeRequest};
@@ -490,6 +490,77 @@ impl TalosClient {
             .into_inner();
         self.single(METHOD, reply.messages, |m| m.metadata.as_ref())
             .map(|m| m.hostname)
+    }
+}
+
+/// A sequence that failed on the node's current boot: the `SequenceEvent` NOOP carrying an
+/// error that machined publishes when a sequence fails (`v1alpha1_controller.go`
+/// `Controller.Run`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SequenceFailure {
+    /// The sequence, e.g. `install`, `boot`, `upgrade`.
+    pub sequence: String,
+    /// Whether the error is FATAL (machined then reboots by itself), not a lock or a cancel.
+    pub fatal: bool,
+    /// The error, e.g. "sequence failed: error running phase 2 in install sequence: task 1/1:
+    /// failed, task \"upgrade\" failed: exit code 1".
+    pub message: String,
+}
+
+/// The type URL of a `SequenceEvent` in the event stream.
+const SEQUENCE_EVENT: &str = "talos/runtime/machine.SequenceEvent";
+
+impl TalosClient {
+    /// The sequences that failed on the node's current boot, read from its event log
+    /// (`MachineService.Events`, every past event, os:reader: answered in maintenance mode
+    /// too). The stream never ends by itself: it is read until no event arrives for `quiet`
+    /// (the backlog comes at once) or the node goes away. The log is per boot: after the
+    /// reboot a fatal error causes, it is gone.
+    pub async fn sequence_failures(
+        &self,
+        quiet: Duration,
+    ) -> Result<Vec<SequenceFailure>, TalosError> {
+        const METHOD: &str = "Events";
+        let mut stream = self
+            .machine()
+            .events(self.request(EventsRequest {
+                tail_events: -1,
+                ..Default::default()
+            }))
+            .await
+            .map_err(self.rpc_error(METHOD))?
+            .into_inner();
+        let mut out = Vec::new();
+        while let Ok(next) = tokio::time::timeout(quiet, stream.next()).await {
+            let Some(event) = next else { break };
+            let Ok(event) = event else { break };
+            let Some(data) = event.data.filter(|d| d.type_url == SEQUENCE_EVENT) else {
+                continue;
+            };
+            let sequence = <SequenceEvent as prost::Message>::decode(data.value.as_slice())
+                .map_err(|e| self.node_error(METHOD, format!("a SequenceEvent: {e}")))?;
+            if let Some(error) = sequence.error {
+                out.push(SequenceFailure {
+                    sequence: sequence.sequence,
+                    fatal: error.code == crate::api::common::Code::Fatal as i32,
+                    message: error.message,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// Why the install sequence failed on the node's current boot, if it did (1.13's
+    /// `machine.install`, and 1.14's with `machine.install`): its FATAL error message. The node
+    /// reboots by itself seconds later and comes back in maintenance mode, where this reads
+    /// `None` again (see [`TalosClient::sequence_failures`]).
+    pub async fn install_failure(&self, quiet: Duration) -> Result<Option<String>, TalosError> {
+        Ok(self
+            .sequence_failures(quiet)
+            .await?
+            .into_iter()
+            .find(|f| f.sequence == "install" && f.fatal)
+            .map(|f| f.message))
     }
 }
 

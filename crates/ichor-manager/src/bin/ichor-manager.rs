@@ -50,6 +50,10 @@ struct Options {
     /// live; renewed at two thirds of it.
     #[arg(long, env = "ICHOR_OWN_CREDENTIAL_LIFETIME", default_value = "1h", value_parser = lifetime)]
     own_credential_lifetime: Duration,
+    /// How long an install may run before the machine shows `InstallStalled`, in seconds
+    /// (Talos puts no deadline on its installer).
+    #[arg(long, env = "ICHOR_INSTALL_STALL_SECONDS", default_value = "1800", value_parser = ichor_service::positive)]
+    install_stall_seconds: u64,
 }
 
 /// A certificate lifetime: a duration of at least 3 s (`30s`, `5m`, `12h`, `365d`).
@@ -80,6 +84,7 @@ impl Options {
         settings.progress_requeue = Duration::from_millis(self.requeue_ms);
         settings.credential_lifetime = self.credential_lifetime;
         settings.own_credential_lifetime = self.own_credential_lifetime;
+        settings.install_stall_limit = Duration::from_secs(self.install_stall_seconds);
         settings
     }
 }

@@ -2,11 +2,14 @@
 //! whether its first apply may go, what a configured node's answers mean for its status, and
 //! what to do about drift. No I/O here; the reconciler observes and acts.
 
-use ichor_api::common::Role;
+use std::time::Duration;
+
+use ichor_api::common::{Condition, ConditionStatus, Role};
 use ichor_api::machine::{MachinePhase, TalosMachineStatus};
 use ichor_api::names::{conditions, reasons};
 use ichor_api::{TalosCluster, TalosMachine};
 use ichor_render::{Rendered, SecretsBundle};
+use ichor_talos::Stage;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
@@ -142,14 +145,12 @@ pub(super) struct Answers {
 }
 
 /// Records what the node answered (`None`: it did not) in `status`: its version and hostname,
-/// `Installed` once it answers with its configured API, its etcd member id, and for a control
-/// plane the etcd observation the planner reads, with the time it was seen (`at`).
+/// its etcd member id, and for a control plane the etcd observation the planner reads, with the
+/// time it was seen (`at`). `Installed` is the install verdict's ([`install_verdict`]).
 pub(super) fn record_answers(
     status: &mut TalosMachineStatus,
     role: Role,
     answers: Option<&Answers>,
-    generation: Option<i64>,
-    now: &Time,
     at: Timestamp,
 ) {
     let view = answers.map(|a| a.view);
@@ -160,15 +161,6 @@ pub(super) fn record_answers(
         if let Some(hostname) = &answers.hostname {
             status.node_name = Some(hostname.clone());
         }
-        cond::set(
-            &mut status.conditions,
-            conditions::INSTALLED,
-            true,
-            reasons::INSTALLED,
-            "the node answers with its configured API".to_owned(),
-            generation,
-            now,
-        );
     }
     if let Some(NodeView {
         etcd: Etcd::Voter(id) | Etcd::Learner(id) | Etcd::Failing(id),
@@ -184,6 +176,252 @@ pub(super) fn record_answers(
             view.map(|v| v.etcd),
             at,
         ));
+    }
+}
+
+/// What was seen of the install of a machine not yet `Installed` (docs/troubleshooting.md,
+/// crates/ichor-sim/docs/install-failures.md for what Talos reports).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(super) struct InstallSeen {
+    /// The stage the node reported, if it answered.
+    pub stage: Option<Stage>,
+    /// Whether it answered over mutual TLS (its configured API), not in maintenance mode.
+    pub configured: bool,
+    /// Talos 1.14's unattended install status: its phase and error (`None`: none, or 1.13).
+    pub unattended: Option<(String, String)>,
+    /// The install sequence's FATAL error on this boot, caught before the node's reboot.
+    pub fatal: Option<String>,
+    /// The node answers in maintenance mode with this certificate, not the pinned one.
+    pub new_certificate: Option<String>,
+}
+
+/// What the install of a machine not yet `Installed` means for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum InstallVerdict {
+    /// Talos reports the install done: `Installed` true with this message.
+    Installed(String),
+    /// Underway, or nothing seen: the machine is judged as usual.
+    Underway,
+    /// Pending, failed or stalled: `Ready` false says why.
+    Stopped(Blocked),
+    /// The node is back in maintenance mode, not installed, on a new certificate: nothing of
+    /// the config is on it (the applied hash is forgotten) and the certificate is recorded,
+    /// never trusted until spec.fingerprint says so.
+    Uninstalled {
+        /// Why, for `Ready`.
+        stop: Blocked,
+        /// The certificate it now presents.
+        fingerprint: String,
+    },
+}
+
+/// Judges the install of a machine not yet `Installed` from what was `seen`, its `status` (its
+/// version, `Ready` and when `Installed` became false: the apply), the `pinned` fingerprint,
+/// the time and the stall `limit`. A `failed` seen once stays failed (Talos's retries cycle
+/// the phase through `installing`) until the install completes or the config is applied again.
+pub(super) fn install_verdict(
+    status: &TalosMachineStatus,
+    seen: &InstallSeen,
+    pinned: &str,
+    now: Timestamp,
+    limit: Duration,
+) -> InstallVerdict {
+    if let Some(fingerprint) = &seen.new_certificate {
+        return InstallVerdict::Uninstalled {
+            stop: back_in_maintenance(fingerprint, pinned),
+            fingerprint: fingerprint.clone(),
+        };
+    }
+    if let Some(done) = install_done(status, seen) {
+        return InstallVerdict::Installed(done);
+    }
+    if let Some(fatal) = &seen.fatal {
+        return InstallVerdict::Stopped(Blocked::failed(
+            reasons::INSTALL_FAILED,
+            format!(
+                "the install failed: {fatal}; Talos reboots the node into maintenance mode, not installed, with a new certificate"
+            ),
+        ));
+    }
+    let phase = seen
+        .unattended
+        .as_ref()
+        .map(|(p, e)| (p.as_str(), e.as_str()));
+    match phase {
+        Some(("failed", error)) => return InstallVerdict::Stopped(unattended_failed(error)),
+        Some(("pending", why)) => return InstallVerdict::Stopped(install_pending(why)),
+        Some(("waiting-for-reboot", _)) => return InstallVerdict::Underway,
+        _ => {}
+    }
+    if let Some(failed) = ready_condition(status).filter(|c| c.reason == reasons::INSTALL_FAILED) {
+        return InstallVerdict::Stopped(Blocked::failed(
+            reasons::INSTALL_FAILED,
+            failed.message.clone(),
+        ));
+    }
+    let running = seen.stage == Some(Stage::Installing) || matches!(phase, Some(("installing", _)));
+    match install_started(status).map(|t| elapsed(t, now)) {
+        Some(took) if running && took > limit => InstallVerdict::Stopped(stalled(took, limit)),
+        _ => InstallVerdict::Underway,
+    }
+}
+
+/// Whether `seen` proves the install done (its message): 1.14's phase `installed`; without an
+/// unattended install status, the node answering over mutual TLS in stage `running`, or before
+/// 1.14 in stage `booting` (past `installing`: only the boot after the install's reboot is).
+/// On 1.14 an unattended install runs while the node is `booting`: that stage proves nothing.
+fn install_done(status: &TalosMachineStatus, seen: &InstallSeen) -> Option<String> {
+    if let Some((phase, _)) = &seen.unattended {
+        return (phase == "installed")
+            .then(|| "Talos reports the unattended install installed".to_owned());
+    }
+    let before_1_14 = !status
+        .talos_version
+        .as_deref()
+        .is_some_and(|v| version_supported(v, "v1.14.0"));
+    match seen.stage {
+        _ if !seen.configured => None,
+        Some(Stage::Running) => Some("the node runs from its installed system".to_owned()),
+        Some(Stage::Booting) if before_1_14 => {
+            Some("the node boots from its installed system".to_owned())
+        }
+        _ => None,
+    }
+}
+
+/// The node back in maintenance mode on `fingerprint`: its install failed (or was cut short by
+/// a power cycle) and nothing of the config stayed.
+fn back_in_maintenance(fingerprint: &str, pinned: &str) -> Blocked {
+    Blocked::failed(
+        reasons::INSTALL_FAILED,
+        format!(
+            "the install failed: the node is back in maintenance mode, not installed, presenting a new certificate {fingerprint} (pinned: {pinned}); nothing is applied to a changed certificate: fix the cause (the install disk, the installer image's registry), check that {fingerprint} is this machine's, then update spec.fingerprint to it and the config is applied again"
+        ),
+    )
+}
+
+/// 1.14's unattended install reported `failed` with `error`.
+fn unattended_failed(error: &str) -> Blocked {
+    Blocked::failed(
+        reasons::INSTALL_FAILED,
+        format!(
+            "the install failed: {error}; Talos retries it by itself while the node stays up: fix the cause (the install disk, the installer image's registry) and the next attempt installs"
+        ),
+    )
+}
+
+/// 1.14's unattended install is `pending` because `why` (e.g. no disk matched).
+fn install_pending(why: &str) -> Blocked {
+    Blocked {
+        phase: MachinePhase::Installing,
+        reason: reasons::INSTALL_PENDING,
+        message: format!(
+            "the install waits: {why}; attach a disk the install selector matches, or change the machine's install disk: Talos installs as soon as one matches"
+        ),
+    }
+}
+
+/// The install has run `took`, past the stall `limit`.
+fn stalled(took: Duration, limit: Duration) -> Blocked {
+    Blocked {
+        phase: MachinePhase::Installing,
+        reason: reasons::INSTALL_STALLED,
+        message: format!(
+            "the install has run for {}s, past the limit of {}s (--install-stall-seconds); Talos puts no deadline on its installer: check that the installer image can be pulled and the disk written (talosctl dmesg), or power-cycle the machine: it comes back in maintenance mode, not installed",
+            took.as_secs(),
+            limit.as_secs()
+        ),
+    }
+}
+
+/// The `Ready` condition, if any.
+fn ready_condition(status: &TalosMachineStatus) -> Option<&Condition> {
+    status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == conditions::READY)
+}
+
+/// When the install began: when `Installed` last became false (the apply sets it).
+fn install_started(status: &TalosMachineStatus) -> Option<Timestamp> {
+    status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == conditions::INSTALLED && c.status != ConditionStatus::True)
+        .map(|c| c.last_transition_time.0)
+}
+
+/// How long from `from` to `to` (zero if `to` is earlier).
+fn elapsed(from: Timestamp, to: Timestamp) -> Duration {
+    Duration::try_from(to.duration_since(from)).unwrap_or(Duration::ZERO)
+}
+
+/// Records a config applied now: phase `Installing`, `ConfigApplied` true with `message`,
+/// `Installed` false from now (the install's start, which the stall limit counts from) and
+/// `Ready` false, installing (a failure seen before is over: this is a new attempt).
+pub(super) fn installing(
+    status: &mut TalosMachineStatus,
+    message: String,
+    generation: Option<i64>,
+    now: &Time,
+) {
+    status.phase = MachinePhase::Installing;
+    cond::set(
+        &mut status.conditions,
+        conditions::CONFIG_APPLIED,
+        true,
+        reasons::APPLIED,
+        message,
+        generation,
+        now,
+    );
+    status
+        .conditions
+        .retain(|c| c.type_ != conditions::INSTALLED);
+    let installing = "the config was applied; Talos installs to disk, then boots from it";
+    for type_ in [conditions::INSTALLED, conditions::READY] {
+        cond::set(
+            &mut status.conditions,
+            type_,
+            false,
+            reasons::INSTALLING,
+            installing,
+            generation,
+            now,
+        );
+    }
+}
+
+/// `Installed` true, with `message` (what Talos reported).
+pub(super) fn installed(
+    status: &mut TalosMachineStatus,
+    message: String,
+    generation: Option<i64>,
+    now: &Time,
+) {
+    cond::set(
+        &mut status.conditions,
+        conditions::INSTALLED,
+        true,
+        reasons::INSTALLED,
+        message,
+        generation,
+        now,
+    );
+}
+
+/// A stop while the machine's first config waits (for a confirmed fingerprint) after its
+/// install failed: the install failure stays what `Ready` says, its message telling what to
+/// do, until the config is applied again.
+pub(super) fn keep_install_failure(status: &TalosMachineStatus, stop: Blocked) -> Blocked {
+    match ready_condition(status) {
+        Some(failed)
+            if failed.reason == reasons::INSTALL_FAILED
+                && stop.reason == reasons::FINGERPRINT_MISMATCH =>
+        {
+            Blocked::failed(reasons::INSTALL_FAILED, failed.message.clone())
+        }
+        _ => stop,
     }
 }
 
@@ -271,12 +509,10 @@ pub(super) fn record_standing(
 
 #[cfg(test)]
 mod tests {
+    use super::*;
     use ichor_api::machine::{DiskInfo, EtcdObservation, HardwareInventory};
     use ichor_api::testing::{ADDRESS, FINGERPRINT};
     use ichor_render::Contract;
-    use ichor_talos::Stage;
-
-    use super::*;
 
     fn bundle() -> SecretsBundle {
         SecretsBundle::generate(Contract::V1_14).expect("bundle")
@@ -469,21 +705,13 @@ mod tests {
     }
 
     #[test]
-    fn a_control_plane_answering_as_a_voter_is_installed_with_its_member_id() {
+    fn a_control_plane_answering_as_a_voter_records_its_member_id() {
         let mut status = TalosMachineStatus::default();
         let now = time("2026-12-03T10:00:00Z");
         let answers = answered(Stage::Running, Etcd::Voter(0xab));
-        record_answers(
-            &mut status,
-            Role::ControlPlane,
-            Some(&answers),
-            Some(3),
-            &now,
-            now.0,
-        );
+        record_answers(&mut status, Role::ControlPlane, Some(&answers), now.0);
         assert_eq!(status.talos_version.as_deref(), Some("v1.14.1"));
         assert_eq!(status.node_name.as_deref(), Some("cp-1"));
-        assert!(cond::is_true(&status.conditions, conditions::INSTALLED));
         assert_eq!(status.etcd_member_id.as_deref(), Some("00000000000000ab"));
         assert_eq!(
             status.etcd,
@@ -509,7 +737,7 @@ mod tests {
             ..Default::default()
         };
         let now = time("2026-12-03T10:05:00Z");
-        record_answers(&mut status, Role::ControlPlane, None, None, &now, now.0);
+        record_answers(&mut status, Role::ControlPlane, None, now.0);
         assert_eq!(status.talos_version.as_deref(), Some("v1.13.0"));
         assert_eq!(status.etcd_member_id.as_deref(), Some("00000000000000ab"));
         assert_eq!(reason_of(&status, conditions::INSTALLED), None);
@@ -518,8 +746,7 @@ mod tests {
 
         let mut worker = TalosMachineStatus::default();
         let answers = answered(Stage::Running, Etcd::NotMember);
-        record_answers(&mut worker, Role::Worker, Some(&answers), None, &now, now.0);
-        assert!(cond::is_true(&worker.conditions, conditions::INSTALLED));
+        record_answers(&mut worker, Role::Worker, Some(&answers), now.0);
         assert_eq!((worker.etcd_member_id, worker.etcd), (None, None));
     }
 
@@ -687,6 +914,259 @@ mod tests {
         assert!(
             !record_standing(&mut status, &judged(true), ADDRESS, Some(1), &now),
             "already Ready"
+        );
+    }
+
+    const LIMIT: Duration = Duration::from_secs(60);
+
+    /// A machine whose config was applied at 10:00 (`Installed` false since), on `version`.
+    fn applied_at_ten(version: &str) -> TalosMachineStatus {
+        let mut status = TalosMachineStatus {
+            talos_version: Some(version.into()),
+            applied_config_hash: Some("sha256:a".into()),
+            ..Default::default()
+        };
+        installing(
+            &mut status,
+            "config sha256:a applied".into(),
+            Some(1),
+            &time("2026-12-03T10:00:00Z"),
+        );
+        status
+    }
+
+    fn seen_over_mtls(stage: Stage, unattended: Option<(&str, &str)>) -> InstallSeen {
+        InstallSeen {
+            stage: Some(stage),
+            configured: true,
+            unattended: unattended.map(|(p, e)| (p.to_owned(), e.to_owned())),
+            ..Default::default()
+        }
+    }
+
+    fn verdict_at(status: &TalosMachineStatus, seen: &InstallSeen, at: &str) -> InstallVerdict {
+        install_verdict(status, seen, FINGERPRINT, time(at).0, LIMIT)
+    }
+
+    fn stop_of(verdict: InstallVerdict) -> Blocked {
+        match verdict {
+            InstallVerdict::Stopped(stop) => stop,
+            other => panic!("not stopped: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_applied_config_starts_the_install_and_a_new_apply_restarts_its_clock() {
+        let mut status = applied_at_ten("v1.14.1");
+        assert_eq!(status.phase, MachinePhase::Installing);
+        assert!(cond::is_true(
+            &status.conditions,
+            conditions::CONFIG_APPLIED
+        ));
+        assert_eq!(
+            reason_of(&status, conditions::INSTALLED),
+            Some(reasons::INSTALLING)
+        );
+        assert_eq!(
+            reason_of(&status, conditions::READY),
+            Some(reasons::INSTALLING)
+        );
+        let eleven = time("2026-12-03T11:00:00Z");
+        installing(&mut status, "again".into(), Some(1), &eleven);
+        assert_eq!(install_started(&status), Some(eleven.0));
+    }
+
+    #[test]
+    fn a_pending_1_14_install_shows_at_once_with_talos_reason() {
+        let status = applied_at_ten("v1.14.1");
+        let seen = seen_over_mtls(
+            Stage::Booting,
+            Some(("pending", "no disk matched the selector")),
+        );
+        let stop = stop_of(verdict_at(&status, &seen, "2026-12-03T10:00:01Z"));
+        assert_eq!(
+            (stop.phase, stop.reason),
+            (MachinePhase::Installing, reasons::INSTALL_PENDING)
+        );
+        assert!(
+            stop.message.contains("no disk matched the selector"),
+            "{}",
+            stop.message
+        );
+    }
+
+    #[test]
+    fn a_failed_1_14_install_stays_failed_while_talos_retries_and_clears_once_installed() {
+        let mut status = applied_at_ten("v1.14.1");
+        let failed = seen_over_mtls(
+            Stage::Booting,
+            Some(("failed", "task \"upgrade\" failed: exit code 1")),
+        );
+        let stop = stop_of(verdict_at(&status, &failed, "2026-12-03T10:00:05Z"));
+        assert_eq!(
+            (stop.phase, stop.reason),
+            (MachinePhase::Failed, reasons::INSTALL_FAILED)
+        );
+        assert!(stop.message.contains("exit code 1"));
+        assert!(stop.message.contains("retries it by itself"));
+        // Recorded as Ready's reason; Talos's next attempt shows `installing`: still failed,
+        // and never stalled meanwhile.
+        let now = time("2026-12-03T10:00:05Z");
+        cond::set(
+            &mut status.conditions,
+            conditions::READY,
+            false,
+            stop.reason,
+            stop.message.clone(),
+            None,
+            &now,
+        );
+        let retrying = seen_over_mtls(Stage::Booting, Some(("installing", "")));
+        assert_eq!(
+            stop_of(verdict_at(&status, &retrying, "2026-12-03T11:00:00Z")),
+            stop
+        );
+        // The fix: the attempt succeeds.
+        let waiting = seen_over_mtls(Stage::Booting, Some(("waiting-for-reboot", "")));
+        assert_eq!(
+            verdict_at(&status, &waiting, "2026-12-03T11:00:00Z"),
+            InstallVerdict::Underway
+        );
+        let done = seen_over_mtls(Stage::Running, Some(("installed", "")));
+        assert!(matches!(
+            verdict_at(&status, &done, "2026-12-03T11:00:00Z"),
+            InstallVerdict::Installed(_)
+        ));
+    }
+
+    #[test]
+    fn a_failed_1_13_install_is_its_fatal_event_then_the_node_back_on_a_new_certificate() {
+        let status = applied_at_ten("v1.13.9");
+        let caught = InstallSeen {
+            stage: Some(Stage::Rebooting),
+            fatal: Some("sequence failed: error running phase 2 in install sequence".into()),
+            ..Default::default()
+        };
+        let stop = stop_of(verdict_at(&status, &caught, "2026-12-03T10:00:05Z"));
+        assert_eq!(
+            (stop.phase, stop.reason),
+            (MachinePhase::Failed, reasons::INSTALL_FAILED)
+        );
+        assert!(stop.message.contains("error running phase 2"));
+
+        let back = InstallSeen {
+            new_certificate: Some("new-fp".into()),
+            ..Default::default()
+        };
+        let InstallVerdict::Uninstalled { stop, fingerprint } =
+            verdict_at(&status, &back, "2026-12-03T10:00:20Z")
+        else {
+            panic!("not uninstalled");
+        };
+        assert_eq!(fingerprint, "new-fp");
+        assert_eq!(
+            (stop.phase, stop.reason),
+            (MachinePhase::Failed, reasons::INSTALL_FAILED)
+        );
+        assert!(stop.message.contains("new certificate new-fp"));
+        assert!(stop.message.contains(FINGERPRINT));
+        assert!(stop.message.contains("update spec.fingerprint to it"));
+
+        // While the first apply waits for the certificate to be confirmed, the failure stays.
+        let mut recorded = status.clone();
+        let now = time("2026-12-03T10:00:20Z");
+        cond::set(
+            &mut recorded.conditions,
+            conditions::READY,
+            false,
+            stop.reason,
+            stop.message.clone(),
+            None,
+            &now,
+        );
+        let mismatch = fingerprint_presented(ADDRESS, "new-fp", FINGERPRINT);
+        assert_eq!(keep_install_failure(&recorded, mismatch.clone()), stop);
+        assert_eq!(
+            keep_install_failure(&applied_at_ten("v1.13.9"), mismatch.clone()),
+            mismatch,
+            "no failure recorded"
+        );
+        let other = Blocked::approved(reasons::NODE_UNREACHABLE, "x".into());
+        assert_eq!(keep_install_failure(&recorded, other.clone()), other);
+    }
+
+    #[test]
+    fn installed_is_what_talos_reports_of_the_install_not_an_answer_over_mutual_tls() {
+        let v13 = applied_at_ten("v1.13.9");
+        let v14 = applied_at_ten("v1.14.1");
+        let at = "2026-12-03T10:00:30Z";
+        let installed = |status: &TalosMachineStatus, seen: &InstallSeen| {
+            matches!(verdict_at(status, seen, at), InstallVerdict::Installed(_))
+        };
+        // 1.13: past `installing`, after the reboot.
+        assert!(!installed(&v13, &seen_over_mtls(Stage::Installing, None)));
+        assert!(installed(&v13, &seen_over_mtls(Stage::Booting, None)));
+        assert!(installed(&v13, &seen_over_mtls(Stage::Running, None)));
+        // 1.14: booting while the unattended install runs proves nothing; its phase does.
+        assert!(!installed(&v14, &seen_over_mtls(Stage::Booting, None)));
+        assert!(!installed(
+            &v14,
+            &seen_over_mtls(Stage::Booting, Some(("installing", "")))
+        ));
+        assert!(installed(
+            &v14,
+            &seen_over_mtls(Stage::Booting, Some(("installed", "")))
+        ));
+        // Seen in maintenance mode (not configured): never installed by its stage.
+        let maintenance = InstallSeen {
+            stage: Some(Stage::Running),
+            ..Default::default()
+        };
+        assert!(!installed(&v13, &maintenance));
+        assert_eq!(
+            verdict_at(&v13, &InstallSeen::default(), at),
+            InstallVerdict::Underway
+        );
+        let mut status = v13;
+        installed_mark(&mut status);
+        assert!(cond::is_true(&status.conditions, conditions::INSTALLED));
+    }
+
+    fn installed_mark(status: &mut TalosMachineStatus) {
+        installed(status, "done".into(), None, &time("2026-12-03T10:01:00Z"));
+    }
+
+    #[test]
+    fn an_install_seen_running_past_the_limit_is_stalled() {
+        let status = applied_at_ten("v1.13.9");
+        let installing_stage = InstallSeen {
+            stage: Some(Stage::Installing),
+            ..Default::default()
+        };
+        assert_eq!(
+            verdict_at(&status, &installing_stage, "2026-12-03T10:00:59Z"),
+            InstallVerdict::Underway
+        );
+        let stop = stop_of(verdict_at(
+            &status,
+            &installing_stage,
+            "2026-12-03T10:02:00Z",
+        ));
+        assert_eq!(
+            (stop.phase, stop.reason),
+            (MachinePhase::Installing, reasons::INSTALL_STALLED)
+        );
+        assert!(stop.message.contains("run for 120s, past the limit of 60s"));
+        let v14 = applied_at_ten("v1.14.1");
+        let phase = seen_over_mtls(Stage::Booting, Some(("installing", "")));
+        assert_eq!(
+            stop_of(verdict_at(&v14, &phase, "2026-12-03T10:02:00Z")).reason,
+            reasons::INSTALL_STALLED
+        );
+        // Nothing seen installing (a silent node, a worker waiting for trustd): not stalled.
+        assert_eq!(
+            verdict_at(&status, &InstallSeen::default(), "2026-12-03T11:00:00Z"),
+            InstallVerdict::Underway
         );
     }
 }

@@ -19,7 +19,9 @@
 //! - `POST /nodes/{ip}/{action}` with `action` one of `crash`, `restart`, `reboot`,
 //!   `partition`, `heal`, `cni-present`, `cni-absent`, `different-certificate`,
 //!   `mismatched-key`, `fail-leave`, `succeed-leave`, `etcd-unhealthy`, `etcd-healthy`,
-//!   `upgrade-rollback`, `upgrade-forward`, `slow?ms=N`, or `etcd-size?bytes=SIZE` (the node's etcd cluster grows or shrinks);
+//!   `upgrade-rollback`, `upgrade-forward`, `require-reboot`, `apply-live`, `install-fails`,
+//!   `install-succeeds`, `install-hangs`, `install-unhangs`, `disks-detached`, `disks-attached`,
+//!   `slow?ms=N`, or `etcd-size?bytes=SIZE` (the node's etcd cluster grows or shrinks);
 //! - `POST /nodes/{ip}/gates/{method}` holds a method, `GET` reports how many calls arrived,
 //!   `DELETE` releases it.
 
@@ -198,6 +200,12 @@ async fn act(
         "upgrade-forward" => Fault::UpgradeRollback(false),
         "require-reboot" => Fault::RequireReboot(true),
         "apply-live" => Fault::RequireReboot(false),
+        "install-fails" => Fault::InstallFails(true),
+        "install-succeeds" => Fault::InstallFails(false),
+        "install-hangs" => Fault::InstallHangs(true),
+        "install-unhangs" => Fault::InstallHangs(false),
+        "disks-detached" => Fault::DisksDetached(true),
+        "disks-attached" => Fault::DisksDetached(false),
         "slow" => match query.get("ms").and_then(|ms| ms.parse::<u64>().ok()) {
             Some(ms) => Fault::Slow(Duration::from_millis(ms)),
             None => return answer(Err("slow needs ?ms=<milliseconds>".into())),

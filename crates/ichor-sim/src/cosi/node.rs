@@ -376,7 +376,7 @@ fn unattended_install(node: &Node) -> Option<Res> {
         let spec = UnattendedInstallStatusSpec {
             image: image.clone(),
             phase: number,
-            error: phase.error().into(),
+            error: node.unattended_error(*phase),
         };
         let yaml = Fields::new()
             .omitempty("image", Yaml::str(image))
