@@ -106,6 +106,13 @@ fn builds(root: &Path, versions: &ToolVersions) -> Result<Vec<Build>> {
             binary: "kube-controller-manager",
             module: k8s_module,
             package: "k8s.io/kubernetes/cmd/kube-controller-manager",
+            ldflags: version_flags.clone(),
+        },
+        // kubectl, for the specs that check published credentials with the real client.
+        Build {
+            binary: "kubectl",
+            module: root.join("tools").join("kubectl"),
+            package: "ichor.invalid/tools/kubectl",
             ldflags: version_flags,
         },
         Build {

@@ -6,8 +6,8 @@
 //! the first ones stop working once expired. A changed `spec.endpoint` re-mints the kubeconfig
 //! at once.
 //!
-//! `kubectl` is `ICHOR_KUBECTL` or the one on `PATH`; `talosctl` is the one `cargo xtask
-//! oracles` builds (`ICHOR_ORACLES_DIR`).
+//! `kubectl` is `ICHOR_KUBECTL` or the one built from `tools/kubectl` (in `KUBEBUILDER_ASSETS`);
+//! `talosctl` is the one `cargo xtask oracles` builds (`ICHOR_ORACLES_DIR`).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -27,17 +27,21 @@ const CLUSTER: &str = "lab";
 /// The published credentials' lifetime: renewed 30 s after they are minted.
 const LIFETIME: Duration = Duration::from_secs(45);
 
-/// The `kubectl` binary: `ICHOR_KUBECTL`, else `kubectl` on `PATH`.
+/// The `kubectl` binary: `ICHOR_KUBECTL`, else the one `cargo xtask envtest-assets` builds
+/// from `tools/kubectl` beside kube-apiserver (`KUBEBUILDER_ASSETS`).
 fn kubectl() -> PathBuf {
     if let Some(path) = std::env::var_os("ICHOR_KUBECTL") {
         return PathBuf::from(path);
     }
-    std::env::var_os("PATH")
-        .into_iter()
-        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-        .map(|dir| dir.join("kubectl"))
-        .find(|p| p.is_file())
-        .expect("kubectl is not on PATH: install it or set ICHOR_KUBECTL")
+    let path = std::env::var_os("KUBEBUILDER_ASSETS")
+        .map(|dir| PathBuf::from(dir).join("kubectl"))
+        .expect("KUBEBUILDER_ASSETS is not set: run through `cargo xtask`, or set ICHOR_KUBECTL");
+    assert!(
+        path.is_file(),
+        "{} is missing: `cargo xtask envtest-assets` builds it from tools/kubectl",
+        path.display()
+    );
+    path
 }
 
 /// The `talosctl` binary `cargo xtask oracles` builds.
