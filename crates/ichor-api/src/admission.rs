@@ -233,15 +233,14 @@ pub fn manager_cluster_role() -> k8s_openapi::api::rbac::v1::ClusterRole {
                 &["talosmachines"],
                 &["get", "list", "watch", "create", "patch", "delete"],
             ),
-            // Status: merge patches, and the cluster's guarded replace (bootstrap recorded once).
+            // Status: server-side apply, one field manager per group of fields (ADR 0020).
             rule(
                 crate::GROUP,
-                &["talosclusters/status"],
-                &["update", "patch"],
-            ),
-            rule(
-                crate::GROUP,
-                &["talosmachines/status", "talosoperations/status"],
+                &[
+                    "talosclusters/status",
+                    "talosmachines/status",
+                    "talosoperations/status",
+                ],
                 &["patch"],
             ),
             // The bundle, talosconfig, kubeconfig and snapshot Secrets: created once, replaced.
