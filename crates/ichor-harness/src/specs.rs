@@ -10,6 +10,7 @@ use ichor_api::{TalosCluster, TalosMachine, TalosOperation};
 use ichor_talos::{Credentials, TalosClient};
 use ichor_testenv::wait::try_eventually;
 use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::events::v1::Event;
 use kube::ResourceExt as _;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -115,6 +116,18 @@ pub async fn wait_discovered(target: &impl Target, n: usize) -> Result<Vec<Talos
         }
     }
     Ok(found)
+}
+
+/// The Events in the target's namespace with `reason` (none when the list fails).
+pub async fn events_with_reason(target: &impl Target, reason: &str) -> Vec<Event> {
+    Api::<Event>::namespaced(target.client(), target.namespace())
+        .list(&ListParams::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .collect()
 }
 
 /// The machine whose endpoint is `address`.

@@ -163,13 +163,9 @@ async fn clients_with(
 }
 
 async fn renewal_events(target: &SimTarget) -> Vec<String> {
-    Api::<Event>::namespaced(target.client(), target.namespace())
-        .list(&ListParams::default())
+    specs::events_with_reason(target, reasons::CREDENTIALS_RENEWED)
         .await
-        .map(|l| l.items)
-        .unwrap_or_default()
         .into_iter()
-        .filter(|e| e.reason.as_deref() == Some(reasons::CREDENTIALS_RENEWED))
         .filter_map(|e| e.note)
         .collect()
 }

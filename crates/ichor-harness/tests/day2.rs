@@ -120,17 +120,6 @@ async fn removal_reason(target: &SimTarget, address: &str) -> Option<String> {
         .map(|(_, reason, _)| reason)
 }
 
-async fn events_with_reason(target: &SimTarget, reason: &str) -> Vec<Event> {
-    Api::<Event>::namespaced(target.client(), target.namespace())
-        .list(&ListParams::default())
-        .await
-        .map(|l| l.items)
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|e| e.reason.as_deref() == Some(reason))
-        .collect()
-}
-
 async fn etcd_members(target: &SimTarget, address: &str) -> Vec<ichor_talos::EtcdMember> {
     let credentials = specs::talosconfig_credentials(target, CLUSTER)
         .await
@@ -387,7 +376,9 @@ async fn a_failed_leave_stops_and_the_force_path_removes_a_partitioned_node() {
     let members = etcd_members(&target, &endpoints[0]).await;
     assert_eq!(members.len(), 3, "{members:?}");
     assert!(
-        !events_with_reason(&target, "ResetSkipped").await.is_empty(),
+        !specs::events_with_reason(&target, "ResetSkipped")
+            .await
+            .is_empty(),
         "the skipped reset has an Event"
     );
     let clusters: Api<ichor_api::TalosCluster> =
@@ -423,7 +414,7 @@ async fn a_failed_leave_stops_and_the_force_path_removes_a_partitioned_node() {
     .await
     .expect("tombstone cleared");
     assert!(
-        !events_with_reason(&target, "TombstoneReset")
+        !specs::events_with_reason(&target, "TombstoneReset")
             .await
             .is_empty()
     );
@@ -1499,7 +1490,9 @@ async fn a_replacement_counts_once_a_voter_and_an_unhealthy_voter_holds_the_heal
         .expect("admitted: the unhealthy voter itself");
     gone(&target, &cp3, &uid3, Duration::from_secs(180)).await;
     assert!(
-        !events_with_reason(&target, "ResetSkipped").await.is_empty(),
+        !specs::events_with_reason(&target, "ResetSkipped")
+            .await
+            .is_empty(),
         "the skipped reset has an Event"
     );
     // Every voter healthy again: the reboot goes ahead.
@@ -1807,7 +1800,7 @@ async fn a_refused_patch_stops_the_drift_rollout_at_one_node_and_a_fixed_patch_r
         "no other node got the refused config"
     );
     assert!(
-        events_with_reason(&target, reasons::DRIFT_HALTED)
+        specs::events_with_reason(&target, reasons::DRIFT_HALTED)
             .await
             .len()
             >= 1,
@@ -1962,7 +1955,7 @@ async fn a_lost_bundle_is_never_regenerated_and_restoring_it_resumes_work() {
     );
     assert_eq!(node.config_applies(), applies, "no node received anything");
     assert!(
-        !events_with_reason(&target, reasons::SECRETS_BUNDLE_LOST)
+        !specs::events_with_reason(&target, reasons::SECRETS_BUNDLE_LOST)
             .await
             .is_empty(),
         "an Event names the loss"
@@ -2111,7 +2104,7 @@ async fn a_removal_waits_while_the_workload_api_is_down_and_with_force_skips_its
         "{message}"
     );
     assert!(
-        !events_with_reason(&target, reasons::WORKLOAD_API_UNREACHABLE)
+        !specs::events_with_reason(&target, reasons::WORKLOAD_API_UNREACHABLE)
             .await
             .is_empty(),
         "the wait has an Event"
@@ -2174,7 +2167,7 @@ async fn a_removal_waits_while_the_workload_api_is_down_and_with_force_skips_its
     assert_eq!(node.calls("Reset"), 1, "reset as usual");
     assert_eq!(etcd_members(&target, &endpoints[0]).await.len(), 3);
     for reason in [reasons::NODE_STEP_SKIPPED, reasons::NODE_DELETE_DEFERRED] {
-        let events = events_with_reason(&target, reason).await;
+        let events = specs::events_with_reason(&target, reason).await;
         assert!(
             events.iter().any(|e| e.type_.as_deref() == Some("Warning")),
             "a Warning Event {reason}: {events:?}"
@@ -2203,7 +2196,7 @@ async fn a_removal_waits_while_the_workload_api_is_down_and_with_force_skips_its
     .await
     .expect("cleared");
     assert!(
-        !events_with_reason(&target, reasons::DEFERRED_NODE_DELETED)
+        !specs::events_with_reason(&target, reasons::DEFERRED_NODE_DELETED)
             .await
             .is_empty()
     );

@@ -15,9 +15,8 @@ use ichor_harness::specs::{self, Shape};
 use ichor_harness::{SimOptions, SimTarget, Target};
 use ichor_sim::{Fault, Timings};
 use ichor_testenv::wait::try_eventually;
-use k8s_openapi::api::events::v1::Event;
 use kube::ResourceExt as _;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
 const CLUSTER: &str = "lab";
@@ -95,15 +94,11 @@ async fn phase(target: &SimTarget, address: &str) -> MachinePhase {
 /// The Warning Events about the machine at `address` with `reason`.
 async fn warnings(target: &SimTarget, address: &str, reason: &str) -> usize {
     let name = machine(target, address).await.name_any();
-    Api::<Event>::namespaced(target.client(), target.namespace())
-        .list(&ListParams::default())
+    specs::events_with_reason(target, reason)
         .await
-        .map(|l| l.items)
-        .unwrap_or_default()
         .into_iter()
         .filter(|e| {
-            e.reason.as_deref() == Some(reason)
-                && e.type_.as_deref() == Some("Warning")
+            e.type_.as_deref() == Some("Warning")
                 && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name.as_str())
         })
         .count()
