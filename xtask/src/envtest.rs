@@ -104,15 +104,16 @@ fn builds(root: &Path, versions: &ToolVersions) -> Result<Vec<Build>> {
         },
         Build {
             binary: "kube-controller-manager",
-            module: k8s_module,
+            module: k8s_module.clone(),
             package: "k8s.io/kubernetes/cmd/kube-controller-manager",
             ldflags: version_flags.clone(),
         },
-        // kubectl, for the specs that check published credentials with the real client.
+        // kubectl, for the specs that check published credentials with the real client: from
+        // the same module, so it shares the apiserver's dependency versions and build cache.
         Build {
             binary: "kubectl",
-            module: root.join("tools").join("kubectl"),
-            package: "ichor.invalid/tools/kubectl",
+            module: k8s_module,
+            package: "k8s.io/kubernetes/cmd/kubectl",
             ldflags: version_flags,
         },
         Build {

@@ -1,4 +1,4 @@
-//! Published credentials on the sim target (ADR 0022): with a 45 s lifetime, the kubeconfig and
+//! Published credentials on the sim target (ADR 0022): with a 30 s lifetime, the kubeconfig and
 //! the talosconfig a cluster's status names say when they expire (what status says is what
 //! their certificates hold), are kept rather than minted on every reconcile, are renewed before
 //! they do,
@@ -6,7 +6,7 @@
 //! the first ones stop working once expired. A changed `spec.endpoint` re-mints the kubeconfig
 //! at once.
 //!
-//! `kubectl` is `ICHOR_KUBECTL` or the one built from `tools/kubectl` (in `KUBEBUILDER_ASSETS`);
+//! `kubectl` is `ICHOR_KUBECTL` or the one built from `tools/k8s` (in `KUBEBUILDER_ASSETS`);
 //! `talosctl` is the one `cargo xtask oracles` builds (`ICHOR_ORACLES_DIR`).
 
 use std::path::{Path, PathBuf};
@@ -18,17 +18,16 @@ use ichor_harness::specs::{self, Shape};
 use ichor_harness::{SimOptions, SimTarget, Target};
 use ichor_testenv::wait::try_eventually;
 use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
 const CLUSTER: &str = "lab";
-/// The published credentials' lifetime: renewed 30 s after they are minted.
-const LIFETIME: Duration = Duration::from_secs(45);
+/// The published credentials' lifetime: renewed 20 s after they are minted.
+const LIFETIME: Duration = Duration::from_secs(30);
 
 /// The `kubectl` binary: `ICHOR_KUBECTL`, else the one `cargo xtask envtest-assets` builds
-/// from `tools/kubectl` beside kube-apiserver (`KUBEBUILDER_ASSETS`).
+/// from `tools/k8s` beside kube-apiserver (`KUBEBUILDER_ASSETS`).
 fn kubectl() -> PathBuf {
     if let Some(path) = std::env::var_os("ICHOR_KUBECTL") {
         return PathBuf::from(path);
@@ -38,7 +37,7 @@ fn kubectl() -> PathBuf {
         .expect("KUBEBUILDER_ASSETS is not set: run through `cargo xtask`, or set ICHOR_KUBECTL");
     assert!(
         path.is_file(),
-        "{} is missing: `cargo xtask envtest-assets` builds it from tools/kubectl",
+        "{} is missing: `cargo xtask envtest-assets` builds it from tools/k8s",
         path.display()
     );
     path
@@ -177,7 +176,10 @@ fn later(a: Option<Timestamp>, b: Option<Timestamp>) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn published_credentials_are_renewed_before_they_expire_and_keep_working() {
     let target = SimTarget::up(SimOptions {
-        manager_args: vec!["--credential-lifetime".into(), "45s".into()],
+        manager_args: vec![
+            "--credential-lifetime".into(),
+            format!("{}s", LIFETIME.as_secs()),
+        ],
         ..SimOptions::new(1, 91, "v1.14.1")
     })
     .await

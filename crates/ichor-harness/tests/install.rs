@@ -118,6 +118,20 @@ async fn repin(target: &SimTarget, address: &str, fingerprint: &str) {
         .expect("update spec.fingerprint");
 }
 
+/// Changes an annotation of the machine at `address` that means nothing to the manager: a
+/// change, and so a reconcile.
+async fn poke_machine(target: &SimTarget, address: &str, poke: u64) {
+    let name = machine(target, address).await.name_any();
+    Api::<TalosMachine>::namespaced(target.client(), target.namespace())
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"test.ichor.maesh.dev/poke": poke.to_string()}}})),
+        )
+        .await
+        .expect("annotate");
+}
+
 /// The node back in maintenance mode on `fingerprint`: `InstallFailed` says to update
 /// `spec.fingerprint` to it, and nothing is applied while the pin is the old one.
 async fn failed_back_in_maintenance(target: &SimTarget, address: &str, fingerprint: &str) {
@@ -143,20 +157,23 @@ async fn failed_back_in_maintenance(target: &SimTarget, address: &str, fingerpri
         "the message says how to approve it again: {message}"
     );
     assert_eq!(phase(target, address).await, MachinePhase::Failed);
-    // The manager had its chances to apply again (a stop waits for a change, so not many):
-    // it did not, and the failure stays shown.
+    // The manager gets its chances to apply again (a stop waits for a change: two changes
+    // that mean nothing, each a reconcile): it does not, and the failure stays shown.
     let seen = target
         .manager_reconciles("TalosMachine")
         .await
         .expect("metrics");
-    try_eventually("more reconciles", Duration::from_secs(90), || async {
-        target
-            .manager_reconciles("TalosMachine")
-            .await
-            .is_ok_and(|n| n > seen + 1)
-    })
-    .await
-    .expect("reconciled");
+    for poke in 0..2u64 {
+        poke_machine(target, address, poke).await;
+        try_eventually("a reconcile", SHOW, || async {
+            target
+                .manager_reconciles("TalosMachine")
+                .await
+                .is_ok_and(|n| n > seen + poke)
+        })
+        .await
+        .expect("reconciled");
+    }
     let after = target
         .nodes()
         .iter()
@@ -260,8 +277,12 @@ async fn a_failed_1_13_install_waits_for_its_new_certificate_then_installs() {
     let before = node.fingerprint();
     node.inject(Fault::InstallFails(true)).await.expect("fault");
     specs::approve_shape(&target, 1, 0).await.expect("approve");
+    // Its configured API served while it installed; the failure reboots it into
+    // maintenance mode, on a certificate of its own again.
     try_eventually("the node back in maintenance mode", SHOW, || async {
-        node.fingerprint() != before && node.is_serving().await
+        node.fingerprint() != before
+            && node.is_serving().await
+            && node.stage().await == ichor_sim::Stage::Maintenance
     })
     .await
     .expect("rebooted");

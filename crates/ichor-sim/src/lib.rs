@@ -403,6 +403,9 @@ pub(crate) struct Node {
     /// The config was applied in maintenance and no install completed since: it lives in
     /// memory only (no STATE partition), so a power-on finds none (used by the install faults).
     pub(crate) config_in_memory: bool,
+    /// 1.13's install task is running: the node serves the configured mutual-TLS API (the
+    /// maintenance service is gone once the config is complete) in stage `installing`.
+    pub(crate) installing: bool,
     /// The disks [`Fault::DisksDetached`] took away, until attached again.
     pub(crate) detached: Vec<SimDisk>,
     /// Etcd data (in EPHEMERAL).
@@ -524,6 +527,7 @@ impl SimNode {
             unattended: None,
             install_failure: None,
             config_in_memory: false,
+            installing: false,
             detached: Vec::new(),
             etcd: None,
             etcd_recovery: None,
@@ -830,15 +834,19 @@ impl Node {
         }
     }
 
-    /// Whether the unattended install waits for a disk (talos-facts §11.7) or, failed, for its
-    /// next attempt: either holds the boot (the CRI waits for phase `installed`:
-    /// `system/services/cri.go` `CRI.Condition`, `resources/runtime/condition.go`
-    /// `UnattendedInstallCondition`).
+    /// Whether an install holds the boot: 1.13's install task runs, or 1.14's unattended
+    /// install runs, waits for a disk (talos-facts §11.7) or, failed, waits for its next
+    /// attempt (the CRI waits for phase `installed`: `system/services/cri.go`
+    /// `CRI.Condition`, `resources/runtime/condition.go` `UnattendedInstallCondition`).
     pub(crate) fn install_pending(&self) -> bool {
-        matches!(
-            self.unattended,
-            Some((_, InstallPhase::Pending | InstallPhase::Failed))
-        )
+        self.installing
+            || matches!(
+                self.unattended,
+                Some((
+                    _,
+                    InstallPhase::Pending | InstallPhase::Failed | InstallPhase::Installing
+                ))
+            )
     }
 
     /// The unattended-install status's `error`: why a pending install waits, or the
@@ -893,6 +901,8 @@ impl Node {
             self.unattended = None;
         }
         if fresh {
+            // A power-on ends an install in progress with the boot it ran in.
+            self.installing = false;
             self.events = Arc::new(events::EventLog::default());
             self.boot_id = sequences::uuid();
             self.shared
@@ -928,6 +938,19 @@ impl Node {
                 self.stage = Stage::Maintenance;
                 self.serve(this, None).await
             }
+            // 1.13's install sequence runs before the boot sequence: the configured API is up
+            // (a worker's once trustd signs its certificate), stage `installing`
+            // (`crates/ichor-sim/docs/install-failures.md`).
+            Some(config) if self.installing => {
+                self.stage = Stage::Installing;
+                if config.is_control_plane() {
+                    self.serve(this, Some(config)).await
+                } else {
+                    self.tasks
+                        .push(tokio::spawn(configured::await_trustd(this, self.timings)));
+                    Ok(())
+                }
+            }
             // A pending unattended install holds the boot: the API is up, services wait
             // (talos-facts §11.7).
             Some(config) if config.is_control_plane() && self.install_pending() => {
@@ -950,6 +973,25 @@ impl Node {
                     .push(tokio::spawn(configured::await_trustd(this, self.timings)));
                 Ok(())
             }
+        }
+    }
+
+    /// The install that held the boot is done and no reboot follows: the boot sequence goes on
+    /// where it waited, on the API already up (a control plane starts etcd; a worker still
+    /// waiting for trustd goes on when it is signed).
+    pub(crate) fn boot_on(&mut self, this: Weak<Mutex<Node>>) {
+        let Some(config) = self.persisted.clone() else {
+            return;
+        };
+        if config.is_control_plane() {
+            self.boot_started();
+            self.stage = Stage::Running;
+            self.boot_finished();
+            self.tasks
+                .push(tokio::spawn(configured::etcd_service(this, self.timings)));
+        } else if self.running.is_some() {
+            self.stage = Stage::Running;
+            self.boot_finished();
         }
     }
 

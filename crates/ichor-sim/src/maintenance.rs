@@ -79,6 +79,8 @@ async fn continue_boot(node: Weak<Mutex<Node>>, config: Arc<AppliedConfig>, plan
         } => {
             guard.install_skipped();
             guard.unattended = Some((image, InstallPhase::Pending));
+            // Nothing installed: the config lives in memory only.
+            guard.config_in_memory = true;
             return boot_in_place(guard, node).await;
         }
         InstallPlan::Sequence {
@@ -104,26 +106,40 @@ async fn continue_boot(node: Weak<Mutex<Node>>, config: Arc<AppliedConfig>, plan
             (true, image, reboot)
         }
     };
-    guard.stage = Stage::Installing;
     if unattended {
         guard.unattended = Some((image.clone(), InstallPhase::Installing));
+    } else {
+        guard.installing = true;
     }
+    // Until the install completes the config lives in memory only (no STATE partition yet).
+    guard.config_in_memory = true;
+    // The config is complete: the maintenance service is gone and apid serves the configured
+    // mutual-TLS API while the installer runs (1.13 stage `installing`, 1.14 `booting`;
+    // `crates/ichor-sim/docs/install-failures.md`).
+    boot_in_place_held(&mut guard, node.clone()).await;
+    let boot = guard.boot_id.clone();
     let install = guard.timings.install;
     drop(guard);
     tokio::time::sleep(install).await;
     let mut guard = strong.lock().await;
+    // A power cycle meanwhile ended the install and took the in-memory config with it.
+    if guard.boot_id != boot || !guard.install_pending() {
+        return;
+    }
     if guard.shared.install_hangs.load(Ordering::SeqCst) {
         // The installer never returns: the install stays in progress, the config in memory.
-        guard.config_in_memory = true;
         return;
     }
     if guard.shared.install_fails.load(Ordering::SeqCst) {
         if unattended {
-            return unattended_failed(guard, node, image).await;
+            return unattended_failed(guard, node, image);
         }
+        guard.installing = false;
         return install_sequence_failed(guard, node, crate::INSTALLER_FAILED.to_owned()).await;
     }
     guard.installed = true;
+    guard.installing = false;
+    guard.config_in_memory = false;
     if unattended {
         let phase = if reboot {
             InstallPhase::WaitingForReboot
@@ -140,7 +156,14 @@ async fn continue_boot(node: Weak<Mutex<Node>>, config: Arc<AppliedConfig>, plan
         drop(guard);
         Node::reboot_later(node, std::time::Duration::ZERO);
     } else {
-        boot_in_place(guard, node).await;
+        guard.boot_on(node);
+    }
+}
+
+/// Moves from maintenance to the configured API without a reboot, the boot held by the install.
+async fn boot_in_place_held(guard: &mut Node, node: Weak<Mutex<Node>>) {
+    if let Err(error) = guard.continue_configured(node).await {
+        tracing::warn!(%error, "simulated node failed to serve its config while installing");
     }
 }
 
@@ -171,9 +194,9 @@ async fn install_sequence_failed(
 }
 
 /// 1.14's unattended installer failed (`UnattendedInstallController.reconcile`): phase
-/// `failed` with the installer's error; the node boots on with the config (mutual TLS, services
+/// `failed` with the installer's error; the node stays up with the config (mutual TLS, services
 /// waiting for phase `installed`), and the controller, restarted after its backoff, tries again.
-async fn unattended_failed(
+fn unattended_failed(
     mut guard: tokio::sync::MutexGuard<'_, Node>,
     node: Weak<Mutex<Node>>,
     image: String,
@@ -182,8 +205,6 @@ async fn unattended_failed(
     guard.unattended = Some((image, InstallPhase::Failed));
     guard.config_in_memory = true;
     let boot = guard.boot_id.clone();
-    // Booting in place is not a power-on: the config stays (in memory).
-    boot_in_place(guard, node.clone()).await;
     retry_unattended(node, boot);
 }
 
@@ -247,8 +268,7 @@ fn retry_unattended(this: Weak<Mutex<Node>>, boot: String) {
             if reboot {
                 Node::reboot_later(this, std::time::Duration::ZERO);
             } else if let Some(strong) = this.upgrade() {
-                let guard = strong.lock().await;
-                boot_in_place(guard, this.clone()).await;
+                strong.lock().await.boot_on(this.clone());
             }
             return;
         }
@@ -304,10 +324,16 @@ pub(crate) fn resume_unattended(node: &mut Node, this: Weak<Mutex<Node>>) {
     };
     node.unattended = Some((image.clone(), InstallPhase::Installing));
     let install = node.timings.install;
+    let boot = node.boot_id.clone();
     tokio::spawn(async move {
         tokio::time::sleep(install).await;
         let Some(strong) = this.upgrade() else { return };
         let mut guard = strong.lock().await;
+        // A power cycle meanwhile took the config, and the attempt, with it.
+        if guard.boot_id != boot || !matches!(guard.unattended, Some((_, InstallPhase::Installing)))
+        {
+            return;
+        }
         if guard.shared.install_hangs.load(Ordering::SeqCst) {
             guard.config_in_memory = true;
             return;
@@ -328,11 +354,12 @@ pub(crate) fn resume_unattended(node: &mut Node, this: Weak<Mutex<Node>>) {
             InstallPhase::Installed
         };
         guard.unattended = Some((image, phase));
+        guard.config_in_memory = false;
         if reboot {
             drop(guard);
             Node::reboot_later(this, std::time::Duration::ZERO);
         } else {
-            boot_in_place(guard, this).await;
+            guard.boot_on(this);
         }
     });
 }

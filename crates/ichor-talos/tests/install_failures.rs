@@ -1,6 +1,7 @@
 //! Installs that fail or never end, as Talos reports them (crates/ichor-sim/docs/
 //! install-failures.md), seen through the client: 1.13's failed install sequence in the event
-//! log and the node back in maintenance mode; 1.14's unattended-install status `failed` with
+//! log (read over mutual TLS, which the node serves once the config is in) and the node back
+//! in maintenance mode; 1.14's unattended-install status `failed` with
 //! the installer's error, retried by Talos until it completes; an install stuck `installing`;
 //! and, each time, the recovery Talos allows reaching a running node.
 
@@ -83,6 +84,9 @@ async fn a_failed_1_13_install_reports_the_fatal_install_sequence_then_returns_t
         .apply_configuration(config.as_bytes(), ApplyMode::Auto)
         .await
         .expect("the checks pass: accepted");
+    // The config is complete: the maintenance service is gone, the configured API serves
+    // while the install sequence runs.
+    let client = admin(&b, node.addr()).await;
     eventually("the install stage", WAIT, || async {
         client
             .machine_status()
@@ -237,17 +241,25 @@ async fn a_hung_install_stays_installing_and_a_power_cycle_lets_a_new_apply_fini
             .apply_configuration(config.as_bytes(), ApplyMode::Auto)
             .await
             .expect("accepted");
+        // Served over mutual TLS once the config is in: 1.13's install sequence shows stage
+        // installing, 1.14's unattended install stage booting with phase installing.
+        let client = admin(&b, node.addr()).await;
+        let stage = if version == "v1.14.1" {
+            Stage::Booting
+        } else {
+            Stage::Installing
+        };
         eventually("installing", WAIT, || async {
             client
                 .machine_status()
                 .await
-                .is_ok_and(|s| s.stage == Stage::Installing)
+                .is_ok_and(|s| s.stage == stage)
         })
         .await;
         // Well past the install time, still installing.
         tokio::time::sleep(Duration::from_millis(1500)).await;
         let status = client.machine_status().await.expect("status");
-        assert_eq!(status.stage, Stage::Installing, "{version}");
+        assert_eq!(status.stage, stage, "{version}");
         if version == "v1.14.1" {
             let install = client
                 .unattended_install()

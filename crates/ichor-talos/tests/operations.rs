@@ -214,27 +214,38 @@ async fn install_stages_per_version() {
             )
             .await
             .expect("apply");
+        // The config is in: the configured API serves while the installer runs, 1.13 in
+        // stage installing, 1.14 booting with its unattended install phase installing.
+        let client = admin(&b, node.addr()).await;
+        let stage = if version == "v1.14.1" {
+            Stage::Booting
+        } else {
+            Stage::Installing
+        };
         eventually("the install stage", WAIT, || async {
-            pinned
+            client
                 .machine_status()
                 .await
-                .is_ok_and(|s| s.stage == Stage::Installing)
+                .is_ok_and(|s| s.stage == stage)
         })
         .await;
         if version == "v1.14.1" {
-            let install = pinned
+            let install = client
                 .unattended_install()
                 .await
                 .expect("read")
                 .expect("1.14 reports the unattended install");
             assert_eq!(install.phase, "installing");
         }
+        eventually("installed", WAIT, || async { node.installed().await }).await;
         let client = admin(&b, node.addr()).await;
-        assert!(node.installed().await);
-        assert_eq!(
-            client.machine_status().await.expect("status").stage,
-            Stage::Running
-        );
+        eventually("running", WAIT, || async {
+            client
+                .machine_status()
+                .await
+                .is_ok_and(|s| s.stage == Stage::Running)
+        })
+        .await;
         if version == "v1.14.1" {
             let install = client
                 .unattended_install()
