@@ -17,6 +17,7 @@
 //!   [`inventory`](TalosClient::inventory) (SMBIOS, disks, links),
 //!   [`machine_status`](TalosClient::machine_status),
 //!   [`unattended_install`](TalosClient::unattended_install),
+//!   [`user_volumes`](TalosClient::user_volumes),
 //!   [`bootstrap`](TalosClient::bootstrap), etcd membership, status, snapshot and defragment,
 //!   [`reset`](TalosClient::reset), [`reboot`](TalosClient::reboot),
 //!   [`upgrade`](TalosClient::upgrade), [`wipe`](TalosClient::wipe),
@@ -129,7 +130,7 @@ pub use error::{ApplyRefusal, Category};
 pub use limits::{Limit, LimitKind, Limits};
 pub use ops::{Bootstrapped, EtcdMember, EtcdStatus, ResetOptions, SequenceFailure, Service};
 pub use progress::{LayerProgress, LayerStatus, Progress};
-pub use resources::{Inventory, MachineStatus, Stage, UnattendedInstall};
+pub use resources::{Inventory, MachineStatus, Stage, UnattendedInstall, UserVolumeStatus};
 pub use tls::{NotACertificate, fingerprint_der, fingerprint_pem};
 
 /// The TCP port on which every Talos node serves its API (apid, or the maintenance service).

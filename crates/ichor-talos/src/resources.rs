@@ -5,8 +5,11 @@ use serde::Deserialize;
 use serde_json::Value;
 use tokio_stream::StreamExt as _;
 
+use crate::api::cosi::resource::label_term::Operation;
 use crate::api::cosi::resource::state_client::StateClient;
-use crate::api::cosi::resource::{GetRequest, ListRequest, Resource};
+use crate::api::cosi::resource::{
+    GetRequest, LabelQuery, LabelTerm, ListOptions, ListRequest, Resource,
+};
 use crate::client::{TalosClient, TalosError};
 
 /// A machine's hardware, as read in maintenance mode.
@@ -145,6 +148,29 @@ pub struct UnattendedInstall {
     pub error: String,
 }
 
+/// One user volume as the node reports it (its `VolumeStatus` `u-<name>`, talos-facts / crates/ichor-sim/docs/user-volumes.md).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UserVolumeStatus {
+    /// The volume's name, without the `u-` prefix.
+    pub name: String,
+    /// Talos's phase, lowercase (`ready`, `failed`, `waiting`, ...).
+    pub phase: String,
+    /// Its size as Talos prints it (`prettySize`), when known.
+    pub size: Option<String>,
+    /// Where it lives (`location`), when known.
+    pub location: Option<String>,
+    /// Talos's error message, when there is one.
+    pub error: Option<String>,
+}
+
+/// The label Talos puts on the volume resources of user volumes (`block.UserVolumeLabel`,
+/// `pkg/machinery/resources/block/block.go`).
+const USER_VOLUME_LABEL: &str = "talos.dev/user-volume";
+
+/// The id prefix of user volumes (`constants.UserVolumePrefix`,
+/// `pkg/machinery/constants/constants.go`).
+const USER_VOLUME_PREFIX: &str = "u-";
+
 /// `MachineStatuses.runtime.talos.dev/machine`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MachineStatus {
@@ -196,13 +222,23 @@ impl TalosClient {
         namespace: &str,
         type_: &str,
     ) -> Result<Vec<(String, Value)>, TalosError> {
+        self.list_specs_where(namespace, type_, None).await
+    }
+
+    /// Every resource of a type the options select: (id, spec).
+    async fn list_specs_where(
+        &self,
+        namespace: &str,
+        type_: &str,
+        options: Option<ListOptions>,
+    ) -> Result<Vec<(String, Value)>, TalosError> {
         const METHOD: &str = "COSI List";
         let mut stream = self
             .state()
             .list(self.request(ListRequest {
                 namespace: namespace.into(),
                 r#type: type_.into(),
-                options: None,
+                options,
             }))
             .await
             .map_err(self.rpc_error(METHOD))?
@@ -290,6 +326,52 @@ impl TalosClient {
             ready: spec["status"]["ready"].as_bool().unwrap_or(false),
             unmet,
         })
+    }
+
+    /// The node's user volumes, by name.
+    ///
+    /// Reads the `VolumeStatuses.block.talos.dev` resources labelled `talos.dev/user-volume`
+    /// in namespace `runtime`: one per `UserVolumeConfig` document of the running config, with
+    /// id `u-<name>` (`UserVolumeTransformer`,
+    /// `internal/app/machined/pkg/controllers/block/internal/volumes/volumeconfig/user_volumes.go`).
+    /// A node without user volumes has none.
+    pub async fn user_volumes(&self) -> Result<Vec<UserVolumeStatus>, TalosError> {
+        let options = ListOptions {
+            label_query: vec![LabelQuery {
+                terms: vec![LabelTerm {
+                    key: USER_VOLUME_LABEL.into(),
+                    op: Operation::Exists as i32,
+                    value: Vec::new(),
+                    invert: false,
+                }],
+            }],
+            id_query: None,
+        };
+        let mut volumes: Vec<UserVolumeStatus> = self
+            .list_specs_where("runtime", "VolumeStatuses.block.talos.dev", Some(options))
+            .await?
+            .into_iter()
+            .filter_map(|(id, spec)| {
+                let name = id.strip_prefix(USER_VOLUME_PREFIX)?.to_owned();
+                // Every key but `phase` and `type` is omitempty (`VolumeStatusSpec`,
+                // `pkg/machinery/resources/block/volume_status.go`).
+                let text = |key: &str| {
+                    spec[key]
+                        .as_str()
+                        .filter(|v| !v.is_empty())
+                        .map(str::to_owned)
+                };
+                Some(UserVolumeStatus {
+                    name,
+                    phase: text("phase").unwrap_or_else(|| "waiting".into()),
+                    size: text("prettySize"),
+                    location: text("location"),
+                    error: text("errorMessage"),
+                })
+            })
+            .collect();
+        volumes.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(volumes)
     }
 
     /// The unattended install's status (1.14), or `None` when the node has none: no install
