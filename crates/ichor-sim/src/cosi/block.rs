@@ -309,7 +309,9 @@ struct Volume<'a> {
     trim: Option<Duration>,
 }
 
-fn volume_status(v: &Volume<'_>) -> Res {
+/// A system volume's status. `secure` and `noExec` are fields of `MountSpec` from 1.14 on
+/// (`pkg/machinery/resources/block/volume_config.go`): a 1.13 node has neither.
+fn volume_status(v: &Volume<'_>, v14: bool) -> Res {
     let phase_name = match v.phase {
         BlockVolumePhase::VolumePhaseReady => "ready",
         BlockVolumePhase::VolumePhaseMissing => "missing",
@@ -360,6 +362,7 @@ fn volume_status(v: &Volume<'_>) -> Res {
             .field("trimInterval", Yaml::str(go_duration(trim)));
     }
     if let Some((target, selinux, mode, quota, secure, no_exec)) = v.mount {
+        let (secure, no_exec) = (secure && v14, no_exec && v14);
         spec.mount_spec = Some(MountSpec {
             target_path: target.into(),
             selinux_label: selinux.into(),
@@ -534,6 +537,7 @@ fn volume_statuses(node: &Node, system: Option<&SimDisk>, parts: &[Partition]) -
         )
     };
     let mut out = Vec::new();
+    let v14 = node.shared.is_1_14();
     let config = node.running.as_ref().or(node.persisted.as_ref());
     let documents: Option<Vec<Value>> =
         config.map(|c| serde_saphyr::from_multiple(&c.yaml).unwrap_or_default());
@@ -553,27 +557,33 @@ fn volume_statuses(node: &Node, system: Option<&SimDisk>, parts: &[Partition]) -
             absent
         }
     };
-    out.push(volume_status(&Volume {
-        id: "META",
-        phase: located("META", BlockVolumePhase::VolumePhaseMissing),
-        partition: found("META"),
-        mount: None,
-        trim: None,
-    }));
-    out.push(volume_status(&Volume {
-        id: "STATE",
-        phase: located("STATE", BlockVolumePhase::VolumePhaseMissing),
-        partition: found("STATE"),
-        mount: Some((
-            "/system/state",
-            "system_u:object_r:system_state_t:s0",
-            0o700,
-            false,
-            true,
-            true,
-        )),
-        trim: config.and(trim),
-    }));
+    out.push(volume_status(
+        &Volume {
+            id: "META",
+            phase: located("META", BlockVolumePhase::VolumePhaseMissing),
+            partition: found("META"),
+            mount: None,
+            trim: None,
+        },
+        v14,
+    ));
+    out.push(volume_status(
+        &Volume {
+            id: "STATE",
+            phase: located("STATE", BlockVolumePhase::VolumePhaseMissing),
+            partition: found("STATE"),
+            mount: Some((
+                "/system/state",
+                "system_u:object_r:system_state_t:s0",
+                0o700,
+                false,
+                true,
+                true,
+            )),
+            trim: config.and(trim),
+        },
+        v14,
+    ));
     if let Some(documents) = &documents {
         let v1alpha1 = documents
             .iter()
@@ -582,20 +592,23 @@ fn volume_statuses(node: &Node, system: Option<&SimDisk>, parts: &[Partition]) -
         let secure = documents.iter().any(|d| {
             d["kind"] == "VolumeConfig" && d["name"] == "EPHEMERAL" && d["mount"]["secure"] == true
         });
-        out.push(volume_status(&Volume {
-            id: "EPHEMERAL",
-            phase: located("EPHEMERAL", BlockVolumePhase::VolumePhaseWaiting),
-            partition: found("EPHEMERAL"),
-            mount: Some((
-                "/var",
-                "system_u:object_r:ephemeral_t:s0",
-                0o755,
-                quota,
-                secure,
-                false,
-            )),
-            trim,
-        }));
+        out.push(volume_status(
+            &Volume {
+                id: "EPHEMERAL",
+                phase: located("EPHEMERAL", BlockVolumePhase::VolumePhaseWaiting),
+                partition: found("EPHEMERAL"),
+                mount: Some((
+                    "/var",
+                    "system_u:object_r:ephemeral_t:s0",
+                    0o755,
+                    quota,
+                    secure,
+                    false,
+                )),
+                trim,
+            },
+            v14,
+        ));
     }
     out
 }
