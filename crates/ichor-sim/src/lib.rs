@@ -54,8 +54,9 @@ mod snapshot;
 mod storage;
 mod tls;
 mod version;
+mod volumes;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
@@ -416,6 +417,8 @@ pub(crate) struct Node {
     pub(crate) etcd_size: u64,
     /// Images pulled into the system containerd.
     pub(crate) images: BTreeSet<String>,
+    /// What user volumes wrote on the disks (partitions, filesystems), by disk name.
+    pub(crate) disk_content: BTreeMap<String, volumes::DiskContent>,
     /// Every partition was wiped: nothing left to boot.
     pub(crate) bricked: bool,
     /// Powered on.
@@ -445,6 +448,8 @@ pub(crate) struct Node {
     pub(crate) current_sequence: String,
     /// The machine status last published as an event.
     pub(crate) last_status: Option<ichor_talos::api::machine::MachineStatusEvent>,
+    /// This boot's user volume statuses, by id (`u-<name>`).
+    pub(crate) user_volumes: BTreeMap<String, volumes::Status>,
     certificate: Option<rustls::pki_types::CertificateDer<'static>>,
     resolver: Option<Arc<tls::Resolver>>,
     server: Option<Running>,
@@ -533,6 +538,7 @@ impl SimNode {
             etcd_recovery: None,
             etcd_size: spec.etcd_size,
             images: BTreeSet::new(),
+            disk_content: BTreeMap::new(),
             bricked: false,
             powered: true,
             stage: Stage::Booting,
@@ -547,6 +553,7 @@ impl SimNode {
             services: services::Services::default(),
             current_sequence: String::new(),
             last_status: None,
+            user_volumes: BTreeMap::new(),
             certificate: None,
             resolver: None,
             server: None,
@@ -913,6 +920,8 @@ impl Node {
             sequences::take_pending_version(self);
         }
         self.booted_at = Instant::now();
+        // The volume manager starts over: every volume is located again.
+        self.user_volumes.clear();
         self.etcd_stopped = false;
         self.applying = false;
         self.stage = Stage::Booting;

@@ -646,9 +646,9 @@ pub(crate) fn shutdown(node: Weak<Mutex<Node>>, request: &ShutdownRequest) -> St
     actor
 }
 
-/// What a reset wipes, decided from its request (talos-facts §1.2, §8.4): the named system
-/// partitions (STATE holds the config, EPHEMERAL the etcd data), or with an empty list every
-/// partition, so a disk-booted node has nothing left to boot.
+/// What a reset wipes, decided from its request (talos-facts §1.2, §8.4): the user disks it
+/// names, and the named system partitions (STATE holds the config, EPHEMERAL the etcd data),
+/// or with an empty list every partition, so a disk-booted node has nothing left to boot.
 fn wipe(node: &mut Node, request: &ResetRequest) {
     let labels: Vec<&str> = request
         .system_partitions_to_wipe
@@ -657,6 +657,11 @@ fn wipe(node: &mut Node, request: &ResetRequest) {
         .map(|p| p.label.as_str())
         .collect();
     let system = WipeMode::try_from(request.mode).unwrap_or(WipeMode::All) != WipeMode::UserDisks;
+    // The user disks go first (the handler refused them with SYSTEM_DISK): what user volumes
+    // wrote there is gone.
+    for device in &request.user_disks_to_wipe {
+        crate::volumes::wipe(node, device.trim_start_matches("/dev/"));
+    }
     if system && request.system_partitions_to_wipe.is_empty() {
         node.bricked = true;
         return;

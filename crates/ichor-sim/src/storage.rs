@@ -65,8 +65,9 @@ impl StorageService for Storage {
     }
 
     /// Wipes the named devices (no `/dev/` prefix, talos-facts §1.4). A device that does not
-    /// exist is refused before anything is wiped; wiping the installed system disk makes the
-    /// machine not installed.
+    /// exist, or that a user volume is on, is refused before anything is wiped; wiping the
+    /// installed system disk makes the machine not installed, wiping a user volume's disk takes
+    /// what the volumes wrote there.
     async fn block_device_wipe(
         &self,
         request: Request<BlockDeviceWipeRequest>,
@@ -91,6 +92,15 @@ impl StorageService for Storage {
                     device.device
                 )));
             }
+            // A volume on the disk (or one of its partitions) holds it (`storaged/server.go`).
+            if !device.skip_volume_check
+                && let Some(volume) = crate::volumes::in_use(&mut node, &device.device)
+            {
+                return Err(Status::failed_precondition(format!(
+                    "blockdevice {:?} is in use by volume {volume:?}",
+                    device.device
+                )));
+            }
             if !self.maintenance
                 && !device.skip_volume_check
                 && node
@@ -105,6 +115,7 @@ impl StorageService for Storage {
             }
         }
         for device in &request.devices {
+            crate::volumes::wipe(&mut node, &device.device);
             if node
                 .hardware
                 .install_disk()

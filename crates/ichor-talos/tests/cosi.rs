@@ -475,3 +475,103 @@ async fn only_os_admin_reads_a_sensitive_type() {
     }
     node.stop().await;
 }
+
+/// Talos's types decode the user volumes a configured node serves, in every state it models
+/// (a ready partition with trim and scrub on 1.14, a failed one, a whole disk, a directory),
+/// and their disks' discovered partitions; on 1.13 and 1.14.
+#[tokio::test]
+async fn talos_types_decode_user_volumes() {
+    for (host, version) in [(1u8, "v1.13.9"), (2u8, "v1.14.1")] {
+        let b = bundle_for(170 + host);
+        let mut hardware = Hardware::vm(u32::from(170 + host));
+        for (name, size) in [("vdb", 50_000_000_000), ("vdc", 20_000_000_000)] {
+            hardware.disks.push(ichor_sim::SimDisk {
+                name: name.into(),
+                size,
+                cdrom: false,
+                transport: "virtio".into(),
+                model: String::new(),
+                serial: format!("SIM{name}"),
+            });
+        }
+        let per_volume = if version == "v1.14.1" {
+            "scrub: {}\ntrim:\n  interval: 12h\n"
+        } else {
+            ""
+        };
+        let documents = [
+            format!(
+                "apiVersion: v1alpha1\nkind: UserVolumeConfig\nname: data\nprovisioning:\n  diskSelector:\n    match: disk.dev_path == '/dev/vdb'\n  minSize: 1GiB\n  maxSize: 10GiB\nfilesystem:\n  type: xfs\n  projectQuotaSupport: true\n{per_volume}"
+            ),
+            "apiVersion: v1alpha1\nkind: UserVolumeConfig\nname: nowhere\nprovisioning:\n  diskSelector:\n    match: disk.size > 10u * TB\n  minSize: 1GiB\n".to_owned(),
+            "apiVersion: v1alpha1\nkind: UserVolumeConfig\nname: whole\nvolumeType: disk\nprovisioning:\n  diskSelector:\n    match: disk.dev_path == '/dev/vdc'\nfilesystem:\n  type: ext4\n".to_owned(),
+            "apiVersion: v1alpha1\nkind: UserVolumeConfig\nname: shared\nvolumeType: directory\n".to_owned(),
+        ];
+        let mut text = config(&b, Role::ControlPlane, version);
+        for d in &documents {
+            text = format!("{}\n---\n{d}", text.trim_end());
+        }
+        let node = SimNode::start_configured(
+            format!("127.0.174.{host}:0").parse().expect("addr"),
+            version,
+            hardware,
+            &text,
+        )
+        .await
+        .expect("start a configured node");
+        let admin = support::admin(&b, node.addr()).await;
+        let probe = admin.clone();
+        eventually("the user volumes", WAIT, || {
+            let client = probe.clone();
+            async move {
+                client
+                    .user_volumes()
+                    .await
+                    .is_ok_and(|v| v.len() == 4 && v.iter().all(|v| v.phase != "waiting"))
+            }
+        })
+        .await;
+        let phases: Vec<(String, String)> = admin
+            .user_volumes()
+            .await
+            .expect("user volumes")
+            .into_iter()
+            .map(|v| (v.name, v.phase))
+            .collect();
+        assert_eq!(
+            phases,
+            [
+                ("data", "ready"),
+                ("nowhere", "failed"),
+                ("shared", "ready"),
+                ("whole", "ready")
+            ]
+            .map(|(n, p)| (n.to_owned(), p.to_owned())),
+            "{version}"
+        );
+        let talosconfig = talosconfig(&b, TalosRole::Admin, &format!("volumes-{host}"));
+        let out = conformance(&[
+            "--endpoint",
+            &node.addr().to_string(),
+            "--talosconfig",
+            talosconfig.to_str().expect("path"),
+            "--admin",
+        ])
+        .await;
+        for prefix in [
+            "resource VolumeStatuses.block.talos.dev runtime/u-data ",
+            "resource VolumeStatuses.block.talos.dev runtime/u-nowhere ",
+            "resource VolumeStatuses.block.talos.dev runtime/u-whole ",
+            "resource VolumeStatuses.block.talos.dev runtime/u-shared ",
+            "resource VolumeStatuses.block.talos.dev runtime/STATE ",
+            "resource DiscoveredVolumes.block.talos.dev runtime/vdb1 ",
+            "resource DiscoveredVolumes.block.talos.dev runtime/vdc ",
+        ] {
+            assert!(
+                out.lines().any(|l| l.starts_with(prefix)),
+                "{version}: no `{prefix}` in:\n{out}"
+            );
+        }
+        node.stop().await;
+    }
+}

@@ -23,6 +23,9 @@ pub(crate) struct DiskFields {
     pub(crate) sub_system: String,
     pub(crate) transport: String,
     pub(crate) rotational: bool,
+    /// What `system_disk` is for this disk: whether it is the system disk (the volume
+    /// manager's `DiskContext.ToCELContext`; install selectors see false).
+    pub(crate) system_disk: bool,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -174,7 +177,7 @@ pub(crate) fn parse_bool(source: &str) -> Result<Selector, String> {
 }
 
 impl Selector {
-    /// Whether the disk matches (`system_disk` is false, as Talos evaluates install selectors).
+    /// Whether the disk matches (`system_disk` is the disk's [`DiskFields::system_disk`]).
     pub(crate) fn matches(&self, disk: &DiskFields) -> Result<bool, String> {
         match eval(&self.root, disk)? {
             Val::Bool(b) => Ok(b),
@@ -823,7 +826,7 @@ fn eval(node: &Node, disk: &DiskFields) -> Result<Val, String> {
         },
         Expr::Ident(name) => match name.as_str() {
             "disk" => Val::Disk,
-            "system_disk" => Val::Bool(false),
+            "system_disk" => Val::Bool(disk.system_disk),
             n => Val::Uint(unit(n).ok_or_else(|| format!("no such attribute: {n}"))?),
         },
         Expr::Select(operand, name) => match eval(operand, disk)? {

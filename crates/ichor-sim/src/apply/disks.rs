@@ -47,7 +47,7 @@ fn pretty_size(size: u64) -> String {
 }
 
 /// go-humanize `ParseBytes`.
-fn parse_bytes(s: &str) -> Result<u64, String> {
+pub(crate) fn parse_bytes(s: &str) -> Result<u64, String> {
     let digits = s
         .char_indices()
         .find(|(_, c)| !(c.is_ascii_digit() || *c == '.' || *c == ','))

@@ -8,7 +8,7 @@
 
 pub(crate) mod cel;
 pub(crate) mod decode;
-mod disks;
+pub(crate) mod disks;
 mod documents;
 pub(crate) mod dryrun;
 pub(crate) mod gofmt;

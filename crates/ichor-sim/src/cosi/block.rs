@@ -1,7 +1,7 @@
 //! The hardware and block resources of a node (talos-facts §8.1, §9.5): SMBIOS identity, the
-//! disks, what probing them finds (the boot ISO, and once installed the system disk's
-//! partitions), the system disk, and the status of the system volumes META, STATE and
-//! EPHEMERAL.
+//! disks, what probing them finds (the boot ISO, once installed the system disk's partitions,
+//! and what user volumes wrote), the system disk, the status of the system volumes META, STATE
+//! and EPHEMERAL, and that of the user volumes (`crate::volumes`).
 //!
 //! An installed system disk is partitioned as Talos's UEFI install lays it out: EFI (vfat),
 //! META, STATE (xfs) and EPHEMERAL (xfs, the rest of the disk), from 1 MiB on. Identifiers
@@ -25,6 +25,7 @@ use super::store::Res;
 use super::yaml::{Fields, Yaml, marshal};
 use crate::Node;
 use crate::hardware::SimDisk;
+use crate::volumes::{self, DiskContent, derived_uuid, partition_name};
 
 const NAMESPACE: &str = "runtime";
 const DISK: &str = "Disks.block.talos.dev";
@@ -32,6 +33,9 @@ const DISCOVERED_VOLUME: &str = "DiscoveredVolumes.block.talos.dev";
 const SYSTEM_DISK: &str = "SystemDisks.block.talos.dev";
 const VOLUME_STATUS: &str = "VolumeStatuses.block.talos.dev";
 const SYSTEM_INFORMATION: &str = "SystemInformations.hardware.talos.dev";
+
+/// The types the volume manager's state shows in: it runs before they are read.
+pub(crate) const VOLUME_TYPES: &[&str] = &[DISCOVERED_VOLUME, VOLUME_STATUS];
 
 const MIB: u64 = 1024 * 1024;
 /// GPT partition type GUIDs.
@@ -57,29 +61,6 @@ pub(crate) fn pretty_size(size: u64) -> String {
     }
 }
 
-/// A UUID derived from a seed (lowercase, 8-4-4-4-12).
-fn derived_uuid(seed: &str) -> String {
-    let mut state = seed.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    });
-    let mut next = || {
-        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    };
-    let hex = format!("{:016x}{:016x}", next(), next());
-    format!(
-        "{}-{}-{}-{}-{}",
-        &hex[0..8],
-        &hex[8..12],
-        &hex[12..16],
-        &hex[16..20],
-        &hex[20..32]
-    )
-}
-
 /// One partition of an installed system disk.
 struct Partition {
     index: u64,
@@ -89,6 +70,15 @@ struct Partition {
     filesystem: &'static str,
     offset: u64,
     size: u64,
+}
+
+/// Where the partitions of an installed system disk of `disk_size` bytes are: (offset, size)
+/// in bytes.
+pub(crate) fn system_layout(disk_size: u64) -> Vec<(u64, u64)> {
+    layout(disk_size)
+        .iter()
+        .map(|p| (p.offset, p.size))
+        .collect()
 }
 
 /// Talos's UEFI layout (EFI of `UKIEFISize`, META 1 MiB, STATE 100 MiB, EPHEMERAL to the end
@@ -119,15 +109,6 @@ fn layout(disk_size: u64) -> Vec<Partition> {
         offset += size;
     }
     out
-}
-
-/// The partition device name (`vda1`, `nvme0n1p1`).
-fn partition_name(disk: &str, index: u64) -> String {
-    if disk.ends_with(|c: char| c.is_ascii_digit()) {
-        format!("{disk}p{index}")
-    } else {
-        format!("{disk}{index}")
-    }
 }
 
 fn sector_size(disk: &SimDisk) -> u64 {
@@ -398,6 +379,122 @@ fn volume_status(v: &Volume<'_>, v14: bool) -> Res {
     res
 }
 
+/// `BlockVolumePhase` as YAML (`volumephase_enumer.go`).
+fn phase_name(phase: BlockVolumePhase) -> &'static str {
+    match phase {
+        BlockVolumePhase::VolumePhaseWaiting => "waiting",
+        BlockVolumePhase::VolumePhaseFailed => "failed",
+        BlockVolumePhase::VolumePhaseMissing => "missing",
+        BlockVolumePhase::VolumePhaseLocated => "located",
+        BlockVolumePhase::VolumePhaseProvisioned => "provisioned",
+        BlockVolumePhase::VolumePhasePrepared => "prepared",
+        BlockVolumePhase::VolumePhaseReady => "ready",
+        BlockVolumePhase::VolumePhaseClosed => "closed",
+    }
+}
+
+/// A user volume's status (`crates/ichor-sim/docs/user-volumes.md` §2): labelled
+/// `talos.dev/user-volume` (copied from its volume config, `block.UserVolumeLabel`), the mount
+/// spec of `UserVolumeTransformer` (`volumeconfig/user_volumes.go`: target `<name>` under
+/// `/var/mnt`, mode 0755; no `secure` or `noExec`), trim and scrub on 1.14 only.
+fn user_volume_status(id: &str, v: &volumes::Status, v14: bool) -> Res {
+    let name = id.strip_prefix(volumes::PREFIX).unwrap_or(id);
+    let (kind, kind_name) = v.kind.wire();
+    let pretty = if v.size == 0 {
+        String::new()
+    } else {
+        pretty_size(v.size)
+    };
+    let mut spec = VolumeStatusSpec {
+        phase: v.phase as i32,
+        pre_fail_phase: v.pre_fail_phase as i32,
+        r#type: kind as i32,
+        location: v.location.clone(),
+        mount_location: v.mount_location.clone(),
+        partition_index: i64::try_from(v.partition_index).unwrap_or(0),
+        parent_location: v.parent_location.clone(),
+        uuid: v.uuid.clone(),
+        partition_uuid: v.partition_uuid.clone(),
+        size: v.size,
+        pretty_size: pretty.clone(),
+        filesystem: v.filesystem.map_or(0, |f| f.proto() as i32),
+        error_message: v.error.clone(),
+        ..Default::default()
+    };
+    let mut yaml = Fields::new()
+        .field("phase", Yaml::str(phase_name(v.phase)))
+        .omitempty(
+            "preFailPhase",
+            if v.pre_fail_phase == BlockVolumePhase::VolumePhaseWaiting {
+                Yaml::str("")
+            } else {
+                Yaml::str(phase_name(v.pre_fail_phase))
+            },
+        )
+        .field("type", Yaml::str(kind_name))
+        .omitempty("location", Yaml::str(&v.location))
+        .omitempty("mountLocation", Yaml::str(&v.mount_location))
+        .omitempty("partitionIndex", Yaml::int(v.partition_index))
+        .omitempty("parentLocation", Yaml::str(&v.parent_location))
+        .omitempty("uuid", Yaml::str(&v.uuid))
+        .omitempty("partitionUUID", Yaml::str(&v.partition_uuid))
+        .omitempty("size", Yaml::int(v.size))
+        .omitempty("prettySize", Yaml::str(&pretty))
+        .omitempty(
+            "filesystem",
+            Yaml::str(v.filesystem.map_or("", volumes::Filesystem::name)),
+        );
+    // The resolved trim and scrub settings are status fields from 1.14 on.
+    if let Some(d) = v.trim.filter(|_| v14) {
+        spec.trim_enabled = true;
+        spec.trim_interval = prost_types::Duration::try_from(d).ok();
+        yaml = yaml
+            .field("trimEnabled", Yaml::Bool(true))
+            .field("trimInterval", Yaml::str(volumes::go_duration(d)));
+    }
+    if let Some(d) = v.scrub.filter(|_| v14) {
+        spec.scrub_enabled = true;
+        spec.scrub_interval = prost_types::Duration::try_from(d).ok();
+        yaml = yaml
+            .field("scrubEnabled", Yaml::Bool(true))
+            .field("scrubInterval", Yaml::str(volumes::go_duration(d)));
+    }
+    if let Some((quota, bind)) = v.mount {
+        spec.mount_spec = Some(MountSpec {
+            target_path: name.into(),
+            selinux_label: volumes::SELINUX_LABEL.into(),
+            project_quota_support: quota,
+            parent_id: volumes::MOUNT_PARENT.into(),
+            file_mode: 0o755,
+            bind_target: if bind { name.into() } else { String::new() },
+            ..Default::default()
+        });
+        yaml = yaml.field(
+            "mountSpec",
+            Fields::new()
+                .field("targetPath", Yaml::str(name))
+                .field("selinuxLabel", Yaml::str(volumes::SELINUX_LABEL))
+                .field("projectQuotaSupport", Yaml::Bool(quota))
+                .field("parentId", Yaml::str(volumes::MOUNT_PARENT))
+                .field("fileMode", Yaml::int(0o755))
+                .omitempty("bindTarget", Yaml::str(if bind { name } else { "" }))
+                .done(),
+        );
+    }
+    yaml = yaml.omitempty("errorMessage", Yaml::str(&v.error));
+    let mut res = Res::new(
+        NAMESPACE,
+        VOLUME_STATUS,
+        id,
+        "block.VolumeManagerController",
+        marshal(&yaml.done()),
+        spec.encode_to_vec(),
+    );
+    res.labels
+        .insert("talos.dev/user-volume".into(), String::new());
+    res
+}
+
 fn system_information(node: &Node) -> Res {
     let smbios = SystemInformationSpec {
         manufacturer: "QEMU".into(),
@@ -467,11 +564,40 @@ pub(crate) fn resources(node: &Node, want: &Wanted) -> Vec<Res> {
             whole.label = iso_label(&node.talos_version);
         }
         let is_system = system.is_some_and(|s| s.name == d.name);
-        if is_system {
+        let content = volumes::content(node, &d.name);
+        if is_system || matches!(content, Some(DiskContent::Gpt(_))) {
             whole.name = "gpt".into();
-            whole.uuid = derived_uuid(&format!("{uuid}/gpt"));
+            whole.uuid = volumes::gpt_uuid(node, &d.name);
+        }
+        if let Some(DiskContent::Whole(f)) = &content {
+            whole.name = f.filesystem.name().into();
+            whole.uuid.clone_from(&f.uuid);
         }
         out.push(discovered(&whole));
+        if let Some(DiskContent::Gpt(user)) = &content {
+            out.extend(user.iter().map(|p| {
+                let (name, fs_uuid) = p
+                    .formatted
+                    .as_ref()
+                    .map(|f| (f.filesystem.name(), f.uuid.clone()))
+                    .unwrap_or_default();
+                discovered(&Probed {
+                    id: partition_name(&d.name, p.index),
+                    kind: "partition",
+                    parent: d.name.clone(),
+                    offset: p.first_lba * sector,
+                    size: p.size(),
+                    sector,
+                    name: name.into(),
+                    uuid: fs_uuid,
+                    partition_uuid: p.partition_uuid.clone(),
+                    partition_type: volumes::LINUX_DATA.into(),
+                    partition_label: p.label.clone(),
+                    partition_index: p.index,
+                    ..Default::default()
+                })
+            }));
+        }
         if !is_system {
             continue;
         }
@@ -522,6 +648,11 @@ pub(crate) fn resources(node: &Node, want: &Wanted) -> Vec<Res> {
     }
     if want.has(VOLUME_STATUS) {
         out.extend(volume_statuses(node, system, &parts));
+        out.extend(
+            volumes::statuses(node)
+                .iter()
+                .map(|(id, status)| user_volume_status(id, status, node.shared.is_1_14())),
+        );
     }
     out
 }

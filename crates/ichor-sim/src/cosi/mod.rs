@@ -18,6 +18,7 @@ mod query;
 mod store;
 mod yaml;
 
+pub(crate) use block::system_layout;
 pub(crate) use node::unmet_conditions;
 
 use std::pin::Pin;
@@ -165,10 +166,15 @@ async fn refresh(
     types: &[&'static str],
 ) -> Result<(), Status> {
     let strong = node.upgrade().ok_or_else(gone)?;
-    let guard = tokio::select! {
+    let mut guard = tokio::select! {
         guard = strong.lock() => guard,
         _ = stopped.changed() => return Err(gone()),
     };
+    // The volume manager catches up with the config and the disks before its resources are
+    // read.
+    if types.iter().any(|t| block::VOLUME_TYPES.contains(t)) {
+        crate::volumes::reconcile(&mut guard);
+    }
     let mut first: Vec<&'static str> = types
         .iter()
         .copied()
