@@ -1052,3 +1052,98 @@ async fn warnings_come_back_as_talos_gives_them() {
         node.stop().await;
     }
 }
+
+/// A `UserVolumeConfig` appended to a golden config, the way its checks are exercised below.
+fn with_user_volume(minor: &str, documents: &str) -> String {
+    let golden =
+        std::fs::read_to_string(golden_dir().join(format!("{minor}-worker-flannel-plain.yaml")))
+            .expect("read");
+    format!("{}\n---\n{documents}", golden.trim_end())
+}
+
+/// The user volume documents whose verdicts are compared: valid ones, and each check of
+/// `UserVolumeConfigV1Alpha1` (decode, Validate, the container) failing alone or together.
+const USER_VOLUMES: &[&str] = &[
+    "name: data\nprovisioning:\n  diskSelector:\n    match: disk.transport == 'virtio'\n  minSize: 1GiB\n",
+    "name: data\nprovisioning:\n  diskSelector:\n    match: '!system_disk'\n  maxSize: 50%\nfilesystem:\n  type: ext4\n",
+    "name: EPHEMERAL\nprovisioning:\n  diskSelector:\n    match: 'true'\n  minSize: 1GiB\n  maxSize: -10GiB\n  grow: true\n",
+    "name: \"\"\nprovisioning:\n  diskSelector:\n    match: 'true'\n  minSize: 1GiB\n",
+    "provisioning:\n  diskSelector:\n    match: 'true'\n  minSize: 1GiB\n",
+    "name: a_b\nprovisioning:\n  minSize: 1GiB\n",
+    "name: abcdefghijabcdefghijabcdefghijabcde\nprovisioning:\n  diskSelector:\n    match: 'true'\n",
+    "name: data\nprovisioning:\n  diskSelector:\n    match: 'true'\n  minSize: 2GiB\n  maxSize: 1GiB\nfilesystem:\n  type: vfat\n",
+    "name: data\nprovisioning:\n  diskSelector:\n    match: 'true'\n  minSize: 1GiB\nfilesystem:\n  type: btrfs\n",
+    "name: data\nprovisioning:\n  diskSelector:\n    match: 'true'\n  minSize: 1GiB\nfilesystem:\n  type: ext4\n  projectQuotaSupport: true\n",
+    "name: data\nvolumeType: tmpfs\n",
+    "name: data\nvolumeType: bogus\n",
+    "name: data\nvolumeType: directory\n",
+    "name: data\nvolumeType: directory\nmount:\n  secure: false\nfilesystem:\n  type: xfs\n",
+    "name: data\nvolumeType: directory\nmount:\n  disableAccessTime: true\nprovisioning:\n  grow: false\n",
+    "name: data\nvolumeType: Disk\nprovisioning:\n  diskSelector:\n    match: 'true'\nfilesystem:\n  type: XFS\n",
+    "name: data\nvolumeType: disk\nprovisioning:\n  diskSelector:\n    match: 'true'\n  minSize: 1GiB\n  grow: true\n",
+    "name: data\nprovisioning:\n  diskSelector:\n    match: disk.size > 120\n  minSize: -1GiB\n",
+    "name: data\nprovisioning:\n  diskSelector:\n    match: 'true'\n  minSize: big\n",
+    "name: data\nprovisioning:\n  diskSelector:\n    match: 'true'\n  maxSize: 150%\n",
+    "name: data\nprovisioning:\n  diskSelector:\n    match: 'true'\n  maxSize: x%\n",
+    "name: data\nprovisioning:\n  diskSelector:\n    match: 'true'\n  maxSize: 12XB\n",
+    "name: data\nprovisioning:\n  diskSelector:\n    match: 'true'\n  maxSize: 1GiB\n  minSize: 50%\n",
+    "name: data\nprovisioning:\n  diskSelector:\n    match: 'true'\n  minSize: 1GiB\nencryption:\n  provider: luks3\n",
+    "name: data\nprovisioning:\n  diskSelector:\n    match: 'true'\n  minSize: 1GiB\nencryption:\n  provider: luks2\n",
+    "name: data\nprovisioning:\n  diskSelector:\n    match: 'true'\n  minSize: 1GiB\nencryption:\n  cipher: aes-xts-plain64\n",
+    "name: data\nprovisioning:\n  diskSelector:\n    match: 'true'\n  minSize: 1GiB\nencryption:\n  provider: luks2\n  keys:\n    - slot: 0\n    - slot: 0\n      tpm:\n        options:\n          pcrs: [24]\n",
+    "name: data\nprovisioning:\n  diskSelector:\n    match: 'true'\n  minSize: 1GiB\nencryption:\n  provider: luks2\n  keys:\n    - slot: 0\n      nodeID: {}\n    - slot: 1\n      static:\n        passphrase: x\n        foo: 1\n      bar: 2\n",
+    "name: data\nprovisioning:\n  diskSelector:\n    match: 'true'\n  minSize: 1GiB\n  foo: 1\nbar: 2\n",
+    "name: data\nprovisioning:\n  diskSelector:\n    match: 'true'\n  minSize: 1GiB\nfilesystem:\n  type: xfs\n  xfs:\n    minAllocationGroupSize: 1GiB\n",
+    "name: data\nprovisioning:\n  diskSelector:\n    match: 'true'\n  minSize: 1GiB\nfilesystem:\n  type: ext4\n  xfs: {}\n",
+    "name: data\nprovisioning:\n  diskSelector:\n    match: 'true'\n  minSize: 1GiB\ntrim:\n  interval: -1s\nscrub:\n  interval: 5s\n",
+    "name: data\nprovisioning:\n  diskSelector:\n    match: 'true'\n  minSize: 1GiB\ntrim:\n  interval: bogus\n",
+    "name: data\nprovisioning:\n  diskSelector:\n    match: 'true'\n  minSize: 1GiB\nscrub:\n  enabled: true\n",
+    "name: data\nprovisioning:\n  diskSelector:\n    match: 'true'\n  minSize: 1GiB\n---\napiVersion: v1alpha1\nkind: UserVolumeConfig\nname: data\nprovisioning:\n  diskSelector:\n    match: 'true'\n  minSize: 1GiB\n",
+    "name: data\nprovisioning:\n  diskSelector:\n    match: 'true'\n  minSize: 1GiB\n---\napiVersion: v1alpha1\nkind: ExistingVolumeConfig\nname: data\ndiscovery:\n  volumeSelector:\n    match: volume.partition_label == 'x'\n",
+];
+
+#[tokio::test]
+async fn user_volume_verdicts_match_talos() {
+    let mut mismatches = Vec::new();
+    let (mut accepted, mut refused) = (0, 0);
+    for (minor, host) in [("1.13", 1u8), ("1.14", 2u8)] {
+        let version = if minor == "1.13" {
+            "v1.13.9"
+        } else {
+            "v1.14.1"
+        };
+        let addr: SocketAddr = format!("127.0.171.{host}:0").parse().expect("address");
+        let node = SimNode::start_with(addr, version, Hardware::vm(u32::from(host) + 170))
+            .await
+            .expect("start a node");
+        let client = pinned(&node).await;
+        for documents in USER_VOLUMES {
+            let text = with_user_volume(
+                minor,
+                &format!("apiVersion: v1alpha1\nkind: UserVolumeConfig\n{documents}"),
+            );
+            let talos = talos_verdict(minor, &text, node.hardware());
+            let sim = sim_verdict(&client, &text).await;
+            match (&talos, &sim) {
+                (Ok(_), Ok(_)) => accepted += 1,
+                (Err(t), Err(s)) if t == s => refused += 1,
+                _ => mismatches.push(format!(
+                    "{minor} {documents:?}\n  Talos:     {:?}\n  simulator: {:?}",
+                    talos.map(|_| "accepted".to_owned()),
+                    sim.map(|_| "accepted".to_owned())
+                )),
+            }
+        }
+        node.stop().await;
+    }
+    assert!(
+        mismatches.is_empty(),
+        "{} verdicts differ from Talos's:\n{}",
+        mismatches.len(),
+        mismatches.join("\n")
+    );
+    assert!(
+        accepted >= 8 && refused >= 40,
+        "both verdicts are exercised: {accepted} accepted, {refused} refused"
+    );
+}

@@ -267,7 +267,7 @@ pub(crate) fn load(talos: &Talos, source: &str) -> Result<Container, String> {
                 go_type(schema_kind)
             )));
         }
-        if let Some(unknown) = unknown_keys(schema_kind, &node) {
+        if let Some(unknown) = unknown_keys(talos, schema_kind, &node) {
             return Err(wrap(format!(
                 "unknown keys found during decoding:\n{}",
                 yaml::encode_go(&unknown)
@@ -282,7 +282,36 @@ pub(crate) fn load(talos: &Talos, source: &str) -> Result<Container, String> {
     if !any {
         return Err("config not found".into());
     }
+    conflicts(&container)?;
     Ok(container)
+}
+
+/// Kinds whose documents may not share a name (`ConflictsWithKinds`: a user volume and an
+/// existing volume of one name, `pkg/machinery/config/types/block/user_volume_config.go`).
+const CONFLICTING: &[(&str, &str)] = &[("UserVolumeConfig", "ExistingVolumeConfig")];
+
+/// `container.New`'s conflict check: the first of two conflicting documents is named first.
+fn conflicts(container: &Container) -> Result<(), String> {
+    for (i, doc) in container.documents.iter().enumerate() {
+        for (a, b) in CONFLICTING {
+            let other = match doc.kind.as_str() {
+                k if k == *a => *b,
+                k if k == *b => *a,
+                _ => continue,
+            };
+            if let Some(first) = container.documents[..i]
+                .iter()
+                .find(|d| d.kind == other && d.name == doc.name)
+            {
+                return Err(format!(
+                    "conflicting documents: {} and {}",
+                    first.id(),
+                    doc.id()
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The Go type a kind decodes into, as `%T` prints it.
@@ -401,10 +430,127 @@ const DISCOVERY_SERVICE_CONFIG_RULES: &[Rule] = &[rule(&["endpoint"], url_check)
 const RESOLVER_CONFIG_RULES: &[Rule] = &[rule(&["nameservers", "*", "address"], addr_check)];
 const LINK_CONFIG_RULES: &[Rule] = &[rule(&["addresses", "*", "address"], prefix_check)];
 
+/// An enumer `UnmarshalText` (case-insensitive): the error names the Go type.
+fn enum_check(text: &str, values: &[&str], type_name: &str) -> Option<String> {
+    (!values.contains(&text.to_lowercase().as_str()))
+        .then(|| format!("{text} does not belong to {type_name} values"))
+}
+
+/// `block.VolumeType` (`pkg/machinery/resources/block/volumetype_enumer.go`).
+fn volume_type_check(text: &str) -> Option<String> {
+    enum_check(
+        text,
+        &[
+            "partition",
+            "disk",
+            "tmpfs",
+            "directory",
+            "symlink",
+            "overlay",
+            "external",
+        ],
+        "VolumeType",
+    )
+}
+
+/// `block.FilesystemType` of 1.13 (its `swap` is spelt `swapi`).
+fn filesystem_type_check_1_13(text: &str) -> Option<String> {
+    enum_check(
+        text,
+        &[
+            "none", "xfs", "vfat", "ext4", "iso9660", "swapi", "virtiofs",
+        ],
+        "FilesystemType",
+    )
+}
+
+/// `block.FilesystemType` of 1.14, which adds `btrfs`.
+fn filesystem_type_check_1_14(text: &str) -> Option<String> {
+    enum_check(
+        text,
+        &[
+            "none", "xfs", "vfat", "ext4", "iso9660", "swapi", "virtiofs", "btrfs",
+        ],
+        "FilesystemType",
+    )
+}
+
+/// `block.EncryptionProviderType`.
+fn encryption_provider_check(text: &str) -> Option<String> {
+    enum_check(text, &["none", "luks2"], "EncryptionProviderType")
+}
+
+/// `block.ByteSize.UnmarshalText`: an optional `-`, then `humanize.ParseBytes`.
+fn byte_size_check(text: &str) -> Option<String> {
+    if text.is_empty() {
+        return None;
+    }
+    super::disks::parse_bytes(text.strip_prefix('-').unwrap_or(text)).err()
+}
+
+/// `block.Size.UnmarshalText`: a `PercentageSize` when there is a `%`, else a `ByteSize`.
+fn size_check(text: &str) -> Option<String> {
+    if !text.contains('%') {
+        return byte_size_check(text);
+    }
+    let Some(number) = text.strip_suffix('%') else {
+        return Some("percentage must end with '%'".into());
+    };
+    let number = number.strip_prefix('-').unwrap_or(number);
+    match number.parse::<f64>() {
+        Err(_) => Some(format!(
+            "invalid percentage value: strconv.ParseFloat: parsing {}: invalid syntax",
+            quote(number)
+        )),
+        Ok(v) if !(0.0..=100.0).contains(&v) => {
+            Some(format!("percentage must be between 0 and 100, got {v}"))
+        }
+        Ok(_) => None,
+    }
+}
+
+/// A `time.Duration` field: go-yaml parses a string with `time.ParseDuration` and refuses
+/// integers.
+fn duration_check(text: &str) -> Option<String> {
+    if !text.is_empty() && text.chars().all(|c| c.is_ascii_digit()) {
+        return Some(format!(
+            "cannot construct !!int `{text}` into time.Duration"
+        ));
+    }
+    crate::volumes::parse_go_duration(text)
+        .is_none()
+        .then(|| format!("cannot construct !!str `{text}` into time.Duration"))
+}
+
+/// `UserVolumeConfigV1Alpha1` of 1.13.
+const USER_VOLUME_CONFIG_RULES_1_13: &[Rule] = &[
+    rule(&["volumeType"], volume_type_check),
+    rule(&["provisioning", "minSize"], byte_size_check),
+    rule(&["provisioning", "maxSize"], size_check),
+    rule(&["filesystem", "type"], filesystem_type_check_1_13),
+    rule(&["encryption", "provider"], encryption_provider_check),
+];
+/// `UserVolumeConfigV1Alpha1` of 1.14: btrfs, the xfs options, trim and scrub.
+const USER_VOLUME_CONFIG_RULES_1_14: &[Rule] = &[
+    rule(&["volumeType"], volume_type_check),
+    rule(&["provisioning", "minSize"], byte_size_check),
+    rule(&["provisioning", "maxSize"], size_check),
+    rule(&["filesystem", "type"], filesystem_type_check_1_14),
+    rule(
+        &["filesystem", "xfs", "minAllocationGroupSize"],
+        byte_size_check,
+    ),
+    rule(&["encryption", "provider"], encryption_provider_check),
+    rule(&["trim", "interval"], duration_check),
+    rule(&["scrub", "interval"], duration_check),
+];
+
 /// The decode-time checks of the fields the simulator models, by path (`*` is any list
 /// item) within a document of `kind`.
-fn construct_rules(kind: &str) -> &'static [Rule] {
+fn construct_rules(talos: &Talos, kind: &str) -> &'static [Rule] {
     match kind {
+        "UserVolumeConfig" if talos.minor == Minor::V13 => USER_VOLUME_CONFIG_RULES_1_13,
+        "UserVolumeConfig" => USER_VOLUME_CONFIG_RULES_1_14,
         "v1alpha1" => V1ALPHA1_RULES,
         "HostnameConfig" => HOSTNAME_CONFIG_RULES,
         "KubeNetworkConfig" => KUBE_NETWORK_CONFIG_RULES,
@@ -417,7 +563,7 @@ fn construct_rules(kind: &str) -> &'static [Rule] {
 }
 
 fn construct_errors(talos: &Talos, source: &str, kind: &str, node: &Node) -> Option<String> {
-    let rules = construct_rules(kind);
+    let rules = construct_rules(talos, kind);
     if rules.is_empty() {
         return None;
     }
@@ -676,8 +822,153 @@ const CLUSTER_KEYS: &[&str] = &[
     "allowSchedulingOnControlPlanes",
 ];
 
+/// The shape of a Go struct, for the unknown keys below its top level: each known key, and
+/// what its value decodes into.
+enum Shape {
+    /// A scalar, or anything not checked further.
+    Leaf,
+    /// A struct with these keys.
+    Struct(&'static [(&'static str, Shape)]),
+    /// A list of structs of this shape.
+    List(&'static [(&'static str, Shape)]),
+}
+
+/// `block.ProvisioningSpec`.
+const PROVISIONING: Shape = Shape::Struct(&[
+    ("diskSelector", Shape::Struct(&[("match", Shape::Leaf)])),
+    ("grow", Shape::Leaf),
+    ("minSize", Shape::Leaf),
+    ("maxSize", Shape::Leaf),
+]);
+
+/// `block.EncryptionKey`.
+const ENCRYPTION_KEY: &[(&str, Shape)] = &[
+    ("slot", Shape::Leaf),
+    ("static", Shape::Struct(&[("passphrase", Shape::Leaf)])),
+    ("nodeID", Shape::Struct(&[])),
+    ("kms", Shape::Struct(&[("endpoint", Shape::Leaf)])),
+    (
+        "tpm",
+        Shape::Struct(&[
+            ("options", Shape::Struct(&[("pcrs", Shape::Leaf)])),
+            ("checkSecurebootStatusOnEnroll", Shape::Leaf),
+        ]),
+    ),
+    ("lockToState", Shape::Leaf),
+];
+
+/// `block.UserMountSpec`.
+const USER_MOUNT: Shape =
+    Shape::Struct(&[("disableAccessTime", Shape::Leaf), ("secure", Shape::Leaf)]);
+
+/// `UserVolumeConfigV1Alpha1` of 1.13 (`pkg/machinery/config/types/block`).
+const USER_VOLUME_CONFIG_1_13: &[(&str, Shape)] = &[
+    ("apiVersion", Shape::Leaf),
+    ("kind", Shape::Leaf),
+    ("name", Shape::Leaf),
+    ("volumeType", Shape::Leaf),
+    ("provisioning", PROVISIONING),
+    (
+        "filesystem",
+        Shape::Struct(&[("type", Shape::Leaf), ("projectQuotaSupport", Shape::Leaf)]),
+    ),
+    (
+        "encryption",
+        Shape::Struct(&[
+            ("provider", Shape::Leaf),
+            ("keys", Shape::List(ENCRYPTION_KEY)),
+            ("cipher", Shape::Leaf),
+            ("keySize", Shape::Leaf),
+            ("blockSize", Shape::Leaf),
+            ("options", Shape::Leaf),
+        ]),
+    ),
+    ("mount", USER_MOUNT),
+];
+
+/// `UserVolumeConfigV1Alpha1` of 1.14: the xfs options, `allowDiscards`, trim and scrub.
+const USER_VOLUME_CONFIG_1_14: &[(&str, Shape)] = &[
+    ("apiVersion", Shape::Leaf),
+    ("kind", Shape::Leaf),
+    ("name", Shape::Leaf),
+    ("volumeType", Shape::Leaf),
+    ("provisioning", PROVISIONING),
+    (
+        "filesystem",
+        Shape::Struct(&[
+            ("type", Shape::Leaf),
+            ("projectQuotaSupport", Shape::Leaf),
+            (
+                "xfs",
+                Shape::Struct(&[("minAllocationGroupSize", Shape::Leaf)]),
+            ),
+        ]),
+    ),
+    (
+        "encryption",
+        Shape::Struct(&[
+            ("provider", Shape::Leaf),
+            ("keys", Shape::List(ENCRYPTION_KEY)),
+            ("cipher", Shape::Leaf),
+            ("keySize", Shape::Leaf),
+            ("blockSize", Shape::Leaf),
+            ("options", Shape::Leaf),
+            ("allowDiscards", Shape::Leaf),
+        ]),
+    ),
+    ("mount", USER_MOUNT),
+    (
+        "trim",
+        Shape::Struct(&[("enabled", Shape::Leaf), ("interval", Shape::Leaf)]),
+    ),
+    (
+        "scrub",
+        Shape::Struct(&[("enabled", Shape::Leaf), ("interval", Shape::Leaf)]),
+    ),
+];
+
+/// The kinds checked below their top level, by release.
+fn shape_of(talos: &Talos, kind: &str) -> Option<&'static [(&'static str, Shape)]> {
+    match kind {
+        "UserVolumeConfig" if talos.minor == Minor::V13 => Some(USER_VOLUME_CONFIG_1_13),
+        "UserVolumeConfig" => Some(USER_VOLUME_CONFIG_1_14),
+        _ => None,
+    }
+}
+
+/// The keys of `node` a struct of `fields` does not know, recursively (a list reports only
+/// its items with unknown keys).
+fn unknown_in(fields: &[(&str, Shape)], node: &Node) -> Option<Json> {
+    let mut unknown = Map::new();
+    for (key, value) in node.entries() {
+        let Some((_, shape)) = fields.iter().find(|(name, _)| *name == key.name) else {
+            unknown.insert(key.name.clone(), value.to_json());
+            continue;
+        };
+        let inner = match (shape, &value.value) {
+            (Shape::Struct(inner), Value::Map(_)) => unknown_in(inner, value),
+            (Shape::List(inner), Value::Seq(items)) => {
+                let found: Vec<Json> = items
+                    .iter()
+                    .filter(|i| matches!(i.value, Value::Map(_)))
+                    .filter_map(|i| unknown_in(inner, i))
+                    .collect();
+                (!found.is_empty()).then_some(Json::Array(found))
+            }
+            _ => None,
+        };
+        if let Some(inner) = inner {
+            unknown.insert(key.name.clone(), inner);
+        }
+    }
+    (!unknown.is_empty()).then_some(Json::Object(unknown))
+}
+
 /// The unknown part of a document, as xyaml.CheckUnknownKeys reports it.
-fn unknown_keys(kind: &str, node: &Node) -> Option<Json> {
+fn unknown_keys(talos: &Talos, kind: &str, node: &Node) -> Option<Json> {
+    if let Some(fields) = shape_of(talos, kind) {
+        return unknown_in(fields, node);
+    }
     let known = known_keys(kind)?;
     let mut unknown = Map::new();
     for (key, value) in node.entries() {

@@ -398,10 +398,202 @@ fn validate_document(rt: &Runtime, doc: &Document) -> Outcome {
         "LinkConfig" if doc.name.is_empty() => {
             errors.push("name must be specified".into());
         }
+        "UserVolumeConfig" => user_volume_errors(rt, n, &doc.name, &mut errors),
         _ => {}
     }
     push_join(&mut out.errors, errors);
     out
+}
+
+/// A size field's value when set (not absent, null or empty): bytes or percent, whether it is
+/// a percentage, whether it is negative (`ByteSize`, `Size`, `PercentageSize`).
+fn size_field(node: Option<&Node>) -> Option<(u64, bool, bool)> {
+    let text = node.filter(|n| !n.is_null())?.text();
+    if text.is_empty() {
+        return None;
+    }
+    let (negative, rest) = match text.strip_prefix('-') {
+        Some(rest) => (true, rest.to_owned()),
+        None => (false, text.clone()),
+    };
+    if let Some(percent) = rest.strip_suffix('%') {
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let value = percent.parse::<f64>().unwrap_or(0.0) as u64;
+        return Some((value, true, negative));
+    }
+    Some((
+        super::disks::parse_bytes(&rest).unwrap_or(0),
+        false,
+        negative,
+    ))
+}
+
+/// Whether a pointer field is set (present and not null).
+fn set(n: &Node, path: &[&str]) -> bool {
+    n.at(path).is_some_and(|v| !v.is_null())
+}
+
+/// `UserVolumeConfigV1Alpha1.Validate` (`pkg/machinery/config/types/block/user_volume_config.go`
+/// and `volume_config.go`, `encryption.go`, `trim.go`, `scrub.go`; 1.14 as pkg/machinery
+/// v1.14.1, which lets a directory volume set `mount.secure`).
+fn user_volume_errors(rt: &Runtime, n: &Node, name: &str, errors: &mut Vec<String>) {
+    let v14 = rt.talos.minor == Minor::V14;
+    if name.is_empty() {
+        errors.push("name is required".into());
+    }
+    if name.is_empty() || name.len() > 34 {
+        errors.push("name must be between 1 and 34 characters long".into());
+    }
+    if name
+        .chars()
+        .any(|c| !(c.is_ascii_alphanumeric() || c == '-'))
+    {
+        errors.push(
+            "name can only contain lowercase and uppercase ASCII letters, digits, and hyphens"
+                .into(),
+        );
+    }
+    let kind = n
+        .get("volumeType")
+        .filter(|v| !v.is_null())
+        .map_or_else(|| "partition".to_owned(), |v| v.text().to_lowercase());
+    let matcher = n.str_at(&["provisioning", "diskSelector", "match"]);
+    let min = size_field(n.at(&["provisioning", "minSize"]));
+    let max = size_field(n.at(&["provisioning", "maxSize"]));
+    let grow = set(n, &["provisioning", "grow"]);
+    let mut filesystem = n.str_at(&["filesystem", "type"]).to_lowercase();
+    if filesystem == "none" {
+        filesystem.clear();
+    }
+    let quota = set(n, &["filesystem", "projectQuotaSupport"]);
+    let xfs = v14 && set(n, &["filesystem", "xfs"]);
+    let provider = n.str_at(&["encryption", "provider"]).to_lowercase();
+    let keys: Vec<Node> = n
+        .at(&["encryption", "keys"])
+        .map(|k| k.items().to_vec())
+        .unwrap_or_default();
+    let encryption_zero = (provider.is_empty() || provider == "none") && keys.is_empty();
+    match kind.as_str() {
+        "directory" => {
+            if !matcher.is_empty() || min.is_some() || max.is_some() || grow {
+                errors.push("provisioning spec is invalid for volumeType directory".into());
+            }
+            if !encryption_zero {
+                errors.push("encryption spec is invalid for volumeType directory".into());
+            }
+            if !filesystem.is_empty() || quota || xfs {
+                errors.push("filesystem spec is invalid for volumeType directory".into());
+            }
+            if v14 {
+                if set(n, &["mount", "disableAccessTime"]) {
+                    errors
+                        .push("mount.disableAccessTime is invalid for volumeType directory".into());
+                }
+            } else if set(n, &["mount", "disableAccessTime"]) || set(n, &["mount", "secure"]) {
+                errors.push("mount spec is invalid for volumeType directory".into());
+            }
+        }
+        "disk" | "partition" => {
+            // ProvisioningSpec.Validate(required: true, sizeSupported: partition).
+            if !matcher.is_empty() {
+                if let Err(e) = cel::parse_bool(&matcher) {
+                    errors.push(format!("disk selector is invalid: {e}"));
+                }
+            } else {
+                errors.push("disk selector is required".into());
+            }
+            if kind == "partition" {
+                match (min, max) {
+                    // An absolute, non-negative max size is compared; a relative or a
+                    // negative one is not.
+                    (Some((min, _, _)), Some((max, false, false))) if min > max => {
+                        errors.push("min size is greater than max size".into());
+                    }
+                    (None, None) => errors.push("min size or max size is required".into()),
+                    _ => {}
+                }
+                if min.is_some_and(|(_, _, negative)| negative) {
+                    errors.push("min size cannot be negative".into());
+                }
+            } else if min.is_some() || max.is_some() || grow {
+                errors.push("min size, max size and grow are not supported".into());
+            }
+            // FilesystemSpec.Validate: its first error only.
+            let effective = if filesystem.is_empty() {
+                "xfs"
+            } else {
+                filesystem.as_str()
+            };
+            if !["xfs", "ext4", "btrfs"].contains(&effective) {
+                errors.push(format!("unsupported filesystem type: {effective}"));
+            } else if quota
+                && n.bool_at(&["filesystem", "projectQuotaSupport"]) == Some(true)
+                && effective != "xfs"
+            {
+                errors.push("project quota support is only available for xfs filesystem".into());
+            } else if xfs && effective != "xfs" {
+                errors.push("xfs options are only available for xfs filesystem".into());
+            }
+            if !encryption_zero {
+                encryption_errors(&provider, &keys, errors);
+            }
+        }
+        other => errors.push(format!("unsupported volume type {}", quote(other))),
+    }
+    if v14 {
+        let interval = |section: &str| {
+            n.at(&[section, "interval"])
+                .filter(|v| !v.is_null())
+                .and_then(|v| crate::volumes::parse_go_duration(&v.text()))
+                .unwrap_or(0)
+        };
+        if set(n, &["trim"]) && interval("trim") < 0 {
+            errors.push("trim interval cannot be negative".into());
+        }
+        let scrub = interval("scrub");
+        if set(n, &["scrub"]) && scrub != 0 && scrub < 10_000_000_000 {
+            errors.push("scrub interval: minimum value is 10s".into());
+        }
+    }
+}
+
+/// `EncryptionSpec.Validate` of a set encryption section (`encryption.go`).
+fn encryption_errors(provider: &str, keys: &[Node], errors: &mut Vec<String>) {
+    if provider != "luks2" {
+        let shown = if provider.is_empty() {
+            "none"
+        } else {
+            provider
+        };
+        errors.push(format!("unsupported encryption provider: {shown}"));
+    }
+    if keys.is_empty() {
+        errors.push("encryption keys are required".into());
+    }
+    let mut slots = Vec::new();
+    for key in keys {
+        let slot = key.int_at(&["slot"]).unwrap_or(0);
+        if slots.contains(&slot) {
+            errors.push(format!("duplicate key slot {slot}"));
+        }
+        slots.push(slot);
+        if !["static", "nodeID", "kms", "tpm"]
+            .iter()
+            .any(|k| set(key, &[k]))
+        {
+            errors.push(format!(
+                "at least one encryption key type must be specified for slot {slot}"
+            ));
+        }
+        if let Some(pcrs) = key.at(&["tpm", "options", "pcrs"]) {
+            for pcr in pcrs.items() {
+                let value = pcr.text().parse::<i128>().unwrap_or(0);
+                if !(0..=23).contains(&value) {
+                    errors.push(format!("TPM PCR {value} is out of range (0-23)"));
+                }
+            }
+        }
+    }
 }
 
 fn protected_kubelet_fields(n: &Node, errors: &mut Vec<String>) {

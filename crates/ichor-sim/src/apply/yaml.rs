@@ -288,31 +288,59 @@ pub(crate) fn encode_go(value: &serde_json::Value) -> String {
 }
 
 fn encode_into(out: &mut String, value: &serde_json::Value, indent: usize) {
-    use serde_json::Value as J;
-    let pad = " ".repeat(indent);
     match value {
-        J::Object(map) => {
-            for (key, v) in map {
-                match v {
-                    J::Object(inner) if !inner.is_empty() => {
-                        out.push_str(&format!("{pad}{}:\n", scalar(&J::String(key.clone()))));
-                        encode_into(out, v, indent + 4);
-                    }
-                    J::Array(items) if !items.is_empty() => {
-                        out.push_str(&format!("{pad}{}:\n", scalar(&J::String(key.clone()))));
-                        for item in items {
-                            out.push_str(&format!("{pad}    - {}\n", scalar(item)));
+        serde_json::Value::Object(map) => {
+            let mut entries: Vec<_> = map.iter().collect();
+            entries.sort_by(|a, b| a.0.cmp(b.0));
+            for (key, v) in entries {
+                encode_entry(out, &" ".repeat(indent), key, v, indent, indent + 4);
+            }
+        }
+        other => out.push_str(&format!("{}{}\n", " ".repeat(indent), scalar(other))),
+    }
+}
+
+/// One `key: value` whose key starts at `key_col` after `lead` (the indentation, or a list
+/// item's dash); a nested mapping's keys go to `child_col`, a list's dashes four past the key.
+/// Inside a list item go's encoder indents the item's keys two past the dash and what they
+/// hold four past it.
+fn encode_entry(
+    out: &mut String,
+    lead: &str,
+    key: &str,
+    value: &serde_json::Value,
+    key_col: usize,
+    child_col: usize,
+) {
+    use serde_json::Value as J;
+    let name = scalar(&J::String(key.to_owned()));
+    match value {
+        J::Object(inner) if !inner.is_empty() => {
+            out.push_str(&format!("{lead}{name}:\n"));
+            encode_into(out, value, child_col);
+        }
+        J::Array(items) if !items.is_empty() => {
+            out.push_str(&format!("{lead}{name}:\n"));
+            let dash = key_col + 4;
+            for item in items {
+                match item {
+                    J::Object(map) if !map.is_empty() => {
+                        let mut entries: Vec<_> = map.iter().collect();
+                        entries.sort_by(|a, b| a.0.cmp(b.0));
+                        for (i, (k, v)) in entries.into_iter().enumerate() {
+                            let lead = if i == 0 {
+                                format!("{}- ", " ".repeat(dash))
+                            } else {
+                                " ".repeat(dash + 2)
+                            };
+                            encode_entry(out, &lead, k, v, dash + 2, dash + 4);
                         }
                     }
-                    _ => out.push_str(&format!(
-                        "{pad}{}: {}\n",
-                        scalar(&J::String(key.clone())),
-                        scalar(v)
-                    )),
+                    other => out.push_str(&format!("{}- {}\n", " ".repeat(dash), scalar(other))),
                 }
             }
         }
-        other => out.push_str(&format!("{pad}{}\n", scalar(other))),
+        _ => out.push_str(&format!("{lead}{name}: {}\n", scalar(value))),
     }
 }
 
