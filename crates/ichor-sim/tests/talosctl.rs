@@ -438,3 +438,99 @@ async fn an_install_disk_the_machine_lacks_leaves_the_install_pending() {
     );
     sim.stop().await;
 }
+
+/// User volumes as talosctl shows them (`crates/ichor-sim/docs/user-volumes.md`): a config
+/// with `UserVolumeConfig` documents, applied with talosctl, gives one `VolumeStatus` per
+/// document once the node is installed: `u-data` ready on the second disk, `u-nowhere` failed
+/// with Talos's error; on 1.13 and 1.14.
+#[tokio::test]
+async fn talosctl_gets_the_user_volumes() {
+    for (ip, version, contract, seed) in [
+        ("127.0.173.1", "v1.13.9", "v1.13", 17301),
+        ("127.0.173.2", "v1.14.1", "v1.14", 17302),
+    ] {
+        let mut hardware = Hardware::vm(seed);
+        hardware.disks.push(ichor_sim::SimDisk {
+            name: "vdb".into(),
+            size: 50_000_000_000,
+            cdrom: false,
+            transport: "virtio".into(),
+            model: String::new(),
+            serial: format!("SIMB{seed}"),
+        });
+        let addr: SocketAddr = format!("{ip}:50000").parse().expect("address");
+        let sim = SimNode::start_with(addr, version, hardware)
+            .await
+            .expect("a simulated node");
+        let talosctl = Talosctl::new();
+        let out = talosctl.dir.path().to_string_lossy().into_owned();
+        talosctl
+            .ok(&[
+                "gen",
+                "config",
+                "volumes",
+                &format!("https://{ip}:6443"),
+                "--install-disk",
+                "/dev/vda",
+                "--talos-version",
+                contract,
+                // The newest Kubernetes both releases run.
+                "--kubernetes-version",
+                "1.36.3",
+                "--output-dir",
+                &out,
+            ])
+            .await;
+        let generated =
+            std::fs::read_to_string(format!("{out}/controlplane.yaml")).expect("the config");
+        let config = file(
+            talosctl.dir.path(),
+            "with-volumes.yaml",
+            &format!(
+                "{}\n---\napiVersion: v1alpha1\nkind: UserVolumeConfig\nname: data\nprovisioning:\n  diskSelector:\n    match: disk.dev_path == '/dev/vdb'\n  minSize: 1GiB\n  maxSize: 10GiB\n---\napiVersion: v1alpha1\nkind: UserVolumeConfig\nname: nowhere\nprovisioning:\n  diskSelector:\n    match: disk.size > 10u * TB\n  minSize: 1GiB\n",
+                generated.trim_end()
+            ),
+        );
+        talosctl
+            .ok(&["apply-config", "--insecure", "-n", ip, "--file", &config])
+            .await;
+        talosctl.ok(&["config", "endpoint", ip]).await;
+        talosctl.ok(&["config", "node", ip]).await;
+        let table = talosctl
+            .ok_when(
+                Duration::from_secs(60),
+                &["get", "volumestatus", "u-data"],
+                |t| t.contains("ready"),
+            )
+            .await;
+        let row = table
+            .lines()
+            .find(|l| l.contains("u-data"))
+            .unwrap_or_else(|| panic!("{version}: no u-data row in\n{table}"));
+        let columns: Vec<&str> = row.split_whitespace().collect();
+        for column in ["VolumeStatus", "u-data", "partition", "ready", "/dev/vdb1"] {
+            assert!(columns.contains(&column), "{version}: {column} in {row}");
+        }
+        assert!(
+            row.ends_with("11 GB"),
+            "{version}: the size column\n{table}"
+        );
+        let failed = talosctl
+            .ok(&["get", "volumestatus", "u-nowhere", "-o", "yaml"])
+            .await;
+        for line in [
+            "    phase: failed",
+            "    type: partition",
+            "    errorMessage: no disks matched selector for volume",
+            "        targetPath: nowhere",
+            "        parentId: /var/mnt",
+            "        talos.dev/user-volume:",
+        ] {
+            assert!(
+                failed.lines().any(|l| l == line),
+                "{version}: no `{line}` in\n{failed}"
+            );
+        }
+        sim.stop().await;
+    }
+}
