@@ -15,6 +15,10 @@
 //!   maintenance), 1.14 through the
 //!   unattended-install phases (no matching disk: pending); no install section boots on in
 //!   place.
+//! - **User volumes** (`docs/user-volumes.md`): the `UserVolumeConfig` documents of the running
+//!   config become `VolumeStatuses` `u-<name>` (partitions made on the disks their selector
+//!   picks, whole disks, directories, or Talos's failure), following config changes applied
+//!   without a reboot; apply refuses invalid ones with Talos's messages.
 //! - **Configured nodes** (§2): mutual TLS with the config's OS CA, roles per method, `node`
 //!   metadata forwarding between nodes that trust each other.
 //! - **Etcd** (§1.2, §5): membership derived only from applied configs — Bootstrap with its
