@@ -104,18 +104,25 @@ impl Filesystem {
 /// config (`UserVolumeTransformer`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct UserVolumeConfig {
+    /// The document's name.
     pub(crate) name: String,
+    /// Its `volumeType`.
     pub(crate) kind: Kind,
     /// `provisioning.diskSelector.match` (CEL text; `false` when absent, Talos's `noMatch`).
     pub(crate) selector: String,
+    /// `provisioning.minSize`, 100 MiB when unset.
     pub(crate) min_size: u64,
     /// An absolute `maxSize` (0: none); with `negative_max_size`, what to leave free.
     pub(crate) max_size: u64,
     /// A `maxSize` in percent of the free space (0: none).
     pub(crate) relative_max_size: u64,
+    /// Whether `maxSize` is negative: the space to leave free.
     pub(crate) negative_max_size: bool,
+    /// `provisioning.grow` (always for a `disk` volume).
     pub(crate) grow: bool,
+    /// `filesystem.type`, xfs when unset.
     pub(crate) filesystem: Filesystem,
+    /// `filesystem.projectQuotaSupport`.
     pub(crate) project_quota: bool,
     /// The resolved trim interval, when trimming is on (1.14, `volumeconfig/trim.go`).
     pub(crate) trim: Option<Duration>,
@@ -363,7 +370,9 @@ fn provisioning_order(a: &UserVolumeConfig, b: &UserVolumeConfig) -> std::cmp::O
 /// A filesystem written on a partition or a disk, and its UUID.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Formatted {
+    /// The filesystem.
     pub(crate) filesystem: Filesystem,
+    /// Its UUID.
     pub(crate) uuid: String,
 }
 
@@ -372,10 +381,13 @@ pub(crate) struct Formatted {
 pub(crate) struct UserPartition {
     /// Its number (1-based).
     pub(crate) index: u64,
+    /// Its first sector.
     pub(crate) first_lba: u64,
+    /// Its last sector.
     pub(crate) last_lba: u64,
     /// The partition label, `u-<name>`.
     pub(crate) label: String,
+    /// Its GPT partition GUID.
     pub(crate) partition_uuid: String,
     /// The filesystem on it, once formatted.
     pub(crate) formatted: Option<Formatted>,
@@ -401,23 +413,36 @@ pub(crate) enum DiskContent {
 /// what the node serves as `VolumeStatuses.block.talos.dev/u-<name>`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Status {
+    /// `phase`.
     pub(crate) phase: BlockVolumePhase,
     /// The phase the last error happened in (`waiting`, the zero value, when none).
     pub(crate) pre_fail_phase: BlockVolumePhase,
+    /// `type`.
     pub(crate) kind: Kind,
+    /// `location`: the partition, or the disk.
     pub(crate) location: String,
+    /// `mountLocation`.
     pub(crate) mount_location: String,
+    /// `partitionIndex`.
     pub(crate) partition_index: u64,
+    /// `parentLocation`: the partition's disk.
     pub(crate) parent_location: String,
+    /// `uuid`: the filesystem's, once located.
     pub(crate) uuid: String,
+    /// `partitionUUID`.
     pub(crate) partition_uuid: String,
+    /// `size` in bytes.
     pub(crate) size: u64,
+    /// `filesystem`, once ready.
     pub(crate) filesystem: Option<Filesystem>,
     /// The mount spec, copied from the volume config at the first locate attempt:
     /// `projectQuotaSupport`, and whether it is a bind mount (directories).
     pub(crate) mount: Option<(bool, bool)>,
+    /// `trimInterval` when `trimEnabled` (1.14).
     pub(crate) trim: Option<Duration>,
+    /// `scrubInterval` when `scrubEnabled` (1.14).
     pub(crate) scrub: Option<Duration>,
+    /// `errorMessage`.
     pub(crate) error: String,
 }
 
@@ -1023,7 +1048,7 @@ pub(crate) fn in_use(node: &mut Node, disk: &str) -> Option<String> {
     reconcile(node);
     let on = |path: &str| {
         let base = path.rsplit('/').next().unwrap_or_default();
-        !base.is_empty() && (base == disk)
+        !base.is_empty() && base == disk
     };
     node.user_volumes
         .iter()
