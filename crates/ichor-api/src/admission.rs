@@ -199,7 +199,7 @@ pub const MANAGER_NAME: &str = "ichor-manager";
 /// What the manager may do across namespaces: watch and write its own kinds and their status,
 /// the bundle, talosconfig and kubeconfig Secrets, Events, and the per-cluster lock. Exactly
 /// what the code uses: the RBAC audit of every CI run (`ichor-rbac-audit`) fails on a grant no
-/// request used. TalosMachineClass and TalosStorage are not read yet, so not granted.
+/// request used.
 pub fn manager_cluster_role() -> k8s_openapi::api::rbac::v1::ClusterRole {
     use k8s_openapi::api::rbac::v1::{ClusterRole, PolicyRule};
     let rule = |group: &str, resources: &[&str], verbs: &[&str]| PolicyRule {
@@ -233,6 +233,13 @@ pub fn manager_cluster_role() -> k8s_openapi::api::rbac::v1::ClusterRole {
                 &["talosmachines"],
                 &["get", "list", "watch", "create", "patch", "delete"],
             ),
+            // Classes and storages: watched (caches and controllers), never written but for
+            // their status.
+            rule(
+                crate::GROUP,
+                &["talosmachineclasses", "talosstorages"],
+                &["list", "watch"],
+            ),
             // Status: server-side apply, one field manager per group of fields (ADR 0020).
             rule(
                 crate::GROUP,
@@ -240,6 +247,8 @@ pub fn manager_cluster_role() -> k8s_openapi::api::rbac::v1::ClusterRole {
                     "talosclusters/status",
                     "talosmachines/status",
                     "talosoperations/status",
+                    "talosmachineclasses/status",
+                    "talosstorages/status",
                 ],
                 &["patch"],
             ),

@@ -134,3 +134,73 @@ pub struct DiskSelector {
     #[schemars(length(max = 256))]
     pub wwid: Option<String>,
 }
+
+/// The bytes a Kubernetes quantity such as `100Gi`, `1.5Ti`, `500G` or `1048576` stands for;
+/// `None` for anything else (negative, exponent forms, milli units, overflow).
+pub fn quantity_bytes(quantity: &str) -> Option<u64> {
+    let text = quantity.trim();
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (number, suffix) = text.split_at(split);
+    let multiplier: u64 = match suffix {
+        "" => 1,
+        "k" => 1_000,
+        "M" => 1_000_000,
+        "G" => 1_000_000_000,
+        "T" => 1_000_000_000_000,
+        "P" => 1_000_000_000_000_000,
+        "E" => 1_000_000_000_000_000_000,
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        "Ti" => 1 << 40,
+        "Pi" => 1 << 50,
+        "Ei" => 1 << 60,
+        _ => return None,
+    };
+    let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
+    if whole.is_empty() && fraction.is_empty() {
+        return None;
+    }
+    let whole: u64 = if whole.is_empty() {
+        0
+    } else {
+        whole.parse().ok()?
+    };
+    let mut bytes = whole.checked_mul(multiplier)?;
+    if !fraction.is_empty() {
+        let digits: u32 = fraction.len().try_into().ok()?;
+        let scale = 10u128.checked_pow(digits)?;
+        let part: u128 = fraction.parse().ok()?;
+        let extra = part.checked_mul(u128::from(multiplier))? / scale;
+        bytes = bytes.checked_add(u64::try_from(extra).ok()?)?;
+    }
+    Some(bytes)
+}
+
+#[cfg(test)]
+mod quantity_tests {
+    use super::quantity_bytes;
+
+    #[test]
+    fn quantities_read_as_bytes() {
+        assert_eq!(quantity_bytes("100Gi"), Some(100 << 30));
+        assert_eq!(quantity_bytes("1.5Ki"), Some(1536));
+        assert_eq!(quantity_bytes("500G"), Some(500_000_000_000));
+        assert_eq!(quantity_bytes("1048576"), Some(1 << 20));
+        assert_eq!(quantity_bytes(".5Mi"), Some(512 << 10));
+        for bad in [
+            "",
+            "Gi",
+            "10gb",
+            "-1Gi",
+            "1e9",
+            "100m",
+            "1.2.3Gi",
+            "99999999999Ei",
+        ] {
+            assert_eq!(quantity_bytes(bad), None, "{bad}");
+        }
+    }
+}

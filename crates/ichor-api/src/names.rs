@@ -30,6 +30,9 @@ pub mod labels {
     pub const CLUSTER: &str = "ichor.maesh.dev/cluster";
     /// The role of a TalosMachine (`controlplane` or `worker`).
     pub const ROLE: &str = "ichor.maesh.dev/role";
+    /// The TalosMachineClass that approved a TalosMachine (its patches render into the
+    /// machine's config, between the cluster's and the machine's).
+    pub const CLASS: &str = "ichor.maesh.dev/class";
     /// The SMBIOS UUID a TalosMachine was discovered with.
     pub const MACHINE_UUID: &str = "ichor.maesh.dev/machine-uuid";
     /// The TalosMachine a Secret belongs to (its applied-config Secret).
@@ -96,6 +99,12 @@ pub mod field_managers {
     pub const MACHINE_ETCD: &str = "ichor-manager/etcd";
     /// TalosMachine `status.removal` and `RemovalApproved`: the removal sequence.
     pub const MACHINE_REMOVAL: &str = "ichor-manager/removal";
+    /// TalosMachine `ClassMatched`: what the machine classes of its cluster make of it.
+    pub const MACHINE_CLASS: &str = "ichor-manager/class";
+    /// TalosMachineClass status.
+    pub const CLASS_STATUS: &str = "ichor-manager/class-status";
+    /// TalosStorage status.
+    pub const STORAGE_STATUS: &str = "ichor-manager/storage";
     /// TalosOperation status, but for the snapshot Secret.
     pub const OPERATION_STATUS: &str = "ichor-manager/operation";
     /// TalosOperation `status.snapshotSecret`.
@@ -125,6 +134,9 @@ pub mod conditions {
     /// Every machine of the cluster runs the config rendered for it (no drift rollout pending
     /// or stopped).
     pub const CONFIG_ROLLED_OUT: &str = "ConfigRolledOut";
+    /// On a pending TalosMachine: whether a TalosMachineClass approves it, and if not why
+    /// (two classes match, a class is full, the control planes are all there).
+    pub const CLASS_MATCHED: &str = "ClassMatched";
 }
 
 /// Condition reasons (CamelCase), one per cause a person can act on.
@@ -258,6 +270,25 @@ pub mod reasons {
     pub const FINGERPRINT_MATCHES: &str = "FingerprintMatches";
     /// The TalosCluster named by `spec.clusterRef` does not exist.
     pub const CLUSTER_NOT_FOUND: &str = "ClusterNotFound";
+    /// A TalosMachineClass approved the machine (a condition reason and an Event).
+    pub const APPROVED_BY_CLASS: &str = "ApprovedByClass";
+    /// More than one TalosMachineClass matches the machine: it stays pending.
+    pub const CLASS_AMBIGUOUS: &str = "ClassAmbiguous";
+    /// The matching class has approved `spec.maxMachines` machines: it stays pending.
+    pub const CLASS_FULL: &str = "ClassFull";
+    /// The cluster has `spec.controlPlane.count` control planes (not counting those being
+    /// removed): a control-plane class approves no more, and the machine stays pending.
+    pub const CONTROL_PLANES_FULL: &str = "ControlPlanesFull";
+    /// The class matches and approves pending machines of its cluster.
+    pub const CLASS_ACTIVE: &str = "ClassActive";
+    /// Every volume of a TalosStorage is ready on every machine it selects.
+    pub const VOLUMES_READY: &str = "VolumesReady";
+    /// Some volume is not ready yet, or a selected machine is not configured yet.
+    pub const VOLUMES_PENDING: &str = "VolumesPending";
+    /// Talos reports a volume failed (e.g. no disk matched its selector).
+    pub const VOLUME_FAILED: &str = "VolumeFailed";
+    /// Two TalosStorages give one machine volumes of the same name: neither renders there.
+    pub const VOLUME_CONFLICT: &str = "VolumeConflict";
     /// An approved machine has no `spec.role`.
     pub const ROLE_REQUIRED: &str = "RoleRequired";
     /// The config is being applied over the pinned maintenance connection.

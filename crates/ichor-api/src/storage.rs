@@ -29,15 +29,29 @@ pub struct TalosStorageSpec {
     /// Machines this applies to; all of the cluster's machines when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub machine_selector: Option<LabelSelector>,
-    /// The user volumes.
-    #[schemars(length(min = 1, max = 16))]
+    /// The user volumes, by name.
+    #[schemars(length(min = 1, max = 16), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub volumes: Vec<UserVolume>,
+}
+
+impl TalosStorage {
+    /// Whether this storage gives `machine` its volumes: same namespace and cluster, and the
+    /// machine's labels match `spec.machineSelector` (every machine of the cluster when absent).
+    pub fn selects(&self, machine: &crate::TalosMachine) -> bool {
+        self.metadata.namespace == machine.metadata.namespace
+            && self.spec.cluster_ref.name == machine.spec.cluster_ref.name
+            && self.spec.machine_selector.as_ref().is_none_or(|s| {
+                crate::operation::selects(s, &machine.metadata.labels.clone().unwrap_or_default())
+            })
+    }
 }
 
 /// One user volume (a `UserVolumeConfig` document), mounted at `/var/mnt/<name>`.
 #[derive(KubeSchema, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("!has(self.minSize) || !has(self.maxSize) || quantity(self.minSize).compareTo(quantity(self.maxSize)) <= 0").message("minSize must not exceed maxSize"))]
+#[x_kube(validation = Rule::new("has(self.minSize) || has(self.maxSize)").message("set minSize or maxSize (Talos needs at least one for a partition volume)"))]
+#[x_kube(validation = Rule::new("!has(self.maxSize) || (has(oldSelf.maxSize) && quantity(self.maxSize).compareTo(quantity(oldSelf.maxSize)) >= 0)").message("a volume cannot shrink: maxSize may only grow or be removed (Talos never shrinks a partition)"))]
 pub struct UserVolume {
     /// The volume's name (lowercase letters, digits and dashes).
     #[schemars(

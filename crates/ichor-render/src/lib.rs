@@ -103,7 +103,10 @@ pub mod pki;
 pub mod render;
 
 pub use bundle::{BundleError, SecretsBundle};
-pub use render::{RenderError, RenderInput, Rendered, config_hash, render, render_machine};
+pub use render::{
+    MachineLayers, RenderError, RenderInput, Rendered, config_hash, render, render_machine,
+    render_with_volumes,
+};
 
 /// A Talos version contract: what a config is rendered for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -14,6 +14,7 @@ use base64::engine::general_purpose::STANDARD;
 use ichor_api::cluster::{CniPreset, KubeProxyMode, TalosClusterSpec};
 use ichor_api::common::{InstallSpec, Role};
 use ichor_api::config::ConfigPatch;
+use ichor_api::storage::{Filesystem, UserVolume};
 use serde_json::{Map, Value, json};
 
 use crate::Contract;
@@ -44,6 +45,18 @@ pub enum RenderError {
     /// A patch could not be applied.
     #[error(transparent)]
     Patch(#[from] PatchError),
+    /// Two TalosStorages give the machine a volume of the same name.
+    #[error(
+        "TalosStorages {first} and {second} both give this machine a volume named {volume}: rename one, or narrow a machineSelector"
+    )]
+    VolumeConflict {
+        /// The volume name.
+        volume: String,
+        /// The storage that gave it first (by name).
+        first: String,
+        /// The other storage.
+        second: String,
+    },
     /// The documents could not be serialized.
     #[error("cannot serialize the rendered config: {0}")]
     Serialize(String),
@@ -181,11 +194,25 @@ fn k8s_tag(version: &str) -> String {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub fn render(input: &RenderInput<'_>) -> Result<Rendered, RenderError> {
+    render_with_volumes(input, &[])
+}
+
+/// [`render()`], with user volumes: one `UserVolumeConfig` document per volume (both
+/// contracts have the kind, talos-facts §4.4; its fields: crates/ichor-sim/docs/user-volumes.md),
+/// in the order given, after the role's documents and before the patches, so a patch can
+/// still adjust them.
+pub fn render_with_volumes(
+    input: &RenderInput<'_>,
+    volumes: &[&UserVolume],
+) -> Result<Rendered, RenderError> {
     let contract = Contract::from_version(&input.cluster.talos_version)?;
     let mut documents = match contract {
         Contract::V1_13 => render_1_13(input)?,
         Contract::V1_14 => render_1_14(input)?,
     };
+    for volume in volumes {
+        documents.push(user_volume(volume)?);
+    }
     for (layer, patches) in ["cluster", "class", "machine"].iter().zip(input.patches) {
         for (index, p) in patches.iter().enumerate() {
             patch::apply(&mut documents, contract, layer, index, p)?;
@@ -632,13 +659,123 @@ fn control_plane_1_14(input: &RenderInput<'_>, k8s: &str) -> Vec<Value> {
     docs
 }
 
+/// The one `UserVolumeConfig` document of `volume`: a partition volume on a disk its CEL
+/// selector matches, sizes in bytes (Talos's `ByteSize` reads a plain number as bytes,
+/// `pkg/machinery/config/types/block/byte_size.go`), mounted at `/var/mnt/<name>`.
+fn user_volume(volume: &UserVolume) -> Result<Value, RenderError> {
+    let size =
+        |field: &'static str, quantity: &Option<String>| -> Result<Option<u64>, RenderError> {
+            quantity
+                .as_deref()
+                .map(|q| {
+                    ichor_api::common::quantity_bytes(q).ok_or_else(|| RenderError::Input {
+                        field,
+                        reason: format!("{q:?} is not a size in bytes, e.g. 10Gi"),
+                    })
+                })
+                .transpose()
+        };
+    let min = size("volumes[].minSize", &volume.min_size)?;
+    let max = size("volumes[].maxSize", &volume.max_size)?;
+    if min.is_none() && max.is_none() {
+        return Err(RenderError::Input {
+            field: "volumes[].minSize",
+            reason: format!(
+                "volume {:?} needs minSize or maxSize (Talos refuses a partition volume with neither)",
+                volume.name
+            ),
+        });
+    }
+    let mut provisioning = serde_json::Map::new();
+    provisioning.insert(
+        "diskSelector".into(),
+        json!({"match": volume.disk_selector}),
+    );
+    if let Some(min) = min {
+        provisioning.insert("minSize".into(), json!(min.to_string()));
+    }
+    if let Some(max) = max {
+        provisioning.insert("maxSize".into(), json!(max.to_string()));
+    }
+    let filesystem = match volume.filesystem {
+        Filesystem::Xfs => "xfs",
+        Filesystem::Ext4 => "ext4",
+    };
+    let document = doc(
+        "UserVolumeConfig",
+        json!({
+            "name": volume.name,
+            "provisioning": provisioning,
+            "filesystem": {"type": filesystem},
+        }),
+    );
+    Ok(document)
+}
+
+/// What a machine's config is rendered from beyond its cluster and itself.
+#[derive(Debug, Clone, Default)]
+pub struct MachineLayers<'a> {
+    /// The TalosMachineClass that approved it (`ichor.maesh.dev/class`): its patches go
+    /// between the cluster's and the machine's.
+    pub class: Option<&'a ichor_api::TalosMachineClass>,
+    /// The user volumes the cluster's TalosStorages give it, in order.
+    pub volumes: Vec<&'a UserVolume>,
+}
+
+impl<'a> MachineLayers<'a> {
+    /// The layers of `machine`: the class its `ichor.maesh.dev/class` label names, when that
+    /// class is among `classes` and belongs to the machine's cluster; and the volumes of every
+    /// storage among `storages` that selects it, storages by name. A volume name given twice is
+    /// refused, naming both storages: neither renders on this machine.
+    pub fn of(
+        machine: &ichor_api::TalosMachine,
+        classes: impl IntoIterator<Item = &'a ichor_api::TalosMachineClass>,
+        storages: impl IntoIterator<Item = &'a ichor_api::TalosStorage>,
+    ) -> Result<Self, RenderError> {
+        let label = machine
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(ichor_api::names::labels::CLASS));
+        let class = label.and_then(|name| {
+            classes.into_iter().find(|c| {
+                c.metadata.name.as_ref() == Some(name)
+                    && c.metadata.namespace == machine.metadata.namespace
+                    && c.spec.cluster_ref.name == machine.spec.cluster_ref.name
+            })
+        });
+        let mut selecting: Vec<&ichor_api::TalosStorage> = storages
+            .into_iter()
+            .filter(|s| s.selects(machine))
+            .collect();
+        selecting.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        let mut volumes: Vec<&UserVolume> = Vec::new();
+        let mut owners: BTreeMap<&str, &str> = BTreeMap::new();
+        for storage in selecting {
+            let owner = storage.metadata.name.as_deref().unwrap_or_default();
+            for volume in &storage.spec.volumes {
+                if let Some(first) = owners.insert(&volume.name, owner) {
+                    return Err(RenderError::VolumeConflict {
+                        volume: volume.name.clone(),
+                        first: first.to_owned(),
+                        second: owner.to_owned(),
+                    });
+                }
+                volumes.push(volume);
+            }
+        }
+        Ok(Self { class, volumes })
+    }
+}
+
 /// Renders the config `machine` gets from `cluster` with `role`: the machine's install settings
-/// over the cluster's, cluster patches then machine patches. The manager applies exactly this;
-/// `kubectl ichor render` shows it.
+/// over the cluster's, the user volumes of `layers`, then the cluster's, the class's and the
+/// machine's patches. The manager applies exactly this; `kubectl ichor render` shows it.
 pub fn render_machine(
     cluster: &ichor_api::TalosCluster,
     machine: &ichor_api::TalosMachine,
     role: Role,
+    layers: &MachineLayers<'_>,
     bundle: &SecretsBundle,
 ) -> Result<Rendered, RenderError> {
     let empty = BTreeMap::new();
@@ -647,16 +784,26 @@ pub fn render_machine(
         .install
         .as_ref()
         .or(cluster.spec.install.as_ref());
-    render(&RenderInput {
-        cluster_name: cluster.metadata.name.as_deref().unwrap_or_default(),
-        cluster: &cluster.spec,
-        role,
-        hostname: machine.spec.hostname.as_deref(),
-        install,
-        cert_sans: &[],
-        node_labels: &empty,
-        node_taints: &empty,
-        patches: &[&cluster.spec.config_patches, &machine.spec.config_patches],
-        bundle,
-    })
+    let class_patches: &[ConfigPatch] = layers
+        .class
+        .map_or(&[], |c| c.spec.config_patches.as_slice());
+    render_with_volumes(
+        &RenderInput {
+            cluster_name: cluster.metadata.name.as_deref().unwrap_or_default(),
+            cluster: &cluster.spec,
+            role,
+            hostname: machine.spec.hostname.as_deref(),
+            install,
+            cert_sans: &[],
+            node_labels: &empty,
+            node_taints: &empty,
+            patches: &[
+                &cluster.spec.config_patches,
+                class_patches,
+                &machine.spec.config_patches,
+            ],
+            bundle,
+        },
+        &layers.volumes,
+    )
 }

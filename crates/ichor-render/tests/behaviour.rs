@@ -112,8 +112,14 @@ fn render_machine_takes_the_machines_install_and_patches_over_the_clusters() {
                 .remove(0),
         )
         .build();
-    let out = ichor_render::render_machine(&cluster, &machine, Role::ControlPlane, &f.bundle)
-        .expect("render");
+    let out = ichor_render::render_machine(
+        &cluster,
+        &machine,
+        Role::ControlPlane,
+        &ichor_render::MachineLayers::default(),
+        &f.bundle,
+    )
+    .expect("render");
     let labels = &document(&out, "KubeNodeConfig")["labels"];
     assert_eq!(labels["tier"], "machine");
     assert_eq!(labels["zone"], "a");

@@ -186,3 +186,121 @@ fn diff_paths(talos: &Value, ours: &Value, path: &str, out: &mut Vec<String>) {
         _ => {}
     }
 }
+
+/// A patch adding Kubernetes node labels, in the contract's shape.
+fn labels_patch(contract: Contract, name: &str, labels: Value) -> Value {
+    match contract {
+        Contract::V1_13 => json!({"name": name, "machine": {"nodeLabels": labels}}),
+        Contract::V1_14 => {
+            json!({"name": name, "documents": {"KubeNodeConfig": {"labels": labels}}})
+        }
+    }
+}
+
+/// The volumes of a TalosStorage render into `UserVolumeConfig` documents Talos's strict
+/// validation accepts, on both contracts, sizes in bytes; a class's patches go between the
+/// cluster's and the machine's, and can adjust a volume.
+#[test]
+fn user_volumes_and_class_patches_pass_talos_strict_validation() {
+    use ichor_api::storage::{Filesystem, UserVolume};
+    use ichor_api::{TalosCluster, TalosMachine, TalosMachineClass, TalosStorage};
+    use ichor_render::MachineLayers;
+
+    for contract in CONTRACTS {
+        let version = match contract {
+            Contract::V1_13 => "v1.13.9",
+            Contract::V1_14 => "v1.14.1",
+        };
+        let cluster: TalosCluster = serde_json::from_value(json!({
+            "apiVersion": "ichor.maesh.dev/v1alpha1", "kind": "TalosCluster",
+            "metadata": {"name": "lab", "namespace": "ns"},
+            "spec": {"talosVersion": version, "kubernetesVersion": "1.36.3",
+                     "endpoint": "https://10.0.0.10:6443", "controlPlane": {"count": 1}}
+        }))
+        .expect("cluster");
+        let machine: TalosMachine = serde_json::from_value(json!({
+            "apiVersion": "ichor.maesh.dev/v1alpha1", "kind": "TalosMachine",
+            "metadata": {"name": "m1", "namespace": "ns",
+                         "labels": {"ichor.maesh.dev/class": "fast", "pool": "a"}},
+            "spec": {"clusterRef": {"name": "lab"}, "approvalState": "approved", "role": "worker",
+                     "endpoints": ["10.0.0.21"], "fingerprint": "x",
+                     "configPatches": [labels_patch(contract, "m", json!({"by": "machine"}))]}
+        }))
+        .expect("machine");
+        let class: TalosMachineClass = serde_json::from_value(json!({
+            "apiVersion": "ichor.maesh.dev/v1alpha1", "kind": "TalosMachineClass",
+            "metadata": {"name": "fast", "namespace": "ns"},
+            "spec": {"clusterRef": {"name": "lab"}, "role": "worker", "qualifiers": {"uuids": ["u"]},
+                     "configPatches": [labels_patch(contract, "c", json!({"by": "class", "tier": "fast"}))]}
+        }))
+        .expect("class");
+        let volume =
+            |name: &str, fs: Filesystem, min: Option<&str>, max: Option<&str>| UserVolume {
+                name: name.into(),
+                disk_selector: "disk.transport == 'nvme' && !system_disk".into(),
+                min_size: min.map(Into::into),
+                max_size: max.map(Into::into),
+                filesystem: fs,
+            };
+        let mut storage = TalosStorage::new(
+            "data",
+            ichor_api::TalosStorageSpec {
+                cluster_ref: ichor_api::common::LocalObjectReference { name: "lab".into() },
+                machine_selector: serde_json::from_value(json!({"matchLabels": {"pool": "a"}}))
+                    .ok(),
+                volumes: vec![
+                    volume("data", Filesystem::Xfs, Some("100Gi"), Some("500Gi")),
+                    volume("scratch-1", Filesystem::Ext4, Some("1.5Gi"), None),
+                ],
+            },
+        );
+        storage.metadata.namespace = Some("ns".into());
+        let classes = [class];
+        let storages = [storage];
+        let layers = MachineLayers::of(&machine, &classes, &storages).expect("layers");
+        assert!(layers.class.is_some(), "the labelled class is found");
+        let rendered = ichor_render::render_machine(
+            &cluster,
+            &machine,
+            Role::Worker,
+            &layers,
+            &bundle(contract),
+        )
+        .expect("render");
+        let volumes: Vec<&Value> = rendered
+            .documents
+            .iter()
+            .filter(|d| d["kind"] == "UserVolumeConfig")
+            .collect();
+        assert_eq!(volumes.len(), 2, "{contract:?}");
+        assert_eq!(volumes[0]["name"], "data");
+        assert_eq!(volumes[0]["provisioning"]["minSize"], "107374182400");
+        assert_eq!(volumes[0]["provisioning"]["maxSize"], "536870912000");
+        assert_eq!(volumes[1]["filesystem"]["type"], "ext4");
+        assert_eq!(volumes[1]["provisioning"]["minSize"], "1610612736");
+        let labels = match contract {
+            Contract::V1_13 => rendered.documents[0]["machine"]["nodeLabels"].clone(),
+            Contract::V1_14 => rendered
+                .documents
+                .iter()
+                .find(|d| d["kind"] == "KubeNodeConfig")
+                .map(|d| d["labels"].clone())
+                .expect("a KubeNodeConfig"),
+        };
+        assert_eq!(labels["tier"], "fast", "the class's patch");
+        assert_eq!(labels["by"], "machine", "the machine's patch goes last");
+        let (ok, out) = run_oracle(contract, &["validate"], rendered.yaml.as_bytes());
+        assert!(
+            ok,
+            "{contract:?}: Talos refuses the volumes: {out}\n{}",
+            rendered.yaml
+        );
+
+        // Another storage giving the machine a volume of the same name is refused, naming both.
+        let mut twin = storages[0].clone();
+        twin.metadata.name = Some("twin".into());
+        let both = [storages[0].clone(), twin];
+        let err = MachineLayers::of(&machine, &classes, &both).expect_err("a conflict");
+        assert!(err.to_string().contains("data and twin"), "{err}");
+    }
+}

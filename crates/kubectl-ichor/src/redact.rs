@@ -270,7 +270,14 @@ mod tests {
             "spec": {"clusterRef": {"name": "lab"}, "hostname": "cp-1"}
         }))
         .expect("machine");
-        ichor_render::render_machine(&cluster, &machine, role, b).expect("render")
+        ichor_render::render_machine(
+            &cluster,
+            &machine,
+            role,
+            &ichor_render::MachineLayers::default(),
+            b,
+        )
+        .expect("render")
     }
 
     #[test]

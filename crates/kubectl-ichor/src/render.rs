@@ -7,8 +7,8 @@
 use ichor_api::common::Role;
 use ichor_api::machine::ApprovalState;
 use ichor_api::names::secrets as secret_names;
-use ichor_api::{TalosCluster, TalosMachine};
-use ichor_render::{Rendered, SecretsBundle, config_hash, render::to_yaml};
+use ichor_api::{TalosCluster, TalosMachine, TalosMachineClass, TalosStorage};
+use ichor_render::{MachineLayers, Rendered, SecretsBundle, config_hash, render::to_yaml};
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt as _;
 use kube::api::Api;
@@ -209,6 +209,25 @@ async fn bundle(conn: &Connection, cluster: &TalosCluster) -> Result<SecretsBund
     })
 }
 
+/// The machine classes and storages of the namespace: what a machine's class patches and
+/// volumes come from (two list calls).
+async fn layer_sources(
+    conn: &Connection,
+) -> Result<(Vec<TalosMachineClass>, Vec<TalosStorage>), Error> {
+    let list = Default::default();
+    let classes = Api::<TalosMachineClass>::namespaced(conn.client.clone(), &conn.namespace)
+        .list(&list)
+        .await
+        .map_err(|e| Error::kube("cannot list TalosMachineClasses".to_owned(), &e))?
+        .items;
+    let storages = Api::<TalosStorage>::namespaced(conn.client.clone(), &conn.namespace)
+        .list(&list)
+        .await
+        .map_err(|e| Error::kube("cannot list TalosStorages".to_owned(), &e))?
+        .items;
+    Ok((classes, storages))
+}
+
 /// Renders `name`'s config as the manager would now; prints it redacted, or its diff.
 pub async fn render(
     conn: &Connection,
@@ -226,8 +245,10 @@ pub async fn render(
     )
     .await?;
     let bundle = bundle(conn, &cluster).await?;
-    let rendered =
-        ichor_render::render_machine(&cluster, &machine, role, &bundle).map_err(|e| {
+    let (classes, storages) = layer_sources(conn).await?;
+    let rendered = MachineLayers::of(&machine, &classes, &storages)
+        .and_then(|layers| ichor_render::render_machine(&cluster, &machine, role, &layers, &bundle))
+        .map_err(|e| {
             Error::Object(format!(
                 "the config of TalosMachine {name} cannot be rendered: {e}"
             ))
@@ -309,6 +330,7 @@ mod tests {
             &cluster(kubernetes),
             &machine(Some("controlplane"), None),
             Role::ControlPlane,
+            &MachineLayers::default(),
             &bundle(),
         )
         .expect("render")

@@ -84,7 +84,14 @@ async fn storage_volumes_have_unique_names_and_ordered_sizes() {
             vol("data", "10Gi", "20Gi"),
             vol("data", "1Gi", "2Gi")
         ])),
-        "volume names must be unique",
+        // Volumes are a list-map keyed by name: the apiserver refuses a duplicate key.
+        "Duplicate value",
+    )
+    .await;
+    refused(
+        &storages,
+        storage(json!([{"name": "data", "diskSelector": "!system_disk"}])),
+        "set minSize or maxSize",
     )
     .await;
     refused(
@@ -119,6 +126,22 @@ async fn storage_volumes_have_unique_names_and_ordered_sizes() {
         ])),
     )
     .await;
+    // A volume may grow, never shrink (Talos never shrinks a partition).
+    let shrink = merge(
+        &storages,
+        "s",
+        json!({"spec": {"volumes": [vol("data", "10Gi", "15Gi"), vol("logs", "1Gi", "2Gi")]}}),
+    )
+    .await
+    .expect_err("a shrink");
+    assert!(shrink.contains("a volume cannot shrink"), "{shrink}");
+    merge(
+        &storages,
+        "s",
+        json!({"spec": {"volumes": [vol("data", "10Gi", "40Gi"), vol("logs", "1Gi", "2Gi"), vol("new", "1Gi", "2Gi")]}}),
+    )
+    .await
+    .expect("growth and a new volume");
 }
 
 fn class(qualifiers: Value) -> Value {
@@ -152,9 +175,27 @@ async fn machine_classes_need_a_valid_qualifier() {
         "minDiskSize must be a quantity",
     )
     .await;
+    refused(
+        &classes,
+        class(json!({"talosVersions": ["1.14"]})),
+        "talosVersions entries must look like v1, v1.14 or v1.14.1",
+    )
+    .await;
+    refused(
+        &classes,
+        class(json!({"diskTypes": ["floppy"]})),
+        "spec.qualifiers.diskTypes[0]",
+    )
+    .await;
     create_ok(
         &classes,
         class(json!({"macAddresses": ["52:54:00:12:34:56"], "minDiskSize": "100Gi"})),
     )
     .await;
+    let mut other = class(
+        json!({"diskModels": ["Samsung*"], "diskTypes": ["nvme"], "talosVersions": ["v1.14"]}),
+    );
+    other["metadata"]["name"] = json!("k2");
+    other["spec"]["maxMachines"] = json!(3);
+    create_ok(&classes, other).await;
 }
