@@ -44,6 +44,9 @@ pub struct SimOptions {
     /// The manager's install stall limit in seconds (`--install-stall-seconds`); its default
     /// (sized for real hardware) unless a spec says.
     pub install_stall_seconds: Option<u64>,
+    /// Changes node `host`'s hardware from [`Hardware::vm`]'s (e.g. more disks); none when
+    /// absent.
+    pub hardware: Option<fn(u8, &mut Hardware)>,
 }
 
 impl SimOptions {
@@ -58,6 +61,7 @@ impl SimOptions {
             empty_cert_secret: false,
             manager_args: Vec::new(),
             install_stall_seconds: None,
+            hardware: None,
         }
     }
 }
@@ -308,9 +312,13 @@ impl SimTarget {
         let mut nodes = Vec::new();
         for host in 1..=options.nodes {
             let addr = std::net::SocketAddr::from(([127, 0, options.net, host], 50000));
+            let mut hardware = Hardware::vm(u32::from(options.net) * 256 + u32::from(host));
+            if let Some(change) = options.hardware {
+                change(host, &mut hardware);
+            }
             nodes.push(
                 SimNode::spawn(NodeSpec {
-                    hardware: Hardware::vm(u32::from(options.net) * 256 + u32::from(host)),
+                    hardware,
                     timings: options.timings,
                     etcd_size: options.etcd_size,
                     ..NodeSpec::new(addr, &options.talos_version)

@@ -135,6 +135,9 @@ async fn reconcile_inner(cluster: &TalosCluster, ctx: &Context) -> Result<Action
 
     let next_sweep = discover(ctx, cluster).await;
     let machines = crate::cluster_machines(ctx, cluster).await?;
+    // Approvals by TalosMachineClass, one cluster at a time (their changes come back as
+    // machine events).
+    crate::classes::reconcile(ctx, cluster, &machines).await?;
     let bundle = ensure_bundle(ctx, cluster, &mut status, &machines).await?;
     let tally = Tally::of(cluster.spec.control_plane.count, &machines);
     record_counts(ctx, cluster, &mut status, &tally);

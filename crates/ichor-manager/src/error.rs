@@ -63,6 +63,9 @@ pub enum Error {
     /// Something the code relies on did not hold.
     #[error("internal error: {0}")]
     Invariant(String),
+    /// A watch cache has not received its first full list yet; retried.
+    #[error("{0}")]
+    NotSynced(&'static str),
 }
 
 impl Error {
@@ -76,6 +79,7 @@ impl Error {
                 ichor_talos::Category::Bug => Category::Bug,
             },
             Self::Spec { .. } => Category::UserFix,
+            Self::NotSynced(_) => Category::Transient,
             // The bundle was validated before anything is minted from it, and a generated
             // bundle is ours: either failing is a bug.
             Self::Mint { .. } | Self::Bundle(_) | Self::Serde(_) | Self::Invariant(_) => {
@@ -87,7 +91,7 @@ impl Error {
     /// The condition, Event and metric reason (a constant of `ichor_api::names::reasons`).
     pub fn reason(&self) -> &'static str {
         match self {
-            Self::Kube(_) => reasons::KUBERNETES_API,
+            Self::Kube(_) | Self::NotSynced(_) => reasons::KUBERNETES_API,
             Self::Talos { source, .. } => match source {
                 ichor_talos::TalosError::FingerprintMismatch { .. } => {
                     reasons::FINGERPRINT_MISMATCH

@@ -6,6 +6,7 @@
 // (clippy.toml) mixes them.
 #![warn(clippy::too_many_lines)]
 
+pub mod classes;
 pub mod clock;
 pub mod cluster;
 pub mod conditions;
@@ -15,6 +16,7 @@ pub mod drift;
 pub mod error;
 pub mod finalizer;
 pub mod http;
+pub mod layers;
 pub mod leader;
 pub mod lock;
 pub mod machine;
@@ -27,6 +29,7 @@ pub mod removal;
 pub mod renewal;
 pub mod secrets;
 pub mod status;
+pub mod storage;
 pub mod workload;
 
 use std::collections::BTreeMap;
@@ -114,6 +117,8 @@ pub struct Context {
     backoff: error::Backoff,
     /// The manager's own short-lived credentials, per cluster.
     own: own::Cache,
+    /// The machine classes and storages configs render from (watch caches).
+    pub layers: layers::Layers,
 }
 
 impl Context {
@@ -135,6 +140,7 @@ impl Context {
             last_sweep: Mutex::new(BTreeMap::new()),
             backoff: error::Backoff::default(),
             own: own::Cache::default(),
+            layers: layers::Layers::default(),
         }
     }
 
@@ -310,6 +316,137 @@ where
     action
 }
 
+/// The machines of cluster `cluster` in `namespace`, from the machine cache: what a change of
+/// one of its classes or storages re-renders.
+fn machines_of(
+    known: &kube::runtime::reflector::Store<TalosMachine>,
+    namespace: Option<String>,
+    cluster: &str,
+) -> Vec<ObjectRef<TalosMachine>> {
+    known
+        .state()
+        .into_iter()
+        .filter(|m| m.spec.cluster_ref.name == cluster && m.namespace() == namespace)
+        .map(|m| ObjectRef::from_obj(&*m))
+        .collect()
+}
+
+/// Resolves once the manager is told to stop.
+async fn stopped(mut rx: tokio::sync::watch::Receiver<bool>) {
+    let _ = rx.wait_for(|s| *s).await;
+}
+
+/// The machine's cluster, as an object reference.
+fn cluster_of(namespace: Option<String>, cluster: &str) -> ObjectRef<TalosCluster> {
+    ObjectRef::new(cluster).within(&namespace.unwrap_or_default())
+}
+
+/// The TalosCluster controller: a machine's change, or a class's (which may approve pending
+/// machines), reconciles its cluster.
+async fn cluster_controller(ctx: Arc<Context>, stop: tokio::sync::watch::Receiver<bool>) {
+    let client = ctx.client.clone();
+    Controller::new(
+        Api::<TalosCluster>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .watches(
+        Api::<TalosMachine>::all(client.clone()),
+        watcher::Config::default(),
+        |m: TalosMachine| Some(cluster_of(m.namespace(), &m.spec.cluster_ref.name)),
+    )
+    .watches(
+        Api::<ichor_api::TalosMachineClass>::all(client),
+        watcher::Config::default(),
+        |c: ichor_api::TalosMachineClass| Some(cluster_of(c.namespace(), &c.spec.cluster_ref.name)),
+    )
+    .graceful_shutdown_on(stopped(stop))
+    .run(cluster::reconcile, error_policy, ctx)
+    .for_each(|_| async {})
+    .await;
+}
+
+/// The TalosMachine controller: a change of its cluster (patches, versions), of a class or of
+/// a storage of its cluster (patches, volumes) re-renders each machine of that cluster.
+async fn machine_controller(ctx: Arc<Context>, stop: tokio::sync::watch::Receiver<bool>) {
+    let client = ctx.client.clone();
+    let controller = Controller::new(
+        Api::<TalosMachine>::all(client.clone()),
+        watcher::Config::default(),
+    );
+    // The machine gauge is counted from this cache at scrape time: a deleted machine leaves
+    // it, so it leaves the gauge.
+    ctx.metrics.watch_machines(controller.store());
+    let (by_cluster, by_class, by_storage) =
+        (controller.store(), controller.store(), controller.store());
+    controller
+        .watches(
+            Api::<TalosCluster>::all(client.clone()),
+            watcher::Config::default(),
+            move |c: TalosCluster| machines_of(&by_cluster, c.namespace(), &c.name_any()),
+        )
+        .watches(
+            Api::<ichor_api::TalosMachineClass>::all(client.clone()),
+            watcher::Config::default(),
+            move |c: ichor_api::TalosMachineClass| {
+                machines_of(&by_class, c.namespace(), &c.spec.cluster_ref.name)
+            },
+        )
+        .watches(
+            Api::<ichor_api::TalosStorage>::all(client),
+            watcher::Config::default(),
+            move |s: ichor_api::TalosStorage| {
+                machines_of(&by_storage, s.namespace(), &s.spec.cluster_ref.name)
+            },
+        )
+        .graceful_shutdown_on(stopped(stop))
+        .run(machine::reconcile, error_policy, ctx)
+        .for_each(|_| async {})
+        .await;
+}
+
+/// The TalosStorage controller: a machine's change (configured, ready, relabelled) may change
+/// what a storage of its cluster selects and observes.
+async fn storage_controller(ctx: Arc<Context>, stop: tokio::sync::watch::Receiver<bool>) {
+    let client = ctx.client.clone();
+    let cache = Arc::clone(&ctx);
+    Controller::new(
+        Api::<ichor_api::TalosStorage>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .watches(
+        Api::<TalosMachine>::all(client),
+        watcher::Config::default(),
+        move |m: TalosMachine| {
+            cache
+                .layers
+                .storages()
+                .into_iter()
+                .filter(|s| {
+                    s.namespace() == m.namespace()
+                        && s.spec.cluster_ref.name == m.spec.cluster_ref.name
+                })
+                .map(|s| ObjectRef::from_obj(&*s))
+                .collect::<Vec<_>>()
+        },
+    )
+    .graceful_shutdown_on(stopped(stop))
+    .run(storage::reconcile, error_policy, ctx)
+    .for_each(|_| async {})
+    .await;
+}
+
+/// The TalosOperation controller.
+async fn operation_controller(ctx: Arc<Context>, stop: tokio::sync::watch::Receiver<bool>) {
+    Controller::new(
+        Api::<TalosOperation>::all(ctx.client.clone()),
+        watcher::Config::default(),
+    )
+    .graceful_shutdown_on(stopped(stop))
+    .run(operation::reconcile, error_policy, ctx)
+    .for_each(|_| async {})
+    .await;
+}
+
 /// Runs the controllers until `shutdown` resolves. Talos API calls made meanwhile are timed
 /// into `ctx.metrics` (the process-wide observer of `ichor_talos::client::observe`, installed
 /// by the first `run`).
@@ -319,61 +456,18 @@ pub async fn run(
 ) {
     let metrics = Arc::clone(&ctx.metrics);
     ichor_talos::client::observe(Arc::new(move |rpc| metrics.talos_rpc(rpc)));
-    let clusters: Api<TalosCluster> = Api::all(ctx.client.clone());
-    let machines: Api<TalosMachine> = Api::all(ctx.client.clone());
+    ctx.layers.start(&ctx.client);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
         shutdown.await;
         let _ = stop_tx.send(true);
     });
-    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|s| *s).await;
-    };
-    let cluster_controller = Controller::new(clusters.clone(), watcher::Config::default())
-        .watches(
-            machines.clone(),
-            watcher::Config::default(),
-            |m: TalosMachine| {
-                Some(
-                    ObjectRef::new(&m.spec.cluster_ref.name)
-                        .within(&m.namespace().unwrap_or_default()),
-                )
-            },
-        )
-        .graceful_shutdown_on(stopped(stop_rx.clone()))
-        .run(cluster::reconcile, error_policy, Arc::clone(&ctx))
-        .for_each(|_| async {});
-    // A cluster's change (patches, versions) re-renders each of its machines.
-    let machine_controller = Controller::new(machines, watcher::Config::default());
-    let known = machine_controller.store();
-    // The machine gauge is counted from this cache at scrape time: a deleted machine leaves
-    // it, so it leaves the gauge.
-    ctx.metrics.watch_machines(machine_controller.store());
-    let machine_controller = machine_controller
-        .watches(
-            clusters.clone(),
-            watcher::Config::default(),
-            move |c: TalosCluster| {
-                let namespace = c.namespace();
-                known
-                    .state()
-                    .into_iter()
-                    .filter(|m| {
-                        m.spec.cluster_ref.name == c.name_any() && m.namespace() == namespace
-                    })
-                    .map(|m| ObjectRef::from_obj(&*m))
-                    .collect::<Vec<_>>()
-            },
-        )
-        .graceful_shutdown_on(stopped(stop_rx.clone()))
-        .run(machine::reconcile, error_policy, Arc::clone(&ctx))
-        .for_each(|_| async {});
-    let operations: Api<TalosOperation> = Api::all(ctx.client.clone());
-    let operation_controller = Controller::new(operations, watcher::Config::default())
-        .graceful_shutdown_on(stopped(stop_rx))
-        .run(operation::reconcile, error_policy, Arc::clone(&ctx))
-        .for_each(|_| async {});
-    tokio::join!(cluster_controller, machine_controller, operation_controller);
+    tokio::join!(
+        cluster_controller(Arc::clone(&ctx), stop_rx.clone()),
+        machine_controller(Arc::clone(&ctx), stop_rx.clone()),
+        storage_controller(Arc::clone(&ctx), stop_rx.clone()),
+        operation_controller(ctx, stop_rx),
+    );
 }
 
 #[cfg(test)]

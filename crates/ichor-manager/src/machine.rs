@@ -181,9 +181,11 @@ pub(crate) fn render_for(
     cluster: &TalosCluster,
     machine: &TalosMachine,
     role: Role,
+    sources: &crate::layers::Sources,
     bundle: &ichor_render::SecretsBundle,
 ) -> Result<Rendered, ichor_render::RenderError> {
-    ichor_render::render_machine(cluster, machine, role, bundle)
+    let layers = sources.layers_for(machine)?;
+    ichor_render::render_machine(cluster, machine, role, &layers, bundle)
 }
 
 /// The name of the Secret holding the config last applied to `machine`.
@@ -260,7 +262,8 @@ async fn approved(machine: &TalosMachine, ctx: &Context) -> Result<Action, Error
         Ok(found) => found,
         Err(stop) => return blocked(ctx, machine, status, stop).await,
     };
-    let (rendered, address) = match plan::configurable(machine, &cluster, &bundle) {
+    let sources = ctx.layers.sources().await?;
+    let (rendered, address) = match plan::configurable(machine, &cluster, &sources, &bundle) {
         Ok(target) => target,
         Err(stop) => return blocked(ctx, machine, status, stop).await,
     };
@@ -276,6 +279,7 @@ async fn approved(machine: &TalosMachine, ctx: &Context) -> Result<Action, Error
         address: &address,
         credentials: &credentials,
         bundle: &bundle,
+        sources: &sources,
     };
     if status.applied_config_hash.is_none() {
         apply_first(ctx, machine, &cluster, status, &rendered, &reach).await
@@ -521,6 +525,7 @@ struct Reach<'a> {
     address: &'a str,
     credentials: &'a ichor_talos::Credentials,
     bundle: &'a ichor_render::SecretsBundle,
+    sources: &'a crate::layers::Sources,
 }
 
 /// After the apply: follows install, boot and join over mutual TLS; applies drift live.
@@ -571,6 +576,7 @@ async fn follow(
                 applied: &applied,
                 credentials: reach.credentials,
                 bundle: reach.bundle,
+                sources: reach.sources,
             };
             roll_out(ctx, &rollout, &mut status).await?;
         }
@@ -738,6 +744,7 @@ struct Rollout<'a> {
     applied: &'a str,
     credentials: &'a ichor_talos::Credentials,
     bundle: &'a ichor_render::SecretsBundle,
+    sources: &'a crate::layers::Sources,
 }
 
 /// Drift: what the objects now render differs from what was applied. It is rolled out one
@@ -752,7 +759,7 @@ async fn roll_out(
     let me = drift_holder(r.machine);
     // The cluster's machines, read once for the turn and the lock.
     let machines = crate::cluster_machines(ctx, r.cluster).await?;
-    let waiting = match drift_wait(ctx, r.machine, r.cluster, &machines, r.bundle).await? {
+    let waiting = match drift_wait(ctx, r, &machines).await? {
         Some(turn) => Some(turn),
         None => drift_lock(ctx, r.cluster, &machines, &me, r.rendered)
             .await?
@@ -908,14 +915,13 @@ async fn drift_back(
 /// the halt recorded on the cluster. A halt that no longer stands (the config fixed) is cleared.
 async fn drift_wait(
     ctx: &Context,
-    machine: &TalosMachine,
-    cluster: &TalosCluster,
+    r: &Rollout<'_>,
     machines: &[TalosMachine],
-    bundle: &ichor_render::SecretsBundle,
 ) -> Result<Option<(&'static str, String)>, Error> {
+    let (machine, cluster) = (r.machine, r.cluster);
     let views: Vec<DriftMachine> = machines
         .iter()
-        .filter_map(|m| drift_view(cluster, m, bundle))
+        .filter_map(|m| drift_view(cluster, m, r.sources, r.bundle))
         .collect();
     let fresh = Api::<TalosCluster>::namespaced(
         ctx.client.clone(),
@@ -967,6 +973,7 @@ async fn drift_wait(
 fn drift_view(
     cluster: &TalosCluster,
     machine: &TalosMachine,
+    sources: &crate::layers::Sources,
     bundle: &ichor_render::SecretsBundle,
 ) -> Option<DriftMachine> {
     let role = machine.spec.role?;
@@ -974,7 +981,7 @@ fn drift_view(
         return None;
     }
     let status = machine.status.clone().unwrap_or_default();
-    let rendered = render_for(cluster, machine, role, bundle).ok()?;
+    let rendered = render_for(cluster, machine, role, sources, bundle).ok()?;
     Some(DriftMachine {
         name: machine.name_any(),
         role,

@@ -858,16 +858,22 @@ impl Node<'_> {
         client: &TalosClient,
         step: &mut NodeStep,
     ) -> Result<Option<Verdict>, Error> {
-        let rendered =
-            match crate::machine::render_for(self.cluster, self.machine, self.role, self.bundle) {
-                Ok(r) => r,
-                Err(problem) => {
-                    return Ok(Some(Verdict::Fail {
-                        reason: reasons::INVALID_PATCH,
-                        message: format!("the config cannot be rendered: {problem}"),
-                    }));
-                }
-            };
+        let sources = self.ctx.layers.sources().await?;
+        let rendered = match crate::machine::render_for(
+            self.cluster,
+            self.machine,
+            self.role,
+            &sources,
+            self.bundle,
+        ) {
+            Ok(r) => r,
+            Err(problem) => {
+                return Ok(Some(Verdict::Fail {
+                    reason: reasons::INVALID_PATCH,
+                    message: format!("the config cannot be rendered: {problem}"),
+                }));
+            }
+        };
         let sent = match client
             .apply_configuration(rendered.yaml.as_bytes(), ApplyMode::NoReboot)
             .await

@@ -111,6 +111,11 @@ pub const MACHINE: &[Group] = &[
         fields: &["removal"],
         conditions: Owned::Only(&[conditions::REMOVAL_APPROVED]),
     },
+    Group {
+        manager: fm::MACHINE_CLASS,
+        fields: &[],
+        conditions: Owned::Only(&[conditions::CLASS_MATCHED]),
+    },
 ];
 
 /// The groups of TalosOperation status.
@@ -150,6 +155,36 @@ impl Grouped for TalosCluster {
 impl Grouped for TalosMachine {
     type Status = ichor_api::machine::TalosMachineStatus;
     const GROUPS: &'static [Group] = MACHINE;
+    fn status_of(&self) -> Option<&Self::Status> {
+        self.status.as_ref()
+    }
+}
+
+/// The groups of TalosMachineClass status: one writer.
+pub const CLASS: &[Group] = &[Group {
+    manager: fm::CLASS_STATUS,
+    fields: &["matchedMachines", "machines", "waiting"],
+    conditions: Owned::Rest,
+}];
+
+/// The groups of TalosStorage status: one writer.
+pub const STORAGE: &[Group] = &[Group {
+    manager: fm::STORAGE_STATUS,
+    fields: &["volumeCount", "machines"],
+    conditions: Owned::Rest,
+}];
+
+impl Grouped for ichor_api::TalosMachineClass {
+    type Status = ichor_api::class::TalosMachineClassStatus;
+    const GROUPS: &'static [Group] = CLASS;
+    fn status_of(&self) -> Option<&Self::Status> {
+        self.status.as_ref()
+    }
+}
+
+impl Grouped for ichor_api::TalosStorage {
+    type Status = ichor_api::storage::TalosStorageStatus;
+    const GROUPS: &'static [Group] = STORAGE;
     fn status_of(&self) -> Option<&Self::Status> {
         self.status.as_ref()
     }

@@ -53,6 +53,7 @@ impl Blocked {
 pub(super) fn configurable(
     machine: &TalosMachine,
     cluster: &TalosCluster,
+    sources: &crate::layers::Sources,
     bundle: &SecretsBundle,
 ) -> Result<(Rendered, String), Blocked> {
     let Some(role) = machine.spec.role else {
@@ -61,12 +62,14 @@ pub(super) fn configurable(
             "an approved machine needs spec.role: controlplane or worker".into(),
         ));
     };
-    let rendered = super::render_for(cluster, machine, role, bundle).map_err(|problem| {
-        Blocked::failed(
-            reasons::INVALID_PATCH,
-            format!("the config cannot be rendered: {problem}"),
-        )
-    })?;
+    let rendered =
+        super::render_for(cluster, machine, role, sources, bundle).map_err(|problem| {
+            let reason = match problem {
+                ichor_render::RenderError::VolumeConflict { .. } => reasons::VOLUME_CONFLICT,
+                _ => reasons::INVALID_PATCH,
+            };
+            Blocked::failed(reason, format!("the config cannot be rendered: {problem}"))
+        })?;
     let Some(address) = super::address(machine) else {
         return Err(Blocked::approved(
             reasons::NODE_UNREACHABLE,
@@ -543,7 +546,8 @@ mod tests {
         let bundle = bundle();
         let cluster = TalosCluster::test("lab").build();
         let no_role = TalosMachine::test("m1").approved().build();
-        let stop = configurable(&no_role, &cluster, &bundle).expect_err("no role");
+        let stop =
+            configurable(&no_role, &cluster, &Default::default(), &bundle).expect_err("no role");
         assert_eq!(
             (stop.phase, stop.reason),
             (MachinePhase::Approved, reasons::ROLE_REQUIRED)
@@ -551,7 +555,8 @@ mod tests {
 
         let old = TalosCluster::test("lab").talos("v1.9.0").build();
         let worker = TalosMachine::test("m1").approved().worker().build();
-        let stop = configurable(&worker, &old, &bundle).expect_err("no contract");
+        let stop =
+            configurable(&worker, &old, &Default::default(), &bundle).expect_err("no contract");
         assert_eq!(
             (stop.phase, stop.reason),
             (MachinePhase::Failed, reasons::INVALID_PATCH)
@@ -560,15 +565,23 @@ mod tests {
 
         let mut nowhere = worker.clone();
         nowhere.spec.endpoints.clear();
-        let stop = configurable(&nowhere, &cluster, &bundle).expect_err("no address");
+        let stop =
+            configurable(&nowhere, &cluster, &Default::default(), &bundle).expect_err("no address");
         assert_eq!(
             (stop.phase, stop.reason),
             (MachinePhase::Approved, reasons::NODE_UNREACHABLE)
         );
 
-        let (rendered, address) = configurable(&worker, &cluster, &bundle).expect("configurable");
-        let expected =
-            super::super::render_for(&cluster, &worker, Role::Worker, &bundle).expect("renders");
+        let (rendered, address) =
+            configurable(&worker, &cluster, &Default::default(), &bundle).expect("configurable");
+        let expected = super::super::render_for(
+            &cluster,
+            &worker,
+            Role::Worker,
+            &Default::default(),
+            &bundle,
+        )
+        .expect("renders");
         assert_eq!(rendered.hash, expected.hash);
         assert_eq!(address, ADDRESS);
     }
@@ -585,7 +598,8 @@ mod tests {
                 ..Default::default()
             })
             .build();
-        let (_, address) = configurable(&machine, &cluster, &bundle).expect("configurable");
+        let (_, address) =
+            configurable(&machine, &cluster, &Default::default(), &bundle).expect("configurable");
         assert_eq!(address, "10.9.9.9");
     }
 
@@ -667,7 +681,8 @@ mod tests {
         bundle: &SecretsBundle,
     ) -> Rendered {
         let role = machine.spec.role.expect("role");
-        super::super::render_for(cluster, machine, role, bundle).expect("renders")
+        super::super::render_for(cluster, machine, role, &Default::default(), bundle)
+            .expect("renders")
     }
 
     #[test]

@@ -1,0 +1,378 @@
+//! TalosMachineClass and TalosStorage on the sim target, against the real `ichor-manager`:
+//! classes approve the pending machines they alone match, within `maxMachines` and the declared
+//! control-plane count, and say on every other match why it waits; a class's patch reaches the
+//! machines it approved as drift; a storage's volumes are rendered into the machines it selects
+//! (by the role label Ichor sets), and its status reports what Talos reports of them.
+
+use std::time::Duration;
+
+use ichor_api::class::{Qualifiers, TalosMachineClassSpec};
+use ichor_api::common::{LocalObjectReference, Role};
+use ichor_api::machine::ApprovalState;
+use ichor_api::names::{conditions, labels, reasons};
+use ichor_api::storage::{Filesystem, TalosStorageSpec, UserVolume};
+use ichor_api::{TalosMachine, TalosMachineClass, TalosStorage};
+use ichor_harness::specs::{self, Shape};
+use ichor_harness::{SimOptions, SimTarget, Target};
+use ichor_sim::SimDisk;
+use ichor_testenv::wait::try_eventually;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+const CLUSTER: &str = "lab";
+const WAIT: Duration = Duration::from_secs(90);
+
+fn class(name: &str, role: Role, qualifiers: Qualifiers) -> TalosMachineClass {
+    TalosMachineClass::new(
+        name,
+        TalosMachineClassSpec {
+            cluster_ref: LocalObjectReference {
+                name: CLUSTER.into(),
+            },
+            role,
+            qualifiers,
+            max_machines: None,
+            install: None,
+            config_patches: Vec::new(),
+        },
+    )
+}
+
+/// Nodes 1–3 have a 1 TB data disk (control-plane material); 4 and 5 an NVMe disk.
+fn hardware(host: u8, hardware: &mut ichor_sim::Hardware) {
+    let disk = |name: &str, size: u64, transport: &str| SimDisk {
+        name: name.into(),
+        size,
+        cdrom: false,
+        transport: transport.into(),
+        model: "SIM".into(),
+        serial: format!("X{host}"),
+    };
+    if host <= 3 {
+        hardware.disks.push(disk("sdb", 1_000_000_000_000, "sata"));
+    } else {
+        hardware
+            .disks
+            .push(disk("nvme0n1", 200_000_000_000, "nvme"));
+    }
+}
+
+/// The class's `Ready` observed generation: the manager has seen this version of it.
+async fn class_seen(target: &SimTarget, name: &str) {
+    let api = Api::<TalosMachineClass>::namespaced(target.client(), target.namespace());
+    try_eventually(&format!("class {name} seen"), WAIT, || async {
+        let class = api.get(name).await.ok()?;
+        let generation = class.metadata.generation;
+        class
+            .status?
+            .conditions
+            .iter()
+            .any(|c| c.type_ == conditions::READY && c.observed_generation == generation)
+            .then_some(())
+    })
+    .await
+    .expect("the manager saw the class");
+}
+
+/// Waits until `ClassMatched` of the machine at `address` has `reason`; its message.
+async fn class_matched(target: &SimTarget, address: &str, reason: &str) -> String {
+    let found = try_eventually(
+        &format!("{address}: ClassMatched {reason}"),
+        WAIT,
+        || async {
+            specs::machine_condition(target, address, conditions::CLASS_MATCHED)
+                .await
+                .filter(|(_, r, _)| r == reason)
+                .map(|(_, _, m)| m)
+        },
+    )
+    .await;
+    match found {
+        Ok(message) => message,
+        Err(e) => panic!("{e}: {}", specs::summary(target).await),
+    }
+}
+
+fn label(machine: &TalosMachine, key: &str) -> Option<String> {
+    machine.metadata.labels.as_ref()?.get(key).cloned()
+}
+
+/// The storage named `data` once its `Ready` reason is `reason`.
+async fn storage_ready(target: &SimTarget, reason: &str) -> TalosStorage {
+    let api = Api::<TalosStorage>::namespaced(target.client(), target.namespace());
+    let found = try_eventually(
+        &format!("the storage's Ready reason {reason}"),
+        WAIT,
+        || async {
+            let storage = api.get("data").await.ok()?;
+            let ready = storage
+                .status
+                .as_ref()?
+                .conditions
+                .iter()
+                .any(|c| c.type_ == conditions::READY && c.reason == reason);
+            ready.then_some(storage)
+        },
+    )
+    .await;
+    match found {
+        Ok(storage) => storage,
+        Err(e) => panic!(
+            "{e}: {:?}\n{}",
+            api.get("data").await.ok().and_then(|s| s.status),
+            specs::summary(target).await
+        ),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn classes_approve_what_they_alone_match_and_storages_report_their_volumes() {
+    let version = "v1.14.1";
+    let target = SimTarget::up(SimOptions {
+        hardware: Some(hardware),
+        ..SimOptions::new(5, 100, version)
+    })
+    .await
+    .expect("sim target");
+    specs::create_cluster(&target, &Shape::new(version, "flannel"))
+        .await
+        .expect("cluster");
+    specs::wait_discovered(&target, 5)
+        .await
+        .expect("discovered");
+    let address = |i: usize| target.nodes()[i].addr().ip().to_string();
+    let mac = |i: usize| target.nodes()[i].hardware().links[0].hardware_addr.clone();
+    let fifth = address(4);
+
+    // Control planes by disk size (nodes 1–3), workers by MAC (node 4); node 5 matches nothing.
+    let classes = Api::<TalosMachineClass>::namespaced(target.client(), target.namespace());
+    let cp = class(
+        "cp",
+        Role::ControlPlane,
+        Qualifiers {
+            min_disk_size: Some("500Gi".into()),
+            ..Default::default()
+        },
+    );
+    let workers = class(
+        "workers",
+        Role::Worker,
+        Qualifiers {
+            mac_addresses: vec![mac(3)],
+            ..Default::default()
+        },
+    );
+    for c in [cp, workers] {
+        classes
+            .create(&PostParams::default(), &c)
+            .await
+            .expect("class");
+    }
+    if let Err(error) = specs::wait_ready(&target, CLUSTER, Duration::from_secs(240)).await {
+        panic!("{error}: {}", specs::summary(&target).await);
+    }
+    for i in 0..4 {
+        let m = specs::machine_at(&target, &address(i))
+            .await
+            .expect("machine");
+        let (role, class) = if i < 3 {
+            (Role::ControlPlane, "cp")
+        } else {
+            (Role::Worker, "workers")
+        };
+        assert_eq!(m.spec.role, Some(role), "{}", address(i));
+        assert_eq!(label(&m, labels::CLASS).as_deref(), Some(class));
+        assert_eq!(label(&m, labels::ROLE).as_deref(), Some(role.as_str()));
+        let (_, reason, _) =
+            specs::machine_condition(&target, &address(i), conditions::CLASS_MATCHED)
+                .await
+                .expect("ClassMatched");
+        assert_eq!(reason, reasons::APPROVED_BY_CLASS);
+    }
+    assert_eq!(
+        specs::events_with_reason(&target, reasons::APPROVED_BY_CLASS)
+            .await
+            .len(),
+        4,
+        "an Event records each approval"
+    );
+    let unmatched = specs::machine_at(&target, &fifth).await.expect("machine");
+    assert_eq!(unmatched.spec.approval_state, ApprovalState::Pending);
+    assert!(
+        specs::machine_condition(&target, &fifth, conditions::CLASS_MATCHED)
+            .await
+            .is_none(),
+        "a machine no class matches has no ClassMatched"
+    );
+
+    // A fourth control-plane match stays pending, with its reason.
+    let merge = |v: serde_json::Value| Patch::Merge(v);
+    classes
+        .patch(
+            "cp",
+            &PatchParams::default(),
+            &merge(json!({"spec": {"qualifiers": {"minDiskSize": "90Gi"}}})),
+        )
+        .await
+        .expect("widen the control-plane class");
+    class_matched(&target, &fifth, reasons::CONTROL_PLANES_FULL).await;
+    // An ambiguous match stays pending, naming both classes.
+    classes
+        .patch(
+            "workers",
+            &PatchParams::default(),
+            &merge(json!({"spec": {"qualifiers": {"macAddresses": [mac(3), mac(4)]}}})),
+        )
+        .await
+        .expect("widen the worker class");
+    let message = class_matched(&target, &fifth, reasons::CLASS_AMBIGUOUS).await;
+    assert!(message.contains("cp and workers"), "{message}");
+    let status = classes
+        .get("cp")
+        .await
+        .expect("class")
+        .status
+        .expect("status");
+    assert_eq!(status.machines.len(), 3, "{status:?}");
+    assert_eq!(
+        status.waiting,
+        [unmatched.metadata.name.clone().expect("name")]
+    );
+
+    // Editing a class's role after Ready changes no configured machine.
+    let before: Vec<TalosMachine> = machines_of_first(&target, 3).await;
+    classes
+        .patch(
+            "cp",
+            &PatchParams::default(),
+            &merge(json!({"spec": {"role": "worker", "qualifiers": {"minDiskSize": "500Gi"}}})),
+        )
+        .await
+        .expect("change the class's role");
+    class_seen(&target, "cp").await;
+    let after: Vec<TalosMachine> = machines_of_first(&target, 3).await;
+    for (b, a) in before.iter().zip(&after) {
+        assert_eq!(a.spec.role, Some(Role::ControlPlane));
+        assert_eq!(
+            a.status
+                .as_ref()
+                .and_then(|s| s.applied_config_hash.clone()),
+            b.status
+                .as_ref()
+                .and_then(|s| s.applied_config_hash.clone()),
+            "no drift on {}",
+            a.metadata.name.clone().unwrap_or_default()
+        );
+    }
+    // Narrowed again, the control-plane class no longer matches node 5: the worker class
+    // alone does, and approves it.
+    class_matched(&target, &fifth, reasons::APPROVED_BY_CLASS).await;
+    if let Err(error) = specs::wait_ready(&target, CLUSTER, Duration::from_secs(180)).await {
+        panic!("{error}: {}", specs::summary(&target).await);
+    }
+
+    // The worker class's patch reaches its machines as drift.
+    let applied = |m: &TalosMachine| {
+        m.status
+            .as_ref()
+            .and_then(|s| s.applied_config_hash.clone())
+    };
+    let fourth_before = applied(
+        &specs::machine_at(&target, &address(3))
+            .await
+            .expect("machine"),
+    );
+    classes
+        .patch(
+            "workers",
+            &PatchParams::default(),
+            &merge(json!({"spec": {"configPatches": [
+                {"name": "pool", "documents": {"KubeNodeConfig": {"labels": {"pool": "bulk"}}}}
+            ]}})),
+        )
+        .await
+        .expect("patch the class");
+    try_eventually("the class patch applied", WAIT, || async {
+        let now = specs::machine_at(&target, &address(3)).await.ok()?;
+        (applied(&now) != fourth_before).then_some(())
+    })
+    .await
+    .expect("drift");
+
+    // Two volumes on the workers (by the role label Ichor sets): rendered, applied, observed.
+    let storages = Api::<TalosStorage>::namespaced(target.client(), target.namespace());
+    let volume = |name: &str, filesystem: Filesystem, max: &str| UserVolume {
+        name: name.into(),
+        disk_selector: "disk.transport == 'nvme'".into(),
+        min_size: Some("1Gi".into()),
+        max_size: Some(max.into()),
+        filesystem,
+    };
+    let storage = TalosStorage::new(
+        "data",
+        TalosStorageSpec {
+            cluster_ref: LocalObjectReference {
+                name: CLUSTER.into(),
+            },
+            machine_selector: serde_json::from_value(
+                json!({"matchLabels": {labels::ROLE: "worker"}}),
+            )
+            .ok(),
+            volumes: vec![
+                volume("data", Filesystem::Xfs, "50Gi"),
+                volume("logs", Filesystem::Ext4, "5Gi"),
+            ],
+        },
+    );
+    storages
+        .create(&PostParams::default(), &storage)
+        .await
+        .expect("storage");
+    let ready = storage_ready(&target, reasons::VOLUMES_READY).await;
+    let status = ready.status.expect("status");
+    assert_eq!(status.machines.len(), 2, "the two workers: {status:?}");
+    assert_eq!(status.volume_count, Some(4));
+    for machine in &status.machines {
+        let names: Vec<(&str, &str)> = machine
+            .volumes
+            .iter()
+            .map(|v| (v.name.as_str(), v.phase.as_str()))
+            .collect();
+        assert_eq!(names, [("data", "ready"), ("logs", "ready")], "{machine:?}");
+        assert!(
+            machine.volumes[0]
+                .location
+                .as_deref()
+                .is_some_and(|l| l.starts_with("/dev/nvme0n1")),
+            "{machine:?}"
+        );
+    }
+
+    // A shrink is refused at the door: Talos never shrinks a partition.
+    let refused = storages
+        .patch(
+            "data",
+            &PatchParams::default(),
+            &merge(json!({"spec": {"volumes": [
+                volume("data", Filesystem::Xfs, "20Gi"),
+                volume("logs", Filesystem::Ext4, "5Gi"),
+            ]}})),
+        )
+        .await
+        .expect_err("a shrink");
+    assert!(refused.to_string().contains("cannot shrink"), "{refused}");
+    target.down().await;
+}
+
+/// The first `n` machines (by node order).
+async fn machines_of_first(target: &SimTarget, n: usize) -> Vec<TalosMachine> {
+    let mut out = Vec::new();
+    for node in &target.nodes()[..n] {
+        out.push(
+            specs::machine_at(target, &node.addr().ip().to_string())
+                .await
+                .expect("machine"),
+        );
+    }
+    out
+}

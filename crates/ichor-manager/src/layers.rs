@@ -1,0 +1,111 @@
+//! The machine classes and storages a machine's config is rendered from beyond its cluster and
+//! itself (class patches, user volumes), watched once for the whole manager: a reconcile reads
+//! them from the cache, never with a request of its own.
+
+use std::sync::{Arc, Mutex};
+
+use futures::StreamExt as _;
+use ichor_api::{TalosMachine, TalosMachineClass, TalosStorage};
+use ichor_render::{MachineLayers, RenderError};
+use kube::api::Api;
+use kube::runtime::reflector::{self, Store, store::Writer};
+use kube::runtime::{WatchStreamExt as _, watcher};
+
+/// The caches of every TalosMachineClass and TalosStorage, filled by [`Layers::start`].
+pub struct Layers {
+    classes: Store<TalosMachineClass>,
+    storages: Store<TalosStorage>,
+    writers: Mutex<Option<(Writer<TalosMachineClass>, Writer<TalosStorage>)>>,
+}
+
+impl Default for Layers {
+    fn default() -> Self {
+        let (classes, class_writer) = reflector::store();
+        let (storages, storage_writer) = reflector::store();
+        Self {
+            classes,
+            storages,
+            writers: Mutex::new(Some((class_writer, storage_writer))),
+        }
+    }
+}
+
+impl std::fmt::Debug for Layers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Layers").finish_non_exhaustive()
+    }
+}
+
+impl Layers {
+    /// Starts the two watches that fill the caches; a second call does nothing.
+    pub fn start(&self, client: &kube::Client) {
+        let Some((class_writer, storage_writer)) =
+            self.writers.lock().ok().and_then(|mut w| w.take())
+        else {
+            return;
+        };
+        let classes: Api<TalosMachineClass> = Api::all(client.clone());
+        let storages: Api<TalosStorage> = Api::all(client.clone());
+        tokio::spawn(
+            reflector::reflector(class_writer, watcher(classes, watcher::Config::default()))
+                .default_backoff()
+                .for_each(|_| async {}),
+        );
+        tokio::spawn(
+            reflector::reflector(
+                storage_writer,
+                watcher(storages, watcher::Config::default()),
+            )
+            .default_backoff()
+            .for_each(|_| async {}),
+        );
+    }
+
+    /// What the caches hold, once each has a full list (a render never goes without a class's
+    /// patches or a storage's volumes because the cache was not filled yet).
+    pub async fn sources(&self) -> Result<Sources, crate::error::Error> {
+        let ready = async {
+            self.classes.wait_until_ready().await.is_ok()
+                && self.storages.wait_until_ready().await.is_ok()
+        };
+        match tokio::time::timeout(std::time::Duration::from_secs(30), ready).await {
+            Ok(true) => Ok(Sources {
+                classes: self.classes.state(),
+                storages: self.storages.state(),
+            }),
+            _ => Err(crate::error::Error::NotSynced(
+                "the TalosMachineClass and TalosStorage caches are not filled yet",
+            )),
+        }
+    }
+
+    /// The cached classes (for mapping watch events to objects).
+    pub fn classes(&self) -> Vec<Arc<TalosMachineClass>> {
+        self.classes.state()
+    }
+
+    /// The cached storages (for mapping watch events to objects).
+    pub fn storages(&self) -> Vec<Arc<TalosStorage>> {
+        self.storages.state()
+    }
+}
+
+/// The classes and storages at one moment.
+#[derive(Debug, Clone, Default)]
+pub struct Sources {
+    /// Every TalosMachineClass.
+    pub classes: Vec<Arc<TalosMachineClass>>,
+    /// Every TalosStorage.
+    pub storages: Vec<Arc<TalosStorage>>,
+}
+
+impl Sources {
+    /// The layers `machine` renders with (its class, its volumes), or why not.
+    pub fn layers_for(&self, machine: &TalosMachine) -> Result<MachineLayers<'_>, RenderError> {
+        MachineLayers::of(
+            machine,
+            self.classes.iter().map(AsRef::as_ref),
+            self.storages.iter().map(AsRef::as_ref),
+        )
+    }
+}
