@@ -109,7 +109,7 @@ pub fn plan(
     classes: &[&TalosMachineClass],
     machines: &[TalosMachine],
 ) -> Plan {
-    let mine: Vec<&TalosMachineClass> = classes
+    let mut mine: Vec<&TalosMachineClass> = classes
         .iter()
         .copied()
         .filter(|c| {
@@ -118,6 +118,8 @@ pub fn plan(
                 && c.metadata.deletion_timestamp.is_none()
         })
         .collect();
+    // By name: the same classes give the same messages whatever order the cache holds them in.
+    mine.sort_by_key(|c| c.name_any());
     let mut statuses: BTreeMap<String, TalosMachineClassStatus> = mine
         .iter()
         .map(|c| (c.name_any(), TalosMachineClassStatus::default()))
@@ -573,7 +575,7 @@ mod tests {
     fn two_matching_classes_leave_the_machine_pending_naming_both() {
         let a = class("a", Role::Worker, "10.0.2.0", None);
         let b = class("b", Role::Worker, "10.0.2.0", None);
-        let plan = plan(&cluster(1), &[&a, &b], &[machine("m", "10.0.2.9")]);
+        let plan = plan(&cluster(1), &[&b, &a], &[machine("m", "10.0.2.9")]);
         match &plan.verdicts["m"] {
             Verdict::Wait {
                 reason, message, ..
