@@ -123,6 +123,7 @@ pub mod limits;
 pub mod ops;
 pub mod progress;
 pub mod resources;
+pub mod snapshot;
 pub mod tls;
 
 pub use client::{Applied, ApplyMode, Credentials, TalosClient, TalosError};
@@ -131,6 +132,7 @@ pub use limits::{Limit, LimitKind, Limits};
 pub use ops::{Bootstrapped, EtcdMember, EtcdStatus, ResetOptions, SequenceFailure, Service};
 pub use progress::{LayerProgress, LayerStatus, Progress};
 pub use resources::{Inventory, MachineStatus, Stage, UnattendedInstall, UserVolumeStatus};
+pub use snapshot::{SnapshotCheck, SnapshotProblem, SnapshotSummary};
 pub use tls::{NotACertificate, fingerprint_der, fingerprint_pem};
 
 /// The TCP port on which every Talos node serves its API (apid, or the maintenance service).

@@ -92,7 +92,8 @@ pub struct ResetOptions {
 }
 
 impl TalosClient {
-    fn machine(&self) -> MachineServiceClient<crate::client::Observed> {
+    /// The MachineService client over this connection.
+    pub(crate) fn machine(&self) -> MachineServiceClient<crate::client::Observed> {
         MachineServiceClient::new(self.transport())
     }
 

@@ -220,3 +220,36 @@ async fn an_uploaded_snapshot_is_kept_with_what_a_recovery_will_find() {
     .await;
     node.stop().await;
 }
+
+#[tokio::test]
+async fn a_streamed_snapshot_passes_through_a_channel_checked_and_whole() {
+    let (node, client) = control_plane(5, 2 << 20).await;
+    // A small channel: the stream waits for the reader, nothing is held whole.
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<u8>>(4);
+    let reader = tokio::spawn(async move {
+        let mut all = Vec::new();
+        let mut chunks = 0;
+        while let Some(chunk) = rx.recv().await {
+            chunks += 1;
+            all.extend_from_slice(&chunk);
+        }
+        (all, chunks)
+    });
+    let summary = client.etcd_snapshot_to(tx, |_| {}).await.expect("streamed");
+    let (bytes, chunks) = reader.await.expect("reader");
+    assert_eq!(summary.size, bytes.len() as u64);
+    assert!(chunks > 1, "in chunks");
+    let status = status(&bytes);
+    assert_eq!(status["bbolt-check"], "ok");
+    assert_eq!(status["restore"], "ok", "etcd restores what was streamed");
+
+    // A reader that goes away stops the stream with an error.
+    let (tx, rx) = tokio::sync::mpsc::channel::<Vec<u8>>(1);
+    drop(rx);
+    let error = client
+        .etcd_snapshot_to(tx, |_| {})
+        .await
+        .expect_err("nobody reads");
+    assert!(error.to_string().contains("stopped reading"), "{error}");
+    node.stop().await;
+}
