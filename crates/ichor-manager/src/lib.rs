@@ -6,6 +6,7 @@
 // (clippy.toml) mixes them.
 #![warn(clippy::too_many_lines)]
 
+pub mod backup;
 pub mod classes;
 pub mod clock;
 pub mod cluster;
