@@ -239,13 +239,39 @@ async fn classes_approve_what_they_alone_match_and_storages_report_their_volumes
         [unmatched.metadata.name.clone().expect("name")]
     );
 
+    // Both narrowed again: no class matches node 5 any more, and its ClassMatched goes.
+    classes
+        .patch(
+            "workers",
+            &PatchParams::default(),
+            &merge(json!({"spec": {"qualifiers": {"macAddresses": [mac(3)]}}})),
+        )
+        .await
+        .expect("narrow the worker class");
+    classes
+        .patch(
+            "cp",
+            &PatchParams::default(),
+            &merge(json!({"spec": {"qualifiers": {"minDiskSize": "500Gi"}}})),
+        )
+        .await
+        .expect("narrow the control-plane class");
+    try_eventually("ClassMatched gone from node 5", WAIT, || async {
+        specs::machine_condition(&target, &fifth, conditions::CLASS_MATCHED)
+            .await
+            .is_none()
+            .then_some(())
+    })
+    .await
+    .expect("forgotten");
+
     // Editing a class's role after Ready changes no configured machine.
     let before: Vec<TalosMachine> = machines_of_first(&target, 3).await;
     classes
         .patch(
             "cp",
             &PatchParams::default(),
-            &merge(json!({"spec": {"role": "worker", "qualifiers": {"minDiskSize": "500Gi"}}})),
+            &merge(json!({"spec": {"role": "worker"}})),
         )
         .await
         .expect("change the class's role");
@@ -264,8 +290,15 @@ async fn classes_approve_what_they_alone_match_and_storages_report_their_volumes
             a.metadata.name.clone().unwrap_or_default()
         );
     }
-    // Narrowed again, the control-plane class no longer matches node 5: the worker class
-    // alone does, and approves it.
+    // The worker class takes node 5 again, alone this time, and approves it.
+    classes
+        .patch(
+            "workers",
+            &PatchParams::default(),
+            &merge(json!({"spec": {"qualifiers": {"macAddresses": [mac(3), mac(4)]}}})),
+        )
+        .await
+        .expect("widen the worker class again");
     class_matched(&target, &fifth, reasons::APPROVED_BY_CLASS).await;
     if let Err(error) = specs::wait_ready(&target, CLUSTER, Duration::from_secs(180)).await {
         panic!("{error}: {}", specs::summary(&target).await);

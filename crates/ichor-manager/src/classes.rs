@@ -269,6 +269,9 @@ pub async fn reconcile(
     let plan = plan(cluster, &classes, machines);
     for machine in machines {
         let Some(verdict) = plan.verdicts.get(&machine.name_any()) else {
+            if machine.spec.approval_state == ApprovalState::Pending {
+                forget(ctx, machine).await?;
+            }
             continue;
         };
         match verdict {
@@ -372,6 +375,23 @@ async fn approve(
     )
     .await;
     record(ctx, machine, true, reasons::APPROVED_BY_CLASS, &message).await
+}
+
+/// Drops the `ClassMatched` condition of a pending machine no class matches any more (a
+/// class narrowed or deleted), so it does not say why it waits for a class that is gone.
+async fn forget(ctx: &Context, machine: &TalosMachine) -> Result<(), Error> {
+    let mut status = machine.status.clone().unwrap_or_default();
+    let before = status.conditions.len();
+    status
+        .conditions
+        .retain(|c| c.type_ != conditions::CLASS_MATCHED);
+    if status.conditions.len() == before {
+        return Ok(());
+    }
+    let api: Api<TalosMachine> =
+        Api::namespaced(ctx.client.clone(), &machine.namespace().unwrap_or_default());
+    status::write_only(&api, machine, &status, field_managers::MACHINE_CLASS).await?;
+    Ok(())
 }
 
 /// Writes the machine's `ClassMatched` condition (its own field manager), when it changed.
