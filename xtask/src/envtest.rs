@@ -190,33 +190,65 @@ fn helm_version(root: &Path) -> Result<String> {
 /// path. Rebuilt only when the module's go.mod or go.sum changed.
 pub fn helm(root: &Path) -> Result<PathBuf> {
     let version = helm_version(root)?;
-    let dir = assets::cache_root().join(format!("helm-{version}"));
-    std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
-    let build = Build {
-        binary: "helm",
-        module: root.join("tools").join("helm"),
-        package: "helm.sh/helm/v4/cmd/helm",
-        ldflags: format!("-s -w -X helm.sh/helm/v4/internal/version.version={version}"),
-    };
+    cached_build(
+        &assets::cache_root().join(format!("helm-{version}")),
+        Build {
+            binary: "helm",
+            module: root.join("tools").join("helm"),
+            package: "helm.sh/helm/v4/cmd/helm",
+            ldflags: format!("-s -w -X helm.sh/helm/v4/internal/version.version={version}"),
+        },
+    )
+}
+
+/// Builds (or reuses) `weed` (SeaweedFS, whose S3 gateway the backup tests write to) from
+/// `tools/seaweedfs` and returns its path. Rebuilt only when the module's go.mod or go.sum
+/// changed.
+pub fn seaweedfs(root: &Path) -> Result<PathBuf> {
+    let module = root.join("tools").join("seaweedfs");
+    let go_mod = read(&module.join("go.mod"))?;
+    let version = assets::required_version(&go_mod, "github.com/seaweedfs/seaweedfs")
+        .context("tools/seaweedfs/go.mod must require github.com/seaweedfs/seaweedfs")?;
+    // A pseudo-version ends in the commit's first 12 hex digits, which `weed version` prints.
+    let commit = version.rsplit('-').next().unwrap_or(&version).to_string();
+    cached_build(
+        &assets::cache_root().join(format!("seaweedfs-{version}")),
+        Build {
+            binary: "weed",
+            module,
+            package: "github.com/seaweedfs/seaweedfs/weed",
+            ldflags: format!(
+                "-s -w -X github.com/seaweedfs/seaweedfs/weed/util/version.COMMIT={commit}"
+            ),
+        },
+    )
+}
+
+/// Builds `build` into `dir` unless the binary there was built from the same stamp, and returns
+/// its path. The build goes to a partial file first, so an interrupted build is never reused.
+fn cached_build(dir: &Path, build: Build) -> Result<PathBuf> {
+    let name = build.binary;
+    std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
     let stamp = build.stamp()?;
-    let stamp_file = dir.join(".helm.stamp");
-    let binary = dir.join("helm");
+    let stamp_file = dir.join(format!(".{name}.stamp"));
+    let binary = dir.join(name);
     if binary.is_file() && std::fs::read_to_string(&stamp_file).is_ok_and(|s| s == stamp) {
-        eprintln!("helm: reusing {}", binary.display());
+        eprintln!("{name}: reusing {}", binary.display());
         return Ok(binary);
     }
     require_go()?;
     let _ = std::fs::remove_file(&stamp_file);
     let started = Instant::now();
-    let partial = dir.join(".helm.partial");
+    let partial = dir.join(format!(".{name}.partial"));
     let mut cmd = go(&build.module);
     cmd.args(["build", "-trimpath", "-ldflags", &build.ldflags, "-o"])
         .arg(&partial)
         .arg(build.package);
     run(cmd)?;
-    std::fs::rename(&partial, &binary).context("move helm into its folder")?;
-    std::fs::write(&stamp_file, stamp).context("write the build stamp of helm")?;
-    eprintln!("helm: built in {}s", started.elapsed().as_secs());
+    std::fs::rename(&partial, &binary).with_context(|| format!("move {name} into its folder"))?;
+    std::fs::write(&stamp_file, stamp)
+        .with_context(|| format!("write the build stamp of {name}"))?;
+    eprintln!("{name}: built in {}s", started.elapsed().as_secs());
     Ok(binary)
 }
 

@@ -6,6 +6,8 @@
 //! - `oracles`: build (or reuse) the Talos oracles from `tools/talos-oracle-*`, the conformance
 //!   tool and the real talosctl (`tools/talosctl`); prints their folder last.
 //! - `helm`: build (or reuse) helm from `tools/helm`; prints its path last.
+//! - `seaweedfs`: build (or reuse) `weed`, the S3 server of the backup tests, from
+//!   `tools/seaweedfs`; prints its path last.
 //! - `k8s-replaces [--check]`: regenerate the staging-module `replace` block of
 //!   `tools/k8s/go.mod` from `k8s.io/kubernetes`'s own go.mod.
 //! - `crdgen`: write the CRDs and admission policies generated from `ichor-api` to `config/`.
@@ -54,6 +56,9 @@ enum Task {
     Oracles,
     /// Build (or reuse) helm from tools/helm; prints its path last.
     Helm,
+    /// Build (or reuse) weed (SeaweedFS, the S3 server of the backup tests) from
+    /// tools/seaweedfs; prints its path last.
+    Seaweedfs,
     /// Regenerate the staging-module replace block of tools/k8s/go.mod.
     K8sReplaces {
         /// Only check that the block is current.
@@ -137,6 +142,9 @@ fn main() -> ExitCode {
             println!("{}", dir.display());
         }),
         Task::Helm => envtest::helm(&root).map(|path| {
+            println!("{}", path.display());
+        }),
+        Task::Seaweedfs => envtest::seaweedfs(&root).map(|path| {
             println!("{}", path.display());
         }),
         Task::K8sReplaces { check } => envtest::k8s_replaces(&root, check.then_some("--check")),

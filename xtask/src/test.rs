@@ -82,6 +82,7 @@ fn all_phases(root: &Path, phases: &mut Phases) -> Result<()> {
             .args(["lint", "--strict", "charts/ichor"]);
         run_cmd(cmd)
     })?;
+    let weed = phases.phase("tools: seaweedfs (go build)", || envtest::seaweedfs(root))?;
     let static_dir = phases.phase("rust build (static binaries)", || build_static(root))?;
     let built = phases.phase("rust build (tests)", || build_tests(root))?;
     let audit_dir = crate::assets::cache_root().join("rbac-audit");
@@ -91,6 +92,7 @@ fn all_phases(root: &Path, phases: &mut Phases) -> Result<()> {
         oracles,
         testenv_bin: built.testenv.clone(),
         helm,
+        weed,
         static_dir: static_dir.clone(),
         audit_dir: audit_dir.clone(),
     };
@@ -118,6 +120,7 @@ struct TestTools {
     oracles: PathBuf,
     testenv_bin: PathBuf,
     helm: PathBuf,
+    weed: PathBuf,
     static_dir: PathBuf,
     audit_dir: PathBuf,
 }
@@ -257,6 +260,7 @@ fn run_tests(root: &Path, tools: &TestTools) -> Result<()> {
         .env(crate::assets::ASSETS_ENV, &tools.assets)
         .env(crate::assets::ORACLES_ENV, &tools.oracles)
         .env("ICHOR_HELM_BIN", &tools.helm)
+        .env("ICHOR_WEED_BIN", &tools.weed)
         .env("ICHOR_MANAGER_BIN", tools.static_dir.join("ichor-manager"))
         .env("ICHOR_WEBHOOK_BIN", tools.static_dir.join("ichor-webhook"))
         .env("ICHOR_AUDIT_DIR", &tools.audit_dir);
