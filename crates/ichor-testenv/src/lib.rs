@@ -16,6 +16,8 @@
 //! Kubernetes CA, kube-controller-manager, and kwok playing the kubelets — is
 //! [`WorkloadControlPlane`] (see [`workload`]).
 //!
+//! A real S3-compatible object store (SeaweedFS, for the backup tests) is [`S3Server`].
+//!
 //! Shared by every test besides: [`wait::eventually`] (poll until a condition holds) and
 //! [`rng`] (seeded, replayable randomness).
 //!
@@ -29,6 +31,7 @@ mod control_plane;
 pub mod pki;
 pub mod process;
 pub mod rng;
+pub mod s3;
 pub mod wait;
 pub mod workload;
 
@@ -51,6 +54,7 @@ pub use control_plane::{
     kubeconfig_yaml, tool_versions,
 };
 pub use pki::CertAndKey;
+pub use s3::{S3Server, S3ServerBuilder};
 pub use workload::{NodeRegistration, WorkloadControlPlane, WorkloadSpec};
 
 /// Names the folder of the run's shared control plane (set by `cargo xtask test`).

@@ -1,0 +1,405 @@
+//! A real S3-compatible object store for the backup tests: SeaweedFS's `weed server` (master,
+//! volume server, filer and S3 gateway in one process) on free loopback ports, in a temporary
+//! folder, built from Go modules by `cargo xtask seaweedfs` (ADR 0025).
+//!
+//! The gateway knows two identities: one that may read, write, list and delete objects, and one
+//! that may only read and list. Neither is an admin, and buckets are never created on upload
+//! (`-s3.autoCreateBucket=false`), so a missing bucket stays missing, as on any production
+//! store. Buckets are created through the filer ([`S3Server::create_bucket`]).
+//!
+//! A server can serve HTTPS with a certificate from its own CA ([`S3ServerBuilder::tls`]), and
+//! can keep its data on a size-limited filesystem ([`S3ServerBuilder::size_limit`]): a tmpfs
+//! mounted in a mount namespace of its own (`unshare`), to play a store that fills up.
+
+use std::ffi::OsString;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::control_plane::{free_port, write};
+use crate::pki::{self, CertAndKey};
+use crate::process::{ChildSpec, PGIDS_FILE, Supervised, Watchdog};
+use crate::{Error, assets};
+
+/// Names the `weed` binary to run (set by `cargo xtask test`).
+pub const WEED_BIN_ENV: &str = "ICHOR_WEED_BIN";
+
+/// The `tools/seaweedfs/go.mod` these tests were built against; it names the folder `weed` is
+/// cached in.
+const SEAWEEDFS_GO_MOD: &str = include_str!(concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../tools/seaweedfs/go.mod"
+));
+
+/// How long the server may take to accept a bucket and serve S3.
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The region the gateway answers for (SeaweedFS accepts any; clients must name one).
+pub const REGION: &str = "us-east-1";
+
+/// An access key and its secret.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Credentials {
+    /// The access key id.
+    pub access_key: String,
+    /// The secret access key.
+    pub secret_key: String,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials")
+            .field("access_key", &self.access_key)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The `weed` binary: `ICHOR_WEED_BIN` when set, else where `cargo xtask seaweedfs` caches it.
+pub fn weed_binary() -> PathBuf {
+    if let Some(path) = std::env::var_os(WEED_BIN_ENV).filter(|v| !v.is_empty()) {
+        return PathBuf::from(path);
+    }
+    let version = assets::required_version(SEAWEEDFS_GO_MOD, "github.com/seaweedfs/seaweedfs")
+        .expect("tools/seaweedfs/go.mod requires github.com/seaweedfs/seaweedfs");
+    assets::cache_root()
+        .join(format!("seaweedfs-{version}"))
+        .join("weed")
+}
+
+/// Options for starting an [`S3Server`].
+#[derive(Debug, Clone, Default)]
+pub struct S3ServerBuilder {
+    tls: bool,
+    size_limit_mib: Option<u64>,
+}
+
+impl S3ServerBuilder {
+    /// Serves HTTPS with a certificate for `127.0.0.1` from a CA of the server's own
+    /// ([`S3Server::ca_pem`]).
+    pub fn tls(mut self) -> Self {
+        self.tls = true;
+        self
+    }
+
+    /// Keeps the server's data on a filesystem of `mib` MiB, so that writes fail once it fills.
+    pub fn size_limit(mut self, mib: u64) -> Self {
+        self.size_limit_mib = Some(mib);
+        self
+    }
+
+    /// Starts the server and waits until its S3 gateway answers.
+    pub async fn start(self) -> Result<S3Server, Error> {
+        S3Server::launch(self).await
+    }
+}
+
+/// A running SeaweedFS server with its S3 gateway; stopped (and its folder removed) on drop.
+pub struct S3Server {
+    process: Option<Supervised>,
+    endpoint: String,
+    filer: SocketAddr,
+    writer: Credentials,
+    reader: Credentials,
+    ca: Option<CertAndKey>,
+    _watchdog: Watchdog,
+    dir: tempfile::TempDir,
+}
+
+impl std::fmt::Debug for S3Server {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("S3Server")
+            .field("endpoint", &self.endpoint)
+            .field("dir", &self.dir.path())
+            .finish_non_exhaustive()
+    }
+}
+
+impl S3Server {
+    /// Options for a server.
+    pub fn builder() -> S3ServerBuilder {
+        S3ServerBuilder::default()
+    }
+
+    /// Starts a plain-HTTP server with no size limit.
+    pub async fn start() -> Result<Self, Error> {
+        Self::builder().start().await
+    }
+
+    async fn launch(options: S3ServerBuilder) -> Result<Self, Error> {
+        let weed = weed_binary();
+        if !weed.is_file() {
+            return Err(Error::Startup(format!(
+                "{} not found: run `cargo xtask seaweedfs` to build it (or set {WEED_BIN_ENV})",
+                weed.display()
+            )));
+        }
+        let dir = tempfile::Builder::new()
+            .prefix("ichor-s3-")
+            .tempdir()
+            .map_err(Error::io("create a temporary folder"))?;
+        let root = dir.path().to_path_buf();
+        let watchdog = Watchdog::start(&root).map_err(Error::io("start the watchdog"))?;
+        let data = root.join("data");
+        std::fs::create_dir_all(&data).map_err(Error::io("create the data folder"))?;
+
+        let writer = Credentials {
+            access_key: random_token("ICHORW"),
+            secret_key: random_token(""),
+        };
+        let reader = Credentials {
+            access_key: random_token("ICHORR"),
+            secret_key: random_token(""),
+        };
+        write(&root.join("s3.json"), &identities_json(&writer, &reader))?;
+        let ca = if options.tls {
+            let ca = pki::new_ca()?;
+            let serving = pki::loopback_server_cert(&ca, "seaweedfs-s3")?;
+            write(&root.join("s3.crt"), &serving.cert_pem)?;
+            write(&root.join("s3.key"), &serving.key_pem)?;
+            Some(ca)
+        } else {
+            None
+        };
+
+        let ports = Ports::pick()?;
+        let args = weed_args(&root, &data, &ports, options.tls);
+        let spec = match options.size_limit_mib {
+            None => ChildSpec {
+                program: weed,
+                args,
+                log: root.join("weed.log"),
+                env: Vec::new(),
+            },
+            Some(mib) => size_limited(&weed, &data, mib, args, root.join("weed.log")),
+        };
+        let process = Supervised::start("weed", spec, &root.join(PGIDS_FILE))
+            .map_err(Error::io("start weed"))?;
+        let scheme = if options.tls { "https" } else { "http" };
+        let mut server = Self {
+            process: Some(process),
+            endpoint: format!("{scheme}://127.0.0.1:{}", ports.s3),
+            filer: SocketAddr::from(([127, 0, 0, 1], ports.filer)),
+            writer,
+            reader,
+            ca,
+            _watchdog: watchdog,
+            dir,
+        };
+        server.wait_ready(ports.s3).await?;
+        Ok(server)
+    }
+
+    /// Waits until the filer takes a directory (master, volume server and filer are up) and the
+    /// S3 gateway accepts connections.
+    async fn wait_ready(&mut self, s3_port: u16) -> Result<(), Error> {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            if let Some(process) = self.process.as_mut() {
+                process.check_running().map_err(Error::Startup)?;
+            }
+            let filer_up = filer_mkdir(self.filer, "/buckets/").await.is_ok();
+            let s3_up = TcpStream::connect(("127.0.0.1", s3_port)).await.is_ok();
+            if filer_up && s3_up {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(Error::Startup(format!(
+                    "weed did not serve S3 within {READY_TIMEOUT:?}; last lines of its log:\n{}",
+                    crate::process::log_tail(&self.dir.path().join("weed.log"), 30)
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// The S3 endpoint, `http(s)://127.0.0.1:<port>`.
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    /// The credentials that may read, write, list and delete objects in every bucket.
+    pub fn credentials(&self) -> &Credentials {
+        &self.writer
+    }
+
+    /// Credentials that may only read and list.
+    pub fn read_only_credentials(&self) -> &Credentials {
+        &self.reader
+    }
+
+    /// The CA certificate (PEM) of a TLS server.
+    pub fn ca_pem(&self) -> Option<&str> {
+        self.ca.as_ref().map(|ca| ca.cert_pem.as_str())
+    }
+
+    /// The server's folder (its log is `weed.log`).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Creates a bucket (a directory under the filer's `/buckets`).
+    pub async fn create_bucket(&self, name: &str) -> Result<(), Error> {
+        filer_mkdir(self.filer, &format!("/buckets/{name}/"))
+            .await
+            .map_err(|err| Error::Startup(format!("create bucket {name}: {err}")))
+    }
+
+    /// Stops the server for good: its endpoint then refuses connections.
+    pub fn stop(&mut self) {
+        if let Some(mut process) = self.process.take() {
+            process.kill();
+        }
+    }
+}
+
+/// The ports `weed server` listens on; each gRPC port is given, since the default (HTTP port +
+/// 10000) may be taken.
+struct Ports {
+    master: u16,
+    master_grpc: u16,
+    volume: u16,
+    volume_grpc: u16,
+    filer: u16,
+    filer_grpc: u16,
+    s3: u16,
+    s3_grpc: u16,
+}
+
+impl Ports {
+    fn pick() -> Result<Self, Error> {
+        Ok(Self {
+            master: free_port()?,
+            master_grpc: free_port()?,
+            volume: free_port()?,
+            volume_grpc: free_port()?,
+            filer: free_port()?,
+            filer_grpc: free_port()?,
+            s3: free_port()?,
+            s3_grpc: free_port()?,
+        })
+    }
+}
+
+fn weed_args(root: &Path, data: &Path, ports: &Ports, tls: bool) -> Vec<OsString> {
+    let p = |name: &str| root.join(name).display().to_string();
+    let mut args = vec![
+        "server".to_owned(),
+        "-ip=127.0.0.1".to_owned(),
+        "-ip.bind=127.0.0.1".to_owned(),
+        format!("-dir={}", data.display()),
+        format!("-master.port={}", ports.master),
+        format!("-master.port.grpc={}", ports.master_grpc),
+        "-master.telemetry=false".to_owned(),
+        // Small volumes, so that a size-limited store can hold a few.
+        "-master.volumeSizeLimitMB=64".to_owned(),
+        format!("-volume.port={}", ports.volume),
+        format!("-volume.port.grpc={}", ports.volume_grpc),
+        "-volume.max=0".to_owned(),
+        "-volume.preStopSeconds=0".to_owned(),
+        "-filer".to_owned(),
+        format!("-filer.port={}", ports.filer),
+        format!("-filer.port.grpc={}", ports.filer_grpc),
+        format!("-filer.localSocket={}", p("filer.sock")),
+        "-s3".to_owned(),
+        format!("-s3.port={}", ports.s3),
+        format!("-s3.port.grpc={}", ports.s3_grpc),
+        "-s3.port.iceberg=0".to_owned(),
+        "-s3.port.lance=0".to_owned(),
+        format!("-s3.localSocket={}", p("s3.sock")),
+        format!("-s3.config={}", p("s3.json")),
+        "-s3.autoCreateBucket=false".to_owned(),
+    ];
+    if tls {
+        // With a certificate, the gateway's one port serves HTTPS.
+        args.push(format!("-s3.cert.file={}", p("s3.crt")));
+        args.push(format!("-s3.key.file={}", p("s3.key")));
+    }
+    args.into_iter().map(OsString::from).collect()
+}
+
+/// Runs weed in a mount namespace of its own in which `data` is a tmpfs of `mib` MiB.
+fn size_limited(
+    weed: &Path,
+    data: &Path,
+    mib: u64,
+    args: Vec<OsString>,
+    log: PathBuf,
+) -> ChildSpec {
+    let mut wrapped: Vec<OsString> = vec![
+        "--mount".into(),
+        "--propagation".into(),
+        "private".into(),
+        "sh".into(),
+        "-c".into(),
+        format!("mount -t tmpfs -o size={mib}m ichor-s3 \"$0\" && exec \"$@\"").into(),
+        data.into(),
+        weed.into(),
+    ];
+    wrapped.extend(args);
+    ChildSpec {
+        program: "unshare".into(),
+        args: wrapped,
+        log,
+        env: Vec::new(),
+    }
+}
+
+fn identities_json(writer: &Credentials, reader: &Credentials) -> String {
+    let identity = |name: &str, creds: &Credentials, actions: &[&str]| {
+        serde_json::json!({
+            "name": name,
+            "credentials": [{ "accessKey": creds.access_key, "secretKey": creds.secret_key }],
+            "actions": actions,
+        })
+    };
+    serde_json::json!({
+        "identities": [
+            identity("ichor-writer", writer, &["Read", "Write", "List", "Tagging"]),
+            identity("ichor-reader", reader, &["Read", "List"]),
+        ]
+    })
+    .to_string()
+}
+
+fn random_token(prefix: &str) -> String {
+    use rand::Rng as _;
+    let mut rng = rand::rng();
+    let tail: String = (0..20)
+        .map(|_| char::from(b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"[rng.random_range(0..32)]))
+        .collect();
+    format!("{prefix}{tail}")
+}
+
+/// `POST <path>/` with no content type: the filer creates the directory (SeaweedFS
+/// `weed/server/filer_server_handlers_write_autochunk.go`, `mkdir`). An existing directory
+/// answers an error, which counts as success for `/buckets/`.
+async fn filer_mkdir(filer: SocketAddr, path: &str) -> Result<(), String> {
+    let mut stream = TcpStream::connect(filer)
+        .await
+        .map_err(|err| format!("connect to the filer: {err}"))?;
+    let request = format!(
+        "POST {path} HTTP/1.1\r\nHost: {filer}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    );
+    stream
+        .write_all(request.as_bytes())
+        .await
+        .map_err(|err| format!("send to the filer: {err}"))?;
+    let mut reply = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut reply))
+        .await
+        .map_err(|_| "the filer did not answer within 10 s".to_owned())?
+        .map_err(|err| format!("read the filer's answer: {err}"))?;
+    let reply = String::from_utf8_lossy(&reply);
+    let status = reply.split_whitespace().nth(1).unwrap_or("");
+    if status.starts_with('2') || (path == "/buckets/" && reply.contains("already exists")) {
+        Ok(())
+    } else {
+        Err(format!(
+            "the filer answered: {}",
+            reply.lines().next().unwrap_or("nothing")
+        ))
+    }
+}
