@@ -23,6 +23,7 @@ pub mod lock;
 pub mod machine;
 pub mod metrics;
 pub mod node_deletes;
+pub mod objstore;
 pub mod observe;
 pub mod operation;
 pub mod own;
