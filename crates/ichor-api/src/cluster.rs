@@ -4,6 +4,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
+use crate::backup::{BackupSpec, BackupStatus, RestoreSpec, RestoreStatus};
 use crate::common::{Condition, InstallSpec, LocalObjectReference};
 use crate::config::ConfigPatch;
 use crate::rules;
@@ -31,7 +32,9 @@ use crate::rules;
 #[x_kube(
     validation = Rule::new("!(self.cni.preset == 'flannel' && self.kubeProxy == 'disabled')").message("cni.preset flannel needs kubeProxy: enabled (flannel relies on kube-proxy); choose cilium or none to run without kube-proxy"),
     validation = Rule::new(rules::subnets_disjoint("self.network.podSubnets", "self.network.serviceSubnets")).message("network.podSubnets and network.serviceSubnets must not overlap"),
-    validation = Rule::new(rules::discovery_disjoint_from_network()).message("discovery.cidrs must not overlap network.podSubnets or network.serviceSubnets")
+    validation = Rule::new(rules::discovery_disjoint_from_network()).message("discovery.cidrs must not overlap network.podSubnets or network.serviceSubnets"),
+    validation = Rule::new("!has(self.restoreFrom) || has(self.secretsRef)").message("restoreFrom needs secretsRef: the secrets bundle of the cluster the backup was taken from"),
+    validation = Rule::new("has(self.restoreFrom) == has(oldSelf.restoreFrom)").message("restoreFrom is set only when the cluster is created, and then kept")
 )]
 pub struct TalosClusterSpec {
     /// The Talos version contract configs are rendered for, and the installer tag, e.g.
@@ -79,6 +82,16 @@ pub struct TalosClusterSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 32))]
     pub config_patches: Vec<ConfigPatch>,
+    /// Scheduled etcd backups to an S3-compatible object store. `etcdSnapshot` operations
+    /// back up to it too, and are refused without it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup: Option<BackupSpec>,
+    /// Restores etcd from a backup: the first control plane bootstraps from the snapshot, the
+    /// others join it. Set only when the cluster is created, with the `secretsRef` of the
+    /// cluster the backup was taken from; runs once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("restoreFrom cannot change once set"))]
+    pub restore_from: Option<RestoreSpec>,
 }
 
 impl TalosClusterSpec {
@@ -104,6 +117,8 @@ impl TalosClusterSpec {
             secrets_ref: None,
             install: None,
             config_patches: Vec::new(),
+            backup: None,
+            restore_from: None,
         }
     }
 }
@@ -267,7 +282,8 @@ fn default_discovery_interval() -> String {
 #[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TalosClusterStatus {
-    /// `Ready`, `Bootstrapped`, `SecretsReady`, `Transitioning`, `ConfigRolledOut`.
+    /// `Ready`, `Bootstrapped`, `SecretsReady`, `Transitioning`, `ConfigRolledOut`, `BackedUp`,
+    /// `Restored`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 16), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
@@ -321,6 +337,12 @@ pub struct TalosClusterStatus {
     /// machine gets drift until a change renders that machine's config differently.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drift_halt: Option<DriftHaltStatus>,
+    /// What the scheduled and on-demand backups have done.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup: Option<BackupStatus>,
+    /// The restore this cluster was created with: recorded before its bootstrap.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore: Option<RestoreStatus>,
 }
 
 /// When the published credentials expire.

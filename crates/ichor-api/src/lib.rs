@@ -9,6 +9,7 @@
 #![forbid(unsafe_code)]
 
 pub mod admission;
+pub mod backup;
 pub mod class;
 pub mod cluster;
 pub mod common;

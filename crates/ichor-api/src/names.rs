@@ -55,6 +55,15 @@ pub mod secrets {
     pub const APPLIED_CONFIG_SUFFIX: &str = "-applied-config";
     /// The key of the exact config YAML last applied to a machine, in its applied-config Secret.
     pub const APPLIED_CONFIG_KEY: &str = "config.yaml";
+    /// The key of an object store's access key id, in the Secret `store.credentialsSecretRef`
+    /// names.
+    pub const ACCESS_KEY_ID_KEY: &str = "accessKeyId";
+    /// The key of an object store's secret access key, beside [`ACCESS_KEY_ID_KEY`].
+    pub const SECRET_ACCESS_KEY_KEY: &str = "secretAccessKey";
+    /// The optional key of CA certificates (PEM) to trust for an object store's endpoint.
+    pub const STORE_CA_KEY: &str = "ca.crt";
+    /// The key of an age X25519 identity (`AGE-SECRET-KEY-1…`) that backups are encrypted to.
+    pub const AGE_KEY: &str = "age.key";
 }
 
 /// Finalizers.
@@ -105,10 +114,14 @@ pub mod field_managers {
     pub const CLASS_STATUS: &str = "ichor-manager/class-status";
     /// TalosStorage status.
     pub const STORAGE_STATUS: &str = "ichor-manager/storage";
-    /// TalosOperation status, but for the snapshot Secret.
+    /// TalosOperation status, but for the backup's key.
     pub const OPERATION_STATUS: &str = "ichor-manager/operation";
-    /// TalosOperation `status.snapshotSecret`.
-    pub const OPERATION_SNAPSHOT: &str = "ichor-manager/snapshot";
+    /// TalosOperation `status.backupKey`: the object an `etcdSnapshot` backed up to.
+    pub const OPERATION_BACKUP: &str = "ichor-manager/operation-backup";
+    /// TalosCluster `status.backup` and `BackedUp`: the backup controller.
+    pub const BACKUP_STATUS: &str = "ichor-manager/backup";
+    /// TalosCluster `status.restore` and `Restored`: the restore before bootstrap.
+    pub const RESTORE_STATUS: &str = "ichor-manager/restore";
 }
 
 /// Condition types.
@@ -137,6 +150,12 @@ pub mod conditions {
     /// On a pending TalosMachine: whether a TalosMachineClass approves it, and if not why
     /// (two classes match, a class is full, the control planes are all there).
     pub const CLASS_MATCHED: &str = "ClassMatched";
+    /// On a TalosCluster with `spec.backup`: whether the last backup reached the store, and if
+    /// not why.
+    pub const BACKED_UP: &str = "BackedUp";
+    /// On a TalosCluster with `spec.restoreFrom`: whether its etcd was restored from the
+    /// backup, and if not why (every refusal comes before any bootstrap).
+    pub const RESTORED: &str = "Restored";
 }
 
 /// Condition reasons (CamelCase), one per cause a person can act on.
@@ -324,6 +343,41 @@ pub mod reasons {
     /// A removal skipped a cordon or drain the workload API could not answer (force removal; an
     /// Event).
     pub const NODE_STEP_SKIPPED: &str = "NodeStepSkipped";
+    /// A backup reached the store.
+    pub const BACKUP_SUCCEEDED: &str = "BackupSucceeded";
+    /// No backup has run yet; the first is due at `status.backup.nextRun`.
+    pub const BACKUP_SCHEDULED: &str = "BackupScheduled";
+    /// `spec.backup` (or `spec.restoreFrom`) names a Secret or key that is missing or unusable,
+    /// or a schedule that does not parse.
+    pub const BACKUP_SETTINGS_INVALID: &str = "BackupSettingsInvalid";
+    /// The object store refused the credentials.
+    pub const STORE_CREDENTIALS_REFUSED: &str = "StoreCredentialsRefused";
+    /// The bucket does not exist (Ichor never creates one).
+    pub const STORE_BUCKET_MISSING: &str = "StoreBucketMissing";
+    /// The object store could not be reached.
+    pub const STORE_UNREACHABLE: &str = "StoreUnreachable";
+    /// The object store refused to store the backup: it is full, or failing.
+    pub const STORE_WRITE_REFUSED: &str = "StoreWriteRefused";
+    /// No control plane could give a snapshot (none healthy, or all being removed).
+    pub const NO_SNAPSHOT_SOURCE: &str = "NoSnapshotSource";
+    /// The snapshot stream failed or did not check out (size, SHA-256 trailer).
+    pub const SNAPSHOT_FAILED: &str = "SnapshotFailed";
+    /// An `etcdSnapshot` operation on a cluster without `spec.backup`.
+    pub const BACKUP_NOT_CONFIGURED: &str = "BackupNotConfigured";
+    /// The backup to restore from does not exist.
+    pub const RESTORE_OBJECT_MISSING: &str = "RestoreObjectMissing";
+    /// The backup's SHA-256 or size differs from what was recorded with it.
+    pub const RESTORE_CHECKSUM_MISMATCH: &str = "RestoreChecksumMismatch";
+    /// The backup cannot be decrypted with the identity given (or none was given).
+    pub const RESTORE_KEY_WRONG: &str = "RestoreKeyWrong";
+    /// The backup was taken with another secrets bundle than `spec.secretsRef` holds.
+    pub const RESTORE_BUNDLE_MISMATCH: &str = "RestoreBundleMismatch";
+    /// A restore into a cluster whose etcd is already bootstrapped.
+    pub const RESTORE_REFUSED_BOOTSTRAPPED: &str = "RestoreRefusedBootstrapped";
+    /// The backup was checked and is being restored into the first control plane.
+    pub const RESTORING: &str = "Restoring";
+    /// The first control plane bootstrapped from the backup.
+    pub const RESTORE_COMPLETED: &str = "RestoreCompleted";
     /// A removal handed its Node delete to the TalosCluster, to run once the workload API
     /// answers again (force removal; an Event).
     pub const NODE_DELETE_DEFERRED: &str = "NodeDeleteDeferred";
@@ -371,4 +425,8 @@ pub mod actions {
     pub const OPERATE: &str = "Operate";
     /// Publishing a cluster's kubeconfig or talosconfig.
     pub const PUBLISH: &str = "Publish";
+    /// Backing etcd up to object storage.
+    pub const BACKUP: &str = "Backup";
+    /// Restoring etcd from a backup.
+    pub const RESTORE: &str = "Restore";
 }

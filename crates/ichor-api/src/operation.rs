@@ -87,7 +87,8 @@ pub enum OperationAction {
     UpgradeKubernetes,
     /// Reset each node to maintenance (STATE and EPHEMERAL wiped, reboot).
     Reset,
-    /// Take an etcd snapshot from a control plane.
+    /// Back etcd up now, from one healthy control plane, to the cluster's `spec.backup` store
+    /// (refused when `spec.backup` is not set).
     EtcdSnapshot,
     /// Defragment etcd on each control plane.
     EtcdDefrag,
@@ -157,10 +158,10 @@ pub struct TalosOperationStatus {
     /// When it finished.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub completed_at: Option<Time>,
-    /// For `etcdSnapshot`: the Secret holding the snapshot (key `snapshot.db`).
+    /// For `etcdSnapshot`: the object key of the backup it made.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 253))]
-    pub snapshot_secret: Option<String>,
+    #[schemars(length(max = 1024))]
+    pub backup_key: Option<String>,
 }
 
 /// One node's part of an operation.

@@ -114,17 +114,192 @@ pub fn expired(
     out
 }
 
-/// When the next backup is due with an interval schedule: `every` after the last success
-/// (or the last attempt, so that a failing backup is not retried in a tight loop), or now
-/// when there was none.
-pub fn next_run(
-    every: Duration,
-    last_success: Option<Timestamp>,
-    last_attempt: Option<Timestamp>,
-) -> Option<Timestamp> {
-    let last = [last_success, last_attempt].into_iter().flatten().max()?;
-    let every = k8s_openapi::jiff::SignedDuration::try_from(every).ok()?;
-    last.checked_add(every).ok()
+/// When backups run: an interval, or a cron expression (UTC).
+#[derive(Debug, Clone)]
+pub enum Schedule {
+    /// `@every <duration>`.
+    Every(Duration),
+    /// A five-field cron expression.
+    Cron(Box<croner::Cron>),
+}
+
+impl Schedule {
+    /// Reads `spec.backup.schedule` (the CRD's rules already narrowed its shape).
+    pub fn parse(text: &str) -> Result<Self, String> {
+        if let Some(every) = text.strip_prefix("@every ") {
+            return crate::parse_duration(every.trim())
+                .filter(|d| *d >= Duration::from_secs(60))
+                .map(Self::Every)
+                .ok_or_else(|| {
+                    format!("backup.schedule {text:?}: an @every interval must be a duration of at least 1m, e.g. @every 6h")
+                });
+        }
+        text.parse::<croner::Cron>()
+            .map(|cron| Self::Cron(Box::new(cron)))
+            .map_err(|err| {
+                format!("backup.schedule {text:?} is not a five-field cron expression: {err}")
+            })
+    }
+
+    /// When the next backup is due. After an attempt (success or failure: a failing backup is
+    /// not retried in a tight loop), the schedule's next time after it; with none yet, an
+    /// interval is due at once and a cron expression at its first time after `created`. The
+    /// answer depends only on recorded times, so every reconcile computes the same one.
+    pub fn next(&self, last_attempt: Option<Timestamp>, created: Timestamp) -> Option<Timestamp> {
+        match (self, last_attempt) {
+            (Self::Every(_), None) => Some(created),
+            (Self::Every(every), Some(last)) => {
+                let every = k8s_openapi::jiff::SignedDuration::try_from(*every).ok()?;
+                last.checked_add(every).ok()
+            }
+            (Self::Cron(cron), last) => {
+                let after = last
+                    .unwrap_or(created)
+                    .to_zoned(k8s_openapi::jiff::tz::TimeZone::UTC);
+                cron.find_next_occurrence(&after, false)
+                    .ok()
+                    .map(|z| z.timestamp())
+            }
+        }
+    }
+}
+
+/// What the backup controller does for a cluster now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Plan {
+    /// Nothing until `due`.
+    Wait {
+        /// When the next backup is due.
+        due: Timestamp,
+    },
+    /// Take a backup now.
+    Run,
+    /// Scheduled backups are suspended, or the cluster has no etcd yet.
+    Idle,
+}
+
+/// How soon a failed backup is tried again, unless the schedule comes sooner.
+pub const FAILURE_RETRY: Duration = Duration::from_secs(300);
+
+/// The facts the schedule is judged on.
+#[derive(Debug, Clone)]
+pub struct Facts {
+    /// Now.
+    pub now: Timestamp,
+    /// When the cluster was created.
+    pub created: Timestamp,
+    /// When the last successful backup was taken.
+    pub last_success: Option<Timestamp>,
+    /// When the last backup failed.
+    pub last_failure: Option<Timestamp>,
+    /// `spec.backup.suspend`.
+    pub suspended: bool,
+    /// Whether the cluster has a Ready control plane (so etcd runs and a snapshot can be
+    /// taken).
+    pub ready: bool,
+}
+
+/// Decides whether a scheduled backup runs now: when the schedule says, after the last
+/// attempt; after a failure, within [`FAILURE_RETRY`] at the latest.
+pub fn plan(schedule: &Schedule, facts: &Facts) -> Plan {
+    if facts.suspended || !facts.ready {
+        return Plan::Idle;
+    }
+    let last_attempt = facts.last_success.max(facts.last_failure);
+    let Some(mut due) = schedule.next(last_attempt, facts.created) else {
+        return Plan::Idle;
+    };
+    if let Some(failed) = facts.last_failure.filter(|f| Some(*f) > facts.last_success) {
+        let retry = k8s_openapi::jiff::SignedDuration::try_from(FAILURE_RETRY)
+            .ok()
+            .and_then(|d| failed.checked_add(d).ok());
+        if let Some(retry) = retry {
+            due = due.min(retry);
+        }
+    }
+    if due > facts.now {
+        Plan::Wait { due }
+    } else {
+        Plan::Run
+    }
+}
+
+/// A control plane a snapshot may come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Source {
+    /// The TalosMachine.
+    pub machine: String,
+    /// Its Talos API address.
+    pub address: String,
+    /// Whether it is a configured, Ready control plane.
+    pub ready_control_plane: bool,
+    /// Whether it is being removed (deleted, or a removal recorded).
+    pub being_removed: bool,
+}
+
+/// The control planes a snapshot may be taken from, in the order to try them: Ready, not being
+/// removed, by name. A node being removed is never a source.
+pub fn sources(candidates: &[Source]) -> Vec<&Source> {
+    let mut out: Vec<&Source> = candidates
+        .iter()
+        .filter(|s| s.ready_control_plane && !s.being_removed)
+        .collect();
+    out.sort_by(|a, b| a.machine.cmp(&b.machine));
+    out
+}
+
+/// The suffix of the record written beside each backup object (`<key>.json`).
+pub const RECORD_SUFFIX: &str = ".json";
+
+/// What is recorded beside a backup: whose it is, made with which bundle, and what the snapshot
+/// must check out as. A backup without its record is incomplete and is never restored from.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Record {
+    /// The TalosCluster's namespace.
+    pub namespace: String,
+    /// The TalosCluster's name.
+    pub cluster: String,
+    /// The TalosCluster's uid.
+    pub uid: String,
+    /// The fingerprint of the secrets bundle's OS CA (`sha256:`…), as
+    /// `status.bundleFingerprint` records it.
+    pub bundle_fingerprint: String,
+    /// When the snapshot was taken (RFC 3339).
+    pub taken_at: String,
+    /// The snapshot's size in bytes, before encryption.
+    pub size: u64,
+    /// The snapshot's SHA-256 (hex), before encryption.
+    pub sha256: String,
+    /// Whether the object is encrypted with age.
+    pub encrypted: bool,
+    /// The control plane it came from.
+    pub machine: String,
+    /// The cluster's Talos version.
+    pub talos_version: String,
+}
+
+/// The key of the record of the backup at `key`.
+pub fn record_key(key: &str) -> String {
+    format!("{key}{RECORD_SUFFIX}")
+}
+
+/// The newest backup among `listing` (keys under a prefix, any folders) whose record says it
+/// was made with `bundle`: what a restore without a key restores. `records` maps a backup key
+/// to its record, for those read.
+pub fn latest_for_bundle<'a>(
+    records: &'a [(String, Record)],
+    bundle: &str,
+) -> Option<&'a (String, Record)> {
+    records
+        .iter()
+        .filter(|(_, r)| r.bundle_fingerprint == bundle)
+        .max_by(|a, b| a.1.taken_at.cmp(&b.1.taken_at).then_with(|| a.0.cmp(&b.0)))
+}
+
+/// Whether `key` names a backup object (not its record, not another file).
+pub fn is_backup_key(key: &str) -> bool {
+    key.ends_with(SNAPSHOT_SUFFIX) || key.ends_with(&format!("{SNAPSHOT_SUFFIX}{ENCRYPTED_SUFFIX}"))
 }
 
 #[cfg(test)]
@@ -222,21 +397,133 @@ mod tests {
     }
 
     #[test]
-    fn the_next_run_follows_the_last_success_or_attempt() {
-        let hour = Duration::from_secs(3600);
-        assert_eq!(next_run(hour, None, None), None, "none yet: due now");
+    fn the_next_run_follows_the_last_attempt_and_cron_its_times() {
+        let created = at("2026-12-04T00:10:00Z");
+        let every = Schedule::parse("@every 1h").expect("interval");
         assert_eq!(
-            next_run(hour, Some(at("2026-12-04T01:00:00Z")), None),
-            Some(at("2026-12-04T02:00:00Z"))
+            every.next(None, created),
+            Some(created),
+            "none yet: due at once"
         );
         assert_eq!(
-            next_run(
-                hour,
-                Some(at("2026-12-04T01:00:00Z")),
-                Some(at("2026-12-04T01:30:00Z"))
-            ),
+            every.next(Some(at("2026-12-04T01:30:00Z")), created),
             Some(at("2026-12-04T02:30:00Z")),
-            "a failed attempt waits its interval too"
+            "an attempt, failed or not, waits its interval"
         );
+        let cron = Schedule::parse("0 */6 * * *").expect("cron");
+        assert_eq!(cron.next(None, created), Some(at("2026-12-04T06:00:00Z")));
+        assert_eq!(
+            cron.next(Some(at("2026-12-04T06:00:00Z")), created),
+            Some(at("2026-12-04T12:00:00Z"))
+        );
+        for bad in ["@every 10s", "@every soon", "61 * * * *", "* * *"] {
+            assert!(Schedule::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_backup_runs_when_due_on_a_bootstrapped_unsuspended_cluster() {
+        let every = Schedule::parse("@every 1h").expect("interval");
+        let facts = Facts {
+            now: at("2026-12-04T02:00:00Z"),
+            created: at("2026-12-04T00:00:00Z"),
+            last_success: Some(at("2026-12-04T01:30:00Z")),
+            last_failure: None,
+            suspended: false,
+            ready: true,
+        };
+        assert_eq!(
+            plan(&every, &facts),
+            Plan::Wait {
+                due: at("2026-12-04T02:30:00Z")
+            }
+        );
+        let due = Facts {
+            now: at("2026-12-04T02:30:00Z"),
+            ..facts.clone()
+        };
+        assert_eq!(plan(&every, &due), Plan::Run);
+        let suspended = Facts {
+            suspended: true,
+            ..due.clone()
+        };
+        assert_eq!(plan(&every, &suspended), Plan::Idle);
+        let no_etcd = Facts {
+            ready: false,
+            ..due
+        };
+        assert_eq!(plan(&every, &no_etcd), Plan::Idle);
+        // A failure is retried within five minutes, not a whole day later.
+        let daily = Schedule::parse("@every 24h").expect("interval");
+        let failed = Facts {
+            now: at("2026-12-04T02:03:00Z"),
+            last_failure: Some(at("2026-12-04T02:00:00Z")),
+            ..facts.clone()
+        };
+        assert_eq!(
+            plan(&daily, &failed),
+            Plan::Wait {
+                due: at("2026-12-04T02:05:00Z")
+            }
+        );
+        let recovered = Facts {
+            last_success: Some(at("2026-12-04T02:10:00Z")),
+            now: at("2026-12-04T02:11:00Z"),
+            ..failed
+        };
+        assert_eq!(
+            plan(&daily, &recovered),
+            Plan::Wait {
+                due: at("2026-12-05T02:10:00Z")
+            },
+            "a success after the failure: the schedule again"
+        );
+    }
+
+    #[test]
+    fn snapshots_come_from_ready_control_planes_never_one_being_removed() {
+        let source = |machine: &str, ready: bool, removing: bool| Source {
+            machine: machine.into(),
+            address: format!("{machine}:50000"),
+            ready_control_plane: ready,
+            being_removed: removing,
+        };
+        let all = [
+            source("cp-3", true, false),
+            source("cp-1", true, true),
+            source("cp-2", true, false),
+            source("w-1", false, false),
+        ];
+        let order: Vec<&str> = sources(&all).iter().map(|s| s.machine.as_str()).collect();
+        assert_eq!(order, ["cp-2", "cp-3"]);
+    }
+
+    #[test]
+    fn the_latest_backup_of_a_bundle_is_the_one_restored() {
+        let record = |bundle: &str, taken: &str| Record {
+            namespace: "ns".into(),
+            cluster: "lab".into(),
+            uid: "1".into(),
+            bundle_fingerprint: bundle.into(),
+            taken_at: taken.into(),
+            size: 1,
+            sha256: "00".into(),
+            encrypted: false,
+            machine: "cp-1".into(),
+            talos_version: "v1.14.0".into(),
+        };
+        let records = vec![
+            ("a".to_owned(), record("sha256:x", "2026-12-04T01:00:00Z")),
+            ("b".to_owned(), record("sha256:x", "2026-12-04T03:00:00Z")),
+            ("c".to_owned(), record("sha256:y", "2026-12-04T05:00:00Z")),
+        ];
+        assert_eq!(
+            latest_for_bundle(&records, "sha256:x").map(|r| r.0.as_str()),
+            Some("b")
+        );
+        assert_eq!(latest_for_bundle(&records, "sha256:z"), None);
+        assert!(is_backup_key("p/ns/lab/1/20261204T010000Z.snapshot"));
+        assert!(is_backup_key("p/ns/lab/1/20261204T010000Z.snapshot.age"));
+        assert!(!is_backup_key("p/ns/lab/1/20261204T010000Z.snapshot.json"));
     }
 }

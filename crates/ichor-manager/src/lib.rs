@@ -7,6 +7,7 @@
 #![warn(clippy::too_many_lines)]
 
 pub mod backup;
+pub mod backups;
 pub mod classes;
 pub mod clock;
 pub mod cluster;
@@ -29,6 +30,7 @@ pub mod operation;
 pub mod own;
 pub mod removal;
 pub mod renewal;
+pub mod seal;
 pub mod secrets;
 pub mod status;
 pub mod storage;
@@ -121,6 +123,8 @@ pub struct Context {
     own: own::Cache,
     /// The machine classes and storages configs render from (watch caches).
     pub layers: layers::Layers,
+    /// The clusters with a backup running (one at a time per cluster).
+    backups: backups::InFlight,
 }
 
 impl Context {
@@ -143,6 +147,7 @@ impl Context {
             backoff: error::Backoff::default(),
             own: own::Cache::default(),
             layers: layers::Layers::default(),
+            backups: backups::InFlight::default(),
         }
     }
 
@@ -437,6 +442,19 @@ async fn storage_controller(ctx: Arc<Context>, stop: tokio::sync::watch::Receive
     .await;
 }
 
+/// The backup controller: each TalosCluster with `spec.backup`, reconciled when it changes and
+/// when its next backup is due.
+async fn backup_controller(ctx: Arc<Context>, stop: tokio::sync::watch::Receiver<bool>) {
+    Controller::new(
+        Api::<TalosCluster>::all(ctx.client.clone()),
+        watcher::Config::default(),
+    )
+    .graceful_shutdown_on(stopped(stop))
+    .run(backups::reconcile, error_policy, ctx)
+    .for_each(|_| async {})
+    .await;
+}
+
 /// The TalosOperation controller.
 async fn operation_controller(ctx: Arc<Context>, stop: tokio::sync::watch::Receiver<bool>) {
     Controller::new(
@@ -468,6 +486,7 @@ pub async fn run(
         cluster_controller(Arc::clone(&ctx), stop_rx.clone()),
         machine_controller(Arc::clone(&ctx), stop_rx.clone()),
         storage_controller(Arc::clone(&ctx), stop_rx.clone()),
+        backup_controller(Arc::clone(&ctx), stop_rx.clone()),
         operation_controller(ctx, stop_rx),
     );
 }

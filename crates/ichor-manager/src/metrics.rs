@@ -6,7 +6,7 @@
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use ichor_api::TalosMachine;
+use ichor_api::{TalosCluster, TalosMachine};
 use ichor_service::Registry;
 use kube::ResourceExt as _;
 use kube::runtime::reflector::Store;
@@ -35,6 +35,26 @@ struct RpcLabels {
     service: String,
     method: String,
     code: String,
+}
+
+/// A cluster's labels.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ClusterLabels {
+    namespace: String,
+    cluster: String,
+}
+
+/// A cluster's labels and a failure reason.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ClusterReasonLabels {
+    namespace: String,
+    cluster: String,
+    reason: String,
+}
+
+/// Backups take seconds to tens of minutes.
+fn backup_buckets() -> Histogram {
+    Histogram::new(exponential_buckets(0.5, 2.0, 14))
 }
 
 /// The labels of the machine gauge.
@@ -104,6 +124,13 @@ impl Collector for MachinePhases {
     }
 }
 
+fn cluster_labels(cluster: &TalosCluster) -> ClusterLabels {
+    ClusterLabels {
+        namespace: cluster.namespace().unwrap_or_default(),
+        cluster: cluster.name_any(),
+    }
+}
+
 /// The manager's metrics, registered in one registry.
 #[derive(Debug)]
 pub struct Metrics {
@@ -114,6 +141,44 @@ pub struct Metrics {
     rpcs: Histograms<RpcLabels>,
     leader: Gauge,
     machines: Arc<MachinePhases>,
+    backups: BackupMetrics,
+}
+
+/// The backup metrics: durations, sizes and failures, by cluster.
+#[derive(Debug)]
+struct BackupMetrics {
+    durations: Histograms<ClusterLabels>,
+    sizes: Family<ClusterLabels, Gauge>,
+    failures: Family<ClusterReasonLabels, Counter>,
+}
+
+impl BackupMetrics {
+    fn register(registry: &mut Registry) -> Self {
+        let durations: Histograms<ClusterLabels> =
+            Family::new_with_constructor(backup_buckets as fn() -> Histogram);
+        registry.register(
+            "ichor_backup_duration_seconds",
+            "How long successful etcd backups took, by cluster.",
+            durations.clone(),
+        );
+        let sizes = Family::<ClusterLabels, Gauge>::default();
+        registry.register(
+            "ichor_backup_size_bytes",
+            "The size of the last successful etcd backup (before encryption), by cluster.",
+            sizes.clone(),
+        );
+        let failures = Family::<ClusterReasonLabels, Counter>::default();
+        registry.register(
+            "ichor_backup_failures",
+            "Failed etcd backups, by cluster and reason.",
+            failures.clone(),
+        );
+        Self {
+            durations,
+            sizes,
+            failures,
+        }
+    }
 }
 
 impl Default for Metrics {
@@ -153,6 +218,7 @@ impl Default for Metrics {
         );
         let machines = Arc::new(MachinePhases::default());
         registry.register_collector(Box::new(Arc::clone(&machines)));
+        let backups = BackupMetrics::register(&mut registry);
         Self {
             registry: Arc::new(registry),
             reconciles,
@@ -161,6 +227,7 @@ impl Default for Metrics {
             rpcs,
             leader,
             machines,
+            backups,
         }
     }
 }
@@ -181,6 +248,29 @@ impl Metrics {
     pub fn error(&self, reason: &str) {
         self.errors
             .get_or_create(&ReasonLabel {
+                reason: reason.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Records a successful backup of `cluster`.
+    pub fn backup_succeeded(&self, cluster: &TalosCluster, seconds: f64, size: i64) {
+        let labels = cluster_labels(cluster);
+        self.backups
+            .durations
+            .get_or_create(&labels)
+            .observe(seconds);
+        self.backups.sizes.get_or_create(&labels).set(size);
+    }
+
+    /// Counts a failed backup of `cluster`.
+    pub fn backup_failed(&self, cluster: &TalosCluster, reason: &str) {
+        let ClusterLabels { namespace, cluster } = cluster_labels(cluster);
+        self.backups
+            .failures
+            .get_or_create(&ClusterReasonLabels {
+                namespace,
+                cluster,
                 reason: reason.to_owned(),
             })
             .inc();

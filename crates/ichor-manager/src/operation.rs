@@ -17,11 +17,10 @@ use ichor_api::operation::{
 use ichor_api::{TalosCluster, TalosMachine};
 use ichor_deleteguard::{Disruption, Stage as PlanStage, annotation_true};
 use ichor_talos::{ApplyMode, Credentials, ResetOptions, Stage, TalosClient, TalosError};
-use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt as _;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use serde_json::json;
@@ -34,8 +33,6 @@ mod plan;
 const NODE_PATIENCE: Duration = Duration::from_secs(300);
 /// How long one reconcile watches for a node going down.
 const DOWN_WATCH: Duration = Duration::from_secs(20);
-/// The largest snapshot kept in a Secret (Secrets are limited to 1 MiB).
-const MAX_SNAPSHOT: usize = 900 * 1024;
 
 /// The lock holder of an operation.
 pub fn holder(operation: &TalosOperation) -> LockHolder {
@@ -261,17 +258,8 @@ async fn reconcile_inner(operation: &TalosOperation, ctx: &Context) -> Result<Ac
     }
     let Observed { cluster, machines } = match observe(ctx, operation, &mut status).await? {
         Ok(observed) => observed,
-        Err(message) => {
-            return end(
-                ctx,
-                operation,
-                None,
-                status,
-                false,
-                reasons::NO_TARGETS,
-                message,
-            )
-            .await;
+        Err((reason, message)) => {
+            return end(ctx, operation, None, status, false, reason, message).await;
         }
     };
     let outcome = take_lock(ctx, operation, &status, &cluster, &machines).await?;
@@ -318,20 +306,26 @@ async fn observe(
     ctx: &Context,
     operation: &TalosOperation,
     status: &mut TalosOperationStatus,
-) -> Result<Result<Observed, String>, Error> {
+) -> Result<Result<Observed, (&'static str, String)>, Error> {
     let namespace = operation.namespace().unwrap_or_default();
     let cluster_name = operation.spec.cluster_ref.name.clone();
     let Some(cluster) = Api::<TalosCluster>::namespaced(ctx.client.clone(), &namespace)
         .get_opt(&cluster_name)
         .await?
     else {
-        return Ok(Err(format!(
-            "TalosCluster {cluster_name} (spec.clusterRef) does not exist in namespace {namespace}"
+        return Ok(Err((
+            reasons::NO_TARGETS,
+            format!(
+                "TalosCluster {cluster_name} (spec.clusterRef) does not exist in namespace {namespace}"
+            ),
         )));
     };
+    if let Some(refused) = plan::refusal(operation, &cluster) {
+        return Ok(Err(refused));
+    }
     let machines = crate::cluster_machines(ctx, &cluster).await?;
     if let Err(problem) = plan::choose_targets(status, &operation.spec, &machines) {
-        return Ok(Err(problem.to_string()));
+        return Ok(Err((reasons::NO_TARGETS, problem.to_string())));
     }
     Ok(Ok(Observed { cluster, machines }))
 }
@@ -799,10 +793,7 @@ impl Node<'_> {
                     })
                     .await
             }
-            OperationAction::EtcdSnapshot => match client.etcd_snapshot().await {
-                Ok(bytes) => return self.store_snapshot(step, bytes).await.map(Some),
-                Err(error) => Err(error),
-            },
+            OperationAction::EtcdSnapshot => return self.back_up(step).await.map(Some),
             OperationAction::EtcdDefrag => client.etcd_defragment().await,
             OperationAction::UpgradeKubernetes => return self.send_kubernetes(&client, step).await,
         };
@@ -891,46 +882,35 @@ impl Node<'_> {
         ))
     }
 
-    /// Keeps an etcd snapshot in a Secret owned by the operation and names it in the status.
-    async fn store_snapshot(&self, step: &mut NodeStep, bytes: Vec<u8>) -> Result<Verdict, Error> {
-        let digest = plan::sha256_hex(&bytes);
-        if bytes.len() > MAX_SNAPSHOT {
-            return fail(
-                reasons::ACTION_FAILED,
-                format!(
-                    "the snapshot is {} bytes (sha256 {digest}), too large for a Secret; take it with talosctl etcd snapshot",
-                    bytes.len()
-                ),
-            );
+    /// Backs the cluster's etcd up from this control plane to `spec.backup` (the backup
+    /// controller's runner: one backup at a time per cluster), and names the object in the
+    /// operation's status.
+    async fn back_up(&self, step: &mut NodeStep) -> Result<Verdict, Error> {
+        let trigger = crate::backups::Trigger::Operation {
+            operation: self.operation.name_any(),
+            machine: self.machine.name_any(),
+        };
+        match crate::backups::run(self.ctx, self.cluster, trigger).await? {
+            None => wait(
+                reasons::WAITING_FOR_LOCK,
+                "another backup of the cluster is running",
+            ),
+            Some(Err(failure)) => fail(failure.reason, failure.message),
+            Some(Ok(record)) => {
+                crate::status::merge(
+                    &api(self.ctx, self.operation),
+                    &self.operation.name_any(),
+                    &json!({"backupKey": record.key}),
+                )
+                .await?;
+                step.phase = OperationPhase::Succeeded;
+                step.message = Some(format!(
+                    "backed up {} bytes (sha256 {}) to {}",
+                    record.size, record.sha256, record.key
+                ));
+                Ok(Verdict::Next)
+            }
         }
-        let name = format!("{}-etcd-snapshot", self.operation.name_any());
-        let namespace = self.operation.namespace().unwrap_or_default();
-        let secret = plan::snapshot_secret(self.operation, self.cluster, &name, &bytes);
-        let secrets: Api<Secret> = Api::namespaced(self.ctx.client.clone(), &namespace);
-        match secrets.create(&PostParams::default(), &secret).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.is_already_exists() => {}
-            Err(e) => return Err(e.into()),
-        }
-        self.record_snapshot_secret(&name).await?;
-        step.phase = OperationPhase::Succeeded;
-        step.message = Some(format!(
-            "snapshot of {} bytes (sha256 {digest}) in Secret {name}",
-            bytes.len()
-        ));
-        Ok(Verdict::Next)
-    }
-
-    /// Names the snapshot's Secret in the operation's status (`status.snapshotSecret`).
-    async fn record_snapshot_secret(&self, name: &str) -> Result<(), Error> {
-        let api = api(self.ctx, self.operation);
-        crate::status::merge(
-            &api,
-            &self.operation.name_any(),
-            &json!({"snapshotSecret": name}),
-        )
-        .await?;
-        Ok(())
     }
 
     /// After sending: the node goes down (reboot, upgrade, reset) and comes back healthy.

@@ -77,6 +77,16 @@ pub const CLUSTER: &[Group] = &[
         fields: &["pendingNodeDeletes"],
         conditions: Owned::None,
     },
+    Group {
+        manager: fm::BACKUP_STATUS,
+        fields: &["backup"],
+        conditions: Owned::Only(&[conditions::BACKED_UP]),
+    },
+    Group {
+        manager: fm::RESTORE_STATUS,
+        fields: &["restore"],
+        conditions: Owned::Only(&[conditions::RESTORED]),
+    },
 ];
 
 /// The groups of TalosMachine status.
@@ -126,8 +136,8 @@ pub const OPERATION: &[Group] = &[
         conditions: Owned::Rest,
     },
     Group {
-        manager: fm::OPERATION_SNAPSHOT,
-        fields: &["snapshotSecret"],
+        manager: fm::OPERATION_BACKUP,
+        fields: &["backupKey"],
         conditions: Owned::None,
     },
 ];

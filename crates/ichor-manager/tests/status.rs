@@ -278,3 +278,55 @@ async fn each_status_field_has_one_writer_and_no_writer_clobbers_another() {
     assert_disjoint(&owners(&now));
     let _ = now.name_any();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operations_backup_key_survives_the_writes_of_its_progress() {
+    use ichor_api::TalosOperation;
+    use ichor_api::operation::{OperationAction, OperationPhase, TalosOperationStatus};
+    let (env, ns) = support::plane("status-op").await;
+    let operations: Api<TalosOperation> = Api::namespaced(env.client(), &ns);
+    let created = operations
+        .create(
+            &PostParams::default(),
+            &TalosOperation::test("snap", OperationAction::EtcdSnapshot)
+                .namespace(&ns)
+                .cluster("c1")
+                .all()
+                .build(),
+        )
+        .await
+        .expect("create");
+    let running = TalosOperationStatus {
+        phase: OperationPhase::Running,
+        ..Default::default()
+    };
+    status::write(&operations, &created, &running)
+        .await
+        .expect("running");
+    status::merge(
+        &operations,
+        "snap",
+        &json!({"backupKey": "ichor/a.snapshot"}),
+    )
+    .await
+    .expect("the key");
+    let done = TalosOperationStatus {
+        phase: OperationPhase::Succeeded,
+        ..running
+    };
+    let stale = operations.get("snap").await.expect("get");
+    status::write(&operations, &created, &done)
+        .await
+        .expect("done, from a copy without the key");
+    let after = operations.get("snap").await.expect("get");
+    let status = after.status.clone().expect("status");
+    assert_eq!(status.phase, OperationPhase::Succeeded);
+    assert_eq!(
+        status.backup_key.as_deref(),
+        Some("ichor/a.snapshot"),
+        "{:?} / before: {:?}",
+        owners(&after),
+        owners(&stale)
+    );
+    assert_disjoint(&owners(&after));
+}

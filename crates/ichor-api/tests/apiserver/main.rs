@@ -3,6 +3,7 @@
 
 mod support;
 
+mod backup;
 mod cluster;
 mod examples;
 mod kinds;

@@ -1,22 +1,17 @@
 //! The operation's pure decisions: what was observed (the operation, its nodes' steps, the
 //! nodes' answers) in, what to do next out. No I/O here; the reconcile and `Node` act on them.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
+use ichor_api::TalosMachine;
 use ichor_api::names::reasons;
 use ichor_api::operation::{
     NoTargets, NodeStep, OperationAction, OperationPhase, TalosOperation, TalosOperationSpec,
     TalosOperationStatus,
 };
-use ichor_api::{TalosCluster, TalosMachine};
 use ichor_deleteguard::Verdict as Plan;
 use ichor_talos::TalosError;
-use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::api::ObjectMeta;
-use kube::{Resource as _, ResourceExt as _};
+use kube::ResourceExt as _;
 
 use super::{NODE_PATIENCE, Verdict, image_version, progress};
 use crate::lock;
@@ -212,48 +207,22 @@ pub(super) fn rolled_back(step: &mut NodeStep, image: &str, version: &str) -> Op
     })
 }
 
-/// The lowercase hex SHA-256 of `bytes`, as a snapshot's message gives it.
-pub(super) fn sha256_hex(bytes: &[u8]) -> String {
-    ring::digest::digest(&ring::digest::SHA256, bytes)
-        .as_ref()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
-/// The Secret `name` holding an etcd snapshot (key `snapshot.db`), owned by the operation and
-/// labelled with its cluster.
-pub(super) fn snapshot_secret(
+/// Why the operation is refused before it starts, if it is: an `etcdSnapshot` backs up to the
+/// cluster's `spec.backup` store, so a cluster without one refuses it.
+pub(super) fn refusal(
     operation: &TalosOperation,
-    cluster: &TalosCluster,
-    name: &str,
-    bytes: &[u8],
-) -> Secret {
-    let owner = OwnerReference {
-        api_version: TalosOperation::api_version(&()).into_owned(),
-        kind: TalosOperation::kind(&()).into_owned(),
-        name: operation.name_any(),
-        uid: operation.uid().unwrap_or_default(),
-        controller: Some(true),
-        block_owner_deletion: None,
-    };
-    Secret {
-        metadata: ObjectMeta {
-            name: Some(name.to_owned()),
-            namespace: Some(operation.namespace().unwrap_or_default()),
-            owner_references: Some(vec![owner]),
-            labels: Some(BTreeMap::from([(
-                ichor_api::names::labels::CLUSTER.to_owned(),
-                cluster.name_any(),
-            )])),
-            ..Default::default()
-        },
-        data: Some(BTreeMap::from([(
-            "snapshot.db".to_owned(),
-            ByteString(bytes.to_vec()),
-        )])),
-        ..Default::default()
-    }
+    cluster: &ichor_api::TalosCluster,
+) -> Option<(&'static str, String)> {
+    (operation.spec.action == OperationAction::EtcdSnapshot && cluster.spec.backup.is_none())
+        .then(|| {
+            (
+                reasons::BACKUP_NOT_CONFIGURED,
+                format!(
+                    "etcdSnapshot backs etcd up to the cluster's spec.backup store, and TalosCluster {} sets none: add spec.backup (an S3-compatible bucket), then create the operation again",
+                    cluster.metadata.name.as_deref().unwrap_or_default()
+                ),
+            )
+        })
 }
 
 #[cfg(test)]
@@ -589,40 +558,18 @@ mod tests {
     }
 
     #[test]
-    fn a_snapshot_digest_is_lowercase_sha256_hex() {
-        assert_eq!(
-            sha256_hex(b""),
-            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
-        );
-        assert_eq!(
-            sha256_hex(b"abc"),
-            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
-        );
-    }
-
-    #[test]
-    fn the_snapshot_secret_is_owned_by_the_operation_and_labelled_with_its_cluster() {
-        let mut operation = TalosOperation::test("snap", OperationAction::EtcdSnapshot)
-            .namespace("lab-ns")
-            .build();
-        operation.metadata.uid = Some("uid-1".into());
-        let cluster = TalosCluster::test("lab").build();
-        let secret = snapshot_secret(&operation, &cluster, "snap-etcd-snapshot", b"db");
-        assert_eq!(secret.metadata.name.as_deref(), Some("snap-etcd-snapshot"));
-        assert_eq!(secret.metadata.namespace.as_deref(), Some("lab-ns"));
-        let owners = secret.metadata.owner_references.expect("an owner");
-        assert_eq!(owners.len(), 1);
-        assert_eq!(owners[0].kind, "TalosOperation");
-        assert_eq!(owners[0].name, "snap");
-        assert_eq!(owners[0].uid, "uid-1");
-        assert_eq!(owners[0].controller, Some(true));
-        assert_eq!(owners[0].block_owner_deletion, None);
-        assert_eq!(
-            secret.metadata.labels.expect("labels")[ichor_api::names::labels::CLUSTER],
-            "lab"
-        );
-        let data = secret.data.expect("data");
-        assert_eq!(data.len(), 1);
-        assert_eq!(data["snapshot.db"].0, b"db");
+    fn an_etcd_snapshot_is_refused_on_a_cluster_without_backups() {
+        let snapshot = TalosOperation::test("snap", OperationAction::EtcdSnapshot).build();
+        let reboot = TalosOperation::test("boot", OperationAction::Reboot).build();
+        let mut cluster = ichor_api::TalosCluster::test("lab").build();
+        let (reason, message) = refusal(&snapshot, &cluster).expect("refused");
+        assert_eq!(reason, reasons::BACKUP_NOT_CONFIGURED);
+        assert!(message.contains("spec.backup"), "{message}");
+        assert_eq!(refusal(&reboot, &cluster), None);
+        cluster.spec.backup = Some(serde_json::from_value(serde_json::json!({
+            "schedule": "@every 1h",
+            "store": {"endpoint": "https://s3.example.com", "bucket": "b", "credentialsSecretRef": {"name": "s3"}}
+        })).expect("a backup spec"));
+        assert_eq!(refusal(&snapshot, &cluster), None);
     }
 }

@@ -1,0 +1,146 @@
+//! `spec.backup` and `spec.restoreFrom`: what the apiserver fills in and refuses.
+
+use serde_json::json;
+
+use crate::support::{api, cluster, create_ok, merge, refused, setup};
+
+fn store() -> serde_json::Value {
+    json!({
+        "endpoint": "https://s3.example.com",
+        "bucket": "etcd-backups",
+        "credentialsSecretRef": {"name": "s3"}
+    })
+}
+
+#[tokio::test]
+async fn a_backup_schedule_is_an_interval_or_a_cron_expression() {
+    let (env, ns) = setup("tc-backup").await;
+    let clusters = api(&env, &ns, "TalosCluster");
+    let with = |schedule: &str| {
+        cluster(
+            "c",
+            json!({"backup": {"schedule": schedule, "store": store()}}),
+        )
+    };
+    for bad in ["6h", "every 6h", "@every soon", "* * * *", "@daily"] {
+        refused(
+            &clusters,
+            with(bad),
+            "backup.schedule must be `@every <duration>`",
+        )
+        .await;
+    }
+    refused(
+        &clusters,
+        with("@every 10s"),
+        "an @every interval must be at least 1m",
+    )
+    .await;
+    let created = create_ok(&clusters, with("0 */6 * * *")).await;
+    let backup = &created["spec"]["backup"];
+    assert_eq!(backup["store"]["region"], "us-east-1", "region defaults");
+    assert!(backup.get("retention").is_none());
+    merge(
+        &clusters,
+        "c",
+        json!({"spec": {"backup": {"schedule": "@every 90m"}}}),
+    )
+    .await
+    .expect("an interval");
+}
+
+#[tokio::test]
+async fn a_store_names_an_https_endpoint_a_bucket_and_a_safe_prefix() {
+    let (env, ns) = setup("tc-store").await;
+    let clusters = api(&env, &ns, "TalosCluster");
+    let with = |store_patch: serde_json::Value| {
+        let mut store = store();
+        crate::support::merge_json(&mut store, store_patch);
+        cluster(
+            "c",
+            json!({"backup": {"schedule": "@every 1h", "store": store}}),
+        )
+    };
+    refused(
+        &clusters,
+        with(json!({"endpoint": "s3.example.com"})),
+        "store.endpoint must be an https:// (or http://) URL",
+    )
+    .await;
+    refused(&clusters, with(json!({"bucket": "Bad_Bucket"})), "bucket").await;
+    refused(&clusters, with(json!({"prefix": "/abs"})), "prefix").await;
+    refused(
+        &clusters,
+        with(json!({"credentialsSecretRef": null})),
+        "credentialsSecretRef",
+    )
+    .await;
+    let retention = |r: serde_json::Value| {
+        cluster(
+            "c",
+            json!({"backup": {"schedule": "@every 1h", "store": store(), "retention": r}}),
+        )
+    };
+    refused(&clusters, retention(json!({"count": 0})), "count").await;
+    refused(
+        &clusters,
+        retention(json!({"maxAge": "10s"})),
+        "retention.maxAge must be a duration of at least 1m",
+    )
+    .await;
+    create_ok(&clusters, retention(json!({"count": 3, "maxAge": "720h"}))).await;
+}
+
+#[tokio::test]
+async fn restore_from_is_set_at_creation_with_a_bundle_and_kept() {
+    let (env, ns) = setup("tc-restore").await;
+    let clusters = api(&env, &ns, "TalosCluster");
+    refused(
+        &clusters,
+        cluster("a", json!({"restoreFrom": {"store": store()}})),
+        "restoreFrom needs secretsRef",
+    )
+    .await;
+    create_ok(
+        &clusters,
+        cluster(
+            "b",
+            json!({"secretsRef": {"name": "bundle"}, "restoreFrom": {"store": store(), "key": "ichor/x.snapshot"}}),
+        ),
+    )
+    .await;
+    let changed = merge(
+        &clusters,
+        "b",
+        json!({"spec": {"restoreFrom": {"key": "ichor/y.snapshot"}}}),
+    )
+    .await
+    .expect_err("the key is kept");
+    assert!(
+        changed.contains("restoreFrom cannot change once set"),
+        "{changed}"
+    );
+    let dropped = merge(&clusters, "b", json!({"spec": {"restoreFrom": null}}))
+        .await
+        .expect_err("restoreFrom is kept");
+    assert!(
+        dropped.contains("restoreFrom is set only when the cluster is created"),
+        "{dropped}"
+    );
+    create_ok(
+        &clusters,
+        cluster("c", json!({"secretsRef": {"name": "bundle"}})),
+    )
+    .await;
+    let added = merge(
+        &clusters,
+        "c",
+        json!({"spec": {"restoreFrom": {"store": store()}}}),
+    )
+    .await
+    .expect_err("not added later");
+    assert!(
+        added.contains("restoreFrom is set only when the cluster is created"),
+        "{added}"
+    );
+}

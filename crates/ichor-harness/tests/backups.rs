@@ -1,0 +1,446 @@
+//! Etcd backups to a real S3 server (SeaweedFS) on the sim target, against the real
+//! `ichor-manager`: the first scheduled backup runs once etcd is bootstrapped, `etcdSnapshot`
+//! operations back up on demand, retention keeps the newest N of this cluster's backups and
+//! touches nothing else in the bucket; each backup's record names the bundle it was made with;
+//! an encrypted backup opens with its age identity only; and wrong credentials, a missing
+//! bucket, an unreachable store and a full one each set `BackedUp` with their reason and emit
+//! an Event, losing nothing already stored.
+
+use std::io::Read as _;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::TryStreamExt as _;
+use ichor_api::TalosCluster;
+use ichor_api::TalosOperation;
+use ichor_api::names::{conditions, reasons, secrets as keys};
+use ichor_api::operation::{OperationAction, OperationPhase};
+use ichor_harness::specs::{self, Shape};
+use ichor_harness::{SimOptions, SimTarget, Target};
+use ichor_testenv::S3Server;
+use ichor_testenv::s3::REGION;
+use ichor_testenv::wait::try_eventually;
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, Patch, PatchParams};
+use object_store::aws::AmazonS3Builder;
+use object_store::path::Path as ObjectPath;
+use object_store::{ObjectStore, ObjectStoreExt as _, PutPayload};
+use serde_json::json;
+
+const CLUSTER: &str = "lab";
+const BUCKET: &str = "etcd";
+const WAIT: Duration = Duration::from_secs(120);
+
+/// A client of the test's own for the bucket, to look at what Ichor wrote.
+fn store(server: &S3Server, bucket: &str) -> Arc<dyn ObjectStore> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let credentials = server.credentials();
+    Arc::new(
+        AmazonS3Builder::new()
+            .with_endpoint(server.endpoint())
+            .with_region(REGION)
+            .with_bucket_name(bucket)
+            .with_access_key_id(&credentials.access_key)
+            .with_secret_access_key(&credentials.secret_key)
+            .with_allow_http(true)
+            .build()
+            .expect("a client"),
+    )
+}
+
+async fn keys_under(store: &dyn ObjectStore, prefix: &str) -> Vec<String> {
+    let mut keys: Vec<String> = store
+        .list(Some(&ObjectPath::from(prefix)))
+        .map_ok(|meta| meta.location.to_string())
+        .try_collect()
+        .await
+        .expect("list");
+    keys.sort();
+    keys
+}
+
+async fn put_secret(target: &SimTarget, name: &str, data: &[(&str, &str)]) {
+    let secret: Secret = serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": name},
+        "type": "Opaque",
+    }))
+    .expect("a Secret");
+    let secret = Secret {
+        data: Some(
+            data.iter()
+                .map(|(k, v)| ((*k).to_owned(), ByteString(v.as_bytes().to_vec())))
+                .collect(),
+        ),
+        ..secret
+    };
+    let api = Api::<Secret>::namespaced(target.client(), target.namespace());
+    api.patch(
+        name,
+        &PatchParams::apply("backups-spec").force(),
+        &Patch::Apply(&secret),
+    )
+    .await
+    .expect("apply the Secret");
+}
+
+async fn patch_backup(target: &SimTarget, backup: serde_json::Value) {
+    Api::<TalosCluster>::namespaced(target.client(), target.namespace())
+        .patch(
+            CLUSTER,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"backup": backup}})),
+        )
+        .await
+        .expect("patch spec.backup");
+}
+
+async fn cluster(target: &SimTarget) -> TalosCluster {
+    Api::<TalosCluster>::namespaced(target.client(), target.namespace())
+        .get(CLUSTER)
+        .await
+        .expect("the cluster")
+}
+
+/// Runs an `etcdSnapshot` operation named `name` to its end.
+async fn snapshot(target: &SimTarget, name: &str) -> TalosOperation {
+    specs::create_operation(
+        target,
+        TalosOperation::test(name, OperationAction::EtcdSnapshot)
+            .cluster(CLUSTER)
+            .all(),
+    )
+    .await
+    .expect("operation");
+    specs::wait_operation(target, name, WAIT)
+        .await
+        .expect("finished")
+}
+
+/// The reason of the operation's `Succeeded` condition.
+fn outcome(operation: &TalosOperation) -> (OperationPhase, String, String) {
+    let status = operation.status.clone().expect("status");
+    let condition = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == conditions::SUCCEEDED)
+        .cloned()
+        .expect("Succeeded");
+    (status.phase, condition.reason, condition.message)
+}
+
+/// Runs a backup that must fail with `reason`, and checks the cluster says so too.
+async fn fails_with(target: &SimTarget, name: &str, reason: &str) -> String {
+    let operation = snapshot(target, name).await;
+    let (phase, got, message) = outcome(&operation);
+    assert_eq!(phase, OperationPhase::Failed, "{name}: {message}");
+    assert_eq!(got, reason, "{name}: {message}");
+    let backed_up = cluster(target)
+        .await
+        .status
+        .expect("status")
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == conditions::BACKED_UP)
+        .expect("BackedUp");
+    assert_eq!(backed_up.reason, reason, "{name}");
+    let events = specs::events_with_reason(target, reason).await;
+    assert!(!events.is_empty(), "{name}: an Event with reason {reason}");
+    message
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backups_reach_the_store_keep_n_and_name_what_stops_them() {
+    let version = "v1.14.1";
+    let server = S3Server::start().await.expect("start the S3 server");
+    server.create_bucket(BUCKET).await.expect("bucket");
+    let bucket = store(&server, BUCKET);
+    // What is not Ichor's: under the prefix and beside it.
+    for key in ["ichor/README.txt", "other/keep.db"] {
+        bucket
+            .put(
+                &ObjectPath::from(key),
+                PutPayload::from_static(b"not ichor's"),
+            )
+            .await
+            .expect("a foreign object");
+    }
+    let target = SimTarget::up(SimOptions::new(1, 101, version))
+        .await
+        .expect("sim target");
+    let credentials = server.credentials();
+    put_secret(
+        &target,
+        "s3",
+        &[
+            (keys::ACCESS_KEY_ID_KEY, &credentials.access_key),
+            (keys::SECRET_ACCESS_KEY_KEY, &credentials.secret_key),
+        ],
+    )
+    .await;
+    let shape = Shape {
+        control_planes: 1,
+        ..Shape::new(version, "flannel")
+    };
+    specs::create_cluster(&target, &shape)
+        .await
+        .expect("cluster");
+    // An etcdSnapshot without spec.backup is refused with its reason.
+    let refused = snapshot(&target, "too-early").await;
+    assert_eq!(
+        outcome(&refused).1,
+        reasons::BACKUP_NOT_CONFIGURED,
+        "{:?}",
+        outcome(&refused)
+    );
+    let store_spec = json!({
+        "endpoint": server.endpoint(),
+        "bucket": BUCKET,
+        "prefix": "ichor",
+        "credentialsSecretRef": {"name": "s3"}
+    });
+    patch_backup(
+        &target,
+        json!({"schedule": "@every 24h", "store": store_spec, "retention": {"count": 2}}),
+    )
+    .await;
+    specs::wait_discovered(&target, 1)
+        .await
+        .expect("discovered");
+    specs::approve_shape(&target, 1, 0).await.expect("approve");
+    if let Err(error) = specs::wait_ready(&target, CLUSTER, WAIT).await {
+        panic!("{error}: {}", specs::summary(&target).await);
+    }
+
+    // The first scheduled backup runs once etcd is bootstrapped; the next is a day later.
+    let first = try_eventually("the first scheduled backup", WAIT, || async {
+        let status = cluster(&target).await.status?.backup?;
+        Some((status.last_success?, status.next_run?))
+    })
+    .await;
+    let first = match first {
+        Ok(first) => first,
+        Err(e) => panic!("{e}: {:?}", cluster(&target).await.status),
+    };
+    let (record, next_run) = first;
+    assert_eq!(record.operation, None, "scheduled");
+    assert!(next_run.0 > record.taken_at.0, "the next run follows");
+    let uid = cluster(&target).await.metadata.uid.expect("uid");
+    let folder = format!("ichor/{}/{CLUSTER}/{uid}/", target.namespace());
+    assert!(record.key.starts_with(&folder), "{}", record.key);
+    let body = bucket
+        .get(&ObjectPath::from(record.key.as_str()))
+        .await
+        .expect("the backup")
+        .bytes()
+        .await
+        .expect("its bytes");
+    assert_eq!(body.len() as i64, record.size);
+    assert_eq!(body.len() % 512, 32, "an etcd snapshot with its trailer");
+    let written: serde_json::Value = serde_json::from_slice(
+        &bucket
+            .get(&ObjectPath::from(format!("{}.json", record.key)))
+            .await
+            .expect("the record")
+            .bytes()
+            .await
+            .expect("its bytes"),
+    )
+    .expect("JSON");
+    let status = cluster(&target).await.status.expect("status");
+    assert_eq!(
+        written["bundleFingerprint"].as_str(),
+        status.bundle_fingerprint.as_deref(),
+        "the record names the bundle"
+    );
+    assert_eq!(written["sha256"].as_str(), Some(record.sha256.as_str()));
+
+    // Two on demand: retention keeps the newest two, and nothing that is not Ichor's goes.
+    for name in ["snap-1", "snap-2"] {
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        let done = snapshot(&target, name).await;
+        let (phase, _, message) = outcome(&done);
+        assert_eq!(phase, OperationPhase::Succeeded, "{name}: {message}");
+        let key = match done.status.as_ref().and_then(|s| s.backup_key.clone()) {
+            Some(key) => key,
+            None => panic!("no key: {:?}\n{}", done.status, target.manager_log_tail()),
+        };
+        assert!(key.starts_with(&folder), "{key}");
+    }
+    let ours = keys_under(bucket.as_ref(), &folder).await;
+    let snapshots: Vec<&String> = ours.iter().filter(|k| k.ends_with(".snapshot")).collect();
+    assert_eq!(snapshots.len(), 2, "retention keeps 2: {ours:?}");
+    assert!(!ours.contains(&record.key), "the oldest went: {ours:?}");
+    assert!(
+        !ours.contains(&format!("{}.json", record.key)),
+        "with its record: {ours:?}"
+    );
+    assert_eq!(ours.len(), 4, "each kept backup has its record: {ours:?}");
+    for key in ["ichor/README.txt", "other/keep.db"] {
+        bucket
+            .head(&ObjectPath::from(key))
+            .await
+            .expect("what is not Ichor's stays");
+    }
+    let backup = cluster(&target)
+        .await
+        .status
+        .expect("status")
+        .backup
+        .expect("backup");
+    assert_eq!(backup.kept, Some(2));
+    assert_eq!(backup.running, None);
+
+    // Encrypted to an age identity: only that identity opens it.
+    let identity = age::x25519::Identity::generate();
+    let identity_text = {
+        use age::secrecy::ExposeSecret as _;
+        identity.to_string().expose_secret().to_owned()
+    };
+    put_secret(&target, "age", &[(keys::AGE_KEY, &identity_text)]).await;
+    patch_backup(
+        &target,
+        json!({"encryption": {"keySecretRef": {"name": "age"}}}),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let sealed = snapshot(&target, "snap-sealed").await;
+    assert_eq!(
+        outcome(&sealed).0,
+        OperationPhase::Succeeded,
+        "{:?}",
+        outcome(&sealed)
+    );
+    let key = sealed.status.expect("status").backup_key.expect("key");
+    assert!(key.ends_with(".snapshot.age"), "{key}");
+    let ciphertext = bucket
+        .get(&ObjectPath::from(key.as_str()))
+        .await
+        .expect("the sealed backup")
+        .bytes()
+        .await
+        .expect("bytes");
+    let mut plain = Vec::new();
+    age::Decryptor::new(&ciphertext[..])
+        .expect("an age file")
+        .decrypt(std::iter::once(&identity as &dyn age::Identity))
+        .expect("opens with its identity")
+        .read_to_end(&mut plain)
+        .expect("read");
+    assert_eq!(plain.len() % 512, 32, "an etcd snapshot inside");
+    assert!(
+        age::Decryptor::new(&ciphertext[..])
+            .expect("an age file")
+            .decrypt(std::iter::once(
+                &age::x25519::Identity::generate() as &dyn age::Identity
+            ))
+            .is_err(),
+        "another identity does not open it"
+    );
+    patch_backup(&target, json!({"encryption": null})).await;
+
+    // What stops a backup is named, and nothing stored is lost.
+    let before = keys_under(bucket.as_ref(), "").await;
+    put_secret(
+        &target,
+        "s3",
+        &[
+            (keys::ACCESS_KEY_ID_KEY, &credentials.access_key),
+            (keys::SECRET_ACCESS_KEY_KEY, "not-the-secret"),
+        ],
+    )
+    .await;
+    fails_with(&target, "wrong-secret", reasons::STORE_CREDENTIALS_REFUSED).await;
+    put_secret(
+        &target,
+        "s3",
+        &[
+            (keys::ACCESS_KEY_ID_KEY, &credentials.access_key),
+            (keys::SECRET_ACCESS_KEY_KEY, &credentials.secret_key),
+        ],
+    )
+    .await;
+    patch_backup(&target, json!({"store": {"bucket": "no-such-bucket"}})).await;
+    let message = fails_with(&target, "no-bucket", reasons::STORE_BUCKET_MISSING).await;
+    assert!(message.contains("no-such-bucket"), "{message}");
+    patch_backup(
+        &target,
+        json!({"store": {"bucket": BUCKET, "endpoint": "http://127.0.0.1:9"}}),
+    )
+    .await;
+    fails_with(&target, "unreachable", reasons::STORE_UNREACHABLE).await;
+    patch_backup(
+        &target,
+        json!({"store": {"credentialsSecretRef": {"name": "missing"}}}),
+    )
+    .await;
+    let message = fails_with(&target, "no-secret", reasons::BACKUP_SETTINGS_INVALID).await;
+    assert!(message.contains("missing"), "{message}");
+    assert_eq!(
+        keys_under(bucket.as_ref(), "").await,
+        before,
+        "failed backups changed nothing in the bucket"
+    );
+
+    // A full store: the write is refused and named; what it held stays.
+    let full = S3Server::builder()
+        .size_limit(48)
+        .start()
+        .await
+        .expect("a small S3 server");
+    full.create_bucket(BUCKET).await.expect("bucket");
+    let small = store(&full, BUCKET);
+    let filler = vec![9u8; 4 << 20];
+    let mut filled = Vec::new();
+    for n in 0..64 {
+        let key = format!("filler/{n}");
+        if small
+            .put(
+                &ObjectPath::from(key.as_str()),
+                PutPayload::from(filler.clone()),
+            )
+            .await
+            .is_err()
+        {
+            break;
+        }
+        filled.push(key);
+    }
+    assert!(!filled.is_empty(), "the small store took something first");
+    let full_credentials = full.credentials();
+    put_secret(
+        &target,
+        "s3-full",
+        &[
+            (keys::ACCESS_KEY_ID_KEY, &full_credentials.access_key),
+            (keys::SECRET_ACCESS_KEY_KEY, &full_credentials.secret_key),
+        ],
+    )
+    .await;
+    patch_backup(
+        &target,
+        json!({"store": {"endpoint": full.endpoint(), "credentialsSecretRef": {"name": "s3-full"}}}),
+    )
+    .await;
+    let message = fails_with(&target, "full", reasons::STORE_WRITE_REFUSED).await;
+    assert!(message.contains("may be full"), "{message}");
+    for key in &filled {
+        small
+            .head(&ObjectPath::from(key.as_str()))
+            .await
+            .expect("what the full store held stays");
+    }
+    let ops = Api::<TalosOperation>::namespaced(target.client(), target.namespace());
+    assert!(
+        ops.get("full")
+            .await
+            .expect("op")
+            .status
+            .expect("status")
+            .backup_key
+            .is_none(),
+        "no key for a failed backup"
+    );
+}

@@ -1,0 +1,847 @@
+//! Etcd backups to a cluster's `spec.backup` store: the scheduled controller, and the runner
+//! it shares with `etcdSnapshot` operations. The decisions (when, from which node, what
+//! retention deletes) are [`crate::backup`]'s; this module observes and acts.
+//!
+//! A backup streams the snapshot from a Ready control plane that is not being removed, through
+//! a bounded channel, into a multipart upload (optionally through `age`), checking the size and
+//! SHA-256 trailer as it passes: nothing is held whole, and a snapshot that does not check out
+//! is aborted, never completed. A record beside the object (`<key>.json`) says whose it is, the
+//! bundle it was made with and what it must check out as; a backup without one is incomplete.
+//! Then retention deletes this cluster's oldest backups, and nothing else.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ichor_api::TalosCluster;
+use ichor_api::backup::{BackupRecord, BackupRun, BackupSpec, ObjectStoreSpec};
+use ichor_api::common::Role;
+use ichor_api::names::{actions, conditions, field_managers as fm, reasons, secrets as keys};
+use ichor_talos::TalosClient;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt as _;
+use kube::api::Api;
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use object_store::path::Path as ObjectPath;
+use object_store::{ObjectStore, ObjectStoreExt as _, PutPayload, WriteMultipart};
+use tokio::sync::mpsc;
+
+use crate::backup::{self, Owner, Plan, Record, Schedule, Source};
+use crate::objstore::{self, StoreError, StoreSettings};
+use crate::seal::Sealer;
+use crate::{Context, Error, conditions as cond};
+
+/// The size of each uploaded part (S3's smallest but the last is 5 MiB).
+const PART: usize = 5 * 1024 * 1024;
+/// Parts in flight at once: with the part being filled, what a backup holds in memory.
+const PARTS_IN_FLIGHT: usize = 2;
+/// Snapshot chunks queued between the node and the upload.
+const CHUNKS_QUEUED: usize = 64;
+/// When a scheduled backup finds another running, it looks again after this.
+const BUSY_RETRY: Duration = Duration::from_secs(10);
+
+/// Why a backup did not reach the store: a condition reason and what to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    /// The `BackedUp` condition's reason (a constant of `ichor_api::names::reasons`).
+    pub reason: &'static str,
+    /// What happened, and what to do.
+    pub message: String,
+}
+
+impl Failure {
+    fn new(reason: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            reason,
+            message: message.into(),
+        }
+    }
+
+    /// A store failure, in the terms of its condition reason.
+    pub fn from_store(error: StoreError) -> Self {
+        let reason = match &error {
+            StoreError::Settings(_) => reasons::BACKUP_SETTINGS_INVALID,
+            StoreError::Denied(_) => reasons::STORE_CREDENTIALS_REFUSED,
+            StoreError::NoSuchBucket { .. } => reasons::STORE_BUCKET_MISSING,
+            StoreError::Unreachable(_) => reasons::STORE_UNREACHABLE,
+            StoreError::Full(_) | StoreError::WriteRefused(_) | StoreError::Request(_) => {
+                reasons::STORE_WRITE_REFUSED
+            }
+        };
+        Self::new(reason, error.to_string())
+    }
+}
+
+/// Who asked for a backup.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Trigger {
+    /// The schedule.
+    Scheduled,
+    /// A TalosOperation (`etcdSnapshot`), from this machine.
+    Operation {
+        /// The operation's name.
+        operation: String,
+        /// The control plane it targets.
+        machine: String,
+    },
+}
+
+impl Trigger {
+    /// The operation that asked, if one did.
+    fn operation(&self) -> Option<String> {
+        match self {
+            Self::Operation { operation, .. } => Some(operation.clone()),
+            Self::Scheduled => None,
+        }
+    }
+}
+
+/// The clusters with a backup running in this process: one at a time per cluster.
+#[derive(Debug, Default)]
+pub struct InFlight(Mutex<BTreeSet<String>>);
+
+/// Held while a backup of one cluster runs; released on drop.
+struct Slot<'a> {
+    set: &'a InFlight,
+    key: String,
+}
+
+impl InFlight {
+    fn take(&self, key: String) -> Option<Slot<'_>> {
+        let mut set = self.0.lock().ok()?;
+        set.insert(key.clone()).then_some(Slot { set: self, key })
+    }
+}
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut set) = self.set.0.lock() {
+            set.remove(&self.key);
+        }
+    }
+}
+
+/// A cluster's store, opened from its spec and credentials Secret.
+pub struct Destination {
+    /// The S3 client, for the bucket.
+    pub store: Arc<dyn ObjectStore>,
+    /// The settings it was built from.
+    pub settings: StoreSettings,
+    /// The key prefix.
+    pub prefix: String,
+}
+
+/// Reads the credentials Secret `spec` names (in `namespace`) and opens the bucket. A missing
+/// Secret or key is named.
+pub async fn destination(
+    client: &kube::Client,
+    namespace: &str,
+    spec: &ObjectStoreSpec,
+) -> Result<Destination, Failure> {
+    let secret_name = &spec.credentials_secret_ref.name;
+    let secret = Api::<Secret>::namespaced(client.clone(), namespace)
+        .get_opt(secret_name)
+        .await
+        .map_err(|err| {
+            Failure::new(
+                reasons::STORE_UNREACHABLE,
+                format!("cannot read Secret {secret_name}: {err}"),
+            )
+        })?
+        .ok_or_else(|| {
+            Failure::new(
+                reasons::BACKUP_SETTINGS_INVALID,
+                format!("store.credentialsSecretRef: Secret {secret_name} does not exist in namespace {namespace}"),
+            )
+        })?;
+    let value = |key: &str| {
+        secret
+            .data
+            .as_ref()
+            .and_then(|d| d.get(key))
+            .map(|v| String::from_utf8_lossy(&v.0).trim().to_owned())
+            .filter(|v| !v.is_empty())
+    };
+    let required = |key: &str| {
+        value(key).ok_or_else(|| {
+            Failure::new(
+                reasons::BACKUP_SETTINGS_INVALID,
+                format!(
+                    "store.credentialsSecretRef: Secret {secret_name} has no key {key} (it needs {} and {})",
+                    keys::ACCESS_KEY_ID_KEY,
+                    keys::SECRET_ACCESS_KEY_KEY
+                ),
+            )
+        })
+    };
+    let settings = StoreSettings {
+        endpoint: spec.endpoint.clone(),
+        region: spec.region.clone(),
+        bucket: spec.bucket.clone(),
+        access_key: required(keys::ACCESS_KEY_ID_KEY)?,
+        secret_key: required(keys::SECRET_ACCESS_KEY_KEY)?,
+        ca_pem: value(keys::STORE_CA_KEY),
+    };
+    let store = objstore::s3_store(&settings).map_err(Failure::from_store)?;
+    Ok(Destination {
+        store,
+        settings,
+        prefix: spec.prefix.clone(),
+    })
+}
+
+/// Reads the age identity of an `encryption` block's Secret.
+pub async fn age_identity(
+    client: &kube::Client,
+    namespace: &str,
+    secret_name: &str,
+) -> Result<String, Failure> {
+    let secret = Api::<Secret>::namespaced(client.clone(), namespace)
+        .get_opt(secret_name)
+        .await
+        .map_err(|err| {
+            Failure::new(
+                reasons::KUBERNETES_API,
+                format!("cannot read Secret {secret_name}: {err}"),
+            )
+        })?
+        .ok_or_else(|| {
+            Failure::new(
+                reasons::BACKUP_SETTINGS_INVALID,
+                format!("encryption.keySecretRef: Secret {secret_name} does not exist in namespace {namespace}"),
+            )
+        })?;
+    secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(keys::AGE_KEY))
+        .map(|v| String::from_utf8_lossy(&v.0).trim().to_owned())
+        .filter(|v| !v.is_empty())
+        .ok_or_else(|| {
+            Failure::new(
+                reasons::BACKUP_SETTINGS_INVALID,
+                format!(
+                    "encryption.keySecretRef: Secret {secret_name} has no key {} (an age identity, AGE-SECRET-KEY-1…)",
+                    keys::AGE_KEY
+                ),
+            )
+        })
+}
+
+/// The cluster's key in [`InFlight`].
+fn cluster_key(cluster: &TalosCluster) -> String {
+    format!(
+        "{}/{}",
+        cluster.namespace().unwrap_or_default(),
+        cluster.name_any()
+    )
+}
+
+/// Reconciles the backups of one TalosCluster: runs a scheduled backup when one is due, and
+/// comes back when the next is.
+pub async fn reconcile(cluster: Arc<TalosCluster>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let Some(spec) = cluster.spec.backup.as_ref() else {
+        return Ok(Action::await_change());
+    };
+    if cluster.metadata.deletion_timestamp.is_some() {
+        return Ok(Action::await_change());
+    }
+    let schedule = match Schedule::parse(&spec.schedule) {
+        Ok(schedule) => schedule,
+        Err(message) => {
+            let failure = Failure::new(reasons::BACKUP_SETTINGS_INVALID, message);
+            record_failure(&ctx, &cluster, &failure, false).await?;
+            return Ok(Action::await_change());
+        }
+    };
+    let status = cluster.status.clone().unwrap_or_default();
+    let backups = status.backup.clone().unwrap_or_default();
+    let facts = backup::Facts {
+        now: ctx.clock.now(),
+        created: cluster
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map_or_else(|| ctx.clock.now(), |t| t.0),
+        last_success: backups.last_success.as_ref().map(|s| s.taken_at.0),
+        last_failure: backups.last_failure.as_ref().map(|t| t.0),
+        suspended: spec.suspend,
+        ready: status.control_planes.as_ref().is_some_and(|c| c.ready > 0),
+    };
+    match backup::plan(&schedule, &facts) {
+        Plan::Idle => Ok(Action::await_change()),
+        Plan::Wait { due } => {
+            record_next_run(&ctx, &cluster, Some(due)).await?;
+            Ok(Action::requeue(until(facts.now, due)))
+        }
+        Plan::Run => match run(&ctx, &cluster, Trigger::Scheduled).await? {
+            None => Ok(Action::requeue(BUSY_RETRY)),
+            // The write of its outcome reconciles again, and plans the next.
+            Some(_) => Ok(Action::await_change()),
+        },
+    }
+}
+
+fn until(now: Timestamp, due: Timestamp) -> Duration {
+    due.duration_since(now)
+        .try_into()
+        .unwrap_or(Duration::ZERO)
+        .max(Duration::from_secs(1))
+}
+
+/// Runs one backup of `cluster` now and records its outcome (status, condition, Event,
+/// metrics). `None`: another backup of the cluster is running.
+pub async fn run(
+    ctx: &Context,
+    cluster: &TalosCluster,
+    trigger: Trigger,
+) -> Result<Option<Result<BackupRecord, Failure>>, Error> {
+    let Some(_slot) = ctx.backups.take(cluster_key(cluster)) else {
+        return Ok(None);
+    };
+    let started = Instant::now();
+    let outcome = attempt(ctx, cluster, &trigger, started).await?;
+    let seconds = started.elapsed().as_secs_f64();
+    match &outcome {
+        Ok(record) => {
+            ctx.metrics.backup_succeeded(cluster, seconds, record.size);
+            record_success(ctx, cluster, record).await?;
+        }
+        Err(failure) => {
+            ctx.metrics.backup_failed(cluster, failure.reason);
+            record_failure(ctx, cluster, failure, true).await?;
+        }
+    }
+    Ok(Some(outcome))
+}
+
+/// What a backup needs before it streams: the store, the sealer, the bundle's fingerprint, and
+/// a client to a healthy source.
+struct Prepared<'a> {
+    spec: &'a BackupSpec,
+    dest: Destination,
+    sealer: Option<Sealer>,
+    bundle_fingerprint: String,
+    source: Source,
+    client: TalosClient,
+}
+
+/// Opens the store (checking the bucket), the sealer and the bundle, and picks the source.
+async fn prepare<'a>(
+    ctx: &Context,
+    cluster: &'a TalosCluster,
+    trigger: &Trigger,
+) -> Result<Result<Prepared<'a>, Failure>, Error> {
+    let Some(spec) = cluster.spec.backup.as_ref() else {
+        return Ok(Err(Failure::new(
+            reasons::BACKUP_NOT_CONFIGURED,
+            "the cluster does not set spec.backup",
+        )));
+    };
+    let namespace = cluster.namespace().unwrap_or_default();
+    let dest = match destination(&ctx.client, &namespace, &spec.store).await {
+        Ok(dest) => dest,
+        Err(failure) => return Ok(Err(failure)),
+    };
+    if let Err(error) =
+        objstore::check_bucket(dest.store.as_ref(), &dest.settings.bucket, &dest.prefix).await
+    {
+        return Ok(Err(Failure::from_store(error)));
+    }
+    let sealer = match sealer(ctx, &namespace, spec).await {
+        Ok(sealer) => sealer,
+        Err(failure) => return Ok(Err(failure)),
+    };
+    let bundle = match crate::secrets::bundle(&ctx.client, cluster).await? {
+        Ok(bundle) => bundle,
+        Err(unavailable) => {
+            return Ok(Err(Failure::new(
+                unavailable.reason(),
+                unavailable.to_string(),
+            )));
+        }
+    };
+    let credentials = ctx.node_credentials(cluster, &bundle)?;
+    let machines = crate::cluster_machines(ctx, cluster).await?;
+    let candidates = candidates(&machines, trigger);
+    let Some((source, client)) = first_healthy(&backup::sources(&candidates), &credentials).await
+    else {
+        return Ok(Err(Failure::new(
+            reasons::NO_SNAPSHOT_SOURCE,
+            "no Ready control plane that is not being removed answers with a healthy etcd member",
+        )));
+    };
+    Ok(Ok(Prepared {
+        spec,
+        dest,
+        sealer,
+        bundle_fingerprint: crate::secrets::fingerprint(&bundle),
+        source: source.clone(),
+        client,
+    }))
+}
+
+/// Everything a backup does but record its outcome.
+async fn attempt(
+    ctx: &Context,
+    cluster: &TalosCluster,
+    trigger: &Trigger,
+    started: Instant,
+) -> Result<Result<BackupRecord, Failure>, Error> {
+    let prepared = match prepare(ctx, cluster, trigger).await? {
+        Ok(prepared) => prepared,
+        Err(failure) => return Ok(Err(failure)),
+    };
+    let Prepared {
+        spec,
+        dest,
+        sealer,
+        bundle_fingerprint,
+        source,
+        client,
+    } = prepared;
+    let (namespace, name) = (cluster.namespace().unwrap_or_default(), cluster.name_any());
+    let uid = cluster.uid().unwrap_or_default();
+    let owner = Owner {
+        prefix: &dest.prefix,
+        namespace: &namespace,
+        name: &name,
+        uid: &uid,
+    };
+    let taken_at = ctx.clock.now();
+    let key = owner.key(taken_at, sealer.is_some());
+    let operation = trigger.operation();
+    let run = BackupRun {
+        since: Time(taken_at),
+        key: key.clone(),
+        machine: source.machine.clone(),
+        operation: operation.clone(),
+    };
+    record_running(ctx, cluster, Some(run)).await?;
+    let summary = match upload(&client, &dest, &key, sealer).await {
+        Ok(summary) => summary,
+        Err(failure) => return Ok(Err(failure)),
+    };
+    let record = Record {
+        bundle_fingerprint,
+        taken_at: taken_at.to_string(),
+        size: summary.size,
+        sha256: summary.sha256.clone(),
+        encrypted: key.ends_with(backup::ENCRYPTED_SUFFIX),
+        machine: source.machine.clone(),
+        ..record_of(cluster)
+    };
+    if let Err(failure) = write_record(&dest, &key, &record).await {
+        let _ = objstore::delete(dest.store.as_ref(), &dest.settings.bucket, &key).await;
+        return Ok(Err(failure));
+    }
+    let kept = retain(ctx, cluster, &dest, &owner, spec).await;
+    record_kept(ctx, cluster, kept).await?;
+    Ok(Ok(BackupRecord {
+        key,
+        taken_at: Time(taken_at),
+        size: i64::try_from(summary.size).unwrap_or(i64::MAX),
+        sha256: summary.sha256,
+        duration_seconds: started.elapsed().as_secs_f64(),
+        machine: source.machine,
+        operation,
+    }))
+}
+
+/// The record of a backup of `cluster`, with what only the backup knows left empty.
+fn record_of(cluster: &TalosCluster) -> Record {
+    Record {
+        namespace: cluster.namespace().unwrap_or_default(),
+        cluster: cluster.name_any(),
+        uid: cluster.uid().unwrap_or_default(),
+        bundle_fingerprint: String::new(),
+        taken_at: String::new(),
+        size: 0,
+        sha256: String::new(),
+        encrypted: false,
+        machine: String::new(),
+        talos_version: cluster.spec.talos_version.clone(),
+    }
+}
+
+/// The age sealer of `spec.encryption`, if any.
+async fn sealer(
+    ctx: &Context,
+    namespace: &str,
+    spec: &BackupSpec,
+) -> Result<Option<Sealer>, Failure> {
+    let Some(encryption) = spec.encryption.as_ref() else {
+        return Ok(None);
+    };
+    let identity = age_identity(&ctx.client, namespace, &encryption.key_secret_ref.name).await?;
+    Sealer::for_identity(&identity)
+        .map(Some)
+        .map_err(|message| {
+            Failure::new(
+                reasons::BACKUP_SETTINGS_INVALID,
+                format!(
+                    "encryption.keySecretRef: Secret {} key {}: {message}",
+                    encryption.key_secret_ref.name,
+                    keys::AGE_KEY
+                ),
+            )
+        })
+}
+
+/// The cluster's machines as snapshot sources (for an operation, only its machine).
+fn candidates(machines: &[ichor_api::TalosMachine], trigger: &Trigger) -> Vec<Source> {
+    machines
+        .iter()
+        .filter(|m| match trigger {
+            Trigger::Operation { machine, .. } => &m.name_any() == machine,
+            Trigger::Scheduled => true,
+        })
+        .filter_map(|m| {
+            let status = m.status.as_ref();
+            Some(Source {
+                machine: m.name_any(),
+                address: crate::machine::address(m)?,
+                ready_control_plane: m.spec.role == Some(Role::ControlPlane)
+                    && status.is_some_and(|s| {
+                        s.applied_config_hash.is_some()
+                            && cond::is_true(&s.conditions, conditions::READY)
+                    }),
+                being_removed: m.metadata.deletion_timestamp.is_some()
+                    || status.is_some_and(|s| s.removal.is_some()),
+            })
+        })
+        .collect()
+}
+
+/// The first source, in order, whose etcd member answers healthy, and a client to it.
+async fn first_healthy<'a>(
+    sources: &[&'a Source],
+    credentials: &ichor_talos::Credentials,
+) -> Option<(&'a Source, TalosClient)> {
+    for source in sources {
+        let Some(client) = crate::connect(&source.address, credentials).await else {
+            continue;
+        };
+        match client.etcd_status().await {
+            Ok(status) if !status.learner && status.errors.is_empty() => {
+                return Some((source, client));
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// Streams the node's snapshot into a multipart upload of `key`, sealed when asked, checking
+/// it as it passes. Anything short of a whole, checked snapshot aborts the upload.
+async fn upload(
+    client: &TalosClient,
+    dest: &Destination,
+    key: &str,
+    mut sealer: Option<Sealer>,
+) -> Result<ichor_talos::snapshot::SnapshotSummary, Failure> {
+    let bucket = dest.settings.bucket.as_str();
+    let path = ObjectPath::from(key);
+    let multipart = dest
+        .store
+        .put_multipart(&path)
+        .await
+        .map_err(|err| Failure::from_store(StoreError::classify_write(bucket, &err)))?;
+    let mut writer = WriteMultipart::new_with_chunk_size(multipart, PART);
+    let (tx, mut rx) = mpsc::channel::<Vec<u8>>(CHUNKS_QUEUED);
+    let snapshot = client.etcd_snapshot_to(tx, |_| {});
+    let pump = async {
+        while let Some(chunk) = rx.recv().await {
+            let bytes = match sealer.as_mut() {
+                Some(sealer) => sealer.seal(&chunk)?,
+                None => chunk,
+            };
+            if bytes.is_empty() {
+                continue;
+            }
+            writer
+                .wait_for_capacity(PARTS_IN_FLIGHT)
+                .await
+                .map_err(|err| Failure::from_store(StoreError::classify_write(bucket, &err)))?;
+            writer.write(&bytes);
+        }
+        Ok::<(), Failure>(())
+    };
+    let (snapshot, pumped) = tokio::join!(snapshot, pump);
+    let summary = match (snapshot, pumped) {
+        (Ok(summary), Ok(())) => summary,
+        (_, Err(failure)) => {
+            let _ = writer.abort().await;
+            return Err(failure);
+        }
+        (Err(error), Ok(())) => {
+            let _ = writer.abort().await;
+            return Err(Failure::new(
+                reasons::SNAPSHOT_FAILED,
+                format!(
+                    "the snapshot did not arrive whole and checked, so nothing was stored: {error}"
+                ),
+            ));
+        }
+    };
+    if let Some(sealer) = sealer {
+        match sealer.finish() {
+            Ok(tail) => writer.write(&tail),
+            Err(failure) => {
+                let _ = writer.abort().await;
+                return Err(failure);
+            }
+        }
+    }
+    writer
+        .finish()
+        .await
+        .map_err(|err| Failure::from_store(StoreError::classify_write(bucket, &err)))?;
+    Ok(summary)
+}
+
+/// Writes the record beside the backup.
+async fn write_record(dest: &Destination, key: &str, record: &Record) -> Result<(), Failure> {
+    let body = serde_json::to_vec_pretty(record).unwrap_or_default();
+    dest.store
+        .put(
+            &ObjectPath::from(backup::record_key(key)),
+            PutPayload::from(body),
+        )
+        .await
+        .map(drop)
+        .map_err(|err| Failure::from_store(StoreError::classify_write(&dest.settings.bucket, &err)))
+}
+
+/// Deletes what retention lets go of this cluster's backups (and their records); returns how
+/// many are kept. A failure to list or delete is reported in an Event and left for next time.
+async fn retain(
+    ctx: &Context,
+    cluster: &TalosCluster,
+    dest: &Destination,
+    owner: &Owner<'_>,
+    spec: &BackupSpec,
+) -> Option<i32> {
+    use futures::TryStreamExt as _;
+    let folder = ObjectPath::from(owner.folder().trim_end_matches('/'));
+    let listed: Result<Vec<String>, _> = dest
+        .store
+        .list(Some(&folder))
+        .map_ok(|meta| meta.location.to_string())
+        .try_collect()
+        .await;
+    let keys = match listed {
+        Ok(keys) => keys,
+        Err(err) => {
+            let failure = StoreError::classify(&dest.settings.bucket, &err);
+            retention_event(
+                ctx,
+                cluster,
+                format!("cannot list backups for retention: {failure}"),
+            )
+            .await;
+            return None;
+        }
+    };
+    let retention = retention_of(spec);
+    let expired = backup::expired(owner, &keys, retention, ctx.clock.now());
+    let ours = keys.iter().filter(|k| owner.taken_at(k).is_some()).count();
+    let mut deleted = 0;
+    for key in &expired {
+        let bucket = &dest.settings.bucket;
+        match objstore::delete(dest.store.as_ref(), bucket, key).await {
+            Ok(()) => {
+                deleted += 1;
+                let _ =
+                    objstore::delete(dest.store.as_ref(), bucket, &backup::record_key(key)).await;
+            }
+            Err(error) => {
+                retention_event(ctx, cluster, format!("cannot delete {key}: {error}")).await;
+            }
+        }
+    }
+    i32::try_from(ours - deleted).ok()
+}
+
+/// `spec.backup.retention`, with its default (the newest 7).
+fn retention_of(spec: &BackupSpec) -> backup::Retention {
+    match spec.retention.as_ref() {
+        None => backup::Retention {
+            count: Some(7),
+            max_age: None,
+        },
+        Some(r) => backup::Retention {
+            count: r.count.and_then(|c| usize::try_from(c).ok()),
+            max_age: r.max_age.as_deref().and_then(crate::parse_duration),
+        },
+    }
+}
+
+async fn retention_event(ctx: &Context, cluster: &TalosCluster, note: String) {
+    ctx.event(
+        cluster,
+        EventType::Warning,
+        reasons::STORE_WRITE_REFUSED,
+        actions::BACKUP,
+        note,
+    )
+    .await;
+}
+
+fn api(ctx: &Context, cluster: &TalosCluster) -> Api<TalosCluster> {
+    Api::namespaced(ctx.client.clone(), &cluster.namespace().unwrap_or_default())
+}
+
+/// Reads the cluster fresh, lets `change` edit its status, and writes the backup group (the
+/// `backup` field and the `BackedUp` condition) if it changed.
+async fn update(
+    ctx: &Context,
+    cluster: &TalosCluster,
+    change: impl FnOnce(&mut ichor_api::cluster::TalosClusterStatus),
+) -> Result<(), Error> {
+    let api = api(ctx, cluster);
+    let Some(fresh) = api.get_opt(&cluster.name_any()).await? else {
+        return Ok(());
+    };
+    let mut status = fresh.status.clone().unwrap_or_default();
+    let before = serde_json::to_value(&status).ok();
+    change(&mut status);
+    if serde_json::to_value(&status).ok() == before {
+        return Ok(());
+    }
+    crate::status::write_only(&api, &fresh, &status, fm::BACKUP_STATUS).await?;
+    Ok(())
+}
+
+async fn record_running(
+    ctx: &Context,
+    cluster: &TalosCluster,
+    running: Option<BackupRun>,
+) -> Result<(), Error> {
+    update(ctx, cluster, |s| {
+        s.backup.get_or_insert_with(Default::default).running = running;
+    })
+    .await
+}
+
+async fn record_next_run(
+    ctx: &Context,
+    cluster: &TalosCluster,
+    next: Option<Timestamp>,
+) -> Result<(), Error> {
+    let now = ctx.now();
+    let generation = cluster.metadata.generation;
+    update(ctx, cluster, |s| {
+        let never_ran = s
+            .backup
+            .as_ref()
+            .is_none_or(|b| b.last_success.is_none() && b.last_failure.is_none());
+        s.backup.get_or_insert_with(Default::default).next_run = next.map(Time);
+        if never_ran {
+            cond::set(
+                &mut s.conditions,
+                conditions::BACKED_UP,
+                false,
+                reasons::BACKUP_SCHEDULED,
+                "no backup has run yet; the first is due at status.backup.nextRun",
+                generation,
+                &now,
+            );
+        }
+    })
+    .await
+}
+
+async fn record_kept(
+    ctx: &Context,
+    cluster: &TalosCluster,
+    kept: Option<i32>,
+) -> Result<(), Error> {
+    if kept.is_none() {
+        return Ok(());
+    }
+    update(ctx, cluster, |s| {
+        s.backup.get_or_insert_with(Default::default).kept = kept;
+    })
+    .await
+}
+
+async fn record_success(
+    ctx: &Context,
+    cluster: &TalosCluster,
+    record: &BackupRecord,
+) -> Result<(), Error> {
+    let now = ctx.now();
+    let generation = cluster.metadata.generation;
+    let message = format!(
+        "{} bytes (sha256 {}) from {} in {:.1}s to {}",
+        record.size, record.sha256, record.machine, record.duration_seconds, record.key
+    );
+    update(ctx, cluster, |s| {
+        let backup = s.backup.get_or_insert_with(Default::default);
+        backup.running = None;
+        backup.last_success = Some(record.clone());
+        cond::set(
+            &mut s.conditions,
+            conditions::BACKED_UP,
+            true,
+            reasons::BACKUP_SUCCEEDED,
+            message.clone(),
+            generation,
+            &now,
+        );
+    })
+    .await?;
+    ctx.event(
+        cluster,
+        EventType::Normal,
+        reasons::BACKUP_SUCCEEDED,
+        actions::BACKUP,
+        message,
+    )
+    .await;
+    Ok(())
+}
+
+/// Records a failure: the condition, and with `attempted` the attempt's time (so the schedule
+/// waits) and an Event. Nothing in the store is touched.
+async fn record_failure(
+    ctx: &Context,
+    cluster: &TalosCluster,
+    failure: &Failure,
+    attempted: bool,
+) -> Result<(), Error> {
+    let now = ctx.now();
+    let generation = cluster.metadata.generation;
+    update(ctx, cluster, |s| {
+        let backup = s.backup.get_or_insert_with(Default::default);
+        backup.running = None;
+        if attempted {
+            backup.last_failure = Some(now.clone());
+        }
+        cond::set(
+            &mut s.conditions,
+            conditions::BACKED_UP,
+            false,
+            failure.reason,
+            failure.message.clone(),
+            generation,
+            &now,
+        );
+    })
+    .await?;
+    if attempted {
+        ctx.event(
+            cluster,
+            EventType::Warning,
+            failure.reason,
+            actions::BACKUP,
+            failure.message.clone(),
+        )
+        .await;
+    }
+    Ok(())
+}
