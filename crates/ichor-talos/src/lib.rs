@@ -19,6 +19,8 @@
 //!   [`unattended_install`](TalosClient::unattended_install),
 //!   [`user_volumes`](TalosClient::user_volumes),
 //!   [`bootstrap`](TalosClient::bootstrap), etcd membership, status, snapshot and defragment,
+//!   etcd recovery ([`etcd_recover_from`](TalosClient::etcd_recover_from) streams a snapshot up,
+//!   [`bootstrap_recover`](TalosClient::bootstrap_recover) restores from it),
 //!   [`reset`](TalosClient::reset), [`reboot`](TalosClient::reboot),
 //!   [`upgrade`](TalosClient::upgrade), [`wipe`](TalosClient::wipe),
 //!   [`services`](TalosClient::services), [`hostname`](TalosClient::hostname),

@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_stream::StreamExt as _;
 
-use crate::api::common::{ContainerdInstance, Data};
+use crate::api::common::ContainerdInstance;
 use crate::api::machine::image_service_client::ImageServiceClient;
 use crate::api::machine::image_service_pull_response::Response as PullReply;
 use crate::api::machine::lifecycle_service_client::LifecycleServiceClient;
@@ -16,9 +16,8 @@ use crate::api::machine::machine_service_client::MachineServiceClient;
 use crate::api::machine::reset_request::WipeMode;
 use crate::api::machine::{
     BootstrapRequest, EtcdForfeitLeadershipRequest, EtcdLeaveClusterRequest, EtcdMemberListRequest,
-    EtcdRemoveMemberByIdRequest, EtcdSnapshotRequest, EventsRequest, ImageServicePullRequest,
-    InstallArtifactsSource, LifecycleServiceUpgradeRequest, RebootRequest, ResetPartitionSpec,
-    ResetRequest, SequenceEvent,
+    EtcdRemoveMemberByIdRequest, EventsRequest, ImageServicePullRequest, InstallArtifactsSource,
+    LifecycleServiceUpgradeRequest, RebootRequest, ResetPartitionSpec, ResetRequest, SequenceEvent,
 };
 use crate::api::storage::storage_service_client::StorageServiceClient;
 use crate::api::storage::{BlockDeviceWipeDescriptor, BlockDeviceWipeRequest};
@@ -78,6 +77,9 @@ pub struct Service {
     pub state: String,
     /// Whether its health check passes.
     pub healthy: bool,
+    /// The message of its latest event: what it is doing, or why it failed (empty without
+    /// events).
+    pub message: String,
 }
 
 /// How a node is reset. The system partitions are always named — `STATE` and `EPHEMERAL` —
@@ -101,17 +103,59 @@ impl TalosClient {
     /// `FailedPrecondition` (still booting, or time not in sync: talos-facts §5) until
     /// `patience` runs out. `AlreadyExists` is [`Bootstrapped::Already`].
     pub async fn bootstrap(&self, patience: Duration) -> Result<Bootstrapped, TalosError> {
+        self.bootstrap_with(
+            patience,
+            BootstrapRequest {
+                recover_etcd: false,
+                recover_skip_hash_check: false,
+            },
+        )
+        .await
+    }
+
+    /// Bootstraps etcd on this control plane from the snapshot uploaded before
+    /// ([`etcd_recover_from`](Self::etcd_recover_from)), as
+    /// [`bootstrap`](Self::bootstrap) does otherwise (the same retries, `AlreadyExists` is
+    /// [`Bootstrapped::Already`]). `skip_hash_check` restores a file whose SHA-256 trailer is
+    /// missing or does not match (`talosctl bootstrap --recover-skip-hash-check`).
+    ///
+    /// What Talos does (siderolabs/talos v1.14.0-rc.1,
+    /// `internal/app/machined/pkg/system/services/etcd.go` `BootstrapEtcd` and
+    /// `Etcd.recoverFromSnapshot`): the call is answered once the etcd service is restarted in
+    /// bootstrap mode; the snapshot is checked and restored afterwards, in that service's
+    /// pre-start step. So `Ok(Bootstrapped::Now)` does not mean etcd was restored: a missing
+    /// or unreadable upload, or a hash that does not match, fails the etcd service instead
+    /// (state `Failed`, its last event `Failed to run pre stage: error verifying snapshot: …`
+    /// or `… error recovering from the snapshot: …`, see [`services`](Self::services)), and no
+    /// member comes up. A hash that does not match leaves the data directory half-written:
+    /// every later Bootstrap answers `AlreadyExists` ([`Bootstrapped::Already`]) until
+    /// EPHEMERAL is wiped. Restored, etcd has one voter (this node) in a new cluster holding
+    /// the snapshot's keys, and the upload is deleted.
+    pub async fn bootstrap_recover(
+        &self,
+        patience: Duration,
+        skip_hash_check: bool,
+    ) -> Result<Bootstrapped, TalosError> {
+        self.bootstrap_with(
+            patience,
+            BootstrapRequest {
+                recover_etcd: true,
+                recover_skip_hash_check: skip_hash_check,
+            },
+        )
+        .await
+    }
+
+    async fn bootstrap_with(
+        &self,
+        patience: Duration,
+        request: BootstrapRequest,
+    ) -> Result<Bootstrapped, TalosError> {
         const METHOD: &str = "Bootstrap";
         let deadline = Instant::now() + patience;
         let mut delay = Duration::from_millis(50);
         loop {
-            let result = self
-                .machine()
-                .bootstrap(self.request(BootstrapRequest {
-                    recover_etcd: false,
-                    recover_skip_hash_check: false,
-                }))
-                .await;
+            let result = self.machine().bootstrap(self.request(request)).await;
             match result {
                 Ok(reply) => {
                     self.single(METHOD, reply.into_inner().messages, |m| m.metadata.as_ref())?;
@@ -234,24 +278,10 @@ impl TalosClient {
         const METHOD: &str = "EtcdSnapshot";
         let mut reporter = Reporter::new(&mut progress);
         self.traced(METHOD, async {
-            let mut stream = self
-                .machine()
-                .etcd_snapshot(self.request(EtcdSnapshotRequest {}))
-                .await
-                .map_err(self.rpc_error(METHOD))?
-                .into_inner();
+            let mut stream = self.snapshot_chunks().await?;
             let mut out = Vec::new();
-            while let Some(chunk) = stream.next().await {
-                let chunk = chunk.map_err(self.rpc_error(METHOD))?;
-                if let Some(error) = chunk
-                    .metadata
-                    .as_ref()
-                    .map(|m| m.error.clone())
-                    .filter(|e| !e.is_empty())
-                {
-                    return Err(self.node_error(METHOD, error));
-                }
-                out.extend_from_slice(&chunk.bytes);
+            while let Some(bytes) = stream.next().await? {
+                out.extend_from_slice(&bytes);
                 reporter.report(&Progress::Received(out.len() as u64));
             }
             tracing::info!(bytes = out.len(), "snapshot received");
@@ -260,25 +290,27 @@ impl TalosClient {
         .await
     }
 
-    /// Uploads an etcd snapshot that a later `Bootstrap` recovering etcd restores from, in
-    /// 4 KiB chunks as talosctl sends it (talos-facts §12.2).
+    /// Uploads an etcd snapshot that a later recovering Bootstrap
+    /// ([`bootstrap_recover`](Self::bootstrap_recover)) restores from:
+    /// [`etcd_recover_from`](Self::etcd_recover_from) with the bytes at hand, in 4 KiB chunks
+    /// as talosctl sends them.
     pub async fn etcd_recover(&self, snapshot: &[u8]) -> Result<(), TalosError> {
-        const METHOD: &str = "EtcdRecover";
-        let chunks: Vec<Data> = snapshot
-            .chunks(4096)
-            .map(|c| Data {
-                metadata: None,
-                bytes: c.to_vec(),
-            })
-            .collect();
-        let reply = self
-            .machine()
-            .etcd_recover(self.request(tokio_stream::iter(chunks)))
-            .await
-            .map_err(self.rpc_error(METHOD))?
-            .into_inner();
-        self.single(METHOD, reply.messages, |m| m.metadata.as_ref())
-            .map(drop)
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let feed = async move {
+            for chunk in snapshot.chunks(crate::snapshot::UPLOAD_CHUNK) {
+                if tx.send(chunk.to_vec()).await.is_err() {
+                    return;
+                }
+            }
+        };
+        let upload = self.etcd_recover_from(rx);
+        tokio::pin!(upload);
+        tokio::select! {
+            // The call ended before everything was fed (refused): nothing more to feed.
+            result = &mut upload => return result,
+            () = feed => {}
+        }
+        upload.await
     }
 
     /// Defragments the local member's database, within
@@ -476,6 +508,11 @@ impl TalosClient {
                 id: s.id,
                 state: s.state,
                 healthy: s.health.is_some_and(|h| h.healthy),
+                message: s
+                    .events
+                    .and_then(|e| e.events.into_iter().last())
+                    .map(|e| e.msg)
+                    .unwrap_or_default(),
             })
             .collect())
     }

@@ -3,10 +3,14 @@
 //! 0013): the size leaves 32 bytes over a multiple of 512, and those 32 bytes are the SHA-256
 //! of everything before them.
 
+use std::pin::Pin;
+use std::task::{Context as TaskContext, Poll};
+
 use ring::digest::{Context, SHA256};
 use tokio::sync::mpsc;
 use tokio_stream::StreamExt as _;
 
+use crate::api::common::Data;
 use crate::api::machine::EtcdSnapshotRequest;
 use crate::client::{TalosClient, TalosError};
 use crate::progress::{Progress, Reporter};
@@ -129,29 +133,15 @@ impl TalosClient {
         chunks: mpsc::Sender<Vec<u8>>,
         mut progress: impl FnMut(&Progress) + Send,
     ) -> Result<SnapshotSummary, TalosError> {
-        const METHOD: &str = "EtcdSnapshot";
+        const METHOD: &str = SNAPSHOT;
         let mut reporter = Reporter::new(&mut progress);
         self.traced(METHOD, async {
-            let mut stream = self
-                .machine()
-                .etcd_snapshot(self.request(EtcdSnapshotRequest {}))
-                .await
-                .map_err(self.rpc_error(METHOD))?
-                .into_inner();
+            let mut stream = self.snapshot_chunks().await?;
             let mut check = SnapshotCheck::default();
-            while let Some(chunk) = stream.next().await {
-                let chunk = chunk.map_err(self.rpc_error(METHOD))?;
-                if let Some(error) = chunk
-                    .metadata
-                    .as_ref()
-                    .map(|m| m.error.clone())
-                    .filter(|e| !e.is_empty())
-                {
-                    return Err(self.node_error(METHOD, error));
-                }
-                check.update(&chunk.bytes);
+            while let Some(bytes) = stream.next().await? {
+                check.update(&bytes);
                 reporter.report(&Progress::Received(check.size()));
-                if chunks.send(chunk.bytes).await.is_err() {
+                if chunks.send(bytes).await.is_err() {
                     return Err(self.node_error(
                         METHOD,
                         "the snapshot's receiver stopped reading: the stream was abandoned".into(),
@@ -163,6 +153,144 @@ impl TalosClient {
                 .map_err(|problem| self.node_error(METHOD, problem.to_string()))?;
             tracing::info!(bytes = summary.size, sha256 = %summary.sha256, "snapshot streamed");
             Ok(summary)
+        })
+        .await
+    }
+}
+
+/// The method that streams a snapshot out.
+const SNAPSHOT: &str = "EtcdSnapshot";
+
+/// The method that uploads a snapshot for a recovering Bootstrap.
+const RECOVER: &str = "EtcdRecover";
+
+/// How many bytes each uploaded `common.Data` message carries: talosctl reads the file 4 KiB
+/// at a time and sends each read as one message (siderolabs/talos
+/// `pkg/machinery/client/client.go` `Client.EtcdRecover`, v1.14.0-rc.1).
+pub(crate) const UPLOAD_CHUNK: usize = 4096;
+
+/// An open `EtcdSnapshot` stream: the one place its messages are read and their errors
+/// surfaced, for every way of taking a snapshot.
+pub(crate) struct SnapshotChunks<'a> {
+    client: &'a TalosClient,
+    stream: tonic::Streaming<Data>,
+}
+
+impl SnapshotChunks<'_> {
+    /// The next chunk's bytes; `None` once the stream ended. A failed stream, or a message
+    /// whose metadata carries the node's error, is an error.
+    pub(crate) async fn next(&mut self) -> Result<Option<Vec<u8>>, TalosError> {
+        let Some(chunk) = self.stream.next().await else {
+            return Ok(None);
+        };
+        let chunk = chunk.map_err(self.client.rpc_error(SNAPSHOT))?;
+        if let Some(error) = chunk
+            .metadata
+            .as_ref()
+            .map(|m| m.error.clone())
+            .filter(|e| !e.is_empty())
+        {
+            return Err(self.client.node_error(SNAPSHOT, error));
+        }
+        Ok(Some(chunk.bytes))
+    }
+}
+
+/// What an upload sends: the bytes from a channel, cut into [`UPLOAD_CHUNK`] messages (the
+/// last one shorter), holding at most one message and one received chunk.
+struct Rechunk {
+    chunks: mpsc::Receiver<Vec<u8>>,
+    pending: Vec<u8>,
+    /// How much of `pending` was sent already.
+    sent: usize,
+    /// The channel closed: what is pending is the end.
+    closed: bool,
+}
+
+impl Rechunk {
+    fn message(&mut self, len: usize) -> Data {
+        let bytes = self.pending[self.sent..self.sent + len].to_vec();
+        self.sent += len;
+        Data {
+            metadata: None,
+            bytes,
+        }
+    }
+}
+
+impl tokio_stream::Stream for Rechunk {
+    type Item = Data;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Option<Data>> {
+        loop {
+            let available = self.pending.len() - self.sent;
+            if available >= UPLOAD_CHUNK {
+                return Poll::Ready(Some(self.message(UPLOAD_CHUNK)));
+            }
+            if self.closed {
+                return Poll::Ready((available > 0).then(|| self.message(available)));
+            }
+            match self.chunks.poll_recv(cx) {
+                Poll::Ready(Some(bytes)) => {
+                    let sent = self.sent;
+                    self.pending.drain(..sent);
+                    self.sent = 0;
+                    self.pending.extend_from_slice(&bytes);
+                }
+                Poll::Ready(None) => self.closed = true,
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
+}
+
+impl TalosClient {
+    /// Opens the node's `EtcdSnapshot` stream.
+    pub(crate) async fn snapshot_chunks(&self) -> Result<SnapshotChunks<'_>, TalosError> {
+        let stream = self
+            .machine()
+            .etcd_snapshot(self.request(EtcdSnapshotRequest {}))
+            .await
+            .map_err(self.rpc_error(SNAPSHOT))?
+            .into_inner();
+        Ok(SnapshotChunks {
+            client: self,
+            stream,
+        })
+    }
+
+    /// Uploads an etcd snapshot for a later recovering Bootstrap
+    /// ([`bootstrap_recover`](Self::bootstrap_recover)), streaming it from `chunks` as they
+    /// come: nothing is held whole, and the bytes are sent in 4 KiB `common.Data` messages as
+    /// talosctl sends them. The upload ends when every sender of `chunks` is gone, so a
+    /// producer that failed part-way has uploaded a cut-short file: it must not go on to
+    /// bootstrap from it.
+    ///
+    /// Talos writes whatever arrives to `/var/lib/etcd.snapshot` (replacing an earlier upload)
+    /// and checks nothing until the recovery (siderolabs/talos
+    /// `internal/app/machined/internal/server/v1alpha1/v1alpha1_server.go`
+    /// `Server.EtcdRecover`, v1.14.0-rc.1). Admin only, control planes only; held to
+    /// [`Limits::long`](crate::Limits::long).
+    pub async fn etcd_recover_from(
+        &self,
+        chunks: mpsc::Receiver<Vec<u8>>,
+    ) -> Result<(), TalosError> {
+        const METHOD: &str = RECOVER;
+        self.traced(METHOD, async {
+            let upload = Rechunk {
+                chunks,
+                pending: Vec::with_capacity(2 * UPLOAD_CHUNK),
+                sent: 0,
+                closed: false,
+            };
+            let reply = self
+                .machine()
+                .etcd_recover(self.request(upload))
+                .await
+                .map_err(self.rpc_error(METHOD))?
+                .into_inner();
+            self.single(METHOD, reply.messages, |m| m.metadata.as_ref())
+                .map(drop)
         })
         .await
     }
@@ -196,6 +324,36 @@ mod tests {
         assert_eq!(whole.size, 5 * 512 + 32);
         for chunk in [1, 7, 31, 32, 33, 512, 1024] {
             assert_eq!(check_in(&bytes, chunk).as_ref(), Ok(&whole), "{chunk}");
+        }
+    }
+
+    #[tokio::test]
+    async fn an_upload_is_cut_into_4_kib_messages_whatever_the_chunks_it_comes_in() {
+        let bytes: Vec<u8> = (0..3 * UPLOAD_CHUNK + 100)
+            .map(|i| (i % 253) as u8)
+            .collect();
+        for size in [1, 100, 4095, 4096, 4097, 10_000, bytes.len()] {
+            let (tx, rx) = mpsc::channel(2);
+            let parts: Vec<Vec<u8>> = bytes.chunks(size).map(<[u8]>::to_vec).collect();
+            let feed = tokio::spawn(async move {
+                tx.send(Vec::new()).await.expect("send");
+                for part in parts {
+                    tx.send(part).await.expect("send");
+                }
+            });
+            let messages: Vec<Data> = Rechunk {
+                chunks: rx,
+                pending: Vec::new(),
+                sent: 0,
+                closed: false,
+            }
+            .collect()
+            .await;
+            feed.await.expect("feed");
+            let lens: Vec<usize> = messages.iter().map(|m| m.bytes.len()).collect();
+            assert_eq!(lens, [4096, 4096, 4096, 100], "chunks of {size}");
+            let joined: Vec<u8> = messages.into_iter().flat_map(|m| m.bytes).collect();
+            assert_eq!(joined, bytes, "chunks of {size}");
         }
     }
 
