@@ -30,8 +30,8 @@ use crate::apply::{self, handler};
 use crate::config::AppliedConfig;
 use crate::network::{EtcdCluster, EtcdDown, Inner, Member, Shared, network, random_id};
 use crate::snapshot::keyspace::Keyspace;
-use crate::snapshot::{self, SnapshotStream};
-use crate::{EtcdData, Node, Recovery, Stage};
+use crate::snapshot::{SnapshotStream, restore};
+use crate::{EtcdData, Node, Stage};
 
 /// Roles are checked per method before any handler (`authz`); the handlers here only add
 /// ApplyConfiguration's "os:admin once configured".
@@ -61,7 +61,7 @@ fn control_plane_only(node: &Node, method: &str) -> Result<Arc<AppliedConfig>, S
 }
 
 /// How an etcd client on the node fails when its member cannot serve.
-fn etcd_down(down: &EtcdDown) -> Status {
+pub(crate) fn etcd_down(down: &EtcdDown) -> Status {
     match down {
         EtcdDown::NotRunning => Status::unavailable("etcd is not running on this node"),
         EtcdDown::Removed => Status::unavailable(
@@ -88,7 +88,7 @@ fn local_member(node: &Node) -> Result<EtcdData, Status> {
 /// The node's running etcd member, answering a client on the node itself (Talos's
 /// `etcd.NewLocalClient`), or why not: an unhealthy member (`Fault::EtcdUnhealthy`) runs but
 /// does not answer.
-fn answering_member(node: &Node) -> Result<EtcdData, Status> {
+pub(crate) fn answering_member(node: &Node) -> Result<EtcdData, Status> {
     let data = local_member(node)?;
     if node.shared.etcd_unhealthy.load(Ordering::SeqCst) {
         return Err(etcd_down(&EtcdDown::Unhealthy));
@@ -293,9 +293,13 @@ impl MachineService for Configured {
     }
 
     /// Bootstrap (talos-facts §5): not available while the node still boots, refused without
-    /// an etcd CA, `AlreadyExists` once the data directory holds a member; otherwise a new
-    /// etcd cluster with this node as its only voter — even when another one exists.
-    async fn bootstrap(&self, _r: Request<BootstrapRequest>) -> Reply<BootstrapResponse> {
+    /// an etcd CA, `AlreadyExists` once the data directory is not empty; otherwise the etcd
+    /// service is loaded afresh in bootstrap mode and the call answered: a new etcd cluster
+    /// with this node as its only voter — even when another one exists. With `recover_etcd`
+    /// the new cluster holds the uploaded snapshot's keyspace, or the etcd service fails as
+    /// Talos's does (`docs/etcd-recovery.md`); the call succeeds either way.
+    async fn bootstrap(&self, r: Request<BootstrapRequest>) -> Reply<BootstrapResponse> {
+        let request = r.into_inner();
         let strong = self.strong()?;
         let mut node = strong.lock().await;
         let config = control_plane_only(&node, "bootstrap")?;
@@ -306,18 +310,56 @@ impl MachineService for Configured {
             ));
         }
         if !config.has_etcd_ca {
-            return Err(Status::invalid_argument("etcd CA is not configured"));
+            // v1.14.0-rc.1 `v1alpha1_server.go` `Server.Bootstrap`.
+            return Err(Status::invalid_argument(
+                "etcd is not configured, bootstrap is not possible",
+            ));
         }
-        if node.etcd.is_some() {
+        if node.etcd.is_some() || node.etcd_dir_written {
             return Err(Status::already_exists("etcd data directory is not empty"));
         }
+        // `BootstrapEtcd` (services/etcd.go): the etcd service is stopped, unloaded, loaded
+        // in bootstrap mode and started; the call is answered once it starts.
+        node.etcd_stopped = false;
+        node.reload_service("etcd");
+        let id = random_id();
+        let keyspace = if request.recover_etcd {
+            // Its pre-start step (`Etcd.argsForControlPlane`) recovers from the upload.
+            let upload = node.etcd_recovery.clone();
+            let skip = request.recover_skip_hash_check;
+            let recovered =
+                tokio::task::spawn_blocking(move || restore::recover(upload.as_ref(), skip))
+                    .await
+                    .map_err(|e| Status::internal(format!("recovery did not finish: {e}")))?;
+            match recovered {
+                Ok(keyspace) => {
+                    // Deleted once restored (`recoverFromSnapshot`).
+                    node.etcd_recovery = None;
+                    keyspace
+                }
+                Err(failure) => {
+                    node.etcd_dir_written |= failure.data_dir_written;
+                    // The service failed: no etcd runs on this boot.
+                    node.etcd_stopped = true;
+                    node.fail_service(
+                        "etcd",
+                        &format!("failed to run pre stage: {}", failure.error),
+                    );
+                    return Ok(Response::new(BootstrapResponse {
+                        messages: vec![Bootstrap { metadata: None }],
+                    }));
+                }
+            }
+        } else {
+            // The cluster's data is its own, the same in every snapshot of it (§12.3).
+            Keyspace::new(id, node.etcd_size)
+        };
         let member = Member {
             id: random_id(),
             hostname: node.hostname(),
             addr: self.shared.addr,
             learner: false,
         };
-        let id = random_id();
         let cluster = EtcdCluster {
             id,
             identity: config.cluster_identity(),
@@ -327,8 +369,7 @@ impl MachineService for Configured {
             raft_index: 4,
             cni_present: config.deploys_cni,
             created: Instant::now(),
-            // The cluster's data is its own, the same in every snapshot of it (§12.3).
-            keyspace: Arc::new(Keyspace::new(id, node.etcd_size)),
+            keyspace: Arc::new(keyspace),
         };
         node.etcd = Some(EtcdData {
             cluster: cluster.id,
@@ -530,8 +571,9 @@ impl MachineService for Configured {
     }
 
     /// Keeps an uploaded snapshot for a Bootstrap that recovers from it, as Talos writes it to
-    /// `/var/lib/etcd.snapshot` (talos-facts §12.2): admin, control planes only; nothing about
-    /// the contents is refused here, the check waits for the recovery.
+    /// `/var/lib/etcd.snapshot` (replacing an earlier one; `v1alpha1_server.go`
+    /// `Server.EtcdRecover`): admin, control planes only; nothing about the contents is
+    /// refused here, the check waits for the recovery.
     async fn etcd_recover(&self, r: Request<tonic::Streaming<Data>>) -> Reply<EtcdRecoverResponse> {
         authorize(&r, Role::Admin)?;
         {
@@ -543,12 +585,8 @@ impl MachineService for Configured {
         while let Some(chunk) = upload.message().await? {
             bytes.extend_from_slice(&chunk.bytes);
         }
-        let checked = snapshot::check(&bytes);
         let strong = self.strong()?;
-        strong.lock().await.etcd_recovery = Some(Recovery {
-            bytes: Arc::new(bytes),
-            checked,
-        });
+        strong.lock().await.etcd_recovery = Some(Arc::new(bytes));
         Ok(Response::new(EtcdRecoverResponse {
             messages: vec![EtcdRecover { metadata: None }],
         }))
@@ -699,7 +737,9 @@ pub(crate) async fn etcd_service(node: Weak<Mutex<Node>>, timings: crate::Timing
         let Some(config) = guard.running.clone() else {
             continue;
         };
-        if guard.etcd_stopped {
+        // A stopped or failed service joins nothing; nor does one whose data directory is not
+        // empty (Talos builds the join arguments only for an empty one).
+        if guard.etcd_stopped || guard.etcd_dir_written {
             continue;
         }
         let shared = Arc::clone(&guard.shared);

@@ -24,7 +24,10 @@
 //! - **Etcd** (§1.2, §5): membership derived only from applied configs — Bootstrap with its
 //!   not-ready window, joins as learners and promotion, member list/remove/leave/forfeit,
 //!   status, snapshots (bbolt files in etcd's layout, §12) and recovery uploads, defragment,
-//!   quorum loss; a second Bootstrap makes a second cluster.
+//!   quorum loss; a second Bootstrap makes a second cluster. A Bootstrap with `recover_etcd`
+//!   restores the uploaded snapshot's keyspace into a new one-voter cluster, or fails the etcd
+//!   service as Talos's fails (`docs/etcd-recovery.md`); tests write and read keys through a
+//!   member (`SimNode::etcd_put`, `etcd_get`, `etcd_delete`), which later snapshots hold.
 //! - **Workers** (§5): their API comes up only once trustd on a bootstrapped control plane of
 //!   the same cluster, reached through the configured endpoint, accepts their token.
 //! - **Reset, reboot, upgrade, shutdown** (§1.2, §1.3, §8.4, §10.3–§10.5, §10.9), readiness by
@@ -359,23 +362,17 @@ pub(crate) struct EtcdData {
     pub(crate) member: u64,
 }
 
-/// A snapshot uploaded with `EtcdRecover`, kept (in EPHEMERAL, as `/var/lib/etcd.snapshot`)
-/// for a Bootstrap that recovers from it (talos-facts §12.2).
-#[derive(Debug, Clone)]
-pub(crate) struct Recovery {
-    pub(crate) bytes: Arc<Vec<u8>>,
-    pub(crate) checked: snapshot::Checked,
-}
-
 /// What a node keeps of a snapshot uploaded with `EtcdRecover`, and what recovering from it
 /// would find.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RecoverySnapshot {
     /// Its size in bytes.
     pub size: u64,
-    /// Whether etcd's restore accepts it (the hash checked), or why not.
+    /// Whether a recovering Bootstrap restores it (the hash checked), or the error the etcd
+    /// service fails with (`docs/etcd-recovery.md`), e.g. `error recovering from the snapshot:
+    /// expected sha256 […], got […]`.
     pub restorable: Result<(), String>,
-    /// Whether etcd's restore accepts it with the hash check skipped, or why not.
+    /// The same with the hash check skipped (`recover_skip_hash_check`).
     pub restorable_skipping_hash: Result<(), String>,
 }
 
@@ -415,8 +412,14 @@ pub(crate) struct Node {
     pub(crate) detached: Vec<SimDisk>,
     /// Etcd data (in EPHEMERAL).
     pub(crate) etcd: Option<EtcdData>,
-    /// A snapshot uploaded for recovery (in EPHEMERAL).
-    pub(crate) etcd_recovery: Option<Recovery>,
+    /// The etcd data directory holds what a recovery that failed its hash check left there
+    /// (etcdutl's copy of the database, no member): not empty, so Bootstrap answers
+    /// `AlreadyExists`, and the etcd service does not join a cluster (Talos builds the
+    /// join arguments only for an empty directory); until EPHEMERAL is wiped.
+    pub(crate) etcd_dir_written: bool,
+    /// A snapshot uploaded for recovery (in EPHEMERAL, as `/var/lib/etcd.snapshot`), kept until
+    /// a recovery restores it.
+    pub(crate) etcd_recovery: Option<Arc<Vec<u8>>>,
     /// How large the etcd database of a cluster this node bootstraps is.
     pub(crate) etcd_size: u64,
     /// Images pulled into the system containerd.
@@ -539,6 +542,7 @@ impl SimNode {
             installing: false,
             detached: Vec::new(),
             etcd: None,
+            etcd_dir_written: false,
             etcd_recovery: None,
             etcd_size: spec.etcd_size,
             images: BTreeSet::new(),
@@ -783,7 +787,9 @@ impl SimNode {
     }
 
     /// Makes the etcd keyspace of this node's cluster about `bytes` large (the same cluster's
-    /// objects, more or fewer applications): a test's Kubernetes cluster growing.
+    /// objects, more or fewer applications; keys written with [`SimNode::etcd_put`] stay on
+    /// top): a test's Kubernetes cluster growing. A keyspace restored from a snapshot keeps
+    /// the snapshot's size: an error.
     pub async fn set_etcd_size(&self, bytes: u64) -> Result<(), SimError> {
         let cluster = self
             .node
@@ -796,21 +802,96 @@ impl SimNode {
         let found = net
             .cluster_mut(cluster)
             .ok_or_else(|| SimError::State("the node's etcd cluster is gone".into()))?;
-        found.keyspace = Arc::new(snapshot::keyspace::Keyspace::new(
-            found.keyspace.seed(),
-            bytes,
-        ));
+        let resized = found.keyspace.resized(bytes).ok_or_else(|| {
+            SimError::State(
+                "the etcd keyspace was restored from a snapshot: its size is the snapshot's".into(),
+            )
+        })?;
+        found.keyspace = Arc::new(resized);
         Ok(())
+    }
+
+    /// Puts `key` = `value` into the etcd keyspace of this node's cluster through its member,
+    /// as an etcd client (the Kubernetes API server) does: the next revision, which every
+    /// member serves and every snapshot taken afterwards holds (the `key` bucket, in etcd's
+    /// layout), and which a cluster recovered from such a snapshot has again. Returns the
+    /// revision. Fails without a running, answering member, or without quorum.
+    pub async fn etcd_put(
+        &self,
+        key: impl AsRef<[u8]>,
+        value: impl AsRef<[u8]>,
+    ) -> Result<i64, SimError> {
+        let revision = self
+            .etcd_write(key.as_ref(), Some(value.as_ref().to_vec()))
+            .await?;
+        revision.ok_or_else(|| SimError::State("the put wrote no revision".into()))
+    }
+
+    /// Deletes `key` from the etcd keyspace of this node's cluster through its member: a
+    /// tombstone at the next revision. Returns whether the key was there (deleting nothing
+    /// writes no revision, as in etcd). Fails as [`SimNode::etcd_put`] does.
+    pub async fn etcd_delete(&self, key: impl AsRef<[u8]>) -> Result<bool, SimError> {
+        Ok(self.etcd_write(key.as_ref(), None).await?.is_some())
+    }
+
+    /// The value of `key` in the etcd keyspace of this node's cluster, read through its member
+    /// (a linearizable read: quorum needed), or `None` when the key is not there. The
+    /// simulated Kubernetes objects are there too, e.g. `/registry/namespaces/default`.
+    pub async fn etcd_get(&self, key: impl AsRef<[u8]>) -> Result<Option<Vec<u8>>, SimError> {
+        let data = self.etcd_member().await?;
+        let keyspace = serving_keyspace(data)?;
+        let key = key.as_ref().to_vec();
+        tokio::task::spawn_blocking(move || keyspace.get(&key))
+            .await
+            .map_err(|e| SimError::State(format!("the read did not finish: {e}")))
+    }
+
+    /// The node's member, when it runs and answers.
+    async fn etcd_member(&self) -> Result<EtcdData, SimError> {
+        let node = self.node.lock().await;
+        configured::answering_member(&node).map_err(|s| SimError::State(s.message().to_owned()))
+    }
+
+    /// A put (`Some`) or a delete (`None`) through the node's member; the revision written, if
+    /// any.
+    async fn etcd_write(
+        &self,
+        key: &[u8],
+        value: Option<Vec<u8>>,
+    ) -> Result<Option<i64>, SimError> {
+        let data = self.etcd_member().await?;
+        loop {
+            let before = serving_keyspace(data)?;
+            let (key, value, from) = (key.to_vec(), value.clone(), Arc::clone(&before));
+            let changed = tokio::task::spawn_blocking(move || from.with_change(&key, value))
+                .await
+                .map_err(|e| SimError::State(format!("the write did not finish: {e}")))?;
+            let Some((after, revision)) = changed else {
+                return Ok(None);
+            };
+            let mut net = network();
+            let cluster = net
+                .serving_cluster(data.cluster, data.member)
+                .map_err(|down| {
+                    SimError::State(configured::etcd_down(&down).message().to_owned())
+                })?;
+            // Another write went first: write on top of it.
+            if Arc::ptr_eq(&cluster.keyspace, &before) {
+                cluster.keyspace = Arc::new(after);
+                return Ok(Some(revision));
+            }
+        }
     }
 
     /// The snapshot uploaded with `EtcdRecover` that the node keeps, if any.
     pub async fn etcd_recovery_snapshot(&self) -> Option<RecoverySnapshot> {
-        let node = self.node.lock().await;
-        let kept = node.etcd_recovery.as_ref()?;
+        let kept = Arc::clone(self.node.lock().await.etcd_recovery.as_ref()?);
+        let verdict =
+            |skip| snapshot::restore::verdict(&kept, skip).map_err(|failure| failure.error);
         Some(RecoverySnapshot {
-            size: kept.bytes.len() as u64,
-            restorable: kept.checked.restorable(false),
-            restorable_skipping_hash: kept.checked.restorable(true),
+            size: kept.len() as u64,
+            restorable: verdict(false),
+            restorable_skipping_hash: verdict(true),
         })
     }
 
@@ -824,6 +905,15 @@ impl SimNode {
         let alive = voters.iter().filter(|m| net.alive(cluster, m)).count();
         Some((voters.len(), alive))
     }
+}
+
+/// The keyspace `data`'s cluster serves, when the member is in it and it has quorum.
+fn serving_keyspace(data: EtcdData) -> Result<Arc<snapshot::keyspace::Keyspace>, SimError> {
+    let mut net = network();
+    let cluster = net
+        .serving_cluster(data.cluster, data.member)
+        .map_err(|down| SimError::State(configured::etcd_down(&down).message().to_owned()))?;
+    Ok(Arc::clone(&cluster.keyspace))
 }
 
 impl Node {

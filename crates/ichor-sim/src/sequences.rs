@@ -672,6 +672,7 @@ fn wipe(node: &mut Node, request: &ResetRequest) {
     }
     if system && labels.contains(&"EPHEMERAL") {
         node.etcd = None;
+        node.etcd_dir_written = false;
         // An uploaded recovery snapshot lives in /var/lib, on EPHEMERAL (talos-facts §12.2).
         node.etcd_recovery = None;
         node.images.clear();

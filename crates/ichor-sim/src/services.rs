@@ -254,6 +254,25 @@ impl Node {
         }
     }
 
+    /// The service is unloaded and loaded again, then started (machined's `Unload`, `Load`
+    /// and `Start`, as `BootstrapEtcd` does to etcd): a new runner with no events yet, up to
+    /// its pre-start step.
+    pub(crate) fn reload_service(&mut self, id: &str) {
+        self.services.records.remove(id);
+        self.prepare_service(id);
+    }
+
+    /// The service's run ends with `error` (machined's `Start` records it with the first
+    /// letter capitalized); it stays failed.
+    pub(crate) fn fail_service(&mut self, id: &str, error: &str) {
+        let mut chars = error.chars();
+        let message = chars
+            .next()
+            .map(|first| first.to_uppercase().chain(chars).collect())
+            .unwrap_or_default();
+        self.service_event(id, Action::Failed, message);
+    }
+
     /// A service starts and runs.
     pub(crate) fn start_service(&mut self, id: &str) {
         self.prepare_service(id);

@@ -13,16 +13,16 @@ use std::io::{self, Write};
 /// The page size written (the common OS page size, which etcd's files use).
 pub(crate) const PAGE: usize = 4096;
 
-const PAGE_HEADER: usize = 16;
-const ELEMENT: usize = 16;
-const BUCKET_HEADER: usize = 16;
+pub(super) const PAGE_HEADER: usize = 16;
+pub(super) const ELEMENT: usize = 16;
+pub(super) const BUCKET_HEADER: usize = 16;
 const MAGIC: u32 = 0xED0C_DAED;
 const VERSION: u32 = 2;
-const FLAG_BRANCH: u16 = 0x01;
-const FLAG_LEAF: u16 = 0x02;
-const FLAG_META: u16 = 0x04;
-const FLAG_FREELIST: u16 = 0x10;
-const LEAF_BUCKET: u32 = 0x01;
+pub(super) const FLAG_BRANCH: u16 = 0x01;
+pub(super) const FLAG_LEAF: u16 = 0x02;
+pub(super) const FLAG_META: u16 = 0x04;
+pub(super) const FLAG_FREELIST: u16 = 0x10;
+pub(super) const LEAF_BUCKET: u32 = 0x01;
 /// The first page after the two meta pages and the freelist.
 const FIRST_DATA_PAGE: u64 = 3;
 
@@ -499,6 +499,10 @@ pub(crate) struct Meta {
     pub(crate) pages: u64,
     /// The transaction id.
     pub(crate) txid: u64,
+    /// The root bucket's root page.
+    pub(crate) root: u64,
+    /// The freelist's page (`u64::MAX`: none).
+    pub(crate) freelist: u64,
 }
 
 /// Reads and validates the meta pages of a bbolt file as bbolt does on open: the first page,
@@ -528,6 +532,8 @@ pub(crate) fn read_meta(file: &[u8]) -> Result<Meta, String> {
             page_size: word(8),
             pages: long(40),
             txid: long(48),
+            root: long(16),
+            freelist: long(32),
         })
     };
     let first = parse(0);

@@ -8,12 +8,18 @@
 //! history is that of a cluster compacted a while ago: the live objects at one revision each,
 //! then what happened since the compaction — lease renewals (more revisions of a key) and
 //! events created and deleted (tombstones).
+//!
+//! A cluster restored from a snapshot has instead the `key` bucket of that snapshot's database
+//! as its history, read from the uploaded bytes in place (`Keyspace::restored`). Either way,
+//! the keys tests write through a member come after it, at the next revisions, as etcd's mvcc
+//! store writes them (`Keyspace::with_change`).
 
 use std::collections::BTreeMap;
 use std::io;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use super::bolt;
+use super::read::Db;
 
 /// A small, fast, deterministic generator (SplitMix64).
 #[derive(Debug, Clone)]
@@ -254,10 +260,12 @@ enum Body {
         namespace: String,
         len: usize,
     },
-    /// Plain bytes (`compact_rev_key` holds a decimal revision).
+    /// Plain bytes (`compact_rev_key` holds a decimal revision; a test's write).
     Plain(Vec<u8>),
     /// A deletion: the value holds only the key.
     Tombstone,
+    /// An entry read from a restored database: its revision key and `KeyValue`, as stored.
+    Stored { rev_key: Vec<u8>, kv: Vec<u8> },
 }
 
 /// One entry of the key bucket.
@@ -265,7 +273,7 @@ enum Body {
 pub(crate) struct Record {
     /// The main revision (each Kubernetes write is its own transaction: sub revision 0).
     rev: i64,
-    key: String,
+    key: Vec<u8>,
     create: i64,
     version: i64,
     lease: i64,
@@ -275,14 +283,26 @@ pub(crate) struct Record {
 impl Record {
     /// The revision key etcd writes: 8 bytes main, `_`, 8 bytes sub, and `t` for a tombstone.
     pub(crate) fn revision_key(&self) -> Vec<u8> {
+        if let Body::Stored { rev_key, .. } = &self.body {
+            return rev_key.clone();
+        }
         let mut out = Vec::with_capacity(18);
         out.extend_from_slice(&(self.rev as u64).to_be_bytes());
         out.push(b'_');
         out.extend_from_slice(&0u64.to_be_bytes());
-        if matches!(self.body, Body::Tombstone) {
+        if self.is_tombstone() {
             out.push(b't');
         }
         out
+    }
+
+    /// Whether this revision deletes its key (etcd marks the revision key with `t`).
+    fn is_tombstone(&self) -> bool {
+        match &self.body {
+            Body::Tombstone => true,
+            Body::Stored { rev_key, .. } => is_tombstone(rev_key),
+            _ => false,
+        }
     }
 
     /// The length of [`Record::value`], without making it.
@@ -299,7 +319,13 @@ impl Record {
 
     /// Encodes the KeyValue into `out` (or only measures it), returning its length.
     fn encode(&self, mut out: Option<&mut Vec<u8>>, seed: u64) -> usize {
-        let key = self.key.as_bytes();
+        if let Body::Stored { kv, .. } = &self.body {
+            if let Some(out) = out {
+                out.extend_from_slice(kv);
+            }
+            return kv.len();
+        }
+        let key = self.key.as_slice();
         if matches!(self.body, Body::Tombstone) {
             // etcd's delete writes `KeyValue{Key: key}` under the tombstone revision.
             if let Some(out) = out.as_deref_mut() {
@@ -315,7 +341,7 @@ impl Record {
                 len,
             } => object_len(kind, name, namespace, *len),
             Body::Plain(bytes) => bytes.len(),
-            Body::Tombstone => 0,
+            Body::Tombstone | Body::Stored { .. } => 0,
         };
         let ints = [
             (2u8, self.create),
@@ -344,7 +370,7 @@ impl Record {
                     len,
                 } => write_object(out, kind, name, namespace, *len, seed ^ self.rev as u64),
                 Body::Plain(bytes) => out.extend_from_slice(bytes),
-                Body::Tombstone => {}
+                Body::Tombstone | Body::Stored { .. } => {}
             }
             put_int(out, 6, self.lease);
         }
@@ -454,6 +480,13 @@ fn write_object(
     out.extend_from_slice(&[0x1a, 0, 0x22, 0]);
 }
 
+/// The key the apiserver's compaction bookkeeping lives under.
+const COMPACT_REV_KEY: &[u8] = b"compact_rev_key";
+
+/// How long the lease the simulated events hold lives (the apiserver's event TTL, one hour,
+/// and etcd's minimum extra).
+const EVENT_LEASE_TTL: u64 = 3660;
+
 /// What a keyspace amounts to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Summary {
@@ -463,17 +496,43 @@ pub(crate) struct Summary {
     pub(crate) entries: usize,
     /// The latest revision.
     pub(crate) revision: i64,
-    /// The revision of the last compaction.
-    pub(crate) compacted: i64,
-    /// The lease the events hold (etcd keeps it in the `lease` bucket).
-    pub(crate) event_lease: i64,
 }
 
-/// The simulated data of one etcd cluster.
+/// A restored database's history: its `key` bucket read in place, and what etcd keeps of it
+/// besides (its leases, its compaction revisions).
+#[derive(Debug)]
+struct Restored {
+    /// The uploaded file (the database, then its trailer if it had one).
+    file: Arc<Vec<u8>>,
+    /// The `lease` bucket's entries.
+    leases: Vec<(Vec<u8>, Vec<u8>)>,
+    /// The `meta` bucket's `finishedCompactRev` and `scheduledCompactRev`, those present.
+    compaction: Vec<(Vec<u8>, Vec<u8>)>,
+}
+
+/// Where a keyspace's history comes from.
+#[derive(Debug)]
+enum Source {
+    /// Generated from a seed (the cluster's id), making a database of about `size` bytes.
+    Generated { seed: u64, size: u64 },
+    /// Restored from a snapshot.
+    Restored(Restored),
+}
+
+/// A change a test made through a member, after the history: a put, or a delete (`None`) of
+/// a key that was live.
+#[derive(Debug, Clone)]
+struct Change {
+    key: Vec<u8>,
+    value: Option<Vec<u8>>,
+}
+
+/// The simulated data of one etcd cluster: immutable (a change makes a new keyspace that
+/// shares the history), so a snapshot streams one consistent state.
 #[derive(Debug)]
 pub(crate) struct Keyspace {
-    seed: u64,
-    size: u64,
+    source: Arc<Source>,
+    changes: Vec<Change>,
     summary: OnceLock<Summary>,
     /// Database sizes already computed, by the rest of the database they were computed with.
     db_sizes: Mutex<BTreeMap<String, u64>>,
@@ -482,21 +541,108 @@ pub(crate) struct Keyspace {
 /// Pages the cluster-wide buckets and branch pages take besides the key bucket's leaves.
 const OVERHEAD_PAGES: u64 = 8;
 
+/// The 17-byte revision etcd stores compaction revisions as (main, `_`, sub 0).
+fn revision_bytes(main: i64) -> Vec<u8> {
+    let mut out = (main as u64).to_be_bytes().to_vec();
+    out.push(b'_');
+    out.extend_from_slice(&0u64.to_be_bytes());
+    out
+}
+
+/// Whether a revision key marks a deletion (etcd's `mvcc.IsTombstone`: 18 bytes ending `t`).
+pub(crate) fn is_tombstone(rev_key: &[u8]) -> bool {
+    rev_key.len() == 18 && rev_key[17] == b't'
+}
+
 impl Keyspace {
-    /// The keyspace of the cluster with this seed, making a database of about `size` bytes
-    /// (never less than a fresh cluster's objects).
-    pub(crate) fn new(seed: u64, size: u64) -> Self {
+    fn with_source(source: Arc<Source>, changes: Vec<Change>) -> Self {
         Self {
-            seed,
-            size,
+            source,
+            changes,
             summary: OnceLock::new(),
             db_sizes: Mutex::new(BTreeMap::new()),
         }
     }
 
-    /// The seed.
-    pub(crate) fn seed(&self) -> u64 {
-        self.seed
+    /// The keyspace of the cluster with this seed, making a database of about `size` bytes
+    /// (never less than a fresh cluster's objects).
+    pub(crate) fn new(seed: u64, size: u64) -> Self {
+        Self::with_source(Arc::new(Source::Generated { seed, size }), Vec::new())
+    }
+
+    /// The keyspace of a database restored from `file` (checked before: see `restore`): its
+    /// `key` bucket, leases and compaction revisions, read in place.
+    pub(crate) fn restored(file: Arc<Vec<u8>>) -> Result<Self, String> {
+        let db = Db::open(&file)?;
+        let leases = super::read::small_bucket(&db, b"lease")?
+            .into_iter()
+            .collect();
+        let compaction = super::read::small_bucket(&db, b"meta")?
+            .into_iter()
+            .filter(|(k, _)| k == b"finishedCompactRev" || k == b"scheduledCompactRev")
+            .collect();
+        let restored = Restored {
+            file: Arc::clone(&file),
+            leases,
+            compaction,
+        };
+        Ok(Self::with_source(
+            Arc::new(Source::Restored(restored)),
+            Vec::new(),
+        ))
+    }
+
+    /// The same history, resized to about `size` bytes (a generated one only: a restored one
+    /// is the snapshot's size). The changes made since stay on top.
+    pub(crate) fn resized(&self, size: u64) -> Option<Self> {
+        match self.source.as_ref() {
+            Source::Generated { seed, .. } => Some(Self::with_source(
+                Arc::new(Source::Generated { seed: *seed, size }),
+                self.changes.clone(),
+            )),
+            Source::Restored(_) => None,
+        }
+    }
+
+    /// This keyspace with `key` put to `value`, or deleted (`None`): the next revision, as a
+    /// member's put or delete writes it. Returns the new keyspace and its revision; a delete
+    /// of a key that is not live changes nothing (etcd writes no revision for it).
+    pub(crate) fn with_change(&self, key: &[u8], value: Option<Vec<u8>>) -> Option<(Self, i64)> {
+        if value.is_none() && self.get(key).is_none() {
+            return None;
+        }
+        let mut changes = self.changes.clone();
+        changes.push(Change {
+            key: key.to_vec(),
+            value,
+        });
+        let revision = self.summary().revision + 1;
+        Some((
+            Self::with_source(Arc::clone(&self.source), changes),
+            revision,
+        ))
+    }
+
+    /// The value of `key` at the latest revision, `None` when it is not live.
+    pub(crate) fn get(&self, key: &[u8]) -> Option<Vec<u8>> {
+        let mut last: Option<Record> = None;
+        let _ = self.generate(&mut |r| {
+            if r.key == key {
+                last = Some(r.clone());
+            }
+            Ok(())
+        });
+        let record = last.filter(|r| !r.is_tombstone())?;
+        let kv = record.value(self.seed());
+        KeyValue::parse(&kv).ok().map(|kv| kv.value.to_vec())
+    }
+
+    /// The seed object bodies are filled from.
+    fn seed(&self) -> u64 {
+        match self.source.as_ref() {
+            Source::Generated { seed, .. } => *seed,
+            Source::Restored(_) => 0,
+        }
     }
 
     /// The database size computed by `compute` for this keyspace and the rest of the
@@ -520,21 +666,16 @@ impl Keyspace {
     /// Counts, computed once.
     pub(crate) fn summary(&self) -> Summary {
         *self.summary.get_or_init(|| {
-            let mut keys = BTreeMap::<String, bool>::new();
+            let mut keys = BTreeMap::<Vec<u8>, bool>::new();
             let mut summary = Summary {
                 keys: 0,
                 entries: 0,
                 revision: 0,
-                compacted: 0,
-                event_lease: self.event_lease(),
             };
             let _ = self.generate(&mut |r| {
                 summary.entries += 1;
                 summary.revision = r.rev;
-                if r.key == "compact_rev_key" {
-                    summary.compacted = r.rev - 1;
-                }
-                keys.insert(r.key.clone(), !matches!(r.body, Body::Tombstone));
+                keys.insert(r.key.clone(), !r.is_tombstone());
                 Ok(())
             });
             summary.keys = keys.values().filter(|live| **live).count();
@@ -542,32 +683,293 @@ impl Keyspace {
         })
     }
 
-    fn event_lease(&self) -> i64 {
-        // etcd lease ids are positive int64s.
-        i64::try_from(Rng(self.seed ^ 0x1ea5e).next() >> 2).unwrap_or(1) | 1
+    /// The `lease` bucket's entries: the lease the generated events hold
+    /// (`leasepb.Lease{ID, TTL}` under the big-endian id), or a restored database's leases.
+    pub(crate) fn leases(&self) -> Vec<(Vec<u8>, Vec<u8>)> {
+        match self.source.as_ref() {
+            Source::Generated { seed, .. } => {
+                let id = event_lease(*seed);
+                let mut lease = vec![0x08];
+                put_varint(&mut lease, id as u64);
+                lease.push(0x10);
+                put_varint(&mut lease, EVENT_LEASE_TTL);
+                vec![((id as u64).to_be_bytes().to_vec(), lease)]
+            }
+            Source::Restored(r) => r.leases.clone(),
+        }
     }
 
-    /// Generates every record in revision order.
+    /// The `meta` bucket's compaction revisions (`finishedCompactRev`, `scheduledCompactRev`):
+    /// the generated history's last compaction, or a restored database's.
+    pub(crate) fn compaction(&self) -> Vec<(Vec<u8>, Vec<u8>)> {
+        match self.source.as_ref() {
+            Source::Generated { .. } => {
+                let mut compacted = 0;
+                let _ = self.generate_source(&mut |r| {
+                    if r.key == COMPACT_REV_KEY {
+                        compacted = r.rev - 1;
+                    }
+                    Ok(())
+                });
+                let rev = revision_bytes(compacted);
+                vec![
+                    (b"finishedCompactRev".to_vec(), rev.clone()),
+                    (b"scheduledCompactRev".to_vec(), rev),
+                ]
+            }
+            Source::Restored(r) => r.compaction.clone(),
+        }
+    }
+
+    /// Generates every record in revision order: the history, then the changes.
     pub(crate) fn generate(
         &self,
         visit: &mut dyn FnMut(&Record) -> io::Result<()>,
     ) -> io::Result<()> {
-        let mut g = Generator {
-            rng: Rng(self.seed),
-            rev: 1,
-            visit,
-            pages: bolt::PageCount::default(),
-            leases: Vec::new(),
-        };
-        g.fresh_cluster(self.seed)?;
-        let budget = self.size / bolt::PAGE as u64;
-        let mut app = 0usize;
-        // Tail and branch pages come on top of the leaves counted here.
-        while g.pages.pages() + g.pages.pages() / 100 + OVERHEAD_PAGES + 12 < budget {
-            g.application(app)?;
-            app += 1;
+        // What the history says of each changed key: its creation, version, liveness.
+        let mut state: BTreeMap<&[u8], (i64, i64, bool)> = self
+            .changes
+            .iter()
+            .map(|c| (c.key.as_slice(), (0, 0, false)))
+            .collect();
+        let mut last = 0;
+        self.generate_source(&mut |r| {
+            last = r.rev;
+            if let Some(entry) = state.get_mut(r.key.as_slice()) {
+                *entry = (r.create, r.version, !r.is_tombstone());
+            }
+            visit(r)
+        })?;
+        let mut rev = last;
+        for change in &self.changes {
+            let entry = state
+                .get_mut(change.key.as_slice())
+                .ok_or_else(|| io::Error::other("a change of an untracked key"))?;
+            let (create, version, live) = *entry;
+            let record = match &change.value {
+                Some(value) => {
+                    rev += 1;
+                    let (create, version) = if live {
+                        (create, version + 1)
+                    } else {
+                        (rev, 1)
+                    };
+                    *entry = (create, version, true);
+                    Record {
+                        rev,
+                        key: change.key.clone(),
+                        create,
+                        version,
+                        lease: 0,
+                        body: Body::Plain(value.clone()),
+                    }
+                }
+                // The history changed under a delete (a resize): nothing to delete.
+                None if !live => continue,
+                None => {
+                    rev += 1;
+                    *entry = (0, 0, false);
+                    Record {
+                        rev,
+                        key: change.key.clone(),
+                        create: 0,
+                        version: 0,
+                        lease: 0,
+                        body: Body::Tombstone,
+                    }
+                }
+            };
+            visit(&record)?;
         }
-        g.since_compaction(self.event_lease())
+        Ok(())
+    }
+
+    /// Generates the history's records in revision order.
+    fn generate_source(&self, visit: &mut dyn FnMut(&Record) -> io::Result<()>) -> io::Result<()> {
+        match self.source.as_ref() {
+            Source::Generated { seed, size } => generate(*seed, *size, visit),
+            Source::Restored(restored) => restored.generate(visit),
+        }
+    }
+}
+
+impl Restored {
+    /// The `key` bucket's entries, decoded as etcd's mvcc store reads them.
+    fn generate(&self, visit: &mut dyn FnMut(&Record) -> io::Result<()>) -> io::Result<()> {
+        let db = Db::open(&self.file).map_err(io::Error::other)?;
+        let Some(bucket) = db.bucket(b"key").map_err(io::Error::other)? else {
+            return Ok(());
+        };
+        let mut failed: Option<io::Error> = None;
+        let walked = db.entries(bucket, &mut |(_, k, v)| {
+            let kv = KeyValue::parse(v).map_err(|()| format!("entry {k:02x?}: not a KeyValue"))?;
+            let main = k
+                .get(..8)
+                .and_then(|b| b.try_into().ok())
+                .map(u64::from_be_bytes)
+                .ok_or_else(|| format!("entry {k:02x?}: not a revision"))?;
+            let record = Record {
+                rev: i64::try_from(main).unwrap_or(i64::MAX),
+                key: kv.key.to_vec(),
+                create: kv.create,
+                version: kv.version,
+                lease: kv.lease,
+                body: Body::Stored {
+                    rev_key: k.to_vec(),
+                    kv: v.to_vec(),
+                },
+            };
+            visit(&record).map_err(|e| {
+                let message = e.to_string();
+                failed = Some(e);
+                message
+            })
+        });
+        match (walked, failed) {
+            (_, Some(e)) => Err(e),
+            (Err(e), None) => Err(io::Error::other(e)),
+            (Ok(()), None) => Ok(()),
+        }
+    }
+}
+
+/// The lease the events of a generated keyspace hold (etcd lease ids are positive int64s).
+fn event_lease(seed: u64) -> i64 {
+    i64::try_from(Rng(seed ^ 0x1ea5e).next() >> 2).unwrap_or(1) | 1
+}
+
+/// Generates a keyspace's records in revision order: a fresh cluster, applications up to about
+/// `size` bytes, then what happened since the last compaction.
+fn generate(
+    seed: u64,
+    size: u64,
+    visit: &mut dyn FnMut(&Record) -> io::Result<()>,
+) -> io::Result<()> {
+    let mut g = Generator {
+        rng: Rng(seed),
+        rev: 1,
+        visit,
+        pages: bolt::PageCount::default(),
+        leases: Vec::new(),
+    };
+    g.fresh_cluster(seed)?;
+    let budget = size / bolt::PAGE as u64;
+    let mut app = 0usize;
+    // Tail and branch pages come on top of the leaves counted here.
+    while g.pages.pages() + g.pages.pages() / 100 + OVERHEAD_PAGES + 12 < budget {
+        g.application(app)?;
+        app += 1;
+    }
+    g.since_compaction(event_lease(seed))
+}
+
+/// The fields of an `mvccpb.KeyValue` (etcd's `api/mvccpb/kv.proto`): `key` 1, `create_revision`
+/// 2, `mod_revision` 3, `version` 4, `value` 5, `lease` 6.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct KeyValue<'a> {
+    pub(crate) key: &'a [u8],
+    pub(crate) create: i64,
+    pub(crate) modified: i64,
+    pub(crate) version: i64,
+    pub(crate) value: &'a [u8],
+    pub(crate) lease: i64,
+}
+
+impl<'a> KeyValue<'a> {
+    /// Decodes a `KeyValue` as Go's protobuf unmarshals one: any well-formed wire data (fields
+    /// of another number or wire type are skipped as unknown, the last of a field wins), and
+    /// an error for malformed data (a truncated or over-long varint, a length past the end,
+    /// field number 0, wire types 6 and 7, an unmatched group end).
+    pub(crate) fn parse(bytes: &'a [u8]) -> Result<Self, ()> {
+        let mut kv = Self::default();
+        let mut at = 0;
+        while at < bytes.len() {
+            let tag = varint(bytes, &mut at)?;
+            let (number, wire) = (tag >> 3, tag & 7);
+            if number == 0 || number > (1 << 29) - 1 {
+                return Err(());
+            }
+            match wire {
+                0 => {
+                    let v = varint(bytes, &mut at)? as i64;
+                    match number {
+                        2 => kv.create = v,
+                        3 => kv.modified = v,
+                        4 => kv.version = v,
+                        6 => kv.lease = v,
+                        _ => {}
+                    }
+                }
+                2 => {
+                    let len = usize::try_from(varint(bytes, &mut at)?).map_err(|_| ())?;
+                    let field = bytes.get(at..at.checked_add(len).ok_or(())?).ok_or(())?;
+                    at += len;
+                    match number {
+                        1 => kv.key = field,
+                        5 => kv.value = field,
+                        _ => {}
+                    }
+                }
+                1 | 5 => {
+                    at += if wire == 1 { 8 } else { 4 };
+                    if at > bytes.len() {
+                        return Err(());
+                    }
+                }
+                3 => skip_group(bytes, &mut at, number)?,
+                _ => return Err(()),
+            }
+        }
+        Ok(kv)
+    }
+}
+
+/// Reads a varint as Go's `protowire.ConsumeVarint` does (at most 10 bytes, the tenth 0 or 1).
+fn varint(bytes: &[u8], at: &mut usize) -> Result<u64, ()> {
+    let mut v = 0u64;
+    for i in 0..10 {
+        let b = *bytes.get(*at).ok_or(())?;
+        *at += 1;
+        if i == 9 && b > 1 {
+            return Err(());
+        }
+        v |= u64::from(b & 0x7f) << (7 * i);
+        if b < 0x80 {
+            return Ok(v);
+        }
+    }
+    Err(())
+}
+
+/// Skips an unknown group up to its matching end.
+fn skip_group(bytes: &[u8], at: &mut usize, number: u64) -> Result<(), ()> {
+    loop {
+        let tag = varint(bytes, at)?;
+        let (n, wire) = (tag >> 3, tag & 7);
+        if n == 0 {
+            return Err(());
+        }
+        match wire {
+            0 => {
+                varint(bytes, at)?;
+            }
+            1 | 5 => {
+                *at += if wire == 1 { 8 } else { 4 };
+                if *at > bytes.len() {
+                    return Err(());
+                }
+            }
+            2 => {
+                let len = usize::try_from(varint(bytes, at)?).map_err(|_| ())?;
+                *at = at.checked_add(len).ok_or(())?;
+                if *at > bytes.len() {
+                    return Err(());
+                }
+            }
+            3 => skip_group(bytes, at, n)?,
+            4 if n == number => return Ok(()),
+            _ => return Err(()),
+        }
     }
 }
 
@@ -607,7 +1009,7 @@ impl Generator<'_> {
         let len = self.rng.range(kind.size.0, kind.size.1);
         let record = Record {
             rev: self.rev,
-            key,
+            key: key.into_bytes(),
             create,
             version,
             lease: 0,
@@ -814,7 +1216,7 @@ impl Generator<'_> {
         self.rev += 1;
         let record = Record {
             rev: self.rev,
-            key: "compact_rev_key".into(),
+            key: COMPACT_REV_KEY.to_vec(),
             create: 2,
             version: 1 + i64::try_from(self.rng.range(5, 60)).unwrap_or(5),
             lease: 0,
@@ -830,7 +1232,7 @@ impl Generator<'_> {
                 *version += 1;
                 let record = Record {
                     rev: self.rev,
-                    key: key.clone(),
+                    key: key.clone().into_bytes(),
                     create: *created,
                     version: *version,
                     lease: 0,
@@ -851,7 +1253,7 @@ impl Generator<'_> {
             let key = format!("/registry/events/kube-system/{name}");
             let record = Record {
                 rev: self.rev,
-                key: key.clone(),
+                key: key.clone().into_bytes(),
                 create: self.rev,
                 version: 1,
                 lease: event_lease,
@@ -869,7 +1271,7 @@ impl Generator<'_> {
             self.rev += 1;
             let record = Record {
                 rev: self.rev,
-                key,
+                key: key.into_bytes(),
                 create: 0,
                 version: 0,
                 lease: 0,
@@ -891,7 +1293,7 @@ impl bolt::Entries for Keyspace {
     }
 
     fn write(&self, visit: &mut bolt::Visit<'_>) -> io::Result<()> {
-        let seed = self.seed;
+        let seed = self.seed();
         self.generate(&mut |r| visit(&r.revision_key(), &r.value(seed)))
     }
 }

@@ -1,13 +1,16 @@
 //! Etcd snapshots as a Talos control plane streams them (talos-facts §12): the member's bbolt
 //! database — the buckets etcd 3.6's backend keeps, the simulated Kubernetes keyspace in `key`
-//! — followed by the SHA-256 of those bytes, in chunks of at most 1 KiB; and the check a
-//! snapshot uploaded with `EtcdRecover` will meet when Bootstrap recovers from it.
+//! — followed by the SHA-256 of those bytes, in chunks of at most 1 KiB; and what Bootstrap
+//! does with a snapshot uploaded with `EtcdRecover` when it recovers from it ([`restore`],
+//! reading the file with [`read`]).
 //!
 //! The database is written by [`bolt`] from [`keyspace::Keyspace`] on a blocking thread while
 //! the stream is read, so even a large one is never held whole in memory.
 
 pub(crate) mod bolt;
 pub(crate) mod keyspace;
+pub(crate) mod read;
+pub(crate) mod restore;
 
 use std::io::{self, Write};
 use std::pin::Pin;
@@ -51,13 +54,6 @@ fn json_string(s: &str) -> String {
 impl ClusterView {
     /// The small buckets etcd's backend keeps besides `key` (talos-facts §12.3).
     fn small_buckets(&self) -> Vec<(&'static [u8], Small)> {
-        let summary = self.keyspace.summary();
-        let revision_bytes = |main: i64| {
-            let mut out = (main as u64).to_be_bytes().to_vec();
-            out.push(b'_');
-            out.extend_from_slice(&0u64.to_be_bytes());
-            out
-        };
         let ids = |learner: bool| {
             self.members
                 .iter()
@@ -71,7 +67,7 @@ impl ClusterView {
             conf_state.push_str(&format!(",\"learners\":[{}]", ids(true)));
         }
         conf_state.push_str(",\"auto_leave\":false}");
-        let meta = Small::new(vec![
+        let mut meta = vec![
             (b"confState".to_vec(), conf_state.into_bytes()),
             (
                 b"consistent_index".to_vec(),
@@ -82,15 +78,9 @@ impl ClusterView {
                 b"storageVersion".to_vec(),
                 STORAGE_VERSION.as_bytes().to_vec(),
             ),
-            (
-                b"finishedCompactRev".to_vec(),
-                revision_bytes(summary.compacted),
-            ),
-            (
-                b"scheduledCompactRev".to_vec(),
-                revision_bytes(summary.compacted),
-            ),
-        ]);
+        ];
+        meta.extend(self.keyspace.compaction());
+        let meta = Small::new(meta);
         let members = Small::new(
             self.members
                 .iter()
@@ -117,13 +107,6 @@ impl ClusterView {
                 })
                 .collect(),
         );
-        // leasepb.Lease{ID: 1, TTL: 2} under the big-endian id: the lease the events hold
-        // (the apiserver's event TTL, one hour).
-        let lease_id = summary.event_lease;
-        let mut lease = vec![0x08];
-        put_varint(&mut lease, lease_id as u64);
-        lease.push(0x10);
-        put_varint(&mut lease, 3660);
         vec![
             (b"alarm", Small::default()),
             (
@@ -142,10 +125,7 @@ impl ClusterView {
                     STORAGE_VERSION.as_bytes().to_vec(),
                 )]),
             ),
-            (
-                b"lease",
-                Small::new(vec![((lease_id as u64).to_be_bytes().to_vec(), lease)]),
-            ),
+            (b"lease", Small::new(self.keyspace.leases())),
             (b"members", members),
             (b"members_removed", Small::default()),
             (b"meta", meta),
@@ -208,14 +188,6 @@ impl ClusterView {
 pub(crate) type SnapshotStream =
     Pin<Box<dyn tokio_stream::Stream<Item = Result<Data, Status>> + Send>>;
 
-fn put_varint(out: &mut Vec<u8>, mut v: u64) {
-    while v >= 0x80 {
-        out.push((v as u8) | 0x80);
-        v >>= 7;
-    }
-    out.push(v as u8);
-}
-
 /// A writer that hashes what passes through it.
 struct Hashing<'a> {
     inner: &'a mut dyn Write,
@@ -268,69 +240,6 @@ impl Write for Chunks {
 
     fn flush(&mut self) -> io::Result<()> {
         self.send()
-    }
-}
-
-/// Whether a snapshot carries etcd's SHA-256 trailer, and whether it matches.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Trailer {
-    /// The size is not 32 more than a multiple of 512: no trailer (a database file copied
-    /// from a data directory).
-    Absent,
-    /// The last 32 bytes are the SHA-256 of the rest.
-    Matches,
-    /// The last 32 bytes are not the SHA-256 of the rest.
-    Mismatch,
-}
-
-/// What an uploaded snapshot holds, as recovering from it will find it (talos-facts §12.2).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Checked {
-    /// Its size in bytes, trailer included.
-    pub(crate) size: u64,
-    /// The SHA-256 trailer.
-    pub(crate) trailer: Trailer,
-    /// The bbolt database: its pages, or why bbolt would refuse to open it.
-    pub(crate) database: Result<u64, String>,
-}
-
-impl Checked {
-    /// Whether etcd's restore accepts the snapshot (talos-facts §12.2): the database must
-    /// open; without `skip_hash_check` the trailer must be there and match.
-    pub(crate) fn restorable(&self, skip_hash_check: bool) -> Result<(), String> {
-        if let Err(error) = &self.database {
-            return Err(format!("error verifying snapshot: {error}"));
-        }
-        match (self.trailer, skip_hash_check) {
-            (Trailer::Absent, false) => {
-                Err("snapshot missing hash but --skip-hash-check=false".into())
-            }
-            (Trailer::Mismatch, false) => Err("snapshot sha256 does not match its contents".into()),
-            _ => Ok(()),
-        }
-    }
-}
-
-/// Checks an uploaded snapshot as recovering from it will: etcd's trailer (a size 32 more
-/// than a multiple of 512 means one is there) and bbolt's meta pages. Talos itself checks
-/// nothing at upload; the verdict waits for Bootstrap.
-pub(crate) fn check(file: &[u8]) -> Checked {
-    let size = file.len() as u64;
-    let (db, trailer) = if size % 512 == 32 {
-        let (db, trailer) = file.split_at(file.len() - 32);
-        let digest = ring::digest::digest(&ring::digest::SHA256, db);
-        if digest.as_ref() == trailer {
-            (db, Trailer::Matches)
-        } else {
-            (db, Trailer::Mismatch)
-        }
-    } else {
-        (file, Trailer::Absent)
-    };
-    Checked {
-        size,
-        trailer,
-        database: bolt::read_meta(db).map(|m| m.pages),
     }
 }
 
@@ -469,9 +378,7 @@ mod tests {
             meta.txid, 1234,
             "the newer meta page records the raft index"
         );
-        let checked = check(&file);
-        assert_eq!(checked.trailer, Trailer::Matches);
-        assert_eq!(checked.restorable(false), Ok(()));
+        assert_eq!(restore::verdict(&file, false), Ok(()));
     }
 
     #[test]
@@ -575,20 +482,303 @@ mod tests {
     #[test]
     fn an_upload_is_checked_as_a_restore_will_check_it() {
         let file = snapshot(&view(3, 256 << 10));
+        assert_eq!(restore::verdict(&file, false), Ok(()));
+        let error = |file: &[u8], skip| restore::verdict(file, skip).map_err(|f| f.error);
+
+        // A trailer that does not match: the database is sound, the hash check refuses it.
         let mut wrong = file.clone();
-        wrong[bolt::PAGE * 3 + 100] ^= 1;
-        assert_eq!(check(&wrong).trailer, Trailer::Mismatch);
-        assert!(check(&wrong).restorable(false).is_err());
-        assert_eq!(check(&wrong).restorable(true), Ok(()));
-        let bare = &file[..file.len() - 32];
-        assert_eq!(check(bare).trailer, Trailer::Absent);
-        assert_eq!(
-            check(bare).restorable(false),
-            Err("snapshot missing hash but --skip-hash-check=false".into())
+        let last = wrong.len() - 1;
+        wrong[last] ^= 1;
+        let refused = error(&wrong, false).expect_err("a hash mismatch");
+        assert!(
+            refused.starts_with("error recovering from the snapshot: expected sha256 ["),
+            "{refused}"
         );
-        assert_eq!(check(bare).restorable(true), Ok(()));
+        assert_eq!(error(&wrong, true), Ok(()));
+
+        // No trailer (a database copied from a data directory).
+        let bare = &file[..file.len() - 32];
+        assert_eq!(
+            error(bare, false),
+            Err(
+                "error recovering from the snapshot: snapshot missing hash but --skip-hash-check=false"
+                    .into()
+            )
+        );
+        assert_eq!(error(bare, true), Ok(()));
+
+        // A broken page fails bbolt's check before any hash is looked at.
+        let mut broken = file.clone();
+        broken[bolt::PAGE * 3 + 100] ^= 1;
+        let refused = error(&broken, true).expect_err("a broken page");
+        assert!(
+            refused.starts_with("error verifying snapshot: snapshot file integrity check failed. "),
+            "{refused}"
+        );
+
         let text = b"ichor-sim etcd snapshot\n";
-        assert!(check(text).restorable(true).is_err());
+        assert_eq!(
+            error(text, true),
+            Err("error verifying snapshot: the file is too small for a bbolt meta page".into())
+        );
+    }
+
+    /// `view` with another keyspace.
+    fn with_keyspace(v: &ClusterView, keyspace: Keyspace) -> ClusterView {
+        ClusterView {
+            keyspace: Arc::new(keyspace),
+            ..v.clone()
+        }
+    }
+
+    fn key_bucket(file: &[u8]) -> Vec<(Vec<u8>, Vec<u8>)> {
+        buckets(file)
+            .into_iter()
+            .find(|b| b.0 == "key")
+            .map(|b| b.1)
+            .expect("a key bucket")
+    }
+
+    #[test]
+    fn the_reader_reads_what_the_writer_wrote_and_bbolts_check_passes() {
+        for size in [256 << 10, 24 << 20] {
+            let file = snapshot(&view(11, size));
+            let db = read::Db::open(&file).expect("open");
+            assert_eq!(db.check(), Vec::<String>::new(), "{size}");
+            let mut entries = Vec::new();
+            let bucket = db.bucket(b"key").expect("read").expect("a key bucket");
+            db.entries(bucket, &mut |(_, k, v)| {
+                entries.push((k.to_vec(), v.to_vec()));
+                Ok(())
+            })
+            .expect("entries");
+            assert_eq!(entries, key_bucket(&file), "{size}");
+            assert_eq!(restore::status(&file), Ok(()));
+        }
+    }
+
+    #[test]
+    fn bbolts_check_finds_what_it_would() {
+        let file = snapshot(&view(11, 256 << 10));
+        // The first leaf of `key`: swap its first two elements' headers, out of key order.
+        let mut swapped = file.clone();
+        let leaf = bolt::PAGE * 3;
+        let (a, b) = (leaf + 16, leaf + 32);
+        let first: Vec<u8> = swapped[a..a + 16].to_vec();
+        let second: Vec<u8> = swapped[b..b + 16].to_vec();
+        // Positions are relative to each element: move them with the element.
+        let pos = |e: &[u8]| u32::from_le_bytes([e[4], e[5], e[6], e[7]]);
+        let mut first_moved = first.clone();
+        first_moved[4..8].copy_from_slice(&(pos(&first) - 16).to_le_bytes());
+        let mut second_moved = second.clone();
+        second_moved[4..8].copy_from_slice(&(pos(&second) + 16).to_le_bytes());
+        swapped[a..a + 16].copy_from_slice(&second_moved);
+        swapped[b..b + 16].copy_from_slice(&first_moved);
+        let errors = read::Db::open(&swapped).expect("open").check();
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(
+            errors[0].starts_with("key[1]=(hex)")
+                && errors[0].contains(
+                    "on leaf page(3) needs to be > (found <) than previous element (hex)"
+                ),
+            "{errors:?}"
+        );
+        let refused = restore::status(&swapped).expect_err("refused");
+        assert!(
+            refused.starts_with("snapshot file integrity check failed. 1 errors found.\nkey[1]"),
+            "{refused}"
+        );
+
+        // A page nothing points to, not free.
+        let mut grown = file[..file.len() - 32].to_vec();
+        grown.extend_from_slice(&[0; bolt::PAGE]);
+        let pages = (grown.len() / bolt::PAGE) as u64;
+        // Meta page 0 names one page more, its checksum made again.
+        grown[16 + 40..16 + 48].copy_from_slice(&pages.to_le_bytes());
+        let checksum = bolt_fnv(&grown[16..16 + 56]);
+        grown[16 + 56..16 + 64].copy_from_slice(&checksum.to_le_bytes());
+        let errors = read::Db::open(&grown).expect("open").check();
+        assert_eq!(errors, [format!("page {}: unreachable unfreed", pages - 1)]);
+    }
+
+    fn bolt_fnv(bytes: &[u8]) -> u64 {
+        bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        })
+    }
+
+    #[test]
+    fn writes_follow_the_history_at_the_next_revisions_as_etcd_writes_them() {
+        let base = Keyspace::new(3, 256 << 10);
+        let last = base.summary().revision;
+        let keys = base.summary().keys;
+        assert!(base.get(b"/registry/namespaces/default").is_some());
+        assert_eq!(base.get(b"/test/a"), None);
+
+        let (one, rev) = base
+            .with_change(b"/test/a", Some(b"1".to_vec()))
+            .expect("put");
+        assert_eq!(rev, last + 1);
+        let (two, rev) = one
+            .with_change(b"/test/a", Some(b"2".to_vec()))
+            .expect("put");
+        assert_eq!(rev, last + 2);
+        let (three, _) = two
+            .with_change(b"/registry/namespaces/default", Some(b"mine".to_vec()))
+            .expect("put");
+        assert_eq!(three.get(b"/test/a"), Some(b"2".to_vec()));
+        assert_eq!(
+            three.get(b"/registry/namespaces/default"),
+            Some(b"mine".to_vec())
+        );
+        assert_eq!(three.summary().keys, keys + 1);
+        assert!(
+            three.with_change(b"/test/none", None).is_none(),
+            "nothing to delete"
+        );
+        let (four, rev) = three.with_change(b"/test/a", None).expect("delete");
+        assert_eq!(rev, last + 4);
+        assert_eq!(four.get(b"/test/a"), None);
+        assert_eq!(four.summary().keys, keys);
+        assert_eq!(four.summary().revision, last + 4);
+        assert_eq!(base.get(b"/test/a"), None, "the history is not changed");
+
+        // In the key bucket: each a KeyValue under its revision, as etcd's mvcc keeps them.
+        let v = view(3, 256 << 10);
+        let file = snapshot(&with_keyspace(&v, four));
+        assert_eq!(restore::status(&file), Ok(()));
+        let entries = key_bucket(&file);
+        let tail: Vec<_> = entries[entries.len() - 4..]
+            .iter()
+            .map(|(k, v)| {
+                let kv = keyspace::KeyValue::parse(v).expect("a KeyValue");
+                (
+                    u64::from_be_bytes(k[..8].try_into().expect("8 bytes")),
+                    keyspace::is_tombstone(k),
+                    String::from_utf8_lossy(kv.key).into_owned(),
+                    kv.create,
+                    kv.modified,
+                    kv.version,
+                    kv.value.to_vec(),
+                )
+            })
+            .collect();
+        let r = |n: i64| u64::try_from(last + n).expect("positive");
+        let default_create = tail[2].3;
+        assert!(
+            default_create > 0 && default_create <= last,
+            "created in the history"
+        );
+        assert_eq!(
+            tail,
+            [
+                (
+                    r(1),
+                    false,
+                    "/test/a".into(),
+                    last + 1,
+                    last + 1,
+                    1,
+                    b"1".to_vec()
+                ),
+                (
+                    r(2),
+                    false,
+                    "/test/a".into(),
+                    last + 1,
+                    last + 2,
+                    2,
+                    b"2".to_vec()
+                ),
+                (
+                    r(3),
+                    false,
+                    "/registry/namespaces/default".into(),
+                    default_create,
+                    last + 3,
+                    tail[2].5,
+                    b"mine".to_vec()
+                ),
+                (r(4), true, "/test/a".into(), 0, 0, 0, Vec::new()),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_restored_keyspace_is_the_snapshots_and_grows_from_there() {
+        let v = view(7, 512 << 10);
+        let (written, _) = v
+            .keyspace
+            .with_change(b"/test/kept", Some(b"before".to_vec()))
+            .expect("put");
+        let original = with_keyspace(&v, written);
+        let file = snapshot(&original);
+        let restored = restore::recover(Some(&Arc::new(file.clone())), false).expect("recovered");
+        assert_eq!(restored.summary(), original.keyspace.summary());
+        assert_eq!(restored.get(b"/test/kept"), Some(b"before".to_vec()));
+        assert_eq!(
+            restored.get(b"/registry/namespaces/default"),
+            original.keyspace.get(b"/registry/namespaces/default")
+        );
+        // Another cluster (other members) snapshots the same key bucket, leases, compaction.
+        let other = ClusterView {
+            members: v.members[..1].to_vec(),
+            ..with_keyspace(&v, restored)
+        };
+        let again = snapshot(&other);
+        assert_eq!(key_bucket(&again), key_bucket(&file));
+        let small = |f: &[u8], name: &str, key: Option<&[u8]>| {
+            buckets(f)
+                .into_iter()
+                .find(|b| b.0 == name)
+                .map(|b| {
+                    b.1.into_iter()
+                        .filter(|(k, _)| key.is_none_or(|key| k == key))
+                        .collect::<Vec<_>>()
+                })
+                .expect("bucket")
+        };
+        assert_eq!(small(&again, "lease", None), small(&file, "lease", None));
+        for key in [&b"finishedCompactRev"[..], b"scheduledCompactRev"] {
+            assert_eq!(
+                small(&again, "meta", Some(key)),
+                small(&file, "meta", Some(key))
+            );
+        }
+
+        // Written on top, snapshotted, restored again: everything is there.
+        let (more, _) = other
+            .keyspace
+            .with_change(b"/test/after", Some(b"after".to_vec()))
+            .expect("put");
+        let third = snapshot(&with_keyspace(&other, more));
+        let back = restore::recover(Some(&Arc::new(third)), false).expect("recovered");
+        assert_eq!(back.get(b"/test/kept"), Some(b"before".to_vec()));
+        assert_eq!(back.get(b"/test/after"), Some(b"after".to_vec()));
+        assert!(
+            back.resized(1 << 20).is_none(),
+            "a restored keyspace keeps its size"
+        );
+    }
+
+    #[test]
+    fn a_recovery_fails_as_talos_does() {
+        let failure = restore::recover(None, false).expect_err("no upload");
+        assert_eq!(
+            failure.error,
+            "error verifying snapshot: stat /var/lib/etcd.snapshot: no such file or directory"
+        );
+        assert!(!failure.data_dir_written);
+        let file = snapshot(&view(3, 256 << 10));
+        let mut wrong = file.clone();
+        let last = wrong.len() - 1;
+        wrong[last] ^= 1;
+        let failure = restore::recover(Some(&Arc::new(wrong.clone())), false).expect_err("hash");
+        assert!(
+            failure.data_dir_written,
+            "etcdutl copied the database first"
+        );
+        assert!(restore::recover(Some(&Arc::new(wrong)), true).is_ok());
     }
 
     #[tokio::test]
