@@ -1,7 +1,9 @@
 //! Etcd snapshots of simulated control planes, read with etcd's own code
 //! (`tools/talos-conformance snapshot-status`: bbolt's consistency check, etcdutl's snapshot
 //! status and restore): the file talosctl saves, with the key count the simulator reports
-//! (talos-facts §12); and `EtcdRecover`, which keeps an upload for a recovering Bootstrap.
+//! (talos-facts §12); `EtcdRecover`, which keeps an upload for a recovering Bootstrap; and
+//! that Bootstrap, which restores the upload as Talos does or fails the etcd service as Talos's
+//! fails (`crates/ichor-sim/docs/etcd-recovery.md`).
 
 mod support;
 
@@ -13,14 +15,30 @@ use std::time::Duration;
 use ichor_api::common::Role;
 use ichor_render::pki::Role as TalosRole;
 use ichor_sim::{Hardware, NodeSpec, SimNode};
-use ichor_talos::{ResetOptions, TalosClient};
+use ichor_talos::{Bootstrapped, ResetOptions, TalosClient};
 use ichor_testenv::wait::eventually;
 use support::{NodeConfig, WAIT, admin, bundle_for, credentials, node_config};
 
 /// A bootstrapped control plane on 127.0.94.`host` whose cluster holds about `etcd_size`
 /// bytes.
 async fn control_plane(host: u8, etcd_size: u64) -> (SimNode, TalosClient) {
-    let b = bundle_for(94);
+    control_plane_of(94, host, etcd_size).await
+}
+
+/// A bootstrapped control plane on 127.0.94.`host` of the cluster identity `cluster`.
+async fn control_plane_of(cluster: u8, host: u8, etcd_size: u64) -> (SimNode, TalosClient) {
+    let (node, client) = fresh_control_plane(cluster, host, etcd_size).await;
+    client
+        .bootstrap(Duration::from_secs(5))
+        .await
+        .expect("bootstrap");
+    (node, client)
+}
+
+/// A control plane on 127.0.94.`host` of the cluster identity `cluster`, not bootstrapped:
+/// alone in its identity, it has no cluster to join.
+async fn fresh_control_plane(cluster: u8, host: u8, etcd_size: u64) -> (SimNode, TalosClient) {
+    let b = bundle_for(cluster);
     let addr = SocketAddr::from(([127, 0, 94, host], 50000));
     let config = node_config(
         &b,
@@ -42,10 +60,6 @@ async fn control_plane(host: u8, etcd_size: u64) -> (SimNode, TalosClient) {
     .await
     .expect("start");
     let client = admin(&b, node.addr()).await;
-    client
-        .bootstrap(Duration::from_secs(5))
-        .await
-        .expect("bootstrap");
     (node, client)
 }
 
@@ -252,4 +266,261 @@ async fn a_streamed_snapshot_passes_through_a_channel_checked_and_whole() {
         .expect_err("nobody reads");
     assert!(error.to_string().contains("stopped reading"), "{error}");
     node.stop().await;
+}
+
+/// The etcd service as the node lists it, once its state is `state`.
+async fn etcd_service(client: &TalosClient, state: &str) -> ichor_talos::Service {
+    eventually(&format!("etcd {state}"), WAIT, || async {
+        client
+            .services()
+            .await
+            .expect("services")
+            .into_iter()
+            .find(|s| s.id == "etcd" && s.state == state)
+    })
+    .await
+}
+
+/// A snapshot of `client`'s node streamed straight into `target`'s upload, and the bytes
+/// that went through (kept to check them with etcd's code).
+async fn snapshot_into(client: &TalosClient, target: &TalosClient) -> Vec<u8> {
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<u8>>(4);
+    let (up_tx, up_rx) = tokio::sync::mpsc::channel::<Vec<u8>>(4);
+    let tee = tokio::spawn(async move {
+        let mut all = Vec::new();
+        while let Some(chunk) = rx.recv().await {
+            all.extend_from_slice(&chunk);
+            up_tx.send(chunk).await.expect("the upload reads");
+        }
+        all
+    });
+    let (taken, uploaded) = tokio::join!(
+        client.etcd_snapshot_to(tx, |_| {}),
+        target.etcd_recover_from(up_rx)
+    );
+    let summary = taken.expect("snapshot");
+    uploaded.expect("upload");
+    let bytes = tee.await.expect("tee");
+    assert_eq!(summary.size, bytes.len() as u64);
+    bytes
+}
+
+#[tokio::test]
+async fn a_snapshot_restores_on_another_clusters_control_plane_with_the_keys_written_before() {
+    let (source, client) = control_plane_of(95, 6, 256 << 10).await;
+    source.etcd_put("/ichor/test/a", "one").await.expect("put");
+    source.etcd_put("/ichor/test/b", "two").await.expect("put");
+    source.etcd_put("/ichor/test/gone", "x").await.expect("put");
+    assert!(
+        source
+            .etcd_delete("/ichor/test/gone")
+            .await
+            .expect("delete")
+    );
+    let keys = source.etcd_keys().await.expect("a member");
+
+    let (target, recovering) = fresh_control_plane(96, 7, 256 << 10).await;
+    let snapshot = snapshot_into(&client, &recovering).await;
+    let status = status(&snapshot);
+    assert_eq!(
+        status["restore"], "ok",
+        "etcd restores the snapshot with the keys"
+    );
+    assert_eq!(number(&status, "total-keys"), keys as u64);
+    assert_eq!(
+        target.etcd_recovery_snapshot().await.map(|s| s.size),
+        Some(snapshot.len() as u64),
+        "the upload is kept, whole"
+    );
+
+    assert_eq!(
+        recovering
+            .bootstrap_recover(Duration::from_secs(5), false)
+            .await
+            .expect("bootstrap"),
+        Bootstrapped::Now
+    );
+    assert_eq!(
+        target.etcd_get("/ichor/test/a").await.expect("get"),
+        Some(b"one".to_vec())
+    );
+    assert_eq!(
+        target.etcd_get("/ichor/test/b").await.expect("get"),
+        Some(b"two".to_vec())
+    );
+    assert_eq!(
+        target.etcd_get("/ichor/test/gone").await.expect("get"),
+        None
+    );
+    assert_eq!(
+        target.etcd_keys().await,
+        Some(keys),
+        "the whole keyspace came back"
+    );
+    let members = recovering.etcd_members(false).await.expect("members");
+    assert_eq!(members.len(), 1, "{members:?}");
+    assert_eq!(members[0].hostname, "cp-7");
+    assert!(!members[0].learner, "a voter");
+    assert_ne!(
+        Some(members[0].id),
+        source.etcd_member_id().await,
+        "a new member of a new cluster"
+    );
+    etcd_service(&recovering, "Running").await;
+    assert_eq!(
+        target.etcd_recovery_snapshot().await,
+        None,
+        "the upload is deleted once restored"
+    );
+    assert_eq!(
+        recovering
+            .bootstrap(Duration::from_secs(5))
+            .await
+            .expect("bootstrap"),
+        Bootstrapped::Already,
+        "a second Bootstrap is refused: AlreadyExists"
+    );
+    assert_eq!(
+        recovering
+            .bootstrap_recover(Duration::from_secs(5), false)
+            .await
+            .expect("bootstrap"),
+        Bootstrapped::Already
+    );
+
+    // The restored cluster goes on from the snapshot's revision; its own snapshot holds both.
+    target
+        .etcd_put("/ichor/test/c", "three")
+        .await
+        .expect("put");
+    assert_eq!(
+        source.etcd_get("/ichor/test/c").await.expect("get"),
+        None,
+        "apart"
+    );
+    let again = recovering.etcd_snapshot().await.expect("snapshot");
+    let status = self::status(&again);
+    assert_eq!(status["restore"], "ok");
+    assert_eq!(number(&status, "total-keys"), keys as u64 + 1);
+    assert_eq!(status["members"], "1");
+    source.stop().await;
+    target.stop().await;
+}
+
+#[tokio::test]
+async fn a_recovering_bootstrap_without_an_upload_fails_the_etcd_service_and_may_be_retried() {
+    let (target, recovering) = fresh_control_plane(97, 8, 256 << 10).await;
+    // Talos answers the call, then the etcd service fails in its pre-start step.
+    assert_eq!(
+        recovering
+            .bootstrap_recover(Duration::from_secs(5), false)
+            .await
+            .expect("bootstrap"),
+        Bootstrapped::Now
+    );
+    let etcd = etcd_service(&recovering, "Failed").await;
+    assert_eq!(
+        etcd.message,
+        "Failed to run pre stage: error verifying snapshot: stat /var/lib/etcd.snapshot: no such file or directory"
+    );
+    let refused = recovering.etcd_members(false).await.expect_err("no member");
+    assert_eq!(refused.code(), Some(tonic::Code::Unavailable));
+    assert_eq!(target.etcd_member_id().await, None);
+
+    // The data directory stayed empty: upload, and bootstrap again.
+    let (source, client) = control_plane_of(98, 9, 256 << 10).await;
+    source
+        .etcd_put("/ichor/test/late", "yes")
+        .await
+        .expect("put");
+    snapshot_into(&client, &recovering).await;
+    assert_eq!(
+        recovering
+            .bootstrap_recover(Duration::from_secs(5), false)
+            .await
+            .expect("bootstrap"),
+        Bootstrapped::Now
+    );
+    etcd_service(&recovering, "Running").await;
+    assert_eq!(
+        target.etcd_get("/ichor/test/late").await.expect("get"),
+        Some(b"yes".to_vec())
+    );
+    assert_eq!(
+        recovering.etcd_members(false).await.expect("members").len(),
+        1
+    );
+    source.stop().await;
+    target.stop().await;
+}
+
+#[tokio::test]
+async fn a_corrupted_upload_fails_the_hash_check_and_is_restored_as_it_is_when_skipped() {
+    let (source, client) = control_plane_of(99, 10, 256 << 10).await;
+    source
+        .etcd_put("/ichor/test/value", "precious")
+        .await
+        .expect("put");
+    let mut corrupt = client.etcd_snapshot().await.expect("snapshot");
+    let at = corrupt
+        .windows(8)
+        .position(|w| w == b"precious")
+        .expect("the value is in the key bucket as it was written");
+    corrupt[at] ^= 0x20;
+
+    // Checked: the hash does not match, after etcdutl copied the database into the data
+    // directory, which is no longer empty: no Bootstrap is possible any more.
+    let (checked, checking) = fresh_control_plane(100, 11, 256 << 10).await;
+    checking.etcd_recover(&corrupt).await.expect("upload");
+    assert_eq!(
+        checking
+            .bootstrap_recover(Duration::from_secs(5), false)
+            .await
+            .expect("bootstrap"),
+        Bootstrapped::Now
+    );
+    let etcd = etcd_service(&checking, "Failed").await;
+    assert!(
+        etcd.message.starts_with(
+            "Failed to run pre stage: error recovering from the snapshot: expected sha256 ["
+        ),
+        "{}",
+        etcd.message
+    );
+    assert!(checking.etcd_members(false).await.is_err(), "no member");
+    assert_eq!(
+        checking
+            .bootstrap_recover(Duration::from_secs(5), true)
+            .await
+            .expect("bootstrap"),
+        Bootstrapped::Already,
+        "the data directory is not empty"
+    );
+    assert!(
+        checked.etcd_recovery_snapshot().await.is_some(),
+        "a failed recovery keeps the upload"
+    );
+
+    // Skipped: restored as it is, the flipped byte included.
+    let (skipped, skipping) = fresh_control_plane(101, 12, 256 << 10).await;
+    skipping.etcd_recover(&corrupt).await.expect("upload");
+    assert_eq!(
+        skipping
+            .bootstrap_recover(Duration::from_secs(5), true)
+            .await
+            .expect("bootstrap"),
+        Bootstrapped::Now
+    );
+    etcd_service(&skipping, "Running").await;
+    assert_eq!(
+        skipped.etcd_get("/ichor/test/value").await.expect("get"),
+        Some(b"Precious".to_vec())
+    );
+    assert_eq!(
+        skipping.etcd_members(false).await.expect("members").len(),
+        1
+    );
+    source.stop().await;
+    checked.stop().await;
+    skipped.stop().await;
 }
