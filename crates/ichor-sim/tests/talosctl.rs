@@ -392,6 +392,105 @@ async fn the_getting_started_flow_works_with_talosctl() {
     cp.stop().await;
 }
 
+/// A control plane of a cluster of its own, configured and installed with talosctl, whose
+/// talosconfig is `talosctl`'s.
+async fn installed_control_plane(talosctl: &Talosctl, ip: &str, seed: u32, name: &str) -> SimNode {
+    let sim = node(ip, seed).await;
+    let out = talosctl.dir.path().to_string_lossy().into_owned();
+    talosctl
+        .ok(&[
+            "gen",
+            "config",
+            name,
+            &format!("https://{ip}:6443"),
+            "--install-disk",
+            "/dev/vda",
+            "--output-dir",
+            &out,
+        ])
+        .await;
+    talosctl.ok(&["config", "endpoint", ip]).await;
+    talosctl.ok(&["config", "node", ip]).await;
+    let config = format!("{out}/controlplane.yaml");
+    talosctl
+        .ok(&["apply-config", "--insecure", "-n", ip, "--file", &config])
+        .await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !sim.installed().await {
+        assert!(tokio::time::Instant::now() < deadline, "never installed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    talosctl
+        .ok_within(Duration::from_secs(30), &["version"])
+        .await;
+    sim
+}
+
+/// `talosctl bootstrap --recover-from` (`crates/ichor-sim/docs/etcd-recovery.md`): talosctl
+/// reads the snapshot another cluster saved with etcdutl, uploads it and bootstraps from it;
+/// the keys written before the snapshot are back, with one member; a second bootstrap is
+/// refused.
+#[tokio::test]
+async fn talosctl_recovers_etcd_from_another_clusters_snapshot() {
+    let (source_ip, target_ip) = ("127.0.97.51", "127.0.97.52");
+    let first = Talosctl::new();
+    let source = installed_control_plane(&first, source_ip, 9751, "first").await;
+    first
+        .ok_within(Duration::from_secs(30), &["bootstrap"])
+        .await;
+    first
+        .ok_within(Duration::from_secs(30), &["etcd", "members"])
+        .await;
+    source
+        .etcd_put("/ichor/test/recovered", "from the first cluster")
+        .await
+        .expect("put");
+    let snapshot = first.path("etcd.snapshot").to_string_lossy().into_owned();
+    first.ok(&["etcd", "snapshot", &snapshot]).await;
+    let keys = source.etcd_keys().await.expect("a keyspace");
+
+    let second = Talosctl::new();
+    let target = installed_control_plane(&second, target_ip, 9752, "second").await;
+    let recovered = second
+        .ok_within(
+            Duration::from_secs(30),
+            &["bootstrap", "--recover-from", &snapshot],
+        )
+        .await;
+    assert!(
+        recovered.contains(&format!("total keys {keys},")),
+        "talosctl's own etcdutl status of the file:\n{recovered}"
+    );
+    let members = second
+        .ok_within(Duration::from_secs(30), &["etcd", "members"])
+        .await;
+    let hostname = target.hostname().await;
+    assert!(members.contains(&hostname), "{members}");
+    assert!(
+        !members.contains(&source.hostname().await),
+        "the snapshot's membership is dropped:\n{members}"
+    );
+    assert_eq!(
+        members.lines().filter(|l| l.contains(&hostname)).count(),
+        1,
+        "{members}"
+    );
+    assert_eq!(
+        target.etcd_get("/ichor/test/recovered").await.expect("get"),
+        Some(b"from the first cluster".to_vec())
+    );
+    assert_eq!(target.etcd_keys().await, Some(keys));
+    let refused = second
+        .fails(&["bootstrap", "--recover-from", &snapshot])
+        .await;
+    assert!(
+        refused.contains("etcd data directory is not empty"),
+        "{refused}"
+    );
+    target.stop().await;
+    source.stop().await;
+}
+
 /// An install disk the machine does not have: Talos accepts the config (the path is not checked
 /// at apply time), and 1.14's unattended install stays pending, saying why (talos-facts §11.5,
 /// §11.7); the node never installs.
