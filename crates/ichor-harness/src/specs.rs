@@ -53,6 +53,16 @@ fn clusters(target: &impl Target) -> Api<TalosCluster> {
 /// Creates the TalosCluster: discovery over the /24 of the first node, the first node's
 /// address as the endpoint.
 pub async fn create_cluster(target: &impl Target, shape: &Shape) -> Result<(), Error> {
+    create_cluster_with(target, shape, |_| {}).await
+}
+
+/// As [`create_cluster`], with `edit` applied to the spec before it is created (for fields set
+/// only at creation, such as `restoreFrom`).
+pub async fn create_cluster_with(
+    target: &impl Target,
+    shape: &Shape,
+    edit: impl FnOnce(&mut ichor_api::TalosClusterSpec),
+) -> Result<(), Error> {
     let endpoints = target.node_endpoints();
     let first = endpoints
         .first()
@@ -81,7 +91,8 @@ pub async fn create_cluster(target: &impl Target, shape: &Shape) -> Result<(), E
     if let Some(image) = target.installer_image() {
         cluster = cluster.installer(&image);
     }
-    let cluster = cluster.build();
+    let mut cluster = cluster.build();
+    edit(&mut cluster.spec);
     clusters(target)
         .create(&PostParams::default(), &cluster)
         .await?;

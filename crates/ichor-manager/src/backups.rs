@@ -111,8 +111,9 @@ struct Slot<'a> {
 
 impl InFlight {
     fn take(&self, key: String) -> Option<Slot<'_>> {
-        let mut set = self.0.lock().ok()?;
-        set.insert(key.clone()).then_some(Slot { set: self, key })
+        // The guard goes before a slot exists: a slot's drop takes the lock.
+        let taken = self.0.lock().ok()?.insert(key.clone());
+        taken.then(|| Slot { set: self, key })
     }
 }
 
@@ -411,8 +412,7 @@ async fn attempt(
         name: &name,
         uid: &uid,
     };
-    let taken_at = ctx.clock.now();
-    let key = owner.key(taken_at, sealer.is_some());
+    let (taken_at, key) = fresh_key(&dest, &owner, ctx.clock.now(), sealer.is_some()).await;
     let operation = trigger.operation();
     let run = BackupRun {
         since: Time(taken_at),
@@ -449,6 +449,31 @@ async fn attempt(
         machine: source.machine,
         operation,
     }))
+}
+
+/// The key of a backup taken at `at`, a second later while that key is taken (two backups in
+/// one second: a scheduled one and an operation's), so no backup overwrites another.
+async fn fresh_key(
+    dest: &Destination,
+    owner: &Owner<'_>,
+    mut at: Timestamp,
+    sealed: bool,
+) -> (Timestamp, String) {
+    for _ in 0..10 {
+        let key = owner.key(at, sealed);
+        if dest
+            .store
+            .head(&ObjectPath::from(key.as_str()))
+            .await
+            .is_err()
+        {
+            return (at, key);
+        }
+        at = at
+            .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(1))
+            .unwrap_or(at);
+    }
+    (at, owner.key(at, sealed))
 }
 
 /// The record of a backup of `cluster`, with what only the backup knows left empty.
@@ -551,25 +576,11 @@ async fn upload(
         .await
         .map_err(|err| Failure::from_store(StoreError::classify_write(bucket, &err)))?;
     let mut writer = WriteMultipart::new_with_chunk_size(multipart, PART);
-    let (tx, mut rx) = mpsc::channel::<Vec<u8>>(CHUNKS_QUEUED);
+    let (tx, rx) = mpsc::channel::<Vec<u8>>(CHUNKS_QUEUED);
     let snapshot = client.etcd_snapshot_to(tx, |_| {});
-    let pump = async {
-        while let Some(chunk) = rx.recv().await {
-            let bytes = match sealer.as_mut() {
-                Some(sealer) => sealer.seal(&chunk)?,
-                None => chunk,
-            };
-            if bytes.is_empty() {
-                continue;
-            }
-            writer
-                .wait_for_capacity(PARTS_IN_FLIGHT)
-                .await
-                .map_err(|err| Failure::from_store(StoreError::classify_write(bucket, &err)))?;
-            writer.write(&bytes);
-        }
-        Ok::<(), Failure>(())
-    };
+    // The pump owns the receiver: if it stops early, the snapshot's sender sees it closed and
+    // stops too, rather than waiting on a full channel.
+    let pump = pump(rx, &mut writer, sealer.as_mut(), bucket);
     let (snapshot, pumped) = tokio::join!(snapshot, pump);
     let summary = match (snapshot, pumped) {
         (Ok(summary), Ok(())) => summary,
@@ -601,6 +612,32 @@ async fn upload(
         .await
         .map_err(|err| Failure::from_store(StoreError::classify_write(bucket, &err)))?;
     Ok(summary)
+}
+
+/// Moves snapshot chunks from `rx` into the upload, sealed when asked. It owns the receiver:
+/// if it stops early, the snapshot's sender sees the channel closed and stops too, rather than
+/// waiting on a full channel.
+async fn pump(
+    mut rx: mpsc::Receiver<Vec<u8>>,
+    parts: &mut WriteMultipart,
+    mut sealing: Option<&mut Sealer>,
+    bucket: &str,
+) -> Result<(), Failure> {
+    while let Some(chunk) = rx.recv().await {
+        let bytes = match sealing.as_mut() {
+            Some(sealer) => sealer.seal(&chunk)?,
+            None => chunk,
+        };
+        if bytes.is_empty() {
+            continue;
+        }
+        parts
+            .wait_for_capacity(PARTS_IN_FLIGHT)
+            .await
+            .map_err(|err| Failure::from_store(StoreError::classify_write(bucket, &err)))?;
+        parts.write(&bytes);
+    }
+    Ok(())
 }
 
 /// Writes the record beside the backup.
@@ -844,4 +881,19 @@ async fn record_failure(
         .await;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_backup_at_a_time_per_cluster_and_the_slot_frees_on_drop() {
+        let running = InFlight::default();
+        let first = running.take("ns/lab".into()).expect("free");
+        assert!(running.take("ns/lab".into()).is_none(), "taken");
+        assert!(running.take("ns/other".into()).is_some(), "per cluster");
+        drop(first);
+        assert!(running.take("ns/lab".into()).is_some(), "freed");
+    }
 }

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use ichor_api::backup::RestoreStatus;
 use ichor_api::cluster::{BootstrapRecord, TalosClusterStatus, Tombstone};
 use ichor_api::machine::MachinePhase;
 use ichor_api::names::{actions, conditions, finalizers, reasons};
@@ -18,6 +19,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 
 use crate::renewal::{self, Renewal, Validity};
+use crate::restore::Gate;
 use crate::{Context, Error, conditions as cond, discovery, secrets};
 use ichor_deleteguard::{BootstrapStep, Candidate, bootstrap_step};
 use plan::{Tally, Teardown};
@@ -48,19 +50,19 @@ async fn write_status(
     cluster: &TalosCluster,
     status: &TalosClusterStatus,
 ) -> Result<(), Error> {
-    // `lock`, `tombstones` and `driftHalt` are other groups with their own writers (lock.rs,
-    // removal.rs, drift.rs): this one writes only its own.
+    // `lock`, `tombstones`, `driftHalt` and `backup` are other groups with their own writers
+    // (lock.rs, removal.rs, drift.rs, backups.rs): this one writes only its own, and the
+    // restore's (restore.rs runs within this reconciler).
     let api = Api::<TalosCluster>::namespaced(
         ctx.client.clone(),
         &cluster.namespace().unwrap_or_default(),
     );
-    crate::status::write_only(
-        &api,
-        cluster,
-        status,
+    for manager in [
         ichor_api::names::field_managers::CLUSTER_STATUS,
-    )
-    .await?;
+        ichor_api::names::field_managers::RESTORE_STATUS,
+    ] {
+        crate::status::write_only(&api, cluster, status, manager).await?;
+    }
     Ok(())
 }
 
@@ -257,7 +259,23 @@ async fn publish_and_bootstrap(
     expiries.talosconfig_expires_at = Some(Time(talos.expires));
     let mut renew_at = talos.renew_at;
     if !cond::is_true(&status.conditions, conditions::BOOTSTRAPPED) {
-        bootstrap(ctx, cluster, status, machines, &credentials).await?;
+        let fingerprint = crate::secrets::fingerprint(bundle);
+        let restoring = match crate::restore::gate(ctx, cluster, status, &fingerprint).await? {
+            Gate::Hold => None,
+            Gate::Plain => Some(None),
+            Gate::Restore(recorded) => Some(Some(recorded)),
+        };
+        if let Some(restoring) = restoring {
+            bootstrap(
+                ctx,
+                cluster,
+                status,
+                machines,
+                &credentials,
+                restoring.as_ref(),
+            )
+            .await?;
+        }
     }
     if cond::is_true(&status.conditions, conditions::BOOTSTRAPPED) {
         let kube = publish_kubeconfig(ctx, cluster, bundle).await?;
@@ -412,6 +430,7 @@ async fn bootstrap(
     status: &mut TalosClusterStatus,
     machines: &[TalosMachine],
     credentials: &ichor_talos::Credentials,
+    restoring: Option<&RestoreStatus>,
 ) -> Result<(), Error> {
     let (candidates, clients) = bootstrap_candidates(machines, credentials).await;
     let record = status
@@ -438,6 +457,20 @@ async fn bootstrap(
             ),
         ),
         BootstrapStep::AlreadyRunning { name, uid } => {
+            if restoring.is_some() && !plan::chosen(status.bootstrap.as_ref(), &name) {
+                let failure = crate::backups::Failure {
+                    reason: reasons::RESTORE_REFUSED_BOOTSTRAPPED,
+                    message: format!(
+                        "etcd already runs on {name}: a restore goes only into a cluster whose etcd was never bootstrapped"
+                    ),
+                };
+                crate::restore::failed(ctx, cluster, status, &failure).await;
+                return Ok(());
+            }
+            if restoring.is_some() {
+                // Bootstrapped from the backup before a restart could record it.
+                crate::restore::completed(ctx, cluster, status).await;
+            }
             status.bootstrap.get_or_insert(BootstrapRecord {
                 machine_name: name.clone(),
                 machine_uid: uid,
@@ -452,7 +485,7 @@ async fn bootstrap(
         }
         BootstrapStep::Call { name } => {
             let client = plan::kept_connection(clients, &name)?;
-            call_bootstrap(ctx, cluster, status, &name, &client).await;
+            call_bootstrap(ctx, cluster, status, &name, &client, restoring).await;
         }
     }
     Ok(())
@@ -541,12 +574,36 @@ async fn call_bootstrap(
     status: &mut TalosClusterStatus,
     name: &str,
     client: &TalosClient,
+    restoring: Option<&RestoreStatus>,
 ) {
-    let answer = client.bootstrap(ctx.settings.bootstrap_patience).await;
+    let patience = ctx.settings.bootstrap_patience;
+    let answer = match restoring {
+        None => client.bootstrap(patience).await,
+        Some(recorded) => {
+            // After a restart the upload may have been restored already: etcd then runs.
+            let running = client
+                .etcd_members(true)
+                .await
+                .is_ok_and(|members| !members.is_empty());
+            let uploaded = if running {
+                Ok(())
+            } else {
+                crate::restore::upload(ctx, cluster, recorded, client).await
+            };
+            if let Err(failure) = uploaded {
+                crate::restore::failed(ctx, cluster, status, &failure).await;
+                return;
+            }
+            client.bootstrap_recover(patience, false).await
+        }
+    };
     let (done, reason, message) = plan::bootstrap_answered(name, &answer);
     set_bootstrapped(ctx, cluster, status, done, reason, message.clone());
     if !done {
         return;
+    }
+    if restoring.is_some() {
+        crate::restore::completed(ctx, cluster, status).await;
     }
     if let Some(record) = status.bootstrap.as_mut() {
         record.completed_at.get_or_insert_with(|| ctx.now());

@@ -30,6 +30,7 @@ pub mod operation;
 pub mod own;
 pub mod removal;
 pub mod renewal;
+pub mod restore;
 pub mod seal;
 pub mod secrets;
 pub mod status;

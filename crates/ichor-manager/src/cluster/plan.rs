@@ -239,6 +239,11 @@ pub(super) fn bootstrap_answered<E: Display>(
     }
 }
 
+/// Whether `name` is the machine the bootstrap record chose.
+pub(super) fn chosen(record: Option<&ichor_api::cluster::BootstrapRecord>, name: &str) -> bool {
+    record.is_some_and(|r| r.machine_name == name)
+}
+
 /// One teardown pass of a deleted cluster.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Teardown {

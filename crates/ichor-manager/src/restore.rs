@@ -1,0 +1,630 @@
+//! Restoring a new cluster's etcd from a backup (`spec.restoreFrom`): before any bootstrap, the
+//! backup is found (its key, or the newest taken with this cluster's bundle), its record read,
+//! its bundle compared with `spec.secretsRef`'s, and the snapshot read through (decrypted when
+//! sealed) and checked against the record; only then is it recorded (`status.restore`), and the
+//! first control plane gets it (`EtcdRecover`, streamed, checked again as it passes) and
+//! bootstraps from it (`recover_etcd`). The others join as new members. The record makes it run
+//! once. Every refusal names its reason on the `Restored` condition, before any bootstrap.
+//!
+//! What to do is [`step`]'s decision (pure); this module's other functions observe and act.
+
+use std::io::Read as _;
+use std::sync::Arc;
+
+use age::x25519::Identity;
+use bytes::Bytes;
+use futures::StreamExt as _;
+use ichor_api::TalosCluster;
+use ichor_api::backup::{RestoreSpec, RestoreStatus};
+use ichor_api::cluster::{BootstrapRecord, TalosClusterStatus};
+use ichor_api::names::{actions, conditions, reasons};
+use ichor_talos::TalosClient;
+use ichor_talos::snapshot::{SnapshotCheck, SnapshotSummary};
+use kube::ResourceExt as _;
+use kube::runtime::events::EventType;
+use object_store::path::Path as ObjectPath;
+use object_store::{ObjectStore, ObjectStoreExt as _};
+use tokio::sync::mpsc;
+
+use crate::backup::{self, Record};
+use crate::backups::{self, Destination, Failure};
+use crate::objstore::StoreError;
+use crate::{Context, Error, conditions as cond};
+
+/// Plaintext chunks queued between the store and their reader.
+const CHUNKS_QUEUED: usize = 64;
+/// How much of a decrypted stream is read at a time.
+const READ: usize = 64 * 1024;
+
+/// What the restore of a cluster does now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// The cluster has no `spec.restoreFrom`: bootstrap as usual.
+    NotRequested,
+    /// Find and check the backup before anything else.
+    Check,
+    /// The backup was checked: the first control plane bootstraps from it.
+    Recover,
+    /// Restored: nothing more to do.
+    Done,
+    /// Refused: no bootstrap.
+    Refuse {
+        /// The `Restored` condition's reason.
+        reason: &'static str,
+        /// Why.
+        message: String,
+    },
+}
+
+/// Decides the restore's step from what the status records.
+pub fn step(
+    requested: bool,
+    restore: Option<&RestoreStatus>,
+    bootstrap: Option<&BootstrapRecord>,
+) -> Step {
+    if !requested {
+        return Step::NotRequested;
+    }
+    if restore.is_some_and(|r| r.completed_at.is_some()) {
+        return Step::Done;
+    }
+    if let Some(done) = bootstrap.filter(|b| b.completed_at.is_some()) {
+        return Step::Refuse {
+            reason: reasons::RESTORE_REFUSED_BOOTSTRAPPED,
+            message: format!(
+                "etcd was bootstrapped on {} without the restore: a restore goes only into a cluster whose etcd was never bootstrapped",
+                done.machine_name
+            ),
+        };
+    }
+    match restore {
+        None => Step::Check,
+        Some(_) => Step::Recover,
+    }
+}
+
+/// What the bootstrap does about a restore.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Gate {
+    /// Bootstrap as usual.
+    Plain,
+    /// Bootstrap from the recorded backup.
+    Restore(RestoreStatus),
+    /// Do not bootstrap (refused, or the backup failed its check).
+    Hold,
+}
+
+/// Runs the restore's step before the bootstrap: checks the backup when it was not yet, and
+/// records the outcome in `status` (written by the cluster reconciler with the rest).
+pub async fn gate(
+    ctx: &Context,
+    cluster: &TalosCluster,
+    status: &mut TalosClusterStatus,
+    bundle_fingerprint: &str,
+) -> Result<Gate, Error> {
+    let spec = cluster.spec.restore_from.as_ref();
+    match step(
+        spec.is_some(),
+        status.restore.as_ref(),
+        status.bootstrap.as_ref(),
+    ) {
+        Step::NotRequested | Step::Done => Ok(Gate::Plain),
+        Step::Refuse { reason, message } => {
+            refuse(ctx, cluster, status, &Failure { reason, message }).await;
+            Ok(Gate::Hold)
+        }
+        Step::Recover => Ok(status.restore.clone().map_or(Gate::Hold, Gate::Restore)),
+        Step::Check => {
+            let Some(spec) = spec else {
+                return Ok(Gate::Plain);
+            };
+            match check(ctx, cluster, spec, bundle_fingerprint).await {
+                Ok(checked) => {
+                    let message = format!(
+                        "backup {} checked ({} bytes, sha256 {}): the first control plane bootstraps from it",
+                        checked.key, checked.size, checked.sha256
+                    );
+                    set(ctx, cluster, status, false, reasons::RESTORING, message);
+                    status.restore = Some(checked.clone());
+                    Ok(Gate::Restore(checked))
+                }
+                Err(failure) => {
+                    refuse(ctx, cluster, status, &failure).await;
+                    Ok(Gate::Hold)
+                }
+            }
+        }
+    }
+}
+
+/// Records a refusal on `Restored`, with an Event when the reason is new.
+async fn refuse(
+    ctx: &Context,
+    cluster: &TalosCluster,
+    status: &mut TalosClusterStatus,
+    failure: &Failure,
+) {
+    let known = status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == conditions::RESTORED && c.reason == failure.reason);
+    set(
+        ctx,
+        cluster,
+        status,
+        false,
+        failure.reason,
+        failure.message.clone(),
+    );
+    if !known {
+        ctx.event(
+            cluster,
+            EventType::Warning,
+            failure.reason,
+            actions::RESTORE,
+            failure.message.clone(),
+        )
+        .await;
+    }
+}
+
+fn set(
+    ctx: &Context,
+    cluster: &TalosCluster,
+    status: &mut TalosClusterStatus,
+    holds: bool,
+    reason: &str,
+    message: String,
+) {
+    cond::set(
+        &mut status.conditions,
+        conditions::RESTORED,
+        holds,
+        reason,
+        message,
+        cluster.metadata.generation,
+        &ctx.now(),
+    );
+}
+
+/// Records the restore done (with the bootstrap that used it), with an Event.
+pub async fn completed(ctx: &Context, cluster: &TalosCluster, status: &mut TalosClusterStatus) {
+    let Some(restore) = status.restore.as_mut() else {
+        return;
+    };
+    restore.completed_at = Some(ctx.now());
+    let message = format!("etcd restored from {}", restore.key);
+    set(
+        ctx,
+        cluster,
+        status,
+        true,
+        reasons::RESTORE_COMPLETED,
+        message.clone(),
+    );
+    ctx.event(
+        cluster,
+        EventType::Normal,
+        reasons::RESTORE_COMPLETED,
+        actions::RESTORE,
+        message,
+    )
+    .await;
+}
+
+/// A failed upload before the recovering bootstrap: recorded, and no bootstrap.
+pub async fn failed(
+    ctx: &Context,
+    cluster: &TalosCluster,
+    status: &mut TalosClusterStatus,
+    failure: &Failure,
+) {
+    refuse(ctx, cluster, status, failure).await;
+}
+
+/// The backup to restore, as the store, its key and its record.
+struct Found {
+    dest: Destination,
+    key: String,
+    record: Record,
+}
+
+/// Finds the backup `spec` names (or the newest taken with this bundle) and reads its record.
+async fn find(
+    ctx: &Context,
+    cluster: &TalosCluster,
+    spec: &RestoreSpec,
+    bundle_fingerprint: &str,
+) -> Result<Found, Failure> {
+    let namespace = cluster.namespace().unwrap_or_default();
+    let dest = backups::destination(&ctx.client, &namespace, &spec.store).await?;
+    let store = Arc::clone(&dest.store);
+    let bucket = dest.settings.bucket.clone();
+    let key = match &spec.key {
+        Some(key) => key.clone(),
+        None => {
+            latest(
+                store.as_ref(),
+                &bucket,
+                &spec.store.prefix,
+                bundle_fingerprint,
+            )
+            .await?
+        }
+    };
+    let record = read_record(store.as_ref(), &bucket, &key).await?;
+    Ok(Found { dest, key, record })
+}
+
+/// The newest backup under `prefix` whose record names `bundle`.
+async fn latest(
+    store: &dyn ObjectStore,
+    bucket: &str,
+    prefix: &str,
+    bundle: &str,
+) -> Result<String, Failure> {
+    use futures::TryStreamExt as _;
+    let prefix_path = ObjectPath::from(prefix.trim_matches('/'));
+    let keys: Vec<String> = store
+        .list(Some(&prefix_path))
+        .map_ok(|meta| meta.location.to_string())
+        .try_collect()
+        .await
+        .map_err(|err| Failure::from_store(StoreError::classify(bucket, &err)))?;
+    let mut records = Vec::new();
+    for key in keys.into_iter().filter(|k| backup::is_backup_key(k)) {
+        if let Ok(record) = read_record(store, bucket, &key).await {
+            records.push((key, record));
+        }
+    }
+    backup::latest_for_bundle(&records, bundle)
+        .map(|(key, _)| key.clone())
+        .ok_or_else(|| Failure {
+            reason: reasons::RESTORE_OBJECT_MISSING,
+            message: format!(
+                "no complete backup under prefix {prefix:?} of bucket {bucket} was taken with the bundle spec.secretsRef holds ({bundle}); name one in restoreFrom.key"
+            ),
+        })
+}
+
+/// Reads the record beside `key`: a backup without one is missing, or incomplete.
+async fn read_record(store: &dyn ObjectStore, bucket: &str, key: &str) -> Result<Record, Failure> {
+    let missing = |what: &str| Failure {
+        reason: reasons::RESTORE_OBJECT_MISSING,
+        message: format!("restoreFrom: {what}"),
+    };
+    if let Err(err) = store.head(&ObjectPath::from(key)).await {
+        return Err(match err {
+            object_store::Error::NotFound { .. } => {
+                missing(&format!("bucket {bucket} has no object {key}"))
+            }
+            other => Failure::from_store(StoreError::classify(bucket, &other)),
+        });
+    }
+    let record_key = backup::record_key(key);
+    let body = match store.get(&ObjectPath::from(record_key.as_str())).await {
+        Ok(got) => got.bytes().await,
+        Err(err) => Err(err),
+    };
+    let body = body.map_err(|err| match err {
+        object_store::Error::NotFound { .. } => missing(&format!(
+            "{key} has no record beside it ({record_key}): the backup did not complete"
+        )),
+        other => Failure::from_store(StoreError::classify(bucket, &other)),
+    })?;
+    serde_json::from_slice(&body).map_err(|err| {
+        missing(&format!(
+            "the record {record_key} is not a backup record: {err}"
+        ))
+    })
+}
+
+/// The identity to open `record`'s backup with, when it is sealed.
+async fn identity_for(
+    ctx: &Context,
+    cluster: &TalosCluster,
+    spec: &RestoreSpec,
+    key: &str,
+    record: &Record,
+) -> Result<Option<Identity>, Failure> {
+    if !record.encrypted {
+        return Ok(None);
+    }
+    let wrong = |message: String| Failure {
+        reason: reasons::RESTORE_KEY_WRONG,
+        message,
+    };
+    let Some(encryption) = spec.encryption.as_ref() else {
+        return Err(wrong(format!(
+            "{key} is encrypted with age: set restoreFrom.encryption.keySecretRef to the Secret holding its identity"
+        )));
+    };
+    let namespace = cluster.namespace().unwrap_or_default();
+    let text =
+        backups::age_identity(&ctx.client, &namespace, &encryption.key_secret_ref.name).await?;
+    crate::seal::identity(&text)
+        .map(Some)
+        .map_err(|message| wrong(format!("restoreFrom.encryption: {message}")))
+}
+
+/// Checks the backup `spec` names, before any bootstrap: present with its record, taken with
+/// this bundle, decryptable, whole, and the snapshot the record describes.
+async fn check(
+    ctx: &Context,
+    cluster: &TalosCluster,
+    spec: &RestoreSpec,
+    bundle_fingerprint: &str,
+) -> Result<RestoreStatus, Failure> {
+    let found = find(ctx, cluster, spec, bundle_fingerprint).await?;
+    if found.record.bundle_fingerprint != bundle_fingerprint {
+        return Err(Failure {
+            reason: reasons::RESTORE_BUNDLE_MISMATCH,
+            message: format!(
+                "{} was taken with the bundle whose OS CA is {}, and spec.secretsRef holds {}: restore with the original bundle",
+                found.key, found.record.bundle_fingerprint, bundle_fingerprint
+            ),
+        });
+    }
+    let identity = identity_for(ctx, cluster, spec, &found.key, &found.record).await?;
+    let summary = plaintext(&found.dest, &found.key, identity, None).await?;
+    matches_record(&found.key, &found.record, &summary)?;
+    Ok(RestoreStatus {
+        key: found.key,
+        size: i64::try_from(summary.size).unwrap_or(i64::MAX),
+        sha256: summary.sha256,
+        checked_at: ctx.now(),
+        completed_at: None,
+    })
+}
+
+fn matches_record(key: &str, record: &Record, summary: &SnapshotSummary) -> Result<(), Failure> {
+    if summary.sha256 == record.sha256 && summary.size == record.size {
+        return Ok(());
+    }
+    Err(Failure {
+        reason: reasons::RESTORE_CHECKSUM_MISMATCH,
+        message: format!(
+            "{key} reads as {} bytes with sha256 {}, and its record says {} bytes with sha256 {}: it changed since it was written",
+            summary.size, summary.sha256, record.size, record.sha256
+        ),
+    })
+}
+
+/// Uploads the recorded backup to the bootstrap node (`EtcdRecover`), checked again as it
+/// streams; an upload that does not check out is an error, and the caller does not bootstrap.
+pub async fn upload(
+    ctx: &Context,
+    cluster: &TalosCluster,
+    recorded: &RestoreStatus,
+    client: &TalosClient,
+) -> Result<(), Failure> {
+    let Some(spec) = cluster.spec.restore_from.as_ref() else {
+        return Ok(());
+    };
+    let namespace = cluster.namespace().unwrap_or_default();
+    let dest = backups::destination(&ctx.client, &namespace, &spec.store).await?;
+    let record = read_record(dest.store.as_ref(), &dest.settings.bucket, &recorded.key).await?;
+    let identity = identity_for(ctx, cluster, spec, &recorded.key, &record).await?;
+    let (tx, rx) = mpsc::channel(CHUNKS_QUEUED);
+    let (read, sent) = tokio::join!(
+        plaintext(&dest, &recorded.key, identity, Some(tx)),
+        client.etcd_recover_from(rx)
+    );
+    let summary = read?;
+    sent.map_err(|err| Failure {
+        reason: reasons::TALOS_API,
+        message: format!(
+            "uploading {} to the bootstrap node failed: {err}",
+            recorded.key
+        ),
+    })?;
+    if summary.sha256 != recorded.sha256 {
+        return Err(Failure {
+            reason: reasons::RESTORE_CHECKSUM_MISMATCH,
+            message: format!(
+                "{} read as sha256 {} while uploading, and {} when it was checked: it changed; nothing was bootstrapped",
+                recorded.key, summary.sha256, recorded.sha256
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Reads backup `key` through, decrypting with `identity` when given, checks it as an etcd
+/// snapshot (size, SHA-256 trailer) and sends the plaintext to `out` when given.
+async fn plaintext(
+    dest: &Destination,
+    key: &str,
+    identity: Option<Identity>,
+    out: Option<mpsc::Sender<Vec<u8>>>,
+) -> Result<SnapshotSummary, Failure> {
+    let bucket = dest.settings.bucket.as_str();
+    let got = dest
+        .store
+        .get(&ObjectPath::from(key))
+        .await
+        .map_err(|err| match err {
+            object_store::Error::NotFound { .. } => Failure {
+                reason: reasons::RESTORE_OBJECT_MISSING,
+                message: format!("restoreFrom: bucket {bucket} has no object {key}"),
+            },
+            other => Failure::from_store(StoreError::classify(bucket, &other)),
+        })?;
+    let mut raw = got.into_stream();
+    let (plain_tx, mut plain_rx) = mpsc::channel::<Vec<u8>>(CHUNKS_QUEUED);
+    let producer = async move {
+        match identity {
+            None => {
+                while let Some(chunk) = raw.next().await {
+                    let chunk = chunk
+                        .map_err(|err| Failure::from_store(StoreError::classify(bucket, &err)))?;
+                    if plain_tx.send(chunk.to_vec()).await.is_err() {
+                        break;
+                    }
+                }
+                Ok(())
+            }
+            Some(identity) => decrypt(bucket, key, &mut raw, identity, plain_tx).await,
+        }
+    };
+    // The consumer owns the receiver, so a consumer that stops early stops the producer too.
+    let consumer = async move {
+        let mut check = SnapshotCheck::default();
+        while let Some(chunk) = plain_rx.recv().await {
+            check.update(&chunk);
+            if let Some(out) = out.as_ref()
+                && out.send(chunk).await.is_err()
+            {
+                return Err(Failure {
+                    reason: reasons::TALOS_API,
+                    message: "the bootstrap node stopped taking the snapshot".to_owned(),
+                });
+            }
+        }
+        drop(out);
+        check.finish().map_err(|problem| Failure {
+            reason: reasons::RESTORE_CHECKSUM_MISMATCH,
+            message: format!("{key} is not a whole etcd snapshot: {problem}"),
+        })
+    };
+    let (produced, summary) = tokio::join!(producer, consumer);
+    produced?;
+    summary
+}
+
+/// Decrypts the age stream `raw` on a blocking thread (age reads synchronously) into `out`.
+async fn decrypt(
+    bucket: &str,
+    key: &str,
+    raw: &mut futures::stream::BoxStream<'static, object_store::Result<Bytes>>,
+    identity: Identity,
+    out: mpsc::Sender<Vec<u8>>,
+) -> Result<(), Failure> {
+    let (raw_tx, raw_rx) = mpsc::channel::<Bytes>(CHUNKS_QUEUED);
+    let key_name = key.to_owned();
+    let opener = tokio::task::spawn_blocking(move || {
+        let reader = ChannelReader {
+            rx: raw_rx,
+            pending: Bytes::new(),
+        };
+        let mut plain = crate::seal::open(reader, &identity).map_err(|err| Failure {
+            reason: reasons::RESTORE_KEY_WRONG,
+            message: format!("{key_name} does not open with the identity given: {err}"),
+        })?;
+        let mut buf = vec![0u8; READ];
+        loop {
+            let n = plain.read(&mut buf).map_err(|err| Failure {
+                reason: reasons::RESTORE_CHECKSUM_MISMATCH,
+                message: format!("{key_name} does not decrypt whole: {err}"),
+            })?;
+            if n == 0 || out.blocking_send(buf[..n].to_vec()).is_err() {
+                return Ok(());
+            }
+        }
+    });
+    let feed = async {
+        while let Some(chunk) = raw.next().await {
+            let chunk =
+                chunk.map_err(|err| Failure::from_store(StoreError::classify(bucket, &err)))?;
+            if raw_tx.send(chunk).await.is_err() {
+                break;
+            }
+        }
+        drop(raw_tx);
+        Ok::<(), Failure>(())
+    };
+    let (fed, opened) = tokio::join!(feed, opener);
+    let opened = opened.map_err(|err| Failure {
+        reason: reasons::INTERNAL_ERROR,
+        message: format!("the decryption thread failed: {err}"),
+    })?;
+    opened?;
+    fed
+}
+
+/// A synchronous reader over chunks arriving on a channel (read on a blocking thread).
+struct ChannelReader {
+    rx: mpsc::Receiver<Bytes>,
+    pending: Bytes,
+}
+
+impl std::io::Read for ChannelReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        while self.pending.is_empty() {
+            match self.rx.blocking_recv() {
+                Some(chunk) => self.pending = chunk,
+                None => return Ok(0),
+            }
+        }
+        let n = buf.len().min(self.pending.len());
+        buf[..n].copy_from_slice(&self.pending.split_to(n));
+        Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    use super::*;
+
+    fn restore(completed: bool) -> RestoreStatus {
+        RestoreStatus {
+            key: "k".into(),
+            size: 1,
+            sha256: "00".into(),
+            checked_at: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+            completed_at: completed.then_some(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH)),
+        }
+    }
+
+    fn bootstrap(completed: bool) -> BootstrapRecord {
+        BootstrapRecord {
+            machine_name: "cp-1".into(),
+            machine_uid: "u".into(),
+            chosen_at: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+            completed_at: completed.then_some(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH)),
+        }
+    }
+
+    #[test]
+    fn a_restore_is_checked_then_recovered_once_and_never_into_a_bootstrapped_cluster() {
+        assert_eq!(step(false, None, None), Step::NotRequested);
+        assert_eq!(step(true, None, None), Step::Check);
+        assert_eq!(step(true, Some(&restore(false)), None), Step::Recover);
+        assert_eq!(
+            step(true, Some(&restore(false)), Some(&bootstrap(false))),
+            Step::Recover,
+            "chosen, not yet called"
+        );
+        assert_eq!(
+            step(true, Some(&restore(true)), Some(&bootstrap(true))),
+            Step::Done,
+            "recorded: never again"
+        );
+        let Step::Refuse { reason, message } = step(true, None, Some(&bootstrap(true))) else {
+            panic!("a bootstrapped cluster is refused");
+        };
+        assert_eq!(reason, reasons::RESTORE_REFUSED_BOOTSTRAPPED);
+        assert!(message.contains("cp-1"), "{message}");
+    }
+
+    #[test]
+    fn a_channel_reader_reads_chunks_through() {
+        let (tx, rx) = mpsc::channel(4);
+        let reader = std::thread::spawn(move || {
+            let mut reader = ChannelReader {
+                rx,
+                pending: Bytes::new(),
+            };
+            let mut all = Vec::new();
+            reader.read_to_end(&mut all).expect("read");
+            all
+        });
+        tx.blocking_send(Bytes::from_static(b"abc")).expect("send");
+        tx.blocking_send(Bytes::from_static(b"")).expect("send");
+        tx.blocking_send(Bytes::from_static(b"defg")).expect("send");
+        drop(tx);
+        assert_eq!(reader.join().expect("join"), b"abcdefg");
+    }
+}
