@@ -6,6 +6,7 @@
 // (clippy.toml) mixes them.
 #![warn(clippy::too_many_lines)]
 
+pub mod adopt;
 pub mod backup;
 pub mod backups;
 pub mod classes;
