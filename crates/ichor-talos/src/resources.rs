@@ -305,6 +305,22 @@ impl TalosClient {
         })
     }
 
+    /// The node's running machine config, as the YAML it was applied as: the
+    /// `MachineConfigs.config.talos.dev` resource `v1alpha1` in namespace `config`, whose spec is
+    /// the config as one YAML string (talos-facts §9.4; the table of resources). The type is
+    /// sensitive: it needs os:admin. A node without a config has no such resource.
+    pub async fn live_config(&self) -> Result<String, TalosError> {
+        let spec = self
+            .get_spec("config", "MachineConfigs.config.talos.dev", "v1alpha1")
+            .await?;
+        spec.as_str().map(str::to_owned).ok_or_else(|| {
+            self.node_error(
+                "COSI Get",
+                "the MachineConfig resource's spec is not the config's YAML".into(),
+            )
+        })
+    }
+
     /// The machine's stage and readiness.
     pub async fn machine_status(&self) -> Result<MachineStatus, TalosError> {
         let spec = self

@@ -575,3 +575,27 @@ async fn talos_types_decode_user_volumes() {
         node.stop().await;
     }
 }
+
+#[tokio::test]
+async fn the_live_config_reads_as_applied_with_os_admin_only() {
+    let b = bundle_for(60);
+    let applied = config(&b, Role::ControlPlane, "v1.14.1");
+    let node = SimNode::start_configured(
+        "127.0.0.1:0".parse().expect("addr"),
+        "v1.14.1",
+        Hardware::vm(60),
+        &applied,
+    )
+    .await
+    .expect("start a configured node");
+    let admin = support::admin(&b, node.addr()).await;
+    assert_eq!(admin.live_config().await.expect("read as admin"), applied);
+    let reader = TalosClient::connect(
+        &node.addr().to_string(),
+        &credentials(&b, TalosRole::Reader),
+    )
+    .await
+    .expect("connect as reader");
+    let refused = reader.live_config().await.expect_err("sensitive");
+    assert!(refused.to_string().contains("not authorized"), "{refused}");
+}
