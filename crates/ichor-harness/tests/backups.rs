@@ -7,7 +7,6 @@
 //! an Event, losing nothing already stored.
 
 use std::io::Read as _;
-use std::sync::Arc;
 use std::time::Duration;
 
 use futures::TryStreamExt as _;
@@ -18,36 +17,18 @@ use ichor_api::operation::{OperationAction, OperationPhase};
 use ichor_harness::specs::{self, Shape};
 use ichor_harness::{SimOptions, SimTarget, Target};
 use ichor_testenv::S3Server;
-use ichor_testenv::s3::REGION;
 use ichor_testenv::wait::try_eventually;
-use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, Patch, PatchParams};
-use object_store::aws::AmazonS3Builder;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt as _, PutPayload};
+use support::put_secret;
+
+mod support;
 use serde_json::json;
 
 const CLUSTER: &str = "lab";
 const BUCKET: &str = "etcd";
 const WAIT: Duration = Duration::from_secs(120);
-
-/// A client of the test's own for the bucket, to look at what Ichor wrote.
-fn store(server: &S3Server, bucket: &str) -> Arc<dyn ObjectStore> {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let credentials = server.credentials();
-    Arc::new(
-        AmazonS3Builder::new()
-            .with_endpoint(server.endpoint())
-            .with_region(REGION)
-            .with_bucket_name(bucket)
-            .with_access_key_id(&credentials.access_key)
-            .with_secret_access_key(&credentials.secret_key)
-            .with_allow_http(true)
-            .build()
-            .expect("a client"),
-    )
-}
 
 async fn keys_under(store: &dyn ObjectStore, prefix: &str) -> Vec<String> {
     let mut keys: Vec<String> = store
@@ -58,32 +39,6 @@ async fn keys_under(store: &dyn ObjectStore, prefix: &str) -> Vec<String> {
         .expect("list");
     keys.sort();
     keys
-}
-
-async fn put_secret(target: &SimTarget, name: &str, data: &[(&str, &str)]) {
-    let secret: Secret = serde_json::from_value(json!({
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {"name": name},
-        "type": "Opaque",
-    }))
-    .expect("a Secret");
-    let secret = Secret {
-        data: Some(
-            data.iter()
-                .map(|(k, v)| ((*k).to_owned(), ByteString(v.as_bytes().to_vec())))
-                .collect(),
-        ),
-        ..secret
-    };
-    let api = Api::<Secret>::namespaced(target.client(), target.namespace());
-    api.patch(
-        name,
-        &PatchParams::apply("backups-spec").force(),
-        &Patch::Apply(&secret),
-    )
-    .await
-    .expect("apply the Secret");
 }
 
 async fn patch_backup(target: &SimTarget, backup: serde_json::Value) {
@@ -156,7 +111,7 @@ async fn backups_reach_the_store_keep_n_and_name_what_stops_them() {
     let version = "v1.14.1";
     let server = S3Server::start().await.expect("start the S3 server");
     server.create_bucket(BUCKET).await.expect("bucket");
-    let bucket = store(&server, BUCKET);
+    let bucket = support::bucket(&server, BUCKET);
     // What is not Ichor's: under the prefix and beside it.
     for key in ["ichor/README.txt", "other/keep.db"] {
         bucket
@@ -175,8 +130,11 @@ async fn backups_reach_the_store_keep_n_and_name_what_stops_them() {
         &target,
         "s3",
         &[
-            (keys::ACCESS_KEY_ID_KEY, &credentials.access_key),
-            (keys::SECRET_ACCESS_KEY_KEY, &credentials.secret_key),
+            (keys::ACCESS_KEY_ID_KEY, credentials.access_key.as_bytes()),
+            (
+                keys::SECRET_ACCESS_KEY_KEY,
+                credentials.secret_key.as_bytes(),
+            ),
         ],
     )
     .await;
@@ -299,7 +257,7 @@ async fn backups_reach_the_store_keep_n_and_name_what_stops_them() {
         use age::secrecy::ExposeSecret as _;
         identity.to_string().expose_secret().to_owned()
     };
-    put_secret(&target, "age", &[(keys::AGE_KEY, &identity_text)]).await;
+    put_secret(&target, "age", &[(keys::AGE_KEY, identity_text.as_bytes())]).await;
     patch_backup(
         &target,
         json!({"encryption": {"keySecretRef": {"name": "age"}}}),
@@ -347,8 +305,8 @@ async fn backups_reach_the_store_keep_n_and_name_what_stops_them() {
         &target,
         "s3",
         &[
-            (keys::ACCESS_KEY_ID_KEY, &credentials.access_key),
-            (keys::SECRET_ACCESS_KEY_KEY, "not-the-secret"),
+            (keys::ACCESS_KEY_ID_KEY, credentials.access_key.as_bytes()),
+            (keys::SECRET_ACCESS_KEY_KEY, b"not-the-secret"),
         ],
     )
     .await;
@@ -357,8 +315,11 @@ async fn backups_reach_the_store_keep_n_and_name_what_stops_them() {
         &target,
         "s3",
         &[
-            (keys::ACCESS_KEY_ID_KEY, &credentials.access_key),
-            (keys::SECRET_ACCESS_KEY_KEY, &credentials.secret_key),
+            (keys::ACCESS_KEY_ID_KEY, credentials.access_key.as_bytes()),
+            (
+                keys::SECRET_ACCESS_KEY_KEY,
+                credentials.secret_key.as_bytes(),
+            ),
         ],
     )
     .await;
@@ -391,7 +352,7 @@ async fn backups_reach_the_store_keep_n_and_name_what_stops_them() {
         .await
         .expect("a small S3 server");
     full.create_bucket(BUCKET).await.expect("bucket");
-    let small = store(&full, BUCKET);
+    let small = support::bucket(&full, BUCKET);
     let filler = vec![9u8; 4 << 20];
     let mut filled = Vec::new();
     for n in 0..64 {
@@ -414,8 +375,14 @@ async fn backups_reach_the_store_keep_n_and_name_what_stops_them() {
         &target,
         "s3-full",
         &[
-            (keys::ACCESS_KEY_ID_KEY, &full_credentials.access_key),
-            (keys::SECRET_ACCESS_KEY_KEY, &full_credentials.secret_key),
+            (
+                keys::ACCESS_KEY_ID_KEY,
+                full_credentials.access_key.as_bytes(),
+            ),
+            (
+                keys::SECRET_ACCESS_KEY_KEY,
+                full_credentials.secret_key.as_bytes(),
+            ),
         ],
     )
     .await;

@@ -7,7 +7,6 @@
 //! object, a changed one, the wrong age identity, another bundle) is refused before any
 //! bootstrap, naming its reason.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use ichor_api::names::{conditions, reasons, secrets as keys};
@@ -16,14 +15,14 @@ use ichor_api::{TalosCluster, TalosOperation};
 use ichor_harness::specs::{self, Shape};
 use ichor_harness::{SimOptions, SimTarget, Target};
 use ichor_testenv::S3Server;
-use ichor_testenv::s3::REGION;
 use ichor_testenv::wait::try_eventually;
-use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use object_store::aws::AmazonS3Builder;
 use object_store::path::Path as ObjectPath;
-use object_store::{ObjectStore, ObjectStoreExt as _, PutPayload};
+use object_store::{ObjectStoreExt as _, PutPayload};
+use support::put_secret;
+
+mod support;
 use serde_json::json;
 
 const CLUSTER: &str = "lab";
@@ -34,41 +33,6 @@ const KEYS: [(&str, &str); 2] = [
     ("/registry/configmaps/default/before-the-disaster", "kept"),
     ("/registry/secrets/default/also-kept", "here"),
 ];
-
-fn bucket(server: &S3Server) -> Arc<dyn ObjectStore> {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let credentials = server.credentials();
-    Arc::new(
-        AmazonS3Builder::new()
-            .with_endpoint(server.endpoint())
-            .with_region(REGION)
-            .with_bucket_name(BUCKET)
-            .with_access_key_id(&credentials.access_key)
-            .with_secret_access_key(&credentials.secret_key)
-            .with_allow_http(true)
-            .build()
-            .expect("a client"),
-    )
-}
-
-async fn put_secret(target: &SimTarget, name: &str, data: &[(&str, &[u8])]) {
-    let secret = Secret {
-        metadata: kube::api::ObjectMeta {
-            name: Some(name.to_owned()),
-            ..Default::default()
-        },
-        data: Some(
-            data.iter()
-                .map(|(k, v)| ((*k).to_owned(), ByteString(v.to_vec())))
-                .collect(),
-        ),
-        ..Default::default()
-    };
-    Api::<Secret>::namespaced(target.client(), target.namespace())
-        .create(&PostParams::default(), &secret)
-        .await
-        .expect("create the Secret");
-}
 
 async fn store_secret(target: &SimTarget, server: &S3Server) {
     let credentials = server.credentials();
@@ -172,7 +136,7 @@ async fn create_restoring(
 async fn a_lost_cluster_comes_back_from_its_latest_backup_once_and_bad_restores_are_refused() {
     let server = S3Server::start().await.expect("start the S3 server");
     server.create_bucket(BUCKET).await.expect("bucket");
-    let objects = bucket(&server);
+    let objects = support::bucket(&server, BUCKET);
     let identity = age::x25519::Identity::generate();
     let identity_text = {
         use age::secrecy::ExposeSecret as _;

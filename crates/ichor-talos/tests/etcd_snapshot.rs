@@ -269,6 +269,30 @@ async fn a_streamed_snapshot_passes_through_a_channel_checked_and_whole() {
 }
 
 /// The etcd service as the node lists it, once its state is `state`.
+/// A recovering Bootstrap (`skip`: without the hash check), and its answer.
+async fn recover(client: &TalosClient, skip: bool) -> Bootstrapped {
+    client
+        .bootstrap_recover(Duration::from_secs(5), skip)
+        .await
+        .expect("bootstrap")
+}
+
+/// Asserts what `node`'s member reads at `key`.
+async fn reads(node: &SimNode, key: &str, value: Option<&[u8]>) {
+    assert_eq!(
+        node.etcd_get(key).await.expect("get").as_deref(),
+        value,
+        "{key}"
+    );
+}
+
+/// How many members the node's etcd lists, all voters.
+async fn voters(client: &TalosClient) -> usize {
+    let members = client.etcd_members(false).await.expect("members");
+    assert!(members.iter().all(|m| !m.learner), "{members:?}");
+    members.len()
+}
+
 async fn etcd_service(client: &TalosClient, state: &str) -> ichor_talos::Service {
     eventually(&format!("etcd {state}"), WAIT, || async {
         client
@@ -333,25 +357,10 @@ async fn a_snapshot_restores_on_another_clusters_control_plane_with_the_keys_wri
         "the upload is kept, whole"
     );
 
-    assert_eq!(
-        recovering
-            .bootstrap_recover(Duration::from_secs(5), false)
-            .await
-            .expect("bootstrap"),
-        Bootstrapped::Now
-    );
-    assert_eq!(
-        target.etcd_get("/ichor/test/a").await.expect("get"),
-        Some(b"one".to_vec())
-    );
-    assert_eq!(
-        target.etcd_get("/ichor/test/b").await.expect("get"),
-        Some(b"two".to_vec())
-    );
-    assert_eq!(
-        target.etcd_get("/ichor/test/gone").await.expect("get"),
-        None
-    );
+    assert_eq!(recover(&recovering, false).await, Bootstrapped::Now);
+    reads(&target, "/ichor/test/a", Some(b"one")).await;
+    reads(&target, "/ichor/test/b", Some(b"two")).await;
+    reads(&target, "/ichor/test/gone", None).await;
     assert_eq!(
         target.etcd_keys().await,
         Some(keys),
@@ -380,13 +389,7 @@ async fn a_snapshot_restores_on_another_clusters_control_plane_with_the_keys_wri
         Bootstrapped::Already,
         "a second Bootstrap is refused: AlreadyExists"
     );
-    assert_eq!(
-        recovering
-            .bootstrap_recover(Duration::from_secs(5), false)
-            .await
-            .expect("bootstrap"),
-        Bootstrapped::Already
-    );
+    assert_eq!(recover(&recovering, false).await, Bootstrapped::Already);
 
     // The restored cluster goes on from the snapshot's revision; its own snapshot holds both.
     target
@@ -411,13 +414,7 @@ async fn a_snapshot_restores_on_another_clusters_control_plane_with_the_keys_wri
 async fn a_recovering_bootstrap_without_an_upload_fails_the_etcd_service_and_may_be_retried() {
     let (target, recovering) = fresh_control_plane(97, 8, 256 << 10).await;
     // Talos answers the call, then the etcd service fails in its pre-start step.
-    assert_eq!(
-        recovering
-            .bootstrap_recover(Duration::from_secs(5), false)
-            .await
-            .expect("bootstrap"),
-        Bootstrapped::Now
-    );
+    assert_eq!(recover(&recovering, false).await, Bootstrapped::Now);
     let etcd = etcd_service(&recovering, "Failed").await;
     assert_eq!(
         etcd.message,
@@ -434,22 +431,10 @@ async fn a_recovering_bootstrap_without_an_upload_fails_the_etcd_service_and_may
         .await
         .expect("put");
     snapshot_into(&client, &recovering).await;
-    assert_eq!(
-        recovering
-            .bootstrap_recover(Duration::from_secs(5), false)
-            .await
-            .expect("bootstrap"),
-        Bootstrapped::Now
-    );
+    assert_eq!(recover(&recovering, false).await, Bootstrapped::Now);
     etcd_service(&recovering, "Running").await;
-    assert_eq!(
-        target.etcd_get("/ichor/test/late").await.expect("get"),
-        Some(b"yes".to_vec())
-    );
-    assert_eq!(
-        recovering.etcd_members(false).await.expect("members").len(),
-        1
-    );
+    reads(&target, "/ichor/test/late", Some(b"yes")).await;
+    assert_eq!(voters(&recovering).await, 1);
     source.stop().await;
     target.stop().await;
 }
@@ -472,13 +457,7 @@ async fn a_corrupted_upload_fails_the_hash_check_and_is_restored_as_it_is_when_s
     // directory, which is no longer empty: no Bootstrap is possible any more.
     let (checked, checking) = fresh_control_plane(100, 11, 256 << 10).await;
     checking.etcd_recover(&corrupt).await.expect("upload");
-    assert_eq!(
-        checking
-            .bootstrap_recover(Duration::from_secs(5), false)
-            .await
-            .expect("bootstrap"),
-        Bootstrapped::Now
-    );
+    assert_eq!(recover(&checking, false).await, Bootstrapped::Now);
     let etcd = etcd_service(&checking, "Failed").await;
     assert!(
         etcd.message.starts_with(
@@ -489,10 +468,7 @@ async fn a_corrupted_upload_fails_the_hash_check_and_is_restored_as_it_is_when_s
     );
     assert!(checking.etcd_members(false).await.is_err(), "no member");
     assert_eq!(
-        checking
-            .bootstrap_recover(Duration::from_secs(5), true)
-            .await
-            .expect("bootstrap"),
+        recover(&checking, true).await,
         Bootstrapped::Already,
         "the data directory is not empty"
     );
@@ -504,22 +480,10 @@ async fn a_corrupted_upload_fails_the_hash_check_and_is_restored_as_it_is_when_s
     // Skipped: restored as it is, the flipped byte included.
     let (skipped, skipping) = fresh_control_plane(101, 12, 256 << 10).await;
     skipping.etcd_recover(&corrupt).await.expect("upload");
-    assert_eq!(
-        skipping
-            .bootstrap_recover(Duration::from_secs(5), true)
-            .await
-            .expect("bootstrap"),
-        Bootstrapped::Now
-    );
+    assert_eq!(recover(&skipping, true).await, Bootstrapped::Now);
     etcd_service(&skipping, "Running").await;
-    assert_eq!(
-        skipped.etcd_get("/ichor/test/value").await.expect("get"),
-        Some(b"Precious".to_vec())
-    );
-    assert_eq!(
-        skipping.etcd_members(false).await.expect("members").len(),
-        1
-    );
+    reads(&skipped, "/ichor/test/value", Some(b"Precious")).await;
+    assert_eq!(voters(&skipping).await, 1);
     source.stop().await;
     checked.stop().await;
     skipped.stop().await;

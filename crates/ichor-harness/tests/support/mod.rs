@@ -1,0 +1,60 @@
+//! What the backup and restore specs share: a client of their own for the S3 server's bucket,
+//! and Secrets written as a person would.
+
+use std::sync::Arc;
+
+use ichor_harness::{SimTarget, Target};
+use ichor_testenv::S3Server;
+use ichor_testenv::s3::REGION;
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, Patch, PatchParams};
+use object_store::ObjectStore;
+use object_store::aws::AmazonS3Builder;
+
+/// A client of the test's own for `bucket`, to look at (and tamper with) what Ichor wrote.
+pub fn bucket(server: &S3Server, bucket: &str) -> Arc<dyn ObjectStore> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let credentials = server.credentials();
+    Arc::new(
+        AmazonS3Builder::new()
+            .with_endpoint(server.endpoint())
+            .with_region(REGION)
+            .with_bucket_name(bucket)
+            .with_access_key_id(&credentials.access_key)
+            .with_secret_access_key(&credentials.secret_key)
+            .with_allow_http(true)
+            .build()
+            .expect("a client"),
+    )
+}
+
+/// Creates or replaces the Secret `name` with `data`.
+pub async fn put_secret(target: &SimTarget, name: &str, data: &[(&str, &[u8])]) {
+    let secret = Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.to_owned()),
+            ..Default::default()
+        },
+        data: Some(
+            data.iter()
+                .map(|(k, v)| ((*k).to_owned(), ByteString(v.to_vec())))
+                .collect(),
+        ),
+        ..Default::default()
+    };
+    let secret = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": secret.metadata,
+        "data": secret.data,
+    });
+    Api::<Secret>::namespaced(target.client(), target.namespace())
+        .patch(
+            name,
+            &PatchParams::apply("ichor-specs").force(),
+            &Patch::Apply(&secret),
+        )
+        .await
+        .expect("apply the Secret");
+}
