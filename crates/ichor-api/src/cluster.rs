@@ -34,7 +34,10 @@ use crate::rules;
     validation = Rule::new(rules::subnets_disjoint("self.network.podSubnets", "self.network.serviceSubnets")).message("network.podSubnets and network.serviceSubnets must not overlap"),
     validation = Rule::new(rules::discovery_disjoint_from_network()).message("discovery.cidrs must not overlap network.podSubnets or network.serviceSubnets"),
     validation = Rule::new("!has(self.restoreFrom) || has(self.secretsRef)").message("restoreFrom needs secretsRef: the secrets bundle of the cluster the backup was taken from"),
-    validation = Rule::new("has(self.restoreFrom) == has(oldSelf.restoreFrom)").message("restoreFrom is set only when the cluster is created, and then kept")
+    validation = Rule::new("has(self.restoreFrom) == has(oldSelf.restoreFrom)").message("restoreFrom is set only when the cluster is created, and then kept"),
+    validation = Rule::new("!has(self.adopt) || has(self.secretsRef)").message("adopt needs secretsRef: the secrets bundle of the running cluster"),
+    validation = Rule::new("!(has(self.adopt) && has(self.restoreFrom))").message("adopt and restoreFrom exclude each other: adopt takes a running cluster as it is"),
+    validation = Rule::new("has(self.adopt) == has(oldSelf.adopt)").message("adopt is set only when the cluster is created, and then kept")
 )]
 pub struct TalosClusterSpec {
     /// The Talos version contract configs are rendered for, and the installer tag, e.g.
@@ -92,6 +95,22 @@ pub struct TalosClusterSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self == oldSelf").message("restoreFrom cannot change once set"))]
     pub restore_from: Option<RestoreSpec>,
+    /// Adopts a running Talos cluster without touching its nodes: their live configs are read
+    /// (with `secretsRef`'s bundle), checked against this spec, and recorded as the machines'
+    /// applied configs. Set only when the cluster is created.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("adopt cannot change once set"))]
+    pub adopt: Option<AdoptSpec>,
+}
+
+/// The running cluster to adopt.
+#[derive(KubeSchema, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AdoptSpec {
+    /// The Talos API addresses (IPs) of every node of the cluster, control planes and workers.
+    #[schemars(length(min = 1, max = 64), inner(length(max = 45)))]
+    #[x_kube(validation = Rule::new("self.all(a, isIP(a))").message("each entry of adopt.endpoints must be an IP address"))]
+    pub endpoints: Vec<String>,
 }
 
 impl TalosClusterSpec {
@@ -119,6 +138,7 @@ impl TalosClusterSpec {
             config_patches: Vec::new(),
             backup: None,
             restore_from: None,
+            adopt: None,
         }
     }
 }
@@ -343,6 +363,20 @@ pub struct TalosClusterStatus {
     /// The restore this cluster was created with: recorded before its bootstrap.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restore: Option<RestoreStatus>,
+    /// The adoption this cluster was created with: recorded once its nodes were adopted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adoption: Option<AdoptionStatus>,
+}
+
+/// What an adoption recorded.
+#[derive(KubeSchema, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AdoptionStatus {
+    /// When the nodes were adopted.
+    pub adopted_at: Time,
+    /// The TalosMachines recorded for them.
+    #[schemars(length(max = 64), inner(length(max = 253)))]
+    pub machines: Vec<String>,
 }
 
 /// When the published credentials expire.

@@ -34,7 +34,7 @@ const APPLIED_LOCK_RULE: &str = "!has(oldSelf.status) || !has(oldSelf.status.app
 #[serde(rename_all = "camelCase")]
 #[x_kube(
     validation = Rule::new("self.approvalState != 'approved' || has(self.role)").message("an approved machine needs spec.role (controlplane or worker)"),
-    validation = Rule::new("self.approvalState != 'approved' || has(self.fingerprint)").message("an approved machine needs a pinned spec.fingerprint: Ichor never applies to a machine whose certificate it has not pinned"),
+    validation = Rule::new("self.approvalState != 'approved' || has(self.fingerprint)").message("an approved machine needs a pinned spec.fingerprint (its maintenance-mode certificate, or for an adopted machine its configured-mode one): Ichor never applies to a machine whose certificate it has not pinned"),
     validation = Rule::new("self.approvalState != 'approved' || size(self.endpoints) > 0").message("an approved machine needs at least one address in spec.endpoints")
 )]
 pub struct TalosMachineSpec {
@@ -55,7 +55,9 @@ pub struct TalosMachineSpec {
     pub endpoints: Vec<String>,
     /// The pinned certificate fingerprint: base64 of the SHA-256 of the certificate's
     /// SubjectPublicKeyInfo, as `talosctl --cert-fingerprint` takes it. Set from the first
-    /// discovery; a different certificate is refused until a person updates this pin.
+    /// discovery (the maintenance-mode certificate), or for an adopted machine from its
+    /// configured-mode certificate (ADR 0028); a different certificate is refused until a
+    /// person updates this pin.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 44), regex(pattern = r"^[A-Za-z0-9+/]{43}=$"))]
     pub fingerprint: Option<String>,

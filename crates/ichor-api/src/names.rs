@@ -20,6 +20,12 @@ pub mod annotations {
     /// not finished, as JSON (`[{"machine","uid","at"}]`). Written with the cluster's
     /// `resourceVersion`, so two deletes admitted at once cannot both count the same members.
     pub const REMOVAL_RESERVATIONS: &str = "ichor.maesh.dev/removal-reservations";
+    /// On a TalosMachine: recorded by an adoption. Its applied config is the node's live one,
+    /// and its drift is held until the cluster opts in ([`ROLL_OUT_RENDERED`]).
+    pub const ADOPTED: &str = "ichor.maesh.dev/adopted";
+    /// `"true"` on an adopted TalosCluster: roll out what Ichor renders to the adopted
+    /// machines whose live config differs from it (under the planner's rules, one at a time).
+    pub const ROLL_OUT_RENDERED: &str = "ichor.maesh.dev/roll-out-rendered-config";
     /// The value every boolean annotation above must have to take effect.
     pub const TRUE: &str = "true";
 }
@@ -156,6 +162,8 @@ pub mod conditions {
     /// On a TalosCluster with `spec.restoreFrom`: whether its etcd was restored from the
     /// backup, and if not why (every refusal comes before any bootstrap).
     pub const RESTORED: &str = "Restored";
+    /// On a TalosCluster with `spec.adopt`: whether its nodes were adopted, and if not why.
+    pub const ADOPTED: &str = "Adopted";
 }
 
 /// Condition reasons (CamelCase), one per cause a person can act on.
@@ -378,6 +386,19 @@ pub mod reasons {
     pub const RESTORING: &str = "Restoring";
     /// The first control plane bootstrapped from the backup.
     pub const RESTORE_COMPLETED: &str = "RestoreCompleted";
+    /// The running cluster's nodes were adopted: recorded as approved, configured machines,
+    /// nothing applied.
+    pub const ADOPTED: &str = "Adopted";
+    /// An endpoint to adopt did not answer as a configured Talos node with the bundle's
+    /// credentials, or the nodes are not one cluster with a control plane: nothing recorded.
+    pub const ADOPTION_REFUSED: &str = "AdoptionRefused";
+    /// The nodes to adopt trust another OS CA than the bundle's (both fingerprints shown).
+    pub const ADOPTION_BUNDLE_MISMATCH: &str = "AdoptionBundleMismatch";
+    /// A spec field contradicts what the nodes to adopt run (each field named).
+    pub const ADOPTION_CONTRADICTS_SPEC: &str = "AdoptionContradictsSpec";
+    /// An adopted machine's live config differs from what Ichor renders; held until the
+    /// cluster opts in with the roll-out-rendered-config annotation.
+    pub const DRIFT_HELD_ADOPTED: &str = "DriftHeldAdopted";
     /// A removal handed its Node delete to the TalosCluster, to run once the workload API
     /// answers again (force removal; an Event).
     pub const NODE_DELETE_DEFERRED: &str = "NodeDeleteDeferred";

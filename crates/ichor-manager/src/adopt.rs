@@ -24,10 +24,13 @@ pub struct LiveFacts {
     pub service_subnets: Vec<String>,
     /// `cluster.network.dnsDomain` (Talos's default when unset).
     pub dns_domain: String,
-    /// `cluster.network.cni.name`: `flannel` when unset.
-    pub cni: String,
-    /// `cluster.proxy.disabled`.
-    pub kube_proxy_disabled: bool,
+    /// The built-in CNI: `cluster.network.cni.name` (`flannel` when unset), or on a 1.14
+    /// control plane `flannel` when a `KubeFlannelCNIConfig` document is there and `none`
+    /// otherwise; unknown on a 1.14 worker, which carries neither (talos-facts §4.4, §4.5).
+    pub cni: Option<String>,
+    /// Whether kube-proxy is off: `cluster.proxy.disabled`, or on a 1.14 control plane a
+    /// `KubeProxyConfig` with `enabled: false` or none at all; unknown on a 1.14 worker.
+    pub kube_proxy_disabled: Option<bool>,
     /// The kubelet image's tag without its `v` (`machine.kubelet.image`), if it has one.
     pub kubernetes_version: Option<String>,
     /// The fingerprint of the OS CA the node trusts (`machine.ca.crt`), as bundles are
@@ -56,45 +59,41 @@ impl LiveFacts {
                 .map(str::to_owned)
                 .ok_or_else(|| format!("the live config has no {path}"))
         };
-        let list = |value: &Value, default: &str| -> Vec<String> {
-            value
-                .as_array()
-                .map(|items| {
-                    items
-                        .iter()
-                        .filter_map(|i| i.as_str().map(str::to_owned))
-                        .collect()
-                })
-                .filter(|items: &Vec<String>| !items.is_empty())
-                .unwrap_or_else(|| vec![default.to_owned()])
-        };
-        let network = &config["cluster"]["network"];
+        // Contract 1.14 moves the cluster's settings into documents of their own
+        // (talos-facts §4.4): read those when the v1alpha1 document does not carry them.
+        let doc = |kind: &str| documents.iter().find(|d| d["kind"].as_str() == Some(kind));
+        let kube_cluster = doc("KubeClusterConfig");
+        let network = doc("KubeNetworkConfig").unwrap_or(&config["cluster"]["network"]);
+        let machine_type = text(&config["machine"]["type"], "machine.type")?;
+        let control_plane = matches!(machine_type.as_str(), "controlplane" | "init");
         let ca = text(&config["machine"]["ca"]["crt"], "machine.ca.crt")?;
         let pem = decode_base64(&ca).ok_or("machine.ca.crt is not base64")?;
-        Ok(Self {
-            machine_type: text(&config["machine"]["type"], "machine.type")?,
-            endpoint: text(
+        let endpoint = match kube_cluster {
+            Some(k) => text(&k["endpoint"], "KubeClusterConfig endpoint")?,
+            None => text(
                 &config["cluster"]["controlPlane"]["endpoint"],
                 "cluster.controlPlane.endpoint",
             )?,
-            cluster_name: config["cluster"]["clusterName"]
-                .as_str()
-                .unwrap_or_default()
-                .to_owned(),
+        };
+        let cluster_name =
+            kube_cluster.map_or(&config["cluster"]["clusterName"], |k| &k["clusterName"]);
+        let kubelet_image =
+            doc("KubeletConfig").map_or(&config["machine"]["kubelet"]["image"], |k| &k["image"]);
+        let (cni, kube_proxy_disabled) =
+            builtins(&documents, config, kube_cluster.is_some(), control_plane);
+        Ok(Self {
+            machine_type,
+            endpoint,
+            cluster_name: cluster_name.as_str().unwrap_or_default().to_owned(),
             pod_subnets: list(&network["podSubnets"], DEFAULT_POD_SUBNET),
             service_subnets: list(&network["serviceSubnets"], DEFAULT_SERVICE_SUBNET),
             dns_domain: network["dnsDomain"]
                 .as_str()
                 .unwrap_or(DEFAULT_DNS_DOMAIN)
                 .to_owned(),
-            cni: network["cni"]["name"]
-                .as_str()
-                .unwrap_or("flannel")
-                .to_owned(),
-            kube_proxy_disabled: config["cluster"]["proxy"]["disabled"]
-                .as_bool()
-                .unwrap_or(false),
-            kubernetes_version: config["machine"]["kubelet"]["image"]
+            cni,
+            kube_proxy_disabled,
+            kubernetes_version: kubelet_image
                 .as_str()
                 .and_then(|image| image.rsplit_once(':'))
                 .map(|(_, tag)| tag.trim_start_matches('v').to_owned()),
@@ -106,6 +105,57 @@ impl LiveFacts {
     pub fn is_control_plane(&self) -> bool {
         matches!(self.machine_type.as_str(), "controlplane" | "init")
     }
+}
+
+/// The built-in CNI and whether kube-proxy is off, where the config says (see [`LiveFacts`]).
+fn builtins(
+    documents: &[Value],
+    config: &Value,
+    kube_documents: bool,
+    control_plane: bool,
+) -> (Option<String>, Option<bool>) {
+    let doc = |kind: &str| documents.iter().find(|d| d["kind"].as_str() == Some(kind));
+    match (kube_documents, control_plane) {
+        (false, _) => (
+            Some(
+                config["cluster"]["network"]["cni"]["name"]
+                    .as_str()
+                    .unwrap_or("flannel")
+                    .to_owned(),
+            ),
+            Some(
+                config["cluster"]["proxy"]["disabled"]
+                    .as_bool()
+                    .unwrap_or(false),
+            ),
+        ),
+        (true, true) => (
+            Some(
+                if doc("KubeFlannelCNIConfig").is_some() {
+                    "flannel"
+                } else {
+                    "none"
+                }
+                .to_owned(),
+            ),
+            Some(doc("KubeProxyConfig").is_none_or(|p| p["enabled"].as_bool() == Some(false))),
+        ),
+        (true, false) => (None, None),
+    }
+}
+
+/// A list of strings, or `default` alone when there is none.
+fn list(value: &Value, default: &str) -> Vec<String> {
+    value
+        .as_array()
+        .map(|items| {
+            items
+                .iter()
+                .filter_map(|i| i.as_str().map(str::to_owned))
+                .collect()
+        })
+        .filter(|items: &Vec<String>| !items.is_empty())
+        .unwrap_or_else(|| vec![default.to_owned()])
 }
 
 fn decode_base64(text: &str) -> Option<Vec<u8>> {
@@ -122,6 +172,9 @@ pub struct Observed {
     pub address: String,
     /// What it answered: its live facts and running Talos version, or why it could not be read.
     pub answer: Result<(LiveFacts, String), String>,
+    /// When it presented a certificate the bundle's CA did not issue: that certificate's SPKI
+    /// fingerprint.
+    pub untrusted: Option<String>,
 }
 
 /// A TalosCluster field that contradicts what the nodes run.
@@ -153,14 +206,14 @@ pub enum Refusal {
     Unreachable(Vec<String>),
     /// The nodes trust another OS CA than the bundle's.
     #[error(
-        "not adopted: the bundle's OS CA is {bundle}, and {address} trusts {node}: give the bundle the cluster was made with"
+        "not adopted: the bundle's OS CA is {bundle}, and {address} {node}: give the bundle the cluster was made with"
     )]
     BundleMismatch {
         /// The bundle's fingerprint.
         bundle: String,
         /// The first node that differs.
         address: String,
-        /// Its CA's fingerprint.
+        /// What it trusts or presents instead, with its fingerprint.
         node: String,
     },
     /// The nodes are not all of one cluster.
@@ -197,6 +250,7 @@ pub fn judge(
     bundle: &str,
     observed: &[Observed],
 ) -> Result<Adoptable, Refusal> {
+    certified_by(bundle, observed)?;
     let unreachable: Vec<String> = observed
         .iter()
         .filter_map(|o| {
@@ -223,7 +277,7 @@ pub fn judge(
         return Err(Refusal::BundleMismatch {
             bundle: bundle.to_owned(),
             address: (*address).to_owned(),
-            node: facts.os_ca_fingerprint.clone(),
+            node: format!("trusts the OS CA {}", facts.os_ca_fingerprint),
         });
     }
     let Some((first_address, first, _)) = nodes.first().copied() else {
@@ -234,7 +288,11 @@ pub fn judge(
         return Err(Refusal::NoControlPlane);
     }
     let running = nodes.iter().map(|(_, _, v)| *v).collect::<Vec<_>>();
-    let contradictions = contradictions(spec, first, &running);
+    let control_plane = nodes
+        .iter()
+        .find(|(_, f, _)| f.is_control_plane())
+        .map_or(first, |(_, f, _)| *f);
+    let contradictions = contradictions(spec, control_plane, &running);
     if !contradictions.is_empty() {
         return Err(Refusal::Contradicts(contradictions));
     }
@@ -244,6 +302,23 @@ pub fn judge(
             .map(|(a, f, _)| ((*a).to_owned(), f.is_control_plane()))
             .collect(),
     })
+}
+
+/// Refuses a node that presented a certificate the bundle's CA did not issue.
+fn certified_by(bundle: &str, observed: &[Observed]) -> Result<(), Refusal> {
+    match observed
+        .iter()
+        .find_map(|o| o.untrusted.as_ref().map(|f| (&o.address, f)))
+    {
+        Some((address, presented)) => Err(Refusal::BundleMismatch {
+            bundle: bundle.to_owned(),
+            address: address.clone(),
+            node: format!(
+                "presents a certificate that CA did not issue (SPKI fingerprint {presented})"
+            ),
+        }),
+        None => Ok(()),
+    }
 }
 
 /// Refuses nodes that are not of the first node's cluster (another endpoint or name).
@@ -271,12 +346,11 @@ fn one_cluster(
 
 /// The CNI the nodes run, as the spec would name it: cilium and none both render
 /// `cni.name: none`, so either matches a node without a built-in CNI.
-fn live_cni(spec: CniPreset, live: &LiveFacts) -> String {
-    let live_builtin = live.cni == "flannel";
-    if live_builtin == (spec == CniPreset::Flannel) {
+fn live_cni(spec: CniPreset, live: &str) -> String {
+    if (live == "flannel") == (spec == CniPreset::Flannel) {
         spec.as_str().to_owned()
     } else {
-        live.cni.clone()
+        live.to_owned()
     }
 }
 
@@ -313,17 +387,21 @@ pub fn contradictions(
         spec.network.dns_domain.clone(),
         live.dns_domain.clone(),
     );
-    check(
-        "spec.cni.preset",
-        spec.cni.preset.as_str().to_owned(),
-        live_cni(spec.cni.preset, live),
-    );
+    if let Some(cni) = &live.cni {
+        check(
+            "spec.cni.preset",
+            spec.cni.preset.as_str().to_owned(),
+            live_cni(spec.cni.preset, cni),
+        );
+    }
     let proxy = |disabled: bool| if disabled { "disabled" } else { "enabled" }.to_owned();
-    check(
-        "spec.kubeProxy",
-        proxy(spec.kube_proxy == KubeProxyMode::Disabled),
-        proxy(live.kube_proxy_disabled),
-    );
+    if let Some(disabled) = live.kube_proxy_disabled {
+        check(
+            "spec.kubeProxy",
+            proxy(spec.kube_proxy == KubeProxyMode::Disabled),
+            proxy(disabled),
+        );
+    }
     if let Some(version) = &live.kubernetes_version {
         check(
             "spec.kubernetesVersion",
@@ -376,6 +454,7 @@ mod tests {
         Observed {
             address: address.into(),
             answer: LiveFacts::read(yaml).map(|f| (f, "v1.14.1".to_owned())),
+            untrusted: None,
         }
     }
 
@@ -386,10 +465,44 @@ mod tests {
         assert!(facts.is_control_plane());
         assert_eq!(facts.endpoint, "https://10.0.0.10:6443");
         assert_eq!(facts.pod_subnets, ["10.244.0.0/16"], "Talos's default");
-        assert_eq!(facts.cni, "flannel");
+        assert_eq!(facts.cni.as_deref(), Some("flannel"));
         assert_eq!(facts.kubernetes_version.as_deref(), Some("1.36.3"));
         assert_eq!(facts.os_ca_fingerprint, ichor_render::config_hash(CA_PEM));
         assert!(LiveFacts::read("version: v1alpha1\nmachine: {}\n").is_err());
+    }
+
+    #[test]
+    fn a_contract_1_14_config_carries_its_cluster_in_documents_of_their_own() {
+        use base64::Engine as _;
+        let ca = base64::engine::general_purpose::STANDARD.encode(CA_PEM);
+        let head = format!(
+            "version: v1alpha1\nmachine:\n  type: TYPE\n  ca:\n    crt: {ca}\ncluster:\n  token: t\n"
+        );
+        let kube = "---\napiVersion: v1alpha1\nkind: KubeClusterConfig\nclusterName: lab\nendpoint: https://10.0.0.10:6443\n---\napiVersion: v1alpha1\nkind: KubeletConfig\nimage: ghcr.io/siderolabs/kubelet:v1.36.3\n---\napiVersion: v1alpha1\nkind: KubeNetworkConfig\ndnsDomain: cluster.local\npodSubnets:\n  - 10.10.0.0/16\n";
+        let cp_only = "---\napiVersion: v1alpha1\nkind: KubeFlannelCNIConfig\nbackendType: vxlan\n---\napiVersion: v1alpha1\nkind: KubeProxyConfig\nimage: registry.k8s.io/kube-proxy:v1.36.3\n";
+        let cp = LiveFacts::read(&format!(
+            "{}{kube}{cp_only}",
+            head.replace("TYPE", "controlplane")
+        ))
+        .expect("a control plane");
+        assert_eq!(cp.endpoint, "https://10.0.0.10:6443");
+        assert_eq!(cp.cluster_name, "lab");
+        assert_eq!(cp.pod_subnets, ["10.10.0.0/16"]);
+        assert_eq!(cp.service_subnets, ["10.96.0.0/12"], "Talos's default");
+        assert_eq!(cp.kubernetes_version.as_deref(), Some("1.36.3"));
+        assert_eq!(cp.cni.as_deref(), Some("flannel"));
+        assert_eq!(cp.kube_proxy_disabled, Some(false));
+        let worker = LiveFacts::read(&format!("{}{kube}", head.replace("TYPE", "worker")))
+            .expect("a worker");
+        assert_eq!(
+            (worker.cni, worker.kube_proxy_disabled),
+            (None, None),
+            "unknown on a worker"
+        );
+        let bare = LiveFacts::read(&format!("{}{kube}", head.replace("TYPE", "controlplane")))
+            .expect("a control plane without a CNI or kube-proxy");
+        assert_eq!(bare.cni.as_deref(), Some("none"));
+        assert_eq!(bare.kube_proxy_disabled, Some(true));
     }
 
     #[test]
@@ -414,6 +527,7 @@ mod tests {
         let down = Observed {
             address: "10.0.0.3".into(),
             answer: Err("connection refused".into()),
+            untrusted: None,
         };
         let refused = judge(&spec(), &bundle, &[node("10.0.0.1", &cp), down]).expect_err("down");
         assert!(
@@ -435,7 +549,29 @@ mod tests {
             panic!("another CA is refused");
         };
         assert_eq!(b, bundle);
-        assert_eq!(theirs, ichor_render::config_hash("another CA"));
+        assert!(
+            theirs.contains(&ichor_render::config_hash("another CA")),
+            "{theirs}"
+        );
+    }
+
+    #[test]
+    fn a_node_the_bundles_ca_did_not_certify_is_a_bundle_mismatch() {
+        let bundle = ichor_render::config_hash(CA_PEM);
+        let cp = config("controlplane", "https://10.0.0.10:6443", CA_PEM);
+        let worker = config("worker", "https://10.0.0.10:6443", CA_PEM);
+        let stranger = Observed {
+            address: "10.0.0.6".into(),
+            answer: Err("handshake refused".into()),
+            untrusted: Some("SPKI".into()),
+        };
+        let Err(refusal @ Refusal::BundleMismatch { .. }) =
+            judge(&spec(), &bundle, &[node("10.0.0.1", &cp), stranger])
+        else {
+            panic!("a node the bundle's CA did not certify is refused");
+        };
+        assert!(refusal.to_string().contains(&bundle), "{refusal}");
+        assert!(refusal.to_string().contains("SPKI"), "{refusal}");
 
         let elsewhere = config("worker", "https://10.9.9.9:6443", CA_PEM);
         assert!(matches!(

@@ -145,6 +145,7 @@ async fn reconcile_inner(cluster: &TalosCluster, ctx: &Context) -> Result<Action
     record_counts(ctx, cluster, &mut status, &tally);
     let mut renew_in = None;
     if let Some(bundle) = &bundle {
+        crate::adoption::adopt(ctx, cluster, &mut status, bundle).await?;
         renew_in = publish_and_bootstrap(ctx, cluster, &mut status, &machines, bundle).await?;
     }
     let all_ready = record_readiness(ctx, cluster, &mut status, &machines, &tally);

@@ -28,7 +28,7 @@ pub struct SweepReport {
     pub conflicts: Vec<String>,
 }
 
-fn machine_name(uuid: &str) -> String {
+pub(crate) fn machine_name(uuid: &str) -> String {
     let clean: String = uuid
         .to_lowercase()
         .chars()

@@ -7,6 +7,7 @@
 #![warn(clippy::too_many_lines)]
 
 pub mod adopt;
+pub mod adoption;
 pub mod backup;
 pub mod backups;
 pub mod classes;

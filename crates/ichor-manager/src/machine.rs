@@ -202,11 +202,7 @@ pub(crate) fn applied_config_secret(machine: &TalosMachine) -> String {
 /// recorded, so a recorded hash has its config stored; readers still compare the stored
 /// config's hash with `status.appliedConfigHash` (a staged config whose reboot failed is kept
 /// but not recorded).
-async fn store_applied(
-    ctx: &Context,
-    machine: &TalosMachine,
-    rendered: &Rendered,
-) -> Result<(), Error> {
+async fn store_applied(ctx: &Context, machine: &TalosMachine, yaml: &str) -> Result<(), Error> {
     let name = applied_config_secret(machine);
     let namespace = machine.namespace().unwrap_or_default();
     let mut secret = Secret {
@@ -230,7 +226,7 @@ async fn store_applied(
         type_: Some("Opaque".into()),
         data: Some(BTreeMap::from([(
             secret_names::APPLIED_CONFIG_KEY.to_owned(),
-            ByteString(rendered.yaml.clone().into_bytes()),
+            ByteString(yaml.as_bytes().to_vec()),
         )])),
         ..Default::default()
     };
@@ -282,10 +278,43 @@ async fn approved(machine: &TalosMachine, ctx: &Context) -> Result<Action, Error
         sources: &sources,
     };
     if status.applied_config_hash.is_none() {
+        if plan::adopted(machine) {
+            return adopt_baseline(ctx, machine, status, &reach).await;
+        }
         apply_first(ctx, machine, &cluster, status, &rendered, &reach).await
     } else {
         follow(ctx, machine, &cluster, status, &rendered, &reach).await
     }
+}
+
+/// An adopted machine's first look: its live config becomes its applied baseline (kept in its
+/// applied-config Secret, its hash recorded), read over mutual TLS; nothing is written to the
+/// node. Drift from what Ichor renders is then held until the cluster opts in.
+async fn adopt_baseline(
+    ctx: &Context,
+    machine: &TalosMachine,
+    status: TalosMachineStatus,
+    reach: &Reach<'_>,
+) -> Result<Action, Error> {
+    let Some(client) = crate::connect(reach.address, reach.credentials).await else {
+        return unreachable(ctx, machine, status, "the adopted node does not answer").await;
+    };
+    let live = match client.live_config().await {
+        Ok(live) => live,
+        Err(error) => return unreachable(ctx, machine, status, &error.to_string()).await,
+    };
+    store_applied(ctx, machine, &live).await?;
+    let hash = ichor_render::config_hash(&live);
+    patch_status(ctx, machine, json!({"appliedConfigHash": hash})).await?;
+    ctx.event(
+        machine,
+        EventType::Normal,
+        reasons::ADOPTED,
+        actions::RECONCILE,
+        format!("adopted: its live config {hash} is the applied baseline; nothing was applied"),
+    )
+    .await;
+    Ok(Action::requeue(ctx.settings.progress_requeue))
 }
 
 /// The machine's cluster and the secrets bundle its configs render from, or why there are
@@ -440,7 +469,7 @@ async fn record_applied(
     mut status: TalosMachineStatus,
     rendered: &Rendered,
 ) -> Result<(), Error> {
-    store_applied(ctx, machine, rendered).await?;
+    store_applied(ctx, machine, &rendered.yaml).await?;
     status.applied_config_hash = Some(rendered.hash.clone());
     plan::installing(
         &mut status,
@@ -563,10 +592,9 @@ async fn follow(
     {
         return Ok(stopped);
     }
-    match (
-        plan::drift_step(&status, view, &rendered.hash, role),
-        &client,
-    ) {
+    let step = plan::drift_step(&status, view, &rendered.hash, role);
+    let step = hold_adopted(ctx, machine, cluster, &mut status, step);
+    match (step, &client) {
         (DriftStep::RollOut { applied }, Some(client)) => {
             let rollout = Rollout {
                 machine,
@@ -588,6 +616,30 @@ async fn follow(
         (DriftStep::RollOut { .. } | DriftStep::Idle, _) => {}
     }
     stand(ctx, machine, status, role, view, reach.address).await
+}
+
+/// An adopted machine's drift, held until its cluster opts in: reported on `ConfigApplied`,
+/// and nothing rolled out.
+fn hold_adopted(
+    ctx: &Context,
+    machine: &TalosMachine,
+    cluster: &TalosCluster,
+    status: &mut TalosMachineStatus,
+    step: DriftStep,
+) -> DriftStep {
+    let Some(message) = plan::held_adopted(machine, cluster, &step) else {
+        return step;
+    };
+    cond::set(
+        &mut status.conditions,
+        conditions::CONFIG_APPLIED,
+        false,
+        reasons::DRIFT_HELD_ADOPTED,
+        message,
+        machine.metadata.generation,
+        &ctx.now(),
+    );
+    DriftStep::Idle
 }
 
 /// What the configured node answers over mutual TLS: its machine status (`None` if it does
@@ -795,7 +847,7 @@ async fn live_applied(
     status: &mut TalosMachineStatus,
     sent: bool,
 ) -> Result<(), Error> {
-    store_applied(ctx, r.machine, r.rendered).await?;
+    store_applied(ctx, r.machine, &r.rendered.yaml).await?;
     // The lock and `driftReboot` are kept until the node is seen healthy again
     // (`DriftStep::Back`, next time).
     status.applied_config_hash = Some(r.rendered.hash.clone());
@@ -1073,7 +1125,7 @@ async fn reboot_for_drift(
     }
     // Staged: the node boots into it. Kept before the reboot, so a failure to keep it never
     // costs a second reboot.
-    store_applied(ctx, r.machine, r.rendered).await?;
+    store_applied(ctx, r.machine, &r.rendered.yaml).await?;
     if let Err(error) = r.client.reboot().await {
         return Ok(Some((
             reasons::NEEDS_REBOOT,
@@ -1200,7 +1252,7 @@ pub(crate) async fn record_hash(
     machine: &TalosMachine,
     rendered: &Rendered,
 ) -> Result<(), Error> {
-    store_applied(ctx, machine, rendered).await?;
+    store_applied(ctx, machine, &rendered.yaml).await?;
     patch_status(ctx, machine, json!({"appliedConfigHash": rendered.hash})).await
 }
 

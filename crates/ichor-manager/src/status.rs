@@ -54,6 +54,7 @@ pub const CLUSTER: &[Group] = &[
             "talosconfigSecret",
             "kubeconfigSecret",
             "credentials",
+            "adoption",
         ],
         conditions: Owned::Rest,
     },

@@ -144,3 +144,62 @@ async fn restore_from_is_set_at_creation_with_a_bundle_and_kept() {
         "{added}"
     );
 }
+
+#[tokio::test]
+async fn adopt_names_ip_endpoints_needs_a_bundle_and_is_set_at_creation() {
+    let (env, ns) = setup("tc-adopt").await;
+    let clusters = api(&env, &ns, "TalosCluster");
+    let adopt = json!({"endpoints": ["10.0.0.1", "10.0.0.2"]});
+    refused(
+        &clusters,
+        cluster("a", json!({"adopt": adopt})),
+        "adopt needs secretsRef",
+    )
+    .await;
+    refused(
+        &clusters,
+        cluster(
+            "b",
+            json!({"secretsRef": {"name": "x"}, "adopt": {"endpoints": ["node-1"]}}),
+        ),
+        "each entry of adopt.endpoints must be an IP address",
+    )
+    .await;
+    refused(
+        &clusters,
+        cluster(
+            "c",
+            json!({"secretsRef": {"name": "x"}, "adopt": adopt, "restoreFrom": {"store": store()}}),
+        ),
+        "adopt and restoreFrom exclude each other",
+    )
+    .await;
+    create_ok(
+        &clusters,
+        cluster("d", json!({"secretsRef": {"name": "x"}, "adopt": adopt})),
+    )
+    .await;
+    let changed = merge(
+        &clusters,
+        "d",
+        json!({"spec": {"adopt": {"endpoints": ["10.0.0.9"]}}}),
+    )
+    .await
+    .expect_err("kept");
+    assert!(
+        changed.contains("adopt cannot change once set"),
+        "{changed}"
+    );
+    create_ok(
+        &clusters,
+        cluster("e", json!({"secretsRef": {"name": "x"}})),
+    )
+    .await;
+    let added = merge(&clusters, "e", json!({"spec": {"adopt": adopt}}))
+        .await
+        .expect_err("not added later");
+    assert!(
+        added.contains("adopt is set only when the cluster is created"),
+        "{added}"
+    );
+}

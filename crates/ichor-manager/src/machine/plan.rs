@@ -12,6 +12,7 @@ use ichor_render::{Rendered, SecretsBundle};
 use ichor_talos::Stage;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt as _;
 
 use crate::conditions as cond;
 use crate::decide::{Etcd, NodeView, Standing, etcd_observation, version_supported};
@@ -446,6 +447,36 @@ pub(super) enum DriftStep {
     /// Drift applied earlier is settled (no reboot in flight) while `ConfigApplied` still says
     /// it needs a reboot or was not applied: the condition says applied again.
     Settled,
+}
+
+/// Whether the machine was recorded by an adoption.
+pub(super) fn adopted(machine: &TalosMachine) -> bool {
+    machine
+        .annotations()
+        .get(ichor_api::names::annotations::ADOPTED)
+        .is_some_and(|v| v == ichor_api::names::annotations::TRUE)
+}
+
+/// Why an adopted machine's drift is held, if it is: its live config differs from what Ichor
+/// renders, and the cluster has not opted in to rolling it out (ADR 0028). A person reads the
+/// difference with `kubectl ichor render --diff`.
+pub(super) fn held_adopted(
+    machine: &TalosMachine,
+    cluster: &TalosCluster,
+    step: &DriftStep,
+) -> Option<String> {
+    use ichor_api::names::annotations;
+    let opted_in = cluster
+        .annotations()
+        .get(annotations::ROLL_OUT_RENDERED)
+        .is_some_and(|v| v == annotations::TRUE);
+    (adopted(machine) && !opted_in && matches!(step, DriftStep::RollOut { .. })).then(|| {
+        format!(
+            "the live config this machine was adopted with differs from what Ichor renders; it is left alone until TalosCluster {} has the annotation {}: \"true\"",
+            cluster.name_any(),
+            annotations::ROLL_OUT_RENDERED
+        )
+    })
 }
 
 /// Decides the drift step from the machine's status (as stored now), what its node shows
