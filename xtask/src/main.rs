@@ -11,7 +11,8 @@
 //! - `k8s-replaces [--check]`: regenerate the staging-module `replace` block of
 //!   `tools/k8s/go.mod` from `k8s.io/kubernetes`'s own go.mod.
 //! - `crdgen`: write the CRDs and admission policies generated from `ichor-api` to `config/`.
-//! - `bench [render]`: benchmarks, beside the reference implementation's rate; results go to
+//! - `bench [render] [backup]`: benchmarks (render beside the reference implementation's rate;
+//!   backup: a snapshot of hundreds of MiB and the manager's memory); results go to
 //!   `docs/benchmarks/`.
 //! - `demo [--until-ready]`: the local demo (sim target: discovery to a Ready cluster).
 //! - `bins`: build every workspace binary as the tests build them; prints their folder last.
@@ -100,6 +101,8 @@ enum Task {
 enum Benchmark {
     /// Config rendering.
     Render,
+    /// An etcd backup of hundreds of MiB, with the manager's memory measured.
+    Backup,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -154,6 +157,7 @@ fn main() -> ExitCode {
                 .iter()
                 .map(|b| match b {
                     Benchmark::Render => "render".to_owned(),
+                    Benchmark::Backup => "backup".to_owned(),
                 })
                 .collect();
             bench::bench(&root, &names)

@@ -40,6 +40,10 @@ const NOT_RUN: &[(&str, &str)] = &[
         "a benchmark (release builds, minutes) that rewrites docs/benchmarks/render.md",
     ),
     (
+        "cargo xtask bench backup",
+        "a benchmark (a release build, a snapshot of hundreds of MiB) that rewrites docs/benchmarks/backup.md",
+    ),
+    (
         "cargo xtask crdgen",
         "it rewrites config/; the ichor-api tests fail whenever config/ differs from what it writes",
     ),
