@@ -149,6 +149,12 @@ fn backup(root: &Path) -> Result<()> {
         .env("ICHOR_WEBHOOK_BIN", shipped.join("ichor-webhook"))
         .env(BACKUP_SIZE_ENV, size_mib.to_string())
         .env("ICHOR_BACKUP_REPORT", &report);
+    // Other work on the machine slows the simulated node and the store: the figures say how
+    // busy it was.
+    let load = std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next().map(str::to_owned))
+        .unwrap_or_else(|| "unknown".to_owned());
     run_forwarding_signals(cmd)?;
     let table = std::fs::read_to_string(&report)
         .with_context(|| format!("read the spec's table {}", report.display()))?;
@@ -165,9 +171,11 @@ fn backup(root: &Path) -> Result<()> {
          statically linked): first on the `@every 24h` schedule, then for an `etcdSnapshot`\n\
          TalosOperation. Durations and sizes are the cluster's `status.backup.lastSuccess`; the\n\
          manager's resident set is read from `/proc/<pid>/status` (`VmRSS` sampled every 100 ms,\n\
-         `VmHWM` reset before each backup); measured on this project's {cores}-core build machine.\n\
-         The simulated node (in the unoptimized test binary) and SeaweedFS share those cores with\n\
-         the manager, so the throughput is this setup's, not the manager's limit.\n\n\
+         `VmHWM` reset before each backup); measured on this project's {cores}-core build machine\n\
+         (1-minute load average {load} when the run started). The simulated node (in the\n\
+         unoptimized test binary) and SeaweedFS share those cores with the manager, so the\n\
+         throughput is this setup's, not the manager's limit, and varies with the machine's load;\n\
+         the resident set does not.\n\n\
          {table}\n\
          The spec fails when a stored object's size differs from the recorded one, when a\n\
          snapshot is more than 1% smaller than asked for (the simulator sizes its database to just\n\
