@@ -385,10 +385,8 @@ impl SimTarget {
         Ok(())
     }
 
-    /// How many reconciles of `kind` (e.g. `TalosMachine`) the running manager has counted,
-    /// read from its `/metrics`: a test's proof that the manager had its chance to act before
-    /// it asserts that something did not happen.
-    pub async fn manager_reconciles(&self, kind: &str) -> Result<u64, Error> {
+    /// The running manager's `/metrics`, as Prometheus text.
+    pub async fn manager_metrics(&self) -> Result<String, Error> {
         use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
         let addr = self
             .manager_metrics
@@ -400,6 +398,14 @@ impl SimTarget {
             .await?;
         let mut text = String::new();
         stream.read_to_string(&mut text).await?;
+        Ok(text)
+    }
+
+    /// How many reconciles of `kind` (e.g. `TalosMachine`) the running manager has counted,
+    /// read from its `/metrics`: a test's proof that the manager had its chance to act before
+    /// it asserts that something did not happen.
+    pub async fn manager_reconciles(&self, kind: &str) -> Result<u64, Error> {
+        let text = self.manager_metrics().await?;
         let series = format!("ichor_reconciles_total{{kind=\"{kind}\"}}");
         Ok(text
             .lines()

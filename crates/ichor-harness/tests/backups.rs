@@ -399,6 +399,37 @@ async fn backups_reach_the_store_keep_n_and_name_what_stops_them() {
             .await
             .expect("what the full store held stays");
     }
+    // The metrics say it too: sizes and durations of the backups that went, failures by reason.
+    let metrics = target.manager_metrics().await.expect("/metrics");
+    let labels = format!("namespace=\"{}\",cluster=\"{CLUSTER}\"", target.namespace());
+    let value = |series: String| {
+        metrics
+            .lines()
+            .find_map(|line| line.strip_prefix(series.as_str()))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+    };
+    assert!(
+        value(format!("ichor_backup_size_bytes{{{labels}}}")).is_some_and(|v| v > 0.0),
+        "{metrics}"
+    );
+    assert!(
+        value(format!("ichor_backup_duration_seconds_count{{{labels}}}")).is_some_and(|v| v >= 3.0),
+        "{metrics}"
+    );
+    for reason in [
+        reasons::STORE_CREDENTIALS_REFUSED,
+        reasons::STORE_BUCKET_MISSING,
+        reasons::STORE_UNREACHABLE,
+        reasons::STORE_WRITE_REFUSED,
+    ] {
+        assert!(
+            value(format!(
+                "ichor_backup_failures_total{{{labels},reason=\"{reason}\"}}"
+            ))
+            .is_some_and(|v| v >= 1.0),
+            "{reason}: {metrics}"
+        );
+    }
     let ops = Api::<TalosOperation>::namespaced(target.client(), target.namespace());
     assert!(
         ops.get("full")
