@@ -21,15 +21,14 @@ use ichor_api::operation::{OperationAction, OperationPhase};
 use ichor_harness::specs::{self, Shape};
 use ichor_harness::{SimOptions, SimTarget, Target};
 use ichor_testenv::S3Server;
-use ichor_testenv::s3::REGION;
 use ichor_testenv::wait::try_eventually;
-use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, Patch, PatchParams, PostParams};
-use object_store::aws::AmazonS3Builder;
+use kube::api::{Api, Patch, PatchParams};
+use object_store::ObjectStoreExt as _;
 use object_store::path::Path as ObjectPath;
-use object_store::{ObjectStore, ObjectStoreExt as _};
 use serde_json::json;
+use support::put_secret;
+
+mod support;
 
 const CLUSTER: &str = "lab";
 const BUCKET: &str = "etcd";
@@ -74,23 +73,6 @@ fn requested_size() -> u64 {
 /// How long one backup of `size` bytes may take: generous, for a loaded 2-core machine.
 fn backup_wait(size: u64) -> Duration {
     Duration::from_secs(300 + 3 * size / MIB)
-}
-
-/// A client of the test's own for the bucket, to look at what Ichor wrote.
-fn store(server: &S3Server) -> Arc<dyn ObjectStore> {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let credentials = server.credentials();
-    Arc::new(
-        AmazonS3Builder::new()
-            .with_endpoint(server.endpoint())
-            .with_region(REGION)
-            .with_bucket_name(BUCKET)
-            .with_access_key_id(&credentials.access_key)
-            .with_secret_access_key(&credentials.secret_key)
-            .with_allow_http(true)
-            .build()
-            .expect("a client"),
-    )
 }
 
 /// The pid of the manager process: this process's child named `ichor-manager`.
@@ -269,7 +251,7 @@ async fn a_snapshot_of_hundreds_of_mib_reaches_the_store_with_flat_manager_memor
     let wait = backup_wait(size);
     let server = S3Server::start().await.expect("start the S3 server");
     server.create_bucket(BUCKET).await.expect("bucket");
-    let bucket = store(&server);
+    let bucket = support::bucket(&server, BUCKET);
     let target = SimTarget::up(SimOptions {
         etcd_size: size,
         ..SimOptions::new(1, 102, version)
@@ -278,29 +260,18 @@ async fn a_snapshot_of_hundreds_of_mib_reaches_the_store_with_flat_manager_memor
     .expect("sim target");
 
     let credentials = server.credentials();
-    let secret: Secret = serde_json::from_value(json!({
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {"name": "s3"},
-        "type": "Opaque",
-    }))
-    .expect("a Secret");
-    let secret = Secret {
-        data: Some(
-            [
-                (keys::ACCESS_KEY_ID_KEY, &credentials.access_key),
-                (keys::SECRET_ACCESS_KEY_KEY, &credentials.secret_key),
-            ]
-            .into_iter()
-            .map(|(k, v)| (k.to_owned(), ByteString(v.as_bytes().to_vec())))
-            .collect(),
-        ),
-        ..secret
-    };
-    Api::<Secret>::namespaced(target.client(), target.namespace())
-        .create(&PostParams::default(), &secret)
-        .await
-        .expect("the credentials Secret");
+    put_secret(
+        &target,
+        "s3",
+        &[
+            (keys::ACCESS_KEY_ID_KEY, credentials.access_key.as_bytes()),
+            (
+                keys::SECRET_ACCESS_KEY_KEY,
+                credentials.secret_key.as_bytes(),
+            ),
+        ],
+    )
+    .await;
 
     // The cluster comes up without backups, so the manager's resident set before the first
     // one is its steady state.
