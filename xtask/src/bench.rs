@@ -1,4 +1,5 @@
-//! `cargo xtask bench [render] [backup]`: benchmarks, with the reference implementation's rate
+//! `cargo xtask bench [render] [backup] [discovery] [webhook] [fleet]`: benchmarks, with the
+//! reference implementation's rate
 //! beside ours where there is one. Results are printed and written under `docs/benchmarks/`.
 
 use std::path::{Path, PathBuf};
@@ -10,14 +11,23 @@ use crate::envtest;
 use crate::run::{run, run_forwarding_signals, trap_signals};
 
 /// The benchmarks, by name.
-const BENCHMARKS: &[&str] = &["render", "backup"];
+const BENCHMARKS: &[&str] = &["render", "backup", "discovery", "webhook", "fleet"];
 
 /// Names the snapshot size of the backup benchmark, in MiB (the spec's own variable).
 const BACKUP_SIZE_ENV: &str = "ICHOR_BACKUP_SIZE_MIB";
 /// The snapshot size of the backup benchmark unless `ICHOR_BACKUP_SIZE_MIB` says.
 const BACKUP_SIZE_MIB: u64 = 512;
 
-fn target_dir(root: &Path) -> PathBuf {
+/// The machine's 1-minute load average, as `/proc/loadavg` gives it ("unknown" without one):
+/// each benchmark's table says how busy the machine was.
+pub(crate) fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next().map(str::to_owned))
+        .unwrap_or_else(|| "unknown".to_owned())
+}
+
+pub(crate) fn target_dir(root: &Path) -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from)
 }
 
@@ -37,6 +47,15 @@ pub fn bench(root: &Path, which: &[String]) -> Result<()> {
     }
     if all || which.iter().any(|w| w == "backup") {
         backup(root)?;
+    }
+    if all || which.iter().any(|w| w == "discovery") {
+        crate::bench_discovery::discovery(root)?;
+    }
+    if all || which.iter().any(|w| w == "webhook") {
+        crate::bench_webhook::webhook(root)?;
+    }
+    if all || which.iter().any(|w| w == "fleet") {
+        crate::bench_fleet::fleet(root)?;
     }
     Ok(())
 }
@@ -151,10 +170,7 @@ fn backup(root: &Path) -> Result<()> {
         .env("ICHOR_BACKUP_REPORT", &report);
     // Other work on the machine slows the simulated node and the store: the figures say how
     // busy it was.
-    let load = std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|l| l.split_whitespace().next().map(str::to_owned))
-        .unwrap_or_else(|| "unknown".to_owned());
+    let load = crate::bench::load_average();
     run_forwarding_signals(cmd)?;
     let table = std::fs::read_to_string(&report)
         .with_context(|| format!("read the spec's table {}", report.display()))?;

@@ -10,14 +10,20 @@
 //!   `tools/seaweedfs`; prints its path last.
 //! - `k8s-replaces [--check]`: regenerate the staging-module `replace` block of
 //!   `tools/k8s/go.mod` from `k8s.io/kubernetes`'s own go.mod.
+//! - `advisories`: `cargo deny --offline check advisories` against the RustSec snapshot that
+//!   `ICHOR_ADVISORY_DB` names.
+//! - `checkov`: the rendered chart under checkov (PyPI, in the cache), offline.
 //! - `crdgen`: write the CRDs and admission policies generated from `ichor-api` to `config/`.
-//! - `bench [render] [backup]`: benchmarks (render beside the reference implementation's rate;
-//!   backup: a snapshot of hundreds of MiB and the manager's memory); results go to
-//!   `docs/benchmarks/`.
+//! - `bench [render] [backup] [discovery] [webhook] [fleet]`: benchmarks (render beside the
+//!   reference implementation's rate; backup: a snapshot of hundreds of MiB and the manager's
+//!   memory; discovery: the sweep beside a bare TCP-connect sweep; webhook: admission reviews
+//!   per second beside a bare TLS server; fleet: up to a thousand simulated machines on one
+//!   manager); results go to `docs/benchmarks/`.
 //! - `demo [--until-ready]`: the local demo (sim target: discovery to a Ready cluster).
 //! - `bins`: build every workspace binary as the tests build them; prints their folder last.
 //! - `readme`: run the README's commands as a new user would (`cargo xtask test` runs them).
-//! - `e2e --target sim|cluster|qemu`: the end-to-end specs against a target (docs/e2e.md).
+//! - `e2e --target sim|cluster|qemu`: the end-to-end specs against a target (docs/e2e.md);
+//!   `e2e --soak N`: the seeded random sequence with N fresh seeds, each printed.
 //!
 //! `cargo xtask --help` (and `cargo xtask <task> --help`) says the same.
 #![forbid(unsafe_code)]
@@ -27,7 +33,12 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
+mod advisories;
 mod bench;
+mod bench_discovery;
+mod bench_fleet;
+mod bench_webhook;
+mod checkov;
 mod envtest;
 mod readme;
 mod run;
@@ -68,6 +79,11 @@ enum Task {
     },
     /// Write the CRDs and admission policies generated from ichor-api to config/.
     Crdgen,
+    /// `cargo deny --offline check advisories` against the RustSec snapshot ICHOR_ADVISORY_DB
+    /// names (docs/adr/0002).
+    Advisories,
+    /// The rendered chart under checkov (from PyPI, in the cache), offline.
+    Checkov,
     /// Benchmarks, beside the reference implementation's rate (results in docs/benchmarks/).
     Bench {
         /// Which benchmarks (all when none is named).
@@ -89,8 +105,12 @@ enum Task {
     /// The end-to-end specs against a target (docs/e2e.md).
     E2e {
         /// Where the specs run.
-        #[arg(long, value_enum)]
-        target: Target,
+        #[arg(long, value_enum, required_unless_present = "soak")]
+        target: Option<Target>,
+        /// Soak: run the seeded random sequence (sim target) with N fresh seeds, printing each
+        /// seed and its outcome (`ICHOR_TEST_SEED=<seed>` replays one).
+        #[arg(long, value_name = "N", conflicts_with = "target")]
+        soak: Option<u64>,
         /// Options for `ichor-harness run` (cluster and qemu targets).
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         rest: Vec<String>,
@@ -103,6 +123,12 @@ enum Benchmark {
     Render,
     /// An etcd backup of hundreds of MiB, with the manager's memory measured.
     Backup,
+    /// The discovery sweep beside a bare TCP-connect sweep.
+    Discovery,
+    /// Admission reviews per second and their latency, beside a bare TLS server.
+    Webhook,
+    /// A fleet of simulated machines over many clusters on one manager, its cost measured.
+    Fleet,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -152,12 +178,20 @@ fn main() -> ExitCode {
         }),
         Task::K8sReplaces { check } => envtest::k8s_replaces(&root, check.then_some("--check")),
         Task::Crdgen => test::crdgen(&root),
+        Task::Advisories => advisories::check(&root),
+        Task::Checkov => envtest::helm(&root).and_then(|helm| {
+            let checkov = checkov::ensure(&root)?;
+            checkov::lint(&root, &helm, &checkov)
+        }),
         Task::Bench { which } => {
             let names: Vec<String> = which
                 .iter()
                 .map(|b| match b {
                     Benchmark::Render => "render".to_owned(),
                     Benchmark::Backup => "backup".to_owned(),
+                    Benchmark::Discovery => "discovery".to_owned(),
+                    Benchmark::Webhook => "webhook".to_owned(),
+                    Benchmark::Fleet => "fleet".to_owned(),
                 })
                 .collect();
             bench::bench(&root, &names)
@@ -165,7 +199,11 @@ fn main() -> ExitCode {
         Task::Demo { options } => test::demo(&root, &options),
         Task::Bins => test::bins(&root),
         Task::Readme => readme::check(&root, &[]),
-        Task::E2e { target, rest } => {
+        Task::E2e {
+            soak: Some(count), ..
+        } => test::soak(&root, count),
+        Task::E2e { target, rest, .. } => {
+            let target = target.unwrap_or(Target::Sim);
             let mut args = vec!["--target".to_owned(), target.name().to_owned()];
             args.extend(rest);
             test::e2e(&root, &args)

@@ -44,6 +44,18 @@ const NOT_RUN: &[(&str, &str)] = &[
         "a benchmark (a release build, a snapshot of hundreds of MiB) that rewrites docs/benchmarks/backup.md",
     ),
     (
+        "cargo xtask bench discovery",
+        "a benchmark (root, nftables rules, release builds) that rewrites docs/benchmarks/discovery.md",
+    ),
+    (
+        "cargo xtask bench webhook",
+        "a benchmark (oha built on first use, release builds) that rewrites docs/benchmarks/webhook.md",
+    ),
+    (
+        "cargo xtask bench fleet",
+        "a benchmark (a release manager and up to a thousand simulated machines, many minutes) that rewrites docs/benchmarks/fleet.md",
+    ),
+    (
         "cargo xtask crdgen",
         "it rewrites config/; the ichor-api tests fail whenever config/ differs from what it writes",
     ),

@@ -88,6 +88,7 @@ pub fn run_forwarding_signals(mut cmd: Command) -> Result<()> {
 #[derive(Default)]
 pub struct Phases {
     done: Vec<(String, Duration, bool)>,
+    background: Vec<(String, Duration, bool)>,
 }
 
 impl Phases {
@@ -104,18 +105,25 @@ impl Phases {
         result
     }
 
+    /// Records a step that ran beside the phases: shown in the table, not added to the total.
+    pub fn record_background(&mut self, name: &str, took: Duration, ok: bool) {
+        self.background
+            .push((format!("{name} (background)"), took, ok));
+    }
+
     /// Prints the timing table to stderr.
     pub fn print(&self) {
         let width = self
             .done
             .iter()
+            .chain(&self.background)
             .map(|(n, ..)| n.len())
             .max()
             .unwrap_or(5)
             .max(5);
         let total: Duration = self.done.iter().map(|(_, d, _)| *d).sum();
         eprintln!("\n{:<width$}  {:>9}  result", "phase", "seconds");
-        for (name, took, ok) in &self.done {
+        for (name, took, ok) in self.done.iter().chain(&self.background) {
             let result = if *ok { "ok" } else { "FAILED" };
             eprintln!("{name:<width$}  {:>9.1}  {result}", took.as_secs_f64());
         }

@@ -4,6 +4,7 @@
 use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
 
@@ -37,8 +38,10 @@ fn all_phases(root: &Path, phases: &mut Phases) -> Result<()> {
         cmd.args(["fmt", "--all", "--check"]);
         run_cmd(cmd)
     })?;
-    let assets = phases.phase("tools: envtest assets (go build)", || envtest::assets(root))?;
-    let oracles = phases.phase("tools: talos oracles (go build)", || envtest::oracles(root))?;
+    // The tools (Go builds, and checkov from PyPI) build on a thread of their own while the Rust
+    // phases run: on a cold cache their downloads wait on the network and their links keep one
+    // core busy, time the Rust build leaves idle. Warm, each is a cache check of a second or less.
+    let tools = ToolBuilds::start(root);
     phases.phase("tools: k8s replace block", || {
         envtest::k8s_replaces(root, Some("--check"))
     })?;
@@ -47,6 +50,9 @@ fn all_phases(root: &Path, phases: &mut Phases) -> Result<()> {
         let mut cmd = cargo(root);
         cmd.args(["deny", "check", "bans", "licenses", "sources"]);
         run_cmd(cmd)
+    })?;
+    phases.phase("advisories (offline RustSec snapshot)", || {
+        crate::advisories::check(root)
     })?;
     phases.phase("clippy", || {
         let mut cmd = cargo(root);
@@ -60,7 +66,7 @@ fn all_phases(root: &Path, phases: &mut Phases) -> Result<()> {
         ]);
         run_cmd(cmd)?;
         // The spec sets are `test = false` (they run through `cargo xtask e2e` and
-        // `cargo xtask bench backup`), which `--all-targets` leaves out; named beside it, they
+        // `cargo xtask bench backup|webhook|fleet`), which `--all-targets` leaves out; named beside it, they
         // are left out too, so they are linted on their own.
         let mut cmd = cargo(root);
         cmd.args([
@@ -74,6 +80,10 @@ fn all_phases(root: &Path, phases: &mut Phases) -> Result<()> {
             "credentials",
             "--test",
             "backup_at_size",
+            "--test",
+            "under_load",
+            "--test",
+            "fleet",
             "--",
             "-D",
             "warnings",
@@ -87,16 +97,24 @@ fn all_phases(root: &Path, phases: &mut Phases) -> Result<()> {
             .env("RUSTDOCFLAGS", "-D warnings");
         run_cmd(cmd)
     })?;
-    let helm = phases.phase("tools: helm (go build)", || envtest::helm(root))?;
+    let static_dir = phases.phase("rust build (static binaries)", || build_static(root))?;
+    let built = phases.phase("rust build (tests)", || build_tests(root))?;
+    let ToolsBuilt {
+        assets,
+        oracles,
+        helm,
+        weed,
+        checkov,
+    } = tools.join(phases)?;
     phases.phase("helm lint", || {
         let mut cmd = Command::new(&helm);
         cmd.current_dir(root)
             .args(["lint", "--strict", "charts/ichor"]);
         run_cmd(cmd)
     })?;
-    let weed = phases.phase("tools: seaweedfs (go build)", || envtest::seaweedfs(root))?;
-    let static_dir = phases.phase("rust build (static binaries)", || build_static(root))?;
-    let built = phases.phase("rust build (tests)", || build_tests(root))?;
+    phases.phase("chart under checkov (offline)", || {
+        crate::checkov::lint(root, &helm, &checkov)
+    })?;
     let audit_dir = crate::assets::cache_root().join("rbac-audit");
     let _ = std::fs::remove_dir_all(&audit_dir);
     let tools = TestTools {
@@ -123,6 +141,82 @@ fn all_phases(root: &Path, phases: &mut Phases) -> Result<()> {
         let mut cmd = Command::new(built.bin_dir.join("ichor-rbac-audit"));
         cmd.current_dir(root).arg(&audit_dir);
         run_cmd(cmd)
+    })
+}
+
+/// The tools the checks and tests need, built from Go modules and PyPI.
+struct ToolsBuilt {
+    assets: PathBuf,
+    oracles: PathBuf,
+    helm: PathBuf,
+    weed: PathBuf,
+    checkov: PathBuf,
+}
+
+/// Each background build's name, wall time and outcome.
+type Timings = Vec<(&'static str, Duration, bool)>;
+
+/// The tools, building on a background thread, with each build's wall time.
+struct ToolBuilds {
+    handle: std::thread::JoinHandle<(Result<ToolsBuilt>, Timings)>,
+}
+
+impl ToolBuilds {
+    /// Starts building the envtest assets, the Talos oracles, helm, SeaweedFS and checkov's
+    /// environment, in that order.
+    fn start(root: &Path) -> Self {
+        let root = root.to_path_buf();
+        let handle = std::thread::spawn(move || {
+            let mut took = Vec::new();
+            let built = build_tools(&root, &mut took);
+            (built, took)
+        });
+        Self { handle }
+    }
+
+    /// Waits for the builds (a phase of its own), then records each build's time.
+    fn join(self, phases: &mut Phases) -> Result<ToolsBuilt> {
+        let mut took = Vec::new();
+        let built = phases.phase("tools: wait for the tool builds", || {
+            let (built, times) = self
+                .handle
+                .join()
+                .map_err(|_| anyhow::anyhow!("the tools' build thread panicked"))?;
+            took = times;
+            built
+        });
+        for (name, elapsed, ok) in took {
+            phases.record_background(name, elapsed, ok);
+        }
+        built
+    }
+}
+
+fn build_tools(root: &Path, took: &mut Timings) -> Result<ToolsBuilt> {
+    fn timed<T>(
+        took: &mut Timings,
+        name: &'static str,
+        f: impl FnOnce() -> Result<T>,
+    ) -> Result<T> {
+        let start = Instant::now();
+        let result = f().with_context(|| format!("{name} failed"));
+        took.push((name, start.elapsed(), result.is_ok()));
+        result
+    }
+    Ok(ToolsBuilt {
+        assets: timed(took, "tools: envtest assets (go build)", || {
+            envtest::assets(root)
+        })?,
+        oracles: timed(took, "tools: talos oracles (go build)", || {
+            envtest::oracles(root)
+        })?,
+        helm: timed(took, "tools: helm (go build)", || envtest::helm(root))?,
+        weed: timed(took, "tools: seaweedfs (go build)", || {
+            envtest::seaweedfs(root)
+        })?,
+        checkov: timed(took, "tools: checkov (pip install)", || {
+            crate::checkov::ensure(root)
+        })?,
     })
 }
 
@@ -325,6 +419,79 @@ pub fn bins(root: &Path) -> Result<()> {
     let built = build_tests(root)?;
     println!("{}", built.bin_dir.display());
     Ok(())
+}
+
+/// The seed variable of the randomized specs (`ichor_testenv::rng::SEED_ENV`).
+const SEED_ENV: &str = "ICHOR_TEST_SEED";
+
+/// `e2e --soak N`: the seeded random sequence of the day-2 specs, once per seed, each on a
+/// target of its own. The seeds are drawn from the clock (so each soak tries new ones), or the
+/// one `ICHOR_TEST_SEED` names; every seed is printed with its outcome and how to replay it.
+pub fn soak(root: &Path, count: u64) -> Result<()> {
+    trap_signals()?;
+    let assets = envtest::assets(root)?;
+    build_tests(root)?;
+    let seeds: Vec<u64> = match std::env::var(SEED_ENV) {
+        Ok(seed) => vec![
+            seed.trim()
+                .parse()
+                .with_context(|| format!("{SEED_ENV} must be a number, got {seed:?}"))?,
+        ],
+        Err(_) => {
+            let base = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .context("the clock is before 1970")?
+                .as_secs();
+            (0..count)
+                .map(|i| base.wrapping_mul(1000).wrapping_add(i))
+                .collect()
+        }
+    };
+    let mut outcomes = Vec::new();
+    for (i, seed) in seeds.iter().enumerate() {
+        eprintln!("\n==> soak {}/{}: seed {seed}", i + 1, seeds.len());
+        let mut cmd = cargo(root);
+        cmd.args([
+            "test",
+            "--workspace",
+            "--test",
+            "day2",
+            "--",
+            "--exact",
+            "a_seeded_random_sequence_keeps_quorum_end_to_end",
+        ])
+        .env(crate::assets::ASSETS_ENV, &assets)
+        .env(SEED_ENV, seed.to_string());
+        let started = Instant::now();
+        let result = run_forwarding_signals(cmd);
+        if interrupted() {
+            bail!("interrupted at seed {seed}");
+        }
+        outcomes.push((*seed, result.is_ok(), started.elapsed()));
+    }
+    eprintln!("\nsoak: {} seeds", outcomes.len());
+    for (seed, ok, took) in &outcomes {
+        let outcome = if *ok { "ok" } else { "FAILED" };
+        eprintln!(
+            "  seed {seed}: {outcome} in {:.0} s (replay: {SEED_ENV}={seed} cargo xtask e2e --soak 1)",
+            took.as_secs_f64()
+        );
+    }
+    let failed: Vec<String> = outcomes
+        .iter()
+        .filter(|(_, ok, _)| !ok)
+        .map(|(seed, ..)| seed.to_string())
+        .collect();
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        bail!(
+            "{} of {} seeds failed: {}",
+            failed.len(),
+            outcomes.len(),
+            failed.join(", ")
+        )
+    }
 }
 
 /// `e2e --target sim|cluster|qemu [options]`: the spec set against a target. `sim` runs here

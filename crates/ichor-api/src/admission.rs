@@ -134,8 +134,9 @@ pub fn validating_webhook_configuration()
     }
 }
 
-/// What the webhook may do across namespaces: list TalosMachines, read and reserve on
-/// TalosClusters, inject its CA into its own webhook configuration. Exactly what the code uses:
+/// What the webhook may do across namespaces: list and watch TalosMachines, read, watch and
+/// reserve on TalosClusters (its cache answers refusals, ADR 30), inject its CA into its own
+/// webhook configuration. Exactly what the code uses:
 /// the RBAC audit of every CI run fails on a grant nobody used.
 pub fn webhook_cluster_role() -> k8s_openapi::api::rbac::v1::ClusterRole {
     use k8s_openapi::api::rbac::v1::{ClusterRole, PolicyRule};
@@ -152,8 +153,13 @@ pub fn webhook_cluster_role() -> k8s_openapi::api::rbac::v1::ClusterRole {
             ..Default::default()
         },
         rules: Some(vec![
-            rule(crate::GROUP, "talosmachines", &["list"], None),
-            rule(crate::GROUP, "talosclusters", &["get", "update"], None),
+            rule(crate::GROUP, "talosmachines", &["list", "watch"], None),
+            rule(
+                crate::GROUP,
+                "talosclusters",
+                &["get", "list", "watch", "update"],
+                None,
+            ),
             rule(
                 "admissionregistration.k8s.io",
                 "validatingwebhookconfigurations",

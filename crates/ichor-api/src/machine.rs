@@ -23,6 +23,8 @@ const APPLIED_LOCK_RULE: &str = "!has(oldSelf.status) || !has(oldSelf.status.app
     namespaced,
     status = "TalosMachineStatus",
     validation = Rule::new(APPLIED_LOCK_RULE).message("spec.approvalState and spec.role cannot change once the machine's config was applied (status.appliedConfigHash is set): delete the machine to remove it from the cluster"),
+    // A cluster's machines are listed by it (`--field-selector spec.clusterRef.name=NAME`).
+    selectable = ".spec.clusterRef.name",
     printcolumn = r#"{"name":"Cluster","type":"string","jsonPath":".spec.clusterRef.name"}"#,
     printcolumn = r#"{"name":"Role","type":"string","jsonPath":".spec.role"}"#,
     printcolumn = r#"{"name":"Approval","type":"string","jsonPath":".spec.approvalState"}"#,

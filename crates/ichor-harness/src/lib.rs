@@ -8,6 +8,7 @@
 pub mod audit;
 pub mod cluster;
 pub mod cluster_target;
+pub mod leaks;
 pub mod qemu;
 pub mod rails;
 pub mod sim;

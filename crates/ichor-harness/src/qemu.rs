@@ -260,6 +260,7 @@ impl QemuTarget {
             &webhook_kubeconfig,
             "listening on",
             None,
+            None,
         )
         .await?;
         processes.push(webhook);
@@ -290,6 +291,7 @@ impl QemuTarget {
             ],
             &manager_kubeconfig,
             "metrics on",
+            None,
             None,
         )
         .await?;

@@ -47,6 +47,19 @@ pub struct SimOptions {
     /// Changes node `host`'s hardware from [`Hardware::vm`]'s (e.g. more disks); none when
     /// absent.
     pub hardware: Option<fn(u8, &mut Hardware)>,
+    /// More nodes, after the `nodes` on `net`: one at each of these addresses (port 50000),
+    /// for a fleet that spans several /24s.
+    pub more_addresses: Vec<std::net::Ipv4Addr>,
+    /// How often the manager retries an unfinished reconcile, in milliseconds
+    /// (`--requeue-ms`): short unless a spec measures the shipped default.
+    pub requeue_ms: u64,
+    /// How long the manager's discovery sweep waits for each address, in milliseconds
+    /// (`--sweep-timeout-ms`).
+    pub sweep_timeout_ms: u64,
+    /// How long the manager's Lease lasts (`--lease-seconds`): short, so that a restarted
+    /// manager takes over quickly after a kill, unless a spec loads the machine so much that
+    /// renewals may come late.
+    pub lease_seconds: u64,
 }
 
 impl SimOptions {
@@ -62,7 +75,20 @@ impl SimOptions {
             manager_args: Vec::new(),
             install_stall_seconds: None,
             hardware: None,
+            more_addresses: Vec::new(),
+            requeue_ms: 300,
+            sweep_timeout_ms: 500,
+            lease_seconds: 5,
         }
+    }
+
+    /// Every node's address and the seed of its hardware: the `nodes` on `net`, then
+    /// `more_addresses`.
+    fn node_addresses(&self) -> Vec<(std::net::Ipv4Addr, u8)> {
+        (1..=self.nodes)
+            .map(|host| (std::net::Ipv4Addr::new(127, 0, self.net, host), host))
+            .chain(self.more_addresses.iter().map(|ip| (*ip, ip.octets()[3])))
+            .collect()
     }
 }
 
@@ -169,13 +195,35 @@ pub type LogTail = Arc<std::sync::Mutex<std::collections::VecDeque<String>>>;
 /// How many lines of a process's log are kept.
 const LOG_LINES: usize = 300;
 
+/// The file in the target's folder holding the manager's whole log (every run).
+const MANAGER_LOG: &str = "manager.log";
+/// The file in the target's folder holding the webhook's whole log.
+const WEBHOOK_LOG: &str = "webhook.log";
+
 pub(crate) async fn spawn(
     path: PathBuf,
     args: &[String],
     kubeconfig: &PathBuf,
     ready_prefix: &str,
     log: Option<LogTail>,
+    log_file: Option<&std::path::Path>,
 ) -> Result<(Child, String), Error> {
+    // Every line also goes to `log_file`, whole: what the secret scan reads.
+    let mut file = match log_file {
+        Some(path) => Some(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)?,
+        ),
+        None => None,
+    };
+    let mut keep = move |line: &str| {
+        use std::io::Write as _;
+        if let Some(file) = file.as_mut() {
+            let _ = writeln!(file, "{line}");
+        }
+    };
     let mut child = Command::new(&path)
         .env_clear()
         .envs(
@@ -195,6 +243,7 @@ pub(crate) async fn spawn(
     let mut lines = BufReader::new(child.stdout.take().expect("piped stdout")).lines();
     let line = tokio::time::timeout(Duration::from_secs(60), async {
         while let Some(line) = lines.next_line().await? {
+            keep(&line);
             if line.starts_with(ready_prefix) {
                 return Ok::<_, std::io::Error>(Some(line));
             }
@@ -207,6 +256,7 @@ pub(crate) async fn spawn(
     // Keep draining its stdout so it never blocks on a full pipe.
     tokio::spawn(async move {
         while let Ok(Some(line)) = lines.next_line().await {
+            keep(&line);
             if let Some(log) = &log
                 && let Ok(mut log) = log.lock()
             {
@@ -298,6 +348,7 @@ impl SimTarget {
             &webhook_kubeconfig,
             "listening on",
             None,
+            Some(&dir.path().join(WEBHOOK_LOG)),
         )
         .await?;
         let port = line.rsplit(':').next().unwrap_or_default().to_owned();
@@ -310,9 +361,10 @@ impl SimTarget {
         tokio::time::sleep(Duration::from_secs(2)).await;
 
         let mut nodes = Vec::new();
-        for host in 1..=options.nodes {
-            let addr = std::net::SocketAddr::from(([127, 0, options.net, host], 50000));
-            let mut hardware = Hardware::vm(u32::from(options.net) * 256 + u32::from(host));
+        for (ip, host) in options.node_addresses() {
+            let addr = std::net::SocketAddr::from((ip, 50000));
+            let [_, _, net, _] = ip.octets();
+            let mut hardware = Hardware::vm(u32::from(net) * 256 + u32::from(host));
             if let Some(change) = options.hardware {
                 change(host, &mut hardware);
             }
@@ -358,11 +410,11 @@ impl SimTarget {
             // enough that a loaded CI machine does not lose it between renewals (a manager
             // that loses its Lease exits, and nothing restarts it here).
             "--lease-seconds".into(),
-            "5".into(),
+            self.options.lease_seconds.to_string(),
             "--sweep-timeout-ms".into(),
-            "500".into(),
+            self.options.sweep_timeout_ms.to_string(),
             "--requeue-ms".into(),
-            "300".into(),
+            self.options.requeue_ms.to_string(),
         ];
         args.extend(self.options.manager_args.iter().cloned());
         if let Some(stall) = self.options.install_stall_seconds {
@@ -374,6 +426,7 @@ impl SimTarget {
             &self.manager_kubeconfig,
             "metrics on",
             Some(Arc::clone(&self.manager_log)),
+            Some(&self.dir.path().join(MANAGER_LOG)),
         )
         .await?;
         self.manager = Some(manager);
@@ -412,6 +465,11 @@ impl SimTarget {
             .find_map(|line| line.strip_prefix(series.as_str()))
             .and_then(|value| value.trim().parse::<f64>().ok())
             .map_or(0, |value| value as u64))
+    }
+
+    /// The running manager's process id (for reading its `/proc` figures).
+    pub fn manager_pid(&self) -> Option<u32> {
+        self.manager.as_ref().and_then(Child::id)
     }
 
     /// The manager's last log lines (every run), for failure messages.
@@ -467,8 +525,22 @@ impl SimTarget {
         self.dir.path()
     }
 
-    /// Tears everything down.
+    /// Fails when a secret value of the run shows in the manager's or the webhook's log, an
+    /// Event, or an Ichor object's status ([`crate::leaks`]).
+    pub async fn check_no_leaks(&self) -> Result<(), Error> {
+        let manager = self.dir.path().join(MANAGER_LOG);
+        let webhook = self.dir.path().join(WEBHOOK_LOG);
+        crate::leaks::check_cluster(
+            &self.env.client(),
+            &[("manager", &manager), ("webhook", &webhook)],
+        )
+        .await
+    }
+
+    /// Tears everything down, after the secret scan ([`Self::check_no_leaks`]): a leak fails
+    /// the spec that brought the target up.
     pub async fn down(mut self) {
+        let scanned = self.check_no_leaks().await;
         if let Some(workload) = self.workload.lock().await.take() {
             workload.stop();
         }
@@ -478,6 +550,9 @@ impl SimTarget {
         }
         for node in self.nodes.drain(..) {
             node.stop().await;
+        }
+        if let Err(leaked) = scanned {
+            panic!("{leaked}");
         }
     }
 }

@@ -306,4 +306,5 @@ async fn a_running_cluster_is_adopted_untouched_and_then_managed() {
         before[..2],
         "still nothing applied to the others"
     );
+    target.down().await;
 }

@@ -107,29 +107,6 @@ fn manager_pid() -> u32 {
     found[0]
 }
 
-/// A `kB` field (`VmRSS`, `VmHWM`) of `/proc/<pid>/status`, in bytes; none once the process
-/// is gone.
-fn read_status(pid: u32, field: &str) -> Option<u64> {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()?
-        .lines()
-        .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))
-        .and_then(|rest| {
-            rest.trim()
-                .trim_end_matches("kB")
-                .trim()
-                .parse::<u64>()
-                .ok()
-        })
-        .map(|kib| kib * 1024)
-}
-
-/// [`read_status`] of a process that must be running.
-fn status_bytes(pid: u32, field: &str) -> u64 {
-    read_status(pid, field)
-        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status: has the manager exited?"))
-}
-
 /// Resets the process's peak resident set (`VmHWM`) to its current one; false when the
 /// kernel refuses.
 fn reset_peak(pid: u32) -> bool {
@@ -154,7 +131,7 @@ impl Sampler {
             let (max, samples, stop) = (Arc::clone(&max), Arc::clone(&samples), Arc::clone(&stop));
             std::thread::spawn(move || {
                 while !stop.load(Ordering::SeqCst) {
-                    let Some(rss) = read_status(pid, "VmRSS") else {
+                    let Some(rss) = support::read_status(pid, "VmRSS") else {
                         break;
                     };
                     let mut max = max.lock().expect("max");
@@ -296,7 +273,7 @@ async fn a_snapshot_of_hundreds_of_mib_reaches_the_store_with_flat_manager_memor
     let mut runs = Vec::new();
 
     // The first scheduled backup.
-    let rss_before = status_bytes(pid, "VmRSS");
+    let rss_before = support::status_bytes(pid, "VmRSS");
     let peak_reset = reset_peak(pid);
     sampler.take_max();
     Api::<TalosCluster>::namespaced(target.client(), target.namespace())
@@ -333,10 +310,10 @@ async fn a_snapshot_of_hundreds_of_mib_reaches_the_store_with_flat_manager_memor
         what: "scheduled",
         record,
         rss_before,
-        peak: status_bytes(pid, "VmHWM"),
+        peak: support::status_bytes(pid, "VmHWM"),
         sampled,
         samples,
-        rss_after: status_bytes(pid, "VmRSS"),
+        rss_after: support::status_bytes(pid, "VmRSS"),
     });
     eprintln!(
         "the scheduled backup reached the store {:.1} s after spec.backup was set",
@@ -344,7 +321,7 @@ async fn a_snapshot_of_hundreds_of_mib_reaches_the_store_with_flat_manager_memor
     );
 
     // One on demand.
-    let rss_before = status_bytes(pid, "VmRSS");
+    let rss_before = support::status_bytes(pid, "VmRSS");
     let peak_reset = reset_peak(pid) && peak_reset;
     sampler.take_max();
     specs::create_operation(
@@ -359,8 +336,8 @@ async fn a_snapshot_of_hundreds_of_mib_reaches_the_store_with_flat_manager_memor
         .await
         .expect("finished");
     let (sampled, samples) = sampler.take_max();
-    let peak = status_bytes(pid, "VmHWM");
-    let rss_after = status_bytes(pid, "VmRSS");
+    let peak = support::status_bytes(pid, "VmHWM");
+    let rss_after = support::status_bytes(pid, "VmRSS");
     let status = operation.status.clone().expect("status");
     assert_eq!(
         status.phase,

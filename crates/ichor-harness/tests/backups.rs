@@ -441,4 +441,5 @@ async fn backups_reach_the_store_keep_n_and_name_what_stops_them() {
             .is_none(),
         "no key for a failed backup"
     );
+    target.down().await;
 }

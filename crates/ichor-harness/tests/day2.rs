@@ -902,9 +902,21 @@ async fn settled(target: &SimTarget) -> bool {
     ops_done && machines_done
 }
 
+/// Five seeds in every e2e run, so CI soaks the sequence a little each time;
+/// `ICHOR_TEST_SEED=<n>` replays one, and `cargo xtask e2e --soak N` runs N others.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_seeded_random_sequence_keeps_quorum_end_to_end() {
-    let seed = ichor_testenv::rng::seed(20_261_202);
+    for seed in ichor_testenv::rng::seeds_from(20_261_202, 5) {
+        random_sequence(seed).await;
+    }
+}
+
+/// One seeded random sequence on a target of its own.
+async fn random_sequence(seed: u64) {
+    eprintln!(
+        "seed {seed} (replay: {}={seed})",
+        ichor_testenv::rng::SEED_ENV
+    );
     let target = SimTarget::up(SimOptions::new(5, 82, "v1.14.1"))
         .await
         .expect("sim target");

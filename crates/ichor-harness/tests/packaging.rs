@@ -10,8 +10,10 @@ use ichor_api::admission;
 use ichor_testenv::TestEnv;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRole, Role};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt as _;
 use kube::api::{
     Api, DynamicObject, ObjectMeta, Patch, PatchParams, PostParams, ValidationDirective,
@@ -244,6 +246,29 @@ async fn the_rendered_chart_is_accepted_by_a_real_apiserver() {
         .get(admission::WEBHOOK_NAME)
         .await
         .expect("budget");
+    // Each component admits traffic only on the ports it serves.
+    for (name, ports) in [
+        (admission::MANAGER_NAME, vec!["metrics"]),
+        (admission::WEBHOOK_NAME, vec!["webhook", "metrics"]),
+    ] {
+        let policy = Api::<NetworkPolicy>::namespaced(client.clone(), NAMESPACE)
+            .get(name)
+            .await
+            .expect("network policy");
+        let spec = policy.spec.expect("network policy spec");
+        assert_eq!(spec.policy_types, Some(vec!["Ingress".to_owned()]));
+        let allowed: Vec<String> = spec
+            .ingress
+            .unwrap_or_default()
+            .iter()
+            .flat_map(|rule| rule.ports.clone().unwrap_or_default())
+            .filter_map(|p| match p.port {
+                Some(IntOrString::String(named)) => Some(named),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(allowed, ports, "{name} admits only its own ports");
+    }
     let secret = Api::<Secret>::namespaced(client.clone(), NAMESPACE)
         .get(admission::WEBHOOK_CERT_SECRET)
         .await

@@ -390,4 +390,5 @@ async fn a_lost_cluster_comes_back_from_its_latest_backup_once_and_bad_restores_
     );
     let status = cluster(&target, CLUSTER).await.status.expect("status");
     assert!(status.restore.expect("recorded").completed_at.is_some());
+    target.down().await;
 }

@@ -219,22 +219,37 @@ impl Context {
     }
 }
 
-/// Every TalosMachine of `cluster` (they live in its namespace).
+/// The field selector of a cluster's machines (`spec.clusterRef.name`, a selectable field of
+/// the TalosMachine CRD).
+pub const CLUSTER_REF_FIELD: &str = "spec.clusterRef.name";
+
+/// Every TalosMachine of `cluster` (they live in its namespace), as stored now: a list the
+/// apiserver filters by `spec.clusterRef.name`, so a cluster's reconcile reads its own machines,
+/// not the fleet's (ADR 0029). An apiserver without CRD field selectors (before Kubernetes
+/// 1.31) refuses the selector; the namespace is then listed whole. Either way the machines are
+/// checked against the cluster here too.
 pub async fn cluster_machines(
     ctx: &Context,
     cluster: &TalosCluster,
 ) -> Result<Vec<TalosMachine>, Error> {
     let name = cluster.name_any();
-    Ok(Api::<TalosMachine>::namespaced(
+    let api = Api::<TalosMachine>::namespaced(
         ctx.client.clone(),
         &cluster.namespace().unwrap_or_default(),
-    )
-    .list(&kube::api::ListParams::default())
-    .await?
-    .items
-    .into_iter()
-    .filter(|m| m.spec.cluster_ref.name == name)
-    .collect())
+    );
+    let selected = kube::api::ListParams::default().fields(&format!("{CLUSTER_REF_FIELD}={name}"));
+    let listed = match api.list(&selected).await {
+        Ok(listed) => listed,
+        Err(kube::Error::Api(status)) if status.code == 400 => {
+            api.list(&kube::api::ListParams::default()).await?
+        }
+        Err(error) => return Err(error.into()),
+    };
+    Ok(listed
+        .items
+        .into_iter()
+        .filter(|m| m.spec.cluster_ref.name == name)
+        .collect())
 }
 
 /// A mutual-TLS connection to a configured node.

@@ -89,6 +89,8 @@ pub(crate) struct Controls {
     reply_gates: StdMutex<BTreeMap<String, Arc<GateState>>>,
     /// How many calls each method's handler ran for.
     handled: StdMutex<BTreeMap<String, usize>>,
+    /// How many calls arrived, whatever became of them (refused, forwarded, failed).
+    received: AtomicUsize,
 }
 
 impl Controls {
@@ -210,6 +212,11 @@ impl Controls {
             }
             _ => false,
         }
+    }
+
+    /// How many calls arrived at this node, whatever became of them.
+    pub(crate) fn received(&self) -> usize {
+        self.received.load(Ordering::Relaxed)
     }
 
     /// How many calls `method`'s handler ran for.
@@ -344,6 +351,10 @@ impl tower::Service<http::Request<Body>> for Controlled {
                 .next()
                 .unwrap_or_default()
                 .to_owned();
+            this.shared
+                .controls
+                .received
+                .fetch_add(1, Ordering::Relaxed);
             this.shared.controls.enter(&method).await;
             match this.route(&request) {
                 Route::Local => {

@@ -663,6 +663,12 @@ impl SimNode {
         self.shared.controls.handled(method)
     }
 
+    /// How many Talos API calls arrived at this node since it was spawned, whatever their
+    /// method or outcome (refused, forwarded to another node, failed): what its callers cost it.
+    pub fn rpcs(&self) -> usize {
+        self.shared.controls.received()
+    }
+
     /// How many configs the node accepted once configured (`ApplyConfiguration` that changed
     /// its running, persisted or staged config; dry runs and refusals not counted): a test's
     /// proof that a config was sent once.

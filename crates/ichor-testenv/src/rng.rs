@@ -16,6 +16,14 @@ pub fn seed(default: u64) -> u64 {
     seed
 }
 
+/// The seeds to run: the one in `ICHOR_TEST_SEED` if set, else `first..first + count`.
+pub fn seeds_from(first: u64, count: u64) -> Vec<u64> {
+    match from_env() {
+        Some(seed) => vec![seed],
+        None => (first..first.saturating_add(count)).collect(),
+    }
+}
+
 /// The seeds to run: the one in `ICHOR_TEST_SEED` if set, else `0..count`.
 pub fn seeds(count: u64) -> Vec<u64> {
     match from_env() {

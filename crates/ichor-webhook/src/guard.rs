@@ -10,16 +10,19 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use futures::{FutureExt as _, StreamExt as _};
 use ichor_api::names::{annotations, reasons};
 use ichor_api::operation::{OperationAction, TalosOperation};
 use ichor_api::{TalosCluster, TalosMachine};
 use ichor_deleteguard::{
-    Cluster, Disruption, Machine, annotation_true, check_cluster_delete, check_machine_delete,
-    check_machine_update, check_targets, control_plane_counts,
+    Cluster, Disruption, Machine, Refusal, annotation_true, check_cluster_delete,
+    check_machine_delete, check_machine_update, check_targets, control_plane_counts,
 };
 use kube::api::{Api, ListParams, PostParams};
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, Operation};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt as _, watcher};
 
 /// How long a reservation whose machine never got a deletion timestamp stays (the delete it
 /// was made for failed after admission, e.g. another webhook refused it).
@@ -82,11 +85,92 @@ fn live_reservations(
         .collect()
 }
 
+/// The machines as the rules see them: a reserved removal is a removal under way, even before
+/// the apiserver has set its deletion timestamp.
+fn marked(machines: &[TalosMachine], standing: &[Reservation]) -> Vec<Machine> {
+    machines
+        .iter()
+        .map(|m| {
+            let mut input = Machine::from(m);
+            if standing
+                .iter()
+                .any(|r| Some(r.uid.as_str()) == m.metadata.uid.as_deref())
+            {
+                input.deleting = true;
+            }
+            input
+        })
+        .collect()
+}
+
 /// Decides on admission requests against live state.
 #[derive(Clone)]
 pub struct Guard {
     client: kube::Client,
     clock: Clock,
+    cache: Option<Cache>,
+}
+
+/// Watch caches of every TalosCluster and TalosMachine, from which the guard answers the
+/// refusals that live state could not turn into admissions (ADR 30). Its watches stop when the
+/// last clone is dropped.
+#[derive(Clone)]
+pub struct Cache {
+    clusters: Store<TalosCluster>,
+    machines: Store<TalosMachine>,
+    _watches: Arc<Watches>,
+}
+
+/// The tasks filling a [`Cache`], aborted with it.
+struct Watches(Vec<tokio::task::JoinHandle<()>>);
+
+impl Drop for Watches {
+    fn drop(&mut self) {
+        for watch in &self.0 {
+            watch.abort();
+        }
+    }
+}
+
+impl Cache {
+    /// Starts watching every TalosCluster and TalosMachine through `client` (in a Tokio
+    /// runtime).
+    pub fn start(client: &kube::Client) -> Self {
+        let (clusters, cluster_writer) = reflector::store();
+        let (machines, machine_writer) = reflector::store();
+        let cluster_api: Api<TalosCluster> = Api::all(client.clone());
+        let machine_api: Api<TalosMachine> = Api::all(client.clone());
+        let watches = vec![
+            tokio::spawn(
+                reflector::reflector(
+                    cluster_writer,
+                    watcher(cluster_api, watcher::Config::default()),
+                )
+                .default_backoff()
+                .for_each(|_| async {}),
+            ),
+            tokio::spawn(
+                reflector::reflector(
+                    machine_writer,
+                    watcher(machine_api, watcher::Config::default()),
+                )
+                .default_backoff()
+                .for_each(|_| async {}),
+            ),
+        ];
+        Self {
+            clusters,
+            machines,
+            _watches: Arc::new(Watches(watches)),
+        }
+    }
+
+    /// Whether both caches hold a full list.
+    fn ready(&self) -> bool {
+        let ready = |wait: Option<Result<(), _>>| wait.is_some_and(|r| r.is_ok());
+        ready(self.clusters.wait_until_ready().now_or_never())
+            && ready(self.machines.wait_until_ready().now_or_never())
+    }
 }
 
 /// What went wrong reading live state or decoding the request.
@@ -123,7 +207,16 @@ impl Guard {
         Self {
             client,
             clock: Arc::new(system_clock),
+            cache: None,
         }
+    }
+
+    /// The same guard answering from `cache` the refusals live state could not turn into
+    /// admissions (ADR 30).
+    #[must_use]
+    pub fn with_cache(mut self, cache: Cache) -> Self {
+        self.cache = Some(cache);
+        self
     }
 
     /// The same guard reading the time from `clock`.
@@ -142,6 +235,9 @@ impl Guard {
         match (request.kind.kind.as_str(), &request.operation) {
             ("TalosMachine", Operation::Delete) => {
                 let machine: TalosMachine = decode(request.old_object.as_ref(), "oldObject")?;
+                if let Some(decision) = self.settled(&machine) {
+                    return Ok(decision);
+                }
                 self.machine_delete(&machine, request.dry_run).await
             }
             ("TalosMachine", Operation::Update) => {
@@ -175,6 +271,51 @@ impl Guard {
         }
     }
 
+    /// The answer to a TalosMachine delete that live state cannot change (ADR 30), if it is
+    /// one: a machine that is no etcd voter and needs no annotation is always admitted and
+    /// never reserved, whatever the cluster holds; a control plane that needs the allow-delete
+    /// annotation and lacks it is refused while its cluster, as cached, is neither being
+    /// deleted nor annotated. Every other delete is decided on live state.
+    fn settled(&self, target: &TalosMachine) -> Option<Decision> {
+        let me = Machine::from(target);
+        if !me.is_control_plane_member() && !me.needs_allow_delete() {
+            return Some(Decision::Allow);
+        }
+        if me.deleting || !me.needs_allow_delete() || me.allow_delete {
+            return None;
+        }
+        let cache = self.cache.as_ref().filter(|c| c.ready())?;
+        let namespace = target.metadata.namespace.clone().unwrap_or_default();
+        let name = &target.spec.cluster_ref.name;
+        let cluster = cache
+            .clusters
+            .get(&ObjectRef::new(name).within(&namespace))?;
+        let view = Cluster::from(cluster.as_ref());
+        if view.deleting || view.allow_delete {
+            return None;
+        }
+        let machines: Vec<TalosMachine> = cache
+            .machines
+            .state_filter(|m| {
+                m.metadata.namespace.as_deref() == Some(namespace.as_str())
+                    && &m.spec.cluster_ref.name == name
+            })
+            .iter()
+            .map(|m| TalosMachine::clone(m))
+            .collect();
+        let now = (self.clock)();
+        let standing = live_reservations(reservations(&cluster), &machines, now);
+        let view = view.at(i64::try_from(now).unwrap_or(i64::MAX));
+        // The rules report what an annotation cannot fix first; those refusals depend on the
+        // other machines, so only the missing annotation is answered from the cache.
+        match check_machine_delete(&me, &marked(&machines, &standing), &view) {
+            Err(refusal @ Refusal::AllowDeleteRequired { .. }) => {
+                Some(Decision::deny(refusal.reason(), refusal.message()))
+            }
+            _ => None,
+        }
+    }
+
     async fn machine_delete(
         &self,
         target: &TalosMachine,
@@ -199,21 +340,7 @@ impl Guard {
                 .map(|c| live_reservations(reservations(c), &machines, now))
                 .unwrap_or_default();
             let target_uid = target.metadata.uid.clone().unwrap_or_default();
-            let inputs: Vec<Machine> = machines
-                .iter()
-                .map(|m| {
-                    let mut input = Machine::from(m);
-                    // A reserved removal is a removal under way, even before the apiserver
-                    // has set its deletion timestamp.
-                    if standing
-                        .iter()
-                        .any(|r| Some(r.uid.as_str()) == m.metadata.uid.as_deref())
-                    {
-                        input.deleting = true;
-                    }
-                    input
-                })
-                .collect();
+            let inputs = marked(&machines, &standing);
             // An orphan (its TalosCluster is gone): nothing manages its cluster any more, so
             // its machines go as in a teardown; the manager releases their finalizers.
             let guard_cluster = cluster

@@ -17,7 +17,7 @@ use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview
 
 use crate::Error;
 use crate::certs::{CertSettings, LeafResolver, Refresher};
-use crate::guard::{Decision, Guard, unavailable};
+use crate::guard::{Cache, Decision, Guard, unavailable};
 use crate::metrics::Metrics;
 
 /// How long a decision may take: under the webhook's 10 s timeout, so the apiserver gets a
@@ -230,7 +230,7 @@ pub async fn start(client: kube::Client, settings: Settings) -> Result<Running, 
         .route("/validate", post(validate))
         .route("/healthz", get(healthz))
         .with_state(AppState {
-            guard: Guard::new(client),
+            guard: Guard::new(client.clone()).with_cache(Cache::start(&client)),
             resolver,
             metrics: Arc::clone(&metrics),
         });

@@ -70,3 +70,42 @@ pub async fn connect(global: &Global) -> Result<Connection, Error> {
         .map_err(|e| Error::Kubeconfig(format!("cannot build a Kubernetes client: {e}")))?;
     Ok(Connection { client, namespace })
 }
+
+/// How many objects one list call asks for: kubectl's own chunk size.
+pub const LIST_PAGE: u32 = 500;
+
+/// Every object of `api`, fetched in pages of [`LIST_PAGE`]: one call per 500 objects, never
+/// one per object, and no single reply holding a whole large fleet. `what` names the objects
+/// in the error, e.g. `TalosMachines in namespace lab`.
+pub async fn list_all<K>(api: &kube::Api<K>, what: &str) -> Result<Vec<K>, Error>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    Ok(list_pages(api, what, LIST_PAGE).await?.0)
+}
+
+/// Every object of `api`, in pages of `page` objects; also says how many list calls it made.
+pub async fn list_pages<K>(
+    api: &kube::Api<K>,
+    what: &str,
+    page: u32,
+) -> Result<(Vec<K>, usize), Error>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let mut items = Vec::new();
+    let mut calls = 0;
+    let mut params = kube::api::ListParams::default().limit(page);
+    loop {
+        let found = api
+            .list(&params)
+            .await
+            .map_err(|e| Error::kube(format!("cannot list {what}"), &e))?;
+        calls += 1;
+        items.extend(found.items);
+        match found.metadata.continue_.filter(|token| !token.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => return Ok((items, calls)),
+        }
+    }
+}

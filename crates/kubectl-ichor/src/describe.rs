@@ -12,7 +12,7 @@ use ichor_api::machine::ApprovalState;
 use ichor_api::names::conditions;
 use ichor_api::{TalosCluster, TalosMachine};
 use kube::ResourceExt as _;
-use kube::api::{Api, ListParams};
+use kube::api::Api;
 
 use crate::Error;
 use crate::connect::Connection;
@@ -273,16 +273,12 @@ pub fn cluster_tree(cluster: &TalosCluster, machines: &[TalosMachine]) -> Tree {
 /// Describes the TalosCluster `name` and its machines.
 pub async fn describe(conn: &Connection, name: &str) -> Result<String, Error> {
     let cluster = crate::render::get_cluster(conn, name, "").await?;
-    let machines = Api::<TalosMachine>::namespaced(conn.client.clone(), &conn.namespace)
-        .list(&ListParams::default())
-        .await
-        .map_err(|e| {
-            Error::kube(
-                format!("cannot list TalosMachines in namespace {}", conn.namespace),
-                &e,
-            )
-        })?;
-    Ok(cluster_tree(&cluster, &machines.items).render())
+    let machines = crate::connect::list_all(
+        &Api::<TalosMachine>::namespaced(conn.client.clone(), &conn.namespace),
+        &format!("TalosMachines in namespace {}", conn.namespace),
+    )
+    .await?;
+    Ok(cluster_tree(&cluster, &machines).render())
 }
 
 #[cfg(test)]

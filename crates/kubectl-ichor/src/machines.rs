@@ -7,7 +7,7 @@ use ichor_api::common::{ConditionStatus, Role};
 use ichor_api::machine::ApprovalState;
 use ichor_api::names::conditions;
 use kube::ResourceExt as _;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
 use crate::Error;
@@ -124,13 +124,12 @@ fn api(conn: &Connection) -> Api<TalosMachine> {
 
 /// Lists the namespace's pending machines as a table.
 pub async fn pending(conn: &Connection) -> Result<String, Error> {
-    let machines = api(conn).list(&ListParams::default()).await.map_err(|e| {
-        Error::kube(
-            format!("cannot list TalosMachines in namespace {}", conn.namespace),
-            &e,
-        )
-    })?;
-    Ok(pending_table(&machines.items, &conn.namespace))
+    let machines = crate::connect::list_all(
+        &api(conn),
+        &format!("TalosMachines in namespace {}", conn.namespace),
+    )
+    .await?;
+    Ok(pending_table(&machines, &conn.namespace))
 }
 
 /// The machine `name`, or an error saying where it was looked for.

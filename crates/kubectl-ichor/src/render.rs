@@ -210,21 +210,20 @@ async fn bundle(conn: &Connection, cluster: &TalosCluster) -> Result<SecretsBund
 }
 
 /// The machine classes and storages of the namespace: what a machine's class patches and
-/// volumes come from (two list calls).
+/// volumes come from (a list call for each, per 500 objects).
 async fn layer_sources(
     conn: &Connection,
 ) -> Result<(Vec<TalosMachineClass>, Vec<TalosStorage>), Error> {
-    let list = Default::default();
-    let classes = Api::<TalosMachineClass>::namespaced(conn.client.clone(), &conn.namespace)
-        .list(&list)
-        .await
-        .map_err(|e| Error::kube("cannot list TalosMachineClasses".to_owned(), &e))?
-        .items;
-    let storages = Api::<TalosStorage>::namespaced(conn.client.clone(), &conn.namespace)
-        .list(&list)
-        .await
-        .map_err(|e| Error::kube("cannot list TalosStorages".to_owned(), &e))?
-        .items;
+    let classes = crate::connect::list_all(
+        &Api::<TalosMachineClass>::namespaced(conn.client.clone(), &conn.namespace),
+        "TalosMachineClasses",
+    )
+    .await?;
+    let storages = crate::connect::list_all(
+        &Api::<TalosStorage>::namespaced(conn.client.clone(), &conn.namespace),
+        "TalosStorages",
+    )
+    .await?;
     Ok((classes, storages))
 }
 

@@ -24,6 +24,8 @@ struct Plugin {
     kubeconfig: PathBuf,
     context: String,
     namespace: String,
+    /// The administrator's client: what the secret scan reads the Secrets with.
+    admin: kube::Client,
 }
 
 /// What one run printed.
@@ -42,6 +44,7 @@ impl Plugin {
             kubeconfig,
             context: target.context().to_owned(),
             namespace: target.namespace().to_owned(),
+            admin: target.client(),
         }
     }
 
@@ -53,11 +56,20 @@ impl Plugin {
             .output()
             .await
             .expect("run kubectl-ichor");
-        Run {
+        let run = Run {
             code: output.status.code().unwrap_or(-1),
             stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
             stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-        }
+        };
+        // No secret value of the run in what the plugin printed, whatever the command.
+        ichor_harness::leaks::check_text(
+            &self.admin,
+            &format!("the output of kubectl ichor {args:?}"),
+            &format!("{}\n{}", run.stdout, run.stderr),
+        )
+        .await
+        .expect("the plugin printed no secret value");
+        run
     }
 
     /// Runs and expects success.

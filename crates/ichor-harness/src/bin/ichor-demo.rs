@@ -49,11 +49,16 @@ fn talos_version(text: &str) -> Result<String, String> {
 /// One line per machine: name, address, role, approval, phase, and what it waits for.
 async fn table(target: &SimTarget) -> (String, usize) {
     let machines: Api<TalosMachine> = Api::namespaced(target.client(), target.namespace());
-    let mut list = machines
-        .list(&ListParams::default())
-        .await
-        .map(|l| l.items)
-        .unwrap_or_default();
+    let mut list = Vec::new();
+    // Pages of 500, as kubectl lists: a call per 500 machines, never one per machine.
+    let mut params = ListParams::default().limit(500);
+    while let Ok(page) = machines.list(&params).await {
+        list.extend(page.items);
+        match page.metadata.continue_.filter(|token| !token.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => break,
+        }
+    }
     list.sort_by_key(|m| m.spec.endpoints.first().cloned().unwrap_or_default());
     let mut out = format!(
         "  {:<46} {:<12} {:<13} {:<9} {:<10} {}\n",

@@ -1,5 +1,5 @@
-//! What the backup and restore specs share: a client of their own for the S3 server's bucket,
-//! and Secrets written as a person would.
+//! What the backup, restore and fleet specs share: a client of their own for the S3 server's
+//! bucket, Secrets written as a person would, and a process's memory from `/proc`.
 // Each spec uses part of it.
 #![allow(dead_code)]
 
@@ -59,4 +59,27 @@ pub async fn put_secret(target: &SimTarget, name: &str, data: &[(&str, &[u8])]) 
         )
         .await
         .expect("apply the Secret");
+}
+
+/// A `kB` field (`VmRSS`, `VmHWM`) of `/proc/<pid>/status`, in bytes; none once the process
+/// is gone.
+pub fn read_status(pid: u32, field: &str) -> Option<u64> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()?
+        .lines()
+        .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|rest| {
+            rest.trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<u64>()
+                .ok()
+        })
+        .map(|kib| kib * 1024)
+}
+
+/// [`read_status`] of a process that must be running.
+pub fn status_bytes(pid: u32, field: &str) -> u64 {
+    read_status(pid, field)
+        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status: has the manager exited?"))
 }

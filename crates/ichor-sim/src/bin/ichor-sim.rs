@@ -15,7 +15,8 @@
 //!
 //! Control endpoint (JSON):
 //! - `GET  /nodes` — address, UUID, fingerprint, version, serving, stage of every node, and
-//!   `etcd_keys`: the keys of its etcd cluster's keyspace (null without a member);
+//!   `etcd_keys`: the keys of its etcd cluster's keyspace (null without a member), and `rpcs`:
+//!   how many Talos API calls arrived at it since it started;
 //! - `POST /nodes/{ip}/{action}` with `action` one of `crash`, `restart`, `reboot`,
 //!   `partition`, `heal`, `cni-present`, `cni-absent`, `different-certificate`,
 //!   `mismatched-key`, `fail-leave`, `succeed-leave`, `etcd-unhealthy`, `etcd-healthy`,
@@ -115,6 +116,8 @@ struct NodeView {
     serving: bool,
     stage: String,
     etcd_keys: Option<usize>,
+    /// How many Talos API calls arrived at the node since it started.
+    rpcs: usize,
 }
 
 async fn list(State(sim): State<Shared>) -> Json<Vec<NodeView>> {
@@ -128,6 +131,7 @@ async fn list(State(sim): State<Shared>) -> Json<Vec<NodeView>> {
             serving: node.is_serving().await,
             stage: format!("{:?}", node.stage().await),
             etcd_keys: node.etcd_keys().await,
+            rpcs: node.rpcs(),
         });
     }
     Json(out)
