@@ -1,8 +1,9 @@
 //! Chaos where the kill points do not reach, on the sim target (its control plane is its own):
 //! two manager replicas, the leader SIGKILLed mid-removal and mid-operation, the other taking
-//! over within the Lease. In every case the work resumes, no once-only step runs twice
-//! (counted on the simulated nodes), and etcd keeps quorum (a monitor watches it every few
-//! milliseconds).
+//! over within the Lease; the management etcd restarted during a removal; the management
+//! apiserver away for 30 s mid-rollout; and the network between the manager and one node
+//! partitioned. In every case the work resumes, no once-only step runs twice (counted on the
+//! simulated nodes), and etcd keeps quorum (a monitor watches it every few milliseconds).
 //!
 //! The kill points (tests/day2.rs, tests/e2e.rs) restart the one manager; the fail-closed specs
 //! stop the workload apiserver and partition a node from everyone. These are the faults that
@@ -10,16 +11,22 @@
 
 use std::time::{Duration, Instant};
 
-use ichor_api::TalosOperation;
+use ichor_api::names::conditions;
 use ichor_api::operation::{OperationAction, OperationPhase};
+use ichor_api::{TalosCluster, TalosOperation};
 use ichor_harness::specs;
 use ichor_harness::{SimOptions, SimTarget, Target};
-use ichor_sim::{Gate, Stage};
+use ichor_sim::{Fault, Gate, SimNode, Stage};
 use ichor_testenv::wait::try_eventually;
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::json;
 
 mod support;
 
-use support::cluster::{CLUSTER, Monitor, cluster_of, etcd_members, gone, uid_of};
+use support::cluster::{
+    CLUSTER, Monitor, cluster_of, control_planes_in_order, etcd_members, gone, state_summary,
+    uid_of, wait_rolled_out,
+};
 
 /// Kills the replica holding the manager's Lease and waits until another takes it; checks
 /// that the other took it only once the killed one's lease ran out, and within the Lease
@@ -191,6 +198,175 @@ async fn a_standby_replica_takes_over_a_killed_leader_mid_removal_and_mid_operat
             assert_eq!(installs, 1, "{addr} installed once");
         }
     }
+    let seen = monitor.finish().await;
+    let (alive, voters) = seen.worst.expect("the monitor saw etcd");
+    assert!(alive * 2 > voters, "quorum held: worst {alive}/{voters}");
+    target.down().await;
+}
+
+/// Patches the cluster's config with a change that applies live (a certificate SAN): a rollout
+/// over every machine, one at a time.
+async fn roll_out_a_change(target: &SimTarget, san: &str) {
+    let clusters: Api<TalosCluster> = Api::namespaced(target.client(), target.namespace());
+    clusters
+        .patch(
+            CLUSTER,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"configPatches": [{"name": "san", "machine": {"certSANs": [san]}}]}})),
+        )
+        .await
+        .expect("a change that applies live");
+}
+
+/// Checks that every node in `order` got its config exactly once more than `before`.
+fn applied_once(order: &[(String, SimNode)], before: &[usize]) {
+    for ((name, node), was) in order.iter().zip(before) {
+        assert_eq!(
+            node.config_applies(),
+            was + 1,
+            "{name} got the changed config exactly once"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removal_resumes_after_the_management_etcd_restarts_and_runs_each_step_once() {
+    // A Lease longer than the outage: the one manager rides through it and carries on.
+    let mut target = SimTarget::up(SimOptions {
+        lease_seconds: 15,
+        ..SimOptions::new(4, 132, "v1.14.1")
+    })
+    .await
+    .expect("sim target");
+    cluster_of(&target, 3, 4, 0).await;
+    let endpoints = target.node_endpoints();
+    let monitor = Monitor::start(target.nodes().to_vec());
+    let node = target.nodes()[3].clone();
+    let leave = node.gate_reply("EtcdLeaveCluster");
+    let name = specs::delete_machine(&target, &endpoints[3])
+        .await
+        .expect("the webhook admits 4 -> 3");
+    let uid = uid_of(&target, &name).await;
+    tokio::time::timeout(Duration::from_secs(90), leave.arrived(1))
+        .await
+        .expect("the etcd leave was sent");
+    // The node left etcd; the manager hears of it while the management etcd is down, and
+    // cannot record it until etcd is back.
+    target.stop_management_etcd().expect("stop etcd");
+    leave.release();
+    tokio::time::sleep(OUTAGE).await;
+    target
+        .start_management_etcd()
+        .await
+        .expect("start etcd again");
+    gone(&target, &name, &uid, Duration::from_secs(120)).await;
+    try_eventually(
+        "the node in maintenance",
+        Duration::from_secs(30),
+        || async { node.stage().await == Stage::Maintenance },
+    )
+    .await
+    .expect("reset into maintenance");
+    assert_eq!(node.calls("EtcdLeaveCluster"), 1, "the leave ran once");
+    assert_eq!(node.calls("Reset"), 1, "the reset ran once");
+    let members = etcd_members(&target, &endpoints[0]).await;
+    assert_eq!(members.len(), 3, "{members:?}");
+    let seen = monitor.finish().await;
+    let (alive, voters) = seen.worst.expect("the monitor saw etcd");
+    assert!(alive * 2 > voters, "quorum held: worst {alive}/{voters}");
+    target.down().await;
+}
+
+/// How long the management etcd stays down: long enough for the manager's writes and watches
+/// to fail, shorter than two thirds of the Lease, so the manager keeps leading.
+const OUTAGE: Duration = Duration::from_secs(5);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollout_resumes_after_the_management_apiserver_is_away_for_30_s() {
+    let mut target = SimTarget::up(SimOptions::new(3, 133, "v1.14.1"))
+        .await
+        .expect("sim target");
+    // Two replicas, as the chart runs: the leader cannot renew through the outage and stops
+    // (its Lease design); the standby takes over once the apiserver is back.
+    target
+        .start_second_manager()
+        .await
+        .expect("a second replica");
+    cluster_of(&target, 3, 3, 0).await;
+    let monitor = Monitor::start(target.nodes().to_vec());
+    let order = control_planes_in_order(&target).await;
+    let before: Vec<usize> = order.iter().map(|(_, n)| n.config_applies()).collect();
+    // The first node applies the change; its answer waits until the apiserver is gone.
+    let reply = order[0].1.gate_reply("ApplyConfiguration");
+    roll_out_a_change(&target, "away.example.internal").await;
+    tokio::time::timeout(Duration::from_secs(90), reply.arrived(1))
+        .await
+        .expect("the first node was sent its config");
+    let leader = target
+        .lease_holder()
+        .await
+        .expect("Lease")
+        .expect("a leader");
+    target.stop_management_api().expect("stop the apiserver");
+    reply.release();
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    target
+        .start_management_api()
+        .await
+        .expect("start the apiserver again");
+    wait_rolled_out(&target, "the rollout resumed and finished").await;
+    applied_once(&order, &before);
+    eprintln!(
+        "apiserver outage: {leader} led before, {:?} after",
+        target.lease_holder().await
+    );
+    let seen = monitor.finish().await;
+    let (alive, voters) = seen.worst.expect("the monitor saw etcd");
+    assert!(alive * 2 > voters, "quorum held: worst {alive}/{voters}");
+    target.down().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollout_waits_for_a_node_cut_off_from_the_manager_and_applies_it_once_healed() {
+    let target = SimTarget::up(SimOptions::new(3, 134, "v1.14.1"))
+        .await
+        .expect("sim target");
+    cluster_of(&target, 3, 3, 0).await;
+    let monitor = Monitor::start(target.nodes().to_vec());
+    let order = control_planes_in_order(&target).await;
+    let before: Vec<usize> = order.iter().map(|(_, n)| n.config_applies()).collect();
+    // The second node applies the change, and the network to it fails before the answer is
+    // back: the manager cannot tell whether it applied.
+    let (name, node) = order[1].clone();
+    let reply = node.gate_reply("ApplyConfiguration");
+    roll_out_a_change(&target, "cut.example.internal").await;
+    tokio::time::timeout(Duration::from_secs(90), reply.arrived(1))
+        .await
+        .expect("the second node was sent its config");
+    node.inject(Fault::PartitionFromClients)
+        .await
+        .expect("cut off");
+    reply.release();
+    let address = node.addr().ip().to_string();
+    try_eventually(
+        "the manager to see the node not answering",
+        Duration::from_secs(90),
+        || async {
+            specs::machine_condition(&target, &address, conditions::READY)
+                .await
+                .is_some_and(|(ready, _, _)| !ready)
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}: {}", state_summary(&target)));
+    assert_eq!(
+        order[2].1.config_applies(),
+        before[2],
+        "the rollout did not pass {name}"
+    );
+    node.inject(Fault::Heal).await.expect("heal");
+    wait_rolled_out(&target, "the rollout resumed and finished").await;
+    applied_once(&order, &before);
     let seen = monitor.finish().await;
     let (alive, voters) = seen.worst.expect("the monitor saw etcd");
     assert!(alive * 2 > voters, "quorum held: worst {alive}/{voters}");
