@@ -13,6 +13,8 @@
 //! - `advisories`: `cargo deny --offline check advisories` against the RustSec snapshot that
 //!   `ICHOR_ADVISORY_DB` names.
 //! - `checkov`: the rendered chart under checkov (PyPI, in the cache), offline.
+//! - `fuzz [TARGET] [--seconds N]`: the cargo-fuzz targets of `fuzz/` (nightly toolchain), each
+//!   for N seconds (default: a minute split across the targets) on a copy of its corpus.
 //! - `crdgen`: write the CRDs and admission policies generated from `ichor-api` to `config/`.
 //! - `bench [render] [backup] [discovery] [webhook] [fleet]`: benchmarks (render beside the
 //!   reference implementation's rate; backup: a snapshot of hundreds of MiB and the manager's
@@ -40,6 +42,7 @@ mod bench_fleet;
 mod bench_webhook;
 mod checkov;
 mod envtest;
+mod fuzz;
 mod readme;
 mod run;
 mod test;
@@ -84,6 +87,15 @@ enum Task {
     Advisories,
     /// The rendered chart under checkov (from PyPI, in the cache), offline.
     Checkov,
+    /// The cargo-fuzz targets of fuzz/ (nightly toolchain), on a copy of their corpus.
+    Fuzz {
+        /// One target (all when none is named): admission_review, config_patch,
+        /// secrets_bundle, talos_reply or credentials_file.
+        target: Option<String>,
+        /// Seconds per target (default: a minute split across the targets run).
+        #[arg(long, value_name = "N")]
+        seconds: Option<u64>,
+    },
     /// Benchmarks, beside the reference implementation's rate (results in docs/benchmarks/).
     Bench {
         /// Which benchmarks (all when none is named).
@@ -183,6 +195,9 @@ fn main() -> ExitCode {
             let checkov = checkov::ensure(&root)?;
             checkov::lint(&root, &helm, &checkov)
         }),
+        Task::Fuzz { target, seconds } => {
+            run::trap_signals().and_then(|()| fuzz::fuzz(&root, target.as_deref(), seconds))
+        }
         Task::Bench { which } => {
             let names: Vec<String> = which
                 .iter()

@@ -56,6 +56,10 @@ const NOT_RUN: &[(&str, &str)] = &[
         "a benchmark (a release manager and up to a thousand simulated machines, many minutes) that rewrites docs/benchmarks/fleet.md",
     ),
     (
+        "cargo xtask fuzz",
+        "`cargo xtask test` runs every fuzz target in its fuzz phase, a minute in all",
+    ),
+    (
         "cargo xtask crdgen",
         "it rewrites config/; the ichor-api tests fail whenever config/ differs from what it writes",
     ),

@@ -115,6 +115,11 @@ fn all_phases(root: &Path, phases: &mut Phases) -> Result<()> {
     phases.phase("chart under checkov (offline)", || {
         crate::checkov::lint(root, &helm, &checkov)
     })?;
+    phases.phase("fuzz (every target, a minute in all)", || {
+        let targets = crate::fuzz::TARGETS;
+        let each = crate::fuzz::DEFAULT_TOTAL_SECONDS / targets.len() as u64;
+        crate::fuzz::run(root, targets, each)
+    })?;
     let audit_dir = crate::assets::cache_root().join("rbac-audit");
     let _ = std::fs::remove_dir_all(&audit_dir);
     let tools = TestTools {
@@ -144,7 +149,7 @@ fn all_phases(root: &Path, phases: &mut Phases) -> Result<()> {
     })
 }
 
-/// The tools the checks and tests need, built from Go modules and PyPI.
+/// The tools the checks and tests need, built from Go modules, PyPI and crates.io.
 struct ToolsBuilt {
     assets: PathBuf,
     oracles: PathBuf,
@@ -162,8 +167,8 @@ struct ToolBuilds {
 }
 
 impl ToolBuilds {
-    /// Starts building the envtest assets, the Talos oracles, helm, SeaweedFS and checkov's
-    /// environment, in that order.
+    /// Starts building the envtest assets, the Talos oracles, helm, SeaweedFS, checkov's
+    /// environment and the fuzz targets, in that order.
     fn start(root: &Path) -> Self {
         let root = root.to_path_buf();
         let handle = std::thread::spawn(move || {
@@ -203,7 +208,7 @@ fn build_tools(root: &Path, took: &mut Timings) -> Result<ToolsBuilt> {
         took.push((name, start.elapsed(), result.is_ok()));
         result
     }
-    Ok(ToolsBuilt {
+    let built = ToolsBuilt {
         assets: timed(took, "tools: envtest assets (go build)", || {
             envtest::assets(root)
         })?,
@@ -217,7 +222,14 @@ fn build_tools(root: &Path, took: &mut Timings) -> Result<ToolsBuilt> {
         checkov: timed(took, "tools: checkov (pip install)", || {
             crate::checkov::ensure(root)
         })?,
-    })
+    };
+    // Last: it needs the nightly toolchain, and only the fuzz phase waits for it.
+    timed(
+        took,
+        "tools: fuzz targets (cargo-fuzz, nightly build)",
+        || crate::fuzz::build(root),
+    )?;
+    Ok(built)
 }
 
 /// What the test run needs from the phases before it.

@@ -206,14 +206,17 @@ fn check_pointer(
     Ok(())
 }
 
-/// Walks a strategic patch value, checking every leaf path with [`check_pointer`].
+/// Walks a patch value, checking every path in it with [`check_pointer`] (a path whose value is
+/// not an object as a whole subtree).
 fn check_legacy_value(
     ctx: &Context,
     contract: Contract,
     path: &mut String,
     value: &Value,
 ) -> Result<(), PatchError> {
-    check_pointer(ctx, contract, path, false)?;
+    // A value that is not an object (a scalar, a list, `null`) replaces or removes everything
+    // below its path, secrets included.
+    check_pointer(ctx, contract, path, !value.is_object())?;
     match value {
         Value::Object(map) => {
             for (key, child) in map {
@@ -259,6 +262,11 @@ fn apply_json(
                 format!("jsonPatch[{i}]"),
                 "add, replace and test need a value",
             ));
+        }
+        // The value lands below the path: a user-supplied secret field inside it is refused
+        // as if the path named it.
+        if let Some(value) = &op.value {
+            check_legacy_value(ctx, contract, &mut op.path.clone(), value)?;
         }
     }
     let ops = serde_json::to_value(&patch.json_patch).expect("operations serialize");

@@ -225,6 +225,70 @@ fn patches_never_set_secret_fields() {
         .expect("legitimate neighbours apply");
 }
 
+/// Found by fuzzing (`fuzz/fuzz_targets/config_patch.rs`): a strategic value that is not an
+/// object replaces everything below it, so a scalar, a list or `null` over an object holding a
+/// secret removed the secret, and a section that is not an object replaced the whole section.
+#[test]
+fn strategic_values_never_replace_or_remove_a_subtree_holding_secrets() {
+    for contract in [Contract::V1_13, Contract::V1_14] {
+        let f = Fixture::new(contract);
+        for patch in [
+            json!([{"machine": {"ca": null}}]),
+            json!([{"machine": {"ca": "x"}}]),
+            json!([{"cluster": {"etcd": []}}]),
+            json!([{"cluster": {"aggregatorCA": 1}}]),
+            json!([{"machine": []}]),
+            json!([{"cluster": "x"}]),
+            // The input the fuzzer found.
+            json!([{"name": "time-servers", "cluster": "documen"}]),
+        ] {
+            let err = f.render_err([&patches(patch.clone()), &[], &[]]);
+            assert!(err.contains("secret"), "{patch}: {err}");
+        }
+        // A non-object value where no secret lies below is still a plain replacement.
+        f.render([
+            &patches(json!([{"machine": {"certSANs": null, "features": {"rbac": true}}}])),
+            &[],
+            &[],
+        ])
+        .expect("no secret below");
+    }
+}
+
+/// Found by fuzzing: an RFC 6902 value is a whole subtree, so a user-supplied secret field
+/// inside an `add` or `replace` value (a WireGuard key in a new interface) is refused like one
+/// named by the operation's path.
+#[test]
+fn json_patch_values_carry_no_user_secret_fields() {
+    let f = Fixture::new(Contract::V1_13);
+    let err = f.render_err([
+        &patches(json!([{"jsonPatch": [{"op": "add", "path": "/machine/network", "value": {"interfaces": [
+            {"interface": "wg0", "wireguard": {"privateKey": "cGxhbnRlZA=="}}
+        ]}}]}])),
+        &[],
+        &[],
+    ]);
+    assert!(err.contains("reaches a secret field"), "{err}");
+    assert!(
+        !err.contains("cGxhbnRlZA=="),
+        "the value never appears: {err}"
+    );
+    let err = f.render_err([
+        &patches(
+            json!([{"jsonPatch": [{"op": "add", "path": "/machine/registries", "value":
+                {"config": {"r.example": {"auth": {"password": "hunter2"}}}}
+            }]}]),
+        ),
+        &[],
+        &[],
+    ]);
+    assert!(err.contains("reaches a secret field"), "{err}");
+    f.render([&patches(json!([{"jsonPatch": [{"op": "add", "path": "/machine/network", "value": {"interfaces": [
+        {"interface": "eth0", "mtu": 9000}
+    ]}}]}])), &[], &[]])
+        .expect("an interface without secrets");
+}
+
 #[test]
 fn contract_1_14_refuses_legacy_fields_naming_the_document_to_use() {
     let f = Fixture::new(Contract::V1_14);

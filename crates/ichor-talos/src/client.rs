@@ -563,17 +563,7 @@ impl TalosClient {
         messages: Vec<T>,
         metadata: impl Fn(&T) -> Option<&crate::api::common::Metadata>,
     ) -> Result<T, TalosError> {
-        let first = messages
-            .into_iter()
-            .next()
-            .ok_or_else(|| self.node_error(method, "empty reply".into()))?;
-        match metadata(&first)
-            .map(|m| m.error.as_str())
-            .filter(|e| !e.is_empty())
-        {
-            Some(error) => Err(self.node_error(method, error.to_owned())),
-            None => Ok(first),
-        }
+        crate::decode::single(messages, metadata).map_err(|e| self.node_error(method, e))
     }
 
     /// The underlying channel, for calls without a typed wrapper yet: not [`observe`]d, and
@@ -653,8 +643,7 @@ impl TalosClient {
             .await
             .map_err(self.rpc_error(METHOD))?
             .into_inner();
-        let first = self.single(METHOD, reply.messages, |m| m.metadata.as_ref())?;
-        Ok(first.version.map(|v| v.tag).unwrap_or_default())
+        crate::decode::version(reply).map_err(|e| self.node_error(METHOD, e))
     }
 }
 

@@ -119,6 +119,7 @@
 #![forbid(unsafe_code)]
 
 pub mod client;
+pub mod decode;
 pub mod discovery;
 pub mod error;
 pub mod limits;

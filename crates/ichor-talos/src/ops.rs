@@ -186,18 +186,7 @@ impl TalosClient {
             .await
             .map_err(self.rpc_error(METHOD))?
             .into_inner();
-        let first = self.single(METHOD, reply.messages, |m| m.metadata.as_ref())?;
-        Ok(first
-            .members
-            .into_iter()
-            .map(|m| EtcdMember {
-                id: m.id,
-                hostname: m.hostname,
-                peer_urls: m.peer_urls,
-                client_urls: m.client_urls,
-                learner: m.is_learner,
-            })
-            .collect())
+        crate::decode::etcd_members(reply).map_err(|e| self.node_error(METHOD, e))
     }
 
     /// Removes a member by id; send it to a healthy member (talos-facts §5).

@@ -7,9 +7,7 @@ use tokio_stream::StreamExt as _;
 
 use crate::api::cosi::resource::label_term::Operation;
 use crate::api::cosi::resource::state_client::StateClient;
-use crate::api::cosi::resource::{
-    GetRequest, LabelQuery, LabelTerm, ListOptions, ListRequest, Resource,
-};
+use crate::api::cosi::resource::{GetRequest, LabelQuery, LabelTerm, ListOptions, ListRequest};
 use crate::client::{TalosClient, TalosError};
 
 /// A machine's hardware, as read in maintenance mode.
@@ -121,7 +119,7 @@ pub enum Stage {
 }
 
 impl Stage {
-    fn parse(text: &str) -> Self {
+    pub(crate) fn parse(text: &str) -> Self {
         match text {
             "booting" => Self::Booting,
             "installing" => Self::Installing,
@@ -182,15 +180,6 @@ pub struct MachineStatus {
     pub unmet: Vec<(String, String)>,
 }
 
-fn spec_of(resource: &Resource) -> Result<Value, String> {
-    let yaml = resource
-        .spec
-        .as_ref()
-        .map(|s| s.yaml_spec.as_str())
-        .unwrap_or_default();
-    serde_saphyr::from_str(yaml).map_err(|e| format!("cannot decode a resource spec: {e}"))
-}
-
 impl TalosClient {
     fn state(&self) -> StateClient<crate::client::Observed> {
         StateClient::new(self.transport())
@@ -213,7 +202,7 @@ impl TalosClient {
         let resource = response
             .resource
             .ok_or_else(|| self.node_error(METHOD, format!("no {type_}/{id} in the reply")))?;
-        spec_of(&resource).map_err(|e| self.node_error(METHOD, e))
+        crate::decode::resource_spec(&resource).map_err(|e| self.node_error(METHOD, e))
     }
 
     /// Every resource of a type: (id, spec).
@@ -256,7 +245,7 @@ impl TalosClient {
                 .unwrap_or_default();
             out.push((
                 id,
-                spec_of(&resource).map_err(|e| self.node_error(METHOD, e))?,
+                crate::decode::resource_spec(&resource).map_err(|e| self.node_error(METHOD, e))?,
             ));
         }
         Ok(out)
@@ -278,19 +267,15 @@ impl TalosClient {
         }
         let mut disks = Vec::new();
         for (id, spec) in self.list_specs("runtime", "Disks.block.talos.dev").await? {
-            let mut disk: Disk = serde_json::from_value(spec)
-                .map_err(|e| self.node_error("COSI List", format!("disk {id}: {e}")))?;
-            disk.name = id;
-            disks.push(disk);
+            disks.push(crate::decode::disk(id, spec).map_err(|e| self.node_error("COSI List", e))?);
         }
         let mut links = Vec::new();
         for (id, spec) in self
             .list_specs("network", "LinkStatuses.net.talos.dev")
             .await?
         {
-            let mut link: Link = serde_json::from_value(spec)
-                .map_err(|e| self.node_error("COSI List", format!("link {id}: {e}")))?;
-            link.name = id;
+            let link =
+                crate::decode::link(id, spec).map_err(|e| self.node_error("COSI List", e))?;
             if link.is_physical() {
                 links.push(link);
             }
@@ -326,22 +311,7 @@ impl TalosClient {
         let spec = self
             .get_spec("runtime", "MachineStatuses.runtime.talos.dev", "machine")
             .await?;
-        let unmet = spec["status"]["unmetConditions"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|c| {
-                (
-                    c["name"].as_str().unwrap_or_default().to_owned(),
-                    c["reason"].as_str().unwrap_or_default().to_owned(),
-                )
-            })
-            .collect();
-        Ok(MachineStatus {
-            stage: Stage::parse(spec["stage"].as_str().unwrap_or_default()),
-            ready: spec["status"]["ready"].as_bool().unwrap_or(false),
-            unmet,
-        })
+        Ok(crate::decode::machine_status(&spec))
     }
 
     /// The node's user volumes, by name.
