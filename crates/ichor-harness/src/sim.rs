@@ -106,6 +106,9 @@ pub struct SimTarget {
     manager_runs: u32,
     manager_log: LogTail,
     manager_metrics: Option<String>,
+    /// The second manager replica, when a spec started one: its process and identity.
+    second: Option<(Child, String)>,
+    second_runs: u32,
     webhook: Option<Child>,
     dir: tempfile::TempDir,
     manager_kubeconfig: PathBuf,
@@ -202,6 +205,10 @@ const LOG_LINES: usize = 300;
 
 /// The file in the target's folder holding the manager's whole log (every run).
 const MANAGER_LOG: &str = "manager.log";
+/// The file in the target's folder holding the second manager replica's whole log (every run).
+const SECOND_MANAGER_LOG: &str = "manager-b.log";
+/// The manager's leader-election Lease in [`SYSTEM_NAMESPACE`] (its `--lease-name` default).
+pub const MANAGER_LEASE: &str = "ichor-manager";
 /// The file in the target's folder holding the webhook's whole log.
 const WEBHOOK_LOG: &str = "webhook.log";
 
@@ -396,6 +403,8 @@ impl SimTarget {
             manager_runs: 0,
             manager_log: LogTail::default(),
             manager_metrics: None,
+            second: None,
+            second_runs: 0,
             webhook: Some(webhook),
             dir,
             manager_kubeconfig,
@@ -406,14 +415,13 @@ impl SimTarget {
         Ok(target)
     }
 
-    /// Starts (or restarts) the manager process.
-    pub async fn start_manager(&mut self) -> Result<(), Error> {
-        self.manager_runs += 1;
+    /// The manager's arguments for a replica named `identity`.
+    fn manager_args(&self, identity: &str) -> Vec<String> {
         let mut args: Vec<String> = vec![
             "--namespace".into(),
             SYSTEM_NAMESPACE.into(),
             "--identity".into(),
-            format!("manager-{}", self.manager_runs),
+            identity.to_owned(),
             "--metrics-addr".into(),
             "127.0.0.1:0".into(),
             // Short enough that a restarted manager takes over quickly after a kill, long
@@ -430,6 +438,13 @@ impl SimTarget {
         if let Some(stall) = self.options.install_stall_seconds {
             args.extend(["--install-stall-seconds".to_owned(), stall.to_string()]);
         }
+        args
+    }
+
+    /// Starts (or restarts) the manager process.
+    pub async fn start_manager(&mut self) -> Result<(), Error> {
+        self.manager_runs += 1;
+        let args = self.manager_args(&format!("manager-{}", self.manager_runs));
         let (manager, ready) = spawn(
             binary("ichor-manager")?,
             &args,
@@ -446,6 +461,88 @@ impl SimTarget {
             .next()
             .map(|addr| addr.trim().to_owned());
         Ok(())
+    }
+
+    /// Starts (or restarts) a second manager replica beside the first, with an identity of its
+    /// own (`replica-b-<run>`) and its own log file (which the secret scan reads too). It stands
+    /// by until the Lease is free, as a second pod of the Deployment does.
+    pub async fn start_second_manager(&mut self) -> Result<(), Error> {
+        self.second_runs += 1;
+        let identity = format!("replica-b-{}", self.second_runs);
+        let args = self.manager_args(&identity);
+        let (child, _) = spawn(
+            binary("ichor-manager")?,
+            &args,
+            &self.manager_kubeconfig,
+            "metrics on",
+            Some(Arc::clone(&self.manager_log)),
+            Some(&self.dir.path().join(SECOND_MANAGER_LOG)),
+        )
+        .await?;
+        self.second = Some((child, identity));
+        Ok(())
+    }
+
+    /// The identities of the manager replicas running now (the first, then the second).
+    pub fn manager_identities(&self) -> Vec<String> {
+        let first = self
+            .manager
+            .as_ref()
+            .map(|_| format!("manager-{}", self.manager_runs));
+        first
+            .into_iter()
+            .chain(self.second.as_ref().map(|(_, id)| id.clone()))
+            .collect()
+    }
+
+    /// The manager's leader-election Lease as it stands ([`MANAGER_LEASE`]); none before a
+    /// replica first took it.
+    pub async fn manager_lease(
+        &self,
+    ) -> Result<Option<k8s_openapi::api::coordination::v1::LeaseSpec>, Error> {
+        let leases = Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(
+            self.env.client(),
+            SYSTEM_NAMESPACE,
+        );
+        Ok(leases
+            .get_opt(MANAGER_LEASE)
+            .await?
+            .and_then(|lease| lease.spec))
+    }
+
+    /// Which replica holds the manager's Lease (its `holderIdentity`).
+    pub async fn lease_holder(&self) -> Result<Option<String>, Error> {
+        Ok(self
+            .manager_lease()
+            .await?
+            .and_then(|spec| spec.holder_identity))
+    }
+
+    /// Kills the replica holding the manager's Lease with SIGKILL, as a crash would; returns
+    /// its identity. Fails when the holder is none of the running replicas.
+    pub async fn kill_leader(&mut self) -> Result<String, Error> {
+        let holder = self
+            .lease_holder()
+            .await?
+            .ok_or_else(|| Error::Spec("no replica holds the manager's Lease".into()))?;
+        if self.manager.is_some() && holder == format!("manager-{}", self.manager_runs) {
+            self.kill_manager().await;
+        } else if self.second.as_ref().is_some_and(|(_, id)| *id == holder) {
+            self.kill_second_manager().await;
+        } else {
+            return Err(Error::Spec(format!(
+                "the Lease holder {holder} is not a running replica ({:?})",
+                self.manager_identities()
+            )));
+        }
+        Ok(holder)
+    }
+
+    /// Kills the second manager replica with SIGKILL.
+    pub async fn kill_second_manager(&mut self) {
+        if let Some((mut child, _)) = self.second.take() {
+            let _ = child.kill().await;
+        }
     }
 
     /// The running manager's `/metrics`, as Prometheus text.
@@ -532,6 +629,37 @@ impl SimTarget {
         Ok(())
     }
 
+    /// The management cluster's control plane (the target's own).
+    fn management(&mut self) -> &mut ichor_testenv::ControlPlane {
+        self.env
+            .private_mut()
+            .expect("the sim target starts a control plane of its own")
+    }
+
+    /// Stops the management cluster's etcd (SIGKILL); its data stays for
+    /// [`start_management_etcd`](Self::start_management_etcd).
+    pub fn stop_management_etcd(&mut self) -> Result<(), Error> {
+        Ok(self.management().stop_etcd()?)
+    }
+
+    /// Starts the management cluster's etcd again, same ports and data, and waits until the
+    /// apiserver is ready.
+    pub async fn start_management_etcd(&mut self) -> Result<(), Error> {
+        Ok(self.management().start_etcd().await?)
+    }
+
+    /// Stops the management cluster's kube-apiserver (SIGKILL): nothing answers on its port
+    /// until [`start_management_api`](Self::start_management_api).
+    pub fn stop_management_api(&mut self) -> Result<(), Error> {
+        Ok(self.management().stop_apiserver()?)
+    }
+
+    /// Starts the management cluster's kube-apiserver again, same port, certificates and etcd,
+    /// and waits until it is ready.
+    pub async fn start_management_api(&mut self) -> Result<(), Error> {
+        Ok(self.management().start_apiserver().await?)
+    }
+
     /// The simulated nodes.
     pub fn nodes(&self) -> &[SimNode] {
         &self.nodes
@@ -547,16 +675,18 @@ impl SimTarget {
         self.dir.path()
     }
 
-    /// Fails when a secret value of the run shows in the manager's or the webhook's log, an
+    /// Fails when a secret value of the run shows in a manager replica's or the webhook's log, an
     /// Event, or an Ichor object's status ([`crate::leaks`]).
     pub async fn check_no_leaks(&self) -> Result<(), Error> {
         let manager = self.dir.path().join(MANAGER_LOG);
+        let second = self.dir.path().join(SECOND_MANAGER_LOG);
         let webhook = self.dir.path().join(WEBHOOK_LOG);
-        crate::leaks::check_cluster(
-            &self.env.client(),
-            &[("manager", &manager), ("webhook", &webhook)],
-        )
-        .await
+        let mut logs: Vec<(&str, &std::path::Path)> =
+            vec![("manager", &manager), ("webhook", &webhook)];
+        if second.exists() {
+            logs.push(("second manager", &second));
+        }
+        crate::leaks::check_cluster(&self.env.client(), &logs).await
     }
 
     /// Tears everything down, after the secret scan ([`Self::check_no_leaks`]): a leak fails
@@ -567,6 +697,7 @@ impl SimTarget {
             workload.stop();
         }
         self.kill_manager().await;
+        self.kill_second_manager().await;
         if let Some(mut webhook) = self.webhook.take() {
             let _ = webhook.kill().await;
         }

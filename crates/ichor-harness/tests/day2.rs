@@ -31,142 +31,17 @@ use kube::ResourceExt as _;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
-const CLUSTER: &str = "lab";
+mod support;
 
-/// Brings up `control_planes` + `workers` Ready machines in a cluster declaring `declared`
-/// control planes, with their Nodes registered in the workload cluster.
-async fn cluster_of(target: &SimTarget, declared: usize, control_planes: usize, workers: usize) {
-    let shape = Shape {
-        control_planes: declared,
-        ..Shape::new("v1.14.1", "flannel")
-    };
-    specs::create_cluster(target, &shape)
-        .await
-        .expect("cluster");
-    specs::wait_discovered(target, target.node_endpoints().len())
-        .await
-        .expect("discovered");
-    specs::approve_shape(target, control_planes, workers)
-        .await
-        .expect("approve");
-    if let Err(error) = specs::wait_ready(target, CLUSTER, Duration::from_secs(180)).await {
-        panic!("{error}: {}", specs::summary(target).await);
-    }
-    target
-        .kubelets_registered(CLUSTER)
-        .await
-        .expect("Nodes registered");
-}
-
-/// What the monitor saw.
-#[derive(Debug, Default, Clone, Copy)]
-struct Seen {
-    /// The most nodes down (not serving) at one moment.
-    most_down: usize,
-    /// The fewest etcd voters answering, and of how many, at one moment.
-    worst: Option<(usize, usize)>,
-}
-
-/// Watches etcd quorum and down nodes every 5 ms until stopped.
-struct Monitor {
-    stop: Arc<AtomicBool>,
-    task: tokio::task::JoinHandle<Result<Seen, String>>,
-}
-
-impl Monitor {
-    fn start(nodes: Vec<SimNode>) -> Self {
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = Arc::clone(&stop);
-        let task = tokio::spawn(async move {
-            let mut seen = Seen::default();
-            while !flag.load(Ordering::SeqCst) {
-                let mut down = 0;
-                for node in &nodes {
-                    if !node.is_serving().await {
-                        down += 1;
-                    }
-                    if let Some((voters, alive)) = node.etcd_quorum_view().await {
-                        if voters > 0 && alive * 2 <= voters {
-                            return Err(format!(
-                                "etcd below quorum: {alive} of {voters} voters answer"
-                            ));
-                        }
-                        if seen.worst.is_none_or(|(a, _)| alive < a) {
-                            seen.worst = Some((alive, voters));
-                        }
-                    }
-                }
-                seen.most_down = seen.most_down.max(down);
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-            Ok(seen)
-        });
-        Self { stop, task }
-    }
-
-    async fn finish(self) -> Seen {
-        self.stop.store(true, Ordering::SeqCst);
-        self.task
-            .await
-            .expect("monitor task")
-            .unwrap_or_else(|e| panic!("{e}"))
-    }
-}
+use support::cluster::{
+    CLUSTER, Monitor, cluster_of, control_planes_in_order, etcd_members, every_machine_applied,
+    gone, rolled_out, state_summary, uid_of, wait_rolled_out,
+};
 
 async fn removal_reason(target: &SimTarget, address: &str) -> Option<String> {
     specs::machine_condition(target, address, conditions::REMOVAL_APPROVED)
         .await
         .map(|(_, reason, _)| reason)
-}
-
-async fn etcd_members(target: &SimTarget, address: &str) -> Vec<ichor_talos::EtcdMember> {
-    let credentials = specs::talosconfig_credentials(target, CLUSTER)
-        .await
-        .expect("talosconfig");
-    ichor_talos::TalosClient::connect(address, &credentials)
-        .await
-        .expect("connect")
-        .etcd_members(false)
-        .await
-        .expect("members")
-}
-
-/// The UID of the record `name`, which its finalizer keeps while it is being removed.
-async fn uid_of(target: &SimTarget, name: &str) -> Option<String> {
-    let machines: Api<TalosMachine> = Api::namespaced(target.client(), target.namespace());
-    machines
-        .get(name)
-        .await
-        .expect("the machine being removed")
-        .metadata
-        .uid
-}
-
-/// Waits until the record `name` with `uid` has gone. A node reset to maintenance mode is
-/// discovered again under the same name: that new record is another machine record.
-async fn gone(target: &SimTarget, name: &str, uid: &Option<String>, limit: Duration) {
-    let machines: Api<TalosMachine> = Api::namespaced(target.client(), target.namespace());
-    if let Err(error) = try_eventually(&format!("{name} gone"), limit, || async {
-        machines
-            .get_opt(name)
-            .await
-            .is_ok_and(|m| m.is_none_or(|m| m.metadata.uid != *uid))
-    })
-    .await
-    {
-        let status = machines
-            .get_opt(name)
-            .await
-            .ok()
-            .flatten()
-            .and_then(|m| m.status);
-        panic!(
-            "{error}: {:?} {:?}\nmanager log:\n{}",
-            status.as_ref().map(|s| s.removal.clone()),
-            status.as_ref().map(|s| s.conditions.clone()),
-            target.manager_log_tail()
-        );
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -772,87 +647,6 @@ async fn drift_that_needs_a_reboot_is_applied_under_the_lock_one_node_at_a_time(
     let seen = monitor.finish().await;
     assert_eq!(seen.most_down, 1, "one node at a time: {seen:?}");
     target.down().await;
-}
-
-/// Whether every machine has its config applied (`ConfigApplied` true) and no drift in flight.
-async fn every_machine_applied(target: &SimTarget) -> bool {
-    let machines: Api<TalosMachine> = Api::namespaced(target.client(), target.namespace());
-    machines.list(&ListParams::default()).await.is_ok_and(|l| {
-        l.items.iter().all(|m| {
-            m.status.as_ref().is_some_and(|s| {
-                s.drift_reboot.is_none()
-                    && s.conditions.iter().any(|c| {
-                        c.type_ == conditions::CONFIG_APPLIED && c.status == ConditionStatus::True
-                    })
-            })
-        })
-    })
-}
-
-/// Waits until the cluster's `ConfigRolledOut` says `ConfigCurrent` and every machine has its
-/// config applied; fails with the state if not within two minutes.
-async fn wait_rolled_out(target: &SimTarget, what: &str) {
-    let done = try_eventually(what, Duration::from_secs(120), || async {
-        let current = rolled_out(target)
-            .await
-            .is_some_and(|(s, r, _)| s == ConditionStatus::True && r == reasons::CONFIG_CURRENT);
-        current && every_machine_applied(target).await
-    })
-    .await;
-    if let Err(e) = done {
-        panic!(
-            "{e}: {:?} {}",
-            rolled_out(target).await,
-            state_summary(target)
-        );
-    }
-}
-
-/// Each machine's drift and removal state and the cluster lock, for failure messages.
-fn state_summary(target: &SimTarget) -> String {
-    let handle = tokio::runtime::Handle::current();
-    tokio::task::block_in_place(|| {
-        handle.block_on(async {
-            let machines: Api<TalosMachine> = Api::namespaced(target.client(), target.namespace());
-            let clusters: Api<ichor_api::TalosCluster> =
-                Api::namespaced(target.client(), target.namespace());
-            let lock = clusters
-                .get(CLUSTER)
-                .await
-                .ok()
-                .and_then(|c| c.status)
-                .and_then(|s| s.lock);
-            let mut out = format!("lock {lock:?}; ");
-            for m in machines
-                .list(&ListParams::default())
-                .await
-                .map(|l| l.items)
-                .unwrap_or_default()
-            {
-                let status = m.status.unwrap_or_default();
-                let applied = status
-                    .conditions
-                    .iter()
-                    .find(|c| c.type_ == conditions::CONFIG_APPLIED)
-                    .map(|c| format!("{:?} {} {}", c.status, c.reason, c.message));
-                let removal = status
-                    .conditions
-                    .iter()
-                    .find(|c| c.type_ == conditions::REMOVAL_APPROVED)
-                    .map(|c| format!("{} {}", c.reason, c.message));
-                out.push_str(&format!(
-                    "{}: drift_reboot {:?} applied {:?} {applied:?} removal {:?} {removal:?}; ",
-                    m.spec.hostname.unwrap_or_default(),
-                    status.drift_reboot,
-                    status.applied_config_hash,
-                    status.removal
-                ));
-            }
-            out.push_str("\nmanager log:\n");
-            out.push_str(&target.manager_log_tail());
-            out
-        })
-    })
 }
 
 /// Whether the cluster has settled after an action: no operation in flight, every machine
@@ -1644,43 +1438,6 @@ async fn an_unhealthy_etcd_member_holds_every_other_control_plane_and_can_be_for
     let seen = monitor.finish().await;
     assert!(seen.worst.is_some_and(|(a, v)| a * 2 > v), "{seen:?}");
     target.down().await;
-}
-
-/// The control planes' names in drift rollout order (by name) and their sim nodes.
-async fn control_planes_in_order(target: &SimTarget) -> Vec<(String, SimNode)> {
-    let machines: Api<TalosMachine> = Api::namespaced(target.client(), target.namespace());
-    let mut out: Vec<(String, SimNode)> = machines
-        .list(&ListParams::default())
-        .await
-        .expect("machines")
-        .items
-        .into_iter()
-        .filter(|m| m.spec.role == Some(ichor_api::common::Role::ControlPlane))
-        .filter_map(|m| {
-            let address = m.status.as_ref()?.address.clone()?;
-            let node = target
-                .nodes()
-                .iter()
-                .find(|n| n.addr().ip().to_string() == address)?
-                .clone();
-            Some((m.name_any(), node))
-        })
-        .collect();
-    out.sort_by(|a, b| a.0.cmp(&b.0));
-    out
-}
-
-/// The cluster's `ConfigRolledOut` condition: (status, reason, message).
-async fn rolled_out(target: &SimTarget) -> Option<(ConditionStatus, String, String)> {
-    let clusters: Api<ichor_api::TalosCluster> =
-        Api::namespaced(target.client(), target.namespace());
-    let cluster = clusters.get(CLUSTER).await.ok()?;
-    cluster
-        .status?
-        .conditions
-        .into_iter()
-        .find(|c| c.type_ == conditions::CONFIG_ROLLED_OUT)
-        .map(|c| (c.status, c.reason, c.message))
 }
 
 /// Samples how many machines have a drift in flight (`status.driftReboot`) at once, until

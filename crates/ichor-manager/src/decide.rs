@@ -183,9 +183,13 @@ pub enum DriftRefused {
     /// apply is validated like the live one, so a config that is invalid (rather than not
     /// applicable live) is refused there, before any reboot.
     StageAndReboot,
-    /// The node is busy, unreachable or does not serve the call: report it and retry; a
-    /// transient error never reboots a node.
+    /// The node refused it for a passing reason (busy, or it does not serve the call): it did
+    /// not take the config. Report it and retry; a transient error never reboots a node.
     Retry,
+    /// No answer came (no connection, a timeout, another code): the node may have taken the
+    /// config all the same. Report it and retry, keeping the intent, so the next attempt looks
+    /// for the config on the node before it sends it again (a config is applied once).
+    Unanswered,
 }
 
 /// Decides on a refused `NO_REBOOT` apply by its gRPC code, never its text. Talos ≤ 1.13
@@ -195,9 +199,8 @@ pub enum DriftRefused {
 pub fn drift_refused(error: &TalosError) -> DriftRefused {
     match error.apply_refusal() {
         ApplyRefusal::NotLive => DriftRefused::StageAndReboot,
-        ApplyRefusal::Busy | ApplyRefusal::Unsupported | ApplyRefusal::NotAnswered => {
-            DriftRefused::Retry
-        }
+        ApplyRefusal::Busy | ApplyRefusal::Unsupported => DriftRefused::Retry,
+        ApplyRefusal::NotAnswered => DriftRefused::Unanswered,
     }
 }
 
@@ -246,14 +249,24 @@ mod tests {
             "another apply in progress"
         );
         assert_eq!(
+            drift_refused(&refused(tonic::Code::Unimplemented)),
+            DriftRefused::Retry,
+            "not served"
+        );
+        assert_eq!(
             drift_refused(&refused(tonic::Code::Unavailable)),
-            DriftRefused::Retry
+            DriftRefused::Unanswered
+        );
+        assert_eq!(
+            drift_refused(&refused(tonic::Code::DeadlineExceeded)),
+            DriftRefused::Unanswered,
+            "the call's limit passed: the node may have applied it"
         );
         let timeout = TalosError::ConnectTimeout {
             endpoint: "10.0.0.1".into(),
             seconds: 10,
         };
-        assert_eq!(drift_refused(&timeout), DriftRefused::Retry);
+        assert_eq!(drift_refused(&timeout), DriftRefused::Unanswered);
     }
 
     fn at(text: &str) -> Timestamp {

@@ -907,11 +907,13 @@ async fn roll_out(
     match apply_live_once(ctx, r.machine, r.client, r.rendered, status).await? {
         Ok(sent) => live_applied(ctx, r, status, sent).await,
         // Anything but "this needs a reboot" (the node busy, a timeout, a refused config)
-        // is reported and retried: a transient error never reboots a node.
-        Err(error) if drift_refused(&error) == DriftRefused::Retry => {
-            live_retried(ctx, r, status, &error).await
-        }
-        Err(error) => live_refused(ctx, r, status, &error).await,
+        // is reported and retried: a transient error never reboots a node. Without an answer
+        // the node may run the config already: the intent stays, so the retry looks first.
+        Err(error) => match drift_refused(&error) {
+            DriftRefused::StageAndReboot => live_refused(ctx, r, status, &error).await,
+            DriftRefused::Retry => live_retried(ctx, r, status, &error, false).await,
+            DriftRefused::Unanswered => live_retried(ctx, r, status, &error, true).await,
+        },
     }
 }
 
@@ -942,15 +944,20 @@ async fn live_applied(
     Ok(())
 }
 
-/// The node did not take the config live for a passing reason: the intent is forgotten, the
-/// lock released, and `ConfigApplied` says it is retried.
+/// The node did not take the config live for a passing reason, or did not answer: the lock is
+/// released and `ConfigApplied` says it is retried. The intent is forgotten when the node
+/// refused; kept (`unanswered`) when it may have taken the config, so the retry looks for it on
+/// the node before sending it again ([`apply_live_once`]).
 async fn live_retried(
     ctx: &Context,
     r: &Rollout<'_>,
     status: &mut TalosMachineStatus,
     error: &TalosError,
+    unanswered: bool,
 ) -> Result<(), Error> {
-    forget_drift_intent(ctx, r.machine, status).await?;
+    if !unanswered {
+        forget_drift_intent(ctx, r.machine, status).await?;
+    }
     crate::lock::release(ctx, r.cluster, &drift_holder(r.machine)).await?;
     cond::set(
         &mut status.conditions,

@@ -1,5 +1,6 @@
 //! Run-time controls of a node's API: partition, slowness and gates, applied to every call
-//! before it reaches a handler; and forwarding of calls that name another node with the
+//! before it reaches a handler (a partition from clients only acts on the connections instead,
+//! [`crate::cut`]); and forwarding of calls that name another node with the
 //! `node` metadata key (talos-facts §2 "Routing to nodes").
 
 use std::collections::BTreeMap;
@@ -81,6 +82,9 @@ impl Drop for Gate {
 pub(crate) struct Controls {
     partitioned: AtomicBool,
     healed: Notify,
+    /// Whether the node is cut off from clients outside the simulated network
+    /// ([`crate::Fault::PartitionFromClients`]); its connections watch it.
+    cut_off: watch::Sender<bool>,
     slow: StdMutex<Duration>,
     /// Per method: the wait before a call is handled, and before each later piece of its reply.
     slow_methods: StdMutex<BTreeMap<String, (Duration, Duration)>>,
@@ -103,6 +107,16 @@ impl Controls {
         if !partitioned {
             self.healed.notify_waiters();
         }
+    }
+
+    /// Cuts the node off from its clients, or heals the cut.
+    pub(crate) fn set_cut_off(&self, cut: bool) {
+        self.cut_off.send_replace(cut);
+    }
+
+    /// What the node's connections watch: whether it is cut off from its clients.
+    pub(crate) fn cut_off(&self) -> watch::Receiver<bool> {
+        self.cut_off.subscribe()
     }
 
     pub(crate) fn set_slow(&self, delay: Duration) {

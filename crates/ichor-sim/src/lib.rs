@@ -49,6 +49,7 @@ mod config;
 mod configured;
 mod control;
 mod cosi;
+mod cut;
 mod events;
 pub mod hardware;
 mod lifecycle;
@@ -261,7 +262,14 @@ pub enum Fault {
     MismatchedKey,
     /// The node stops answering (connections hang) and peers cannot reach it, until healed.
     Partition,
-    /// Ends a partition.
+    /// The network between the node and every client outside the simulated network (the
+    /// manager, `talosctl`, a test) is cut, until healed: on its connections, open or new,
+    /// nothing arrives and nothing is refused, both ways (a new connection's TLS handshake
+    /// never completes); once healed, what was held flows on. The node itself runs on, and its
+    /// peers still reach it (etcd, forwarding through a peer), as when one link fails rather
+    /// than the node (docs/adr/0033).
+    PartitionFromClients,
+    /// Ends a partition, of either kind.
     Heal,
     /// Every call waits this long before it is handled (zero ends it).
     Slow(Duration),
@@ -612,7 +620,11 @@ impl SimNode {
         let controls: &Controls = &self.shared.controls;
         match fault {
             Fault::Partition => controls.set_partitioned(true),
-            Fault::Heal => controls.set_partitioned(false),
+            Fault::PartitionFromClients => controls.set_cut_off(true),
+            Fault::Heal => {
+                controls.set_partitioned(false);
+                controls.set_cut_off(false);
+            }
             Fault::Slow(delay) => controls.set_slow(delay),
             Fault::SlowMethod {
                 method,
@@ -1154,7 +1166,12 @@ impl Node {
         let resolver = Arc::new(tls::Resolver::new(boot.certified));
         self.resolver = Some(Arc::clone(&resolver));
 
-        let (incoming, accept) = tls::incoming(listener, resolver, client_auth)?;
+        let (incoming, accept) = tls::incoming(
+            listener,
+            resolver,
+            client_auth,
+            self.shared.controls.cut_off(),
+        )?;
         let shared = Arc::clone(&self.shared);
         let (cosi, boot) = cosi::Cosi::new(this.clone(), Arc::clone(&shared), config.is_none());
         self.cosi = Some(boot);

@@ -15,6 +15,7 @@ use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 
 use crate::SimError;
+use crate::cut::Cut;
 
 /// A certificate with the fingerprint `talosctl` would pin.
 pub(crate) struct BootCertificate {
@@ -88,7 +89,7 @@ impl ResolvesServerCert for Resolver {
 
 /// TLS streams for tonic to serve.
 pub(crate) type Incoming = tokio_stream::wrappers::ReceiverStream<
-    Result<TlsStream<tokio::net::TcpStream>, std::io::Error>,
+    Result<TlsStream<Cut<tokio::net::TcpStream>>, std::io::Error>,
 >;
 
 /// Who may connect: anyone (maintenance mode neither requests nor verifies client
@@ -101,11 +102,13 @@ pub(crate) enum ClientAuth {
 }
 
 /// Accepts TCP on `listener`, terminates TLS, and yields the TLS streams; the task owns the
-/// listener, so aborting it frees the address.
+/// listener, so aborting it frees the address. Every connection stalls while `cut` is true
+/// ([`Cut`]).
 pub(crate) fn incoming(
     listener: TcpListener,
     resolver: Arc<Resolver>,
     client_auth: ClientAuth,
+    cut: tokio::sync::watch::Receiver<bool>,
 ) -> Result<(Incoming, JoinHandle<()>), SimError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ServerConfig::builder_with_provider(Arc::clone(&provider))
@@ -141,6 +144,7 @@ pub(crate) fn incoming(
         while let Ok((tcp, _)) = listener.accept().await {
             let acceptor = acceptor.clone();
             let tx = tx.clone();
+            let tcp = Cut::new(tcp, cut.clone());
             tokio::spawn(async move {
                 // A failed handshake is the client's problem; the node keeps serving.
                 if let Ok(stream) = acceptor.accept(tcp).await {

@@ -88,6 +88,33 @@ async fn the_binary_runs_nodes_and_takes_faults_through_its_control_endpoint() {
     http(&control, "POST", "/nodes/127.0.50.2/heal").await;
     client.version().await.expect("healed");
 
+    // Cut off from clients: open connections and new ones stall, until healed.
+    let (status, _) = http(&control, "POST", "/nodes/127.0.50.2/partition-from-clients").await;
+    assert!(status.contains("200"), "{status}");
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), client.version())
+            .await
+            .is_err(),
+        "cut off"
+    );
+    assert!(
+        tokio::time::timeout(
+            Duration::from_millis(300),
+            TalosClient::connect_maintenance(addr, fingerprint)
+        )
+        .await
+        .is_err(),
+        "a new connection never completes its handshake"
+    );
+    http(&control, "POST", "/nodes/127.0.50.2/heal").await;
+    client.version().await.expect("healed");
+    TalosClient::connect_maintenance(addr, fingerprint)
+        .await
+        .expect("a new connection once healed")
+        .version()
+        .await
+        .expect("answers");
+
     http(&control, "POST", "/nodes/127.0.50.2/gates/Version").await;
     let held = tokio::spawn({
         let client = client.clone();

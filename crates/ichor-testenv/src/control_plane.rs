@@ -72,8 +72,12 @@ impl ControlPlaneBuilder {
 #[derive(Debug)]
 pub struct ControlPlane {
     // Field order is drop order: the processes die before the watchdog removes the folder.
-    apiserver: Supervised,
-    etcd: Supervised,
+    // Each is `None` while stopped ([`ControlPlane::stop_apiserver`], [`ControlPlane::stop_etcd`]).
+    apiserver: Option<Supervised>,
+    etcd: Option<Supervised>,
+    /// How each was started: a restart runs the same again (same ports, data and certificates).
+    apiserver_spec: ChildSpec,
+    etcd_spec: ChildSpec,
     connection: Connection,
     _watchdog: Watchdog,
     dir: tempfile::TempDir,
@@ -174,7 +178,7 @@ impl ControlPlane {
             write(&root.join(name), contents)?;
         }
 
-        let (etcd, etcd_url) = start_etcd(assets_dir, &root, &pgids)?;
+        let (etcd, etcd_url, etcd_spec) = start_etcd(assets_dir, &root, &pgids)?;
         let api_port = free_port()?;
         let server = format!("https://127.0.0.1:{api_port}");
         let p = |name: &str| root.join(name).display().to_string();
@@ -200,23 +204,22 @@ impl ControlPlane {
             apiserver_args.extend(audit_args(&root, Path::new(&audit_dir))?);
         }
         apiserver_args.extend(extra_apiserver_args.iter().cloned());
-        let apiserver = Supervised::start(
-            "kube-apiserver",
-            ChildSpec {
-                program: assets_dir.join("kube-apiserver"),
-                args: args(&apiserver_args),
-                log: root.join("kube-apiserver.log"),
-                env: Vec::new(),
-            },
-            &pgids,
-        )
-        .map_err(Error::io("start kube-apiserver"))?;
+        let apiserver_spec = ChildSpec {
+            program: assets_dir.join("kube-apiserver"),
+            args: args(&apiserver_args),
+            log: root.join("kube-apiserver.log"),
+            env: Vec::new(),
+        };
+        let apiserver = Supervised::start("kube-apiserver", apiserver_spec.clone(), &pgids)
+            .map_err(Error::io("start kube-apiserver"))?;
 
         let kubeconfig = kubeconfig_yaml(&server, &ca, &admin);
         write(&root.join(crate::KUBECONFIG_FILE), &kubeconfig)?;
         let mut plane = Self {
-            apiserver,
-            etcd,
+            apiserver: Some(apiserver),
+            etcd: Some(etcd),
+            apiserver_spec,
+            etcd_spec,
             connection: Connection {
                 dir: root,
                 server,
@@ -232,7 +235,70 @@ impl ControlPlane {
 
     async fn wait_ready(&mut self) -> Result<(), Error> {
         let client = self.connection.client().await?;
-        wait_readyz(&client, &mut [&mut self.etcd, &mut self.apiserver]).await
+        let mut running: Vec<&mut Supervised> = self
+            .etcd
+            .iter_mut()
+            .chain(self.apiserver.iter_mut())
+            .collect();
+        wait_readyz(&client, &mut running).await
+    }
+
+    /// Stops kube-apiserver (SIGKILL): its API stops answering; etcd and everything stored
+    /// stay for [`start_apiserver`](Self::start_apiserver).
+    pub fn stop_apiserver(&mut self) -> Result<(), Error> {
+        if let Some(apiserver) = self.apiserver.take() {
+            apiserver
+                .discard(&self.dir.path().join(PGIDS_FILE))
+                .map_err(Error::io("stop kube-apiserver"))?;
+        }
+        Ok(())
+    }
+
+    /// Starts kube-apiserver again after [`stop_apiserver`](Self::stop_apiserver), on the same
+    /// port with the same certificates and etcd, so every kubeconfig still works; waits until
+    /// it is ready (etcd must run).
+    pub async fn start_apiserver(&mut self) -> Result<(), Error> {
+        if self.apiserver.is_none() {
+            self.apiserver = Some(
+                Supervised::start(
+                    "kube-apiserver",
+                    self.apiserver_spec.clone(),
+                    &self.dir.path().join(PGIDS_FILE),
+                )
+                .map_err(Error::io("start kube-apiserver"))?,
+            );
+        }
+        self.wait_ready().await
+    }
+
+    /// Stops etcd (SIGKILL), as a crash would: the apiserver stays up and fails what needs
+    /// storage until [`start_etcd`](Self::start_etcd).
+    pub fn stop_etcd(&mut self) -> Result<(), Error> {
+        if let Some(etcd) = self.etcd.take() {
+            etcd.discard(&self.dir.path().join(PGIDS_FILE))
+                .map_err(Error::io("stop etcd"))?;
+        }
+        Ok(())
+    }
+
+    /// Starts etcd again after [`stop_etcd`](Self::stop_etcd), on the same ports over the same
+    /// data, and waits until the apiserver (when it runs) is ready again.
+    pub async fn start_etcd(&mut self) -> Result<(), Error> {
+        if self.etcd.is_none() {
+            self.etcd = Some(
+                Supervised::start(
+                    "etcd",
+                    self.etcd_spec.clone(),
+                    &self.dir.path().join(PGIDS_FILE),
+                )
+                .map_err(Error::io("start etcd"))?,
+            );
+        }
+        if self.apiserver.is_some() {
+            self.wait_ready().await
+        } else {
+            Ok(())
+        }
     }
 
     /// How to reach this control plane.
@@ -245,16 +311,21 @@ impl ControlPlane {
         self.dir.path()
     }
 
-    /// The process ids of etcd and kube-apiserver (each also its process group).
+    /// The process ids of etcd and kube-apiserver (each also its process group); 0 for one
+    /// that is stopped.
     pub fn pids(&self) -> [u32; 2] {
-        [self.etcd.pid(), self.apiserver.pid()]
+        [
+            self.etcd.as_ref().map_or(0, Supervised::pid),
+            self.apiserver.as_ref().map_or(0, Supervised::pid),
+        ]
     }
 }
 
 /// How often etcd is started on fresh ports when another process took a chosen one first.
 const ETCD_ATTEMPTS: usize = 3;
 
-/// Starts etcd on free loopback ports, its data in `root/etcd`; returns it and its client URL.
+/// Starts etcd on free loopback ports, its data in `root/etcd`; returns it, its client URL, and
+/// how it was started (to start it again over the same data and ports).
 ///
 /// A port is free when [`free_port`] looks, but another test may bind it before etcd does; etcd
 /// then exits at once with `address already in use`. That start is retried on fresh ports.
@@ -262,36 +333,33 @@ pub(crate) fn start_etcd(
     assets_dir: &Path,
     root: &Path,
     pgids: &Path,
-) -> Result<(Supervised, String), Error> {
+) -> Result<(Supervised, String, ChildSpec), Error> {
     let mut attempt = 1;
     loop {
         let (etcd_port, peer_port) = (free_port()?, free_port()?);
         let etcd_url = format!("http://127.0.0.1:{etcd_port}");
         let peer_url = format!("http://127.0.0.1:{peer_port}");
         let _ = std::fs::remove_dir_all(root.join("etcd"));
-        let mut etcd = Supervised::start(
-            "etcd",
-            ChildSpec {
-                program: assets_dir.join("etcd"),
-                args: args(&[
-                    "--name=testenv".into(),
-                    format!("--data-dir={}", root.join("etcd").display()),
-                    format!("--listen-client-urls={etcd_url}"),
-                    format!("--advertise-client-urls={etcd_url}"),
-                    format!("--listen-peer-urls={peer_url}"),
-                    format!("--initial-advertise-peer-urls={peer_url}"),
-                    format!("--initial-cluster=testenv={peer_url}"),
-                    "--unsafe-no-fsync=true".into(),
-                    "--log-level=warn".into(),
-                ]),
-                log: root.join("etcd.log"),
-                env: Vec::new(),
-            },
-            pgids,
-        )
-        .map_err(Error::io("start etcd"))?;
+        let spec = ChildSpec {
+            program: assets_dir.join("etcd"),
+            args: args(&[
+                "--name=testenv".into(),
+                format!("--data-dir={}", root.join("etcd").display()),
+                format!("--listen-client-urls={etcd_url}"),
+                format!("--advertise-client-urls={etcd_url}"),
+                format!("--listen-peer-urls={peer_url}"),
+                format!("--initial-advertise-peer-urls={peer_url}"),
+                format!("--initial-cluster=testenv={peer_url}"),
+                "--unsafe-no-fsync=true".into(),
+                "--log-level=warn".into(),
+            ]),
+            log: root.join("etcd.log"),
+            env: Vec::new(),
+        };
+        let mut etcd =
+            Supervised::start("etcd", spec.clone(), pgids).map_err(Error::io("start etcd"))?;
         match etcd_listening(&mut etcd, etcd_port) {
-            Ok(()) => return Ok((etcd, etcd_url)),
+            Ok(()) => return Ok((etcd, etcd_url, spec)),
             Err(log) if log.contains("address already in use") && attempt < ETCD_ATTEMPTS => {
                 etcd.discard(pgids).map_err(Error::io("start etcd"))?;
                 attempt += 1;

@@ -287,6 +287,11 @@ impl TestEnv {
         &self.connection
     }
 
+    /// This test's own control plane, to stop and start its parts; none for the shared one.
+    pub fn private_mut(&mut self) -> Option<&mut ControlPlane> {
+        self.private.as_mut()
+    }
+
     /// Whether this control plane belongs to this test alone.
     pub fn is_private(&self) -> bool {
         self.private.is_some()

@@ -216,7 +216,7 @@ impl WorkloadControlPlane {
         }
         let p = |name: &str| root.join(name).display().to_string();
 
-        let (mut etcd, etcd_url) = start_etcd(&assets_dir, &root, &pgids)?;
+        let (mut etcd, etcd_url, _) = start_etcd(&assets_dir, &root, &pgids)?;
         let ip = endpoint.ip();
         let mut apiserver_args = vec![
             format!("--etcd-servers={etcd_url}"),

@@ -334,3 +334,40 @@ async fn deny_once_registered(config_maps: &Api<ConfigMap>) -> String {
         }
     }
 }
+
+#[tokio::test]
+async fn a_restarted_etcd_or_apiserver_keeps_the_objects_the_ports_and_the_kubeconfig() {
+    let mut plane = ControlPlane::start().await.expect("control plane");
+    let client = plane.connection().client().await.expect("client");
+    let maps = Api::<ConfigMap>::namespaced(client.clone(), "default");
+    let map = ConfigMap {
+        metadata: meta("kept"),
+        data: Some([("k".to_owned(), "v".to_owned())].into()),
+        ..Default::default()
+    };
+    maps.create(&PostParams::default(), &map)
+        .await
+        .expect("create");
+    let [etcd, apiserver] = plane.pids();
+
+    plane.stop_etcd().expect("stop etcd");
+    assert_eq!(plane.pids()[0], 0, "no etcd pid while stopped");
+    plane.start_etcd().await.expect("start etcd");
+    assert_ne!(plane.pids()[0], etcd, "a new etcd");
+    let read = maps.get("kept").await.expect("read after the etcd restart");
+    assert_eq!(read.data.expect("data")["k"], "v");
+
+    plane.stop_apiserver().expect("stop the apiserver");
+    assert!(
+        maps.get("kept").await.is_err(),
+        "nothing answers on the apiserver's port"
+    );
+    plane.start_apiserver().await.expect("start the apiserver");
+    assert_ne!(plane.pids()[1], apiserver, "a new apiserver");
+    // The same client (same port, same certificates) reads what was stored.
+    let read = maps
+        .get("kept")
+        .await
+        .expect("read after the apiserver restart");
+    assert_eq!(read.data.expect("data")["k"], "v");
+}

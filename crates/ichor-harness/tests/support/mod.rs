@@ -1,7 +1,9 @@
-//! What the backup, restore and fleet specs share: a client of their own for the S3 server's
-//! bucket, Secrets written as a person would, and a process's memory from `/proc`.
+//! What the specs share: a client of their own for the S3 server's bucket, Secrets written as
+//! a person would, a process's memory from `/proc`, and ([`cluster`]) a cluster to work on.
 // Each spec uses part of it.
 #![allow(dead_code)]
+
+pub mod cluster;
 
 use std::sync::Arc;
 

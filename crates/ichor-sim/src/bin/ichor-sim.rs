@@ -18,7 +18,9 @@
 //!   `etcd_keys`: the keys of its etcd cluster's keyspace (null without a member), and `rpcs`:
 //!   how many Talos API calls arrived at it since it started;
 //! - `POST /nodes/{ip}/{action}` with `action` one of `crash`, `restart`, `reboot`,
-//!   `partition`, `heal`, `cni-present`, `cni-absent`, `different-certificate`,
+//!   `partition` (the node answers no one, peers included), `partition-from-clients` (the
+//!   network between the node and every client is cut; its peers still reach it), `heal` (ends
+//!   either), `cni-present`, `cni-absent`, `different-certificate`,
 //!   `mismatched-key`, `fail-leave`, `succeed-leave`, `etcd-unhealthy`, `etcd-healthy`,
 //!   `upgrade-rollback`, `upgrade-forward`, `require-reboot`, `apply-live`, `install-fails`,
 //!   `install-succeeds`, `install-hangs`, `install-unhangs`, `disks-detached`, `disks-attached`,
@@ -193,6 +195,7 @@ async fn act(
             );
         }
         "partition" => Fault::Partition,
+        "partition-from-clients" => Fault::PartitionFromClients,
         "heal" => Fault::Heal,
         "different-certificate" => Fault::DifferentCertificate,
         "mismatched-key" => Fault::MismatchedKey,
