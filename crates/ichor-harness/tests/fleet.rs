@@ -378,7 +378,10 @@ async fn counters(target: &SimTarget, audit: Option<&Path>) -> Counters {
     }
     Counters {
         reconciles,
-        skipped: target.manager_skipped("TalosMachine").await.expect("metrics"),
+        skipped: target
+            .manager_skipped("TalosMachine")
+            .await
+            .expect("metrics"),
         rpcs: target.nodes().iter().map(ichor_sim::SimNode::rpcs).sum(),
         audit: audit_len(audit),
     }
