@@ -574,6 +574,12 @@ impl SimTarget {
             .map_or(0, |value| value as u64))
     }
 
+    /// A client of the management cluster as `user` in `group` (e.g. `system:masters`): its
+    /// requests are audited under its own name, unlike the test administrator's.
+    pub async fn client_as(&self, user: &str, group: Option<&str>) -> Result<kube::Client, Error> {
+        Ok(self.env.client_as(user, group).await?)
+    }
+
     /// The running manager's reconciles of `kind` that were skipped as echoes of the object's
     /// own last look (`ichor_reconciles_skipped_total`).
     pub async fn manager_skipped(&self, kind: &str) -> Result<u64, Error> {

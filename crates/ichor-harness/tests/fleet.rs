@@ -294,18 +294,22 @@ fn manager_requests(log: &Path, from: usize, to: usize) -> usize {
         .count()
 }
 
-/// The requests in an audit log from byte `from` to `to` sent by anyone but the manager and
-/// the webhook: the spec's own (it sends nothing else meanwhile).
-fn spec_requests(log: &Path, from: usize, to: usize) -> Vec<ichor_harness::audit::Request> {
+/// Who looks at the fleet as a person would (audited under this name; the test administrator
+/// is not audited).
+const VIEWER: &str = "fleet-viewer";
+
+/// The requests in an audit log from byte `from` to `to` sent by `user`.
+fn requests_of(
+    log: &Path,
+    from: usize,
+    to: usize,
+    user: &str,
+) -> Vec<ichor_harness::audit::Request> {
     let text = std::fs::read(log).unwrap_or_default();
     let slice = String::from_utf8_lossy(&text[from.min(text.len())..to.min(text.len())]);
-    let system = format!(
-        "system:serviceaccount:{}:",
-        ichor_harness::sim::SYSTEM_NAMESPACE
-    );
     ichor_harness::audit::requests(&slice)
         .into_iter()
-        .filter(|r| !r.user.starts_with(&system))
+        .filter(|r| r.user == user)
         .collect()
 }
 
@@ -313,8 +317,12 @@ fn spec_requests(log: &Path, from: usize, to: usize) -> Vec<ichor_harness::audit
 /// them) of `kubectl ichor describe` of one cluster, of `kubectl ichor pending`, and of the
 /// demo's machine table, each counted in the audit log.
 async fn view_requests(target: &SimTarget, audit: &Path) -> Vec<(&'static str, usize, usize)> {
+    let client = target
+        .client_as(VIEWER, Some("system:masters"))
+        .await
+        .expect("a client for the viewer");
     let conn = kubectl_ichor::connect::Connection {
-        client: target.client(),
+        client,
         namespace: target.namespace().to_owned(),
     };
     let mut counted = Vec::new();
@@ -341,7 +349,7 @@ async fn view_requests(target: &SimTarget, audit: &Path) -> Vec<(&'static str, u
         }
         // The audit log is written as requests finish; give its writer a moment.
         tokio::time::sleep(Duration::from_secs(1)).await;
-        let requests = spec_requests(audit, from, audit_len(Some(audit)));
+        let requests = requests_of(audit, from, audit_len(Some(audit)), VIEWER);
         let lists = requests
             .iter()
             .filter(|r| r.permission.verb == "list")
