@@ -74,9 +74,9 @@ pub fn fleet(root: &Path) -> Result<()> {
          entries in the apiserver's audit log (watches and lists included); Talos RPCs are the\n\
          calls the simulated nodes received (discovery's maintenance probes included). Measured\n\
          on this project's {cores}-core build machine (1-minute load average {load} when the run\n\
-         started); the apiserver, etcd and the simulator (in the unoptimized test binary) share\n\
-         those cores with the manager, so durations are this setup's, and memory, reconciles,\n\
-         requests and RPCs are the manager's own.\n\n\
+         started); the apiserver, etcd and the simulator (in the unoptimized test binary, on two\n\
+         threads of its own) share those cores with the manager, so durations are this setup's,\n\
+         and memory, reconciles, requests and RPCs are the manager's own.\n\n\
          {table}\n\
          Reproduce with `{command}` (`{SIZES_ENV}` takes comma-separated machine counts,\n\
          multiples of 20 up to 1280).\n"

@@ -13,6 +13,7 @@ pub mod qemu;
 pub mod rails;
 pub mod sim;
 pub mod specs;
+pub mod table;
 
 use std::path::PathBuf;
 

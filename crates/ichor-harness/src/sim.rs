@@ -60,6 +60,10 @@ pub struct SimOptions {
     /// manager takes over quickly after a kill, unless a spec loads the machine so much that
     /// renewals may come late.
     pub lease_seconds: u64,
+    /// The runtime the simulated nodes run on: the caller's unless set. A fleet of hundreds of
+    /// nodes gets its own threads, so that the nodes and the spec's own client do not starve
+    /// each other on one runtime.
+    pub nodes_runtime: Option<tokio::runtime::Handle>,
 }
 
 impl SimOptions {
@@ -79,6 +83,7 @@ impl SimOptions {
             requeue_ms: 300,
             sweep_timeout_ms: 500,
             lease_seconds: 5,
+            nodes_runtime: None,
         }
     }
 
@@ -375,15 +380,20 @@ impl SimTarget {
             if let Some(change) = options.hardware {
                 change(host, &mut hardware);
             }
-            nodes.push(
-                SimNode::spawn(NodeSpec {
-                    hardware,
-                    timings: options.timings,
-                    etcd_size: options.etcd_size,
-                    ..NodeSpec::new(addr, &options.talos_version)
-                })
-                .await?,
-            );
+            let spec = NodeSpec {
+                hardware,
+                timings: options.timings,
+                etcd_size: options.etcd_size,
+                ..NodeSpec::new(addr, &options.talos_version)
+            };
+            let node = match &options.nodes_runtime {
+                Some(runtime) => runtime
+                    .spawn(SimNode::spawn(spec))
+                    .await
+                    .map_err(|e| Error::Spec(format!("a simulated node did not start: {e}")))??,
+                None => SimNode::spawn(spec).await?,
+            };
+            nodes.push(node);
         }
         let mut target = Self {
             env,
@@ -557,6 +567,24 @@ impl SimTarget {
     pub async fn manager_reconciles(&self, kind: &str) -> Result<u64, Error> {
         let text = self.manager_metrics().await?;
         let series = format!("ichor_reconciles_total{{kind=\"{kind}\"}}");
+        Ok(text
+            .lines()
+            .find_map(|line| line.strip_prefix(series.as_str()))
+            .and_then(|value| value.trim().parse::<f64>().ok())
+            .map_or(0, |value| value as u64))
+    }
+
+    /// A client of the management cluster as `user` in `group` (e.g. `system:masters`): its
+    /// requests are audited under its own name, unlike the test administrator's.
+    pub async fn client_as(&self, user: &str, group: Option<&str>) -> Result<kube::Client, Error> {
+        Ok(self.env.client_as(user, group).await?)
+    }
+
+    /// The running manager's reconciles of `kind` that were skipped as echoes of the object's
+    /// own last look (`ichor_reconciles_skipped_total`).
+    pub async fn manager_skipped(&self, kind: &str) -> Result<u64, Error> {
+        let text = self.manager_metrics().await?;
+        let series = format!("ichor_reconciles_skipped_total{{kind=\"{kind}\"}}");
         Ok(text
             .lines()
             .find_map(|line| line.strip_prefix(series.as_str()))

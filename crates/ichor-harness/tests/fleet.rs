@@ -294,6 +294,71 @@ fn manager_requests(log: &Path, from: usize, to: usize) -> usize {
         .count()
 }
 
+/// Who looks at the fleet as a person would (audited under this name; the test administrator
+/// is not audited).
+const VIEWER: &str = "fleet-viewer";
+
+/// The requests in an audit log from byte `from` to `to` sent by `user`.
+fn requests_of(
+    log: &Path,
+    from: usize,
+    to: usize,
+    user: &str,
+) -> Vec<ichor_harness::audit::Request> {
+    let text = std::fs::read(log).unwrap_or_default();
+    let slice = String::from_utf8_lossy(&text[from.min(text.len())..to.min(text.len())]);
+    ichor_harness::audit::requests(&slice)
+        .into_iter()
+        .filter(|r| r.user == user)
+        .collect()
+}
+
+/// What a person's view of the fleet costs the apiserver: the requests (and the lists among
+/// them) of `kubectl ichor describe` of one cluster, of `kubectl ichor pending`, and of the
+/// demo's machine table, each counted in the audit log.
+async fn view_requests(target: &SimTarget, audit: &Path) -> Vec<(&'static str, usize, usize)> {
+    let client = target
+        .client_as(VIEWER, Some("system:masters"))
+        .await
+        .expect("a client for the viewer");
+    let conn = kubectl_ichor::connect::Connection {
+        client,
+        namespace: target.namespace().to_owned(),
+    };
+    let mut counted = Vec::new();
+    for view in [
+        "kubectl ichor describe",
+        "kubectl ichor pending",
+        "demo table",
+    ] {
+        let from = audit_len(Some(audit));
+        match view {
+            "kubectl ichor describe" => {
+                kubectl_ichor::describe::describe(&conn, &cluster_name(0))
+                    .await
+                    .expect("describe");
+            }
+            "kubectl ichor pending" => {
+                kubectl_ichor::machines::pending(&conn)
+                    .await
+                    .expect("pending");
+            }
+            _ => {
+                ichor_harness::table::machines(&conn.client, &conn.namespace).await;
+            }
+        }
+        // The audit log is written as requests finish; give its writer a moment.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let requests = requests_of(audit, from, audit_len(Some(audit)), VIEWER);
+        let lists = requests
+            .iter()
+            .filter(|r| r.permission.verb == "list")
+            .count();
+        counted.push((view, requests.len(), lists));
+    }
+    counted
+}
+
 fn audit_len(log: Option<&Path>) -> usize {
     log.and_then(|l| std::fs::metadata(l).ok())
         .map_or(0, |m| usize::try_from(m.len()).unwrap_or(usize::MAX))
@@ -303,6 +368,8 @@ fn audit_len(log: Option<&Path>) -> usize {
 #[derive(Debug, Clone, Default)]
 struct Counters {
     reconciles: BTreeMap<&'static str, u64>,
+    /// TalosMachine reconciles skipped as echoes of a machine's own last look.
+    skipped: u64,
     rpcs: usize,
     audit: usize,
 }
@@ -319,6 +386,10 @@ async fn counters(target: &SimTarget, audit: Option<&Path>) -> Counters {
     }
     Counters {
         reconciles,
+        skipped: target
+            .manager_skipped("TalosMachine")
+            .await
+            .expect("metrics"),
         rpcs: target.nodes().iter().map(ichor_sim::SimNode::rpcs).sum(),
         audit: audit_len(audit),
     }
@@ -338,11 +409,17 @@ struct Measured {
     at_ready: Counters,
     after_idle: Counters,
     audit: Option<PathBuf>,
+    /// Requests and lists of each person's view of the fleet ([`view_requests`]).
+    views: Vec<(&'static str, usize, usize)>,
 }
 
 impl Measured {
     fn reconciles(&self, kind: &str, from: &Counters, to: &Counters) -> f64 {
         (to.reconciles[kind] - from.reconciles[kind]) as f64 / self.machines as f64
+    }
+
+    fn skipped(&self, from: &Counters, to: &Counters) -> f64 {
+        (to.skipped - from.skipped) as f64 / self.machines as f64
     }
 
     fn requests(&self, from: &Counters, to: &Counters) -> f64 {
@@ -354,6 +431,24 @@ impl Measured {
     fn rpcs(&self, from: &Counters, to: &Counters) -> f64 {
         (to.rpcs - from.rpcs) as f64 / self.machines as f64
     }
+}
+
+/// The runtime the simulated nodes run on: two threads of their own, so that a thousand
+/// nodes and the spec's client (its approvals, its waits) do not share one runtime's two
+/// threads. Kept for the whole process: a runtime is not dropped inside another.
+fn nodes_runtime() -> tokio::runtime::Handle {
+    static RUNTIME: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
+    RUNTIME
+        .get_or_init(|| {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .thread_name("sim-nodes")
+                .enable_all()
+                .build()
+                .expect("the simulated nodes' runtime")
+        })
+        .handle()
+        .clone()
 }
 
 /// Brings up a fleet of `machines`, approves it, waits for all-Ready and measures.
@@ -368,6 +463,7 @@ async fn run(machines: usize) -> Measured {
         requeue_ms: 2000,
         sweep_timeout_ms: 2000,
         lease_seconds: 15,
+        nodes_runtime: Some(nodes_runtime()),
         ..SimOptions::new(0, *NETS.start(), VERSION)
     })
     .await
@@ -398,6 +494,10 @@ async fn run(machines: usize) -> Measured {
         / ticks_per_second()
         / idle_started.elapsed().as_secs_f64();
     let after_idle = counters(&target, audit.as_deref()).await;
+    let views = match audit.as_deref() {
+        Some(log) => view_requests(&target, log).await,
+        None => Vec::new(),
+    };
     let measured = Measured {
         machines,
         clusters,
@@ -410,6 +510,7 @@ async fn run(machines: usize) -> Measured {
         at_ready,
         after_idle,
         audit,
+        views,
     };
     eprintln!("{machines}: {measured:?}");
     target.down().await;
@@ -425,14 +526,14 @@ fn table(runs: &[Measured]) -> String {
     let install = simulated_install().as_secs_f64();
     let bound = 1.1 * install + 60.0;
     let mut out = String::from(
-        "| machines (clusters) | discovery | approval to all-Ready | manager peak RSS (VmHWM) | RSS after | idle CPU (60 s) | TalosMachine reconciles / machine | TalosCluster reconciles / machine | apiserver requests / machine | Talos RPCs / machine | idle: requests, RPCs / machine |\n\
-         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        "| machines (clusters) | discovery | approval to all-Ready | manager peak RSS (VmHWM) | RSS after | idle CPU (60 s) | TalosMachine reconciles / machine | echoes skipped / machine | TalosCluster reconciles / machine | apiserver requests / machine | Talos RPCs / machine | idle: requests, RPCs / machine |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for r in runs {
         let (a, b, c) = (&r.at_approval, &r.at_ready, &r.after_idle);
         let _ = writeln!(
             out,
-            "| {} ({}) | {:.1} s | {:.1} s ({}) | {:.1} MiB ({}) | {:.1} MiB | {:.2}% ({}) | {:.1} ({}) | {:.2} | {:.1} | {:.1} | {:.2}, {:.2} |",
+            "| {} ({}) | {:.1} s | {:.1} s ({}) | {:.1} MiB ({}) | {:.1} MiB | {:.2}% ({}) | {:.1} ({}) | {:.1} | {:.2} | {:.1} | {:.1} | {:.2}, {:.2} |",
             r.machines,
             r.clusters,
             r.discovered.as_secs_f64(),
@@ -445,6 +546,7 @@ fn table(runs: &[Measured]) -> String {
             met(r.idle_cpu <= 0.01),
             r.reconciles("TalosMachine", a, b),
             met(r.reconciles("TalosMachine", a, b) <= 10.0),
+            r.skipped(a, b),
             r.reconciles("TalosCluster", a, b),
             r.requests(a, b),
             r.rpcs(a, b),
@@ -466,20 +568,47 @@ fn table(runs: &[Measured]) -> String {
     out
 }
 
+/// What a person's views of the fleet cost, per fleet size: requests (lists among them) in
+/// the audit log.
+fn views_table(runs: &[Measured]) -> String {
+    let mut out = String::from(
+        "\nWhat a person's view of the fleet costs the apiserver (the audit log's requests, lists among them; pages of 500):\n\n\
+         | machines | kubectl ichor describe (one cluster) | kubectl ichor pending | demo table |\n\
+         |---|---:|---:|---:|\n",
+    );
+    for r in runs {
+        let cells: Vec<String> = r
+            .views
+            .iter()
+            .map(|(_, requests, lists)| format!("{requests} ({lists} lists)"))
+            .collect();
+        let _ = writeln!(out, "| {} | {} |", r.machines, cells.join(" | "));
+    }
+    out
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fleet_of_machines_on_one_manager_converges_and_idles() {
     let mut runs = Vec::new();
     for size in sizes() {
         runs.push(run(size).await);
-        let report = table(&runs);
+        let report = format!("{}{}", table(&runs), views_table(&runs));
         println!("\n{report}");
         if let Some(path) = std::env::var_os(REPORT_ENV) {
             std::fs::write(&path, &report).expect("write the report");
         }
     }
     // What must hold whatever the timings: every machine was reconciled, every node asked.
+    // A person's views list in pages, never once per machine.
     for run in &runs {
         assert!(run.at_ready.reconciles["TalosMachine"] >= run.machines as u64);
         assert!(run.at_ready.rpcs > run.at_approval.rpcs);
+        for (view, requests, _) in &run.views {
+            assert!(
+                *requests <= 2 + run.machines.div_ceil(500),
+                "{view} sent {requests} requests for {} machines",
+                run.machines
+            );
+        }
     }
 }

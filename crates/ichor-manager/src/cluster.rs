@@ -26,6 +26,8 @@ use plan::{Tally, Teardown};
 
 mod plan;
 
+pub(crate) use plan::machines_see;
+
 fn talosconfig_name(cluster: &TalosCluster) -> String {
     format!("{}-talosconfig", cluster.name_any())
 }

@@ -128,6 +128,8 @@ pub struct Context {
     pub layers: layers::Layers,
     /// The clusters with a backup running (one at a time per cluster).
     backups: backups::InFlight,
+    /// The last look at each machine in progress (echoes of its own writes wait).
+    pub looks: machine::Looks,
 }
 
 impl Context {
@@ -151,6 +153,7 @@ impl Context {
             own: own::Cache::default(),
             layers: layers::Layers::default(),
             backups: backups::InFlight::default(),
+            looks: machine::Looks::default(),
         }
     }
 
@@ -159,6 +162,13 @@ impl Context {
     pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
         self
+    }
+
+    /// `machines`, recorded as woken by a related object (so that none is taken for an echo
+    /// of its own writes).
+    fn woke(&self, machines: Vec<ObjectRef<TalosMachine>>) -> Vec<ObjectRef<TalosMachine>> {
+        self.looks.wake(&machines);
+        machines
     }
 
     /// The current time, as recorded in status fields.
@@ -356,6 +366,25 @@ fn machines_of(
         .collect()
 }
 
+/// What each cluster's machines were last woken for ([`cluster::machines_see`]'s digest, by
+/// namespace and name): a cluster event that changes none of it wakes no machine (ADR 0029).
+#[derive(Debug, Default)]
+struct Woken(Mutex<BTreeMap<(Option<String>, String), u64>>);
+
+impl Woken {
+    /// Whether `cluster`'s machines are to be woken: its digest differs from the last one
+    /// they were woken for (which it then becomes).
+    fn again(&self, cluster: &TalosCluster) -> bool {
+        let digest = cluster::machines_see(cluster);
+        let key = (cluster.namespace(), cluster.name_any());
+        let mut seen = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        seen.insert(key, digest) != Some(digest)
+    }
+}
+
 /// Resolves once the manager is told to stop.
 async fn stopped(mut rx: tokio::sync::watch::Receiver<bool>) {
     let _ = rx.wait_for(|s| *s).await;
@@ -403,24 +432,39 @@ async fn machine_controller(ctx: Arc<Context>, stop: tokio::sync::watch::Receive
     ctx.metrics.watch_machines(controller.store());
     let (by_cluster, by_class, by_storage) =
         (controller.store(), controller.store(), controller.store());
+    let woken = Woken::default();
+    let (wake_c, wake_m, wake_s) = (Arc::clone(&ctx), Arc::clone(&ctx), Arc::clone(&ctx));
     controller
         .watches(
             Api::<TalosCluster>::all(client.clone()),
             watcher::Config::default(),
-            move |c: TalosCluster| machines_of(&by_cluster, c.namespace(), &c.name_any()),
+            move |c: TalosCluster| {
+                if !woken.again(&c) {
+                    return Vec::new();
+                }
+                wake_c.woke(machines_of(&by_cluster, c.namespace(), &c.name_any()))
+            },
         )
         .watches(
             Api::<ichor_api::TalosMachineClass>::all(client.clone()),
             watcher::Config::default(),
             move |c: ichor_api::TalosMachineClass| {
-                machines_of(&by_class, c.namespace(), &c.spec.cluster_ref.name)
+                wake_m.woke(machines_of(
+                    &by_class,
+                    c.namespace(),
+                    &c.spec.cluster_ref.name,
+                ))
             },
         )
         .watches(
             Api::<ichor_api::TalosStorage>::all(client),
             watcher::Config::default(),
             move |s: ichor_api::TalosStorage| {
-                machines_of(&by_storage, s.namespace(), &s.spec.cluster_ref.name)
+                wake_s.woke(machines_of(
+                    &by_storage,
+                    s.namespace(),
+                    &s.spec.cluster_ref.name,
+                ))
             },
         )
         .graceful_shutdown_on(stopped(stop))

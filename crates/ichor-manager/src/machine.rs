@@ -32,8 +32,83 @@ mod plan;
 
 use plan::{Answers, Blocked, DriftStep, InstallSeen, InstallVerdict};
 
-/// Reconciles one TalosMachine.
+/// The last look at each machine in progress, and the machines a related object woke since:
+/// what tells an echo of a machine's own writes from a reason to look again
+/// ([`plan::echo_wait`], ADR 0034).
+#[derive(Debug, Default)]
+pub struct Looks {
+    last: std::sync::Mutex<BTreeMap<String, plan::LastLook>>,
+    woken: std::sync::Mutex<std::collections::BTreeSet<String>>,
+}
+
+impl Looks {
+    /// Records that a related object (its cluster, a class, a storage) woke these machines.
+    pub fn wake(&self, machines: &[kube::runtime::reflector::ObjectRef<TalosMachine>]) {
+        let mut woken = lock(&self.woken);
+        woken.extend(machines.iter().map(ToString::to_string));
+    }
+
+    /// How long this reconcile of `machine` waits as an echo of its own last look, if it is
+    /// one; a wake by a related object is used up here.
+    fn echo(&self, machine: &TalosMachine, now: std::time::Instant) -> Option<std::time::Duration> {
+        let key = kube::runtime::reflector::ObjectRef::from_obj(machine).to_string();
+        let woken = lock(&self.woken).remove(&key);
+        let last = lock(&self.last).get(&key).copied();
+        plan::echo_wait(last, plan::looked_at(machine), woken, now)
+    }
+
+    /// Records a look at `machine` that saw `seen` and ended with `action`: a machine in
+    /// progress (looked at again after `progress`) keeps its look; any other forgets it.
+    fn record(
+        &self,
+        machine: &TalosMachine,
+        seen: u64,
+        action: &Action,
+        progress: std::time::Duration,
+    ) {
+        let key = kube::runtime::reflector::ObjectRef::from_obj(machine).to_string();
+        let mut last = lock(&self.last);
+        if *action == Action::requeue(progress) {
+            let due = std::time::Instant::now() + progress;
+            last.insert(key, plan::LastLook { seen, due });
+        } else {
+            last.remove(&key);
+        }
+    }
+}
+
+fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Reconciles one TalosMachine: an echo of its own last look waits for that look's due time
+/// (counted apart, as skipped); any other reconcile looks.
 pub async fn reconcile(machine: Arc<TalosMachine>, ctx: Arc<Context>) -> Result<Action, Error> {
+    if let Some(wait) = ctx.looks.echo(&machine, std::time::Instant::now()) {
+        ctx.metrics.skipped("TalosMachine");
+        return Ok(Action::requeue(wait));
+    }
+    let seen = plan::looked_at(&machine);
+    let result = look(&machine, &ctx).await;
+    match &result {
+        Ok(action) => ctx
+            .looks
+            .record(&machine, seen, action, ctx.settings.progress_requeue),
+        Err(_) => ctx.looks.record(
+            &machine,
+            seen,
+            &Action::await_change(),
+            ctx.settings.progress_requeue,
+        ),
+    }
+    result
+}
+
+/// One look at a TalosMachine.
+async fn look(machine: &Arc<TalosMachine>, ctx: &Arc<Context>) -> Result<Action, Error> {
+    let (machine, ctx) = (Arc::clone(machine), Arc::clone(ctx));
     let started = std::time::Instant::now();
     if machine.metadata.deletion_timestamp.is_some() {
         let result = crate::removal::reconcile(&ctx, &machine).await;

@@ -136,6 +136,7 @@ fn cluster_labels(cluster: &TalosCluster) -> ClusterLabels {
 pub struct Metrics {
     registry: Arc<Registry>,
     reconciles: Family<KindLabel, Counter>,
+    skipped: Family<KindLabel, Counter>,
     durations: Histograms<KindLabel>,
     errors: Family<ReasonLabel, Counter>,
     rpcs: Histograms<RpcLabels>,
@@ -190,6 +191,12 @@ impl Default for Metrics {
             "Reconciles by kind.",
             reconciles.clone(),
         );
+        let skipped = Family::<KindLabel, Counter>::default();
+        registry.register(
+            "ichor_reconciles_skipped",
+            "Reconciles that were only the echo of an object's own last look and waited for its due time (nothing read or written), by kind.",
+            skipped.clone(),
+        );
         let durations: Histograms<KindLabel> =
             Family::new_with_constructor(reconcile_buckets as fn() -> Histogram);
         registry.register(
@@ -222,6 +229,7 @@ impl Default for Metrics {
         Self {
             registry: Arc::new(registry),
             reconciles,
+            skipped,
             durations,
             errors,
             rpcs,
@@ -242,6 +250,15 @@ impl Metrics {
         self.durations
             .get_or_create(&label)
             .observe(took.as_secs_f64());
+    }
+
+    /// Counts one reconcile of `kind` skipped as an echo of the object's own last look.
+    pub fn skipped(&self, kind: &str) {
+        self.skipped
+            .get_or_create(&KindLabel {
+                kind: kind.to_owned(),
+            })
+            .inc();
     }
 
     /// Counts one failed reconcile by reason.

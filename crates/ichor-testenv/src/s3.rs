@@ -96,6 +96,9 @@ impl S3ServerBuilder {
     }
 }
 
+/// How many times weed is started on fresh ports when one it was given was taken meanwhile.
+const WEED_ATTEMPTS: usize = 3;
+
 /// A running SeaweedFS server with its S3 gateway; stopped (and its folder removed) on drop.
 pub struct S3Server {
     process: Option<Supervised>,
@@ -164,32 +167,53 @@ impl S3Server {
             None
         };
 
-        let ports = Ports::pick()?;
-        let args = weed_args(&root, &data, &ports, options.tls);
-        let spec = match options.size_limit_mib {
-            None => ChildSpec {
-                program: weed,
-                args,
-                log: root.join("weed.log"),
-                env: Vec::new(),
-            },
-            Some(mib) => size_limited(&weed, &data, mib, args, root.join("weed.log")),
-        };
-        let process = Supervised::start("weed", spec, &root.join(PGIDS_FILE))
-            .map_err(Error::io("start weed"))?;
         let scheme = if options.tls { "https" } else { "http" };
         let mut server = Self {
-            process: Some(process),
-            endpoint: format!("{scheme}://127.0.0.1:{}", ports.s3),
-            filer: SocketAddr::from(([127, 0, 0, 1], ports.filer)),
+            process: None,
+            endpoint: String::new(),
+            filer: SocketAddr::from(([127, 0, 0, 1], 0)),
             writer,
             reader,
             ca,
             _watchdog: watchdog,
             dir,
         };
-        server.wait_ready(ports.s3).await?;
-        Ok(server)
+        // A port is free when `Ports::pick` looks, but another test may bind it before weed
+        // does; weed then exits with `address already in use`. That start is retried on fresh
+        // ports, as etcd's is.
+        let mut attempt = 1;
+        loop {
+            let ports = Ports::pick()?;
+            let args = weed_args(&root, &data, &ports, options.tls);
+            let spec = match options.size_limit_mib {
+                None => ChildSpec {
+                    program: weed.clone(),
+                    args,
+                    log: root.join("weed.log"),
+                    env: Vec::new(),
+                },
+                Some(mib) => size_limited(&weed, &data, mib, args, root.join("weed.log")),
+            };
+            let process = Supervised::start("weed", spec, &root.join(PGIDS_FILE))
+                .map_err(Error::io("start weed"))?;
+            server.process = Some(process);
+            server.endpoint = format!("{scheme}://127.0.0.1:{}", ports.s3);
+            server.filer = SocketAddr::from(([127, 0, 0, 1], ports.filer));
+            match server.wait_ready(ports.s3).await {
+                Ok(()) => return Ok(server),
+                Err(Error::Startup(log))
+                    if log.contains("address already in use") && attempt < WEED_ATTEMPTS =>
+                {
+                    if let Some(process) = server.process.take() {
+                        process
+                            .discard(&root.join(PGIDS_FILE))
+                            .map_err(Error::io("start weed"))?;
+                    }
+                    attempt += 1;
+                }
+                Err(error) => return Err(error),
+            }
+        }
     }
 
     /// Waits until the filer takes a directory (master, volume server and filer are up) and the

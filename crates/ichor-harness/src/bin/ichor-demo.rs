@@ -13,12 +13,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use ichor_api::TalosMachine;
 use ichor_api::names::conditions;
 use ichor_harness::specs::{self, Shape};
 use ichor_harness::{SimOptions, SimTarget, Target};
-use kube::ResourceExt as _;
-use kube::api::{Api, ListParams};
 
 /// Ichor's main job, locally: a management control plane, five simulated Talos machines in
 /// maintenance mode, the real manager and webhook, and a TalosCluster that discovers them.
@@ -44,52 +41,6 @@ fn talos_version(text: &str) -> Result<String, String> {
     } else {
         Err("expected v1.13.x or v1.14.x".into())
     }
-}
-
-/// One line per machine: name, address, role, approval, phase, and what it waits for.
-async fn table(target: &SimTarget) -> (String, usize) {
-    let machines: Api<TalosMachine> = Api::namespaced(target.client(), target.namespace());
-    let mut list = Vec::new();
-    // Pages of 500, as kubectl lists: a call per 500 machines, never one per machine.
-    let mut params = ListParams::default().limit(500);
-    while let Ok(page) = machines.list(&params).await {
-        list.extend(page.items);
-        match page.metadata.continue_.filter(|token| !token.is_empty()) {
-            Some(token) => params = params.continue_token(&token),
-            None => break,
-        }
-    }
-    list.sort_by_key(|m| m.spec.endpoints.first().cloned().unwrap_or_default());
-    let mut out = format!(
-        "  {:<46} {:<12} {:<13} {:<9} {:<10} {}\n",
-        "MACHINE", "ADDRESS", "ROLE", "APPROVAL", "PHASE", "STATUS"
-    );
-    let mut ready = 0;
-    for m in &list {
-        let status = m.status.clone().unwrap_or_default();
-        let condition = status
-            .conditions
-            .iter()
-            .find(|c| c.type_ == conditions::READY)
-            .map(|c| c.reason.clone())
-            .unwrap_or_default();
-        if condition == "EtcdVoter" || condition == "Running" {
-            ready += 1;
-        }
-        out.push_str(&format!(
-            "  {:<46} {:<12} {:<13} {:<9} {:<10} {}\n",
-            m.name_any(),
-            m.spec.endpoints.first().cloned().unwrap_or_default(),
-            m.spec
-                .role
-                .map(|r| format!("{r:?}"))
-                .unwrap_or_else(|| "-".into()),
-            format!("{:?}", m.spec.approval_state),
-            format!("{:?}", status.phase),
-            condition
-        ));
-    }
-    (out, ready)
 }
 
 async fn run(options: Options) -> Result<(), String> {
@@ -124,7 +75,9 @@ async fn run(options: Options) -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     println!(
         "\nDiscovered, all pending: nothing is written to a machine before approval.\n{}",
-        table(&target).await.0
+        ichor_harness::table::machines(&target.client(), target.namespace())
+            .await
+            .0
     );
     println!(
         "Approving them as a person would (kubectl patch talosmachine ... approvalState: approved):"
@@ -143,7 +96,8 @@ async fn run(options: Options) -> Result<(), String> {
     let started = Instant::now();
     let mut last = String::new();
     loop {
-        let (text, ready) = table(&target).await;
+        let (text, ready) =
+            ichor_harness::table::machines(&target.client(), target.namespace()).await;
         if text != last {
             println!(
                 "\n[{:>5.1}s] {ready}/5 machines ready\n{text}",

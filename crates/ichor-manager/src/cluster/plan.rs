@@ -1,16 +1,20 @@
 //! The cluster reconciler's pure decisions: what to do next, from what was observed. No I/O
 //! here; the bootstrap and teardown orders themselves are ichor-deleteguard's.
 
+use std::collections::hash_map::DefaultHasher;
 use std::fmt::Display;
+use std::hash::{Hash as _, Hasher as _};
 use std::time::Duration;
 
-use ichor_api::TalosMachine;
 use ichor_api::cluster::MachineCounts;
 use ichor_api::common::Role;
 use ichor_api::machine::ApprovalState;
 use ichor_api::names::{conditions, reasons};
+use ichor_api::{TalosCluster, TalosMachine};
 use ichor_render::credentials::Published;
 use ichor_talos::Bootstrapped;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
 
 use crate::{Error, Settings, conditions as cond};
 
@@ -291,10 +295,37 @@ pub(super) fn teardown(machines: &[TalosMachine]) -> Teardown {
     }
 }
 
+/// What of a cluster its machines act on, as a digest: the object without its running tallies
+/// (`status.controlPlanes`, `status.workers`), without its conditions' wording, times and
+/// generations (each condition's type, status and reason stay), and without the apiserver's
+/// bookkeeping (`resourceVersion`, `managedFields`). A cluster event whose digest is the one
+/// its machines were last woken for wakes none of them (ADR 0029): the cluster rewrites its
+/// tallies whenever one machine moves, and that must not reconcile its siblings.
+pub(crate) fn machines_see(cluster: &TalosCluster) -> u64 {
+    let mut seen = cluster.clone();
+    seen.metadata.resource_version = None;
+    seen.metadata.managed_fields = None;
+    if let Some(status) = seen.status.as_mut() {
+        status.control_planes = None;
+        status.workers = None;
+        for condition in &mut status.conditions {
+            condition.message.clear();
+            condition.last_transition_time = Time(Timestamp::UNIX_EPOCH);
+            condition.observed_generation = None;
+        }
+    }
+    let mut hasher = DefaultHasher::new();
+    serde_json::to_vec(&seen)
+        .unwrap_or_default()
+        .hash(&mut hasher);
+    hasher.finish()
+}
+
 #[cfg(test)]
 mod tests {
+    use ichor_api::cluster::TalosClusterStatus;
+    use ichor_api::common::{Condition, ConditionStatus};
     use ichor_api::machine::TalosMachineStatus;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     use super::*;
 
@@ -596,5 +627,72 @@ mod tests {
             },
             "control planes one by one, by name"
         );
+    }
+
+    fn condition(type_: &str, status: ConditionStatus, reason: &str, message: &str) -> Condition {
+        Condition {
+            type_: type_.into(),
+            status,
+            reason: reason.into(),
+            message: message.into(),
+            last_transition_time: Time(Timestamp::now()),
+            observed_generation: Some(1),
+        }
+    }
+
+    fn with_status(ready: Condition, cp_ready: i32) -> TalosCluster {
+        let mut cluster = TalosCluster::test("lab").build();
+        cluster.status = Some(TalosClusterStatus {
+            conditions: vec![ready],
+            control_planes: Some(MachineCounts {
+                declared: Some(3),
+                approved: 3,
+                ready: cp_ready,
+                summary: format!("{cp_ready}/3"),
+            }),
+            ..Default::default()
+        });
+        cluster
+    }
+
+    #[test]
+    fn machines_are_not_woken_by_tallies_or_wording_only() {
+        let waiting = |ready, message| {
+            with_status(
+                condition(
+                    conditions::READY,
+                    ConditionStatus::False,
+                    "Waiting",
+                    message,
+                ),
+                ready,
+            )
+        };
+        let before = waiting(1, "control planes 1/3 ready");
+        let mut after = waiting(2, "control planes 2/3 ready");
+        after.metadata.resource_version = Some("42".into());
+        assert_eq!(machines_see(&before), machines_see(&after));
+
+        let flipped = with_status(
+            condition(
+                conditions::READY,
+                ConditionStatus::True,
+                "Ready",
+                "all ready",
+            ),
+            3,
+        );
+        assert_ne!(machines_see(&before), machines_see(&flipped));
+        let reason = with_status(
+            condition(conditions::READY, ConditionStatus::False, "Other", "x"),
+            1,
+        );
+        assert_ne!(machines_see(&before), machines_see(&reason));
+        let mut secrets = before.clone();
+        secrets.status.as_mut().expect("status").secrets_secret = Some("lab-secrets".into());
+        assert_ne!(machines_see(&before), machines_see(&secrets));
+        let mut respecced = before.clone();
+        respecced.spec.talos_version = "v1.14.2".into();
+        assert_ne!(machines_see(&before), machines_see(&respecced));
     }
 }

@@ -2,7 +2,9 @@
 //! whether its first apply may go, what a configured node's answers mean for its status, and
 //! what to do about drift. No I/O here; the reconciler observes and acts.
 
-use std::time::Duration;
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash as _, Hasher as _};
+use std::time::{Duration, Instant};
 
 use ichor_api::common::{Condition, ConditionStatus, Role};
 use ichor_api::machine::{MachinePhase, TalosMachineStatus};
@@ -539,6 +541,55 @@ pub(super) fn record_standing(
         now,
     );
     became_ready
+}
+
+/// What a look at a machine (one reconcile) saw of what others change: its spec and its
+/// metadata (labels, annotations, finalizers, deletion, generation), as a digest. Its status
+/// is left out: while a machine is in progress its status is written by its own reconciler
+/// (and, rarely, by discovery's inventory, a class's condition or an operation's record,
+/// which its next look reads).
+pub(crate) fn looked_at(machine: &TalosMachine) -> u64 {
+    let meta = &machine.metadata;
+    let mut hasher = DefaultHasher::new();
+    let seen = serde_json::json!({
+        "spec": &machine.spec,
+        "labels": &meta.labels,
+        "annotations": &meta.annotations,
+        "finalizers": &meta.finalizers,
+        "deletion": &meta.deletion_timestamp,
+        "generation": meta.generation,
+        "uid": &meta.uid,
+    });
+    serde_json::to_vec(&seen)
+        .unwrap_or_default()
+        .hash(&mut hasher);
+    hasher.finish()
+}
+
+/// The last look at a machine in progress: what it saw ([`looked_at`]) and when it said to
+/// look again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LastLook {
+    /// What it saw.
+    pub seen: u64,
+    /// When the next look is due.
+    pub due: Instant,
+}
+
+/// Whether a reconcile of a machine in progress is only the echo of its last look's own
+/// writes, and so waits until that look's due time: nothing it acts on changed since (`seen`
+/// is what the last look saw), no related object woke it (`woken`: its cluster, a class or a
+/// storage of its cluster), and the next look is not yet due. `Some` is how long to wait.
+/// A machine not in progress (settled, or waiting for a change) never has a last look, so a
+/// status written by another writer wakes it at once.
+pub(crate) fn echo_wait(
+    last: Option<LastLook>,
+    seen: u64,
+    woken: bool,
+    now: Instant,
+) -> Option<Duration> {
+    let last = last?;
+    (!woken && last.seen == seen && now < last.due).then(|| last.due - now)
 }
 
 #[cfg(test)]
@@ -1214,5 +1265,42 @@ mod tests {
             verdict_at(&status, &InstallSeen::default(), "2026-12-03T11:00:00Z"),
             InstallVerdict::Underway
         );
+    }
+
+    #[test]
+    fn only_an_unchanged_machine_not_woken_before_its_due_look_is_an_echo() {
+        let now = Instant::now();
+        let machine = TalosMachine::test("m").build();
+        let seen = looked_at(&machine);
+        let last = Some(LastLook {
+            seen,
+            due: now + Duration::from_secs(2),
+        });
+        assert_eq!(
+            echo_wait(last, seen, false, now),
+            Some(Duration::from_secs(2))
+        );
+        // Its own status changes are not what a look saw.
+        let mut written = machine.clone();
+        written.status = Some(TalosMachineStatus::default());
+        written.metadata.resource_version = Some("7".into());
+        assert_eq!(looked_at(&written), seen);
+        // Due, woken by a relation, changed, or never looked at while in progress: a look.
+        assert_eq!(
+            echo_wait(last, seen, false, now + Duration::from_secs(2)),
+            None
+        );
+        assert_eq!(echo_wait(last, seen, true, now), None);
+        assert_eq!(echo_wait(None, seen, false, now), None);
+        let mut labelled = machine.clone();
+        labelled
+            .metadata
+            .labels
+            .get_or_insert_default()
+            .insert("a".into(), "b".into());
+        assert_ne!(looked_at(&labelled), seen);
+        let mut approved = machine;
+        approved.spec.hostname = Some("other".into());
+        assert_ne!(looked_at(&approved), seen);
     }
 }
