@@ -20,7 +20,7 @@ use ichor_api::names::{annotations, conditions, reasons};
 use ichor_api::operation::OperationAction;
 use ichor_api::operation::OperationPhase;
 use ichor_api::{TalosMachine, TalosOperation};
-use ichor_harness::specs::{self, Shape};
+use ichor_harness::specs;
 use ichor_harness::{SimOptions, SimTarget, Target};
 use ichor_sim::{Fault, SimNode, Stage};
 use ichor_testenv::wait::try_eventually;
