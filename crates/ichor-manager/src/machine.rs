@@ -34,7 +34,7 @@ use plan::{Answers, Blocked, DriftStep, InstallSeen, InstallVerdict};
 
 /// The last look at each machine in progress, and the machines a related object woke since:
 /// what tells an echo of a machine's own writes from a reason to look again
-/// ([`plan::echo_wait`], ADR 0034).
+/// (`plan::echo_wait`, ADR 0034).
 #[derive(Debug, Default)]
 pub struct Looks {
     last: std::sync::Mutex<BTreeMap<String, plan::LastLook>>,
