@@ -124,6 +124,27 @@ fn audit_args(root: &Path, dir: &Path) -> Result<Vec<String>, Error> {
     ])
 }
 
+/// Marks what a restarted apiserver audits: its audit log (if any) is `<name>.restarted.log`
+/// beside `<name>.log`. For a moment after it starts, its authorizer has not yet read the
+/// RBAC objects and refuses requests that its roles grant; the RBAC audit
+/// (`ichor-rbac-audit`) reads such a log for the grants it shows used, not for refusals.
+fn restarted(spec: &ChildSpec) -> ChildSpec {
+    let mut spec = spec.clone();
+    for arg in &mut spec.args {
+        let text = arg.to_string_lossy().into_owned();
+        if let Some(path) = text.strip_prefix("--audit-log-path=")
+            && let Some(stem) = path.strip_suffix(".log")
+            && !stem.ends_with(RESTARTED)
+        {
+            *arg = format!("--audit-log-path={stem}{RESTARTED}.log").into();
+        }
+    }
+    spec
+}
+
+/// What names a restarted apiserver's audit log: `<name>.restarted.log`.
+pub(crate) const RESTARTED: &str = ".restarted";
+
 /// A port that was free on 127.0.0.1 a moment ago.
 pub(crate) fn free_port() -> Result<u16, Error> {
     let listener = TcpListener::bind("127.0.0.1:0").map_err(Error::io("bind a loopback port"))?;
@@ -262,7 +283,7 @@ impl ControlPlane {
             self.apiserver = Some(
                 Supervised::start(
                     "kube-apiserver",
-                    self.apiserver_spec.clone(),
+                    restarted(&self.apiserver_spec),
                     &self.dir.path().join(PGIDS_FILE),
                 )
                 .map_err(Error::io("start kube-apiserver"))?,
