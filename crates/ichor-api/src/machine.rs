@@ -213,6 +213,11 @@ pub struct TalosMachineStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 128))]
     pub drift_reboot: Option<String>,
+    /// The node's boot id when the reboot for drift was sent: the node is back from that
+    /// reboot once it answers with another one. Cleared with `driftReboot`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub drift_boot_id: Option<String>,
 }
 
 /// A control plane's etcd member as the manager observed it on the node.

@@ -185,6 +185,11 @@ pub struct NodeStep {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 64))]
     pub version_after: Option<String>,
+    /// The node's boot id before the action: a node that answers with another one has
+    /// rebooted since, however quickly it came back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub boot_id_before: Option<String>,
     /// How far the action went on this node, so a restart knows whether to send it or to look
     /// for its effect.
     #[serde(default)]

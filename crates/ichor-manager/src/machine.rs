@@ -667,7 +667,8 @@ async fn follow(
     {
         return Ok(stopped);
     }
-    let step = plan::drift_step(&status, view, &rendered.hash, role);
+    let boot = boot_after_drift_reboot(client.as_ref(), &status).await;
+    let step = plan::drift_step(&status, view, boot.as_deref(), &rendered.hash, role);
     let step = hold_adopted(ctx, machine, cluster, &mut status, step);
     match (step, &client) {
         (DriftStep::RollOut { applied }, Some(client)) => {
@@ -715,6 +716,16 @@ fn hold_adopted(
         &ctx.now(),
     );
     DriftStep::Idle
+}
+
+/// The node's boot id now, read only while a reboot for drift is in flight (it tells that
+/// reboot done from not begun).
+async fn boot_after_drift_reboot(
+    client: Option<&TalosClient>,
+    status: &TalosMachineStatus,
+) -> Option<String> {
+    status.drift_boot_id.as_ref()?;
+    client?.boot_id().await.ok()
 }
 
 /// What the configured node answers over mutual TLS: its machine status (`None` if it does
@@ -996,20 +1007,24 @@ async fn live_refused(
         generation,
         &ctx.now(),
     );
-    if let Some((reason, waiting)) = reboot_for_drift(ctx, r).await? {
-        forget_drift_intent(ctx, r.machine, status).await?;
-        cond::set(
-            &mut status.conditions,
-            conditions::CONFIG_APPLIED,
-            false,
-            reason,
-            waiting,
-            generation,
-            &ctx.now(),
-        );
-    } else {
-        status.applied_config_hash = Some(r.rendered.hash.clone());
-        status.drift_reboot = Some(r.rendered.hash.clone());
+    match reboot_for_drift(ctx, r).await? {
+        Err((reason, waiting)) => {
+            forget_drift_intent(ctx, r.machine, status).await?;
+            cond::set(
+                &mut status.conditions,
+                conditions::CONFIG_APPLIED,
+                false,
+                reason,
+                waiting,
+                generation,
+                &ctx.now(),
+            );
+        }
+        Ok(boot) => {
+            status.applied_config_hash = Some(r.rendered.hash.clone());
+            status.drift_reboot = Some(r.rendered.hash.clone());
+            status.drift_boot_id = Some(boot);
+        }
     }
     Ok(())
 }
@@ -1179,9 +1194,15 @@ async fn forget_drift_intent(
     machine: &TalosMachine,
     status: &mut TalosMachineStatus,
 ) -> Result<(), Error> {
-    if status.drift_reboot.take().is_some() {
-        // A merge patch leaves out `None`: clear the field explicitly.
-        patch_status(ctx, machine, json!({"driftReboot": null})).await?;
+    let boot = status.drift_boot_id.take();
+    if status.drift_reboot.take().is_some() || boot.is_some() {
+        // A merge patch leaves out `None`: clear the fields explicitly.
+        patch_status(
+            ctx,
+            machine,
+            json!({"driftReboot": null, "driftBootId": null}),
+        )
+        .await?;
     }
     Ok(())
 }
@@ -1191,31 +1212,45 @@ pub fn drift_holder(machine: &TalosMachine) -> LockHolder {
     LockHolder::Drift(machine.uid().unwrap_or_default())
 }
 
-/// Applies drift that cannot go live: under the cluster lock, staged, then a reboot. `Some`
-/// says why it waits (reason and message); `None` means the reboot was sent and the node
-/// went down. A refused staging releases the lock: nothing disruptive started.
+/// Applies drift that cannot go live: under the cluster lock, staged, then a reboot.
+/// `Err` says why it waits (reason and message); `Ok` means the reboot was sent, and holds the
+/// node's boot id from before it, recorded as `driftBootId`: the node is back from this
+/// reboot once it answers with another one. A refused staging releases the lock: nothing
+/// disruptive started.
 async fn reboot_for_drift(
     ctx: &Context,
     r: &Rollout<'_>,
-) -> Result<Option<(&'static str, String)>, Error> {
+) -> Result<Result<String, (&'static str, String)>, Error> {
     let me = drift_holder(r.machine);
     if let Some(waits) = reboot_cleared(ctx, r, &me).await? {
-        return Ok(Some(waits));
+        return Ok(Err(waits));
     }
+    let boot = match r.client.boot_id().await {
+        Ok(boot) => boot,
+        Err(error) => {
+            crate::lock::release(ctx, r.cluster, &me).await?;
+            return Ok(Err((
+                reasons::NEEDS_REBOOT,
+                format!(
+                    "config {} needs a reboot, which waits: the node does not tell its boot id, by which the reboot is seen: {error}",
+                    r.rendered.hash
+                ),
+            )));
+        }
+    };
     if let Some(refused) = stage(ctx, r, &me).await? {
-        return Ok(Some(refused));
+        return Ok(Err(refused));
     }
     // Staged: the node boots into it. Kept before the reboot, so a failure to keep it never
-    // costs a second reboot.
+    // costs a second reboot; the boot id too, so "back" later means back from this reboot.
     store_applied(ctx, r.machine, &r.rendered.yaml).await?;
+    patch_status(ctx, r.machine, json!({"driftBootId": boot})).await?;
     if let Err(error) = r.client.reboot().await {
-        return Ok(Some((
+        return Ok(Err((
             reasons::NEEDS_REBOOT,
             format!("the reboot for config {} failed: {error}", r.rendered.hash),
         )));
     }
-    // Watch it go down, so "back" later means back from this reboot.
-    watch_down(r.client).await;
     ctx.event(
         r.machine,
         EventType::Normal,
@@ -1227,7 +1262,7 @@ async fn reboot_for_drift(
         ),
     )
     .await;
-    Ok(None)
+    Ok(Ok(boot))
 }
 
 /// Takes the cluster lock for the reboot (`me`) and asks the planner. `Some` says why the
@@ -1310,21 +1345,6 @@ async fn stage(
             r.rendered.hash
         ),
     )))
-}
-
-/// Waits (at most 20 seconds) until the rebooted node no longer reports itself running.
-async fn watch_down(client: &TalosClient) {
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
-    while tokio::time::Instant::now() < deadline {
-        let running = match client.machine_status().await {
-            Ok(s) => s.stage == ichor_talos::Stage::Running,
-            Err(_) => false,
-        };
-        if !running {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
-    }
 }
 
 /// Records `rendered` as applied (an operation applied it): the config in the machine's

@@ -31,8 +31,6 @@ mod plan;
 
 /// How long a node may take to go down after a reboot or an upgrade was sent, and to come back.
 const NODE_PATIENCE: Duration = Duration::from_secs(300);
-/// How long one reconcile watches for a node going down.
-const DOWN_WATCH: Duration = Duration::from_secs(20);
 
 /// The lock holder of an operation.
 pub fn holder(operation: &TalosOperation) -> LockHolder {
@@ -648,6 +646,22 @@ impl Node<'_> {
             return Ok(Some(Verdict::Wait { reason, message }));
         }
         step.version_before = client.version().await.ok();
+        if plan::restarts(action) {
+            // Read before the action, so a later look tells the reboot by a new boot id.
+            match client.boot_id().await {
+                Ok(id) => step.boot_id_before = Some(id),
+                Err(error) => {
+                    step.phase = OperationPhase::Waiting;
+                    return Ok(Some(wait(
+                        reasons::NODE_UNREACHABLE,
+                        format!(
+                            "{} does not tell its boot id, by which its reboot is seen: {error}",
+                            self.address
+                        ),
+                    )?));
+                }
+            }
+        }
         step.phase = OperationPhase::Running;
         step.message = Some(format!("{action:?}: sending"));
         step.progress = NodeProgress::Intended;
@@ -961,14 +975,14 @@ impl Node<'_> {
     async fn follow_restart(&self, step: &mut NodeStep, since: Duration) -> Result<Verdict, Error> {
         let action = self.operation.spec.action;
         if !step.progress.went_down() {
-            self.watch_going_down(step).await;
-            if !step.progress.went_down() {
+            if !self.rebooted_since(step).await {
                 return Ok(plan::not_yet(
                     since,
                     format!("waiting for {} to go down", self.address),
                     "the node was never seen going down after the action was sent",
                 ));
             }
+            step.progress = step.progress.clone().down(self.ctx.now());
             step.message = Some(format!("{action:?}: the node went down"));
             self.record(step).await?;
         }
@@ -995,17 +1009,14 @@ impl Node<'_> {
         Ok(Verdict::Next)
     }
 
-    /// Watches the node for up to `DOWN_WATCH`; once it is seen not running, `step` records
-    /// it went down.
-    async fn watch_going_down(&self, step: &mut NodeStep) {
-        let deadline = tokio::time::Instant::now() + DOWN_WATCH;
-        while tokio::time::Instant::now() < deadline {
-            if up(&self.address, &self.credentials).await.is_none() {
-                step.progress = step.progress.clone().down(self.ctx.now());
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
+    /// Whether the node went down since the action was sent, on one look: it does not answer
+    /// running now, or it answers with another boot id than before the action (back already).
+    async fn rebooted_since(&self, step: &NodeStep) -> bool {
+        let Some(client) = up(&self.address, &self.credentials).await else {
+            return true;
+        };
+        let now = client.boot_id().await.ok();
+        plan::rebooted(step.boot_id_before.as_deref(), now.as_deref())
     }
 
     /// After a defragment or a Kubernetes upgrade: the node answers healthy.

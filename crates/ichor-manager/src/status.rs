@@ -104,7 +104,7 @@ pub const MACHINE: &[Group] = &[
     },
     Group {
         manager: fm::MACHINE_DRIFT,
-        fields: &["driftReboot"],
+        fields: &["driftReboot", "driftBootId"],
         conditions: Owned::None,
     },
     Group {

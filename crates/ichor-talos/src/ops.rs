@@ -17,12 +17,19 @@ use crate::api::machine::reset_request::WipeMode;
 use crate::api::machine::{
     BootstrapRequest, EtcdForfeitLeadershipRequest, EtcdLeaveClusterRequest, EtcdMemberListRequest,
     EtcdRemoveMemberByIdRequest, EventsRequest, ImageServicePullRequest, InstallArtifactsSource,
-    LifecycleServiceUpgradeRequest, RebootRequest, ResetPartitionSpec, ResetRequest, SequenceEvent,
+    LifecycleServiceUpgradeRequest, ReadRequest, RebootRequest, ResetPartitionSpec, ResetRequest,
+    SequenceEvent,
 };
 use crate::api::storage::storage_service_client::StorageServiceClient;
 use crate::api::storage::{BlockDeviceWipeDescriptor, BlockDeviceWipeRequest};
 use crate::client::{TalosClient, TalosError};
 use crate::progress::{LayerProgress, Progress, Reporter};
+
+/// Where Linux keeps the id of the current boot, a random UUID drawn at every boot.
+pub const BOOT_ID_PATH: &str = "/proc/sys/kernel/random/boot_id";
+
+/// The longest boot id file accepted (a UUID and a newline are 37 bytes).
+const BOOT_ID_MAX: usize = 64;
 
 /// How a Bootstrap ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -356,6 +363,42 @@ impl TalosClient {
             .into_inner();
         self.single(METHOD, reply.messages, |m| m.metadata.as_ref())
             .map(drop)
+    }
+
+    /// The id of the node's current boot: the kernel's `boot_id` file ([`BOOT_ID_PATH`]), read
+    /// with `MachineService/Read`. Linux draws a new random UUID at every boot, so a different
+    /// id than before an action means the node rebooted since, however quickly it came back.
+    /// talosctl tells a reboot the same way: its action tracker reads this file before the
+    /// action and waits for it to change (`cmd/talosctl/pkg/talos/action/tracker.go`,
+    /// `getBootID` and `BootIDChangedPostCheckFn`).
+    pub async fn boot_id(&self) -> Result<String, TalosError> {
+        const METHOD: &str = "Read";
+        let mut stream = self
+            .machine()
+            .read(self.request(ReadRequest {
+                path: BOOT_ID_PATH.into(),
+            }))
+            .await
+            .map_err(self.rpc_error(METHOD))?
+            .into_inner();
+        let mut bytes = Vec::new();
+        while let Some(data) = stream.message().await.map_err(self.rpc_error(METHOD))? {
+            if let Some(error) = data.metadata.map(|m| m.error).filter(|e| !e.is_empty()) {
+                return Err(self.node_error(METHOD, error));
+            }
+            bytes.extend_from_slice(&data.bytes);
+            if bytes.len() > BOOT_ID_MAX {
+                return Err(self.node_error(
+                    METHOD,
+                    format!("{BOOT_ID_PATH} is longer than {BOOT_ID_MAX} bytes"),
+                ));
+            }
+        }
+        let id = String::from_utf8_lossy(&bytes).trim().to_owned();
+        if id.is_empty() {
+            return Err(self.node_error(METHOD, format!("{BOOT_ID_PATH} is empty")));
+        }
+        Ok(id)
     }
 
     /// Pulls an image into the system containerd (for an upgrade); returns its resolved name.

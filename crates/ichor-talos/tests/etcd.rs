@@ -10,12 +10,9 @@ use std::time::Duration;
 
 use ichor_api::common::Role;
 use ichor_sim::{Fault, Hardware, SimNode, Timings};
-use ichor_talos::api::machine::ReadRequest;
-use ichor_talos::api::machine::machine_service_client::MachineServiceClient;
 use ichor_talos::{Bootstrapped, ResetOptions, TalosClient};
 use ichor_testenv::wait::eventually;
 use support::{NodeConfig, WAIT, admin, bundle_for, node_config};
-use tokio_stream::StreamExt as _;
 
 fn addr(net: u8, host: u8) -> SocketAddr {
     SocketAddr::from(([127, 0, net, host], 50000))
@@ -264,20 +261,9 @@ async fn forfeit_snapshot_defragment_and_a_failing_leave() {
     stop_all(nodes).await;
 }
 
-/// The node's boot id (`/proc/sys/kernel/random/boot_id`), or nothing while it does not answer.
+/// The node's boot id, or nothing while it does not answer.
 async fn boot_id(client: &TalosClient) -> Option<String> {
-    let mut stream = MachineServiceClient::new(client.channel())
-        .read(ReadRequest {
-            path: "/proc/sys/kernel/random/boot_id".into(),
-        })
-        .await
-        .ok()?
-        .into_inner();
-    let mut text = Vec::new();
-    while let Some(chunk) = stream.next().await {
-        text.extend(chunk.ok()?.bytes);
-    }
-    String::from_utf8(text).ok()
+    client.boot_id().await.ok()
 }
 
 #[tokio::test]

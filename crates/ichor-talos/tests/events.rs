@@ -117,6 +117,11 @@ async fn a_reboot_is_followed_through_its_events_and_the_new_boot() {
     let client = admin(&b, node.addr()).await;
     let before = boot_id(&client).await;
     assert_eq!(before.len(), 37, "a UUID and a newline: {before:?}");
+    assert_eq!(
+        client.boot_id().await.expect("the typed read"),
+        before.trim(),
+        "the client's boot id is the file's UUID"
+    );
 
     let mut stream = machine(&client)
         .events(EventsRequest::default())

@@ -482,10 +482,12 @@ pub(super) fn held_adopted(
 }
 
 /// Decides the drift step from the machine's status (as stored now), what its node shows
-/// (`None`: it did not answer), the hash of the config it should run, and its role.
+/// (`None`: it did not answer), its boot id now (read while a reboot for drift is in flight),
+/// the hash of the config it should run, and its role.
 pub(super) fn drift_step(
     status: &TalosMachineStatus,
     view: Option<NodeView>,
+    boot: Option<&str>,
     rendered: &str,
     role: Role,
 ) -> DriftStep {
@@ -497,7 +499,13 @@ pub(super) fn drift_step(
             applied: applied.clone(),
         };
     }
+    // After a reboot for drift, back means booted again: another boot id than before it.
+    let rebooted = status
+        .drift_boot_id
+        .as_deref()
+        .is_none_or(|before| boot.is_some_and(|now| now != before));
     if status.drift_reboot.is_some()
+        && rebooted
         && view.is_some_and(|v| {
             v.stage == ichor_talos::Stage::Running
                 && (role == Role::Worker || matches!(v.etcd, Etcd::Voter(_)))
@@ -866,6 +874,7 @@ mod tests {
             drift_step(
                 &status,
                 Some(RUNNING_VOTER),
+                None,
                 "sha256:new",
                 Role::ControlPlane
             ),
@@ -874,7 +883,7 @@ mod tests {
             }
         );
         assert_eq!(
-            drift_step(&status, None, "sha256:new", Role::ControlPlane),
+            drift_step(&status, None, None, "sha256:new", Role::ControlPlane),
             DriftStep::Idle,
             "a node that does not answer is not rolled out"
         );
@@ -882,6 +891,7 @@ mod tests {
             drift_step(
                 &applied("sha256:new"),
                 Some(RUNNING_VOTER),
+                None,
                 "sha256:new",
                 Role::Worker
             ),
@@ -891,7 +901,13 @@ mod tests {
         let mut rebooting = applied("sha256:old");
         rebooting.drift_reboot = Some("sha256:old".into());
         assert!(matches!(
-            drift_step(&rebooting, Some(RUNNING_VOTER), "sha256:new", Role::Worker),
+            drift_step(
+                &rebooting,
+                Some(RUNNING_VOTER),
+                None,
+                "sha256:new",
+                Role::Worker
+            ),
             DriftStep::RollOut { .. }
         ));
     }
@@ -910,26 +926,49 @@ mod tests {
         };
         let cp = Role::ControlPlane;
         assert_eq!(
-            drift_step(&status, Some(RUNNING_VOTER), "sha256:new", cp),
+            drift_step(&status, Some(RUNNING_VOTER), None, "sha256:new", cp),
             DriftStep::Back
         );
         assert_eq!(
-            drift_step(&status, Some(learner), "sha256:new", cp),
+            drift_step(&status, Some(learner), None, "sha256:new", cp),
             DriftStep::Idle
         );
         assert_eq!(
-            drift_step(&status, Some(learner), "sha256:new", Role::Worker),
+            drift_step(&status, Some(learner), None, "sha256:new", Role::Worker),
             DriftStep::Back,
             "a worker is back once running"
         );
         assert_eq!(
-            drift_step(&status, Some(booting), "sha256:new", Role::Worker),
+            drift_step(&status, Some(booting), None, "sha256:new", Role::Worker),
             DriftStep::Idle
         );
         assert_eq!(
-            drift_step(&status, None, "sha256:new", Role::Worker),
+            drift_step(&status, None, None, "sha256:new", Role::Worker),
             DriftStep::Idle
         );
+    }
+
+    #[test]
+    fn a_reboot_for_drift_with_a_boot_id_is_back_only_on_another_boot() {
+        let mut status = applied("sha256:new");
+        status.drift_reboot = Some("sha256:new".into());
+        status.drift_boot_id = Some("boot-1".into());
+        let step = |boot| {
+            drift_step(
+                &status,
+                Some(RUNNING_VOTER),
+                boot,
+                "sha256:new",
+                Role::Worker,
+            )
+        };
+        assert_eq!(step(Some("boot-1")), DriftStep::Idle, "not gone down yet");
+        assert_eq!(
+            step(None),
+            DriftStep::Idle,
+            "a boot id not read says nothing"
+        );
+        assert_eq!(step(Some("boot-2")), DriftStep::Back);
     }
 
     #[test]
@@ -938,12 +977,18 @@ mod tests {
             let mut status = with_condition(conditions::CONFIG_APPLIED, false, reason);
             status.applied_config_hash = Some("sha256:new".into());
             assert_eq!(
-                drift_step(&status, Some(RUNNING_VOTER), "sha256:new", Role::Worker),
+                drift_step(
+                    &status,
+                    Some(RUNNING_VOTER),
+                    None,
+                    "sha256:new",
+                    Role::Worker
+                ),
                 DriftStep::Settled,
                 "{reason}"
             );
             assert_eq!(
-                drift_step(&status, None, "sha256:new", Role::Worker),
+                drift_step(&status, None, None, "sha256:new", Role::Worker),
                 DriftStep::Idle,
                 "{reason}: only once the node answers"
             );
@@ -953,7 +998,7 @@ mod tests {
                 etcd: Etcd::NotMember,
             };
             assert_eq!(
-                drift_step(&status, Some(booting), "sha256:new", Role::Worker),
+                drift_step(&status, Some(booting), None, "sha256:new", Role::Worker),
                 DriftStep::Idle,
                 "{reason}: not while its reboot is in flight"
             );
@@ -961,7 +1006,13 @@ mod tests {
         let mut queued = with_condition(conditions::CONFIG_APPLIED, false, reasons::DRIFT_QUEUED);
         queued.applied_config_hash = Some("sha256:new".into());
         assert_eq!(
-            drift_step(&queued, Some(RUNNING_VOTER), "sha256:new", Role::Worker),
+            drift_step(
+                &queued,
+                Some(RUNNING_VOTER),
+                None,
+                "sha256:new",
+                Role::Worker
+            ),
             DriftStep::Idle
         );
     }

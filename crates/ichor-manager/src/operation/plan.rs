@@ -184,6 +184,17 @@ pub(super) fn not_yet(
     }
 }
 
+/// Whether the action restarts the node, which is then followed by its boot id.
+pub(super) fn restarts(action: OperationAction) -> bool {
+    matches!(action, OperationAction::Reboot | OperationAction::Upgrade)
+}
+
+/// Whether a node that answers running with boot id `now` has rebooted since it had
+/// `before`: only a different id says so (an id that could not be read says nothing).
+pub(super) fn rebooted(before: Option<&str>, now: Option<&str>) -> bool {
+    matches!((before, now), (Some(before), Some(now)) if before != now)
+}
+
 /// After an upgrade to `image`, the node back on `version`: `Some` (the step failed, the
 /// operation fails) when it rolled back, i.e. it does not run the image's version or, for an
 /// image without a version tag, still runs the version it ran before.
@@ -374,6 +385,16 @@ mod tests {
             machine: machine.into(),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn only_a_new_boot_id_says_a_node_that_answers_has_rebooted() {
+        assert!(rebooted(Some("a"), Some("b")));
+        assert!(!rebooted(Some("a"), Some("a")), "the same boot");
+        assert!(!rebooted(Some("a"), None), "an id not read says nothing");
+        assert!(!rebooted(None, Some("b")), "no id from before the action");
+        assert!(restarts(OperationAction::Reboot) && restarts(OperationAction::Upgrade));
+        assert!(!restarts(OperationAction::Reset) && !restarts(OperationAction::EtcdDefrag));
     }
 
     #[test]
