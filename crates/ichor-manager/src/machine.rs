@@ -32,47 +32,61 @@ mod plan;
 
 use plan::{Answers, Blocked, DriftStep, InstallSeen, InstallVerdict};
 
-/// The last look at each machine in progress, and the machines a related object woke since:
+/// The last look at each machine in progress, with whether a related object woke it since:
 /// what tells an echo of a machine's own writes from a reason to look again
-/// (`plan::echo_wait`, ADR 0034).
+/// (`plan::echo_wait`, ADR 0034), and how long a machine that stands still waits for its next
+/// look (`plan::next_look`).
 #[derive(Debug, Default)]
 pub struct Looks {
     last: std::sync::Mutex<BTreeMap<String, plan::LastLook>>,
-    woken: std::sync::Mutex<std::collections::BTreeSet<String>>,
 }
 
 impl Looks {
-    /// Records that a related object (its cluster, a class, a storage) woke these machines.
+    /// Records that a related object (its cluster, a class, a storage) woke these machines:
+    /// their next reconcile looks. A machine without a last look looks anyway.
     pub fn wake(&self, machines: &[kube::runtime::reflector::ObjectRef<TalosMachine>]) {
-        let mut woken = lock(&self.woken);
-        woken.extend(machines.iter().map(ToString::to_string));
+        let mut last = lock(&self.last);
+        for machine in machines {
+            if let Some(look) = last.get_mut(&machine.to_string()) {
+                look.woken = true;
+            }
+        }
     }
 
     /// How long this reconcile of `machine` waits as an echo of its own last look, if it is
-    /// one; a wake by a related object is used up here.
+    /// one; a wake by a related object is used up by the look it causes.
     fn echo(&self, machine: &TalosMachine, now: std::time::Instant) -> Option<std::time::Duration> {
         let key = kube::runtime::reflector::ObjectRef::from_obj(machine).to_string();
-        let woken = lock(&self.woken).remove(&key);
-        let last = lock(&self.last).get(&key).copied();
-        plan::echo_wait(last, plan::looked_at(machine), woken, now)
+        let mut last = lock(&self.last);
+        let look = last.get_mut(&key)?;
+        let wait = plan::echo_wait(Some(*look), plan::looked_at(machine), now);
+        if wait.is_none() {
+            look.woken = false;
+        }
+        wait
     }
 
-    /// Records a look at `machine` that saw `seen` and ended with `action`: a machine in
-    /// progress (looked at again after `progress`) keeps its look; any other forgets it.
+    /// Records a look at `machine` that saw `seen`, found it standing at `standing`, and
+    /// ended with `action`; returns the action to take. A machine in progress (looked at again
+    /// after `progress`) keeps its look, and waits longer the longer it stands still; any
+    /// other forgets it.
     fn record(
         &self,
         machine: &TalosMachine,
-        seen: u64,
-        action: &Action,
+        (seen, standing): (u64, u64),
+        action: Action,
         progress: std::time::Duration,
-    ) {
+    ) -> Action {
         let key = kube::runtime::reflector::ObjectRef::from_obj(machine).to_string();
         let mut last = lock(&self.last);
-        if *action == Action::requeue(progress) {
-            let due = std::time::Instant::now() + progress;
-            last.insert(key, plan::LastLook { seen, due });
+        if action == Action::requeue(progress) {
+            let now = std::time::Instant::now();
+            let next = plan::next_look(last.get(&key).copied(), seen, standing, progress, now);
+            last.insert(key, next);
+            Action::requeue(next.due - now)
         } else {
             last.remove(&key);
+            action
         }
     }
 }
@@ -90,20 +104,16 @@ pub async fn reconcile(machine: Arc<TalosMachine>, ctx: Arc<Context>) -> Result<
         ctx.metrics.skipped("TalosMachine");
         return Ok(Action::requeue(wait));
     }
-    let seen = plan::looked_at(&machine);
-    let result = look(&machine, &ctx).await;
-    match &result {
-        Ok(action) => ctx
-            .looks
-            .record(&machine, seen, action, ctx.settings.progress_requeue),
-        Err(_) => ctx.looks.record(
-            &machine,
-            seen,
-            &Action::await_change(),
-            ctx.settings.progress_requeue,
-        ),
+    let seen = (plan::looked_at(&machine), plan::standing_at(&machine));
+    let progress = ctx.settings.progress_requeue;
+    match look(&machine, &ctx).await {
+        Ok(action) => Ok(ctx.looks.record(&machine, seen, action, progress)),
+        Err(error) => {
+            ctx.looks
+                .record(&machine, seen, Action::await_change(), progress);
+            Err(error)
+        }
     }
-    result
 }
 
 /// One look at a TalosMachine.

@@ -574,30 +574,76 @@ pub(crate) fn looked_at(machine: &TalosMachine) -> u64 {
     hasher.finish()
 }
 
-/// The last look at a machine in progress: what it saw ([`looked_at`]) and when it said to
-/// look again.
+/// Where a machine stands as its status says: its phase and each condition's type, status,
+/// reason and message (not the times a look records). Looks that find it the same have seen
+/// it stand still.
+pub(crate) fn standing_at(machine: &TalosMachine) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    if let Some(status) = &machine.status {
+        format!("{:?}", status.phase).hash(&mut hasher);
+        for c in &status.conditions {
+            (&c.type_, &c.reason, &c.message).hash(&mut hasher);
+            format!("{:?}", c.status).hash(&mut hasher);
+        }
+    }
+    hasher.finish()
+}
+
+/// The last look at a machine in progress: what it saw ([`looked_at`]), when it said to look
+/// again, whether a related object woke the machine since, and where the machine stood
+/// ([`standing_at`]) and since when, look after look.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct LastLook {
     /// What it saw.
     pub seen: u64,
     /// When the next look is due.
     pub due: Instant,
+    /// Whether a related object (its cluster, a class or a storage of its cluster) woke the
+    /// machine since.
+    pub woken: bool,
+    /// Where the machine stood.
+    pub standing: u64,
+    /// Since when it has stood there.
+    pub since: Instant,
 }
 
 /// Whether a reconcile of a machine in progress is only the echo of its last look's own
 /// writes, and so waits until that look's due time: nothing it acts on changed since (`seen`
-/// is what the last look saw), no related object woke it (`woken`: its cluster, a class or a
-/// storage of its cluster), and the next look is not yet due. `Some` is how long to wait.
-/// A machine not in progress (settled, or waiting for a change) never has a last look, so a
-/// status written by another writer wakes it at once.
-pub(crate) fn echo_wait(
+/// is what the last look saw), no related object woke it, and the next look is not yet due.
+/// `Some` is how long to wait. A machine not in progress (settled, or waiting for a change)
+/// never has a last look, so a status written by another writer wakes it at once.
+pub(crate) fn echo_wait(last: Option<LastLook>, seen: u64, now: Instant) -> Option<Duration> {
+    let last = last?;
+    (!last.woken && last.seen == seen && now < last.due).then(|| last.due - now)
+}
+
+/// How many progress requeues a machine in progress waits at most between looks.
+const PROGRESS_BACKOFF_MAX: u32 = 5;
+
+/// How long a machine in progress waits for its next look, given the last look at it
+/// (`last`), where it stands now (`standing`) and the progress requeue: the progress requeue
+/// while it moves, then half as long as it has stood still, at most
+/// [`PROGRESS_BACKOFF_MAX`] progress requeues (what it waits for, an install, a reboot, an
+/// etcd join, happens on the node, where no event announces it). Returns the next look.
+pub(crate) fn next_look(
     last: Option<LastLook>,
     seen: u64,
-    woken: bool,
+    standing: u64,
+    progress: Duration,
     now: Instant,
-) -> Option<Duration> {
-    let last = last?;
-    (!woken && last.seen == seen && now < last.due).then(|| last.due - now)
+) -> LastLook {
+    let since = last
+        .filter(|l| l.standing == standing)
+        .map_or(now, |l| l.since);
+    let delay =
+        (now.saturating_duration_since(since) / 2).clamp(progress, progress * PROGRESS_BACKOFF_MAX);
+    LastLook {
+        seen,
+        due: now + delay,
+        woken: last.is_some_and(|l| l.woken),
+        standing,
+        since,
+    }
 }
 
 #[cfg(test)]
@@ -1323,26 +1369,28 @@ mod tests {
         let now = Instant::now();
         let machine = TalosMachine::test("m").build();
         let seen = looked_at(&machine);
-        let last = Some(LastLook {
+        let look = LastLook {
             seen,
             due: now + Duration::from_secs(2),
-        });
-        assert_eq!(
-            echo_wait(last, seen, false, now),
-            Some(Duration::from_secs(2))
-        );
+            woken: false,
+            standing: 0,
+            since: now,
+        };
+        let last = Some(look);
+        assert_eq!(echo_wait(last, seen, now), Some(Duration::from_secs(2)));
         // Its own status changes are not what a look saw.
         let mut written = machine.clone();
         written.status = Some(TalosMachineStatus::default());
         written.metadata.resource_version = Some("7".into());
         assert_eq!(looked_at(&written), seen);
         // Due, woken by a relation, changed, or never looked at while in progress: a look.
-        assert_eq!(
-            echo_wait(last, seen, false, now + Duration::from_secs(2)),
-            None
-        );
-        assert_eq!(echo_wait(last, seen, true, now), None);
-        assert_eq!(echo_wait(None, seen, false, now), None);
+        assert_eq!(echo_wait(last, seen, now + Duration::from_secs(2)), None);
+        let woken = LastLook {
+            woken: true,
+            ..look
+        };
+        assert_eq!(echo_wait(Some(woken), seen, now), None);
+        assert_eq!(echo_wait(None, seen, now), None);
         let mut labelled = machine.clone();
         labelled
             .metadata
@@ -1353,5 +1401,54 @@ mod tests {
         let mut approved = machine;
         approved.spec.hostname = Some("other".into());
         assert_ne!(looked_at(&approved), seen);
+    }
+
+    #[test]
+    fn a_machine_that_stands_still_is_looked_at_less_often_up_to_a_bound() {
+        let progress = Duration::from_secs(2);
+        let start = Instant::now();
+        let first = next_look(None, 1, 7, progress, start);
+        assert_eq!((first.due - start, first.since), (progress, start));
+        // Standing still for 10 s: half of it; for a minute: at most five progress requeues.
+        let later = start + Duration::from_secs(10);
+        let still = next_look(Some(first), 1, 7, progress, later);
+        assert_eq!(
+            (still.due - later, still.since),
+            (Duration::from_secs(5), start)
+        );
+        let much_later = start + Duration::from_secs(60);
+        let bounded = next_look(Some(still), 1, 7, progress, much_later);
+        assert_eq!(bounded.due - much_later, progress * 5);
+        // It moved: the progress requeue again, standing still from now.
+        let moved = next_look(Some(bounded), 1, 8, progress, much_later);
+        assert_eq!(
+            (moved.due - much_later, moved.since),
+            (progress, much_later)
+        );
+        // A wake recorded during the look is kept for the next reconcile.
+        let woken = LastLook {
+            woken: true,
+            ..bounded
+        };
+        assert!(next_look(Some(woken), 1, 8, progress, much_later).woken);
+    }
+
+    #[test]
+    fn where_a_machine_stands_is_its_phase_and_conditions_not_their_times() {
+        let mut machine = TalosMachine::test("m").build();
+        let bare = standing_at(&machine);
+        let mut status = TalosMachineStatus {
+            phase: MachinePhase::Installing,
+            ..Default::default()
+        };
+        machine.status = Some(status.clone());
+        let installing = standing_at(&machine);
+        assert_ne!(installing, bare);
+        status.address = Some("10.0.0.9".into());
+        machine.status = Some(status.clone());
+        assert_eq!(standing_at(&machine), installing, "not other fields");
+        status.phase = MachinePhase::Ready;
+        machine.status = Some(status);
+        assert_ne!(standing_at(&machine), installing);
     }
 }
