@@ -8,7 +8,7 @@ use std::process::{Command, Stdio};
 use anyhow::{Context as _, Result, bail};
 
 use crate::envtest;
-use crate::run::{run, run_forwarding_signals, trap_signals};
+use crate::run::{cargo, run, run_forwarding_signals, trap_signals};
 
 /// The benchmarks, by name.
 const BENCHMARKS: &[&str] = &["render", "backup", "discovery", "webhook", "fleet"];
@@ -61,9 +61,8 @@ pub fn bench(root: &Path, which: &[String]) -> Result<()> {
 }
 
 fn render(root: &Path) -> Result<()> {
-    let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
-    cmd.current_dir(root)
-        .args(["bench", "-p", "ichor-render", "--bench", "render"]);
+    let mut cmd = cargo(root);
+    cmd.args(["bench", "-p", "ichor-render", "--bench", "render"]);
     run(cmd)?;
     let estimates = target_dir(root).join("criterion/render_controlplane_1_14/new/estimates.json");
     let estimates: serde_json::Value = serde_json::from_str(
@@ -151,23 +150,22 @@ fn backup(root: &Path) -> Result<()> {
     let shipped = crate::test::build_static(root)?;
     let report = target_dir(root).join("bench-backup.md");
     let _ = std::fs::remove_file(&report);
-    let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
-    cmd.current_dir(root)
-        .args([
-            "test",
-            "-p",
-            "ichor-harness",
-            "--test",
-            "backup_at_size",
-            "--",
-            "--nocapture",
-        ])
-        .env(crate::assets::ASSETS_ENV, assets)
-        .env("ICHOR_WEED_BIN", weed)
-        .env("ICHOR_MANAGER_BIN", shipped.join("ichor-manager"))
-        .env("ICHOR_WEBHOOK_BIN", shipped.join("ichor-webhook"))
-        .env(BACKUP_SIZE_ENV, size_mib.to_string())
-        .env("ICHOR_BACKUP_REPORT", &report);
+    let mut cmd = cargo(root);
+    cmd.args([
+        "test",
+        "-p",
+        "ichor-harness",
+        "--test",
+        "backup_at_size",
+        "--",
+        "--nocapture",
+    ])
+    .env(crate::assets::ASSETS_ENV, assets)
+    .env("ICHOR_WEED_BIN", weed)
+    .env("ICHOR_MANAGER_BIN", shipped.join("ichor-manager"))
+    .env("ICHOR_WEBHOOK_BIN", shipped.join("ichor-webhook"))
+    .env(BACKUP_SIZE_ENV, size_mib.to_string())
+    .env("ICHOR_BACKUP_REPORT", &report);
     // Other work on the machine slows the simulated node and the store: the figures say how
     // busy it was.
     let load = crate::bench::load_average();

@@ -8,7 +8,7 @@ use std::process::Command;
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::run::{run, run_forwarding_signals, trap_signals};
+use crate::run::{cargo, run, run_forwarding_signals, trap_signals};
 
 /// The settings the bench reads, with their defaults (named in the reproduce command when set).
 const SETTINGS: [(&str, &str); 2] = [
@@ -58,9 +58,8 @@ pub fn discovery(root: &Path) -> Result<()> {
     ensure_nft()?;
     let report = target_dir(root).join("bench-discovery.md");
     let _ = std::fs::remove_file(&report);
-    let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
-    cmd.current_dir(root)
-        .args(["bench", "-p", "ichor-talos", "--bench", "discovery"])
+    let mut cmd = cargo(root);
+    cmd.args(["bench", "-p", "ichor-talos", "--bench", "discovery"])
         .env("ICHOR_DISCOVERY_REPORT", &report);
     run_forwarding_signals(cmd)?;
     let table = std::fs::read_to_string(&report)

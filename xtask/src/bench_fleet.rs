@@ -4,12 +4,11 @@
 //! set), with the apiserver's audit log on; its table goes to `docs/benchmarks/fleet.md`.
 
 use std::path::Path;
-use std::process::Command;
 
 use anyhow::{Context as _, Result};
 
 use crate::envtest;
-use crate::run::{run_forwarding_signals, trap_signals};
+use crate::run::{cargo, run_forwarding_signals, trap_signals};
 
 /// Names the fleet sizes (the spec's own variable).
 const SIZES_ENV: &str = "ICHOR_FLEET_SIZES";
@@ -30,23 +29,22 @@ pub fn fleet(root: &Path) -> Result<()> {
     let audit = target.join("bench-fleet-audit");
     let _ = std::fs::remove_dir_all(&audit);
     std::fs::create_dir_all(&audit).context("create the audit folder")?;
-    let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
-    cmd.current_dir(root)
-        .args([
-            "test",
-            "-p",
-            "ichor-harness",
-            "--test",
-            "fleet",
-            "--",
-            "--nocapture",
-        ])
-        .env(crate::assets::ASSETS_ENV, assets)
-        .env("ICHOR_MANAGER_BIN", shipped.join("ichor-manager"))
-        .env("ICHOR_WEBHOOK_BIN", shipped.join("ichor-webhook"))
-        .env("ICHOR_AUDIT_DIR", &audit)
-        .env(SIZES_ENV, &sizes)
-        .env("ICHOR_FLEET_REPORT", &report);
+    let mut cmd = cargo(root);
+    cmd.args([
+        "test",
+        "-p",
+        "ichor-harness",
+        "--test",
+        "fleet",
+        "--",
+        "--nocapture",
+    ])
+    .env(crate::assets::ASSETS_ENV, assets)
+    .env("ICHOR_MANAGER_BIN", shipped.join("ichor-manager"))
+    .env("ICHOR_WEBHOOK_BIN", shipped.join("ichor-webhook"))
+    .env("ICHOR_AUDIT_DIR", &audit)
+    .env(SIZES_ENV, &sizes)
+    .env("ICHOR_FLEET_REPORT", &report);
     let load = crate::bench::load_average();
     run_forwarding_signals(cmd)?;
     let table = std::fs::read_to_string(&report)

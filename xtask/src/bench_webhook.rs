@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use anyhow::{Context as _, Result};
 
 use crate::envtest;
-use crate::run::{run, run_forwarding_signals, trap_signals};
+use crate::run::{cargo, run, run_forwarding_signals, trap_signals};
 use crate::test::{STATIC_TARGET, build_static};
 
 /// The load generator's version: installed into the cache on first use.
@@ -20,12 +20,6 @@ const OHA_VERSION: &str = "1.16.0";
 const SECONDS_ENV: &str = "ICHOR_WEBHOOK_BENCH_SECONDS";
 /// Names the number of connections (the spec's own variable).
 const CONCURRENCY_ENV: &str = "ICHOR_WEBHOOK_BENCH_CONCURRENCY";
-
-fn cargo(root: &Path) -> Command {
-    let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
-    cmd.current_dir(root);
-    cmd
-}
 
 /// `oha` from crates.io, installed on first use into the cache (`<cache>/oha-VERSION/bin`).
 /// Built against native-tls (the system's OpenSSL) rather than its default rustls, whose

@@ -9,19 +9,15 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, bail};
 
 use crate::envtest;
-use crate::run::{Phases, interrupted, run as run_cmd, run_forwarding_signals, trap_signals};
+use crate::run::{
+    Phases, cargo, interrupted, run as run_cmd, run_forwarding_signals, trap_signals,
+};
 
 /// Names the shared control plane's folder for the tests (`ichor_testenv::SHARED_DIR_ENV`).
 const SHARED_DIR_ENV: &str = "ICHOR_TESTENV_DIR";
 
 /// The cargo-deny release installed when none is on PATH.
 const CARGO_DENY: &str = "cargo-deny@0.20.2";
-
-fn cargo(root: &Path) -> Command {
-    let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
-    cmd.current_dir(root);
-    cmd
-}
 
 /// Runs every check and test; prints a timing table whatever the outcome.
 pub fn run(root: &Path) -> Result<()> {
@@ -582,9 +578,7 @@ pub fn build_static(root: &Path) -> Result<PathBuf> {
     ])
     .env("RUSTFLAGS", "-C target-feature=+crt-static");
     run_cmd(cmd)?;
-    let dir = std::env::var_os("CARGO_TARGET_DIR")
-        .map_or_else(|| root.join("target"), PathBuf::from)
+    Ok(crate::bench::target_dir(root)
         .join(STATIC_TARGET)
-        .join("release");
-    Ok(dir)
+        .join("release"))
 }
