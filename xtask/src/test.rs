@@ -563,20 +563,19 @@ pub const STATIC_TARGET: &str = "x86_64-unknown-linux-gnu";
 /// Builds `ichor-manager` and `ichor-webhook` statically linked (`crt-static`), in release;
 /// returns their folder.
 pub fn build_static(root: &Path) -> Result<PathBuf> {
+    build_static_packages(root, &["ichor-manager", "ichor-webhook"])
+}
+
+/// Builds the binaries of `packages` as the images' are built (release, statically linked);
+/// returns their folder.
+pub fn build_static_packages(root: &Path, packages: &[&str]) -> Result<PathBuf> {
     let mut cmd = cargo(root);
-    cmd.args([
-        "build",
-        "--quiet",
-        "--release",
-        "--target",
-        STATIC_TARGET,
-        "--package",
-        "ichor-manager",
-        "--package",
-        "ichor-webhook",
-        "--bins",
-    ])
-    .env("RUSTFLAGS", "-C target-feature=+crt-static");
+    cmd.args(["build", "--quiet", "--release", "--target", STATIC_TARGET]);
+    for package in packages {
+        cmd.args(["--package", package]);
+    }
+    cmd.arg("--bins")
+        .env("RUSTFLAGS", "-C target-feature=+crt-static");
     run_cmd(cmd)?;
     Ok(crate::bench::target_dir(root)
         .join(STATIC_TARGET)
