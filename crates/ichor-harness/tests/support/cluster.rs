@@ -103,6 +103,13 @@ impl Monitor {
             .expect("monitor task")
             .unwrap_or_else(|e| panic!("{e}"))
     }
+
+    /// Stops watching; fails when it never saw etcd or its worst moment had no quorum.
+    pub async fn finish_with_quorum(self) {
+        let seen = self.finish().await;
+        let (alive, voters) = seen.worst.expect("the monitor saw etcd");
+        assert!(alive * 2 > voters, "quorum held: worst {alive}/{voters}");
+    }
 }
 
 /// The etcd members as the node at `address` lists them, through Ichor's talosconfig.
