@@ -16,7 +16,6 @@ use std::time::{Duration, Instant};
 use ichor_api::TalosCluster;
 use ichor_api::TalosOperation;
 use ichor_api::backup::BackupRecord;
-use ichor_api::names::secrets as keys;
 use ichor_api::operation::{OperationAction, OperationPhase};
 use ichor_harness::specs::{self, Shape};
 use ichor_harness::{SimOptions, SimTarget, Target};
@@ -26,7 +25,7 @@ use kube::api::{Api, Patch, PatchParams};
 use object_store::ObjectStoreExt as _;
 use object_store::path::Path as ObjectPath;
 use serde_json::json;
-use support::put_secret;
+use support::{put_store_secret, store_spec};
 
 mod support;
 
@@ -236,19 +235,7 @@ async fn a_snapshot_of_hundreds_of_mib_reaches_the_store_with_flat_manager_memor
     .await
     .expect("sim target");
 
-    let credentials = server.credentials();
-    put_secret(
-        &target,
-        "s3",
-        &[
-            (keys::ACCESS_KEY_ID_KEY, credentials.access_key.as_bytes()),
-            (
-                keys::SECRET_ACCESS_KEY_KEY,
-                credentials.secret_key.as_bytes(),
-            ),
-        ],
-    )
-    .await;
+    put_store_secret(&target, &server).await;
 
     // The cluster comes up without backups, so the manager's resident set before the first
     // one is its steady state.
@@ -282,12 +269,7 @@ async fn a_snapshot_of_hundreds_of_mib_reaches_the_store_with_flat_manager_memor
             &PatchParams::default(),
             &Patch::Merge(&json!({"spec": {"backup": {
                 "schedule": "@every 24h",
-                "store": {
-                    "endpoint": server.endpoint(),
-                    "bucket": BUCKET,
-                    "prefix": "ichor",
-                    "credentialsSecretRef": {"name": "s3"}
-                }
+                "store": store_spec(&server, BUCKET)
             }}})),
         )
         .await

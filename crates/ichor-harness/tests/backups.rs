@@ -21,7 +21,7 @@ use ichor_testenv::wait::try_eventually;
 use kube::api::{Api, Patch, PatchParams};
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt as _, PutPayload};
-use support::put_secret;
+use support::{put_secret, put_store_secret, store_spec};
 
 mod support;
 use serde_json::json;
@@ -126,18 +126,7 @@ async fn backups_reach_the_store_keep_n_and_name_what_stops_them() {
         .await
         .expect("sim target");
     let credentials = server.credentials();
-    put_secret(
-        &target,
-        "s3",
-        &[
-            (keys::ACCESS_KEY_ID_KEY, credentials.access_key.as_bytes()),
-            (
-                keys::SECRET_ACCESS_KEY_KEY,
-                credentials.secret_key.as_bytes(),
-            ),
-        ],
-    )
-    .await;
+    put_store_secret(&target, &server).await;
     let shape = Shape {
         control_planes: 1,
         ..Shape::new(version, "flannel")
@@ -153,12 +142,7 @@ async fn backups_reach_the_store_keep_n_and_name_what_stops_them() {
         "{:?}",
         outcome(&refused)
     );
-    let store_spec = json!({
-        "endpoint": server.endpoint(),
-        "bucket": BUCKET,
-        "prefix": "ichor",
-        "credentialsSecretRef": {"name": "s3"}
-    });
+    let store_spec = store_spec(&server, BUCKET);
     patch_backup(
         &target,
         json!({"schedule": "@every 24h", "store": store_spec, "retention": {"count": 2}}),
@@ -311,18 +295,7 @@ async fn backups_reach_the_store_keep_n_and_name_what_stops_them() {
     )
     .await;
     fails_with(&target, "wrong-secret", reasons::STORE_CREDENTIALS_REFUSED).await;
-    put_secret(
-        &target,
-        "s3",
-        &[
-            (keys::ACCESS_KEY_ID_KEY, credentials.access_key.as_bytes()),
-            (
-                keys::SECRET_ACCESS_KEY_KEY,
-                credentials.secret_key.as_bytes(),
-            ),
-        ],
-    )
-    .await;
+    put_store_secret(&target, &server).await;
     patch_backup(&target, json!({"store": {"bucket": "no-such-bucket"}})).await;
     let message = fails_with(&target, "no-bucket", reasons::STORE_BUCKET_MISSING).await;
     assert!(message.contains("no-such-bucket"), "{message}");

@@ -20,7 +20,7 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStoreExt as _, PutPayload};
-use support::put_secret;
+use support::{put_secret, put_store_secret, store_spec};
 
 mod support;
 use serde_json::json;
@@ -33,31 +33,6 @@ const KEYS: [(&str, &str); 2] = [
     ("/registry/configmaps/default/before-the-disaster", "kept"),
     ("/registry/secrets/default/also-kept", "here"),
 ];
-
-async fn store_secret(target: &SimTarget, server: &S3Server) {
-    let credentials = server.credentials();
-    put_secret(
-        target,
-        "s3",
-        &[
-            (keys::ACCESS_KEY_ID_KEY, credentials.access_key.as_bytes()),
-            (
-                keys::SECRET_ACCESS_KEY_KEY,
-                credentials.secret_key.as_bytes(),
-            ),
-        ],
-    )
-    .await;
-}
-
-fn store_spec(server: &S3Server) -> serde_json::Value {
-    json!({
-        "endpoint": server.endpoint(),
-        "bucket": BUCKET,
-        "prefix": "ichor",
-        "credentialsSecretRef": {"name": "s3"}
-    })
-}
 
 async fn cluster(target: &SimTarget, name: &str) -> TalosCluster {
     Api::<TalosCluster>::namespaced(target.client(), target.namespace())
@@ -147,7 +122,7 @@ async fn a_lost_cluster_comes_back_from_its_latest_backup_once_and_bad_restores_
     let original = SimTarget::up(SimOptions::new(3, 103, VERSION))
         .await
         .expect("sim target");
-    store_secret(&original, &server).await;
+    put_store_secret(&original, &server).await;
     put_secret(
         &original,
         "age",
@@ -157,7 +132,7 @@ async fn a_lost_cluster_comes_back_from_its_latest_backup_once_and_bad_restores_
     let shape = Shape::new(VERSION, "flannel");
     specs::create_cluster_with(&original, &shape, |spec| {
         spec.backup = Some(
-            serde_json::from_value(json!({"schedule": "@every 24h", "store": store_spec(&server), "retention": {"count": 5}}))
+            serde_json::from_value(json!({"schedule": "@every 24h", "store": store_spec(&server, BUCKET), "retention": {"count": 5}}))
                 .expect("backup"),
         );
     })
@@ -208,7 +183,7 @@ async fn a_lost_cluster_comes_back_from_its_latest_backup_once_and_bad_restores_
     let target = SimTarget::up(SimOptions::new(3, 104, VERSION))
         .await
         .expect("sim target");
-    store_secret(&target, &server).await;
+    put_store_secret(&target, &server).await;
     put_secret(&target, "age", &[(keys::AGE_KEY, identity_text.as_bytes())]).await;
     let other = age::x25519::Identity::generate();
     let other_text = {
@@ -229,7 +204,7 @@ async fn a_lost_cluster_comes_back_from_its_latest_backup_once_and_bad_restores_
     .await;
 
     // Bad restores, each refused before any bootstrap.
-    let store = store_spec(&server);
+    let store = store_spec(&server, BUCKET);
     create_restoring(
         &target,
         "missing",
