@@ -99,6 +99,22 @@ pub async fn create_cluster_with(
     Ok(())
 }
 
+/// Creates the cluster `lab` of one control plane (`talos_version`, flannel) and waits until `n`
+/// machines were discovered, all pending; returns its shape and the machines.
+pub async fn one_control_plane_discovered(
+    target: &impl Target,
+    talos_version: &str,
+    n: usize,
+) -> Result<(Shape, Vec<TalosMachine>), Error> {
+    let shape = Shape {
+        control_planes: 1,
+        ..Shape::new(talos_version, "flannel")
+    };
+    create_cluster(target, &shape).await?;
+    let found = wait_discovered(target, n).await?;
+    Ok((shape, found))
+}
+
 /// Waits until `n` machines were discovered, all pending.
 pub async fn wait_discovered(target: &impl Target, n: usize) -> Result<Vec<TalosMachine>, Error> {
     let api = machines(target);

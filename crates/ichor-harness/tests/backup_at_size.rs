@@ -17,7 +17,7 @@ use ichor_api::TalosCluster;
 use ichor_api::TalosOperation;
 use ichor_api::backup::BackupRecord;
 use ichor_api::operation::{OperationAction, OperationPhase};
-use ichor_harness::specs::{self, Shape};
+use ichor_harness::specs;
 use ichor_harness::{SimOptions, SimTarget, Target};
 use ichor_testenv::S3Server;
 use ichor_testenv::wait::try_eventually;
@@ -239,16 +239,9 @@ async fn a_snapshot_of_hundreds_of_mib_reaches_the_store_with_flat_manager_memor
 
     // The cluster comes up without backups, so the manager's resident set before the first
     // one is its steady state.
-    let shape = Shape {
-        control_planes: 1,
-        ..Shape::new(version, "flannel")
-    };
-    specs::create_cluster(&target, &shape)
+    specs::one_control_plane_discovered(&target, version, 1)
         .await
-        .expect("cluster");
-    specs::wait_discovered(&target, 1)
-        .await
-        .expect("discovered");
+        .expect("cluster discovered");
     specs::approve_shape(&target, 1, 0).await.expect("approve");
     if let Err(error) = specs::wait_ready(&target, CLUSTER, READY_WAIT).await {
         panic!("{error}: {}", specs::summary(&target).await);
