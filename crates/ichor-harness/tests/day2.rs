@@ -44,23 +44,17 @@ async fn removal_reason(target: &SimTarget, address: &str) -> Option<String> {
         .map(|(_, reason, _)| reason)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn removal_resumes_after_manager_kills_and_runs_once_only_steps_once() {
-    let mut target = SimTarget::up(SimOptions::new(4, 77, "v1.14.1"))
-        .await
-        .expect("sim target");
-    cluster_of(&target, 3, 4, 0).await;
-    let endpoints = target.node_endpoints();
-    let workload = specs::workload_client(&target, CLUSTER)
-        .await
-        .expect("workload");
-
-    // A pod on cp-3 whose PodDisruptionBudget blocks its eviction.
+/// A pod `pinned` on the workload Node `node_name` whose PodDisruptionBudget blocks its
+/// eviction, once the budget counts it healthy; returns the workload's pods and budgets.
+async fn pinned_pod_under_budget(
+    workload: &kube::Client,
+    node_name: &str,
+) -> (Api<Pod>, Api<PodDisruptionBudget>) {
     let pods: Api<Pod> = Api::namespaced(workload.clone(), "default");
     let pod: Pod = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": "pinned", "labels": {"app": "pinned"}},
-        "spec": {"nodeName": "cp-3", "containers": [{"name": "app", "image": "registry.invalid/app:1"}]}
+        "spec": {"nodeName": node_name, "containers": [{"name": "app", "image": "registry.invalid/app:1"}]}
     }))
     .expect("pod");
     pods.create(&PostParams::default(), &pod)
@@ -91,6 +85,22 @@ async fn removal_resumes_after_manager_kills_and_runs_once_only_steps_once() {
     )
     .await
     .expect("budget in force");
+    (pods, budgets)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removal_resumes_after_manager_kills_and_runs_once_only_steps_once() {
+    let mut target = SimTarget::up(SimOptions::new(4, 77, "v1.14.1"))
+        .await
+        .expect("sim target");
+    cluster_of(&target, 3, 4, 0).await;
+    let endpoints = target.node_endpoints();
+    let workload = specs::workload_client(&target, CLUSTER)
+        .await
+        .expect("workload");
+
+    // A pod on cp-3 whose PodDisruptionBudget blocks its eviction.
+    let (pods, budgets) = pinned_pod_under_budget(&workload, "cp-3").await;
 
     let monitor = Monitor::start(target.nodes().to_vec());
     let node = target.nodes()[2].clone();
@@ -1755,37 +1765,7 @@ async fn a_removal_waits_while_the_workload_api_is_down_and_with_force_skips_its
 
     // A pod the removal cannot evict holds it after the cordon: the workload API goes down in
     // the middle of the removal, at the drain.
-    let pods: Api<Pod> = Api::namespaced(workload.clone(), "default");
-    let pod: Pod = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": "pinned", "labels": {"app": "pinned"}},
-        "spec": {"nodeName": node_name, "containers": [{"name": "app", "image": "registry.invalid/app:1"}]}
-    }))
-    .expect("pod");
-    pods.create(&PostParams::default(), &pod)
-        .await
-        .expect("create pod");
-    let budgets: Api<PodDisruptionBudget> = Api::namespaced(workload.clone(), "default");
-    let budget: PodDisruptionBudget = serde_json::from_value(json!({
-        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
-        "metadata": {"name": "pinned"},
-        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "pinned"}}}
-    }))
-    .expect("budget");
-    budgets
-        .create(&PostParams::default(), &budget)
-        .await
-        .expect("create budget");
-    try_eventually("the budget in force", Duration::from_secs(60), || async {
-        budgets
-            .get("pinned")
-            .await
-            .ok()
-            .and_then(|b| b.status)
-            .is_some_and(|s| s.current_healthy == Some(1) && s.disruptions_allowed == Some(0))
-    })
-    .await
-    .expect("budget in force");
+    pinned_pod_under_budget(&workload, &node_name).await;
 
     let node = target.nodes()[3].clone();
     let reset = node.gate_reply("Reset");
