@@ -9,7 +9,7 @@ use ichor_api::TalosMachine;
 use ichor_api::common::ConditionStatus;
 use ichor_api::names::{conditions, reasons};
 use ichor_harness::specs::{self, Shape};
-use ichor_harness::{SimTarget, Target};
+use ichor_harness::{SimOptions, SimTarget, Target};
 use ichor_sim::SimNode;
 use ichor_testenv::wait::try_eventually;
 use kube::ResourceExt as _;
@@ -46,6 +46,19 @@ pub async fn cluster_of(
         .kubelets_registered(CLUSTER)
         .await
         .expect("Nodes registered");
+}
+
+/// A sim target of `options` with a cluster of [`cluster_of`]`(declared, control_planes,
+/// workers)` Ready on it.
+pub async fn ready_target(
+    options: SimOptions,
+    declared: usize,
+    control_planes: usize,
+    workers: usize,
+) -> SimTarget {
+    let target = SimTarget::up(options).await.expect("sim target");
+    cluster_of(&target, declared, control_planes, workers).await;
+    target
 }
 
 /// What the monitor saw.
