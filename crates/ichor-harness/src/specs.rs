@@ -99,15 +99,16 @@ pub async fn create_cluster_with(
     Ok(())
 }
 
-/// Creates the cluster `lab` of one control plane (`talos_version`, flannel) and waits until `n`
-/// machines were discovered, all pending; returns its shape and the machines.
-pub async fn one_control_plane_discovered(
+/// Creates the cluster `lab` declaring `control_planes` (`talos_version`, flannel) and waits
+/// until `n` machines were discovered, all pending; returns its shape and the machines.
+pub async fn discovered_cluster(
     target: &impl Target,
     talos_version: &str,
+    control_planes: usize,
     n: usize,
 ) -> Result<(Shape, Vec<TalosMachine>), Error> {
     let shape = Shape {
-        control_planes: 1,
+        control_planes,
         ..Shape::new(talos_version, "flannel")
     };
     create_cluster(target, &shape).await?;

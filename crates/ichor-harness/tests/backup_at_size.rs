@@ -239,7 +239,7 @@ async fn a_snapshot_of_hundreds_of_mib_reaches_the_store_with_flat_manager_memor
 
     // The cluster comes up without backups, so the manager's resident set before the first
     // one is its steady state.
-    specs::one_control_plane_discovered(&target, version, 1)
+    specs::discovered_cluster(&target, version, 1, 1)
         .await
         .expect("cluster discovered");
     specs::approve_shape(&target, 1, 0).await.expect("approve");

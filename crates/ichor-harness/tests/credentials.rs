@@ -184,7 +184,7 @@ async fn published_credentials_are_renewed_before_they_expire_and_keep_working()
     })
     .await
     .expect("sim target");
-    specs::one_control_plane_discovered(&target, "v1.14.1", 1)
+    specs::discovered_cluster(&target, "v1.14.1", 1, 1)
         .await
         .expect("cluster discovered");
     specs::approve_shape(&target, 1, 0).await.expect("approve");

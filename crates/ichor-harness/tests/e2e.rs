@@ -46,7 +46,7 @@ async fn changed_fingerprints_are_flagged_and_never_applied_to() {
     let target = SimTarget::up(SimOptions::new(2, 71, "v1.14.1"))
         .await
         .expect("sim target");
-    specs::one_control_plane_discovered(&target, "v1.14.1", 2)
+    specs::discovered_cluster(&target, "v1.14.1", 1, 2)
         .await
         .expect("cluster discovered");
     let endpoints = target.node_endpoints();

@@ -144,7 +144,7 @@ async fn a_person_takes_pending_machines_to_a_ready_cluster_with_the_plugin() {
         .await
         .expect("sim target");
     let plugin = Plugin::new(&target);
-    let (shape, _) = specs::one_control_plane_discovered(&target, "v1.14.1", 3)
+    let (shape, _) = specs::discovered_cluster(&target, "v1.14.1", 1, 3)
         .await
         .expect("cluster discovered");
     let endpoints = target.node_endpoints();
@@ -348,7 +348,7 @@ async fn render_diff_shows_drift_until_the_manager_applies_it() {
         .await
         .expect("sim target");
     let plugin = Plugin::new(&target);
-    let (shape, found) = specs::one_control_plane_discovered(&target, "v1.14.1", 1)
+    let (shape, found) = specs::discovered_cluster(&target, "v1.14.1", 1, 1)
         .await
         .expect("cluster discovered");
     let name = found[0].name_any();

@@ -8,7 +8,7 @@ use std::time::Duration;
 use ichor_api::TalosMachine;
 use ichor_api::common::ConditionStatus;
 use ichor_api::names::{conditions, reasons};
-use ichor_harness::specs::{self, Shape};
+use ichor_harness::specs;
 use ichor_harness::{SimOptions, SimTarget, Target};
 use ichor_sim::SimNode;
 use ichor_testenv::wait::try_eventually;
@@ -26,16 +26,10 @@ pub async fn cluster_of(
     control_planes: usize,
     workers: usize,
 ) {
-    let shape = Shape {
-        control_planes: declared,
-        ..Shape::new("v1.14.1", "flannel")
-    };
-    specs::create_cluster(target, &shape)
+    let all = target.node_endpoints().len();
+    specs::discovered_cluster(target, "v1.14.1", declared, all)
         .await
-        .expect("cluster");
-    specs::wait_discovered(target, target.node_endpoints().len())
-        .await
-        .expect("discovered");
+        .expect("cluster discovered");
     specs::approve_shape(target, control_planes, workers)
         .await
         .expect("approve");
