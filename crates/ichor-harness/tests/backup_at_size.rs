@@ -25,7 +25,7 @@ use kube::api::{Api, Patch, PatchParams};
 use object_store::ObjectStoreExt as _;
 use object_store::path::Path as ObjectPath;
 use serde_json::json;
-use support::{put_store_secret, store_spec};
+use support::{put_store_secret, store_spec, talos_cluster};
 
 mod support;
 
@@ -179,16 +179,13 @@ struct Measured {
     rss_after: u64,
 }
 
-async fn cluster(target: &SimTarget) -> TalosCluster {
-    Api::<TalosCluster>::namespaced(target.client(), target.namespace())
-        .get(CLUSTER)
-        .await
-        .expect("the cluster")
-}
-
 /// The cluster's last successful backup, when its key is not `previous`.
 async fn new_success(target: &SimTarget, previous: Option<&str>) -> Option<BackupRecord> {
-    let record = cluster(target).await.status?.backup?.last_success?;
+    let record = talos_cluster(target, CLUSTER)
+        .await
+        .status?
+        .backup?
+        .last_success?;
     (Some(record.key.as_str()) != previous).then_some(record)
 }
 
@@ -276,7 +273,7 @@ async fn a_snapshot_of_hundreds_of_mib_reaches_the_store_with_flat_manager_memor
         Ok(record) => record,
         Err(e) => panic!(
             "{e}: {:?}\n{}",
-            cluster(&target).await.status,
+            talos_cluster(&target, CLUSTER).await.status,
             target.manager_log_tail()
         ),
     };
@@ -321,7 +318,7 @@ async fn a_snapshot_of_hundreds_of_mib_reaches_the_store_with_flat_manager_memor
         target.manager_log_tail()
     );
     let key = status.backup_key.clone().expect("the operation's key");
-    let record = cluster(&target)
+    let record = talos_cluster(&target, CLUSTER)
         .await
         .status
         .and_then(|s| s.backup?.last_success)

@@ -20,7 +20,7 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStoreExt as _, PutPayload};
-use support::{put_secret, put_store_secret, store_spec};
+use support::{put_secret, put_store_secret, store_spec, talos_cluster};
 
 mod support;
 use serde_json::json;
@@ -33,13 +33,6 @@ const KEYS: [(&str, &str); 2] = [
     ("/registry/configmaps/default/before-the-disaster", "kept"),
     ("/registry/secrets/default/also-kept", "here"),
 ];
-
-async fn cluster(target: &SimTarget, name: &str) -> TalosCluster {
-    Api::<TalosCluster>::namespaced(target.client(), target.namespace())
-        .get(name)
-        .await
-        .expect("the cluster")
-}
 
 async fn backup_now(target: &SimTarget, name: &str) -> String {
     specs::create_operation(
@@ -54,7 +47,10 @@ async fn backup_now(target: &SimTarget, name: &str) -> String {
         Ok(done) => done,
         Err(e) => panic!(
             "{e}: {:?}\n{}",
-            cluster(target, CLUSTER).await.status.and_then(|s| s.backup),
+            talos_cluster(target, CLUSTER)
+                .await
+                .status
+                .and_then(|s| s.backup),
             target.manager_log_tail()
         ),
     };
@@ -66,7 +62,7 @@ async fn backup_now(target: &SimTarget, name: &str) -> String {
 /// Waits until the cluster's `Restored` condition has `reason`; its message.
 async fn restored(target: &SimTarget, name: &str, reason: &str) -> String {
     let found = try_eventually(&format!("{name}: Restored {reason}"), WAIT, || async {
-        let status = cluster(target, name).await.status?;
+        let status = talos_cluster(target, name).await.status?;
         status
             .conditions
             .iter()
@@ -78,7 +74,7 @@ async fn restored(target: &SimTarget, name: &str, reason: &str) -> String {
         Ok(message) => message,
         Err(e) => panic!(
             "{e}: {:?}\n{}",
-            cluster(target, name).await.status,
+            talos_cluster(target, name).await.status,
             target.manager_log_tail()
         ),
     }
@@ -363,7 +359,10 @@ async fn a_lost_cluster_comes_back_from_its_latest_backup_once_and_bad_restores_
         after, recovers,
         "nothing uploaded after the restore was recorded"
     );
-    let status = cluster(&target, CLUSTER).await.status.expect("status");
+    let status = talos_cluster(&target, CLUSTER)
+        .await
+        .status
+        .expect("status");
     assert!(status.restore.expect("recorded").completed_at.is_some());
     target.down().await;
 }

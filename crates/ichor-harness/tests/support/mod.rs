@@ -7,6 +7,7 @@ pub mod cluster;
 
 use std::sync::Arc;
 
+use ichor_api::TalosCluster;
 use ichor_api::names::secrets as keys;
 use ichor_harness::{SimTarget, Target};
 use ichor_testenv::S3Server;
@@ -32,6 +33,14 @@ pub fn bucket(server: &S3Server, bucket: &str) -> Arc<dyn ObjectStore> {
             .build()
             .expect("a client"),
     )
+}
+
+/// The TalosCluster `name`.
+pub async fn talos_cluster(target: &SimTarget, name: &str) -> TalosCluster {
+    Api::<TalosCluster>::namespaced(target.client(), target.namespace())
+        .get(name)
+        .await
+        .expect("the cluster")
 }
 
 /// Creates or replaces the Secret `name` with `data`.
