@@ -97,9 +97,8 @@ pub fn check(root: &Path) -> Result<()> {
     if let Some(line) = stamp.lines().find(|l| l.contains("at commit")) {
         eprintln!("advisories: {}", line.trim());
     }
-    let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
-    cmd.current_dir(root)
-        .env(DBS_ENV, &dbs)
+    let mut cmd = crate::run::cargo(root);
+    cmd.env(DBS_ENV, &dbs)
         .args(["deny", "--offline", "check", "advisories"]);
     run(cmd)
 }

@@ -8,7 +8,7 @@ use std::process::{Command, Stdio};
 use anyhow::{Context as _, Result, bail};
 
 use crate::envtest;
-use crate::run::{run, run_forwarding_signals, trap_signals};
+use crate::run::{cargo, run, run_forwarding_signals, trap_signals};
 
 /// The benchmarks, by name.
 const BENCHMARKS: &[&str] = &["render", "backup", "discovery", "webhook", "fleet"];
@@ -27,8 +27,44 @@ pub(crate) fn load_average() -> String {
         .unwrap_or_else(|| "unknown".to_owned())
 }
 
+/// The build's target folder: `CARGO_TARGET_DIR`, else `<root>/target`.
 pub(crate) fn target_dir(root: &Path) -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from)
+}
+
+/// The machine's cores (0 when unknown), named in each benchmark's document.
+pub(crate) fn cores() -> usize {
+    std::thread::available_parallelism().map_or(0, std::num::NonZero::get)
+}
+
+/// Where benchmark `name`'s spec or bench writes its table (`<target>/bench-<name>.md`),
+/// with any table of an earlier run removed.
+pub(crate) fn fresh_table(root: &Path, name: &str) -> PathBuf {
+    let table = target_dir(root).join(format!("bench-{name}.md"));
+    let _ = std::fs::remove_file(&table);
+    table
+}
+
+/// `cargo test -p <package> --test <test> -- --nocapture`: a spec that measures.
+pub(crate) fn spec(root: &Path, package: &str, test: &str) -> Command {
+    let mut cmd = cargo(root);
+    cmd.args(["test", "-p", package, "--test", test, "--", "--nocapture"]);
+    cmd
+}
+
+/// Runs `cmd` (forwarding Ctrl-C to it) and reads the table it wrote to `table`.
+pub(crate) fn run_for_table(cmd: Command, table: &Path) -> Result<String> {
+    run_forwarding_signals(cmd)?;
+    std::fs::read_to_string(table).with_context(|| format!("read the table {}", table.display()))
+}
+
+/// Prints benchmark `name`'s `document` and writes it to `docs/benchmarks/<name>.md`.
+pub(crate) fn publish(root: &Path, name: &str, document: &str) -> Result<()> {
+    print!("\n{document}");
+    let dir = root.join("docs/benchmarks");
+    std::fs::create_dir_all(&dir).context("create docs/benchmarks")?;
+    std::fs::write(dir.join(format!("{name}.md")), document)
+        .with_context(|| format!("write docs/benchmarks/{name}.md"))
 }
 
 /// Runs the named benchmarks (all when `which` is empty).
@@ -61,9 +97,8 @@ pub fn bench(root: &Path, which: &[String]) -> Result<()> {
 }
 
 fn render(root: &Path) -> Result<()> {
-    let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
-    cmd.current_dir(root)
-        .args(["bench", "-p", "ichor-render", "--bench", "render"]);
+    let mut cmd = cargo(root);
+    cmd.args(["bench", "-p", "ichor-render", "--bench", "render"]);
     run(cmd)?;
     let estimates = target_dir(root).join("criterion/render_controlplane_1_14/new/estimates.json");
     let estimates: serde_json::Value = serde_json::from_str(
@@ -125,11 +160,7 @@ fn render(root: &Path) -> Result<()> {
         1e6 / ours,
         1e6 / talos
     );
-    print!("\n{report}");
-    let dir = root.join("docs/benchmarks");
-    std::fs::create_dir_all(&dir).context("create docs/benchmarks")?;
-    std::fs::write(dir.join("render.md"), report).context("write docs/benchmarks/render.md")?;
-    Ok(())
+    publish(root, "render", &report)
 }
 
 /// Backups at size: the `backup_at_size` spec (crates/ichor-harness/tests/backup_at_size.rs)
@@ -149,20 +180,9 @@ fn backup(root: &Path) -> Result<()> {
     let weed = envtest::seaweedfs(root)?;
     // The binaries the images ship: the figure that matters is the release build's.
     let shipped = crate::test::build_static(root)?;
-    let report = target_dir(root).join("bench-backup.md");
-    let _ = std::fs::remove_file(&report);
-    let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
-    cmd.current_dir(root)
-        .args([
-            "test",
-            "-p",
-            "ichor-harness",
-            "--test",
-            "backup_at_size",
-            "--",
-            "--nocapture",
-        ])
-        .env(crate::assets::ASSETS_ENV, assets)
+    let report = fresh_table(root, "backup");
+    let mut cmd = spec(root, "ichor-harness", "backup_at_size");
+    cmd.env(crate::assets::ASSETS_ENV, assets)
         .env("ICHOR_WEED_BIN", weed)
         .env("ICHOR_MANAGER_BIN", shipped.join("ichor-manager"))
         .env("ICHOR_WEBHOOK_BIN", shipped.join("ichor-webhook"))
@@ -170,11 +190,9 @@ fn backup(root: &Path) -> Result<()> {
         .env("ICHOR_BACKUP_REPORT", &report);
     // Other work on the machine slows the simulated node and the store: the figures say how
     // busy it was.
-    let load = crate::bench::load_average();
-    run_forwarding_signals(cmd)?;
-    let table = std::fs::read_to_string(&report)
-        .with_context(|| format!("read the spec's table {}", report.display()))?;
-    let cores = std::thread::available_parallelism().map_or(0, std::num::NonZero::get);
+    let load = load_average();
+    let table = run_for_table(cmd, &report)?;
+    let cores = cores();
     let command = if size_mib == BACKUP_SIZE_MIB {
         "cargo xtask bench backup".to_owned()
     } else {
@@ -200,9 +218,5 @@ fn backup(root: &Path) -> Result<()> {
          streams it needs its own footprint and a few 5 MiB upload parts.\n\n\
          Reproduce with `{command}` (`{BACKUP_SIZE_ENV}` sets the size in MiB).\n"
     );
-    print!("\n{report}");
-    let dir = root.join("docs/benchmarks");
-    std::fs::create_dir_all(&dir).context("create docs/benchmarks")?;
-    std::fs::write(dir.join("backup.md"), report).context("write docs/benchmarks/backup.md")?;
-    Ok(())
+    publish(root, "backup", &report)
 }

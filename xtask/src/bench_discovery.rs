@@ -3,22 +3,19 @@
 //! the same concurrency and timeout. The measuring is `crates/ichor-talos/benches/discovery.rs`
 //! (a release build); this runs it and writes its table to `docs/benchmarks/discovery.md`.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::run::{run, run_forwarding_signals, trap_signals};
+use crate::bench;
+use crate::run::{cargo, run, trap_signals};
 
 /// The settings the bench reads, with their defaults (named in the reproduce command when set).
 const SETTINGS: [(&str, &str); 2] = [
     ("ICHOR_DISCOVERY_NODES", "64"),
     ("ICHOR_DISCOVERY_REPS", "5"),
 ];
-
-fn target_dir(root: &Path) -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from)
-}
 
 fn nft_present() -> bool {
     Command::new("nft")
@@ -56,16 +53,12 @@ fn ensure_nft() -> Result<()> {
 pub fn discovery(root: &Path) -> Result<()> {
     trap_signals()?;
     ensure_nft()?;
-    let report = target_dir(root).join("bench-discovery.md");
-    let _ = std::fs::remove_file(&report);
-    let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
-    cmd.current_dir(root)
-        .args(["bench", "-p", "ichor-talos", "--bench", "discovery"])
+    let report = bench::fresh_table(root, "discovery");
+    let mut cmd = cargo(root);
+    cmd.args(["bench", "-p", "ichor-talos", "--bench", "discovery"])
         .env("ICHOR_DISCOVERY_REPORT", &report);
-    run_forwarding_signals(cmd)?;
-    let table = std::fs::read_to_string(&report)
-        .with_context(|| format!("read the bench's table {}", report.display()))?;
-    let cores = std::thread::available_parallelism().map_or(0, std::num::NonZero::get);
+    let table = bench::run_for_table(cmd, &report)?;
+    let cores = bench::cores();
     let mut command = String::new();
     for (name, default) in SETTINGS {
         if let Ok(value) = std::env::var(name)
@@ -113,10 +106,5 @@ pub fn discovery(root: &Path) -> Result<()> {
          missing). `ICHOR_DISCOVERY_NODES` sets the number of nodes (64) and\n\
          `ICHOR_DISCOVERY_REPS` the sweeps of each kind per scenario (5).\n"
     );
-    print!("\n{report}");
-    let dir = root.join("docs/benchmarks");
-    std::fs::create_dir_all(&dir).context("create docs/benchmarks")?;
-    std::fs::write(dir.join("discovery.md"), report)
-        .context("write docs/benchmarks/discovery.md")?;
-    Ok(())
+    bench::publish(root, "discovery", &report)
 }

@@ -4,12 +4,12 @@
 //! set), with the apiserver's audit log on; its table goes to `docs/benchmarks/fleet.md`.
 
 use std::path::Path;
-use std::process::Command;
 
 use anyhow::{Context as _, Result};
 
+use crate::bench;
 use crate::envtest;
-use crate::run::{run_forwarding_signals, trap_signals};
+use crate::run::trap_signals;
 
 /// Names the fleet sizes (the spec's own variable).
 const SIZES_ENV: &str = "ICHOR_FLEET_SIZES";
@@ -23,36 +23,21 @@ pub fn fleet(root: &Path) -> Result<()> {
     let assets = envtest::assets(root)?;
     // The binaries the images ship: the figures that matter are the release build's.
     let shipped = crate::test::build_static(root)?;
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map_or_else(|| root.join("target"), std::path::PathBuf::from);
-    let report = target.join("bench-fleet.md");
-    let _ = std::fs::remove_file(&report);
-    let audit = target.join("bench-fleet-audit");
+    let report = bench::fresh_table(root, "fleet");
+    let audit = bench::target_dir(root).join("bench-fleet-audit");
     let _ = std::fs::remove_dir_all(&audit);
     std::fs::create_dir_all(&audit).context("create the audit folder")?;
-    let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
-    cmd.current_dir(root)
-        .args([
-            "test",
-            "-p",
-            "ichor-harness",
-            "--test",
-            "fleet",
-            "--",
-            "--nocapture",
-        ])
-        .env(crate::assets::ASSETS_ENV, assets)
+    let mut cmd = bench::spec(root, "ichor-harness", "fleet");
+    cmd.env(crate::assets::ASSETS_ENV, assets)
         .env("ICHOR_MANAGER_BIN", shipped.join("ichor-manager"))
         .env("ICHOR_WEBHOOK_BIN", shipped.join("ichor-webhook"))
         .env("ICHOR_AUDIT_DIR", &audit)
         .env(SIZES_ENV, &sizes)
         .env("ICHOR_FLEET_REPORT", &report);
-    let load = crate::bench::load_average();
-    run_forwarding_signals(cmd)?;
-    let table = std::fs::read_to_string(&report)
-        .with_context(|| format!("read the spec's table {}", report.display()))?;
+    let load = bench::load_average();
+    let table = bench::run_for_table(cmd, &report)?;
     let _ = std::fs::remove_dir_all(&audit);
-    let cores = std::thread::available_parallelism().map_or(0, std::num::NonZero::get);
+    let cores = bench::cores();
     let command = if sizes == DEFAULT_SIZES {
         "cargo xtask bench fleet".to_owned()
     } else {
@@ -81,9 +66,5 @@ pub fn fleet(root: &Path) -> Result<()> {
          Reproduce with `{command}` (`{SIZES_ENV}` takes comma-separated machine counts,\n\
          multiples of 20 up to 1280).\n"
     );
-    print!("\n{report}");
-    let dir = root.join("docs/benchmarks");
-    std::fs::create_dir_all(&dir).context("create docs/benchmarks")?;
-    std::fs::write(dir.join("fleet.md"), report).context("write docs/benchmarks/fleet.md")?;
-    Ok(())
+    bench::publish(root, "fleet", &report)
 }

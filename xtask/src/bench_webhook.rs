@@ -9,9 +9,10 @@ use std::process::{Command, Stdio};
 
 use anyhow::{Context as _, Result};
 
+use crate::bench;
 use crate::envtest;
-use crate::run::{run, run_forwarding_signals, trap_signals};
-use crate::test::{STATIC_TARGET, build_static};
+use crate::run::{cargo, run, trap_signals};
+use crate::test::{build_static, build_static_packages};
 
 /// The load generator's version: installed into the cache on first use.
 const OHA_VERSION: &str = "1.16.0";
@@ -20,12 +21,6 @@ const OHA_VERSION: &str = "1.16.0";
 const SECONDS_ENV: &str = "ICHOR_WEBHOOK_BENCH_SECONDS";
 /// Names the number of connections (the spec's own variable).
 const CONCURRENCY_ENV: &str = "ICHOR_WEBHOOK_BENCH_CONCURRENCY";
-
-fn cargo(root: &Path) -> Command {
-    let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
-    cmd.current_dir(root);
-    cmd
-}
 
 /// `oha` from crates.io, installed on first use into the cache (`<cache>/oha-VERSION/bin`).
 /// Built against native-tls (the system's OpenSSL) rather than its default rustls, whose
@@ -60,15 +55,7 @@ fn ensure_oha(root: &Path) -> Result<PathBuf> {
 
 /// Builds `ichor-tls-echo` as the webhook is built for the images: release, statically linked.
 fn build_echo(root: &Path) -> Result<PathBuf> {
-    let mut cmd = cargo(root);
-    cmd.args(["build", "--quiet", "--release", "--target", STATIC_TARGET])
-        .args(["--package", "ichor-tls-echo", "--bins"])
-        .env("RUSTFLAGS", "-C target-feature=+crt-static");
-    run(cmd)?;
-    Ok(crate::bench::target_dir(root)
-        .join(STATIC_TARGET)
-        .join("release")
-        .join("ichor-tls-echo"))
+    Ok(build_static_packages(root, &["ichor-tls-echo"])?.join("ichor-tls-echo"))
 }
 
 /// Runs the benchmark and writes `docs/benchmarks/webhook.md`.
@@ -78,30 +65,20 @@ pub fn webhook(root: &Path) -> Result<()> {
     let assets = envtest::assets(root)?;
     let shipped = build_static(root)?;
     let echo = build_echo(root)?;
-    let report = crate::bench::target_dir(root).join("bench-webhook.md");
-    let _ = std::fs::remove_file(&report);
-    let mut cmd = cargo(root);
-    cmd.args(["test", "-p", "ichor-webhook", "--test", "under_load"])
-        .args(["--", "--nocapture"])
-        .env(crate::assets::ASSETS_ENV, assets)
+    let report = bench::fresh_table(root, "webhook");
+    let mut cmd = bench::spec(root, "ichor-webhook", "under_load");
+    cmd.env(crate::assets::ASSETS_ENV, assets)
         .env("ICHOR_WEBHOOK_BIN", shipped.join("ichor-webhook"))
         .env("ICHOR_TLS_ECHO_BIN", echo)
         .env("ICHOR_OHA_BIN", &oha)
         .env("ICHOR_WEBHOOK_BENCH_REPORT", &report);
-    run_forwarding_signals(cmd)?;
-    let table = std::fs::read_to_string(&report)
-        .with_context(|| format!("read the spec's table {}", report.display()))?;
-    let report = document(&table);
-    print!("\n{report}");
-    let dir = root.join("docs/benchmarks");
-    std::fs::create_dir_all(&dir).context("create docs/benchmarks")?;
-    std::fs::write(dir.join("webhook.md"), report).context("write docs/benchmarks/webhook.md")?;
-    Ok(())
+    let table = bench::run_for_table(cmd, &report)?;
+    bench::publish(root, "webhook", &document(&table))
 }
 
 /// The document around the spec's `table`.
 fn document(table: &str) -> String {
-    let cores = std::thread::available_parallelism().map_or(0, std::num::NonZero::get);
+    let cores = bench::cores();
     let settings: Vec<String> = [SECONDS_ENV, CONCURRENCY_ENV]
         .iter()
         .filter_map(|name| std::env::var(name).ok().map(|v| format!("{name}={v} ")))

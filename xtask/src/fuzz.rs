@@ -91,9 +91,8 @@ pub fn ensure_cargo_fuzz(root: &Path) -> Result<()> {
         eprintln!("cargo-fuzz is installed");
         return Ok(());
     }
-    let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
-    cmd.current_dir(root)
-        .args(["install", "--locked", CARGO_FUZZ]);
+    let mut cmd = crate::run::cargo(root);
+    cmd.args(["install", "--locked", CARGO_FUZZ]);
     run_cmd(cmd)
 }
 

@@ -1,6 +1,7 @@
 //! Running child commands: echoing them, timing phases, and surviving Ctrl-C long enough to
 //! clean up.
 
+use std::path::Path;
 use std::process::{Child, Command, ExitStatus};
 use std::sync::Arc;
 use std::sync::OnceLock;
@@ -38,6 +39,13 @@ fn describe(cmd: &Command) -> String {
         text.push_str(&arg.to_string_lossy());
     }
     text
+}
+
+/// A `cargo` command (the one running xtask, per `CARGO`) in the workspace `root`.
+pub fn cargo(root: &Path) -> Command {
+    let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    cmd.current_dir(root);
+    cmd
 }
 
 /// Runs `cmd` to completion, failing on a non-zero exit.

@@ -9,19 +9,15 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, bail};
 
 use crate::envtest;
-use crate::run::{Phases, interrupted, run as run_cmd, run_forwarding_signals, trap_signals};
+use crate::run::{
+    Phases, cargo, interrupted, run as run_cmd, run_forwarding_signals, trap_signals,
+};
 
 /// Names the shared control plane's folder for the tests (`ichor_testenv::SHARED_DIR_ENV`).
 const SHARED_DIR_ENV: &str = "ICHOR_TESTENV_DIR";
 
 /// The cargo-deny release installed when none is on PATH.
 const CARGO_DENY: &str = "cargo-deny@0.20.2";
-
-fn cargo(root: &Path) -> Command {
-    let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
-    cmd.current_dir(root);
-    cmd
-}
 
 /// Runs every check and test; prints a timing table whatever the outcome.
 pub fn run(root: &Path) -> Result<()> {
@@ -567,24 +563,21 @@ pub const STATIC_TARGET: &str = "x86_64-unknown-linux-gnu";
 /// Builds `ichor-manager` and `ichor-webhook` statically linked (`crt-static`), in release;
 /// returns their folder.
 pub fn build_static(root: &Path) -> Result<PathBuf> {
+    build_static_packages(root, &["ichor-manager", "ichor-webhook"])
+}
+
+/// Builds the binaries of `packages` as the images' are built (release, statically linked);
+/// returns their folder.
+pub fn build_static_packages(root: &Path, packages: &[&str]) -> Result<PathBuf> {
     let mut cmd = cargo(root);
-    cmd.args([
-        "build",
-        "--quiet",
-        "--release",
-        "--target",
-        STATIC_TARGET,
-        "--package",
-        "ichor-manager",
-        "--package",
-        "ichor-webhook",
-        "--bins",
-    ])
-    .env("RUSTFLAGS", "-C target-feature=+crt-static");
+    cmd.args(["build", "--quiet", "--release", "--target", STATIC_TARGET]);
+    for package in packages {
+        cmd.args(["--package", package]);
+    }
+    cmd.arg("--bins")
+        .env("RUSTFLAGS", "-C target-feature=+crt-static");
     run_cmd(cmd)?;
-    let dir = std::env::var_os("CARGO_TARGET_DIR")
-        .map_or_else(|| root.join("target"), PathBuf::from)
+    Ok(crate::bench::target_dir(root)
         .join(STATIC_TARGET)
-        .join("release");
-    Ok(dir)
+        .join("release"))
 }

@@ -565,8 +565,13 @@ impl SimTarget {
     /// read from its `/metrics`: a test's proof that the manager had its chance to act before
     /// it asserts that something did not happen.
     pub async fn manager_reconciles(&self, kind: &str) -> Result<u64, Error> {
+        self.manager_counter("ichor_reconciles_total", kind).await
+    }
+
+    /// The running manager's counter `series` for `kind` (0 when it has no such line yet).
+    async fn manager_counter(&self, series: &str, kind: &str) -> Result<u64, Error> {
         let text = self.manager_metrics().await?;
-        let series = format!("ichor_reconciles_total{{kind=\"{kind}\"}}");
+        let series = format!("{series}{{kind=\"{kind}\"}}");
         Ok(text
             .lines()
             .find_map(|line| line.strip_prefix(series.as_str()))
@@ -583,13 +588,8 @@ impl SimTarget {
     /// The running manager's reconciles of `kind` that were skipped as echoes of the object's
     /// own last look (`ichor_reconciles_skipped_total`).
     pub async fn manager_skipped(&self, kind: &str) -> Result<u64, Error> {
-        let text = self.manager_metrics().await?;
-        let series = format!("ichor_reconciles_skipped_total{{kind=\"{kind}\"}}");
-        Ok(text
-            .lines()
-            .find_map(|line| line.strip_prefix(series.as_str()))
-            .and_then(|value| value.trim().parse::<f64>().ok())
-            .map_or(0, |value| value as u64))
+        self.manager_counter("ichor_reconciles_skipped_total", kind)
+            .await
     }
 
     /// The running manager's process id (for reading its `/proc` figures).

@@ -99,6 +99,23 @@ pub async fn create_cluster_with(
     Ok(())
 }
 
+/// Creates the cluster `lab` declaring `control_planes` (`talos_version`, flannel) and waits
+/// until `n` machines were discovered, all pending; returns its shape and the machines.
+pub async fn discovered_cluster(
+    target: &impl Target,
+    talos_version: &str,
+    control_planes: usize,
+    n: usize,
+) -> Result<(Shape, Vec<TalosMachine>), Error> {
+    let shape = Shape {
+        control_planes,
+        ..Shape::new(talos_version, "flannel")
+    };
+    create_cluster(target, &shape).await?;
+    let found = wait_discovered(target, n).await?;
+    Ok((shape, found))
+}
+
 /// Waits until `n` machines were discovered, all pending.
 pub async fn wait_discovered(target: &impl Target, n: usize) -> Result<Vec<TalosMachine>, Error> {
     let api = machines(target);

@@ -3,22 +3,18 @@
 use ichor_api::TalosMachine;
 use ichor_api::names::conditions;
 use kube::ResourceExt as _;
-use kube::api::{Api, ListParams};
+use kube::api::Api;
 
 /// One line per machine of `namespace`: name, address, role, approval, phase, and what it
-/// waits for; and how many are Ready. Listed in pages of 500, as kubectl lists: a call per 500
-/// machines, never one per machine (the fleet benchmark counts them in the audit log).
+/// waits for; and how many are Ready. Listed in pages of 500 by `kubectl-ichor`'s `list_all`,
+/// as kubectl lists: a call per 500 machines, never one per machine (the fleet benchmark counts
+/// them in the audit log).
 pub async fn machines(client: &kube::Client, namespace: &str) -> (String, usize) {
     let machines: Api<TalosMachine> = Api::namespaced(client.clone(), namespace);
-    let mut list = Vec::new();
-    let mut params = ListParams::default().limit(500);
-    while let Ok(page) = machines.list(&params).await {
-        list.extend(page.items);
-        match page.metadata.continue_.filter(|token| !token.is_empty()) {
-            Some(token) => params = params.continue_token(&token),
-            None => break,
-        }
-    }
+    // A table to look at, not a verdict: a failed list shows no machines.
+    let mut list = kubectl_ichor::connect::list_all(&machines, "TalosMachines")
+        .await
+        .unwrap_or_default();
     list.sort_by_key(|m| m.spec.endpoints.first().cloned().unwrap_or_default());
     let mut out = format!(
         "  {:<46} {:<12} {:<13} {:<9} {:<10} {}\n",

@@ -16,9 +16,8 @@ use std::time::{Duration, Instant};
 use ichor_api::TalosCluster;
 use ichor_api::TalosOperation;
 use ichor_api::backup::BackupRecord;
-use ichor_api::names::secrets as keys;
 use ichor_api::operation::{OperationAction, OperationPhase};
-use ichor_harness::specs::{self, Shape};
+use ichor_harness::specs;
 use ichor_harness::{SimOptions, SimTarget, Target};
 use ichor_testenv::S3Server;
 use ichor_testenv::wait::try_eventually;
@@ -26,7 +25,7 @@ use kube::api::{Api, Patch, PatchParams};
 use object_store::ObjectStoreExt as _;
 use object_store::path::Path as ObjectPath;
 use serde_json::json;
-use support::put_secret;
+use support::{put_store_secret, store_spec, talos_cluster};
 
 mod support;
 
@@ -180,16 +179,13 @@ struct Measured {
     rss_after: u64,
 }
 
-async fn cluster(target: &SimTarget) -> TalosCluster {
-    Api::<TalosCluster>::namespaced(target.client(), target.namespace())
-        .get(CLUSTER)
-        .await
-        .expect("the cluster")
-}
-
 /// The cluster's last successful backup, when its key is not `previous`.
 async fn new_success(target: &SimTarget, previous: Option<&str>) -> Option<BackupRecord> {
-    let record = cluster(target).await.status?.backup?.last_success?;
+    let record = talos_cluster(target, CLUSTER)
+        .await
+        .status?
+        .backup?
+        .last_success?;
     (Some(record.key.as_str()) != previous).then_some(record)
 }
 
@@ -236,32 +232,13 @@ async fn a_snapshot_of_hundreds_of_mib_reaches_the_store_with_flat_manager_memor
     .await
     .expect("sim target");
 
-    let credentials = server.credentials();
-    put_secret(
-        &target,
-        "s3",
-        &[
-            (keys::ACCESS_KEY_ID_KEY, credentials.access_key.as_bytes()),
-            (
-                keys::SECRET_ACCESS_KEY_KEY,
-                credentials.secret_key.as_bytes(),
-            ),
-        ],
-    )
-    .await;
+    put_store_secret(&target, &server).await;
 
     // The cluster comes up without backups, so the manager's resident set before the first
     // one is its steady state.
-    let shape = Shape {
-        control_planes: 1,
-        ..Shape::new(version, "flannel")
-    };
-    specs::create_cluster(&target, &shape)
+    specs::discovered_cluster(&target, version, 1, 1)
         .await
-        .expect("cluster");
-    specs::wait_discovered(&target, 1)
-        .await
-        .expect("discovered");
+        .expect("cluster discovered");
     specs::approve_shape(&target, 1, 0).await.expect("approve");
     if let Err(error) = specs::wait_ready(&target, CLUSTER, READY_WAIT).await {
         panic!("{error}: {}", specs::summary(&target).await);
@@ -282,12 +259,7 @@ async fn a_snapshot_of_hundreds_of_mib_reaches_the_store_with_flat_manager_memor
             &PatchParams::default(),
             &Patch::Merge(&json!({"spec": {"backup": {
                 "schedule": "@every 24h",
-                "store": {
-                    "endpoint": server.endpoint(),
-                    "bucket": BUCKET,
-                    "prefix": "ichor",
-                    "credentialsSecretRef": {"name": "s3"}
-                }
+                "store": store_spec(&server, BUCKET)
             }}})),
         )
         .await
@@ -301,7 +273,7 @@ async fn a_snapshot_of_hundreds_of_mib_reaches_the_store_with_flat_manager_memor
         Ok(record) => record,
         Err(e) => panic!(
             "{e}: {:?}\n{}",
-            cluster(&target).await.status,
+            talos_cluster(&target, CLUSTER).await.status,
             target.manager_log_tail()
         ),
     };
@@ -346,7 +318,7 @@ async fn a_snapshot_of_hundreds_of_mib_reaches_the_store_with_flat_manager_memor
         target.manager_log_tail()
     );
     let key = status.backup_key.clone().expect("the operation's key");
-    let record = cluster(&target)
+    let record = talos_cluster(&target, CLUSTER)
         .await
         .status
         .and_then(|s| s.backup?.last_success)

@@ -21,7 +21,7 @@ use ichor_testenv::wait::try_eventually;
 use kube::api::{Api, Patch, PatchParams};
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt as _, PutPayload};
-use support::put_secret;
+use support::{put_secret, put_store_secret, store_spec, talos_cluster};
 
 mod support;
 use serde_json::json;
@@ -50,13 +50,6 @@ async fn patch_backup(target: &SimTarget, backup: serde_json::Value) {
         )
         .await
         .expect("patch spec.backup");
-}
-
-async fn cluster(target: &SimTarget) -> TalosCluster {
-    Api::<TalosCluster>::namespaced(target.client(), target.namespace())
-        .get(CLUSTER)
-        .await
-        .expect("the cluster")
 }
 
 /// Runs an `etcdSnapshot` operation named `name` to its end.
@@ -92,7 +85,7 @@ async fn fails_with(target: &SimTarget, name: &str, reason: &str) -> String {
     let (phase, got, message) = outcome(&operation);
     assert_eq!(phase, OperationPhase::Failed, "{name}: {message}");
     assert_eq!(got, reason, "{name}: {message}");
-    let backed_up = cluster(target)
+    let backed_up = talos_cluster(target, CLUSTER)
         .await
         .status
         .expect("status")
@@ -126,18 +119,7 @@ async fn backups_reach_the_store_keep_n_and_name_what_stops_them() {
         .await
         .expect("sim target");
     let credentials = server.credentials();
-    put_secret(
-        &target,
-        "s3",
-        &[
-            (keys::ACCESS_KEY_ID_KEY, credentials.access_key.as_bytes()),
-            (
-                keys::SECRET_ACCESS_KEY_KEY,
-                credentials.secret_key.as_bytes(),
-            ),
-        ],
-    )
-    .await;
+    put_store_secret(&target, &server).await;
     let shape = Shape {
         control_planes: 1,
         ..Shape::new(version, "flannel")
@@ -153,12 +135,7 @@ async fn backups_reach_the_store_keep_n_and_name_what_stops_them() {
         "{:?}",
         outcome(&refused)
     );
-    let store_spec = json!({
-        "endpoint": server.endpoint(),
-        "bucket": BUCKET,
-        "prefix": "ichor",
-        "credentialsSecretRef": {"name": "s3"}
-    });
+    let store_spec = store_spec(&server, BUCKET);
     patch_backup(
         &target,
         json!({"schedule": "@every 24h", "store": store_spec, "retention": {"count": 2}}),
@@ -174,18 +151,22 @@ async fn backups_reach_the_store_keep_n_and_name_what_stops_them() {
 
     // The first scheduled backup runs once etcd is bootstrapped; the next is a day later.
     let first = try_eventually("the first scheduled backup", WAIT, || async {
-        let status = cluster(&target).await.status?.backup?;
+        let status = talos_cluster(&target, CLUSTER).await.status?.backup?;
         Some((status.last_success?, status.next_run?))
     })
     .await;
     let first = match first {
         Ok(first) => first,
-        Err(e) => panic!("{e}: {:?}", cluster(&target).await.status),
+        Err(e) => panic!("{e}: {:?}", talos_cluster(&target, CLUSTER).await.status),
     };
     let (record, next_run) = first;
     assert_eq!(record.operation, None, "scheduled");
     assert!(next_run.0 > record.taken_at.0, "the next run follows");
-    let uid = cluster(&target).await.metadata.uid.expect("uid");
+    let uid = talos_cluster(&target, CLUSTER)
+        .await
+        .metadata
+        .uid
+        .expect("uid");
     let folder = format!("ichor/{}/{CLUSTER}/{uid}/", target.namespace());
     assert!(record.key.starts_with(&folder), "{}", record.key);
     let body = bucket
@@ -207,7 +188,10 @@ async fn backups_reach_the_store_keep_n_and_name_what_stops_them() {
             .expect("its bytes"),
     )
     .expect("JSON");
-    let status = cluster(&target).await.status.expect("status");
+    let status = talos_cluster(&target, CLUSTER)
+        .await
+        .status
+        .expect("status");
     assert_eq!(
         written["bundleFingerprint"].as_str(),
         status.bundle_fingerprint.as_deref(),
@@ -242,7 +226,7 @@ async fn backups_reach_the_store_keep_n_and_name_what_stops_them() {
             .await
             .expect("what is not Ichor's stays");
     }
-    let backup = cluster(&target)
+    let backup = talos_cluster(&target, CLUSTER)
         .await
         .status
         .expect("status")
@@ -311,18 +295,7 @@ async fn backups_reach_the_store_keep_n_and_name_what_stops_them() {
     )
     .await;
     fails_with(&target, "wrong-secret", reasons::STORE_CREDENTIALS_REFUSED).await;
-    put_secret(
-        &target,
-        "s3",
-        &[
-            (keys::ACCESS_KEY_ID_KEY, credentials.access_key.as_bytes()),
-            (
-                keys::SECRET_ACCESS_KEY_KEY,
-                credentials.secret_key.as_bytes(),
-            ),
-        ],
-    )
-    .await;
+    put_store_secret(&target, &server).await;
     patch_backup(&target, json!({"store": {"bucket": "no-such-bucket"}})).await;
     let message = fails_with(&target, "no-bucket", reasons::STORE_BUCKET_MISSING).await;
     assert!(message.contains("no-such-bucket"), "{message}");

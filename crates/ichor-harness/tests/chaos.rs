@@ -107,32 +107,42 @@ async fn restore_second_replica(target: &mut SimTarget) {
     assert_eq!(target.manager_identities().len(), 2);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_standby_replica_takes_over_a_killed_leader_mid_removal_and_mid_operation() {
-    let mut target = SimTarget::up(SimOptions::new(4, 131, "v1.14.1"))
-        .await
-        .expect("sim target");
-    target
-        .start_second_manager()
-        .await
-        .expect("a second replica");
-    cluster_of(&target, 3, 4, 0).await;
-    let endpoints = target.node_endpoints();
+/// A sim target of `options`, with a second manager replica when `replicas` is 2, its nodes
+/// all control planes of a cluster declaring three, Ready; and a monitor of etcd quorum on them.
+async fn control_planes_watched(options: SimOptions, replicas: usize) -> (SimTarget, Monitor) {
+    let control_planes = usize::from(options.nodes);
+    let mut target = SimTarget::up(options).await.expect("sim target");
+    if replicas == 2 {
+        target
+            .start_second_manager()
+            .await
+            .expect("a second replica");
+    }
+    cluster_of(&target, 3, control_planes, 0).await;
     let monitor = Monitor::start(target.nodes().to_vec());
+    (target, monitor)
+}
 
-    // Mid-removal: the node left etcd, the leader never heard, and is killed.
+/// A removal of the fourth machine, from four control planes to three, held where its node has
+/// left etcd and the manager has not heard: the node, its held reply, and the record's name and
+/// UID.
+async fn removal_held_at_etcd_leave(target: &SimTarget) -> (SimNode, Gate, String, Option<String>) {
     let node = target.nodes()[3].clone();
     let leave = node.gate_reply("EtcdLeaveCluster");
-    let name = specs::delete_machine(&target, &endpoints[3])
+    let name = specs::delete_machine(target, &target.node_endpoints()[3])
         .await
         .expect("the webhook admits 4 -> 3");
-    let uid = uid_of(&target, &name).await;
+    let uid = uid_of(target, &name).await;
     tokio::time::timeout(Duration::from_secs(90), leave.arrived(1))
         .await
         .expect("the etcd leave was sent");
-    kill_leader_and_wait_takeover(&mut target).await;
-    leave.release();
-    gone(&target, &name, &uid, Duration::from_secs(120)).await;
+    (node, leave, name, uid)
+}
+
+/// Checks that the removal of `name` (`uid`) finished: the record gone, the node reset into
+/// maintenance, its etcd leave and reset run once each, and three etcd members left.
+async fn removed_once(target: &SimTarget, node: &SimNode, name: &str, uid: &Option<String>) {
+    gone(target, name, uid, Duration::from_secs(120)).await;
     try_eventually(
         "the node in maintenance",
         Duration::from_secs(30),
@@ -142,8 +152,19 @@ async fn a_standby_replica_takes_over_a_killed_leader_mid_removal_and_mid_operat
     .expect("reset into maintenance");
     assert_eq!(node.calls("EtcdLeaveCluster"), 1, "the leave ran once");
     assert_eq!(node.calls("Reset"), 1, "the reset ran once");
-    let members = etcd_members(&target, &endpoints[0]).await;
+    let members = etcd_members(target, &target.node_endpoints()[0]).await;
     assert_eq!(members.len(), 3, "{members:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_replica_takes_over_a_killed_leader_mid_removal_and_mid_operation() {
+    let (mut target, monitor) = control_planes_watched(SimOptions::new(4, 131, "v1.14.1"), 2).await;
+
+    // Mid-removal: the node left etcd, the leader never heard, and is killed.
+    let (node, leave, name, uid) = removal_held_at_etcd_leave(&target).await;
+    kill_leader_and_wait_takeover(&mut target).await;
+    leave.release();
+    removed_once(&target, &node, &name, &uid).await;
 
     // Mid-operation: an upgrade of every control plane; the first node installs the new
     // version, the leader never hears, and is killed. The other replica (the killed one back as
@@ -198,9 +219,7 @@ async fn a_standby_replica_takes_over_a_killed_leader_mid_removal_and_mid_operat
             assert_eq!(installs, 1, "{addr} installed once");
         }
     }
-    let seen = monitor.finish().await;
-    let (alive, voters) = seen.worst.expect("the monitor saw etcd");
-    assert!(alive * 2 > voters, "quorum held: worst {alive}/{voters}");
+    monitor.finish_with_quorum().await;
     target.down().await;
 }
 
@@ -218,6 +237,17 @@ async fn roll_out_a_change(target: &SimTarget, san: &str) {
         .expect("a change that applies live");
 }
 
+/// Starts a rollout of a change (certificate SAN `san`) held where `node` has been sent its
+/// config (`what`) and its answer is not yet back.
+async fn rollout_held_at(target: &SimTarget, node: &SimNode, san: &str, what: &str) -> Gate {
+    let reply = node.gate_reply("ApplyConfiguration");
+    roll_out_a_change(target, san).await;
+    tokio::time::timeout(Duration::from_secs(90), reply.arrived(1))
+        .await
+        .expect(what);
+    reply
+}
+
 /// Checks that every node in `order` got its config exactly once more than `before`.
 fn applied_once(order: &[(String, SimNode)], before: &[usize]) {
     for ((name, node), was) in order.iter().zip(before) {
@@ -232,24 +262,12 @@ fn applied_once(order: &[(String, SimNode)], before: &[usize]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_removal_resumes_after_the_management_etcd_restarts_and_runs_each_step_once() {
     // A Lease longer than the outage: the one manager rides through it and carries on.
-    let mut target = SimTarget::up(SimOptions {
+    let options = SimOptions {
         lease_seconds: 15,
         ..SimOptions::new(4, 132, "v1.14.1")
-    })
-    .await
-    .expect("sim target");
-    cluster_of(&target, 3, 4, 0).await;
-    let endpoints = target.node_endpoints();
-    let monitor = Monitor::start(target.nodes().to_vec());
-    let node = target.nodes()[3].clone();
-    let leave = node.gate_reply("EtcdLeaveCluster");
-    let name = specs::delete_machine(&target, &endpoints[3])
-        .await
-        .expect("the webhook admits 4 -> 3");
-    let uid = uid_of(&target, &name).await;
-    tokio::time::timeout(Duration::from_secs(90), leave.arrived(1))
-        .await
-        .expect("the etcd leave was sent");
+    };
+    let (mut target, monitor) = control_planes_watched(options, 1).await;
+    let (node, leave, name, uid) = removal_held_at_etcd_leave(&target).await;
     // The node left etcd; the manager hears of it while the management etcd is down, and
     // cannot record it until etcd is back.
     target.stop_management_etcd().expect("stop etcd");
@@ -259,21 +277,8 @@ async fn a_removal_resumes_after_the_management_etcd_restarts_and_runs_each_step
         .start_management_etcd()
         .await
         .expect("start etcd again");
-    gone(&target, &name, &uid, Duration::from_secs(120)).await;
-    try_eventually(
-        "the node in maintenance",
-        Duration::from_secs(30),
-        || async { node.stage().await == Stage::Maintenance },
-    )
-    .await
-    .expect("reset into maintenance");
-    assert_eq!(node.calls("EtcdLeaveCluster"), 1, "the leave ran once");
-    assert_eq!(node.calls("Reset"), 1, "the reset ran once");
-    let members = etcd_members(&target, &endpoints[0]).await;
-    assert_eq!(members.len(), 3, "{members:?}");
-    let seen = monitor.finish().await;
-    let (alive, voters) = seen.worst.expect("the monitor saw etcd");
-    assert!(alive * 2 > voters, "quorum held: worst {alive}/{voters}");
+    removed_once(&target, &node, &name, &uid).await;
+    monitor.finish_with_quorum().await;
     target.down().await;
 }
 
@@ -283,25 +288,19 @@ const OUTAGE: Duration = Duration::from_secs(5);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rollout_resumes_after_the_management_apiserver_is_away_for_30_s() {
-    let mut target = SimTarget::up(SimOptions::new(3, 133, "v1.14.1"))
-        .await
-        .expect("sim target");
     // Two replicas, as the chart runs: the leader cannot renew through the outage and stops
     // (its Lease design); the standby takes over once the apiserver is back.
-    target
-        .start_second_manager()
-        .await
-        .expect("a second replica");
-    cluster_of(&target, 3, 3, 0).await;
-    let monitor = Monitor::start(target.nodes().to_vec());
+    let (mut target, monitor) = control_planes_watched(SimOptions::new(3, 133, "v1.14.1"), 2).await;
     let order = control_planes_in_order(&target).await;
     let before: Vec<usize> = order.iter().map(|(_, n)| n.config_applies()).collect();
     // The first node applies the change; its answer waits until the apiserver is gone.
-    let reply = order[0].1.gate_reply("ApplyConfiguration");
-    roll_out_a_change(&target, "away.example.internal").await;
-    tokio::time::timeout(Duration::from_secs(90), reply.arrived(1))
-        .await
-        .expect("the first node was sent its config");
+    let reply = rollout_held_at(
+        &target,
+        &order[0].1,
+        "away.example.internal",
+        "the first node was sent its config",
+    )
+    .await;
     let leader = target
         .lease_holder()
         .await
@@ -320,29 +319,25 @@ async fn a_rollout_resumes_after_the_management_apiserver_is_away_for_30_s() {
         "apiserver outage: {leader} led before, {:?} after",
         target.lease_holder().await
     );
-    let seen = monitor.finish().await;
-    let (alive, voters) = seen.worst.expect("the monitor saw etcd");
-    assert!(alive * 2 > voters, "quorum held: worst {alive}/{voters}");
+    monitor.finish_with_quorum().await;
     target.down().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rollout_waits_for_a_node_cut_off_from_the_manager_and_applies_it_once_healed() {
-    let target = SimTarget::up(SimOptions::new(3, 134, "v1.14.1"))
-        .await
-        .expect("sim target");
-    cluster_of(&target, 3, 3, 0).await;
-    let monitor = Monitor::start(target.nodes().to_vec());
+    let (target, monitor) = control_planes_watched(SimOptions::new(3, 134, "v1.14.1"), 1).await;
     let order = control_planes_in_order(&target).await;
     let before: Vec<usize> = order.iter().map(|(_, n)| n.config_applies()).collect();
     // The second node applies the change, and the network to it fails before the answer is
     // back: the manager cannot tell whether it applied.
     let (name, node) = order[1].clone();
-    let reply = node.gate_reply("ApplyConfiguration");
-    roll_out_a_change(&target, "cut.example.internal").await;
-    tokio::time::timeout(Duration::from_secs(90), reply.arrived(1))
-        .await
-        .expect("the second node was sent its config");
+    let reply = rollout_held_at(
+        &target,
+        &node,
+        "cut.example.internal",
+        "the second node was sent its config",
+    )
+    .await;
     node.inject(Fault::PartitionFromClients)
         .await
         .expect("cut off");
@@ -367,8 +362,6 @@ async fn a_rollout_waits_for_a_node_cut_off_from_the_manager_and_applies_it_once
     node.inject(Fault::Heal).await.expect("heal");
     wait_rolled_out(&target, "the rollout resumed and finished").await;
     applied_once(&order, &before);
-    let seen = monitor.finish().await;
-    let (alive, voters) = seen.worst.expect("the monitor saw etcd");
-    assert!(alive * 2 > voters, "quorum held: worst {alive}/{voters}");
+    monitor.finish_with_quorum().await;
     target.down().await;
 }

@@ -206,25 +206,20 @@ async fn classes_approve_what_they_alone_match_and_storages_report_their_volumes
     );
 
     // A fourth control-plane match stays pending, with its reason.
-    let merge = |v: serde_json::Value| Patch::Merge(v);
-    classes
-        .patch(
-            "cp",
-            &PatchParams::default(),
-            &merge(json!({"spec": {"qualifiers": {"minDiskSize": "90Gi"}}})),
-        )
-        .await
-        .expect("widen the control-plane class");
+    patch_class(
+        &classes,
+        "cp",
+        json!({"qualifiers": {"minDiskSize": "90Gi"}}),
+    )
+    .await;
     class_matched(&target, &fifth, reasons::CONTROL_PLANES_FULL).await;
     // An ambiguous match stays pending, naming both classes.
-    classes
-        .patch(
-            "workers",
-            &PatchParams::default(),
-            &merge(json!({"spec": {"qualifiers": {"macAddresses": [mac(3), mac(4)]}}})),
-        )
-        .await
-        .expect("widen the worker class");
+    patch_class(
+        &classes,
+        "workers",
+        json!({"qualifiers": {"macAddresses": [mac(3), mac(4)]}}),
+    )
+    .await;
     let message = class_matched(&target, &fifth, reasons::CLASS_AMBIGUOUS).await;
     assert!(message.contains("cp and workers"), "{message}");
     let status = classes
@@ -240,22 +235,18 @@ async fn classes_approve_what_they_alone_match_and_storages_report_their_volumes
     );
 
     // Both narrowed again: no class matches node 5 any more, and its ClassMatched goes.
-    classes
-        .patch(
-            "workers",
-            &PatchParams::default(),
-            &merge(json!({"spec": {"qualifiers": {"macAddresses": [mac(3)]}}})),
-        )
-        .await
-        .expect("narrow the worker class");
-    classes
-        .patch(
-            "cp",
-            &PatchParams::default(),
-            &merge(json!({"spec": {"qualifiers": {"minDiskSize": "500Gi"}}})),
-        )
-        .await
-        .expect("narrow the control-plane class");
+    patch_class(
+        &classes,
+        "workers",
+        json!({"qualifiers": {"macAddresses": [mac(3)]}}),
+    )
+    .await;
+    patch_class(
+        &classes,
+        "cp",
+        json!({"qualifiers": {"minDiskSize": "500Gi"}}),
+    )
+    .await;
     try_eventually("ClassMatched gone from node 5", WAIT, || async {
         specs::machine_condition(&target, &fifth, conditions::CLASS_MATCHED)
             .await
@@ -267,14 +258,7 @@ async fn classes_approve_what_they_alone_match_and_storages_report_their_volumes
 
     // Editing a class's role after Ready changes no configured machine.
     let before: Vec<TalosMachine> = machines_of_first(&target, 3).await;
-    classes
-        .patch(
-            "cp",
-            &PatchParams::default(),
-            &merge(json!({"spec": {"role": "worker"}})),
-        )
-        .await
-        .expect("change the class's role");
+    patch_class(&classes, "cp", json!({"role": "worker"})).await;
     class_seen(&target, "cp").await;
     let after: Vec<TalosMachine> = machines_of_first(&target, 3).await;
     for (b, a) in before.iter().zip(&after) {
@@ -291,14 +275,12 @@ async fn classes_approve_what_they_alone_match_and_storages_report_their_volumes
         );
     }
     // The worker class takes node 5 again, alone this time, and approves it.
-    classes
-        .patch(
-            "workers",
-            &PatchParams::default(),
-            &merge(json!({"spec": {"qualifiers": {"macAddresses": [mac(3), mac(4)]}}})),
-        )
-        .await
-        .expect("widen the worker class again");
+    patch_class(
+        &classes,
+        "workers",
+        json!({"qualifiers": {"macAddresses": [mac(3), mac(4)]}}),
+    )
+    .await;
     class_matched(&target, &fifth, reasons::APPROVED_BY_CLASS).await;
     if let Err(error) = specs::wait_ready(&target, CLUSTER, Duration::from_secs(180)).await {
         panic!("{error}: {}", specs::summary(&target).await);
@@ -315,16 +297,14 @@ async fn classes_approve_what_they_alone_match_and_storages_report_their_volumes
             .await
             .expect("machine"),
     );
-    classes
-        .patch(
-            "workers",
-            &PatchParams::default(),
-            &merge(json!({"spec": {"configPatches": [
-                {"name": "pool", "documents": {"KubeNodeConfig": {"labels": {"pool": "bulk"}}}}
-            ]}})),
-        )
-        .await
-        .expect("patch the class");
+    patch_class(
+        &classes,
+        "workers",
+        json!({"configPatches": [
+            {"name": "pool", "documents": {"KubeNodeConfig": {"labels": {"pool": "bulk"}}}}
+        ]}),
+    )
+    .await;
     try_eventually("the class patch applied", WAIT, || async {
         let now = specs::machine_at(&target, &address(3)).await.ok()?;
         (applied(&now) != fourth_before).then_some(())
@@ -386,7 +366,7 @@ async fn classes_approve_what_they_alone_match_and_storages_report_their_volumes
         .patch(
             "data",
             &PatchParams::default(),
-            &merge(json!({"spec": {"volumes": [
+            &Patch::Merge(json!({"spec": {"volumes": [
                 volume("data", Filesystem::Xfs, "20Gi"),
                 volume("logs", Filesystem::Ext4, "5Gi"),
             ]}})),
@@ -395,6 +375,14 @@ async fn classes_approve_what_they_alone_match_and_storages_report_their_volumes
         .expect_err("a shrink");
     assert!(refused.to_string().contains("cannot shrink"), "{refused}");
     target.down().await;
+}
+
+/// Merges `spec` into the spec of the TalosMachineClass `name`.
+async fn patch_class(classes: &Api<TalosMachineClass>, name: &str, spec: serde_json::Value) {
+    let patch = Patch::Merge(json!({"spec": spec}));
+    if let Err(error) = classes.patch(name, &PatchParams::default(), &patch).await {
+        panic!("merge {patch:?} into the class {name}: {error}");
+    }
 }
 
 /// The first `n` machines (by node order).

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use ichor_api::TalosCluster;
 use ichor_api::names::{reasons, secrets};
-use ichor_harness::specs::{self, Shape};
+use ichor_harness::specs;
 use ichor_harness::{SimOptions, SimTarget, Target};
 use ichor_testenv::wait::try_eventually;
 use k8s_openapi::api::core::v1::Secret;
@@ -184,16 +184,9 @@ async fn published_credentials_are_renewed_before_they_expire_and_keep_working()
     })
     .await
     .expect("sim target");
-    let shape = Shape {
-        control_planes: 1,
-        ..Shape::new("v1.14.1", "flannel")
-    };
-    specs::create_cluster(&target, &shape)
+    specs::discovered_cluster(&target, "v1.14.1", 1, 1)
         .await
-        .expect("cluster");
-    specs::wait_discovered(&target, 1)
-        .await
-        .expect("discovered");
+        .expect("cluster discovered");
     specs::approve_shape(&target, 1, 0).await.expect("approve");
     if let Err(error) = specs::wait_ready(&target, CLUSTER, Duration::from_secs(180)).await {
         panic!("{error}: {}", specs::summary(&target).await);

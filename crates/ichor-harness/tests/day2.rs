@@ -34,8 +34,8 @@ use serde_json::json;
 mod support;
 
 use support::cluster::{
-    CLUSTER, Monitor, cluster_of, control_planes_in_order, etcd_members, every_machine_applied,
-    gone, rolled_out, state_summary, uid_of, wait_rolled_out,
+    CLUSTER, Monitor, control_planes_in_order, etcd_members, every_machine_applied, gone,
+    ready_target, rolled_out, state_summary, uid_of, wait_rolled_out,
 };
 
 async fn removal_reason(target: &SimTarget, address: &str) -> Option<String> {
@@ -44,23 +44,17 @@ async fn removal_reason(target: &SimTarget, address: &str) -> Option<String> {
         .map(|(_, reason, _)| reason)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn removal_resumes_after_manager_kills_and_runs_once_only_steps_once() {
-    let mut target = SimTarget::up(SimOptions::new(4, 77, "v1.14.1"))
-        .await
-        .expect("sim target");
-    cluster_of(&target, 3, 4, 0).await;
-    let endpoints = target.node_endpoints();
-    let workload = specs::workload_client(&target, CLUSTER)
-        .await
-        .expect("workload");
-
-    // A pod on cp-3 whose PodDisruptionBudget blocks its eviction.
+/// A pod `pinned` on the workload Node `node_name` whose PodDisruptionBudget blocks its
+/// eviction, once the budget counts it healthy; returns the workload's pods and budgets.
+async fn pinned_pod_under_budget(
+    workload: &kube::Client,
+    node_name: &str,
+) -> (Api<Pod>, Api<PodDisruptionBudget>) {
     let pods: Api<Pod> = Api::namespaced(workload.clone(), "default");
     let pod: Pod = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": "pinned", "labels": {"app": "pinned"}},
-        "spec": {"nodeName": "cp-3", "containers": [{"name": "app", "image": "registry.invalid/app:1"}]}
+        "spec": {"nodeName": node_name, "containers": [{"name": "app", "image": "registry.invalid/app:1"}]}
     }))
     .expect("pod");
     pods.create(&PostParams::default(), &pod)
@@ -91,6 +85,19 @@ async fn removal_resumes_after_manager_kills_and_runs_once_only_steps_once() {
     )
     .await
     .expect("budget in force");
+    (pods, budgets)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removal_resumes_after_manager_kills_and_runs_once_only_steps_once() {
+    let mut target = ready_target(SimOptions::new(4, 77, "v1.14.1"), 3, 4, 0).await;
+    let endpoints = target.node_endpoints();
+    let workload = specs::workload_client(&target, CLUSTER)
+        .await
+        .expect("workload");
+
+    // A pod on cp-3 whose PodDisruptionBudget blocks its eviction.
+    let (pods, budgets) = pinned_pod_under_budget(&workload, "cp-3").await;
 
     let monitor = Monitor::start(target.nodes().to_vec());
     let node = target.nodes()[2].clone();
@@ -200,10 +207,7 @@ async fn removal_resumes_after_manager_kills_and_runs_once_only_steps_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_leave_stops_and_the_force_path_removes_a_partitioned_node() {
-    let target = SimTarget::up(SimOptions::new(4, 78, "v1.14.1"))
-        .await
-        .expect("sim target");
-    cluster_of(&target, 3, 4, 0).await;
+    let target = ready_target(SimOptions::new(4, 78, "v1.14.1"), 3, 4, 0).await;
     let endpoints = target.node_endpoints();
     let node = target.nodes()[3].clone();
     let monitor = Monitor::start(target.nodes().to_vec());
@@ -299,10 +303,7 @@ async fn a_failed_leave_stops_and_the_force_path_removes_a_partitioned_node() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deleting_a_cluster_removes_workers_first_then_control_planes_and_keeps_the_bundle() {
-    let target = SimTarget::up(SimOptions::new(5, 79, "v1.14.1"))
-        .await
-        .expect("sim target");
-    cluster_of(&target, 3, 3, 2).await;
+    let target = ready_target(SimOptions::new(5, 79, "v1.14.1"), 3, 3, 2).await;
     let clusters: Api<ichor_api::TalosCluster> =
         Api::namespaced(target.client(), target.namespace());
     let bundle = clusters
@@ -401,10 +402,7 @@ async fn deleting_a_cluster_removes_workers_first_then_control_planes_and_keeps_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operations_go_one_node_at_a_time_and_a_rolled_back_upgrade_fails() {
-    let target = SimTarget::up(SimOptions::new(3, 80, "v1.14.1"))
-        .await
-        .expect("sim target");
-    cluster_of(&target, 3, 3, 0).await;
+    let target = ready_target(SimOptions::new(3, 80, "v1.14.1"), 3, 3, 0).await;
     let endpoints = target.node_endpoints();
 
     // A reboot of every control plane: never two down at once, etcd quorum throughout.
@@ -608,10 +606,7 @@ async fn operations_go_one_node_at_a_time_and_a_rolled_back_upgrade_fails() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drift_that_needs_a_reboot_is_applied_under_the_lock_one_node_at_a_time() {
-    let target = SimTarget::up(SimOptions::new(3, 81, "v1.14.1"))
-        .await
-        .expect("sim target");
-    cluster_of(&target, 3, 3, 0).await;
+    let target = ready_target(SimOptions::new(3, 81, "v1.14.1"), 3, 3, 0).await;
     // Drift that cannot apply live: rebooted under the lock, one node at a time.
     for node in target.nodes() {
         node.inject(Fault::RequireReboot(true))
@@ -711,10 +706,7 @@ async fn random_sequence(seed: u64) {
         "seed {seed} (replay: {}={seed})",
         ichor_testenv::rng::SEED_ENV
     );
-    let target = SimTarget::up(SimOptions::new(5, 82, "v1.14.1"))
-        .await
-        .expect("sim target");
-    cluster_of(&target, 3, 3, 0).await;
+    let target = ready_target(SimOptions::new(5, 82, "v1.14.1"), 3, 3, 0).await;
     let monitor = Monitor::start(target.nodes().to_vec());
     let mut rng = ichor_testenv::rng::TestRng::new(seed);
     let mut trace = vec![format!(
@@ -973,10 +965,7 @@ async fn observed(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reset_is_checked_at_the_door_and_stops_at_the_declared_count() {
     // Five control planes in a cluster declaring three.
-    let target = SimTarget::up(SimOptions::new(5, 83, "v1.14.1"))
-        .await
-        .expect("sim target");
-    cluster_of(&target, 3, 5, 0).await;
+    let target = ready_target(SimOptions::new(5, 83, "v1.14.1"), 3, 5, 0).await;
     let endpoints = target.node_endpoints();
     let mut names = Vec::new();
     for address in &endpoints {
@@ -1098,10 +1087,7 @@ async fn a_reset_is_checked_at_the_door_and_stops_at_the_declared_count() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replacement_counts_once_a_voter_and_an_unhealthy_voter_holds_the_healthy_ones() {
-    let target = SimTarget::up(SimOptions::new(4, 84, "v1.14.1"))
-        .await
-        .expect("sim target");
-    cluster_of(&target, 3, 3, 0).await;
+    let target = ready_target(SimOptions::new(4, 84, "v1.14.1"), 3, 3, 0).await;
     let endpoints = target.node_endpoints();
     let machines: Api<TalosMachine> = Api::namespaced(target.client(), target.namespace());
     let monitor = Monitor::start(target.nodes().to_vec());
@@ -1290,10 +1276,7 @@ async fn an_unhealthy_etcd_member_holds_every_other_control_plane_and_can_be_for
  {
     // Five control planes in a cluster declaring five: a delete is admitted and waits for a
     // replacement, so it is under way before any member is unhealthy.
-    let target = SimTarget::up(SimOptions::new(5, 87, "v1.14.1"))
-        .await
-        .expect("sim target");
-    cluster_of(&target, 5, 5, 0).await;
+    let target = ready_target(SimOptions::new(5, 87, "v1.14.1"), 5, 5, 0).await;
     let endpoints = target.node_endpoints();
     let mut names = Vec::new();
     for address in &endpoints {
@@ -1468,10 +1451,7 @@ fn drift_in_flight_monitor(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_patch_stops_the_drift_rollout_at_one_node_and_a_fixed_patch_resumes_it() {
-    let target = SimTarget::up(SimOptions::new(3, 85, "v1.14.1"))
-        .await
-        .expect("sim target");
-    cluster_of(&target, 3, 3, 0).await;
+    let target = ready_target(SimOptions::new(3, 85, "v1.14.1"), 3, 3, 0).await;
     let order = control_planes_in_order(&target).await;
     assert_eq!(order.len(), 3, "three control planes");
     let applies = |nodes: &[(String, SimNode)]| -> Vec<usize> {
@@ -1558,10 +1538,7 @@ async fn a_refused_patch_stops_the_drift_rollout_at_one_node_and_a_fixed_patch_r
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_manager_killed_mid_rollout_resumes_and_no_node_gets_the_config_twice() {
-    let mut target = SimTarget::up(SimOptions::new(3, 86, "v1.14.1"))
-        .await
-        .expect("sim target");
-    cluster_of(&target, 3, 3, 0).await;
+    let mut target = ready_target(SimOptions::new(3, 86, "v1.14.1"), 3, 3, 0).await;
     let order = control_planes_in_order(&target).await;
     assert_eq!(order.len(), 3, "three control planes");
     let before: Vec<usize> = order.iter().map(|(_, n)| n.config_applies()).collect();
@@ -1601,10 +1578,7 @@ async fn a_manager_killed_mid_rollout_resumes_and_no_node_gets_the_config_twice(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_bundle_is_never_regenerated_and_restoring_it_resumes_work() {
-    let target = SimTarget::up(SimOptions::new(1, 88, "v1.14.1"))
-        .await
-        .expect("sim target");
-    cluster_of(&target, 1, 1, 0).await;
+    let target = ready_target(SimOptions::new(1, 88, "v1.14.1"), 1, 1, 0).await;
     let clusters: Api<ichor_api::TalosCluster> =
         Api::namespaced(target.client(), target.namespace());
     let fingerprint = clusters
@@ -1730,10 +1704,7 @@ async fn pending_node_deletes(target: &SimTarget) -> Vec<ichor_api::cluster::Pen
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_removal_waits_while_the_workload_api_is_down_and_with_force_skips_its_node_steps_and_deletes_the_node_once_it_answers()
  {
-    let target = SimTarget::up(SimOptions::new(4, 89, "v1.14.1"))
-        .await
-        .expect("sim target");
-    cluster_of(&target, 3, 4, 0).await;
+    let target = ready_target(SimOptions::new(4, 89, "v1.14.1"), 3, 4, 0).await;
     let endpoints = target.node_endpoints();
     let address = endpoints[3].clone();
     let workload = specs::workload_client(&target, CLUSTER)
@@ -1755,37 +1726,7 @@ async fn a_removal_waits_while_the_workload_api_is_down_and_with_force_skips_its
 
     // A pod the removal cannot evict holds it after the cordon: the workload API goes down in
     // the middle of the removal, at the drain.
-    let pods: Api<Pod> = Api::namespaced(workload.clone(), "default");
-    let pod: Pod = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": "pinned", "labels": {"app": "pinned"}},
-        "spec": {"nodeName": node_name, "containers": [{"name": "app", "image": "registry.invalid/app:1"}]}
-    }))
-    .expect("pod");
-    pods.create(&PostParams::default(), &pod)
-        .await
-        .expect("create pod");
-    let budgets: Api<PodDisruptionBudget> = Api::namespaced(workload.clone(), "default");
-    let budget: PodDisruptionBudget = serde_json::from_value(json!({
-        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
-        "metadata": {"name": "pinned"},
-        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "pinned"}}}
-    }))
-    .expect("budget");
-    budgets
-        .create(&PostParams::default(), &budget)
-        .await
-        .expect("create budget");
-    try_eventually("the budget in force", Duration::from_secs(60), || async {
-        budgets
-            .get("pinned")
-            .await
-            .ok()
-            .and_then(|b| b.status)
-            .is_some_and(|s| s.current_healthy == Some(1) && s.disruptions_allowed == Some(0))
-    })
-    .await
-    .expect("budget in force");
+    pinned_pod_under_budget(&workload, &node_name).await;
 
     let node = target.nodes()[3].clone();
     let reset = node.gate_reply("Reset");

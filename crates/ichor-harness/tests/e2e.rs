@@ -46,16 +46,9 @@ async fn changed_fingerprints_are_flagged_and_never_applied_to() {
     let target = SimTarget::up(SimOptions::new(2, 71, "v1.14.1"))
         .await
         .expect("sim target");
-    let shape = Shape {
-        control_planes: 1,
-        ..Shape::new("v1.14.1", "flannel")
-    };
-    specs::create_cluster(&target, &shape)
+    specs::discovered_cluster(&target, "v1.14.1", 1, 2)
         .await
-        .expect("cluster");
-    specs::wait_discovered(&target, 2)
-        .await
-        .expect("discovered");
+        .expect("cluster discovered");
     let endpoints = target.node_endpoints();
 
     // A pending machine reboots: a new maintenance certificate. Discovery flags it.

@@ -11,7 +11,7 @@ use std::time::Duration;
 use ichor_api::TalosMachine;
 use ichor_api::machine::MachinePhase;
 use ichor_api::names::{conditions, reasons};
-use ichor_harness::specs::{self, Shape};
+use ichor_harness::specs;
 use ichor_harness::{SimOptions, SimTarget, Target};
 use ichor_sim::{Fault, Timings};
 use ichor_testenv::wait::try_eventually;
@@ -48,16 +48,10 @@ async fn target(nodes: u8, net: u8, version: &str) -> SimTarget {
 
 /// Creates the cluster (declaring `control_planes`) and waits until every node is discovered.
 async fn discovered(target: &SimTarget, version: &str, control_planes: usize) {
-    let shape = Shape {
-        control_planes,
-        ..Shape::new(version, "flannel")
-    };
-    specs::create_cluster(target, &shape)
+    let all = target.node_endpoints().len();
+    specs::discovered_cluster(target, version, control_planes, all)
         .await
-        .expect("cluster");
-    specs::wait_discovered(target, target.node_endpoints().len())
-        .await
-        .expect("discovered");
+        .expect("cluster discovered");
 }
 
 /// Waits until the `Ready` condition of the machine at `address` has `reason`; its message.

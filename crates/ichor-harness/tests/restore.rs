@@ -20,7 +20,7 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStoreExt as _, PutPayload};
-use support::put_secret;
+use support::{put_secret, put_store_secret, store_spec, talos_cluster};
 
 mod support;
 use serde_json::json;
@@ -33,38 +33,6 @@ const KEYS: [(&str, &str); 2] = [
     ("/registry/configmaps/default/before-the-disaster", "kept"),
     ("/registry/secrets/default/also-kept", "here"),
 ];
-
-async fn store_secret(target: &SimTarget, server: &S3Server) {
-    let credentials = server.credentials();
-    put_secret(
-        target,
-        "s3",
-        &[
-            (keys::ACCESS_KEY_ID_KEY, credentials.access_key.as_bytes()),
-            (
-                keys::SECRET_ACCESS_KEY_KEY,
-                credentials.secret_key.as_bytes(),
-            ),
-        ],
-    )
-    .await;
-}
-
-fn store_spec(server: &S3Server) -> serde_json::Value {
-    json!({
-        "endpoint": server.endpoint(),
-        "bucket": BUCKET,
-        "prefix": "ichor",
-        "credentialsSecretRef": {"name": "s3"}
-    })
-}
-
-async fn cluster(target: &SimTarget, name: &str) -> TalosCluster {
-    Api::<TalosCluster>::namespaced(target.client(), target.namespace())
-        .get(name)
-        .await
-        .expect("the cluster")
-}
 
 async fn backup_now(target: &SimTarget, name: &str) -> String {
     specs::create_operation(
@@ -79,7 +47,10 @@ async fn backup_now(target: &SimTarget, name: &str) -> String {
         Ok(done) => done,
         Err(e) => panic!(
             "{e}: {:?}\n{}",
-            cluster(target, CLUSTER).await.status.and_then(|s| s.backup),
+            talos_cluster(target, CLUSTER)
+                .await
+                .status
+                .and_then(|s| s.backup),
             target.manager_log_tail()
         ),
     };
@@ -91,7 +62,7 @@ async fn backup_now(target: &SimTarget, name: &str) -> String {
 /// Waits until the cluster's `Restored` condition has `reason`; its message.
 async fn restored(target: &SimTarget, name: &str, reason: &str) -> String {
     let found = try_eventually(&format!("{name}: Restored {reason}"), WAIT, || async {
-        let status = cluster(target, name).await.status?;
+        let status = talos_cluster(target, name).await.status?;
         status
             .conditions
             .iter()
@@ -103,7 +74,7 @@ async fn restored(target: &SimTarget, name: &str, reason: &str) -> String {
         Ok(message) => message,
         Err(e) => panic!(
             "{e}: {:?}\n{}",
-            cluster(target, name).await.status,
+            talos_cluster(target, name).await.status,
             target.manager_log_tail()
         ),
     }
@@ -147,7 +118,7 @@ async fn a_lost_cluster_comes_back_from_its_latest_backup_once_and_bad_restores_
     let original = SimTarget::up(SimOptions::new(3, 103, VERSION))
         .await
         .expect("sim target");
-    store_secret(&original, &server).await;
+    put_store_secret(&original, &server).await;
     put_secret(
         &original,
         "age",
@@ -157,7 +128,7 @@ async fn a_lost_cluster_comes_back_from_its_latest_backup_once_and_bad_restores_
     let shape = Shape::new(VERSION, "flannel");
     specs::create_cluster_with(&original, &shape, |spec| {
         spec.backup = Some(
-            serde_json::from_value(json!({"schedule": "@every 24h", "store": store_spec(&server), "retention": {"count": 5}}))
+            serde_json::from_value(json!({"schedule": "@every 24h", "store": store_spec(&server, BUCKET), "retention": {"count": 5}}))
                 .expect("backup"),
         );
     })
@@ -208,7 +179,7 @@ async fn a_lost_cluster_comes_back_from_its_latest_backup_once_and_bad_restores_
     let target = SimTarget::up(SimOptions::new(3, 104, VERSION))
         .await
         .expect("sim target");
-    store_secret(&target, &server).await;
+    put_store_secret(&target, &server).await;
     put_secret(&target, "age", &[(keys::AGE_KEY, identity_text.as_bytes())]).await;
     let other = age::x25519::Identity::generate();
     let other_text = {
@@ -229,7 +200,7 @@ async fn a_lost_cluster_comes_back_from_its_latest_backup_once_and_bad_restores_
     .await;
 
     // Bad restores, each refused before any bootstrap.
-    let store = store_spec(&server);
+    let store = store_spec(&server, BUCKET);
     create_restoring(
         &target,
         "missing",
@@ -388,7 +359,10 @@ async fn a_lost_cluster_comes_back_from_its_latest_backup_once_and_bad_restores_
         after, recovers,
         "nothing uploaded after the restore was recorded"
     );
-    let status = cluster(&target, CLUSTER).await.status.expect("status");
+    let status = talos_cluster(&target, CLUSTER)
+        .await
+        .status
+        .expect("status");
     assert!(status.restore.expect("recorded").completed_at.is_some());
     target.down().await;
 }

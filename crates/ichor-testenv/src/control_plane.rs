@@ -159,6 +159,31 @@ pub(crate) fn write(path: &Path, contents: &str) -> Result<(), Error> {
     std::fs::write(path, contents).map_err(Error::io(format!("write {}", path.display())))
 }
 
+/// Stops the process `name` in `slot` (SIGKILL) and takes it out of the pgids file of the
+/// folder `root`; nothing when it is not running.
+pub(crate) fn stop_process(
+    slot: &mut Option<Supervised>,
+    name: &str,
+    root: &Path,
+) -> Result<(), Error> {
+    if let Some(process) = slot.take() {
+        process
+            .discard(&root.join(PGIDS_FILE))
+            .map_err(Error::io(format!("stop {name}")))?;
+    }
+    Ok(())
+}
+
+/// Starts the process `name` from `spec`, recorded in the pgids file of the folder `root`.
+pub(crate) fn start_process(
+    name: &'static str,
+    spec: ChildSpec,
+    root: &Path,
+) -> Result<Supervised, Error> {
+    Supervised::start(name, spec, &root.join(PGIDS_FILE))
+        .map_err(Error::io(format!("start {name}")))
+}
+
 /// Command-line arguments from strings.
 pub(crate) fn args(list: &[String]) -> Vec<OsString> {
     list.iter().map(OsString::from).collect()
@@ -267,12 +292,7 @@ impl ControlPlane {
     /// Stops kube-apiserver (SIGKILL): its API stops answering; etcd and everything stored
     /// stay for [`start_apiserver`](Self::start_apiserver).
     pub fn stop_apiserver(&mut self) -> Result<(), Error> {
-        if let Some(apiserver) = self.apiserver.take() {
-            apiserver
-                .discard(&self.dir.path().join(PGIDS_FILE))
-                .map_err(Error::io("stop kube-apiserver"))?;
-        }
-        Ok(())
+        stop_process(&mut self.apiserver, "kube-apiserver", self.dir.path())
     }
 
     /// Starts kube-apiserver again after [`stop_apiserver`](Self::stop_apiserver), on the same
@@ -280,14 +300,11 @@ impl ControlPlane {
     /// it is ready (etcd must run).
     pub async fn start_apiserver(&mut self) -> Result<(), Error> {
         if self.apiserver.is_none() {
-            self.apiserver = Some(
-                Supervised::start(
-                    "kube-apiserver",
-                    restarted(&self.apiserver_spec),
-                    &self.dir.path().join(PGIDS_FILE),
-                )
-                .map_err(Error::io("start kube-apiserver"))?,
-            );
+            self.apiserver = Some(start_process(
+                "kube-apiserver",
+                restarted(&self.apiserver_spec),
+                self.dir.path(),
+            )?);
         }
         self.wait_ready().await
     }
@@ -295,25 +312,18 @@ impl ControlPlane {
     /// Stops etcd (SIGKILL), as a crash would: the apiserver stays up and fails what needs
     /// storage until [`start_etcd`](Self::start_etcd).
     pub fn stop_etcd(&mut self) -> Result<(), Error> {
-        if let Some(etcd) = self.etcd.take() {
-            etcd.discard(&self.dir.path().join(PGIDS_FILE))
-                .map_err(Error::io("stop etcd"))?;
-        }
-        Ok(())
+        stop_process(&mut self.etcd, "etcd", self.dir.path())
     }
 
     /// Starts etcd again after [`stop_etcd`](Self::stop_etcd), on the same ports over the same
     /// data, and waits until the apiserver (when it runs) is ready again.
     pub async fn start_etcd(&mut self) -> Result<(), Error> {
         if self.etcd.is_none() {
-            self.etcd = Some(
-                Supervised::start(
-                    "etcd",
-                    self.etcd_spec.clone(),
-                    &self.dir.path().join(PGIDS_FILE),
-                )
-                .map_err(Error::io("start etcd"))?,
-            );
+            self.etcd = Some(start_process(
+                "etcd",
+                self.etcd_spec.clone(),
+                self.dir.path(),
+            )?);
         }
         if self.apiserver.is_some() {
             self.wait_ready().await

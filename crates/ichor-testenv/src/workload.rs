@@ -28,7 +28,7 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use crate::assets;
 use crate::control_plane::{
     args, client_from_kubeconfig, default_assets_dir, free_port, kubeconfig_yaml, start_etcd,
-    tool_versions, wait_readyz, write,
+    start_process, stop_process, tool_versions, wait_readyz, write,
 };
 use crate::pki::{self, CertAndKey};
 use crate::process::{ChildSpec, PGIDS_FILE, Supervised, Watchdog};
@@ -245,7 +245,6 @@ impl WorkloadControlPlane {
             "kube-apiserver",
             &apiserver_args,
             &root,
-            &pgids,
             Vec::new(),
         )?;
         let client = client_from_kubeconfig(&kubeconfig).await?;
@@ -271,7 +270,6 @@ impl WorkloadControlPlane {
             "kube-controller-manager",
             &controller_manager_args,
             &root,
-            &pgids,
             Vec::new(),
         )?;
 
@@ -293,7 +291,6 @@ impl WorkloadControlPlane {
             "kwok",
             &kwok_args,
             &root,
-            &pgids,
             vec![("HOME".into(), kwok_home.into_os_string())],
         )?;
 
@@ -385,12 +382,7 @@ impl WorkloadControlPlane {
     /// Stops kube-apiserver alone: the workload API stops answering at its endpoint, while etcd
     /// keeps every object (Nodes included) and the other components wait for it to return.
     pub fn stop_apiserver(&mut self) -> Result<(), Error> {
-        if let Some(apiserver) = self.apiserver.take() {
-            apiserver
-                .discard(&self.dir.path().join(PGIDS_FILE))
-                .map_err(Error::io("stop kube-apiserver"))?;
-        }
-        Ok(())
+        stop_process(&mut self.apiserver, "kube-apiserver", self.dir.path())
     }
 
     /// Starts kube-apiserver again after [`stop_apiserver`](Self::stop_apiserver), on the same
@@ -406,7 +398,6 @@ impl WorkloadControlPlane {
             "kube-apiserver",
             &self.apiserver_args,
             &root,
-            &root.join(PGIDS_FILE),
             Vec::new(),
         )?;
         let ready = wait_readyz(&self.client, &mut [&mut self.etcd, &mut apiserver]).await;
@@ -467,16 +458,16 @@ fn first_service_ip(cidr: &str) -> Option<Ipv4Addr> {
     Some(Ipv4Addr::from((u32::from(addr) & mask) + 1))
 }
 
-/// Starts the binary `name` from `assets_dir`, logging to `<root>/<name>.log`.
+/// Starts the binary `name` from `assets_dir` for the folder `root`, logging to
+/// `<root>/<name>.log`.
 fn spawn_component(
     assets_dir: &Path,
     name: &'static str,
     arguments: &[String],
     root: &Path,
-    pgids: &Path,
     env: Vec<(OsString, OsString)>,
 ) -> Result<Supervised, Error> {
-    Supervised::start(
+    start_process(
         name,
         ChildSpec {
             program: assets_dir.join(name),
@@ -484,9 +475,8 @@ fn spawn_component(
             log: root.join(format!("{name}.log")),
             env,
         },
-        pgids,
+        root,
     )
-    .map_err(Error::io(format!("start {name}")))
 }
 
 /// Waits until kube-controller-manager has created the `default` ServiceAccount (its service

@@ -8,7 +8,7 @@ use ichor_api::common::Role as MachineRole;
 use ichor_api::machine::ApprovalState;
 use ichor_api::names::{annotations, reasons};
 use ichor_api::operation::{OperationAction, TalosOperation};
-use ichor_api::testing::{MachineBuilder, OperationBuilder};
+use ichor_api::testing::OperationBuilder;
 use ichor_api::{TalosCluster, TalosMachine};
 use ichor_testenv::TestEnv;
 use ichor_webhook::certs::CA_CERT_KEY;
@@ -23,15 +23,11 @@ use k8s_openapi::api::rbac::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
-use kube::api::{
-    ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
-};
+use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::json;
+use support::{api, create_machine};
 
-fn api(env: &TestEnv, ns: &str, kind: &str) -> Api<DynamicObject> {
-    let gvk = GroupVersionKind::gvk(ichor_api::GROUP, ichor_api::VERSION, kind);
-    Api::namespaced_with(env.client(), ns, &ApiResource::from_gvk(&gvk))
-}
+mod support;
 
 /// Runs the webhook as its own user, bound to exactly the shipped ClusterRole and Role (the
 /// Role's rules applied in the test namespace).
@@ -179,38 +175,6 @@ async fn setup() -> (TestEnv, String, ichor_webhook::Running) {
         }
     }
     (env, ns, running)
-}
-
-/// Creates `machine` (in cluster `lab`, with the removal finalizer the manager would add);
-/// `applied` records a config hash in its status, as the manager does after an apply.
-async fn create_machine(env: &TestEnv, ns: &str, machine: MachineBuilder, applied: bool) {
-    let machines = api(env, ns, "TalosMachine");
-    let machine = machine.removal_finalizer().build();
-    let name = machine.metadata.name.clone().expect("a name");
-    let object: DynamicObject =
-        serde_json::from_value(serde_json::to_value(&machine).expect("json")).expect("machine");
-    machines
-        .create(&PostParams::default(), &object)
-        .await
-        .expect("create machine");
-    if applied {
-        // An applied control plane as the manager records it: a healthy etcd voter, observed
-        // now (the webhook counts a voter never observed, or observed too long ago, as
-        // unhealthy).
-        let etcd = (machine.spec.role == Some(MachineRole::ControlPlane)).then(
-            || json!({"voter": true, "healthy": true, "observedAt": Timestamp::now().to_string()}),
-        );
-        machines
-            .patch_status(
-                &name,
-                &PatchParams::default(),
-                &Patch::Merge(
-                    json!({"status": {"appliedConfigHash": "sha256:0123", "etcd": etcd}}),
-                ),
-            )
-            .await
-            .expect("status");
-    }
 }
 
 async fn create_cluster(env: &TestEnv, ns: &str, count: i32) {

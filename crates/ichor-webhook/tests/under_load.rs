@@ -36,13 +36,10 @@ use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::api::rbac::v1::{
     ClusterRole, ClusterRoleBinding, Role, RoleBinding, RoleRef, Subject,
 };
-use k8s_openapi::jiff::Timestamp;
 use kube::Api;
-use kube::api::{
-    ApiResource, DynamicObject, GroupVersionKind, ListParams, ObjectMeta, Patch, PatchParams,
-    PostParams,
-};
+use kube::api::{DynamicObject, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
+use support::api;
 
 /// Seconds of each measured run unless `ICHOR_WEBHOOK_BENCH_SECONDS` says.
 const SECONDS: u64 = 10;
@@ -65,11 +62,6 @@ fn env_number(name: &str, default: u64) -> u64 {
             .parse()
             .unwrap_or_else(|_| panic!("{name} must be a whole number"))
     })
-}
-
-fn api(env: &TestEnv, ns: &str, kind: &str) -> Api<DynamicObject> {
-    let gvk = GroupVersionKind::gvk(ichor_api::GROUP, ichor_api::VERSION, kind);
-    Api::namespaced_with(env.client(), ns, &ApiResource::from_gvk(&gvk))
 }
 
 /// A server process of the run: killed when dropped.
@@ -179,27 +171,8 @@ async fn webhook_kubeconfig(env: &TestEnv, ns: &str) -> String {
 /// config hash and (for a control plane) a healthy etcd voter observed now. Returns the review
 /// of its delete, with the stored object as `oldObject`.
 async fn applied_machine(env: &TestEnv, ns: &str, machine: MachineBuilder) -> Value {
-    let machines = api(env, ns, "TalosMachine");
-    let machine = machine.removal_finalizer().build();
-    let name = machine.metadata.name.clone().expect("a name");
-    let control_plane = machine.spec.role == Some(ichor_api::common::Role::ControlPlane);
-    let object: DynamicObject =
-        serde_json::from_value(serde_json::to_value(&machine).expect("json")).expect("machine");
-    machines
-        .create(&PostParams::default(), &object)
-        .await
-        .expect("create machine");
-    let etcd = control_plane.then(
-        || json!({"voter": true, "healthy": true, "observedAt": Timestamp::now().to_string()}),
-    );
-    let stored = machines
-        .patch_status(
-            &name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"appliedConfigHash": "sha256:0123", "etcd": etcd}})),
-        )
-        .await
-        .expect("status");
+    let stored = support::create_machine(env, ns, machine, true).await;
+    let name = stored.metadata.name.clone().expect("a name");
     support::machine_review(
         &format!("bench-{name}"),
         "DELETE",

@@ -10,7 +10,7 @@ use std::time::Duration;
 use ichor_api::machine::ApprovalState;
 use ichor_api::names::{labels, secrets as secret_names};
 use ichor_api::{TalosCluster, TalosMachine};
-use ichor_harness::specs::{self, Shape};
+use ichor_harness::specs;
 use ichor_harness::{SimOptions, SimTarget, Target};
 use ichor_render::SecretsBundle;
 use ichor_testenv::wait::try_eventually;
@@ -144,16 +144,9 @@ async fn a_person_takes_pending_machines_to_a_ready_cluster_with_the_plugin() {
         .await
         .expect("sim target");
     let plugin = Plugin::new(&target);
-    let shape = Shape {
-        control_planes: 1,
-        ..Shape::new("v1.14.1", "flannel")
-    };
-    specs::create_cluster(&target, &shape)
+    let (shape, _) = specs::discovered_cluster(&target, "v1.14.1", 1, 3)
         .await
-        .expect("cluster");
-    specs::wait_discovered(&target, 3)
-        .await
-        .expect("discovered");
+        .expect("cluster discovered");
     let endpoints = target.node_endpoints();
     let mut found = Vec::new();
     for address in &endpoints {
@@ -355,16 +348,9 @@ async fn render_diff_shows_drift_until_the_manager_applies_it() {
         .await
         .expect("sim target");
     let plugin = Plugin::new(&target);
-    let shape = Shape {
-        control_planes: 1,
-        ..Shape::new("v1.14.1", "flannel")
-    };
-    specs::create_cluster(&target, &shape)
+    let (shape, found) = specs::discovered_cluster(&target, "v1.14.1", 1, 1)
         .await
-        .expect("cluster");
-    let found = specs::wait_discovered(&target, 1)
-        .await
-        .expect("discovered");
+        .expect("cluster discovered");
     let name = found[0].name_any();
     plugin
         .ok(&["approve", &name, "--role", "controlplane"])

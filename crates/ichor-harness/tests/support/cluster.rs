@@ -8,8 +8,8 @@ use std::time::Duration;
 use ichor_api::TalosMachine;
 use ichor_api::common::ConditionStatus;
 use ichor_api::names::{conditions, reasons};
-use ichor_harness::specs::{self, Shape};
-use ichor_harness::{SimTarget, Target};
+use ichor_harness::specs;
+use ichor_harness::{SimOptions, SimTarget, Target};
 use ichor_sim::SimNode;
 use ichor_testenv::wait::try_eventually;
 use kube::ResourceExt as _;
@@ -26,16 +26,10 @@ pub async fn cluster_of(
     control_planes: usize,
     workers: usize,
 ) {
-    let shape = Shape {
-        control_planes: declared,
-        ..Shape::new("v1.14.1", "flannel")
-    };
-    specs::create_cluster(target, &shape)
+    let all = target.node_endpoints().len();
+    specs::discovered_cluster(target, "v1.14.1", declared, all)
         .await
-        .expect("cluster");
-    specs::wait_discovered(target, target.node_endpoints().len())
-        .await
-        .expect("discovered");
+        .expect("cluster discovered");
     specs::approve_shape(target, control_planes, workers)
         .await
         .expect("approve");
@@ -46,6 +40,19 @@ pub async fn cluster_of(
         .kubelets_registered(CLUSTER)
         .await
         .expect("Nodes registered");
+}
+
+/// A sim target of `options` with a cluster of [`cluster_of`]`(declared, control_planes,
+/// workers)` Ready on it.
+pub async fn ready_target(
+    options: SimOptions,
+    declared: usize,
+    control_planes: usize,
+    workers: usize,
+) -> SimTarget {
+    let target = SimTarget::up(options).await.expect("sim target");
+    cluster_of(&target, declared, control_planes, workers).await;
+    target
 }
 
 /// What the monitor saw.
@@ -102,6 +109,13 @@ impl Monitor {
             .await
             .expect("monitor task")
             .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Stops watching; fails when it never saw etcd or its worst moment had no quorum.
+    pub async fn finish_with_quorum(self) {
+        let seen = self.finish().await;
+        let (alive, voters) = seen.worst.expect("the monitor saw etcd");
+        assert!(alive * 2 > voters, "quorum held: worst {alive}/{voters}");
     }
 }
 

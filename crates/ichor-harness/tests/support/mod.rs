@@ -7,6 +7,8 @@ pub mod cluster;
 
 use std::sync::Arc;
 
+use ichor_api::TalosCluster;
+use ichor_api::names::secrets as keys;
 use ichor_harness::{SimTarget, Target};
 use ichor_testenv::S3Server;
 use ichor_testenv::s3::REGION;
@@ -31,6 +33,14 @@ pub fn bucket(server: &S3Server, bucket: &str) -> Arc<dyn ObjectStore> {
             .build()
             .expect("a client"),
     )
+}
+
+/// The TalosCluster `name`.
+pub async fn talos_cluster(target: &SimTarget, name: &str) -> TalosCluster {
+    Api::<TalosCluster>::namespaced(target.client(), target.namespace())
+        .get(name)
+        .await
+        .expect("the cluster")
 }
 
 /// Creates or replaces the Secret `name` with `data`.
@@ -61,6 +71,34 @@ pub async fn put_secret(target: &SimTarget, name: &str, data: &[(&str, &[u8])]) 
         )
         .await
         .expect("apply the Secret");
+}
+
+/// Writes the Secret `s3` with the S3 server's credentials: the one [`store_spec`] names.
+pub async fn put_store_secret(target: &SimTarget, server: &S3Server) {
+    let credentials = server.credentials();
+    put_secret(
+        target,
+        "s3",
+        &[
+            (keys::ACCESS_KEY_ID_KEY, credentials.access_key.as_bytes()),
+            (
+                keys::SECRET_ACCESS_KEY_KEY,
+                credentials.secret_key.as_bytes(),
+            ),
+        ],
+    )
+    .await;
+}
+
+/// A `spec.backup.store` for `bucket` on the S3 server, under the prefix `ichor`, with the
+/// credentials [`put_store_secret`] writes.
+pub fn store_spec(server: &S3Server, bucket: &str) -> serde_json::Value {
+    serde_json::json!({
+        "endpoint": server.endpoint(),
+        "bucket": bucket,
+        "prefix": "ichor",
+        "credentialsSecretRef": {"name": "s3"}
+    })
 }
 
 /// A `kB` field (`VmRSS`, `VmHWM`) of `/proc/<pid>/status`, in bytes; none once the process
