@@ -225,7 +225,8 @@ pub fn state_summary(target: &SimTarget) -> String {
                 .map(|l| l.items)
                 .unwrap_or_default()
             {
-                let status = m.status.unwrap_or_default();
+                let status = m.status.clone().unwrap_or_default();
+                let name = m.name_any();
                 let applied = status
                     .conditions
                     .iter()
@@ -236,9 +237,16 @@ pub fn state_summary(target: &SimTarget) -> String {
                     .iter()
                     .find(|c| c.type_ == conditions::REMOVAL_APPROVED)
                     .map(|c| format!("{} {}", c.reason, c.message));
+                let ready = status
+                    .conditions
+                    .iter()
+                    .find(|c| c.type_ == conditions::READY)
+                    .map(|c| format!("{:?} {} {}", c.status, c.reason, c.message));
                 out.push_str(&format!(
-                    "{}: drift_reboot {:?} applied {:?} {applied:?} removal {:?} {removal:?}; ",
+                    "{} ({}, {:?}): ready {ready:?} drift_reboot {:?} applied {:?} {applied:?} removal {:?} {removal:?}; ",
                     m.spec.hostname.unwrap_or_default(),
+                    name,
+                    m.spec.approval_state,
                     status.drift_reboot,
                     status.applied_config_hash,
                     status.removal
