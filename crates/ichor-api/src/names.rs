@@ -197,6 +197,9 @@ pub mod reasons {
     pub const ALLOW_DELETE_REQUIRED: &str = "AllowDeleteRequired";
     /// The machine is its cluster's last control plane: delete the TalosCluster instead.
     pub const LAST_CONTROL_PLANE: &str = "LastControlPlane";
+    /// The machine's address is the host of the cluster's `spec.endpoint`: every node reaches
+    /// Kubernetes (and a worker its certificate) through it, so it cannot be removed or reset.
+    pub const CLUSTER_ENDPOINT_NODE: &str = "ClusterEndpointNode";
     /// `spec.approvalState` or `spec.role` changed on a machine whose config was applied.
     pub const IMMUTABLE_ONCE_APPLIED: &str = "ImmutableOnceApplied";
     /// The webhook could not read the live state it needs, so it refused (fail closed).

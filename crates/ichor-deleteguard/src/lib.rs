@@ -1,6 +1,7 @@
 //! Pure safety rules for Talos clusters: the planner's rules for every disruptive action
 //! ([`plan`]: deletes, resets, reboots, upgrades, reboots for drift), etcd quorum over the
-//! observed voters and their health, the last control plane, the declared control-plane count,
+//! observed voters and their health, the last control plane, the control plane the cluster's
+//! endpoint names, the declared control-plane count,
 //! the allow-delete annotation, the approval/role lock of applied machines, the removal
 //! sequence, the teardown order and the cluster lock.
 //!

@@ -30,6 +30,8 @@ pub struct Machine {
     pub etcd: Option<Observation>,
     /// Whether its removal recorded leaving etcd (`status.removal.step` at `EtcdLeft` or later).
     pub left_etcd: bool,
+    /// Where it is reached: `status.address`, else its first `spec.endpoints` entry.
+    pub address: Option<String>,
 }
 
 /// A control plane's etcd member as observed on the node at one time.
@@ -77,7 +79,14 @@ impl Machine {
             force_remove: false,
             etcd: None,
             left_etcd: false,
+            address: None,
         }
+    }
+
+    /// Sets the address it is reached at.
+    pub fn at_address(mut self, address: impl Into<String>) -> Self {
+        self.address = Some(address.into());
+        self
     }
 
     /// Sets the namespace.
@@ -211,6 +220,9 @@ impl From<&TalosMachine> for Machine {
             left_etcd: status
                 .and_then(|s| s.removal.as_ref())
                 .is_some_and(|r| r.step >= RemovalStep::EtcdLeft),
+            address: status
+                .and_then(|s| s.address.clone())
+                .or_else(|| machine.spec.endpoints.first().cloned()),
         }
     }
 }
@@ -233,6 +245,9 @@ pub struct Cluster {
     pub now: i64,
     /// How old, in seconds, an etcd observation may be and still count as healthy.
     pub max_age: i64,
+    /// The host of `spec.endpoint` (an address, or a name), through which every node reaches
+    /// Kubernetes.
+    pub endpoint_host: Option<String>,
 }
 
 /// How old, in seconds, an etcd observation may be by default and still count as healthy: a
@@ -251,7 +266,14 @@ impl Cluster {
             allow_delete: false,
             now: 0,
             max_age: OBSERVATION_MAX_AGE,
+            endpoint_host: None,
         }
+    }
+
+    /// Sets the host of the cluster's endpoint.
+    pub fn with_endpoint_host(mut self, host: impl Into<String>) -> Self {
+        self.endpoint_host = Some(host.into());
+        self
     }
 
     /// Judges at `now` (Unix seconds).
@@ -296,8 +318,24 @@ impl From<&TalosCluster> for Cluster {
             allow_delete: annotation_true(meta.annotations.as_ref(), annotations::ALLOW_DELETE),
             now: 0,
             max_age: OBSERVATION_MAX_AGE,
+            endpoint_host: url_host(&cluster.spec.endpoint),
         }
     }
+}
+
+/// The host of an `https://host:port/path` URL (an IPv6 address without its brackets), if it
+/// has one.
+pub fn url_host(url: &str) -> Option<String> {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    let authority = authority
+        .rsplit_once('@')
+        .map_or(authority, |(_, host)| host);
+    let host = match authority.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or_default(),
+        None => authority.split(':').next().unwrap_or_default(),
+    };
+    (!host.is_empty()).then(|| host.to_owned())
 }
 
 /// Whether the annotation `key` is present with the exact value `"true"`.
@@ -386,6 +424,7 @@ mod tests {
                 .in_namespace("infra")
                 .control_plane()
                 .approved()
+                .at_address("192.168.10.21")
         );
 
         let mut tm = TalosMachine::test("cp-1")
@@ -419,6 +458,7 @@ mod tests {
                 .forcing_removal()
                 .observed(Observation::unhealthy_voter(1_735_689_700))
                 .having_left_etcd()
+                .at_address("192.168.10.21")
         );
     }
 
@@ -450,6 +490,7 @@ mod tests {
                 .in_namespace("infra")
                 .being_deleted()
                 .allowing_delete()
+                .with_endpoint_host("192.168.10.5")
         );
     }
 

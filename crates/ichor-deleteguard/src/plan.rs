@@ -70,6 +70,9 @@ pub enum Rule {
     LastControlPlane,
     /// The voters left keep quorum of the voters now (`3 -> 2` passes, `2 -> 1` does not).
     MembershipQuorum,
+    /// Never delete or reset the configured control plane whose address is the host of the
+    /// cluster's endpoint: every node reaches Kubernetes through it.
+    EndpointNode,
     /// Deleting or resetting a control plane needs the allow-delete annotation.
     AllowDelete,
     /// An observation older than its limit counts as unhealthy.
@@ -85,9 +88,10 @@ pub enum Rule {
 
 impl Rule {
     /// Every rule, in the order the table applies them.
-    pub const ALL: [Self; 7] = [
+    pub const ALL: [Self; 8] = [
         Self::LastControlPlane,
         Self::MembershipQuorum,
+        Self::EndpointNode,
         Self::AllowDelete,
         Self::FreshObservations,
         Self::UnhealthyPeer,
@@ -106,7 +110,7 @@ pub struct RuleSet(u8);
 
 impl RuleSet {
     /// Every rule: what production applies.
-    pub const ALL: Self = Self(0x7f);
+    pub const ALL: Self = Self(0xff);
 
     /// The same set without `rule`.
     #[must_use]
@@ -132,7 +136,7 @@ pub struct RuleEntry {
 
 /// The table, most binding first: what an annotation cannot fix is reported before the missing
 /// annotation, and refusals before waits.
-pub const RULES: [RuleEntry; 7] = [
+pub const RULES: [RuleEntry; 8] = [
     RuleEntry {
         rule: Rule::LastControlPlane,
         says: "never the last control plane (delete the TalosCluster instead)",
@@ -142,6 +146,11 @@ pub const RULES: [RuleEntry; 7] = [
         rule: Rule::MembershipQuorum,
         says: "the voters left keep quorum of the voters now",
         check: membership_quorum,
+    },
+    RuleEntry {
+        rule: Rule::EndpointNode,
+        says: "never the control plane whose address is the host of the cluster's endpoint",
+        check: endpoint_node,
     },
     RuleEntry {
         rule: Rule::AllowDelete,
@@ -320,6 +329,41 @@ impl Facts<'_> {
             teardown: false,
         }
     }
+}
+
+/// Whether `address` and `host` name the same place: equal as IP addresses when both are
+/// (so `::1` and `0:0:0:0:0:0:0:1` agree), else equal ignoring ASCII case.
+fn same_host(address: &str, host: &str) -> bool {
+    match (
+        address.parse::<std::net::IpAddr>(),
+        host.parse::<std::net::IpAddr>(),
+    ) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => address.eq_ignore_ascii_case(host),
+    }
+}
+
+/// A configured control plane reached at the host of the cluster's endpoint is the endpoint:
+/// taking it out of etcd for good (delete, reset) leaves every node without the Kubernetes API
+/// and a new worker without its certificate (talos-facts §5). Refused at the door and before
+/// an action starts; an action already started (`Stage::Act`) finishes.
+fn endpoint_node(f: &Facts<'_>) -> Option<Verdict> {
+    let target = f.target;
+    let endpoint = f.cluster.endpoint_host.as_deref()?;
+    let address = target.address.as_deref()?;
+    (f.disruption.leaves_etcd()
+        && f.stage != Stage::Act
+        && target.is_control_plane()
+        && target.applied
+        && same_host(address, endpoint))
+    .then(|| {
+        Verdict::Refuse(Refusal::ClusterEndpointNode {
+            action: f.disruption.verb(),
+            name: target.name.clone(),
+            endpoint: endpoint.to_owned(),
+            cluster: f.cluster.name.clone(),
+        })
+    })
 }
 
 fn last_control_plane(f: &Facts<'_>) -> Option<Verdict> {
@@ -859,5 +903,106 @@ mod tests {
             "deleting talosmachine cp-1: etcd voters 3 -> 2, 2 healthy voter(s) left (quorum 2), \
              spec.controlPlane.count 1"
         );
+    }
+
+    #[test]
+    fn the_control_plane_the_endpoint_names_is_never_deleted_or_reset_but_rebooted() {
+        let machines: Vec<Machine> = cps(4)
+            .into_iter()
+            .enumerate()
+            .map(|(i, m)| m.at_address(format!("10.0.0.{}", i + 1)))
+            .collect();
+        let cluster = Cluster::new("prod", 3).with_endpoint_host("10.0.0.1");
+        for disruption in [Disruption::Delete, reset()] {
+            for stage in [Stage::Admission, Stage::Run] {
+                let verdict = check(&machines[0], &machines, &cluster, &disruption, stage);
+                assert_eq!(
+                    reason(&verdict),
+                    Some(reasons::CLUSTER_ENDPOINT_NODE),
+                    "{disruption:?} at {stage:?}"
+                );
+            }
+            // An action that started before finishes; another control plane is not held.
+            let act = check(&machines[0], &machines, &cluster, &disruption, Stage::Act);
+            assert!(act.is_proceed(), "{act:?}");
+            let other = check(&machines[1], &machines, &cluster, &disruption, Stage::Run);
+            assert!(other.is_proceed(), "{other:?}");
+        }
+        let reboot = check(
+            &machines[0],
+            &machines,
+            &cluster,
+            &Disruption::Restart,
+            Stage::Run,
+        );
+        assert!(reboot.is_proceed(), "{reboot:?}");
+        // A VIP or a load balancer names no machine; a teardown lifts the rule; a control
+        // plane never configured has served nothing.
+        let vip = Cluster::new("prod", 3).with_endpoint_host("10.0.0.100");
+        let admitted = check(
+            &machines[0],
+            &machines,
+            &vip,
+            &Disruption::Delete,
+            Stage::Run,
+        );
+        assert!(admitted.is_proceed(), "{admitted:?}");
+        let teardown = cluster.clone().being_deleted();
+        assert!(
+            check_with(
+                &machines[0],
+                &machines,
+                &teardown,
+                &Disruption::Delete,
+                Stage::Run,
+                RuleSet::ALL
+            )
+            .is_proceed()
+        );
+        let mut fresh = machines.clone();
+        fresh[0].applied = false;
+        fresh[0].etcd = None;
+        let admitted = check(
+            &fresh[0],
+            &fresh,
+            &cluster,
+            &Disruption::Delete,
+            Stage::Admission,
+        );
+        assert_ne!(reason(&admitted), Some(reasons::CLUSTER_ENDPOINT_NODE));
+        // The same address written another way is the same host.
+        let v6 = Cluster::new("prod", 3).with_endpoint_host("fd00::1");
+        let mut spelled = machines.clone();
+        spelled[0].address = Some("fd00:0:0:0:0:0:0:1".into());
+        let refused = check(
+            &spelled[0],
+            &spelled,
+            &v6,
+            &Disruption::Delete,
+            Stage::Admission,
+        );
+        assert_eq!(reason(&refused), Some(reasons::CLUSTER_ENDPOINT_NODE));
+        let Verdict::Refuse(refusal) = refused else {
+            panic!("{refused:?}")
+        };
+        assert!(refusal.message().contains("spec.endpoint"), "{refusal:?}");
+    }
+
+    #[test]
+    fn an_endpoint_url_gives_its_host() {
+        use crate::model::url_host;
+        assert_eq!(
+            url_host("https://10.0.0.1:6443").as_deref(),
+            Some("10.0.0.1")
+        );
+        assert_eq!(
+            url_host("https://[fd00::1]:6443/").as_deref(),
+            Some("fd00::1")
+        );
+        assert_eq!(
+            url_host("https://api.lab.example").as_deref(),
+            Some("api.lab.example")
+        );
+        assert_eq!(url_host("https://"), None);
     }
 }

@@ -12,8 +12,8 @@ use crate::rules::etcd_quorum;
 /// Condition reasons of the refusals and waits (CamelCase, stable).
 pub mod reasons {
     pub use ichor_api::names::reasons::{
-        ALLOW_DELETE_REQUIRED, AWAITING_REPLACEMENT, ETCD_UNHEALTHY, IMMUTABLE_ONCE_APPLIED,
-        LAST_CONTROL_PLANE, QUORUM_AT_RISK, TEARDOWN_WORKERS_FIRST,
+        ALLOW_DELETE_REQUIRED, AWAITING_REPLACEMENT, CLUSTER_ENDPOINT_NODE, ETCD_UNHEALTHY,
+        IMMUTABLE_ONCE_APPLIED, LAST_CONTROL_PLANE, QUORUM_AT_RISK, TEARDOWN_WORKERS_FIRST,
     };
 }
 
@@ -34,6 +34,19 @@ pub enum Refusal {
     LastControlPlane {
         /// The machine.
         name: String,
+        /// Its TalosCluster.
+        cluster: String,
+    },
+    /// The control plane is the one the cluster's `spec.endpoint` names by its address: taking
+    /// it out leaves every node without the Kubernetes API, and a new worker without its
+    /// certificate (talos-facts §5).
+    ClusterEndpointNode {
+        /// What is done to the machine, as a verb (`deleting`, `resetting`).
+        action: &'static str,
+        /// The machine.
+        name: String,
+        /// The host of the cluster's endpoint (the machine's address).
+        endpoint: String,
         /// Its TalosCluster.
         cluster: String,
     },
@@ -64,6 +77,7 @@ impl Refusal {
         match self {
             Self::AllowDeleteRequired { .. } => reasons::ALLOW_DELETE_REQUIRED,
             Self::LastControlPlane { .. } => reasons::LAST_CONTROL_PLANE,
+            Self::ClusterEndpointNode { .. } => reasons::CLUSTER_ENDPOINT_NODE,
             Self::QuorumAtRisk { .. } => reasons::QUORUM_AT_RISK,
             Self::EtcdUnhealthy(_) => reasons::ETCD_UNHEALTHY,
             Self::ImmutableOnceApplied { .. } => reasons::IMMUTABLE_ONCE_APPLIED,
@@ -115,6 +129,20 @@ impl fmt::Display for Refusal {
                 f,
                 "talosmachine {name} is the last control plane of taloscluster {cluster} \
                  (control planes 1 -> 0): delete the TalosCluster instead"
+            ),
+            Self::ClusterEndpointNode {
+                action,
+                name,
+                endpoint,
+                cluster,
+            } => write!(
+                f,
+                "{action} talosmachine {name} would take down the Kubernetes endpoint of \
+                 taloscluster {cluster}: its address {endpoint} is the host of spec.endpoint, \
+                 through which every node reaches Kubernetes and a new worker gets its \
+                 certificate; a cluster whose endpoint is one node's address keeps that node \
+                 (use a shared VIP or a load balancer as the endpoint of a cluster whose control \
+                 planes change)"
             ),
             Self::QuorumAtRisk {
                 action,

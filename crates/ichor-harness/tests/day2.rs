@@ -980,19 +980,51 @@ async fn a_reset_is_checked_at_the_door_and_stops_at_the_declared_count() {
     let mut ordered = names.clone();
     ordered.sort();
 
-    // At the door a reset is a delete, its targets taken out one after another:
-    // 5 -> 4 -> 3 -> 2 keep quorum, the fourth step (2 -> 1) does not.
+    // At the door a reset is a delete, its targets taken out one after another. The first,
+    // cp-1, is reached at the host of the cluster's endpoint: never reset.
     let message = refused(
         &target,
         TalosOperation::test("reset-all", OperationAction::Reset)
             .cluster(CLUSTER)
             .all()
             .allow_delete(),
+        reasons::CLUSTER_ENDPOINT_NODE,
+    )
+    .await;
+    assert!(
+        message.contains(&format!("talosmachine {} ", ordered[0]))
+            && message.contains(&endpoints[0]),
+        "{message}"
+    );
+    // The four others: 5 -> 4 -> 3 -> 2 keep quorum, the fourth step (2 -> 1) does not.
+    let machines: Api<TalosMachine> = Api::namespaced(target.client(), target.namespace());
+    for name in &names[1..] {
+        machines
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"labels": {"e2e.ichor.maesh.dev/most": "yes"}}})),
+            )
+            .await
+            .expect("label");
+    }
+    let message = refused(
+        &target,
+        TalosOperation::test("reset-most", OperationAction::Reset)
+            .cluster(CLUSTER)
+            .selector(LabelSelector {
+                match_labels: Some(BTreeMap::from([(
+                    "e2e.ichor.maesh.dev/most".to_owned(),
+                    "yes".to_owned(),
+                )])),
+                match_expressions: None,
+            })
+            .allow_delete(),
         reasons::QUORUM_AT_RISK,
     )
     .await;
     assert!(
-        message.contains(&format!("talosmachine {} ", ordered[3])) && message.contains("2 -> 1"),
+        message.contains(&format!("talosmachine {} ", ordered[4])) && message.contains("2 -> 1"),
         "{message}"
     );
     // The annotation goes on the operation: without it, even one reset is refused.
@@ -1011,7 +1043,6 @@ async fn a_reset_is_checked_at_the_door_and_stops_at_the_declared_count() {
 
     // Three of the five, by label, with the annotation: admitted (5 -> 2 keeps quorum at each
     // step). Two go; the third would leave two voters where three are declared, and waits.
-    let machines: Api<TalosMachine> = Api::namespaced(target.client(), target.namespace());
     for name in &names[2..] {
         machines
             .patch(
@@ -1109,21 +1140,21 @@ async fn a_replacement_counts_once_a_voter_and_an_unhealthy_voter_holds_the_heal
             && s.etcd.as_ref().is_some_and(|o| !o.voter && !o.healthy)
     })
     .await;
-    let cp1 = target.nodes()[0].clone();
-    let name = specs::delete_machine(&target, &endpoints[0])
+    let cp2 = target.nodes()[1].clone();
+    let name = specs::delete_machine(&target, &endpoints[1])
         .await
         .expect("admitted: voters 3 -> 2 keep quorum");
     let uid = uid_of(&target, &name).await;
     try_eventually("AwaitingReplacement", Duration::from_secs(90), || async {
-        match removal_reason(&target, &endpoints[0]).await {
+        match removal_reason(&target, &endpoints[1]).await {
             Some(reason) if reason == reasons::AWAITING_REPLACEMENT => Ok(()),
             other => Err(format!("{other:?}")),
         }
     })
     .await
     .unwrap_or_else(|e| panic!("{e}: {}", state_summary(&target)));
-    assert_eq!(cp1.calls("EtcdLeaveCluster"), 0, "cp-1 still in etcd");
-    let members = etcd_members(&target, &endpoints[1]).await;
+    assert_eq!(cp2.calls("EtcdLeaveCluster"), 0, "cp-2 still in etcd");
+    let members = etcd_members(&target, &endpoints[0]).await;
     assert_eq!(members.len(), 4, "{members:?}");
     assert_eq!(
         members.iter().filter(|m| m.learner).count(),
@@ -1133,24 +1164,24 @@ async fn a_replacement_counts_once_a_voter_and_an_unhealthy_voter_holds_the_heal
     // cp-4 becomes a voter: the removal goes on, leaving three voters.
     promotion.release();
     gone(&target, &name, &uid, Duration::from_secs(120)).await;
-    let members = etcd_members(&target, &endpoints[1]).await;
+    let members = etcd_members(&target, &endpoints[0]).await;
     let mut voters: Vec<String> = members
         .iter()
         .filter(|m| !m.learner)
         .map(|m| m.hostname.clone())
         .collect();
     voters.sort();
-    assert_eq!(voters, ["cp-2", "cp-3", "cp-4"], "{members:?}");
+    assert_eq!(voters, ["cp-1", "cp-3", "cp-4"], "{members:?}");
     assert_eq!(members.len(), 3, "{members:?}");
-    assert_eq!(cp1.calls("EtcdLeaveCluster"), 1, "cp-1 left once");
+    assert_eq!(cp2.calls("EtcdLeaveCluster"), 1, "cp-2 left once");
 
     // An unhealthy voter holds disruption of the healthy ones. cp-3 drops off the network.
-    // The reboot of cp-2 is created at once: the door judges on what the manager recorded,
+    // The reboot of cp-1 is created at once: the door judges on what the manager recorded,
     // which cannot know yet (a node that does not answer takes ~10 s to time out); the
     // controller looks at every voter again before acting, and waits.
-    let cp2 = specs::machine_at(&target, &endpoints[1])
+    let cp1 = specs::machine_at(&target, &endpoints[0])
         .await
-        .expect("cp-2")
+        .expect("cp-1")
         .name_any();
     let cp3 = specs::machine_at(&target, &endpoints[2])
         .await
@@ -1160,22 +1191,22 @@ async fn a_replacement_counts_once_a_voter_and_an_unhealthy_voter_holds_the_heal
         .await
         .expect("cp-4")
         .name_any();
-    let reboots = target.nodes()[1].calls("Reboot");
+    let reboots = target.nodes()[0].calls("Reboot");
     target.nodes()[2]
         .inject(Fault::Partition)
         .await
         .expect("partition");
     specs::create_operation(
         &target,
-        TalosOperation::test("reboot-cp-2", OperationAction::Reboot)
+        TalosOperation::test("reboot-cp-1", OperationAction::Reboot)
             .cluster(CLUSTER)
-            .machine(&cp2),
+            .machine(&cp1),
     )
     .await
     .expect("admitted on the recorded observations");
     let (status, reason, message) = operation_at(
         &target,
-        "reboot-cp-2",
+        "reboot-cp-1",
         reasons::ETCD_UNHEALTHY,
         Duration::from_secs(90),
     )
@@ -1184,9 +1215,9 @@ async fn a_replacement_counts_once_a_voter_and_an_unhealthy_voter_holds_the_heal
     assert!(message.contains(&cp3), "{message}");
     assert_eq!(status.nodes[0].phase, OperationPhase::Waiting, "{status:?}");
     assert_eq!(
-        target.nodes()[1].calls("Reboot"),
+        target.nodes()[0].calls("Reboot"),
         reboots,
-        "cp-2 was not rebooted"
+        "cp-1 was not rebooted"
     );
     // Now the manager has recorded cp-3 unhealthy: the door refuses another reboot.
     let message = refused(
@@ -1200,12 +1231,12 @@ async fn a_replacement_counts_once_a_voter_and_an_unhealthy_voter_holds_the_heal
     assert!(message.contains(&cp3), "{message}");
 
     // The unhealthy member itself may go, through a healthy peer, once the declared count
-    // allows it: cp-1's node, back in maintenance mode and discovered again, replaces it.
+    // allows it: cp-2's node, back in maintenance mode and discovered again, replaces it.
     try_eventually(
-        "cp-1's node discovered again",
+        "cp-2's node discovered again",
         Duration::from_secs(60),
         || async {
-            specs::machine_at(&target, &endpoints[0])
+            specs::machine_at(&target, &endpoints[1])
                 .await
                 .ok()
                 .filter(|m| m.metadata.uid != uid)
@@ -1214,10 +1245,10 @@ async fn a_replacement_counts_once_a_voter_and_an_unhealthy_voter_holds_the_heal
     )
     .await
     .expect("discovered again");
-    specs::approve(&target, &endpoints[0], true, "cp-5")
+    specs::approve(&target, &endpoints[1], true, "cp-5")
         .await
         .expect("approve cp-5");
-    observed(&target, &endpoints[0], "cp-5 a healthy voter", |s| {
+    observed(&target, &endpoints[1], "cp-5 a healthy voter", |s| {
         s.etcd.as_ref().is_some_and(|o| o.voter && o.healthy)
     })
     .await;
@@ -1243,17 +1274,17 @@ async fn a_replacement_counts_once_a_voter_and_an_unhealthy_voter_holds_the_heal
         "the skipped reset has an Event"
     );
     // Every voter healthy again: the reboot goes ahead.
-    let done = specs::wait_operation(&target, "reboot-cp-2", Duration::from_secs(180))
+    let done = specs::wait_operation(&target, "reboot-cp-1", Duration::from_secs(180))
         .await
         .unwrap_or_else(|e| panic!("{e}\n{}", state_summary(&target)))
         .status
         .expect("status");
     assert_eq!(done.phase, OperationPhase::Succeeded, "{done:?}");
-    assert_eq!(target.nodes()[1].calls("Reboot"), reboots + 1);
-    let members = etcd_members(&target, &endpoints[1]).await;
+    assert_eq!(target.nodes()[0].calls("Reboot"), reboots + 1);
+    let members = etcd_members(&target, &endpoints[0]).await;
     let mut voters: Vec<String> = members.iter().map(|m| m.hostname.clone()).collect();
     voters.sort();
-    assert_eq!(voters, ["cp-2", "cp-4", "cp-5"], "{members:?}");
+    assert_eq!(voters, ["cp-1", "cp-4", "cp-5"], "{members:?}");
     let seen = monitor.finish().await;
     assert!(seen.worst.is_some_and(|(a, v)| a * 2 > v), "{seen:?}");
     target.down().await;
@@ -1289,12 +1320,12 @@ async fn an_unhealthy_etcd_member_holds_every_other_control_plane_and_can_be_for
     }
     let machines: Api<TalosMachine> = Api::namespaced(target.client(), target.namespace());
     let monitor = Monitor::start(target.nodes().to_vec());
-    let cp1 = specs::delete_machine(&target, &endpoints[0])
+    let cp2 = specs::delete_machine(&target, &endpoints[1])
         .await
         .expect("admitted: every voter healthy, 5 -> 4 keeps quorum");
-    let uid1 = uid_of(&target, &cp1).await;
+    let uid2 = uid_of(&target, &cp2).await;
     try_eventually("AwaitingReplacement", Duration::from_secs(60), || async {
-        match removal_reason(&target, &endpoints[0]).await {
+        match removal_reason(&target, &endpoints[1]).await {
             Some(reason) if reason == reasons::AWAITING_REPLACEMENT => Ok(()),
             other => Err(format!("{other:?}")),
         }
@@ -1309,7 +1340,7 @@ async fn an_unhealthy_etcd_member_holds_every_other_control_plane_and_can_be_for
         .await
         .expect("fault");
     let message = try_eventually("EtcdUnhealthy", Duration::from_secs(60), || async {
-        match specs::machine_condition(&target, &endpoints[0], conditions::REMOVAL_APPROVED).await {
+        match specs::machine_condition(&target, &endpoints[1], conditions::REMOVAL_APPROVED).await {
             Some((_, reason, message)) if reason == reasons::ETCD_UNHEALTHY => Ok(message),
             other => Err(format!("{other:?}")),
         }
@@ -1326,9 +1357,9 @@ async fn an_unhealthy_etcd_member_holds_every_other_control_plane_and_can_be_for
     // At the door, nothing disruptive goes to a healthy control plane.
     let message = refused(
         &target,
-        TalosOperation::test("reboot-cp-2", OperationAction::Reboot)
+        TalosOperation::test("reboot-cp-1", OperationAction::Reboot)
             .cluster(CLUSTER)
-            .machine(&names[1]),
+            .machine(&names[0]),
         reasons::ETCD_UNHEALTHY,
     )
     .await;
@@ -1351,14 +1382,15 @@ async fn an_unhealthy_etcd_member_holds_every_other_control_plane_and_can_be_for
         reasons::ETCD_UNHEALTHY,
     )
     .await;
-    let message = delete_refused(&target, &endpoints[1], reasons::ETCD_UNHEALTHY).await;
+    // (cp-1's address is the cluster's endpoint: its delete is refused for that first.)
+    let message = delete_refused(&target, &endpoints[2], reasons::ETCD_UNHEALTHY).await;
     assert!(message.contains(&names[4]), "{message}");
     for (i, node) in target.nodes()[..4].iter().enumerate() {
         for method in ["EtcdLeaveCluster", "Reset", "Reboot", "Upgrade"] {
             assert_eq!(node.calls(method), 0, "cp-{}: {method}", i + 1);
         }
     }
-    assert_eq!(etcd_members(&target, &endpoints[1]).await.len(), 5);
+    assert_eq!(etcd_members(&target, &endpoints[0]).await.len(), 5);
 
     // The unhealthy member goes through a healthy peer: with the force annotation, once the
     // declared count (lowered to three) no longer waits for its replacement.
@@ -1393,27 +1425,27 @@ async fn an_unhealthy_etcd_member_holds_every_other_control_plane_and_can_be_for
         .sum();
     assert!(through_peers >= 1, "removed by id through a healthy peer");
     assert_eq!(sick.calls("EtcdRemoveMemberByID"), 0);
-    let members = etcd_members(&target, &endpoints[1]).await;
+    let members = etcd_members(&target, &endpoints[0]).await;
     assert!(
         members.iter().all(|m| m.hostname != "cp-5") && members.len() == 4,
         "{members:?}"
     );
 
-    // Every voter healthy again: cp-1's removal goes on, leaving etcd by itself.
-    gone(&target, &cp1, &uid1, Duration::from_secs(120)).await;
+    // Every voter healthy again: cp-2's removal goes on, leaving etcd by itself.
+    gone(&target, &cp2, &uid2, Duration::from_secs(120)).await;
     assert_eq!(
-        target.nodes()[0].calls("EtcdLeaveCluster"),
+        target.nodes()[1].calls("EtcdLeaveCluster"),
         1,
-        "cp-1 left once"
+        "cp-2 left once"
     );
-    let mut voters: Vec<String> = etcd_members(&target, &endpoints[1])
+    let mut voters: Vec<String> = etcd_members(&target, &endpoints[0])
         .await
         .into_iter()
         .map(|m| m.hostname)
         .collect();
     voters.sort();
-    assert_eq!(voters, ["cp-2", "cp-3", "cp-4"]);
-    for node in &target.nodes()[1..4] {
+    assert_eq!(voters, ["cp-1", "cp-3", "cp-4"]);
+    for node in [0, 2, 3].map(|i| &target.nodes()[i]) {
         for method in ["EtcdLeaveCluster", "Reset", "Reboot", "Upgrade"] {
             assert_eq!(node.calls(method), 0, "{method}");
         }
