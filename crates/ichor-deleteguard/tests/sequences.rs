@@ -599,6 +599,18 @@ impl World {
 
     /// Applies the config of `node` (the controller's apply; no lock, nothing disrupted).
     fn configure(&mut self, i: usize) {
+        // A node that refused a config refuses it as a first apply too (a reset machine found
+        // again is the same node): nothing is applied, and the machine waits unconfigured.
+        let refused = (self.nodes[i].name.clone(), self.nodes[i].rendered);
+        if self.refusals.contains(&refused) {
+            log!(
+                self,
+                "{} refuses config {} at its first apply",
+                refused.0,
+                refused.1
+            );
+            return;
+        }
         let n = &mut self.nodes[i];
         n.applied = true;
         n.maintenance = false;
