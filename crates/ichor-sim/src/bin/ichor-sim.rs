@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! ichor-sim --nodes 3 --base 127.0.10.1 --talos-version v1.14.1 [--port 50000]
-//!           [--control 127.0.0.1:50080] [--etcd-size 4MiB]
+//!           [--control 127.0.0.1:20080] [--etcd-size 4MiB]
 //! ```
 //!
 //! (`ichor-sim --help` describes each.)
@@ -57,8 +57,10 @@ struct Options {
     /// The Talos API port of every node.
     #[arg(long, default_value_t = 50000)]
     port: u16,
-    /// Where the HTTP control endpoint listens.
-    #[arg(long, default_value = "127.0.0.1:50080")]
+    /// Where the HTTP control endpoint listens. The default port lies below Linux's ephemeral
+    /// range (32768-60999), where an outgoing connection to anything on 127.0.0.1 could hold
+    /// it at the moment the simulator starts.
+    #[arg(long, default_value = "127.0.0.1:20080")]
     control: SocketAddr,
     /// The etcd database size of a cluster these nodes bootstrap: bytes, or N with KiB, MiB or
     /// GiB [default: 4MiB].
