@@ -93,6 +93,7 @@ pub fn ensure_cargo_fuzz(root: &Path) -> Result<()> {
     }
     let mut cmd = crate::run::cargo(root);
     cmd.args(["install", "--locked", CARGO_FUZZ]);
+    crate::test::light_install_profile(&mut cmd);
     run_cmd(cmd)
 }
 
