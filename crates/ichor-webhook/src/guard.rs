@@ -6,6 +6,7 @@
 //! targets as if they were deleted one after another, a reboot's each against the cluster as
 //! it is.
 
+use std::borrow::Borrow;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -19,6 +20,7 @@ use ichor_deleteguard::{
     check_machine_delete, check_machine_update, check_targets, control_plane_counts,
 };
 use kube::api::{Api, ListParams, PostParams};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, Operation};
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -70,12 +72,12 @@ pub fn system_clock() -> u64 {
 /// same uid and is either being deleted or was admitted less than the TTL ago.
 fn live_reservations(
     all: Vec<Reservation>,
-    machines: &[TalosMachine],
+    machines: &[impl Borrow<TalosMachine>],
     now: u64,
 ) -> Vec<Reservation> {
     all.into_iter()
         .filter(|r| {
-            machines.iter().any(|m| {
+            machines.iter().map(Borrow::borrow).any(|m: &TalosMachine| {
                 m.metadata.name.as_deref() == Some(r.machine.as_str())
                     && m.metadata.uid.as_deref() == Some(r.uid.as_str())
                     && (m.metadata.deletion_timestamp.is_some()
@@ -87,10 +89,11 @@ fn live_reservations(
 
 /// The machines as the rules see them: a reserved removal is a removal under way, even before
 /// the apiserver has set its deletion timestamp.
-fn marked(machines: &[TalosMachine], standing: &[Reservation]) -> Vec<Machine> {
+fn marked(machines: &[impl Borrow<TalosMachine>], standing: &[Reservation]) -> Vec<Machine> {
     machines
         .iter()
-        .map(|m| {
+        .map(Borrow::borrow)
+        .map(|m: &TalosMachine| {
             let mut input = Machine::from(m);
             if standing
                 .iter()
@@ -192,13 +195,44 @@ pub enum GuardError {
     Contended,
 }
 
-fn decode<T: serde::de::DeserializeOwned>(
-    object: Option<&DynamicObject>,
-    what: &'static str,
-) -> Result<T, GuardError> {
-    let object = object.ok_or(GuardError::Missing(what))?;
-    let value = serde_json::to_value(object).map_err(|e| GuardError::Decode(what, e))?;
-    serde_json::from_value(value).map_err(|e| GuardError::Decode(what, e))
+/// A kind the guard decodes from a request's object: built from the object's metadata and its
+/// `spec` and `status` as they were parsed, without a round trip through JSON. The decisions
+/// never read managed fields, so they are dropped.
+trait Decoded: Sized {
+    /// The object of this kind made of `metadata` and the remaining fields, `data`.
+    fn decoded(metadata: ObjectMeta, data: &serde_json::Value) -> Result<Self, serde_json::Error>;
+}
+
+macro_rules! decoded {
+    ($($kind:ty),*) => {$(
+        impl Decoded for $kind {
+            fn decoded(
+                metadata: ObjectMeta,
+                data: &serde_json::Value,
+            ) -> Result<Self, serde_json::Error> {
+                let spec = serde::Deserialize::deserialize(&data["spec"])?;
+                let status = match data.get("status") {
+                    Some(status) => serde::Deserialize::deserialize(status)?,
+                    None => None,
+                };
+                Ok(Self {
+                    metadata,
+                    spec,
+                    status,
+                })
+            }
+        }
+    )*};
+}
+
+decoded!(TalosMachine, TalosCluster, TalosOperation);
+
+fn decode<T: Decoded>(object: Option<DynamicObject>, what: &'static str) -> Result<T, GuardError> {
+    let DynamicObject {
+        mut metadata, data, ..
+    } = object.ok_or(GuardError::Missing(what))?;
+    metadata.managed_fields = None;
+    T::decoded(metadata, &data).map_err(|e| GuardError::Decode(what, e))
 }
 
 impl Guard {
@@ -230,19 +264,19 @@ impl Guard {
     /// (fail closed).
     pub async fn decide(
         &self,
-        request: &AdmissionRequest<DynamicObject>,
+        request: AdmissionRequest<DynamicObject>,
     ) -> Result<Decision, GuardError> {
         match (request.kind.kind.as_str(), &request.operation) {
             ("TalosMachine", Operation::Delete) => {
-                let machine: TalosMachine = decode(request.old_object.as_ref(), "oldObject")?;
+                let machine: TalosMachine = decode(request.old_object, "oldObject")?;
                 if let Some(decision) = self.settled(&machine) {
                     return Ok(decision);
                 }
                 self.machine_delete(&machine, request.dry_run).await
             }
             ("TalosMachine", Operation::Update) => {
-                let old: TalosMachine = decode(request.old_object.as_ref(), "oldObject")?;
-                let new: TalosMachine = decode(request.object.as_ref(), "object")?;
+                let old: TalosMachine = decode(request.old_object, "oldObject")?;
+                let new: TalosMachine = decode(request.object, "object")?;
                 Ok(
                     match check_machine_update(&Machine::from(&old), &Machine::from(&new)) {
                         Ok(()) => Decision::Allow,
@@ -251,17 +285,17 @@ impl Guard {
                 )
             }
             ("TalosOperation", Operation::Create) => {
-                let operation: TalosOperation = decode(request.object.as_ref(), "object")?;
+                let operation: TalosOperation = decode(request.object, "object")?;
                 let namespace = operation
                     .metadata
                     .namespace
                     .clone()
-                    .or_else(|| request.namespace.clone())
+                    .or(request.namespace)
                     .unwrap_or_default();
                 self.operation_create(&operation, &namespace).await
             }
             ("TalosCluster", Operation::Delete) => {
-                let cluster: TalosCluster = decode(request.old_object.as_ref(), "oldObject")?;
+                let cluster: TalosCluster = decode(request.old_object, "oldObject")?;
                 Ok(match check_cluster_delete(&Cluster::from(&cluster)) {
                     Ok(()) => Decision::Allow,
                     Err(refusal) => Decision::deny(refusal.reason(), refusal.message()),
@@ -294,15 +328,10 @@ impl Guard {
         if view.deleting || view.allow_delete {
             return None;
         }
-        let machines: Vec<TalosMachine> = cache
-            .machines
-            .state_filter(|m| {
-                m.metadata.namespace.as_deref() == Some(namespace.as_str())
-                    && &m.spec.cluster_ref.name == name
-            })
-            .iter()
-            .map(|m| TalosMachine::clone(m))
-            .collect();
+        let machines = cache.machines.state_filter(|m| {
+            m.metadata.namespace.as_deref() == Some(namespace.as_str())
+                && &m.spec.cluster_ref.name == name
+        });
         let now = (self.clock)();
         let standing = live_reservations(reservations(&cluster), &machines, now);
         let view = view.at(i64::try_from(now).unwrap_or(i64::MAX));

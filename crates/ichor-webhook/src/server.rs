@@ -121,10 +121,11 @@ async fn decide(guard: &Guard, body: &[u8]) -> (AdmissionReview<DynamicObject>, 
     };
     let subject = Subject::of(&request);
     let response = AdmissionResponse::from(&request);
-    let decision = match tokio::time::timeout(DECISION_TIMEOUT, guard.decide(&request)).await {
+    let (uid, name) = (request.uid.clone(), request.name.clone());
+    let decision = match tokio::time::timeout(DECISION_TIMEOUT, guard.decide(request)).await {
         Ok(Ok(decision)) => decision,
         Ok(Err(error)) => {
-            tracing::warn!(%error, uid = %request.uid, "admission refused: live state unavailable");
+            tracing::warn!(%error, %uid, "admission refused: live state unavailable");
             unavailable(&error)
         }
         Err(_) => Decision::Deny {
@@ -136,7 +137,7 @@ async fn decide(guard: &Guard, body: &[u8]) -> (AdmissionReview<DynamicObject>, 
     let response = match decision {
         Decision::Allow => response,
         Decision::Deny { reason, message } => {
-            tracing::info!(%reason, name = %request.name, "admission refused");
+            tracing::info!(%reason, %name, "admission refused");
             let mut denied = response.deny(message);
             denied.result.reason = reason;
             denied.result.code = 403;
