@@ -19,8 +19,8 @@ use ichor_deleteguard::{
     Cluster, Disruption, Machine, Refusal, annotation_true, check_cluster_delete,
     check_machine_delete, check_machine_update, check_targets, control_plane_counts,
 };
-use kube::api::{Api, ListParams, PostParams};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, ListParams, PostParams};
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, Operation};
 use kube::runtime::reflector::{self, ObjectRef, Store};
