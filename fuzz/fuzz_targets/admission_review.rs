@@ -9,6 +9,7 @@
 //! refused; the control-plane count never grows by a removal.
 #![no_main]
 
+use ichor_api::decode::decode;
 use ichor_api::operation::{OperationAction, TalosOperation};
 use ichor_api::reservation::reservations;
 use ichor_api::{TalosCluster, TalosMachine};
@@ -37,13 +38,8 @@ struct Body {
 }
 
 /// The decision's outcome: `None` when the request does not decode (the guard refuses it as
-/// unreadable live state).
+/// unreadable live state). Objects decode with `ichor_api::decode::decode`, the guard's own.
 type Outcome = Option<Result<(), Refusal>>;
-
-fn decode<T: serde::de::DeserializeOwned>(object: Option<&DynamicObject>) -> Option<T> {
-    let value = serde_json::to_value(object?).ok()?;
-    serde_json::from_value(value).ok()
-}
 
 /// The machines as the rules see them: a standing reservation marks a removal under way.
 fn inputs(live: &Live) -> Vec<Machine> {
@@ -78,7 +74,7 @@ fn cluster_view(live: &Live, name: &str, namespace: &str) -> Cluster {
 }
 
 fn machine_delete(request: &AdmissionRequest<DynamicObject>, live: &Live) -> Outcome {
-    let target: TalosMachine = decode(request.old_object.as_ref())?;
+    let target: TalosMachine = decode(request.old_object.clone()?).ok()?;
     let namespace = target.metadata.namespace.clone().unwrap_or_default();
     let me = Machine::from(&target);
     let machines = inputs(live);
@@ -93,7 +89,7 @@ fn machine_delete(request: &AdmissionRequest<DynamicObject>, live: &Live) -> Out
 }
 
 fn operation_create(request: &AdmissionRequest<DynamicObject>, live: &Live) -> Outcome {
-    let operation: TalosOperation = decode(request.object.as_ref())?;
+    let operation: TalosOperation = decode(request.object.clone()?).ok()?;
     let disruption = match operation.spec.action {
         OperationAction::Reset => Disruption::Reset {
             operation: operation.metadata.name.clone().unwrap_or_default(),
@@ -121,8 +117,8 @@ fn decide(request: &AdmissionRequest<DynamicObject>, live: &Live) -> Outcome {
     match (request.kind.kind.as_str(), &request.operation) {
         ("TalosMachine", Operation::Delete) => machine_delete(request, live),
         ("TalosMachine", Operation::Update) => {
-            let old: TalosMachine = decode(request.old_object.as_ref())?;
-            let new: TalosMachine = decode(request.object.as_ref())?;
+            let old: TalosMachine = decode(request.old_object.clone()?).ok()?;
+            let new: TalosMachine = decode(request.object.clone()?).ok()?;
             let (old, new) = (Machine::from(&old), Machine::from(&new));
             assert!(
                 check_machine_update(&old, &old).is_ok()
@@ -133,7 +129,7 @@ fn decide(request: &AdmissionRequest<DynamicObject>, live: &Live) -> Outcome {
         }
         ("TalosOperation", Operation::Create) => operation_create(request, live),
         ("TalosCluster", Operation::Delete) => {
-            let cluster: TalosCluster = decode(request.old_object.as_ref())?;
+            let cluster: TalosCluster = decode(request.old_object.clone()?).ok()?;
             Some(check_cluster_delete(&Cluster::from(&cluster)))
         }
         _ => Some(Ok(())),

@@ -91,10 +91,7 @@ pub fn ensure_cargo_fuzz(root: &Path) -> Result<()> {
         eprintln!("cargo-fuzz is installed");
         return Ok(());
     }
-    let mut cmd = crate::run::cargo(root);
-    cmd.args(["install", "--locked", CARGO_FUZZ]);
-    crate::test::light_install_profile(&mut cmd);
-    run_cmd(cmd)
+    crate::run::cargo_install(root, CARGO_FUZZ)
 }
 
 /// Checks for nightly, installs cargo-fuzz if needed and builds every target.

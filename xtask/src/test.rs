@@ -10,7 +10,7 @@ use anyhow::{Context as _, Result, bail};
 
 use crate::envtest;
 use crate::run::{
-    Phases, cargo, interrupted, run as run_cmd, run_forwarding_signals, trap_signals,
+    Phases, cargo, cargo_install, interrupted, run as run_cmd, run_forwarding_signals, trap_signals,
 };
 
 /// Names the shared control plane's folder for the tests (`ichor_testenv::SHARED_DIR_ENV`).
@@ -250,20 +250,7 @@ fn ensure_cargo_deny(root: &Path) -> Result<()> {
         eprintln!("cargo-deny is installed");
         return Ok(());
     }
-    let mut cmd = cargo(root);
-    cmd.args(["install", "--locked", CARGO_DENY]);
-    light_install_profile(&mut cmd);
-    run_cmd(cmd)
-}
-
-/// Overrides the release profile of a tool that `cargo install` builds: without fat LTO and a
-/// single codegen unit (cargo-deny's own settings, made for the binaries it publishes), its
-/// build takes a fraction of the time, and a check over this workspace's few hundred crates
-/// stays a matter of seconds.
-pub fn light_install_profile(cmd: &mut Command) {
-    cmd.env("CARGO_PROFILE_RELEASE_LTO", "off")
-        .env("CARGO_PROFILE_RELEASE_CODEGEN_UNITS", "16")
-        .env("CARGO_PROFILE_RELEASE_OPT_LEVEL", "1");
+    cargo_install(root, CARGO_DENY)
 }
 
 /// What `cargo test --workspace --no-run` built.

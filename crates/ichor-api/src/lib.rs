@@ -14,6 +14,7 @@ pub mod class;
 pub mod cluster;
 pub mod common;
 pub mod config;
+pub mod decode;
 pub mod machine;
 pub mod names;
 pub mod operation;

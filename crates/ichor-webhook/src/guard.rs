@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::{FutureExt as _, StreamExt as _};
+use ichor_api::decode::Decoded;
 use ichor_api::names::{annotations, reasons};
 use ichor_api::operation::{OperationAction, TalosOperation};
 use ichor_api::{TalosCluster, TalosMachine};
@@ -19,7 +20,6 @@ use ichor_deleteguard::{
     Cluster, Disruption, Machine, Refusal, annotation_true, check_cluster_delete,
     check_machine_delete, check_machine_update, check_targets, control_plane_counts,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, ListParams, PostParams};
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, Operation};
@@ -195,44 +195,10 @@ pub enum GuardError {
     Contended,
 }
 
-/// A kind the guard decodes from a request's object: built from the object's metadata and its
-/// `spec` and `status` as they were parsed, without a round trip through JSON. The decisions
-/// never read managed fields, so they are dropped.
-trait Decoded: Sized {
-    /// The object of this kind made of `metadata` and the remaining fields, `data`.
-    fn decoded(metadata: ObjectMeta, data: &serde_json::Value) -> Result<Self, serde_json::Error>;
-}
-
-macro_rules! decoded {
-    ($($kind:ty),*) => {$(
-        impl Decoded for $kind {
-            fn decoded(
-                metadata: ObjectMeta,
-                data: &serde_json::Value,
-            ) -> Result<Self, serde_json::Error> {
-                let spec = serde::Deserialize::deserialize(&data["spec"])?;
-                let status = match data.get("status") {
-                    Some(status) => serde::Deserialize::deserialize(status)?,
-                    None => None,
-                };
-                Ok(Self {
-                    metadata,
-                    spec,
-                    status,
-                })
-            }
-        }
-    )*};
-}
-
-decoded!(TalosMachine, TalosCluster, TalosOperation);
-
+/// The request's `what` decoded as the kind `T` (see [`ichor_api::decode`]).
 fn decode<T: Decoded>(object: Option<DynamicObject>, what: &'static str) -> Result<T, GuardError> {
-    let DynamicObject {
-        mut metadata, data, ..
-    } = object.ok_or(GuardError::Missing(what))?;
-    metadata.managed_fields = None;
-    T::decoded(metadata, &data).map_err(|e| GuardError::Decode(what, e))
+    ichor_api::decode::decode(object.ok_or(GuardError::Missing(what))?)
+        .map_err(|e| GuardError::Decode(what, e))
 }
 
 impl Guard {
