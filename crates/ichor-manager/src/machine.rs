@@ -875,7 +875,7 @@ async fn stand(
         )
         .await;
     }
-    Ok(Action::requeue(if judged.ready {
+    Ok(Action::requeue(if plan::settled(judged.ready, &status) {
         ctx.settings.settled_requeue
     } else {
         ctx.settings.progress_requeue

@@ -527,6 +527,15 @@ pub(super) fn drift_step(
     DriftStep::Idle
 }
 
+/// Whether a machine is settled, so that its next look may wait for the settled requeue:
+/// Ready, and no drift in flight (`driftReboot`). A node's return from a reboot for drift,
+/// and its health after a live apply, raise no Kubernetes event: while either is awaited
+/// the machine is looked at at the progress pace, and the cluster lock moves on to the next
+/// machine seconds after the node is back, not a settled requeue later.
+pub(super) fn settled(ready: bool, status: &TalosMachineStatus) -> bool {
+    ready && status.drift_reboot.is_none()
+}
+
 /// Records where the machine stands (`judged`): its phase, its `address` and `Ready`.
 /// Returns whether it became Ready just now.
 pub(super) fn record_standing(
@@ -1015,6 +1024,18 @@ mod tests {
             "a boot id not read says nothing"
         );
         assert_eq!(step(Some("boot-2")), DriftStep::Back);
+    }
+
+    #[test]
+    fn a_ready_machine_with_drift_in_flight_is_not_settled() {
+        let mut status = TalosMachineStatus::default();
+        assert!(settled(true, &status));
+        assert!(!settled(false, &status));
+        // Staged and rebooted (or applied live) under the lock: Ready from before the reboot,
+        // yet its return is awaited at the progress pace.
+        status.drift_reboot = Some("sha256:new".into());
+        status.drift_boot_id = Some("boot-1".into());
+        assert!(!settled(true, &status));
     }
 
     #[test]
