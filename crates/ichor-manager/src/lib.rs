@@ -89,7 +89,13 @@ pub struct Settings {
     /// How long the certificates the manager mints for its own calls live (renewed at two
     /// thirds of it).
     pub own_credential_lifetime: Duration,
+    /// How many reconciles of one kind run at once (each controller's limit): what bounds the
+    /// Talos connections and the reconcile state held at once, whatever the fleet size.
+    pub concurrency: u16,
 }
+
+/// Reconciles of one kind that run at once unless `--concurrent-reconciles` says.
+pub const DEFAULT_CONCURRENCY: u16 = 16;
 
 impl Default for Settings {
     fn default() -> Self {
@@ -103,6 +109,7 @@ impl Default for Settings {
             instance: "ichor-manager".into(),
             credential_lifetime: ichor_render::credentials::CLIENT_TTL,
             own_credential_lifetime: Duration::from_secs(3600),
+            concurrency: DEFAULT_CONCURRENCY,
         }
     }
 }
@@ -395,6 +402,13 @@ fn cluster_of(namespace: Option<String>, cluster: &str) -> ObjectRef<TalosCluste
     ObjectRef::new(cluster).within(&namespace.unwrap_or_default())
 }
 
+/// Each controller's limits: at most `settings.concurrency` reconciles at once. Unbounded, a
+/// fleet's worth of looks ran together, each holding its Talos connection's buffers and its
+/// reconcile's state (`docs/benchmarks/fleet.md`).
+fn limits(ctx: &Context) -> kube::runtime::controller::Config {
+    kube::runtime::controller::Config::default().concurrency(ctx.settings.concurrency)
+}
+
 /// The TalosCluster controller: a machine's change, or a class's (which may approve pending
 /// machines), reconciles its cluster.
 async fn cluster_controller(ctx: Arc<Context>, stop: tokio::sync::watch::Receiver<bool>) {
@@ -403,6 +417,7 @@ async fn cluster_controller(ctx: Arc<Context>, stop: tokio::sync::watch::Receive
         Api::<TalosCluster>::all(client.clone()),
         watcher::Config::default(),
     )
+    .with_config(limits(&ctx))
     .watches(
         Api::<TalosMachine>::all(client.clone()),
         watcher::Config::default(),
@@ -426,7 +441,8 @@ async fn machine_controller(ctx: Arc<Context>, stop: tokio::sync::watch::Receive
     let controller = Controller::new(
         Api::<TalosMachine>::all(client.clone()),
         watcher::Config::default(),
-    );
+    )
+    .with_config(limits(&ctx));
     // The machine gauge is counted from this cache at scrape time: a deleted machine leaves
     // it, so it leaves the gauge.
     ctx.metrics.watch_machines(controller.store());
@@ -482,6 +498,7 @@ async fn storage_controller(ctx: Arc<Context>, stop: tokio::sync::watch::Receive
         Api::<ichor_api::TalosStorage>::all(client.clone()),
         watcher::Config::default(),
     )
+    .with_config(limits(&ctx))
     .watches(
         Api::<TalosMachine>::all(client),
         watcher::Config::default(),
@@ -511,6 +528,7 @@ async fn backup_controller(ctx: Arc<Context>, stop: tokio::sync::watch::Receiver
         Api::<TalosCluster>::all(ctx.client.clone()),
         watcher::Config::default(),
     )
+    .with_config(limits(&ctx))
     .graceful_shutdown_on(stopped(stop))
     .run(backups::reconcile, error_policy, ctx)
     .for_each(|_| async {})
@@ -523,6 +541,7 @@ async fn operation_controller(ctx: Arc<Context>, stop: tokio::sync::watch::Recei
         Api::<TalosOperation>::all(ctx.client.clone()),
         watcher::Config::default(),
     )
+    .with_config(limits(&ctx))
     .graceful_shutdown_on(stopped(stop))
     .run(operation::reconcile, error_policy, ctx)
     .for_each(|_| async {})

@@ -54,6 +54,10 @@ struct Options {
     /// (Talos puts no deadline on its installer).
     #[arg(long, env = "ICHOR_INSTALL_STALL_SECONDS", default_value = "1800", value_parser = ichor_service::positive)]
     install_stall_seconds: u64,
+    /// How many reconciles of one kind run at once (1 to 1024): bounds the Talos connections
+    /// and the memory held at once, whatever the fleet size.
+    #[arg(long, env = "ICHOR_CONCURRENT_RECONCILES", default_value_t = ichor_manager::DEFAULT_CONCURRENCY, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    concurrent_reconciles: u16,
 }
 
 /// A certificate lifetime: a duration of at least 3 s (`30s`, `5m`, `12h`, `365d`).
@@ -85,6 +89,7 @@ impl Options {
         settings.credential_lifetime = self.credential_lifetime;
         settings.own_credential_lifetime = self.own_credential_lifetime;
         settings.install_stall_limit = Duration::from_secs(self.install_stall_seconds);
+        settings.concurrency = self.concurrent_reconciles;
         settings
     }
 }
