@@ -54,7 +54,7 @@ use kube::api::Api;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt as _, watcher};
 use kube::{Resource, ResourceExt as _};
 
 pub use clock::{Clock, SystemClock, TestClock};
@@ -438,11 +438,17 @@ async fn cluster_controller(ctx: Arc<Context>, stop: tokio::sync::watch::Receive
 /// a storage of its cluster (patches, volumes) re-renders each machine of that cluster.
 async fn machine_controller(ctx: Arc<Context>, stop: tokio::sync::watch::Receiver<bool>) {
     let client = ctx.client.clone();
-    let controller = Controller::new(
+    // The machines as Controller::new would watch and cache them, with their managed fields
+    // slimmed to what a status write reads (ADR 0039).
+    let (cache, writer) = kube::runtime::reflector::store();
+    let machines = watcher(
         Api::<TalosMachine>::all(client.clone()),
         watcher::Config::default(),
     )
-    .with_config(limits(&ctx));
+    .modify(status::slim)
+    .reflect(writer)
+    .applied_objects();
+    let controller = Controller::for_stream(machines, cache).with_config(limits(&ctx));
     // The machine gauge is counted from this cache at scrape time: a deleted machine leaves
     // it, so it leaves the gauge.
     ctx.metrics.watch_machines(controller.store());

@@ -325,6 +325,16 @@ fn has_updated_status(object: &impl Resource) -> bool {
         .any(is_status_update)
 }
 
+/// Keeps of `object`'s managed fields only what a status write reads of a cached copy: the
+/// entries owned by a status update ([`write`] hands those to their groups). Every other
+/// entry, each field manager's whole field set, is most of a cached machine's memory, and
+/// nothing decides on it (ADR 0039).
+pub fn slim<K: Resource>(object: &mut K) {
+    if let Some(fields) = object.meta_mut().managed_fields.as_mut() {
+        fields.retain(is_status_update);
+    }
+}
+
 fn is_status_update(entry: &ManagedFieldsEntry) -> bool {
     entry.subresource.as_deref() == Some("status") && entry.operation.as_deref() == Some("Update")
 }
@@ -378,7 +388,13 @@ async fn forget_updated_status<K: Grouped>(
 /// group owns every field it may later clear (a group cannot clear a field it never applied).
 /// Returns the version written, or `None` when the object changed since it was read.
 async fn adopt<K: Grouped>(api: &Api<K>, object: &K) -> Result<Option<String>, kube::Error> {
-    let Some(mut version) = forget_updated_status(api, object).await? else {
+    // A cached copy keeps its status-update entries alone ([`slim`]): the entries that stay
+    // are read from the object as stored, at the version the caller read.
+    let stored = api.get(&object.name_any()).await?;
+    if stored.resource_version() != object.resource_version() {
+        return Ok(None);
+    }
+    let Some(mut version) = forget_updated_status(api, &stored).await? else {
         return Ok(None);
     };
     let current = to_value(object.status_of());
@@ -489,6 +505,46 @@ mod tests {
     use std::collections::BTreeSet;
 
     use super::*;
+
+    #[test]
+    fn a_slim_copy_keeps_only_the_status_entries_owned_by_updates() {
+        let entry =
+            |manager: &str, operation: &str, subresource: Option<&str>| ManagedFieldsEntry {
+                manager: Some(manager.into()),
+                operation: Some(operation.into()),
+                subresource: subresource.map(Into::into),
+                ..Default::default()
+            };
+        let mut machine = TalosMachine::test("m").build();
+        machine.metadata.managed_fields = Some(vec![
+            entry("ichor-discovery", "Apply", None),
+            entry("ichor-machine", "Apply", Some("status")),
+            entry("kubectl", "Update", None),
+        ]);
+        slim(&mut machine);
+        assert!(
+            machine
+                .metadata
+                .managed_fields
+                .iter()
+                .flatten()
+                .next()
+                .is_none()
+        );
+        assert!(!has_updated_status(&machine));
+        machine.metadata.managed_fields = Some(vec![
+            entry("ichor-discovery", "Apply", None),
+            entry("ichor-manager", "Update", Some("status")),
+        ]);
+        slim(&mut machine);
+        let kept: Vec<_> = machine.metadata.managed_fields.iter().flatten().collect();
+        assert_eq!(kept.len(), 1);
+        assert_eq!(kept[0].manager.as_deref(), Some("ichor-manager"));
+        assert!(
+            has_updated_status(&machine),
+            "what a status write reads stays"
+        );
+    }
 
     /// The status fields of `S` as its schema lists them.
     fn schema_fields<S: schemars::JsonSchema>() -> BTreeSet<String> {

@@ -277,6 +277,59 @@ async fn each_status_field_has_one_writer_and_no_writer_clobbers_another() {
     assert_eq!(s.phase, MachinePhase::Joining, "the rest stands");
     assert_disjoint(&owners(&now));
     let _ = now.name_any();
+
+    // The same from the manager's cache, whose copies keep only their status-update entries
+    // (ADR 0039): the write reads the entries that stay from the object as stored, so the
+    // other field managers keep what they own.
+    machines
+        .create(
+            &PostParams::default(),
+            &TalosMachine::test("m3")
+                .namespace(&ns)
+                .cluster("c1")
+                .build(),
+        )
+        .await
+        .expect("create machine");
+    let before = machines
+        .patch_status(
+            "m3",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"phase": "Joining", "driftReboot": "sha256:cccc"}})),
+        )
+        .await
+        .expect("legacy merge");
+    let mut cached = before.clone();
+    status::slim(&mut cached);
+    let kept: Vec<_> = cached.metadata.managed_fields.iter().flatten().collect();
+    assert!(
+        kept.len() < before.metadata.managed_fields.iter().flatten().count(),
+        "slimmed: {kept:?}"
+    );
+    let mut wanted = cached.status.clone().expect("status");
+    wanted.drift_reboot = None;
+    status::write(&machines, &cached, &wanted)
+        .await
+        .expect("write from the slim copy");
+    let now = machines.get("m3").await.expect("get");
+    assert_eq!(now.status.clone().expect("status").drift_reboot, None);
+    let managers: BTreeSet<String> = now
+        .metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter_map(|e| e.manager.clone())
+        .collect();
+    let creator = before
+        .metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .find(|e| e.subresource.is_none())
+        .and_then(|e| e.manager.clone())
+        .expect("the creator's entry");
+    assert!(managers.contains(&creator), "{managers:?}");
+    assert_disjoint(&owners(&now));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
