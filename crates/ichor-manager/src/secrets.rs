@@ -2,12 +2,13 @@
 //! reference**, so deleting the cluster never garbage-collects the CA keys), and the published
 //! talosconfig and workload kubeconfig. Secret contents are never logged.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{LazyLock, Mutex};
 
 use ichor_api::TalosCluster;
 use ichor_api::names::{labels, reasons};
 use ichor_deleteguard::{BundleStep, Found, bundle_step};
-use ichor_render::{Contract, SecretsBundle};
+use ichor_render::{BundleError, Contract, SecretsBundle};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ObjectMeta, PostParams};
@@ -155,7 +156,7 @@ async fn load(
                 }));
             };
             let text = String::from_utf8_lossy(&bytes.0);
-            match SecretsBundle::from_yaml(&text).and_then(|b| b.validate().map(|()| b)) {
+            match parse(&text) {
                 Ok(bundle) => Some(bundle),
                 Err(e) => {
                     return Ok(Err(BundleUnavailable::Invalid {
@@ -186,6 +187,35 @@ async fn load(
             }),
         },
     )
+}
+
+/// Bundles parsed and validated, by the hash of their YAML. Validation checks every key, the
+/// RSA service-account key above all, and cost more CPU than the rest of a look at a settled
+/// machine (a profile of the idle fleet); the same bytes always make the same bundle, so each
+/// bundle is checked once. Kept for at most [`PARSED_KEPT`] bundles, then started afresh.
+static PARSED: LazyLock<Mutex<HashMap<String, SecretsBundle>>> = LazyLock::new(Mutex::default);
+
+/// How many parsed bundles [`PARSED`] keeps (one per cluster is what it needs).
+const PARSED_KEPT: usize = 256;
+
+/// `text` as a valid bundle: [`SecretsBundle::from_yaml`] then `validate`, once per content.
+fn parse(text: &str) -> Result<SecretsBundle, BundleError> {
+    let key = ichor_render::config_hash(text);
+    let parsed = || {
+        PARSED
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    };
+    if let Some(bundle) = parsed().get(&key) {
+        return Ok(bundle.clone());
+    }
+    let bundle = SecretsBundle::from_yaml(text).and_then(|b| b.validate().map(|()| b))?;
+    let mut kept = parsed();
+    if kept.len() >= PARSED_KEPT {
+        kept.clear();
+    }
+    kept.insert(key, bundle.clone());
+    Ok(bundle)
 }
 
 /// Generates a bundle and stores it under `name` (create-if-absent: a concurrent creator wins).
@@ -277,4 +307,35 @@ pub async fn read(
             d.get(key)
                 .map(|b| String::from_utf8_lossy(&b.0).into_owned())
         }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bundle_is_parsed_once_per_content_and_a_bad_one_is_refused_each_time() {
+        let yaml = SecretsBundle::generate(Contract::V1_14)
+            .expect("bundle")
+            .to_yaml()
+            .expect("yaml");
+        let first = parse(&yaml).expect("valid");
+        assert!(
+            PARSED
+                .lock()
+                .expect("lock")
+                .contains_key(&ichor_render::config_hash(&yaml)),
+            "kept after the first parse"
+        );
+        assert_eq!(parse(&yaml).expect("kept"), first);
+        let broken = yaml.replacen("bootstraptoken:", "bootstraptoken: x\n  unused:", 1);
+        assert!(parse(&broken).is_err());
+        assert!(parse(&broken).is_err(), "a refusal is never kept");
+        assert!(
+            !PARSED
+                .lock()
+                .expect("lock")
+                .contains_key(&ichor_render::config_hash(&broken))
+        );
+    }
 }
