@@ -326,7 +326,7 @@ fn has_updated_status(object: &impl Resource) -> bool {
 }
 
 /// Keeps of `object`'s managed fields only what a status write reads of a cached copy: the
-/// entries owned by a status update ([`write`] hands those to their groups). Every other
+/// entries owned by a status update ([`write()`] hands those to their groups). Every other
 /// entry, each field manager's whole field set, is most of a cached machine's memory, and
 /// nothing decides on it (ADR 0039).
 pub fn slim<K: Resource>(object: &mut K) {
