@@ -93,9 +93,13 @@ pub async fn run_once(
             problem: e.to_string(),
         })?;
     let by_uuid = maintenance_by_uuid(probes);
+    if by_uuid.is_empty() {
+        // Nothing in maintenance mode: nothing to record, so nothing to read.
+        return Ok(SweepReport::default());
+    }
     let machines: Api<TalosMachine> =
         Api::namespaced(ctx.client.clone(), &cluster.namespace().unwrap_or_default());
-    let existing = machines.list(&ListParams::default()).await?.items;
+    let existing = recorded(&machines, &by_uuid).await?;
     let mut report = SweepReport::default();
     for (uuid, found) in &by_uuid {
         match sighting(uuid, found, &existing) {
@@ -119,6 +123,48 @@ pub async fn run_once(
         }
     }
     Ok(report)
+}
+
+/// Machines per page when a sweep reads its namespace's machines.
+const PAGE: u32 = 100;
+
+/// The machines of the namespace that record one of the `found` UUIDs, read page by page: a
+/// sweep never holds every machine of the namespace at once (a fleet's namespace read whole
+/// by each of sixteen concurrent sweeps was most of the manager's memory at 1000 machines,
+/// `docs/benchmarks/fleet.md`).
+async fn recorded(
+    machines: &Api<TalosMachine>,
+    found: &BTreeMap<String, Vec<Found>>,
+) -> Result<Vec<TalosMachine>, Error> {
+    let mut kept = Vec::new();
+    let mut params = ListParams::default().limit(PAGE);
+    loop {
+        let page = machines.list(&params).await?;
+        kept.extend(
+            page.items
+                .into_iter()
+                .filter(|m| found.keys().any(|uuid| records(m, uuid))),
+        );
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => return Ok(kept),
+        }
+    }
+}
+
+/// Whether `machine` records SMBIOS UUID `uuid` (its label, or its inventory).
+fn records(machine: &TalosMachine, uuid: &str) -> bool {
+    machine
+        .labels()
+        .get(labels::MACHINE_UUID)
+        .map(String::as_str)
+        == Some(uuid)
+        || machine
+            .status
+            .as_ref()
+            .and_then(|s| s.hardware.as_ref())
+            .map(|h| h.uuid.as_str())
+            == Some(uuid)
 }
 
 /// The machines answering in maintenance mode, by SMBIOS UUID (in UUID order).
@@ -171,14 +217,7 @@ fn sighting<'a>(uuid: &str, found: &'a [Found], existing: &'a [TalosMachine]) ->
         };
     }
     let found = &found[0];
-    let record = existing.iter().find(|m| {
-        m.labels().get(labels::MACHINE_UUID).map(String::as_str) == Some(uuid)
-            || m.status
-                .as_ref()
-                .and_then(|s| s.hardware.as_ref())
-                .map(|h| h.uuid.as_str())
-                == Some(uuid)
-    });
+    let record = existing.iter().find(|m| records(m, uuid));
     match record {
         None => Sighting::New { found },
         Some(machine) => {
