@@ -246,24 +246,7 @@ async fn each_status_field_has_one_writer_and_no_writer_clobbers_another() {
 
     // A status an earlier manager wrote by merge patch: the group that now owns the field
     // still clears it, because the update's ownership is dropped first.
-    machines
-        .create(
-            &PostParams::default(),
-            &TalosMachine::test("m2")
-                .namespace(&ns)
-                .cluster("c1")
-                .build(),
-        )
-        .await
-        .expect("create machine");
-    machines
-        .patch_status(
-            "m2",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"phase": "Joining", "driftReboot": "sha256:bbbb"}})),
-        )
-        .await
-        .expect("legacy merge");
+    legacy_machine(&machines, &ns, "m2", "sha256:bbbb").await;
     status::merge(&machines, "m2", &json!({"driftReboot": null}))
         .await
         .expect("merge");
@@ -281,24 +264,7 @@ async fn each_status_field_has_one_writer_and_no_writer_clobbers_another() {
     // The same from the manager's cache, whose copies keep only their status-update entries
     // (ADR 0039): the write reads the entries that stay from the object as stored, so the
     // other field managers keep what they own.
-    machines
-        .create(
-            &PostParams::default(),
-            &TalosMachine::test("m3")
-                .namespace(&ns)
-                .cluster("c1")
-                .build(),
-        )
-        .await
-        .expect("create machine");
-    let before = machines
-        .patch_status(
-            "m3",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"phase": "Joining", "driftReboot": "sha256:cccc"}})),
-        )
-        .await
-        .expect("legacy merge");
+    let before = legacy_machine(&machines, &ns, "m3", "sha256:cccc").await;
     let mut cached = before.clone();
     status::slim(&mut cached);
     let kept: Vec<_> = cached.metadata.managed_fields.iter().flatten().collect();
@@ -382,4 +348,29 @@ async fn an_operations_backup_key_survives_the_writes_of_its_progress() {
         owners(&stale)
     );
     assert_disjoint(&owners(&after));
+}
+
+/// Creates machine `name` in cluster c1 whose status an earlier manager wrote by merge patch
+/// (phase Joining, `driftReboot` = `drift`), and returns it as stored.
+async fn legacy_machine(
+    machines: &Api<TalosMachine>,
+    ns: &str,
+    name: &str,
+    drift: &str,
+) -> TalosMachine {
+    machines
+        .create(
+            &PostParams::default(),
+            &TalosMachine::test(name).namespace(ns).cluster("c1").build(),
+        )
+        .await
+        .expect("create machine");
+    machines
+        .patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"phase": "Joining", "driftReboot": drift}})),
+        )
+        .await
+        .expect("legacy merge")
 }
