@@ -59,13 +59,15 @@ pub fn fleet(root: &Path) -> Result<()> {
     let report = format!(
         "# Benchmark: a fleet on one manager\n\n\
          One `ichor-manager` as the images ship it (release, statically linked, its default\n\
-         2 s requeue and 60 s settled requeue) against a real kube-apiserver, with N simulated\n\
+         2 s requeue, 60 s settled requeue and at most 4 settled looks a second) against a real\n\
+         kube-apiserver, with N simulated\n\
          Talos machines in maintenance mode served by one simulator process, in N/20\n\
          TalosClusters (three control planes and seventeen workers each), every cluster\n\
          discovering its own /27 of loopback addresses. Every machine is approved with one patch\n\
          (role and hostname, sixteen in flight); the clock runs from the first approval until\n\
          every cluster is Ready. No workload control planes run: a cluster is Ready once every\n\
-         machine runs and its control planes are etcd voters. Then the manager idles for 60 s.\n\
+         machine runs and its control planes are etcd voters. Once the manager has looked at\n\
+         every machine again (its settled looks, at their steady pace), it idles for 60 s.\n\
          The manager's peak resident set is `VmHWM` from `/proc/<pid>/status` over the whole\n\
          run; its idle CPU is `utime + stime` from `/proc/<pid>/stat` over the idle minute;\n\
          reconciles are its `ichor_reconciles_total`; apiserver requests are the manager's\n\

@@ -76,6 +76,9 @@ pub struct Settings {
     pub progress_requeue: Duration,
     /// Requeue once settled.
     pub settled_requeue: Duration,
+    /// At most how many settled machines are looked at a second, fleet-wide: a fleet bigger
+    /// than this many settled requeues' worth waits longer between settled looks (ADR 0041).
+    pub settled_looks_per_second: u32,
     /// How long an install may run before the machine shows `InstallStalled` (Talos puts no
     /// deadline on its installer).
     pub install_stall_limit: Duration,
@@ -97,6 +100,10 @@ pub struct Settings {
 /// Reconciles of one kind that run at once unless `--concurrent-reconciles` says.
 pub const DEFAULT_CONCURRENCY: u16 = 16;
 
+/// Settled looks a second unless `--settled-looks-per-second` says: up to 240 machines are
+/// looked at every settled requeue (60 s), a bigger fleet less often (ADR 0041).
+pub const DEFAULT_SETTLED_LOOKS_PER_SECOND: u32 = 4;
+
 impl Default for Settings {
     fn default() -> Self {
         Self {
@@ -104,6 +111,7 @@ impl Default for Settings {
             bootstrap_patience: Duration::from_secs(10),
             progress_requeue: Duration::from_secs(2),
             settled_requeue: Duration::from_secs(60),
+            settled_looks_per_second: DEFAULT_SETTLED_LOOKS_PER_SECOND,
             install_stall_limit: DEFAULT_INSTALL_STALL_LIMIT,
             reporter: "ichor-manager".into(),
             instance: "ichor-manager".into(),

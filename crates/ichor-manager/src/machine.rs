@@ -877,7 +877,11 @@ async fn stand(
         .await;
     }
     Ok(Action::requeue(if plan::settled(judged.ready, &status) {
-        ctx.settings.settled_requeue
+        plan::settled_wait(
+            ctx.settings.settled_requeue,
+            ctx.metrics.machines(),
+            ctx.settings.settled_looks_per_second,
+        )
     } else {
         ctx.settings.progress_requeue
     }))

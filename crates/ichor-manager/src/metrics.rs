@@ -316,6 +316,16 @@ impl Metrics {
         }
     }
 
+    /// How many machines the watched cache holds (none before [`Metrics::watch_machines`]).
+    pub fn machines(&self) -> usize {
+        self.machines
+            .store
+            .read()
+            .ok()
+            .and_then(|slot| slot.as_ref().map(Store::len))
+            .unwrap_or(0)
+    }
+
     /// Kept for the reconcilers that report a phase change: the machine gauge is read from
     /// the cache at scrape time ([`Metrics::watch_machines`]), so this records nothing.
     pub fn phase(&self, _machine: &str, _phase: ichor_api::machine::MachinePhase) {}

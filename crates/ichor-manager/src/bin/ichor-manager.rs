@@ -58,6 +58,11 @@ struct Options {
     /// and the memory held at once, whatever the fleet size.
     #[arg(long, env = "ICHOR_CONCURRENT_RECONCILES", default_value_t = ichor_manager::DEFAULT_CONCURRENCY, value_parser = clap::value_parser!(u16).range(1..=1024))]
     concurrent_reconciles: u16,
+    /// At most how many settled machines are looked at a second (1 to 1000): a fleet bigger
+    /// than 60 s of them is looked at less often than every minute, so its idle cost stays
+    /// bounded.
+    #[arg(long, env = "ICHOR_SETTLED_LOOKS_PER_SECOND", default_value_t = ichor_manager::DEFAULT_SETTLED_LOOKS_PER_SECOND, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    settled_looks_per_second: u32,
 }
 
 /// A certificate lifetime: a duration of at least 3 s (`30s`, `5m`, `12h`, `365d`).
@@ -90,6 +95,7 @@ impl Options {
         settings.own_credential_lifetime = self.own_credential_lifetime;
         settings.install_stall_limit = Duration::from_secs(self.install_stall_seconds);
         settings.concurrency = self.concurrent_reconciles;
+        settings.settled_looks_per_second = self.settled_looks_per_second;
         settings
     }
 }

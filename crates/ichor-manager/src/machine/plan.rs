@@ -536,6 +536,18 @@ pub(super) fn settled(ready: bool, status: &TalosMachineStatus) -> bool {
     ready && status.drift_reboot.is_none()
 }
 
+/// How long a settled machine waits for its next look: the settled requeue, or, in a fleet of
+/// `machines` too big to look at every machine that often, as long as it takes to look at
+/// them all at `looks_per_second` (at least one a second). The manager's settled looks stay at
+/// most `looks_per_second` whatever the fleet's size (ADR 0041): a look is a TLS handshake and
+/// four Talos RPCs, about 2 ms of the manager's CPU, so an idle 1000-machine fleet looked at
+/// every minute held 3.8% of a core (`docs/benchmarks/fleet.md`).
+pub(crate) fn settled_wait(settled: Duration, machines: usize, looks_per_second: u32) -> Duration {
+    let rate = u64::from(looks_per_second.max(1));
+    let machines = u64::try_from(machines).unwrap_or(u64::MAX);
+    settled.max(Duration::from_millis(machines.saturating_mul(1000) / rate))
+}
+
 /// Records where the machine stands (`judged`): its phase, its `address` and `Ready`.
 /// Returns whether it became Ready just now.
 pub(super) fn record_standing(
@@ -1036,6 +1048,21 @@ mod tests {
         status.drift_reboot = Some("sha256:new".into());
         status.drift_boot_id = Some("boot-1".into());
         assert!(!settled(true, &status));
+    }
+
+    #[test]
+    fn settled_looks_keep_to_their_rate_whatever_the_fleet() {
+        let minute = Duration::from_secs(60);
+        // A fleet looked at within the settled requeue at the rate waits the settled requeue.
+        assert_eq!(settled_wait(minute, 0, 4), minute);
+        assert_eq!(settled_wait(minute, 240, 4), minute);
+        // A bigger one is looked at at the rate: 1000 machines at 4 a second, every 250 s.
+        assert_eq!(settled_wait(minute, 241, 4), Duration::from_millis(60_250));
+        assert_eq!(settled_wait(minute, 1000, 4), Duration::from_secs(250));
+        assert_eq!(settled_wait(minute, 1000, 20), minute);
+        // A rate of zero is taken as one a second; no fleet overflows it.
+        assert_eq!(settled_wait(minute, 100, 0), Duration::from_secs(100));
+        assert!(settled_wait(minute, usize::MAX, 1) > Duration::from_secs(1 << 40));
     }
 
     #[test]
