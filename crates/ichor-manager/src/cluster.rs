@@ -150,7 +150,7 @@ async fn reconcile_inner(cluster: &TalosCluster, ctx: &Context) -> Result<Action
         crate::adoption::adopt(ctx, cluster, &mut status, bundle).await?;
         renew_in = publish_and_bootstrap(ctx, cluster, &mut status, &machines, bundle).await?;
     }
-    let all_ready = record_readiness(ctx, cluster, &mut status, &machines, &tally);
+    record_readiness(ctx, cluster, &mut status, &machines, &tally);
     write_status(ctx, cluster, &status).await?;
     // Node deletes force removals handed over while the workload API did not answer (ADR 0021).
     let nodes_pending = crate::node_deletes::retry(ctx, cluster).await?;
@@ -159,11 +159,15 @@ async fn reconcile_inner(cluster: &TalosCluster, ctx: &Context) -> Result<Action
             .status
             .as_ref()
             .is_some_and(|s| !s.tombstones.is_empty());
+    let on_nodes = plan::waits_on_nodes(
+        bundle.is_some(),
+        cond::is_true(&status.conditions, conditions::BOOTSTRAPPED),
+        tombstoned,
+    );
     let due = [next_sweep, renew_in].into_iter().flatten().min();
     Ok(Action::requeue(plan::requeue_after(
         &ctx.settings,
-        all_ready,
-        tombstoned,
+        on_nodes,
         due,
     )))
 }
@@ -360,14 +364,14 @@ async fn publish_kubeconfig(
     .await
 }
 
-/// `ConfigRolledOut` and `Ready` on the cluster; whether it is Ready.
+/// `ConfigRolledOut` and `Ready` on the cluster.
 fn record_readiness(
     ctx: &Context,
     cluster: &TalosCluster,
     status: &mut TalosClusterStatus,
     machines: &[TalosMachine],
     tally: &Tally,
-) -> bool {
+) {
     let generation = cluster.metadata.generation;
     let (current, reason, message) = crate::drift::rolled_out(
         cluster.status.as_ref().and_then(|s| s.drift_halt.as_ref()),
@@ -396,7 +400,6 @@ fn record_readiness(
         generation,
         &ctx.now(),
     );
-    all_ready
 }
 
 /// The talosconfig Secret: `os:admin` credentials with the control planes as endpoints,

@@ -127,18 +127,27 @@ impl Tally {
     }
 }
 
-/// When to look again: settled once Ready with no tombstone left, else soon; no later than
-/// `due`, the next sweep of a discovering cluster or the next credential renewal.
+/// Whether the cluster waits on something no Kubernetes event announces, and so is looked at
+/// again at the progress pace: its bundle not there or not valid (nothing watches Secrets),
+/// its bootstrap not done (the bootstrap waits on its first control plane's node, adoption
+/// and restore on theirs), or a tombstoned node or a node delete still pending. Everything
+/// else a look records comes from its machines, whose every change wakes it (ADR 0042).
+pub(super) fn waits_on_nodes(bundle: bool, bootstrapped: bool, tombstoned: bool) -> bool {
+    !bundle || !bootstrapped || tombstoned
+}
+
+/// When to look again: soon while the cluster waits on its nodes ([`waits_on_nodes`]), else
+/// after the settled requeue; no later than `due`, the next sweep of a discovering cluster or
+/// the next credential renewal.
 pub(super) fn requeue_after(
     settings: &Settings,
-    all_ready: bool,
-    tombstoned: bool,
+    on_nodes: bool,
     due: Option<Duration>,
 ) -> Duration {
-    let requeue = if all_ready && !tombstoned {
-        settings.settled_requeue
-    } else {
+    let requeue = if on_nodes {
         settings.progress_requeue
+    } else {
+        settings.settled_requeue
     };
     due.map_or(requeue, |s| s.min(requeue))
 }
@@ -460,19 +469,24 @@ mod tests {
     }
 
     #[test]
-    fn a_settled_cluster_requeues_late_unless_tombstoned_or_due_for_a_sweep() {
+    fn a_cluster_is_looked_at_soon_only_while_it_waits_on_its_nodes() {
         let settings = Settings::default();
         let (settled, progress) = (settings.settled_requeue, settings.progress_requeue);
         assert!(progress < settled);
-        assert_eq!(requeue_after(&settings, true, false, None), settled);
-        assert_eq!(requeue_after(&settings, true, true, None), progress);
-        assert_eq!(requeue_after(&settings, false, false, None), progress);
-        let sweep = progress + (settled - progress) / 2;
-        assert_eq!(requeue_after(&settings, true, false, Some(sweep)), sweep);
-        assert_eq!(
-            requeue_after(&settings, false, false, Some(settled)),
-            progress
+        // Bootstrapped with its bundle and no tombstone: its machines' changes wake it, Ready
+        // or not.
+        assert!(!waits_on_nodes(true, true, false));
+        assert!(waits_on_nodes(false, true, false), "a bundle not there");
+        assert!(waits_on_nodes(true, false, false), "a bootstrap not done");
+        assert!(
+            waits_on_nodes(true, true, true),
+            "a tombstone or node delete pending"
         );
+        assert_eq!(requeue_after(&settings, false, None), settled);
+        assert_eq!(requeue_after(&settings, true, None), progress);
+        let sweep = progress + (settled - progress) / 2;
+        assert_eq!(requeue_after(&settings, false, Some(sweep)), sweep);
+        assert_eq!(requeue_after(&settings, true, Some(settled)), progress);
     }
 
     #[test]
