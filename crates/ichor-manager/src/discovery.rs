@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use ichor_api::machine::{DiskInfo, HardwareInventory, LinkInfo, TalosMachineStatus};
 use ichor_api::names::{actions, conditions, field_managers, labels, reasons};
 use ichor_api::{TalosCluster, TalosMachine, TalosMachineSpec};
-use ichor_talos::discovery::{Found, Probe, ProbeOutcome, SweepConfig, sweep};
+use ichor_talos::discovery::{Found, Probe, ProbeOutcome, SweepConfig, sweep_sharing};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt as _;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
@@ -86,7 +86,7 @@ pub async fn run_once(
     let Some(discovery) = &cluster.spec.discovery else {
         return Ok(SweepReport::default());
     };
-    let probes = sweep(&discovery.cidrs, config)
+    let probes = sweep_sharing(&discovery.cidrs, config, &ctx.probes)
         .await
         .map_err(|e| Error::Spec {
             field: "spec.discovery.cidrs",

@@ -145,6 +145,9 @@ pub struct Context {
     backups: backups::InFlight,
     /// The last look at each machine in progress (echoes of its own writes wait).
     pub looks: machine::Looks,
+    /// Discovery's probes in flight, shared by every sweep: the sweep concurrency bounds them
+    /// manager-wide, not per cluster.
+    pub(crate) probes: Arc<tokio::sync::Semaphore>,
 }
 
 impl Context {
@@ -157,6 +160,9 @@ impl Context {
                 instance: Some(settings.instance.clone()),
             },
         );
+        let probes = Arc::new(tokio::sync::Semaphore::new(
+            settings.sweep.concurrency.max(1),
+        ));
         Self {
             client,
             settings,
@@ -169,6 +175,7 @@ impl Context {
             layers: layers::Layers::default(),
             backups: backups::InFlight::default(),
             looks: machine::Looks::default(),
+            probes,
         }
     }
 

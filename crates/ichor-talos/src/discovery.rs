@@ -154,11 +154,24 @@ pub fn addresses(cidrs: &[String]) -> Result<Vec<Ipv4Addr>, SweepError> {
 /// # }
 /// ```
 pub async fn sweep(cidrs: &[String], config: SweepConfig) -> Result<Vec<Probe>, SweepError> {
-    let addresses = addresses(cidrs)?;
     let permits = Arc::new(Semaphore::new(config.concurrency.max(1)));
+    sweep_sharing(cidrs, config, &permits).await
+}
+
+/// Sweeps as [`sweep`] does, each probe holding one of `permits`, a pool other sweeps may
+/// share (`config.concurrency` is not read): however many sweeps run at once, no more probes
+/// are in flight than the pool holds. A probe holds a TCP connection, a TLS session and an
+/// HTTP/2 connection's buffers; sixteen sweeps of sixty-four probes each were most of a
+/// manager's memory at 1000 machines (`docs/benchmarks/fleet.md`).
+pub async fn sweep_sharing(
+    cidrs: &[String],
+    config: SweepConfig,
+    permits: &Arc<Semaphore>,
+) -> Result<Vec<Probe>, SweepError> {
+    let addresses = addresses(cidrs)?;
     let mut tasks = JoinSet::new();
     for address in addresses {
-        let permits = Arc::clone(&permits);
+        let permits = Arc::clone(permits);
         tasks.spawn(async move {
             let _permit = permits
                 .acquire_owned()
@@ -190,7 +203,7 @@ pub async fn probe(address: Ipv4Addr, config: SweepConfig) -> Option<ProbeOutcom
     // fingerprint. Handshake signatures are still verified.
     let verifier = PinningVerifier::recording();
     let observed = verifier.observed();
-    let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+    let mut tls = rustls::ClientConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
     ))
     .with_safe_default_protocol_versions()
@@ -198,6 +211,9 @@ pub async fn probe(address: Ipv4Addr, config: SweepConfig) -> Option<ProbeOutcom
     .dangerous()
     .with_custom_certificate_verifier(Arc::new(verifier))
     .with_no_client_auth();
+    // One handshake per config: a session cache (256 entries, allocated up front) would only
+    // be thrown away with it.
+    tls.resumption = rustls::client::Resumption::disabled();
     let connector = TlsConnector::from(Arc::new(tls));
     let name = ServerName::try_from("talos").expect("a valid server name");
     match tokio::time::timeout(config.timeout, connector.connect(name, tcp)).await {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ichor_sim::{Hardware, SimNode};
-use ichor_talos::discovery::{ProbeOutcome, SweepConfig, sweep};
+use ichor_talos::discovery::{ProbeOutcome, SweepConfig, sweep, sweep_sharing};
 use tokio::net::TcpListener;
 
 /// A TLS server that is not Talos: it completes handshakes, then says nothing useful.
@@ -106,6 +106,56 @@ async fn a_sweep_finds_the_maintenance_nodes_and_classifies_the_rest() {
         other[1],
         (Ipv4Addr::new(127, 0, 13, 200), ProbeOutcome::NoTls)
     );
+    for node in nodes {
+        node.stop().await;
+    }
+}
+
+#[tokio::test]
+async fn sweeps_sharing_a_pool_probe_only_with_its_permits() {
+    let mut nodes = Vec::new();
+    for host in 1..=2u8 {
+        let addr = SocketAddr::from((Ipv4Addr::new(127, 0, 14, host), 50000));
+        nodes.push(
+            SimNode::start_with(addr, "v1.14.1", Hardware::vm(100 + u32::from(host)))
+                .await
+                .expect("start a simulated node"),
+        );
+    }
+    let config = SweepConfig {
+        timeout: Duration::from_millis(500),
+        ..Default::default()
+    };
+    // An empty pool: two sweeps wait, however large their own concurrency.
+    let pool = Arc::new(tokio::sync::Semaphore::new(0));
+    let sweeps = tokio::spawn({
+        let pool = Arc::clone(&pool);
+        async move {
+            let (one, two) = (["127.0.14.1/32".to_owned()], ["127.0.14.2/32".to_owned()]);
+            let first = sweep_sharing(&one, config, &pool);
+            let second = sweep_sharing(&two, config, &pool);
+            let (first, second) = tokio::join!(first, second);
+            (first.expect("sweep"), second.expect("sweep"))
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!sweeps.is_finished(), "no probe runs without a permit");
+    // One permit: both sweeps finish, one probe at a time.
+    pool.add_permits(1);
+    let (first, second) = tokio::time::timeout(Duration::from_secs(10), sweeps)
+        .await
+        .expect("the sweeps finish")
+        .expect("join");
+    for (probes, node) in [(first, &nodes[0]), (second, &nodes[1])] {
+        let [probe] = probes.as_slice() else {
+            panic!("one node: {probes:?}")
+        };
+        let ProbeOutcome::Maintenance(found) = &probe.outcome else {
+            panic!("in maintenance mode: {probe:?}")
+        };
+        assert_eq!(found.fingerprint, node.fingerprint());
+    }
+    assert_eq!(pool.available_permits(), 1, "every permit is given back");
     for node in nodes {
         node.stop().await;
     }
