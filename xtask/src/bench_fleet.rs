@@ -66,10 +66,10 @@ pub fn fleet(root: &Path) -> Result<()> {
          discovering its own /27 of loopback addresses. Every machine is approved with one patch\n\
          (role and hostname, sixteen in flight); the clock runs from the first approval until\n\
          every cluster is Ready. No workload control planes run: a cluster is Ready once every\n\
-         machine runs and its control planes are etcd voters. Once the manager has looked at\n\
-         every machine again (its settled looks, at their steady pace), it idles for 60 s.\n\
+         machine runs and its control planes are etcd voters. Then the manager idles until it\n\
+         has looked at every machine again (a round of settled looks, 60 s at least).\n\
          The manager's peak resident set is `VmHWM` from `/proc/<pid>/status` over the whole\n\
-         run; its idle CPU is `utime + stime` from `/proc/<pid>/stat` over the idle minute;\n\
+         run; its idle CPU is `utime + stime` from `/proc/<pid>/stat` over that idle round;\n\
          reconciles are its `ichor_reconciles_total`; apiserver requests are the manager's\n\
          entries in the apiserver's audit log (watches and lists included); Talos RPCs are the\n\
          calls the simulated nodes received (discovery's maintenance probes included). Measured\n\
