@@ -313,12 +313,20 @@ impl Inner {
             .map(|c| c.id)
     }
 
+    /// The nodes at `ip`, whatever their port: a range of the address-ordered map, not a scan
+    /// of every node (each worker asks for its control plane at every tick; a thousand of them
+    /// scanning a thousand nodes held the simulator's shared lock).
+    fn at_ip(&self, ip: IpAddr) -> impl Iterator<Item = &Entry> {
+        self.nodes
+            .range(SocketAddr::new(ip, 0)..=SocketAddr::new(ip, u16::MAX))
+            .map(|(_, e)| e)
+    }
+
     /// The reachable, configured control plane at `host` (an IP) of the given identity.
     pub(crate) fn control_plane_at(&self, host: &str, identity: &str) -> Option<&Entry> {
         let ip: IpAddr = host.parse().ok()?;
-        self.nodes.values().find(|e| {
-            e.shared.addr.ip() == ip
-                && e.shared.reachable()
+        self.at_ip(ip).find(|e| {
+            e.shared.reachable()
                 && e.config
                     .as_ref()
                     .is_some_and(|c| c.is_control_plane() && c.cluster_identity() == identity)
@@ -329,9 +337,8 @@ impl Inner {
     pub(crate) fn by_target(&self, target: &str) -> Option<&Entry> {
         match target.parse::<IpAddr>() {
             Ok(ip) => self
-                .nodes
-                .values()
-                .find(|e| e.shared.addr.ip() == ip && e.shared.serving.load(Ordering::SeqCst)),
+                .at_ip(ip)
+                .find(|e| e.shared.serving.load(Ordering::SeqCst)),
             Err(_) => self.nodes.values().find(|e| e.hostname == target),
         }
     }
