@@ -59,7 +59,7 @@ pub fn fleet(root: &Path) -> Result<()> {
     let report = format!(
         "# Benchmark: a fleet on one manager\n\n\
          One `ichor-manager` as the images ship it (release, statically linked, its default\n\
-         2 s requeue, 60 s settled requeue and at most 4 settled looks a second) against a real\n\
+         2 s requeue, 60 s settled requeue and at most 3 settled looks a second) against a real\n\
          kube-apiserver, with N simulated\n\
          Talos machines in maintenance mode served by one simulator process, in N/20\n\
          TalosClusters (three control planes and seventeen workers each), every cluster\n\

@@ -62,7 +62,7 @@ const DISCOVERY_WAIT: Duration = Duration::from_secs(600);
 /// a run that went wrong).
 const READY_WAIT: Duration = Duration::from_secs(1800);
 /// The manager's default settled looks a second (`--settled-looks-per-second`), for the table.
-const SETTLED_LOOKS_PER_SECOND: u32 = 4;
+const SETTLED_LOOKS_PER_SECOND: u32 = 3;
 /// How many approvals are in flight at once.
 const APPROVALS_AT_ONCE: usize = 16;
 const MIB: f64 = 1024.0 * 1024.0;

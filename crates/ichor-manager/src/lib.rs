@@ -100,9 +100,9 @@ pub struct Settings {
 /// Reconciles of one kind that run at once unless `--concurrent-reconciles` says.
 pub const DEFAULT_CONCURRENCY: u16 = 16;
 
-/// Settled looks a second unless `--settled-looks-per-second` says: up to 240 machines are
+/// Settled looks a second unless `--settled-looks-per-second` says: up to 180 machines are
 /// looked at every settled requeue (60 s), a bigger fleet less often (ADR 0041).
-pub const DEFAULT_SETTLED_LOOKS_PER_SECOND: u32 = 4;
+pub const DEFAULT_SETTLED_LOOKS_PER_SECOND: u32 = 3;
 
 impl Default for Settings {
     fn default() -> Self {

@@ -58,9 +58,9 @@ struct Options {
     /// and the memory held at once, whatever the fleet size.
     #[arg(long, env = "ICHOR_CONCURRENT_RECONCILES", default_value_t = ichor_manager::DEFAULT_CONCURRENCY, value_parser = clap::value_parser!(u16).range(1..=1024))]
     concurrent_reconciles: u16,
-    /// At most how many settled machines are looked at a second (1 to 1000): a fleet bigger
-    /// than 60 s of them is looked at less often than every minute, so its idle cost stays
-    /// bounded.
+    /// At most how many settled machines are looked at a second (1 to 1000): a fleet of more
+    /// machines than a minute of looks takes is looked at less often than every minute, so
+    /// its idle cost stays bounded.
     #[arg(long, env = "ICHOR_SETTLED_LOOKS_PER_SECOND", default_value_t = ichor_manager::DEFAULT_SETTLED_LOOKS_PER_SECOND, value_parser = clap::value_parser!(u32).range(1..=1000))]
     settled_looks_per_second: u32,
 }

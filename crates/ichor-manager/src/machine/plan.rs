@@ -540,7 +540,7 @@ pub(super) fn settled(ready: bool, status: &TalosMachineStatus) -> bool {
 /// `machines` too big to look at every machine that often, as long as it takes to look at
 /// them all at `looks_per_second` (at least one a second). The manager's settled looks stay at
 /// most `looks_per_second` whatever the fleet's size (ADR 0041): a look is a TLS handshake and
-/// four Talos RPCs, about 2 ms of the manager's CPU, so an idle 1000-machine fleet looked at
+/// four Talos RPCs, 2 to 3 ms of the manager's CPU, so an idle 1000-machine fleet looked at
 /// every minute held 3.8% of a core (`docs/benchmarks/fleet.md`).
 pub(crate) fn settled_wait(settled: Duration, machines: usize, looks_per_second: u32) -> Duration {
     let rate = u64::from(looks_per_second.max(1));
