@@ -21,6 +21,10 @@ pub enum MachineType {
 pub(crate) struct AppliedConfig {
     /// The full config as applied.
     pub(crate) yaml: String,
+    /// Its documents, parsed once: what the node's resources and volume manager read at
+    /// every look (a thousand nodes parsing their configs at every COSI call held the
+    /// simulator's core in the fleet benchmark).
+    pub(crate) documents: std::sync::Arc<Vec<Value>>,
     pub(crate) machine_type: MachineType,
     /// Whether the config tells the node to install (talos-facts §5, §8.2).
     pub(crate) install: bool,
@@ -143,8 +147,9 @@ impl AppliedConfig {
             None | Some("") => String::new(),
             Some(_) => pem_field(&machine["ca"]["key"], "machine.ca.key")?,
         };
-        Ok(Self {
+        let mut config = Self {
             yaml: yaml.to_owned(),
+            documents: std::sync::Arc::default(),
             machine_type,
             install,
             install_image,
@@ -161,7 +166,9 @@ impl AppliedConfig {
                 .as_str()
                 .is_some_and(|c| !c.is_empty()),
             deploys_cni,
-        })
+        };
+        config.documents = std::sync::Arc::new(documents);
+        Ok(config)
     }
 
     /// The identity etcd members and the discovery service share (talos-facts §5: members

@@ -286,7 +286,7 @@ impl Node {
         let Some(config) = self.running.clone().or_else(|| self.persisted.clone()) else {
             return;
         };
-        if self.shared.is_1_14() && workload_isolation(&config.yaml) {
+        if self.shared.is_1_14() && workload_isolation(&config.documents) {
             self.start_service("sandboxd");
         }
         self.start_service("cri");
@@ -353,13 +353,10 @@ impl Node {
 
 /// Whether the config enables workload isolation (a `SecurityProfileConfig` document with
 /// `workloadIsolation: true`), which puts CRI inside sandboxd on 1.14 (talos-facts §10.7).
-fn workload_isolation(yaml: &str) -> bool {
-    serde_saphyr::from_multiple::<serde_json::Value>(yaml)
-        .unwrap_or_default()
-        .iter()
-        .any(|d| {
-            d["kind"] == "SecurityProfileConfig" && d["workloadIsolation"].as_bool() == Some(true)
-        })
+fn workload_isolation(documents: &[serde_json::Value]) -> bool {
+    documents.iter().any(|d| {
+        d["kind"] == "SecurityProfileConfig" && d["workloadIsolation"].as_bool() == Some(true)
+    })
 }
 
 /// The node's observer for this boot: follows etcd and publishes the machine status on

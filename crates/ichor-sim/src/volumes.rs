@@ -681,9 +681,9 @@ fn earlier_waves_ready(node: &Node) -> bool {
 
 /// The config the volume config controller reads: the running one (or, between boots, the
 /// one on disk).
-fn active_documents(node: &Node) -> Option<Vec<Value>> {
+fn active_documents(node: &Node) -> Option<std::sync::Arc<Vec<Value>>> {
     let config = node.running.as_ref().or(node.persisted.as_ref())?;
-    serde_saphyr::from_multiple(&config.yaml).ok()
+    Some(std::sync::Arc::clone(&config.documents))
 }
 
 /// One pass of the volume manager over the user volumes of the active config.

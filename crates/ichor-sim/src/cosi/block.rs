@@ -670,9 +670,8 @@ fn volume_statuses(node: &Node, system: Option<&SimDisk>, parts: &[Partition]) -
     let mut out = Vec::new();
     let v14 = node.shared.is_1_14();
     let config = node.running.as_ref().or(node.persisted.as_ref());
-    let documents: Option<Vec<Value>> =
-        config.map(|c| serde_saphyr::from_multiple(&c.yaml).unwrap_or_default());
-    let trim = trim_interval(documents.as_ref());
+    let documents = config.map(|c| std::sync::Arc::clone(&c.documents));
+    let trim = trim_interval(documents.as_deref());
     let found = |label: &str| {
         system.and_then(|d| {
             parts.iter().find(|p| p.label == label).map(|p| {

@@ -43,13 +43,13 @@ pub(crate) use super::network::HOSTNAME_STATUS;
 
 /// What the node's lifecycle resources read from its config: the documents, parsed.
 struct ConfigView {
-    documents: Vec<Value>,
+    documents: std::sync::Arc<Vec<Value>>,
 }
 
 impl ConfigView {
     fn new(config: &AppliedConfig) -> Self {
         Self {
-            documents: serde_saphyr::from_multiple(&config.yaml).unwrap_or_default(),
+            documents: std::sync::Arc::clone(&config.documents),
         }
     }
 
