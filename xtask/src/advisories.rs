@@ -89,16 +89,25 @@ fn prepare(snapshot: &Path, cache: &Path) -> Result<PathBuf> {
     Ok(dbs)
 }
 
-/// Runs `cargo deny --offline check advisories` against the snapshot.
+/// Runs `cargo deny --offline check advisories` against the snapshot, installing cargo-deny
+/// first when needed.
 pub fn check(root: &Path) -> Result<()> {
+    let deny = crate::deny::ensure(root)?;
+    check_with(root, &deny)
+}
+
+/// Runs `cargo deny --offline check advisories` against the snapshot with the cargo-deny
+/// binary `deny`.
+pub fn check_with(root: &Path, deny: &Path) -> Result<()> {
     let snapshot = snapshot()?;
     let dbs = prepare(&snapshot, &crate::assets::cache_root())?;
     let stamp = std::fs::read_to_string(snapshot.join("SNAPSHOT.md")).unwrap_or_default();
     if let Some(line) = stamp.lines().find(|l| l.contains("at commit")) {
         eprintln!("advisories: {}", line.trim());
     }
-    let mut cmd = crate::run::cargo(root);
-    cmd.env(DBS_ENV, &dbs)
-        .args(["deny", "--offline", "check", "advisories"]);
+    let mut cmd = std::process::Command::new(deny);
+    cmd.current_dir(root)
+        .env(DBS_ENV, &dbs)
+        .args(["--offline", "check", "advisories"]);
     run(cmd)
 }

@@ -29,15 +29,24 @@ pub fn ensure(root: &Path) -> Result<PathBuf> {
         eprintln!("checkov: reusing {}", script.display());
         return Ok(script);
     }
+    install_requirements(&venv, &requirements, "checkov")?;
+    std::fs::write(&stamp, pinned).context("write checkov's stamp")?;
+    Ok(script)
+}
+
+/// Creates the virtual environment `venv` afresh and installs `requirements` into it with pip;
+/// `what` names the tool in errors.
+pub fn install_requirements(venv: &Path, requirements: &Path, what: &str) -> Result<()> {
     let python = ["python3", "python"]
         .into_iter()
         .find(|p| Command::new(p).arg("--version").output().is_ok_and(|o| o.status.success()))
-        .context("python3 was not found on PATH: install Python 3.9 or newer (checkov, the chart's linter, is a Python package)")?;
-    let _ = std::fs::remove_dir_all(&venv);
+        .with_context(|| format!("python3 was not found on PATH: install Python 3.9 or newer ({what} installs from PyPI)"))?;
+    let _ = std::fs::remove_dir_all(venv);
     let mut cmd = Command::new(python);
-    cmd.args(["-m", "venv"]).arg(&venv);
-    run(cmd)
-        .context("create checkov's virtual environment (Debian: apt-get install python3-venv)")?;
+    cmd.args(["-m", "venv"]).arg(venv);
+    run(cmd).with_context(|| {
+        format!("create {what}'s virtual environment (Debian: apt-get install python3-venv)")
+    })?;
     let mut cmd = Command::new(venv.join("bin/pip"));
     cmd.args([
         "install",
@@ -46,10 +55,8 @@ pub fn ensure(root: &Path) -> Result<PathBuf> {
         "--no-input",
         "-r",
     ])
-    .arg(&requirements);
-    run(cmd)?;
-    std::fs::write(&stamp, pinned).context("write checkov's stamp")?;
-    Ok(script)
+    .arg(requirements);
+    run(cmd)
 }
 
 /// Renders the chart with `helm` and runs checkov on it, offline; fails on any finding that

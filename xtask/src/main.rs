@@ -23,6 +23,8 @@
 //!   manager); results go to `docs/benchmarks/`.
 //! - `demo [--until-ready]`: the local demo (sim target: discovery to a Ready cluster).
 //! - `bins`: build every workspace binary as the tests build them; prints their folder last.
+//! - `release`: build `ichor-manager` and `ichor-webhook` as the images ship them (release,
+//!   statically linked), check that they need no dynamic loader, and print their folder last.
 //! - `readme`: run the README's commands as a new user would (`cargo xtask test` runs them).
 //! - `e2e --target sim|cluster|qemu`: the end-to-end specs against a target (docs/e2e.md);
 //!   `e2e --soak N`: the seeded random sequence with N fresh seeds, each printed.
@@ -41,6 +43,7 @@ mod bench_discovery;
 mod bench_fleet;
 mod bench_webhook;
 mod checkov;
+mod deny;
 mod envtest;
 mod fuzz;
 mod readme;
@@ -114,6 +117,9 @@ enum Task {
     Bins,
     /// Run the README's commands as a new user would (`test` runs them too).
     Readme,
+    /// Build ichor-manager and ichor-webhook as the images ship them (release, statically
+    /// linked), check that they need no dynamic loader; prints their folder last.
+    Release,
     /// The end-to-end specs against a target (docs/e2e.md).
     E2e {
         /// Where the specs run.
@@ -214,6 +220,9 @@ fn main() -> ExitCode {
         Task::Demo { options } => test::demo(&root, &options),
         Task::Bins => test::bins(&root),
         Task::Readme => readme::check(&root, &[]),
+        Task::Release => test::release(&root).map(|dir| {
+            println!("{}", dir.display());
+        }),
         Task::E2e {
             soak: Some(count), ..
         } => test::soak(&root, count),

