@@ -8,9 +8,11 @@
 pub mod audit;
 pub mod cluster;
 pub mod cluster_target;
+mod front;
 pub mod leaks;
 pub mod qemu;
 pub mod rails;
+mod replica;
 pub mod sim;
 pub mod specs;
 pub mod table;

@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use ichor_api::admission;
@@ -16,7 +17,10 @@ use k8s_openapi::api::rbac::v1::{
 use kube::api::{Api, ObjectMeta, PostParams};
 use tokio::io::{AsyncBufReadExt as _, BufReader};
 use tokio::process::{Child, Command};
+use tokio::task::JoinHandle;
 
+use crate::front::Front;
+use crate::replica::{Launch, Replica};
 use crate::{Capabilities, Error, Target, binary};
 
 /// The namespace the binaries run "in" (their Lease and the webhook's CA Secret).
@@ -57,8 +61,8 @@ pub struct SimOptions {
     /// (`--sweep-timeout-ms`).
     pub sweep_timeout_ms: u64,
     /// How long the manager's Lease lasts (`--lease-seconds`): short, so that a restarted
-    /// manager takes over quickly after a kill, unless a spec loads the machine so much that
-    /// renewals may come late.
+    /// manager takes over quickly after a kill; a replica that loses it is started again
+    /// (ADR 0044). A spec whose fault must not cost the leader its Lease passes a longer one.
     pub lease_seconds: u64,
     /// The runtime the simulated nodes run on: the caller's unless set. A fleet of hundreds of
     /// nodes gets its own threads, so that the nodes and the spec's own client do not starve
@@ -102,14 +106,17 @@ pub struct SimTarget {
     env: TestEnv,
     namespace: String,
     nodes: Vec<SimNode>,
-    manager: Option<Child>,
+    manager: Option<Replica>,
     manager_runs: u32,
     manager_log: LogTail,
-    manager_metrics: Option<String>,
-    /// The second manager replica, when a spec started one: its process and identity.
-    second: Option<(Child, String)>,
+    /// The second manager replica, when a spec started one.
+    second: Option<Replica>,
     second_runs: u32,
+    /// How many times a replica lost its Lease, exited, and was started again.
+    lease_restarts: Arc<AtomicU32>,
     webhook: Option<Child>,
+    /// The binaries' way to the apiserver, closed while it restarts.
+    front: Front,
     dir: tempfile::TempDir,
     manager_kubeconfig: PathBuf,
     options: SimOptions,
@@ -145,8 +152,8 @@ async fn bind(
     bind_subject(client, SYSTEM_NAMESPACE, name, cluster_role, role, subject).await
 }
 
-/// Creates `name`'s ClusterRole and Role (in `namespace`) as shipped, and binds both to
-/// `subject`.
+/// Creates `name`'s ClusterRole and Role (in `namespace`) as shipped, binds both to
+/// `subject`, and waits until the authorizer grants them ([`wait_granted`]).
 pub(crate) async fn bind_subject(
     client: &kube::Client,
     namespace: &str,
@@ -155,6 +162,13 @@ pub(crate) async fn bind_subject(
     role: Role,
     subject: Subject,
 ) -> Result<(), Error> {
+    // The user name the apiserver authenticates the subject as.
+    let user = match (subject.kind.as_str(), &subject.namespace) {
+        ("ServiceAccount", Some(namespace)) => {
+            format!("system:serviceaccount:{namespace}:{}", subject.name)
+        }
+        _ => subject.name.clone(),
+    };
     let role_ref = |kind: &str| RoleRef {
         api_group: Some("rbac.authorization.k8s.io".into()),
         kind: kind.into(),
@@ -192,6 +206,93 @@ pub(crate) async fn bind_subject(
             },
         )
         .await?;
+    wait_granted(client, &user, &cluster_role, &role).await
+}
+
+/// The shipped identities: each binary's name, ClusterRole and Role (in [`SYSTEM_NAMESPACE`]).
+fn shipped_roles() -> [(&'static str, ClusterRole, Role); 2] {
+    [
+        (
+            admission::WEBHOOK_NAME,
+            admission::webhook_cluster_role(),
+            admission::webhook_role(SYSTEM_NAMESPACE),
+        ),
+        (
+            admission::MANAGER_NAME,
+            admission::manager_cluster_role(),
+            admission::manager_role(SYSTEM_NAMESPACE),
+        ),
+    ]
+}
+
+/// Waits until the apiserver's authorizer grants `user` what `cluster_role` (cluster-wide) and
+/// `role` (in its namespace) say. The authorizer reads Roles and bindings from informers: a
+/// binding just created, or every one after the apiserver (re)started, counts only once its
+/// informer has it, and until then a request the roles grant is refused. `/readyz` says
+/// when the informers first listed what was stored, not when they caught up with a binding
+/// made since; a SubjectAccessReview asks the authorizer itself. One review per rule (its
+/// first group, resource, verb and name) covers every Role and binding object.
+pub(crate) async fn wait_granted(
+    client: &kube::Client,
+    user: &str,
+    cluster_role: &ClusterRole,
+    role: &Role,
+) -> Result<(), Error> {
+    use k8s_openapi::api::authorization::v1::{
+        ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+    };
+    let first = |list: &Option<Vec<String>>| list.as_ref().and_then(|l| l.first()).cloned();
+    let rules = |rules: &Option<Vec<k8s_openapi::api::rbac::v1::PolicyRule>>,
+                 namespace: Option<String>| {
+        rules
+            .iter()
+            .flatten()
+            .filter_map(|rule| {
+                let resource = first(&rule.resources)?;
+                let (resource, subresource) = match resource.split_once('/') {
+                    Some((resource, sub)) => (resource.to_owned(), Some(sub.to_owned())),
+                    None => (resource, None),
+                };
+                Some(ResourceAttributes {
+                    group: first(&rule.api_groups),
+                    resource: Some(resource),
+                    subresource,
+                    verb: rule.verbs.first().cloned(),
+                    name: first(&rule.resource_names),
+                    namespace: namespace.clone(),
+                    ..Default::default()
+                })
+            })
+            .collect::<Vec<_>>()
+    };
+    let mut asks = rules(&cluster_role.rules, None);
+    asks.extend(rules(&role.rules, role.metadata.namespace.clone()));
+    let reviews = Api::<SubjectAccessReview>::all(client.clone());
+    ichor_testenv::wait::try_eventually(
+        &format!("the authorizer to grant {user} its roles"),
+        Duration::from_secs(60),
+        || async {
+            for ask in &asks {
+                let review = SubjectAccessReview {
+                    spec: SubjectAccessReviewSpec {
+                        user: Some(user.to_owned()),
+                        resource_attributes: Some(ask.clone()),
+                        ..Default::default()
+                    },
+                    ..Default::default()
+                };
+                let answer = reviews
+                    .create(&PostParams::default(), &review)
+                    .await
+                    .map_err(|e| format!("a SubjectAccessReview: {e}"))?;
+                if !answer.status.is_some_and(|s| s.allowed) {
+                    return Err(format!("not yet allowed: {ask:?}"));
+                }
+            }
+            Ok(())
+        },
+    )
+    .await?;
     Ok(())
 }
 
@@ -201,7 +302,7 @@ pub(crate) async fn bind_subject(
 pub type LogTail = Arc<std::sync::Mutex<std::collections::VecDeque<String>>>;
 
 /// How many lines of a process's log are kept.
-const LOG_LINES: usize = 300;
+pub(crate) const LOG_LINES: usize = 300;
 
 /// The file in the target's folder holding the manager's whole log (every run).
 const MANAGER_LOG: &str = "manager.log";
@@ -220,6 +321,24 @@ pub(crate) async fn spawn(
     log: Option<LogTail>,
     log_file: Option<&std::path::Path>,
 ) -> Result<(Child, String), Error> {
+    let (child, line, _) =
+        spawn_drained(path, args, kubeconfig, ready_prefix, log, log_file).await?;
+    Ok((child, line))
+}
+
+/// What the manager prints when it stops because it lost its Lease (its `Failure::LostLease`).
+const LOST_LEASE: &str = "lost the lease";
+
+/// Like [`spawn`], and also returns the task draining the process's stdout, which ends when
+/// the process closed it and says whether a line reported a lost Lease ([`LOST_LEASE`]).
+pub(crate) async fn spawn_drained(
+    path: PathBuf,
+    args: &[String],
+    kubeconfig: &PathBuf,
+    ready_prefix: &str,
+    log: Option<LogTail>,
+    log_file: Option<&std::path::Path>,
+) -> Result<(Child, String, JoinHandle<bool>), Error> {
     // Every line also goes to `log_file`, whole: what the secret scan reads.
     let mut file = match log_file {
         Some(path) => Some(
@@ -266,9 +385,11 @@ pub(crate) async fn spawn(
     .map_err(|_| Error::Binary(format!("{} did not start within 60 s", path.display())))??
     .ok_or_else(|| Error::Binary(format!("{} exited before it was ready", path.display())))?;
     // Keep draining its stdout so it never blocks on a full pipe.
-    tokio::spawn(async move {
+    let drained = tokio::spawn(async move {
+        let mut lost_lease = false;
         while let Ok(Some(line)) = lines.next_line().await {
             keep(&line);
+            lost_lease |= line.contains(LOST_LEASE);
             if let Some(log) = &log
                 && let Ok(mut log) = log.lock()
             {
@@ -278,8 +399,66 @@ pub(crate) async fn spawn(
                 log.push_back(line);
             }
         }
+        lost_lease
     });
-    Ok((child, line))
+    Ok((child, line, drained))
+}
+
+/// Waits until the apiserver calls the webhook and gets its answer: the configuration it
+/// admits with holds the caBundle the webhook injected. Until its informer has the injected
+/// configuration, the apiserver either does not call the webhook (a delete it should refuse
+/// goes through) or fails the TLS handshake (`failurePolicy: Fail` refuses everything it
+/// guards). The probe is a dry-run TalosOperation the webhook admits (a snapshot: nothing to
+/// check); a call that went through shows in the apiserver's
+/// `apiserver_admission_webhook_request_total` with code 200.
+async fn webhook_answering(admin: &kube::Client, namespace: &str) -> Result<(), Error> {
+    use ichor_api::TalosOperation;
+    use ichor_api::operation::OperationAction;
+    let operations = Api::<TalosOperation>::namespaced(admin.clone(), namespace);
+    let probe = TalosOperation::test("webhook-probe", OperationAction::EtcdSnapshot)
+        .cluster("webhook-probe")
+        .all()
+        .build();
+    let dry_run = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    // The webhook's name in its configuration, as the apiserver's metrics label its calls.
+    let hook = admission::validating_webhook_configuration()
+        .webhooks
+        .unwrap_or_default()
+        .first()
+        .map(|w| format!("name=\"{}\"", w.name))
+        .unwrap_or_default();
+    ichor_testenv::wait::try_eventually(
+        "the apiserver to call the webhook with its injected CA",
+        Duration::from_secs(60),
+        || async {
+            if let Err(error) = operations.create(&dry_run, &probe).await {
+                return Err(format!("the dry-run probe: {error}"));
+            }
+            let request = http::Request::get("/metrics")
+                .body(Vec::new())
+                .map_err(|e| e.to_string())?;
+            let metrics = admin
+                .request_text(request)
+                .await
+                .map_err(|e| format!("the apiserver's metrics: {e}"))?;
+            let answered = metrics.lines().any(|line| {
+                line.starts_with("apiserver_admission_webhook_request_total{")
+                    && line.contains(hook.as_str())
+                    && line.contains("code=\"200\"")
+                    && !line.ends_with(" 0")
+            });
+            if answered {
+                Ok(())
+            } else {
+                Err("admitted without a call to the webhook".to_owned())
+            }
+        },
+    )
+    .await?;
+    Ok(())
 }
 
 impl SimTarget {
@@ -301,33 +480,27 @@ impl SimTarget {
             )
             .await?;
         let namespace = env.namespace("e2e").await?;
-        bind(
-            &admin,
-            admission::WEBHOOK_NAME,
-            admission::webhook_cluster_role(),
-            admission::webhook_role(SYSTEM_NAMESPACE),
-        )
-        .await?;
-        bind(
-            &admin,
-            admission::MANAGER_NAME,
-            admission::manager_cluster_role(),
-            admission::manager_role(SYSTEM_NAMESPACE),
-        )
-        .await?;
+        for (name, cluster_role, role) in shipped_roles() {
+            bind(&admin, name, cluster_role, role).await?;
+        }
+        // The binaries reach the apiserver through the front, which a restart closes.
+        let server = env.connection().server().to_owned();
+        let upstream = server
+            .strip_prefix("https://")
+            .and_then(|addr| addr.parse().ok())
+            .ok_or_else(|| Error::Spec(format!("the apiserver's URL {server} is no address")))?;
+        let front = Front::start(upstream).await?;
         let dir = tempfile::tempdir()?;
+        let through_front = |name: &str| -> Result<String, Error> {
+            Ok(env.connection().kubeconfig_for(&user(name), None)?.replace(
+                &format!("server: {server}\n"),
+                &format!("server: {}\n", front.url()),
+            ))
+        };
         let webhook_kubeconfig = dir.path().join("webhook.kubeconfig");
-        std::fs::write(
-            &webhook_kubeconfig,
-            env.connection()
-                .kubeconfig_for(&user(admission::WEBHOOK_NAME), None)?,
-        )?;
+        std::fs::write(&webhook_kubeconfig, through_front(admission::WEBHOOK_NAME)?)?;
         let manager_kubeconfig = dir.path().join("manager.kubeconfig");
-        std::fs::write(
-            &manager_kubeconfig,
-            env.connection()
-                .kubeconfig_for(&user(admission::MANAGER_NAME), None)?,
-        )?;
+        std::fs::write(&manager_kubeconfig, through_front(admission::MANAGER_NAME)?)?;
 
         if options.empty_cert_secret {
             Api::<k8s_openapi::api::core::v1::Secret>::namespaced(admin.clone(), SYSTEM_NAMESPACE)
@@ -369,8 +542,7 @@ impl SimTarget {
             &format!("https://127.0.0.1:{port}{}", admission::WEBHOOK_PATH),
         )
         .await?;
-        // Give the apiserver a moment to load the new caBundle.
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        webhook_answering(&admin, &namespace).await?;
 
         let mut nodes = Vec::new();
         for (ip, host) in options.node_addresses() {
@@ -402,10 +574,11 @@ impl SimTarget {
             manager: None,
             manager_runs: 0,
             manager_log: LogTail::default(),
-            manager_metrics: None,
             second: None,
             second_runs: 0,
+            lease_restarts: Arc::default(),
             webhook: Some(webhook),
+            front,
             dir,
             manager_kubeconfig,
             options,
@@ -424,9 +597,9 @@ impl SimTarget {
             identity.to_owned(),
             "--metrics-addr".into(),
             "127.0.0.1:0".into(),
-            // Short enough that a restarted manager takes over quickly after a kill, long
-            // enough that a loaded CI machine does not lose it between renewals (a manager
-            // that loses its Lease exits, and nothing restarts it here).
+            // Short, so that a manager started after a kill takes over quickly. A replica that
+            // loses it on a loaded machine exits and is started again, as its Deployment
+            // would start it (ADR 0044).
             "--lease-seconds".into(),
             self.options.lease_seconds.to_string(),
             "--sweep-timeout-ms".into(),
@@ -441,25 +614,25 @@ impl SimTarget {
         args
     }
 
-    /// Starts (or restarts) the manager process.
+    /// Starts a replica named `identity` logging to `log_file`, supervised as its Deployment
+    /// would run it ([`Replica`]).
+    async fn start_replica(&self, identity: &str, log_file: &str) -> Result<Replica, Error> {
+        let launch = Launch {
+            binary: binary("ichor-manager")?,
+            args: self.manager_args(identity),
+            kubeconfig: self.manager_kubeconfig.clone(),
+            log: Arc::clone(&self.manager_log),
+            log_file: self.dir.path().join(log_file),
+        };
+        Replica::start(identity, launch, Arc::clone(&self.lease_restarts)).await
+    }
+
+    /// Starts (or restarts) the manager process, as a new pod (`manager-<run>`): a replica
+    /// that loses its Lease is started again under its identity, as its Deployment would.
     pub async fn start_manager(&mut self) -> Result<(), Error> {
         self.manager_runs += 1;
-        let args = self.manager_args(&format!("manager-{}", self.manager_runs));
-        let (manager, ready) = spawn(
-            binary("ichor-manager")?,
-            &args,
-            &self.manager_kubeconfig,
-            "metrics on",
-            Some(Arc::clone(&self.manager_log)),
-            Some(&self.dir.path().join(MANAGER_LOG)),
-        )
-        .await?;
-        self.manager = Some(manager);
-        // "metrics on http://127.0.0.1:<port>"
-        self.manager_metrics = ready
-            .rsplit("://")
-            .next()
-            .map(|addr| addr.trim().to_owned());
+        let identity = format!("manager-{}", self.manager_runs);
+        self.manager = Some(self.start_replica(&identity, MANAGER_LOG).await?);
         Ok(())
     }
 
@@ -469,29 +642,16 @@ impl SimTarget {
     pub async fn start_second_manager(&mut self) -> Result<(), Error> {
         self.second_runs += 1;
         let identity = format!("replica-b-{}", self.second_runs);
-        let args = self.manager_args(&identity);
-        let (child, _) = spawn(
-            binary("ichor-manager")?,
-            &args,
-            &self.manager_kubeconfig,
-            "metrics on",
-            Some(Arc::clone(&self.manager_log)),
-            Some(&self.dir.path().join(SECOND_MANAGER_LOG)),
-        )
-        .await?;
-        self.second = Some((child, identity));
+        self.second = Some(self.start_replica(&identity, SECOND_MANAGER_LOG).await?);
         Ok(())
     }
 
     /// The identities of the manager replicas running now (the first, then the second).
     pub fn manager_identities(&self) -> Vec<String> {
-        let first = self
-            .manager
-            .as_ref()
-            .map(|_| format!("manager-{}", self.manager_runs));
-        first
-            .into_iter()
-            .chain(self.second.as_ref().map(|(_, id)| id.clone()))
+        self.manager
+            .iter()
+            .chain(self.second.iter())
+            .map(|replica| replica.identity().to_owned())
             .collect()
     }
 
@@ -525,9 +685,13 @@ impl SimTarget {
             .lease_holder()
             .await?
             .ok_or_else(|| Error::Spec("no replica holds the manager's Lease".into()))?;
-        if self.manager.is_some() && holder == format!("manager-{}", self.manager_runs) {
+        if self
+            .manager
+            .as_ref()
+            .is_some_and(|r| r.identity() == holder)
+        {
             self.kill_manager().await;
-        } else if self.second.as_ref().is_some_and(|(_, id)| *id == holder) {
+        } else if self.second.as_ref().is_some_and(|r| r.identity() == holder) {
             self.kill_second_manager().await;
         } else {
             return Err(Error::Spec(format!(
@@ -540,8 +704,8 @@ impl SimTarget {
 
     /// Kills the second manager replica with SIGKILL.
     pub async fn kill_second_manager(&mut self) {
-        if let Some((mut child, _)) = self.second.take() {
-            let _ = child.kill().await;
+        if let Some(replica) = self.second.take() {
+            replica.kill().await;
         }
     }
 
@@ -549,8 +713,9 @@ impl SimTarget {
     pub async fn manager_metrics(&self) -> Result<String, Error> {
         use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
         let addr = self
-            .manager_metrics
-            .as_deref()
+            .manager
+            .as_ref()
+            .and_then(Replica::metrics)
             .ok_or_else(|| Error::Spec("the manager is not running".into()))?;
         let mut stream = tokio::net::TcpStream::connect(addr).await?;
         stream
@@ -594,7 +759,13 @@ impl SimTarget {
 
     /// The running manager's process id (for reading its `/proc` figures).
     pub fn manager_pid(&self) -> Option<u32> {
-        self.manager.as_ref().and_then(Child::id)
+        self.manager.as_ref().and_then(Replica::pid)
+    }
+
+    /// How many times a manager replica lost its Lease, exited, and was started again
+    /// ([`Replica`]); each restart is also a line in the manager's log.
+    pub fn manager_lease_restarts(&self) -> u32 {
+        self.lease_restarts.load(Ordering::SeqCst)
     }
 
     /// The manager's last log lines (every run), for failure messages.
@@ -607,9 +778,8 @@ impl SimTarget {
 
     /// Kills the manager with SIGKILL, as a crash would.
     pub async fn kill_manager(&mut self) {
-        self.manager_metrics = None;
-        if let Some(mut manager) = self.manager.take() {
-            let _ = manager.kill().await;
+        if let Some(replica) = self.manager.take() {
+            replica.kill().await;
         }
     }
 
@@ -655,15 +825,24 @@ impl SimTarget {
     }
 
     /// Stops the management cluster's kube-apiserver (SIGKILL): nothing answers on its port
-    /// until [`start_management_api`](Self::start_management_api).
+    /// until [`start_management_api`](Self::start_management_api), and the binaries' way to it
+    /// ([`Front`]) closes.
     pub fn stop_management_api(&mut self) -> Result<(), Error> {
+        self.front.close();
         Ok(self.management().stop_apiserver()?)
     }
 
     /// Starts the management cluster's kube-apiserver again, same port, certificates and etcd,
-    /// and waits until it is ready.
+    /// and waits until it is ready and its authorizer has read the shipped roles; only then do
+    /// the binaries reach it again.
     pub async fn start_management_api(&mut self) -> Result<(), Error> {
-        Ok(self.management().start_apiserver().await?)
+        self.management().start_apiserver().await?;
+        let admin = self.env.client();
+        for (name, cluster_role, role) in shipped_roles() {
+            wait_granted(&admin, &user(name), &cluster_role, &role).await?;
+        }
+        self.front.open();
+        Ok(())
     }
 
     /// The simulated nodes.

@@ -272,6 +272,7 @@ async fn a_removal_resumes_after_the_management_etcd_restarts_and_runs_each_step
     // cannot record it until etcd is back.
     target.stop_management_etcd().expect("stop etcd");
     leave.release();
+    // The outage's length is the fault under test (ADR 0033), so it is slept, not waited for.
     tokio::time::sleep(OUTAGE).await;
     target
         .start_management_etcd()
@@ -306,9 +307,19 @@ async fn a_rollout_resumes_after_the_management_apiserver_is_away_for_30_s() {
         .await
         .expect("Lease")
         .expect("a leader");
+    let lease_restarts = target.manager_lease_restarts();
     target.stop_management_api().expect("stop the apiserver");
     reply.release();
+    // The outage's length is the fault under test (issue 24, ADR 0033), so it is slept, not
+    // waited for.
     tokio::time::sleep(Duration::from_secs(30)).await;
+    // It outlasted the Lease: the leader stopped (and, as its Deployment would, the sim target
+    // started it again as a standby; ADR 0044).
+    assert!(
+        target.manager_lease_restarts() > lease_restarts,
+        "{leader} kept leading through a 30 s outage\n{}",
+        target.manager_log_tail()
+    );
     target
         .start_management_api()
         .await
