@@ -201,7 +201,7 @@ async fn backups_reach_the_store_keep_n_and_name_what_stops_them() {
 
     // Two on demand: retention keeps the newest two, and nothing that is not Ichor's goes.
     for name in ["snap-1", "snap-2"] {
-        tokio::time::sleep(Duration::from_millis(1100)).await;
+        support::past_the_second_of_the_last_backup(&target, CLUSTER).await;
         let done = snapshot(&target, name).await;
         let (phase, _, message) = outcome(&done);
         assert_eq!(phase, OperationPhase::Succeeded, "{name}: {message}");
@@ -247,7 +247,7 @@ async fn backups_reach_the_store_keep_n_and_name_what_stops_them() {
         json!({"encryption": {"keySecretRef": {"name": "age"}}}),
     )
     .await;
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    support::past_the_second_of_the_last_backup(&target, CLUSTER).await;
     let sealed = snapshot(&target, "snap-sealed").await;
     assert_eq!(
         outcome(&sealed).0,

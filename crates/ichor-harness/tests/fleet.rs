@@ -303,6 +303,8 @@ fn manager_requests(log: &Path, from: usize, to: usize) -> usize {
 /// Who looks at the fleet as a person would (audited under this name; the test administrator
 /// is not audited).
 const VIEWER: &str = "fleet-viewer";
+/// Who sends the request that marks the end of a view in the audit log.
+const MARKER: &str = "fleet-view-marker";
 
 /// The requests in an audit log from byte `from` to `to` sent by `user`.
 fn requests_of(
@@ -331,6 +333,10 @@ async fn view_requests(target: &SimTarget, audit: &Path) -> Vec<(&'static str, u
         client,
         namespace: target.namespace().to_owned(),
     };
+    let marker = target
+        .client_as(MARKER, Some("system:masters"))
+        .await
+        .expect("a client for the marker");
     let mut counted = Vec::new();
     for view in [
         "kubectl ichor describe",
@@ -353,9 +359,22 @@ async fn view_requests(target: &SimTarget, audit: &Path) -> Vec<(&'static str, u
                 ichor_harness::table::machines(&conn.client, &conn.namespace).await;
             }
         }
-        // The audit log is written as requests finish; give its writer a moment.
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        let requests = requests_of(audit, from, audit_len(Some(audit)), VIEWER);
+        // The audit log is written as requests finish: a request of another user sent after
+        // the view, once in the log, marks that the view's requests are in it.
+        Api::<k8s_openapi::api::core::v1::Namespace>::all(marker.clone())
+            .get_opt(target.namespace())
+            .await
+            .expect("the marker request");
+        let to = ichor_testenv::wait::eventually(
+            "the marker request in the audit log",
+            Duration::from_secs(30),
+            || async {
+                let to = audit_len(Some(audit));
+                (!requests_of(audit, from, to, MARKER).is_empty()).then_some(to)
+            },
+        )
+        .await;
+        let requests = requests_of(audit, from, to, VIEWER);
         let lists = requests
             .iter()
             .filter(|r| r.permission.verb == "list")

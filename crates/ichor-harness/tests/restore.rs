@@ -160,7 +160,7 @@ async fn a_lost_cluster_comes_back_from_its_latest_backup_once_and_bad_restores_
         )
         .await
         .expect("seal the next backups");
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    support::past_the_second_of_the_last_backup(&original, CLUSTER).await;
     let sealed = backup_now(&original, "sealed").await;
     assert!(sealed.ends_with(".age"), "{sealed}");
     let bundle_yaml = Api::<Secret>::namespaced(original.client(), original.namespace())

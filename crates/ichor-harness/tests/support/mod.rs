@@ -43,6 +43,32 @@ pub async fn talos_cluster(target: &SimTarget, name: &str) -> TalosCluster {
         .expect("the cluster")
 }
 
+/// Waits until the wall clock has left the second in which the last backup of cluster `name`
+/// was taken (`status.backup.lastSuccess.takenAt`, the second its object key names).
+///
+/// A backup's key names the second it was taken in, and retention orders backups by it. The
+/// manager moves a key a second on while that key is taken, so two backups in one second do
+/// not overwrite each other; but a backup in the same second as one that retention already
+/// deleted, or sealed where the other is not, can get a key that does not sort after the
+/// backups taken before it. A spec that counts on that order takes its next backup in a later
+/// second. The clock is the only signal for that: this polls it, with a deadline.
+pub async fn past_the_second_of_the_last_backup(target: &SimTarget, name: &str) {
+    let taken = talos_cluster(target, name)
+        .await
+        .status
+        .and_then(|s| s.backup?.last_success)
+        .expect("a backup was taken")
+        .taken_at
+        .0;
+    let next_second = taken.as_second() + 1;
+    ichor_testenv::wait::eventually(
+        "the clock to leave the second of the last backup",
+        std::time::Duration::from_secs(10),
+        || async { k8s_openapi::jiff::Timestamp::now().as_second() >= next_second },
+    )
+    .await;
+}
+
 /// Creates or replaces the Secret `name` with `data`.
 pub async fn put_secret(target: &SimTarget, name: &str, data: &[(&str, &[u8])]) {
     let secret = Secret {
