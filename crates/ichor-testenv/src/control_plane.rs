@@ -1,7 +1,7 @@
 //! One etcd and one kube-apiserver on free loopback ports, in a temporary folder.
 
 use std::ffi::OsString;
-use std::net::TcpListener;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -11,8 +11,12 @@ use kube::Client;
 
 use crate::assets::{self, ToolVersions};
 use crate::pki::{self, CertAndKey};
+use crate::ports::{FreshPorts, SamePorts};
 use crate::process::{ChildSpec, PGIDS_FILE, Supervised, Watchdog};
 use crate::{Connection, Error};
+
+/// The address every management control plane serves on.
+const LOOPBACK: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 
 /// The `tools/k8s/go.mod` these tests were built against; it names the binaries' versions.
 const TOOLS_GO_MOD: &str = include_str!(concat!(
@@ -78,6 +82,9 @@ pub struct ControlPlane {
     /// How each was started: a restart runs the same again (same ports, data and certificates).
     apiserver_spec: ChildSpec,
     etcd_spec: ChildSpec,
+    /// The apiserver's port, and etcd's client and peer ports: what a restart waits to be free.
+    apiserver_port: u16,
+    etcd_ports: [u16; 2],
     connection: Connection,
     _watchdog: Watchdog,
     dir: tempfile::TempDir,
@@ -145,15 +152,6 @@ fn restarted(spec: &ChildSpec) -> ChildSpec {
 /// What names a restarted apiserver's audit log: `<name>.restarted.log`.
 pub(crate) const RESTARTED: &str = ".restarted";
 
-/// A port that was free on 127.0.0.1 a moment ago.
-pub(crate) fn free_port() -> Result<u16, Error> {
-    let listener = TcpListener::bind("127.0.0.1:0").map_err(Error::io("bind a loopback port"))?;
-    Ok(listener
-        .local_addr()
-        .map_err(Error::io("read a bound port"))?
-        .port())
-}
-
 /// Writes a file, naming it in the error.
 pub(crate) fn write(path: &Path, contents: &str) -> Result<(), Error> {
     std::fs::write(path, contents).map_err(Error::io(format!("write {}", path.display())))
@@ -207,7 +205,6 @@ impl ControlPlane {
             .map_err(Error::io("create a temporary folder"))?;
         let root = dir.path().to_path_buf();
         let watchdog = Watchdog::start(&root).map_err(Error::io("start the watchdog"))?;
-        let pgids = root.join(PGIDS_FILE);
 
         let ca = pki::new_ca()?;
         let serving = pki::loopback_server_cert(&ca, "kube-apiserver")?;
@@ -224,21 +221,19 @@ impl ControlPlane {
             write(&root.join(name), contents)?;
         }
 
-        let (etcd, etcd_url, etcd_spec) = start_etcd(assets_dir, &root, &pgids)?;
-        let api_port = free_port()?;
-        let server = format!("https://127.0.0.1:{api_port}");
+        let mut etcd = start_etcd(assets_dir, &root).await?;
         let p = |name: &str| root.join(name).display().to_string();
+        // The port-dependent `--secure-port` and `--service-account-issuer` come first, so
+        // that the caller's arguments (last) still override any of these.
         let mut apiserver_args = vec![
-            format!("--etcd-servers={etcd_url}"),
+            format!("--etcd-servers={}", etcd.url),
             "--bind-address=127.0.0.1".into(),
             "--advertise-address=127.0.0.1".into(),
-            format!("--secure-port={api_port}"),
             format!("--cert-dir={}", p("apiserver-certs")),
             format!("--tls-cert-file={}", p("apiserver.crt")),
             format!("--tls-private-key-file={}", p("apiserver.key")),
             format!("--client-ca-file={}", p(crate::CA_CERT_FILE)),
             "--authorization-mode=RBAC".into(),
-            format!("--service-account-issuer={server}"),
             format!("--service-account-key-file={}", p("sa.pub")),
             format!("--service-account-signing-key-file={}", p("sa.key")),
             "--service-cluster-ip-range=10.0.0.0/24".into(),
@@ -250,22 +245,49 @@ impl ControlPlane {
             apiserver_args.extend(audit_args(&root, Path::new(&audit_dir))?);
         }
         apiserver_args.extend(extra_apiserver_args.iter().cloned());
-        let apiserver_spec = ChildSpec {
-            program: assets_dir.join("kube-apiserver"),
-            args: args(&apiserver_args),
-            log: root.join("kube-apiserver.log"),
-            env: Vec::new(),
-        };
-        let apiserver = Supervised::start("kube-apiserver", apiserver_spec.clone(), &pgids)
-            .map_err(Error::io("start kube-apiserver"))?;
+        let (apiserver, apiserver_spec, apiserver_port, server) =
+            FreshPorts::new("kube-apiserver", 1)
+                .start(async |ports| {
+                    let port = ports[0];
+                    let server = format!("https://127.0.0.1:{port}");
+                    let mut arguments = vec![
+                        format!("--secure-port={port}"),
+                        format!("--service-account-issuer={server}"),
+                    ];
+                    arguments.extend(apiserver_args.iter().cloned());
+                    let spec = ChildSpec {
+                        program: assets_dir.join("kube-apiserver"),
+                        args: args(&arguments),
+                        log: root.join("kube-apiserver.log"),
+                        env: Vec::new(),
+                    };
+                    let mut apiserver = start_process("kube-apiserver", spec.clone(), &root)?;
+                    let kubeconfig = kubeconfig_yaml(&server, &ca, &admin);
+                    let ready = match client_from_kubeconfig(&kubeconfig).await {
+                        Ok(client) => {
+                            wait_readyz(&client, &mut [&mut etcd.process, &mut apiserver]).await
+                        }
+                        Err(error) => Err(error),
+                    };
+                    match ready {
+                        Ok(()) => Ok((apiserver, spec, port, server)),
+                        Err(error) => {
+                            stop_process(&mut Some(apiserver), "kube-apiserver", &root)?;
+                            Err(error)
+                        }
+                    }
+                })
+                .await?;
 
         let kubeconfig = kubeconfig_yaml(&server, &ca, &admin);
         write(&root.join(crate::KUBECONFIG_FILE), &kubeconfig)?;
         let mut plane = Self {
             apiserver: Some(apiserver),
-            etcd: Some(etcd),
+            etcd: Some(etcd.process),
             apiserver_spec,
-            etcd_spec,
+            etcd_spec: etcd.spec,
+            apiserver_port,
+            etcd_ports: etcd.ports,
             connection: Connection {
                 dir: root,
                 server,
@@ -296,17 +318,27 @@ impl ControlPlane {
     }
 
     /// Starts kube-apiserver again after [`stop_apiserver`](Self::stop_apiserver), on the same
-    /// port with the same certificates and etcd, so every kubeconfig still works; waits until
-    /// it is ready (etcd must run).
+    /// port (once it is free) with the same certificates and etcd, so every kubeconfig still
+    /// works; waits until it is ready (etcd must run).
     pub async fn start_apiserver(&mut self) -> Result<(), Error> {
-        if self.apiserver.is_none() {
-            self.apiserver = Some(start_process(
-                "kube-apiserver",
-                restarted(&self.apiserver_spec),
-                self.dir.path(),
-            )?);
+        if self.apiserver.is_some() {
+            return self.wait_ready().await;
         }
-        self.wait_ready().await
+        let port = [self.apiserver_port];
+        SamePorts::new("kube-apiserver", LOOPBACK, &port)
+            .start(async || {
+                self.apiserver = Some(start_process(
+                    "kube-apiserver",
+                    restarted(&self.apiserver_spec),
+                    self.dir.path(),
+                )?);
+                let ready = self.wait_ready().await;
+                if ready.is_err() {
+                    stop_process(&mut self.apiserver, "kube-apiserver", self.dir.path())?;
+                }
+                ready
+            })
+            .await
     }
 
     /// Stops etcd (SIGKILL), as a crash would: the apiserver stays up and fails what needs
@@ -315,15 +347,27 @@ impl ControlPlane {
         stop_process(&mut self.etcd, "etcd", self.dir.path())
     }
 
-    /// Starts etcd again after [`stop_etcd`](Self::stop_etcd), on the same ports over the same
-    /// data, and waits until the apiserver (when it runs) is ready again.
+    /// Starts etcd again after [`stop_etcd`](Self::stop_etcd), on the same ports (once they
+    /// are free) over the same data, and waits until the apiserver (when it runs) is ready
+    /// again.
     pub async fn start_etcd(&mut self) -> Result<(), Error> {
         if self.etcd.is_none() {
-            self.etcd = Some(start_process(
-                "etcd",
-                self.etcd_spec.clone(),
-                self.dir.path(),
-            )?);
+            let ports = self.etcd_ports;
+            SamePorts::new("etcd", LOOPBACK, &ports)
+                .start(async || {
+                    let mut etcd = start_process("etcd", self.etcd_spec.clone(), self.dir.path())?;
+                    match etcd_ready(&mut etcd, ports[0]).await {
+                        Ok(()) => {
+                            self.etcd = Some(etcd);
+                            Ok(())
+                        }
+                        Err(error) => {
+                            stop_process(&mut Some(etcd), "etcd", self.dir.path())?;
+                            Err(error)
+                        }
+                    }
+                })
+                .await?;
         }
         if self.apiserver.is_some() {
             self.wait_ready().await
@@ -352,69 +396,109 @@ impl ControlPlane {
     }
 }
 
-/// How often etcd is started on fresh ports when another process took a chosen one first.
-const ETCD_ATTEMPTS: usize = 3;
+/// A started etcd: its process, client URL, client and peer ports, and how it was started (to
+/// start it again over the same data and ports).
+pub(crate) struct Etcd {
+    pub(crate) process: Supervised,
+    pub(crate) url: String,
+    pub(crate) ports: [u16; 2],
+    pub(crate) spec: ChildSpec,
+}
 
-/// Starts etcd on free loopback ports, its data in `root/etcd`; returns it, its client URL, and
-/// how it was started (to start it again over the same data and ports).
-///
-/// A port is free when [`free_port`] looks, but another test may bind it before etcd does; etcd
-/// then exits at once with `address already in use`. That start is retried on fresh ports.
-pub(crate) fn start_etcd(
-    assets_dir: &Path,
-    root: &Path,
-    pgids: &Path,
-) -> Result<(Supervised, String, ChildSpec), Error> {
-    let mut attempt = 1;
-    loop {
-        let (etcd_port, peer_port) = (free_port()?, free_port()?);
-        let etcd_url = format!("http://127.0.0.1:{etcd_port}");
-        let peer_url = format!("http://127.0.0.1:{peer_port}");
-        let _ = std::fs::remove_dir_all(root.join("etcd"));
-        let spec = ChildSpec {
-            program: assets_dir.join("etcd"),
-            args: args(&[
-                "--name=testenv".into(),
-                format!("--data-dir={}", root.join("etcd").display()),
-                format!("--listen-client-urls={etcd_url}"),
-                format!("--advertise-client-urls={etcd_url}"),
-                format!("--listen-peer-urls={peer_url}"),
-                format!("--initial-advertise-peer-urls={peer_url}"),
-                format!("--initial-cluster=testenv={peer_url}"),
-                "--unsafe-no-fsync=true".into(),
-                "--log-level=warn".into(),
-            ]),
-            log: root.join("etcd.log"),
-            env: Vec::new(),
-        };
-        let mut etcd =
-            Supervised::start("etcd", spec.clone(), pgids).map_err(Error::io("start etcd"))?;
-        match etcd_listening(&mut etcd, etcd_port) {
-            Ok(()) => return Ok((etcd, etcd_url, spec)),
-            Err(log) if log.contains("address already in use") && attempt < ETCD_ATTEMPTS => {
-                etcd.discard(pgids).map_err(Error::io("start etcd"))?;
-                attempt += 1;
+/// Starts etcd on fresh loopback ports ([`FreshPorts`]), its data in `root/etcd`, and waits
+/// until it serves.
+pub(crate) async fn start_etcd(assets_dir: &Path, root: &Path) -> Result<Etcd, Error> {
+    start_etcd_on(FreshPorts::new("etcd", 2), assets_dir, root).await
+}
+
+/// [`start_etcd`] on `ports` (client, then peer).
+async fn start_etcd_on(ports: FreshPorts, assets_dir: &Path, root: &Path) -> Result<Etcd, Error> {
+    ports
+        .start(async |ports| {
+            let (client_port, peer_port) = (ports[0], ports[1]);
+            let url = format!("http://127.0.0.1:{client_port}");
+            let peer_url = format!("http://127.0.0.1:{peer_port}");
+            let _ = std::fs::remove_dir_all(root.join("etcd"));
+            let spec = ChildSpec {
+                program: assets_dir.join("etcd"),
+                args: args(&[
+                    "--name=testenv".into(),
+                    format!("--data-dir={}", root.join("etcd").display()),
+                    format!("--listen-client-urls={url}"),
+                    format!("--advertise-client-urls={url}"),
+                    format!("--listen-peer-urls={peer_url}"),
+                    format!("--initial-advertise-peer-urls={peer_url}"),
+                    format!("--initial-cluster=testenv={peer_url}"),
+                    "--unsafe-no-fsync=true".into(),
+                    "--log-level=warn".into(),
+                ]),
+                log: root.join("etcd.log"),
+                env: Vec::new(),
+            };
+            let mut process = start_process("etcd", spec.clone(), root)?;
+            match etcd_ready(&mut process, client_port).await {
+                Ok(()) => Ok(Etcd {
+                    process,
+                    url,
+                    ports: [client_port, peer_port],
+                    spec,
+                }),
+                Err(error) => {
+                    stop_process(&mut Some(process), "etcd", root)?;
+                    Err(error)
+                }
             }
-            Err(log) => return Err(Error::Startup(log)),
+        })
+        .await
+}
+
+/// Waits until the etcd in `etcd` answers `/health` healthy on its client `port` (an answer
+/// only etcd gives, so not another process that took the port), failing as soon as it exits.
+async fn etcd_ready(etcd: &mut Supervised, port: u16) -> Result<(), Error> {
+    let address = SocketAddr::from((LOOPBACK, port));
+    let deadline = Instant::now() + READY_TIMEOUT;
+    let mut last = String::from("no answer");
+    loop {
+        etcd.check_running().map_err(Error::Startup)?;
+        if let Some((status, body)) = http_get(address, "/health").await {
+            if status == 200 && body.contains(r#""health":"true""#) {
+                return Ok(());
+            }
+            last = format!("{status} {}", body.trim());
         }
+        if Instant::now() > deadline {
+            return Err(Error::Startup(format!(
+                "etcd not healthy on {address} after {READY_TIMEOUT:?}: {last}"
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
-/// Waits until etcd accepts connections on its client port and is still running a moment
-/// later (a lost port makes it exit within milliseconds); its exit message otherwise.
-fn etcd_listening(etcd: &mut Supervised, port: u16) -> Result<(), String> {
-    let address = std::net::SocketAddr::from(([127, 0, 0, 1], port));
-    let deadline = Instant::now() + READY_TIMEOUT;
-    while Instant::now() < deadline {
-        etcd.check_running()?;
-        if std::net::TcpStream::connect_timeout(&address, Duration::from_millis(100)).is_ok() {
-            std::thread::sleep(Duration::from_millis(200));
-            return etcd.check_running();
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    // Not listening yet: the apiserver's readiness wait reports what follows.
-    Ok(())
+/// `GET http://<address><path>`: the status code and body, or nothing when it does not answer
+/// within two seconds.
+pub(crate) async fn http_get(address: SocketAddr, path: &str) -> Option<(u16, String)> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let exchange = async {
+        let mut stream = tokio::net::TcpStream::connect(address).await?;
+        stream
+            .write_all(
+                format!("GET {path} HTTP/1.0\r\nHost: {address}\r\nConnection: close\r\n\r\n")
+                    .as_bytes(),
+            )
+            .await?;
+        let mut response = Vec::new();
+        stream.read_to_end(&mut response).await?;
+        std::io::Result::Ok(response)
+    };
+    let response = tokio::time::timeout(Duration::from_secs(2), exchange)
+        .await
+        .ok()?
+        .ok()?;
+    let text = String::from_utf8_lossy(&response);
+    let status = text.split_whitespace().nth(1)?.parse().ok()?;
+    let body = text.split_once("\r\n\r\n").map_or("", |(_, body)| body);
+    Some((status, body.to_owned()))
 }
 
 /// Polls the apiserver's `/readyz` through `client` until it answers ok, failing as soon as one
@@ -466,4 +550,43 @@ pub async fn client_from_kubeconfig(yaml: &str) -> Result<Client, Error> {
         .await
         .map_err(Error::Kubeconfig)?;
     Client::try_from(config).map_err(Error::Kube)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::TcpListener;
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+
+    #[tokio::test]
+    async fn etcd_starts_on_other_ports_when_its_first_client_port_was_taken() {
+        let root = tempfile::tempdir().expect("a folder");
+        let _watchdog = Watchdog::start(root.path()).expect("watchdog");
+        let taken: Arc<Mutex<Option<TcpListener>>> = Arc::default();
+        let hold = Arc::clone(&taken);
+        let ports = FreshPorts::new("etcd", 2).after_pick(move |ports| {
+            let mut hold = hold.lock().expect("lock");
+            if hold.is_none() {
+                // Another test's server binds the client port between pick and start.
+                *hold = Some(TcpListener::bind((LOOPBACK, ports[0])).expect("take the port"));
+            }
+        });
+        let etcd = start_etcd_on(ports, &default_assets_dir(), root.path())
+            .await
+            .expect("etcd starts on fresh ports");
+        let first = taken
+            .lock()
+            .expect("lock")
+            .as_ref()
+            .and_then(|l| l.local_addr().ok())
+            .expect("the taken port")
+            .port();
+        assert_ne!(etcd.ports[0], first, "etcd serves on a fresh client port");
+        let health = http_get(SocketAddr::from((LOOPBACK, etcd.ports[0])), "/health").await;
+        assert!(
+            health.is_some_and(|(status, _)| status == 200),
+            "etcd answers on its client port"
+        );
+    }
 }

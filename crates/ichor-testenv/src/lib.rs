@@ -21,6 +21,9 @@
 //! Shared by every test besides: [`wait::eventually`] (poll until a condition holds) and
 //! [`rng`] (seeded, replayable randomness).
 //!
+//! Every server here starts through [`ports`], which picks its ports and starts it again when
+//! another test took one first.
+//!
 //! Missing binaries are an error that says how to build them; a test never skips.
 //! Child processes die with the process that started them, and their folder goes with them
 //! (see [`process`]).
@@ -29,6 +32,7 @@
 pub mod assets;
 mod control_plane;
 pub mod pki;
+pub mod ports;
 pub mod process;
 pub mod rng;
 pub mod s3;
@@ -107,6 +111,19 @@ pub enum Error {
     /// A process failed to start or the apiserver never became ready.
     #[error("control plane failed to start: {0}")]
     Startup(String),
+    /// A server lost a port it was given to another process at every start ([`ports`]).
+    #[error("{server} lost a port to another process at each of {attempts} starts (ports {ports})")]
+    PortLost {
+        /// The server.
+        server: String,
+        /// How many starts were tried.
+        attempts: usize,
+        /// The ports each start was given.
+        ports: String,
+        /// Why the last start failed.
+        #[source]
+        last: Box<Error>,
+    },
     /// Certificate generation failed.
     #[error("cannot mint a certificate")]
     Certificate(#[from] rcgen::Error),

@@ -19,9 +19,10 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::control_plane::{free_port, write};
+use crate::control_plane::{start_process, stop_process, write};
 use crate::pki::{self, CertAndKey};
-use crate::process::{ChildSpec, PGIDS_FILE, Supervised, Watchdog};
+use crate::ports::FreshPorts;
+use crate::process::{ChildSpec, Supervised, Watchdog};
 use crate::{Error, assets};
 
 /// Names the `weed` binary to run (set by `cargo xtask test`).
@@ -96,9 +97,6 @@ impl S3ServerBuilder {
     }
 }
 
-/// How many times weed is started on fresh ports when one it was given was taken meanwhile.
-const WEED_ATTEMPTS: usize = 3;
-
 /// A running SeaweedFS server with its S3 gateway; stopped (and its folder removed) on drop.
 pub struct S3Server {
     process: Option<Supervised>,
@@ -167,7 +165,6 @@ impl S3Server {
             None
         };
 
-        let scheme = if options.tls { "https" } else { "http" };
         let mut server = Self {
             process: None,
             endpoint: String::new(),
@@ -178,42 +175,44 @@ impl S3Server {
             _watchdog: watchdog,
             dir,
         };
-        // A port is free when `Ports::pick` looks, but another test may bind it before weed
-        // does; weed then exits with `address already in use`. That start is retried on fresh
-        // ports, as etcd's is.
-        let mut attempt = 1;
-        loop {
-            let ports = Ports::pick()?;
-            let args = weed_args(&root, &data, &ports, options.tls);
-            let spec = match options.size_limit_mib {
-                None => ChildSpec {
-                    program: weed.clone(),
-                    args,
-                    log: root.join("weed.log"),
-                    env: Vec::new(),
-                },
-                Some(mib) => size_limited(&weed, &data, mib, args, root.join("weed.log")),
-            };
-            let process = Supervised::start("weed", spec, &root.join(PGIDS_FILE))
-                .map_err(Error::io("start weed"))?;
-            server.process = Some(process);
-            server.endpoint = format!("{scheme}://127.0.0.1:{}", ports.s3);
-            server.filer = SocketAddr::from(([127, 0, 0, 1], ports.filer));
-            match server.wait_ready(ports.s3).await {
-                Ok(()) => return Ok(server),
-                Err(Error::Startup(log))
-                    if log.contains("address already in use") && attempt < WEED_ATTEMPTS =>
-                {
-                    if let Some(process) = server.process.take() {
-                        process
-                            .discard(&root.join(PGIDS_FILE))
-                            .map_err(Error::io("start weed"))?;
-                    }
-                    attempt += 1;
-                }
-                Err(error) => return Err(error),
-            }
+        FreshPorts::new("weed", Ports::COUNT)
+            .start(async |picked| {
+                server
+                    .start_weed(&weed, &data, &Ports::from(picked), &options)
+                    .await
+            })
+            .await?;
+        Ok(server)
+    }
+
+    /// Starts weed on `ports` and waits until it serves; stops it again when it does not.
+    async fn start_weed(
+        &mut self,
+        weed: &Path,
+        data: &Path,
+        ports: &Ports,
+        options: &S3ServerBuilder,
+    ) -> Result<(), Error> {
+        let root = self.dir.path().to_path_buf();
+        let args = weed_args(&root, data, ports, options.tls);
+        let spec = match options.size_limit_mib {
+            None => ChildSpec {
+                program: weed.to_path_buf(),
+                args,
+                log: root.join("weed.log"),
+                env: Vec::new(),
+            },
+            Some(mib) => size_limited(weed, data, mib, args, root.join("weed.log")),
+        };
+        let scheme = if options.tls { "https" } else { "http" };
+        self.process = Some(start_process("weed", spec, &root)?);
+        self.endpoint = format!("{scheme}://127.0.0.1:{}", ports.s3);
+        self.filer = SocketAddr::from(([127, 0, 0, 1], ports.filer));
+        let ready = self.wait_ready(ports.s3).await;
+        if ready.is_err() {
+            stop_process(&mut self.process, "weed", &root)?;
         }
+        ready
     }
 
     /// Waits until the filer takes a directory (master, volume server and filer are up) and the
@@ -293,17 +292,22 @@ struct Ports {
 }
 
 impl Ports {
-    fn pick() -> Result<Self, Error> {
-        Ok(Self {
-            master: free_port()?,
-            master_grpc: free_port()?,
-            volume: free_port()?,
-            volume_grpc: free_port()?,
-            filer: free_port()?,
-            filer_grpc: free_port()?,
-            s3: free_port()?,
-            s3_grpc: free_port()?,
-        })
+    /// How many there are.
+    const COUNT: usize = 8;
+
+    /// The ports from [`COUNT`](Self::COUNT) picked ones.
+    fn from(picked: &[u16]) -> Self {
+        let port = |i: usize| picked.get(i).copied().unwrap_or(0);
+        Self {
+            master: port(0),
+            master_grpc: port(1),
+            volume: port(2),
+            volume_grpc: port(3),
+            filer: port(4),
+            filer_grpc: port(5),
+            s3: port(6),
+            s3_grpc: port(7),
+        }
     }
 }
 

@@ -14,7 +14,7 @@
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -23,15 +23,15 @@ use k8s_openapi::api::core::v1::{
 };
 use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, Client};
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 use crate::assets;
 use crate::control_plane::{
-    args, client_from_kubeconfig, default_assets_dir, free_port, kubeconfig_yaml, start_etcd,
+    args, client_from_kubeconfig, default_assets_dir, http_get, kubeconfig_yaml, start_etcd,
     start_process, stop_process, tool_versions, wait_readyz, write,
 };
 use crate::pki::{self, CertAndKey};
-use crate::process::{ChildSpec, PGIDS_FILE, Supervised, Watchdog};
+use crate::ports::{self, FreshPorts};
+use crate::process::{ChildSpec, Supervised, Watchdog};
 use crate::{CA_CERT_FILE, CA_KEY_FILE, Error, KUBECONFIG_FILE};
 
 /// The stages kwok plays: node Ready and heartbeat, pod Running, Job pod Succeeded, pod removal.
@@ -172,16 +172,16 @@ impl WorkloadControlPlane {
             .map_err(Error::io("create a temporary folder"))?;
         let root = dir.path().to_path_buf();
         let watchdog = Watchdog::start(&root).map_err(Error::io("start the watchdog"))?;
-        let pgids = root.join(PGIDS_FILE);
 
-        let endpoint = resolve_port(spec.endpoint)?;
-        let server = format!("https://{endpoint}");
         let issuer = pki::issuer_from_pem(&spec.ca)?;
         // The key as PKCS#8, which kube-controller-manager's CSR signer reads whatever the
         // caller's PEM label was.
         let ca_key_pkcs8 = pki::key_pair_from_pem(&spec.ca.key_pem)?.serialize_pem();
-        let serving =
-            pki::server_cert_signed_by(&issuer, "kube-apiserver", &serving_names(&spec, endpoint))?;
+        let serving = pki::server_cert_signed_by(
+            &issuer,
+            "kube-apiserver",
+            &serving_names(&spec, spec.endpoint.ip()),
+        )?;
         let admin = pki::client_cert_signed_by(&issuer, "admin", Some("system:masters"))?;
         // With `--use-service-account-credentials=false` every controller acts as the controller
         // manager itself, so it needs more than the bootstrap `system:kube-controller-manager`
@@ -193,7 +193,6 @@ impl WorkloadControlPlane {
         )?;
         let kwok = pki::client_cert_signed_by(&issuer, "system:kwok", Some("system:masters"))?;
         let (sa_key, sa_pub) = pki::service_account_keys()?;
-        let kubeconfig = kubeconfig_yaml(&server, &spec.ca, &admin);
         for (name, contents) in [
             (CA_CERT_FILE, spec.ca.cert_pem.as_str()),
             (CA_KEY_FILE, ca_key_pkcs8.as_str()),
@@ -201,35 +200,27 @@ impl WorkloadControlPlane {
             (files::APISERVER_KEY, serving.key_pem.as_str()),
             (files::SA_KEY, sa_key.as_str()),
             (files::SA_PUB, sa_pub.as_str()),
-            (KUBECONFIG_FILE, kubeconfig.as_str()),
-            (
-                files::CONTROLLER_MANAGER_KUBECONFIG,
-                &kubeconfig_yaml(&server, &spec.ca, &controller_manager),
-            ),
-            (
-                files::KWOK_KUBECONFIG,
-                &kubeconfig_yaml(&server, &spec.ca, &kwok),
-            ),
             (files::KWOK_STAGES, KWOK_STAGES),
         ] {
             write(&root.join(name), contents)?;
         }
         let p = |name: &str| root.join(name).display().to_string();
 
-        let (mut etcd, etcd_url, _) = start_etcd(&assets_dir, &root, &pgids)?;
-        let ip = endpoint.ip();
-        let mut apiserver_args = vec![
-            format!("--etcd-servers={etcd_url}"),
+        let etcd = start_etcd(&assets_dir, &root).await?;
+        let mut etcd_process = etcd.process;
+        let ip = spec.endpoint.ip();
+        // The port-dependent `--secure-port` and `--service-account-issuer` come first, so
+        // that the caller's arguments (last) still override any of these.
+        let mut common_args = vec![
+            format!("--etcd-servers={}", etcd.url),
             format!("--bind-address={ip}"),
             format!("--advertise-address={ip}"),
-            format!("--secure-port={}", endpoint.port()),
             format!("--cert-dir={}", p("apiserver-certs")),
             format!("--tls-cert-file={}", p(files::APISERVER_CERT)),
             format!("--tls-private-key-file={}", p(files::APISERVER_KEY)),
             format!("--client-ca-file={}", p(CA_CERT_FILE)),
             "--authorization-mode=Node,RBAC".into(),
             "--enable-admission-plugins=NodeRestriction".into(),
-            format!("--service-account-issuer={server}"),
             format!("--service-account-key-file={}", p(files::SA_PUB)),
             format!("--service-account-signing-key-file={}", p(files::SA_KEY)),
             format!("--service-cluster-ip-range={}", spec.service_cidr),
@@ -239,16 +230,48 @@ impl WorkloadControlPlane {
             // simulated endpoint is: leave them out rather than fail to write them forever.
             "--endpoint-reconciler-type=none".into(),
         ];
-        apiserver_args.extend(spec.apiserver_args.iter().cloned());
-        let mut apiserver = spawn_component(
-            &assets_dir,
-            "kube-apiserver",
-            &apiserver_args,
-            &root,
-            Vec::new(),
-        )?;
-        let client = client_from_kubeconfig(&kubeconfig).await?;
-        wait_readyz(&client, &mut [&mut etcd, &mut apiserver]).await?;
+        common_args.extend(spec.apiserver_args.iter().cloned());
+        let (mut apiserver, apiserver_args, endpoint, client) =
+            ports::start_at("kube-apiserver", spec.endpoint, async |port| {
+                let endpoint = SocketAddr::new(ip, port);
+                let mut arguments = vec![
+                    format!("--secure-port={port}"),
+                    format!("--service-account-issuer=https://{endpoint}"),
+                ];
+                arguments.extend(common_args.iter().cloned());
+                let mut apiserver =
+                    spawn_component(&assets_dir, "kube-apiserver", &arguments, &root, Vec::new())?;
+                let kubeconfig = kubeconfig_yaml(&format!("https://{endpoint}"), &spec.ca, &admin);
+                let ready = match client_from_kubeconfig(&kubeconfig).await {
+                    Ok(client) => wait_readyz(&client, &mut [&mut etcd_process, &mut apiserver])
+                        .await
+                        .map(|()| client),
+                    Err(error) => Err(error),
+                };
+                match ready {
+                    Ok(client) => Ok((apiserver, arguments, endpoint, client)),
+                    Err(error) => {
+                        stop_process(&mut Some(apiserver), "kube-apiserver", &root)?;
+                        Err(error)
+                    }
+                }
+            })
+            .await?;
+        let server = format!("https://{endpoint}");
+        let kubeconfig = kubeconfig_yaml(&server, &spec.ca, &admin);
+        for (name, contents) in [
+            (KUBECONFIG_FILE, kubeconfig.clone()),
+            (
+                files::CONTROLLER_MANAGER_KUBECONFIG,
+                kubeconfig_yaml(&server, &spec.ca, &controller_manager),
+            ),
+            (
+                files::KWOK_KUBECONFIG,
+                kubeconfig_yaml(&server, &spec.ca, &kwok),
+            ),
+        ] {
+            write(&root.join(name), &contents)?;
+        }
 
         let mut controller_manager_args = vec![
             format!("--kubeconfig={}", p(files::CONTROLLER_MANAGER_KUBECONFIG)),
@@ -265,6 +288,7 @@ impl WorkloadControlPlane {
             format!("--cluster-name={}", spec.cluster_name),
         ];
         controller_manager_args.extend(spec.controller_manager_args.iter().cloned());
+        // It serves nothing (`--secure-port=0`), so it needs no port and no retry.
         let mut controller_manager = spawn_component(
             &assets_dir,
             "kube-controller-manager",
@@ -273,44 +297,53 @@ impl WorkloadControlPlane {
             Vec::new(),
         )?;
 
-        let kwok_port = free_port()?;
         let kwok_home = root.join("kwok-home");
         std::fs::create_dir_all(&kwok_home).map_err(Error::io("create kwok's home folder"))?;
-        let mut kwok_args = vec![
-            format!("--kubeconfig={}", p(files::KWOK_KUBECONFIG)),
-            format!("--config={}", p(files::KWOK_STAGES)),
-            "--manage-all-nodes=true".into(),
-            format!("--node-lease-duration-seconds={NODE_LEASE_SECONDS}"),
-            format!("--cidr={}", spec.pod_cidr),
-            format!("--server-address=127.0.0.1:{kwok_port}"),
-        ];
-        kwok_args.extend(spec.kwok_args.iter().cloned());
-        // kwok reads `~/.kwok/kwok.yaml` when it exists: give it a home of its own.
-        let mut kwok = spawn_component(
-            &assets_dir,
-            "kwok",
-            &kwok_args,
-            &root,
-            vec![("HOME".into(), kwok_home.into_os_string())],
-        )?;
-
-        wait_components(
-            &client,
-            kwok_port,
-            &mut [
-                &mut etcd,
-                &mut apiserver,
-                &mut controller_manager,
-                &mut kwok,
-            ],
-        )
-        .await?;
+        let kwok = FreshPorts::new("kwok", 1)
+            .start(async |ports| {
+                let mut kwok_args = vec![
+                    format!("--kubeconfig={}", p(files::KWOK_KUBECONFIG)),
+                    format!("--config={}", p(files::KWOK_STAGES)),
+                    "--manage-all-nodes=true".into(),
+                    format!("--node-lease-duration-seconds={NODE_LEASE_SECONDS}"),
+                    format!("--cidr={}", spec.pod_cidr),
+                    format!("--server-address=127.0.0.1:{}", ports[0]),
+                ];
+                kwok_args.extend(spec.kwok_args.iter().cloned());
+                // kwok reads `~/.kwok/kwok.yaml` when it exists: give it a home of its own.
+                let mut kwok = spawn_component(
+                    &assets_dir,
+                    "kwok",
+                    &kwok_args,
+                    &root,
+                    vec![("HOME".into(), kwok_home.clone().into_os_string())],
+                )?;
+                let working = wait_components(
+                    &client,
+                    ports[0],
+                    &mut [
+                        &mut etcd_process,
+                        &mut apiserver,
+                        &mut controller_manager,
+                        &mut kwok,
+                    ],
+                )
+                .await;
+                match working {
+                    Ok(()) => Ok(kwok),
+                    Err(error) => {
+                        stop_process(&mut Some(kwok), "kwok", &root)?;
+                        Err(error)
+                    }
+                }
+            })
+            .await?;
 
         Ok(Self {
             kwok,
             controller_manager,
             apiserver: Some(apiserver),
-            etcd,
+            etcd: etcd_process,
             assets_dir,
             apiserver_args,
             endpoint,
@@ -393,16 +426,26 @@ impl WorkloadControlPlane {
             return Ok(());
         }
         let root = self.dir.path().to_path_buf();
-        let mut apiserver = spawn_component(
-            &self.assets_dir,
-            "kube-apiserver",
-            &self.apiserver_args,
-            &root,
-            Vec::new(),
-        )?;
-        let ready = wait_readyz(&self.client, &mut [&mut self.etcd, &mut apiserver]).await;
+        let endpoint = self.endpoint;
+        let apiserver = ports::start_at("kube-apiserver", endpoint, async |_| {
+            let mut apiserver = spawn_component(
+                &self.assets_dir,
+                "kube-apiserver",
+                &self.apiserver_args,
+                &root,
+                Vec::new(),
+            )?;
+            match wait_readyz(&self.client, &mut [&mut self.etcd, &mut apiserver]).await {
+                Ok(()) => Ok(apiserver),
+                Err(error) => {
+                    stop_process(&mut Some(apiserver), "kube-apiserver", &root)?;
+                    Err(error)
+                }
+            }
+        })
+        .await?;
         self.apiserver = Some(apiserver);
-        ready
+        Ok(())
     }
 
     /// Whether kube-apiserver runs (it was not stopped, or was started again).
@@ -416,23 +459,11 @@ impl WorkloadControlPlane {
     }
 }
 
-/// Resolves port 0 to a port free on the endpoint's address.
-fn resolve_port(endpoint: SocketAddr) -> Result<SocketAddr, Error> {
-    if endpoint.port() != 0 {
-        return Ok(endpoint);
-    }
-    let listener = TcpListener::bind(endpoint)
-        .map_err(Error::io(format!("bind a port on {}", endpoint.ip())))?;
-    listener
-        .local_addr()
-        .map_err(Error::io("read a bound port"))
-}
-
 /// The serving certificate's names: the endpoint, loopback, the `kubernetes` Service's address
 /// and DNS names, and the caller's extras.
-fn serving_names(spec: &WorkloadSpec, endpoint: SocketAddr) -> Vec<String> {
+fn serving_names(spec: &WorkloadSpec, ip: IpAddr) -> Vec<String> {
     let mut names = vec![
-        endpoint.ip().to_string(),
+        ip.to_string(),
         "127.0.0.1".to_owned(),
         "localhost".to_owned(),
         "kubernetes".to_owned(),
@@ -522,28 +553,10 @@ async fn wait_components(
 
 /// Whether `GET http://127.0.0.1:<port><path>` answers 200.
 async fn http_ok(port: u16, path: &str) -> bool {
-    let exchange = async {
-        let mut stream = tokio::net::TcpStream::connect((Ipv4Addr::LOCALHOST, port)).await?;
-        stream
-            .write_all(
-                format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
-                    .as_bytes(),
-            )
-            .await?;
-        let mut response = Vec::new();
-        stream.read_to_end(&mut response).await?;
-        std::io::Result::Ok(response)
-    };
-    match tokio::time::timeout(Duration::from_secs(2), exchange).await {
-        Ok(Ok(response)) => {
-            let status = response.split(|b| *b == b'\n').next().unwrap_or_default();
-            String::from_utf8_lossy(status)
-                .split_whitespace()
-                .nth(1)
-                .is_some_and(|code| code == "200")
-        }
-        _ => false,
-    }
+    let address = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    http_get(address, path)
+        .await
+        .is_some_and(|(status, _)| status == 200)
 }
 
 /// What a kubelet registers for its node on first contact: the Node's name, labels, taints,
