@@ -702,7 +702,16 @@ async fn follow(
         }
         (DriftStep::RollOut { .. } | DriftStep::Idle, _) => {}
     }
-    stand(ctx, machine, status, role, view, reach.address).await
+    stand(
+        ctx,
+        machine,
+        status,
+        role,
+        view,
+        reach.address,
+        &rendered.hash,
+    )
+    .await
 }
 
 /// An adopted machine's drift, held until its cluster opts in: reported on `ConfigApplied`,
@@ -853,7 +862,8 @@ async fn install_in_maintenance(ctx: &Context, address: &str, pinned: &str) -> I
 }
 
 /// Reports where the machine stands (phase, address, `Ready`), announces it becoming Ready,
-/// and says when to look again.
+/// and says when to look again (`rendered`: the hash of the config rendered for it, which
+/// tells whether its drift waits).
 async fn stand(
     ctx: &Context,
     machine: &TalosMachine,
@@ -861,6 +871,7 @@ async fn stand(
     role: Role,
     view: Option<NodeView>,
     address: &str,
+    rendered: &str,
 ) -> Result<Action, Error> {
     let judged = standing(role, view);
     let generation = machine.metadata.generation;
@@ -876,15 +887,17 @@ async fn stand(
         )
         .await;
     }
-    Ok(Action::requeue(if plan::settled(judged.ready, &status) {
-        plan::settled_wait(
-            ctx.settings.settled_requeue,
-            ctx.metrics.machines(),
-            ctx.settings.settled_looks_per_second,
-        )
-    } else {
-        ctx.settings.progress_requeue
-    }))
+    Ok(Action::requeue(
+        if plan::settled(judged.ready, &status, rendered) {
+            plan::settled_wait(
+                ctx.settings.settled_requeue,
+                ctx.metrics.machines(),
+                ctx.settings.settled_looks_per_second,
+            )
+        } else {
+            ctx.settings.progress_requeue
+        },
+    ))
 }
 
 /// One machine's drift being rolled out: the machine, its cluster, the node's client, the

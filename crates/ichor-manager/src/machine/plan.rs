@@ -528,12 +528,29 @@ pub(super) fn drift_step(
 }
 
 /// Whether a machine is settled, so that its next look may wait for the settled requeue:
-/// Ready, and no drift in flight (`driftReboot`). A node's return from a reboot for drift,
-/// and its health after a live apply, raise no Kubernetes event: while either is awaited
-/// the machine is looked at at the progress pace, and the cluster lock moves on to the next
-/// machine seconds after the node is back, not a settled requeue later.
-pub(super) fn settled(ready: bool, status: &TalosMachineStatus) -> bool {
-    ready && status.drift_reboot.is_none()
+/// Ready, no drift in flight (`driftReboot`), and no drift waiting for its turn (it runs
+/// `rendered`, or its drift waits for a person: halted, or held on an adopted machine). A
+/// node's return from a reboot for drift, its health after a live apply, and a sibling's
+/// turn ending raise no event this machine's watches see for sure: while any is awaited the
+/// machine is looked at at the progress pace, so the rollout moves on seconds after the node
+/// before it is back, not a settled requeue later (ADR 0041).
+pub(super) fn settled(ready: bool, status: &TalosMachineStatus, rendered: &str) -> bool {
+    ready && status.drift_reboot.is_none() && !drift_queued(status, rendered)
+}
+
+/// Whether the machine's drift waits on the rollout (its turn, a sibling's health, the
+/// cluster lock): it runs another config than `rendered`, and no person is awaited (a halt
+/// waits for the patch to be fixed, an adopted machine for its cluster's opt-in; either
+/// change wakes it through its cluster's watch).
+fn drift_queued(status: &TalosMachineStatus, rendered: &str) -> bool {
+    status
+        .applied_config_hash
+        .as_deref()
+        .is_some_and(|applied| applied != rendered)
+        && !status.conditions.iter().any(|c| {
+            c.type_ == conditions::CONFIG_APPLIED
+                && (c.reason == reasons::DRIFT_HALTED || c.reason == reasons::DRIFT_HELD_ADOPTED)
+        })
 }
 
 /// How long a settled machine waits for its next look: the settled requeue, or, in a fleet of
@@ -1040,14 +1057,38 @@ mod tests {
 
     #[test]
     fn a_ready_machine_with_drift_in_flight_is_not_settled() {
-        let mut status = TalosMachineStatus::default();
-        assert!(settled(true, &status));
-        assert!(!settled(false, &status));
+        let mut status = applied("sha256:new");
+        assert!(settled(true, &status, "sha256:new"));
+        assert!(!settled(false, &status, "sha256:new"));
         // Staged and rebooted (or applied live) under the lock: Ready from before the reboot,
         // yet its return is awaited at the progress pace.
         status.drift_reboot = Some("sha256:new".into());
         status.drift_boot_id = Some("boot-1".into());
-        assert!(!settled(true, &status));
+        assert!(!settled(true, &status, "sha256:new"));
+    }
+
+    #[test]
+    fn a_ready_machine_queued_for_its_drift_is_not_settled() {
+        // Ready, its changed config waiting for a sibling's turn or the lock: what ends the
+        // wait (the sibling Ready again, the lock released) is no change of this machine, so
+        // it is looked at at the progress pace, never a settled requeue later.
+        for reason in [reasons::DRIFT_QUEUED, reasons::NEEDS_REBOOT] {
+            let mut status = with_condition(conditions::CONFIG_APPLIED, false, reason);
+            status.applied_config_hash = Some("sha256:old".into());
+            assert!(!settled(true, &status, "sha256:new"), "{reason}");
+            assert!(
+                settled(true, &status, "sha256:old"),
+                "{reason}: nothing to roll"
+            );
+        }
+        // A halt or a held adoption waits for a person, whose change wakes the machine.
+        for reason in [reasons::DRIFT_HALTED, reasons::DRIFT_HELD_ADOPTED] {
+            let mut status = with_condition(conditions::CONFIG_APPLIED, false, reason);
+            status.applied_config_hash = Some("sha256:old".into());
+            assert!(settled(true, &status, "sha256:new"), "{reason}");
+        }
+        // Never configured: no drift.
+        assert!(settled(true, &TalosMachineStatus::default(), "sha256:new"));
     }
 
     #[test]
