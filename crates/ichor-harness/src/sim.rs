@@ -763,7 +763,7 @@ impl SimTarget {
     }
 
     /// How many times a manager replica lost its Lease, exited, and was started again
-    /// ([`Replica`]); each restart is also a line in the manager's log.
+    /// (`Replica`); each restart is also a line in the manager's log.
     pub fn manager_lease_restarts(&self) -> u32 {
         self.lease_restarts.load(Ordering::SeqCst)
     }
@@ -826,7 +826,7 @@ impl SimTarget {
 
     /// Stops the management cluster's kube-apiserver (SIGKILL): nothing answers on its port
     /// until [`start_management_api`](Self::start_management_api), and the binaries' way to it
-    /// ([`Front`]) closes.
+    /// (`Front`) closes.
     pub fn stop_management_api(&mut self) -> Result<(), Error> {
         self.front.close();
         Ok(self.management().stop_apiserver()?)
