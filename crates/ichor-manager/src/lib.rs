@@ -450,7 +450,8 @@ async fn cluster_controller(ctx: Arc<Context>, stop: tokio::sync::watch::Receive
 }
 
 /// The TalosMachine controller: a change of its cluster (patches, versions), of a class or of
-/// a storage of its cluster (patches, volumes) re-renders each machine of that cluster.
+/// a storage of its cluster (patches, volumes) re-renders each machine of that cluster; a
+/// machine whose drift turn ends, or that becomes Ready, wakes the machines queued behind it.
 async fn machine_controller(ctx: Arc<Context>, stop: tokio::sync::watch::Receiver<bool>) {
     let client = ctx.client.clone();
     // The machines as Controller::new would watch and cache them, with their managed fields
@@ -472,6 +473,9 @@ async fn machine_controller(ctx: Arc<Context>, stop: tokio::sync::watch::Receive
     let woken = Woken::default();
     let (wake_c, wake_m, wake_s) = (Arc::clone(&ctx), Arc::clone(&ctx), Arc::clone(&ctx));
     controller
+        // The looks one machine asks of others: the end of a drift turn wakes the machines
+        // queued behind it (ADR 0043).
+        .reconcile_on(ctx.looks.asked())
         .watches(
             Api::<TalosCluster>::all(client.clone()),
             watcher::Config::default(),

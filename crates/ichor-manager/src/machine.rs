@@ -22,6 +22,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, ObjectMeta, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
+use kube::runtime::reflector::ObjectRef;
 use kube::{Resource as _, ResourceExt as _};
 use serde_json::json;
 
@@ -35,16 +36,57 @@ use plan::{Answers, Blocked, DriftStep, InstallSeen, InstallVerdict};
 /// The last look at each machine in progress, with whether a related object woke it since:
 /// what tells an echo of a machine's own writes from a reason to look again
 /// (`plan::echo_wait`, ADR 0034), and how long a machine that stands still waits for its next
-/// look (`plan::next_look`).
-#[derive(Debug, Default)]
+/// look (`plan::next_look`). Also the looks one machine asks of others ([`Looks::ask`]).
+#[derive(Debug)]
 pub struct Looks {
     last: std::sync::Mutex<BTreeMap<String, plan::LastLook>>,
+    asked: tokio::sync::broadcast::Sender<ObjectRef<TalosMachine>>,
+}
+
+/// How many asked looks wait for the machine controller at most; past that the oldest are
+/// dropped, and those machines are seen at their own pace (a queued machine's is the
+/// progress pace).
+const ASKED_LOOKS: usize = 1024;
+
+impl Default for Looks {
+    fn default() -> Self {
+        Self {
+            last: std::sync::Mutex::default(),
+            asked: tokio::sync::broadcast::channel(ASKED_LOOKS).0,
+        }
+    }
 }
 
 impl Looks {
+    /// Asks the machine controller to look at `machines` now, as woken by a related object
+    /// (so none is taken for an echo): what a machine's end of its drift turn, or its becoming
+    /// Ready, tells the machines queued behind it (ADR 0043).
+    pub fn ask(&self, machines: &[ObjectRef<TalosMachine>]) {
+        self.wake(machines);
+        for machine in machines {
+            // No controller listening (a test's context): nothing to wake.
+            let _ = self.asked.send(machine.clone());
+        }
+    }
+
+    /// The looks asked from now on ([`Looks::ask`]), for the machine controller's
+    /// `reconcile_on`.
+    pub fn asked(&self) -> impl futures::Stream<Item = ObjectRef<TalosMachine>> + Send + 'static {
+        futures::stream::unfold(self.asked.subscribe(), |mut asked| async move {
+            loop {
+                match asked.recv().await {
+                    Ok(machine) => return Some((machine, asked)),
+                    // Dropped looks: those machines keep their own pace.
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+                }
+            }
+        })
+    }
+
     /// Records that a related object (its cluster, a class, a storage) woke these machines:
     /// their next reconcile looks. A machine without a last look looks anyway.
-    pub fn wake(&self, machines: &[kube::runtime::reflector::ObjectRef<TalosMachine>]) {
+    pub fn wake(&self, machines: &[ObjectRef<TalosMachine>]) {
         let mut last = lock(&self.last);
         for machine in machines {
             if let Some(look) = last.get_mut(&machine.to_string()) {
@@ -56,7 +98,7 @@ impl Looks {
     /// How long this reconcile of `machine` waits as an echo of its own last look, if it is
     /// one; a wake by a related object is used up by the look it causes.
     fn echo(&self, machine: &TalosMachine, now: std::time::Instant) -> Option<std::time::Duration> {
-        let key = kube::runtime::reflector::ObjectRef::from_obj(machine).to_string();
+        let key = ObjectRef::from_obj(machine).to_string();
         let mut last = lock(&self.last);
         let look = last.get_mut(&key)?;
         let wait = plan::echo_wait(Some(*look), plan::looked_at(machine), now);
@@ -77,7 +119,7 @@ impl Looks {
         action: Action,
         progress: std::time::Duration,
     ) -> Action {
-        let key = kube::runtime::reflector::ObjectRef::from_obj(machine).to_string();
+        let key = ObjectRef::from_obj(machine).to_string();
         let mut last = lock(&self.last);
         if action == Action::requeue(progress) {
             let now = std::time::Instant::now();
@@ -681,6 +723,7 @@ async fn follow(
     let boot = boot_after_drift_reboot(client.as_ref(), &status).await;
     let step = plan::drift_step(&status, view, boot.as_deref(), &rendered.hash, role);
     let step = hold_adopted(ctx, machine, cluster, &mut status, step);
+    let turn_over = step == DriftStep::Back;
     match (step, &client) {
         (DriftStep::RollOut { applied }, Some(client)) => {
             let rollout = Rollout {
@@ -695,23 +738,42 @@ async fn follow(
             };
             roll_out(ctx, &rollout, &mut status).await?;
         }
-        (DriftStep::Back, _) => drift_back(ctx, machine, cluster, &mut status, rendered).await?,
+        (DriftStep::Back, _) => drift_back(ctx, machine, &mut status, rendered),
         (DriftStep::Settled, _) => {
             let message = format!("config {} applied", rendered.hash);
             config_applied(&mut status, machine, message, &ctx.now());
         }
         (DriftStep::RollOut { .. } | DriftStep::Idle, _) => {}
     }
-    stand(
-        ctx,
-        machine,
-        status,
+    let at = Stand {
         role,
         view,
-        reach.address,
-        &rendered.hash,
-    )
-    .await
+        address: reach.address,
+        rendered,
+    };
+    report(ctx, machine, cluster, status, &at, turn_over).await
+}
+
+/// Reports where the machine stands ([`stand`]); then a machine back from its drift turn ends
+/// it ([`end_turn`]), and one whose turn ended or that became Ready wakes the machines queued
+/// behind it ([`ask_queued`]). In that order: the next machine's turn, and every machine
+/// queued, read what this look stored (ADR 0043).
+async fn report(
+    ctx: &Context,
+    machine: &TalosMachine,
+    cluster: &TalosCluster,
+    status: TalosMachineStatus,
+    at: &Stand<'_>,
+    turn_over: bool,
+) -> Result<Action, Error> {
+    let (action, became_ready) = stand(ctx, machine, status, at).await?;
+    if turn_over {
+        end_turn(ctx, machine, cluster, at.rendered).await?;
+    }
+    if turn_over || became_ready {
+        ask_queued(ctx, machine, cluster).await;
+    }
+    Ok(action)
 }
 
 /// An adopted machine's drift, held until its cluster opts in: reported on `ConfigApplied`,
@@ -861,21 +923,27 @@ async fn install_in_maintenance(ctx: &Context, address: &str, pinned: &str) -> I
     }
 }
 
+/// What a look found a configured machine at: its role, what its node answered, where it is
+/// reached, and the config rendered for it.
+struct Stand<'a> {
+    role: Role,
+    view: Option<NodeView>,
+    address: &'a str,
+    rendered: &'a Rendered,
+}
+
 /// Reports where the machine stands (phase, address, `Ready`), announces it becoming Ready,
-/// and says when to look again (`rendered`: the hash of the config rendered for it, which
-/// tells whether its drift waits).
+/// and says when to look again, and whether it became Ready just now.
 async fn stand(
     ctx: &Context,
     machine: &TalosMachine,
     mut status: TalosMachineStatus,
-    role: Role,
-    view: Option<NodeView>,
-    address: &str,
-    rendered: &str,
-) -> Result<Action, Error> {
-    let judged = standing(role, view);
+    at: &Stand<'_>,
+) -> Result<(Action, bool), Error> {
+    let judged = standing(at.role, at.view);
     let generation = machine.metadata.generation;
-    let became_ready = plan::record_standing(&mut status, &judged, address, generation, &ctx.now());
+    let became_ready =
+        plan::record_standing(&mut status, &judged, at.address, generation, &ctx.now());
     write_status(ctx, machine, &status).await?;
     if became_ready {
         ctx.event(
@@ -887,17 +955,16 @@ async fn stand(
         )
         .await;
     }
-    Ok(Action::requeue(
-        if plan::settled(judged.ready, &status, rendered) {
-            plan::settled_wait(
-                ctx.settings.settled_requeue,
-                ctx.metrics.machines(),
-                ctx.settings.settled_looks_per_second,
-            )
-        } else {
-            ctx.settings.progress_requeue
-        },
-    ))
+    let next = if plan::settled(judged.ready, &status, &at.rendered.hash) {
+        plan::settled_wait(
+            ctx.settings.settled_requeue,
+            ctx.metrics.machines(),
+            ctx.settings.settled_looks_per_second,
+        )
+    } else {
+        ctx.settings.progress_requeue
+    };
+    Ok((Action::requeue(next), became_ready))
 }
 
 /// One machine's drift being rolled out: the machine, its cluster, the node's client, the
@@ -1057,22 +1124,40 @@ async fn live_refused(
     Ok(())
 }
 
-/// The reboot for drift is done: the node is back and healthy. The intent is forgotten,
-/// `ConfigApplied` says so, the lock is released for the next machine, with an Event.
-async fn drift_back(
+/// The reboot for drift is done (or the live apply seen through): the node is back and
+/// healthy, and `ConfigApplied` says so. The turn ends once that is stored ([`end_turn`]).
+fn drift_back(
     ctx: &Context,
     machine: &TalosMachine,
-    cluster: &TalosCluster,
     status: &mut TalosMachineStatus,
     rendered: &Rendered,
-) -> Result<(), Error> {
-    forget_drift_intent(ctx, machine, status).await?;
+) {
     let message = format!(
         "config {} applied; the node is healthy again",
         rendered.hash
     );
     config_applied(status, machine, message, &ctx.now());
+}
+
+/// Ends this machine's drift turn, once its status saying it is back and Ready is stored: the
+/// lock is released for the next machine, then the intent is forgotten, with an Event. Never
+/// the other way round: a machine queued behind this one reads its recorded `Ready` as soon
+/// as the lock is free, and a stale `Unready` would send it to wait (ADR 0043). A failure
+/// part-way leaves the intent recorded, so the next look ends the turn again.
+async fn end_turn(
+    ctx: &Context,
+    machine: &TalosMachine,
+    cluster: &TalosCluster,
+    rendered: &Rendered,
+) -> Result<(), Error> {
     crate::lock::release(ctx, cluster, &drift_holder(machine)).await?;
+    // A merge patch leaves out `None`: clear the fields explicitly.
+    patch_status(
+        ctx,
+        machine,
+        json!({"driftReboot": null, "driftBootId": null}),
+    )
+    .await?;
     ctx.event(
         machine,
         EventType::Normal,
@@ -1085,6 +1170,31 @@ async fn drift_back(
     )
     .await;
     Ok(())
+}
+
+/// Asks a look now at the machines queued behind this one (`plan::queued_behind`): they wait
+/// on what this look just stored (its turn over, or it Ready), and neither that write nor the
+/// lock's best-effort mirror is sure to wake them. Best effort too: a machine missed is looked
+/// at at its own pace, the progress pace while its drift waits (ADR 0043).
+async fn ask_queued(ctx: &Context, machine: &TalosMachine, cluster: &TalosCluster) {
+    let machines = match crate::cluster_machines(ctx, cluster).await {
+        Ok(machines) => machines,
+        Err(error) => {
+            tracing::debug!(%error, machine = %machine.name_any(), "queued machines not woken this time");
+            return;
+        }
+    };
+    let waiting = cluster
+        .status
+        .as_ref()
+        .and_then(|s| s.lock.as_ref())
+        .map(|l| l.waiting.as_slice())
+        .unwrap_or_default();
+    let queued = plan::queued_behind(&machines, waiting, &machine.name_any());
+    if !queued.is_empty() {
+        tracing::debug!(machine = %machine.name_any(), woken = queued.len(), "waking the machines queued behind it");
+        ctx.looks.ask(&queued);
+    }
 }
 
 /// Why this machine's drift waits for its turn (reason and message), or `None` if it is its

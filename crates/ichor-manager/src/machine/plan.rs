@@ -6,6 +6,7 @@ use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash as _, Hasher as _};
 use std::time::{Duration, Instant};
 
+use ichor_api::cluster::LockHolder;
 use ichor_api::common::{Condition, ConditionStatus, Role};
 use ichor_api::machine::{MachinePhase, TalosMachineStatus};
 use ichor_api::names::{conditions, reasons};
@@ -15,6 +16,7 @@ use ichor_talos::Stage;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt as _;
+use kube::runtime::reflector::ObjectRef;
 
 use crate::conditions as cond;
 use crate::decide::{Etcd, NodeView, Standing, etcd_observation, version_supported};
@@ -533,7 +535,7 @@ pub(super) fn drift_step(
 /// node's return from a reboot for drift, its health after a live apply, and a sibling's
 /// turn ending raise no event this machine's watches see for sure: while any is awaited the
 /// machine is looked at at the progress pace, so the rollout moves on seconds after the node
-/// before it is back, not a settled requeue later (ADR 0041).
+/// before it is back, not a settled requeue later (ADR 0043).
 pub(super) fn settled(ready: bool, status: &TalosMachineStatus, rendered: &str) -> bool {
     ready && status.drift_reboot.is_none() && !drift_queued(status, rendered)
 }
@@ -551,6 +553,34 @@ fn drift_queued(status: &TalosMachineStatus, rendered: &str) -> bool {
             c.type_ == conditions::CONFIG_APPLIED
                 && (c.reason == reasons::DRIFT_HALTED || c.reason == reasons::DRIFT_HELD_ADOPTED)
         })
+}
+
+/// The machines to look at now that `me`'s drift turn ended or `me` became Ready: every
+/// other machine of the cluster whose drift waits on the rollout (`ConfigApplied` says
+/// `DriftQueued` or `NeedsReboot`), or that waits for the cluster lock (`waiting`, the lock's
+/// mirror). Nothing else tells them: the lock's mirror is best effort, and a sibling's status
+/// wakes no other machine.
+pub(crate) fn queued_behind(
+    machines: &[TalosMachine],
+    waiting: &[LockHolder],
+    me: &str,
+) -> Vec<ObjectRef<TalosMachine>> {
+    machines
+        .iter()
+        .filter(|m| m.name_any() != me)
+        .filter(|m| {
+            let queued = m.status.as_ref().is_some_and(|s| {
+                s.conditions.iter().any(|c| {
+                    c.type_ == conditions::CONFIG_APPLIED
+                        && c.status == ConditionStatus::False
+                        && (c.reason == reasons::DRIFT_QUEUED || c.reason == reasons::NEEDS_REBOOT)
+                })
+            });
+            let holder = m.uid().map(LockHolder::Drift);
+            queued || holder.is_some_and(|h| waiting.contains(&h))
+        })
+        .map(ObjectRef::from_obj)
+        .collect()
 }
 
 /// How long a settled machine waits for its next look: the settled requeue, or, in a fleet of
@@ -1089,6 +1119,41 @@ mod tests {
         }
         // Never configured: no drift.
         assert!(settled(true, &TalosMachineStatus::default(), "sha256:new"));
+    }
+
+    #[test]
+    fn the_end_of_a_turn_wakes_the_machines_queued_behind_it() {
+        let machine = |name: &str, uid: &str, applied: bool, reason: &str| {
+            let mut m = TalosMachine::test(name).build();
+            m.metadata.uid = Some(uid.into());
+            m.status = Some(with_condition(conditions::CONFIG_APPLIED, applied, reason));
+            m
+        };
+        let machines = [
+            machine("cp-1", "u1", false, reasons::DRIFT_QUEUED),
+            machine("cp-2", "u2", false, reasons::DRIFT_QUEUED),
+            machine("cp-3", "u3", false, reasons::NEEDS_REBOOT),
+            machine("w-1", "u4", false, reasons::DRIFT_HALTED),
+            machine("w-2", "u5", true, reasons::CONFIG_APPLIED),
+            machine("w-3", "u6", false, reasons::ETCD_UNHEALTHY),
+        ];
+        let names = |refs: Vec<ObjectRef<TalosMachine>>| {
+            refs.into_iter().map(|r| r.name).collect::<Vec<_>>()
+        };
+        assert_eq!(
+            names(queued_behind(&machines, &[], "cp-1")),
+            ["cp-2", "cp-3"],
+            "itself, a halted and a settled machine are left alone"
+        );
+        assert_eq!(
+            names(queued_behind(
+                &machines,
+                &[LockHolder::Drift("u6".into())],
+                "cp-1"
+            )),
+            ["cp-2", "cp-3", "w-3"],
+            "a machine that waits for the lock is woken, whatever its condition says"
+        );
     }
 
     #[test]
