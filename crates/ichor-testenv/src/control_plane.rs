@@ -11,7 +11,7 @@ use kube::Client;
 
 use crate::assets::{self, ToolVersions};
 use crate::pki::{self, CertAndKey};
-use crate::ports::{FreshPorts, SamePorts};
+use crate::ports::Starts;
 use crate::process::{ChildSpec, PGIDS_FILE, Supervised, Watchdog};
 use crate::{Connection, Error};
 
@@ -245,39 +245,45 @@ impl ControlPlane {
             apiserver_args.extend(audit_args(&root, Path::new(&audit_dir))?);
         }
         apiserver_args.extend(extra_apiserver_args.iter().cloned());
-        let (apiserver, apiserver_spec, apiserver_port, server) =
-            FreshPorts::new("kube-apiserver", 1)
-                .start(async |ports| {
-                    let port = ports[0];
-                    let server = format!("https://127.0.0.1:{port}");
-                    let mut arguments = vec![
-                        format!("--secure-port={port}"),
-                        format!("--service-account-issuer={server}"),
-                    ];
-                    arguments.extend(apiserver_args.iter().cloned());
-                    let spec = ChildSpec {
-                        program: assets_dir.join("kube-apiserver"),
-                        args: args(&arguments),
-                        log: root.join("kube-apiserver.log"),
-                        env: Vec::new(),
-                    };
-                    let mut apiserver = start_process("kube-apiserver", spec.clone(), &root)?;
-                    let kubeconfig = kubeconfig_yaml(&server, &ca, &admin);
-                    let ready = match client_from_kubeconfig(&kubeconfig).await {
-                        Ok(client) => {
-                            wait_readyz(&client, &mut [&mut etcd.process, &mut apiserver]).await
-                        }
-                        Err(error) => Err(error),
-                    };
-                    match ready {
-                        Ok(()) => Ok((apiserver, spec, port, server)),
-                        Err(error) => {
-                            stop_process(&mut Some(apiserver), "kube-apiserver", &root)?;
-                            Err(error)
-                        }
+        let mut starts = Starts::fresh("kube-apiserver", 1);
+        let (apiserver, apiserver_spec, apiserver_port, server) = loop {
+            let ports = starts.next().await?;
+            let started: Result<_, Error> = async {
+                let port = ports[0];
+                let server = format!("https://127.0.0.1:{port}");
+                let mut arguments = vec![
+                    format!("--secure-port={port}"),
+                    format!("--service-account-issuer={server}"),
+                ];
+                arguments.extend(apiserver_args.iter().cloned());
+                let spec = ChildSpec {
+                    program: assets_dir.join("kube-apiserver"),
+                    args: args(&arguments),
+                    log: root.join("kube-apiserver.log"),
+                    env: Vec::new(),
+                };
+                let mut apiserver = start_process("kube-apiserver", spec.clone(), &root)?;
+                let kubeconfig = kubeconfig_yaml(&server, &ca, &admin);
+                let ready = match client_from_kubeconfig(&kubeconfig).await {
+                    Ok(client) => {
+                        wait_readyz(&client, &mut [&mut etcd.process, &mut apiserver]).await
                     }
-                })
-                .await?;
+                    Err(error) => Err(error),
+                };
+                match ready {
+                    Ok(()) => Ok((apiserver, spec, port, server)),
+                    Err(error) => {
+                        stop_process(&mut Some(apiserver), "kube-apiserver", &root)?;
+                        Err(error)
+                    }
+                }
+            }
+            .await;
+            match started {
+                Ok(started) => break started,
+                Err(error) => starts.retry(error)?,
+            }
+        };
 
         let kubeconfig = kubeconfig_yaml(&server, &ca, &admin);
         write(&root.join(crate::KUBECONFIG_FILE), &kubeconfig)?;
@@ -324,9 +330,10 @@ impl ControlPlane {
         if self.apiserver.is_some() {
             return self.wait_ready().await;
         }
-        let port = [self.apiserver_port];
-        SamePorts::new("kube-apiserver", LOOPBACK, &port)
-            .start(async || {
+        let mut starts = Starts::same("kube-apiserver", LOOPBACK, &[self.apiserver_port]);
+        loop {
+            starts.next().await?;
+            let started: Result<_, Error> = async {
                 self.apiserver = Some(start_process(
                     "kube-apiserver",
                     restarted(&self.apiserver_spec),
@@ -337,8 +344,13 @@ impl ControlPlane {
                     stop_process(&mut self.apiserver, "kube-apiserver", self.dir.path())?;
                 }
                 ready
-            })
-            .await
+            }
+            .await;
+            match started {
+                Ok(started) => return Ok(started),
+                Err(error) => starts.retry(error)?,
+            }
+        }
     }
 
     /// Stops etcd (SIGKILL), as a crash would: the apiserver stays up and fails what needs
@@ -353,8 +365,10 @@ impl ControlPlane {
     pub async fn start_etcd(&mut self) -> Result<(), Error> {
         if self.etcd.is_none() {
             let ports = self.etcd_ports;
-            SamePorts::new("etcd", LOOPBACK, &ports)
-                .start(async || {
+            let mut starts = Starts::same("etcd", LOOPBACK, &ports);
+            loop {
+                starts.next().await?;
+                let started: Result<_, Error> = async {
                     let mut etcd = start_process("etcd", self.etcd_spec.clone(), self.dir.path())?;
                     match etcd_ready(&mut etcd, ports[0]).await {
                         Ok(()) => {
@@ -366,8 +380,13 @@ impl ControlPlane {
                             Err(error)
                         }
                     }
-                })
-                .await?;
+                }
+                .await;
+                match started {
+                    Ok(started) => break started,
+                    Err(error) => starts.retry(error)?,
+                }
+            }
         }
         if self.apiserver.is_some() {
             self.wait_ready().await
@@ -405,16 +424,17 @@ pub(crate) struct Etcd {
     pub(crate) spec: ChildSpec,
 }
 
-/// Starts etcd on fresh loopback ports ([`FreshPorts`]), its data in `root/etcd`, and waits
+/// Starts etcd on fresh loopback ports ([`Starts`]), its data in `root/etcd`, and waits
 /// until it serves.
 pub(crate) async fn start_etcd(assets_dir: &Path, root: &Path) -> Result<Etcd, Error> {
-    start_etcd_on(FreshPorts::new("etcd", 2), assets_dir, root).await
+    start_etcd_on(Starts::fresh("etcd", 2), assets_dir, root).await
 }
 
-/// [`start_etcd`] on `ports` (client, then peer).
-async fn start_etcd_on(ports: FreshPorts, assets_dir: &Path, root: &Path) -> Result<Etcd, Error> {
-    ports
-        .start(async |ports| {
+/// [`start_etcd`] on the ports of `starts` (client, then peer).
+async fn start_etcd_on(mut starts: Starts, assets_dir: &Path, root: &Path) -> Result<Etcd, Error> {
+    loop {
+        let ports = starts.next().await?;
+        let started: Result<_, Error> = async {
             let (client_port, peer_port) = (ports[0], ports[1]);
             let url = format!("http://127.0.0.1:{client_port}");
             let peer_url = format!("http://127.0.0.1:{peer_port}");
@@ -448,8 +468,13 @@ async fn start_etcd_on(ports: FreshPorts, assets_dir: &Path, root: &Path) -> Res
                     Err(error)
                 }
             }
-        })
-        .await
+        }
+        .await;
+        match started {
+            Ok(started) => return Ok(started),
+            Err(error) => starts.retry(error)?,
+        }
+    }
 }
 
 /// Waits until the etcd in `etcd` answers `/health` healthy on its client `port` (an answer
@@ -565,7 +590,7 @@ mod tests {
         let _watchdog = Watchdog::start(root.path()).expect("watchdog");
         let taken: Arc<Mutex<Option<TcpListener>>> = Arc::default();
         let hold = Arc::clone(&taken);
-        let ports = FreshPorts::new("etcd", 2).after_pick(move |ports| {
+        let ports = Starts::fresh("etcd", 2).after_pick(move |ports| {
             let mut hold = hold.lock().expect("lock");
             if hold.is_none() {
                 // Another test's server binds the client port between pick and start.

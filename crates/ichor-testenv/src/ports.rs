@@ -1,6 +1,6 @@
 //! Loopback ports for the servers the tests start, and the one way every such server is
-//! started: [`FreshPorts`] for a first start, [`SamePorts`] for a restart (or a server whose
-//! port is fixed).
+//! started: [`Starts`], fresh ports for a first start, the same ones for a restart (or a
+//! server whose port is fixed).
 //!
 //! A port that was free when it was picked may be taken by another test before the server
 //! binds it. The server then says so by exiting (etcd, kube-apiserver, weed) or by failing to
@@ -79,163 +79,153 @@ fn given_up(server: &str, ip: IpAddr, tried: &[Vec<u16>], last: Error) -> Error 
 /// A hook run between picking ports and starting the server (tests take a port there).
 type AfterPick = Box<dyn FnMut(&[u16]) + Send>;
 
-/// Starts a server on ports picked fresh for each attempt.
-pub struct FreshPorts {
-    server: &'static str,
-    ip: IpAddr,
-    count: usize,
-    after_pick: Option<AfterPick>,
+/// Which ports each start gets.
+enum Choice {
+    /// `count` ports picked fresh for each start.
+    Fresh {
+        count: usize,
+        after_pick: Option<AfterPick>,
+    },
+    /// These ports, once they are free.
+    Same(Vec<u16>),
 }
 
-impl std::fmt::Debug for FreshPorts {
+/// The starts of one server: which ports each gets, and whether a failed one is tried again.
+///
+/// ```ignore
+/// let mut starts = Starts::fresh("etcd", 2);
+/// let etcd = loop {
+///     let ports = starts.next().await?;
+///     match start_etcd_on(&ports).await {
+///         Ok(etcd) => break etcd,
+///         // Stop what the failed start left running first.
+///         Err(error) => starts.retry(error)?,
+///     }
+/// };
+/// ```
+pub struct Starts {
+    server: &'static str,
+    ip: IpAddr,
+    choice: Choice,
+    tried: Vec<Vec<u16>>,
+}
+
+impl std::fmt::Debug for Starts {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("FreshPorts")
+        f.debug_struct("Starts")
             .field("server", &self.server)
             .field("ip", &self.ip)
-            .field("count", &self.count)
+            .field("tried", &self.tried)
             .finish_non_exhaustive()
     }
 }
 
-impl FreshPorts {
-    /// `count` ports on 127.0.0.1 for the server named `server`.
-    pub fn new(server: &'static str, count: usize) -> Self {
+impl Starts {
+    /// Starts of `server` on `count` ports of 127.0.0.1 picked fresh for each.
+    pub fn fresh(server: &'static str, count: usize) -> Self {
         Self {
             server,
             ip: IpAddr::V4(Ipv4Addr::LOCALHOST),
-            count,
-            after_pick: None,
+            choice: Choice::Fresh {
+                count,
+                after_pick: None,
+            },
+            tried: Vec::new(),
         }
     }
 
-    /// Picks the ports on `ip` rather than 127.0.0.1.
+    /// Starts of `server` on `ports` of `ip`, each once they are free: a restart (its clients
+    /// know the address) or a fixed endpoint.
+    pub fn same(server: &'static str, ip: IpAddr, ports: &[u16]) -> Self {
+        Self {
+            server,
+            ip,
+            choice: Choice::Same(ports.to_vec()),
+            tried: Vec::new(),
+        }
+    }
+
+    /// Starts of `server` at `address`: on a fresh port of its IP when its port is 0, else on
+    /// that port once it is free.
+    pub fn at(server: &'static str, address: SocketAddr) -> Self {
+        match address.port() {
+            0 => Self::fresh(server, 1).on(address.ip()),
+            port => Self::same(server, address.ip(), &[port]),
+        }
+    }
+
+    /// Picks fresh ports on `ip` rather than 127.0.0.1.
     pub fn on(mut self, ip: IpAddr) -> Self {
         self.ip = ip;
         self
     }
 
-    /// Runs `hook` with each attempt's ports after they are picked and before the server
+    /// Runs `hook` with each start's fresh ports after they are picked and before the server
     /// starts: a test's way to take one of them, as another test would.
     pub fn after_pick(mut self, hook: impl FnMut(&[u16]) + Send + 'static) -> Self {
-        self.after_pick = Some(Box::new(hook));
+        if let Choice::Fresh { after_pick, .. } = &mut self.choice {
+            *after_pick = Some(Box::new(hook));
+        }
         self
     }
 
-    /// Runs `attempt` with fresh ports until it succeeds, starting again on fresh ports when
-    /// a port was lost ([`ATTEMPTS`] times at most). `attempt` must stop whatever it started
-    /// before it returns an error.
-    pub async fn start<T>(
-        mut self,
-        mut attempt: impl AsyncFnMut(&[u16]) -> Result<T, Error>,
-    ) -> Result<T, Error> {
-        let mut tried = Vec::new();
-        loop {
-            let ports = (0..self.count)
-                .map(|_| pick(self.ip))
-                .collect::<Result<Vec<_>, _>>()?;
-            if let Some(hook) = self.after_pick.as_mut() {
-                hook(&ports);
+    /// The ports for the next start: fresh ones, or the same ones once no other process
+    /// holds them.
+    pub async fn next(&mut self) -> Result<Vec<u16>, Error> {
+        let ports = match &mut self.choice {
+            Choice::Fresh { count, after_pick } => {
+                let ports = (0..*count)
+                    .map(|_| pick(self.ip))
+                    .collect::<Result<Vec<_>, _>>()?;
+                if let Some(hook) = after_pick.as_mut() {
+                    hook(&ports);
+                }
+                ports
             }
-            let error = match attempt(&ports).await {
-                Ok(started) => return Ok(started),
-                Err(error) => error,
-            };
-            let was_lost = lost(self.ip, &ports, &error);
-            tried.push(ports);
-            if !was_lost {
-                return Err(error);
+            Choice::Same(ports) => {
+                wait_free(self.server, self.ip, ports).await?;
+                ports.clone()
             }
-            if tried.len() >= ATTEMPTS {
-                return Err(given_up(self.server, self.ip, &tried, error));
-            }
-            tracing::info!(
-                server = self.server,
-                ports = ?tried.last(),
-                "a port was taken before the server bound it; starting again on fresh ports"
-            );
+        };
+        self.tried.push(ports.clone());
+        Ok(ports)
+    }
+
+    /// After a failed start (whose server is stopped by now): `Ok` when it lost a port and
+    /// another start may be tried ([`ATTEMPTS`] in all), else the error to return.
+    pub fn retry(&mut self, error: Error) -> Result<(), Error> {
+        let Some(ports) = self.tried.last() else {
+            return Err(error);
+        };
+        if !lost(self.ip, ports, &error) {
+            return Err(error);
         }
-    }
-}
-
-/// Starts a server on ports it must keep: a restart (its clients know the address) or a
-/// fixed endpoint.
-#[derive(Debug, Clone)]
-pub struct SamePorts<'a> {
-    server: &'static str,
-    ip: IpAddr,
-    ports: &'a [u16],
-}
-
-impl<'a> SamePorts<'a> {
-    /// The ports `ports` of `ip` for the server named `server`.
-    pub fn new(server: &'static str, ip: IpAddr, ports: &'a [u16]) -> Self {
-        Self { server, ip, ports }
-    }
-
-    /// Waits until every port is free (the process that had it is gone), then runs
-    /// `attempt`; when a port was lost again between that check and the start, waits and
-    /// starts again ([`ATTEMPTS`] times at most). `attempt` must stop whatever it started
-    /// before it returns an error.
-    pub async fn start<T>(
-        self,
-        mut attempt: impl AsyncFnMut() -> Result<T, Error>,
-    ) -> Result<T, Error> {
-        let mut tried = Vec::new();
-        loop {
-            self.wait_free().await?;
-            let error = match attempt().await {
-                Ok(started) => return Ok(started),
-                Err(error) => error,
-            };
-            tried.push(self.ports.to_vec());
-            if !lost(self.ip, self.ports, &error) {
-                return Err(error);
-            }
-            if tried.len() >= ATTEMPTS {
-                return Err(given_up(self.server, self.ip, &tried, error));
-            }
+        if self.tried.len() >= ATTEMPTS {
+            return Err(given_up(self.server, self.ip, &self.tried, error));
         }
-    }
-
-    /// Waits until no other process holds one of the ports.
-    async fn wait_free(&self) -> Result<(), Error> {
-        let what = format!(
-            "{}'s ports {:?} on {} to be free",
-            self.server, self.ports, self.ip
+        tracing::info!(
+            server = self.server,
+            ?ports,
+            "a port was taken before the server bound it; starting it again"
         );
-        try_eventually(&what, FREE_TIMEOUT, || async {
-            match self.ports.iter().find(|&&port| held(self.ip, port)) {
-                Some(port) => Err(format!(
-                    "{} is held by another process",
-                    SocketAddr::from((self.ip, *port))
-                )),
-                None => Ok(()),
-            }
-        })
-        .await
-        .map(|_| ())
-        .map_err(|timeout| Error::Timeout(timeout.to_string()))
+        Ok(())
     }
 }
 
-/// Starts a server at `address`: on a fresh port of its IP when its port is 0
-/// ([`FreshPorts`]), else on that port once it is free ([`SamePorts`]). `attempt` gets the
-/// port and must stop whatever it started before it returns an error.
-pub async fn start_at<T>(
-    server: &'static str,
-    address: SocketAddr,
-    mut attempt: impl AsyncFnMut(u16) -> Result<T, Error>,
-) -> Result<T, Error> {
-    if address.port() == 0 {
-        FreshPorts::new(server, 1)
-            .on(address.ip())
-            .start(async |ports| attempt(ports[0]).await)
-            .await
-    } else {
-        SamePorts::new(server, address.ip(), &[address.port()])
-            .start(async || attempt(address.port()).await)
-            .await
-    }
+/// Waits until no other process holds one of `ports` of `ip`.
+async fn wait_free(server: &str, ip: IpAddr, ports: &[u16]) -> Result<(), Error> {
+    let what = format!("{server}'s ports {ports:?} on {ip} to be free");
+    try_eventually(&what, FREE_TIMEOUT, || async {
+        match ports.iter().find(|&&port| held(ip, port)) {
+            Some(port) => Err(format!(
+                "{} is held by another process",
+                SocketAddr::from((ip, *port))
+            )),
+            None => Ok(()),
+        }
+    })
+    .await
+    .map_err(|timeout| Error::Timeout(timeout.to_string()))
 }
 
 #[cfg(test)]
@@ -255,61 +245,70 @@ mod tests {
             .collect()
     }
 
+    /// Starts [`bind_all`] as every caller starts its server.
+    async fn start(mut starts: Starts) -> Result<Vec<TcpListener>, Error> {
+        loop {
+            let ports = starts.next().await?;
+            match bind_all(&ports) {
+                Ok(listeners) => return Ok(listeners),
+                Err(error) => starts.retry(error)?,
+            }
+        }
+    }
+
+    /// The ports a test took, as another test would.
+    type Taken = Arc<Mutex<Vec<TcpListener>>>;
+
+    /// A hook that takes (binds and keeps) the first of the first `n` starts' ports.
+    fn take_first(n: usize) -> (Taken, impl FnMut(&[u16]) + Send) {
+        let taken: Taken = Arc::default();
+        let hold = Arc::clone(&taken);
+        let hook = move |ports: &[u16]| {
+            let mut hold = hold.lock().expect("lock");
+            if hold.len() < n {
+                hold.push(TcpListener::bind(("127.0.0.1", ports[0])).expect("take the port"));
+            }
+        };
+        (taken, hook)
+    }
+
     #[tokio::test]
     async fn a_port_taken_between_pick_and_start_is_retried_on_fresh_ports() {
-        let taken: Arc<Mutex<Vec<TcpListener>>> = Arc::default();
-        let first = Arc::new(Mutex::new(None));
-        let (hold, seen) = (Arc::clone(&taken), Arc::clone(&first));
-        let listeners = FreshPorts::new("test server", 2)
-            .after_pick(move |ports| {
-                let mut seen = seen.lock().expect("lock");
-                if seen.is_none() {
-                    *seen = Some(ports[0]);
-                    let listener = TcpListener::bind(("127.0.0.1", ports[0])).expect("take it");
-                    hold.lock().expect("lock").push(listener);
-                }
-            })
-            .start(async |ports| bind_all(ports))
+        let (taken, hook) = take_first(1);
+        let listeners = start(Starts::fresh("test server", 2).after_pick(hook))
             .await
             .expect("started on other ports");
-        let first = first.lock().expect("lock").expect("a first pick");
+        let first = taken.lock().expect("lock")[0]
+            .local_addr()
+            .expect("addr")
+            .port();
         let bound = listeners[0].local_addr().expect("addr").port();
         assert_ne!(bound, first, "the server runs on a fresh port");
-        assert!(held(IpAddr::V4(Ipv4Addr::LOCALHOST), first));
     }
 
     #[tokio::test]
     async fn a_port_lost_at_every_attempt_names_the_server_and_the_ports() {
-        let taken: Arc<Mutex<Vec<TcpListener>>> = Arc::default();
-        let hold = Arc::clone(&taken);
-        let error = FreshPorts::new("test server", 1)
-            .after_pick(move |ports| {
-                let listener = TcpListener::bind(("127.0.0.1", ports[0])).expect("take it");
-                hold.lock().expect("lock").push(listener);
-            })
-            .start(async |ports| bind_all(ports))
+        let (taken, hook) = take_first(usize::MAX);
+        let error = start(Starts::fresh("test server", 1).after_pick(hook))
             .await
             .expect_err("never starts");
         let message = error.to_string();
         assert!(message.contains("test server"), "{message}");
-        for listener in taken.lock().expect("lock").iter() {
+        let taken = taken.lock().expect("lock");
+        assert_eq!(taken.len(), ATTEMPTS);
+        for listener in taken.iter() {
             let port = listener.local_addr().expect("addr").port().to_string();
             assert!(message.contains(&port), "{message} names {port}");
         }
-        assert_eq!(taken.lock().expect("lock").len(), ATTEMPTS);
     }
 
     #[tokio::test]
     async fn any_other_failure_is_not_retried() {
-        let mut attempts = 0;
-        let error = FreshPorts::new("test server", 1)
-            .start(async |_| {
-                attempts += 1;
-                Err::<(), _>(Error::Startup("bad flag --nope".into()))
-            })
-            .await
-            .expect_err("fails");
-        assert_eq!(attempts, 1);
+        let mut starts = Starts::fresh("test server", 1);
+        starts.next().await.expect("ports");
+        let error = starts
+            .retry(Error::Startup("bad flag --nope".into()))
+            .expect_err("not retried");
         assert!(error.to_string().contains("--nope"), "{error}");
     }
 
@@ -323,24 +322,15 @@ mod tests {
             let _ = rx.await;
             drop(old);
         });
-        let mut attempts = 0;
-        let mut tx = Some(tx);
-        let ports = [port];
-        let restarted = SamePorts::new("test server", ip, &ports).start(async || {
-            attempts += 1;
-            bind_all(&[port])
-        });
+        let restarted = start(Starts::same("test server", ip, &[port]));
         // The old server goes once the restart has begun waiting.
         let release = async {
             tokio::task::yield_now().await;
-            if let Some(tx) = tx.take() {
-                let _ = tx.send(());
-            }
+            let _ = tx.send(());
         };
         let (restarted, ()) = tokio::join!(restarted, release);
         let listeners = restarted.expect("restarted on the same port");
         stopper.await.expect("stopper");
         assert_eq!(listeners[0].local_addr().expect("addr").port(), port);
-        assert_eq!(attempts, 1, "started once, after the port was free");
     }
 }

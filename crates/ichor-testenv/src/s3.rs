@@ -21,7 +21,7 @@ use tokio::net::TcpStream;
 
 use crate::control_plane::{start_process, stop_process, write};
 use crate::pki::{self, CertAndKey};
-use crate::ports::FreshPorts;
+use crate::ports::Starts;
 use crate::process::{ChildSpec, Supervised, Watchdog};
 use crate::{Error, assets};
 
@@ -175,14 +175,17 @@ impl S3Server {
             _watchdog: watchdog,
             dir,
         };
-        FreshPorts::new("weed", Ports::COUNT)
-            .start(async |picked| {
-                server
-                    .start_weed(&weed, &data, &Ports::from(picked), &options)
-                    .await
-            })
-            .await?;
-        Ok(server)
+        let mut starts = Starts::fresh("weed", Ports::COUNT);
+        loop {
+            let picked = starts.next().await?;
+            match server
+                .start_weed(&weed, &data, &Ports::from(&picked), &options)
+                .await
+            {
+                Ok(()) => return Ok(server),
+                Err(error) => starts.retry(error)?,
+            }
+        }
     }
 
     /// Starts weed on `ports` and waits until it serves; stops it again when it does not.

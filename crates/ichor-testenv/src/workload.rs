@@ -30,7 +30,7 @@ use crate::control_plane::{
     start_process, stop_process, tool_versions, wait_readyz, write,
 };
 use crate::pki::{self, CertAndKey};
-use crate::ports::{self, FreshPorts};
+use crate::ports::Starts;
 use crate::process::{ChildSpec, Supervised, Watchdog};
 use crate::{CA_CERT_FILE, CA_KEY_FILE, Error, KUBECONFIG_FILE};
 
@@ -231,8 +231,10 @@ impl WorkloadControlPlane {
             "--endpoint-reconciler-type=none".into(),
         ];
         common_args.extend(spec.apiserver_args.iter().cloned());
-        let (mut apiserver, apiserver_args, endpoint, client) =
-            ports::start_at("kube-apiserver", spec.endpoint, async |port| {
+        let mut starts = Starts::at("kube-apiserver", spec.endpoint);
+        let (mut apiserver, apiserver_args, endpoint, client) = loop {
+            let port = starts.next().await?[0];
+            let started: Result<_, Error> = async {
                 let endpoint = SocketAddr::new(ip, port);
                 let mut arguments = vec![
                     format!("--secure-port={port}"),
@@ -255,8 +257,13 @@ impl WorkloadControlPlane {
                         Err(error)
                     }
                 }
-            })
-            .await?;
+            }
+            .await;
+            match started {
+                Ok(started) => break started,
+                Err(error) => starts.retry(error)?,
+            }
+        };
         let server = format!("https://{endpoint}");
         let kubeconfig = kubeconfig_yaml(&server, &spec.ca, &admin);
         for (name, contents) in [
@@ -299,8 +306,10 @@ impl WorkloadControlPlane {
 
         let kwok_home = root.join("kwok-home");
         std::fs::create_dir_all(&kwok_home).map_err(Error::io("create kwok's home folder"))?;
-        let kwok = FreshPorts::new("kwok", 1)
-            .start(async |ports| {
+        let mut starts = Starts::fresh("kwok", 1);
+        let kwok = loop {
+            let ports = starts.next().await?;
+            let started: Result<_, Error> = async {
                 let mut kwok_args = vec![
                     format!("--kubeconfig={}", p(files::KWOK_KUBECONFIG)),
                     format!("--config={}", p(files::KWOK_STAGES)),
@@ -336,8 +345,13 @@ impl WorkloadControlPlane {
                         Err(error)
                     }
                 }
-            })
-            .await?;
+            }
+            .await;
+            match started {
+                Ok(started) => break started,
+                Err(error) => starts.retry(error)?,
+            }
+        };
 
         Ok(Self {
             kwok,
@@ -427,23 +441,31 @@ impl WorkloadControlPlane {
         }
         let root = self.dir.path().to_path_buf();
         let endpoint = self.endpoint;
-        let apiserver = ports::start_at("kube-apiserver", endpoint, async |_| {
-            let mut apiserver = spawn_component(
-                &self.assets_dir,
-                "kube-apiserver",
-                &self.apiserver_args,
-                &root,
-                Vec::new(),
-            )?;
-            match wait_readyz(&self.client, &mut [&mut self.etcd, &mut apiserver]).await {
-                Ok(()) => Ok(apiserver),
-                Err(error) => {
-                    stop_process(&mut Some(apiserver), "kube-apiserver", &root)?;
-                    Err(error)
+        let mut starts = Starts::at("kube-apiserver", endpoint);
+        let apiserver = loop {
+            starts.next().await?;
+            let started: Result<_, Error> = async {
+                let mut apiserver = spawn_component(
+                    &self.assets_dir,
+                    "kube-apiserver",
+                    &self.apiserver_args,
+                    &root,
+                    Vec::new(),
+                )?;
+                match wait_readyz(&self.client, &mut [&mut self.etcd, &mut apiserver]).await {
+                    Ok(()) => Ok(apiserver),
+                    Err(error) => {
+                        stop_process(&mut Some(apiserver), "kube-apiserver", &root)?;
+                        Err(error)
+                    }
                 }
             }
-        })
-        .await?;
+            .await;
+            match started {
+                Ok(started) => break started,
+                Err(error) => starts.retry(error)?,
+            }
+        };
         self.apiserver = Some(apiserver);
         Ok(())
     }
