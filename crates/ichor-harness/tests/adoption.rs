@@ -13,6 +13,7 @@ use ichor_api::operation::{OperationAction, OperationPhase};
 use ichor_api::{TalosCluster, TalosMachine, TalosOperation};
 use ichor_harness::specs::{self, Shape};
 use ichor_harness::{SimOptions, SimTarget, Target};
+use ichor_testenv::nets::ADOPTION;
 use ichor_testenv::wait::try_eventually;
 use kube::ResourceExt as _;
 use kube::api::{Api, ListParams};
@@ -162,7 +163,7 @@ async fn adopted_condition(target: &SimTarget, name: &str, reason: &str) -> Stri
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_running_cluster_is_adopted_untouched_and_then_managed() {
-    let target = SimTarget::up(SimOptions::new(3, 105, VERSION))
+    let target = SimTarget::up(SimOptions::new(3, ADOPTION.net(0), VERSION))
         .await
         .expect("sim target");
     let talosctl = brought_up_by_hand(&target).await;

@@ -20,6 +20,7 @@ use ichor_api::operation::{OperationAction, OperationPhase};
 use ichor_harness::specs;
 use ichor_harness::{SimOptions, SimTarget, Target};
 use ichor_testenv::S3Server;
+use ichor_testenv::nets::BACKUP_AT_SIZE;
 use ichor_testenv::wait::try_eventually;
 use kube::api::{Api, Patch, PatchParams};
 use object_store::ObjectStoreExt as _;
@@ -227,7 +228,7 @@ async fn a_snapshot_of_hundreds_of_mib_reaches_the_store_with_flat_manager_memor
     let bucket = support::bucket(&server, BUCKET);
     let target = SimTarget::up(SimOptions {
         etcd_size: size,
-        ..SimOptions::new(1, 102, version)
+        ..SimOptions::new(1, BACKUP_AT_SIZE.net(0), version)
     })
     .await
     .expect("sim target");

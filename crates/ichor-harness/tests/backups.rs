@@ -17,6 +17,7 @@ use ichor_api::operation::{OperationAction, OperationPhase};
 use ichor_harness::specs::{self, Shape};
 use ichor_harness::{SimOptions, SimTarget, Target};
 use ichor_testenv::S3Server;
+use ichor_testenv::nets::BACKUPS;
 use ichor_testenv::wait::try_eventually;
 use kube::api::{Api, Patch, PatchParams};
 use object_store::path::Path as ObjectPath;
@@ -115,7 +116,7 @@ async fn backups_reach_the_store_keep_n_and_name_what_stops_them() {
             .await
             .expect("a foreign object");
     }
-    let target = SimTarget::up(SimOptions::new(1, 101, version))
+    let target = SimTarget::up(SimOptions::new(1, BACKUPS.net(0), version))
         .await
         .expect("sim target");
     let credentials = server.credentials();

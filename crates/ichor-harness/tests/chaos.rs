@@ -17,6 +17,7 @@ use ichor_api::{TalosCluster, TalosOperation};
 use ichor_harness::specs;
 use ichor_harness::{SimOptions, SimTarget, Target};
 use ichor_sim::{Fault, Gate, SimNode, Stage};
+use ichor_testenv::nets::CHAOS;
 use ichor_testenv::wait::try_eventually;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
@@ -158,7 +159,8 @@ async fn removed_once(target: &SimTarget, node: &SimNode, name: &str, uid: &Opti
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_standby_replica_takes_over_a_killed_leader_mid_removal_and_mid_operation() {
-    let (mut target, monitor) = control_planes_watched(SimOptions::new(4, 131, "v1.14.1"), 2).await;
+    let (mut target, monitor) =
+        control_planes_watched(SimOptions::new(4, CHAOS.net(0), "v1.14.1"), 2).await;
 
     // Mid-removal: the node left etcd, the leader never heard, and is killed.
     let (node, leave, name, uid) = removal_held_at_etcd_leave(&target).await;
@@ -264,7 +266,7 @@ async fn a_removal_resumes_after_the_management_etcd_restarts_and_runs_each_step
     // A Lease longer than the outage: the one manager rides through it and carries on.
     let options = SimOptions {
         lease_seconds: 15,
-        ..SimOptions::new(4, 132, "v1.14.1")
+        ..SimOptions::new(4, CHAOS.net(1), "v1.14.1")
     };
     let (mut target, monitor) = control_planes_watched(options, 1).await;
     let (node, leave, name, uid) = removal_held_at_etcd_leave(&target).await;
@@ -291,7 +293,8 @@ const OUTAGE: Duration = Duration::from_secs(5);
 async fn a_rollout_resumes_after_the_management_apiserver_is_away_for_30_s() {
     // Two replicas, as the chart runs: the leader cannot renew through the outage and stops
     // (its Lease design); the standby takes over once the apiserver is back.
-    let (mut target, monitor) = control_planes_watched(SimOptions::new(3, 133, "v1.14.1"), 2).await;
+    let (mut target, monitor) =
+        control_planes_watched(SimOptions::new(3, CHAOS.net(2), "v1.14.1"), 2).await;
     let order = control_planes_in_order(&target).await;
     let before: Vec<usize> = order.iter().map(|(_, n)| n.config_applies()).collect();
     // The first node applies the change; its answer waits until the apiserver is gone.
@@ -336,7 +339,8 @@ async fn a_rollout_resumes_after_the_management_apiserver_is_away_for_30_s() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rollout_waits_for_a_node_cut_off_from_the_manager_and_applies_it_once_healed() {
-    let (target, monitor) = control_planes_watched(SimOptions::new(3, 134, "v1.14.1"), 1).await;
+    let (target, monitor) =
+        control_planes_watched(SimOptions::new(3, CHAOS.net(3), "v1.14.1"), 1).await;
     let order = control_planes_in_order(&target).await;
     let before: Vec<usize> = order.iter().map(|(_, n)| n.config_applies()).collect();
     // The second node applies the change, and the network to it fails before the answer is

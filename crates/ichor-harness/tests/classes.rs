@@ -15,6 +15,7 @@ use ichor_api::{TalosMachine, TalosMachineClass, TalosStorage};
 use ichor_harness::specs::{self, Shape};
 use ichor_harness::{SimOptions, SimTarget, Target};
 use ichor_sim::SimDisk;
+use ichor_testenv::nets::CLASSES;
 use ichor_testenv::wait::try_eventually;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -130,7 +131,7 @@ async fn classes_approve_what_they_alone_match_and_storages_report_their_volumes
     let version = "v1.14.1";
     let target = SimTarget::up(SimOptions {
         hardware: Some(hardware),
-        ..SimOptions::new(5, 100, version)
+        ..SimOptions::new(5, CLASSES.net(0), version)
     })
     .await
     .expect("sim target");

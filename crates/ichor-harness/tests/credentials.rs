@@ -16,6 +16,7 @@ use ichor_api::TalosCluster;
 use ichor_api::names::{reasons, secrets};
 use ichor_harness::specs;
 use ichor_harness::{SimOptions, SimTarget, Target};
+use ichor_testenv::nets::CREDENTIALS;
 use ichor_testenv::wait::try_eventually;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::jiff::Timestamp;
@@ -180,7 +181,7 @@ async fn published_credentials_are_renewed_before_they_expire_and_keep_working()
             "--credential-lifetime".into(),
             format!("{}s", LIFETIME.as_secs()),
         ],
-        ..SimOptions::new(1, 91, "v1.14.1")
+        ..SimOptions::new(1, CREDENTIALS.net(0), "v1.14.1")
     })
     .await
     .expect("sim target");
@@ -289,7 +290,7 @@ async fn published_credentials_are_renewed_before_they_expire_and_keep_working()
 
     // A new endpoint re-mints the kubeconfig at once, long before it is due.
     let clusters = Api::<TalosCluster>::namespaced(target.client(), target.namespace());
-    let moved = "https://127.0.91.1:6444";
+    let moved = &format!("https://{}:6444", CREDENTIALS.ip(0, 1));
     clusters
         .patch(
             CLUSTER,

@@ -23,6 +23,7 @@ use ichor_api::{TalosMachine, TalosOperation};
 use ichor_harness::specs;
 use ichor_harness::{SimOptions, SimTarget, Target};
 use ichor_sim::{Fault, SimNode, Stage};
+use ichor_testenv::nets::DAY2;
 use ichor_testenv::wait::try_eventually;
 use k8s_openapi::api::core::v1::{Node, Pod, Secret};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -90,7 +91,7 @@ async fn pinned_pod_under_budget(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn removal_resumes_after_manager_kills_and_runs_once_only_steps_once() {
-    let mut target = ready_target(SimOptions::new(4, 77, "v1.14.1"), 3, 4, 0).await;
+    let mut target = ready_target(SimOptions::new(4, DAY2.net(0), "v1.14.1"), 3, 4, 0).await;
     let endpoints = target.node_endpoints();
     let workload = specs::workload_client(&target, CLUSTER)
         .await
@@ -207,7 +208,7 @@ async fn removal_resumes_after_manager_kills_and_runs_once_only_steps_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_leave_stops_and_the_force_path_removes_a_partitioned_node() {
-    let target = ready_target(SimOptions::new(4, 78, "v1.14.1"), 3, 4, 0).await;
+    let target = ready_target(SimOptions::new(4, DAY2.net(1), "v1.14.1"), 3, 4, 0).await;
     let endpoints = target.node_endpoints();
     let node = target.nodes()[3].clone();
     let monitor = Monitor::start(target.nodes().to_vec());
@@ -303,7 +304,7 @@ async fn a_failed_leave_stops_and_the_force_path_removes_a_partitioned_node() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deleting_a_cluster_removes_workers_first_then_control_planes_and_keeps_the_bundle() {
-    let target = ready_target(SimOptions::new(5, 79, "v1.14.1"), 3, 3, 2).await;
+    let target = ready_target(SimOptions::new(5, DAY2.net(2), "v1.14.1"), 3, 3, 2).await;
     let clusters: Api<ichor_api::TalosCluster> =
         Api::namespaced(target.client(), target.namespace());
     let bundle = clusters
@@ -402,7 +403,7 @@ async fn deleting_a_cluster_removes_workers_first_then_control_planes_and_keeps_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operations_go_one_node_at_a_time_and_a_rolled_back_upgrade_fails() {
-    let target = ready_target(SimOptions::new(3, 80, "v1.14.1"), 3, 3, 0).await;
+    let target = ready_target(SimOptions::new(3, DAY2.net(3), "v1.14.1"), 3, 3, 0).await;
     let endpoints = target.node_endpoints();
 
     // A reboot of every control plane: never two down at once, etcd quorum throughout.
@@ -606,7 +607,7 @@ async fn operations_go_one_node_at_a_time_and_a_rolled_back_upgrade_fails() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drift_that_needs_a_reboot_is_applied_under_the_lock_one_node_at_a_time() {
-    let target = ready_target(SimOptions::new(3, 81, "v1.14.1"), 3, 3, 0).await;
+    let target = ready_target(SimOptions::new(3, DAY2.net(4), "v1.14.1"), 3, 3, 0).await;
     // Drift that cannot apply live: rebooted under the lock, one node at a time.
     for node in target.nodes() {
         node.inject(Fault::RequireReboot(true))
@@ -706,7 +707,7 @@ async fn random_sequence(seed: u64) {
         "seed {seed} (replay: {}={seed})",
         ichor_testenv::rng::SEED_ENV
     );
-    let target = ready_target(SimOptions::new(5, 82, "v1.14.1"), 3, 3, 0).await;
+    let target = ready_target(SimOptions::new(5, DAY2.net(5), "v1.14.1"), 3, 3, 0).await;
     let monitor = Monitor::start(target.nodes().to_vec());
     let mut rng = ichor_testenv::rng::TestRng::new(seed);
     let mut trace = vec![format!(
@@ -965,7 +966,7 @@ async fn observed(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reset_is_checked_at_the_door_and_stops_at_the_declared_count() {
     // Five control planes in a cluster declaring three.
-    let target = ready_target(SimOptions::new(5, 83, "v1.14.1"), 3, 5, 0).await;
+    let target = ready_target(SimOptions::new(5, DAY2.net(6), "v1.14.1"), 3, 5, 0).await;
     let endpoints = target.node_endpoints();
     let mut names = Vec::new();
     for address in &endpoints {
@@ -1118,7 +1119,7 @@ async fn a_reset_is_checked_at_the_door_and_stops_at_the_declared_count() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replacement_counts_once_a_voter_and_an_unhealthy_voter_holds_the_healthy_ones() {
-    let target = ready_target(SimOptions::new(4, 84, "v1.14.1"), 3, 3, 0).await;
+    let target = ready_target(SimOptions::new(4, DAY2.net(7), "v1.14.1"), 3, 3, 0).await;
     let endpoints = target.node_endpoints();
     let machines: Api<TalosMachine> = Api::namespaced(target.client(), target.namespace());
     let monitor = Monitor::start(target.nodes().to_vec());
@@ -1307,7 +1308,7 @@ async fn an_unhealthy_etcd_member_holds_every_other_control_plane_and_can_be_for
  {
     // Five control planes in a cluster declaring five: a delete is admitted and waits for a
     // replacement, so it is under way before any member is unhealthy.
-    let target = ready_target(SimOptions::new(5, 87, "v1.14.1"), 5, 5, 0).await;
+    let target = ready_target(SimOptions::new(5, DAY2.net(10), "v1.14.1"), 5, 5, 0).await;
     let endpoints = target.node_endpoints();
     let mut names = Vec::new();
     for address in &endpoints {
@@ -1483,7 +1484,7 @@ fn drift_in_flight_monitor(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_patch_stops_the_drift_rollout_at_one_node_and_a_fixed_patch_resumes_it() {
-    let target = ready_target(SimOptions::new(3, 85, "v1.14.1"), 3, 3, 0).await;
+    let target = ready_target(SimOptions::new(3, DAY2.net(8), "v1.14.1"), 3, 3, 0).await;
     let order = control_planes_in_order(&target).await;
     assert_eq!(order.len(), 3, "three control planes");
     let applies = |nodes: &[(String, SimNode)]| -> Vec<usize> {
@@ -1570,7 +1571,7 @@ async fn a_refused_patch_stops_the_drift_rollout_at_one_node_and_a_fixed_patch_r
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_manager_killed_mid_rollout_resumes_and_no_node_gets_the_config_twice() {
-    let mut target = ready_target(SimOptions::new(3, 86, "v1.14.1"), 3, 3, 0).await;
+    let mut target = ready_target(SimOptions::new(3, DAY2.net(9), "v1.14.1"), 3, 3, 0).await;
     let order = control_planes_in_order(&target).await;
     assert_eq!(order.len(), 3, "three control planes");
     let before: Vec<usize> = order.iter().map(|(_, n)| n.config_applies()).collect();
@@ -1610,7 +1611,7 @@ async fn a_manager_killed_mid_rollout_resumes_and_no_node_gets_the_config_twice(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_bundle_is_never_regenerated_and_restoring_it_resumes_work() {
-    let target = ready_target(SimOptions::new(1, 88, "v1.14.1"), 1, 1, 0).await;
+    let target = ready_target(SimOptions::new(1, DAY2.net(11), "v1.14.1"), 1, 1, 0).await;
     let clusters: Api<ichor_api::TalosCluster> =
         Api::namespaced(target.client(), target.namespace());
     let fingerprint = clusters
@@ -1736,7 +1737,7 @@ async fn pending_node_deletes(target: &SimTarget) -> Vec<ichor_api::cluster::Pen
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_removal_waits_while_the_workload_api_is_down_and_with_force_skips_its_node_steps_and_deletes_the_node_once_it_answers()
  {
-    let target = ready_target(SimOptions::new(4, 89, "v1.14.1"), 3, 4, 0).await;
+    let target = ready_target(SimOptions::new(4, DAY2.net(12), "v1.14.1"), 3, 4, 0).await;
     let endpoints = target.node_endpoints();
     let address = endpoints[3].clone();
     let workload = specs::workload_client(&target, CLUSTER)

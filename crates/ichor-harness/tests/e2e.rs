@@ -9,6 +9,7 @@ use ichor_api::names::{conditions, reasons};
 use ichor_harness::specs::{self, Shape};
 use ichor_harness::{SimOptions, SimTarget, Target};
 use ichor_sim::{Fault, Stage};
+use ichor_testenv::nets::E2E;
 use ichor_testenv::wait::try_eventually;
 use kube::ResourceExt as _;
 use kube::api::{Api, Patch, PatchParams};
@@ -19,7 +20,7 @@ async fn sim_lifecycle_on_contract_1_14() {
     // Installed as the Helm chart installs it: the webhook fills an empty certificate Secret.
     let target = SimTarget::up(SimOptions {
         empty_cert_secret: true,
-        ..SimOptions::new(5, 70, "v1.14.1")
+        ..SimOptions::new(5, E2E.net(0), "v1.14.1")
     })
     .await
     .expect("sim target");
@@ -32,7 +33,7 @@ async fn sim_lifecycle_on_contract_1_14() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sim_lifecycle_on_contract_1_13_with_cni_none() {
     // With CNI none, nodeReady stays unmet: the control planes must still all join.
-    let target = SimTarget::up(SimOptions::new(5, 75, "v1.13.9"))
+    let target = SimTarget::up(SimOptions::new(5, E2E.net(5), "v1.13.9"))
         .await
         .expect("sim target");
     specs::lifecycle(&target, &Shape::new("v1.13.9", "none"))
@@ -43,7 +44,7 @@ async fn sim_lifecycle_on_contract_1_13_with_cni_none() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn changed_fingerprints_are_flagged_and_never_applied_to() {
-    let target = SimTarget::up(SimOptions::new(2, 71, "v1.14.1"))
+    let target = SimTarget::up(SimOptions::new(2, E2E.net(1), "v1.14.1"))
         .await
         .expect("sim target");
     specs::discovered_cluster(&target, "v1.14.1", 1, 2)
@@ -143,7 +144,7 @@ async fn changed_fingerprints_are_flagged_and_never_applied_to() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_the_manager_at_each_step_ends_in_one_cluster() {
     // No not-ready window: the first Bootstrap held at the reply gate is the one that acts.
-    let mut options = SimOptions::new(3, 72, "v1.14.1");
+    let mut options = SimOptions::new(3, E2E.net(2), "v1.14.1");
     options.timings.bootstrap_window = Duration::ZERO;
     let mut target = SimTarget::up(options).await.expect("sim target");
     let shape = Shape::new("v1.14.1", "flannel");
@@ -221,7 +222,7 @@ async fn killing_the_manager_at_each_step_ends_in_one_cluster() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn removing_a_control_plane_runs_the_whole_sequence_and_waits_without_a_replacement() {
-    let target = SimTarget::up(SimOptions::new(4, 76, "v1.14.1"))
+    let target = SimTarget::up(SimOptions::new(4, E2E.net(6), "v1.14.1"))
         .await
         .expect("sim target");
     let shape = Shape::new("v1.14.1", "flannel");

@@ -44,7 +44,7 @@ const PER_CLUSTER: usize = 20;
 /// Control planes per cluster (the first machines of its range).
 const CONTROL_PLANES: usize = 3;
 /// The loopback /24s the fleet's nodes use (`127.0.<net>.x`), eight /27s each.
-const NETS: std::ops::RangeInclusive<u8> = 120..=127;
+const NETS: std::ops::RangeInclusive<u8> = ichor_testenv::nets::FLEET.range();
 /// One cluster's discovery range: a /27.
 const BLOCK: usize = 32;
 /// The Talos version the nodes run.

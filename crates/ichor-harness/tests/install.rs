@@ -14,6 +14,7 @@ use ichor_api::names::{conditions, reasons};
 use ichor_harness::specs;
 use ichor_harness::{SimOptions, SimTarget, Target};
 use ichor_sim::{Fault, Timings};
+use ichor_testenv::nets::INSTALL;
 use ichor_testenv::wait::try_eventually;
 use kube::ResourceExt as _;
 use kube::api::{Api, Patch, PatchParams};
@@ -194,7 +195,7 @@ async fn failed_back_in_maintenance(target: &SimTarget, address: &str, fingerpri
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pending_failing_and_hung_1_14_installs_show_and_recover() {
     let version = "v1.14.1";
-    let target = target(3, 98, version).await;
+    let target = target(3, INSTALL.net(0), version).await;
     discovered(&target, version, 3).await;
     let [pending, failing, hung] = [0, 1, 2].map(|i| target.nodes()[i].clone());
     let address = |n: &ichor_sim::SimNode| n.addr().ip().to_string();
@@ -264,7 +265,7 @@ async fn pending_failing_and_hung_1_14_installs_show_and_recover() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_1_13_install_waits_for_its_new_certificate_then_installs() {
     let version = "v1.13.9";
-    let target = target(1, 99, version).await;
+    let target = target(1, INSTALL.net(1), version).await;
     discovered(&target, version, 1).await;
     let node = target.nodes()[0].clone();
     let address = node.addr().ip().to_string();

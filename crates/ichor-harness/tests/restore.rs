@@ -15,6 +15,7 @@ use ichor_api::{TalosCluster, TalosOperation};
 use ichor_harness::specs::{self, Shape};
 use ichor_harness::{SimOptions, SimTarget, Target};
 use ichor_testenv::S3Server;
+use ichor_testenv::nets::RESTORE;
 use ichor_testenv::wait::try_eventually;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -115,7 +116,7 @@ async fn a_lost_cluster_comes_back_from_its_latest_backup_once_and_bad_restores_
     };
 
     // The original cluster: keys in etcd, backed up plain and then sealed.
-    let original = SimTarget::up(SimOptions::new(3, 103, VERSION))
+    let original = SimTarget::up(SimOptions::new(3, RESTORE.net(0), VERSION))
         .await
         .expect("sim target");
     put_store_secret(&original, &server).await;
@@ -176,7 +177,7 @@ async fn a_lost_cluster_comes_back_from_its_latest_backup_once_and_bad_restores_
     original.down().await;
 
     // A new management plane and fresh machines; the bundle was kept, as the runbook says.
-    let target = SimTarget::up(SimOptions::new(3, 104, VERSION))
+    let target = SimTarget::up(SimOptions::new(3, RESTORE.net(1), VERSION))
         .await
         .expect("sim target");
     put_store_secret(&target, &server).await;

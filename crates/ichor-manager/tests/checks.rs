@@ -11,6 +11,7 @@ use ichor_api::names::{conditions, reasons};
 use ichor_api::testing::ClusterBuilder;
 use ichor_api::{TalosCluster, TalosMachine};
 use ichor_sim::{Hardware, SimNode, Stage};
+use ichor_testenv::nets::MANAGER_CHECKS;
 use ichor_testenv::wait::eventually;
 use k8s_openapi::api::core::v1::{Event, Secret};
 use kube::ResourceExt as _;
@@ -43,21 +44,21 @@ async fn refusals_and_reports() {
 
     // An old node, and two machines sharing one SMBIOS UUID.
     let old = SimNode::start_with(
-        SocketAddr::from(([127, 0, 62, 1], 50000)),
+        SocketAddr::from((MANAGER_CHECKS.ip(0, 1), 50000)),
         "v1.13.9",
         Hardware::vm(6201),
     )
     .await
     .expect("old node");
     let twin_a = SimNode::start_with(
-        SocketAddr::from(([127, 0, 63, 1], 50000)),
+        SocketAddr::from((MANAGER_CHECKS.ip(1, 1), 50000)),
         "v1.14.1",
         Hardware::vm(6301),
     )
     .await
     .expect("twin");
     let twin_b = SimNode::start_with(
-        SocketAddr::from(([127, 0, 63, 2], 50000)),
+        SocketAddr::from((MANAGER_CHECKS.ip(1, 2), 50000)),
         "v1.14.1",
         Hardware::vm(6301),
     )
@@ -65,9 +66,11 @@ async fn refusals_and_reports() {
     .expect("twin");
 
     for c in [
-        cluster(&ns, "old", 62).build(),
-        cluster(&ns, "twins", 63).build(),
-        cluster(&ns, "missing", 64).secrets("nope").build(),
+        cluster(&ns, "old", MANAGER_CHECKS.net(0)).build(),
+        cluster(&ns, "twins", MANAGER_CHECKS.net(1)).build(),
+        cluster(&ns, "missing", MANAGER_CHECKS.net(2))
+            .secrets("nope")
+            .build(),
     ] {
         clusters
             .create(&PostParams::default(), &c)

@@ -11,6 +11,7 @@ use ichor_api::names::conditions;
 use ichor_api::{TalosCluster, TalosMachine};
 use ichor_sim::{Hardware, SimNode, Stage as SimStage};
 use ichor_talos::{Credentials, TalosClient};
+use ichor_testenv::nets::MANAGER_LIFECYCLE;
 use ichor_testenv::wait::eventually;
 use kube::ResourceExt as _;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
@@ -225,10 +226,10 @@ async fn run_lifecycle(net: u8, talos_version: &str, cni: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn discovered_machines_become_a_ready_cluster_on_contract_1_14() {
-    run_lifecycle(60, "v1.14.1", "flannel").await;
+    run_lifecycle(MANAGER_LIFECYCLE.net(0), "v1.14.1", "flannel").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn contract_1_13_with_cni_none_still_joins_every_control_plane() {
-    run_lifecycle(61, "v1.13.9", "none").await;
+    run_lifecycle(MANAGER_LIFECYCLE.net(1), "v1.13.9", "none").await;
 }

@@ -13,6 +13,7 @@ use ichor_talos::api::machine::ApplyConfigurationRequest;
 use ichor_talos::api::machine::apply_configuration_request::Mode;
 use ichor_talos::api::machine::machine_service_client::MachineServiceClient;
 use ichor_talos::{ApplyMode, TalosClient};
+use ichor_testenv::nets::SIM_APPLY_INSTALL;
 use ichor_testenv::wait::eventually;
 
 /// How long the simulated node gets for what a test waits for.
@@ -24,7 +25,7 @@ fn to_vda(config: &str) -> String {
 }
 
 fn addr(host: u8) -> SocketAddr {
-    format!("127.0.93.{host}:0").parse().expect("address")
+    SocketAddr::from((SIM_APPLY_INSTALL.ip(0, host), 0))
 }
 
 async fn pinned(node: &SimNode) -> TalosClient {

@@ -19,6 +19,7 @@ use ichor_talos::TalosClient;
 use ichor_talos::api::machine::ApplyConfigurationRequest;
 use ichor_talos::api::machine::apply_configuration_request::Mode;
 use ichor_talos::api::machine::machine_service_client::MachineServiceClient;
+use ichor_testenv::nets::SIM_APPLY_VERDICTS;
 use rand::rngs::StdRng;
 use rand::seq::IndexedRandom as _;
 use rand::{Rng as _, SeedableRng as _};
@@ -894,7 +895,7 @@ async fn maintenance_node(minor: &str, host: u8) -> SimNode {
     } else {
         "v1.14.1"
     };
-    let addr: SocketAddr = format!("127.0.93.{host}:0").parse().expect("address");
+    let addr = SocketAddr::from((SIM_APPLY_VERDICTS.ip(0, host), 0));
     SimNode::start_with(addr, version, Hardware::vm(u32::from(host)))
         .await
         .expect("start a node")
@@ -1112,7 +1113,7 @@ async fn user_volume_verdicts_match_talos() {
         } else {
             "v1.14.1"
         };
-        let addr: SocketAddr = format!("127.0.171.{host}:0").parse().expect("address");
+        let addr = SocketAddr::from((SIM_APPLY_VERDICTS.ip(1, host), 0));
         let node = SimNode::start_with(addr, version, Hardware::vm(u32::from(host) + 170))
             .await
             .expect("start a node");

@@ -5,6 +5,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use ichor_talos::TalosClient;
+use ichor_testenv::nets::SIM_BINARY;
 use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _, BufReader};
 use tokio::process::Command;
 
@@ -35,7 +36,7 @@ async fn the_binary_runs_nodes_and_takes_faults_through_its_control_endpoint() {
             "--nodes",
             "3",
             "--base",
-            "127.0.50.1",
+            &SIM_BINARY.ip(0, 1).to_string(),
             "--talos-version",
             "v1.14.1",
             "--control",
@@ -64,7 +65,9 @@ async fn the_binary_runs_nodes_and_takes_faults_through_its_control_endpoint() {
     };
     assert_eq!(
         nodes.iter().map(|(a, _)| a.as_str()).collect::<Vec<_>>(),
-        ["127.0.50.1:50000", "127.0.50.2:50000", "127.0.50.3:50000"]
+        (1..=3)
+            .map(|host| format!("{}:50000", SIM_BINARY.ip(0, host)))
+            .collect::<Vec<_>>()
     );
     let (addr, fingerprint) = &nodes[1];
     let client = TalosClient::connect_maintenance(addr, fingerprint)
@@ -77,7 +80,12 @@ async fn the_binary_runs_nodes_and_takes_faults_through_its_control_endpoint() {
     let listed: serde_json::Value = serde_json::from_str(&body).expect("json");
     assert_eq!(listed[1]["fingerprint"], fingerprint.as_str());
 
-    let (status, _) = http(&control, "POST", "/nodes/127.0.50.2/partition").await;
+    let (status, _) = http(
+        &control,
+        "POST",
+        &format!("/nodes/{}/partition", SIM_BINARY.ip(0, 2)),
+    )
+    .await;
     assert!(status.contains("200"), "{status}");
     assert!(
         tokio::time::timeout(Duration::from_millis(300), client.version())
@@ -85,11 +93,21 @@ async fn the_binary_runs_nodes_and_takes_faults_through_its_control_endpoint() {
             .is_err(),
         "partitioned"
     );
-    http(&control, "POST", "/nodes/127.0.50.2/heal").await;
+    http(
+        &control,
+        "POST",
+        &format!("/nodes/{}/heal", SIM_BINARY.ip(0, 2)),
+    )
+    .await;
     client.version().await.expect("healed");
 
     // Cut off from clients: open connections and new ones stall, until healed.
-    let (status, _) = http(&control, "POST", "/nodes/127.0.50.2/partition-from-clients").await;
+    let (status, _) = http(
+        &control,
+        "POST",
+        &format!("/nodes/{}/partition-from-clients", SIM_BINARY.ip(0, 2)),
+    )
+    .await;
     assert!(status.contains("200"), "{status}");
     assert!(
         tokio::time::timeout(Duration::from_millis(300), client.version())
@@ -106,7 +124,12 @@ async fn the_binary_runs_nodes_and_takes_faults_through_its_control_endpoint() {
         .is_err(),
         "a new connection never completes its handshake"
     );
-    http(&control, "POST", "/nodes/127.0.50.2/heal").await;
+    http(
+        &control,
+        "POST",
+        &format!("/nodes/{}/heal", SIM_BINARY.ip(0, 2)),
+    )
+    .await;
     client.version().await.expect("healed");
     TalosClient::connect_maintenance(addr, fingerprint)
         .await
@@ -115,28 +138,53 @@ async fn the_binary_runs_nodes_and_takes_faults_through_its_control_endpoint() {
         .await
         .expect("answers");
 
-    http(&control, "POST", "/nodes/127.0.50.2/gates/Version").await;
+    http(
+        &control,
+        "POST",
+        &format!("/nodes/{}/gates/Version", SIM_BINARY.ip(0, 2)),
+    )
+    .await;
     let held = tokio::spawn({
         let client = client.clone();
         async move { client.version().await }
     });
     loop {
-        let (_, body) = http(&control, "GET", "/nodes/127.0.50.2/gates/Version").await;
+        let (_, body) = http(
+            &control,
+            "GET",
+            &format!("/nodes/{}/gates/Version", SIM_BINARY.ip(0, 2)),
+        )
+        .await;
         if body.contains("\"arrived\":1") {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(!held.is_finished());
-    http(&control, "DELETE", "/nodes/127.0.50.2/gates/Version").await;
+    http(
+        &control,
+        "DELETE",
+        &format!("/nodes/{}/gates/Version", SIM_BINARY.ip(0, 2)),
+    )
+    .await;
     held.await.expect("join").expect("released");
 
-    let (status, body) = http(&control, "POST", "/nodes/127.0.50.9/crash").await;
+    let (status, body) = http(
+        &control,
+        "POST",
+        &format!("/nodes/{}/crash", SIM_BINARY.ip(0, 9)),
+    )
+    .await;
     assert!(
         status.contains("400") && body.contains("no simulated node"),
         "{status} {body}"
     );
-    let (status, _) = http(&control, "POST", "/nodes/127.0.50.2/restart").await;
+    let (status, _) = http(
+        &control,
+        "POST",
+        &format!("/nodes/{}/restart", SIM_BINARY.ip(0, 2)),
+    )
+    .await;
     assert!(status.contains("200"));
     let err = TalosClient::connect_maintenance(addr, fingerprint)
         .await
@@ -155,7 +203,7 @@ async fn bad_arguments_are_refused_naming_the_flag() {
             "--nodes",
             "0",
             "--base",
-            "127.0.51.1",
+            &SIM_BINARY.ip(1, 1).to_string(),
             "--talos-version",
             "v1.14.1",
         ])
@@ -170,7 +218,7 @@ async fn bad_arguments_are_refused_naming_the_flag() {
             "--nodes",
             "1",
             "--base",
-            "127.0.51.1",
+            &SIM_BINARY.ip(1, 1).to_string(),
             "--talos-version",
             "v1.12.0",
         ])

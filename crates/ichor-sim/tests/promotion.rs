@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use ichor_sim::{Hardware, SimNode};
 use ichor_talos::TalosClient;
+use ichor_testenv::nets::SIM_PROMOTION;
 use ichor_testenv::wait::eventually;
 
 /// How long the simulated nodes get for what a test waits for.
@@ -30,7 +31,7 @@ async fn a_held_learner_stays_a_learner_until_released() {
     // Hostnames come from the hardware (`auto: stable`): two nodes, two members.
     let config =
         support::golden("1.14-controlplane-flannel-plain.yaml").replace("/dev/sda", "/dev/vda");
-    let addr = |host: u8| -> SocketAddr { format!("127.0.94.{host}:0").parse().expect("address") };
+    let addr = |host: u8| SocketAddr::from((SIM_PROMOTION.ip(0, host), 0));
     let first = SimNode::start_configured(addr(1), "v1.14.1", Hardware::vm(9401), &config)
         .await
         .expect("start");

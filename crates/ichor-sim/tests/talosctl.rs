@@ -9,6 +9,7 @@ use std::process::Output;
 use std::time::Duration;
 
 use ichor_sim::{Hardware, SimNode, Stage};
+use ichor_testenv::nets::{SIM_TALOSCTL, SIM_TALOSCTL_VERSIONS};
 use tokio::io::{AsyncBufReadExt as _, BufReader};
 use tokio::process::Command;
 
@@ -138,13 +139,12 @@ fn file(dir: &Path, name: &str, text: &str) -> String {
 
 #[tokio::test]
 async fn maintenance_mode_is_inspected_with_and_without_the_pinned_fingerprint() {
-    let ip = "127.0.97.1";
+    let ip = &SIM_TALOSCTL.ip(0, 1).to_string();
     let sim = node(ip, 9701).await;
     let talosctl = Talosctl::new();
     let node_args = ["-e", ip, "-n", ip];
-    let with = |rest: &[&'static str]| -> Vec<&'static str> {
-        [&node_args[..], rest, &["--insecure"]].concat()
-    };
+    let with =
+        |rest: &[&'static str]| -> Vec<&str> { [&node_args[..], rest, &["--insecure"]].concat() };
 
     let version = talosctl.ok(&with(&["version"])).await;
     let server = version.split("Server:").nth(1).expect("a server section");
@@ -203,7 +203,7 @@ async fn maintenance_mode_is_inspected_with_and_without_the_pinned_fingerprint()
 
 #[tokio::test]
 async fn a_config_talos_refuses_leaves_the_node_in_maintenance() {
-    let ip = "127.0.97.11";
+    let ip = &SIM_TALOSCTL.ip(0, 11).to_string();
     let sim = node(ip, 9711).await;
     let fingerprint = sim.fingerprint();
     let talosctl = Talosctl::new();
@@ -227,7 +227,7 @@ async fn a_config_talos_refuses_leaves_the_node_in_maintenance() {
 
 #[tokio::test]
 async fn apply_config_dry_run_changes_nothing() {
-    let ip = "127.0.97.21";
+    let ip = &SIM_TALOSCTL.ip(0, 21).to_string();
     let sim = node(ip, 9721).await;
     let fingerprint = sim.fingerprint();
     let talosctl = Talosctl::new();
@@ -267,7 +267,10 @@ async fn apply_config_dry_run_changes_nothing() {
 /// join a worker, then the day-2 calls with their default `--wait`.
 #[tokio::test]
 async fn the_getting_started_flow_works_with_talosctl() {
-    let (cp_ip, worker_ip) = ("127.0.97.31", "127.0.97.32");
+    let (cp_ip, worker_ip) = (
+        &SIM_TALOSCTL.ip(0, 31).to_string(),
+        &SIM_TALOSCTL.ip(0, 32).to_string(),
+    );
     let cp = node(cp_ip, 9731).await;
     let worker = node(worker_ip, 9732).await;
     let talosctl = Talosctl::new();
@@ -432,7 +435,10 @@ async fn installed_control_plane(talosctl: &Talosctl, ip: &str, seed: u32, name:
 /// refused.
 #[tokio::test]
 async fn talosctl_recovers_etcd_from_another_clusters_snapshot() {
-    let (source_ip, target_ip) = ("127.0.97.51", "127.0.97.52");
+    let (source_ip, target_ip) = (
+        &SIM_TALOSCTL.ip(0, 51).to_string(),
+        &SIM_TALOSCTL.ip(0, 52).to_string(),
+    );
     let first = Talosctl::new();
     let source = installed_control_plane(&first, source_ip, 9751, "first").await;
     first
@@ -496,7 +502,7 @@ async fn talosctl_recovers_etcd_from_another_clusters_snapshot() {
 /// §11.7); the node never installs.
 #[tokio::test]
 async fn an_install_disk_the_machine_lacks_leaves_the_install_pending() {
-    let ip = "127.0.97.41";
+    let ip = &SIM_TALOSCTL.ip(0, 41).to_string();
     let sim = node(ip, 9741).await;
     let talosctl = Talosctl::new();
     let out = talosctl.dir.path().to_string_lossy().into_owned();
@@ -545,8 +551,8 @@ async fn an_install_disk_the_machine_lacks_leaves_the_install_pending() {
 #[tokio::test]
 async fn talosctl_gets_the_user_volumes() {
     for (ip, version, contract, seed) in [
-        ("127.0.173.1", "v1.13.9", "v1.13", 17301),
-        ("127.0.173.2", "v1.14.1", "v1.14", 17302),
+        (SIM_TALOSCTL_VERSIONS.ip(0, 1), "v1.13.9", "v1.13", 17301),
+        (SIM_TALOSCTL_VERSIONS.ip(0, 2), "v1.14.1", "v1.14", 17302),
     ] {
         let mut hardware = Hardware::vm(seed);
         hardware.disks.push(ichor_sim::SimDisk {
@@ -557,7 +563,8 @@ async fn talosctl_gets_the_user_volumes() {
             model: String::new(),
             serial: format!("SIMB{seed}"),
         });
-        let addr: SocketAddr = format!("{ip}:50000").parse().expect("address");
+        let addr = SocketAddr::from((ip, 50000));
+        let ip = &ip.to_string();
         let sim = SimNode::start_with(addr, version, hardware)
             .await
             .expect("a simulated node");

@@ -38,13 +38,17 @@ use tokio::task::JoinSet;
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
-/// The swept ranges: loopback /24s no test uses.
+/// The swept ranges: loopback /24s no test uses (`ichor_testenv::nets::DISCOVERY_BENCH`).
 const CIDRS: [&str; 4] = [
     "127.0.110.0/24",
     "127.0.111.0/24",
     "127.0.112.0/24",
     "127.0.113.0/24",
 ];
+const _: () = assert!(
+    ichor_testenv::nets::DISCOVERY_BENCH.net(0) == 110
+        && ichor_testenv::nets::DISCOVERY_BENCH.net(3) == 113
+);
 /// The nftables table holding this run's rules.
 const TABLE: &str = "ichor_bench_discovery";
 /// The Talos version the simulated nodes run.

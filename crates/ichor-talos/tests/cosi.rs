@@ -17,6 +17,7 @@ use ichor_talos::api::cosi::resource::{
 };
 use ichor_talos::api::resource::definitions::runtime::MachineStatusSpec;
 use ichor_talos::{ApplyMode, TalosClient};
+use ichor_testenv::nets::TALOS_COSI;
 use ichor_testenv::wait::eventually;
 use prost::Message as _;
 use support::{WAIT, bundle_for, config, credentials};
@@ -511,14 +512,10 @@ async fn talos_types_decode_user_volumes() {
         for d in &documents {
             text = format!("{}\n---\n{d}", text.trim_end());
         }
-        let node = SimNode::start_configured(
-            format!("127.0.174.{host}:0").parse().expect("addr"),
-            version,
-            hardware,
-            &text,
-        )
-        .await
-        .expect("start a configured node");
+        let node =
+            SimNode::start_configured((TALOS_COSI.ip(0, host), 0).into(), version, hardware, &text)
+                .await
+                .expect("start a configured node");
         let admin = support::admin(&b, node.addr()).await;
         let probe = admin.clone();
         eventually("the user volumes", WAIT, || {

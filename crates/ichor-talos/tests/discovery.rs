@@ -1,12 +1,13 @@
 //! The discovery sweep over four /24s: 16 simulated maintenance-mode nodes, a plain TLS server
 //! and a TCP listener that never speaks TLS.
 
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use ichor_sim::{Hardware, SimNode};
 use ichor_talos::discovery::{ProbeOutcome, SweepConfig, sweep, sweep_sharing};
+use ichor_testenv::nets::TALOS_DISCOVERY as NETS;
 use tokio::net::TcpListener;
 
 /// A TLS server that is not Talos: it completes handshakes, then says nothing useful.
@@ -56,10 +57,10 @@ async fn silent_tcp_listener(addr: SocketAddr) {
 #[tokio::test]
 async fn a_sweep_finds_the_maintenance_nodes_and_classifies_the_rest() {
     let mut nodes = Vec::new();
-    for (i, subnet) in [10u8, 11, 12, 13].into_iter().enumerate() {
+    for i in 0..4u8 {
         for host in 1..=4u8 {
-            let seed = u32::try_from(i * 4).expect("small") + u32::from(host);
-            let addr = SocketAddr::from((Ipv4Addr::new(127, 0, subnet, host), 50000));
+            let seed = u32::from(i) * 4 + u32::from(host);
+            let addr = SocketAddr::from((NETS.ip(i, host), 50000));
             nodes.push(
                 SimNode::start_with(addr, "v1.14.1", Hardware::vm(seed))
                     .await
@@ -67,10 +68,10 @@ async fn a_sweep_finds_the_maintenance_nodes_and_classifies_the_rest() {
             );
         }
     }
-    plain_tls_server(SocketAddr::from((Ipv4Addr::new(127, 0, 12, 200), 50000))).await;
-    silent_tcp_listener(SocketAddr::from((Ipv4Addr::new(127, 0, 13, 200), 50000))).await;
+    plain_tls_server(SocketAddr::from((NETS.ip(2, 200), 50000))).await;
+    silent_tcp_listener(SocketAddr::from((NETS.ip(3, 200), 50000))).await;
 
-    let cidrs: Vec<String> = (10..=13).map(|s| format!("127.0.{s}.0/24")).collect();
+    let cidrs: Vec<String> = (0..4).map(|i| format!("{}/24", NETS.ip(i, 0))).collect();
     let config = SweepConfig {
         timeout: Duration::from_millis(500),
         ..Default::default()
@@ -97,15 +98,12 @@ async fn a_sweep_finds_the_maintenance_nodes_and_classifies_the_rest() {
         assert_eq!(f.version, "v1.14.1");
     }
     assert_eq!(other.len(), 2, "{other:?}");
-    assert_eq!(other[0].0, Ipv4Addr::new(127, 0, 12, 200));
+    assert_eq!(other[0].0, NETS.ip(2, 200));
     assert!(
         matches!(other[0].1, ProbeOutcome::NotTalos { .. }),
         "{other:?}"
     );
-    assert_eq!(
-        other[1],
-        (Ipv4Addr::new(127, 0, 13, 200), ProbeOutcome::NoTls)
-    );
+    assert_eq!(other[1], (NETS.ip(3, 200), ProbeOutcome::NoTls));
     for node in nodes {
         node.stop().await;
     }
@@ -115,7 +113,7 @@ async fn a_sweep_finds_the_maintenance_nodes_and_classifies_the_rest() {
 async fn sweeps_sharing_a_pool_probe_only_with_its_permits() {
     let mut nodes = Vec::new();
     for host in 1..=2u8 {
-        let addr = SocketAddr::from((Ipv4Addr::new(127, 0, 14, host), 50000));
+        let addr = SocketAddr::from((NETS.ip(4, host), 50000));
         nodes.push(
             SimNode::start_with(addr, "v1.14.1", Hardware::vm(100 + u32::from(host)))
                 .await
@@ -131,7 +129,10 @@ async fn sweeps_sharing_a_pool_probe_only_with_its_permits() {
     let sweeps = tokio::spawn({
         let pool = Arc::clone(&pool);
         async move {
-            let (one, two) = (["127.0.14.1/32".to_owned()], ["127.0.14.2/32".to_owned()]);
+            let (one, two) = (
+                [format!("{}/32", NETS.ip(4, 1))],
+                [format!("{}/32", NETS.ip(4, 2))],
+            );
             let first = sweep_sharing(&one, config, &pool);
             let second = sweep_sharing(&two, config, &pool);
             let (first, second) = tokio::join!(first, second);

@@ -11,6 +11,7 @@ use std::time::Duration;
 use ichor_api::common::Role;
 use ichor_sim::{Fault, Hardware, SimNode, Timings};
 use ichor_talos::{Bootstrapped, ResetOptions, TalosClient};
+use ichor_testenv::nets::TALOS_ETCD;
 use ichor_testenv::wait::eventually;
 use support::{NodeConfig, WAIT, admin, bundle_for, node_config};
 
@@ -73,7 +74,7 @@ async fn stop_all(nodes: Vec<(SimNode, TalosClient)>) {
 
 #[tokio::test]
 async fn bootstrap_retries_while_the_node_boots_then_reports_already_done() {
-    let nodes = control_planes(30, 1).await;
+    let nodes = control_planes(TALOS_ETCD.net(0), 1).await;
     let client = &nodes[0].1;
     let early = client.machine_status().await.expect("status while booting");
     assert!(!early.ready, "nothing is ready before bootstrap");
@@ -120,7 +121,7 @@ async fn one_etcd(net: u8, n: u8) -> Vec<(SimNode, TalosClient)> {
 
 #[tokio::test]
 async fn three_control_planes_form_one_etcd_and_one_leaves() {
-    let nodes = control_planes(31, 3).await;
+    let nodes = control_planes(TALOS_ETCD.net(1), 3).await;
     nodes[0]
         .1
         .bootstrap(Duration::from_secs(5))
@@ -155,7 +156,7 @@ async fn three_control_planes_form_one_etcd_and_one_leaves() {
 
 #[tokio::test]
 async fn a_dead_member_is_removed_by_id_through_a_healthy_peer_and_quorum_loss_fails_calls() {
-    let nodes = one_etcd(32, 3).await;
+    let nodes = one_etcd(TALOS_ETCD.net(2), 3).await;
     let dead_id = nodes[2].0.etcd_member_id().await.expect("a member");
     nodes[2].0.crash().await;
 
@@ -193,7 +194,7 @@ async fn a_dead_member_is_removed_by_id_through_a_healthy_peer_and_quorum_loss_f
 
 #[tokio::test]
 async fn a_second_bootstrap_elsewhere_creates_a_second_cluster() {
-    let nodes = control_planes(33, 2).await;
+    let nodes = control_planes(TALOS_ETCD.net(3), 2).await;
     // Both bootstrapped before either discovers the other: two separate etcd clusters, as
     // real Talos would make — which is why Ichor bootstraps exactly once.
     let (a, b) = tokio::join!(
@@ -226,7 +227,7 @@ async fn a_second_bootstrap_elsewhere_creates_a_second_cluster() {
 
 #[tokio::test]
 async fn forfeit_snapshot_defragment_and_a_failing_leave() {
-    let nodes = one_etcd(34, 2).await;
+    let nodes = one_etcd(TALOS_ETCD.net(4), 2).await;
     let first = nodes[0].1.etcd_status().await.expect("status");
     assert_eq!(
         first.leader, first.member_id,
@@ -268,7 +269,7 @@ async fn boot_id(client: &TalosClient) -> Option<String> {
 
 #[tokio::test]
 async fn an_unhealthy_member_stays_a_voter_cannot_leave_and_is_removed_through_a_peer() {
-    let nodes = one_etcd(35, 3).await;
+    let nodes = one_etcd(TALOS_ETCD.net(5), 3).await;
     let (sick, client) = &nodes[2];
     let id = sick.etcd_member_id().await.expect("a member");
     sick.inject(Fault::EtcdUnhealthy(true))

@@ -16,6 +16,7 @@ use ichor_api::common::Role;
 use ichor_render::pki::Role as TalosRole;
 use ichor_sim::{Hardware, NodeSpec, SimNode};
 use ichor_talos::{Bootstrapped, ResetOptions, TalosClient};
+use ichor_testenv::nets::TALOS_ETCD_SNAPSHOT;
 use ichor_testenv::wait::eventually;
 use support::{NodeConfig, WAIT, admin, bundle_for, credentials, node_config};
 
@@ -39,7 +40,7 @@ async fn control_plane_of(cluster: u8, host: u8, etcd_size: u64) -> (SimNode, Ta
 /// alone in its identity, it has no cluster to join.
 async fn fresh_control_plane(cluster: u8, host: u8, etcd_size: u64) -> (SimNode, TalosClient) {
     let b = bundle_for(cluster);
-    let addr = SocketAddr::from(([127, 0, 94, host], 50000));
+    let addr = SocketAddr::from((TALOS_ETCD_SNAPSHOT.ip(0, host), 50000));
     let config = node_config(
         &b,
         &NodeConfig {

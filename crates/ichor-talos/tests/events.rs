@@ -18,6 +18,7 @@ use ichor_talos::api::machine::{
     Event, EventsRequest, MachineStatusEvent, ReadRequest, RebootRequest, ResetPartitionSpec,
     ResetRequest, RestartEvent, SequenceEvent, TaskEvent,
 };
+use ichor_testenv::nets::TALOS_EVENTS;
 use ichor_testenv::wait::eventually;
 use prost::Message as _;
 use support::{NodeConfig, WAIT, admin, bundle_for, credentials, node_config};
@@ -27,7 +28,7 @@ use tonic::transport::Channel;
 const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
 
 fn addr(host: u8) -> SocketAddr {
-    SocketAddr::from(([127, 0, 92, host], 50000))
+    SocketAddr::from((TALOS_EVENTS.ip(0, host), 50000))
 }
 
 /// A bootstrapped control plane with a CNI, so it becomes ready (talos-facts §3, §8.3).

@@ -13,6 +13,7 @@ use std::time::Duration;
 use ichor_api::common::Role;
 use ichor_sim::{Fault, Hardware, INSTALLER_FAILED, NodeSpec, SimNode, Timings};
 use ichor_talos::{ApplyMode, Stage, TalosClient};
+use ichor_testenv::nets::TALOS_INSTALL_FAILURES;
 use ichor_testenv::wait::eventually;
 use support::{NodeConfig, WAIT, admin, bundle_for, node_config};
 
@@ -20,7 +21,7 @@ use support::{NodeConfig, WAIT, admin, bundle_for, node_config};
 const QUIET: Duration = Duration::from_millis(200);
 
 fn addr(host: u8) -> SocketAddr {
-    SocketAddr::from(([127, 0, 61, host], 50000))
+    SocketAddr::from((TALOS_INSTALL_FAILURES.ip(0, host), 50000))
 }
 
 /// A control plane's config for `version`, installing to the VM's disk: `machine.install` on

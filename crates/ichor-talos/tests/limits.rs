@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use ichor_api::common::Role;
 use ichor_sim::{Fault, Hardware, NodeSpec, SimNode};
 use ichor_talos::{Category, LayerStatus, LimitKind, Limits, Progress, TalosClient, TalosError};
+use ichor_testenv::nets::TALOS_LIMITS;
 use support::{NodeConfig, admin, bundle_for, node_config};
 
 /// The limits these tests hold calls to.
@@ -30,7 +31,7 @@ fn scaled() -> Limits {
 /// client of it held to `limits`.
 async fn control_plane(host: u8, limits: Limits) -> (SimNode, TalosClient) {
     let b = bundle_for(150);
-    let addr = SocketAddr::from(([127, 0, 150, host], 50000));
+    let addr = SocketAddr::from((TALOS_LIMITS.ip(0, host), 50000));
     let config = node_config(
         &b,
         &NodeConfig {
@@ -94,7 +95,8 @@ async fn a_quick_read_still_times_out_at_its_short_limit() {
     );
     assert!(took < Duration::from_millis(2500), "cut at 1 s: {took:?}");
     let text = error.to_string();
-    assert!(text.starts_with("Version on 127.0.150.1:50000"), "{text}");
+    let on = format!("Version on {}:50000", TALOS_LIMITS.ip(0, 1));
+    assert!(text.starts_with(&on), "{text}");
     assert!(text.contains("1s, its overall limit"), "{text}");
     assert_eq!(error.code(), Some(tonic::Code::DeadlineExceeded));
     assert_eq!(error.category(), Category::Transient);

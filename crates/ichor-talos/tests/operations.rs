@@ -12,6 +12,7 @@ use ichor_api::common::Role;
 use ichor_render::pki::Role as TalosRole;
 use ichor_sim::{Fault, Hardware, NodeSpec, SimNode, Timings};
 use ichor_talos::{ApplyMode, ResetOptions, Stage, TalosClient};
+use ichor_testenv::nets::TALOS_OPERATIONS;
 use ichor_testenv::wait::eventually;
 use support::{NodeConfig, WAIT, admin, bundle_for, credentials, node_config};
 
@@ -71,12 +72,32 @@ async fn two_more_trustd_attempts(worker: &SimNode, since: usize) {
 #[tokio::test]
 async fn a_worker_gets_its_api_only_after_bootstrap_through_the_endpoint_with_its_token() {
     let b = bundle_for(40);
-    let cp = configured(40, 1, &cp_config(&b, 40, "flannel", "v1.14.1")).await;
-    let worker = configured(40, 2, &worker_config(&b, "127.0.40.1")).await;
+    let cp = configured(
+        TALOS_OPERATIONS.net(0),
+        1,
+        &cp_config(&b, TALOS_OPERATIONS.net(0), "flannel", "v1.14.1"),
+    )
+    .await;
+    let worker = configured(
+        TALOS_OPERATIONS.net(0),
+        2,
+        &worker_config(&b, &TALOS_OPERATIONS.ip(0, 1).to_string()),
+    )
+    .await;
     let mut wrong_token = b.clone();
     wrong_token.trustd_info.token = ichor_render::bundle::Secret("abcdef.0123456789abcdef".into());
-    let stranger = configured(40, 3, &worker_config(&wrong_token, "127.0.40.1")).await;
-    let lost = configured(40, 4, &worker_config(&b, "127.0.40.99")).await;
+    let stranger = configured(
+        TALOS_OPERATIONS.net(0),
+        3,
+        &worker_config(&wrong_token, &TALOS_OPERATIONS.ip(0, 1).to_string()),
+    )
+    .await;
+    let lost = configured(
+        TALOS_OPERATIONS.net(0),
+        4,
+        &worker_config(&b, &TALOS_OPERATIONS.ip(0, 99).to_string()),
+    )
+    .await;
 
     two_more_trustd_attempts(&worker, worker.trustd_attempts()).await;
     assert!(
@@ -117,22 +138,31 @@ async fn a_worker_gets_its_api_only_after_bootstrap_through_the_endpoint_with_it
 #[tokio::test]
 async fn calls_are_forwarded_with_the_node_key_and_refused_in_maintenance() {
     let b = bundle_for(41);
-    let cp1 = configured(41, 1, &cp_config(&b, 41, "flannel", "v1.14.1")).await;
+    let cp1 = configured(
+        TALOS_OPERATIONS.net(1),
+        1,
+        &cp_config(&b, TALOS_OPERATIONS.net(1), "flannel", "v1.14.1"),
+    )
+    .await;
     let config2 = node_config(
         &b,
         &NodeConfig {
             role: Role::ControlPlane,
             talos_version: "v1.14.1",
-            endpoint_host: "127.0.41.1",
+            endpoint_host: &TALOS_OPERATIONS.ip(1, 1).to_string(),
             hostname: Some("cp-2"),
             cni: "flannel",
             install: true,
         },
     );
-    let cp2 = configured(41, 2, &config2).await;
-    let maintenance = SimNode::start(addr(41, 3), "v1.14.1").await.expect("start");
+    let cp2 = configured(TALOS_OPERATIONS.net(1), 2, &config2).await;
+    let maintenance = SimNode::start(addr(TALOS_OPERATIONS.net(1), 3), "v1.14.1")
+        .await
+        .expect("start");
 
-    let through = admin(&b, cp1.addr()).await.for_node("127.0.41.2");
+    let through = admin(&b, cp1.addr())
+        .await
+        .for_node(&TALOS_OPERATIONS.ip(1, 2).to_string());
     assert_eq!(through.hostname().await.expect("forwarded"), "cp-2");
     let by_name = admin(&b, cp1.addr()).await.for_node("cp-2");
     assert_eq!(by_name.hostname().await.expect("by hostname"), "cp-2");
@@ -141,7 +171,7 @@ async fn calls_are_forwarded_with_the_node_key_and_refused_in_maintenance() {
         .await
         .expect("connect");
     let err = reader
-        .for_node("127.0.41.2")
+        .for_node(&TALOS_OPERATIONS.ip(1, 2).to_string())
         .reboot()
         .await
         .expect_err("the caller's role travels with the call");
@@ -154,7 +184,7 @@ async fn calls_are_forwarded_with_the_node_key_and_refused_in_maintenance() {
     .await
     .expect("pinned");
     let err = pinned
-        .for_node("127.0.41.1")
+        .for_node(&TALOS_OPERATIONS.ip(1, 1).to_string())
         .version()
         .await
         .expect_err("maintenance mode does not forward");
@@ -168,7 +198,12 @@ async fn calls_are_forwarded_with_the_node_key_and_refused_in_maintenance() {
 #[tokio::test]
 async fn ready_needs_a_cni() {
     let b = bundle_for(42);
-    let cp = configured(42, 1, &cp_config(&b, 42, "none", "v1.14.1")).await;
+    let cp = configured(
+        TALOS_OPERATIONS.net(2),
+        1,
+        &cp_config(&b, TALOS_OPERATIONS.net(2), "none", "v1.14.1"),
+    )
+    .await;
     let client = admin(&b, cp.addr()).await;
     client
         .bootstrap(Duration::from_secs(5))
@@ -198,7 +233,7 @@ async fn install_stages_per_version() {
         let node = SimNode::spawn(NodeSpec {
             timings,
             hardware: Hardware::vm(u32::from(host)),
-            ..NodeSpec::new(addr(43, host), version)
+            ..NodeSpec::new(addr(TALOS_OPERATIONS.net(3), host), version)
         })
         .await
         .expect("start");
@@ -209,7 +244,7 @@ async fn install_stages_per_version() {
         assert_eq!(pinned.unattended_install().await.expect("read"), None);
         pinned
             .apply_configuration(
-                cp_config(&b, 43, "flannel", version).as_bytes(),
+                cp_config(&b, TALOS_OPERATIONS.net(3), "flannel", version).as_bytes(),
                 ApplyMode::Auto,
             )
             .await
@@ -261,9 +296,14 @@ async fn install_stages_per_version() {
 #[tokio::test]
 async fn apply_modes_on_configured_nodes_follow_the_version() {
     let b = bundle_for(44);
-    let cp14 = configured(44, 1, &cp_config(&b, 44, "flannel", "v1.14.1")).await;
+    let cp14 = configured(
+        TALOS_OPERATIONS.net(4),
+        1,
+        &cp_config(&b, TALOS_OPERATIONS.net(4), "flannel", "v1.14.1"),
+    )
+    .await;
     let client = admin(&b, cp14.addr()).await;
-    let config = cp_config(&b, 44, "flannel", "v1.14.1");
+    let config = cp_config(&b, TALOS_OPERATIONS.net(4), "flannel", "v1.14.1");
     let err = client
         .apply_configuration(config.as_bytes(), ApplyMode::Reboot)
         .await
@@ -287,7 +327,7 @@ async fn apply_modes_on_configured_nodes_follow_the_version() {
         .await
         .expect_err("invalid");
     assert_eq!(err.code(), Some(tonic::Code::InvalidArgument), "{err}");
-    let worker = worker_config(&b, "127.0.44.1");
+    let worker = worker_config(&b, &TALOS_OPERATIONS.ip(4, 1).to_string());
     let err = client
         .apply_configuration(worker.as_bytes(), ApplyMode::Auto)
         .await
@@ -310,8 +350,8 @@ async fn apply_modes_on_configured_nodes_follow_the_version() {
 #[tokio::test]
 async fn a_dry_run_tells_whether_the_node_runs_a_config_and_changes_nothing() {
     let b = bundle_for(44);
-    let config = cp_config(&b, 44, "flannel", "v1.14.1");
-    let node = configured(44, 2, &config).await;
+    let config = cp_config(&b, TALOS_OPERATIONS.net(4), "flannel", "v1.14.1");
+    let node = configured(TALOS_OPERATIONS.net(4), 2, &config).await;
     let client = admin(&b, node.addr()).await;
     assert!(
         client
@@ -320,7 +360,7 @@ async fn a_dry_run_tells_whether_the_node_runs_a_config_and_changes_nothing() {
             .expect("dry run"),
         "the config it booted with"
     );
-    let other = cp_config(&b, 44, "none", "v1.14.1");
+    let other = cp_config(&b, TALOS_OPERATIONS.net(4), "none", "v1.14.1");
     assert!(
         !client.runs_config(other.as_bytes()).await.expect("dry run"),
         "another config"
@@ -338,7 +378,12 @@ async fn a_dry_run_tells_whether_the_node_runs_a_config_and_changes_nothing() {
 #[tokio::test]
 async fn reset_returns_to_maintenance_and_an_empty_partition_list_bricks() {
     let b = bundle_for(45);
-    let cp = configured(45, 1, &cp_config(&b, 45, "flannel", "v1.14.1")).await;
+    let cp = configured(
+        TALOS_OPERATIONS.net(5),
+        1,
+        &cp_config(&b, TALOS_OPERATIONS.net(5), "flannel", "v1.14.1"),
+    )
+    .await;
     let client = admin(&b, cp.addr()).await;
     client
         .bootstrap(Duration::from_secs(5))
@@ -374,7 +419,12 @@ async fn reset_returns_to_maintenance_and_an_empty_partition_list_bricks() {
     cp.stop().await;
 
     // Talos's own request with no partitions named: everything is wiped.
-    let doomed = configured(45, 2, &cp_config(&b, 45, "flannel", "v1.14.1")).await;
+    let doomed = configured(
+        TALOS_OPERATIONS.net(5),
+        2,
+        &cp_config(&b, TALOS_OPERATIONS.net(5), "flannel", "v1.14.1"),
+    )
+    .await;
     let client = admin(&b, doomed.addr()).await;
     ichor_talos::api::machine::machine_service_client::MachineServiceClient::new(client.channel())
         .reset(ichor_talos::api::machine::ResetRequest {

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
 
 use ichor_sim::{Hardware, SimNode};
+use ichor_testenv::nets::TALOS_CLIENT;
 
 /// The tool built by `cargo xtask oracles`.
 fn tool() -> PathBuf {
@@ -116,7 +117,7 @@ fn os_ca_pem() -> String {
 
 #[tokio::test]
 async fn talos_client_discovers_applies_and_reaches_the_node_over_mutual_tls() {
-    let node = node("127.0.20.1:50000", 7).await;
+    let node = node(&format!("{}:50000", TALOS_CLIENT.ip(0, 1)), 7).await;
     let output = drive(&node, &node.fingerprint()).await;
     let sda = node
         .hardware()
@@ -173,7 +174,7 @@ fn talos_fingerprint_matches_ichor_talos_fingerprint() {
 
 #[tokio::test]
 async fn talos_client_refuses_a_node_whose_certificate_does_not_match_the_pin() {
-    let node = node("127.0.20.2:50000", 8).await;
+    let node = node(&format!("{}:50000", TALOS_CLIENT.ip(0, 2)), 8).await;
     // A well-formed fingerprint, of another certificate.
     let wrong = talos_fingerprint(&os_ca_pem());
     assert_ne!(wrong, node.fingerprint());

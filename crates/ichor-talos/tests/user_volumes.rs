@@ -18,6 +18,7 @@ use ichor_talos::api::resource::definitions::block::VolumeStatusSpec;
 use ichor_talos::api::storage::storage_service_client::StorageServiceClient;
 use ichor_talos::api::storage::{BlockDeviceWipeDescriptor, BlockDeviceWipeRequest};
 use ichor_talos::{ApplyMode, TalosClient, UserVolumeStatus};
+use ichor_testenv::nets::TALOS_USER_VOLUMES;
 use ichor_testenv::wait::eventually;
 use prost::Message as _;
 use support::{WAIT, bundle_for, config};
@@ -65,7 +66,7 @@ async fn booted(
 ) -> (SimNode, TalosClient, SecretsBundle) {
     let b = bundle_for(host);
     let node = SimNode::start_configured(
-        format!("127.0.172.{host}:0").parse().expect("addr"),
+        (TALOS_USER_VOLUMES.ip(0, host), 0).into(),
         version,
         hardware(u32::from(host)),
         &with_documents(&b, version, documents),

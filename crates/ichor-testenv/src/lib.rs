@@ -23,6 +23,8 @@
 //!
 //! Every server here starts through [`ports`], which picks its ports and starts it again when
 //! another test took one first.
+//! The simulated Talos networks (`127.0.<net>.x`) each test file uses are registered in
+//! [`nets`].
 //!
 //! Missing binaries are an error that says how to build them; a test never skips.
 //! Child processes die with the process that started them, and their folder goes with them
@@ -31,6 +33,7 @@
 
 pub mod assets;
 mod control_plane;
+pub mod nets;
 pub mod pki;
 pub mod ports;
 pub mod process;

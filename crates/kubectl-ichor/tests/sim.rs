@@ -13,6 +13,7 @@ use ichor_api::{TalosCluster, TalosMachine};
 use ichor_harness::specs;
 use ichor_harness::{SimOptions, SimTarget, Target};
 use ichor_render::SecretsBundle;
+use ichor_testenv::nets::KUBECTL_SIM;
 use ichor_testenv::wait::try_eventually;
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt as _;
@@ -140,7 +141,7 @@ async fn applied_config(target: &SimTarget, machine: &TalosMachine) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_person_takes_pending_machines_to_a_ready_cluster_with_the_plugin() {
-    let target = SimTarget::up(SimOptions::new(3, 85, "v1.14.1"))
+    let target = SimTarget::up(SimOptions::new(3, KUBECTL_SIM.net(0), "v1.14.1"))
         .await
         .expect("sim target");
     let plugin = Plugin::new(&target);
@@ -344,7 +345,7 @@ async fn a_person_takes_pending_machines_to_a_ready_cluster_with_the_plugin() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn render_diff_shows_drift_until_the_manager_applies_it() {
-    let mut target = SimTarget::up(SimOptions::new(1, 86, "v1.14.1"))
+    let mut target = SimTarget::up(SimOptions::new(1, KUBECTL_SIM.net(1), "v1.14.1"))
         .await
         .expect("sim target");
     let plugin = Plugin::new(&target);
