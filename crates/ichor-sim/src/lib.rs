@@ -681,9 +681,10 @@ impl SimNode {
         self.shared.controls.received()
     }
 
-    /// How many configs the node accepted once configured (`ApplyConfiguration` that changed
-    /// its running, persisted or staged config; dry runs and refusals not counted): a test's
-    /// proof that a config was sent once.
+    /// How many configs the node took (`ApplyConfiguration` that, in maintenance mode, set
+    /// off the boot with the config or, once configured, changed its running, persisted or
+    /// staged config; dry runs and refusals not counted): a test's proof that a config was
+    /// sent once, or that a refused one set nothing off. Counted before the reply leaves.
     pub fn config_applies(&self) -> usize {
         self.shared.config_applies.load(Ordering::SeqCst)
     }
@@ -728,6 +729,13 @@ impl SimNode {
     /// `UnattendedInstallConfig` on 1.14; talos-facts §8.2).
     pub async fn installed(&self) -> bool {
         self.node.lock().await.installed
+    }
+
+    /// How many install attempts have reached their outcome since the node was spawned: the
+    /// installer finished, failed, or (with [`Fault::InstallHangs`]) is still running when
+    /// its time ([`Timings::install`]) is up: a test's proof that an install had its chance.
+    pub fn installs_run(&self) -> usize {
+        self.shared.installs_run.load(Ordering::SeqCst)
     }
 
     /// Why the last install failed, if it did: the install sequence's fatal error (1.13, and

@@ -91,6 +91,7 @@ async fn continue_boot(node: Weak<Mutex<Node>>, config: Arc<AppliedConfig>, plan
             drop(guard);
             tokio::time::sleep(down).await;
             let guard = strong.lock().await;
+            guard.shared.installs_run.fetch_add(1, Ordering::SeqCst);
             return install_sequence_failed(guard, node, reason).await;
         }
         InstallPlan::Sequence { disk: Ok(_), image } => {
@@ -126,6 +127,7 @@ async fn continue_boot(node: Weak<Mutex<Node>>, config: Arc<AppliedConfig>, plan
     if guard.boot_id != boot || !guard.install_pending() {
         return;
     }
+    guard.shared.installs_run.fetch_add(1, Ordering::SeqCst);
     if guard.shared.install_hangs.load(Ordering::SeqCst) {
         // The installer never returns: the install stays in progress, the config in memory.
         return;
@@ -247,6 +249,7 @@ fn retry_unattended(this: Weak<Mutex<Node>>, boot: String) {
             {
                 return;
             }
+            guard.shared.installs_run.fetch_add(1, Ordering::SeqCst);
             if guard.shared.install_hangs.load(Ordering::SeqCst) {
                 return;
             }
@@ -334,6 +337,7 @@ pub(crate) fn resume_unattended(node: &mut Node, this: Weak<Mutex<Node>>) {
         {
             return;
         }
+        guard.shared.installs_run.fetch_add(1, Ordering::SeqCst);
         if guard.shared.install_hangs.load(Ordering::SeqCst) {
             guard.config_in_memory = true;
             return;
@@ -403,6 +407,7 @@ impl MachineService for Maintenance {
             })?;
             let plan = apply::install_plan(&rt, &container);
             guard.applying = true;
+            self.shared.config_applies.fetch_add(1, Ordering::SeqCst);
             tokio::spawn(continue_boot(self.node.clone(), Arc::new(config), plan));
         }
         Ok(Response::new(handler::reply(mode, details, warnings)))

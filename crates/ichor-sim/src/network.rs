@@ -39,8 +39,12 @@ pub(crate) struct Shared {
     pub(crate) etcd_rounds: AtomicUsize,
     /// How many times it has begun asking trustd for its certificate (workers; for tests).
     pub(crate) trustd_attempts: AtomicUsize,
-    /// How many configs it accepted once configured, dry runs not counted (for tests).
+    /// How many configs it took, in maintenance mode or configured, dry runs not counted
+    /// (for tests).
     pub(crate) config_applies: AtomicUsize,
+    /// How many install attempts have reached their outcome: installed, failed, or hung past
+    /// the install time (for tests).
+    pub(crate) installs_run: AtomicUsize,
     /// The Talos version it runs (changes with upgrades).
     talos_version: StdMutex<String>,
     /// This boot's event log and boot id, readable without the node's lock (a call racing
@@ -66,6 +70,7 @@ impl Shared {
             etcd_rounds: AtomicUsize::new(0),
             trustd_attempts: AtomicUsize::new(0),
             config_applies: AtomicUsize::new(0),
+            installs_run: AtomicUsize::new(0),
             boot: StdMutex::new((Arc::default(), String::new())),
         }
     }

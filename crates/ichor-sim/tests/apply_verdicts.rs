@@ -988,7 +988,10 @@ async fn a_refused_config_changes_nothing() {
         };
         assert_eq!(status.code(), tonic::Code::InvalidArgument, "{err}");
         assert_eq!(status.message(), talos, "Talos's message");
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        // The node reached its verdict before it answered, and took nothing: no boot, no
+        // install was set off that could change the node later.
+        assert_eq!(node.calls("ApplyConfiguration"), 1, "the call was handled");
+        assert_eq!(node.config_applies(), 0, "nothing set off");
         assert_eq!(node.stage().await, Stage::Maintenance);
         assert_eq!(
             node.fingerprint(),
@@ -1007,6 +1010,7 @@ async fn a_refused_config_changes_nothing() {
             .apply_configuration(good.as_bytes(), ichor_talos::ApplyMode::Auto)
             .await
             .expect("a valid config is accepted after a refused one");
+        assert_eq!(node.config_applies(), 1, "the valid config is taken");
         node.stop().await;
     }
 }
