@@ -257,8 +257,11 @@ async fn a_hung_install_stays_installing_and_a_power_cycle_lets_a_new_apply_fini
                 .is_ok_and(|s| s.stage == stage)
         })
         .await;
-        // Well past the install time, still installing.
-        tokio::time::sleep(Duration::from_millis(1500)).await;
+        // The installer's time is up and it has not returned: still installing.
+        eventually("the install's time up", WAIT, || async {
+            node.installs_run() >= 1
+        })
+        .await;
         let status = client.machine_status().await.expect("status");
         assert_eq!(status.stage, stage, "{version}");
         if version == "v1.14.1" {
@@ -274,6 +277,7 @@ async fn a_hung_install_stays_installing_and_a_power_cycle_lets_a_new_apply_fini
         }
         assert_eq!(client.install_failure(QUIET).await.expect("events"), None);
         assert!(!node.installed().await);
+        assert_eq!(node.installs_run(), 1, "one attempt, still running");
 
         // Clearing the cause does not unstick a hung installer: a power cycle does, and the
         // config, in memory only, has to be applied again.
