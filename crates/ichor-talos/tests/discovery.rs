@@ -10,6 +10,9 @@ use ichor_talos::discovery::{ProbeOutcome, SweepConfig, sweep, sweep_sharing};
 use ichor_testenv::nets::TALOS_DISCOVERY as NETS;
 use tokio::net::TcpListener;
 
+/// How long a probe may take to reach a node, or the sweeps to finish.
+const WAIT: Duration = Duration::from_secs(10);
+
 /// A TLS server that is not Talos: it completes handshakes, then says nothing useful.
 async fn plain_tls_server(addr: SocketAddr) {
     let key = rcgen::KeyPair::generate().expect("key");
@@ -124,8 +127,11 @@ async fn sweeps_sharing_a_pool_probe_only_with_its_permits() {
         timeout: Duration::from_millis(500),
         ..Default::default()
     };
-    // An empty pool: two sweeps wait, however large their own concurrency.
-    let pool = Arc::new(tokio::sync::Semaphore::new(0));
+    // Each node holds the probe's first Talos call until the test has looked at the pool.
+    let [one, two] = [nodes[0].gate("Version"), nodes[1].gate("Version")];
+    // A pool of one permit: two sweeps, however large their own concurrency, probe one
+    // address at a time.
+    let pool = Arc::new(tokio::sync::Semaphore::new(1));
     let sweeps = tokio::spawn({
         let pool = Arc::clone(&pool);
         async move {
@@ -139,11 +145,26 @@ async fn sweeps_sharing_a_pool_probe_only_with_its_permits() {
             (first.expect("sweep"), second.expect("sweep"))
         }
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(!sweeps.is_finished(), "no probe runs without a permit");
-    // One permit: both sweeps finish, one probe at a time.
-    pool.add_permits(1);
-    let (first, second) = tokio::time::timeout(Duration::from_secs(10), sweeps)
+    // Whenever a probe is in a node, it holds the pool's only permit: no probe runs without
+    // one, and the other sweep's probe waits for it.
+    let first_in_one = tokio::time::timeout(WAIT, async {
+        tokio::select! {
+            () = one.arrived(1) => true,
+            () = two.arrived(1) => false,
+        }
+    })
+    .await
+    .expect("a probe reaches a node");
+    let (held, waiting) = if first_in_one { (one, two) } else { (two, one) };
+    assert_eq!(pool.available_permits(), 0, "the probe holds the permit");
+    assert_eq!(waiting.count(), 0, "the other probe waits for it");
+    held.release();
+    tokio::time::timeout(WAIT, waiting.arrived(1))
+        .await
+        .expect("the other probe reaches its node");
+    assert_eq!(pool.available_permits(), 0, "the probe holds the permit");
+    waiting.release();
+    let (first, second) = tokio::time::timeout(WAIT, sweeps)
         .await
         .expect("the sweeps finish")
         .expect("join");
