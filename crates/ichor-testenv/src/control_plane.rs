@@ -131,27 +131,6 @@ fn audit_args(root: &Path, dir: &Path) -> Result<Vec<String>, Error> {
     ])
 }
 
-/// Marks what a restarted apiserver audits: its audit log (if any) is `<name>.restarted.log`
-/// beside `<name>.log`. For a moment after it starts, its authorizer has not yet read the
-/// RBAC objects and refuses requests that its roles grant; the RBAC audit
-/// (`ichor-rbac-audit`) reads such a log for the grants it shows used, not for refusals.
-fn restarted(spec: &ChildSpec) -> ChildSpec {
-    let mut spec = spec.clone();
-    for arg in &mut spec.args {
-        let text = arg.to_string_lossy().into_owned();
-        if let Some(path) = text.strip_prefix("--audit-log-path=")
-            && let Some(stem) = path.strip_suffix(".log")
-            && !stem.ends_with(RESTARTED)
-        {
-            *arg = format!("--audit-log-path={stem}{RESTARTED}.log").into();
-        }
-    }
-    spec
-}
-
-/// What names a restarted apiserver's audit log: `<name>.restarted.log`.
-pub(crate) const RESTARTED: &str = ".restarted";
-
 /// Writes a file, naming it in the error.
 pub(crate) fn write(path: &Path, contents: &str) -> Result<(), Error> {
     std::fs::write(path, contents).map_err(Error::io(format!("write {}", path.display())))
@@ -325,7 +304,8 @@ impl ControlPlane {
 
     /// Starts kube-apiserver again after [`stop_apiserver`](Self::stop_apiserver), on the same
     /// port (once it is free) with the same certificates and etcd, so every kubeconfig still
-    /// works; waits until it is ready (etcd must run).
+    /// works, and the same audit log, which it appends to; waits until it is ready (etcd must
+    /// run).
     pub async fn start_apiserver(&mut self) -> Result<(), Error> {
         if self.apiserver.is_some() {
             return self.wait_ready().await;
@@ -336,7 +316,7 @@ impl ControlPlane {
             let started: Result<_, Error> = async {
                 self.apiserver = Some(start_process(
                     "kube-apiserver",
-                    restarted(&self.apiserver_spec),
+                    self.apiserver_spec.clone(),
                     self.dir.path(),
                 )?);
                 let ready = self.wait_ready().await;
