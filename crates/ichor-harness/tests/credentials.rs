@@ -311,7 +311,7 @@ async fn published_credentials_are_renewed_before_they_expire_and_keep_working()
             )
             .await;
             ichor_render::credentials::read_kubeconfig(&text)
-                .is_some_and(|p| p.endpoints == [moved])
+                .is_some_and(|p| p.endpoints == [moved.as_str()])
         },
     )
     .await
