@@ -92,7 +92,10 @@ enum Choice {
 
 /// The starts of one server: which ports each gets, and whether a failed one is tried again.
 ///
-/// ```ignore
+/// ```no_run
+/// # use ichor_testenv::{Error, ports::Starts};
+/// # async fn start_etcd_on(_ports: &[u16]) -> Result<(), Error> { Ok(()) }
+/// # async fn example() -> Result<(), Error> {
 /// let mut starts = Starts::fresh("etcd", 2);
 /// let etcd = loop {
 ///     let ports = starts.next().await?;
@@ -102,6 +105,8 @@ enum Choice {
 ///         Err(error) => starts.retry(error)?,
 ///     }
 /// };
+/// # Ok(())
+/// # }
 /// ```
 pub struct Starts {
     server: &'static str,
