@@ -14,24 +14,40 @@ use crate::run::run;
 /// Creates (or reuses) the virtual environment holding checkov; returns the `checkov` script.
 /// Rebuilt only when `tools/checkov/requirements.txt` changed.
 pub fn ensure(root: &Path) -> Result<PathBuf> {
-    let requirements = root.join("tools/checkov/requirements.txt");
-    let pinned = std::fs::read_to_string(&requirements)
-        .with_context(|| format!("read {}", requirements.display()))?;
+    pip_tool(root, "tools/checkov/requirements.txt", "checkov", "checkov")
+}
+
+/// A tool from PyPI in a virtual environment of the cache, `<cache>/<binary>-<version>`:
+/// `requirements` (from the workspace root) pins `package==VERSION` (a `--hash=…` may follow).
+/// The environment is created again only when the requirements file changed. Returns its
+/// `bin/<binary>`.
+pub fn pip_tool(root: &Path, requirements: &str, package: &str, binary: &str) -> Result<PathBuf> {
+    let path = root.join(requirements);
+    let pinned =
+        std::fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))?;
+    let pin = format!("{package}==");
     let version = pinned
         .lines()
-        .find_map(|l| l.trim().strip_prefix("checkov=="))
-        .context("tools/checkov/requirements.txt must pin checkov==VERSION")?
+        .find_map(|l| l.trim().strip_prefix(pin.as_str()))
+        .and_then(|rest| rest.split_whitespace().next())
+        .with_context(|| format!("{requirements} must pin {pin}VERSION"))?
         .to_owned();
-    let venv = crate::assets::cache_root().join(format!("checkov-{version}"));
-    let script = venv.join("bin/checkov");
+    let venv = crate::assets::cache_root().join(format!("{binary}-{version}"));
+    let tool = venv.join("bin").join(binary);
     let stamp = venv.join(".requirements.stamp");
-    if script.is_file() && std::fs::read_to_string(&stamp).is_ok_and(|s| s == pinned) {
-        eprintln!("checkov: reusing {}", script.display());
-        return Ok(script);
+    if tool.is_file() && std::fs::read_to_string(&stamp).is_ok_and(|s| s == pinned) {
+        eprintln!("{binary}: reusing {}", tool.display());
+        return Ok(tool);
     }
-    install_requirements(&venv, &requirements, "checkov")?;
-    std::fs::write(&stamp, pinned).context("write checkov's stamp")?;
-    Ok(script)
+    install_requirements(&venv, &path, binary)?;
+    if !tool.is_file() {
+        bail!(
+            "{pin}{version} installed no {}: the package no longer ships it",
+            tool.display()
+        );
+    }
+    std::fs::write(&stamp, pinned).with_context(|| format!("write {binary}'s stamp"))?;
+    Ok(tool)
 }
 
 /// Creates the virtual environment `venv` afresh and installs `requirements` into it with pip;
