@@ -219,7 +219,7 @@ fn main() -> ExitCode {
         }
         Task::Demo { options } => test::demo(&root, &options),
         Task::Bins => test::bins(&root),
-        Task::Readme => readme::check(&root, &[]),
+        Task::Readme => readme::check(&root, &[], None),
         Task::Release => test::release(&root).map(|dir| {
             println!("{}", dir.display());
         }),

@@ -3,7 +3,8 @@
 //! listed with the reason it is not; a README edit that adds, renames or drops a command fails
 //! this phase until the list below follows it.
 
-use std::io::{BufRead as _, BufReader};
+use std::fs::File;
+use std::io::{BufRead as _, BufReader, Write as _};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
@@ -13,7 +14,7 @@ use anyhow::{Context as _, Result, bail};
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 
-use crate::run::run as run_cmd;
+use crate::run::interrupted;
 
 /// Commands run to completion, exactly as the README writes them.
 const RUN: &[&str] = &[
@@ -80,18 +81,24 @@ struct DemoFacts {
     net: String,
 }
 
-/// Runs the phase: checks the lists against the README, then runs its commands.
-pub fn check(root: &Path, env: &[(&str, PathBuf)]) -> Result<()> {
+/// Runs the phase: checks the lists against the README, then runs its commands. Their output
+/// goes to the terminal, or, with `log`, to that file alone (so that it does not interleave
+/// with the tests' when the two run side by side).
+pub fn check(root: &Path, env: &[(&str, PathBuf)], log: Option<&Path>) -> Result<()> {
+    let log = log
+        .map(|path| File::create(path).with_context(|| format!("create {}", path.display())))
+        .transpose()?;
+    let run = Runner { root, env, log };
     let readme = std::fs::read_to_string(root.join("README.md")).context("read README.md")?;
     coverage(&readme)?;
     for (command, why) in NOT_RUN {
-        eprintln!("not run: `{command}`: {why}");
+        run.say(&format!("not run: `{command}`: {why}"));
     }
     for command in RUN {
-        shell(root, env, command)?;
+        run.shell(command)?;
     }
-    serve_until(root, env, SIM, "control http://", Duration::from_secs(60))?;
-    demo_with_talosctl(root, env, &readme)
+    run.serve_until(SIM, "control http://", Duration::from_secs(60))?;
+    run.demo_with_talosctl(&readme)
 }
 
 /// Every `cargo xtask …` in the README is run or excused, and every listed command is in it.
@@ -129,18 +136,61 @@ fn coverage(readme: &str) -> Result<()> {
     Ok(())
 }
 
-fn bash(root: &Path, env: &[(&str, PathBuf)], script: &str) -> Command {
-    let mut cmd = Command::new("bash");
-    cmd.args(["-euo", "pipefail", "-c", script])
-        .current_dir(root);
-    for (key, value) in env {
-        cmd.env(key, value);
-    }
-    cmd
+/// How the phase runs its commands: in the workspace, with the run's variables, writing to the
+/// terminal or to one log file.
+struct Runner<'a> {
+    root: &'a Path,
+    env: &'a [(&'a str, PathBuf)],
+    log: Option<File>,
 }
 
-fn shell(root: &Path, env: &[(&str, PathBuf)], script: &str) -> Result<()> {
-    run_cmd(bash(root, env, script))
+impl Runner<'_> {
+    /// Writes one line of the phase's own (what it runs, what it skips).
+    fn say(&self, line: &str) {
+        match &self.log {
+            Some(file) => {
+                let mut file: &File = file;
+                let _ = writeln!(file, "{line}");
+            }
+            None => eprintln!("{line}"),
+        }
+    }
+
+    /// Where a command's output goes: the log file, or the terminal.
+    fn output(&self) -> Result<Stdio> {
+        match &self.log {
+            Some(file) => Ok(file.try_clone().context("share the log file")?.into()),
+            None => Ok(Stdio::inherit()),
+        }
+    }
+
+    fn bash(&self, script: &str) -> Result<Command> {
+        let mut cmd = Command::new("bash");
+        cmd.args(["-euo", "pipefail", "-c", script])
+            .current_dir(self.root)
+            .stderr(self.output()?);
+        for (key, value) in self.env {
+            cmd.env(key, value);
+        }
+        Ok(cmd)
+    }
+
+    /// Runs `script` to completion, failing on a non-zero exit.
+    fn shell(&self, script: &str) -> Result<()> {
+        self.say(&format!("+ {script}"));
+        let status = self
+            .bash(script)?
+            .stdout(self.output()?)
+            .status()
+            .with_context(|| format!("cannot run `{script}`"))?;
+        if interrupted() {
+            bail!("interrupted while running `{script}`");
+        }
+        if !status.success() {
+            bail!("`{script}` failed ({status})");
+        }
+        Ok(())
+    }
 }
 
 /// A long-running command in its own process group, its stdout lines sent to a channel.
@@ -151,10 +201,15 @@ struct Served {
 }
 
 impl Served {
-    fn start(root: &Path, env: &[(&str, PathBuf)], script: &str) -> Result<Self> {
+    fn start(run: &Runner<'_>, script: &str) -> Result<Self> {
         use std::os::unix::process::CommandExt as _;
-        eprintln!("+ {script} &");
-        let mut child = bash(root, env, script)
+        run.say(&format!("+ {script} &"));
+        let mut echo: Box<dyn std::io::Write + Send> = match &run.log {
+            Some(file) => Box::new(file.try_clone().context("share the log file")?),
+            None => Box::new(std::io::stdout()),
+        };
+        let mut child = run
+            .bash(script)?
             .stdout(Stdio::piped())
             .process_group(0)
             .spawn()
@@ -163,7 +218,7 @@ impl Served {
         let (tx, lines) = mpsc::channel();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                println!("{line}");
+                let _ = writeln!(echo, "{line}");
                 if tx.send(line).is_err() {
                     break;
                 }
@@ -235,40 +290,37 @@ impl Drop for Served {
     }
 }
 
-fn serve_until(
-    root: &Path,
-    env: &[(&str, PathBuf)],
-    script: &str,
-    marker: &str,
-    limit: Duration,
-) -> Result<()> {
-    let mut served = Served::start(root, env, script)?;
-    served
-        .wait_for(marker, limit)
-        .with_context(|| format!("`{script}`"))?;
-    served.interrupt().with_context(|| format!("`{script}`"))
-}
+impl Runner<'_> {
+    fn serve_until(&self, script: &str, marker: &str, limit: Duration) -> Result<()> {
+        let mut served = Served::start(self, script)?;
+        served
+            .wait_for(marker, limit)
+            .with_context(|| format!("`{script}`"))?;
+        served.interrupt().with_context(|| format!("`{script}`"))
+    }
 
-/// Starts the demo, runs the README's talosctl block against it, then stops it with Ctrl-C.
-fn demo_with_talosctl(root: &Path, env: &[(&str, PathBuf)], readme: &str) -> Result<()> {
-    let block = talosctl_block(readme)?;
-    let mut demo = Served::start(root, env, DEMO)?;
-    demo.wait_for("Ctrl-C stops everything", Duration::from_secs(300))
-        .context("`cargo xtask demo`")?;
-    let facts = demo_facts(&demo.seen).context("read the demo's instructions")?;
-    // A watch (`-w`) runs until stopped: it must still be running after 5 s.
-    let script: String = fill(&block, &facts)
-        .lines()
-        .map(|line| {
-            if line.contains(" -w") {
-                format!("{{ timeout 5 {} || test $? -eq 124; }}\n", line.trim())
-            } else {
-                format!("{line}\n")
-            }
-        })
-        .collect();
-    shell(root, env, &script).context("the README's talosctl block against the demo")?;
-    demo.interrupt().context("`cargo xtask demo`")
+    /// Starts the demo, runs the README's talosctl block against it, then stops it with Ctrl-C.
+    fn demo_with_talosctl(&self, readme: &str) -> Result<()> {
+        let block = talosctl_block(readme)?;
+        let mut demo = Served::start(self, DEMO)?;
+        demo.wait_for("Ctrl-C stops everything", Duration::from_secs(300))
+            .context("`cargo xtask demo`")?;
+        let facts = demo_facts(&demo.seen).context("read the demo's instructions")?;
+        // A watch (`-w`) runs until stopped: it must still be running after 5 s.
+        let script: String = fill(&block, &facts)
+            .lines()
+            .map(|line| {
+                if line.contains(" -w") {
+                    format!("{{ timeout 5 {} || test $? -eq 124; }}\n", line.trim())
+                } else {
+                    format!("{line}\n")
+                }
+            })
+            .collect();
+        self.shell(&script)
+            .context("the README's talosctl block against the demo")?;
+        demo.interrupt().context("`cargo xtask demo`")
+    }
 }
 
 /// The README's sh block that drives talosctl.

@@ -167,6 +167,13 @@ impl Phases {
             .push((format!("{name} (background)"), took, ok, None));
     }
 
+    /// Records one of the steps that ran side by side within the phase before: shown in the
+    /// table, not added to the total.
+    pub fn record_beside(&mut self, name: &str, took: Duration, ok: bool) {
+        self.background
+            .push((format!("{name} (side by side)"), took, ok, None));
+    }
+
     /// Prints the timing table to stderr.
     pub fn print(&self) {
         let width = self

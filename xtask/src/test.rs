@@ -125,15 +125,70 @@ fn all_phases(root: &Path, phases: &mut Phases) -> Result<()> {
         weed,
         audit_dir: audit_dir.clone(),
     };
-    phases.phase("tests", || run_tests(root, &tools))?;
-    phases.phase("README commands (e2e, demo, talosctl, simulator)", || {
-        crate::readme::check(root, &[("ICHOR_AUDIT_DIR", audit_dir.clone())])
-    })?;
+    // The tests and the README's commands each leave most of a core idle, waiting on the
+    // apiserver, the simulated nodes and their timers: they run side by side (docs/ci.md). Cargo
+    // holds the build folder's lock only while it builds, so the README's `cargo xtask …`
+    // commands, whose builds find everything built, do not wait for the tests.
+    let readme_log = crate::assets::cache_root().join("readme-commands.log");
+    let env = [("ICHOR_AUDIT_DIR", audit_dir.clone())];
+    let mut parts = Vec::new();
+    let both = phases.phase("tests, and beside them the README commands", || {
+        let (tests, readme) = std::thread::scope(|scope| {
+            let readme =
+                scope.spawn(|| timed(|| crate::readme::check(root, &env, Some(&readme_log))));
+            let tests = timed(|| run_tests(root, &tools));
+            let readme = readme.join().unwrap_or_else(|_| {
+                (
+                    Duration::ZERO,
+                    Err(anyhow::anyhow!("the README commands' thread panicked")),
+                )
+            });
+            (tests, readme)
+        });
+        print_log(&readme_log);
+        parts.push(("tests", tests.0, tests.1.is_ok()));
+        parts.push((
+            "README commands (e2e, demo, talosctl, simulator)",
+            readme.0,
+            readme.1.is_ok(),
+        ));
+        match (tests.1, readme.1) {
+            (Ok(()), Ok(())) => Ok(()),
+            (Err(err), Ok(())) => Err(err),
+            (Ok(()), Err(err)) => Err(err.context("the README commands (their output is above)")),
+            (Err(tests), Err(readme)) => {
+                bail!("{tests:#}; and the README commands (their output is above): {readme:#}")
+            }
+        }
+    });
+    for (name, took, ok) in parts {
+        phases.record_beside(name, took, ok);
+    }
+    both?;
     phases.phase("rbac audit (unused grants)", || {
         let mut cmd = Command::new(built.bin_dir.join("ichor-rbac-audit"));
         cmd.current_dir(root).arg(&audit_dir);
         run_cmd(cmd)
     })
+}
+
+/// Runs `f`, with its wall time.
+fn timed<T>(f: impl FnOnce() -> Result<T>) -> (Duration, Result<T>) {
+    let start = Instant::now();
+    let result = f();
+    (start.elapsed(), result)
+}
+
+/// Copies the README commands' log to stderr, under a heading, after the tests' output.
+fn print_log(path: &Path) {
+    eprintln!("\n==> the README commands' output ({})", path.display());
+    match std::fs::read(path) {
+        Ok(bytes) => {
+            use std::io::Write as _;
+            let _ = std::io::stderr().write_all(&bytes);
+        }
+        Err(err) => eprintln!("(no log: {err})"),
+    }
 }
 
 /// The tools the checks and tests need, built from Go modules, PyPI and crates.io.
