@@ -49,6 +49,7 @@ mod fuzz;
 mod readme;
 mod run;
 mod test;
+mod testrun;
 
 #[path = "../../crates/ichor-testenv/src/assets.rs"]
 #[allow(dead_code)]

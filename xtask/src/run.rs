@@ -88,10 +88,15 @@ fn check(what: &str, status: ExitStatus) -> Result<()> {
 }
 
 /// Runs `cmd` in its own process group, forwarding SIGINT/SIGTERM to that group, and waits.
-pub fn run_forwarding_signals(mut cmd: Command) -> Result<()> {
+pub fn run_forwarding_signals(cmd: Command) -> Result<()> {
+    eprintln!("+ {}", describe(&cmd));
+    wait_forwarding_signals(cmd)
+}
+
+/// [`run_forwarding_signals`] without echoing the command.
+pub fn wait_forwarding_signals(mut cmd: Command) -> Result<()> {
     use std::os::unix::process::CommandExt as _;
     let what = describe(&cmd);
-    eprintln!("+ {what}");
     let mut child: Child = cmd
         .process_group(0)
         .spawn()

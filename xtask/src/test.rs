@@ -12,6 +12,7 @@ use crate::envtest;
 use crate::run::{
     Phases, cargo, interrupted, run as run_cmd, run_forwarding_signals, trap_signals,
 };
+use crate::testrun::{self, Job};
 
 /// Names the shared control plane's folder for the tests (`ichor_testenv::SHARED_DIR_ENV`).
 const SHARED_DIR_ENV: &str = "ICHOR_TESTENV_DIR";
@@ -121,6 +122,7 @@ fn all_phases(root: &Path, phases: &mut Phases) -> Result<()> {
         assets,
         oracles,
         testenv_bin: built.testenv.clone(),
+        tests: built.tests.clone(),
         helm,
         weed,
         audit_dir: audit_dir.clone(),
@@ -273,6 +275,7 @@ struct TestTools {
     assets: PathBuf,
     oracles: PathBuf,
     testenv_bin: PathBuf,
+    tests: Vec<Job>,
     helm: PathBuf,
     weed: PathBuf,
     audit_dir: PathBuf,
@@ -284,6 +287,8 @@ pub struct Built {
     testenv: PathBuf,
     /// The folder of every workspace binary, built with the tests' features.
     pub bin_dir: PathBuf,
+    /// Every test executable, as `cargo test --workspace` would run them.
+    tests: Vec<Job>,
 }
 
 /// Builds every test target, and with them every workspace binary, statically linked (see
@@ -303,11 +308,15 @@ pub fn build_tests(root: &Path) -> Result<Built> {
     let mut child = cmd.spawn().context("run cargo test --no-run")?;
     let stdout = child.stdout.take().context("cargo stdout")?;
     let mut testenv = None;
+    let mut tests = Vec::new();
     for line in BufReader::new(stdout).lines() {
         let line = line.context("read cargo output")?;
         let Ok(msg) = serde_json::from_str::<serde_json::Value>(&line) else {
             continue;
         };
+        if let Some(job) = test_exe(root, &msg) {
+            tests.push(job);
+        }
         let is_testenv_bin = msg["reason"] == "compiler-artifact"
             && msg["target"]["name"] == "ichor-testenv"
             && msg["profile"]["test"] == false
@@ -327,7 +336,50 @@ pub fn build_tests(root: &Path) -> Result<Built> {
         .parent()
         .context("the ichor-testenv binary has no folder")?
         .to_path_buf();
-    Ok(Built { testenv, bin_dir })
+    Ok(Built {
+        testenv,
+        bin_dir,
+        tests,
+    })
+}
+
+/// The test executable a `compiler-artifact` message names, if it names one: run in its
+/// package's folder, as cargo runs it.
+fn test_exe(root: &Path, msg: &serde_json::Value) -> Option<Job> {
+    if msg["reason"] != "compiler-artifact" || msg["profile"]["test"] != true {
+        return None;
+    }
+    let exe = PathBuf::from(msg["executable"].as_str()?);
+    let dir = Path::new(msg["manifest_path"].as_str()?)
+        .parent()?
+        .to_path_buf();
+    let source = Path::new(msg["target"]["src_path"].as_str()?);
+    let label = source
+        .strip_prefix(root)
+        .unwrap_or(source)
+        .display()
+        .to_string();
+    Some(Job {
+        label,
+        program: exe,
+        args: Vec::new(),
+        dir,
+        env: Vec::new(),
+    })
+}
+
+/// The doc tests, which rustdoc builds as they run: `cargo test --workspace --doc`, linked as
+/// the other tests are.
+fn doc_tests(root: &Path) -> Job {
+    Job {
+        label: "doc tests (cargo test --workspace --doc)".to_owned(),
+        program: std::env::var_os("CARGO").map_or_else(|| PathBuf::from("cargo"), PathBuf::from),
+        args: ["test", "--workspace", "--doc", "--target", STATIC_TARGET]
+            .map(str::to_owned)
+            .to_vec(),
+        dir: root.to_path_buf(),
+        env: vec![(STATIC_TARGET_RUSTFLAGS.to_owned(), CRT_STATIC.to_owned())],
+    }
 }
 
 /// The run's shared control plane, served by `ichor-testenv serve` until dropped.
@@ -388,23 +440,31 @@ impl Drop for SharedControlPlane {
     }
 }
 
-/// Runs every test against one shared control plane. Every test and every binary the specs
-/// start is the statically linked build of [`build_tests`], and every control plane writes its
-/// audit log for the RBAC audit.
+/// Runs every test against one shared control plane: the executables of [`build_tests`], two
+/// at a time (`testrun`), and the doc tests. Every test and every binary the specs start is
+/// the statically linked build, and every control plane writes its audit log for the RBAC
+/// audit.
 fn run_tests(root: &Path, tools: &TestTools) -> Result<()> {
     let plane = SharedControlPlane::start(&tools.testenv_bin, &tools.assets)?;
-    let mut cmd = cargo(root);
-    cmd.args(["test", "--workspace", "--no-fail-fast"]);
-    cmd.env(SHARED_DIR_ENV, &plane.dir)
-        .env(crate::assets::ASSETS_ENV, &tools.assets)
-        .env(crate::assets::ORACLES_ENV, &tools.oracles)
-        .env("ICHOR_HELM_BIN", &tools.helm)
-        .env("ICHOR_WEED_BIN", &tools.weed)
-        .env("ICHOR_AUDIT_DIR", &tools.audit_dir);
-    statically_linked(&mut cmd);
-    let result = run_forwarding_signals(cmd);
+    let env = [
+        (SHARED_DIR_ENV, plane.dir.clone()),
+        (crate::assets::ASSETS_ENV, tools.assets.clone()),
+        (crate::assets::ORACLES_ENV, tools.oracles.clone()),
+        ("ICHOR_HELM_BIN", tools.helm.clone()),
+        ("ICHOR_WEED_BIN", tools.weed.clone()),
+        ("ICHOR_AUDIT_DIR", tools.audit_dir.clone()),
+    ];
+    let mut jobs = tools.tests.clone();
+    jobs.push(doc_tests(root));
+    let cache = crate::assets::cache_root();
+    let result = testrun::run_all(
+        jobs,
+        &env,
+        &cache.join("test-logs"),
+        &cache.join("test-times.tsv"),
+    );
     drop(plane);
-    result
+    result.map(drop)
 }
 
 /// `cargo xtask crdgen`: regenerates `config/crd/` and `config/admission/` from `ichor-api`.
