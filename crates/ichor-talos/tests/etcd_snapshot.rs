@@ -20,10 +20,19 @@ use ichor_testenv::nets::TALOS_ETCD_SNAPSHOT;
 use ichor_testenv::wait::eventually;
 use support::{NodeConfig, WAIT, admin, bundle_for, credentials, node_config};
 
-/// A bootstrapped control plane on 127.0.94.`host` whose cluster holds about `etcd_size`
-/// bytes.
+/// The cluster identity of the control plane on 127.0.94.`host` that [`control_plane`]
+/// starts: one of its own. The tests of this file run at once in one process, on one simulated
+/// network, where a control plane joins any bootstrapped cluster of its identity it discovers:
+/// two tests sharing an identity would each find the other's member in their snapshot once the
+/// second node started later than the discovery delay (as on a busy machine).
+const fn identity_of(host: u8) -> u8 {
+    200 + host
+}
+
+/// A bootstrapped control plane on 127.0.94.`host`, alone in its identity
+/// ([`identity_of`]), whose cluster holds about `etcd_size` bytes.
 async fn control_plane(host: u8, etcd_size: u64) -> (SimNode, TalosClient) {
-    control_plane_of(94, host, etcd_size).await
+    control_plane_of(identity_of(host), host, etcd_size).await
 }
 
 /// A bootstrapped control plane on 127.0.94.`host` of the cluster identity `cluster`.
@@ -167,7 +176,7 @@ async fn a_large_snapshot_spans_several_branch_levels() {
 #[tokio::test]
 async fn snapshots_are_for_operators_and_etcd_backup_not_readers() {
     let (node, _) = control_plane(3, 256 << 10).await;
-    let b = bundle_for(94);
+    let b = bundle_for(identity_of(3));
     let connect = |role| {
         let credentials = credentials(&b, role);
         let endpoint = node.addr().to_string();
@@ -211,7 +220,7 @@ async fn an_uploaded_snapshot_is_kept_with_what_a_recovery_will_find() {
 
     let reader = TalosClient::connect(
         &node.addr().to_string(),
-        &credentials(&bundle_for(94), TalosRole::Operator),
+        &credentials(&bundle_for(identity_of(4)), TalosRole::Operator),
     )
     .await
     .expect("connect");
