@@ -175,10 +175,11 @@ impl Qualifiers {
             .as_deref()
             .is_none_or(|q| crate::common::quantity_bytes(q).is_some_and(|min| disk.size >= min));
         let model_ok = self.disk_models.is_empty()
-            || disk
-                .model
-                .as_deref()
-                .is_some_and(|m| self.disk_models.iter().any(|p| glob_matches(p, m.trim())));
+            || disk.model.as_deref().is_some_and(|m| {
+                self.disk_models
+                    .iter()
+                    .any(|p| crate::glob::matches(p, m.trim()))
+            });
         let kind = DiskType::of(disk);
         let type_ok = self.disk_types.is_empty() || self.disk_types.contains(&kind);
         size_ok && model_ok && type_ok
@@ -196,27 +197,6 @@ impl DiskType {
             Self::Ssd
         }
     }
-}
-
-/// `pattern` with `*` matching any run of characters, against all of `text`.
-fn glob_matches(pattern: &str, text: &str) -> bool {
-    let parts: Vec<&str> = pattern.split('*').collect();
-    let [first, middle @ .., last] = parts.as_slice() else {
-        return pattern == text;
-    };
-    if parts.len() == 1 {
-        return pattern == text;
-    }
-    let Some(mut rest) = text.strip_prefix(first) else {
-        return false;
-    };
-    for part in middle {
-        match rest.find(part) {
-            Some(at) => rest = &rest[at + part.len()..],
-            None => return false,
-        }
-    }
-    rest.len() >= last.len() && rest.ends_with(last)
 }
 
 /// Whether `version` (e.g. `v1.14.1`) starts with `prefix` (e.g. `v1.14`) at a component
@@ -342,15 +322,5 @@ mod tests {
             .matches(&TalosMachineStatus::default()),
             "no inventory, no match"
         );
-    }
-
-    #[test]
-    fn globs_match_whole_models() {
-        assert!(glob_matches("WDC*", "WDC WD40"));
-        assert!(glob_matches("*WD40", "WDC WD40"));
-        assert!(glob_matches("W*D*0", "WDC WD40"));
-        assert!(!glob_matches("WD40", "WDC WD40"));
-        assert!(glob_matches("*", ""));
-        assert!(!glob_matches("a*a", "a"));
     }
 }

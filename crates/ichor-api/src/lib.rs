@@ -1,7 +1,9 @@
 //! Ichor's Kubernetes API: the custom resource types (`TalosCluster`, `TalosMachine`,
 //! `TalosOperation`, `TalosStorage`, `TalosMachineClass`), the one home of every annotation,
 //! label, finalizer, condition type and reason ([`names`]), the CEL rules the apiserver
-//! enforces, and the admission policy shipped beside the CRDs ([`admission`]).
+//! enforces, and the admission policy shipped beside the CRDs ([`admission`]). It also says how
+//! the fields with a syntax of their own read: disk-model globs as Talos matches them ([`glob`]),
+//! and durations and the deadlines they make ([`time`]).
 //!
 //! This crate knows nothing of a Kubernetes client or the network: it only describes the API.
 //! The YAML under `config/` is generated from it (`cargo xtask crdgen`). Test builders for each
@@ -15,12 +17,14 @@ pub mod cluster;
 pub mod common;
 pub mod config;
 pub mod decode;
+pub mod glob;
 pub mod machine;
 pub mod names;
 pub mod operation;
 pub mod reservation;
 mod rules;
 pub mod storage;
+pub mod time;
 #[cfg(feature = "testing")]
 pub mod testing;
 

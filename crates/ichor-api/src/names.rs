@@ -416,6 +416,9 @@ pub mod reasons {
     pub const TALOS_API: &str = "TalosAPI";
     /// A spec field holds a value Ichor cannot use.
     pub const INVALID_SPEC: &str = "InvalidSpec";
+    /// A duration field (`spec.discovery.interval`, `spec.backup.retention.maxAge`) does not
+    /// read as a duration Ichor can use (an Event; the default or no age limit applies).
+    pub const INVALID_DURATION: &str = "InvalidDuration";
     /// An invariant of the controller broke: a bug to report.
     pub const INTERNAL_ERROR: &str = "InternalError";
     /// The config was applied; Talos is installing to disk.
