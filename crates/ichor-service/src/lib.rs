@@ -13,8 +13,8 @@
 use std::fmt::Display;
 use std::net::SocketAddr;
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use axum::extract::State;
 use axum::http::{StatusCode, header};
@@ -75,11 +75,14 @@ pub fn exit<E: Display>(name: &str, outcome: Result<(), E>) -> ExitCode {
     }
 }
 
-/// What `/readyz` reports: false until the binary says it is ready to serve.
+/// What `/readyz` and `/healthz` report: ready once the binary says so; healthy until a part
+/// of it that must run as long as the process (a controller) stops.
 #[derive(Debug, Default)]
 pub struct Health {
     /// Whether this process is ready (for the manager: running, leader or standby).
     pub ready: AtomicBool,
+    /// The parts that stopped, each with how (`controller machine panicked`).
+    stopped: Mutex<Vec<String>>,
 }
 
 impl Health {
@@ -91,6 +94,23 @@ impl Health {
     /// Whether the process is ready.
     pub fn is_ready(&self) -> bool {
         self.ready.load(Ordering::SeqCst)
+    }
+
+    /// Records that `what` stopped while the process runs (e.g. `controller machine
+    /// panicked`): `/healthz` fails from then on, naming it, so that the process is restarted.
+    pub fn stopped(&self, what: impl Into<String>) {
+        self.stopped
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(what.into());
+    }
+
+    /// What stopped, in the order it stopped; empty while the process is healthy.
+    pub fn failures(&self) -> Vec<String> {
+        self.stopped
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 }
 
@@ -127,9 +147,21 @@ async fn readyz(State(endpoint): State<Endpoint>) -> (StatusCode, &'static str) 
     }
 }
 
-/// Serves `/metrics` (the registry, Prometheus text format), `/healthz` (always ok while the
-/// process answers) and `/readyz` (`health`) over plain HTTP on `addr` (port 0 picks one);
-/// returns the bound address.
+async fn healthz(State(endpoint): State<Endpoint>) -> (StatusCode, String) {
+    let failures = endpoint.health.failures();
+    if failures.is_empty() {
+        (StatusCode::OK, "ok".to_owned())
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("stopped: {}", failures.join("; ")),
+        )
+    }
+}
+
+/// Serves `/metrics` (the registry, Prometheus text format), `/healthz` (ok until `health`
+/// records a stopped part, then 503 naming it) and `/readyz` (`health`'s readiness) over plain
+/// HTTP on `addr` (port 0 picks one); returns the bound address.
 pub async fn serve(
     addr: SocketAddr,
     registry: Arc<Registry>,
@@ -137,7 +169,7 @@ pub async fn serve(
 ) -> std::io::Result<SocketAddr> {
     let app = axum::Router::new()
         .route("/metrics", get(metrics))
-        .route("/healthz", get(|| async { "ok" }))
+        .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .with_state(Endpoint { registry, health });
     let listener = tokio::net::TcpListener::bind(addr).await?;
@@ -170,6 +202,21 @@ mod tests {
             .find(|s| s.metric == "ichor_things_total")
             .unwrap_or_else(|| panic!("no ichor_things_total in {text}"));
         assert_eq!(sample.value, prometheus_parse::Value::Counter(3.0));
+    }
+
+    #[tokio::test]
+    async fn healthz_fails_naming_what_stopped() {
+        let health = Arc::new(Health::default());
+        let endpoint = Endpoint {
+            registry: Arc::new(Registry::default()),
+            health: Arc::clone(&health),
+        };
+        let (code, body) = healthz(State(endpoint.clone())).await;
+        assert_eq!((code, body.as_str()), (StatusCode::OK, "ok"));
+        health.stopped("controller machine panicked");
+        let (code, body) = healthz(State(endpoint)).await;
+        assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(body.contains("controller machine panicked"), "{body}");
     }
 
     #[test]
