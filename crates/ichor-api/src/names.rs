@@ -28,6 +28,26 @@ pub mod annotations {
     pub const ROLL_OUT_RENDERED: &str = "ichor.maesh.dev/roll-out-rendered-config";
     /// The value every boolean annotation above must have to take effect.
     pub const TRUE: &str = "true";
+    /// Test-only: on an object, the name of a controller ([`super::controllers`]) whose
+    /// reconcile of it panics, in a manager built with its `testing` feature (the tests'
+    /// build). The release build has no such code and ignores it.
+    #[cfg(feature = "testing")]
+    pub const TEST_PANIC_IN: &str = "ichor.maesh.dev/test-panic-in";
+}
+
+/// The manager's controllers, as its metrics, its `/healthz` and the `ReconcilePanicked`
+/// condition name them.
+pub mod controllers {
+    /// TalosCluster: discovery, secrets, bootstrap, status, teardown.
+    pub const CLUSTER: &str = "cluster";
+    /// TalosMachine: the lifecycle from maintenance mode to Ready, drift, removal.
+    pub const MACHINE: &str = "machine";
+    /// TalosStorage: what its volumes select and what the nodes report of them.
+    pub const STORAGE: &str = "storage";
+    /// TalosCluster `spec.backup`: scheduled etcd backups.
+    pub const BACKUP: &str = "backup";
+    /// TalosOperation: day-2 actions.
+    pub const OPERATION: &str = "operation";
 }
 
 /// Label keys.
@@ -128,6 +148,8 @@ pub mod field_managers {
     pub const BACKUP_STATUS: &str = "ichor-manager/backup";
     /// TalosCluster `status.restore` and `Restored`: the restore before bootstrap.
     pub const RESTORE_STATUS: &str = "ichor-manager/restore";
+    /// `ReconcilePanicked`, on every kind: written where a panicking reconcile is caught.
+    pub const RECONCILE_PANIC: &str = "ichor-manager/panic";
 }
 
 /// Condition types.
@@ -164,6 +186,9 @@ pub mod conditions {
     pub const RESTORED: &str = "Restored";
     /// On a TalosCluster with `spec.adopt`: whether its nodes were adopted, and if not why.
     pub const ADOPTED: &str = "Adopted";
+    /// On any object: true while a controller's reconciles of it panic (a bug in Ichor),
+    /// retried with a growing backoff; removed once that controller reconciles it again.
+    pub const RECONCILE_PANICKED: &str = "ReconcilePanicked";
 }
 
 /// Condition reasons (CamelCase), one per cause a person can act on.
@@ -421,6 +446,9 @@ pub mod reasons {
     pub const INVALID_DURATION: &str = "InvalidDuration";
     /// An invariant of the controller broke: a bug to report.
     pub const INTERNAL_ERROR: &str = "InternalError";
+    /// A reconcile of the object panicked (a bug to report): caught, and retried with a
+    /// growing backoff; the manager and its other objects go on.
+    pub const RECONCILE_PANICKED: &str = "ReconcilePanicked";
     /// The config was applied; Talos is installing to disk.
     pub const INSTALLING: &str = "Installing";
     /// Talos 1.14's unattended install waits (e.g. no disk matched the selector).

@@ -20,6 +20,9 @@ pub enum Category {
     Transient,
     /// An invariant broke: logged as an error and retried slowly.
     Bug,
+    /// The reconcile panicked (a bug, caught): retried after a per-object backoff that grows
+    /// to a cap (`crate::panics`).
+    Panicked,
 }
 
 /// What can fail in a reconcile.
@@ -66,6 +69,18 @@ pub enum Error {
     /// A watch cache has not received its first full list yet; retried.
     #[error("{0}")]
     NotSynced(&'static str),
+    /// The reconcile panicked; caught where every controller runs its reconciles.
+    #[error(
+        "the {controller} controller panicked reconciling this object ({message}); retried in {retry:?}"
+    )]
+    Panicked {
+        /// The controller (`ichor_api::names::controllers`).
+        controller: &'static str,
+        /// The panic's message, short and printable (`crate::panics::summary`).
+        message: String,
+        /// When it is retried (its object's backoff).
+        retry: Duration,
+    },
 }
 
 impl Error {
@@ -85,6 +100,7 @@ impl Error {
             Self::Mint { .. } | Self::Bundle(_) | Self::Serde(_) | Self::Invariant(_) => {
                 Category::Bug
             }
+            Self::Panicked { .. } => Category::Panicked,
         }
     }
 
@@ -103,6 +119,15 @@ impl Error {
             Self::Spec { .. } => reasons::INVALID_SPEC,
             Self::Mint { .. } | Self::Bundle(_) => reasons::SECRETS_BUNDLE_UNAVAILABLE,
             Self::Serde(_) | Self::Invariant(_) => reasons::INTERNAL_ERROR,
+            Self::Panicked { .. } => reasons::RECONCILE_PANICKED,
+        }
+    }
+
+    /// When a panicked reconcile is retried (none for any other error).
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Self::Panicked { retry, .. } => Some(*retry),
+            _ => None,
         }
     }
 

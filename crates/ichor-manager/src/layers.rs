@@ -4,14 +4,15 @@
 
 use std::sync::{Arc, Mutex};
 
-use futures::StreamExt as _;
+use futures::future::BoxFuture;
+use futures::{FutureExt as _, StreamExt as _};
 use ichor_api::{TalosMachine, TalosMachineClass, TalosStorage};
 use ichor_render::{MachineLayers, RenderError};
 use kube::api::Api;
 use kube::runtime::reflector::{self, Store, store::Writer};
 use kube::runtime::{WatchStreamExt as _, watcher};
 
-/// The caches of every TalosMachineClass and TalosStorage, filled by [`Layers::start`].
+/// The caches of every TalosMachineClass and TalosStorage, filled by [`Layers::watches`].
 pub struct Layers {
     classes: Store<TalosMachineClass>,
     storages: Store<TalosStorage>,
@@ -37,28 +38,35 @@ impl std::fmt::Debug for Layers {
 }
 
 impl Layers {
-    /// Starts the two watches that fill the caches; a second call does nothing.
-    pub fn start(&self, client: &kube::Client) {
+    /// The two watches that fill the caches, by name, for the caller to run as long as the
+    /// manager does (`crate::tasks`); a second call returns none.
+    pub fn watches(&self, client: &kube::Client) -> Vec<(&'static str, BoxFuture<'static, ()>)> {
         let Some((class_writer, storage_writer)) =
             self.writers.lock().ok().and_then(|mut w| w.take())
         else {
-            return;
+            return Vec::new();
         };
         let classes: Api<TalosMachineClass> = Api::all(client.clone());
         let storages: Api<TalosStorage> = Api::all(client.clone());
-        tokio::spawn(
-            reflector::reflector(class_writer, watcher(classes, watcher::Config::default()))
+        vec![
+            (
+                "watch TalosMachineClass",
+                reflector::reflector(class_writer, watcher(classes, watcher::Config::default()))
+                    .default_backoff()
+                    .for_each(|_| async {})
+                    .boxed(),
+            ),
+            (
+                "watch TalosStorage",
+                reflector::reflector(
+                    storage_writer,
+                    watcher(storages, watcher::Config::default()),
+                )
                 .default_backoff()
-                .for_each(|_| async {}),
-        );
-        tokio::spawn(
-            reflector::reflector(
-                storage_writer,
-                watcher(storages, watcher::Config::default()),
-            )
-            .default_backoff()
-            .for_each(|_| async {}),
-        );
+                .for_each(|_| async {})
+                .boxed(),
+            ),
+        ]
     }
 
     /// What the caches hold, once each has a full list (a render never goes without a class's

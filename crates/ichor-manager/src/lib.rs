@@ -30,6 +30,7 @@ pub mod objstore;
 pub mod observe;
 pub mod operation;
 pub mod own;
+pub mod panics;
 pub mod removal;
 pub mod renewal;
 pub mod restore;
@@ -37,6 +38,7 @@ pub mod seal;
 pub mod secrets;
 pub mod status;
 pub mod storage;
+pub mod tasks;
 pub mod workload;
 
 use std::collections::BTreeMap;
@@ -44,8 +46,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt as _;
+use ichor_api::names::controllers;
 use ichor_api::operation::TalosOperation;
 use ichor_api::{TalosCluster, TalosMachine};
+use ichor_service::Health;
 use ichor_talos::discovery::SweepConfig;
 use ichor_talos::{Credentials, TalosClient};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -137,6 +141,10 @@ pub struct Context {
     last_sweep: Mutex<BTreeMap<String, (Timestamp, Option<i64>)>>,
     /// Per-object backoff for transient errors.
     backoff: error::Backoff,
+    /// The objects whose reconciles panicked, and until when each waits.
+    panics: panics::Panics,
+    /// What `/healthz` reports: a controller that stops fails it.
+    pub health: Arc<Health>,
     /// The manager's own short-lived credentials, per cluster.
     own: own::Cache,
     /// The machine classes and storages configs render from (watch caches).
@@ -171,6 +179,8 @@ impl Context {
             recorder,
             last_sweep: Mutex::new(BTreeMap::new()),
             backoff: error::Backoff::default(),
+            panics: panics::Panics::default(),
+            health: Arc::new(Health::default()),
             own: own::Cache::default(),
             layers: layers::Layers::default(),
             backups: backups::InFlight::default(),
@@ -183,6 +193,14 @@ impl Context {
     #[must_use]
     pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
+        self
+    }
+
+    /// The same context recording a stopped controller in `health` (the one `/healthz`
+    /// serves).
+    #[must_use]
+    pub fn with_health(mut self, health: Arc<Health>) -> Self {
+        self.health = health;
         self
     }
 
@@ -336,7 +354,8 @@ pub fn parse_duration(text: &str) -> Option<Duration> {
 
 /// What a failed reconcile leads to: an object a person must fix waits for a change (with a
 /// Warning Event saying why), a transient fault backs off per object, a bug is logged as an
-/// error (and published) and retried slowly.
+/// error (and published) and retried slowly, a panic (caught, and already logged) is published
+/// and retried after its object's backoff (`panics`).
 fn error_policy<K>(object: Arc<K>, error: &Error, ctx: Arc<Context>) -> Action
 where
     K: Resource<DynamicType = ()> + Send + Sync + 'static,
@@ -358,6 +377,7 @@ where
             tracing::error!(%name, %error, "reconcile failed on a broken invariant");
             Action::requeue(error::BUG_REQUEUE)
         }
+        Category::Panicked => Action::requeue(error.retry_after().unwrap_or(error::BUG_REQUEUE)),
     };
     let (reason, note) = (error.reason(), error.to_string());
     tokio::spawn(async move {
@@ -417,6 +437,27 @@ fn cluster_of(namespace: Option<String>, cluster: &str) -> ObjectRef<TalosCluste
     ObjectRef::new(cluster).within(&namespace.unwrap_or_default())
 }
 
+/// Runs `controller` until the manager stops, every reconcile of it under
+/// [`panics::guard`] (named `name`): the one place each controller's reconciles run, so a
+/// panic in one never ends a controller.
+async fn drive<K, F, Fut>(
+    name: &'static str,
+    controller: Controller<K>,
+    reconcile: F,
+    ctx: Arc<Context>,
+    stop: tokio::sync::watch::Receiver<bool>,
+) where
+    K: panics::Reconciled + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    F: Fn(Arc<K>, Arc<Context>) -> Fut + Copy + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<Action, Error>> + Send + 'static,
+{
+    controller
+        .graceful_shutdown_on(stopped(stop))
+        .run(panics::guard(name, reconcile), error_policy, ctx)
+        .for_each(|_| async {})
+        .await;
+}
+
 /// Each controller's limits: at most `settings.concurrency` reconciles at once. Unbounded, a
 /// fleet's worth of looks ran together, each holding its Talos connection's buffers and its
 /// reconcile's state (`docs/benchmarks/fleet.md`).
@@ -428,7 +469,7 @@ fn limits(ctx: &Context) -> kube::runtime::controller::Config {
 /// machines), reconciles its cluster.
 async fn cluster_controller(ctx: Arc<Context>, stop: tokio::sync::watch::Receiver<bool>) {
     let client = ctx.client.clone();
-    Controller::new(
+    let controller = Controller::new(
         Api::<TalosCluster>::all(client.clone()),
         watcher::Config::default(),
     )
@@ -442,10 +483,14 @@ async fn cluster_controller(ctx: Arc<Context>, stop: tokio::sync::watch::Receive
         Api::<ichor_api::TalosMachineClass>::all(client),
         watcher::Config::default(),
         |c: ichor_api::TalosMachineClass| Some(cluster_of(c.namespace(), &c.spec.cluster_ref.name)),
+    );
+    drive(
+        controllers::CLUSTER,
+        controller,
+        cluster::reconcile,
+        ctx,
+        stop,
     )
-    .graceful_shutdown_on(stopped(stop))
-    .run(cluster::reconcile, error_policy, ctx)
-    .for_each(|_| async {})
     .await;
 }
 
@@ -472,7 +517,7 @@ async fn machine_controller(ctx: Arc<Context>, stop: tokio::sync::watch::Receive
         (controller.store(), controller.store(), controller.store());
     let woken = Woken::default();
     let (wake_c, wake_m, wake_s) = (Arc::clone(&ctx), Arc::clone(&ctx), Arc::clone(&ctx));
-    controller
+    let controller = controller
         // The looks one machine asks of others: the end of a drift turn wakes the machines
         // queued behind it (ADR 0043).
         .reconcile_on(ctx.looks.asked())
@@ -507,11 +552,15 @@ async fn machine_controller(ctx: Arc<Context>, stop: tokio::sync::watch::Receive
                     &s.spec.cluster_ref.name,
                 ))
             },
-        )
-        .graceful_shutdown_on(stopped(stop))
-        .run(machine::reconcile, error_policy, ctx)
-        .for_each(|_| async {})
-        .await;
+        );
+    drive(
+        controllers::MACHINE,
+        controller,
+        machine::reconcile,
+        ctx,
+        stop,
+    )
+    .await;
 }
 
 /// The TalosStorage controller: a machine's change (configured, ready, relabelled) may change
@@ -519,7 +568,7 @@ async fn machine_controller(ctx: Arc<Context>, stop: tokio::sync::watch::Receive
 async fn storage_controller(ctx: Arc<Context>, stop: tokio::sync::watch::Receiver<bool>) {
     let client = ctx.client.clone();
     let cache = Arc::clone(&ctx);
-    Controller::new(
+    let controller = Controller::new(
         Api::<ichor_api::TalosStorage>::all(client.clone()),
         watcher::Config::default(),
     )
@@ -539,67 +588,137 @@ async fn storage_controller(ctx: Arc<Context>, stop: tokio::sync::watch::Receive
                 .map(|s| ObjectRef::from_obj(&*s))
                 .collect::<Vec<_>>()
         },
+    );
+    drive(
+        controllers::STORAGE,
+        controller,
+        storage::reconcile,
+        ctx,
+        stop,
     )
-    .graceful_shutdown_on(stopped(stop))
-    .run(storage::reconcile, error_policy, ctx)
-    .for_each(|_| async {})
     .await;
 }
 
 /// The backup controller: each TalosCluster with `spec.backup`, reconciled when it changes and
 /// when its next backup is due.
 async fn backup_controller(ctx: Arc<Context>, stop: tokio::sync::watch::Receiver<bool>) {
-    Controller::new(
+    let controller = Controller::new(
         Api::<TalosCluster>::all(ctx.client.clone()),
         watcher::Config::default(),
     )
-    .with_config(limits(&ctx))
-    .graceful_shutdown_on(stopped(stop))
-    .run(backups::reconcile, error_policy, ctx)
-    .for_each(|_| async {})
+    .with_config(limits(&ctx));
+    drive(
+        controllers::BACKUP,
+        controller,
+        backups::reconcile,
+        ctx,
+        stop,
+    )
     .await;
 }
 
 /// The TalosOperation controller.
 async fn operation_controller(ctx: Arc<Context>, stop: tokio::sync::watch::Receiver<bool>) {
-    Controller::new(
+    let controller = Controller::new(
         Api::<TalosOperation>::all(ctx.client.clone()),
         watcher::Config::default(),
     )
-    .with_config(limits(&ctx))
-    .graceful_shutdown_on(stopped(stop))
-    .run(operation::reconcile, error_policy, ctx)
-    .for_each(|_| async {})
+    .with_config(limits(&ctx));
+    drive(
+        controllers::OPERATION,
+        controller,
+        operation::reconcile,
+        ctx,
+        stop,
+    )
     .await;
 }
 
-/// Runs the controllers until `shutdown` resolves. Talos API calls made meanwhile are timed
-/// into `ctx.metrics` (the process-wide observer of `ichor_talos::client::observe`, installed
-/// by the first `run`).
+/// Runs `work` until it ends or the manager stops.
+async fn until_stopped(
+    work: impl std::future::Future<Output = ()>,
+    stop: tokio::sync::watch::Receiver<bool>,
+) {
+    tokio::select! {
+        () = work => {}
+        () = stopped(stop) => {}
+    }
+}
+
+/// Runs the controllers until `shutdown` resolves, each (and each background watch) as a task
+/// of its own: one that stops before is logged and fails `ctx.health` (`tasks`); the others
+/// go on. Talos API calls made meanwhile are timed into `ctx.metrics` (the process-wide
+/// observer of `ichor_talos::client::observe`, installed by the first `run`).
 pub async fn run(
     ctx: Arc<Context>,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
     let metrics = Arc::clone(&ctx.metrics);
     ichor_talos::client::observe(Arc::new(move |rpc| metrics.talos_rpc(rpc)));
-    ctx.layers.start(&ctx.client);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
         shutdown.await;
         let _ = stop_tx.send(true);
     });
-    tokio::join!(
+    let mut tasks = tasks::Tasks::new(Arc::clone(&ctx.health), stop_rx.clone());
+    for (name, watch) in ctx.layers.watches(&ctx.client) {
+        tasks.spawn(name, until_stopped(watch, stop_rx.clone()));
+    }
+    let named = |controller: &str| format!("controller {controller}");
+    tasks.spawn(
+        named(controllers::CLUSTER),
         cluster_controller(Arc::clone(&ctx), stop_rx.clone()),
+    );
+    tasks.spawn(
+        named(controllers::MACHINE),
         machine_controller(Arc::clone(&ctx), stop_rx.clone()),
+    );
+    tasks.spawn(
+        named(controllers::STORAGE),
         storage_controller(Arc::clone(&ctx), stop_rx.clone()),
+    );
+    tasks.spawn(
+        named(controllers::BACKUP),
         backup_controller(Arc::clone(&ctx), stop_rx.clone()),
+    );
+    tasks.spawn(
+        named(controllers::OPERATION),
         operation_controller(ctx, stop_rx),
     );
+    tasks.watch().await;
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_panicked_reconcile_is_retried_after_its_backoff() {
+        let nowhere = kube::Client::try_from(kube::Config::new(
+            "http://127.0.0.1:9".parse().expect("url"),
+        ))
+        .expect("client");
+        let ctx = Arc::new(Context::new(
+            nowhere,
+            Settings::default(),
+            Arc::new(Metrics::default()),
+        ));
+        let cluster = Arc::new(TalosCluster::test("lab").namespace("a").build());
+        let error = Error::Panicked {
+            controller: controllers::CLUSTER,
+            message: "overflow".into(),
+            retry: Duration::from_secs(8),
+        };
+        assert_eq!(
+            error_policy(cluster, &error, Arc::clone(&ctx)),
+            Action::requeue(Duration::from_secs(8))
+        );
+        assert!(
+            ctx.metrics
+                .render()
+                .contains("ichor_reconcile_errors_total{reason=\"ReconcilePanicked\"} 1")
+        );
+    }
 
     #[test]
     fn durations_read_seconds_minutes_hours_and_days() {

@@ -1,7 +1,8 @@
 //! The manager's Prometheus metrics (`prometheus-client`): reconciles, their durations and
-//! errors; Talos RPC latency; machines by namespace and phase, computed at scrape time from the
-//! machine controller's cache so that deleted machines vanish by construction; whether this
-//! replica leads. Served by `ichor_service::serve` (see [`crate::http`]).
+//! errors, and those that panicked; Talos RPC latency; machines by namespace and phase,
+//! computed at scrape time from the machine controller's cache so that deleted machines vanish
+//! by construction; whether this replica leads. Served by `ichor_service::serve` (see
+//! [`crate::http`]).
 
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -21,6 +22,12 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct KindLabel {
     kind: String,
+}
+
+/// A controller label (`ichor_api::names::controllers`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ControllerLabel {
+    controller: String,
 }
 
 /// A failure reason label.
@@ -139,6 +146,7 @@ pub struct Metrics {
     skipped: Family<KindLabel, Counter>,
     durations: Histograms<KindLabel>,
     errors: Family<ReasonLabel, Counter>,
+    panics: Family<ControllerLabel, Counter>,
     rpcs: Histograms<RpcLabels>,
     leader: Gauge,
     machines: Arc<MachinePhases>,
@@ -210,6 +218,12 @@ impl Default for Metrics {
             "Failed reconciles by reason.",
             errors.clone(),
         );
+        let panics = Family::<ControllerLabel, Counter>::default();
+        registry.register(
+            "ichor_reconcile_panics",
+            "Reconciles that panicked (caught, and retried with a growing backoff), by controller.",
+            panics.clone(),
+        );
         let rpcs: Histograms<RpcLabels> =
             Family::new_with_constructor(rpc_buckets as fn() -> Histogram);
         registry.register(
@@ -232,6 +246,7 @@ impl Default for Metrics {
             skipped,
             durations,
             errors,
+            panics,
             rpcs,
             leader,
             machines,
@@ -266,6 +281,15 @@ impl Metrics {
         self.errors
             .get_or_create(&ReasonLabel {
                 reason: reason.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Counts one reconcile of `controller` that panicked.
+    pub fn reconcile_panicked(&self, controller: &str) {
+        self.panics
+            .get_or_create(&ControllerLabel {
+                controller: controller.to_owned(),
             })
             .inc();
     }
@@ -386,6 +410,23 @@ mod tests {
         let text = metrics.render();
         assert!(!text.contains("namespace=\"ns-a\""), "{text}");
         assert!(text.contains("namespace=\"ns-b\""), "{text}");
+    }
+
+    #[test]
+    fn panics_are_counted_by_controller() {
+        let metrics = Metrics::default();
+        metrics.reconcile_panicked("cluster");
+        metrics.reconcile_panicked("cluster");
+        metrics.reconcile_panicked("operation");
+        let text = metrics.render();
+        assert!(
+            text.contains("ichor_reconcile_panics_total{controller=\"cluster\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("ichor_reconcile_panics_total{controller=\"operation\"} 1"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -40,6 +40,14 @@ pub struct Group {
     pub conditions: Owned,
 }
 
+/// `ReconcilePanicked`, in every kind's status: written where a panicking reconcile is caught
+/// (`crate::panics`), so no other group sends or clears it.
+pub const PANIC: Group = Group {
+    manager: fm::RECONCILE_PANIC,
+    fields: &[],
+    conditions: Owned::Only(&[conditions::RECONCILE_PANICKED]),
+};
+
 /// The groups of TalosCluster status.
 pub const CLUSTER: &[Group] = &[
     Group {
@@ -88,6 +96,7 @@ pub const CLUSTER: &[Group] = &[
         fields: &["restore"],
         conditions: Owned::Only(&[conditions::RESTORED]),
     },
+    PANIC,
 ];
 
 /// The groups of TalosMachine status.
@@ -127,6 +136,7 @@ pub const MACHINE: &[Group] = &[
         fields: &[],
         conditions: Owned::Only(&[conditions::CLASS_MATCHED]),
     },
+    PANIC,
 ];
 
 /// The groups of TalosOperation status.
@@ -141,6 +151,7 @@ pub const OPERATION: &[Group] = &[
         fields: &["backupKey"],
         conditions: Owned::None,
     },
+    PANIC,
 ];
 
 /// A custom resource whose status is written in groups.
@@ -153,6 +164,8 @@ pub trait Grouped:
     const GROUPS: &'static [Group];
     /// Its status, if any.
     fn status_of(&self) -> Option<&Self::Status>;
+    /// Its status's conditions (none without a status).
+    fn conditions_of(&self) -> &[ichor_api::common::Condition];
 }
 
 impl Grouped for TalosCluster {
@@ -160,6 +173,9 @@ impl Grouped for TalosCluster {
     const GROUPS: &'static [Group] = CLUSTER;
     fn status_of(&self) -> Option<&Self::Status> {
         self.status.as_ref()
+    }
+    fn conditions_of(&self) -> &[ichor_api::common::Condition] {
+        self.status.as_ref().map_or(&[], |s| &s.conditions)
     }
 }
 
@@ -169,27 +185,39 @@ impl Grouped for TalosMachine {
     fn status_of(&self) -> Option<&Self::Status> {
         self.status.as_ref()
     }
+    fn conditions_of(&self) -> &[ichor_api::common::Condition] {
+        self.status.as_ref().map_or(&[], |s| &s.conditions)
+    }
 }
 
-/// The groups of TalosMachineClass status: one writer.
-pub const CLASS: &[Group] = &[Group {
-    manager: fm::CLASS_STATUS,
-    fields: &["matchedMachines", "machines", "waiting"],
-    conditions: Owned::Rest,
-}];
+/// The groups of TalosMachineClass status: one writer, and [`PANIC`].
+pub const CLASS: &[Group] = &[
+    Group {
+        manager: fm::CLASS_STATUS,
+        fields: &["matchedMachines", "machines", "waiting"],
+        conditions: Owned::Rest,
+    },
+    PANIC,
+];
 
-/// The groups of TalosStorage status: one writer.
-pub const STORAGE: &[Group] = &[Group {
-    manager: fm::STORAGE_STATUS,
-    fields: &["volumeCount", "machines"],
-    conditions: Owned::Rest,
-}];
+/// The groups of TalosStorage status: one writer, and [`PANIC`].
+pub const STORAGE: &[Group] = &[
+    Group {
+        manager: fm::STORAGE_STATUS,
+        fields: &["volumeCount", "machines"],
+        conditions: Owned::Rest,
+    },
+    PANIC,
+];
 
 impl Grouped for ichor_api::TalosMachineClass {
     type Status = ichor_api::class::TalosMachineClassStatus;
     const GROUPS: &'static [Group] = CLASS;
     fn status_of(&self) -> Option<&Self::Status> {
         self.status.as_ref()
+    }
+    fn conditions_of(&self) -> &[ichor_api::common::Condition] {
+        self.status.as_ref().map_or(&[], |s| &s.conditions)
     }
 }
 
@@ -199,6 +227,9 @@ impl Grouped for ichor_api::TalosStorage {
     fn status_of(&self) -> Option<&Self::Status> {
         self.status.as_ref()
     }
+    fn conditions_of(&self) -> &[ichor_api::common::Condition] {
+        self.status.as_ref().map_or(&[], |s| &s.conditions)
+    }
 }
 
 impl Grouped for TalosOperation {
@@ -206,6 +237,9 @@ impl Grouped for TalosOperation {
     const GROUPS: &'static [Group] = OPERATION;
     fn status_of(&self) -> Option<&Self::Status> {
         self.status.as_ref()
+    }
+    fn conditions_of(&self) -> &[ichor_api::common::Condition] {
+        self.status.as_ref().map_or(&[], |s| &s.conditions)
     }
 }
 
@@ -628,6 +662,29 @@ mod tests {
         assert_eq!(managers, [fm::MACHINE_DRIFT]);
         assert!(project(&MACHINE[2], MACHINE, &new).is_empty());
         assert!(changed(MACHINE, &old, &old).is_empty());
+    }
+
+    #[test]
+    fn the_panic_condition_is_written_by_its_own_group_in_every_kind() {
+        let status = json!({"conditions": [condition("Ready"), condition("ReconcilePanicked")]});
+        for groups in [CLUSTER, MACHINE, OPERATION, CLASS, STORAGE] {
+            for group in groups {
+                let types: Vec<String> = project(group, groups, &status)
+                    .get("conditions")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                    .map(|c| c["type"].as_str().unwrap_or_default().to_owned())
+                    .collect();
+                let panics = types.iter().any(|t| t == "ReconcilePanicked");
+                assert_eq!(
+                    panics,
+                    group.manager == fm::RECONCILE_PANIC,
+                    "{}",
+                    group.manager
+                );
+            }
+        }
     }
 
     #[test]

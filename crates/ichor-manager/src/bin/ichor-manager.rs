@@ -2,7 +2,7 @@
 //! `ichor-manager --help`.
 //!
 //! Every replica serves `/metrics`, `/healthz` and `/readyz` and is Ready, leader or standby;
-//! only the Lease holder reconciles. SIGTERM stops it with status 0; losing the Lease stops it
+//! only the Lease holder reconciles. `/healthz` fails once a controller stops (ADR 0049). SIGTERM stops it with status 0; losing the Lease stops it
 //! with status 1; bad flags with status 2.
 #![warn(clippy::too_many_lines)]
 
@@ -155,11 +155,11 @@ async fn run(options: Options) -> Result<(), Failure> {
         leader::hold(&lease_client, &held).await;
         let _ = lost_tx.send(());
     });
-    let ctx = Arc::new(Context::new(
-        client,
-        options.settings(&identity),
-        Arc::clone(&metrics),
-    ));
+    // A controller that stops fails /healthz, so that Kubernetes restarts the manager.
+    let ctx = Arc::new(
+        Context::new(client, options.settings(&identity), Arc::clone(&metrics))
+            .with_health(Arc::clone(&health)),
+    );
     // A termination signal drains in-flight reconciles; a lost lease does not: they are
     // dropped at once, before another replica may lead (leader::renewal_overdue), and the
     // process exits.
