@@ -156,7 +156,7 @@ pub fn certificate_validity(pem: &[u8]) -> Option<(SystemTime, SystemTime)> {
     let (_, cert) = x509_parser::parse_x509_certificate(&pem.contents).ok()?;
     let at = |t: x509_parser::time::ASN1Time| {
         let secs = u64::try_from(t.timestamp()).ok()?;
-        Some(SystemTime::UNIX_EPOCH + Duration::from_secs(secs))
+        SystemTime::UNIX_EPOCH.checked_add(Duration::from_secs(secs))
     };
     Some((
         at(cert.validity().not_before)?,

@@ -3,6 +3,7 @@
 //! disk the machine has, and every link the config names must exist.
 
 use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
 
 use cel::objects::Value as Cel;
 use cel::{Context, Program};
@@ -184,7 +185,8 @@ fn check_install_disk(rendered: &Rendered, disks: &[DiskInfo]) -> Result<(), Har
 }
 
 /// Evaluates a Talos 1.14 disk selector for one disk: `disk` with the fields of
-/// `block.DiskSpec` (talos-facts §3), `system_disk`, and the size units as unsigned integers.
+/// `block.DiskSpec` (talos-facts §3), `system_disk`, the size units as unsigned integers, and
+/// `glob(pattern, text)` (Talos's `DiskLocator` environment, talos-facts §8.5).
 fn evaluate(program: &Program, disk: &DiskInfo) -> Result<bool, String> {
     let mut fields: HashMap<String, Cel> = HashMap::new();
     let text = |v: &Option<String>| Cel::from(v.clone().unwrap_or_default());
@@ -198,6 +200,9 @@ fn evaluate(program: &Program, disk: &DiskInfo) -> Result<bool, String> {
     fields.insert("readonly".into(), Cel::Bool(disk.readonly));
     fields.insert("cdrom".into(), Cel::Bool(disk.cdrom));
     let mut context = Context::default();
+    context.add_function("glob", |pattern: Arc<String>, text: Arc<String>| {
+        ichor_api::glob::matches(&pattern, &text)
+    });
     context.add_variable_from_value("disk", fields);
     context.add_variable_from_value("system_disk", Cel::Bool(false));
     for (name, value) in [
@@ -219,15 +224,19 @@ fn evaluate(program: &Program, disk: &DiskInfo) -> Result<bool, String> {
     }
 }
 
-/// A 1.13 `machine.install.diskSelector`: every field given must match.
+/// A 1.13 `machine.install.diskSelector`: every field given must match. Talos matches `model`,
+/// `serial` and `wwid` (and fields the inventory lacks) with its glob (talos-facts §8.5).
 fn legacy_selector_matches(selector: &serde_json::Map<String, Value>, disk: &DiskInfo) -> bool {
+    let glob = |pattern: &str, field: &Option<String>| {
+        ichor_api::glob::matches(pattern, field.as_deref().unwrap_or_default())
+    };
     selector.iter().all(|(key, want)| {
         let want = want.as_str().unwrap_or_default();
         match key.as_str() {
             "size" => size_matches(want, disk.size),
-            "model" => glob(want, disk.model.as_deref().unwrap_or_default()),
-            "serial" => disk.serial.as_deref() == Some(want),
-            "wwid" => disk.wwid.as_deref() == Some(want),
+            "model" => glob(want, &disk.model),
+            "serial" => glob(want, &disk.serial),
+            "wwid" => glob(want, &disk.wwid),
             "type" => match want {
                 "nvme" => disk.transport.as_deref() == Some("nvme"),
                 "hdd" => disk.rotational,
@@ -272,16 +281,6 @@ fn size_matches(expr: &str, size: u64) -> bool {
         "<" => size < bytes,
         ">" => size > bytes,
         _ => size == bytes,
-    }
-}
-
-fn glob(pattern: &str, text: &str) -> bool {
-    match pattern.split_once('*') {
-        None => pattern == text,
-        Some((prefix, rest)) => {
-            text.starts_with(prefix)
-                && (0..=text.len() - prefix.len()).any(|i| glob(rest, &text[prefix.len() + i..]))
-        }
     }
 }
 
@@ -367,4 +366,92 @@ fn check_links(rendered: &Rendered, inventory: &HardwareInventory) -> Vec<Hardwa
             links: links.clone(),
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn selector(fields: Value) -> serde_json::Map<String, Value> {
+        fields.as_object().cloned().expect("an object")
+    }
+
+    fn disk_of(model: &str) -> DiskInfo {
+        DiskInfo {
+            name: "sda".into(),
+            dev_path: "/dev/sda".into(),
+            size: 500_000_000_000,
+            model: Some(model.into()),
+            serial: Some("S4EVNF0M123456".into()),
+            wwid: Some("naa.5002538e40a1b2c3".into()),
+            ..Default::default()
+        }
+    }
+
+    /// The old matcher sliced the model by byte: a model with a multi-byte character at the
+    /// cut panicked the reconcile.
+    #[test]
+    fn a_non_ascii_model_is_matched_not_a_panic() {
+        let disk = disk_of("ø");
+        assert!(!legacy_selector_matches(
+            &selector(serde_json::json!({"model": "*a"})),
+            &disk
+        ));
+        let disk = disk_of("Sømething SSD");
+        assert!(legacy_selector_matches(
+            &selector(serde_json::json!({"model": "S*SSD"})),
+            &disk
+        ));
+        assert!(!legacy_selector_matches(
+            &selector(serde_json::json!({"model": "*ø"})),
+            &disk
+        ));
+    }
+
+    /// The old matcher tried every split of the text for every star: 24 stars against a model
+    /// that does not match took longer than 15 s. Now it is linear (the steps are counted in
+    /// `ichor_api::glob`); this answers at once.
+    #[test]
+    fn many_stars_against_a_long_model_answer_at_once() {
+        let pattern = "*a".repeat(24) + "b";
+        let disk = disk_of(&"a".repeat(128));
+        assert!(!legacy_selector_matches(
+            &selector(serde_json::json!({"model": pattern})),
+            &disk
+        ));
+        let (_, steps) = ichor_api::glob::matches_counting(&pattern, &"a".repeat(128));
+        assert!(steps <= 2 * (pattern.len() as u64 + 128), "{steps} steps");
+    }
+
+    #[test]
+    fn serial_and_wwid_match_as_talos_globs_them() {
+        let disk = disk_of("Samsung SSD 990 PRO");
+        for (fields, want) in [
+            (serde_json::json!({"serial": "S4EVNF0M123456"}), true),
+            (serde_json::json!({"serial": "S4EVNF*"}), true),
+            (serde_json::json!({"serial": "S4EVNF"}), false),
+            (serde_json::json!({"wwid": "naa.5002538e*"}), true),
+            (
+                serde_json::json!({"model": "Samsung SSD 9*", "serial": "X*"}),
+                false,
+            ),
+        ] {
+            assert_eq!(
+                legacy_selector_matches(&selector(fields.clone()), &disk),
+                want,
+                "{fields}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_1_14_selector_may_call_glob() {
+        let disk = disk_of("Sømething SSD");
+        let program = Program::compile(r#"glob("S*SSD", disk.model) && !glob("*a", disk.model)"#)
+            .expect("compiles");
+        assert_eq!(evaluate(&program, &disk), Ok(true));
+        let program = Program::compile(&format!("glob({:?}, disk.model)", "*a".repeat(24) + "b"))
+            .expect("compiles");
+        assert_eq!(evaluate(&program, &disk_of(&"a".repeat(128))), Ok(false));
+    }
 }

@@ -72,6 +72,20 @@ pub(crate) fn now() -> time::OffsetDateTime {
     time::OffsetDateTime::now_utc()
 }
 
+/// `start + ttl`, at most 9999-12-31T23:59:59Z: the last time X.509 writes, which RFC 5280
+/// (4.1.2.5) gives to a certificate with no well-defined expiration. A lifetime too long for
+/// the calendar (a flag's `99999999d`) yields such a certificate, not a panic.
+pub(crate) fn not_after(start: time::OffsetDateTime, ttl: Duration) -> time::OffsetDateTime {
+    let last = time::Date::from_calendar_date(9999, time::Month::December, 31)
+        .ok()
+        .and_then(|day| day.with_hms(23, 59, 59).ok())
+        .map_or(start, time::PrimitiveDateTime::assume_utc);
+    time::Duration::try_from(ttl)
+        .ok()
+        .and_then(|ttl| start.checked_add(ttl))
+        .map_or(last, |end| end.min(last))
+}
+
 /// Leaf-certificate parameters: the subject, one extended key usage, and a validity from a
 /// minute ago (for clocks slightly behind ours) to `ttl` from now.
 pub(crate) fn leaf_params(
@@ -94,7 +108,7 @@ pub(crate) fn leaf_params(
     params.extended_key_usages = vec![usage];
     let now = now();
     params.not_before = now - Duration::from_secs(60);
-    params.not_after = now + ttl;
+    params.not_after = not_after(now, ttl);
     params
 }
 
@@ -149,4 +163,30 @@ pub fn node_server_certificate(
         params.subject_alt_names.push(SanType::DnsName(name));
     }
     sign_with_os_ca(bundle, &params, "node")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lifetime_past_the_calendar_ends_at_the_last_x509_time() {
+        let start = time::OffsetDateTime::UNIX_EPOCH;
+        assert_eq!(
+            not_after(start, Duration::from_secs(86_400)),
+            start + time::Duration::days(1)
+        );
+        for ttl in [
+            Duration::from_secs(99_999_999 * 86_400),
+            Duration::from_secs(u64::MAX),
+            Duration::MAX,
+        ] {
+            let end = not_after(start, ttl);
+            assert_eq!(
+                (end.year(), end.month(), end.day()),
+                (9999, time::Month::December, 31)
+            );
+            assert_eq!((end.hour(), end.minute(), end.second()), (23, 59, 59));
+        }
+    }
 }
