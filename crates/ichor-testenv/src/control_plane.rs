@@ -131,6 +131,42 @@ fn audit_args(root: &Path, dir: &Path) -> Result<Vec<String>, Error> {
     ])
 }
 
+/// Writes the apiserver's admission configuration into `root`: the webhook admission plugins
+/// present the client certificate `client` (to every webhook: the kubeconfig's user `*`);
+/// returns the configuration's file. `kubeConfigFile` and the certificate paths are absolute,
+/// as kube-apiserver requires.
+fn admission_config(root: &Path, client: &CertAndKey) -> Result<PathBuf, Error> {
+    let cert = root.join(crate::WEBHOOK_CLIENT_CERT_FILE);
+    let key = root.join(crate::WEBHOOK_CLIENT_KEY_FILE);
+    write(&cert, &client.cert_pem)?;
+    write(&key, &client.key_pem)?;
+    let kubeconfig = root.join("webhook-client.kubeconfig");
+    write(
+        &kubeconfig,
+        &format!(
+            "apiVersion: v1\nkind: Config\nusers:\n- name: '*'\n  user:\n    client-certificate: {}\n    client-key: {}\n",
+            cert.display(),
+            key.display()
+        ),
+    )?;
+    let plugin = |name: &str| {
+        format!(
+            "- name: {name}\n  configuration:\n    apiVersion: apiserver.config.k8s.io/v1\n    kind: WebhookAdmissionConfiguration\n    kubeConfigFile: {}\n",
+            kubeconfig.display()
+        )
+    };
+    let config = root.join("admission-config.yaml");
+    write(
+        &config,
+        &format!(
+            "apiVersion: apiserver.config.k8s.io/v1\nkind: AdmissionConfiguration\nplugins:\n{}{}",
+            plugin("ValidatingAdmissionWebhook"),
+            plugin("MutatingAdmissionWebhook")
+        ),
+    )?;
+    Ok(config)
+}
+
 /// Writes a file, naming it in the error.
 pub(crate) fn write(path: &Path, contents: &str) -> Result<(), Error> {
     std::fs::write(path, contents).map_err(Error::io(format!("write {}", path.display())))
@@ -189,8 +225,12 @@ impl ControlPlane {
         let serving = pki::loopback_server_cert(&ca, "kube-apiserver")?;
         let admin = pki::client_cert(&ca, "ichor-testenv-admin", Some("system:masters"))?;
         let (sa_key, sa_pub) = pki::service_account_keys()?;
+        let webhook_ca = pki::new_ca_named("ichor-testenv-webhook-client-ca")?;
+        let webhook_client = pki::client_cert(&webhook_ca, "kube-apiserver-webhook-client", None)?;
+        let admission = admission_config(&root, &webhook_client)?;
         for (name, contents) in [
             (crate::CA_CERT_FILE, ca.cert_pem.as_str()),
+            (crate::WEBHOOK_CLIENT_CA_FILE, webhook_ca.cert_pem.as_str()),
             (crate::CA_KEY_FILE, ca.key_pem.as_str()),
             ("apiserver.crt", serving.cert_pem.as_str()),
             ("apiserver.key", serving.key_pem.as_str()),
@@ -219,6 +259,7 @@ impl ControlPlane {
             "--allow-privileged=true".into(),
             "--disable-admission-plugins=ServiceAccount".into(),
             "--enable-priority-and-fairness=false".into(),
+            format!("--admission-control-config-file={}", admission.display()),
         ];
         if let Some(audit_dir) = std::env::var_os(AUDIT_DIR_ENV).filter(|v| !v.is_empty()) {
             apiserver_args.extend(audit_args(&root, Path::new(&audit_dir))?);

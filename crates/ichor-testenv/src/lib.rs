@@ -26,6 +26,10 @@
 //! The simulated Talos networks (`127.0.<net>.x`) each test file uses are registered in
 //! [`nets`].
 //!
+//! Every kube-apiserver here presents a client certificate to the webhooks it calls (its
+//! admission configuration), signed by a CA of its own ([`Connection::webhook_client_ca_file`]),
+//! so that a webhook under test can require one, as the chart documents (ADR 0051).
+//!
 //! Missing binaries are an error that says how to build them; a test never skips.
 //! Child processes die with the process that started them, and their folder goes with them
 //! (see [`process`]).
@@ -72,6 +76,13 @@ pub const KUBECONFIG_FILE: &str = "kubeconfig";
 pub const CA_CERT_FILE: &str = "ca.crt";
 /// The CA key's file name inside a control plane's folder.
 pub const CA_KEY_FILE: &str = "ca.key";
+/// The file, inside a control plane's folder, of the CA that signed the client certificate its
+/// apiserver presents to every webhook (a webhook's client CA, ADR 0051).
+pub const WEBHOOK_CLIENT_CA_FILE: &str = "webhook-client-ca.crt";
+/// The apiserver's webhook client certificate's file inside a control plane's folder.
+pub const WEBHOOK_CLIENT_CERT_FILE: &str = "webhook-client.crt";
+/// Its key's file.
+pub const WEBHOOK_CLIENT_KEY_FILE: &str = "webhook-client.key";
 
 /// The field manager used for objects this crate applies.
 const FIELD_MANAGER: &str = "ichor-testenv";
@@ -229,6 +240,26 @@ impl Connection {
     /// The PEM certificate of the CA that signed the apiserver's and clients' certificates.
     pub fn ca_cert_pem(&self) -> &str {
         &self.ca.cert_pem
+    }
+
+    /// The file of the CA that signed the client certificate the apiserver presents to every
+    /// webhook it calls (its admission configuration's `kubeConfigFile`): what a webhook
+    /// verifies callers with.
+    pub fn webhook_client_ca_file(&self) -> PathBuf {
+        self.dir.join(WEBHOOK_CLIENT_CA_FILE)
+    }
+
+    /// The client certificate and key the apiserver presents to webhooks: for a test that
+    /// calls a webhook as the apiserver would.
+    pub fn webhook_client(&self) -> Result<CertAndKey, Error> {
+        let read = |name: &str| {
+            let path = self.dir.join(name);
+            std::fs::read_to_string(&path).map_err(Error::io(format!("read {}", path.display())))
+        };
+        Ok(CertAndKey {
+            cert_pem: read(WEBHOOK_CLIENT_CERT_FILE)?,
+            key_pem: read(WEBHOOK_CLIENT_KEY_FILE)?,
+        })
     }
 
     /// An admin client.

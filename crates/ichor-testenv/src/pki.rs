@@ -1,5 +1,6 @@
 //! Certificates for a test control plane: one CA that signs the apiserver's serving certificate
-//! and every client certificate (the admin in `system:masters`, and any user a test asks for).
+//! and every client certificate (the admin in `system:masters`, and any user a test asks for),
+//! and a CA of its own for the client certificate the apiserver presents to webhooks.
 
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
@@ -28,12 +29,12 @@ impl std::fmt::Debug for CertAndKey {
     }
 }
 
-fn ca_params() -> Result<CertificateParams, Error> {
+fn ca_params(common_name: &str) -> Result<CertificateParams, Error> {
     let mut params = CertificateParams::new(Vec::<String>::new())?;
     params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     params
         .distinguished_name
-        .push(DnType::CommonName, CA_COMMON_NAME);
+        .push(DnType::CommonName, common_name);
     params.key_usages = vec![
         KeyUsagePurpose::KeyCertSign,
         KeyUsagePurpose::CrlSign,
@@ -44,16 +45,22 @@ fn ca_params() -> Result<CertificateParams, Error> {
 
 /// Mints a new self-signed CA.
 pub fn new_ca() -> Result<CertAndKey, Error> {
+    new_ca_named(CA_COMMON_NAME)
+}
+
+/// Mints a new self-signed CA named `common_name`.
+pub fn new_ca_named(common_name: &str) -> Result<CertAndKey, Error> {
     let key = KeyPair::generate()?;
-    let cert = ca_params()?.self_signed(&key)?;
+    let cert = ca_params(common_name)?.self_signed(&key)?;
     Ok(CertAndKey {
         cert_pem: cert.pem(),
         key_pem: key.serialize_pem(),
     })
 }
 
+/// The issuer of a CA minted here (its subject read from its certificate).
 fn issuer(ca: &CertAndKey) -> Result<Issuer<'static, KeyPair>, Error> {
-    Ok(Issuer::new(ca_params()?, KeyPair::from_pem(&ca.key_pem)?))
+    issuer_from_pem(ca)
 }
 
 /// Mints a serving certificate for loopback (`127.0.0.1`, `localhost`) signed by `ca`.
