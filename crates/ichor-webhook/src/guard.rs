@@ -2,9 +2,11 @@
 //! (etcd observations with their times; a stale one counts as unhealthy), applies the planner's
 //! rules of `ichor-deleteguard`, and reserves an admitted control-plane removal on the
 //! TalosCluster with a write guarded by `resourceVersion`, so concurrent deletes are serialized
-//! (ADR 7). A TalosOperation that resets or reboots is checked at its creation: a reset's
-//! targets as if they were deleted one after another, a reboot's each against the cluster as
-//! it is.
+//! (ADR 7). A delete is decided on the live TalosMachine, and only when the review's
+//! `oldObject` is that object at that version (uid and resourceVersion): a review that names
+//! another, forged or stale, is refused and reserves nothing (ADR 0051). A TalosOperation that
+//! resets or reboots is checked at its creation: a reset's targets as if they were deleted one
+//! after another, a reboot's each against the cluster as it is.
 
 use std::borrow::Borrow;
 use std::collections::BTreeMap;
@@ -104,6 +106,34 @@ fn marked(machines: &[impl Borrow<TalosMachine>], standing: &[Reservation]) -> V
             input
         })
         .collect()
+}
+
+/// The live machine that `review` (a delete review's `oldObject`) names, among `listed` (its
+/// namespace's machines as read now): the same name, uid, resourceVersion and cluster. Any
+/// other review, forged or stale, is refused, so that nothing is reserved for it (ADR 0051).
+fn live_target(review: &TalosMachine, listed: &[TalosMachine]) -> Result<TalosMachine, Decision> {
+    let meta = &review.metadata;
+    let live = listed.iter().find(|m| {
+        m.metadata.name.is_some()
+            && m.metadata.name == meta.name
+            && m.metadata.uid.is_some()
+            && m.metadata.uid == meta.uid
+            && m.metadata.resource_version.is_some()
+            && m.metadata.resource_version == meta.resource_version
+            && m.spec.cluster_ref.name == review.spec.cluster_ref.name
+    });
+    live.cloned().ok_or_else(|| {
+        Decision::deny(
+            reasons::STALE_REVIEW,
+            format!(
+                "refused: the TalosMachine {}/{} of this review (uid {}, resourceVersion {}) is not the live one; nothing was reserved. If the machine changed meanwhile, retry the delete",
+                meta.namespace.as_deref().unwrap_or_default(),
+                meta.name.as_deref().unwrap_or_default(),
+                meta.uid.as_deref().unwrap_or("none"),
+                meta.resource_version.as_deref().unwrap_or("none"),
+            ),
+        )
+    })
 }
 
 /// Decides on admission requests against live state.
@@ -311,22 +341,28 @@ impl Guard {
         }
     }
 
+    /// A TalosMachine delete decided on live state, `review` being the review's `oldObject`:
+    /// refused unless it is the live machine at its live version; the decision then reads only
+    /// the live machine, and an admitted control-plane removal is reserved on its cluster.
     async fn machine_delete(
         &self,
-        target: &TalosMachine,
+        review: &TalosMachine,
         dry_run: bool,
     ) -> Result<Decision, GuardError> {
-        let namespace = target.metadata.namespace.clone().unwrap_or_default();
-        let cluster_name = target.spec.cluster_ref.name.clone();
+        let namespace = review.metadata.namespace.clone().unwrap_or_default();
+        let cluster_name = review.spec.cluster_ref.name.clone();
         let machines_api: Api<TalosMachine> = Api::namespaced(self.client.clone(), &namespace);
         let clusters: Api<TalosCluster> = Api::namespaced(self.client.clone(), &namespace);
         for _ in 0..ATTEMPTS {
             let now = (self.clock)();
             let cluster = clusters.get_opt(&cluster_name).await?;
-            let machines: Vec<TalosMachine> = machines_api
-                .list(&ListParams::default())
-                .await?
-                .items
+            let listed = machines_api.list(&ListParams::default()).await?.items;
+            let target = match live_target(review, &listed) {
+                Ok(live) => live,
+                Err(refusal) => return Ok(refusal),
+            };
+            let target = &target;
+            let machines: Vec<TalosMachine> = listed
                 .into_iter()
                 .filter(|m| m.spec.cluster_ref.name == cluster_name)
                 .collect();
@@ -470,6 +506,41 @@ mod tests {
             uid: uid.into(),
             at,
         }
+    }
+
+    #[test]
+    fn only_the_live_machine_at_its_version_is_decided_on() {
+        let mut live = machine("cp-1", "u1", false);
+        live.metadata.resource_version = Some("7".into());
+        let listed = [machine("cp-2", "u2", false), live.clone()];
+        let found = live_target(&live, &listed).map(|m| m.metadata.uid);
+        assert_eq!(found.ok().flatten().as_deref(), Some("u1"));
+
+        let forged = |change: fn(&mut TalosMachine)| {
+            let mut review = live.clone();
+            change(&mut review);
+            review
+        };
+        for review in [
+            forged(|m| m.metadata.uid = Some("u2".into())),
+            forged(|m| m.metadata.uid = None),
+            forged(|m| m.metadata.resource_version = Some("6".into())),
+            forged(|m| m.metadata.resource_version = None),
+            forged(|m| m.metadata.name = Some("cp-9".into())),
+            forged(|m| m.spec.cluster_ref.name = "other".into()),
+        ] {
+            match live_target(&review, &listed) {
+                Err(Decision::Deny { reason, .. }) => assert_eq!(reason, reasons::STALE_REVIEW),
+                other => panic!(
+                    "{:?} was taken for the live machine",
+                    other.map(|m| m.metadata)
+                ),
+            }
+        }
+        assert!(
+            live_target(&live, &[]).is_err(),
+            "a machine that is gone is not live"
+        );
     }
 
     #[test]

@@ -1,22 +1,25 @@
 //! The HTTPS admission server: `POST /validate` takes an `AdmissionReview` v1 and always
 //! answers with a well-formed one, timing each decision into [`Metrics`]; `GET /healthz` says
-//! whether a serving certificate is loaded.
+//! whether a serving certificate is loaded. With a client CA ([`ClientAuth`]), `/validate`
+//! refuses, unread, a request whose connection presented no client certificate.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::Json;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::{get, post};
+use axum::{Extension, Json};
+use axum_server::tls::TlsInfo;
 use ichor_api::names::reasons;
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
 
 use crate::Error;
 use crate::certs::{CertSettings, LeafResolver, Refresher};
+use crate::client_auth::ClientAuth;
 use crate::guard::{Cache, Decision, Guard, unavailable};
 use crate::metrics::Metrics;
 
@@ -33,6 +36,9 @@ pub struct Settings {
     pub certs: CertSettings,
     /// How often the certificates are checked.
     pub refresh: Duration,
+    /// The apiserver's client CA: when set, `/validate` answers only a caller that presented
+    /// a certificate it signed (ADR 0051); when unset, any caller that reaches the port.
+    pub client_auth: Option<ClientAuth>,
 }
 
 #[derive(Clone)]
@@ -40,6 +46,8 @@ struct AppState {
     guard: Guard,
     resolver: Arc<LeafResolver>,
     metrics: Arc<Metrics>,
+    /// Whether `/validate` needs a client certificate (the handshake verified any presented).
+    client_certificate_required: bool,
 }
 
 /// What a review was about: the resource and the operation, as metric labels.
@@ -78,6 +86,22 @@ fn invalid(body: &[u8], why: &str) -> AdmissionReview<DynamicObject> {
     let mut response = AdmissionResponse::invalid(format!("unreadable admission review: {why}"));
     response.result.reason = reasons::INVALID_REVIEW.to_owned();
     response.result.code = 400;
+    if let Ok(value) = serde_json::from_slice::<serde_json::Value>(body)
+        && let Some(uid) = value["request"]["uid"].as_str()
+    {
+        uid.clone_into(&mut response.uid);
+    }
+    response.into_review()
+}
+
+/// The answer to a caller that presented no client certificate where one is required:
+/// refused, its body read for nothing but the uid to echo.
+fn unauthenticated(body: &[u8]) -> AdmissionReview<DynamicObject> {
+    let mut response = AdmissionResponse::invalid(
+        "refused: the webhook answers only the apiserver, which must present a client certificate signed by the webhook's client CA (docs/install.md, *Who may call the webhook*)",
+    );
+    response.result.reason = reasons::CLIENT_CERTIFICATE_REQUIRED.to_owned();
+    response.result.code = 401;
     if let Ok(value) = serde_json::from_slice::<serde_json::Value>(body)
         && let Some(uid) = value["request"]["uid"].as_str()
     {
@@ -149,8 +173,23 @@ async fn decide(guard: &Guard, body: &[u8]) -> (AdmissionReview<DynamicObject>, 
 
 async fn validate(
     State(state): State<AppState>,
+    tls: Option<Extension<Arc<TlsInfo>>>,
     body: Bytes,
 ) -> Json<AdmissionReview<DynamicObject>> {
+    let presented = tls.is_some_and(|Extension(info)| !info.peer_certificates.is_empty());
+    if state.client_certificate_required && !presented {
+        tracing::warn!("admission refused: the caller presented no client certificate");
+        let started = Instant::now();
+        let subject = Subject::unknown();
+        let answer = unauthenticated(&body);
+        state.metrics.admitted(
+            &subject.resource,
+            subject.operation,
+            false,
+            started.elapsed(),
+        );
+        return Json(answer);
+    }
     Json(review_timed(&state.guard, &state.metrics, &body).await)
 }
 
@@ -220,10 +259,14 @@ pub async fn start(client: kube::Client, settings: Settings) -> Result<Running, 
     );
     refresher.refresh().await?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut tls = rustls::ServerConfig::builder_with_provider(provider)
+    let builder = rustls::ServerConfig::builder_with_provider(Arc::clone(&provider))
         .with_safe_default_protocol_versions()
-        .map_err(|e| Error::Tls(e.to_string()))?
-        .with_no_client_auth()
+        .map_err(|e| Error::Tls(e.to_string()))?;
+    let builder = match &settings.client_auth {
+        Some(auth) => builder.with_client_cert_verifier(auth.verifier(provider)?),
+        None => builder.with_no_client_auth(),
+    };
+    let mut tls = builder
         .with_cert_resolver(Arc::clone(&resolver) as Arc<dyn rustls::server::ResolvesServerCert>);
     tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     let metrics = Arc::new(Metrics::default());
@@ -234,6 +277,7 @@ pub async fn start(client: kube::Client, settings: Settings) -> Result<Running, 
             guard: Guard::new(client.clone()).with_cache(Cache::start(&client)),
             resolver,
             metrics: Arc::clone(&metrics),
+            client_certificate_required: settings.client_auth.is_some(),
         });
     let handle = axum_server::Handle::new();
     let server = tokio::spawn(

@@ -1,6 +1,8 @@
 //! The webhook called by a real kube-apiserver over TLS, with the CA the webhook wrote into
-//! the webhook configuration: unsafe deletes and updates are refused at the door, concurrent
-//! deletes are serialized, and safe ones pass.
+//! the webhook configuration, and requiring the client certificate the apiserver presents:
+//! unsafe deletes and updates are refused at the door, concurrent deletes are serialized, and
+//! safe ones pass. A review POSTed to the port by anyone else, or one that names a machine
+//! other than the live one, reserves nothing.
 
 use std::time::Duration;
 
@@ -12,7 +14,9 @@ use ichor_api::testing::OperationBuilder;
 use ichor_api::{TalosCluster, TalosMachine};
 use ichor_testenv::TestEnv;
 use ichor_webhook::certs::CA_CERT_KEY;
-use ichor_webhook::{CERT_SECRET, CertSettings, Settings, WEBHOOK_CONFIGURATION, WEBHOOK_PATH};
+use ichor_webhook::{
+    CERT_SECRET, CertSettings, ClientAuth, Settings, WEBHOOK_CONFIGURATION, WEBHOOK_PATH,
+};
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingWebhookConfiguration, WebhookClientConfig,
 };
@@ -25,7 +29,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::json;
-use support::{api, create_machine};
+use support::{api, create_machine, machine_review, post_review};
 
 mod support;
 
@@ -108,11 +112,14 @@ async fn register(env: &TestEnv, url: &str) {
 }
 
 /// A private control plane with the CRDs, a namespace, a running webhook registered with an
-/// empty `caBundle` — the webhook injects its own CA.
+/// empty `caBundle` — the webhook injects its own CA — and requiring the client certificate
+/// the apiserver presents to webhooks.
 async fn setup() -> (TestEnv, String, ichor_webhook::Running) {
     let env = TestEnv::private().await.expect("private control plane");
     env.install_crds(ichor_api::crds()).await.expect("CRDs");
     let ns = env.namespace("webhook").await.expect("namespace");
+    let client_auth = ClientAuth::from_pem_file(&env.connection().webhook_client_ca_file())
+        .expect("the apiserver's webhook client CA");
     let running = ichor_webhook::start(
         webhook_client(&env, &ns).await,
         Settings {
@@ -127,6 +134,7 @@ async fn setup() -> (TestEnv, String, ichor_webhook::Running) {
                 renew_before: Duration::from_secs(3600),
             },
             refresh: Duration::from_millis(500),
+            client_auth: Some(client_auth),
         },
     )
     .await
@@ -464,5 +472,143 @@ async fn resets_and_reboots_that_would_break_etcd_are_refused_at_the_door() {
     create_operation(&operations, heal)
         .await
         .expect("rebooting the unhealthy one itself keeps a healthy quorum");
+    running.stop().await;
+}
+
+/// The removal reservations on the TalosCluster `lab`, as stored.
+async fn reservations_on_lab(env: &TestEnv, ns: &str) -> Vec<ichor_api::reservation::Reservation> {
+    let cluster: TalosCluster = Api::namespaced(env.client(), ns)
+        .get("lab")
+        .await
+        .expect("the cluster");
+    ichor_api::reservation::reservations(&cluster)
+}
+
+/// The webhook's serving CA, from its Secret.
+async fn serving_ca(env: &TestEnv, ns: &str) -> String {
+    let secret = Api::<Secret>::namespaced(env.client(), ns)
+        .get(CERT_SECRET)
+        .await
+        .expect("the webhook's CA Secret");
+    String::from_utf8(secret.data.expect("data")[CA_CERT_KEY].0.clone()).expect("PEM")
+}
+
+/// A DELETE review of the stored TalosMachine `name`, exactly as the apiserver would send it.
+async fn delete_review(env: &TestEnv, ns: &str, name: &str) -> serde_json::Value {
+    let live = api(env, ns, "TalosMachine")
+        .get(name)
+        .await
+        .expect("the machine");
+    machine_review(
+        "forged-1",
+        "DELETE",
+        name,
+        ns,
+        Some(serde_json::to_value(&live).expect("json")),
+    )
+}
+
+#[tokio::test]
+async fn a_review_posted_without_the_apiservers_certificate_reserves_nothing() {
+    let (env, ns, running) = setup().await;
+    three_control_planes(&env, &ns).await;
+    let port = running.addr().port();
+    let ca = serving_ca(&env, &ns).await;
+    // The strongest forgery: the live object itself, as the apiserver would send it.
+    let review = delete_review(&env, &ns, "cp-1").await.to_string();
+
+    let answer = post_review(port, &ca, None, &review)
+        .await
+        .expect("an answer to a caller without a certificate");
+    assert_eq!(answer["response"]["allowed"], false, "{answer}");
+    assert_eq!(
+        answer["response"]["status"]["reason"],
+        reasons::CLIENT_CERTIFICATE_REQUIRED,
+        "{answer}"
+    );
+    assert_eq!(answer["response"]["uid"], "forged-1");
+
+    let stranger_ca = ichor_testenv::pki::new_ca_named("stranger").expect("a CA");
+    let stranger =
+        ichor_testenv::pki::client_cert(&stranger_ca, "kube-apiserver-webhook-client", None)
+            .expect("a certificate of another CA");
+    let refused = post_review(port, &ca, Some(&stranger), &review).await;
+    assert!(
+        refused.is_err(),
+        "a certificate of another CA ends the handshake: {refused:?}"
+    );
+    assert!(
+        reservations_on_lab(&env, &ns).await.is_empty(),
+        "nothing reserved for a caller that is not the apiserver"
+    );
+
+    // The same review with the apiserver's own certificate is decided, and reserved: the
+    // refusals above are the certificate's doing.
+    let apiserver = env
+        .connection()
+        .webhook_client()
+        .expect("the apiserver's certificate");
+    let answer = post_review(port, &ca, Some(&apiserver), &review)
+        .await
+        .expect("an answer to the apiserver");
+    assert_eq!(answer["response"]["allowed"], true, "{answer}");
+    let reserved: Vec<String> = reservations_on_lab(&env, &ns)
+        .await
+        .into_iter()
+        .map(|r| r.machine)
+        .collect();
+    assert_eq!(reserved, ["cp-1"]);
+    running.stop().await;
+}
+
+#[tokio::test]
+async fn a_review_of_another_uid_or_an_older_version_reserves_nothing() {
+    let (env, ns, running) = setup().await;
+    three_control_planes(&env, &ns).await;
+    let port = running.addr().port();
+    let ca = serving_ca(&env, &ns).await;
+    let apiserver = env
+        .connection()
+        .webhook_client()
+        .expect("the apiserver's certificate");
+    let machines = api(&env, &ns, "TalosMachine");
+
+    let mut other_uid = delete_review(&env, &ns, "cp-1").await;
+    other_uid["request"]["oldObject"]["metadata"]["uid"] =
+        json!("0badc0de-0000-0000-0000-000000000000");
+    let stale = delete_review(&env, &ns, "cp-2").await;
+    // cp-2 changes after the review was taken: the review is of an older version.
+    machines
+        .patch(
+            "cp-2",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"touched": "yes"}}})),
+        )
+        .await
+        .expect("label cp-2");
+    let mut missing = delete_review(&env, &ns, "cp-3").await;
+    missing["request"]["name"] = json!("cp-9");
+    missing["request"]["oldObject"]["metadata"]["name"] = json!("cp-9");
+
+    for review in [other_uid, stale, missing] {
+        let answer = post_review(port, &ca, Some(&apiserver), &review.to_string())
+            .await
+            .expect("an answer");
+        assert_eq!(answer["response"]["allowed"], false, "{answer}");
+        assert_eq!(
+            answer["response"]["status"]["reason"],
+            reasons::STALE_REVIEW,
+            "{answer}"
+        );
+    }
+    assert!(
+        reservations_on_lab(&env, &ns).await.is_empty(),
+        "nothing reserved for a review of anything but the live machine"
+    );
+
+    // A delete through the apiserver, whose review is of the live machine, still passes.
+    delete(&machines, "cp-2")
+        .await
+        .expect("a real delete is admitted");
     running.stop().await;
 }

@@ -107,6 +107,7 @@ async fn admission_latency_is_scraped_by_resource_operation_and_result() {
             bind: ([127, 0, 0, 1], 0).into(),
             certs: certs.clone(),
             refresh: Duration::from_secs(30),
+            client_auth: None,
         },
     )
     .await

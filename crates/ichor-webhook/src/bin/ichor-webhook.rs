@@ -4,12 +4,13 @@
 //! SIGTERM stops it with status 0; a serving failure with status 1; bad flags with status 2.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
-use ichor_webhook::{CERT_SECRET, CertSettings, Settings, WEBHOOK_CONFIGURATION};
+use ichor_webhook::{CERT_SECRET, CertSettings, ClientAuth, Settings, WEBHOOK_CONFIGURATION};
 
 /// The Ichor validating admission webhook. The Kubernetes connection is the in-cluster one,
 /// or `KUBECONFIG`; logs are JSON lines filtered by `RUST_LOG`.
@@ -44,12 +45,22 @@ struct Options {
     /// unset.
     #[arg(long, env = "ICHOR_WEBHOOK_METRICS_ADDR")]
     metrics_addr: Option<SocketAddr>,
+    /// PEM file of the CA that signed the client certificate the apiserver presents to webhooks
+    /// (its admission configuration's `kubeConfigFile`). When set, `/validate` refuses any
+    /// caller without a certificate of this CA; when unset, it answers whoever reaches the port.
+    #[arg(long, env = "ICHOR_WEBHOOK_CLIENT_CA_FILE")]
+    client_ca_file: Option<PathBuf>,
 }
 
 impl Options {
-    fn settings(&self) -> Settings {
+    fn settings(&self) -> Result<Settings, ichor_webhook::Error> {
         let leaf_validity = Duration::from_secs(self.leaf_validity_hours * 3600);
-        Settings {
+        let client_auth = self
+            .client_ca_file
+            .as_deref()
+            .map(ClientAuth::from_pem_file)
+            .transpose()?;
+        Ok(Settings {
             bind: SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), self.port),
             certs: CertSettings {
                 namespace: self.namespace.clone(),
@@ -61,7 +72,8 @@ impl Options {
                 renew_before: leaf_validity / 3,
             },
             refresh: Duration::from_secs(self.refresh_seconds),
-        }
+            client_auth,
+        })
     }
 }
 
@@ -80,10 +92,17 @@ enum Failure {
 }
 
 async fn run(options: Options) -> Result<(), Failure> {
+    let settings = options.settings()?;
+    let authenticated = settings.client_auth.is_some();
     let client = ichor_service::client().await?;
-    let running = ichor_webhook::start(client, options.settings()).await?;
+    let running = ichor_webhook::start(client, settings).await?;
     // The first line: what the harness and the tests wait for.
     println!("listening on {}", running.addr());
+    if !authenticated {
+        tracing::warn!(
+            "no client CA (--client-ca-file): /validate answers any caller that reaches the port; restrict it with the NetworkPolicy (docs/install.md)"
+        );
+    }
     if let Some(addr) = options.metrics_addr {
         let health = Arc::new(ichor_service::Health::default());
         health.set_ready(true);
