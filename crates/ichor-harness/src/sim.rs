@@ -711,6 +711,26 @@ impl SimTarget {
 
     /// The running manager's `/metrics`, as Prometheus text.
     pub async fn manager_metrics(&self) -> Result<String, Error> {
+        self.manager_get("/metrics").await
+    }
+
+    /// The running manager's `/healthz`: its HTTP status code and body.
+    pub async fn manager_health(&self) -> Result<(u16, String), Error> {
+        let text = self.manager_get("/healthz").await?;
+        let code = text
+            .split_whitespace()
+            .nth(1)
+            .and_then(|code| code.parse().ok())
+            .unwrap_or_default();
+        let body = text
+            .split_once("\r\n\r\n")
+            .map(|(_, body)| body.to_owned())
+            .unwrap_or_default();
+        Ok((code, body))
+    }
+
+    /// The running manager's answer to `GET path` on its metrics address, headers and all.
+    async fn manager_get(&self, path: &str) -> Result<String, Error> {
         use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
         let addr = self
             .manager
@@ -719,7 +739,10 @@ impl SimTarget {
             .ok_or_else(|| Error::Spec("the manager is not running".into()))?;
         let mut stream = tokio::net::TcpStream::connect(addr).await?;
         stream
-            .write_all(b"GET /metrics HTTP/1.1\r\nhost: metrics\r\nconnection: close\r\n\r\n")
+            .write_all(
+                format!("GET {path} HTTP/1.1\r\nhost: metrics\r\nconnection: close\r\n\r\n")
+                    .as_bytes(),
+            )
             .await?;
         let mut text = String::new();
         stream.read_to_string(&mut text).await?;

@@ -122,6 +122,8 @@ pub const TALOS_COSI: Nets = Nets::new(174, 1);
 pub const SIM_PROMOTION: Nets = Nets::new(175, 1);
 /// `ichor-talos/tests/discovery.rs`: four swept /24s, then the wrong-network one.
 pub const TALOS_DISCOVERY: Nets = Nets::new(180, 5);
+/// `ichor-harness/tests/panics.rs`.
+pub const PANICS: Nets = Nets::new(201, 1);
 
 /// Every entry, by name.
 pub const ALL: &[(&str, Nets)] = &[
@@ -158,6 +160,7 @@ pub const ALL: &[(&str, Nets)] = &[
     ("TALOS_COSI", TALOS_COSI),
     ("SIM_PROMOTION", SIM_PROMOTION),
     ("TALOS_DISCOVERY", TALOS_DISCOVERY),
+    ("PANICS", PANICS),
 ];
 
 #[cfg(test)]
