@@ -220,6 +220,11 @@ pub(crate) fn parse_go_duration(text: &str) -> Option<i128> {
         total += value * scale;
         rest = &rest[unit_end..];
     }
+    // Go refuses a duration past 2^63-1 ns ("invalid duration"); the check also keeps an
+    // infinite sum of huge numbers from reaching the cast.
+    if !total.is_finite() || total.round() > i64::MAX as f64 {
+        return None;
+    }
     #[allow(clippy::cast_possible_truncation)]
     Some(sign * total.round() as i128)
 }
@@ -1080,6 +1085,11 @@ mod tests {
         assert_eq!(parse_go_duration("1.5h"), Some(5400 * 1_000_000_000));
         assert_eq!(parse_go_duration("-1s"), Some(-1_000_000_000));
         assert_eq!(parse_go_duration("bogus"), None);
+        // Past Go's range: refused, as time.ParseDuration refuses it, never wrapped.
+        assert_eq!(parse_go_duration("2562048h"), None);
+        assert_eq!(parse_go_duration("-2562048h"), None);
+        assert_eq!(parse_go_duration(&("9".repeat(400) + "h")), None);
+        assert_eq!(parse_go_duration("2562047h"), Some(2_562_047 * 3_600_000_000_000));
         assert_eq!(go_duration(Duration::from_millis(1500)), "1.5s");
         assert_eq!(go_duration(Duration::from_millis(250)), "250ms");
     }

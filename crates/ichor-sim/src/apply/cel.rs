@@ -6,6 +6,8 @@
 
 use std::fmt;
 
+use super::glob::glob;
+
 /// A disk as the selector sees it (the `block.DiskSpec` fields the simulator fills).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct DiskFields {
@@ -779,38 +781,6 @@ fn field(disk: &DiskFields, name: &str) -> Val {
         "secondary_disks" | "symlinks" => Val::List(Vec::new()),
         _ => Val::Str(String::new()),
     }
-}
-
-/// ryanuber/go-glob: `*` matches any run of characters; nothing else is special.
-pub(crate) fn glob(pattern: &str, subject: &str) -> bool {
-    if pattern == "*" {
-        return true;
-    }
-    let parts: Vec<&str> = pattern.split('*').collect();
-    if parts.len() == 1 {
-        return pattern == subject;
-    }
-    let leading = !pattern.starts_with('*');
-    let trailing = !pattern.ends_with('*');
-    let end = parts.len() - 1;
-    let mut rest = subject;
-    for (i, part) in parts.iter().enumerate() {
-        if i == 0 && leading {
-            match rest.strip_prefix(part) {
-                Some(r) => rest = r,
-                None => return false,
-            }
-            continue;
-        }
-        if i == end && trailing {
-            return rest.ends_with(part);
-        }
-        match rest.find(part) {
-            Some(idx) => rest = &rest[idx + part.len()..],
-            None => return false,
-        }
-    }
-    true
 }
 
 fn eval(node: &Node, disk: &DiskFields) -> Result<Val, String> {

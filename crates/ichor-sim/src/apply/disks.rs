@@ -2,7 +2,7 @@
 //! `machine.install.diskSelector` as the CEL expression Talos builds from it, and matching
 //! any selector against the machine's disks in the order Talos lists them.
 
-use super::cel::{self, DiskFields};
+use super::cel::DiskFields;
 use super::yaml::Node;
 use crate::hardware::SimDisk;
 
@@ -200,7 +200,7 @@ impl LegacySelector {
                 "modalias" => &disk.modalias,
                 _ => &disk.bus_path,
             };
-            cel::glob(pattern, value)
+            super::glob::glob(pattern, value)
         });
         let kind_ok = match self.kind.as_deref() {
             Some("nvme") => disk.transport == "nvme",

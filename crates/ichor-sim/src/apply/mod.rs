@@ -11,6 +11,7 @@ pub(crate) mod decode;
 pub(crate) mod disks;
 mod documents;
 pub(crate) mod dryrun;
+pub(crate) mod glob;
 pub(crate) mod gofmt;
 pub(crate) mod handler;
 mod v1alpha1;

@@ -250,8 +250,10 @@ fn trim_interval(config: Option<&Vec<Value>>) -> Option<Duration> {
     parse_go_duration(&text).filter(|d| !d.is_zero())
 }
 
-/// A Go duration of hours, minutes and seconds (`168h0m0s`).
+/// A Go duration of hours, minutes and seconds (`168h0m0s`); `None` past Go's range (a
+/// `time.Duration` holds at most 2^63-1 ns), as `time.ParseDuration` refuses it.
 fn parse_go_duration(text: &str) -> Option<Duration> {
+    const GO_MAX_SECONDS: u64 = i64::MAX as u64 / 1_000_000_000;
     let mut total = 0u64;
     let mut number = String::new();
     for c in text.chars() {
@@ -261,14 +263,15 @@ fn parse_go_duration(text: &str) -> Option<Duration> {
         }
         let n: u64 = number.parse().ok()?;
         number.clear();
-        total += n * match c {
+        let unit = match c {
             'h' => 3600,
             'm' => 60,
             's' => 1,
             _ => return None,
         };
+        total = total.checked_add(n.checked_mul(unit)?)?;
     }
-    number.is_empty().then(|| Duration::from_secs(total))
+    (number.is_empty() && total <= GO_MAX_SECONDS).then(|| Duration::from_secs(total))
 }
 
 /// `time.Duration.String()` for whole seconds.
@@ -746,6 +749,26 @@ fn volume_statuses(node: &Node, system: Option<&SimDisk>, parts: &[Partition]) -
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn trim_intervals_past_gos_range_are_refused_not_wrapped() {
+        assert_eq!(
+            parse_go_duration("168h0m0s"),
+            Some(Duration::from_secs(7 * 86_400))
+        );
+        assert_eq!(
+            parse_go_duration("2562047h"),
+            Some(Duration::from_secs(2_562_047 * 3600))
+        );
+        for text in [
+            "2562048h",
+            "18446744073709551615h",
+            "99999999999999999999s",
+            "5124095576030431h5124095576030431h",
+        ] {
+            assert_eq!(parse_go_duration(text), None, "{text}");
+        }
+    }
 
     #[test]
     fn sizes_read_as_humanize_writes_them() {
