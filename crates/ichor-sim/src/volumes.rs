@@ -1089,7 +1089,10 @@ mod tests {
         assert_eq!(parse_go_duration("2562048h"), None);
         assert_eq!(parse_go_duration("-2562048h"), None);
         assert_eq!(parse_go_duration(&("9".repeat(400) + "h")), None);
-        assert_eq!(parse_go_duration("2562047h"), Some(2_562_047 * 3_600_000_000_000));
+        assert_eq!(
+            parse_go_duration("2562047h"),
+            Some(2_562_047 * 3_600_000_000_000)
+        );
         assert_eq!(go_duration(Duration::from_millis(1500)), "1.5s");
         assert_eq!(go_duration(Duration::from_millis(250)), "250ms");
     }
