@@ -147,9 +147,80 @@ fn the_chart_ships_the_generated_roles_crds_and_policy_unchanged() {
     );
 }
 
+/// Chart values that turn on every optional part of the webhook's admission port: its client
+/// CA (a ConfigMap, a volume, a variable) and its admitted sources (an ipBlock and a peer).
+const WEBHOOK_ACCESS: &[&str] = &[
+    "--set-string",
+    "webhook.clientAuth.caBundle=-----BEGIN CERTIFICATE-----",
+    "--set-json",
+    r#"networkPolicy.webhookSources=["10.0.0.10/32",{"namespaceSelector":{"matchLabels":{"kubernetes.io/metadata.name":"kube-system"}}}]"#,
+];
+
+/// The sources the webhook's NetworkPolicy admits to its admission port: `None` when the port
+/// is in no rule (no source), `Some([])` for any source.
+fn webhook_port_sources(docs: &[Value]) -> Option<Vec<Value>> {
+    let policy = find(docs, "NetworkPolicy", admission::WEBHOOK_NAME);
+    policy["spec"]["ingress"]
+        .as_array()
+        .expect("ingress rules")
+        .iter()
+        .find(|rule| {
+            rule["ports"]
+                .as_array()
+                .is_some_and(|ports| ports.iter().any(|p| p["port"] == "webhook"))
+        })
+        .map(|rule| rule["from"].as_array().cloned().unwrap_or_default())
+}
+
+#[test]
+fn the_webhook_port_admits_only_the_apiserver() {
+    // Neither a client CA nor sources: no source may call the webhook (it fails closed).
+    let closed = render(&[]);
+    assert_eq!(webhook_port_sources(&closed), None);
+    assert!(
+        closed
+            .iter()
+            .all(|d| d["metadata"]["name"] != "ichor-webhook-client-ca"),
+        "no client CA, no ConfigMap"
+    );
+    // The apiserver's addresses: only they.
+    let named = render(&[
+        "--set-json",
+        r#"networkPolicy.webhookSources=["10.0.0.10/32"]"#,
+    ]);
+    assert_eq!(
+        webhook_port_sources(&named),
+        Some(vec![
+            serde_json::json!({"ipBlock": {"cidr": "10.0.0.10/32"}})
+        ])
+    );
+    // A client CA: any source may connect, and only the apiserver's certificate is answered.
+    let authenticated = render(&["--set-string", "webhook.clientAuth.caBundle=PEM"]);
+    assert_eq!(webhook_port_sources(&authenticated), Some(vec![]));
+    let deployment = find(&authenticated, "Deployment", admission::WEBHOOK_NAME);
+    let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+    let file = container["env"]
+        .as_array()
+        .expect("env")
+        .iter()
+        .find(|e| e["name"] == "ICHOR_WEBHOOK_CLIENT_CA_FILE")
+        .expect("the webhook is given its client CA")["value"]
+        .as_str()
+        .expect("a path")
+        .to_owned();
+    let mount = container["volumeMounts"][0]["mountPath"]
+        .as_str()
+        .expect("the client CA is mounted");
+    assert_eq!(file, format!("{mount}/ca.crt"));
+    assert_eq!(
+        find(&authenticated, "ConfigMap", "ichor-webhook-client-ca")["data"]["ca.crt"],
+        "PEM\n"
+    );
+}
+
 #[tokio::test]
 async fn the_rendered_chart_is_accepted_by_a_real_apiserver() {
-    let docs = render(&[]);
+    let docs = render(WEBHOOK_ACCESS);
     let env = TestEnv::private().await.expect("control plane");
     let client = env.client();
     Api::<Namespace>::all(client.clone())
@@ -246,7 +317,8 @@ async fn the_rendered_chart_is_accepted_by_a_real_apiserver() {
         .get(admission::WEBHOOK_NAME)
         .await
         .expect("budget");
-    // Each component admits traffic only on the ports it serves.
+    // Each component admits traffic only on the ports it serves (the webhook's admission port
+    // only from the named sources).
     for (name, ports) in [
         (admission::MANAGER_NAME, vec!["metrics"]),
         (admission::WEBHOOK_NAME, vec!["webhook", "metrics"]),
