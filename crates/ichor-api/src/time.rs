@@ -172,6 +172,8 @@ mod tests {
             ("-5m", "it is negative"),
             ("1y", "months and years have no fixed length"),
             ("2mo", "months and years have no fixed length"),
+            // Go reads a fraction before another unit; jiff only on the last unit.
+            ("1.5h30m", "it does not read as a duration"),
         ] {
             let error = read(text).expect_err(text);
             assert_eq!(error.problem, problem, "{text}");

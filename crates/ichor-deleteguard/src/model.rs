@@ -183,12 +183,18 @@ impl Machine {
     }
 
     /// Whether it is a voter whose member was observed healthy no longer than `max_age`
-    /// seconds before `now`: an older observation counts as unhealthy.
+    /// seconds before `now`: an older observation counts as unhealthy, and so does one dated
+    /// more than `max_age` after `now` (no two clocks differ by that much; a status written by
+    /// hand in the year 9999 must not count as healthy for ever).
     pub fn is_healthy_voter(&self, now: i64, max_age: i64) -> bool {
+        let fresh = |at: i64| {
+            let age = now.saturating_sub(at);
+            age <= max_age && age >= max_age.saturating_neg()
+        };
         self.is_control_plane_member()
             && self
                 .etcd
-                .is_some_and(|o| o.voter && o.healthy && now.saturating_sub(o.at) <= max_age)
+                .is_some_and(|o| o.voter && o.healthy && fresh(o.at))
     }
 
     /// Whether deleting it needs the allow-delete annotation: an approved control plane, or a
@@ -409,6 +415,30 @@ mod tests {
 
     fn deleted_at(text: &str) -> Option<Time> {
         Some(Time(text.parse().expect("a timestamp")))
+    }
+
+    #[test]
+    fn an_observation_from_the_far_future_is_not_fresh() {
+        let voter = |at| {
+            Machine::new("cp-1")
+                .control_plane()
+                .approved()
+                .config_applied()
+                .observed(Observation::healthy_voter(at))
+        };
+        let now = 1_767_225_600;
+        assert!(voter(now - 180).is_healthy_voter(now, 180));
+        assert!(
+            voter(now + 30).is_healthy_voter(now, 180),
+            "a clock a little ahead"
+        );
+        assert!(!voter(now - 181).is_healthy_voter(now, 180));
+        assert!(!voter(now + 181).is_healthy_voter(now, 180));
+        // 9999-12-31T23:59:59Z, and the extremes of the field.
+        assert!(!voter(253_402_300_799).is_healthy_voter(now, 180));
+        assert!(!voter(i64::MAX).is_healthy_voter(now, 180));
+        assert!(!voter(i64::MIN).is_healthy_voter(now, 180));
+        assert!(!voter(i64::MAX).is_healthy_voter(i64::MIN, i64::MAX));
     }
 
     #[test]

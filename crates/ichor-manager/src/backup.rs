@@ -173,7 +173,8 @@ impl Schedule {
     /// Reads `spec.backup.schedule` (the CRD's rules already narrowed its shape).
     pub fn parse(text: &str) -> Result<Self, String> {
         if let Some(every) = text.strip_prefix("@every ") {
-            return crate::parse_duration(every.trim())
+            return ichor_api::time::parse_duration("backup.schedule", every.trim())
+                .ok()
                 .filter(|d| *d >= Duration::from_secs(60))
                 .map(Self::Every)
                 .ok_or_else(|| {

@@ -704,7 +704,21 @@ async fn retain(
             return None;
         }
     };
-    let retention = retention_of(spec);
+    let retention = match retention_of(spec) {
+        Ok(retention) => retention,
+        Err((retention, invalid)) => {
+            let note = format!("{invalid}; no backup is deleted for its age until it reads");
+            ctx.event(
+                cluster,
+                EventType::Warning,
+                reasons::INVALID_DURATION,
+                actions::BACKUP,
+                note,
+            )
+            .await;
+            retention
+        }
+    };
     let expired = backup::expired(owner, &keys, retention, ctx.clock.now());
     let ours = keys.iter().filter(|k| owner.taken_at(k).is_some()).count();
     let mut deleted = 0;
@@ -724,17 +738,32 @@ async fn retain(
     i32::try_from(ours - deleted).ok()
 }
 
-/// `spec.backup.retention`, with its default (the newest 7).
-fn retention_of(spec: &BackupSpec) -> backup::Retention {
-    match spec.retention.as_ref() {
-        None => backup::Retention {
+/// `spec.backup.retention`, with its default (the newest 7). A `maxAge` that does not read
+/// deletes nothing for its age: the retention without it, and why.
+fn retention_of(
+    spec: &BackupSpec,
+) -> Result<backup::Retention, (backup::Retention, ichor_api::time::InvalidDuration)> {
+    let Some(r) = spec.retention.as_ref() else {
+        return Ok(backup::Retention {
             count: Some(7),
             max_age: None,
-        },
-        Some(r) => backup::Retention {
-            count: r.count.and_then(|c| usize::try_from(c).ok()),
-            max_age: r.max_age.as_deref().and_then(crate::parse_duration),
-        },
+        });
+    };
+    let count = r.count.and_then(|c| usize::try_from(c).ok());
+    let max_age = r
+        .max_age
+        .as_deref()
+        .map(|age| ichor_api::time::parse_duration("spec.backup.retention.maxAge", age))
+        .transpose();
+    match max_age {
+        Ok(max_age) => Ok(backup::Retention { count, max_age }),
+        Err(invalid) => Err((
+            backup::Retention {
+                count,
+                max_age: None,
+            },
+            invalid,
+        )),
     }
 }
 

@@ -176,7 +176,25 @@ async fn reconcile_inner(cluster: &TalosCluster, ctx: &Context) -> Result<Action
 /// discovers, bounds the next requeue.
 async fn discover(ctx: &Context, cluster: &TalosCluster) -> Option<Duration> {
     let discovery = cluster.spec.discovery.as_ref()?;
-    let interval = plan::sweep_interval(&discovery.interval);
+    let interval = match plan::sweep_interval(&discovery.interval) {
+        Ok(interval) => interval,
+        Err(invalid) => {
+            let note = format!(
+                "{invalid}; sweeping every {}s meanwhile",
+                plan::DEFAULT_SWEEP_INTERVAL.as_secs()
+            );
+            tracing::warn!(cluster = %cluster.name_any(), %note, "discovery interval does not read");
+            ctx.event(
+                cluster,
+                EventType::Warning,
+                reasons::INVALID_DURATION,
+                actions::DISCOVER,
+                note,
+            )
+            .await;
+            plan::DEFAULT_SWEEP_INTERVAL
+        }
+    };
     if ctx.sweep_due(cluster, interval) {
         match discovery::run_once(ctx, cluster, ctx.settings.sweep).await {
             Ok(report) => {

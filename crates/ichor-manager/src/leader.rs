@@ -29,13 +29,11 @@ pub struct LeaseSettings {
 }
 
 /// Whether a lease has run out at `now`: renewed longer ago than its duration, or never
-/// renewed at all.
+/// renewed at all. Checked (`ichor_api::time::lease_expired`): a lease whose end is past the
+/// last representable time (a `renewTime` in the year 9999) has not run out, so its holder
+/// keeps it and the others stand by until it is deleted; a negative duration counts as zero.
 pub fn expired(spec: &LeaseSpec, now: Timestamp) -> bool {
-    let (Some(renewed), Some(seconds)) = (&spec.renew_time, spec.lease_duration_seconds) else {
-        return true;
-    };
-    let until = renewed.0 + Duration::from_secs(u64::try_from(seconds).unwrap_or(0));
-    until < now
+    ichor_api::time::lease_expired(spec, now)
 }
 
 /// What a replica does with the Lease it observed.
@@ -82,7 +80,7 @@ fn claimed(
         spec.acquire_time = Some(MicroTime(now));
         spec.lease_transitions = Some(match observed {
             None => 0,
-            Some(old) => old.lease_transitions.unwrap_or(0) + 1,
+            Some(old) => old.lease_transitions.unwrap_or(0).saturating_add(1),
         });
     }
     spec.holder_identity = Some(settings.identity.clone());
@@ -225,6 +223,46 @@ mod tests {
         assert!(!expired(&spec, at(15)), "still current at the last instant");
         assert!(expired(&spec, at(16)));
         assert!(expired(&LeaseSpec::default(), at(0)), "never renewed");
+    }
+
+    /// `renewTime + leaseDuration` overflowed (a panic) on a Lease renewed in the year 9999.
+    #[test]
+    fn a_lease_renewed_in_the_year_9999_is_current_not_a_panic() {
+        for seconds in [15, i32::MAX] {
+            let spec = LeaseSpec {
+                renew_time: Some(MicroTime(Timestamp::MAX)),
+                ..held_by("a", 0, seconds)
+            };
+            assert!(!expired(&spec, at(0)));
+            assert_eq!(decide(Some(&spec), "b", at(0)), LeaseDecision::StandBy);
+            assert_eq!(decide(Some(&spec), "a", at(0)), LeaseDecision::Renew);
+        }
+        assert!(!expired(&held_by("a", 0, i32::MAX), at(60 * 365 * 86_400)));
+    }
+
+    #[test]
+    fn a_negative_lease_duration_runs_out_at_the_renewal() {
+        for seconds in [-1, i32::MIN] {
+            let spec = held_by("a", 0, seconds);
+            assert!(!expired(&spec, at(0)));
+            assert!(expired(&spec, at(1)));
+            assert_eq!(decide(Some(&spec), "b", at(1)), LeaseDecision::TakeOver);
+        }
+    }
+
+    #[test]
+    fn a_takeover_of_a_lease_at_the_most_transitions_counts_no_further() {
+        let settings = LeaseSettings {
+            namespace: "ns".into(),
+            name: "l".into(),
+            identity: "b".into(),
+            duration: Duration::from_secs(15),
+            retry: Duration::from_secs(3),
+        };
+        let mut old = held_by("a", 0, 15);
+        old.lease_transitions = Some(i32::MAX);
+        let taken = claimed(Some(&old), &settings, LeaseDecision::TakeOver, at(20));
+        assert_eq!(taken.lease_transitions, Some(i32::MAX));
     }
 
     #[test]

@@ -329,29 +329,6 @@ pub async fn in_maintenance(address: &str, sweep: SweepConfig) -> Option<String>
     }
 }
 
-/// Parses a duration such as a discovery interval (`30s`, `5m`, `1h`, `365d`, or combinations
-/// such as `1m30s`).
-pub fn parse_duration(text: &str) -> Option<Duration> {
-    let mut total = 0u64;
-    let mut number = String::new();
-    for c in text.chars() {
-        if c.is_ascii_digit() {
-            number.push(c);
-        } else {
-            let n: u64 = number.parse().ok()?;
-            number.clear();
-            total += match c {
-                's' => n,
-                'm' => n * 60,
-                'h' => n * 3600,
-                'd' => n * 24 * 3600,
-                _ => return None,
-            };
-        }
-    }
-    (number.is_empty() && total > 0).then(|| Duration::from_secs(total))
-}
-
 /// What a failed reconcile leads to: an object a person must fix waits for a change (with a
 /// Warning Event saying why), a transient fault backs off per object, a bug is logged as an
 /// error (and published) and retried slowly, a panic (caught, and already logged) is published
@@ -718,21 +695,5 @@ mod tests {
                 .render()
                 .contains("ichor_reconcile_errors_total{reason=\"ReconcilePanicked\"} 1")
         );
-    }
-
-    #[test]
-    fn durations_read_seconds_minutes_hours_and_days() {
-        assert_eq!(parse_duration("1m30s"), Some(Duration::from_secs(90)));
-        assert_eq!(
-            parse_duration("365d"),
-            Some(Duration::from_secs(365 * 86_400))
-        );
-        assert_eq!(
-            parse_duration("1d12h"),
-            Some(Duration::from_secs(36 * 3600))
-        );
-        for bad in ["", "10", "5w", "0s"] {
-            assert_eq!(parse_duration(bad), None, "{bad}");
-        }
     }
 }

@@ -79,16 +79,15 @@ fn settings(namespace: &str, cluster: &str, holder: &LockHolder) -> LeaseSetting
 }
 
 /// The lock as `lock_decision` sees it at `now`: who holds it, and whether that hold expired
-/// (not renewed within its duration; a lease without a renewal time is expired).
+/// (not renewed within its duration; a lease without a renewal time is expired). The Lease is
+/// in the cluster's namespace, so anyone who may write there may write it: its times are read
+/// with checked arithmetic (`ichor_api::time::lease_expired`), and a hold whose end is past the
+/// last representable time (a `renewTime` in the year 9999) is held, never expired: the
+/// cluster's disruptive actions wait, and say who holds the lock, until the Lease is deleted.
 pub fn view(lease: &Lease, now: Timestamp) -> Option<LockView> {
     let spec = lease.spec.as_ref()?;
     let holder = spec.holder_identity.clone()?;
-    let expired = match (&spec.renew_time, spec.lease_duration_seconds) {
-        (Some(renewed), Some(seconds)) => {
-            renewed.0 + Duration::from_secs(u64::try_from(seconds).unwrap_or(0)) < now
-        }
-        _ => true,
-    };
+    let expired = ichor_api::time::lease_expired(spec, now);
     Some(LockView { holder, expired })
 }
 
@@ -273,6 +272,50 @@ mod tests {
             }),
             ..Default::default()
         }
+    }
+
+    fn lease_of(renewed: Timestamp, seconds: i32) -> Lease {
+        Lease {
+            spec: Some(LeaseSpec {
+                holder_identity: Some("operation/reboot-all".into()),
+                renew_time: Some(MicroTime(renewed)),
+                lease_duration_seconds: Some(seconds),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    /// A Lease written by hand with a `renewTime` in the year 9999 panicked the worker that
+    /// read it (`renewTime + leaseDuration` overflowed), and the TalosOperation controller
+    /// stopped for every namespace.
+    #[test]
+    fn a_hold_renewed_in_the_year_9999_is_held_not_a_panic() {
+        let now = at("2026-12-03T10:00:00Z");
+        for seconds in [60, i32::MAX] {
+            for renewed in [Timestamp::MAX, at("9999-12-30T21:59:30Z")] {
+                let seen = view(&lease_of(renewed, seconds), now).expect("held");
+                assert!(!seen.expired, "{renewed} + {seconds}s");
+            }
+        }
+        let seen = view(&lease_of(now, i32::MAX), at("2090-01-01T00:00:00Z")).expect("held");
+        assert!(!seen.expired, "i32::MAX seconds is about 68 years");
+    }
+
+    #[test]
+    fn a_hold_with_a_negative_duration_expires_at_its_renewal() {
+        let renewed = at("2026-12-03T10:00:00Z");
+        for seconds in [-1, i32::MIN] {
+            let held = lease_of(renewed, seconds);
+            assert!(!view(&held, renewed).expect("held").expired);
+            assert!(
+                view(&held, at("2026-12-03T10:00:01Z"))
+                    .expect("held")
+                    .expired
+            );
+        }
+        let seen = view(&lease_of(Timestamp::MIN, -5), renewed).expect("held");
+        assert!(seen.expired);
     }
 
     #[test]

@@ -67,9 +67,12 @@ struct Options {
 
 /// A certificate lifetime: a duration of at least 3 s (`30s`, `5m`, `12h`, `365d`).
 fn lifetime(text: &str) -> Result<Duration, String> {
-    ichor_manager::parse_duration(text)
-        .filter(|d| *d >= Duration::from_secs(3))
-        .ok_or_else(|| format!("{text:?} is not a lifetime such as 90s, 12h or 365d (3s at least)"))
+    let lifetime =
+        ichor_api::time::parse_duration("the lifetime", text).map_err(|e| e.to_string())?;
+    if lifetime < Duration::from_secs(3) {
+        return Err(format!("the lifetime {text:?} is shorter than 3s"));
+    }
+    Ok(lifetime)
 }
 
 impl Options {

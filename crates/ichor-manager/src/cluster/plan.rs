@@ -10,6 +10,7 @@ use ichor_api::cluster::MachineCounts;
 use ichor_api::common::Role;
 use ichor_api::machine::ApprovalState;
 use ichor_api::names::{conditions, reasons};
+use ichor_api::time::InvalidDuration;
 use ichor_api::{TalosCluster, TalosMachine};
 use ichor_render::credentials::Published;
 use ichor_talos::Bootstrapped;
@@ -18,9 +19,15 @@ use k8s_openapi::jiff::Timestamp;
 
 use crate::{Error, Settings, conditions as cond};
 
-/// How often a discovering cluster is swept: its `interval`, five minutes if that does not parse.
-pub(super) fn sweep_interval(interval: &str) -> Duration {
-    crate::parse_duration(interval).unwrap_or(Duration::from_secs(300))
+/// How often a discovering cluster is swept when its `interval` does not read.
+pub(super) const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(300);
+
+/// How often a discovering cluster is swept: its `interval`. The apiserver admits any Go
+/// duration from 10s to 24h; the few Go spellings Ichor's parser does not read (a fraction
+/// before another unit, `1.5h30m`) are refused here, and the caller sweeps at
+/// [`DEFAULT_SWEEP_INTERVAL`] and says why.
+pub(super) fn sweep_interval(interval: &str) -> Result<Duration, InvalidDuration> {
+    ichor_api::time::parse_duration("spec.discovery.interval", interval)
 }
 
 /// Approved and Ready machines of each role, against the declared control planes.
@@ -369,10 +376,17 @@ mod tests {
     }
 
     #[test]
-    fn a_sweep_interval_that_does_not_parse_is_five_minutes() {
-        assert_eq!(sweep_interval("1m30s"), Duration::from_secs(90));
-        assert_eq!(sweep_interval("10s"), Duration::from_secs(10));
-        assert_eq!(sweep_interval("soon"), Duration::from_secs(300));
+    fn a_sweep_interval_that_does_not_parse_says_which_field() {
+        assert_eq!(sweep_interval("1m30s"), Ok(Duration::from_secs(90)));
+        assert_eq!(sweep_interval("10s"), Ok(Duration::from_secs(10)));
+        assert_eq!(sweep_interval("1.5h"), Ok(Duration::from_secs(5400)));
+        let error = sweep_interval("soon").expect_err("not a duration");
+        assert!(
+            error
+                .to_string()
+                .starts_with("spec.discovery.interval \"soon\""),
+            "{error}"
+        );
     }
 
     #[test]
