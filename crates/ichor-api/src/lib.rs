@@ -24,9 +24,9 @@ pub mod operation;
 pub mod reservation;
 mod rules;
 pub mod storage;
-pub mod time;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod time;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt as _;
