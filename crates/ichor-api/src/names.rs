@@ -232,12 +232,12 @@ pub mod reasons {
     pub const LIVE_STATE_UNAVAILABLE: &str = "LiveStateUnavailable";
     /// The admission review could not be read.
     pub const INVALID_REVIEW: &str = "InvalidReview";
-    /// The removal waits for a replacement control plane (declared count).
     /// The webhook requires a client certificate (ADR 0051) and the caller presented none.
     pub const CLIENT_CERTIFICATE_REQUIRED: &str = "ClientCertificateRequired";
     /// A delete review's object is not the live one (another uid or resourceVersion): the
     /// webhook reserves nothing for it (ADR 0051).
     pub const STALE_REVIEW: &str = "StaleReview";
+    /// The removal waits for a replacement control plane (declared count).
     pub const AWAITING_REPLACEMENT: &str = "AwaitingReplacement";
     /// The cluster lock is held by another action.
     pub const WAITING_FOR_LOCK: &str = "WaitingForLock";
