@@ -115,6 +115,8 @@ pub struct SimTarget {
     /// How many times a replica lost its Lease, exited, and was started again.
     lease_restarts: Arc<AtomicU32>,
     webhook: Option<Child>,
+    /// The port the webhook serves admission reviews on (127.0.0.1).
+    webhook_port: u16,
     /// The binaries' way to the apiserver, closed while it restarts.
     front: Front,
     dir: tempfile::TempDir,
@@ -517,7 +519,10 @@ impl SimTarget {
                 )
                 .await?;
         }
-        // The webhook, registered with the shipped configuration (pointed at its address).
+        // The webhook, registered with the shipped configuration (pointed at its address),
+        // answering only the apiserver: the client certificate the apiserver presents to
+        // webhooks is the only one it accepts (ADR 0051).
+        let client_ca = env.connection().webhook_client_ca_file();
         let (webhook, line) = spawn(
             binary("ichor-webhook")?,
             &[
@@ -529,6 +534,8 @@ impl SimTarget {
                 "0".into(),
                 "--refresh-seconds".into(),
                 "1".into(),
+                "--client-ca-file".into(),
+                client_ca.display().to_string(),
             ],
             &webhook_kubeconfig,
             "listening on",
@@ -536,10 +543,19 @@ impl SimTarget {
             Some(&dir.path().join(WEBHOOK_LOG)),
         )
         .await?;
-        let port = line.rsplit(':').next().unwrap_or_default().to_owned();
+        let webhook_port: u16 = line
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.trim().parse().ok())
+            .ok_or_else(|| {
+                Error::Spec(format!("the webhook's first line names no port: {line}"))
+            })?;
         crate::cluster_target::register_webhook(
             &admin,
-            &format!("https://127.0.0.1:{port}{}", admission::WEBHOOK_PATH),
+            &format!(
+                "https://127.0.0.1:{webhook_port}{}",
+                admission::WEBHOOK_PATH
+            ),
         )
         .await?;
         webhook_answering(&admin, &namespace).await?;
@@ -578,6 +594,7 @@ impl SimTarget {
             second_runs: 0,
             lease_restarts: Arc::default(),
             webhook: Some(webhook),
+            webhook_port,
             front,
             dir,
             manager_kubeconfig,
@@ -866,6 +883,16 @@ impl SimTarget {
         }
         self.front.open();
         Ok(())
+    }
+
+    /// The webhook's admission address (`https://127.0.0.1:PORT/validate`): for a spec that
+    /// calls it as someone other than the apiserver.
+    pub fn webhook_url(&self) -> String {
+        format!(
+            "https://127.0.0.1:{}{}",
+            self.webhook_port,
+            admission::WEBHOOK_PATH
+        )
     }
 
     /// The simulated nodes.

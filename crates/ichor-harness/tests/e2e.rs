@@ -11,6 +11,7 @@ use ichor_harness::{SimOptions, SimTarget, Target};
 use ichor_sim::{Fault, Stage};
 use ichor_testenv::nets::E2E;
 use ichor_testenv::wait::try_eventually;
+use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use kube::ResourceExt as _;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
@@ -272,6 +273,7 @@ async fn removing_a_control_plane_runs_the_whole_sequence_and_waits_without_a_re
         .expect("cp-3");
     let configured_fingerprint = target.nodes()[2].fingerprint();
     let machines: Api<TalosMachine> = Api::namespaced(target.client(), target.namespace());
+    forged_reviews_reserve_nothing(&target, &removed).await;
     let removal_started = std::time::Instant::now();
     specs::delete_machine(&target, &endpoints[2])
         .await
@@ -355,6 +357,108 @@ async fn removing_a_control_plane_runs_the_whole_sequence_and_waits_without_a_re
 }
 
 /// The removal progress of the machine at `address`, for failure messages.
+/// POSTs `review` to the webhook's port as a caller other than the apiserver, presenting
+/// `client` (or no certificate): the reply's JSON, or why there is none.
+async fn post_to_webhook(
+    target: &SimTarget,
+    review: &serde_json::Value,
+    client: Option<&ichor_testenv::CertAndKey>,
+) -> Result<serde_json::Value, String> {
+    use rustls::pki_types::pem::PemObject as _;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+    let config = Api::<ValidatingWebhookConfiguration>::all(target.client())
+        .get(ichor_api::admission::WEBHOOK_CONFIGURATION)
+        .await
+        .map_err(|e| e.to_string())?;
+    let bundle = config.webhooks.unwrap_or_default()[0]
+        .client_config
+        .ca_bundle
+        .clone()
+        .expect("the webhook injected its CA")
+        .0;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(&bundle) {
+        roots.add(cert.expect("a certificate")).expect("a root");
+    }
+    let builder = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("TLS versions")
+    .with_root_certificates(roots);
+    let tls = match client {
+        Some(client) => builder
+            .with_client_auth_cert(
+                CertificateDer::pem_slice_iter(client.cert_pem.as_bytes())
+                    .collect::<Result<Vec<_>, _>>()
+                    .expect("a certificate"),
+                PrivateKeyDer::from_pem_slice(client.key_pem.as_bytes()).expect("a key"),
+            )
+            .expect("a client identity"),
+        None => builder.with_no_client_auth(),
+    };
+    let http = reqwest::Client::builder()
+        .tls_backend_preconfigured(tls)
+        .build()
+        .expect("an HTTP client");
+    let reply = http
+        .post(target.webhook_url())
+        .header("content-type", "application/json")
+        .body(review.to_string())
+        .send()
+        .await
+        .map_err(|e| format!("{e:?}"))?;
+    let text = reply.text().await.map_err(|e| format!("{e:?}"))?;
+    serde_json::from_str(&text).map_err(|e| format!("{e}: {text}"))
+}
+
+/// A DELETE review of `machine` as the apiserver would send it (the live object), POSTed straight
+/// to the webhook's port without the apiserver's client certificate, and with one of another
+/// CA: refused, and no removal reserved on the cluster (ADR 0051).
+async fn forged_reviews_reserve_nothing(target: &SimTarget, machine: &TalosMachine) {
+    let live = Api::<TalosMachine>::namespaced(target.client(), target.namespace())
+        .get(&machine.name_any())
+        .await
+        .expect("the machine");
+    let review = json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "forged",
+            "kind": {"group": ichor_api::GROUP, "version": ichor_api::VERSION, "kind": "TalosMachine"},
+            "resource": {"group": ichor_api::GROUP, "version": ichor_api::VERSION, "resource": "talosmachines"},
+            "name": live.name_any(),
+            "namespace": target.namespace(),
+            "operation": "DELETE",
+            "userInfo": {"username": "forger"},
+            "oldObject": serde_json::to_value(&live).expect("json"),
+        },
+    });
+    let answer = post_to_webhook(target, &review, None)
+        .await
+        .expect("an answer to a caller without a certificate");
+    assert_eq!(answer["response"]["allowed"], false, "{answer}");
+    assert_eq!(
+        answer["response"]["status"]["reason"],
+        reasons::CLIENT_CERTIFICATE_REQUIRED,
+        "{answer}"
+    );
+    let stranger = ichor_testenv::pki::new_ca_named("stranger")
+        .and_then(|ca| ichor_testenv::pki::client_cert(&ca, "kube-apiserver", None))
+        .expect("a certificate of another CA");
+    let refused = post_to_webhook(target, &review, Some(&stranger)).await;
+    assert!(refused.is_err(), "another CA's certificate: {refused:?}");
+    let cluster = Api::<ichor_api::TalosCluster>::namespaced(target.client(), target.namespace())
+        .get("lab")
+        .await
+        .expect("the cluster");
+    assert!(
+        ichor_api::reservation::reservations(&cluster).is_empty(),
+        "a forged review reserved a removal"
+    );
+}
+
 fn removal_status(target: &SimTarget, address: &str) -> Option<String> {
     let handle = tokio::runtime::Handle::current();
     tokio::task::block_in_place(|| {
