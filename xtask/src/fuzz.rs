@@ -21,6 +21,8 @@ pub const TARGETS: &[&str] = &[
     "secrets_bundle",
     "talos_reply",
     "credentials_file",
+    "glob",
+    "deadlines",
 ];
 
 /// The fuzzing time of a whole run when none is given, split across the targets.
