@@ -398,8 +398,11 @@ async fn check(
         });
     }
     let identity = identity_for(ctx, cluster, spec, &found.key, &found.record).await?;
-    let (object, snapshot) = read_through(&found.dest, &found.key, identity, None).await?;
-    let digests = checked(&found.key, &found.record, object, snapshot)?;
+    let digests = read_through(&found.dest, &found.key, identity, None).await?;
+    found.record.verify(&digests).map_err(|why| Failure {
+        reason: reasons::RESTORE_CHECKSUM_MISMATCH,
+        message: format!("{}: {why}: it changed since it was written", found.key),
+    })?;
     let vouched = found.record.vouched(&digests);
     Ok(RestoreStatus {
         size: i64::try_from(vouched.size).unwrap_or(i64::MAX),
@@ -430,8 +433,7 @@ pub async fn upload(
         read_through(&dest, &recorded.key, identity, Some(tx)),
         client.etcd_recover_from(rx)
     );
-    let (object, snapshot) = read?;
-    let digests = checked(&recorded.key, &record, object, snapshot)?;
+    let digests = read?;
     sent.map_err(|err| Failure {
         reason: reasons::TALOS_API,
         message: format!(
@@ -450,32 +452,6 @@ pub async fn upload(
         });
     }
     Ok(())
-}
-
-/// What a backup read through was, checked against its record: the object as stored first (a
-/// changed object is named so, whatever it holds), then the snapshot in it.
-fn checked(
-    key: &str,
-    record: &Record,
-    object: Digest,
-    snapshot: Result<Digest, Failure>,
-) -> Result<Digests, Failure> {
-    let mismatch = |why: String| Failure {
-        reason: reasons::RESTORE_CHECKSUM_MISMATCH,
-        message: format!("{key}: {why}: it changed since it was written"),
-    };
-    if record.covers_object() && (object.size != record.size || object.sha256 != record.sha256) {
-        return Err(mismatch(format!(
-            "the object reads as {} bytes with sha256 {}, and the record says {} bytes with sha256 {}",
-            object.size, object.sha256, record.size, record.sha256
-        )));
-    }
-    let digests = Digests {
-        object,
-        snapshot: snapshot?,
-    };
-    record.verify(&digests).map_err(mismatch)?;
-    Ok(digests)
 }
 
 /// The bytes of object `key`, as they arrive.
@@ -500,13 +476,13 @@ async fn open(
 
 /// Reads backup `key` through: hashes the object as stored, decrypts it with `identity` when
 /// given, checks the plaintext as an etcd snapshot (size, SHA-256 trailer) and sends it to
-/// `out` when given. Returns the object's digest, and the snapshot's or why it is none.
+/// `out` when given.
 async fn read_through(
     dest: &Destination,
     key: &str,
     identity: Option<Identity>,
     out: Option<mpsc::Sender<Vec<u8>>>,
-) -> Result<(Digest, Result<Digest, Failure>), Failure> {
+) -> Result<Digests, Failure> {
     let bucket = dest.settings.bucket.as_str();
     let mut raw = open(dest, key).await?;
     let (plain_tx, mut plain_rx) = mpsc::channel::<Vec<u8>>(CHUNKS_QUEUED);
@@ -544,19 +520,21 @@ async fn read_through(
             }
         }
         drop(out);
-        Ok(check
-            .finish()
-            .map(|summary| Digest {
-                size: summary.size,
-                sha256: summary.sha256,
-            })
-            .map_err(|problem| Failure {
-                reason: reasons::RESTORE_CHECKSUM_MISMATCH,
-                message: format!("{key} is not a whole etcd snapshot: {problem}"),
-            }))
+        check.finish().map_err(|problem| Failure {
+            reason: reasons::RESTORE_CHECKSUM_MISMATCH,
+            message: format!("{key} is not a whole etcd snapshot: {problem}"),
+        })
     };
     let (object, snapshot) = tokio::join!(producer, consumer);
-    Ok((object?, snapshot?))
+    let object = object?;
+    let snapshot = snapshot?;
+    Ok(Digests {
+        object,
+        snapshot: Digest {
+            size: snapshot.size,
+            sha256: snapshot.sha256,
+        },
+    })
 }
 
 /// Decrypts the age stream `raw` on a blocking thread (age reads synchronously) into `out`.
