@@ -3,14 +3,11 @@
 //! retention deletes) are [`crate::backup`]'s; this module observes and acts.
 //!
 //! A backup streams the snapshot from a Ready control plane that is not being removed, through
-//! a bounded channel, into a multipart upload (optionally through `age`, to a recipient only),
-//! checking the size and SHA-256 trailer as it passes and hashing the object as stored:
-//! nothing is held whole, and a snapshot that does not check out is aborted, never completed.
-//! A record beside the object (`<key>.json`) says whose it is, the bundle it was made with and
-//! what the object (its `sha256sum`) and the snapshot inside must check out as; a backup
-//! without one is incomplete. Then retention deletes this cluster's oldest backups, and
-//! nothing else. A plain `http://` store carries only encrypted backups unless the spec says
-//! otherwise (ADR 0050).
+//! a bounded channel, into a multipart upload (optionally through `age`), checking the size and
+//! SHA-256 trailer as it passes: nothing is held whole, and a snapshot that does not check out
+//! is aborted, never completed. A record beside the object (`<key>.json`) says whose it is, the
+//! bundle it was made with and what it must check out as; a backup without one is incomplete.
+//! Then retention deletes this cluster's oldest backups, and nothing else.
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
@@ -32,7 +29,7 @@ use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt as _, PutPayload, WriteMultipart};
 use tokio::sync::mpsc;
 
-use crate::backup::{self, BackupId, Owner, Plan, Record, Schedule, Source};
+use crate::backup::{self, Owner, Plan, Record, Schedule, Source};
 use crate::objstore::{self, StoreError, StoreSettings};
 use crate::seal::Sealer;
 use crate::{Context, Error, conditions as cond};
@@ -197,7 +194,7 @@ pub async fn destination(
     })
 }
 
-/// Reads the age identity of a restore's `encryption` Secret: only a restore reads one.
+/// Reads the age identity of an `encryption` block's Secret.
 pub async fn age_identity(
     client: &kube::Client,
     namespace: &str,
@@ -345,16 +342,6 @@ async fn prepare<'a>(
             "the cluster does not set spec.backup",
         )));
     };
-    if let Some(message) = backup::plain_http_refusal(
-        &spec.store.endpoint,
-        spec.encryption.is_some(),
-        spec.store.allow_plain_http,
-    ) {
-        return Ok(Err(Failure::new(
-            reasons::STORE_PLAIN_HTTP_REFUSED,
-            message,
-        )));
-    }
     let namespace = cluster.namespace().unwrap_or_default();
     let dest = match destination(&ctx.client, &namespace, &spec.store).await {
         Ok(dest) => dest,
@@ -365,7 +352,7 @@ async fn prepare<'a>(
     {
         return Ok(Err(Failure::from_store(error)));
     }
-    let sealer = match sealer(spec) {
+    let sealer = match sealer(ctx, &namespace, spec).await {
         Ok(sealer) => sealer,
         Err(failure) => return Ok(Err(failure)),
     };
@@ -425,8 +412,7 @@ async fn attempt(
         name: &name,
         uid: &uid,
     };
-    let taken_at = ctx.clock.now();
-    let key = owner.key(taken_at, &BackupId::random(), sealer.is_some());
+    let (taken_at, key) = fresh_key(&dest, &owner, ctx.clock.now(), sealer.is_some()).await;
     let operation = trigger.operation();
     let run = BackupRun {
         since: Time(taken_at),
@@ -435,29 +421,59 @@ async fn attempt(
         operation: operation.clone(),
     };
     record_running(ctx, cluster, Some(run)).await?;
-    let base = Record {
+    let summary = match upload(&client, &dest, &key, sealer).await {
+        Ok(summary) => summary,
+        Err(failure) => return Ok(Err(failure)),
+    };
+    let record = Record {
         bundle_fingerprint,
         taken_at: taken_at.to_string(),
+        size: summary.size,
+        sha256: summary.sha256.clone(),
+        encrypted: key.ends_with(backup::ENCRYPTED_SUFFIX),
         machine: source.machine.clone(),
         ..record_of(cluster)
     };
-    let (tx, rx) = mpsc::channel::<Vec<u8>>(CHUNKS_QUEUED);
-    let snapshot = client.etcd_snapshot_to(tx, |_| {});
-    let record = match store(&dest, &key, sealer, base, rx, snapshot).await {
-        Ok(record) => record,
-        Err(failure) => return Ok(Err(failure)),
-    };
+    if let Err(failure) = write_record(&dest, &key, &record).await {
+        let _ = objstore::delete(dest.store.as_ref(), &dest.settings.bucket, &key).await;
+        return Ok(Err(failure));
+    }
     let kept = retain(ctx, cluster, &dest, &owner, spec).await;
     record_kept(ctx, cluster, kept).await?;
     Ok(Ok(BackupRecord {
         key,
         taken_at: Time(taken_at),
-        size: i64::try_from(record.size).unwrap_or(i64::MAX),
-        sha256: record.sha256,
+        size: i64::try_from(summary.size).unwrap_or(i64::MAX),
+        sha256: summary.sha256,
         duration_seconds: started.elapsed().as_secs_f64(),
         machine: source.machine,
         operation,
     }))
+}
+
+/// The key of a backup taken at `at`, a second later while that key is taken (two backups in
+/// one second: a scheduled one and an operation's), so no backup overwrites another.
+async fn fresh_key(
+    dest: &Destination,
+    owner: &Owner<'_>,
+    mut at: Timestamp,
+    sealed: bool,
+) -> (Timestamp, String) {
+    for _ in 0..10 {
+        let key = owner.key(at, sealed);
+        if dest
+            .store
+            .head(&ObjectPath::from(key.as_str()))
+            .await
+            .is_err()
+        {
+            return (at, key);
+        }
+        at = at
+            .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(1))
+            .unwrap_or(at);
+    }
+    (at, owner.key(at, sealed))
 }
 
 /// The record of a backup of `cluster`, with what only the backup knows left empty.
@@ -470,31 +486,32 @@ fn record_of(cluster: &TalosCluster) -> Record {
         taken_at: String::new(),
         size: 0,
         sha256: String::new(),
-        snapshot: None,
         encrypted: false,
         machine: String::new(),
         talos_version: cluster.spec.talos_version.clone(),
     }
 }
 
-/// The age sealer of `spec.encryption`, if any: to its recipient, the public key only (the
-/// identity is never read by a backup).
-fn sealer(spec: &BackupSpec) -> Result<Option<Sealer>, Failure> {
+/// The age sealer of `spec.encryption`, if any.
+async fn sealer(
+    ctx: &Context,
+    namespace: &str,
+    spec: &BackupSpec,
+) -> Result<Option<Sealer>, Failure> {
     let Some(encryption) = spec.encryption.as_ref() else {
         return Ok(None);
     };
-    if encryption.recipient.is_empty() {
-        return Err(Failure::new(
-            reasons::BACKUP_SETTINGS_INVALID,
-            "spec.backup.encryption.recipient is not set: backups are encrypted to an age recipient (age1…, as `age-keygen -y <identity file>` prints it) and never read the identity; keySecretRef is only for restoreFrom",
-        ));
-    }
-    Sealer::for_recipient(&encryption.recipient)
+    let identity = age_identity(&ctx.client, namespace, &encryption.key_secret_ref.name).await?;
+    Sealer::for_identity(&identity)
         .map(Some)
         .map_err(|message| {
             Failure::new(
                 reasons::BACKUP_SETTINGS_INVALID,
-                format!("spec.backup.encryption.recipient: {message}"),
+                format!(
+                    "encryption.keySecretRef: Secret {} key {}: {message}",
+                    encryption.key_secret_ref.name,
+                    keys::AGE_KEY
+                ),
             )
         })
 }
@@ -543,56 +560,29 @@ async fn first_healthy<'a>(
     None
 }
 
-/// Stores one backup at `key`: the snapshot `snapshot` sends into `chunks` (checked as it
-/// passes, sealed when asked) as a multipart upload, then its record (`base` with the object's
-/// and the snapshot's digests filled in) beside it. Anything short of a whole, checked
-/// snapshot aborts the upload; an object whose record cannot be written is deleted. Returns
-/// the record written.
-pub async fn store<E: std::fmt::Display>(
-    dest: &Destination,
-    key: &str,
-    sealer: Option<Sealer>,
-    base: Record,
-    chunks: mpsc::Receiver<Vec<u8>>,
-    snapshot: impl Future<Output = Result<ichor_talos::snapshot::SnapshotSummary, E>>,
-) -> Result<Record, Failure> {
-    let encrypted = sealer.is_some();
-    let digests = upload(dest, key, sealer, chunks, snapshot).await?;
-    let record = Record {
-        size: digests.object.size,
-        sha256: digests.object.sha256,
-        snapshot: Some(digests.snapshot),
-        encrypted,
-        ..base
-    };
-    if let Err(failure) = write_record(dest, key, &record).await {
-        let _ = objstore::delete(dest.store.as_ref(), &dest.settings.bucket, key).await;
-        return Err(failure);
-    }
-    Ok(record)
-}
-
-/// Streams the snapshot from `chunks` into a multipart upload of `key`, sealed when asked,
-/// checking it as it passes and hashing the object as stored.
-async fn upload<E: std::fmt::Display>(
+/// Streams the node's snapshot into a multipart upload of `key`, sealed when asked, checking
+/// it as it passes. Anything short of a whole, checked snapshot aborts the upload.
+async fn upload(
+    client: &TalosClient,
     dest: &Destination,
     key: &str,
     mut sealer: Option<Sealer>,
-    chunks: mpsc::Receiver<Vec<u8>>,
-    snapshot: impl Future<Output = Result<ichor_talos::snapshot::SnapshotSummary, E>>,
-) -> Result<backup::Digests, Failure> {
+) -> Result<ichor_talos::snapshot::SnapshotSummary, Failure> {
     let bucket = dest.settings.bucket.as_str();
+    let path = ObjectPath::from(key);
     let multipart = dest
         .store
-        .put_multipart(&ObjectPath::from(key))
+        .put_multipart(&path)
         .await
         .map_err(|err| Failure::from_store(StoreError::classify_write(bucket, &err)))?;
     let mut writer = WriteMultipart::new_with_chunk_size(multipart, PART);
-    let mut object = backup::Hasher::default();
+    let (tx, rx) = mpsc::channel::<Vec<u8>>(CHUNKS_QUEUED);
+    let snapshot = client.etcd_snapshot_to(tx, |_| {});
     // The pump owns the receiver: if it stops early, the snapshot's sender sees it closed and
     // stops too, rather than waiting on a full channel.
-    let pump = pump(chunks, &mut writer, &mut object, sealer.as_mut(), bucket);
-    let summary = match tokio::join!(snapshot, pump) {
+    let pump = pump(rx, &mut writer, sealer.as_mut(), bucket);
+    let (snapshot, pumped) = tokio::join!(snapshot, pump);
+    let summary = match (snapshot, pumped) {
         (Ok(summary), Ok(())) => summary,
         (_, Err(failure)) => {
             let _ = writer.abort().await;
@@ -610,10 +600,7 @@ async fn upload<E: std::fmt::Display>(
     };
     if let Some(sealer) = sealer {
         match sealer.finish() {
-            Ok(tail) => {
-                object.update(&tail);
-                writer.write(&tail);
-            }
+            Ok(tail) => writer.write(&tail),
             Err(failure) => {
                 let _ = writer.abort().await;
                 return Err(failure);
@@ -624,22 +611,15 @@ async fn upload<E: std::fmt::Display>(
         .finish()
         .await
         .map_err(|err| Failure::from_store(StoreError::classify_write(bucket, &err)))?;
-    Ok(backup::Digests {
-        object: object.finish(),
-        snapshot: backup::Digest {
-            size: summary.size,
-            sha256: summary.sha256,
-        },
-    })
+    Ok(summary)
 }
 
-/// Moves snapshot chunks from `rx` into the upload, sealed when asked, hashing what is
-/// stored. It owns the receiver: if it stops early, the snapshot's sender sees the channel
-/// closed and stops too, rather than waiting on a full channel.
+/// Moves snapshot chunks from `rx` into the upload, sealed when asked. It owns the receiver:
+/// if it stops early, the snapshot's sender sees the channel closed and stops too, rather than
+/// waiting on a full channel.
 async fn pump(
     mut rx: mpsc::Receiver<Vec<u8>>,
     parts: &mut WriteMultipart,
-    object: &mut backup::Hasher,
     mut sealing: Option<&mut Sealer>,
     bucket: &str,
 ) -> Result<(), Failure> {
@@ -655,7 +635,6 @@ async fn pump(
             .wait_for_capacity(PARTS_IN_FLIGHT)
             .await
             .map_err(|err| Failure::from_store(StoreError::classify_write(bucket, &err)))?;
-        object.update(&bytes);
         parts.write(&bytes);
     }
     Ok(())
