@@ -250,15 +250,20 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_takeover_of_a_lease_at_the_most_transitions_counts_no_further() {
-        let settings = LeaseSettings {
+    /// The settings of replica `identity` for the Lease `ns/l`: 15 s, retried every 3 s.
+    fn settings_of(identity: &str) -> LeaseSettings {
+        LeaseSettings {
             namespace: "ns".into(),
             name: "l".into(),
-            identity: "b".into(),
+            identity: identity.into(),
             duration: Duration::from_secs(15),
             retry: Duration::from_secs(3),
-        };
+        }
+    }
+
+    #[test]
+    fn a_takeover_of_a_lease_at_the_most_transitions_counts_no_further() {
+        let settings = settings_of("b");
         let mut old = held_by("a", 0, 15);
         old.lease_transitions = Some(i32::MAX);
         let taken = claimed(Some(&old), &settings, LeaseDecision::TakeOver, at(20));
@@ -293,13 +298,7 @@ mod tests {
 
     #[test]
     fn a_takeover_counts_a_transition_and_a_renewal_does_not() {
-        let settings = LeaseSettings {
-            namespace: "ns".into(),
-            name: "l".into(),
-            identity: "b".into(),
-            duration: Duration::from_secs(15),
-            retry: Duration::from_secs(3),
-        };
+        let settings = settings_of("b");
         let mut old = held_by("a", 0, 15);
         old.lease_transitions = Some(2);
         let taken = claimed(Some(&old), &settings, LeaseDecision::TakeOver, at(20));
