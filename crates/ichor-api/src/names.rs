@@ -220,6 +220,10 @@ pub mod reasons {
     pub const QUORUM_AT_RISK: &str = "QuorumAtRisk";
     /// The delete needs the `ichor.maesh.dev/allow-delete: "true"` annotation.
     pub const ALLOW_DELETE_REQUIRED: &str = "AllowDeleteRequired";
+    /// The TalosCluster was deleted without the `ichor.maesh.dev/allow-delete: "true"`
+    /// annotation (admission did not check it): its teardown waits, no node is touched, until
+    /// the annotation is added (ADR 0052).
+    pub const DELETED_WITHOUT_ALLOW_DELETE: &str = "DeletedWithoutAllowDelete";
     /// The machine is its cluster's last control plane: delete the TalosCluster instead.
     pub const LAST_CONTROL_PLANE: &str = "LastControlPlane";
     /// The machine's address is the host of the cluster's `spec.endpoint`: every node reaches
@@ -307,6 +311,14 @@ pub mod reasons {
     pub const BOOTSTRAP_PENDING: &str = "BootstrapPending";
     /// A force-removed node answered again and was reset (an Event).
     pub const TOMBSTONE_RESET: &str = "TombstoneReset";
+    /// The node answering at a machine's (or a tombstone's) address reports another SMBIOS
+    /// UUID than the one recorded: it is another machine, and nothing destructive is sent to
+    /// it (ADR 0052).
+    pub const NODE_IDENTITY_MISMATCH: &str = "NodeIdentityMismatch";
+    /// No SMBIOS UUID is recorded for the machine (or the tombstone) a destructive step is
+    /// meant for, so the node answering at its address cannot be told to be it: nothing
+    /// destructive is sent (ADR 0052).
+    pub const NODE_IDENTITY_UNRECORDED: &str = "NodeIdentityUnrecorded";
     /// Every approved machine of the cluster is Ready.
     pub const ALL_MACHINES_READY: &str = "AllMachinesReady";
     /// Some approved machine of the cluster is not Ready yet.

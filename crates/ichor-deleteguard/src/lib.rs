@@ -7,7 +7,10 @@
 //!
 //! Functions over plain inputs; no Kubernetes client, no network. Used by the admission webhook
 //! ([`check_machine_delete`], [`check_cluster_delete`], [`check_machine_update`]) and rechecked
-//! by the controller inside the cluster lock ([`check_machine_removal`]).
+//! by the controller inside the cluster lock ([`check_machine_removal`]). The controller never
+//! relies on admission: it checks a deleted TalosCluster's annotation itself before tearing it
+//! down ([`check_cluster_teardown`]), and the identity of the node a destructive step goes to
+//! ([`check_node_identity`]).
 //!
 //! Callers describe each TalosMachine of one cluster as a [`Machine`] (built from the live object
 //! with `Machine::from(&talos_machine)`) and the cluster as a [`Cluster`]. The answer is either
@@ -40,6 +43,7 @@ pub mod bundle;
 pub mod drift;
 #[cfg(test)]
 mod fixtures;
+pub mod identity;
 mod model;
 pub mod plan;
 mod rules;
@@ -50,6 +54,7 @@ pub mod workload;
 pub use bootstrap::{BootstrapStep, Candidate, bootstrap_step};
 pub use bundle::{BundleStep, Found, bundle_step};
 pub use drift::{DriftHalt, DriftMachine, DriftTurn, drift_turn, halt_stands};
+pub use identity::{IdentityRefusal, Meant, check_node_identity};
 pub use model::{
     Cluster, ControlPlaneCounts, Machine, OBSERVATION_MAX_AGE, ObjectKind, Observation,
     annotation_true, control_plane_counts,
@@ -59,8 +64,8 @@ pub use plan::{
     check_targets_with, check_with,
 };
 pub use rules::{
-    check_cluster_delete, check_machine_delete, check_machine_delete_with, check_machine_removal,
-    check_machine_update, etcd_quorum,
+    check_cluster_delete, check_cluster_teardown, check_machine_delete, check_machine_delete_with,
+    check_machine_removal, check_machine_update, etcd_quorum,
 };
 pub use sequence::{
     LockDecision, LockView, approved_control_planes, completes_transition, is_once_only,

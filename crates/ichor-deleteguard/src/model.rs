@@ -242,8 +242,8 @@ pub struct Cluster {
     pub namespace: Option<String>,
     /// `spec.controlPlane.count`.
     pub declared_control_planes: usize,
-    /// Whether `metadata.deletionTimestamp` is set: the cluster is being torn down, which lifts
-    /// the per-machine rules (its own deletion needed the allow-delete annotation).
+    /// Whether `metadata.deletionTimestamp` is set. Only with `allow_delete` too is the cluster
+    /// torn down ([`Cluster::tearing_down`]), which lifts the per-machine rules.
     pub deleting: bool,
     /// Whether the annotation `ichor.maesh.dev/allow-delete` is exactly `"true"`.
     pub allow_delete: bool,
@@ -310,6 +310,14 @@ impl Cluster {
     pub fn allowing_delete(mut self) -> Self {
         self.allow_delete = true;
         self
+    }
+
+    /// Whether the cluster is torn down: deleted, and carrying the allow-delete annotation its
+    /// deletion needs. Only then are the per-machine rules lifted. A cluster deleted without it
+    /// (its admission bypassed: the webhook unregistered) keeps every rule, and its teardown
+    /// waits for the annotation ([`crate::check_cluster_teardown`], ADR 0052).
+    pub fn tearing_down(&self) -> bool {
+        self.deleting && self.allow_delete
     }
 }
 

@@ -516,7 +516,7 @@ pub fn check_with(
             .filter(|m| m.name != target.name && m.is_control_plane_member())
             .collect(),
     };
-    if cluster.deleting && *disruption == Disruption::Delete {
+    if cluster.tearing_down() && *disruption == Disruption::Delete {
         // The teardown was admitted with the cluster's annotation; it takes the workers first.
         let workers = machines
             .iter()
@@ -947,7 +947,7 @@ mod tests {
             Stage::Run,
         );
         assert!(admitted.is_proceed(), "{admitted:?}");
-        let teardown = cluster.clone().being_deleted();
+        let teardown = cluster.clone().being_deleted().allowing_delete();
         assert!(
             check_with(
                 &machines[0],

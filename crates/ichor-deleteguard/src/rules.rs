@@ -18,7 +18,7 @@ pub fn etcd_quorum(members: usize) -> usize {
 /// or without the target).
 ///
 /// A target already being deleted was admitted before and passes again; so does every machine
-/// of a cluster being deleted (the teardown was admitted with the cluster's annotation).
+/// of a cluster torn down ([`Cluster::tearing_down`]: deleted with its annotation).
 pub fn check_machine_delete(
     target: &Machine,
     machines: &[Machine],
@@ -35,7 +35,7 @@ pub fn check_machine_delete_with(
     cluster: &Cluster,
     rules: RuleSet,
 ) -> Result<(), Refusal> {
-    if cluster.deleting || target.deleting {
+    if cluster.tearing_down() || target.deleting {
         return Ok(());
     }
     match plan::check_with(
@@ -55,7 +55,8 @@ pub fn check_machine_delete_with(
 /// first disruptive step: the planner's rules in the controller, the declared count included.
 ///
 /// `target` is normally being deleted itself; other members being deleted are not counted as
-/// remaining. In a cluster being deleted every removal proceeds (the teardown orders them).
+/// remaining. In a cluster torn down every removal proceeds (the teardown orders them); in one
+/// deleted without its annotation every rule still holds.
 pub fn check_machine_removal(
     target: &Machine,
     machines: &[Machine],
@@ -71,6 +72,19 @@ pub fn check_cluster_delete(cluster: &Cluster) -> Result<(), Refusal> {
     }
     Err(Refusal::AllowDeleteRequired {
         kind: ObjectKind::TalosCluster,
+        name: cluster.name.clone(),
+        namespace: cluster.namespace.clone(),
+    })
+}
+
+/// The manager's own check before it tears a deleted TalosCluster down: the allow-delete
+/// annotation, which admission checks too but may never have seen (the webhook unregistered).
+/// Unlike [`check_cluster_delete`], a deletion under way is no reason to pass (ADR 0052).
+pub fn check_cluster_teardown(cluster: &Cluster) -> Result<(), Refusal> {
+    if cluster.allow_delete {
+        return Ok(());
+    }
+    Err(Refusal::DeletedWithoutAllowDelete {
         name: cluster.name.clone(),
         namespace: cluster.namespace.clone(),
     })
@@ -312,14 +326,52 @@ mod tests {
     }
 
     #[test]
-    fn a_cluster_being_deleted_lifts_the_machine_rules() {
+    fn a_cluster_torn_down_lifts_the_machine_rules() {
         let mut cps = control_planes(1);
         cps[0].allow_delete = false;
-        let cluster = prod(1).being_deleted();
+        let cluster = prod(1).being_deleted().allowing_delete();
         assert_eq!(check_machine_delete(&cps[0], &cps, &cluster), Ok(()));
         let deleting = cps[0].clone().being_deleted();
         let verdict = check_machine_removal(&deleting, &cps, &cluster);
         assert!(verdict.is_proceed(), "{verdict:?}");
+    }
+
+    #[test]
+    fn a_cluster_deleted_without_its_annotation_keeps_every_machine_rule() {
+        let mut cps = control_planes(1);
+        cps[0].allow_delete = false;
+        let cluster = prod(1).being_deleted();
+        assert_eq!(
+            check_machine_delete(&cps[0], &cps, &cluster)
+                .unwrap_err()
+                .reason(),
+            reasons::LAST_CONTROL_PLANE
+        );
+        let deleting = cps[0].clone().being_deleted();
+        let verdict = check_machine_removal(&deleting, &cps, &cluster);
+        assert_eq!(verdict.reason(), Some(reasons::LAST_CONTROL_PLANE));
+        let three = control_planes(3);
+        let mut unannotated = three.clone();
+        unannotated[0].allow_delete = false;
+        unannotated[0].deleting = true;
+        let verdict = check_machine_removal(&unannotated[0], &unannotated, &cluster);
+        assert_eq!(verdict.reason(), Some(reasons::ALLOW_DELETE_REQUIRED));
+    }
+
+    #[test]
+    fn a_teardown_needs_the_annotation_even_once_deleted() {
+        let refusal = check_cluster_teardown(&prod(3).being_deleted()).unwrap_err();
+        assert_eq!(refusal.reason(), "DeletedWithoutAllowDelete");
+        assert_eq!(
+            refusal.message(),
+            "taloscluster prod was deleted without the annotation ichor.maesh.dev/allow-delete: \
+             \"true\", which admission did not check (is the ichor webhook registered?): its \
+             teardown waits and no node is touched; to tear it down, set it with: kubectl \
+             annotate taloscluster prod ichor.maesh.dev/allow-delete=true -n infra"
+        );
+        let annotated = prod(3).being_deleted().allowing_delete();
+        assert_eq!(check_cluster_teardown(&annotated), Ok(()));
+        assert!(annotated.tearing_down());
     }
 
     #[test]

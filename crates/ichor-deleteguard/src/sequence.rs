@@ -79,13 +79,13 @@ pub fn approved_control_planes(machines: &[Machine]) -> usize {
         .count()
 }
 
-/// Whether removing `target` completes the cluster's transition: always in a cluster being
-/// deleted; otherwise when `target` is an approved control plane and the approved control
+/// Whether removing `target` completes the cluster's transition: always in a cluster torn
+/// down ([`Cluster::tearing_down`]); otherwise when `target` is an approved control plane and the approved control
 /// planes that exist (`target` and those being deleted included) outnumber the declared count.
 ///
 /// `machines` may or may not include `target`; entries named like it are ignored.
 pub fn completes_transition(target: &Machine, machines: &[Machine], cluster: &Cluster) -> bool {
-    if cluster.deleting {
+    if cluster.tearing_down() {
         return true;
     }
     if !is_approved_control_plane(target) {
@@ -336,7 +336,7 @@ mod tests {
 
     #[test]
     fn a_teardown_completes_everything() {
-        let cluster = Cluster::new("prod", 3).being_deleted();
+        let cluster = Cluster::new("prod", 3).being_deleted().allowing_delete();
         let worker = Machine::new("w-1").worker().approved().config_applied();
         assert!(completes_transition(&worker, &[], &cluster));
         assert!(completes_transition(&cp("cp-1"), &[cp("cp-1")], &cluster));

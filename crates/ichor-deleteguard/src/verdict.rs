@@ -12,8 +12,9 @@ use crate::rules::etcd_quorum;
 /// Condition reasons of the refusals and waits (CamelCase, stable).
 pub mod reasons {
     pub use ichor_api::names::reasons::{
-        ALLOW_DELETE_REQUIRED, AWAITING_REPLACEMENT, CLUSTER_ENDPOINT_NODE, ETCD_UNHEALTHY,
-        IMMUTABLE_ONCE_APPLIED, LAST_CONTROL_PLANE, QUORUM_AT_RISK, TEARDOWN_WORKERS_FIRST,
+        ALLOW_DELETE_REQUIRED, AWAITING_REPLACEMENT, CLUSTER_ENDPOINT_NODE,
+        DELETED_WITHOUT_ALLOW_DELETE, ETCD_UNHEALTHY, IMMUTABLE_ONCE_APPLIED, LAST_CONTROL_PLANE,
+        NODE_IDENTITY_MISMATCH, NODE_IDENTITY_UNRECORDED, QUORUM_AT_RISK, TEARDOWN_WORKERS_FIRST,
     };
 }
 
@@ -62,6 +63,14 @@ pub enum Refusal {
     /// An etcd voter is not healthy (or not observed recently), so the action could cost
     /// quorum.
     EtcdUnhealthy(Unhealthy),
+    /// A TalosCluster deleted without the allow-delete annotation (its admission bypassed):
+    /// the manager does not tear it down until the annotation is added.
+    DeletedWithoutAllowDelete {
+        /// The cluster.
+        name: String,
+        /// Its namespace, if known.
+        namespace: Option<String>,
+    },
     /// `spec.approvalState` or `spec.role` changed after the machine's config was applied.
     ImmutableOnceApplied {
         /// The machine.
@@ -80,6 +89,7 @@ impl Refusal {
             Self::ClusterEndpointNode { .. } => reasons::CLUSTER_ENDPOINT_NODE,
             Self::QuorumAtRisk { .. } => reasons::QUORUM_AT_RISK,
             Self::EtcdUnhealthy(_) => reasons::ETCD_UNHEALTHY,
+            Self::DeletedWithoutAllowDelete { .. } => reasons::DELETED_WITHOUT_ALLOW_DELETE,
             Self::ImmutableOnceApplied { .. } => reasons::IMMUTABLE_ONCE_APPLIED,
         }
     }
@@ -166,6 +176,21 @@ impl fmt::Display for Refusal {
                 )
             }
             Self::EtcdUnhealthy(unhealthy) => write!(f, "{unhealthy}"),
+            Self::DeletedWithoutAllowDelete { name, namespace } => {
+                let ns = namespace
+                    .as_deref()
+                    .map(|ns| format!(" -n {ns}"))
+                    .unwrap_or_default();
+                write!(
+                    f,
+                    "taloscluster {name} was deleted without the annotation {key}: \"{value}\", \
+                     which admission did not check (is the ichor webhook registered?): its \
+                     teardown waits and no node is touched; to tear it down, set it with: \
+                     kubectl annotate taloscluster {name} {key}={value}{ns}",
+                    key = annotations::ALLOW_DELETE,
+                    value = annotations::TRUE,
+                )
+            }
             Self::ImmutableOnceApplied { name, changes } => {
                 for (i, change) in changes.iter().enumerate() {
                     if i > 0 {

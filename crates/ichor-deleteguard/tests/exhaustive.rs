@@ -158,7 +158,7 @@ fn admission_matches_the_rules_for_every_small_cluster() {
                     assert!(refusal.message().contains(&command), "{refusal}");
                 }
                 // A cluster being torn down lifts every machine rule.
-                let teardown = cluster.clone().being_deleted();
+                let teardown = cluster.clone().being_deleted().allowing_delete();
                 assert_eq!(
                     check_machine_delete(&target, &machines_of(&machines), &teardown),
                     Ok(())
@@ -235,7 +235,7 @@ fn removal_matches_the_rules_for_every_small_cluster() {
                     let teardown = check_machine_removal(
                         &target,
                         &machines_of(&machines),
-                        &cluster.clone().being_deleted(),
+                        &cluster.clone().being_deleted().allowing_delete(),
                     );
                     let workers_left = machines
                         .iter()

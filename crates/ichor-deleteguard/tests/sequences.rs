@@ -441,7 +441,11 @@ impl World {
             Some(host) => c.with_endpoint_host(host.clone()),
             None => c,
         };
-        if self.teardown { c.being_deleted() } else { c }
+        if self.teardown {
+            c.being_deleted().allowing_delete()
+        } else {
+            c
+        }
     }
 
     fn now(&self) -> i64 {

@@ -381,6 +381,7 @@ impl Guard {
                         Cluster::new(cluster_name.clone(), 0)
                             .in_namespace(namespace.clone())
                             .being_deleted()
+                            .allowing_delete()
                     },
                     Cluster::from,
                 )
