@@ -26,7 +26,10 @@ use crate::rules;
     printcolumn = r#"{"name":"Control planes","type":"string","jsonPath":".status.controlPlanes.summary"}"#,
     printcolumn = r#"{"name":"Workers","type":"string","jsonPath":".status.workers.summary"}"#,
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
-    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    // Names Ichor publishes under for this cluster (ADR 0053); a reference an object already
+    // had is left to the manager, which never writes a Secret it did not create.
+    validation = Rule::new(SECRETS_REF_NOT_PUBLISHED).optional_old_self(true).message("spec.secretsRef.name must not be <cluster>-kubeconfig, <cluster>-talosconfig or end in -applied-config: Ichor publishes its own Secrets under those names; name the bundle Secret otherwise, e.g. <cluster>-secrets (the name used when secretsRef is unset)")
 )]
 #[serde(rename_all = "camelCase")]
 #[x_kube(
@@ -102,6 +105,16 @@ pub struct TalosClusterSpec {
     #[x_kube(validation = Rule::new("self == oldSelf").message("adopt cannot change once set"))]
     pub adopt: Option<AdoptSpec>,
 }
+
+/// The CEL rule keeping `spec.secretsRef` off the names Ichor publishes Secrets under for the
+/// cluster: `<cluster>-kubeconfig`, `<cluster>-talosconfig` and a machine's
+/// `<machine>-applied-config` (ADR 0053). A reference the object already had passes.
+pub const SECRETS_REF_NOT_PUBLISHED: &str = "!has(self.spec.secretsRef) \
+    || (oldSelf.hasValue() && has(oldSelf.value().spec.secretsRef) \
+        && oldSelf.value().spec.secretsRef.name == self.spec.secretsRef.name) \
+    || !(self.spec.secretsRef.name == self.metadata.name + '-kubeconfig' \
+        || self.spec.secretsRef.name == self.metadata.name + '-talosconfig' \
+        || self.spec.secretsRef.name.endsWith('-applied-config'))";
 
 /// The running cluster to adopt.
 #[derive(KubeSchema, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -63,6 +63,10 @@ pub mod labels {
     pub const MACHINE_UUID: &str = "ichor.maesh.dev/machine-uuid";
     /// The TalosMachine a Secret belongs to (its applied-config Secret).
     pub const MACHINE: &str = "ichor.maesh.dev/machine";
+    /// On a Secret Ichor created to publish something (a talosconfig, a kubeconfig, an
+    /// applied config), value `"true"`: with a controller reference to the object it was
+    /// published for, what Ichor may write again; any other Secret is never written (ADR 0053).
+    pub const PUBLISHED: &str = "ichor.maesh.dev/published";
     /// Marks objects created and owned by Ichor.
     pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
     /// The value of [`MANAGED_BY`] on Ichor's objects.
@@ -186,6 +190,9 @@ pub mod conditions {
     pub const RESTORED: &str = "Restored";
     /// On a TalosCluster with `spec.adopt`: whether its nodes were adopted, and if not why.
     pub const ADOPTED: &str = "Adopted";
+    /// On a TalosCluster: whether its talosconfig and kubeconfig Secrets are published, and
+    /// if not which Secret of someone else's holds the name (ADR 0053).
+    pub const CREDENTIALS_PUBLISHED: &str = "CredentialsPublished";
     /// On any object: true while a controller's reconciles of it panic (a bug in Ichor),
     /// retried with a growing backoff; removed once that controller reconciles it again.
     pub const RECONCILE_PANICKED: &str = "ReconcilePanicked";
@@ -206,6 +213,14 @@ pub mod reasons {
     pub const SECRETS_BUNDLE_LOST: &str = "SecretsBundleLost";
     /// The bundle Secret holds another bundle (another OS CA) than the cluster was built with.
     pub const SECRETS_BUNDLE_MISMATCH: &str = "SecretsBundleMismatch";
+    /// No bundle Secret exists, yet a Talos node at the cluster's endpoint or a machine's
+    /// address answers in configured mode: no bundle is generated (ADR 0053).
+    pub const SECRETS_BUNDLE_NOT_GENERATED: &str = "SecretsBundleNotGenerated";
+    /// A Secret Ichor did not create holds a name Ichor publishes under: left as it is, and
+    /// nothing is published there until the name is free (ADR 0053).
+    pub const SECRET_NAME_TAKEN: &str = "SecretNameTaken";
+    /// The talosconfig and (once bootstrapped) the kubeconfig are published.
+    pub const PUBLISHED: &str = "Published";
     /// The node runs an older Talos than the cluster's version contract.
     pub const TALOS_VERSION_TOO_OLD: &str = "TalosVersionTooOld";
     /// The rendered config references hardware the machine does not have.

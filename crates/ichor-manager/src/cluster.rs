@@ -1,6 +1,7 @@
 //! The cluster reconciler: secrets, discovery, bootstrap exactly once, published credentials,
 //! and the cluster's status aggregated from its machines.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,6 +12,7 @@ use ichor_api::names::{actions, conditions, finalizers, reasons};
 use ichor_api::{TalosCluster, TalosMachine};
 use ichor_render::credentials::{self, Minted, Published};
 use ichor_talos::TalosClient;
+use k8s_openapi::ByteString;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt as _;
@@ -216,10 +218,13 @@ async fn ensure_bundle(
     status: &mut TalosClusterStatus,
     machines: &[TalosMachine],
 ) -> Result<Option<ichor_render::SecretsBundle>, Error> {
-    // Secrets: generated only while no machine was ever configured; lost, never regenerated,
-    // after (ichor-deleteguard's bundle_step).
+    // Secrets: generated only while no machine was ever configured and no node at the
+    // cluster's addresses runs configured; lost, never regenerated, after (ichor-deleteguard's
+    // bundle_step, ADR 0053).
     let configured = machines.iter().any(ever_configured);
-    match secrets::ensure(&ctx.client, cluster, configured).await? {
+    let addresses = secrets::node_addresses(cluster, machines);
+    let look = (&addresses[..], ctx.settings.sweep);
+    match secrets::ensure(&ctx.client, cluster, configured, look).await? {
         Ok(b) => {
             status
                 .bundle_fingerprint
@@ -278,11 +283,17 @@ async fn publish_and_bootstrap(
     let credentials = ctx.node_credentials(cluster, bundle)?;
     // A force-removed node that answers again is reset before anything else.
     tombstones(ctx, cluster, &credentials).await?;
-    let talos = publish_talosconfig(ctx, cluster, bundle, machines).await?;
-    status.talosconfig_secret = Some(talosconfig_name(cluster));
-    let expiries = status.credentials.get_or_insert_with(Default::default);
-    expiries.talosconfig_expires_at = Some(Time(talos.expires));
-    let mut renew_at = talos.renew_at;
+    let mut taken = Vec::new();
+    let mut renew_at = None;
+    match publish_talosconfig(ctx, cluster, bundle, machines).await? {
+        Ok(talos) => {
+            status.talosconfig_secret = Some(talosconfig_name(cluster));
+            let expiries = status.credentials.get_or_insert_with(Default::default);
+            expiries.talosconfig_expires_at = Some(Time(talos.expires));
+            renew_at = Some(talos.renew_at);
+        }
+        Err(name_taken) => taken.push(name_taken),
+    }
     if !cond::is_true(&status.conditions, conditions::BOOTSTRAPPED) {
         let fingerprint = crate::secrets::fingerprint(bundle);
         let restoring = match crate::restore::gate(ctx, cluster, status, &fingerprint).await? {
@@ -303,13 +314,56 @@ async fn publish_and_bootstrap(
         }
     }
     if cond::is_true(&status.conditions, conditions::BOOTSTRAPPED) {
-        let kube = publish_kubeconfig(ctx, cluster, bundle).await?;
-        status.kubeconfig_secret = Some(kubeconfig_name(cluster));
-        let expiries = status.credentials.get_or_insert_with(Default::default);
-        expiries.kubeconfig_expires_at = Some(Time(kube.expires));
-        renew_at = renew_at.min(kube.renew_at);
+        match publish_kubeconfig(ctx, cluster, bundle).await? {
+            Ok(kube) => {
+                status.kubeconfig_secret = Some(kubeconfig_name(cluster));
+                let expiries = status.credentials.get_or_insert_with(Default::default);
+                expiries.kubeconfig_expires_at = Some(Time(kube.expires));
+                renew_at = Some(renew_at.map_or(kube.renew_at, |at| at.min(kube.renew_at)));
+            }
+            Err(name_taken) => taken.push(name_taken),
+        }
     }
-    Ok(Some(renewal::until(renew_at, ctx.clock.now())))
+    record_published(ctx, cluster, status, &taken).await;
+    // A name held by another Secret is looked at again soon: it is published once free.
+    let retry = (!taken.is_empty()).then_some(ctx.settings.progress_requeue);
+    let renew_in = renew_at.map(|at| renewal::until(at, ctx.clock.now()));
+    Ok([renew_in, retry].into_iter().flatten().min())
+}
+
+/// `CredentialsPublished`: true once nothing published is held by another Secret, else false
+/// naming each such Secret, with a Warning Event when one is first found (ADR 0053).
+async fn record_published(
+    ctx: &Context,
+    cluster: &TalosCluster,
+    status: &mut TalosClusterStatus,
+    taken: &[secrets::NameTaken],
+) {
+    let before = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == conditions::CREDENTIALS_PUBLISHED)
+        .map(|c| (c.reason.clone(), c.message.clone()));
+    let (published, reason, message) = secrets::published_condition(taken);
+    cond::set(
+        &mut status.conditions,
+        conditions::CREDENTIALS_PUBLISHED,
+        published,
+        reason,
+        message.clone(),
+        cluster.metadata.generation,
+        &ctx.now(),
+    );
+    if !published && before != Some((reason.to_owned(), message.clone())) {
+        ctx.event(
+            cluster,
+            EventType::Warning,
+            reason,
+            actions::PUBLISH,
+            message,
+        )
+        .await;
+    }
 }
 
 /// A published credentials file after this reconcile: when it expires, when it is due.
@@ -321,7 +375,8 @@ struct Held {
 
 /// The published file under `key` of Secret `name`, read by `read`: kept while `current`
 /// says it points where it should and it is not due, else minted anew by `mint` (valid for the
-/// configured lifetime) and rewritten, with an Event saying why unless it was missing.
+/// configured lifetime) and rewritten, with an Event saying why unless it was missing; never
+/// read or written when another Secret holds the name ([`secrets::NameTaken`]).
 async fn keep_or_mint(
     ctx: &Context,
     cluster: &TalosCluster,
@@ -329,9 +384,11 @@ async fn keep_or_mint(
     read: impl FnOnce(&str) -> Option<Published>,
     current: impl FnOnce(&Published) -> bool,
     mint: impl FnOnce(Duration) -> Result<Minted, ichor_render::pki::PkiError>,
-) -> Result<Held, Error> {
-    let namespace = cluster.namespace().unwrap_or_default();
-    let text = secrets::read(&ctx.client, &namespace, name, key).await?;
+) -> Result<Result<Held, secrets::NameTaken>, Error> {
+    let text = match secrets::read_published(&ctx.client, cluster, (name, what), key).await? {
+        Ok(text) => text,
+        Err(taken) => return Ok(Err(taken)),
+    };
     let published = text.as_deref().and_then(read);
     let validity = published
         .as_ref()
@@ -341,12 +398,16 @@ async fn keep_or_mint(
     let why = match renewal::decide(validity, is_current, lifetime, ctx.clock.now()) {
         Renewal::Keep { renew_at } => {
             let expires = validity.map_or(renew_at, |v| v.not_after);
-            return Ok(Held { expires, renew_at });
+            return Ok(Ok(Held { expires, renew_at }));
         }
         Renewal::Mint(why) => why,
     };
     let minted = mint(lifetime).map_err(|source| Error::Mint { what, source })?;
-    secrets::publish(&ctx.client, cluster, name, key, &minted.file.0, true).await?;
+    let data = BTreeMap::from([(key.to_owned(), ByteString(minted.file.0.into_bytes()))]);
+    let labels = secrets::cluster_labels(cluster);
+    if let Err(taken) = secrets::publish(&ctx.client, cluster, (name, what), labels, data).await? {
+        return Ok(Err(taken));
+    }
     let expires = Timestamp::try_from(minted.expires)
         .map_err(|e| Error::Invariant(format!("{what} expires out of range: {e}")))?;
     if let Some(reason) = why.event_reason() {
@@ -355,7 +416,7 @@ async fn keep_or_mint(
             .await;
     }
     let renew_at = renewal::due_after_mint(expires, lifetime);
-    Ok(Held { expires, renew_at })
+    Ok(Ok(Held { expires, renew_at }))
 }
 
 /// The workload kubeconfig Secret: an admin kubeconfig for `spec.endpoint`, renewed at two
@@ -364,7 +425,7 @@ async fn publish_kubeconfig(
     ctx: &Context,
     cluster: &TalosCluster,
     bundle: &ichor_render::SecretsBundle,
-) -> Result<Held, Error> {
+) -> Result<Result<Held, secrets::NameTaken>, Error> {
     let endpoint = &cluster.spec.endpoint;
     let ca = &bundle.certs.k8s.crt.0;
     keep_or_mint(
@@ -427,7 +488,7 @@ async fn publish_talosconfig(
     cluster: &TalosCluster,
     bundle: &ichor_render::SecretsBundle,
     machines: &[TalosMachine],
-) -> Result<Held, Error> {
+) -> Result<Result<Held, secrets::NameTaken>, Error> {
     let (endpoints, nodes) = plan::talosconfig_targets(machines);
     let name = cluster.name_any();
     let ca = &bundle.certs.os.crt.0;

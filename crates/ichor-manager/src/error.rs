@@ -63,6 +63,10 @@ pub enum Error {
     /// An object could not be encoded or decoded.
     #[error("cannot encode or decode an object: {0}")]
     Serde(#[from] serde_json::Error),
+    /// A Secret Ichor did not create holds the name Ichor publishes under (ADR 0053);
+    /// retried with backoff, so it is published once the name is free.
+    #[error(transparent)]
+    SecretNameTaken(#[from] crate::secrets::NameTaken),
     /// Something the code relies on did not hold.
     #[error("internal error: {0}")]
     Invariant(String),
@@ -94,7 +98,7 @@ impl Error {
                 ichor_talos::Category::Bug => Category::Bug,
             },
             Self::Spec { .. } => Category::UserFix,
-            Self::NotSynced(_) => Category::Transient,
+            Self::NotSynced(_) | Self::SecretNameTaken(_) => Category::Transient,
             // The bundle was validated before anything is minted from it, and a generated
             // bundle is ours: either failing is a bug.
             Self::Mint { .. } | Self::Bundle(_) | Self::Serde(_) | Self::Invariant(_) => {
@@ -117,6 +121,7 @@ impl Error {
                 _ => reasons::TALOS_API,
             },
             Self::Spec { .. } => reasons::INVALID_SPEC,
+            Self::SecretNameTaken(_) => reasons::SECRET_NAME_TAKEN,
             Self::Mint { .. } | Self::Bundle(_) => reasons::SECRETS_BUNDLE_UNAVAILABLE,
             Self::Serde(_) | Self::Invariant(_) => reasons::INTERNAL_ERROR,
             Self::Panicked { .. } => reasons::RECONCILE_PANICKED,

@@ -17,13 +17,12 @@ use ichor_deleteguard::{
 use ichor_render::Rendered;
 use ichor_talos::{ApplyMode, TalosClient, TalosError};
 use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, ObjectMeta, PostParams};
+use kube::ResourceExt as _;
+use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
-use kube::{Resource as _, ResourceExt as _};
 use serde_json::json;
 
 use crate::decide::{DriftRefused, Etcd, NodeView, drift_refused, standing};
@@ -332,51 +331,30 @@ pub(crate) fn applied_config_secret(machine: &TalosMachine) -> String {
 /// but not recorded).
 async fn store_applied(ctx: &Context, machine: &TalosMachine, yaml: &str) -> Result<(), Error> {
     let name = applied_config_secret(machine);
-    let namespace = machine.namespace().unwrap_or_default();
-    let mut secret = Secret {
-        metadata: ObjectMeta {
-            name: Some(name.clone()),
-            namespace: Some(namespace.clone()),
-            labels: Some(BTreeMap::from([
-                (labels::MACHINE.to_owned(), machine.name_any()),
-                (
-                    labels::CLUSTER.to_owned(),
-                    machine.spec.cluster_ref.name.clone(),
-                ),
-                (
-                    labels::MANAGED_BY.to_owned(),
-                    labels::MANAGED_BY_VALUE.to_owned(),
-                ),
-            ])),
-            owner_references: machine.controller_owner_ref(&()).map(|o| vec![o]),
-            ..Default::default()
-        },
-        type_: Some("Opaque".into()),
-        data: Some(BTreeMap::from([(
-            secret_names::APPLIED_CONFIG_KEY.to_owned(),
-            ByteString(yaml.as_bytes().to_vec()),
-        )])),
-        ..Default::default()
-    };
-    // Create, or replace what was kept before (get, create, update: the verbs the manager's
-    // role grants on Secrets). A conflict is an error: the reconcile retries it.
-    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
-    match secrets.get_opt(&name).await? {
-        None => {
-            secrets.create(&PostParams::default(), &secret).await?;
-        }
-        Some(existing)
-            if existing.data == secret.data
-                && existing.metadata.owner_references == secret.metadata.owner_references => {}
-        Some(existing) => {
-            secret.metadata.resource_version = existing.metadata.resource_version;
-            secrets
-                .replace(&name, &PostParams::default(), &secret)
-                .await?;
-        }
-    }
-    Ok(())
+    let labels = BTreeMap::from([
+        (labels::MACHINE.to_owned(), machine.name_any()),
+        (
+            labels::CLUSTER.to_owned(),
+            machine.spec.cluster_ref.name.clone(),
+        ),
+        (
+            labels::MANAGED_BY.to_owned(),
+            labels::MANAGED_BY_VALUE.to_owned(),
+        ),
+    ]);
+    let data = BTreeMap::from([(
+        secret_names::APPLIED_CONFIG_KEY.to_owned(),
+        ByteString(yaml.as_bytes().to_vec()),
+    )]);
+    // Only a Secret Ichor created for this machine is written (ADR 0053); a name held by
+    // another is an error that names it, retried until the name is free.
+    crate::secrets::publish(&ctx.client, machine, (&name, APPLIED_WHAT), labels, data)
+        .await?
+        .map_err(Error::from)
 }
+
+/// What the applied-config Secret holds, for a refusal.
+const APPLIED_WHAT: &str = "the applied config";
 
 /// An approved machine: observes its cluster and secrets bundle, plans whether it can be
 /// configured (role, config, address), then applies its first config or follows it.
@@ -406,6 +384,19 @@ async fn approved(machine: &TalosMachine, ctx: &Context) -> Result<Action, Error
         sources: &sources,
     };
     if status.applied_config_hash.is_none() {
+        // The applied config is kept before its hash is recorded: a name another Secret
+        // holds stops the first apply before anything reaches the node (ADR 0053).
+        let name = applied_config_secret(machine);
+        if let Err(taken) =
+            crate::secrets::writable(&ctx.client, machine, (&name, APPLIED_WHAT)).await?
+        {
+            let stop = Blocked {
+                phase: status.phase,
+                reason: reasons::SECRET_NAME_TAKEN,
+                message: taken.to_string(),
+            };
+            return blocked(ctx, machine, status, stop).await;
+        }
         if plan::adopted(machine) {
             return adopt_baseline(ctx, machine, status, &reach).await;
         }

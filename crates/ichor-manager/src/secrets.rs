@@ -1,18 +1,23 @@
 //! The cluster's Secrets: the secrets bundle (given, or generated once with **no owner
-//! reference**, so deleting the cluster never garbage-collects the CA keys), and the published
-//! talosconfig and workload kubeconfig. Secret contents are never logged.
+//! reference**, so deleting the cluster never garbage-collects the CA keys, and never while a
+//! node at the cluster's addresses already runs configured), and the Secrets Ichor publishes
+//! (talosconfig, workload kubeconfig, applied configs), written only when Ichor created them
+//! (ADR 0053). Secret contents are never logged.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{LazyLock, Mutex};
 
-use ichor_api::TalosCluster;
+use std::net::{IpAddr, Ipv4Addr};
+
 use ichor_api::names::{labels, reasons};
+use ichor_api::{TalosCluster, TalosMachine};
 use ichor_deleteguard::{BundleStep, Found, bundle_step};
 use ichor_render::{BundleError, Contract, SecretsBundle};
+use ichor_talos::discovery::{self, ProbeOutcome, SweepConfig};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ObjectMeta, PostParams};
-use kube::{Resource as _, ResourceExt as _};
+use kube::{Resource, ResourceExt as _};
 
 use crate::Error;
 
@@ -55,6 +60,17 @@ pub enum BundleUnavailable {
         /// The fingerprint found.
         found: String,
     },
+    /// None exists, and a node at the cluster's endpoint or a machine's address already runs
+    /// configured: a new bundle would carry another CA, so none is generated.
+    #[error(
+        "no Secret {secret} with the cluster's secrets bundle exists, yet a Talos node at {address} answers in configured mode (it asks for a client certificate): this cluster's nodes already run, and a new bundle would carry another CA than the one they trust, so none is generated and nothing is rendered or applied. Restore the bundle Secret {secret} (key {BUNDLE_KEY}) from a backup, or adopt the running cluster (a TalosCluster with spec.adopt and spec.secretsRef naming its bundle); if that node is no node of this cluster, correct spec.endpoint or the machines' addresses"
+    )]
+    NodesRun {
+        /// The bundle Secret that would have been generated.
+        secret: String,
+        /// Where a configured node answered.
+        address: String,
+    },
     /// The Secret exists but its content is not a valid bundle.
     #[error("Secret {secret} does not hold a valid bundle under {BUNDLE_KEY}: {reason}")]
     Invalid {
@@ -71,6 +87,7 @@ impl BundleUnavailable {
         match self {
             Self::Lost(_) => reasons::SECRETS_BUNDLE_LOST,
             Self::Mismatch { .. } => reasons::SECRETS_BUNDLE_MISMATCH,
+            Self::NodesRun { .. } => reasons::SECRETS_BUNDLE_NOT_GENERATED,
             Self::Missing(_) | Self::NotYet(_) | Self::Invalid { .. } => {
                 reasons::SECRETS_BUNDLE_UNAVAILABLE
             }
@@ -112,20 +129,98 @@ pub async fn bundle(
 }
 
 /// The cluster controller's read: generates and stores the bundle when the cluster names none,
-/// none exists, and none of its machines was ever configured (`ever_configured`); otherwise as
-/// [`bundle`] (a missing bundle of a configured cluster is lost, never regenerated).
+/// none exists, none of its machines was ever configured (`ever_configured`), and no node at
+/// `addresses` answers in configured mode ([`configured_node`], probed with `sweep`);
+/// otherwise as [`bundle`] (a missing bundle of a configured cluster is lost, never
+/// regenerated).
 pub async fn ensure(
     client: &kube::Client,
     cluster: &TalosCluster,
     ever_configured: bool,
+    (addresses, sweep): (&[String], SweepConfig),
 ) -> Result<Result<SecretsBundle, BundleUnavailable>, Error> {
     match load(client, cluster, ever_configured).await? {
         Err(BundleUnavailable::NotYet(name)) => {
+            // A cluster re-created without its status (GitOps, a restored management
+            // cluster) whose bundle Secret is gone looks new: its nodes say otherwise.
+            if let Some(address) = configured_node(addresses, sweep).await {
+                return Ok(Err(BundleUnavailable::NodesRun {
+                    secret: name,
+                    address,
+                }));
+            }
             generate(client, cluster, &name).await?;
             load(client, cluster, ever_configured).await
         }
         other => Ok(other),
     }
+}
+
+/// Where a cluster's nodes would answer if they already ran: the host of `spec.endpoint` and
+/// every address its machines name (`status.address`, `spec.endpoints`), each once.
+pub fn node_addresses(cluster: &TalosCluster, machines: &[TalosMachine]) -> Vec<String> {
+    let mut addresses: Vec<String> = Vec::new();
+    let machine_addresses = machines.iter().flat_map(|m| {
+        let recorded = m.status.as_ref().and_then(|s| s.address.clone());
+        recorded.into_iter().chain(m.spec.endpoints.iter().cloned())
+    });
+    for address in endpoint_host(&cluster.spec.endpoint)
+        .map(str::to_owned)
+        .into_iter()
+        .chain(machine_addresses)
+    {
+        if !address.is_empty() && !addresses.contains(&address) {
+            addresses.push(address);
+        }
+    }
+    addresses
+}
+
+/// The host of an `https://host[:port][/path]` endpoint (brackets of an IPv6 literal removed).
+pub fn endpoint_host(endpoint: &str) -> Option<&str> {
+    let rest = endpoint.split_once("://").map_or(endpoint, |(_, r)| r);
+    let authority = rest.split(['/', '?', '#']).next()?;
+    let authority = authority.rsplit_once('@').map_or(authority, |(_, a)| a);
+    let host = match authority.strip_prefix('[') {
+        Some(v6) => v6.split_once(']')?.0,
+        None => authority.split(':').next()?,
+    };
+    (!host.is_empty()).then_some(host)
+}
+
+/// The first of `addresses` (IPv4 addresses or host names, without a port) where a Talos node
+/// answers in configured mode: a TLS handshake, then a refusal for want of a client
+/// certificate (a node in maintenance mode answers without one). Probed at once, each within
+/// `sweep`'s timeouts; a host name is resolved first (IPv4 only, as discovery probes).
+pub async fn configured_node(addresses: &[String], sweep: SweepConfig) -> Option<String> {
+    let probes = addresses.iter().map(|address| async move {
+        let ips: Vec<Ipv4Addr> = match address.parse::<Ipv4Addr>() {
+            Ok(ip) => vec![ip],
+            Err(_) => {
+                let lookup = tokio::net::lookup_host((address.as_str(), sweep.port));
+                match tokio::time::timeout(sweep.timeout, lookup).await {
+                    Ok(Ok(found)) => found
+                        .filter_map(|a| match a.ip() {
+                            IpAddr::V4(ip) => Some(ip),
+                            IpAddr::V6(_) => None,
+                        })
+                        .collect(),
+                    _ => Vec::new(),
+                }
+            }
+        };
+        for ip in ips {
+            if let Some(ProbeOutcome::Configured { .. }) = discovery::probe(ip, sweep).await {
+                return Some(address.clone());
+            }
+        }
+        None
+    });
+    futures::future::join_all(probes)
+        .await
+        .into_iter()
+        .flatten()
+        .next()
 }
 
 /// The fingerprint the cluster recorded, if it ever used a bundle.
@@ -241,43 +336,241 @@ async fn generate(client: &kube::Client, cluster: &TalosCluster, name: &str) -> 
     }
 }
 
-/// Creates (or, when `replace`, rewrites) a Secret owned by the cluster holding one key.
-pub async fn publish(
-    client: &kube::Client,
-    cluster: &TalosCluster,
-    name: &str,
-    key: &str,
-    value: &str,
-    replace: bool,
-) -> Result<(), Error> {
-    let namespace = cluster.namespace().unwrap_or_default();
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
-    let mut metadata = labelled(cluster, name);
-    metadata.owner_references = cluster.controller_owner_ref(&()).map(|o| vec![o]);
-    let mut secret = Secret {
-        metadata,
-        type_: Some("Opaque".into()),
-        data: Some(BTreeMap::from([(
-            key.to_owned(),
-            ByteString(value.as_bytes().to_vec()),
-        )])),
-        ..Default::default()
+/// Whether Ichor may write the Secret found under a name it publishes for an object (ADR 0053).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Holder {
+    /// No Secret has the name: Ichor creates it.
+    Free,
+    /// Ichor created it for this object: labelled [`labels::PUBLISHED`], the object its
+    /// controller.
+    Ours,
+    /// Written for this object by an Ichor from before the label: the object its controller
+    /// and Ichor's managed-by label on it. Ichor's; labelled at once.
+    Earlier,
+    /// Anyone else's: never written.
+    Foreign,
+}
+
+/// Who holds `found` (the Secret under a name Ichor publishes for the object whose uid is
+/// `owner_uid`): only a Secret whose controller reference is that very object is Ichor's.
+pub fn holder(found: Option<&Secret>, owner_uid: &str) -> Holder {
+    let Some(secret) = found else {
+        return Holder::Free;
     };
-    match secrets.get_opt(name).await? {
-        None => match secrets.create(&PostParams::default(), &secret).await {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(status)) if status.is_already_exists() => Ok(()),
-            Err(error) => Err(error.into()),
+    let controlled = !owner_uid.is_empty()
+        && secret
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .any(|o| o.uid == owner_uid && o.controller == Some(true));
+    let label = |key: &str, value: &str| {
+        secret
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(key))
+            .is_some_and(|v| v == value)
+    };
+    match (
+        controlled,
+        label(labels::PUBLISHED, "true"),
+        label(labels::MANAGED_BY, labels::MANAGED_BY_VALUE),
+    ) {
+        (true, true, _) => Holder::Ours,
+        (true, false, true) => Holder::Earlier,
+        _ => Holder::Foreign,
+    }
+}
+
+/// A name Ichor publishes under is held by a Secret it did not create: nothing is written
+/// there, and the Secret is left as it is.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "Secret {secret} already exists and was not created by Ichor for {owner} (it lacks the {label} label or {owner}'s controller reference): Ichor writes only Secrets it created, so {what} is not published and that Secret is left as it is. Rename or delete that Secret (or, if it is meant to be the secrets bundle, name another in spec.secretsRef); {what} is published once the name is free",
+    label = labels::PUBLISHED
+)]
+pub struct NameTaken {
+    /// The Secret holding the name.
+    pub secret: String,
+    /// The object it would have been published for, `<Kind> <name>`.
+    pub owner: String,
+    /// What would have been published there, e.g. `the talosconfig`.
+    pub what: &'static str,
+}
+
+impl NameTaken {
+    fn of<K: Resource<DynamicType = ()>>(owner: &K, secret: &str, what: &'static str) -> Self {
+        Self {
+            secret: secret.to_owned(),
+            owner: format!(
+                "{} {}",
+                K::kind(&()),
+                owner.meta().name.as_deref().unwrap_or_default()
+            ),
+            what,
+        }
+    }
+}
+
+fn uid_of<K: Resource<DynamicType = ()>>(owner: &K) -> String {
+    owner.meta().uid.clone().unwrap_or_default()
+}
+
+/// What Ichor publishes: a Secret named `name` for `owner` with `labels` (plus
+/// [`labels::PUBLISHED`] and `owner` as its controller) and `data`.
+fn published<K: Resource<DynamicType = ()>>(
+    owner: &K,
+    name: &str,
+    mut labels: BTreeMap<String, String>,
+    data: BTreeMap<String, ByteString>,
+) -> Secret {
+    labels.insert(labels::PUBLISHED.to_owned(), "true".to_owned());
+    Secret {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            namespace: owner.meta().namespace.clone(),
+            labels: Some(labels),
+            owner_references: owner.controller_owner_ref(&()).map(|o| vec![o]),
+            ..Default::default()
         },
-        Some(existing) if replace => {
-            secret.metadata.resource_version = existing.metadata.resource_version;
+        type_: Some("Opaque".into()),
+        data: Some(data),
+        ..Default::default()
+    }
+}
+
+/// Whether `existing` already is `wanted`: the same data, the same controller, and every label
+/// wanted.
+fn unchanged(existing: &Secret, wanted: &Secret) -> bool {
+    let has_labels = wanted.metadata.labels.iter().flatten().all(|(k, v)| {
+        existing
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(k))
+            .is_some_and(|x| x == v)
+    });
+    existing.data == wanted.data
+        && existing.metadata.owner_references == wanted.metadata.owner_references
+        && has_labels
+}
+
+/// Publishes `data` in Secret `name` for `owner` (`what` says what it is, for the refusal):
+/// created when absent (by create, so a Secret someone else creates meanwhile is found, not
+/// replaced), rewritten only when it is Ichor's ([`holder`]); a name held by another Secret is
+/// [`NameTaken`], and that Secret is left as it is.
+pub async fn publish<K: Resource<DynamicType = ()>>(
+    client: &kube::Client,
+    owner: &K,
+    (name, what): (&str, &'static str),
+    labels: BTreeMap<String, String>,
+    data: BTreeMap<String, ByteString>,
+) -> Result<Result<(), NameTaken>, Error> {
+    let namespace = owner.meta().namespace.clone().unwrap_or_default();
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
+    let mut wanted = published(owner, name, labels, data);
+    let uid = uid_of(owner);
+    let mut found = secrets.get_opt(name).await?;
+    // At most twice: a Secret created between the read and the create is read and judged.
+    for _ in 0..2 {
+        match (holder(found.as_ref(), &uid), found) {
+            (Holder::Free, _) => match secrets.create(&PostParams::default(), &wanted).await {
+                Ok(_) => return Ok(Ok(())),
+                Err(kube::Error::Api(status)) if status.is_already_exists() => {
+                    found = secrets.get_opt(name).await?;
+                }
+                Err(error) => return Err(error.into()),
+            },
+            (Holder::Foreign, _) => return Ok(Err(NameTaken::of(owner, name, what))),
+            (Holder::Ours | Holder::Earlier, Some(existing)) => {
+                if !unchanged(&existing, &wanted) {
+                    wanted.metadata.resource_version = existing.metadata.resource_version;
+                    secrets
+                        .replace(name, &PostParams::default(), &wanted)
+                        .await?;
+                }
+                return Ok(Ok(()));
+            }
+            (Holder::Ours | Holder::Earlier, None) => {
+                return Err(Error::Invariant(format!(
+                    "Secret {name} judged without one"
+                )));
+            }
+        }
+    }
+    Err(Error::Invariant(format!(
+        "Secret {name} was created by another writer and then gone, twice"
+    )))
+}
+
+/// Whether Ichor may publish under `name` for `owner`: the name is free or the Secret is
+/// Ichor's (read only; [`publish`] writes).
+pub async fn writable<K: Resource<DynamicType = ()>>(
+    client: &kube::Client,
+    owner: &K,
+    (name, what): (&str, &'static str),
+) -> Result<Result<(), NameTaken>, Error> {
+    let namespace = owner.meta().namespace.clone().unwrap_or_default();
+    let found = Api::<Secret>::namespaced(client.clone(), &namespace)
+        .get_opt(name)
+        .await?;
+    Ok(match holder(found.as_ref(), &uid_of(owner)) {
+        Holder::Foreign => Err(NameTaken::of(owner, name, what)),
+        Holder::Free | Holder::Ours | Holder::Earlier => Ok(()),
+    })
+}
+
+/// Reads `key` of the Secret `name` Ichor published for `owner`: `None` when the name is free,
+/// [`NameTaken`] when another Secret holds it (its content is never read). A Secret an earlier
+/// Ichor wrote ([`Holder::Earlier`]) is labelled [`labels::PUBLISHED`] on the way.
+pub async fn read_published<K: Resource<DynamicType = ()>>(
+    client: &kube::Client,
+    owner: &K,
+    (name, what): (&str, &'static str),
+    key: &str,
+) -> Result<Result<Option<String>, NameTaken>, Error> {
+    let namespace = owner.meta().namespace.clone().unwrap_or_default();
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
+    let found = secrets.get_opt(name).await?;
+    let secret = match (holder(found.as_ref(), &uid_of(owner)), found) {
+        (Holder::Foreign, _) => return Ok(Err(NameTaken::of(owner, name, what))),
+        (Holder::Free, _) | (_, None) => return Ok(Ok(None)),
+        (Holder::Ours, Some(secret)) => secret,
+        (Holder::Earlier, Some(mut secret)) => {
+            secret
+                .metadata
+                .labels
+                .get_or_insert_with(BTreeMap::new)
+                .insert(labels::PUBLISHED.to_owned(), "true".to_owned());
             secrets
                 .replace(name, &PostParams::default(), &secret)
-                .await?;
-            Ok(())
+                .await?
         }
-        Some(_) => Ok(()),
+    };
+    Ok(Ok(secret.data.and_then(|d| {
+        d.get(key)
+            .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+    })))
+}
+
+/// The `CredentialsPublished` condition (holds, reason, message) after a cluster's Secrets
+/// were published, `taken` the names held by other Secrets.
+pub fn published_condition(taken: &[NameTaken]) -> (bool, &'static str, String) {
+    if taken.is_empty() {
+        return (
+            true,
+            reasons::PUBLISHED,
+            "the talosconfig (and, once bootstrapped, the kubeconfig) are published in Secrets Ichor created".into(),
+        );
     }
+    let messages: Vec<String> = taken.iter().map(ToString::to_string).collect();
+    (false, reasons::SECRET_NAME_TAKEN, messages.join("; "))
+}
+
+/// The labels of a Secret published for `cluster`.
+pub fn cluster_labels(cluster: &TalosCluster) -> BTreeMap<String, String> {
+    labelled(cluster, "").labels.unwrap_or_default()
 }
 
 /// Whether a Secret exists.
@@ -307,7 +600,189 @@ pub async fn read(
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
+    use ichor_sim::{Hardware, SimNode};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+
     use super::*;
+
+    fn secret(labels: &[(&str, &str)], controller: Option<(&str, bool)>) -> Secret {
+        Secret {
+            metadata: ObjectMeta {
+                name: Some("lab-kubeconfig".into()),
+                labels: Some(
+                    labels
+                        .iter()
+                        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                        .collect(),
+                ),
+                owner_references: controller.map(|(uid, controller)| {
+                    vec![OwnerReference {
+                        api_version: "ichor.maesh.dev/v1alpha1".into(),
+                        kind: "TalosCluster".into(),
+                        name: "lab".into(),
+                        uid: uid.into(),
+                        controller: Some(controller),
+                        ..Default::default()
+                    }]
+                }),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn only_a_secret_labelled_published_and_controlled_by_the_owner_is_ours() {
+        let published = (labels::PUBLISHED, "true");
+        let managed = (labels::MANAGED_BY, labels::MANAGED_BY_VALUE);
+        assert_eq!(holder(None, "u1"), Holder::Free);
+        assert_eq!(
+            holder(Some(&secret(&[published], Some(("u1", true)))), "u1"),
+            Holder::Ours
+        );
+        assert_eq!(
+            holder(Some(&secret(&[managed], Some(("u1", true)))), "u1"),
+            Holder::Earlier,
+            "written by an Ichor from before the label"
+        );
+        for (found, why) in [
+            (secret(&[], None), "a user's Secret"),
+            (
+                secret(&[published, managed], None),
+                "labels alone prove nothing",
+            ),
+            (
+                secret(&[published], Some(("u0", true))),
+                "a cluster of the same name, deleted and created again",
+            ),
+            (
+                secret(&[published], Some(("u1", false))),
+                "an owner, not the controller",
+            ),
+            (
+                secret(&[], Some(("u1", true))),
+                "a controller reference without any Ichor label",
+            ),
+        ] {
+            assert_eq!(holder(Some(&found), "u1"), Holder::Foreign, "{why}");
+        }
+        assert_eq!(
+            holder(Some(&secret(&[published], Some(("", true)))), ""),
+            Holder::Foreign,
+            "an owner without a uid owns nothing"
+        );
+    }
+
+    #[test]
+    fn a_taken_name_is_named_in_the_condition() {
+        assert_eq!(published_condition(&[]).1, reasons::PUBLISHED);
+        let taken = NameTaken::of(
+            &TalosCluster::test("lab").build(),
+            "lab-kubeconfig",
+            "the workload kubeconfig",
+        );
+        let (holds, reason, message) = published_condition(&[taken]);
+        assert!(!holds);
+        assert_eq!(reason, reasons::SECRET_NAME_TAKEN);
+        assert!(
+            message.starts_with("Secret lab-kubeconfig already exists")
+                && message.contains("TalosCluster lab")
+                && message.contains(labels::PUBLISHED),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn node_addresses_are_the_endpoint_host_and_each_machine_address_once() {
+        let cluster = TalosCluster::test("lab")
+            .endpoint("https://10.0.0.10:6443")
+            .build();
+        let mut seen = TalosMachine::test("a").at("10.0.0.11").build();
+        seen.status = Some(ichor_api::machine::TalosMachineStatus {
+            address: Some("10.0.0.12".into()),
+            ..Default::default()
+        });
+        let again = TalosMachine::test("b").at("10.0.0.10").build();
+        assert_eq!(
+            node_addresses(&cluster, &[seen, again]),
+            ["10.0.0.10", "10.0.0.12", "10.0.0.11"]
+        );
+        for (endpoint, host) in [
+            ("https://10.0.0.10:6443", Some("10.0.0.10")),
+            ("https://api.lab.example/", Some("api.lab.example")),
+            ("https://[fd00::1]:6443", Some("fd00::1")),
+            ("https://", None),
+        ] {
+            assert_eq!(endpoint_host(endpoint), host, "{endpoint}");
+        }
+    }
+
+    /// A rendered config for a simulated control plane with a bundle of its own.
+    fn running_config() -> String {
+        let bundle = SecretsBundle::generate(Contract::V1_14).expect("bundle");
+        let spec = TalosCluster::test("lab").spec();
+        let empty = BTreeMap::new();
+        ichor_render::render(&ichor_render::RenderInput {
+            cluster_name: "lab",
+            cluster: &spec,
+            role: ichor_api::common::Role::ControlPlane,
+            hostname: None,
+            install: None,
+            cert_sans: &[],
+            node_labels: &empty,
+            node_taints: &empty,
+            patches: &[],
+            bundle: &bundle,
+        })
+        .expect("render")
+        .yaml
+    }
+
+    #[tokio::test]
+    async fn a_configured_node_is_found_and_a_maintenance_one_is_not() {
+        let any = "127.0.0.1:0".parse().expect("address");
+        let fresh = SimNode::start(any, "v1.14.1").await.expect("maintenance");
+        let running =
+            SimNode::start_configured(any, "v1.14.1", Hardware::vm(5301), &running_config())
+                .await
+                .expect("configured");
+        let sweep = |node: &SimNode| SweepConfig {
+            port: node.addr().port(),
+            timeout: Duration::from_secs(2),
+            ..SweepConfig::default()
+        };
+        let here = ["127.0.0.1".to_owned()];
+        assert_eq!(configured_node(&here, sweep(&fresh)).await, None);
+        assert_eq!(
+            configured_node(&here, sweep(&running)).await.as_deref(),
+            Some("127.0.0.1"),
+            "a configured node asks for a client certificate"
+        );
+        let silent = ["127.0.0.1".to_owned(), "localhost".to_owned()];
+        assert_eq!(
+            configured_node(
+                &silent[..1],
+                SweepConfig {
+                    port: 9,
+                    ..sweep(&fresh)
+                }
+            )
+            .await,
+            None,
+            "nothing answers"
+        );
+        assert_eq!(
+            configured_node(&silent[1..], sweep(&running))
+                .await
+                .as_deref(),
+            Some("localhost"),
+            "a host name is resolved"
+        );
+        fresh.stop().await;
+        running.stop().await;
+    }
 
     #[test]
     fn a_bundle_is_parsed_once_per_content_and_a_bad_one_is_refused_each_time() {

@@ -2,7 +2,7 @@
 
 use serde_json::json;
 
-use crate::support::{api, cluster, create_ok, merge, refused, setup};
+use crate::support::{api, cluster, create_ok, merge, merge_status, refused, setup};
 
 #[tokio::test]
 async fn accepts_a_valid_cluster_and_fills_defaults() {
@@ -263,4 +263,43 @@ async fn counts_versions_and_enums_are_checked() {
         "spec.install.disk",
     )
     .await;
+}
+
+#[tokio::test]
+async fn secrets_ref_never_names_a_secret_ichor_publishes_for_the_cluster() {
+    let (env, ns) = setup("tc-secrets-ref").await;
+    let clusters = api(&env, &ns, "TalosCluster");
+    let naming = |cluster_name: &str, secret: &str| {
+        cluster(cluster_name, json!({"secretsRef": {"name": secret}}))
+    };
+    for secret in ["lab-kubeconfig", "lab-talosconfig", "cp-1-applied-config"] {
+        refused(
+            &clusters,
+            naming("lab", secret),
+            "spec.secretsRef.name must not be <cluster>-kubeconfig, <cluster>-talosconfig or end in -applied-config",
+        )
+        .await;
+    }
+    // The default bundle name, and names another cluster publishes under (found taken by the
+    // manager, never written), are accepted.
+    create_ok(&clusters, naming("lab", "lab-secrets")).await;
+    create_ok(&clusters, naming("other", "lab-kubeconfig")).await;
+    // Changed to such a name later: refused too; the status is written as before.
+    let stored = merge(
+        &clusters,
+        "lab",
+        json!({"spec": {"secretsRef": {"name": "lab-talosconfig"}}}),
+    )
+    .await;
+    assert!(
+        stored.is_err_and(|m| m.contains("spec.secretsRef.name must not be")),
+        "a change to a published name is refused"
+    );
+    let status = merge_status(
+        &clusters,
+        "lab",
+        json!({"status": {"secretsSecret": "lab-secrets"}}),
+    )
+    .await;
+    assert_eq!(status["status"]["secretsSecret"], "lab-secrets");
 }
