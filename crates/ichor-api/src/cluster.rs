@@ -435,6 +435,12 @@ pub struct Tombstone {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 16))]
     pub etcd_member_id: Option<String>,
+    /// Its SMBIOS UUID as recorded for the machine: the node answering at the address is reset
+    /// only if it reports this one (ADR 0052). A tombstone without one (written before it was
+    /// recorded) resets nothing, and says so.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub uuid: Option<String>,
     /// When it was removed.
     pub removed_at: Time,
 }

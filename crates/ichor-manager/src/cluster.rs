@@ -282,7 +282,7 @@ async fn publish_and_bootstrap(
 ) -> Result<Option<Duration>, Error> {
     let credentials = ctx.node_credentials(cluster, bundle)?;
     // A force-removed node that answers again is reset before anything else.
-    tombstones(ctx, cluster, &credentials).await?;
+    tombstones(ctx, cluster, status, &credentials).await?;
     let mut taken = Vec::new();
     let mut renew_at = None;
     match publish_talosconfig(ctx, cluster, bundle, machines).await? {
@@ -714,6 +714,14 @@ async fn teardown(ctx: &Context, cluster: &TalosCluster) -> Result<Action, Error
     if !crate::finalizer::has(cluster, finalizers::CLUSTER_REMOVAL) {
         return Ok(Action::await_change());
     }
+    // Admission may never have seen this delete (the webhook unregistered): the annotation is
+    // checked here too, and nothing is touched without it (ADR 0052).
+    let view = ichor_deleteguard::Cluster::from(cluster);
+    if let Err(refusal) = ichor_deleteguard::check_cluster_teardown(&view) {
+        teardown_held(ctx, cluster, &refusal).await?;
+        // Adding the annotation changes the TalosCluster, whose watch reconciles it again.
+        return Ok(Action::await_change());
+    }
     let machines = crate::cluster_machines(ctx, cluster).await?;
     match plan::teardown(&machines) {
         Teardown::Finished => {
@@ -742,6 +750,42 @@ async fn teardown(ctx: &Context, cluster: &TalosCluster) -> Result<Action, Error
             Ok(Action::requeue(ctx.settings.progress_requeue))
         }
     }
+}
+
+/// A teardown held for the allow-delete annotation: `Ready` False with the refusal, and a
+/// Warning Event when it is first held.
+async fn teardown_held(
+    ctx: &Context,
+    cluster: &TalosCluster,
+    refusal: &ichor_deleteguard::Refusal,
+) -> Result<(), Error> {
+    let mut status = cluster.status.clone().unwrap_or_default();
+    let before = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == conditions::READY)
+        .map(|c| c.reason.clone());
+    cond::set(
+        &mut status.conditions,
+        conditions::READY,
+        false,
+        refusal.reason(),
+        refusal.message(),
+        cluster.metadata.generation,
+        &ctx.now(),
+    );
+    write_status(ctx, cluster, &status).await?;
+    if before.as_deref() != Some(refusal.reason()) {
+        ctx.event(
+            cluster,
+            EventType::Warning,
+            refusal.reason(),
+            actions::DELETE,
+            refusal.message(),
+        )
+        .await;
+    }
+    Ok(())
 }
 
 /// Deletes the TalosMachines `names` (one already gone is fine), an Event for each.
@@ -794,10 +838,13 @@ async fn finish_teardown(ctx: &Context, cluster: &TalosCluster) -> Result<(), Er
 }
 
 /// Nodes removed without their reset: one that answers the cluster's credentials again is
-/// reset (STATE and EPHEMERAL, reboot); one found in maintenance mode needs nothing more.
+/// reset (STATE and EPHEMERAL, reboot) if it is the machine removed (its SMBIOS UUID, ADR
+/// 0052); one found in maintenance mode needs nothing more. A node at a tombstoned address
+/// that is not told to be the machine is left alone, and `NodeIdentityVerified` says so.
 async fn tombstones(
     ctx: &Context,
     cluster: &TalosCluster,
+    status: &mut TalosClusterStatus,
     credentials: &ichor_talos::Credentials,
 ) -> Result<(), Error> {
     let stones = cluster
@@ -805,22 +852,81 @@ async fn tombstones(
         .as_ref()
         .map(|s| s.tombstones.clone())
         .unwrap_or_default();
+    let mut refused = Vec::new();
     for stone in stones {
-        if clear_tombstone(ctx, cluster, credentials, &stone).await? {
-            write_tombstones(ctx, cluster, &stone).await?;
+        match clear_tombstone(ctx, cluster, credentials, &stone).await? {
+            Cleared::Yes => write_tombstones(ctx, cluster, &stone).await?,
+            Cleared::No => {}
+            Cleared::Refused(refusal) => refused.push(refusal),
         }
     }
+    report_identity(ctx, cluster, status, &refused).await;
     Ok(())
 }
 
-/// Whether `stone` no longer needs watching: it answered the cluster's credentials and was reset
-/// (with a Warning Event), or it is found in maintenance mode.
+/// What became of a tombstone.
+enum Cleared {
+    /// It no longer needs watching.
+    Yes,
+    /// It is still watched: its node does not answer the cluster's credentials.
+    No,
+    /// Its node answers, but is not told to be the machine removed: not reset.
+    Refused(ichor_deleteguard::IdentityRefusal),
+}
+
+/// `NodeIdentityVerified` False while nodes at tombstoned addresses are refused (a Warning
+/// Event when what is refused changes), absent otherwise.
+async fn report_identity(
+    ctx: &Context,
+    cluster: &TalosCluster,
+    status: &mut TalosClusterStatus,
+    refused: &[ichor_deleteguard::IdentityRefusal],
+) {
+    let before = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == conditions::NODE_IDENTITY_VERIFIED)
+        .map(|c| c.message.clone());
+    let Some(first) = refused.first() else {
+        status
+            .conditions
+            .retain(|c| c.type_ != conditions::NODE_IDENTITY_VERIFIED);
+        return;
+    };
+    let message = refused
+        .iter()
+        .map(ichor_deleteguard::IdentityRefusal::message)
+        .collect::<Vec<_>>()
+        .join("; ");
+    cond::set(
+        &mut status.conditions,
+        conditions::NODE_IDENTITY_VERIFIED,
+        false,
+        first.reason(),
+        message.clone(),
+        cluster.metadata.generation,
+        &ctx.now(),
+    );
+    if before.as_deref() != Some(message.as_str()) {
+        ctx.event(
+            cluster,
+            EventType::Warning,
+            first.reason(),
+            actions::RESET,
+            message,
+        )
+        .await;
+    }
+}
+
+/// What became of `stone`: cleared when it answered the cluster's credentials as the machine
+/// removed and was reset (with a Warning Event), or is found in maintenance mode.
 async fn clear_tombstone(
     ctx: &Context,
     cluster: &TalosCluster,
     credentials: &ichor_talos::Credentials,
     stone: &Tombstone,
-) -> Result<bool, Error> {
+) -> Result<Cleared, Error> {
     let answered = tokio::time::timeout(Duration::from_secs(2), async {
         let client = crate::connect(&stone.address, credentials).await?;
         client.version().await.ok().map(|_| client)
@@ -829,10 +935,18 @@ async fn clear_tombstone(
     .ok()
     .flatten();
     let Some(client) = answered else {
-        return Ok(crate::in_maintenance(&stone.address, ctx.settings.sweep)
+        let reset = crate::in_maintenance(&stone.address, ctx.settings.sweep)
             .await
-            .is_some());
+            .is_some();
+        return Ok(if reset { Cleared::Yes } else { Cleared::No });
     };
+    let meant = ichor_deleteguard::Meant::Tombstone(stone.machine.clone());
+    let recorded = stone.uuid.as_deref();
+    match crate::identity::check(&client, &meant, &stone.address, "reset", recorded).await {
+        crate::identity::Checked::Verified => {}
+        crate::identity::Checked::Refused(refusal) => return Ok(Cleared::Refused(refusal)),
+        crate::identity::Checked::Unread(_) => return Ok(Cleared::No),
+    }
     client
         .reset(ichor_talos::ResetOptions {
             graceful: false,
@@ -851,7 +965,7 @@ async fn clear_tombstone(
         ),
     )
     .await;
-    Ok(true)
+    Ok(Cleared::Yes)
 }
 
 /// Takes the cleared `stone` out of the cluster's freshly read tombstones.

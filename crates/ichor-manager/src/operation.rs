@@ -793,6 +793,21 @@ impl Node<'_> {
                 message: format!("{} does not answer", self.address),
             }));
         };
+        // The node behind this connection must be the machine (ADR 0052): another one at its
+        // address fails the operation, and nothing is sent.
+        if let Some(step) = plan::identity_checked(action) {
+            let checked =
+                crate::identity::check_machine(&client, self.machine, &self.address, step).await;
+            match checked {
+                crate::identity::Checked::Verified => {}
+                crate::identity::Checked::Refused(refusal) => {
+                    return fail(refusal.reason(), refusal.message()).map(Some);
+                }
+                crate::identity::Checked::Unread(message) => {
+                    return wait(reasons::NODE_UNREACHABLE, message).map(Some);
+                }
+            }
+        }
         let sent = match action {
             OperationAction::Reboot => {
                 self.forfeit_leadership(&client).await;

@@ -191,6 +191,7 @@ async fn each_status_field_has_one_writer_and_no_writer_clobbers_another() {
         machine: "m".to_owned(),
         address: address.to_owned(),
         etcd_member_id: None,
+        uuid: None,
         removed_at: Time(Timestamp::now()),
     };
     let mut first = cluster.status.clone().unwrap_or_default();

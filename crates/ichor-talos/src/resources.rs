@@ -251,6 +251,23 @@ impl TalosClient {
         Ok(out)
     }
 
+    /// The machine's SMBIOS system UUID, its identity (talos-facts §8.1): one COSI Get of
+    /// `SystemInformation`, for the check before a destructive step. A node that reports none
+    /// is an error.
+    pub async fn system_uuid(&self) -> Result<String, TalosError> {
+        let system = self
+            .get_spec(
+                "hardware",
+                "SystemInformations.hardware.talos.dev",
+                "systeminformation",
+            )
+            .await?;
+        match system["uuid"].as_str().map(str::trim) {
+            Some(uuid) if !uuid.is_empty() => Ok(uuid.to_owned()),
+            _ => Err(self.node_error("COSI Get", "SystemInformation has no uuid".into())),
+        }
+    }
+
     /// The machine's hardware: SMBIOS identity, disks and links.
     pub async fn inventory(&self) -> Result<Inventory, TalosError> {
         let system = self

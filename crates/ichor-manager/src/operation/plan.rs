@@ -189,6 +189,19 @@ pub(super) fn restarts(action: OperationAction) -> bool {
     matches!(action, OperationAction::Reboot | OperationAction::Upgrade)
 }
 
+/// The step `action` sends over mutual TLS that the node's identity is checked for first (ADR
+/// 0052), as a noun: everything that reboots, wipes or applies. `None`: a snapshot or a
+/// defragment, which change nothing on the node that a wrong target could lose.
+pub(super) fn identity_checked(action: OperationAction) -> Option<&'static str> {
+    match action {
+        OperationAction::Reboot => Some("reboot"),
+        OperationAction::Upgrade => Some("upgrade"),
+        OperationAction::Reset => Some("reset"),
+        OperationAction::UpgradeKubernetes => Some("config apply"),
+        OperationAction::EtcdSnapshot | OperationAction::EtcdDefrag => None,
+    }
+}
+
 /// Whether a node that answers running with boot id `now` has rebooted since it had
 /// `before`: only a different id says so (an id that could not be read says nothing).
 pub(super) fn rebooted(before: Option<&str>, now: Option<&str>) -> bool {
@@ -238,6 +251,17 @@ pub(super) fn refusal(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn every_action_that_reboots_wipes_or_applies_checks_the_node_first() {
+        use ichor_api::operation::OperationAction as A;
+        for action in [A::Reboot, A::Upgrade, A::Reset, A::UpgradeKubernetes] {
+            assert!(super::identity_checked(action).is_some(), "{action:?}");
+        }
+        for action in [A::EtcdSnapshot, A::EtcdDefrag] {
+            assert_eq!(super::identity_checked(action), None, "{action:?}");
+        }
+    }
+
     use super::*;
 
     /// A status with these nodes, in this order.
