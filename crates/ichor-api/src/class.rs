@@ -209,7 +209,7 @@ fn version_has_prefix(version: &str, prefix: &str) -> bool {
 }
 
 /// Whether the CIDR `cidr` (e.g. `10.0.0.0/24`) contains `ip`; an invalid CIDR contains nothing.
-fn cidr_contains(cidr: &str, ip: std::net::IpAddr) -> bool {
+pub(crate) fn cidr_contains(cidr: &str, ip: std::net::IpAddr) -> bool {
     use std::net::IpAddr;
     let Some((net, bits)) = cidr.split_once('/') else {
         return false;

@@ -12,6 +12,7 @@
 
 pub mod admission;
 pub mod backup;
+pub mod claim;
 pub mod class;
 pub mod cluster;
 pub mod common;
@@ -31,6 +32,7 @@ pub mod time;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt as _;
 
+pub use claim::{TalosMachineClaim, TalosNamespacePolicy};
 pub use class::{TalosMachineClass, TalosMachineClassSpec};
 pub use cluster::{TalosCluster, TalosClusterSpec};
 pub use machine::{TalosMachine, TalosMachineSpec};
@@ -51,6 +53,8 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
         TalosOperation::crd(),
         TalosStorage::crd(),
         TalosMachineClass::crd(),
+        TalosMachineClaim::crd(),
+        TalosNamespacePolicy::crd(),
     ]
 }
 

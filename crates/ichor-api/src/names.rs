@@ -61,6 +61,8 @@ pub mod labels {
     pub const CLASS: &str = "ichor.maesh.dev/class";
     /// The SMBIOS UUID a TalosMachine was discovered with.
     pub const MACHINE_UUID: &str = "ichor.maesh.dev/machine-uuid";
+    /// The uid of the TalosMachine holding a TalosMachineClaim (how its release finds it).
+    pub const CLAIMED_BY: &str = "ichor.maesh.dev/claimed-by";
     /// The TalosMachine a Secret belongs to (its applied-config Secret).
     pub const MACHINE: &str = "ichor.maesh.dev/machine";
     /// On a Secret Ichor created to publish something (a talosconfig, a kubeconfig, an
@@ -193,10 +195,6 @@ pub mod conditions {
     /// On a TalosCluster: whether its talosconfig and kubeconfig Secrets are published, and
     /// if not which Secret of someone else's holds the name (ADR 0053).
     pub const CREDENTIALS_PUBLISHED: &str = "CredentialsPublished";
-    /// On a TalosCluster: false while a node answering its credentials at a tombstoned address
-    /// cannot be told to be the force-removed machine (another SMBIOS UUID, or none recorded),
-    /// so it is not reset (ADR 0052); absent otherwise.
-    pub const NODE_IDENTITY_VERIFIED: &str = "NodeIdentityVerified";
     /// On any object: true while a controller's reconciles of it panic (a bug in Ichor),
     /// retried with a growing backoff; removed once that controller reconciles it again.
     pub const RECONCILE_PANICKED: &str = "ReconcilePanicked";
@@ -210,6 +208,17 @@ pub mod reasons {
     pub const CONTROL_PLANE_COUNT_MISMATCH: &str = "ControlPlaneCountMismatch";
     /// The certificate seen differs from the pinned fingerprint.
     pub const FINGERPRINT_MISMATCH: &str = "FingerprintMismatch";
+    /// Another TalosMachine of the management cluster holds the claim on the node's SMBIOS
+    /// UUID: nothing is applied (ADR 0054).
+    pub const CLAIMED_ELSEWHERE: &str = "ClaimedElsewhere";
+    /// The node's SMBIOS UUID is claimed with another certificate's fingerprint (two machines
+    /// sharing a UUID, or one that rebooted): a conflict, not a claim (ADR 0054).
+    pub const UUID_CONFLICT: &str = "UuidConflict";
+    /// The node reports an SMBIOS UUID that cannot name a claim: nothing is applied.
+    pub const UUID_UNUSABLE: &str = "UuidUnusable";
+    /// The address (a machine's, or a discovery CIDR) is outside the ranges its namespace's
+    /// TalosNamespacePolicy allows: nothing is applied there, nothing swept (ADR 0054).
+    pub const ADDRESS_NOT_ALLOWED: &str = "AddressNotAllowed";
     /// The secrets bundle Secret is missing or invalid.
     pub const SECRETS_BUNDLE_UNAVAILABLE: &str = "SecretsBundleUnavailable";
     /// The secrets bundle is gone although machines were configured with it: it is never

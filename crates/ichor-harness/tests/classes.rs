@@ -3,6 +3,8 @@
 //! control-plane count, and say on every other match why it waits; a class's patch reaches the
 //! machines it approved as drift; a storage's volumes are rendered into the machines it selects
 //! (by the role label Ichor sets), and its status reports what Talos reports of them.
+//! Also here (one test executable less to link): two namespaces claiming one machine, where
+//! only the first claim is acted on (ADR 0054).
 
 use std::time::Duration;
 
@@ -15,7 +17,7 @@ use ichor_api::{TalosMachine, TalosMachineClass, TalosStorage};
 use ichor_harness::specs::{self, Shape};
 use ichor_harness::{SimOptions, SimTarget, Target};
 use ichor_sim::SimDisk;
-use ichor_testenv::nets::CLASSES;
+use ichor_testenv::nets::{CLAIMS, CLASSES};
 use ichor_testenv::wait::try_eventually;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -397,4 +399,118 @@ async fn machines_of_first(target: &SimTarget, n: usize) -> Vec<TalosMachine> {
         );
     }
     out
+}
+
+/// The second namespace of the claims spec.
+const OTHER: &str = "claims-other";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_namespaces_claiming_one_machine_only_the_first_is_acted_on() {
+    use ichor_api::{TalosCluster, TalosMachineClaim};
+    use k8s_openapi::api::core::v1::Namespace;
+    use k8s_openapi::api::events::v1::Event;
+    use kube::ResourceExt as _;
+    use kube::api::ListParams;
+
+    let version = "v1.14.1";
+    let target = SimTarget::up(SimOptions::new(1, CLAIMS.net(0), version))
+        .await
+        .expect("sim target");
+    let node = &target.nodes()[0];
+    let address = node.addr().ip().to_string();
+    // A second namespace's cluster (no discovery) is created first, so its bundle is ready.
+    Api::<Namespace>::all(target.client())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": OTHER}})).expect("namespace"),
+        )
+        .await
+        .expect("the other namespace");
+    let other_cluster = TalosCluster::test(CLUSTER)
+        .namespace(OTHER)
+        .talos(version)
+        .endpoint(&format!("https://{}:6443", CLAIMS.ip(0, 250)))
+        .install_disk("/dev/vda")
+        .build();
+    Api::<TalosCluster>::namespaced(target.client(), OTHER)
+        .create(&PostParams::default(), &other_cluster)
+        .await
+        .expect("the other cluster");
+    let (_, found) = specs::discovered_cluster(&target, version, 1, 1)
+        .await
+        .expect("discovered");
+    let first = &found[0];
+
+    // The first namespace approves its machine; its first apply is held at the node, after
+    // its claim was taken.
+    let apply = node.gate("ApplyConfiguration");
+    specs::approve(&target, &address, true, "cp-1")
+        .await
+        .expect("approved");
+    apply.arrived(1).await;
+
+    // The second writes a machine by hand, with the fingerprint the first's status shows.
+    let fingerprint = first.spec.fingerprint.clone().expect("pinned");
+    let stolen = TalosMachine::test("stolen")
+        .namespace(OTHER)
+        .cluster(CLUSTER)
+        .at(&address)
+        .fingerprint(&fingerprint)
+        .control_plane()
+        .approved()
+        .build();
+    let others = Api::<TalosMachine>::namespaced(target.client(), OTHER);
+    others
+        .create(&PostParams::default(), &stolen)
+        .await
+        .expect("the hand-written machine");
+    let refused = try_eventually("the second machine refused", WAIT, || async {
+        let m = others.get("stolen").await.ok()?;
+        m.status?
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == conditions::READY && c.reason == reasons::CLAIMED_ELSEWHERE)
+            .map(|c| c.message)
+    })
+    .await;
+    let message = match refused {
+        Ok(message) => message,
+        Err(e) => panic!(
+            "{e}: {:?}",
+            others.get("stolen").await.ok().and_then(|m| m.status)
+        ),
+    };
+    let events = Api::<Event>::namespaced(target.client(), OTHER)
+        .list(&ListParams::default())
+        .await
+        .expect("events")
+        .items;
+    let event = events
+        .iter()
+        .find(|e| e.reason.as_deref() == Some(reasons::CLAIMED_ELSEWHERE))
+        .expect("a Warning Event");
+    let note = event.note.clone().unwrap_or_default();
+    for text in [&message, &note] {
+        assert!(text.contains(&address), "{text}");
+        for theirs in [target.namespace(), &first.name_any()] {
+            assert!(!text.contains(theirs), "names {theirs}: {text}");
+        }
+    }
+
+    // Released, the first namespace's apply goes on; the node got exactly that one config.
+    apply.release();
+    if let Err(error) = specs::wait_ready(&target, CLUSTER, Duration::from_secs(120)).await {
+        panic!("{error}: {}", specs::summary(&target).await);
+    }
+    assert_eq!(node.calls("ApplyConfiguration"), 1);
+    let claim_name = ichor_api::claim::claim_name(&node.hardware().uuid).expect("a claim name");
+    let claim = Api::<TalosMachineClaim>::all(target.client())
+        .get(&claim_name)
+        .await
+        .expect("the claim");
+    assert_eq!(claim.spec.machine.namespace, target.namespace());
+    assert_eq!(claim.spec.machine.name, first.name_any());
+    let stolen = others.get("stolen").await.expect("the second machine");
+    assert!(stolen.status.and_then(|s| s.applied_config_hash).is_none());
+    target.down().await;
 }

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use ichor_api::machine::{DiskInfo, HardwareInventory, LinkInfo, TalosMachineStatus};
 use ichor_api::names::{actions, conditions, field_managers, labels, reasons};
-use ichor_api::{TalosCluster, TalosMachine, TalosMachineSpec};
+use ichor_api::{TalosCluster, TalosMachine, TalosMachineSpec, TalosNamespacePolicy};
 use ichor_talos::discovery::{Found, Probe, ProbeOutcome, SweepConfig, sweep_sharing};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt as _;
@@ -86,7 +86,13 @@ pub async fn run_once(
     let Some(discovery) = &cluster.spec.discovery else {
         return Ok(SweepReport::default());
     };
-    let probes = sweep_sharing(&discovery.cidrs, config, &ctx.probes)
+    let namespace = cluster.namespace().unwrap_or_default();
+    let policy = crate::claims::policy(&ctx.client, &namespace).await?;
+    let (cidrs, refused) = allowed_cidrs(&discovery.cidrs, policy.as_ref());
+    if !refused.is_empty() {
+        report_refused(ctx, cluster, &namespace, &refused).await;
+    }
+    let probes = sweep_sharing(&cidrs, config, &ctx.probes)
         .await
         .map_err(|e| Error::Spec {
             field: "spec.discovery.cidrs",
@@ -123,6 +129,38 @@ pub async fn run_once(
         }
     }
     Ok(report)
+}
+
+/// The discovery CIDRs a sweep may probe, and those it may not: with a TalosNamespacePolicy,
+/// only CIDRs wholly inside its ranges (ADR 0054); without one, all.
+fn allowed_cidrs(
+    cidrs: &[String],
+    policy: Option<&TalosNamespacePolicy>,
+) -> (Vec<String>, Vec<String>) {
+    cidrs
+        .iter()
+        .cloned()
+        .partition(|cidr| policy.is_none_or(|p| p.spec.allows_cidr(cidr)))
+}
+
+/// Warns on the cluster that its discovery CIDRs `refused` lie outside its namespace's ranges.
+async fn report_refused(
+    ctx: &Context,
+    cluster: &TalosCluster,
+    namespace: &str,
+    refused: &[String],
+) {
+    ctx.event(
+        cluster,
+        EventType::Warning,
+        reasons::ADDRESS_NOT_ALLOWED,
+        actions::DISCOVER,
+        format!(
+            "discovery CIDRs {} are not swept: they are not wholly inside the ranges TalosNamespacePolicy {namespace} allows this namespace",
+            refused.join(", ")
+        ),
+    )
+    .await;
 }
 
 /// Machines per page when a sweep reads its namespace's machines.
@@ -454,6 +492,25 @@ mod tests {
     /// Whether `status` flags `FingerprintChanged`.
     fn flagged(status: &TalosMachineStatus) -> bool {
         cond::is_true(&status.conditions, conditions::FINGERPRINT_CHANGED)
+    }
+
+    #[test]
+    fn with_a_namespace_policy_only_cidrs_inside_its_ranges_are_swept() {
+        let cidrs = vec!["10.0.1.0/24".to_owned(), "10.0.9.0/24".to_owned()];
+        assert_eq!(allowed_cidrs(&cidrs, None), (cidrs.clone(), Vec::new()));
+        let policy = TalosNamespacePolicy::new(
+            "ns",
+            ichor_api::claim::TalosNamespacePolicySpec {
+                address_ranges: vec!["10.0.0.0/23".into()],
+            },
+        );
+        assert_eq!(
+            allowed_cidrs(&cidrs, Some(&policy)),
+            (
+                vec!["10.0.1.0/24".to_owned()],
+                vec!["10.0.9.0/24".to_owned()]
+            )
+        );
     }
 
     #[test]

@@ -176,6 +176,10 @@ async fn look(machine: &Arc<TalosMachine>, ctx: &Arc<Context>) -> Result<Action,
             Ok(Action::await_change())
         }
         ApprovalState::Rejected => {
+            // A rejected machine releases the claim it may hold (ADR 0054), once.
+            if machine.status.as_ref().map(|s| s.phase) != Some(MachinePhase::Rejected) {
+                crate::claims::release(&ctx.client, &machine).await?;
+            }
             set_phase(&ctx, &machine, MachinePhase::Rejected).await?;
             Ok(Action::await_change())
         }
@@ -369,6 +373,13 @@ async fn approved(machine: &TalosMachine, ctx: &Context) -> Result<Action, Error
         Ok(target) => target,
         Err(stop) => return blocked(ctx, machine, status, stop).await,
     };
+    // The namespace's address ranges (ADR 0054), before anything reaches the node.
+    let namespace = machine.namespace().unwrap_or_default();
+    if let Some(refused) = crate::claims::address_refused(&ctx.client, &namespace, &address).await?
+    {
+        let stop = Blocked::approved(refused.reason, refused.message);
+        return blocked(ctx, machine, status, stop).await;
+    }
     let credentials = ctx.node_credentials(&cluster, &bundle)?;
     // Held until the removal sequence has finished (issue: safe removal).
     crate::finalizer::add(
@@ -487,6 +498,18 @@ async fn apply_first(
         Err(error) => return unreachable(ctx, machine, status, &error.to_string()).await,
     };
     if let Some(stop) = plan::too_old(&version, &cluster.spec.talos_version) {
+        return blocked(ctx, machine, status, stop).await;
+    }
+    // The node's own SMBIOS UUID, read over the pinned connection, claimed for this machine
+    // alone before anything is written to the node (ADR 0054).
+    let uuid = match client.inventory().await {
+        Ok(inventory) => inventory.uuid,
+        Err(error) => return unreachable(ctx, machine, status, &error.to_string()).await,
+    };
+    if let Err(refused) =
+        crate::claims::take(&ctx.client, machine, &uuid, &pinned, reach.address).await?
+    {
+        let stop = Blocked::approved(refused.reason, refused.message);
         return blocked(ctx, machine, status, stop).await;
     }
     send_first(
@@ -999,16 +1022,6 @@ async fn roll_out(
             r.machine.metadata.generation,
             &ctx.now(),
         );
-        return Ok(());
-    }
-    // The node behind this connection must be the machine: no config goes to another one at
-    // its address (ADR 0052).
-    let address = address(r.machine).unwrap_or_default();
-    let checked = crate::identity::check_machine(r.client, r.machine, &address, "config apply");
-    let checked = checked.await;
-    if crate::identity::held_on(ctx, r.machine, status, conditions::CONFIG_APPLIED, &checked).await
-    {
-        crate::lock::release(ctx, r.cluster, &me).await?;
         return Ok(());
     }
     match apply_live_once(ctx, r.machine, r.client, r.rendered, status).await? {

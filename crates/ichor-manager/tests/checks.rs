@@ -230,192 +230,121 @@ async fn refusals_and_reports() {
     }
 }
 
-/// The config a control plane of a cluster behind `endpoint` runs, from `bundle`.
-fn running_config(bundle: &ichor_render::SecretsBundle, endpoint: &str) -> String {
-    let spec = TalosCluster::test("again").endpoint(endpoint).spec();
-    let empty = std::collections::BTreeMap::new();
-    ichor_render::render(&ichor_render::RenderInput {
-        cluster_name: "again",
-        cluster: &spec,
-        role: ichor_api::common::Role::ControlPlane,
-        hostname: None,
-        install: None,
-        cert_sans: &[],
-        node_labels: &empty,
-        node_taints: &empty,
-        patches: &[],
-        bundle,
-    })
-    .expect("render")
-    .yaml
-}
-
-/// Whether an Event with `reason` whose note contains `needle` was recorded in `ns`.
-async fn event_seen(env: &ichor_testenv::TestEnv, ns: &str, reason: &str, needle: &str) -> bool {
-    Api::<Event>::namespaced(env.client(), ns)
-        .list(&ListParams::default())
+/// Creates the TalosMachine `name` in `ns` (pending: nothing reconciles it here) and returns
+/// it as stored, with its uid.
+async fn stored_machine(env: &ichor_testenv::TestEnv, ns: &str, name: &str) -> TalosMachine {
+    Api::<TalosMachine>::namespaced(env.client(), ns)
+        .create(
+            &PostParams::default(),
+            &TalosMachine::test(name).namespace(ns).build(),
+        )
         .await
-        .is_ok_and(|l| {
-            l.items.iter().any(|e| {
-                e.reason.as_deref() == Some(reason)
-                    && e.message.as_deref().unwrap_or_default().contains(needle)
-            })
-        })
+        .expect("machine")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_users_secret_is_never_taken_over_and_running_nodes_get_no_new_bundle() {
-    use ichor_api::names::{labels, secrets as keys};
-    use k8s_openapi::ByteString;
-    use kube::api::{DeleteParams, ObjectMeta};
+async fn one_uuid_is_claimed_by_exactly_one_machine() {
+    use ichor_api::TalosMachineClaim;
+    use ichor_manager::claims;
 
-    let (env, ns) = support::plane("published").await;
-    let clusters: Api<TalosCluster> = Api::namespaced(env.client(), &ns);
-    let secrets: Api<Secret> = Api::namespaced(env.client(), &ns);
-    let secret = |name: &str, key: &str, value: &[u8]| Secret {
-        metadata: ObjectMeta {
-            name: Some(name.to_owned()),
-            ..Default::default()
-        },
-        data: Some([(key.to_owned(), ByteString(value.to_vec()))].into()),
-        ..Default::default()
-    };
-    // A user's Secret under the name the talosconfig of `lab` is published under.
-    let users = secrets
-        .create(
-            &PostParams::default(),
-            &secret("lab-talosconfig", keys::TALOSCONFIG_KEY, b"mine"),
-        )
-        .await
-        .expect("the user's Secret");
-    // A node that already runs at the endpoint of `again`, a cluster created anew without its
-    // status or its bundle Secret.
-    let bundle =
-        ichor_render::SecretsBundle::generate(ichor_render::Contract::V1_14).expect("bundle");
-    let running = MANAGER_CHECKS.ip(2, 9);
-    let endpoint = format!("https://{running}:6443");
-    let node = SimNode::start_configured(
-        SocketAddr::from((running, 50000)),
-        "v1.14.1",
-        Hardware::vm(6409),
-        &running_config(&bundle, &endpoint),
-    )
-    .await
-    .expect("a running node");
-    for c in [
-        TalosCluster::test("lab")
-            .namespace(&ns)
-            .endpoint(&format!("https://{}:6443", MANAGER_CHECKS.ip(2, 8)))
-            .build(),
-        TalosCluster::test("again")
-            .namespace(&ns)
-            .endpoint(&endpoint)
-            .build(),
-    ] {
-        clusters
-            .create(&PostParams::default(), &c)
-            .await
-            .expect("create");
+    let (env, first_ns) = support::plane("claim-a").await;
+    let second_ns = env.namespace("claim-b").await.expect("namespace");
+    let client = env.client();
+    let claims_api: Api<TalosMachineClaim> = Api::all(client.clone());
+    let uuid = "4C4C4544-0042-3610-8052-B4C04F4B4E32";
+    let name = "4c4c4544-0042-3610-8052-b4c04f4b4e32";
+
+    // Eight machines in two namespaces race for one UUID: the apiserver lets one create win.
+    let mut contenders = Vec::new();
+    for i in 0..8 {
+        let ns = if i % 2 == 0 { &first_ns } else { &second_ns };
+        contenders.push(stored_machine(&env, ns, &format!("m-{i}")).await);
     }
-    let (stop_tx, manager) = support::start_manager(&env);
-
-    // The name is taken: said on the cluster and in an Event, the Secret left as it was.
-    let reason_of = |name: &'static str, type_: &'static str| {
-        let clusters = clusters.clone();
-        async move {
-            clusters
-                .get(name)
-                .await
-                .ok()
-                .and_then(|c| condition(&c, type_))
-        }
-    };
-    eventually("SecretNameTaken", Duration::from_secs(60), || async {
-        reason_of("lab", conditions::CREDENTIALS_PUBLISHED)
-            .await
-            .is_some_and(|(reason, message)| {
-                reason == reasons::SECRET_NAME_TAKEN && message.contains("lab-talosconfig")
-            })
-    })
-    .await;
-    eventually("its Event", Duration::from_secs(30), || {
-        event_seen(&env, &ns, reasons::SECRET_NAME_TAKEN, "lab-talosconfig")
-    })
-    .await;
-    let after = secrets.get("lab-talosconfig").await.expect("still there");
-    assert_eq!(
-        after.metadata.resource_version, users.metadata.resource_version,
-        "never written"
-    );
-    assert_eq!(after.data, users.data);
-    assert!(after.metadata.owner_references.is_none());
-
-    // Nodes that run: no bundle generated, the address named, and what to do.
-    let address = running.to_string();
-    eventually(
-        "SecretsBundleNotGenerated",
-        Duration::from_secs(60),
-        || async {
-            reason_of("again", conditions::SECRETS_READY)
-                .await
-                .is_some_and(|(reason, message)| {
-                    reason == reasons::SECRETS_BUNDLE_NOT_GENERATED
-                        && message.contains(&address)
-                        && message.contains("again-secrets")
-                })
-        },
+    let outcomes = futures::future::join_all(
+        contenders
+            .iter()
+            .map(|m| claims::take(&client, m, uuid, "fp", "10.0.0.1")),
     )
     .await;
-    eventually("its Event", Duration::from_secs(30), || {
-        event_seen(&env, &ns, reasons::SECRETS_BUNDLE_NOT_GENERATED, &address)
-    })
-    .await;
+    let winners: Vec<&TalosMachine> = contenders
+        .iter()
+        .zip(&outcomes)
+        .filter(|(_, o)| matches!(o, Ok(Ok(()))))
+        .map(|(m, _)| m)
+        .collect();
+    assert_eq!(winners.len(), 1, "exactly one holder: {outcomes:?}");
+    let winner = winners[0];
+    for outcome in &outcomes {
+        match outcome {
+            Ok(Ok(())) => {}
+            Ok(Err(refusal)) => {
+                assert_eq!(refusal.reason, reasons::CLAIMED_ELSEWHERE);
+                assert!(!refusal.message.contains(&first_ns), "{}", refusal.message);
+                assert!(!refusal.message.contains(&second_ns), "{}", refusal.message);
+            }
+            Err(error) => panic!("a claim errs: {error}"),
+        }
+    }
+    let claim = claims_api.get(name).await.expect("the claim");
+    assert_eq!(claim.spec.machine, claims::holder(winner));
+
+    // Taken again by its holder: held. Seen by another with another certificate: a conflict.
+    assert!(matches!(
+        claims::take(&client, winner, uuid, "fp", "10.0.0.1").await,
+        Ok(Ok(()))
+    ));
+    let loser = contenders
+        .iter()
+        .find(|m| m.uid() != winner.uid())
+        .expect("a loser");
+    let conflict = claims::take(&client, loser, uuid, "other-fp", "10.0.0.2")
+        .await
+        .expect("answered")
+        .expect_err("a conflict is not a claim");
+    assert_eq!(conflict.reason, reasons::UUID_CONFLICT);
+
+    // A claim never changes hands by an update.
+    let mut moved = claim.clone();
+    moved.spec.machine = claims::holder(loser);
+    let refused = claims_api
+        .replace(name, &PostParams::default(), &moved)
+        .await
+        .expect_err("the apiserver refuses a claim changing hands");
     assert!(
-        secrets
-            .get_opt("again-secrets")
-            .await
-            .expect("read")
-            .is_none(),
-        "no bundle generated"
+        refused.to_string().contains("never changes hands"),
+        "{refused}"
     );
 
-    // The name freed: Ichor publishes its own, labelled and owned by the cluster.
-    secrets
-        .delete("lab-talosconfig", &DeleteParams::default())
-        .await
-        .expect("free the name");
-    let uid = clusters.get("lab").await.expect("lab").uid();
-    eventually("published", Duration::from_secs(60), || async {
-        let published = secrets.get_opt("lab-talosconfig").await.ok().flatten();
-        let ours = published.is_some_and(|s| {
-            s.labels().get(labels::PUBLISHED).map(String::as_str) == Some("true")
-                && s.owner_references()
-                    .iter()
-                    .any(|o| Some(&o.uid) == uid.as_ref() && o.controller == Some(true))
-        });
-        ours && reason_of("lab", conditions::CREDENTIALS_PUBLISHED)
-            .await
-            .is_some_and(|(reason, _)| reason == reasons::PUBLISHED)
-    })
-    .await;
+    // A released claim goes (only the holder's), and the next machine takes it.
+    assert_eq!(claims::release(&client, loser).await.expect("release"), 0);
+    assert_eq!(claims::release(&client, winner).await.expect("release"), 1);
+    assert!(claims_api.get_opt(name).await.expect("read").is_none());
+    assert!(matches!(
+        claims::take(&client, loser, uuid, "other-fp", "10.0.0.2").await,
+        Ok(Ok(()))
+    ));
 
-    // The bundle restored: the cluster uses it.
-    let yaml = bundle.to_yaml().expect("yaml");
-    secrets
-        .create(
-            &PostParams::default(),
-            &secret("again-secrets", keys::BUNDLE_KEY, yaml.as_bytes()),
-        )
+    // Its holder deleted without a release (a crash between steps): the claim is stale, and
+    // another machine takes it over.
+    Api::<TalosMachine>::namespaced(client.clone(), &loser.namespace().unwrap_or_default())
+        .delete(&loser.name_any(), &Default::default())
         .await
-        .expect("restore the bundle");
-    eventually("BundleValid", Duration::from_secs(60), || async {
-        reason_of("again", conditions::SECRETS_READY)
-            .await
-            .is_some_and(|(reason, _)| reason == reasons::BUNDLE_VALID)
-    })
-    .await;
+        .expect("delete the holder");
+    let heir = contenders
+        .iter()
+        .find(|m| m.uid() != winner.uid() && m.uid() != loser.uid())
+        .expect("a third machine");
+    assert!(matches!(
+        claims::take(&client, heir, uuid, "fp", "10.0.0.1").await,
+        Ok(Ok(()))
+    ));
+    let claim = claims_api.get(name).await.expect("the claim");
+    assert_eq!(claim.spec.machine, claims::holder(heir));
 
-    let _ = stop_tx.send(());
-    let _ = manager.await;
-    node.stop().await;
+    // A UUID that cannot name an object is never claimed.
+    let unusable = claims::take(&client, heir, "../x", "fp", "10.0.0.1")
+        .await
+        .expect("answered")
+        .expect_err("refused");
+    assert_eq!(unusable.reason, reasons::UUID_UNUSABLE);
 }

@@ -124,6 +124,8 @@ pub const SIM_PROMOTION: Nets = Nets::new(175, 1);
 pub const TALOS_DISCOVERY: Nets = Nets::new(180, 5);
 /// `ichor-harness/tests/panics.rs`.
 pub const PANICS: Nets = Nets::new(201, 1);
+/// `ichor-harness/tests/classes.rs`: the claims spec (two namespaces, one machine).
+pub const CLAIMS: Nets = Nets::new(211, 1);
 
 /// Every entry, by name.
 pub const ALL: &[(&str, Nets)] = &[
@@ -161,6 +163,7 @@ pub const ALL: &[(&str, Nets)] = &[
     ("SIM_PROMOTION", SIM_PROMOTION),
     ("TALOS_DISCOVERY", TALOS_DISCOVERY),
     ("PANICS", PANICS),
+    ("CLAIMS", CLAIMS),
 ];
 
 #[cfg(test)]
