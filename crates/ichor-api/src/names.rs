@@ -195,6 +195,10 @@ pub mod conditions {
     /// On a TalosCluster: whether its talosconfig and kubeconfig Secrets are published, and
     /// if not which Secret of someone else's holds the name (ADR 0053).
     pub const CREDENTIALS_PUBLISHED: &str = "CredentialsPublished";
+    /// On a TalosCluster: false while a node answering its credentials at a tombstoned address
+    /// cannot be told to be the force-removed machine (another SMBIOS UUID, or none recorded),
+    /// so it is not reset (ADR 0052); absent otherwise.
+    pub const NODE_IDENTITY_VERIFIED: &str = "NodeIdentityVerified";
     /// On any object: true while a controller's reconciles of it panic (a bug in Ichor),
     /// retried with a growing backoff; removed once that controller reconciles it again.
     pub const RECONCILE_PANICKED: &str = "ReconcilePanicked";

@@ -21,6 +21,7 @@ pub mod drift;
 pub mod error;
 pub mod finalizer;
 pub mod http;
+pub mod identity;
 pub mod layers;
 pub mod leader;
 pub mod lock;

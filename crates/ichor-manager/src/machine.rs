@@ -1024,6 +1024,16 @@ async fn roll_out(
         );
         return Ok(());
     }
+    // The node behind this connection must be the machine: no config goes to another one at
+    // its address (ADR 0052).
+    let address = address(r.machine).unwrap_or_default();
+    let checked = crate::identity::check_machine(r.client, r.machine, &address, "config apply");
+    let checked = checked.await;
+    if crate::identity::held_on(ctx, r.machine, status, conditions::CONFIG_APPLIED, &checked).await
+    {
+        crate::lock::release(ctx, r.cluster, &me).await?;
+        return Ok(());
+    }
     match apply_live_once(ctx, r.machine, r.client, r.rendered, status).await? {
         Ok(sent) => live_applied(ctx, r, status, sent).await,
         // Anything but "this needs a reboot" (the node busy, a timeout, a refused config)

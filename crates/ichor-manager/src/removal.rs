@@ -27,6 +27,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use serde_json::json;
 
+use crate::identity::Checked;
 use crate::{Context, Error, conditions as cond, lock, secrets, workload};
 use plan::Unreached;
 
@@ -458,7 +459,9 @@ impl<'a> Scene<'a> {
         Self {
             ctx,
             machine,
-            teardown: cluster.metadata.deletion_timestamp.is_some(),
+            // Torn down only with the cluster's annotation: a cluster deleted without it
+            // (admission bypassed) keeps every step of a removal (ADR 0052).
+            teardown: Cluster::from(&cluster).tearing_down(),
             cluster,
             address: crate::machine::address(machine).unwrap_or_default(),
             credentials,
@@ -629,6 +632,9 @@ impl<'a> Scene<'a> {
         let Some(client) = client else {
             return self.force_remove().await;
         };
+        if let Some(step) = self.not_this_machine(&client).await {
+            return step;
+        }
         let member = match client.etcd_status().await {
             Ok(status) => {
                 if status.leader == status.member_id {
@@ -669,6 +675,21 @@ impl<'a> Scene<'a> {
                 reasons::ETCD_LEAVE_UNVERIFIED,
                 "no healthy peer answers to confirm the member left etcd",
             ),
+        }
+    }
+
+    /// Before the etcd leave: whether the node is the machine (its SMBIOS UUID, ADR 0052).
+    /// `Some` is the step when it is not told to be: a wait, or with the force annotation its
+    /// removal through a peer, as for a node that does not answer.
+    async fn not_this_machine(&self, client: &TalosClient) -> Option<Result<Step, Error>> {
+        let step = "etcd leave";
+        match crate::identity::check_machine(client, self.machine, &self.address, step).await {
+            Checked::Verified => None,
+            Checked::Refused(_) if self.force => Some(self.force_remove().await),
+            other => {
+                let (reason, message) = other.hold().unwrap_or_default();
+                Some(wait(reason, message))
+            }
         }
     }
 
@@ -786,6 +807,7 @@ impl<'a> Scene<'a> {
                 machine: self.machine.name_any(),
                 address: self.address.clone(),
                 etcd_member_id: member.map(|m| format!("{m:016x}")),
+                uuid: crate::identity::recorded_uuid(self.machine),
                 removed_at: self.ctx.now(),
             });
             let mut status = fresh.status.clone().unwrap_or_default();
@@ -808,55 +830,90 @@ impl<'a> Scene<'a> {
             return done("reset skipped (force removal)");
         }
         match TalosClient::connect(&self.address, &self.credentials).await {
-            Ok(client) => match client
-                .reset(ResetOptions {
-                    graceful: false,
-                    reboot: true,
-                })
-                .await
-            {
-                Ok(()) => done(
-                    "reset (STATE and EPHEMERAL wiped); the node reboots into maintenance mode",
-                ),
-                Err(error) => {
-                    if crate::in_maintenance(&self.address, self.ctx.settings.sweep)
-                        .await
-                        .is_some()
-                    {
-                        return done("already reset: the node answers in maintenance mode");
-                    }
-                    wait(reasons::RESET_FAILED, format!("the reset failed: {error}"))
-                }
+            Ok(client) => match self.identified(&client).await? {
+                Some(not_sent) => Ok(not_sent),
+                None => self.send_reset(&client).await,
             },
+            Err(error) => self.reset_unreachable(&error.to_string()).await,
+        }
+    }
+
+    /// Before the reset: whether the node is the machine (its SMBIOS UUID, ADR 0052). `Some`
+    /// is the step when it is not told to be: a wait, or with the force annotation the reset
+    /// skipped and a tombstone left for the machine.
+    async fn identified(&self, client: &TalosClient) -> Result<Option<Step>, Error> {
+        match crate::identity::check_machine(client, self.machine, &self.address, "reset").await {
+            Checked::Verified => Ok(None),
+            Checked::Refused(refusal) if self.force => {
+                self.tombstone(self.recorded_member()).await?;
+                Ok(Some(Step::Done {
+                    message: format!(
+                        "{refusal}; its reset was SKIPPED ({}), and a tombstone resets the machine if it answers there again",
+                        annotations::FORCE_REMOVE
+                    ),
+                    reset_skipped: true,
+                }))
+            }
+            other => {
+                let (reason, message) = other.hold().unwrap_or_default();
+                wait(reason, message).map(Some)
+            }
+        }
+    }
+
+    /// Sends the reset to the machine's node, or finds it done already.
+    async fn send_reset(&self, client: &TalosClient) -> Result<Step, Error> {
+        match client
+            .reset(ResetOptions {
+                graceful: false,
+                reboot: true,
+            })
+            .await
+        {
+            Ok(()) => {
+                done("reset (STATE and EPHEMERAL wiped); the node reboots into maintenance mode")
+            }
             Err(error) => {
-                // A reset sent before a restart: the node is back in maintenance mode.
                 if crate::in_maintenance(&self.address, self.ctx.settings.sweep)
                     .await
                     .is_some()
                 {
                     return done("already reset: the node answers in maintenance mode");
                 }
-                if self.force {
-                    self.tombstone(self.recorded_member()).await?;
-                    return Ok(Step::Done {
-                        message: format!(
-                            "{} is unreachable: its reset was SKIPPED ({}), and a tombstone resets it if it answers again",
-                            self.address,
-                            annotations::FORCE_REMOVE
-                        ),
-                        reset_skipped: true,
-                    });
-                }
-                wait(
-                    reasons::NODE_UNREACHABLE,
-                    format!(
-                        "{} does not answer for its reset: {error}; set {}=true to skip the reset",
-                        self.address,
-                        annotations::FORCE_REMOVE
-                    ),
-                )
+                wait(reasons::RESET_FAILED, format!("the reset failed: {error}"))
             }
         }
+    }
+
+    /// The node did not answer for its reset (`error`): done if it is back in maintenance
+    /// mode, skipped with the force annotation, else a wait.
+    async fn reset_unreachable(&self, error: &str) -> Result<Step, Error> {
+        // A reset sent before a restart: the node is back in maintenance mode.
+        if crate::in_maintenance(&self.address, self.ctx.settings.sweep)
+            .await
+            .is_some()
+        {
+            return done("already reset: the node answers in maintenance mode");
+        }
+        if self.force {
+            self.tombstone(self.recorded_member()).await?;
+            return Ok(Step::Done {
+                message: format!(
+                    "{} is unreachable: its reset was SKIPPED ({}), and a tombstone resets it if it answers again",
+                    self.address,
+                    annotations::FORCE_REMOVE
+                ),
+                reset_skipped: true,
+            });
+        }
+        wait(
+            reasons::NODE_UNREACHABLE,
+            format!(
+                "{} does not answer for its reset: {error}; set {}=true to skip the reset",
+                self.address,
+                annotations::FORCE_REMOVE
+            ),
+        )
     }
 
     async fn delete_node(&self) -> Result<Step, Error> {
