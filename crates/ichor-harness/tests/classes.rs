@@ -441,15 +441,8 @@ async fn two_namespaces_claiming_one_machine_only_the_first_is_acted_on() {
         .expect("discovered");
     let first = &found[0];
 
-    // The first namespace approves its machine; its first apply is held at the node, after
-    // its claim was taken.
-    let apply = node.gate("ApplyConfiguration");
-    specs::approve(&target, &address, true, "cp-1")
-        .await
-        .expect("approved");
-    apply.arrived(1).await;
-
-    // The second writes a machine by hand, with the fingerprint the first's status shows.
+    // The second namespace writes a machine by hand, with the fingerprint the first's status
+    // shows; still pending, so that approving it later is all it waits for.
     let fingerprint = first.spec.fingerprint.clone().expect("pinned");
     let stolen = TalosMachine::test("stolen")
         .namespace(OTHER)
@@ -457,13 +450,29 @@ async fn two_namespaces_claiming_one_machine_only_the_first_is_acted_on() {
         .at(&address)
         .fingerprint(&fingerprint)
         .control_plane()
-        .approved()
         .build();
     let others = Api::<TalosMachine>::namespaced(target.client(), OTHER);
     others
         .create(&PostParams::default(), &stolen)
         .await
         .expect("the hand-written machine");
+
+    // The first namespace approves its machine; its first apply is held at the node, after
+    // its claim was taken. Then the second approves its own (the held apply gives up after
+    // its 10 s limit: the second's refusal comes well before).
+    let apply = node.gate("ApplyConfiguration");
+    specs::approve(&target, &address, true, "cp-1")
+        .await
+        .expect("approved");
+    apply.arrived(1).await;
+    others
+        .patch(
+            "stolen",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"approvalState": "approved"}})),
+        )
+        .await
+        .expect("the hand-written machine approved");
     let refused = try_eventually("the second machine refused", WAIT, || async {
         let m = others.get("stolen").await.ok()?;
         m.status?

@@ -38,14 +38,18 @@ pub(crate) fn machine_name(uuid: &str) -> String {
 }
 
 fn inventory(found: &Found) -> HardwareInventory {
+    hardware(&found.inventory)
+}
+
+/// The hardware record of what a node reported in maintenance mode.
+pub(crate) fn hardware(inventory: &ichor_talos::Inventory) -> HardwareInventory {
     let text = |s: &str| (!s.is_empty()).then(|| s.to_owned());
     HardwareInventory {
-        uuid: found.inventory.uuid.clone(),
-        manufacturer: text(&found.inventory.manufacturer),
-        product_name: text(&found.inventory.product_name),
-        serial_number: text(&found.inventory.serial_number),
-        disks: found
-            .inventory
+        uuid: inventory.uuid.clone(),
+        manufacturer: text(&inventory.manufacturer),
+        product_name: text(&inventory.product_name),
+        serial_number: text(&inventory.serial_number),
+        disks: inventory
             .disks
             .iter()
             .map(|d| DiskInfo {
@@ -61,8 +65,7 @@ fn inventory(found: &Found) -> HardwareInventory {
                 cdrom: d.cdrom,
             })
             .collect(),
-        links: found
-            .inventory
+        links: inventory
             .links
             .iter()
             .map(|l| LinkInfo {

@@ -502,15 +502,22 @@ async fn apply_first(
     }
     // The node's own SMBIOS UUID, read over the pinned connection, claimed for this machine
     // alone before anything is written to the node (ADR 0054).
-    let uuid = match client.inventory().await {
-        Ok(inventory) => inventory.uuid,
+    let inventory = match client.inventory().await {
+        Ok(inventory) => inventory,
         Err(error) => return unreachable(ctx, machine, status, &error.to_string()).await,
     };
+    let uuid = &inventory.uuid;
     if let Err(refused) =
-        crate::claims::take(&ctx.client, machine, &uuid, &pinned, reach.address).await?
+        crate::claims::take(&ctx.client, machine, uuid, &pinned, reach.address).await?
     {
         let stop = Blocked::approved(refused.reason, refused.message);
         return blocked(ctx, machine, status, stop).await;
+    }
+    // The UUID claimed is the one recorded for the machine (a machine written by hand has
+    // none), which every later step over mutual TLS checks the node against (ADR 0052).
+    let mut status = status;
+    if status.hardware.as_ref().map(|h| &h.uuid) != Some(uuid) {
+        status.hardware = Some(crate::discovery::hardware(&inventory));
     }
     send_first(
         ctx,
