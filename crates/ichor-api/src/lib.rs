@@ -1,7 +1,8 @@
 //! Ichor's Kubernetes API: the custom resource types (`TalosCluster`, `TalosMachine`,
-//! `TalosOperation`, `TalosStorage`, `TalosMachineClass`), the one home of every annotation,
-//! label, finalizer, condition type and reason ([`names`]), the CEL rules the apiserver
-//! enforces, and the admission policy shipped beside the CRDs ([`admission`]). It also says how
+//! `TalosOperation`, `TalosStorage`, `TalosMachineClass`, and the cluster-scoped
+//! `TalosMachineClaim` and `TalosNamespacePolicy` of [`claim`]), the one home of every
+//! annotation, label, finalizer, condition type and reason ([`names`]), the CEL rules the
+//! apiserver enforces, and the admission policy shipped beside the CRDs ([`admission`]). It also says how
 //! the fields with a syntax of their own read: disk-model globs as Talos matches them ([`glob`]),
 //! and durations and the deadlines they make ([`time`]).
 //!
