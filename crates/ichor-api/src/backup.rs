@@ -24,9 +24,10 @@ pub struct BackupSpec {
     /// How many backups are kept, and for how long. Without it, the newest 7 are kept.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retention: Option<RetentionSpec>,
-    /// Encrypts each snapshot with `age` before it leaves the manager.
+    /// Encrypts each snapshot with `age` before it leaves the manager, to a recipient (public
+    /// key) only: the identity that opens it is never read by a backup.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub encryption: Option<EncryptionSpec>,
+    pub encryption: Option<BackupEncryptionSpec>,
     /// Stops scheduled backups (on-demand backups, `etcdSnapshot` operations, still run).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub suspend: bool,
@@ -36,10 +37,17 @@ pub struct BackupSpec {
 #[derive(KubeSchema, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ObjectStoreSpec {
-    /// The S3 endpoint, e.g. `https://s3.example.com` or `https://10.0.0.5:9000`.
+    /// The S3 endpoint, e.g. `https://s3.example.com` or `https://10.0.0.5:9000`. A plain
+    /// `http://` endpoint is refused unless the backup is encrypted (or, for a restore,
+    /// `restoreFrom.encryption` is set) or `allowPlainHttp` is true.
     #[schemars(length(max = 256))]
     #[x_kube(validation = Rule::new("isURL(self) && url(self).getScheme() in ['https', 'http'] && url(self).getHostname() != ''").message("store.endpoint must be an https:// (or http://) URL naming the S3 endpoint, e.g. https://s3.example.com"))]
     pub endpoint: String,
+    /// Lets a plain `http://` endpoint carry unencrypted snapshots: every Secret of the
+    /// workload cluster then crosses the network in the clear, and anyone on the path can read
+    /// or change it. Without it, a plain `http://` endpoint is used only for encrypted backups.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_plain_http: bool,
     /// The region requests are signed for.
     #[serde(default = "default_region")]
     #[schemars(length(min = 1, max = 64))]
@@ -80,13 +88,27 @@ pub struct RetentionSpec {
     pub max_age: Option<String>,
 }
 
-/// Client-side encryption with `age`.
+/// Client-side encryption of backups with `age`: the recipient only.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.recipient)").message("backup.encryption.recipient is required: the age recipient (age1…, as `age-keygen -y` prints it); backups never read the identity, only a restore does"))]
+pub struct BackupEncryptionSpec {
+    /// The age X25519 recipient (public key, `age1…`, as `age-keygen -y <identity file>` prints
+    /// it) snapshots are encrypted to. It is not secret; a restore needs its identity.
+    // A default, so that a cluster written before the field existed still loads (the manager
+    // then refuses its backups, naming this field).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(length(min = 1, max = 128))]
+    #[x_kube(validation = Rule::new("self.matches('^age1[02-9ac-hj-np-z]+$')").message("backup.encryption.recipient must be an age X25519 recipient (age1…, as `age-keygen -y` prints it)"))]
+    pub recipient: String,
+}
+
+/// The identity that opens encrypted backups, for a restore.
 #[derive(KubeSchema, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct EncryptionSpec {
-    /// The Secret (same namespace) whose key `age.key` holds an age X25519 identity
-    /// (`AGE-SECRET-KEY-1…`, as `age-keygen` writes it). Snapshots are encrypted to its
-    /// recipient; a restore needs the same identity.
+    /// The Secret (same namespace) whose key `age.key` holds the age X25519 identity
+    /// (`AGE-SECRET-KEY-1…`, as `age-keygen` writes it) the backups were encrypted to.
     pub key_secret_ref: LocalObjectReference,
 }
 
@@ -137,9 +159,10 @@ pub struct BackupRecord {
     pub key: String,
     /// When the snapshot was taken.
     pub taken_at: Time,
-    /// The snapshot's size in bytes (before encryption).
+    /// The object's size in bytes, as stored (after encryption, when encrypted).
     pub size: i64,
-    /// The SHA-256 of the snapshot (before encryption), hex.
+    /// The SHA-256 of the object as stored (after encryption, when encrypted), hex: what
+    /// `sha256sum` of the downloaded object prints.
     #[schemars(length(max = 64))]
     pub sha256: String,
     /// How long the backup took, in seconds.
@@ -179,9 +202,11 @@ pub struct RestoreStatus {
     /// The object restored from.
     #[schemars(length(max = 1024))]
     pub key: String,
-    /// The snapshot's size in bytes.
+    /// The object's size in bytes, as stored (for a backup recorded before ADR 0050, the
+    /// snapshot's).
     pub size: i64,
-    /// The snapshot's SHA-256, hex.
+    /// The object's SHA-256 as stored, hex (for a backup recorded before ADR 0050, the
+    /// snapshot's before encryption): checked again as it is read for the bootstrap.
     #[schemars(length(max = 64))]
     pub sha256: String,
     /// When the backup was checked (present, intact, decryptable, of this bundle).

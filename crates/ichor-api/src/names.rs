@@ -94,7 +94,8 @@ pub mod secrets {
     pub const SECRET_ACCESS_KEY_KEY: &str = "secretAccessKey";
     /// The optional key of CA certificates (PEM) to trust for an object store's endpoint.
     pub const STORE_CA_KEY: &str = "ca.crt";
-    /// The key of an age X25519 identity (`AGE-SECRET-KEY-1…`) that backups are encrypted to.
+    /// The key of the age X25519 identity (`AGE-SECRET-KEY-1…`) that opens encrypted backups:
+    /// read by a restore only (backups are encrypted to `spec.backup.encryption.recipient`).
     pub const AGE_KEY: &str = "age.key";
 }
 
@@ -441,6 +442,9 @@ pub mod reasons {
     pub const STORE_BUCKET_MISSING: &str = "StoreBucketMissing";
     /// The object store could not be reached.
     pub const STORE_UNREACHABLE: &str = "StoreUnreachable";
+    /// The store's endpoint is plain `http://` and the backup (or restore) is not encrypted,
+    /// nor `store.allowPlainHttp` set: nothing is sent, and nothing stored is touched.
+    pub const STORE_PLAIN_HTTP_REFUSED: &str = "StorePlainHttpRefused";
     /// The object store refused to store the backup: it is full, or failing.
     pub const STORE_WRITE_REFUSED: &str = "StoreWriteRefused";
     /// No control plane could give a snapshot (none healthy, or all being removed).

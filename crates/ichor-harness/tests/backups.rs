@@ -1,10 +1,12 @@
 //! Etcd backups to a real S3 server (SeaweedFS) on the sim target, against the real
 //! `ichor-manager`: the first scheduled backup runs once etcd is bootstrapped, `etcdSnapshot`
 //! operations back up on demand, retention keeps the newest N of this cluster's backups and
-//! touches nothing else in the bucket; each backup's record names the bundle it was made with;
-//! an encrypted backup opens with its age identity only; and wrong credentials, a missing
-//! bucket, an unreachable store and a full one each set `BackedUp` with their reason and emit
-//! an Event, losing nothing already stored.
+//! touches nothing else in the bucket; each backup's record names the bundle it was made with
+//! and the SHA-256 of the object as stored (`sha256sum` of a plain S3 GET), two backups asked
+//! for at once keep apart; a plain `http://` store refuses an unencrypted backup unless
+//! allowed; an encrypted backup needs only the age recipient and opens with its identity only;
+//! and wrong credentials, a missing bucket, an unreachable store and a full one each set
+//! `BackedUp` with their reason and emit an Event, losing nothing already stored.
 
 use std::io::Read as _;
 use std::time::Duration;
@@ -66,6 +68,20 @@ async fn snapshot(target: &SimTarget, name: &str) -> TalosOperation {
     specs::wait_operation(target, name, WAIT)
         .await
         .expect("finished")
+}
+
+/// How many backups of the cluster the manager has taken (its duration histogram's count).
+async fn backups_taken(target: &SimTarget) -> f64 {
+    let metrics = target.manager_metrics().await.expect("/metrics");
+    let series = format!(
+        "ichor_backup_duration_seconds_count{{namespace=\"{}\",cluster=\"{CLUSTER}\"}}",
+        target.namespace()
+    );
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(series.as_str()))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .unwrap_or(0.0)
 }
 
 /// The reason of the operation's `Succeeded` condition.
@@ -199,11 +215,30 @@ async fn backups_reach_the_store_keep_n_and_name_what_stops_them() {
         "the record names the bundle"
     );
     assert_eq!(written["sha256"].as_str(), Some(record.sha256.as_str()));
+    assert_eq!(
+        support::sha256_hex(&body),
+        record.sha256,
+        "sha256sum of the object as stored is the record's"
+    );
 
-    // Two on demand: retention keeps the newest two, and nothing that is not Ichor's goes.
-    for name in ["snap-1", "snap-2"] {
-        support::past_the_second_of_the_last_backup(&target, CLUSTER).await;
-        let done = snapshot(&target, name).await;
+    // Two on demand, asked for at once (in one second, as a rule): two objects, each its
+    // record's; retention keeps the newest two, and nothing that is not Ichor's goes.
+    let names = ["snap-1", "snap-2"];
+    for name in names {
+        specs::create_operation(
+            &target,
+            TalosOperation::test(name, OperationAction::EtcdSnapshot)
+                .cluster(CLUSTER)
+                .all(),
+        )
+        .await
+        .expect("operation");
+    }
+    let mut snaps = Vec::new();
+    for name in names {
+        let done = specs::wait_operation(&target, name, WAIT)
+            .await
+            .expect("finished");
         let (phase, _, message) = outcome(&done);
         assert_eq!(phase, OperationPhase::Succeeded, "{name}: {message}");
         let key = match done.status.as_ref().and_then(|s| s.backup_key.clone()) {
@@ -211,6 +246,25 @@ async fn backups_reach_the_store_keep_n_and_name_what_stops_them() {
             None => panic!("no key: {:?}\n{}", done.status, target.manager_log_tail()),
         };
         assert!(key.starts_with(&folder), "{key}");
+        snaps.push(key);
+    }
+    assert_ne!(snaps[0], snaps[1], "two backups, two keys");
+    // Each taken once: a reconcile from a cached copy a write behind took an operation's
+    // backup again, and retention's count then pushed out the other operation's (ADR 0050).
+    assert_eq!(
+        backups_taken(&target).await,
+        3.0,
+        "the scheduled backup and one per operation"
+    );
+    for key in &snaps {
+        let written: serde_json::Value =
+            serde_json::from_slice(&support::object(bucket.as_ref(), &format!("{key}.json")).await)
+                .expect("JSON");
+        assert_eq!(
+            written["sha256"].as_str(),
+            Some(support::sha256_hex(&support::object(bucket.as_ref(), key).await).as_str()),
+            "{key}: the record's SHA-256 is the object's as stored"
+        );
     }
     let ours = keys_under(bucket.as_ref(), &folder).await;
     let snapshots: Vec<&String> = ours.iter().filter(|k| k.ends_with(".snapshot")).collect();
@@ -236,19 +290,26 @@ async fn backups_reach_the_store_keep_n_and_name_what_stops_them() {
     assert_eq!(backup.kept, Some(2));
     assert_eq!(backup.running, None);
 
-    // Encrypted to an age identity: only that identity opens it.
+    // A plain http:// store without allowPlainHttp: an unencrypted backup is refused, nothing
+    // is sent and nothing stored is touched.
+    patch_backup(&target, json!({"store": {"allowPlainHttp": false}})).await;
+    let before = keys_under(bucket.as_ref(), "").await;
+    let message = fails_with(&target, "plain-http", reasons::STORE_PLAIN_HTTP_REFUSED).await;
+    assert!(message.contains("allowPlainHttp"), "{message}");
+    assert_eq!(
+        keys_under(bucket.as_ref(), "").await,
+        before,
+        "nothing sent"
+    );
+
+    // Encrypted to an age recipient, the public key only (no Secret holds the identity): it
+    // goes over plain http, and only the identity opens it.
     let identity = age::x25519::Identity::generate();
-    let identity_text = {
-        use age::secrecy::ExposeSecret as _;
-        identity.to_string().expose_secret().to_owned()
-    };
-    put_secret(&target, "age", &[(keys::AGE_KEY, identity_text.as_bytes())]).await;
     patch_backup(
         &target,
-        json!({"encryption": {"keySecretRef": {"name": "age"}}}),
+        json!({"encryption": {"recipient": identity.to_public().to_string()}}),
     )
     .await;
-    support::past_the_second_of_the_last_backup(&target, CLUSTER).await;
     let sealed = snapshot(&target, "snap-sealed").await;
     assert_eq!(
         outcome(&sealed).0,
@@ -258,13 +319,15 @@ async fn backups_reach_the_store_keep_n_and_name_what_stops_them() {
     );
     let key = sealed.status.expect("status").backup_key.expect("key");
     assert!(key.ends_with(".snapshot.age"), "{key}");
-    let ciphertext = bucket
-        .get(&ObjectPath::from(key.as_str()))
-        .await
-        .expect("the sealed backup")
-        .bytes()
-        .await
-        .expect("bytes");
+    let ciphertext = support::object(bucket.as_ref(), &key).await;
+    let written: serde_json::Value =
+        serde_json::from_slice(&support::object(bucket.as_ref(), &format!("{key}.json")).await)
+            .expect("JSON");
+    assert_eq!(
+        written["sha256"].as_str(),
+        Some(support::sha256_hex(&ciphertext).as_str()),
+        "the record's SHA-256 is the ciphertext's, as stored"
+    );
     let mut plain = Vec::new();
     age::Decryptor::new(&ciphertext[..])
         .expect("an age file")
@@ -282,7 +345,16 @@ async fn backups_reach_the_store_keep_n_and_name_what_stops_them() {
             .is_err(),
         "another identity does not open it"
     );
-    patch_backup(&target, json!({"encryption": null})).await;
+    assert_eq!(
+        written["snapshot"]["sha256"].as_str(),
+        Some(support::sha256_hex(&plain[..plain.len() - 32]).as_str()),
+        "and the snapshot's inside is etcd's own (its trailer)"
+    );
+    patch_backup(
+        &target,
+        json!({"encryption": null, "store": {"allowPlainHttp": true}}),
+    )
+    .await;
 
     // What stops a backup is named, and nothing stored is lost.
     let before = keys_under(bucket.as_ref(), "").await;
@@ -386,9 +458,10 @@ async fn backups_reach_the_store_keep_n_and_name_what_stops_them() {
         value(format!("ichor_backup_size_bytes{{{labels}}}")).is_some_and(|v| v > 0.0),
         "{metrics}"
     );
-    assert!(
-        value(format!("ichor_backup_duration_seconds_count{{{labels}}}")).is_some_and(|v| v >= 3.0),
-        "{metrics}"
+    assert_eq!(
+        value(format!("ichor_backup_duration_seconds_count{{{labels}}}")),
+        Some(4.0),
+        "four backups went, each once: {metrics}"
     );
     for reason in [
         reasons::STORE_CREDENTIALS_REFUSED,

@@ -4,8 +4,10 @@
 //! machines, created with the original bundle and `restoreFrom`, bootstraps its first control
 //! plane from the newest backup of that bundle and comes up with the keys and three healthy
 //! voters. The restore runs once, a manager restart included; each bad `restoreFrom` (a missing
-//! object, a changed one, the wrong age identity, another bundle) is refused before any
-//! bootstrap, naming its reason.
+//! object, a changed one, the wrong age identity, another bundle, an unencrypted backup over
+//! plain http not allowed) is refused before any bootstrap, naming its reason; a backup
+//! written before ADR 0050 (a key to the second, a record of the snapshot's checksum) still
+//! checks out.
 
 use std::time::Duration;
 
@@ -115,17 +117,12 @@ async fn a_lost_cluster_comes_back_from_its_latest_backup_once_and_bad_restores_
         identity.to_string().expose_secret().to_owned()
     };
 
-    // The original cluster: keys in etcd, backed up plain and then sealed.
+    // The original cluster: keys in etcd, backed up plain and then sealed, to the recipient
+    // only (its management plane never holds the identity).
     let original = SimTarget::up(SimOptions::new(3, RESTORE.net(0), VERSION))
         .await
         .expect("sim target");
     put_store_secret(&original, &server).await;
-    put_secret(
-        &original,
-        "age",
-        &[(keys::AGE_KEY, identity_text.as_bytes())],
-    )
-    .await;
     let shape = Shape::new(VERSION, "flannel");
     specs::create_cluster_with(&original, &shape, |spec| {
         spec.backup = Some(
@@ -156,12 +153,11 @@ async fn a_lost_cluster_comes_back_from_its_latest_backup_once_and_bad_restores_
             CLUSTER,
             &PatchParams::default(),
             &Patch::Merge(
-                &json!({"spec": {"backup": {"encryption": {"keySecretRef": {"name": "age"}}}}}),
+                &json!({"spec": {"backup": {"encryption": {"recipient": identity.to_public().to_string()}}}}),
             ),
         )
         .await
         .expect("seal the next backups");
-    support::past_the_second_of_the_last_backup(&original, CLUSTER).await;
     let sealed = backup_now(&original, "sealed").await;
     assert!(sealed.ends_with(".age"), "{sealed}");
     let bundle_yaml = Api::<Secret>::namespaced(original.client(), original.namespace())
@@ -247,7 +243,52 @@ async fn a_lost_cluster_comes_back_from_its_latest_backup_once_and_bad_restores_
         json!({"store": store, "key": changed}),
     )
     .await;
-    restored(&target, "changed", reasons::RESTORE_CHECKSUM_MISMATCH).await;
+    let message = restored(&target, "changed", reasons::RESTORE_CHECKSUM_MISMATCH).await;
+    assert!(message.contains("the object reads as"), "{message}");
+    // Written before ADR 0050: a key to the second, and a record whose size and SHA-256 are
+    // the snapshot's (no `snapshot` field). Still checked, and taken.
+    let mut legacy: serde_json::Value =
+        serde_json::from_slice(&support::object(objects.as_ref(), &format!("{plain}.json")).await)
+            .expect("the record");
+    let inside = legacy["snapshot"].take();
+    legacy["size"] = inside["size"].clone();
+    legacy["sha256"] = inside["sha256"].clone();
+    legacy.as_object_mut().expect("a record").remove("snapshot");
+    let old_key = "legacy/20261204T000000Z.snapshot";
+    objects
+        .put(
+            &ObjectPath::from(old_key),
+            PutPayload::from(support::object(objects.as_ref(), &plain).await),
+        )
+        .await
+        .expect("the old-format copy");
+    objects
+        .put(
+            &ObjectPath::from(format!("{old_key}.json")),
+            PutPayload::from(serde_json::to_vec(&legacy).expect("JSON")),
+        )
+        .await
+        .expect("its old-format record");
+    create_restoring(
+        &target,
+        "legacy",
+        "original-bundle",
+        json!({"store": store, "key": old_key}),
+    )
+    .await;
+    let message = restored(&target, "legacy", reasons::RESTORING).await;
+    assert!(message.contains(old_key), "{message}");
+    // Over plain http without allowPlainHttp, an unencrypted backup is not read.
+    let mut plain_http = store.clone();
+    plain_http["allowPlainHttp"] = json!(false);
+    create_restoring(
+        &target,
+        "plain-http",
+        "original-bundle",
+        json!({"store": plain_http, "key": plain}),
+    )
+    .await;
+    restored(&target, "plain-http", reasons::STORE_PLAIN_HTTP_REFUSED).await;
     create_restoring(
         &target,
         "wrong-key",

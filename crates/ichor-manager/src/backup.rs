@@ -38,20 +38,22 @@ impl Owner<'_> {
         }
     }
 
-    /// The key of a backup taken at `at`: the folder, then the time in UTC to the second
-    /// (`20261204T031500Z`), so keys sort by time.
-    pub fn key(&self, at: Timestamp, encrypted: bool) -> String {
-        let time = at.strftime("%Y%m%dT%H%M%SZ");
+    /// The key of backup `id` taken at `at`: the folder, the time in UTC to the millisecond
+    /// (`20261204T031500.123Z`, so keys sort by time), then the backup's id
+    /// (`-1a2b3c4d`), so that two backups in one millisecond still get two keys (ADR 0050).
+    pub fn key(&self, at: Timestamp, id: &BackupId, encrypted: bool) -> String {
+        let time = at.strftime(KEY_TIME);
         let suffix = if encrypted {
             format!("{SNAPSHOT_SUFFIX}{ENCRYPTED_SUFFIX}")
         } else {
             SNAPSHOT_SUFFIX.to_owned()
         };
-        format!("{}{time}{suffix}", self.folder())
+        format!("{}{time}-{}{suffix}", self.folder(), id.0)
     }
 
     /// When the backup at `key` was taken, if `key` is one of this cluster's backups: in its
-    /// folder, named as [`key`](Self::key) names them. Anything else in the bucket is not
+    /// folder, named as [`key`](Self::key) names them, or as keys were named before ADR 0050
+    /// (`20261204T031500Z.snapshot`, to the second). Anything else in the bucket is not
     /// Ichor's to touch.
     pub fn taken_at(&self, key: &str) -> Option<Timestamp> {
         let name = key.strip_prefix(&self.folder())?;
@@ -59,14 +61,58 @@ impl Owner<'_> {
             .strip_suffix(ENCRYPTED_SUFFIX)
             .unwrap_or(name)
             .strip_suffix(SNAPSHOT_SUFFIX)?;
-        if stem.len() != 16 || stem.contains('/') {
+        let (time, format, length) = match stem.split_once('-') {
+            Some((time, id)) if id.len() == ID_DIGITS && is_lower_hex(id) => (time, KEY_TIME, 20),
+            Some(_) => return None,
+            None => (stem, LEGACY_KEY_TIME, 16),
+        };
+        if time.len() != length || !time.is_ascii() {
             return None;
         }
-        let civil = k8s_openapi::jiff::civil::DateTime::strptime("%Y%m%dT%H%M%SZ", stem).ok()?;
-        civil
+        k8s_openapi::jiff::civil::DateTime::strptime(format, time)
+            .ok()?
             .to_zoned(k8s_openapi::jiff::tz::TimeZone::UTC)
             .ok()
             .map(|z| z.timestamp())
+    }
+}
+
+/// How a key names its time (UTC, to the millisecond).
+const KEY_TIME: &str = "%Y%m%dT%H%M%S%.3fZ";
+/// How keys named their time before ADR 0050 (UTC, to the second).
+const LEGACY_KEY_TIME: &str = "%Y%m%dT%H%M%SZ";
+/// The hex digits of a [`BackupId`].
+const ID_DIGITS: usize = 8;
+
+fn is_lower_hex(text: &str) -> bool {
+    text.bytes()
+        .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+/// What tells a backup's key apart from any other taken in the same millisecond: 8 hex
+/// digits, random for each backup.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackupId(String);
+
+impl BackupId {
+    /// A fresh id from the system's random source.
+    pub fn random() -> Self {
+        use ring::rand::SecureRandom as _;
+        let mut bytes = [0u8; 4];
+        if ring::rand::SystemRandom::new().fill(&mut bytes).is_err() {
+            // No random source: a counter and the clock's nanoseconds still differ per backup
+            // of this process.
+            static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+            let count = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let nanos = Timestamp::now().subsec_nanosecond().unsigned_abs();
+            bytes = (count.rotate_left(16) ^ nanos).to_be_bytes();
+        }
+        Self::from_u32(u32::from_be_bytes(bytes))
+    }
+
+    /// The id `n` (tests).
+    pub fn from_u32(n: u32) -> Self {
+        Self(format!("{n:0width$x}", width = ID_DIGITS))
     }
 }
 
@@ -252,8 +298,9 @@ pub fn sources(candidates: &[Source]) -> Vec<&Source> {
 /// The suffix of the record written beside each backup object (`<key>.json`).
 pub const RECORD_SUFFIX: &str = ".json";
 
-/// What is recorded beside a backup: whose it is, made with which bundle, and what the snapshot
-/// must check out as. A backup without its record is incomplete and is never restored from.
+/// What is recorded beside a backup: whose it is, made with which bundle, and what the object
+/// and the snapshot inside it must check out as. A backup without its record is incomplete
+/// and is never restored from.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Record {
@@ -268,10 +315,16 @@ pub struct Record {
     pub bundle_fingerprint: String,
     /// When the snapshot was taken (RFC 3339).
     pub taken_at: String,
-    /// The snapshot's size in bytes, before encryption.
+    /// The object's size in bytes, as stored (in a record of before ADR 0050: the snapshot's).
     pub size: u64,
-    /// The snapshot's SHA-256 (hex), before encryption.
+    /// The SHA-256 (hex) of the object as stored, ciphertext when encrypted: what `sha256sum`
+    /// of the downloaded object prints (in a record of before ADR 0050: the snapshot's, before
+    /// encryption).
     pub sha256: String,
+    /// The etcd snapshot inside the object, before encryption. Absent from a record of before
+    /// ADR 0050, whose `size` and `sha256` are the snapshot's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<Digest>,
     /// Whether the object is encrypted with age.
     pub encrypted: bool,
     /// The control plane it came from.
@@ -280,22 +333,172 @@ pub struct Record {
     pub talos_version: String,
 }
 
+/// A size and a SHA-256 (hex) of some bytes.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Digest {
+    /// The size in bytes.
+    pub size: u64,
+    /// The SHA-256, lowercase hex.
+    pub sha256: String,
+}
+
+/// What a backup's bytes were, as written or read back: the object as stored, and the etcd
+/// snapshot in it (before encryption).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Digests {
+    /// The object's bytes, as stored.
+    pub object: Digest,
+    /// The snapshot's, checked as an etcd snapshot (its trailer's value).
+    pub snapshot: Digest,
+}
+
+/// Computes the [`Digest`] of bytes fed in order, holding none of them.
+pub struct Hasher {
+    context: ring::digest::Context,
+    size: u64,
+}
+
+impl Default for Hasher {
+    fn default() -> Self {
+        Self {
+            context: ring::digest::Context::new(&ring::digest::SHA256),
+            size: 0,
+        }
+    }
+}
+
+impl Hasher {
+    /// The next bytes.
+    pub fn update(&mut self, bytes: &[u8]) {
+        self.context.update(bytes);
+        self.size += bytes.len() as u64;
+    }
+
+    /// The size and SHA-256 of all that was fed.
+    pub fn finish(self) -> Digest {
+        let sha256 = self
+            .context
+            .finish()
+            .as_ref()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        Digest {
+            size: self.size,
+            sha256,
+        }
+    }
+}
+
+/// The longest text field of a record that a status or an Event repeats.
+const RECORD_TEXT: usize = 253;
+
+impl Record {
+    /// Whether the record covers the object as stored (written since ADR 0050), rather than
+    /// only the snapshot in it.
+    pub fn covers_object(&self) -> bool {
+        self.snapshot.is_some()
+    }
+
+    /// Whether a record read from the store (untrusted) has the shape Ichor writes: hex
+    /// checksums, a time, short printable names. What a status or an Event repeats of a record
+    /// is checked here first.
+    pub fn check_shape(&self) -> Result<(), String> {
+        let hex = |what: &str, value: &str| {
+            (value.len() == 64 && is_lower_hex(value))
+                .then_some(())
+                .ok_or_else(|| format!("{what} is not a SHA-256 in hex"))
+        };
+        hex("sha256", &self.sha256)?;
+        if let Some(snapshot) = &self.snapshot {
+            hex("snapshot.sha256", &snapshot.sha256)?;
+        }
+        self.taken_at
+            .parse::<Timestamp>()
+            .map_err(|_| "takenAt is not an RFC 3339 time".to_owned())?;
+        for (what, value) in [
+            ("bundleFingerprint", &self.bundle_fingerprint),
+            ("machine", &self.machine),
+            ("talosVersion", &self.talos_version),
+            ("namespace", &self.namespace),
+            ("cluster", &self.cluster),
+            ("uid", &self.uid),
+        ] {
+            if value.len() > RECORD_TEXT || !value.bytes().all(|b| b.is_ascii_graphic()) {
+                return Err(format!(
+                    "{what} is not a short printable name (at most {RECORD_TEXT} characters)"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The part of `read` that this record's `size` and `sha256` describe: the object as
+    /// stored, or for a record of before ADR 0050, the snapshot.
+    pub fn vouched<'r>(&self, read: &'r Digests) -> &'r Digest {
+        if self.covers_object() {
+            &read.object
+        } else {
+            &read.snapshot
+        }
+    }
+
+    /// Whether `read` is the backup this record describes: the object as stored (when the
+    /// record covers it) and the snapshot inside; what differs otherwise.
+    pub fn verify(&self, read: &Digests) -> Result<(), String> {
+        let vouched = self.vouched(read);
+        if vouched.sha256 != self.sha256 || vouched.size != self.size {
+            let what = if self.covers_object() {
+                "the object"
+            } else {
+                "its snapshot"
+            };
+            return Err(format!(
+                "{what} reads as {} bytes with sha256 {}, and the record says {} bytes with sha256 {}",
+                vouched.size, vouched.sha256, self.size, self.sha256
+            ));
+        }
+        match &self.snapshot {
+            Some(snapshot) if *snapshot != read.snapshot => Err(format!(
+                "the snapshot inside reads as {} bytes with sha256 {}, and the record says {} bytes with sha256 {}",
+                read.snapshot.size, read.snapshot.sha256, snapshot.size, snapshot.sha256
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
 /// The key of the record of the backup at `key`.
 pub fn record_key(key: &str) -> String {
     format!("{key}{RECORD_SUFFIX}")
 }
 
-/// The newest backup among `listing` (keys under a prefix, any folders) whose record says it
-/// was made with `bundle`: what a restore without a key restores. `records` maps a backup key
-/// to its record, for those read.
+/// The newest backup among `records` (backup keys and their records, any folders) whose record
+/// says it was made with `bundle`: what a restore without a key restores. Newest by the
+/// recorded time, read as a time (not as text: `…00Z` and `…00.5Z` do not sort as text).
 pub fn latest_for_bundle<'a>(
     records: &'a [(String, Record)],
     bundle: &str,
 ) -> Option<&'a (String, Record)> {
+    let time = |r: &Record| r.taken_at.parse::<Timestamp>().ok();
     records
         .iter()
         .filter(|(_, r)| r.bundle_fingerprint == bundle)
-        .max_by(|a, b| a.1.taken_at.cmp(&b.1.taken_at).then_with(|| a.0.cmp(&b.0)))
+        .max_by(|a, b| time(&a.1).cmp(&time(&b.1)).then_with(|| a.0.cmp(&b.0)))
+}
+
+/// Why `endpoint` may not carry this backup or restore, if it may not: a plain `http://`
+/// endpoint carries only encrypted snapshots, unless `store.allowPlainHttp` says otherwise.
+pub fn plain_http_refusal(endpoint: &str, encrypted: bool, allowed: bool) -> Option<String> {
+    let plain = endpoint
+        .get(..7)
+        .is_some_and(|scheme| scheme.eq_ignore_ascii_case("http://"));
+    (plain && !encrypted && !allowed).then(|| {
+        format!(
+            "store.endpoint {endpoint} is plain http:// and the snapshot is not encrypted: every Secret of the cluster would cross the network in the clear; use https://, set encryption, or set store.allowPlainHttp: true"
+        )
+    })
 }
 
 /// Whether `key` names a backup object (not its record, not another file).
@@ -320,20 +523,38 @@ mod tests {
         text.parse().expect("timestamp")
     }
 
+    fn id(n: u32) -> BackupId {
+        BackupId::from_u32(n)
+    }
+
     #[test]
     fn keys_say_whose_and_when_and_nothing_else_reads_as_ours() {
         let o = owner();
-        let key = o.key(at("2026-12-04T03:15:00Z"), false);
-        assert_eq!(key, "backups/ns/lab/1234/20261204T031500Z.snapshot");
-        assert_eq!(o.taken_at(&key), Some(at("2026-12-04T03:15:00Z")));
-        let sealed = o.key(at("2026-12-04T03:15:00Z"), true);
-        assert!(sealed.ends_with(".snapshot.age"));
-        assert_eq!(o.taken_at(&sealed), Some(at("2026-12-04T03:15:00Z")));
+        let when = at("2026-12-04T03:15:00.25Z");
+        let key = o.key(when, &id(0x1a2b3c4d), false);
+        assert_eq!(
+            key,
+            "backups/ns/lab/1234/20261204T031500.250Z-1a2b3c4d.snapshot"
+        );
+        assert_eq!(o.taken_at(&key), Some(when));
+        let sealed = o.key(when, &id(7), true);
+        assert!(sealed.ends_with("Z-00000007.snapshot.age"), "{sealed}");
+        assert_eq!(o.taken_at(&sealed), Some(when));
+        // Keys written before ADR 0050, to the second, are still ours.
+        for old in [
+            "backups/ns/lab/1234/20261204T031500Z.snapshot",
+            "backups/ns/lab/1234/20261204T031500Z.snapshot.age",
+        ] {
+            assert_eq!(o.taken_at(old), Some(at("2026-12-04T03:15:00Z")), "{old}");
+        }
         for other in [
-            "backups/ns/lab/9999/20261204T031500Z.snapshot",
+            "backups/ns/lab/9999/20261204T031500.000Z-1a2b3c4d.snapshot",
             "backups/ns/lab/1234/notes.txt",
             "backups/ns/lab/1234/sub/20261204T031500Z.snapshot",
             "backups/ns/lab/1234/2026-12-04.snapshot",
+            "backups/ns/lab/1234/20261204T031500.000Z-1A2B3C4D.snapshot",
+            "backups/ns/lab/1234/20261204T031500.000Z-mine.snapshot",
+            "backups/ns/lab/1234/20261204T031500.000Z-1a2b3c4d.snapshot.json",
             "elsewhere/20261204T031500Z.snapshot",
         ] {
             assert_eq!(o.taken_at(other), None, "{other}");
@@ -343,12 +564,30 @@ mod tests {
     }
 
     #[test]
+    fn two_backups_in_one_millisecond_get_two_keys_that_sort_by_time() {
+        let o = owner();
+        let when = at("2026-12-04T03:15:00.999Z");
+        let (a, b) = (BackupId::random(), BackupId::random());
+        assert_ne!(a, b, "random ids");
+        assert_ne!(o.key(when, &a, false), o.key(when, &b, false));
+        let later = at("2026-12-04T03:15:01Z");
+        let mut keys = [
+            o.key(later, &id(0), false),
+            o.key(when, &id(u32::MAX), false),
+            o.key(at("2026-12-04T03:14:59.001Z"), &id(5), false),
+        ];
+        keys.sort();
+        let times: Vec<_> = keys.iter().map(|k| o.taken_at(k)).collect();
+        assert!(times.is_sorted(), "{keys:?}");
+    }
+
+    #[test]
     fn retention_deletes_only_ours_oldest_first_and_never_the_newest() {
         let o = owner();
         let now = at("2026-12-10T00:00:00Z");
         let keys: Vec<String> = ["2026-12-01", "2026-12-05", "2026-12-09", "2026-12-03"]
             .iter()
-            .map(|d| o.key(at(&format!("{d}T00:00:00Z")), false))
+            .map(|d| o.key(at(&format!("{d}T00:00:00Z")), &id(1), false))
             .chain(["backups/ns/lab/1234/keep-me.txt".to_owned()])
             .collect();
         let by_count = expired(
@@ -363,8 +602,8 @@ mod tests {
         assert_eq!(
             by_count,
             [
-                o.key(at("2026-12-01T00:00:00Z"), false),
-                o.key(at("2026-12-03T00:00:00Z"), false)
+                o.key(at("2026-12-01T00:00:00Z"), &id(1), false),
+                o.key(at("2026-12-03T00:00:00Z"), &id(1), false)
             ]
         );
         let by_age = expired(
@@ -379,8 +618,8 @@ mod tests {
         assert_eq!(
             by_age,
             [
-                o.key(at("2026-12-01T00:00:00Z"), false),
-                o.key(at("2026-12-03T00:00:00Z"), false)
+                o.key(at("2026-12-01T00:00:00Z"), &id(1), false),
+                o.key(at("2026-12-03T00:00:00Z"), &id(1), false)
             ]
         );
         // Everything too old: the newest stays all the same, and so with a count of zero.
@@ -394,7 +633,7 @@ mod tests {
             now,
         );
         assert_eq!(all_old.len(), 3);
-        assert!(!all_old.contains(&o.key(at("2026-12-09T00:00:00Z"), false)));
+        assert!(!all_old.contains(&o.key(at("2026-12-09T00:00:00Z"), &id(1), false)));
     }
 
     #[test]
@@ -499,32 +738,119 @@ mod tests {
         assert_eq!(order, ["cp-2", "cp-3"]);
     }
 
-    #[test]
-    fn the_latest_backup_of_a_bundle_is_the_one_restored() {
-        let record = |bundle: &str, taken: &str| Record {
+    fn record(bundle: &str, taken: &str) -> Record {
+        Record {
             namespace: "ns".into(),
             cluster: "lab".into(),
             uid: "1".into(),
             bundle_fingerprint: bundle.into(),
             taken_at: taken.into(),
             size: 1,
-            sha256: "00".into(),
+            sha256: "0".repeat(64),
+            snapshot: None,
             encrypted: false,
             machine: "cp-1".into(),
             talos_version: "v1.14.0".into(),
-        };
+        }
+    }
+
+    #[test]
+    fn the_latest_backup_of_a_bundle_is_the_one_restored() {
         let records = vec![
             ("a".to_owned(), record("sha256:x", "2026-12-04T01:00:00Z")),
-            ("b".to_owned(), record("sha256:x", "2026-12-04T03:00:00Z")),
+            ("b".to_owned(), record("sha256:x", "2026-12-04T03:00:00.5Z")),
+            ("d".to_owned(), record("sha256:x", "2026-12-04T03:00:00Z")),
             ("c".to_owned(), record("sha256:y", "2026-12-04T05:00:00Z")),
         ];
         assert_eq!(
             latest_for_bundle(&records, "sha256:x").map(|r| r.0.as_str()),
-            Some("b")
+            Some("b"),
+            "by time, not by text"
         );
         assert_eq!(latest_for_bundle(&records, "sha256:z"), None);
         assert!(is_backup_key("p/ns/lab/1/20261204T010000Z.snapshot"));
-        assert!(is_backup_key("p/ns/lab/1/20261204T010000Z.snapshot.age"));
+        assert!(is_backup_key(
+            "p/ns/lab/1/20261204T010000.000Z-00000001.snapshot.age"
+        ));
         assert!(!is_backup_key("p/ns/lab/1/20261204T010000Z.snapshot.json"));
+    }
+
+    #[test]
+    fn a_record_vouches_for_the_object_as_stored_and_an_old_one_for_its_snapshot() {
+        let digest = |size: u64, fill: &str| Digest {
+            size,
+            sha256: fill.repeat(64),
+        };
+        let read = Digests {
+            object: digest(700, "a"),
+            snapshot: digest(544, "b"),
+        };
+        let new = Record {
+            size: 700,
+            sha256: "a".repeat(64),
+            snapshot: Some(digest(544, "b")),
+            ..record("sha256:x", "2026-12-04T01:00:00Z")
+        };
+        assert_eq!(new.verify(&read), Ok(()));
+        assert_eq!(new.vouched(&read), &read.object);
+        let changed = Digests {
+            object: digest(700, "c"),
+            ..read.clone()
+        };
+        let message = new.verify(&changed).expect_err("the object changed");
+        assert!(message.starts_with("the object reads as"), "{message}");
+        let inside = Digests {
+            snapshot: digest(544, "c"),
+            ..read.clone()
+        };
+        assert!(new.verify(&inside).is_err(), "the snapshot inside changed");
+        // Written before ADR 0050: the record's checksum is the snapshot's.
+        let old = Record {
+            size: 544,
+            sha256: "b".repeat(64),
+            ..record("sha256:x", "2026-12-04T01:00:00Z")
+        };
+        assert_eq!(old.verify(&read), Ok(()));
+        assert_eq!(old.vouched(&read), &read.snapshot);
+        assert!(old.verify(&inside).is_err());
+    }
+
+    #[test]
+    fn a_record_from_the_store_has_the_shape_ichor_writes() {
+        let good = record("sha256:x", "2026-12-04T01:00:00Z");
+        assert_eq!(good.check_shape(), Ok(()));
+        for bad in [
+            Record {
+                sha256: "\u{1b}[31m".into(),
+                ..good.clone()
+            },
+            Record {
+                bundle_fingerprint: "x".repeat(10_000),
+                ..good.clone()
+            },
+            Record {
+                machine: "cp-1\nforged line".into(),
+                ..good.clone()
+            },
+            Record {
+                taken_at: "yesterday".into(),
+                ..good.clone()
+            },
+        ] {
+            assert!(bad.check_shape().is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn plain_http_carries_only_encrypted_snapshots_unless_allowed() {
+        let refused = plain_http_refusal("http://s3.lan:9000", false, false);
+        assert!(
+            refused.is_some_and(|m| m.contains("store.allowPlainHttp")),
+            "plain and unencrypted"
+        );
+        assert!(plain_http_refusal("HTTP://s3.lan", false, false).is_some());
+        assert_eq!(plain_http_refusal("http://s3.lan", true, false), None);
+        assert_eq!(plain_http_refusal("http://s3.lan", false, true), None);
+        assert_eq!(plain_http_refusal("https://s3.lan", false, false), None);
     }
 }

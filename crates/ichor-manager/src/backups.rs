@@ -3,20 +3,24 @@
 //! retention deletes) are [`crate::backup`]'s; this module observes and acts.
 //!
 //! A backup streams the snapshot from a Ready control plane that is not being removed, through
-//! a bounded channel, into a multipart upload (optionally through `age`), checking the size and
-//! SHA-256 trailer as it passes: nothing is held whole, and a snapshot that does not check out
-//! is aborted, never completed. A record beside the object (`<key>.json`) says whose it is, the
-//! bundle it was made with and what it must check out as; a backup without one is incomplete.
-//! Then retention deletes this cluster's oldest backups, and nothing else.
+//! a bounded channel, into a multipart upload (optionally through `age`, to a recipient only),
+//! checking the size and SHA-256 trailer as it passes and hashing the object as stored:
+//! nothing is held whole, and a snapshot that does not check out is aborted, never completed.
+//! A record beside the object (`<key>.json`) says whose it is, the bundle it was made with and
+//! what the object (its `sha256sum`) and the snapshot inside must check out as; a backup
+//! without one is incomplete. Then retention deletes this cluster's oldest backups, and
+//! nothing else. A plain `http://` store carries only encrypted backups unless the spec says
+//! otherwise, and a backup asked for once is taken once, whatever cached copy the reconcile
+//! that asks started from (ADR 0050).
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ichor_api::TalosCluster;
 use ichor_api::backup::{BackupRecord, BackupRun, BackupSpec, ObjectStoreSpec};
 use ichor_api::common::Role;
 use ichor_api::names::{actions, conditions, field_managers as fm, reasons, secrets as keys};
+use ichor_api::{TalosCluster, TalosOperation};
 use ichor_talos::TalosClient;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -29,7 +33,7 @@ use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt as _, PutPayload, WriteMultipart};
 use tokio::sync::mpsc;
 
-use crate::backup::{self, Owner, Plan, Record, Schedule, Source};
+use crate::backup::{self, BackupId, Owner, Plan, Record, Schedule, Source};
 use crate::objstore::{self, StoreError, StoreSettings};
 use crate::seal::Sealer;
 use crate::{Context, Error, conditions as cond};
@@ -194,7 +198,7 @@ pub async fn destination(
     })
 }
 
-/// Reads the age identity of an `encryption` block's Secret.
+/// Reads the age identity of a restore's `encryption` Secret: only a restore reads one.
 pub async fn age_identity(
     client: &kube::Client,
     namespace: &str,
@@ -258,20 +262,7 @@ pub async fn reconcile(cluster: Arc<TalosCluster>, ctx: Arc<Context>) -> Result<
             return Ok(Action::await_change());
         }
     };
-    let status = cluster.status.clone().unwrap_or_default();
-    let backups = status.backup.clone().unwrap_or_default();
-    let facts = backup::Facts {
-        now: ctx.clock.now(),
-        created: cluster
-            .metadata
-            .creation_timestamp
-            .as_ref()
-            .map_or_else(|| ctx.clock.now(), |t| t.0),
-        last_success: backups.last_success.as_ref().map(|s| s.taken_at.0),
-        last_failure: backups.last_failure.as_ref().map(|t| t.0),
-        suspended: spec.suspend,
-        ready: status.control_planes.as_ref().is_some_and(|c| c.ready > 0),
-    };
+    let facts = facts(ctx.clock.now(), &cluster, spec);
     match backup::plan(&schedule, &facts) {
         Plan::Idle => Ok(Action::await_change()),
         Plan::Wait { due } => {
@@ -286,6 +277,25 @@ pub async fn reconcile(cluster: Arc<TalosCluster>, ctx: Arc<Context>) -> Result<
     }
 }
 
+/// What the schedule of `cluster` (whose `spec.backup` is `spec`) is judged on at `now`: its
+/// status as `cluster` carries it.
+fn facts(now: Timestamp, cluster: &TalosCluster, spec: &BackupSpec) -> backup::Facts {
+    let status = cluster.status.clone().unwrap_or_default();
+    let backups = status.backup.unwrap_or_default();
+    backup::Facts {
+        now,
+        created: cluster
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map_or(now, |t| t.0),
+        last_success: backups.last_success.as_ref().map(|s| s.taken_at.0),
+        last_failure: backups.last_failure.as_ref().map(|t| t.0),
+        suspended: spec.suspend,
+        ready: status.control_planes.as_ref().is_some_and(|c| c.ready > 0),
+    }
+}
+
 fn until(now: Timestamp, due: Timestamp) -> Duration {
     due.duration_since(now)
         .try_into()
@@ -294,7 +304,11 @@ fn until(now: Timestamp, due: Timestamp) -> Duration {
 }
 
 /// Runs one backup of `cluster` now and records its outcome (status, condition, Event,
-/// metrics). `None`: another backup of the cluster is running.
+/// metrics), if the cluster and the operation as stored still ask for it: `cluster` may be a
+/// cached copy that has not yet seen the last backup's status (ADR 0050). An operation whose
+/// status already names its backup gets that backup's record back and nothing is taken again.
+/// `None`: no backup now, as another backup of the cluster is running or, for the schedule,
+/// none is due.
 pub async fn run(
     ctx: &Context,
     cluster: &TalosCluster,
@@ -303,6 +317,16 @@ pub async fn run(
     let Some(_slot) = ctx.backups.take(cluster_key(cluster)) else {
         return Ok(None);
     };
+    // Read under the slot: a backup of this cluster that ended before has written its status.
+    let Some(fresh) = api(ctx, cluster).get_opt(&cluster.name_any()).await? else {
+        return Ok(None);
+    };
+    let cluster = &fresh;
+    match asked(ctx, cluster, &trigger).await? {
+        Asked::Take => {}
+        Asked::NotDue => return Ok(None),
+        Asked::Taken(outcome) => return Ok(Some(outcome)),
+    }
     let started = Instant::now();
     let outcome = attempt(ctx, cluster, &trigger, started).await?;
     let seconds = started.elapsed().as_secs_f64();
@@ -317,6 +341,99 @@ pub async fn run(
         }
     }
     Ok(Some(outcome))
+}
+
+/// Whether a backup is still asked for, judged on the objects as stored.
+enum Asked {
+    /// Take it.
+    Take,
+    /// The schedule: none is due (the last backup's status had not reached the copy the
+    /// reconcile started from).
+    NotDue,
+    /// The operation: its backup was taken (its status names the key); this is its record, or
+    /// why it cannot be read back.
+    Taken(Result<BackupRecord, Failure>),
+}
+
+/// Whether `trigger` still asks for a backup of `cluster` (as stored). A reconcile may start
+/// from a cached copy one write behind its own last one: a scheduled backup whose success is
+/// not in that copy looks due again, and an operation whose step is not yet recorded done
+/// looks as if it had not asked yet. Each would take a second backup, and with retention's
+/// count the second can push out a backup whose key another operation reported.
+async fn asked(ctx: &Context, cluster: &TalosCluster, trigger: &Trigger) -> Result<Asked, Error> {
+    let Some(spec) = cluster.spec.backup.as_ref() else {
+        // prepare() names it.
+        return Ok(Asked::Take);
+    };
+    let operation = match trigger {
+        Trigger::Scheduled => {
+            let due = Schedule::parse(&spec.schedule).is_ok_and(|schedule| {
+                backup::plan(&schedule, &facts(ctx.clock.now(), cluster, spec)) == Plan::Run
+            });
+            return Ok(if due { Asked::Take } else { Asked::NotDue });
+        }
+        Trigger::Operation { operation, .. } => operation,
+    };
+    let namespace = cluster.namespace().unwrap_or_default();
+    let stored = Api::<TalosOperation>::namespaced(ctx.client.clone(), &namespace)
+        .get_opt(operation)
+        .await?;
+    let Some(key) = stored.and_then(|o| o.status).and_then(|s| s.backup_key) else {
+        return Ok(Asked::Take);
+    };
+    let last = cluster
+        .status
+        .as_ref()
+        .and_then(|s| s.backup.as_ref())
+        .and_then(|b| b.last_success.clone())
+        .filter(|r| r.key == key);
+    Ok(Asked::Taken(match last {
+        Some(record) => Ok(record),
+        // A later backup is the cluster's last: the record beside the object says the rest.
+        None => recorded(ctx, &namespace, spec, &key, operation).await,
+    }))
+}
+
+/// The record of the backup at `key`, which `operation` asked for, as the store holds it.
+async fn recorded(
+    ctx: &Context,
+    namespace: &str,
+    spec: &BackupSpec,
+    key: &str,
+    operation: &str,
+) -> Result<BackupRecord, Failure> {
+    let dest = destination(&ctx.client, namespace, &spec.store).await?;
+    let record_key = backup::record_key(key);
+    let read = match dest.store.get(&ObjectPath::from(record_key.as_str())).await {
+        Ok(got) => got.bytes().await,
+        Err(err) => Err(err),
+    };
+    let body =
+        read.map_err(|err| Failure::from_store(StoreError::classify(&dest.settings.bucket, &err)))?;
+    let unreadable = |why: String| {
+        Failure::new(
+            reasons::STORE_WRITE_REFUSED,
+            format!(
+                "{key} was taken for this operation, but its record {record_key} does not read as one: {why}"
+            ),
+        )
+    };
+    let record: Record = serde_json::from_slice(&body)
+        .map_err(|err| unreadable(objstore::printable(&err.to_string())))?;
+    record.check_shape().map_err(unreadable)?;
+    let taken_at = record
+        .taken_at
+        .parse::<Timestamp>()
+        .map_err(|err| unreadable(err.to_string()))?;
+    Ok(BackupRecord {
+        key: key.to_owned(),
+        taken_at: Time(taken_at),
+        size: i64::try_from(record.size).unwrap_or(i64::MAX),
+        sha256: record.sha256,
+        duration_seconds: 0.0,
+        machine: record.machine,
+        operation: Some(operation.to_owned()),
+    })
 }
 
 /// What a backup needs before it streams: the store, the sealer, the bundle's fingerprint, and
@@ -342,6 +459,16 @@ async fn prepare<'a>(
             "the cluster does not set spec.backup",
         )));
     };
+    if let Some(message) = backup::plain_http_refusal(
+        &spec.store.endpoint,
+        spec.encryption.is_some(),
+        spec.store.allow_plain_http,
+    ) {
+        return Ok(Err(Failure::new(
+            reasons::STORE_PLAIN_HTTP_REFUSED,
+            message,
+        )));
+    }
     let namespace = cluster.namespace().unwrap_or_default();
     let dest = match destination(&ctx.client, &namespace, &spec.store).await {
         Ok(dest) => dest,
@@ -352,7 +479,7 @@ async fn prepare<'a>(
     {
         return Ok(Err(Failure::from_store(error)));
     }
-    let sealer = match sealer(ctx, &namespace, spec).await {
+    let sealer = match sealer(spec) {
         Ok(sealer) => sealer,
         Err(failure) => return Ok(Err(failure)),
     };
@@ -412,7 +539,8 @@ async fn attempt(
         name: &name,
         uid: &uid,
     };
-    let (taken_at, key) = fresh_key(&dest, &owner, ctx.clock.now(), sealer.is_some()).await;
+    let taken_at = ctx.clock.now();
+    let key = owner.key(taken_at, &BackupId::random(), sealer.is_some());
     let operation = trigger.operation();
     let run = BackupRun {
         since: Time(taken_at),
@@ -421,59 +549,29 @@ async fn attempt(
         operation: operation.clone(),
     };
     record_running(ctx, cluster, Some(run)).await?;
-    let summary = match upload(&client, &dest, &key, sealer).await {
-        Ok(summary) => summary,
-        Err(failure) => return Ok(Err(failure)),
-    };
-    let record = Record {
+    let base = Record {
         bundle_fingerprint,
         taken_at: taken_at.to_string(),
-        size: summary.size,
-        sha256: summary.sha256.clone(),
-        encrypted: key.ends_with(backup::ENCRYPTED_SUFFIX),
         machine: source.machine.clone(),
         ..record_of(cluster)
     };
-    if let Err(failure) = write_record(&dest, &key, &record).await {
-        let _ = objstore::delete(dest.store.as_ref(), &dest.settings.bucket, &key).await;
-        return Ok(Err(failure));
-    }
+    let (tx, rx) = mpsc::channel::<Vec<u8>>(CHUNKS_QUEUED);
+    let snapshot = client.etcd_snapshot_to(tx, |_| {});
+    let record = match store(&dest, &key, sealer, base, rx, snapshot).await {
+        Ok(record) => record,
+        Err(failure) => return Ok(Err(failure)),
+    };
     let kept = retain(ctx, cluster, &dest, &owner, spec).await;
     record_kept(ctx, cluster, kept).await?;
     Ok(Ok(BackupRecord {
         key,
         taken_at: Time(taken_at),
-        size: i64::try_from(summary.size).unwrap_or(i64::MAX),
-        sha256: summary.sha256,
+        size: i64::try_from(record.size).unwrap_or(i64::MAX),
+        sha256: record.sha256,
         duration_seconds: started.elapsed().as_secs_f64(),
         machine: source.machine,
         operation,
     }))
-}
-
-/// The key of a backup taken at `at`, a second later while that key is taken (two backups in
-/// one second: a scheduled one and an operation's), so no backup overwrites another.
-async fn fresh_key(
-    dest: &Destination,
-    owner: &Owner<'_>,
-    mut at: Timestamp,
-    sealed: bool,
-) -> (Timestamp, String) {
-    for _ in 0..10 {
-        let key = owner.key(at, sealed);
-        if dest
-            .store
-            .head(&ObjectPath::from(key.as_str()))
-            .await
-            .is_err()
-        {
-            return (at, key);
-        }
-        at = at
-            .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(1))
-            .unwrap_or(at);
-    }
-    (at, owner.key(at, sealed))
 }
 
 /// The record of a backup of `cluster`, with what only the backup knows left empty.
@@ -486,32 +584,31 @@ fn record_of(cluster: &TalosCluster) -> Record {
         taken_at: String::new(),
         size: 0,
         sha256: String::new(),
+        snapshot: None,
         encrypted: false,
         machine: String::new(),
         talos_version: cluster.spec.talos_version.clone(),
     }
 }
 
-/// The age sealer of `spec.encryption`, if any.
-async fn sealer(
-    ctx: &Context,
-    namespace: &str,
-    spec: &BackupSpec,
-) -> Result<Option<Sealer>, Failure> {
+/// The age sealer of `spec.encryption`, if any: to its recipient, the public key only (the
+/// identity is never read by a backup).
+fn sealer(spec: &BackupSpec) -> Result<Option<Sealer>, Failure> {
     let Some(encryption) = spec.encryption.as_ref() else {
         return Ok(None);
     };
-    let identity = age_identity(&ctx.client, namespace, &encryption.key_secret_ref.name).await?;
-    Sealer::for_identity(&identity)
+    if encryption.recipient.is_empty() {
+        return Err(Failure::new(
+            reasons::BACKUP_SETTINGS_INVALID,
+            "spec.backup.encryption.recipient is not set: backups are encrypted to an age recipient (age1…, as `age-keygen -y <identity file>` prints it) and never read the identity; keySecretRef is only for restoreFrom",
+        ));
+    }
+    Sealer::for_recipient(&encryption.recipient)
         .map(Some)
         .map_err(|message| {
             Failure::new(
                 reasons::BACKUP_SETTINGS_INVALID,
-                format!(
-                    "encryption.keySecretRef: Secret {} key {}: {message}",
-                    encryption.key_secret_ref.name,
-                    keys::AGE_KEY
-                ),
+                format!("spec.backup.encryption.recipient: {message}"),
             )
         })
 }
@@ -560,29 +657,56 @@ async fn first_healthy<'a>(
     None
 }
 
-/// Streams the node's snapshot into a multipart upload of `key`, sealed when asked, checking
-/// it as it passes. Anything short of a whole, checked snapshot aborts the upload.
-async fn upload(
-    client: &TalosClient,
+/// Stores one backup at `key`: the snapshot `snapshot` sends into `chunks` (checked as it
+/// passes, sealed when asked) as a multipart upload, then its record (`base` with the object's
+/// and the snapshot's digests filled in) beside it. Anything short of a whole, checked
+/// snapshot aborts the upload; an object whose record cannot be written is deleted. Returns
+/// the record written.
+pub async fn store<E: std::fmt::Display>(
+    dest: &Destination,
+    key: &str,
+    sealer: Option<Sealer>,
+    base: Record,
+    chunks: mpsc::Receiver<Vec<u8>>,
+    snapshot: impl Future<Output = Result<ichor_talos::snapshot::SnapshotSummary, E>>,
+) -> Result<Record, Failure> {
+    let encrypted = sealer.is_some();
+    let digests = upload(dest, key, sealer, chunks, snapshot).await?;
+    let record = Record {
+        size: digests.object.size,
+        sha256: digests.object.sha256,
+        snapshot: Some(digests.snapshot),
+        encrypted,
+        ..base
+    };
+    if let Err(failure) = write_record(dest, key, &record).await {
+        let _ = objstore::delete(dest.store.as_ref(), &dest.settings.bucket, key).await;
+        return Err(failure);
+    }
+    Ok(record)
+}
+
+/// Streams the snapshot from `chunks` into a multipart upload of `key`, sealed when asked,
+/// checking it as it passes and hashing the object as stored.
+async fn upload<E: std::fmt::Display>(
     dest: &Destination,
     key: &str,
     mut sealer: Option<Sealer>,
-) -> Result<ichor_talos::snapshot::SnapshotSummary, Failure> {
+    chunks: mpsc::Receiver<Vec<u8>>,
+    snapshot: impl Future<Output = Result<ichor_talos::snapshot::SnapshotSummary, E>>,
+) -> Result<backup::Digests, Failure> {
     let bucket = dest.settings.bucket.as_str();
-    let path = ObjectPath::from(key);
     let multipart = dest
         .store
-        .put_multipart(&path)
+        .put_multipart(&ObjectPath::from(key))
         .await
         .map_err(|err| Failure::from_store(StoreError::classify_write(bucket, &err)))?;
     let mut writer = WriteMultipart::new_with_chunk_size(multipart, PART);
-    let (tx, rx) = mpsc::channel::<Vec<u8>>(CHUNKS_QUEUED);
-    let snapshot = client.etcd_snapshot_to(tx, |_| {});
+    let mut object = backup::Hasher::default();
     // The pump owns the receiver: if it stops early, the snapshot's sender sees it closed and
     // stops too, rather than waiting on a full channel.
-    let pump = pump(rx, &mut writer, sealer.as_mut(), bucket);
-    let (snapshot, pumped) = tokio::join!(snapshot, pump);
-    let summary = match (snapshot, pumped) {
+    let pump = pump(chunks, &mut writer, &mut object, sealer.as_mut(), bucket);
+    let summary = match tokio::join!(snapshot, pump) {
         (Ok(summary), Ok(())) => summary,
         (_, Err(failure)) => {
             let _ = writer.abort().await;
@@ -600,7 +724,10 @@ async fn upload(
     };
     if let Some(sealer) = sealer {
         match sealer.finish() {
-            Ok(tail) => writer.write(&tail),
+            Ok(tail) => {
+                object.update(&tail);
+                writer.write(&tail);
+            }
             Err(failure) => {
                 let _ = writer.abort().await;
                 return Err(failure);
@@ -611,15 +738,22 @@ async fn upload(
         .finish()
         .await
         .map_err(|err| Failure::from_store(StoreError::classify_write(bucket, &err)))?;
-    Ok(summary)
+    Ok(backup::Digests {
+        object: object.finish(),
+        snapshot: backup::Digest {
+            size: summary.size,
+            sha256: summary.sha256,
+        },
+    })
 }
 
-/// Moves snapshot chunks from `rx` into the upload, sealed when asked. It owns the receiver:
-/// if it stops early, the snapshot's sender sees the channel closed and stops too, rather than
-/// waiting on a full channel.
+/// Moves snapshot chunks from `rx` into the upload, sealed when asked, hashing what is
+/// stored. It owns the receiver: if it stops early, the snapshot's sender sees the channel
+/// closed and stops too, rather than waiting on a full channel.
 async fn pump(
     mut rx: mpsc::Receiver<Vec<u8>>,
     parts: &mut WriteMultipart,
+    object: &mut backup::Hasher,
     mut sealing: Option<&mut Sealer>,
     bucket: &str,
 ) -> Result<(), Failure> {
@@ -635,6 +769,7 @@ async fn pump(
             .wait_for_capacity(PARTS_IN_FLIGHT)
             .await
             .map_err(|err| Failure::from_store(StoreError::classify_write(bucket, &err)))?;
+        object.update(&bytes);
         parts.write(&bytes);
     }
     Ok(())

@@ -13,7 +13,8 @@ use object_store::{ClientOptions, ObjectStore, ObjectStoreExt as _, RetryConfig}
 /// Where the store is and who Ichor is to it.
 #[derive(Clone, PartialEq, Eq)]
 pub struct StoreSettings {
-    /// The S3 endpoint, `https://host[:port]` (plain `http://` is allowed).
+    /// The S3 endpoint, `https://host[:port]` (plain `http://` is allowed here; whether a
+    /// backup may use it is `crate::backup::plain_http_refusal`'s to say).
     pub endpoint: String,
     /// The region requests are signed for.
     pub region: String,
@@ -70,11 +71,40 @@ pub enum StoreError {
     Request(String),
 }
 
+/// The most of a store's own words (an error and the body it answered with) that reaches a
+/// status or an Event, in characters: an error body is the store's to choose, any size and any
+/// bytes.
+pub const STORE_TEXT_LIMIT: usize = 512;
+
+/// `text` as a status or an Event may repeat it: printable ASCII only (any other character,
+/// control characters and escape sequences included, is dropped; a run of whitespace is one
+/// space), at most [`STORE_TEXT_LIMIT`] characters, a cut one ending in ` [truncated]`.
+pub fn printable(text: &str) -> String {
+    const CUT: &str = " [truncated]";
+    let mut out = String::new();
+    for c in text.chars() {
+        let c = if c.is_whitespace() { ' ' } else { c };
+        let blank = c == ' ' && (out.is_empty() || out.ends_with(' '));
+        if !(c.is_ascii_graphic() || c == ' ') || blank {
+            continue;
+        }
+        if out.len() == STORE_TEXT_LIMIT {
+            out.truncate(STORE_TEXT_LIMIT - CUT.len());
+            out.push_str(CUT);
+            return out;
+        }
+        out.push(c);
+    }
+    out.trim_end().to_owned()
+}
+
 impl StoreError {
-    /// Sorts an `object_store` error by what its message and kind say.
+    /// Sorts an `object_store` error by what its message and kind say. The text kept is
+    /// [`printable`]: the store's answer is not trusted to be short, or text.
     pub fn classify(bucket: &str, error: &object_store::Error) -> Self {
-        let text = chain(error);
-        let lower = text.to_ascii_lowercase();
+        let full = chain(error);
+        let lower = full.to_ascii_lowercase();
+        let text = printable(&full);
         if lower.contains("nosuchbucket") || lower.contains("bucket does not exist") {
             return Self::NoSuchBucket {
                 bucket: bucket.to_owned(),
@@ -124,8 +154,9 @@ impl StoreError {
 
     /// Sorts the failure of a write: a server error on a write is [`StoreError::WriteRefused`].
     pub fn classify_write(bucket: &str, error: &object_store::Error) -> Self {
+        let server_error = chain(error).contains("status code: 5");
         match Self::classify(bucket, error) {
-            Self::Request(text) if text.contains("status code: 5") => Self::WriteRefused(text),
+            Self::Request(text) if server_error => Self::WriteRefused(text),
             other => other,
         }
     }
@@ -230,4 +261,24 @@ pub async fn delete(store: &dyn ObjectStore, bucket: &str, key: &str) -> Result<
         .delete(&ObjectPath::from(key))
         .await
         .map_err(|err| StoreError::classify(bucket, &err))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_store_answer_reaches_status_short_and_printable() {
+        assert_eq!(
+            printable("  AccessDenied:\r\n\tno\u{1b}[31m way\u{202e} \u{0} "),
+            "AccessDenied: no[31m way"
+        );
+        let long = format!("<Error>{}</Error>", "x\u{7}".repeat(10_000));
+        let short = printable(&long);
+        assert_eq!(short.len(), STORE_TEXT_LIMIT);
+        assert!(short.ends_with(" [truncated]"), "{short}");
+        assert!(short.starts_with("<Error>xxx"), "{short}");
+        let fits = "y".repeat(STORE_TEXT_LIMIT);
+        assert_eq!(printable(&fits), fits, "exactly the limit is whole");
+    }
 }

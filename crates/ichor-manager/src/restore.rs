@@ -1,7 +1,9 @@
 //! Restoring a new cluster's etcd from a backup (`spec.restoreFrom`): before any bootstrap, the
 //! backup is found (its key, or the newest taken with this cluster's bundle), its record read,
-//! its bundle compared with `spec.secretsRef`'s, and the snapshot read through (decrypted when
-//! sealed) and checked against the record; only then is it recorded (`status.restore`), and the
+//! its bundle compared with `spec.secretsRef`'s, and the object read through (its SHA-256 as
+//! stored, then decrypted when sealed) and checked against the record (the object and the
+//! snapshot in it; a record of before ADR 0050 vouches for the snapshot only); only then is it
+//! recorded (`status.restore`), and the
 //! first control plane gets it (`EtcdRecover`, streamed, checked again as it passes) and
 //! bootstraps from it (`recover_etcd`). The others join as new members. The record makes it run
 //! once. Every refusal names its reason on the `Restored` condition, before any bootstrap.
@@ -19,14 +21,14 @@ use ichor_api::backup::{RestoreSpec, RestoreStatus};
 use ichor_api::cluster::{BootstrapRecord, TalosClusterStatus};
 use ichor_api::names::{actions, conditions, reasons};
 use ichor_talos::TalosClient;
-use ichor_talos::snapshot::{SnapshotCheck, SnapshotSummary};
+use ichor_talos::snapshot::SnapshotCheck;
 use kube::ResourceExt as _;
 use kube::runtime::events::EventType;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt as _};
 use tokio::sync::mpsc;
 
-use crate::backup::{self, Record};
+use crate::backup::{self, Digest, Digests, Hasher, Record};
 use crate::backups::{self, Destination, Failure};
 use crate::objstore::StoreError;
 use crate::{Context, Error, conditions as cond};
@@ -236,6 +238,13 @@ async fn find(
     spec: &RestoreSpec,
     bundle_fingerprint: &str,
 ) -> Result<Found, Failure> {
+    if let Some(message) = backup::plain_http_refusal(
+        &spec.store.endpoint,
+        spec.encryption.is_some(),
+        spec.store.allow_plain_http,
+    ) {
+        return Err(plain_http(message));
+    }
     let namespace = cluster.namespace().unwrap_or_default();
     let dest = backups::destination(&ctx.client, &namespace, &spec.store).await?;
     let store = Arc::clone(&dest.store);
@@ -253,7 +262,23 @@ async fn find(
         }
     };
     let record = read_record(store.as_ref(), &bucket, &key).await?;
+    // Over plain http, an unencrypted backup would be read in the clear: refused like the
+    // spec would be, whatever the restore expected.
+    if let Some(message) = backup::plain_http_refusal(
+        &spec.store.endpoint,
+        record.encrypted,
+        spec.store.allow_plain_http,
+    ) {
+        return Err(plain_http(format!("{key} is not encrypted: {message}")));
+    }
     Ok(Found { dest, key, record })
+}
+
+fn plain_http(message: String) -> Failure {
+    Failure {
+        reason: reasons::STORE_PLAIN_HTTP_REFUSED,
+        message: format!("restoreFrom: {message}"),
+    }
 }
 
 /// The newest backup under `prefix` whose record names `bundle`.
@@ -312,11 +337,18 @@ async fn read_record(store: &dyn ObjectStore, bucket: &str, key: &str) -> Result
         )),
         other => Failure::from_store(StoreError::classify(bucket, &other)),
     })?;
-    serde_json::from_slice(&body).map_err(|err| {
+    let record: Record = serde_json::from_slice(&body).map_err(|err| {
         missing(&format!(
-            "the record {record_key} is not a backup record: {err}"
+            "the record {record_key} is not a backup record: {}",
+            crate::objstore::printable(&err.to_string())
         ))
-    })
+    })?;
+    record.check_shape().map_err(|why| {
+        missing(&format!(
+            "the record {record_key} is not a backup record: {why}"
+        ))
+    })?;
+    Ok(record)
 }
 
 /// The identity to open `record`'s backup with, when it is sealed.
@@ -366,27 +398,15 @@ async fn check(
         });
     }
     let identity = identity_for(ctx, cluster, spec, &found.key, &found.record).await?;
-    let summary = plaintext(&found.dest, &found.key, identity, None).await?;
-    matches_record(&found.key, &found.record, &summary)?;
+    let (object, snapshot) = read_through(&found.dest, &found.key, identity, None).await?;
+    let digests = checked(&found.key, &found.record, object, snapshot)?;
+    let vouched = found.record.vouched(&digests);
     Ok(RestoreStatus {
+        size: i64::try_from(vouched.size).unwrap_or(i64::MAX),
+        sha256: vouched.sha256.clone(),
         key: found.key,
-        size: i64::try_from(summary.size).unwrap_or(i64::MAX),
-        sha256: summary.sha256,
         checked_at: ctx.now(),
         completed_at: None,
-    })
-}
-
-fn matches_record(key: &str, record: &Record, summary: &SnapshotSummary) -> Result<(), Failure> {
-    if summary.sha256 == record.sha256 && summary.size == record.size {
-        return Ok(());
-    }
-    Err(Failure {
-        reason: reasons::RESTORE_CHECKSUM_MISMATCH,
-        message: format!(
-            "{key} reads as {} bytes with sha256 {}, and its record says {} bytes with sha256 {}: it changed since it was written",
-            summary.size, summary.sha256, record.size, record.sha256
-        ),
     })
 }
 
@@ -407,10 +427,11 @@ pub async fn upload(
     let identity = identity_for(ctx, cluster, spec, &recorded.key, &record).await?;
     let (tx, rx) = mpsc::channel(CHUNKS_QUEUED);
     let (read, sent) = tokio::join!(
-        plaintext(&dest, &recorded.key, identity, Some(tx)),
+        read_through(&dest, &recorded.key, identity, Some(tx)),
         client.etcd_recover_from(rx)
     );
-    let summary = read?;
+    let (object, snapshot) = read?;
+    let digests = checked(&recorded.key, &record, object, snapshot)?;
     sent.map_err(|err| Failure {
         reason: reasons::TALOS_API,
         message: format!(
@@ -418,26 +439,50 @@ pub async fn upload(
             recorded.key
         ),
     })?;
-    if summary.sha256 != recorded.sha256 {
+    let read = &record.vouched(&digests).sha256;
+    if *read != recorded.sha256 {
         return Err(Failure {
             reason: reasons::RESTORE_CHECKSUM_MISMATCH,
             message: format!(
-                "{} read as sha256 {} while uploading, and {} when it was checked: it changed; nothing was bootstrapped",
-                recorded.key, summary.sha256, recorded.sha256
+                "{} read as sha256 {read} while uploading, and {} when it was checked: it changed; nothing was bootstrapped",
+                recorded.key, recorded.sha256
             ),
         });
     }
     Ok(())
 }
 
-/// Reads backup `key` through, decrypting with `identity` when given, checks it as an etcd
-/// snapshot (size, SHA-256 trailer) and sends the plaintext to `out` when given.
-async fn plaintext(
+/// What a backup read through was, checked against its record: the object as stored first (a
+/// changed object is named so, whatever it holds), then the snapshot in it.
+fn checked(
+    key: &str,
+    record: &Record,
+    object: Digest,
+    snapshot: Result<Digest, Failure>,
+) -> Result<Digests, Failure> {
+    let mismatch = |why: String| Failure {
+        reason: reasons::RESTORE_CHECKSUM_MISMATCH,
+        message: format!("{key}: {why}: it changed since it was written"),
+    };
+    if record.covers_object() && (object.size != record.size || object.sha256 != record.sha256) {
+        return Err(mismatch(format!(
+            "the object reads as {} bytes with sha256 {}, and the record says {} bytes with sha256 {}",
+            object.size, object.sha256, record.size, record.sha256
+        )));
+    }
+    let digests = Digests {
+        object,
+        snapshot: snapshot?,
+    };
+    record.verify(&digests).map_err(mismatch)?;
+    Ok(digests)
+}
+
+/// The bytes of object `key`, as they arrive.
+async fn open(
     dest: &Destination,
     key: &str,
-    identity: Option<Identity>,
-    out: Option<mpsc::Sender<Vec<u8>>>,
-) -> Result<SnapshotSummary, Failure> {
+) -> Result<futures::stream::BoxStream<'static, object_store::Result<Bytes>>, Failure> {
     let bucket = dest.settings.bucket.as_str();
     let got = dest
         .store
@@ -450,22 +495,39 @@ async fn plaintext(
             },
             other => Failure::from_store(StoreError::classify(bucket, &other)),
         })?;
-    let mut raw = got.into_stream();
+    Ok(got.into_stream())
+}
+
+/// Reads backup `key` through: hashes the object as stored, decrypts it with `identity` when
+/// given, checks the plaintext as an etcd snapshot (size, SHA-256 trailer) and sends it to
+/// `out` when given. Returns the object's digest, and the snapshot's or why it is none.
+async fn read_through(
+    dest: &Destination,
+    key: &str,
+    identity: Option<Identity>,
+    out: Option<mpsc::Sender<Vec<u8>>>,
+) -> Result<(Digest, Result<Digest, Failure>), Failure> {
+    let bucket = dest.settings.bucket.as_str();
+    let mut raw = open(dest, key).await?;
     let (plain_tx, mut plain_rx) = mpsc::channel::<Vec<u8>>(CHUNKS_QUEUED);
     let producer = async move {
+        let mut object = Hasher::default();
         match identity {
             None => {
                 while let Some(chunk) = raw.next().await {
                     let chunk = chunk
                         .map_err(|err| Failure::from_store(StoreError::classify(bucket, &err)))?;
+                    object.update(&chunk);
                     if plain_tx.send(chunk.to_vec()).await.is_err() {
                         break;
                     }
                 }
-                Ok(())
             }
-            Some(identity) => decrypt(bucket, key, &mut raw, identity, plain_tx).await,
+            Some(identity) => {
+                decrypt(bucket, key, &mut raw, &mut object, identity, plain_tx).await?;
+            }
         }
+        Ok(object.finish())
     };
     // The consumer owns the receiver, so a consumer that stops early stops the producer too.
     let consumer = async move {
@@ -482,14 +544,19 @@ async fn plaintext(
             }
         }
         drop(out);
-        check.finish().map_err(|problem| Failure {
-            reason: reasons::RESTORE_CHECKSUM_MISMATCH,
-            message: format!("{key} is not a whole etcd snapshot: {problem}"),
-        })
+        Ok(check
+            .finish()
+            .map(|summary| Digest {
+                size: summary.size,
+                sha256: summary.sha256,
+            })
+            .map_err(|problem| Failure {
+                reason: reasons::RESTORE_CHECKSUM_MISMATCH,
+                message: format!("{key} is not a whole etcd snapshot: {problem}"),
+            }))
     };
-    let (produced, summary) = tokio::join!(producer, consumer);
-    produced?;
-    summary
+    let (object, snapshot) = tokio::join!(producer, consumer);
+    Ok((object?, snapshot?))
 }
 
 /// Decrypts the age stream `raw` on a blocking thread (age reads synchronously) into `out`.
@@ -497,6 +564,7 @@ async fn decrypt(
     bucket: &str,
     key: &str,
     raw: &mut futures::stream::BoxStream<'static, object_store::Result<Bytes>>,
+    object: &mut Hasher,
     identity: Identity,
     out: mpsc::Sender<Vec<u8>>,
 ) -> Result<(), Failure> {
@@ -526,6 +594,7 @@ async fn decrypt(
         while let Some(chunk) = raw.next().await {
             let chunk =
                 chunk.map_err(|err| Failure::from_store(StoreError::classify(bucket, &err)))?;
+            object.update(&chunk);
             if raw_tx.send(chunk).await.is_err() {
                 break;
             }

@@ -1,5 +1,6 @@
 //! Client-side encryption of backups with `age` (X25519): a [`Sealer`] encrypts a snapshot
-//! chunk by chunk as it streams to the store, and [`open`] decrypts one for a restore. Nothing
+//! chunk by chunk as it streams to the store, to a recipient (the public key only), and
+//! [`open`] decrypts one for a restore, the only reader of an identity. Nothing
 //! is held whole: age's stream cipher works in 64 KiB chunks.
 
 use std::io::{self, Read, Write};
@@ -53,10 +54,17 @@ pub fn identity(text: &str) -> Result<Identity, String> {
         .map_err(|err| format!("not an age X25519 identity (AGE-SECRET-KEY-1…): {err}"))
 }
 
+/// Reads an age X25519 recipient (`age1…`, a public key), saying what is wrong with a bad one.
+pub fn recipient(text: &str) -> Result<age::x25519::Recipient, String> {
+    text.trim()
+        .parse::<age::x25519::Recipient>()
+        .map_err(|err| format!("not an age X25519 recipient (age1…): {err}"))
+}
+
 impl Sealer {
-    /// A sealer to the recipient of `identity`.
-    pub fn for_identity(identity_text: &str) -> Result<Self, String> {
-        let recipient = identity(identity_text)?.to_public();
+    /// A sealer to `recipient` (`age1…`): a backup needs only the public key.
+    pub fn for_recipient(recipient_text: &str) -> Result<Self, String> {
+        let recipient = recipient(recipient_text)?;
         let encryptor =
             age::Encryptor::with_recipients(std::iter::once(&recipient as &dyn age::Recipient))
                 .map_err(|err| err.to_string())?;
@@ -103,11 +111,7 @@ mod tests {
     #[test]
     fn what_is_sealed_in_chunks_opens_with_the_identity_and_no_other() {
         let id = Identity::generate();
-        let text = {
-            use age::secrecy::ExposeSecret as _;
-            id.to_string().expose_secret().to_owned()
-        };
-        let mut sealer = Sealer::for_identity(&format!("# created\n{text}\n")).expect("sealer");
+        let mut sealer = Sealer::for_recipient(&format!("{}\n", id.to_public())).expect("sealer");
         let plain: Vec<u8> = (0..200_000u32).map(|n| (n % 251) as u8).collect();
         let mut sealed = Vec::new();
         for chunk in plain.chunks(1024) {
@@ -122,6 +126,15 @@ mod tests {
             .expect("read");
         assert_eq!(opened, plain);
         assert!(open(sealed.as_slice(), &Identity::generate()).is_err());
-        assert!(Sealer::for_identity("AGE-SECRET-KEY-1NOTAKEY").is_err());
+        assert!(Sealer::for_recipient("age1notakey").is_err());
+        let identity_text = {
+            use age::secrecy::ExposeSecret as _;
+            id.to_string().expose_secret().to_owned()
+        };
+        assert!(
+            Sealer::for_recipient(&identity_text).is_err(),
+            "an identity is no recipient"
+        );
+        assert!(identity(&format!("# created\n{identity_text}\n")).is_ok());
     }
 }

@@ -1,5 +1,6 @@
-//! What the specs share: a client of their own for the S3 server's bucket, Secrets written as
-//! a person would, a process's memory from `/proc`, and ([`cluster`]) a cluster to work on.
+//! What the specs share: a client of their own for the S3 server's bucket (and `sha256sum` of
+//! what it reads), Secrets written as a person would, a process's memory from `/proc`, and
+//! ([`cluster`]) a cluster to work on.
 // Each spec uses part of it.
 #![allow(dead_code)]
 
@@ -15,8 +16,8 @@ use ichor_testenv::s3::REGION;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, Patch, PatchParams};
-use object_store::ObjectStore;
 use object_store::aws::AmazonS3Builder;
+use object_store::{ObjectStore, ObjectStoreExt as _};
 
 /// A client of the test's own for `bucket`, to look at (and tamper with) what Ichor wrote.
 pub fn bucket(server: &S3Server, bucket: &str) -> Arc<dyn ObjectStore> {
@@ -43,30 +44,25 @@ pub async fn talos_cluster(target: &SimTarget, name: &str) -> TalosCluster {
         .expect("the cluster")
 }
 
-/// Waits until the wall clock has left the second in which the last backup of cluster `name`
-/// was taken (`status.backup.lastSuccess.takenAt`, the second its object key names).
-///
-/// A backup's key names the second it was taken in, and retention orders backups by it. The
-/// manager moves a key a second on while that key is taken, so two backups in one second do
-/// not overwrite each other; but a backup in the same second as one that retention already
-/// deleted, or sealed where the other is not, can get a key that does not sort after the
-/// backups taken before it. A spec that counts on that order takes its next backup in a later
-/// second. The clock is the only signal for that: this polls it, with a deadline.
-pub async fn past_the_second_of_the_last_backup(target: &SimTarget, name: &str) {
-    let taken = talos_cluster(target, name)
+/// The SHA-256 of `bytes`, lowercase hex: what `sha256sum` prints.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    ring::digest::digest(&ring::digest::SHA256, bytes)
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// The object `key`, read with the test's own plain S3 client.
+pub async fn object(store: &dyn ObjectStore, key: &str) -> Vec<u8> {
+    store
+        .get(&object_store::path::Path::from(key))
         .await
-        .status
-        .and_then(|s| s.backup?.last_success)
-        .expect("a backup was taken")
-        .taken_at
-        .0;
-    let next_second = taken.as_second() + 1;
-    ichor_testenv::wait::eventually(
-        "the clock to leave the second of the last backup",
-        std::time::Duration::from_secs(10),
-        || async { k8s_openapi::jiff::Timestamp::now().as_second() >= next_second },
-    )
-    .await;
+        .unwrap_or_else(|e| panic!("get {key}: {e}"))
+        .bytes()
+        .await
+        .expect("its bytes")
+        .to_vec()
 }
 
 /// Creates or replaces the Secret `name` with `data`.
@@ -117,10 +113,12 @@ pub async fn put_store_secret(target: &SimTarget, server: &S3Server) {
 }
 
 /// A `spec.backup.store` for `bucket` on the S3 server, under the prefix `ichor`, with the
-/// credentials [`put_store_secret`] writes.
+/// credentials [`put_store_secret`] writes. The test server speaks plain `http://` on
+/// loopback, so unencrypted backups are allowed over it explicitly (`allowPlainHttp`).
 pub fn store_spec(server: &S3Server, bucket: &str) -> serde_json::Value {
     serde_json::json!({
         "endpoint": server.endpoint(),
+        "allowPlainHttp": true,
         "bucket": bucket,
         "prefix": "ichor",
         "credentialsSecretRef": {"name": "s3"}
