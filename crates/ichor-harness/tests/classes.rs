@@ -521,5 +521,36 @@ async fn two_namespaces_claiming_one_machine_only_the_first_is_acted_on() {
     assert_eq!(claim.spec.machine.name, first.name_any());
     let stolen = others.get("stolen").await.expect("the second machine");
     assert!(stolen.status.and_then(|s| s.applied_config_hash).is_none());
+
+    // Confined to a range without the node's address, the second namespace's machine is not
+    // even contacted: its next look (woken by a change) says so.
+    let policy = ichor_api::TalosNamespacePolicy::new(
+        OTHER,
+        ichor_api::claim::TalosNamespacePolicySpec {
+            address_ranges: vec![format!("{}/32", CLAIMS.ip(0, 250))],
+        },
+    );
+    Api::<ichor_api::TalosNamespacePolicy>::all(target.client())
+        .create(&PostParams::default(), &policy)
+        .await
+        .expect("the policy");
+    others
+        .patch(
+            "stolen",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"woken": "yes"}}})),
+        )
+        .await
+        .expect("woken");
+    try_eventually("the second machine's address refused", WAIT, || async {
+        let m = others.get("stolen").await.ok()?;
+        m.status?
+            .conditions
+            .into_iter()
+            .any(|c| c.type_ == conditions::READY && c.reason == reasons::ADDRESS_NOT_ALLOWED)
+            .then_some(())
+    })
+    .await
+    .expect("AddressNotAllowed");
     target.down().await;
 }
