@@ -3,20 +3,24 @@
 //! `apply-config`, `bootstrap`) is adopted with its bundle and node endpoints. No node receives
 //! an apply or a reboot; the TalosCluster becomes Ready; its live configs, unlike what Ichor
 //! renders, are held as drift; a reboot operation and a worker's removal then work on it. The
-//! wrong bundle is refused before anything is recorded, showing both fingerprints.
+//! wrong bundle is refused before anything is recorded, showing both fingerprints. A TalosCluster
+//! created anew for the running nodes without its bundle gets none generated, and a Secret of
+//! the user's under the kubeconfig's name is left alone until freed (ADR 0053).
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use ichor_api::names::{conditions, reasons, secrets as keys};
+use ichor_api::names::{conditions, labels, reasons, secrets as keys};
 use ichor_api::operation::{OperationAction, OperationPhase};
 use ichor_api::{TalosCluster, TalosMachine, TalosOperation};
 use ichor_harness::specs::{self, Shape};
 use ichor_harness::{SimOptions, SimTarget, Target};
 use ichor_testenv::nets::ADOPTION;
 use ichor_testenv::wait::try_eventually;
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt as _;
-use kube::api::{Api, ListParams};
+use kube::api::{Api, DeleteParams, ListParams};
 use support::put_secret;
 use tokio::process::Command;
 
@@ -139,15 +143,20 @@ async fn brought_up_by_hand(target: &SimTarget) -> Talosctl {
 }
 
 async fn adopted_condition(target: &SimTarget, name: &str, reason: &str) -> String {
+    cluster_condition(target, name, conditions::ADOPTED, reason).await
+}
+
+/// The message of the TalosCluster `name`'s condition `type_` once its reason is `reason`.
+async fn cluster_condition(target: &SimTarget, name: &str, type_: &str, reason: &str) -> String {
     let api = Api::<TalosCluster>::namespaced(target.client(), target.namespace());
-    let found = try_eventually(&format!("{name}: Adopted {reason}"), WAIT, || async {
+    let found = try_eventually(&format!("{name}: {type_} {reason}"), WAIT, || async {
         api.get(name)
             .await
             .ok()?
             .status?
             .conditions
             .into_iter()
-            .find(|c| c.type_ == conditions::ADOPTED && c.reason == reason)
+            .find(|c| c.type_ == type_ && c.reason == reason)
             .map(|c| c.message)
     })
     .await;
@@ -177,6 +186,52 @@ async fn a_running_cluster_is_adopted_untouched_and_then_managed() {
     let endpoints = target.node_endpoints();
     let bundle = std::fs::read(talosctl.path("secrets.yaml")).expect("secrets.yaml");
     put_secret(&target, "lab-bundle", &[(keys::BUNDLE_KEY, &bundle)]).await;
+
+    // Created again without its status or its bundle Secret (GitOps, a restored management
+    // cluster): its nodes run, so no new bundle is generated (ADR 0053) until it is restored.
+    specs::create_cluster_with(
+        &target,
+        &Shape {
+            name: "again".into(),
+            control_planes: 1,
+            ..Shape::new(VERSION, "flannel")
+        },
+        |spec| spec.discovery = None,
+    )
+    .await
+    .expect("the re-created cluster");
+    let message = cluster_condition(
+        &target,
+        "again",
+        conditions::SECRETS_READY,
+        reasons::SECRETS_BUNDLE_NOT_GENERATED,
+    )
+    .await;
+    assert!(message.contains(&endpoints[0]), "the node named: {message}");
+    let secrets = Api::<Secret>::namespaced(target.client(), target.namespace());
+    assert!(
+        secrets
+            .get_opt("again-secrets")
+            .await
+            .expect("read")
+            .is_none(),
+        "no bundle generated"
+    );
+    put_secret(&target, "again-secrets", &[(keys::BUNDLE_KEY, &bundle)]).await;
+    cluster_condition(
+        &target,
+        "again",
+        conditions::SECRETS_READY,
+        reasons::BUNDLE_VALID,
+    )
+    .await;
+    // A Secret of the user's under the name Ichor publishes the kubeconfig under.
+    put_secret(
+        &target,
+        "lab-kubeconfig",
+        &[(keys::KUBECONFIG_KEY, b"mine")],
+    )
+    .await;
 
     // The wrong bundle: nothing is recorded, and both fingerprints are shown.
     let other = Talosctl::new();
@@ -240,6 +295,44 @@ async fn a_running_cluster_is_adopted_untouched_and_then_managed() {
             target.manager_log_tail()
         );
     }
+    // The user's Secret is named and left alone; freed, Ichor publishes its own (ADR 0053).
+    let message = cluster_condition(
+        &target,
+        "lab",
+        conditions::CREDENTIALS_PUBLISHED,
+        reasons::SECRET_NAME_TAKEN,
+    )
+    .await;
+    assert!(message.contains("lab-kubeconfig"), "{message}");
+    let users = secrets.get("lab-kubeconfig").await.expect("the user's");
+    assert_eq!(
+        users
+            .data
+            .as_ref()
+            .and_then(|d| d.get(keys::KUBECONFIG_KEY)),
+        Some(&ByteString(b"mine".to_vec())),
+        "untouched"
+    );
+    assert!(users.metadata.owner_references.is_none(), "not taken over");
+    secrets
+        .delete("lab-kubeconfig", &DeleteParams::default())
+        .await
+        .expect("free the name");
+    cluster_condition(
+        &target,
+        "lab",
+        conditions::CREDENTIALS_PUBLISHED,
+        reasons::PUBLISHED,
+    )
+    .await;
+    let published = secrets.get("lab-kubeconfig").await.expect("Ichor's");
+    assert_eq!(
+        published
+            .labels()
+            .get(labels::PUBLISHED)
+            .map(String::as_str),
+        Some("true")
+    );
     target
         .kubelets_registered("lab")
         .await

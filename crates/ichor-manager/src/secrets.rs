@@ -13,7 +13,7 @@ use ichor_api::names::{labels, reasons};
 use ichor_api::{TalosCluster, TalosMachine};
 use ichor_deleteguard::{BundleStep, Found, bundle_step};
 use ichor_render::{BundleError, Contract, SecretsBundle};
-use ichor_talos::discovery::{self, ProbeOutcome, SweepConfig};
+use ichor_talos::discovery::{self, SweepConfig};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ObjectMeta, PostParams};
@@ -130,7 +130,8 @@ pub async fn bundle(
 
 /// The cluster controller's read: generates and stores the bundle when the cluster names none,
 /// none exists, none of its machines was ever configured (`ever_configured`), and no node at
-/// `addresses` answers in configured mode ([`configured_node`], probed with `sweep`);
+/// `addresses` answers in configured mode ([`configured_node`], probed with `sweep`'s
+/// timeout or 5 s, whichever is longer);
 /// otherwise as [`bundle`] (a missing bundle of a configured cluster is lost, never
 /// regenerated).
 pub async fn ensure(
@@ -143,7 +144,13 @@ pub async fn ensure(
         Err(BundleUnavailable::NotYet(name)) => {
             // A cluster re-created without its status (GitOps, a restored management
             // cluster) whose bundle Secret is gone looks new: its nodes say otherwise.
-            if let Some(address) = configured_node(addresses, sweep).await {
+            // Probed with patience, as adoption probes: a sweep's short timeout is for many
+            // silent addresses, and a busy node's handshake can outlast it.
+            let patient = SweepConfig {
+                timeout: sweep.timeout.max(PROBE_PATIENCE),
+                ..sweep
+            };
+            if let Some(address) = configured_node(addresses, patient).await {
                 return Ok(Err(BundleUnavailable::NodesRun {
                     secret: name,
                     address,
@@ -155,6 +162,9 @@ pub async fn ensure(
         other => Ok(other),
     }
 }
+
+/// The least a probe for running nodes waits for each step (connect, handshake, answer).
+const PROBE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Where a cluster's nodes would answer if they already ran: the host of `spec.endpoint` and
 /// every address its machines name (`status.address`, `spec.endpoints`), each once.
@@ -189,9 +199,9 @@ pub fn endpoint_host(endpoint: &str) -> Option<&str> {
 }
 
 /// The first of `addresses` (IPv4 addresses or host names, without a port) where a Talos node
-/// answers in configured mode: a TLS handshake, then a refusal for want of a client
-/// certificate (a node in maintenance mode answers without one). Probed at once, each within
-/// `sweep`'s timeouts; a host name is resolved first (IPv4 only, as discovery probes).
+/// answers in configured mode: its TLS handshake asks for a client certificate (a node in
+/// maintenance mode asks for none). Probed at once, on `sweep`'s port within its timeout; a
+/// host name is resolved first (IPv4 only, as discovery probes).
 pub async fn configured_node(addresses: &[String], sweep: SweepConfig) -> Option<String> {
     let probes = addresses.iter().map(|address| async move {
         let ips: Vec<Ipv4Addr> = match address.parse::<Ipv4Addr>() {
@@ -210,7 +220,8 @@ pub async fn configured_node(addresses: &[String], sweep: SweepConfig) -> Option
             }
         };
         for ip in ips {
-            if let Some(ProbeOutcome::Configured { .. }) = discovery::probe(ip, sweep).await {
+            let socket = std::net::SocketAddr::from((ip, sweep.port));
+            if discovery::asks_for_client_certificate(socket, sweep.timeout).await == Some(true) {
                 return Some(address.clone());
             }
         }

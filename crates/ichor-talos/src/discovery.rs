@@ -248,6 +248,58 @@ pub async fn probe(address: Ipv4Addr, config: SweepConfig) -> Option<ProbeOutcom
     }
 }
 
+/// Whether the TLS server at `address` asks for a client certificate in its handshake, which
+/// tells the two modes of a Talos node apart without a race: a configured node's apid requires
+/// one, a node in maintenance mode asks for none (talos-facts §2). `None` when nothing
+/// completes a handshake within `timeout` (for the connect, and again for the handshake).
+/// Nothing is sent past the handshake, and no certificate is offered.
+pub async fn asks_for_client_certificate(address: SocketAddr, timeout: Duration) -> Option<bool> {
+    let tcp = tokio::time::timeout(timeout, TcpStream::connect(address))
+        .await
+        .ok()?
+        .ok()?;
+    let asked = Arc::new(AskedForCertificate::default());
+    let mut tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("ring supports the default protocol versions")
+    .dangerous()
+    .with_custom_certificate_verifier(Arc::new(PinningVerifier::recording()))
+    .with_client_cert_resolver(Arc::clone(&asked) as Arc<dyn rustls::client::ResolvesClientCert>);
+    tls.resumption = rustls::client::Resumption::disabled();
+    let name = ServerName::try_from("talos").expect("a valid server name");
+    let connector = TlsConnector::from(Arc::new(tls));
+    // A server that requires a certificate may end the handshake once it sees none: that is
+    // an answer too, the request was seen first.
+    let handshake = tokio::time::timeout(timeout, connector.connect(name, tcp)).await;
+    let seen = asked.0.load(std::sync::atomic::Ordering::SeqCst);
+    match handshake {
+        Ok(Ok(_)) => Some(seen),
+        _ => seen.then_some(true),
+    }
+}
+
+/// A client "certificate resolver" that offers none and records that one was asked for.
+#[derive(Debug, Default)]
+struct AskedForCertificate(std::sync::atomic::AtomicBool);
+
+impl rustls::client::ResolvesClientCert for AskedForCertificate {
+    fn resolve(
+        &self,
+        _root_hint_subjects: &[&[u8]],
+        _sigschemes: &[rustls::SignatureScheme],
+    ) -> Option<Arc<rustls::sign::CertifiedKey>> {
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+        None
+    }
+
+    fn has_certs(&self) -> bool {
+        // Asked, so that a server's request reaches `resolve`.
+        true
+    }
+}
+
 fn error_chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
