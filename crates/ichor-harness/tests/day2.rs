@@ -1901,3 +1901,183 @@ async fn a_removal_waits_while_the_workload_api_is_down_and_with_force_skips_its
     assert_eq!(others.items.len(), 3, "the other Nodes stay");
     target.down().await;
 }
+
+/// The TalosCluster's `Ready` condition: its reason and message.
+async fn ready_condition(clusters: &Api<ichor_api::TalosCluster>) -> Option<(String, String)> {
+    let cluster = clusters.get_opt(CLUSTER).await.ok()??;
+    cluster
+        .status?
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == conditions::READY)
+        .map(|c| (c.reason, c.message))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_deleted_past_admission_waits_for_its_annotation_and_touches_no_node() {
+    use ichor_testenv::nets::TRUST;
+    use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+    let target = ready_target(SimOptions::new(2, TRUST.net(0), "v1.14.1"), 1, 1, 1).await;
+    let clusters: Api<ichor_api::TalosCluster> =
+        Api::namespaced(target.client(), target.namespace());
+    // The webhook's registration removed (a failed upgrade, a delete by mistake): nothing
+    // checks the delete at the door once the apiserver's informer has seen it go.
+    Api::<ValidatingWebhookConfiguration>::all(target.client())
+        .delete(
+            ichor_api::admission::WEBHOOK_CONFIGURATION,
+            &DeleteParams::default(),
+        )
+        .await
+        .expect("webhook registration removed");
+    try_eventually(
+        "the delete admitted without the annotation",
+        Duration::from_secs(30),
+        || async {
+            clusters
+                .delete(CLUSTER, &DeleteParams::default())
+                .await
+                .is_ok()
+        },
+    )
+    .await
+    .expect("admitted");
+    try_eventually("the teardown held", Duration::from_secs(60), || async {
+        ready_condition(&clusters)
+            .await
+            .is_some_and(|(reason, _)| reason == reasons::DELETED_WITHOUT_ALLOW_DELETE)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}: {}", state_summary(&target)));
+    let (_, message) = ready_condition(&clusters).await.expect("Ready");
+    assert!(
+        message.contains(&format!(
+            "kubectl annotate taloscluster {CLUSTER} {}=true",
+            annotations::ALLOW_DELETE
+        )),
+        "{message}"
+    );
+    assert!(
+        !specs::events_with_reason(&target, reasons::DELETED_WITHOUT_ALLOW_DELETE)
+            .await
+            .is_empty()
+    );
+    let machines: Api<TalosMachine> = Api::namespaced(target.client(), target.namespace());
+    let held = machines.list(&ListParams::default()).await.expect("list");
+    assert_eq!(held.items.len(), 2, "no machine deleted");
+    assert!(
+        held.items
+            .iter()
+            .all(|m| m.metadata.deletion_timestamp.is_none())
+    );
+    for node in target.nodes() {
+        assert_eq!(node.calls("Reset"), 0, "no node reset");
+    }
+
+    // A person adds the annotation: its arrival resumes the teardown.
+    clusters
+        .patch(
+            CLUSTER,
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"metadata": {"annotations": {annotations::ALLOW_DELETE: "true"}}}),
+            ),
+        )
+        .await
+        .expect("annotate");
+    try_eventually(
+        "the TalosCluster gone",
+        Duration::from_secs(120),
+        || async { clusters.get_opt(CLUSTER).await.is_ok_and(|c| c.is_none()) },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}: {}", state_summary(&target)));
+    for node in target.nodes() {
+        try_eventually("reset to maintenance", Duration::from_secs(30), || async {
+            node.stage().await == Stage::Maintenance
+        })
+        .await
+        .expect("every node reset by the teardown");
+    }
+    target.down().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replacement_at_a_tombstoned_address_is_not_reset() {
+    use ichor_testenv::nets::TRUST;
+    let target = ready_target(SimOptions::new(2, TRUST.net(1), "v1.14.1"), 1, 1, 1).await;
+    let endpoints = target.node_endpoints();
+    let worker = target.nodes()[1].clone();
+    // The worker drops off the network and is force-removed: its reset is skipped, and a
+    // tombstone records its address and SMBIOS UUID.
+    worker.inject(Fault::Partition).await.expect("partition");
+    let name = specs::machine_at(&target, &endpoints[1])
+        .await
+        .expect("the worker's machine")
+        .metadata
+        .name
+        .expect("name");
+    let machines: Api<TalosMachine> = Api::namespaced(target.client(), target.namespace());
+    machines
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"metadata": {"annotations": {annotations::FORCE_REMOVE: "true"}}}),
+            ),
+        )
+        .await
+        .expect("force");
+    let uid = uid_of(&target, &name).await;
+    specs::delete_machine(&target, &endpoints[1])
+        .await
+        .expect("admitted");
+    gone(&target, &name, &uid, Duration::from_secs(120)).await;
+    let clusters: Api<ichor_api::TalosCluster> =
+        Api::namespaced(target.client(), target.namespace());
+    let stones = clusters
+        .get(CLUSTER)
+        .await
+        .expect("cluster")
+        .status
+        .expect("status")
+        .tombstones;
+    assert_eq!(stones.len(), 1, "{stones:?}");
+    assert_eq!(
+        stones[0].uuid.as_deref(),
+        Some(worker.hardware().uuid.as_str())
+    );
+
+    // Another machine takes the address, answering the cluster's credentials (the disks moved
+    // into a new board): it is not the machine removed, so it is not reset.
+    let replacement = "5a1a0000-0000-4000-8000-0000000000ee";
+    worker.replace_board(replacement).await.expect("new board");
+    worker.inject(Fault::Heal).await.expect("heal");
+    let refused = || async {
+        let status = clusters.get(CLUSTER).await.ok()?.status?;
+        status
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == conditions::NODE_IDENTITY_VERIFIED)
+            .filter(|c| c.status == ConditionStatus::False)
+            .map(|c| (c.reason, c.message, status.tombstones.len()))
+    };
+    try_eventually(
+        "the replacement refused",
+        Duration::from_secs(60),
+        || async { refused().await.is_some() },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}: {}", state_summary(&target)));
+    let (reason, message, stones) = refused().await.expect("condition");
+    assert_eq!(reason, reasons::NODE_IDENTITY_MISMATCH);
+    assert!(message.contains(replacement), "{message}");
+    assert_eq!(stones, 1, "the tombstone stays for the machine removed");
+    assert!(
+        !specs::events_with_reason(&target, reasons::NODE_IDENTITY_MISMATCH)
+            .await
+            .is_empty()
+    );
+    assert_eq!(worker.calls("Reset"), 0, "the replacement was not reset");
+    assert_ne!(worker.stage().await, Stage::Maintenance);
+    target.down().await;
+}

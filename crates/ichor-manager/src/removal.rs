@@ -685,7 +685,9 @@ impl<'a> Scene<'a> {
         let step = "etcd leave";
         match crate::identity::check_machine(client, self.machine, &self.address, step).await {
             Checked::Verified => None,
-            Checked::Refused(_) if self.force => Some(self.force_remove().await),
+            Checked::Refused(_) | Checked::Unread(_) if self.force => {
+                Some(self.force_remove().await)
+            }
             other => {
                 let (reason, message) = other.hold().unwrap_or_default();
                 Some(wait(reason, message))
@@ -839,11 +841,16 @@ impl<'a> Scene<'a> {
     }
 
     /// Before the reset: whether the node is the machine (its SMBIOS UUID, ADR 0052). `Some`
-    /// is the step when it is not told to be: a wait, or with the force annotation the reset
-    /// skipped and a tombstone left for the machine.
+    /// is the step when it is not told to be, or does not tell: a wait, or with the force
+    /// annotation the reset skipped and a tombstone left for the machine.
     async fn identified(&self, client: &TalosClient) -> Result<Option<Step>, Error> {
         match crate::identity::check_machine(client, self.machine, &self.address, "reset").await {
             Checked::Verified => Ok(None),
+            // With the force annotation, a node that does not tell its UUID counts as one that
+            // does not answer: its reset is skipped.
+            Checked::Unread(message) if self.force => {
+                self.reset_unreachable(&message).await.map(Some)
+            }
             Checked::Refused(refusal) if self.force => {
                 self.tombstone(self.recorded_member()).await?;
                 Ok(Some(Step::Done {

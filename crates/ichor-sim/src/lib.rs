@@ -602,6 +602,21 @@ impl SimNode {
         node.boot(Arc::downgrade(&self.node)).await
     }
 
+    /// Moves the node's disks into another machine, whose SMBIOS UUID is `uuid`, at the same
+    /// address: powered off, its board replaced, powered on again, keeping what is on disk (a
+    /// configured node keeps its config, so it answers the cluster's credentials as before).
+    /// The SMBIOS UUID is the board's (talos-facts §8.1): this is how a replacement machine
+    /// comes to answer a removed one's credentials at its static IP. Identifiers the simulator
+    /// derives from the UUID (GPT and filesystem UUIDs) change with it.
+    /// [`SimNode::hardware`] keeps answering the hardware it was started with.
+    pub async fn replace_board(&self, uuid: &str) -> Result<(), SimError> {
+        let mut node = self.node.lock().await;
+        node.shut_down().await;
+        uuid.clone_into(&mut node.hardware.uuid);
+        node.powered = true;
+        node.boot(Arc::downgrade(&self.node)).await
+    }
+
     /// Crashes the node: it stops answering at once, keeping what is on disk, until
     /// [`SimNode::restart`].
     pub async fn crash(&self) {

@@ -262,3 +262,21 @@ async fn a_dry_run_answers_talos_summary_and_changes_nothing() {
     );
     node.stop().await;
 }
+
+#[tokio::test]
+async fn a_replaced_board_reports_its_own_uuid_and_keeps_the_config_on_disk() {
+    let config = to_vda(&support::golden("1.14-controlplane-flannel-plain.yaml"));
+    let node = SimNode::start_configured(addr(35), "v1.14.1", Hardware::vm(35), &config)
+        .await
+        .expect("start configured");
+    let client = support::admin("bundle-1.14.yaml", &node).await;
+    let old = client.system_uuid().await.expect("uuid");
+    assert_eq!(old, Hardware::vm(35).uuid);
+    let new = "5a1a0000-0000-4000-8000-0000000000ff";
+    node.replace_board(new).await.expect("replace the board");
+    // The same credentials still answer at the same address: only the identity changed.
+    let client = support::admin("bundle-1.14.yaml", &node).await;
+    assert_eq!(client.system_uuid().await.expect("uuid"), new);
+    assert!(node.installed().await, "the disks kept what they held");
+    node.stop().await;
+}

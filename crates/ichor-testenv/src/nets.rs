@@ -127,6 +127,10 @@ pub const PANICS: Nets = Nets::new(201, 1);
 /// `ichor-harness/tests/classes.rs`: the claims spec (two namespaces, one machine).
 pub const CLAIMS: Nets = Nets::new(211, 1);
 
+/// `ichor-harness/tests/day2.rs`: the specs of ADR 0052 (a teardown admission never saw, a
+/// replacement at a tombstoned address), a block per spec.
+pub const TRUST: Nets = Nets::new(215, 2);
+
 /// Every entry, by name.
 pub const ALL: &[(&str, Nets)] = &[
     ("DEMO", DEMO),
@@ -164,6 +168,7 @@ pub const ALL: &[(&str, Nets)] = &[
     ("TALOS_DISCOVERY", TALOS_DISCOVERY),
     ("PANICS", PANICS),
     ("CLAIMS", CLAIMS),
+    ("TRUST", TRUST),
 ];
 
 #[cfg(test)]
