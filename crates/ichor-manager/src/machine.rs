@@ -406,7 +406,9 @@ async fn approved(machine: &TalosMachine, ctx: &Context) -> Result<Action, Error
                 reason: reasons::SECRET_NAME_TAKEN,
                 message: taken.to_string(),
             };
-            return blocked(ctx, machine, status, stop).await;
+            // Looked at again soon, as the cluster does: it goes on once the name is free.
+            stopped(ctx, machine, status, stop).await?;
+            return Ok(Action::requeue(ctx.settings.progress_requeue));
         }
         if plan::adopted(machine) {
             return adopt_baseline(ctx, machine, status, &reach).await;

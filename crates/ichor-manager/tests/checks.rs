@@ -302,10 +302,40 @@ async fn a_users_secret_is_never_taken_over_and_running_nodes_get_no_new_bundle(
     )
     .await
     .expect("a running node");
+    // A machine of `lab` whose applied-config name a user's Secret holds.
+    let fresh = SimNode::start_with(
+        SocketAddr::from((MANAGER_CHECKS.ip(2, 10), 50000)),
+        "v1.14.1",
+        Hardware::vm(6410),
+    )
+    .await
+    .expect("a maintenance node");
+    let applied = secrets
+        .create(
+            &PostParams::default(),
+            &secret("cp-1-applied-config", keys::APPLIED_CONFIG_KEY, b"mine"),
+        )
+        .await
+        .expect("the user's Secret");
+    Api::<TalosMachine>::namespaced(env.client(), &ns)
+        .create(
+            &PostParams::default(),
+            &TalosMachine::test("cp-1")
+                .namespace(&ns)
+                .cluster("lab")
+                .control_plane()
+                .approved()
+                .at(&MANAGER_CHECKS.ip(2, 10).to_string())
+                .fingerprint(&fresh.fingerprint())
+                .build(),
+        )
+        .await
+        .expect("the machine");
     for c in [
         TalosCluster::test("lab")
             .namespace(&ns)
             .endpoint(&format!("https://{}:6443", MANAGER_CHECKS.ip(2, 8)))
+            .install_disk("/dev/vda")
             .build(),
         TalosCluster::test("again")
             .namespace(&ns)
@@ -349,6 +379,33 @@ async fn a_users_secret_is_never_taken_over_and_running_nodes_get_no_new_bundle(
     );
     assert_eq!(after.data, users.data);
     assert!(after.metadata.owner_references.is_none());
+
+    // The machine's applied config cannot be kept: nothing is applied, the Secret untouched.
+    let machines: Api<TalosMachine> = Api::namespaced(env.client(), &ns);
+    eventually("the machine stopped", Duration::from_secs(60), || async {
+        machines
+            .get("cp-1")
+            .await
+            .ok()
+            .and_then(|m| m.status)
+            .is_some_and(|s| {
+                s.conditions.iter().any(|c| {
+                    c.type_ == conditions::READY
+                        && c.reason == reasons::SECRET_NAME_TAKEN
+                        && c.message.contains("cp-1-applied-config")
+                })
+            })
+    })
+    .await;
+    assert_eq!(fresh.config_applies(), 0, "nothing applied");
+    let kept = secrets
+        .get("cp-1-applied-config")
+        .await
+        .expect("still there");
+    assert_eq!(
+        kept.metadata.resource_version,
+        applied.metadata.resource_version
+    );
 
     // Nodes that run: no bundle generated, the address named, and what to do.
     let address = running.to_string();
