@@ -596,6 +596,15 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_secrets_ref_rule_names_the_applied_config_suffix_ichor_publishes_under() {
+        let suffix = crate::names::secrets::APPLIED_CONFIG_SUFFIX;
+        assert!(
+            SECRETS_REF_NOT_PUBLISHED.contains(&format!("endsWith('{suffix}')")),
+            "{SECRETS_REF_NOT_PUBLISHED}"
+        );
+    }
+
+    #[test]
     fn lock_holders_read_back_as_written_and_refuse_other_words() {
         for holder in [
             LockHolder::Removal("0b7c".into()),
