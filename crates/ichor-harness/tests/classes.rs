@@ -440,9 +440,19 @@ async fn two_namespaces_claiming_one_machine_only_the_first_is_acted_on() {
         .await
         .expect("discovered");
     let first = &found[0];
+    // Discovery claimed the node for the machine it created.
+    let claims = Api::<TalosMachineClaim>::all(target.client());
+    let claim_name = ichor_api::claim::claim_name(&node.hardware().uuid).expect("a claim name");
+    let claim = try_eventually("the discovered machine's claim", WAIT, || async {
+        claims.get_opt(&claim_name).await.ok().flatten()
+    })
+    .await
+    .expect("claimed at discovery");
+    assert_eq!(claim.spec.machine.namespace, target.namespace());
+    assert_eq!(claim.spec.machine.name, first.name_any());
 
-    // The second namespace writes a machine by hand, with the fingerprint the first's status
-    // shows; still pending, so that approving it later is all it waits for.
+    // The second namespace writes a machine by hand, approved, with the fingerprint the
+    // first's status shows: refused, and told so without a word of the first namespace.
     let fingerprint = first.spec.fingerprint.clone().expect("pinned");
     let stolen = TalosMachine::test("stolen")
         .namespace(OTHER)
@@ -450,29 +460,13 @@ async fn two_namespaces_claiming_one_machine_only_the_first_is_acted_on() {
         .at(&address)
         .fingerprint(&fingerprint)
         .control_plane()
+        .approved()
         .build();
     let others = Api::<TalosMachine>::namespaced(target.client(), OTHER);
     others
         .create(&PostParams::default(), &stolen)
         .await
         .expect("the hand-written machine");
-
-    // The first namespace approves its machine; its first apply is held at the node, after
-    // its claim was taken. Then the second approves its own (the held apply gives up after
-    // its 10 s limit: the second's refusal comes well before).
-    let apply = node.gate("ApplyConfiguration");
-    specs::approve(&target, &address, true, "cp-1")
-        .await
-        .expect("approved");
-    apply.arrived(1).await;
-    others
-        .patch(
-            "stolen",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"approvalState": "approved"}})),
-        )
-        .await
-        .expect("the hand-written machine approved");
     let refused = try_eventually("the second machine refused", WAIT, || async {
         let m = others.get("stolen").await.ok()?;
         m.status?
@@ -506,18 +500,15 @@ async fn two_namespaces_claiming_one_machine_only_the_first_is_acted_on() {
         }
     }
 
-    // Released, the first namespace's apply goes on; the node got exactly that one config.
-    apply.release();
+    // The first namespace approves its own: the node gets exactly that one config.
+    specs::approve(&target, &address, true, "cp-1")
+        .await
+        .expect("approved");
     if let Err(error) = specs::wait_ready(&target, CLUSTER, Duration::from_secs(120)).await {
         panic!("{error}: {}", specs::summary(&target).await);
     }
     assert_eq!(node.calls("ApplyConfiguration"), 1);
-    let claim_name = ichor_api::claim::claim_name(&node.hardware().uuid).expect("a claim name");
-    let claim = Api::<TalosMachineClaim>::all(target.client())
-        .get(&claim_name)
-        .await
-        .expect("the claim");
-    assert_eq!(claim.spec.machine.namespace, target.namespace());
+    let claim = claims.get(&claim_name).await.expect("the claim");
     assert_eq!(claim.spec.machine.name, first.name_any());
     let stolen = others.get("stolen").await.expect("the second machine");
     assert!(stolen.status.and_then(|s| s.applied_config_hash).is_none());

@@ -1,7 +1,9 @@
 //! Discovery: sweeps a cluster's address ranges and keeps one TalosMachine per machine, keyed
 //! by its SMBIOS UUID. It only reads from nodes; the first fingerprint seen is pinned in
 //! `spec.fingerprint`, later ones go to `status.observedFingerprint` and flag
-//! `FingerprintChanged` — the pin is never overwritten.
+//! `FingerprintChanged` — the pin is never overwritten. A machine it creates takes the claim
+//! on its UUID at once, and with a `TalosNamespacePolicy` only the CIDRs inside the
+//! namespace's ranges are swept (ADR 0054).
 
 use std::collections::BTreeMap;
 
@@ -321,6 +323,22 @@ async fn create(
                 ),
             )
             .await;
+            // The namespace that found it in its own ranges holds it from now on (ADR 0054):
+            // a machine written by hand elsewhere for the same node is refused.
+            let address = found.address.to_string();
+            if let Err(refused) =
+                crate::claims::take(&ctx.client, &created, uuid, &found.fingerprint, &address)
+                    .await?
+            {
+                ctx.event(
+                    &created,
+                    EventType::Warning,
+                    refused.reason,
+                    actions::DISCOVER,
+                    refused.message,
+                )
+                .await;
+            }
             Ok(Some(name))
         }
         Err(kube::Error::Api(status)) if status.is_already_exists() => Ok(None),
