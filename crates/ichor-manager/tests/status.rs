@@ -195,7 +195,12 @@ async fn each_status_field_has_one_writer_and_no_writer_clobbers_another() {
         removed_at: Time(Timestamp::now()),
     };
     let mut first = cluster.status.clone().unwrap_or_default();
-    first.tombstones = vec![stone("10.0.0.8")];
+    // The machine's SMBIOS UUID rides along (ADR 0052): kept by the schema, not pruned.
+    let uuid = "5a1a0000-0000-4000-8000-000000000008";
+    first.tombstones = vec![Tombstone {
+        uuid: Some(uuid.to_owned()),
+        ..stone("10.0.0.8")
+    }];
     status::write_checked(&clusters, &cluster, &first)
         .await
         .expect("first write");
@@ -213,6 +218,8 @@ async fn each_status_field_has_one_writer_and_no_writer_clobbers_another() {
         .map(|s| s.tombstones.iter().map(|t| t.address.clone()).collect())
         .unwrap_or_default();
     assert_eq!(stones, ["10.0.0.8"]);
+    let kept = now.status.as_ref().and_then(|s| s.tombstones.first());
+    assert_eq!(kept.and_then(|t| t.uuid.as_deref()), Some(uuid));
     assert_eq!(
         owners(&now).get(fm::CLUSTER_TOMBSTONES),
         Some(&BTreeSet::from(["tombstones".to_owned()])),
