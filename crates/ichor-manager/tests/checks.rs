@@ -267,6 +267,7 @@ async fn event_seen(env: &ichor_testenv::TestEnv, ns: &str, reason: &str, needle
 async fn a_users_secret_is_never_taken_over_and_running_nodes_get_no_new_bundle() {
     use ichor_api::names::{labels, secrets as keys};
     use k8s_openapi::ByteString;
+    use kube::Resource as _;
     use kube::api::{DeleteParams, ObjectMeta};
 
     let (env, ns) = support::plane("published").await;
@@ -347,9 +348,33 @@ async fn a_users_secret_is_never_taken_over_and_running_nodes_get_no_new_bundle(
             .await
             .expect("create");
     }
+    // A cluster whose talosconfig an earlier Ichor wrote: managed-by ichor, the cluster its
+    // controller, no published label.
+    let earlier = clusters
+        .create(
+            &PostParams::default(),
+            &TalosCluster::test("earlier")
+                .namespace(&ns)
+                .endpoint(&format!("https://{}:6443", MANAGER_CHECKS.ip(2, 7)))
+                .build(),
+        )
+        .await
+        .expect("create");
+    let mut written = secret("earlier-talosconfig", keys::TALOSCONFIG_KEY, b"stale");
+    written.metadata.labels = Some(
+        [(
+            labels::MANAGED_BY.to_owned(),
+            labels::MANAGED_BY_VALUE.to_owned(),
+        )]
+        .into(),
+    );
+    written.metadata.owner_references = earlier.controller_owner_ref(&()).map(|o| vec![o]);
+    secrets
+        .create(&PostParams::default(), &written)
+        .await
+        .expect("an earlier Ichor's Secret");
     let (stop_tx, manager) = support::start_manager(&env);
 
-    // The name is taken: said on the cluster and in an Event, the Secret left as it was.
     let reason_of = |name: &'static str, type_: &'static str| {
         let clusters = clusters.clone();
         async move {
@@ -360,6 +385,30 @@ async fn a_users_secret_is_never_taken_over_and_running_nodes_get_no_new_bundle(
                 .and_then(|c| condition(&c, type_))
         }
     };
+    // Written by an earlier Ichor: still Ichor's, labelled and rewritten.
+    eventually(
+        "the earlier Secret adopted",
+        Duration::from_secs(60),
+        || async {
+            let adopted = secrets
+                .get_opt("earlier-talosconfig")
+                .await
+                .ok()
+                .flatten()
+                .is_some_and(|s| {
+                    s.labels().get(labels::PUBLISHED).is_some()
+                        && s.data.as_ref().and_then(|d| d.get(keys::TALOSCONFIG_KEY))
+                            != Some(&ByteString(b"stale".to_vec()))
+                });
+            adopted
+                && reason_of("earlier", conditions::CREDENTIALS_PUBLISHED)
+                    .await
+                    .is_some_and(|(reason, _)| reason == reasons::PUBLISHED)
+        },
+    )
+    .await;
+
+    // The name is taken: said on the cluster and in an Event, the Secret left as it was.
     eventually("SecretNameTaken", Duration::from_secs(60), || async {
         reason_of("lab", conditions::CREDENTIALS_PUBLISHED)
             .await
