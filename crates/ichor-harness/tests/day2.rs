@@ -5,7 +5,8 @@
 //! never regenerated, an
 //! unhealthy etcd member on a node that still answers, a removal while the workload API is down
 //! (it waits; forced, it skips the Node steps and the Node is deleted once the API is back),
-//! and a seeded random sequence — real
+//! a seeded random sequence, and what ADR 0052 adds (a TalosCluster deleted past a missing
+//! webhook waits for its annotation; a replacement at a tombstoned address is not reset) — real
 //! apiserver, the real `ichor-manager` and `ichor-webhook` binaries, simulated Talos nodes. A
 //! monitor watches etcd quorum (and how many nodes are down) every few milliseconds
 //! throughout.

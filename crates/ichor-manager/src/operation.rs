@@ -3,7 +3,9 @@
 //! etcd health checked before each. Every node's step is recorded before and after the action
 //! is sent, so a restarted manager looks for the action's effect instead of sending it blindly.
 //! After an upgrade the running version is verified: a node back on its old version fails the
-//! operation, which is never retried.
+//! operation, which is never retried. A reboot, an upgrade, a reset or a Kubernetes upgrade goes
+//! to a node only once it reported the machine's SMBIOS UUID; another machine at the address
+//! fails the operation (ADR 0052).
 
 use std::sync::Arc;
 use std::time::Duration;

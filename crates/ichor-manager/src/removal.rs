@@ -2,7 +2,9 @@
 //! A configured one is removed inside the cluster lock, step by recorded step, so a restart
 //! resumes at the step reached: recheck (ichor-deleteguard), cordon and drain its Node in the
 //! workload cluster, leave etcd (a failed leave stops the removal), verify through a peer,
-//! reset naming STATE and EPHEMERAL with a reboot, delete the Node, release the finalizer.
+//! reset naming STATE and EPHEMERAL with a reboot, delete the Node, release the finalizer. The
+//! leave and the reset go to the node only once it reported the machine's SMBIOS UUID (ADR
+//! 0052); in a cluster deleted without its allow-delete annotation a removal keeps every rule.
 //!
 //! A workload step (cordon, drain, Node delete) whose workload API does not answer waits, or,
 //! with the force-remove annotation, is skipped and recorded; the Node delete then goes to the
