@@ -283,17 +283,8 @@ async fn publish_and_bootstrap(
     let credentials = ctx.node_credentials(cluster, bundle)?;
     // A force-removed node that answers again is reset before anything else.
     tombstones(ctx, cluster, status, &credentials).await?;
-    let mut taken = Vec::new();
-    let mut renew_at = None;
-    match publish_talosconfig(ctx, cluster, bundle, machines).await? {
-        Ok(talos) => {
-            status.talosconfig_secret = Some(talosconfig_name(cluster));
-            let expiries = status.credentials.get_or_insert_with(Default::default);
-            expiries.talosconfig_expires_at = Some(Time(talos.expires));
-            renew_at = Some(talos.renew_at);
-        }
-        Err(name_taken) => taken.push(name_taken),
-    }
+    let talos = publish_talosconfig(ctx, cluster, bundle, machines).await?;
+    let mut steps = vec![record_file(cluster, status, File::Talosconfig, talos)];
     if !cond::is_true(&status.conditions, conditions::BOOTSTRAPPED) {
         let fingerprint = crate::secrets::fingerprint(bundle);
         let restoring = match crate::restore::gate(ctx, cluster, status, &fingerprint).await? {
@@ -314,21 +305,51 @@ async fn publish_and_bootstrap(
         }
     }
     if cond::is_true(&status.conditions, conditions::BOOTSTRAPPED) {
-        match publish_kubeconfig(ctx, cluster, bundle).await? {
-            Ok(kube) => {
-                status.kubeconfig_secret = Some(kubeconfig_name(cluster));
-                let expiries = status.credentials.get_or_insert_with(Default::default);
-                expiries.kubeconfig_expires_at = Some(Time(kube.expires));
-                renew_at = Some(renew_at.map_or(kube.renew_at, |at| at.min(kube.renew_at)));
-            }
-            Err(name_taken) => taken.push(name_taken),
-        }
+        let kube = publish_kubeconfig(ctx, cluster, bundle).await?;
+        steps.push(record_file(cluster, status, File::Kubeconfig, kube));
     }
+    let renew_at = steps.iter().filter_map(|s| s.as_ref().ok()).min().copied();
+    let taken: Vec<_> = steps.into_iter().filter_map(Result::err).collect();
     record_published(ctx, cluster, status, &taken).await;
     // A name held by another Secret is looked at again soon: it is published once free.
     let retry = (!taken.is_empty()).then_some(ctx.settings.progress_requeue);
     let renew_in = renew_at.map(|at| renewal::until(at, ctx.clock.now()));
     Ok([renew_in, retry].into_iter().flatten().min())
+}
+
+/// A file Ichor publishes for the cluster.
+#[derive(Debug, Clone, Copy)]
+enum File {
+    Talosconfig,
+    Kubeconfig,
+}
+
+/// Records a published file's Secret and expiry in status, and returns when it is due for
+/// renewal; a file not published (its name held by another Secret, which is not Ichor's) has
+/// neither.
+fn record_file(
+    cluster: &TalosCluster,
+    status: &mut TalosClusterStatus,
+    file: File,
+    published: Result<Held, secrets::NameTaken>,
+) -> Result<Timestamp, secrets::NameTaken> {
+    let expiries = status.credentials.get_or_insert_with(Default::default);
+    let (secret, expires, name) = match file {
+        File::Talosconfig => (
+            &mut status.talosconfig_secret,
+            &mut expiries.talosconfig_expires_at,
+            talosconfig_name(cluster),
+        ),
+        File::Kubeconfig => (
+            &mut status.kubeconfig_secret,
+            &mut expiries.kubeconfig_expires_at,
+            kubeconfig_name(cluster),
+        ),
+    };
+    let held = published.as_ref().ok();
+    *secret = held.map(|_| name);
+    *expires = held.map(|h| Time(h.expires));
+    published.map(|h| h.renew_at)
 }
 
 /// `CredentialsPublished`: true once nothing published is held by another Secret, else false
