@@ -1,5 +1,5 @@
 //! The discovery sweep over four /24s: 16 simulated maintenance-mode nodes, a plain TLS server
-//! and a TCP listener that never speaks TLS.
+//! and a TCP listener that never speaks TLS; and which of them asks for a client certificate.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -9,6 +9,8 @@ use ichor_sim::{Hardware, SimNode};
 use ichor_talos::discovery::{ProbeOutcome, SweepConfig, sweep, sweep_sharing};
 use ichor_testenv::nets::TALOS_DISCOVERY as NETS;
 use tokio::net::TcpListener;
+
+mod support;
 
 /// How long a probe may take to reach a node, or the sweeps to finish.
 const WAIT: Duration = Duration::from_secs(10);
@@ -181,4 +183,57 @@ async fn sweeps_sharing_a_pool_probe_only_with_its_permits() {
     for node in nodes {
         node.stop().await;
     }
+}
+
+/// On the last net, outside the first sweep's ranges and the second's addresses.
+#[tokio::test]
+async fn only_a_configured_node_asks_for_a_client_certificate() {
+    use ichor_api::common::Role;
+    use ichor_talos::discovery::asks_for_client_certificate;
+
+    let maintenance = SimNode::start_with(
+        SocketAddr::from((NETS.ip(4, 100), 50000)),
+        "v1.14.1",
+        Hardware::vm(100),
+    )
+    .await
+    .expect("a maintenance node");
+    let configured = SimNode::start_configured(
+        SocketAddr::from((NETS.ip(4, 101), 50000)),
+        "v1.14.1",
+        Hardware::vm(101),
+        &support::config(&support::bundle(), Role::ControlPlane, "v1.14.1"),
+    )
+    .await
+    .expect("a configured node");
+    plain_tls_server(SocketAddr::from((NETS.ip(4, 102), 50000))).await;
+    silent_tcp_listener(SocketAddr::from((NETS.ip(4, 103), 50000))).await;
+
+    assert_eq!(
+        asks_for_client_certificate(configured.addr(), WAIT).await,
+        Some(true)
+    );
+    assert_eq!(
+        asks_for_client_certificate(maintenance.addr(), WAIT).await,
+        Some(false)
+    );
+    let at = |host| SocketAddr::from((NETS.ip(4, host), 50000));
+    assert_eq!(
+        asks_for_client_certificate(at(102), WAIT).await,
+        Some(false),
+        "a TLS server that wants no certificate"
+    );
+    let short = Duration::from_millis(300);
+    assert_eq!(
+        asks_for_client_certificate(at(103), short).await,
+        None,
+        "no handshake"
+    );
+    assert_eq!(
+        asks_for_client_certificate(at(104), short).await,
+        None,
+        "nothing listens"
+    );
+    maintenance.stop().await;
+    configured.stop().await;
 }
