@@ -1,7 +1,9 @@
 //! TalosOperation: a day-2 action on one machine or a selection, run one node at a time under
 //! the cluster lock (held as `operation/<name>`). Control planes go first, one by one, with
 //! etcd health checked before each. Every node's step is recorded before and after the action
-//! is sent, so a restarted manager looks for the action's effect instead of sending it blindly.
+//! is sent, so a restarted manager looks for the action's effect instead of sending it blindly;
+//! each reconcile goes on from the operation as stored, never from the controller's cached copy,
+//! which can be behind those records (ADR 0055).
 //! After an upgrade the running version is verified: a node back on its old version fails the
 //! operation, which is never retried. A reboot, an upgrade, a reset or a Kubernetes upgrade goes
 //! to a node only once it reported the machine's SMBIOS UUID; another machine at the address
@@ -249,9 +251,20 @@ fn elapsed_since(at: Option<&Time>, now: Timestamp) -> Duration {
         .unwrap_or_default()
 }
 
-/// Observes the operation, its cluster and machines, takes the cluster lock and reads the
-/// secrets bundle, then moves the next node's step on.
-async fn reconcile_inner(operation: &TalosOperation, ctx: &Context) -> Result<Action, Error> {
+/// Observes the operation (as stored), its cluster and machines, takes the cluster lock and
+/// reads the secrets bundle, then moves the next node's step on.
+async fn reconcile_inner(cached: &TalosOperation, ctx: &Context) -> Result<Action, Error> {
+    // Safety rule (ADR 0055): a disruptive action is sent on the operation's status as stored,
+    // never on the controller's cached copy. That copy can be a write or two behind this
+    // manager's own status writes (the intent, then the action recorded sent): a step it still
+    // shows Intended (or Pending) would be sent again, a second reboot, defragment or
+    // Kubernetes upgrade. Reconciles of one object never overlap, so the one before this has
+    // written all it will; one GET sees it, and everything below (the decision to send, the
+    // statuses written) goes on from it.
+    let Some(stored) = api(ctx, cached).get_opt(&cached.name_any()).await? else {
+        return Ok(Action::await_change());
+    };
+    let operation = &stored;
     let mut status = operation.status.clone().unwrap_or_default();
     if plan::is_over(&status) {
         return Ok(Action::await_change());

@@ -1,6 +1,7 @@
 //! The controller against a real apiserver and simulated Talos nodes: discovery finds the
 //! machines, nothing is applied before approval, approved machines reach Ready, etcd has
-//! exactly three voters, and the published talosconfig reaches every node.
+//! exactly three voters, and the published talosconfig reaches every node. A TalosOperation
+//! reconciled from a stale copy sends nothing the stored status says was sent (ADR 0055).
 
 mod support;
 
@@ -232,4 +233,174 @@ async fn discovered_machines_become_a_ready_cluster_on_contract_1_14() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn contract_1_13_with_cni_none_still_joins_every_control_plane() {
     run_lifecycle(MANAGER_LIFECYCLE.net(1), "v1.13.9", "none").await;
+}
+
+/// The controller's copy of a TalosOperation can be a write behind the manager's own: here it
+/// shows the reboot only intended while the stored status says it was sent. Reconciled from
+/// that copy, nothing is sent again and the stored step stays sent (ADR 0055); with the stored
+/// status saying intended, the same reconcile does send it, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operation_reconciled_from_a_stale_copy_sends_nothing_the_stored_status_says_was_sent() {
+    use std::sync::Arc;
+
+    use ichor_api::TalosOperation;
+    use ichor_api::names::{labels, secrets as keys};
+    use ichor_api::operation::{NodeProgress, OperationAction};
+    use ichor_manager::{Context, Metrics, Settings};
+    use ichor_testenv::nets::MANAGER_OPERATION;
+    use k8s_openapi::ByteString;
+    use k8s_openapi::api::core::v1::Secret;
+    use kube::api::ObjectMeta;
+
+    let (env, ns) = support::plane("operation").await;
+    let bundle =
+        ichor_render::SecretsBundle::generate(ichor_render::Contract::V1_14).expect("bundle");
+    let address = MANAGER_OPERATION.ip(0, 1);
+    let endpoint = format!("https://{address}:6443");
+    let cluster = TalosCluster::test("lab")
+        .namespace(&ns)
+        .endpoint(&endpoint)
+        .control_planes(1)
+        .build();
+    let config = ichor_render::render(&ichor_render::RenderInput {
+        cluster_name: "lab",
+        cluster: &cluster.spec,
+        role: ichor_api::common::Role::ControlPlane,
+        hostname: None,
+        install: None,
+        cert_sans: &[],
+        node_labels: &std::collections::BTreeMap::new(),
+        node_taints: &std::collections::BTreeMap::new(),
+        patches: &[],
+        bundle: &bundle,
+    })
+    .expect("render")
+    .yaml;
+    let node = SimNode::start_configured(
+        SocketAddr::from((address, 50000)),
+        "v1.14.1",
+        Hardware::vm(6601),
+        &config,
+    )
+    .await
+    .expect("a running node");
+    Api::<Secret>::namespaced(env.client(), &ns)
+        .create(
+            &PostParams::default(),
+            &Secret {
+                metadata: ObjectMeta {
+                    name: Some("lab-secrets".into()),
+                    ..Default::default()
+                },
+                data: Some(
+                    [(
+                        keys::BUNDLE_KEY.to_owned(),
+                        ByteString(bundle.to_yaml().expect("yaml").into_bytes()),
+                    )]
+                    .into(),
+                ),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("the bundle");
+    let cluster = Api::<TalosCluster>::namespaced(env.client(), &ns)
+        .create(&PostParams::default(), &cluster)
+        .await
+        .expect("cluster");
+    Api::<TalosMachine>::namespaced(env.client(), &ns)
+        .create(
+            &PostParams::default(),
+            &TalosMachine::test("cp-1")
+                .namespace(&ns)
+                .cluster("lab")
+                .control_plane()
+                .approved()
+                .at(&address.to_string())
+                .label(labels::MACHINE_UUID, &node.hardware().uuid)
+                .build(),
+        )
+        .await
+        .expect("the machine");
+
+    let ctx = Arc::new(Context::new(
+        env.client(),
+        Settings::default(),
+        Arc::new(Metrics::default()),
+    ));
+    let credentials = ctx
+        .node_credentials(&cluster, &bundle)
+        .expect("credentials");
+    let boot_id = TalosClient::connect(&node.addr().to_string(), &credentials)
+        .await
+        .expect("the node answers the cluster's credentials")
+        .boot_id()
+        .await
+        .expect("boot id");
+    let operations = Api::<TalosOperation>::namespaced(env.client(), &ns);
+    operations
+        .create(
+            &PostParams::default(),
+            &TalosOperation::test("reboot", OperationAction::Reboot)
+                .cluster("lab")
+                .machine("cp-1")
+                .build(),
+        )
+        .await
+        .expect("operation");
+    // In whole seconds, as the API keeps a time.
+    let now =
+        k8s_openapi::jiff::Timestamp::from_second(k8s_openapi::jiff::Timestamp::now().as_second())
+            .expect("now")
+            .to_string();
+    let step = |progress: serde_json::Value| {
+        json!({"status": {
+            "phase": "Running",
+            "startedAt": now,
+            "nodes": [{
+                "machine": "cp-1",
+                "phase": "Running",
+                "bootIdBefore": boot_id,
+                "progress": progress,
+            }],
+        }})
+    };
+    let record = |progress: serde_json::Value| {
+        let operations = operations.clone();
+        let patch = step(progress);
+        async move {
+            operations
+                .patch_status("reboot", &PatchParams::default(), &Patch::Merge(patch))
+                .await
+                .expect("status")
+        }
+    };
+    // The intent recorded: what the controller's copy still shows.
+    let stale = record(json!({"step": "intended"})).await;
+    // The reboot recorded sent: what is stored.
+    record(json!({"step": "sent", "sentAt": now})).await;
+
+    ichor_manager::operation::reconcile(Arc::new(stale.clone()), Arc::clone(&ctx))
+        .await
+        .expect("reconcile");
+    assert_eq!(
+        node.calls("Reboot"),
+        0,
+        "the reboot stored as sent is not sent again"
+    );
+    let stored = operations.get("reboot").await.expect("operation");
+    let stored = stored.status.expect("status");
+    assert!(
+        matches!(stored.nodes[0].progress, NodeProgress::Sent { .. }),
+        "the stored step stays sent: {:?}",
+        stored.nodes[0]
+    );
+
+    // The same stale copy, with the stored status saying intended: the reboot goes, once.
+    record(json!({"step": "intended"})).await;
+    ichor_manager::operation::reconcile(Arc::new(stale), Arc::clone(&ctx))
+        .await
+        .expect("reconcile");
+    assert_eq!(node.calls("Reboot"), 1, "the intended reboot is sent");
+    node.stop().await;
 }

@@ -74,6 +74,8 @@ pub const MANAGER_LIFECYCLE: Nets = Nets::new(60, 2);
 pub const MANAGER_CHECKS: Nets = Nets::new(62, 3);
 /// `ichor-talos/tests/install_failures.rs`.
 pub const TALOS_INSTALL_FAILURES: Nets = Nets::new(65, 1);
+/// `ichor-manager/tests/lifecycle.rs`: the operation reconciled from a stale copy.
+pub const MANAGER_OPERATION: Nets = Nets::new(66, 1);
 /// `ichor-harness/tests/e2e.rs`: a block per spec.
 pub const E2E: Nets = Nets::new(70, 7);
 /// `ichor-harness/tests/day2.rs`: a block per spec.
@@ -142,6 +144,7 @@ pub const ALL: &[(&str, Nets)] = &[
     ("MANAGER_LIFECYCLE", MANAGER_LIFECYCLE),
     ("MANAGER_CHECKS", MANAGER_CHECKS),
     ("TALOS_INSTALL_FAILURES", TALOS_INSTALL_FAILURES),
+    ("MANAGER_OPERATION", MANAGER_OPERATION),
     ("E2E", E2E),
     ("DAY2", DAY2),
     ("CREDENTIALS", CREDENTIALS),
