@@ -358,23 +358,48 @@ pub enum Holder {
     /// Written for this object by an Ichor from before the label: the object its controller
     /// and Ichor's managed-by label on it. Ichor's; labelled at once.
     Earlier,
+    /// Created by Ichor for an earlier object of this kind and name, since deleted (a machine
+    /// replaced under its name, a cluster created again): labelled [`labels::PUBLISHED`], its
+    /// controller that earlier object. Ichor's; taken over for this object, its content not read.
+    Bequeathed,
     /// Anyone else's: never written.
     Foreign,
 }
 
-/// Who holds `found` (the Secret under a name Ichor publishes for the object whose uid is
-/// `owner_uid`): only a Secret whose controller reference is that very object is Ichor's.
-pub fn holder(found: Option<&Secret>, owner_uid: &str) -> Holder {
+/// The object a Secret is published for, as its controller reference names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Owner<'a> {
+    /// Its kind, e.g. `TalosMachine`.
+    pub kind: std::borrow::Cow<'static, str>,
+    /// Its name.
+    pub name: &'a str,
+    /// Its uid (empty: it owns nothing).
+    pub uid: &'a str,
+}
+
+/// Who holds `found` (the Secret under a name Ichor publishes for `owner`): only a Secret Ichor
+/// labelled whose controller reference is that very object, or an earlier object of its kind
+/// and name, is Ichor's.
+pub fn holder(found: Option<&Secret>, owner: &Owner<'_>) -> Holder {
     let Some(secret) = found else {
         return Holder::Free;
     };
-    let controlled = !owner_uid.is_empty()
-        && secret
-            .metadata
-            .owner_references
-            .iter()
-            .flatten()
-            .any(|o| o.uid == owner_uid && o.controller == Some(true));
+    let controller = secret
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true));
+    let controlled = !owner.uid.is_empty() && controller.is_some_and(|o| o.uid == owner.uid);
+    // An object of this kind and name with another uid is gone: names are unique while an
+    // object lives, so the Secret was published for its predecessor.
+    let predecessor = !owner.uid.is_empty()
+        && controller.is_some_and(|o| {
+            o.uid != owner.uid
+                && o.kind == owner.kind
+                && o.name == owner.name
+                && o.api_version.starts_with(ICHOR_GROUP)
+        });
     let label = |key: &str, value: &str| {
         secret
             .metadata
@@ -390,9 +415,13 @@ pub fn holder(found: Option<&Secret>, owner_uid: &str) -> Holder {
     ) {
         (true, true, _) => Holder::Ours,
         (true, false, true) => Holder::Earlier,
+        (false, true, _) if predecessor => Holder::Bequeathed,
         _ => Holder::Foreign,
     }
 }
+
+/// The API group of Ichor's kinds, as an owner reference's `apiVersion` begins.
+const ICHOR_GROUP: &str = "ichor.maesh.dev/";
 
 /// A name Ichor publishes under is held by a Secret it did not create: nothing is written
 /// there, and the Secret is left as it is.
@@ -424,8 +453,13 @@ impl NameTaken {
     }
 }
 
-fn uid_of<K: Resource<DynamicType = ()>>(owner: &K) -> String {
-    owner.meta().uid.clone().unwrap_or_default()
+/// `owner` as [`holder`] judges a Secret for it.
+fn owner_of<K: Resource<DynamicType = ()>>(owner: &K) -> Owner<'_> {
+    Owner {
+        kind: K::kind(&()),
+        name: owner.meta().name.as_deref().unwrap_or_default(),
+        uid: owner.meta().uid.as_deref().unwrap_or_default(),
+    }
 }
 
 /// What Ichor publishes: a Secret named `name` for `owner` with `labels` (plus
@@ -481,11 +515,10 @@ pub async fn publish<K: Resource<DynamicType = ()>>(
     let namespace = owner.meta().namespace.clone().unwrap_or_default();
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
     let mut wanted = published(owner, name, labels, data);
-    let uid = uid_of(owner);
     let mut found = secrets.get_opt(name).await?;
     // At most twice: a Secret created between the read and the create is read and judged.
     for _ in 0..2 {
-        match (holder(found.as_ref(), &uid), found) {
+        match (holder(found.as_ref(), &owner_of(owner)), found) {
             (Holder::Free, _) => match secrets.create(&PostParams::default(), &wanted).await {
                 Ok(_) => return Ok(Ok(())),
                 Err(kube::Error::Api(status)) if status.is_already_exists() => {
@@ -494,7 +527,7 @@ pub async fn publish<K: Resource<DynamicType = ()>>(
                 Err(error) => return Err(error.into()),
             },
             (Holder::Foreign, _) => return Ok(Err(NameTaken::of(owner, name, what))),
-            (Holder::Ours | Holder::Earlier, Some(existing)) => {
+            (Holder::Ours | Holder::Earlier | Holder::Bequeathed, Some(existing)) => {
                 if !unchanged(&existing, &wanted) {
                     wanted.metadata.resource_version = existing.metadata.resource_version;
                     secrets
@@ -503,7 +536,7 @@ pub async fn publish<K: Resource<DynamicType = ()>>(
                 }
                 return Ok(Ok(()));
             }
-            (Holder::Ours | Holder::Earlier, None) => {
+            (Holder::Ours | Holder::Earlier | Holder::Bequeathed, None) => {
                 return Err(Error::Invariant(format!(
                     "Secret {name} judged without one"
                 )));
@@ -526,9 +559,9 @@ pub async fn writable<K: Resource<DynamicType = ()>>(
     let found = Api::<Secret>::namespaced(client.clone(), &namespace)
         .get_opt(name)
         .await?;
-    Ok(match holder(found.as_ref(), &uid_of(owner)) {
+    Ok(match holder(found.as_ref(), &owner_of(owner)) {
         Holder::Foreign => Err(NameTaken::of(owner, name, what)),
-        Holder::Free | Holder::Ours | Holder::Earlier => Ok(()),
+        Holder::Free | Holder::Ours | Holder::Earlier | Holder::Bequeathed => Ok(()),
     })
 }
 
@@ -544,9 +577,10 @@ pub async fn read_published<K: Resource<DynamicType = ()>>(
     let namespace = owner.meta().namespace.clone().unwrap_or_default();
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
     let found = secrets.get_opt(name).await?;
-    let secret = match (holder(found.as_ref(), &uid_of(owner)), found) {
+    let secret = match (holder(found.as_ref(), &owner_of(owner)), found) {
         (Holder::Foreign, _) => return Ok(Err(NameTaken::of(owner, name, what))),
-        (Holder::Free, _) | (_, None) => return Ok(Ok(None)),
+        // A predecessor's content is not this object's: nothing published yet.
+        (Holder::Free | Holder::Bequeathed, _) | (_, None) => return Ok(Ok(None)),
         (Holder::Ours, Some(secret)) => secret,
         (Holder::Earlier, Some(mut secret)) => {
             secret
@@ -644,17 +678,26 @@ mod tests {
         }
     }
 
+    /// The cluster `lab` of uid `uid`, as a Secret's holder is judged for it.
+    fn lab(uid: &str) -> Owner<'_> {
+        Owner {
+            kind: "TalosCluster".into(),
+            name: "lab",
+            uid,
+        }
+    }
+
     #[test]
     fn only_a_secret_labelled_published_and_controlled_by_the_owner_is_ours() {
         let published = (labels::PUBLISHED, "true");
         let managed = (labels::MANAGED_BY, labels::MANAGED_BY_VALUE);
-        assert_eq!(holder(None, "u1"), Holder::Free);
+        assert_eq!(holder(None, &lab("u1")), Holder::Free);
         assert_eq!(
-            holder(Some(&secret(&[published], Some(("u1", true)))), "u1"),
+            holder(Some(&secret(&[published], Some(("u1", true)))), &lab("u1")),
             Holder::Ours
         );
         assert_eq!(
-            holder(Some(&secret(&[managed], Some(("u1", true)))), "u1"),
+            holder(Some(&secret(&[managed], Some(("u1", true)))), &lab("u1")),
             Holder::Earlier,
             "written by an Ichor from before the label"
         );
@@ -665,10 +708,6 @@ mod tests {
                 "labels alone prove nothing",
             ),
             (
-                secret(&[published], Some(("u0", true))),
-                "a cluster of the same name, deleted and created again",
-            ),
-            (
                 secret(&[published], Some(("u1", false))),
                 "an owner, not the controller",
             ),
@@ -677,13 +716,59 @@ mod tests {
                 "a controller reference without any Ichor label",
             ),
         ] {
-            assert_eq!(holder(Some(&found), "u1"), Holder::Foreign, "{why}");
+            assert_eq!(holder(Some(&found), &lab("u1")), Holder::Foreign, "{why}");
         }
         assert_eq!(
-            holder(Some(&secret(&[published], Some(("", true)))), ""),
+            holder(Some(&secret(&[published], Some(("", true)))), &lab("")),
             Holder::Foreign,
             "an owner without a uid owns nothing"
         );
+    }
+
+    #[test]
+    fn a_secret_published_for_a_predecessor_of_the_same_kind_and_name_passes_on() {
+        let published = (labels::PUBLISHED, "true");
+        let bequeathed = secret(&[published], Some(("u0", true)));
+        assert_eq!(
+            holder(Some(&bequeathed), &lab("u1")),
+            Holder::Bequeathed,
+            "published for a cluster of the same name, deleted and created again"
+        );
+        let elsewhere = Owner {
+            name: "other",
+            ..lab("u1")
+        };
+        let machine = Owner {
+            kind: "TalosMachine".into(),
+            ..lab("u1")
+        };
+        let mut other_group = bequeathed.clone();
+        for o in other_group.metadata.owner_references.iter_mut().flatten() {
+            o.api_version = "example.com/v1".into();
+        }
+        for (found, owner, why) in [
+            (
+                secret(
+                    &[(labels::MANAGED_BY, labels::MANAGED_BY_VALUE)],
+                    Some(("u0", true)),
+                ),
+                lab("u1"),
+                "a predecessor's Secret from before the label",
+            ),
+            (
+                bequeathed.clone(),
+                elsewhere,
+                "published for another cluster",
+            ),
+            (
+                bequeathed,
+                machine,
+                "published for an object of another kind",
+            ),
+            (other_group, lab("u1"), "a controller of another API group"),
+        ] {
+            assert_eq!(holder(Some(&found), &owner), Holder::Foreign, "{why}");
+        }
     }
 
     #[test]
