@@ -650,4 +650,21 @@ async fn one_uuid_is_claimed_by_exactly_one_machine() {
         .expect("answered")
         .expect_err("refused");
     assert_eq!(unusable.reason, reasons::UUID_UNUSABLE);
+
+    // Rejecting the holder releases its claim (the manager's machine controller).
+    let (stop, manager) = support::start_manager(&env);
+    Api::<TalosMachine>::namespaced(client.clone(), &heir.namespace().unwrap_or_default())
+        .patch(
+            &heir.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"approvalState": "rejected"}})),
+        )
+        .await
+        .expect("rejected");
+    eventually("the rejected machine's claim released", Duration::from_secs(30), || async {
+        claims_api.get_opt(name).await.ok().is_some_and(|c| c.is_none())
+    })
+    .await;
+    let _ = stop.send(());
+    let _ = manager.await;
 }
