@@ -661,9 +661,17 @@ async fn one_uuid_is_claimed_by_exactly_one_machine() {
         )
         .await
         .expect("rejected");
-    eventually("the rejected machine's claim released", Duration::from_secs(30), || async {
-        claims_api.get_opt(name).await.ok().is_some_and(|c| c.is_none())
-    })
+    eventually(
+        "the rejected machine's claim released",
+        Duration::from_secs(30),
+        || async {
+            claims_api
+                .get_opt(name)
+                .await
+                .ok()
+                .is_some_and(|c| c.is_none())
+        },
+    )
     .await;
     let _ = stop.send(());
     let _ = manager.await;
