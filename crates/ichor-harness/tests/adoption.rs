@@ -5,14 +5,15 @@
 //! renders, are held as drift; a reboot operation and a worker's removal then work on it. The
 //! wrong bundle is refused before anything is recorded, showing both fingerprints. A TalosCluster
 //! created anew for the running nodes without its bundle gets none generated, and a Secret of
-//! the user's under the kubeconfig's name is left alone until freed (ADR 0053).
+//! the user's under the kubeconfig's name is left alone until freed (ADR 0053). Each adopted
+//! machine holds the claim on its node's UUID, and the removed worker's is released (ADR 0054).
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use ichor_api::names::{conditions, labels, reasons, secrets as keys};
 use ichor_api::operation::{OperationAction, OperationPhase};
-use ichor_api::{TalosCluster, TalosMachine, TalosOperation};
+use ichor_api::{TalosCluster, TalosMachine, TalosMachineClaim, TalosOperation};
 use ichor_harness::specs::{self, Shape};
 use ichor_harness::{SimOptions, SimTarget, Target};
 use ichor_testenv::nets::ADOPTION;
@@ -349,6 +350,27 @@ async fn a_running_cluster_is_adopted_untouched_and_then_managed() {
     .await;
     assert!(held.is_ok(), "{}", specs::summary(&target).await);
     assert_eq!(applies(&target), before, "no node received an apply");
+    // Each adopted machine holds the claim on its node's UUID (ADR 0054).
+    let claims = Api::<TalosMachineClaim>::all(target.client());
+    let held_claims = claims
+        .list(&ListParams::default())
+        .await
+        .expect("claims")
+        .items;
+    for machine in machines
+        .list(&ListParams::default())
+        .await
+        .expect("list")
+        .items
+    {
+        assert!(
+            held_claims
+                .iter()
+                .any(|c| Some(&c.spec.machine.uid) == machine.uid().as_ref()),
+            "{} holds no claim: {held_claims:?}",
+            machine.name_any()
+        );
+    }
     for node in target.nodes() {
         assert_eq!(node.calls("Reboot"), 0, "no node was rebooted");
     }
@@ -399,6 +421,18 @@ async fn a_running_cluster_is_adopted_untouched_and_then_managed() {
         applies(&target)[..2],
         before[..2],
         "still nothing applied to the others"
+    );
+    let worker_uid = worker.uid();
+    let claims_left = claims
+        .list(&ListParams::default())
+        .await
+        .expect("claims")
+        .items;
+    assert!(
+        !claims_left
+            .iter()
+            .any(|c| Some(&c.spec.machine.uid) == worker_uid.as_ref()),
+        "the removed worker released its claim: {claims_left:?}"
     );
     target.down().await;
 }

@@ -274,12 +274,30 @@ async fn record_machine(
         annotations::ADOPTED.to_owned(),
         annotations::TRUE.to_owned(),
     )]));
-    match Api::<TalosMachine>::namespaced(ctx.client.clone(), &namespace)
-        .create(&PostParams::default(), &machine)
-        .await
+    let machines = Api::<TalosMachine>::namespaced(ctx.client.clone(), &namespace);
+    let recorded = match machines.create(&PostParams::default(), &machine).await {
+        Ok(created) => created,
+        Err(kube::Error::Api(s)) if s.is_already_exists() => match machines.get_opt(&name).await? {
+            Some(existing) => existing,
+            None => return Ok(name),
+        },
+        Err(e) => return Err(e.into()),
+    };
+    // The namespace that adopts a node holds it, as one that discovers a node does (ADR 0054):
+    // the UUID was read over the cluster's mutual TLS, so only a holder of its credentials
+    // could have asked. A claim held elsewhere is said, and changes nothing here: no other
+    // namespace reaches a configured node without this cluster's credentials.
+    if let Err(refused) =
+        crate::claims::take(&ctx.client, &recorded, uuid, fingerprint, address).await?
     {
-        Ok(_) => Ok(name),
-        Err(kube::Error::Api(s)) if s.is_already_exists() => Ok(name),
-        Err(e) => Err(e.into()),
+        ctx.event(
+            &recorded,
+            EventType::Warning,
+            refused.reason,
+            actions::RECONCILE,
+            refused.message,
+        )
+        .await;
     }
+    Ok(name)
 }
