@@ -322,13 +322,16 @@ pub async fn run(
         return Ok(None);
     };
     let cluster = &fresh;
-    match asked(ctx, cluster, &trigger).await? {
+    // The backup's futures (a streamed upload, its digests and encryption) are large: each is
+    // boxed so that the reconciles awaiting a backup keep theirs small. Inline, a debug build's
+    // worker thread overflowed its stack under an operation's reconcile.
+    match Box::pin(asked(ctx, cluster, &trigger)).await? {
         Asked::Take => {}
         Asked::NotDue => return Ok(None),
         Asked::Taken(outcome) => return Ok(Some(outcome)),
     }
     let started = Instant::now();
-    let outcome = attempt(ctx, cluster, &trigger, started).await?;
+    let outcome = Box::pin(attempt(ctx, cluster, &trigger, started)).await?;
     let seconds = started.elapsed().as_secs_f64();
     match &outcome {
         Ok(record) => {

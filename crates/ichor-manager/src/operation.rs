@@ -934,7 +934,7 @@ impl Node<'_> {
             operation: self.operation.name_any(),
             machine: self.machine.name_any(),
         };
-        match crate::backups::run(self.ctx, self.cluster, trigger).await? {
+        match Box::pin(crate::backups::run(self.ctx, self.cluster, trigger)).await? {
             None => wait(
                 reasons::WAITING_FOR_LOCK,
                 "another backup of the cluster is running",
