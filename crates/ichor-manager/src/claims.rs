@@ -227,6 +227,25 @@ pub async fn release(client: &kube::Client, machine: &TalosMachine) -> Result<us
     Ok(released)
 }
 
+/// Releases the claims of each machine `deleted` sends (the machine watch's deletes), until
+/// the watch ends. A machine whose removal already released them costs one list; a failure is
+/// logged, and its claim is taken over by the next machine that needs it.
+pub async fn release_deleted(
+    client: kube::Client,
+    mut deleted: tokio::sync::mpsc::UnboundedReceiver<TalosMachine>,
+) {
+    while let Some(machine) = deleted.recv().await {
+        if let Err(error) = release(&client, &machine).await {
+            tracing::warn!(
+                machine = %machine.name_any(),
+                namespace = %machine.namespace().unwrap_or_default(),
+                %error,
+                "a deleted machine's claim was not released; the next machine that needs it takes it over"
+            );
+        }
+    }
+}
+
 /// The namespace's address policy, if an administrator wrote one.
 pub async fn policy(
     client: &kube::Client,

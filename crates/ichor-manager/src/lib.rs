@@ -473,6 +473,30 @@ async fn cluster_controller(ctx: Arc<Context>, stop: tokio::sync::watch::Receive
     .await;
 }
 
+/// Every TalosMachine, watched and cached in `writer` as `Controller::new` would, their managed
+/// fields slimmed to what a status write reads (ADR 0039). A machine deleted without a finalizer
+/// (a pending one) leaves no reconcile behind: each delete the watch sees goes to a task that
+/// releases that machine's claims (ADR 0054).
+fn watched_machines(
+    client: &kube::Client,
+    writer: kube::runtime::reflector::store::Writer<TalosMachine>,
+) -> impl futures::Stream<Item = Result<TalosMachine, watcher::Error>> + Send + use<> {
+    let (deleted, released) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(claims::release_deleted(client.clone(), released));
+    watcher(
+        Api::<TalosMachine>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .modify(status::slim)
+    .reflect(writer)
+    .inspect(move |event| {
+        if let Ok(watcher::Event::Delete(machine)) = event {
+            let _ = deleted.send(machine.clone());
+        }
+    })
+    .applied_objects()
+}
+
 /// The TalosMachine controller: a change of its cluster (patches, versions), of a class or of
 /// a storage of its cluster (patches, volumes) re-renders each machine of that cluster; a
 /// machine whose drift turn ends, or that becomes Ready, wakes the machines queued behind it.
@@ -481,13 +505,7 @@ async fn machine_controller(ctx: Arc<Context>, stop: tokio::sync::watch::Receive
     // The machines as Controller::new would watch and cache them, with their managed fields
     // slimmed to what a status write reads (ADR 0039).
     let (cache, writer) = kube::runtime::reflector::store();
-    let machines = watcher(
-        Api::<TalosMachine>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .modify(status::slim)
-    .reflect(writer)
-    .applied_objects();
+    let machines = watched_machines(&client, writer);
     let controller = Controller::for_stream(machines, cache).with_config(limits(&ctx));
     // The machine gauge is counted from this cache at scrape time: a deleted machine leaves
     // it, so it leaves the gauge.
