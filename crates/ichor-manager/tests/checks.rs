@@ -545,6 +545,14 @@ async fn stored_machine(env: &ichor_testenv::TestEnv, ns: &str, name: &str) -> T
         .expect("machine")
 }
 
+/// Waits (30 s at most) until the claim `name` is gone: `what` says whose release it was.
+async fn claim_gone(claims: &Api<ichor_api::TalosMachineClaim>, name: &str, what: &str) {
+    eventually(what, Duration::from_secs(30), || async {
+        claims.get_opt(name).await.ok().is_some_and(|c| c.is_none())
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_uuid_is_claimed_by_exactly_one_machine() {
     use ichor_api::TalosMachineClaim;
@@ -661,18 +669,7 @@ async fn one_uuid_is_claimed_by_exactly_one_machine() {
         )
         .await
         .expect("rejected");
-    eventually(
-        "the rejected machine's claim released",
-        Duration::from_secs(30),
-        || async {
-            claims_api
-                .get_opt(name)
-                .await
-                .ok()
-                .is_some_and(|c| c.is_none())
-        },
-    )
-    .await;
+    claim_gone(&claims_api, name, "the rejected machine's claim released").await;
 
     // Deleting a pending holder (no finalizer, so no reconcile follows) releases its claim
     // too: the manager's machine watch sees the delete.
@@ -688,18 +685,7 @@ async fn one_uuid_is_claimed_by_exactly_one_machine() {
         .delete(&last.name_any(), &Default::default())
         .await
         .expect("delete the pending holder");
-    eventually(
-        "the deleted machine's claim released",
-        Duration::from_secs(30),
-        || async {
-            claims_api
-                .get_opt(name)
-                .await
-                .ok()
-                .is_some_and(|c| c.is_none())
-        },
-    )
-    .await;
+    claim_gone(&claims_api, name, "the deleted machine's claim released").await;
     // Told to stop here, with the two other tests of this file running beside it, the
     // manager's cluster, storage, backup and operation controllers did not end their graceful
     // shutdown (the machine controller and the watches did): a bug of the manager's shutdown,
