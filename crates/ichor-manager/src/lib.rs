@@ -430,11 +430,34 @@ async fn drive<K, F, Fut>(
     F: Fn(Arc<K>, Arc<Context>) -> Fut + Copy + Send + Sync + 'static,
     Fut: std::future::Future<Output = Result<Action, Error>> + Send + 'static,
 {
-    controller
-        .graceful_shutdown_on(stopped(stop))
+    let cache = controller.store();
+    let run = controller
+        .graceful_shutdown_on(stopped(stop.clone()))
         .run(panics::guard(name, reconcile), error_policy, ctx)
-        .for_each(|_| async {})
-        .await;
+        .for_each(|_| async {});
+    tokio::select! {
+        biased;
+        () = run => {}
+        () = stopped_unfilled(cache, stop) => {}
+    }
+}
+
+/// Resolves once the manager is told to stop while `cache` has not filled yet. kube's graceful
+/// shutdown never ends then: its runner starts no reconcile before the cache is filled, and
+/// once shutting down it no longer polls the watch that would fill it. Nothing ran, so there
+/// is nothing to wait for. A cache that filled leaves the graceful shutdown to end by itself.
+async fn stopped_unfilled<K>(
+    cache: kube::runtime::reflector::Store<K>,
+    stop: tokio::sync::watch::Receiver<bool>,
+) where
+    K: kube::Resource + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    stopped(stop).await;
+    if futures::FutureExt::now_or_never(cache.wait_until_ready()).is_none() {
+        return;
+    }
+    std::future::pending::<()>().await;
 }
 
 /// Each controller's limits: at most `settings.concurrency` reconciles at once. Unbounded, a
@@ -688,6 +711,25 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_manager_told_to_stop_before_its_caches_filled_stops() {
+        // Nothing answers here: no controller's cache ever fills.
+        let nowhere = kube::Client::try_from(kube::Config::new(
+            "http://127.0.0.1:9".parse().expect("url"),
+        ))
+        .expect("client");
+        let ctx = Arc::new(Context::new(
+            nowhere,
+            Settings::default(),
+            Arc::new(Metrics::default()),
+        ));
+        let health = Arc::clone(&ctx.health);
+        tokio::time::timeout(Duration::from_secs(30), run(ctx, async {}))
+            .await
+            .expect("every controller ended");
+        assert!(health.failures().is_empty(), "{:?}", health.failures());
+    }
 
     #[tokio::test]
     async fn a_panicked_reconcile_is_retried_after_its_backoff() {

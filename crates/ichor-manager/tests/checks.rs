@@ -686,10 +686,6 @@ async fn one_uuid_is_claimed_by_exactly_one_machine() {
         .await
         .expect("delete the pending holder");
     claim_gone(&claims_api, name, "the deleted machine's claim released").await;
-    // Told to stop here, with the two other tests of this file running beside it, the
-    // manager's cluster, storage, backup and operation controllers did not end their graceful
-    // shutdown (the machine controller and the watches did): a bug of the manager's shutdown,
-    // found here and not yet fixed. This test is about claims, so it ends the manager's task.
     let _ = stop.send(());
-    manager.abort();
+    manager.await.expect("the manager stops");
 }
