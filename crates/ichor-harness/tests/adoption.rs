@@ -6,14 +6,18 @@
 //! wrong bundle is refused before anything is recorded, showing both fingerprints. A TalosCluster
 //! created anew for the running nodes without its bundle gets none generated, and a Secret of
 //! the user's under the kubeconfig's name is left alone until freed (ADR 0053). Each adopted
-//! machine holds the claim on its node's UUID, and the removed worker's is released (ADR 0054).
+//! machine holds the claim on its node's UUID, and the removed worker's is released; a namespace confined to other
+//! address ranges adopts nothing until its policy allows the endpoints (ADR 0054).
 
 use std::path::PathBuf;
 use std::time::Duration;
 
+use ichor_api::claim::TalosNamespacePolicySpec;
 use ichor_api::names::{conditions, labels, reasons, secrets as keys};
 use ichor_api::operation::{OperationAction, OperationPhase};
-use ichor_api::{TalosCluster, TalosMachine, TalosMachineClaim, TalosOperation};
+use ichor_api::{
+    TalosCluster, TalosMachine, TalosMachineClaim, TalosNamespacePolicy, TalosOperation,
+};
 use ichor_harness::specs::{self, Shape};
 use ichor_harness::{SimOptions, SimTarget, Target};
 use ichor_testenv::nets::ADOPTION;
@@ -21,7 +25,7 @@ use ichor_testenv::wait::try_eventually;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt as _;
-use kube::api::{Api, DeleteParams, ListParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use support::put_secret;
 use tokio::process::Command;
 
@@ -284,11 +288,79 @@ async fn a_running_cluster_is_adopted_untouched_and_then_managed() {
         "nothing recorded"
     );
 
-    // The right bundle: adopted, Ready, nothing applied.
+    // The right bundle, from a namespace confined to other addresses: nothing is contacted or
+    // recorded (ADR 0054).
+    let policies = Api::<TalosNamespacePolicy>::all(target.client());
+    let confined_to = |ranges: Vec<String>| {
+        TalosNamespacePolicy::new(
+            target.namespace(),
+            TalosNamespacePolicySpec {
+                address_ranges: ranges,
+            },
+        )
+    };
+    policies
+        .create(
+            &PostParams::default(),
+            &confined_to(vec!["192.0.2.0/24".into()]),
+        )
+        .await
+        .expect("the namespace's policy");
     specs::create_cluster_with(&target, &shape, adopt("lab-bundle"))
         .await
         .expect("the adopting cluster");
+    let message = adopted_condition(&target, "lab", reasons::ADDRESS_NOT_ALLOWED).await;
+    assert!(
+        message.contains(&endpoints[0]),
+        "the address named: {message}"
+    );
+    assert!(
+        machines
+            .list(&ListParams::default())
+            .await
+            .expect("list")
+            .items
+            .is_empty(),
+        "nothing recorded"
+    );
+
+    // Allowed there: adopted, Ready, nothing applied. The policy's change reaches the cluster
+    // at its next reconcile, which a change of the cluster brings at once.
+    let own: Vec<String> = endpoints
+        .iter()
+        .map(|address| match address.parse::<std::net::IpAddr>() {
+            Ok(std::net::IpAddr::V6(_)) => format!("{address}/128"),
+            _ => format!("{address}/32"),
+        })
+        .collect();
+    policies
+        .replace(target.namespace(), &PostParams::default(), &{
+            let mut allowed = confined_to(own);
+            allowed.metadata.resource_version = policies
+                .get(target.namespace())
+                .await
+                .expect("the policy")
+                .metadata
+                .resource_version;
+            allowed
+        })
+        .await
+        .expect("the endpoints allowed");
+    Api::<TalosCluster>::namespaced(target.client(), target.namespace())
+        .patch(
+            "lab",
+            &PatchParams::default(),
+            &Patch::Merge(
+                serde_json::json!({"metadata": {"annotations": {"example.com/nudge": "1"}}}),
+            ),
+        )
+        .await
+        .expect("the cluster nudged");
     adopted_condition(&target, "lab", reasons::ADOPTED).await;
+    policies
+        .delete(target.namespace(), &DeleteParams::default())
+        .await
+        .expect("the policy removed");
     if let Err(error) = specs::wait_ready(&target, "lab", WAIT).await {
         panic!(
             "{error}: {}\n{}",

@@ -231,6 +231,10 @@ pub enum Refusal {
     /// No node is a control plane.
     #[error("not adopted: none of the endpoints is a control plane")]
     NoControlPlane,
+    /// An endpoint is outside the address ranges the namespace's TalosNamespacePolicy allows
+    /// (the policy's sentence): no node is contacted (ADR 0054).
+    #[error("not adopted: {0}")]
+    AddressNotAllowed(String),
     /// The spec contradicts the nodes.
     #[error("not adopted: {}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
     Contradicts(Vec<Contradiction>),

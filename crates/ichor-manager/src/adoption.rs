@@ -132,6 +132,23 @@ pub async fn adopt(
     if status.adoption.is_some() {
         return Ok(());
     }
+    // A namespace confined to address ranges adopts, and so claims, only nodes inside them.
+    let namespace = cluster.namespace().unwrap_or_default();
+    if let Some(policy) = crate::claims::policy(&ctx.client, &namespace).await? {
+        let refused = spec
+            .endpoints
+            .iter()
+            .find_map(|address| crate::claims::refused_address(&policy, &namespace, address));
+        if let Some(refused) = refused {
+            return refuse(
+                ctx,
+                cluster,
+                status,
+                &Refusal::AddressNotAllowed(refused.message),
+            )
+            .await;
+        }
+    }
     let credentials = ctx.node_credentials(cluster, bundle)?;
     let mut seen = Vec::new();
     for address in &spec.endpoints {
@@ -220,6 +237,7 @@ async fn refuse(
     let reason = match refusal {
         Refusal::BundleMismatch { .. } => reasons::ADOPTION_BUNDLE_MISMATCH,
         Refusal::Contradicts(_) => reasons::ADOPTION_CONTRADICTS_SPEC,
+        Refusal::AddressNotAllowed(_) => reasons::ADDRESS_NOT_ALLOWED,
         Refusal::Unreachable(_) | Refusal::OtherCluster { .. } | Refusal::NoControlPlane => {
             reasons::ADOPTION_REFUSED
         }
