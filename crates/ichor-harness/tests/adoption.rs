@@ -147,6 +147,12 @@ async fn brought_up_by_hand(target: &SimTarget) -> Talosctl {
     talosctl
 }
 
+/// No TalosMachine is recorded: an adoption refused records none of its nodes.
+async fn assert_nothing_recorded(machines: &Api<TalosMachine>) {
+    let recorded = machines.list(&ListParams::default()).await.expect("list");
+    assert!(recorded.items.is_empty(), "nothing recorded: {recorded:?}");
+}
+
 async fn adopted_condition(target: &SimTarget, name: &str, reason: &str) -> String {
     cluster_condition(target, name, conditions::ADOPTED, reason).await
 }
@@ -278,15 +284,7 @@ async fn a_running_cluster_is_adopted_untouched_and_then_managed() {
         "the node's: {message}"
     );
     let machines = Api::<TalosMachine>::namespaced(target.client(), target.namespace());
-    assert!(
-        machines
-            .list(&ListParams::default())
-            .await
-            .expect("list")
-            .items
-            .is_empty(),
-        "nothing recorded"
-    );
+    assert_nothing_recorded(&machines).await;
 
     // The right bundle, from a namespace confined to other addresses: nothing is contacted or
     // recorded (ADR 0054).
@@ -314,15 +312,7 @@ async fn a_running_cluster_is_adopted_untouched_and_then_managed() {
         message.contains(&endpoints[0]),
         "the address named: {message}"
     );
-    assert!(
-        machines
-            .list(&ListParams::default())
-            .await
-            .expect("list")
-            .items
-            .is_empty(),
-        "nothing recorded"
-    );
+    assert_nothing_recorded(&machines).await;
 
     // Allowed there: adopted, Ready, nothing applied. The policy's change reaches the cluster
     // at its next reconcile, which a change of the cluster brings at once.

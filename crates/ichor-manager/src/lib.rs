@@ -161,6 +161,17 @@ pub struct Context {
 }
 
 impl Context {
+    /// A context whose client reaches nothing (an address nothing listens on), for unit tests:
+    /// every Kubernetes call fails.
+    #[cfg(test)]
+    pub(crate) fn nowhere(settings: Settings) -> Self {
+        let nowhere = kube::Client::try_from(kube::Config::new(
+            "http://127.0.0.1:9".parse().expect("url"),
+        ))
+        .expect("client");
+        Self::new(nowhere, settings, Arc::new(Metrics::default()))
+    }
+
     /// A context for `client`.
     pub fn new(client: kube::Client, settings: Settings, metrics: Arc<Metrics>) -> Self {
         let recorder = Recorder::new(
@@ -714,16 +725,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_manager_told_to_stop_before_its_caches_filled_stops() {
-        // Nothing answers here: no controller's cache ever fills.
-        let nowhere = kube::Client::try_from(kube::Config::new(
-            "http://127.0.0.1:9".parse().expect("url"),
-        ))
-        .expect("client");
-        let ctx = Arc::new(Context::new(
-            nowhere,
-            Settings::default(),
-            Arc::new(Metrics::default()),
-        ));
+        // Nothing answers: no controller's cache ever fills.
+        let ctx = Arc::new(Context::nowhere(Settings::default()));
         let health = Arc::clone(&ctx.health);
         tokio::time::timeout(Duration::from_secs(30), run(ctx, async {}))
             .await
@@ -733,15 +736,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_panicked_reconcile_is_retried_after_its_backoff() {
-        let nowhere = kube::Client::try_from(kube::Config::new(
-            "http://127.0.0.1:9".parse().expect("url"),
-        ))
-        .expect("client");
-        let ctx = Arc::new(Context::new(
-            nowhere,
-            Settings::default(),
-            Arc::new(Metrics::default()),
-        ));
+        let ctx = Arc::new(Context::nowhere(Settings::default()));
         let cluster = Arc::new(TalosCluster::test("lab").namespace("a").build());
         let error = Error::Panicked {
             controller: controllers::CLUSTER,

@@ -214,17 +214,13 @@ mod tests {
     }
 
     fn ctx(lifetime: Duration) -> (Context, Arc<crate::TestClock>) {
-        let nowhere = kube::Client::try_from(kube::Config::new(
-            "http://127.0.0.1:9".parse().expect("url"),
-        ))
-        .expect("client");
         let settings = crate::Settings {
             own_credential_lifetime: lifetime,
             ..crate::Settings::default()
         };
         let clock = Arc::new(crate::TestClock::new(k8s_openapi::jiff::Timestamp::now()));
-        let ctx = Context::new(nowhere, settings, Arc::new(crate::Metrics::default()))
-            .with_clock(Arc::clone(&clock) as Arc<dyn crate::Clock>);
+        let ctx =
+            Context::nowhere(settings).with_clock(Arc::clone(&clock) as Arc<dyn crate::Clock>);
         (ctx, clock)
     }
 

@@ -409,15 +409,7 @@ mod tests {
 
     fn ctx() -> Arc<Context> {
         // A client to an address nothing listens on: the condition write fails, and is logged.
-        let nowhere = kube::Client::try_from(kube::Config::new(
-            "http://127.0.0.1:9".parse().expect("url"),
-        ))
-        .expect("client");
-        Arc::new(Context::new(
-            nowhere,
-            crate::Settings::default(),
-            Arc::new(crate::Metrics::default()),
-        ))
+        Arc::new(Context::nowhere(crate::Settings::default()))
     }
 
     #[tokio::test]

@@ -234,22 +234,13 @@ impl NodeSteps<'_> {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
 
     use super::*;
 
     #[tokio::test]
     async fn a_machine_without_a_node_name_skips_its_node_steps_without_calling_anything() {
         // A client to an address nothing listens on: a call would fail.
-        let nowhere = kube::Client::try_from(kube::Config::new(
-            "http://127.0.0.1:9".parse().expect("url"),
-        ))
-        .expect("client");
-        let ctx = Context::new(
-            nowhere,
-            crate::Settings::default(),
-            Arc::new(crate::Metrics::default()),
-        );
+        let ctx = Context::nowhere(crate::Settings::default());
         let cluster = TalosCluster::test("lab").build();
         let machine = TalosMachine::test("w-1").build();
         let steps = NodeSteps {
