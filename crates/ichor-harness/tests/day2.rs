@@ -36,8 +36,8 @@ use serde_json::json;
 mod support;
 
 use support::cluster::{
-    CLUSTER, Monitor, control_planes_in_order, etcd_members, every_machine_applied, gone,
-    ready_target, rolled_out, state_summary, uid_of, wait_rolled_out,
+    CLUSTER, Monitor, control_planes_in_order, etcd_members, every_machine_applied, force,
+    force_removed, gone, ready_target, rolled_out, state_summary, uid_of, wait_rolled_out,
 };
 
 async fn removal_reason(target: &SimTarget, address: &str) -> Option<String> {
@@ -242,16 +242,7 @@ async fn a_failed_leave_stops_and_the_force_path_removes_a_partitioned_node() {
 
     // With it, the member goes through a healthy peer and the skipped reset is recorded.
     let machines: Api<TalosMachine> = Api::namespaced(target.client(), target.namespace());
-    machines
-        .patch(
-            &name,
-            &PatchParams::default(),
-            &Patch::Merge(
-                json!({"metadata": {"annotations": {annotations::FORCE_REMOVE: "true"}}}),
-            ),
-        )
-        .await
-        .expect("force");
+    force(&target, &name).await;
     gone(&target, &name, &uid, Duration::from_secs(120)).await;
     let members = etcd_members(&target, &endpoints[0]).await;
     assert_eq!(members.len(), 3, "{members:?}");
@@ -1254,21 +1245,7 @@ async fn a_replacement_counts_once_a_voter_and_an_unhealthy_voter_holds_the_heal
         s.etcd.as_ref().is_some_and(|o| o.voter && o.healthy)
     })
     .await;
-    machines
-        .patch(
-            &cp3,
-            &PatchParams::default(),
-            &Patch::Merge(
-                json!({"metadata": {"annotations": {annotations::FORCE_REMOVE: "true"}}}),
-            ),
-        )
-        .await
-        .expect("force");
-    let uid3 = uid_of(&target, &cp3).await;
-    specs::delete_machine(&target, &endpoints[2])
-        .await
-        .expect("admitted: the unhealthy voter itself");
-    gone(&target, &cp3, &uid3, Duration::from_secs(180)).await;
+    force_removed(&target, &cp3, &endpoints[2], Duration::from_secs(180)).await;
     assert!(
         !specs::events_with_reason(&target, "ResetSkipped")
             .await
@@ -1406,21 +1383,7 @@ async fn an_unhealthy_etcd_member_holds_every_other_control_plane_and_can_be_for
         )
         .await
         .expect("three control planes declared");
-    machines
-        .patch(
-            &names[4],
-            &PatchParams::default(),
-            &Patch::Merge(
-                json!({"metadata": {"annotations": {annotations::FORCE_REMOVE: "true"}}}),
-            ),
-        )
-        .await
-        .expect("force");
-    let uid5 = uid_of(&target, &names[4]).await;
-    specs::delete_machine(&target, &endpoints[4])
-        .await
-        .expect("admitted: the unhealthy voter itself");
-    gone(&target, &names[4], &uid5, Duration::from_secs(120)).await;
+    force_removed(&target, &names[4], &endpoints[4], Duration::from_secs(120)).await;
     let through_peers: usize = target.nodes()[..4]
         .iter()
         .map(|n| n.calls("EtcdRemoveMemberByID"))
@@ -1835,16 +1798,7 @@ async fn a_removal_waits_while_the_workload_api_is_down_and_with_force_skips_its
 
     // With force, the drain is skipped and recorded, etcd is left and the node reset as usual,
     // and the Node delete is handed to the cluster.
-    Api::<TalosMachine>::namespaced(target.client(), target.namespace())
-        .patch(
-            &name,
-            &PatchParams::default(),
-            &Patch::Merge(
-                json!({"metadata": {"annotations": {annotations::FORCE_REMOVE: "true"}}}),
-            ),
-        )
-        .await
-        .expect("force");
+    force(&target, &name).await;
     tokio::time::timeout(Duration::from_secs(90), reset.arrived(1))
         .await
         .unwrap_or_else(|_| panic!("the reset was never sent: {}", target.manager_log_tail()));
@@ -2018,21 +1972,7 @@ async fn a_replacement_at_a_tombstoned_address_is_not_reset() {
         .name
         .expect("name");
     let machines: Api<TalosMachine> = Api::namespaced(target.client(), target.namespace());
-    machines
-        .patch(
-            &name,
-            &PatchParams::default(),
-            &Patch::Merge(
-                json!({"metadata": {"annotations": {annotations::FORCE_REMOVE: "true"}}}),
-            ),
-        )
-        .await
-        .expect("force");
-    let uid = uid_of(&target, &name).await;
-    specs::delete_machine(&target, &endpoints[1])
-        .await
-        .expect("admitted");
-    gone(&target, &name, &uid, Duration::from_secs(120)).await;
+    force_removed(&target, &name, &endpoints[1], Duration::from_secs(120)).await;
     let clusters: Api<ichor_api::TalosCluster> =
         Api::namespaced(target.client(), target.namespace());
     let stones = clusters

@@ -7,13 +7,13 @@ use std::time::Duration;
 
 use ichor_api::TalosMachine;
 use ichor_api::common::ConditionStatus;
-use ichor_api::names::{conditions, reasons};
+use ichor_api::names::{annotations, conditions, reasons};
 use ichor_harness::specs;
 use ichor_harness::{SimOptions, SimTarget, Target};
 use ichor_sim::SimNode;
 use ichor_testenv::wait::try_eventually;
 use kube::ResourceExt as _;
-use kube::api::{Api, ListParams};
+use kube::api::{Api, ListParams, Patch, PatchParams};
 
 /// The TalosCluster the specs build.
 pub const CLUSTER: &str = "lab";
@@ -168,6 +168,32 @@ pub async fn gone(target: &SimTarget, name: &str, uid: &Option<String>, limit: D
             target.manager_log_tail()
         );
     }
+}
+
+/// Annotates the machine `name` with `force-remove`: its removal may go on past a node that
+/// does not answer.
+pub async fn force(target: &SimTarget, name: &str) {
+    Api::<TalosMachine>::namespaced(target.client(), target.namespace())
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({
+                "metadata": {"annotations": {annotations::FORCE_REMOVE: "true"}}
+            })),
+        )
+        .await
+        .expect("force-remove annotated");
+}
+
+/// Force-removes the machine `name` at `endpoint`: annotated, its delete admitted, and its
+/// record gone within `limit`.
+pub async fn force_removed(target: &SimTarget, name: &str, endpoint: &str, limit: Duration) {
+    force(target, name).await;
+    let uid = uid_of(target, name).await;
+    specs::delete_machine(target, endpoint)
+        .await
+        .expect("the delete admitted");
+    gone(target, name, &uid, limit).await;
 }
 
 /// Whether every machine has its config applied (`ConfigApplied` true) and no drift in flight.
