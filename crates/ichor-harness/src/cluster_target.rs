@@ -626,20 +626,17 @@ impl ClusterTarget {
         )
         .map_err(|e| Error::Spec(e.to_string()))?;
         data.insert("talosconfig".to_owned(), talosconfig.0);
-        let none = BTreeMap::new();
         for i in self.management() {
             let hostname = ClusterPlan::node_name(i);
             let rendered = ichor_render::render(&ichor_render::RenderInput {
-                cluster_name: "ichor-e2e-management",
-                cluster: &spec,
-                role: ichor_api::common::Role::ControlPlane,
                 hostname: Some(&hostname),
                 install: spec.install.as_ref(),
-                cert_sans: &[],
-                node_labels: &none,
-                node_taints: &none,
-                patches: &[],
-                bundle: &self.bundle,
+                ..ichor_render::RenderInput::plain(
+                    "ichor-e2e-management",
+                    &spec,
+                    ichor_api::common::Role::ControlPlane,
+                    &self.bundle,
+                )
             })
             .map_err(|e| Error::Spec(format!("render {hostname}: {e}")))?;
             data.insert(format!("{hostname}.yaml"), rendered.yaml);

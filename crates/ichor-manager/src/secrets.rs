@@ -819,19 +819,12 @@ mod tests {
     fn running_config() -> String {
         let bundle = SecretsBundle::generate(Contract::V1_14).expect("bundle");
         let spec = TalosCluster::test("lab").spec();
-        let empty = BTreeMap::new();
-        ichor_render::render(&ichor_render::RenderInput {
-            cluster_name: "lab",
-            cluster: &spec,
-            role: ichor_api::common::Role::ControlPlane,
-            hostname: None,
-            install: None,
-            cert_sans: &[],
-            node_labels: &empty,
-            node_taints: &empty,
-            patches: &[],
-            bundle: &bundle,
-        })
+        ichor_render::render(&ichor_render::RenderInput::plain(
+            "lab",
+            &spec,
+            ichor_api::common::Role::ControlPlane,
+            &bundle,
+        ))
         .expect("render")
         .yaml
     }

@@ -233,19 +233,12 @@ async fn refusals_and_reports() {
 /// The config a control plane of a cluster behind `endpoint` runs, from `bundle`.
 fn running_config(bundle: &ichor_render::SecretsBundle, endpoint: &str) -> String {
     let spec = TalosCluster::test("again").endpoint(endpoint).spec();
-    let empty = std::collections::BTreeMap::new();
-    ichor_render::render(&ichor_render::RenderInput {
-        cluster_name: "again",
-        cluster: &spec,
-        role: ichor_api::common::Role::ControlPlane,
-        hostname: None,
-        install: None,
-        cert_sans: &[],
-        node_labels: &empty,
-        node_taints: &empty,
-        patches: &[],
+    ichor_render::render(&ichor_render::RenderInput::plain(
+        "again",
+        &spec,
+        ichor_api::common::Role::ControlPlane,
         bundle,
-    })
+    ))
     .expect("render")
     .yaml
 }

@@ -262,18 +262,12 @@ async fn an_operation_reconciled_from_a_stale_copy_sends_nothing_the_stored_stat
         .endpoint(&endpoint)
         .control_planes(1)
         .build();
-    let config = ichor_render::render(&ichor_render::RenderInput {
-        cluster_name: "lab",
-        cluster: &cluster.spec,
-        role: ichor_api::common::Role::ControlPlane,
-        hostname: None,
-        install: None,
-        cert_sans: &[],
-        node_labels: &std::collections::BTreeMap::new(),
-        node_taints: &std::collections::BTreeMap::new(),
-        patches: &[],
-        bundle: &bundle,
-    })
+    let config = ichor_render::render(&ichor_render::RenderInput::plain(
+        "lab",
+        &cluster.spec,
+        ichor_api::common::Role::ControlPlane,
+        &bundle,
+    ))
     .expect("render")
     .yaml;
     let node = SimNode::start_configured(

@@ -87,6 +87,32 @@ pub struct RenderInput<'a> {
     pub bundle: &'a SecretsBundle,
 }
 
+impl<'a> RenderInput<'a> {
+    /// The input for a machine of `role` with nothing of its own: no hostname, install
+    /// settings, certificate SANs, labels, taints or patches. Set any of them with struct
+    /// update syntax.
+    pub fn plain(
+        cluster_name: &'a str,
+        cluster: &'a TalosClusterSpec,
+        role: Role,
+        bundle: &'a SecretsBundle,
+    ) -> Self {
+        static NONE: BTreeMap<String, String> = BTreeMap::new();
+        Self {
+            cluster_name,
+            cluster,
+            role,
+            hostname: None,
+            install: None,
+            cert_sans: &[],
+            node_labels: &NONE,
+            node_taints: &NONE,
+            patches: &[],
+            bundle,
+        }
+    }
+}
+
 /// A rendered config: its documents, its bytes and their content hash.
 #[derive(Clone, PartialEq)]
 pub struct Rendered {

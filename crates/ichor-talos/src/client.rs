@@ -412,18 +412,14 @@ impl TalosClient {
     /// #     "controlPlane": {"count": 1},
     /// # }))?;
     /// let bundle = ichor_render::SecretsBundle::generate(ichor_render::Contract::V1_14)?;
-    /// # let none = std::collections::BTreeMap::new();
     /// # let config = ichor_render::render(&ichor_render::RenderInput {
-    /// #     cluster_name: "lab",
-    /// #     cluster: &cluster,
-    /// #     role: ichor_api::common::Role::ControlPlane,
     /// #     hostname: Some("cp-1"),
-    /// #     install: None,
-    /// #     cert_sans: &[],
-    /// #     node_labels: &none,
-    /// #     node_taints: &none,
-    /// #     patches: &[],
-    /// #     bundle: &bundle,
+    /// #     ..ichor_render::RenderInput::plain(
+    /// #         "lab",
+    /// #         &cluster,
+    /// #         ichor_api::common::Role::ControlPlane,
+    /// #         &bundle,
+    /// #     )
     /// # })?;
     /// // A control plane already running a config rendered from `bundle`.
     /// let node = ichor_sim::SimNode::start_configured(

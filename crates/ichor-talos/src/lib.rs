@@ -44,7 +44,6 @@
 //! maintenance-mode node and apply a config rendered by `ichor-render`:
 //!
 //! ```
-//! use std::collections::BTreeMap;
 //!
 //! use ichor_talos::{ApplyMode, Stage, TalosClient};
 //!
@@ -74,18 +73,15 @@
 //!     disk: Some(disk.dev_path.clone()),
 //!     ..Default::default()
 //! };
-//! let none = BTreeMap::new();
 //! let config = ichor_render::render(&ichor_render::RenderInput {
-//!     cluster_name: "lab",
-//!     cluster: &cluster,
-//!     role: ichor_api::common::Role::ControlPlane,
 //!     hostname: Some("cp-1"),
 //!     install: Some(&install),
-//!     cert_sans: &[],
-//!     node_labels: &none,
-//!     node_taints: &none,
-//!     patches: &[],
-//!     bundle: &bundle,
+//!     ..ichor_render::RenderInput::plain(
+//!         "lab",
+//!         &cluster,
+//!         ichor_api::common::Role::ControlPlane,
+//!         &bundle,
+//!     )
 //! })?;
 //! let applied = client
 //!     .apply_configuration(config.yaml.as_bytes(), ApplyMode::NoReboot)

@@ -2,7 +2,6 @@
 
 #![allow(dead_code)]
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use ichor_api::TalosCluster;
@@ -96,18 +95,10 @@ pub fn node_config(bundle: &SecretsBundle, node: &NodeConfig<'_>) -> String {
         disk: Some("/dev/vda".into()),
         ..Default::default()
     };
-    let empty = BTreeMap::new();
     render(&RenderInput {
-        cluster_name: "lab",
-        cluster: &spec,
-        role: node.role,
         hostname: node.hostname,
         install: node.install.then_some(&install),
-        cert_sans: &[],
-        node_labels: &empty,
-        node_taints: &empty,
-        patches: &[],
-        bundle,
+        ..RenderInput::plain("lab", &spec, node.role, bundle)
     })
     .expect("render")
     .yaml
