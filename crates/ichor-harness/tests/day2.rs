@@ -241,7 +241,6 @@ async fn a_failed_leave_stops_and_the_force_path_removes_a_partitioned_node() {
     assert_eq!(etcd_members(&target, &endpoints[0]).await.len(), 4);
 
     // With it, the member goes through a healthy peer and the skipped reset is recorded.
-    let machines: Api<TalosMachine> = Api::namespaced(target.client(), target.namespace());
     force(&target, &name).await;
     gone(&target, &name, &uid, Duration::from_secs(120)).await;
     let members = etcd_members(&target, &endpoints[0]).await;
@@ -1113,7 +1112,6 @@ async fn a_reset_is_checked_at_the_door_and_stops_at_the_declared_count() {
 async fn a_replacement_counts_once_a_voter_and_an_unhealthy_voter_holds_the_healthy_ones() {
     let target = ready_target(SimOptions::new(4, DAY2.net(7), "v1.14.1"), 3, 3, 0).await;
     let endpoints = target.node_endpoints();
-    let machines: Api<TalosMachine> = Api::namespaced(target.client(), target.namespace());
     let monitor = Monitor::start(target.nodes().to_vec());
 
     // A replacement must be a voter. A fourth control plane is approved; it joins etcd as a
@@ -1297,7 +1295,6 @@ async fn an_unhealthy_etcd_member_holds_every_other_control_plane_and_can_be_for
                 .name_any(),
         );
     }
-    let machines: Api<TalosMachine> = Api::namespaced(target.client(), target.namespace());
     let monitor = Monitor::start(target.nodes().to_vec());
     let cp2 = specs::delete_machine(&target, &endpoints[1])
         .await
@@ -1971,7 +1968,6 @@ async fn a_replacement_at_a_tombstoned_address_is_not_reset() {
         .metadata
         .name
         .expect("name");
-    let machines: Api<TalosMachine> = Api::namespaced(target.client(), target.namespace());
     force_removed(&target, &name, &endpoints[1], Duration::from_secs(120)).await;
     let clusters: Api<ichor_api::TalosCluster> =
         Api::namespaced(target.client(), target.namespace());
