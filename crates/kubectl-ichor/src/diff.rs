@@ -1,94 +1,11 @@
 //! A unified line diff (`---`/`+++` headers, `@@` hunks with three lines of context), as
-//! `diff -u` prints one. Common leading and trailing lines are set aside first, so a config
-//! that changed in a few places costs little; the rest is a longest-common-subsequence diff,
-//! replaced by a plain remove-and-add beyond [`MAX_CELLS`].
+//! `diff -u` prints one, made by the `similar` crate. Lines are compared without their line
+//! endings, and a run of changes lists its removals before its additions.
+
+use similar::TextDiff;
 
 /// Lines of context around each change.
 pub const CONTEXT: usize = 3;
-
-/// The largest LCS table (lines × lines) computed; beyond it the changed middle is shown as
-/// removed then added.
-pub const MAX_CELLS: usize = 16_000_000;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Op {
-    Same,
-    Removed,
-    Added,
-}
-
-/// The edit script turning `old` into `new`.
-fn script<'a>(old: &[&'a str], new: &[&'a str]) -> Vec<(Op, &'a str)> {
-    let prefix = old.iter().zip(new).take_while(|(a, b)| a == b).count();
-    let suffix = old[prefix..]
-        .iter()
-        .rev()
-        .zip(new[prefix..].iter().rev())
-        .take_while(|(a, b)| a == b)
-        .count();
-    let a = &old[prefix..old.len() - suffix];
-    let b = &new[prefix..new.len() - suffix];
-    let mut ops: Vec<(Op, &str)> = old[..prefix].iter().map(|l| (Op::Same, *l)).collect();
-    if a.len().saturating_mul(b.len()) > MAX_CELLS {
-        ops.extend(a.iter().map(|l| (Op::Removed, *l)));
-        ops.extend(b.iter().map(|l| (Op::Added, *l)));
-    } else {
-        // lcs[i][j]: the LCS length of a[i..] and b[j..].
-        let width = b.len() + 1;
-        let mut lcs = vec![0u32; (a.len() + 1) * width];
-        for i in (0..a.len()).rev() {
-            for j in (0..b.len()).rev() {
-                lcs[i * width + j] = if a[i] == b[j] {
-                    lcs[(i + 1) * width + j + 1] + 1
-                } else {
-                    lcs[(i + 1) * width + j].max(lcs[i * width + j + 1])
-                };
-            }
-        }
-        let (mut i, mut j) = (0, 0);
-        while i < a.len() || j < b.len() {
-            if i < a.len() && j < b.len() && a[i] == b[j] {
-                ops.push((Op::Same, a[i]));
-                i += 1;
-                j += 1;
-            } else if j < b.len()
-                && (i == a.len() || lcs[i * width + j + 1] >= lcs[(i + 1) * width + j])
-            {
-                ops.push((Op::Added, b[j]));
-                j += 1;
-            } else {
-                ops.push((Op::Removed, a[i]));
-                i += 1;
-            }
-        }
-    }
-    ops.extend(old[old.len() - suffix..].iter().map(|l| (Op::Same, *l)));
-    // Removals before additions inside each run of changes reads best.
-    let mut k = 0;
-    while k < ops.len() {
-        if ops[k].0 == Op::Same {
-            k += 1;
-            continue;
-        }
-        let end = ops[k..]
-            .iter()
-            .position(|(op, _)| *op == Op::Same)
-            .map_or(ops.len(), |p| k + p);
-        ops[k..end].sort_by_key(|(op, _)| *op == Op::Added);
-        k = end;
-    }
-    ops
-}
-
-/// `start,count` of a hunk side, as `diff -u` writes it (an empty side names the line before).
-fn range(start: usize, count: usize) -> String {
-    let first = if count == 0 { start } else { start + 1 };
-    if count == 1 {
-        format!("{first}")
-    } else {
-        format!("{first},{count}")
-    }
-}
 
 /// The unified diff from `old` to `new`, or `None` when they are the same.
 pub fn unified(old: &str, new: &str, old_label: &str, new_label: &str) -> Option<String> {
@@ -97,65 +14,21 @@ pub fn unified(old: &str, new: &str, old_label: &str, new_label: &str) -> Option
     }
     let a: Vec<&str> = old.lines().collect();
     let b: Vec<&str> = new.lines().collect();
-    let ops = script(&a, &b);
-    let changed: Vec<usize> = ops
-        .iter()
-        .enumerate()
-        .filter(|(_, (op, _))| *op != Op::Same)
-        .map(|(i, _)| i)
-        .collect();
-    if changed.is_empty() {
+    if a == b {
         // Only line endings differ (e.g. a final newline).
         return Some(format!(
             "--- {old_label}\n+++ {new_label}\n(the texts differ only in line endings)\n"
         ));
     }
-    // Group changes whose contexts touch into hunks of op indices [start, end).
-    let mut hunks: Vec<(usize, usize)> = Vec::new();
-    for &i in &changed {
-        let start = i.saturating_sub(CONTEXT);
-        let end = (i + 1 + CONTEXT).min(ops.len());
-        match hunks.last_mut() {
-            Some(last) if start <= last.1 => last.1 = end,
-            _ => hunks.push((start, end)),
-        }
-    }
-    let mut out = format!("--- {old_label}\n+++ {new_label}\n");
-    // Line numbers before each op.
-    let (mut old_at, mut new_at) = (Vec::new(), Vec::new());
-    let (mut o, mut n) = (0, 0);
-    for (op, _) in &ops {
-        old_at.push(o);
-        new_at.push(n);
-        match op {
-            Op::Same => {
-                o += 1;
-                n += 1;
-            }
-            Op::Removed => o += 1,
-            Op::Added => n += 1,
-        }
-    }
-    for (start, end) in hunks {
-        let slice = &ops[start..end];
-        let old_count = slice.iter().filter(|(op, _)| *op != Op::Added).count();
-        let new_count = slice.iter().filter(|(op, _)| *op != Op::Removed).count();
-        out.push_str(&format!(
-            "@@ -{} +{} @@\n",
-            range(old_at[start], old_count),
-            range(new_at[start], new_count)
-        ));
-        for (op, line) in slice {
-            out.push(match op {
-                Op::Same => ' ',
-                Op::Removed => '-',
-                Op::Added => '+',
-            });
-            out.push_str(line);
-            out.push('\n');
-        }
-    }
-    Some(out)
+    // Lines without their endings: the diff writes each with a `\n` of its own, and never a
+    // "\ No newline at end of file" marker.
+    let diff = TextDiff::from_slices(&a, &b);
+    Some(
+        diff.unified_diff()
+            .context_radius(CONTEXT)
+            .header(old_label, new_label)
+            .to_string(),
+    )
 }
 
 #[cfg(test)]
@@ -216,6 +89,17 @@ mod tests {
         assert_eq!(
             out,
             "--- x\n+++ y\n@@ -1,4 +1,4 @@\n a\n-b\n-c\n+B\n+C\n d\n"
+        );
+    }
+
+    #[test]
+    fn line_endings_are_not_compared() {
+        let out = unified("a\r\nb", "a\nc\n", "x", "y").expect("a diff");
+        assert_eq!(out, "--- x\n+++ y\n@@ -1,2 +1,2 @@\n a\n-b\n+c\n");
+        let out = unified("a\r\nb\r\n", "a\nb", "x", "y").expect("a diff");
+        assert_eq!(
+            out,
+            "--- x\n+++ y\n(the texts differ only in line endings)\n"
         );
     }
 
