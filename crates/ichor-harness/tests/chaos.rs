@@ -5,7 +5,7 @@
 //! partitioned. In every case the work resumes, no once-only step runs twice (counted on the
 //! simulated nodes), and etcd keeps quorum (a monitor watches it every few milliseconds).
 //!
-//! The kill points (tests/day2.rs, tests/e2e.rs) restart the one manager; the fail-closed specs
+//! The kill points (tests/day2/, tests/e2e.rs) restart the one manager; the fail-closed specs
 //! stop the workload apiserver and partition a node from everyone. These are the faults that
 //! neither reaches.
 

@@ -78,7 +78,7 @@ pub const TALOS_INSTALL_FAILURES: Nets = Nets::new(65, 1);
 pub const MANAGER_OPERATION: Nets = Nets::new(66, 1);
 /// `ichor-harness/tests/e2e.rs`: a block per spec.
 pub const E2E: Nets = Nets::new(70, 7);
-/// `ichor-harness/tests/day2.rs`: a block per spec.
+/// `ichor-harness/tests/day2/`: a block per spec.
 pub const DAY2: Nets = Nets::new(77, 13);
 /// `ichor-harness/tests/credentials.rs`.
 pub const CREDENTIALS: Nets = Nets::new(91, 1);
@@ -129,7 +129,7 @@ pub const PANICS: Nets = Nets::new(201, 1);
 /// `ichor-harness/tests/classes.rs`: the claims spec (two namespaces, one machine).
 pub const CLAIMS: Nets = Nets::new(211, 1);
 
-/// `ichor-harness/tests/day2.rs`: the specs of ADR 0052 (a teardown admission never saw, a
+/// `ichor-harness/tests/day2/`: the specs of ADR 0052 (a teardown admission never saw, a
 /// replacement at a tombstoned address), a block per spec.
 pub const TRUST: Nets = Nets::new(215, 2);
 
