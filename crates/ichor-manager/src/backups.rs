@@ -39,13 +39,13 @@ use crate::seal::Sealer;
 use crate::{Context, Error, conditions as cond};
 
 /// The size of each uploaded part (S3's smallest but the last is 5 MiB).
-const PART: usize = 5 * 1024 * 1024;
+pub(crate) const PART: usize = 5 * 1024 * 1024;
 /// Parts in flight at once: with the part being filled, what a backup holds in memory.
-const PARTS_IN_FLIGHT: usize = 2;
+pub(crate) const PARTS_IN_FLIGHT: usize = 2;
 /// Snapshot chunks queued between the node and the upload.
-const CHUNKS_QUEUED: usize = 64;
+pub(crate) const CHUNKS_QUEUED: usize = 64;
 /// When a scheduled backup finds another running, it looks again after this.
-const BUSY_RETRY: Duration = Duration::from_secs(10);
+pub(crate) const BUSY_RETRY: Duration = Duration::from_secs(10);
 
 /// Why a backup did not reach the store: a condition reason and what to do.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -41,6 +41,8 @@ pub mod secrets;
 pub mod status;
 pub mod storage;
 pub mod tasks;
+#[cfg(test)]
+mod tuning;
 pub mod workload;
 
 use std::collections::BTreeMap;

@@ -28,7 +28,7 @@ use serde_json::json;
 use crate::decide::{DriftRefused, Etcd, NodeView, drift_refused, standing};
 use crate::{Context, Error, conditions as cond, secrets};
 
-mod plan;
+pub(crate) mod plan;
 
 use plan::{Answers, Blocked, DriftStep, InstallSeen, InstallVerdict};
 

@@ -34,7 +34,7 @@ use crate::{Context, Error, conditions as cond, lock, secrets, workload};
 mod plan;
 
 /// How long a node may take to go down after a reboot or an upgrade was sent, and to come back.
-const NODE_PATIENCE: Duration = Duration::from_secs(300);
+pub(crate) const NODE_PATIENCE: Duration = Duration::from_secs(300);
 
 /// The lock holder of an operation.
 pub fn holder(operation: &TalosOperation) -> LockHolder {

@@ -10,7 +10,7 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 /// How much longer than its lifetime a certificate may still run before it is taken for one
 /// minted under a longer lifetime (certificates are backdated a minute for slow clocks).
-const SLACK: Duration = Duration::from_secs(120);
+pub(crate) const SLACK: Duration = Duration::from_secs(120);
 
 /// A client certificate's validity.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -164,7 +164,7 @@ pub async fn ensure(
 }
 
 /// The least a probe for running nodes waits for each step (connect, handshake, answer).
-const PROBE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(5);
+pub(crate) const PROBE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Where a cluster's nodes would answer if they already ran: the host of `spec.endpoint` and
 /// every address its machines name (`status.address`, `spec.endpoints`), each once.

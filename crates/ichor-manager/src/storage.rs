@@ -21,7 +21,7 @@ use crate::error::Error;
 use crate::{Context, status};
 
 /// How often a storage whose volumes are not all ready looks again.
-const PENDING_REQUEUE: Duration = Duration::from_secs(10);
+pub(crate) const PENDING_REQUEUE: Duration = Duration::from_secs(10);
 
 /// What was seen of one selected machine.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -185,3 +185,140 @@ async fn main() -> ExitCode {
     ichor_service::init_tracing();
     ichor_service::exit("ichor-manager", run(options).await)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use clap::CommandFactory as _;
+
+    use super::*;
+
+    /// A duration as `docs/tuning.md` writes it: in the largest of `d`, `h`, `min`, `s` and
+    /// `ms` that divides it (as the library's check of the page writes it).
+    fn shown(duration: Duration) -> String {
+        let millis = duration.as_millis();
+        let units = [
+            ("d", 86_400_000),
+            ("h", 3_600_000),
+            ("min", 60_000),
+            ("s", 1000),
+        ];
+        let (unit, size) = units
+            .into_iter()
+            .find(|(_, size)| millis >= *size && millis.is_multiple_of(*size))
+            .unwrap_or(("ms", 1));
+        format!("{} {unit}", millis / size)
+    }
+
+    /// What each tuning flag sets in `options`, as `docs/tuning.md` writes it.
+    fn tuned(options: &Options) -> Vec<(&'static str, String)> {
+        let settings = options.settings("test");
+        vec![
+            ("--lease-seconds", shown(options.lease("test").duration)),
+            ("--sweep-timeout-ms", shown(settings.sweep.timeout)),
+            ("--requeue-ms", shown(settings.progress_requeue)),
+            ("--credential-lifetime", shown(settings.credential_lifetime)),
+            (
+                "--own-credential-lifetime",
+                shown(settings.own_credential_lifetime),
+            ),
+            (
+                "--install-stall-seconds",
+                shown(settings.install_stall_limit),
+            ),
+            ("--concurrent-reconciles", settings.concurrency.to_string()),
+            (
+                "--settled-looks-per-second",
+                settings.settled_looks_per_second.to_string(),
+            ),
+        ]
+    }
+
+    /// The options of every flag at its default but those `given` (by long name), each named on
+    /// the command line so that no environment variable stands in for it.
+    fn parsed(given: &BTreeMap<String, String>) -> Options {
+        let command = Options::command();
+        let args = command.get_arguments().filter_map(|arg| {
+            let long = arg.get_long()?;
+            let default = arg.get_default_values().first();
+            let value = given
+                .get(long)
+                .cloned()
+                .or_else(|| Some(default?.to_string_lossy().into_owned()))?;
+            Some(format!("--{long}={value}"))
+        });
+        let args = std::iter::once("ichor-manager".to_owned()).chain(args);
+        Options::try_parse_from(args).expect("the flags parse")
+    }
+
+    /// Every manager flag `docs/tuning.md` names states the flag's default, and every tuning
+    /// flag has its row: a default changed without the page fails.
+    #[test]
+    fn tuning_doc_states_each_flag_default() {
+        let doc = include_str!("../../../../docs/tuning.md");
+        let rows: Vec<(&str, &str)> = doc
+            .lines()
+            .filter(|line| line.starts_with("| "))
+            .map(|line| line.split('|').map(|c| c.trim().trim_matches('`')))
+            .filter_map(|mut cells| Some((cells.nth(2)?, cells.nth(1)?)))
+            .filter(|(flag, _)| flag.starts_with("--"))
+            .collect();
+        let defaults = tuned(&parsed(&BTreeMap::new()));
+        for (flag, value) in &defaults {
+            let stated = rows
+                .iter()
+                .find(|(named, _)| named == flag)
+                .map(|row| row.1);
+            assert_eq!(
+                stated,
+                Some(value.as_str()),
+                "docs/tuning.md's default of {flag}"
+            );
+        }
+        for (named, _) in &rows {
+            let checked = defaults.iter().any(|(flag, _)| flag == named);
+            assert!(
+                checked,
+                "docs/tuning.md names {named}, which no test checks"
+            );
+        }
+    }
+
+    /// The chart sets every tuning flag (through its environment variable) to the flag's own
+    /// default, so an install gets the defaults `docs/tuning.md` states.
+    #[test]
+    fn chart_values_are_the_flag_defaults() {
+        let chart = include_str!("../../../../charts/ichor/values.yaml");
+        let chart: serde_json::Value = serde_saphyr::from_str(chart).expect("values.yaml reads");
+        let defaults = tuned(&parsed(&BTreeMap::new()));
+        let given: BTreeMap<String, String> = defaults
+            .iter()
+            .map(|(flag, _)| {
+                let long = flag.trim_start_matches("--");
+                let key: String = long
+                    .split('-')
+                    .enumerate()
+                    .map(|(i, w)| {
+                        if i == 0 {
+                            w.to_owned()
+                        } else {
+                            w[..1].to_uppercase() + &w[1..]
+                        }
+                    })
+                    .collect();
+                let value = match &chart["manager"][&key] {
+                    serde_json::Value::String(text) => text.clone(),
+                    serde_json::Value::Number(number) => number.to_string(),
+                    other => panic!("values.yaml's manager.{key} is {other}"),
+                };
+                (long.to_owned(), value)
+            })
+            .collect();
+        assert_eq!(
+            tuned(&parsed(&given)),
+            defaults,
+            "the chart's values: {given:?}"
+        );
+    }
+}

@@ -686,7 +686,7 @@ pub(crate) fn echo_wait(last: Option<LastLook>, seen: u64, now: Instant) -> Opti
 }
 
 /// How many progress requeues a machine in progress waits at most between looks.
-const PROGRESS_BACKOFF_MAX: u32 = 5;
+pub(crate) const PROGRESS_BACKOFF_MAX: u32 = 5;
 
 /// How long a machine in progress waits for its next look, given the last look at it
 /// (`last`), where it stands now (`standing`) and the progress requeue: the progress requeue

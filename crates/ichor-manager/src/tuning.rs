@@ -1,0 +1,189 @@
+//! The check that `docs/tuning.md` states the code's defaults: every row that names an item of
+//! the manager, or of a crate it builds on, gives that item's value, so a default changed
+//! without the page (or the page without the code) fails. The flags' defaults are checked by
+//! the binary's own test.
+
+use std::time::Duration;
+
+use crate::{Settings, backup, backups, decide, error, lock, machine, operation, panics};
+use crate::{renewal, secrets, storage, workload};
+
+/// A duration as `docs/tuning.md` writes it: in the largest of `d`, `h`, `min`, `s` and
+/// `ms` that divides it.
+fn shown(duration: Duration) -> String {
+    let millis = duration.as_millis();
+    let units = [
+        ("d", 86_400_000),
+        ("h", 3_600_000),
+        ("min", 60_000),
+        ("s", 1000),
+    ];
+    let (unit, size) = units
+        .into_iter()
+        .find(|(_, size)| millis >= *size && millis.is_multiple_of(*size))
+        .unwrap_or(("ms", 1));
+    format!("{} {unit}", millis / size)
+}
+
+/// The rows of `docs/tuning.md`'s tables, as (flag, code, default), backticks dropped.
+fn tuning_rows() -> Vec<[&'static str; 3]> {
+    let doc = include_str!("../../../docs/tuning.md");
+    let rows = doc
+        .lines()
+        .filter(|l| l.starts_with('|') && !l.starts_with("|---"));
+    rows.filter(|l| !l.starts_with("| Setting |"))
+        .map(|line| {
+            let cells: Vec<&str> = line
+                .split('|')
+                .map(|c| c.trim().trim_matches('`'))
+                .collect();
+            assert_eq!(
+                cells.len(),
+                8,
+                "a row of docs/tuning.md without six cells: {line}"
+            );
+            [cells[2], cells[3], cells[4]]
+        })
+        .collect()
+}
+
+/// The durations `docs/tuning.md` names by their code.
+fn duration_defaults() -> Vec<(&'static str, Duration)> {
+    let Settings {
+        sweep,
+        bootstrap_patience,
+        progress_requeue,
+        settled_requeue,
+        settled_looks_per_second: _,
+        install_stall_limit,
+        reporter: _,
+        instance: _,
+        credential_lifetime,
+        own_credential_lifetime,
+        concurrency: _,
+    } = Settings::default();
+    let discovery: ichor_api::cluster::DiscoverySpec =
+        serde_json::from_value(serde_json::json!({ "cidrs": [] })).expect("a discovery spec");
+    let interval = ichor_api::time::parse_duration("interval", &discovery.interval);
+    let max_age = u64::try_from(ichor_deleteguard::OBSERVATION_MAX_AGE).expect("positive");
+    vec![
+        ("Settings::progress_requeue", progress_requeue),
+        ("Settings::settled_requeue", settled_requeue),
+        ("decide::OBSERVATION_REFRESH", decide::OBSERVATION_REFRESH),
+        ("storage::PENDING_REQUEUE", storage::PENDING_REQUEUE),
+        (
+            "ichor_api::cluster::DiscoverySpec::interval",
+            interval.expect("it reads"),
+        ),
+        (
+            "ichor_talos::discovery::SweepConfig::timeout",
+            sweep.timeout,
+        ),
+        ("secrets::PROBE_PATIENCE", secrets::PROBE_PATIENCE),
+        (
+            "lock::LOCK_SECONDS",
+            Duration::from_secs(lock::LOCK_SECONDS),
+        ),
+        ("panics::FIRST_RETRY", panics::FIRST_RETRY),
+        ("panics::RETRY_CAP", panics::RETRY_CAP),
+        ("error::BUG_REQUEUE", error::BUG_REQUEUE),
+        ("backup::FAILURE_RETRY", backup::FAILURE_RETRY),
+        ("backups::BUSY_RETRY", backups::BUSY_RETRY),
+        ("Settings::credential_lifetime", credential_lifetime),
+        ("Settings::own_credential_lifetime", own_credential_lifetime),
+        ("renewal::SLACK", renewal::SLACK),
+        ("Settings::bootstrap_patience", bootstrap_patience),
+        ("Settings::install_stall_limit", install_stall_limit),
+        ("operation::NODE_PATIENCE", operation::NODE_PATIENCE),
+        ("workload::API_TIMEOUT", workload::API_TIMEOUT),
+        (
+            "ichor_deleteguard::OBSERVATION_MAX_AGE",
+            Duration::from_secs(max_age),
+        ),
+    ]
+}
+
+/// The Talos request limits `docs/tuning.md` names: the client's defaults, which the manager
+/// keeps.
+fn limit_defaults() -> Vec<(&'static str, Duration)> {
+    let ichor_talos::Limits {
+        quick,
+        long,
+        snapshot_idle,
+        pull,
+        upgrade,
+    } = ichor_talos::Limits::default();
+    vec![
+        ("ichor_talos::Limits::quick", quick),
+        ("ichor_talos::Limits::long", long),
+        ("ichor_talos::Limits::snapshot_idle", snapshot_idle),
+        ("ichor_talos::Limits::pull", pull),
+        ("ichor_talos::Limits::upgrade", upgrade),
+    ]
+}
+
+/// The counts and sizes `docs/tuning.md` names by their code, as it writes them.
+fn count_defaults() -> Vec<(&'static str, String)> {
+    let settings = Settings::default();
+    vec![
+        (
+            "machine::plan::PROGRESS_BACKOFF_MAX",
+            machine::plan::PROGRESS_BACKOFF_MAX.to_string(),
+        ),
+        (
+            "Settings::settled_looks_per_second",
+            settings.settled_looks_per_second.to_string(),
+        ),
+        ("Settings::concurrency", settings.concurrency.to_string()),
+        (
+            "ichor_talos::discovery::SweepConfig::concurrency",
+            settings.sweep.concurrency.to_string(),
+        ),
+        (
+            "backups::PARTS_IN_FLIGHT",
+            backups::PARTS_IN_FLIGHT.to_string(),
+        ),
+        (
+            "backups::PART",
+            format!("{} MiB", backups::PART / (1024 * 1024)),
+        ),
+        ("backups::CHUNKS_QUEUED", backups::CHUNKS_QUEUED.to_string()),
+        (
+            "ichor_talos::discovery::MAX_CIDRS",
+            ichor_talos::discovery::MAX_CIDRS.to_string(),
+        ),
+        (
+            "ichor_talos::discovery::MIN_PREFIX",
+            ichor_talos::discovery::MIN_PREFIX.to_string(),
+        ),
+    ]
+}
+
+/// Every default `docs/tuning.md` names by its code is the code's, and every code item it
+/// names (but the webhook's) is checked here: a default changed on one side alone fails.
+#[test]
+fn tuning_doc_states_the_code_defaults() {
+    let durations = duration_defaults().into_iter().chain(limit_defaults());
+    let durations = durations.map(|(item, duration)| (item, shown(duration)));
+    let code: Vec<(&str, String)> = durations.chain(count_defaults()).collect();
+    let rows = tuning_rows();
+    for (item, value) in &code {
+        let [_, _, stated] = rows
+            .iter()
+            .find(|[_, named, _]| named == item)
+            .unwrap_or_else(|| panic!("docs/tuning.md has no row for `{item}`"));
+        assert_eq!(
+            stated, value,
+            "docs/tuning.md gives `{item}` as {stated}, the code {value}"
+        );
+    }
+    for [_, named, _] in &rows {
+        let checked = *named == "—"
+            || named.starts_with("ichor_webhook::")
+            || code.iter().any(|(item, _)| item == named);
+        assert!(
+            checked,
+            "docs/tuning.md names `{named}`, which no test checks"
+        );
+    }
+}
