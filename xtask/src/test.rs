@@ -7,6 +7,9 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
+use object::Endianness;
+use object::elf::{FileHeader64, PT_INTERP};
+use object::read::elf::{FileHeader as _, ProgramHeader as _};
 
 use crate::envtest;
 use crate::run::{
@@ -682,28 +685,14 @@ pub fn release(root: &Path) -> Result<PathBuf> {
     Ok(dir)
 }
 
-/// Whether a 64-bit little-endian ELF executable has a `PT_INTERP` program header.
+/// Whether a 64-bit ELF executable has a `PT_INTERP` program header.
 fn needs_loader(bytes: &[u8]) -> Result<bool> {
-    const PT_INTERP: u32 = 3;
-    let at = |offset: usize, len: usize| {
-        bytes
-            .get(offset..offset + len)
-            .context("the file ends inside its ELF headers")
-    };
-    if at(0, 4)? != b"\x7fELF" || at(4, 1)? != [2] {
-        bail!("not a 64-bit ELF file");
-    }
-    let u16_at = |o| at(o, 2).map(|b| u16::from_le_bytes([b[0], b[1]]));
-    let table = usize::try_from(u64::from_le_bytes(at(0x20, 8)?.try_into()?))?;
-    let entry = usize::from(u16_at(0x36)?);
-    let count = usize::from(u16_at(0x38)?);
-    for i in 0..count {
-        let kind = u32::from_le_bytes(at(table + i * entry, 4)?.try_into()?);
-        if kind == PT_INTERP {
-            return Ok(true);
-        }
-    }
-    Ok(false)
+    let header = FileHeader64::<Endianness>::parse(bytes)?;
+    let endian = header.endian()?;
+    Ok(header
+        .program_headers(endian, bytes)?
+        .iter()
+        .any(|program| program.p_type(endian) == PT_INTERP))
 }
 
 /// Builds `ichor-manager` and `ichor-webhook` statically linked (`crt-static`), in release;

@@ -19,6 +19,9 @@ use kube::api::{
     Api, DynamicObject, ObjectMeta, Patch, PatchParams, PostParams, ValidationDirective,
 };
 use kube::discovery::{Discovery, Scope};
+use object::Endianness;
+use object::elf::{FileHeader64, PT_INTERP};
+use object::read::elf::{FileHeader as _, ProgramHeader as _};
 use serde_json::Value;
 
 const NAMESPACE: &str = "ichor-chart";
@@ -386,18 +389,15 @@ fn the_images_are_distroless_and_non_root() {
     }
 }
 
-/// Whether an ELF executable asks for a program interpreter (a dynamic loader).
+/// Whether a 64-bit ELF executable asks for a program interpreter (a dynamic loader).
 fn has_interpreter(bytes: &[u8]) -> bool {
-    assert_eq!(&bytes[..4], b"\x7fELF", "not an ELF file");
-    assert_eq!(bytes[4], 2, "not a 64-bit ELF file");
-    let u16_at = |at: usize| u16::from_le_bytes([bytes[at], bytes[at + 1]]);
-    let u32_at = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes"));
-    let u64_at = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
-    let table = usize::try_from(u64_at(0x20)).expect("offset");
-    let entry = usize::from(u16_at(0x36));
-    let count = usize::from(u16_at(0x38));
-    const PT_INTERP: u32 = 3;
-    (0..count).any(|i| u32_at(table + i * entry) == PT_INTERP)
+    let header = FileHeader64::<Endianness>::parse(bytes).expect("a 64-bit ELF file");
+    let endian = header.endian().expect("an ELF byte order");
+    header
+        .program_headers(endian, bytes)
+        .expect("the ELF program headers")
+        .iter()
+        .any(|program| program.p_type(endian) == PT_INTERP)
 }
 
 #[test]
@@ -421,6 +421,8 @@ fn the_static_check_tells_a_program_that_needs_a_loader() {
     let mut elf = vec![0u8; 0x40 + 2 * 0x38];
     elf[..4].copy_from_slice(b"\x7fELF");
     elf[4] = 2;
+    elf[5] = 1; // little-endian
+    elf[6] = 1; // EV_CURRENT
     elf[0x20..0x28].copy_from_slice(&0x40u64.to_le_bytes());
     elf[0x36..0x38].copy_from_slice(&0x38u16.to_le_bytes());
     elf[0x38..0x3a].copy_from_slice(&2u16.to_le_bytes());
