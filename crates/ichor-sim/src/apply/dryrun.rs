@@ -6,6 +6,8 @@
 //! of them (the documents in order, as it serializes them), so the diff lines can differ in
 //! layout from Talos's while the header, hunk format and "No changes." are Talos's.
 
+use similar::TextDiff;
+
 use super::decode::Container;
 
 /// The documents of a container in Talos's order (v1alpha1 first), separated by `---`.
@@ -33,93 +35,40 @@ pub(crate) fn summary(mode_details: &str, old: Option<&Container>, new: &Contain
     format!("Dry run summary:\n{mode_details} (skipped in dry-run).\nConfig diff:\n\n{diff}")
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Edit {
-    Equal,
-    Delete,
-    Insert,
-}
+/// Lines of context around each change, as Talos writes them.
+const CONTEXT: usize = 3;
 
-/// A unified diff with three lines of context and `--- a` / `+++ b` headers.
+/// A unified diff with three lines of context and `--- a` / `+++ b` headers. The `similar`
+/// crate finds the changes and groups them into hunks; each hunk header always gives both
+/// counts (`@@ -2,1 +2,1 @@`), as Talos's differ writes them, where `diff -u` would leave out a
+/// count of one.
 pub(crate) fn unified_diff(a: &str, b: &str) -> String {
     let a: Vec<&str> = a.lines().collect();
     let b: Vec<&str> = b.lines().collect();
-    // Longest common subsequence, then the edit script.
-    let mut lcs = vec![vec![0usize; b.len() + 1]; a.len() + 1];
-    for i in (0..a.len()).rev() {
-        for j in (0..b.len()).rev() {
-            lcs[i][j] = if a[i] == b[j] {
-                lcs[i + 1][j + 1] + 1
-            } else {
-                lcs[i + 1][j].max(lcs[i][j + 1])
-            };
-        }
-    }
-    let mut edits: Vec<(Edit, &str)> = Vec::new();
-    let (mut i, mut j) = (0, 0);
-    while i < a.len() || j < b.len() {
-        if i < a.len() && j < b.len() && a[i] == b[j] {
-            edits.push((Edit::Equal, a[i]));
-            i += 1;
-            j += 1;
-        } else if i < a.len() && (j == b.len() || lcs[i + 1][j] >= lcs[i][j + 1]) {
-            edits.push((Edit::Delete, a[i]));
-            i += 1;
-        } else {
-            edits.push((Edit::Insert, b[j]));
-            j += 1;
-        }
-    }
-    const CONTEXT: usize = 3;
-    let changed: Vec<usize> = edits
-        .iter()
-        .enumerate()
-        .filter(|(_, (e, _))| *e != Edit::Equal)
-        .map(|(i, _)| i)
-        .collect();
+    let diff = TextDiff::from_slices(&a, &b);
     let mut out = String::from("--- a\n+++ b\n");
-    let mut k = 0;
-    while k < changed.len() {
-        let start = changed[k].saturating_sub(CONTEXT);
-        let mut end = (changed[k] + CONTEXT + 1).min(edits.len());
-        while k + 1 < changed.len() && changed[k + 1] <= end + CONTEXT {
-            k += 1;
-            end = (changed[k] + CONTEXT + 1).min(edits.len());
+    for hunk in diff.grouped_ops(CONTEXT) {
+        let (Some(first), Some(last)) = (hunk.first(), hunk.last()) else {
+            continue;
+        };
+        let old = first.old_range().start..last.old_range().end;
+        let new = first.new_range().start..last.new_range().end;
+        out.push_str(&format!("@@ -{} +{} @@\n", range(&old), range(&new)));
+        for change in hunk.iter().flat_map(|op| diff.iter_changes(op)) {
+            out.push_str(&format!("{}{}\n", change.tag(), change.value()));
         }
-        let (mut a_line, mut b_line) = (1, 1);
-        for (e, _) in &edits[..start] {
-            match e {
-                Edit::Equal => {
-                    a_line += 1;
-                    b_line += 1;
-                }
-                Edit::Delete => a_line += 1,
-                Edit::Insert => b_line += 1,
-            }
-        }
-        let a_len = edits[start..end]
-            .iter()
-            .filter(|(e, _)| *e != Edit::Insert)
-            .count();
-        let b_len = edits[start..end]
-            .iter()
-            .filter(|(e, _)| *e != Edit::Delete)
-            .count();
-        let a_start = if a_len == 0 { a_line - 1 } else { a_line };
-        let b_start = if b_len == 0 { b_line - 1 } else { b_line };
-        out.push_str(&format!("@@ -{a_start},{a_len} +{b_start},{b_len} @@\n"));
-        for (e, text) in &edits[start..end] {
-            out.push(match e {
-                Edit::Equal => ' ',
-                Edit::Delete => '-',
-                Edit::Insert => '+',
-            });
-            out.push_str(text);
-            out.push('\n');
-        }
-        k += 1;
     }
     out
+}
+
+/// `start,count` of a hunk side, 1-based; an empty side names the line before it.
+fn range(lines: &std::ops::Range<usize>) -> String {
+    let start = if lines.is_empty() {
+        lines.start
+    } else {
+        lines.start + 1
+    };
+    format!("{start},{}", lines.len())
 }
 
 #[cfg(test)]
@@ -141,6 +90,18 @@ mod tests {
         assert_eq!(
             unified_diff(before, after),
             "--- a\n+++ b\n@@ -2,7 +2,7 @@\n b\n c\n d\n-e\n+E\n f\n g\n h\n"
+        );
+    }
+
+    #[test]
+    fn a_hunk_header_gives_a_count_of_one_as_talos_does() {
+        assert_eq!(
+            unified_diff("a: 1\n", "a: 2\n"),
+            "--- a\n+++ b\n@@ -1,1 +1,1 @@\n-a: 1\n+a: 2\n"
+        );
+        assert_eq!(
+            unified_diff("a: 1\nb: 2\n", "a: 1\n"),
+            "--- a\n+++ b\n@@ -1,2 +1,1 @@\n a: 1\n-b: 2\n"
         );
     }
 }
