@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use ichor_harness::cluster_target::{self, TalosPods};
 use ichor_harness::rails::{self, E2E_NAMESPACE, Outer, Pinned, Protected, RailError};
 use ichor_testenv::TestEnv;
+use ichor_testenv::nets::RAILS;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, Secret};
 use kube::api::{Api, ListParams, ObjectMeta, PostParams};
 
@@ -325,7 +326,7 @@ async fn up_cleans_up_on_sigterm() {
             "--target",
             "sim",
             "--net",
-            "84",
+            &RAILS.net(0).to_string(),
             "--out",
             &out.path().to_string_lossy(),
         ],

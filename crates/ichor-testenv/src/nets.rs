@@ -132,6 +132,8 @@ pub const CLAIMS: Nets = Nets::new(211, 1);
 /// `ichor-harness/tests/day2/`: the specs of ADR 0052 (a teardown admission never saw, a
 /// replacement at a tombstoned address), a block per spec.
 pub const TRUST: Nets = Nets::new(215, 2);
+/// `ichor-harness/tests/rails.rs`: the `ichor-harness up` that is stopped with SIGTERM.
+pub const RAILS: Nets = Nets::new(217, 1);
 
 /// Every entry, by name.
 pub const ALL: &[(&str, Nets)] = &[
@@ -172,6 +174,7 @@ pub const ALL: &[(&str, Nets)] = &[
     ("PANICS", PANICS),
     ("CLAIMS", CLAIMS),
     ("TRUST", TRUST),
+    ("RAILS", RAILS),
 ];
 
 #[cfg(test)]
