@@ -32,7 +32,7 @@ pub async fn record_halt(
         message: message.to_owned(),
         at: ctx.now(),
     };
-    crate::status::merge(
+    crate::infra::status::merge(
         &api(ctx, cluster),
         &cluster.name_any(),
         &json!({"driftHalt": halt}),
@@ -63,7 +63,7 @@ pub async fn record_halt(
 
 /// Clears the halt recorded for `machine`: its config renders differently now.
 pub async fn clear_halt(ctx: &Context, cluster: &TalosCluster, machine: &str) -> Result<(), Error> {
-    crate::status::merge(
+    crate::infra::status::merge(
         &api(ctx, cluster),
         &cluster.name_any(),
         &json!({"driftHalt": null}),

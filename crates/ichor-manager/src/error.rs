@@ -21,7 +21,7 @@ pub enum Category {
     /// An invariant broke: logged as an error and retried slowly.
     Bug,
     /// The reconcile panicked (a bug, caught): retried after a per-object backoff that grows
-    /// to a cap (`crate::panics`).
+    /// to a cap (`crate::infra::panics`).
     Panicked,
 }
 
@@ -80,7 +80,7 @@ pub enum Error {
     Panicked {
         /// The controller (`ichor_api::names::controllers`).
         controller: &'static str,
-        /// The panic's message, short and printable (`crate::panics::summary`).
+        /// The panic's message, short and printable (`crate::infra::panics::summary`).
         message: String,
         /// When it is retried (its object's backoff).
         retry: Duration,

@@ -15,7 +15,7 @@ use ichor_talos::TalosClient;
 use kube::ResourceExt as _;
 use kube::runtime::events::EventType;
 
-use crate::{Context, conditions as cond};
+use crate::{Context, infra::conditions as cond};
 
 /// The SMBIOS UUID recorded for `machine`: `status.hardware.uuid`, else the label
 /// [`labels::MACHINE_UUID`]; `None` if neither holds one.

@@ -39,7 +39,7 @@ impl std::fmt::Debug for Layers {
 
 impl Layers {
     /// The two watches that fill the caches, by name, for the caller to run as long as the
-    /// manager does (`crate::tasks`); a second call returns none.
+    /// manager does (`crate::infra::tasks`); a second call returns none.
     pub fn watches(&self, client: &kube::Client) -> Vec<(&'static str, BoxFuture<'static, ()>)> {
         let Some((class_writer, storage_writer)) =
             self.writers.lock().ok().and_then(|mut w| w.take())

@@ -1,50 +1,52 @@
-//! The controller: discovery, secrets, the machine lifecycle from maintenance mode to Ready,
-//! bootstrap exactly once, and cluster status. Each reconciler observes, decides (pure
-//! functions, unit-tested) and acts; nothing is written to a machine nobody approved.
+//! The manager: five controllers that take machines booted into Talos maintenance mode to a
+//! Ready cluster and keep it so. Each reconcile observes, decides (pure functions, unit-tested)
+//! and acts; nothing is written to a machine nobody approved.
+//!
+//! # Layout
+//!
+//! - Code used by one controller lives in `controller/<kind>/`: `mod.rs` is its reconcile,
+//!   `plan.rs` its pure decisions, and a flow with recorded steps a folder of the same shape.
+//! - Code shared by controllers lives at the crate root, named for what it acts on (the
+//!   cluster [`lock`], the bundle's [`secrets`], a machine's [`claims`], the
+//!   [`backup_store`]); plumbing that knows nothing of Talos lives in [`infra`].
+//!
+//! # Glossary
+//!
+//! - **look**: one reconcile of a machine: it observes the node and records what it saw.
+//! - **settled**: a machine with nothing in progress, looked at again at the settled pace
+//!   (`Settings::settled_requeue`, [`Settings::settled_looks_per_second`] fleet-wide).
+//! - **echo**: a reconcile caused only by the object's own last status write; it waits for
+//!   its due look instead of observing again (ADR 0034).
+//! - **standing**: where a machine stands as its status says (phase and conditions); a machine
+//!   that stands still is looked at less often.
 #![forbid(unsafe_code)]
 // Reconcilers observe, plan (pure functions) and act; a function much past 60 lines
 // (clippy.toml) mixes them.
 #![warn(clippy::too_many_lines)]
 
-pub mod adopt;
-pub mod adoption;
-pub mod backup;
-pub mod backups;
+pub mod backup_store;
 pub mod claims;
-pub mod classes;
-pub mod clock;
-pub mod cluster;
-pub mod conditions;
+pub mod controller;
 pub mod decide;
-pub mod discovery;
 pub mod drift;
 pub mod error;
-pub mod finalizer;
-pub mod http;
 pub mod identity;
+pub mod infra;
 pub mod layers;
-pub mod leader;
+#[cfg(test)]
+mod layout;
 pub mod lock;
-pub mod machine;
-pub mod metrics;
 pub mod node_deletes;
-pub mod objstore;
 pub mod observe;
-pub mod operation;
 pub mod own;
-pub mod panics;
-pub mod removal;
 pub mod renewal;
-pub mod restore;
-pub mod seal;
 pub mod secrets;
-pub mod status;
-pub mod storage;
-pub mod tasks;
 #[cfg(test)]
 mod tuning;
 pub mod workload;
 
+use controller::{backup as backups, cluster, machine, operation, storage};
+use infra::{panics, status, tasks};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -65,9 +67,9 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{WatchStreamExt as _, watcher};
 use kube::{Resource, ResourceExt as _};
 
-pub use clock::{Clock, SystemClock, TestClock};
 pub use error::{Category, Error};
-pub use metrics::Metrics;
+pub use infra::clock::{Clock, SystemClock, TestClock};
+pub use infra::metrics::Metrics;
 
 /// The default install stall limit: a real machine pulls the installer image and writes the
 /// disk in minutes; half an hour leaves room for a slow mirror or disk.

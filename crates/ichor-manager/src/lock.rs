@@ -15,7 +15,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt as _;
 use kube::api::{Api, DeleteParams};
 
-use crate::leader::{LeaseSettings, try_acquire};
+use crate::infra::leader::{LeaseSettings, try_acquire};
 use crate::{Context, Error};
 
 /// How long a hold on the cluster lock lasts without renewal.
@@ -127,7 +127,7 @@ pub async fn acquire(
 }
 
 /// Runs `work` while `holder`'s hold on the cluster lock is renewed, so a long step cannot
-/// outlive the Lease ([`crate::leader::renewed_while`]).
+/// outlive the Lease ([`crate::infra::leader::renewed_while`]).
 pub async fn renewed_while<F: std::future::Future>(
     ctx: &Context,
     cluster: &TalosCluster,
@@ -139,7 +139,7 @@ pub async fn renewed_while<F: std::future::Future>(
         &cluster.name_any(),
         holder,
     );
-    crate::leader::renewed_while(&ctx.client, settings, work).await
+    crate::infra::leader::renewed_while(&ctx.client, settings, work).await
 }
 
 /// Releases the lock if `holder` holds it, and clears it from status.
@@ -246,7 +246,7 @@ async fn mirror(ctx: &Context, cluster: &TalosCluster, holder: &LockHolder, outc
 async fn write(clusters: &Api<TalosCluster>, fresh: &TalosCluster, lock: &LockStatus) {
     let mut status = fresh.status.clone().unwrap_or_default();
     status.lock = Some(lock.clone());
-    if let Err(error) = crate::status::write_checked(clusters, fresh, &status).await {
+    if let Err(error) = crate::infra::status::write_checked(clusters, fresh, &status).await {
         tracing::debug!(%error, "lock status not mirrored this time");
     }
 }

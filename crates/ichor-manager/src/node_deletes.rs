@@ -47,7 +47,7 @@ async fn update(
             return Ok(());
         }
         // Only this group changed, so only it is written, checked against the version read.
-        match crate::status::write_checked(&api, &fresh, &status).await {
+        match crate::infra::status::write_checked(&api, &fresh, &status).await {
             Ok(()) => return Ok(()),
             Err(kube::Error::Api(s)) if s.is_conflict() => continue,
             Err(e) => return Err(e.into()),

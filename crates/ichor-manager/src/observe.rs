@@ -40,7 +40,7 @@ pub async fn refresh(
 ) -> Result<Vec<TalosMachine>, Error> {
     let mut observed = machines.to_vec();
     for machine in &mut observed {
-        let address = crate::machine::address(machine).unwrap_or_default();
+        let address = crate::controller::machine::address(machine).unwrap_or_default();
         let Some(status) = machine.status.as_mut() else {
             continue;
         };
@@ -55,7 +55,7 @@ pub async fn refresh(
         status.etcd = Some(observation.clone());
         let machines: Api<TalosMachine> =
             Api::namespaced(ctx.client.clone(), &machine.namespace().unwrap_or_default());
-        match crate::status::merge(
+        match crate::infra::status::merge(
             &machines,
             &machine.name_any(),
             &json!({"etcd": observation}),

@@ -307,7 +307,7 @@ const PARSED_KEPT: usize = 256;
 /// `text` as a valid bundle: [`SecretsBundle::from_yaml`] then `validate`, once per content.
 fn parse(text: &str) -> Result<SecretsBundle, BundleError> {
     let key = ichor_render::config_hash(text);
-    let parsed = || crate::machine::lock(&PARSED);
+    let parsed = || crate::controller::machine::lock(&PARSED);
     if let Some(bundle) = parsed().get(&key) {
         return Ok(bundle.clone());
     }

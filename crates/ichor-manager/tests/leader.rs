@@ -4,8 +4,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ichor_manager::Metrics;
-use ichor_manager::http::{Health, serve};
-use ichor_manager::leader::{LeaseSettings, renewed_while, try_acquire};
+use ichor_manager::infra::http::{Health, serve};
+use ichor_manager::infra::leader::{LeaseSettings, renewed_while, try_acquire};
 use ichor_testenv::TestEnv;
 use ichor_testenv::wait::eventually;
 

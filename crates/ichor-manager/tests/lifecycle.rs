@@ -374,7 +374,7 @@ async fn an_operation_reconciled_from_a_stale_copy_sends_nothing_the_stored_stat
     // The reboot recorded sent: what is stored.
     record(json!({"step": "sent", "sentAt": now})).await;
 
-    ichor_manager::operation::reconcile(Arc::new(stale.clone()), Arc::clone(&ctx))
+    ichor_manager::controller::operation::reconcile(Arc::new(stale.clone()), Arc::clone(&ctx))
         .await
         .expect("reconcile");
     assert_eq!(
@@ -392,7 +392,7 @@ async fn an_operation_reconciled_from_a_stale_copy_sends_nothing_the_stored_stat
 
     // The same stale copy, with the stored status saying intended: the reboot goes, once.
     record(json!({"step": "intended"})).await;
-    ichor_manager::operation::reconcile(Arc::new(stale), Arc::clone(&ctx))
+    ichor_manager::controller::operation::reconcile(Arc::new(stale), Arc::clone(&ctx))
         .await
         .expect("reconcile");
     assert_eq!(node.calls("Reboot"), 1, "the intended reboot is sent");

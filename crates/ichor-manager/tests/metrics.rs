@@ -10,7 +10,7 @@ use std::time::Duration;
 use ichor_api::TalosMachine;
 use ichor_api::common::LocalObjectReference;
 use ichor_api::machine::{ApprovalState, TalosMachineSpec};
-use ichor_manager::http::{Health, serve};
+use ichor_manager::infra::http::{Health, serve};
 use ichor_manager::{Context, Metrics, Settings};
 use ichor_sim::SimNode;
 use ichor_talos::TalosClient;

@@ -14,12 +14,12 @@ use ichor_api::backup::BackupRecord;
 use ichor_api::names::reasons;
 use ichor_api::operation::OperationAction;
 use ichor_api::{TalosCluster, TalosOperation};
-use ichor_manager::backup::{BackupId, Owner, Record};
-use ichor_manager::backups::{self, Destination, Trigger};
-use ichor_manager::objstore::{
+use ichor_manager::backup_store::seal::Sealer;
+use ichor_manager::backup_store::{
     STORE_TEXT_LIMIT, StoreError, StoreSettings, check_bucket, s3_store,
 };
-use ichor_manager::seal::Sealer;
+use ichor_manager::controller::backup::plan::{BackupId, Owner, Record};
+use ichor_manager::controller::backup::{self as backups, Destination, Trigger};
 use ichor_manager::{Context, Metrics, Settings};
 use ichor_talos::snapshot::{SnapshotCheck, SnapshotSummary};
 use ichor_testenv::S3Server;
@@ -310,10 +310,13 @@ async fn backups_in_one_second_keep_apart_and_each_record_is_the_sha256_of_its_o
         "the snapshot inside: etcd's own hash, its trailer"
     );
     let mut plain = Vec::new();
-    ichor_manager::seal::open(&object(dest.store.as_ref(), &sealed.0).await[..], &identity)
-        .expect("opens with the identity")
-        .read_to_end(&mut plain)
-        .expect("read");
+    ichor_manager::backup_store::seal::open(
+        &object(dest.store.as_ref(), &sealed.0).await[..],
+        &identity,
+    )
+    .expect("opens with the identity")
+    .read_to_end(&mut plain)
+    .expect("read");
     assert_eq!(
         plain, inside,
         "sealed to the recipient, opened by the identity"

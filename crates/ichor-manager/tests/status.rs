@@ -11,7 +11,7 @@ use ichor_api::common::{Condition, ConditionStatus};
 use ichor_api::machine::{MachinePhase, TalosMachineStatus};
 use ichor_api::names::{conditions, field_managers as fm};
 use ichor_api::{TalosCluster, TalosMachine};
-use ichor_manager::status;
+use ichor_manager::infra::status;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt as _;

@@ -2,8 +2,9 @@
 //! `ichor-manager --help`.
 //!
 //! Every replica serves `/metrics`, `/healthz` and `/readyz` and is Ready, leader or standby;
-//! only the Lease holder reconciles. `/healthz` fails once a controller stops (ADR 0049). SIGTERM stops it with status 0; losing the Lease stops it
-//! with status 1; bad flags with status 2.
+//! only the Lease holder reconciles. `/healthz` fails once a controller stops (ADR 0049).
+//! SIGTERM stops it with status 0; losing the Lease stops it with status 1; bad flags with
+//! status 2.
 #![warn(clippy::too_many_lines)]
 
 use std::net::SocketAddr;
@@ -12,8 +13,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
-use ichor_manager::http::Health;
-use ichor_manager::leader::{self, LeaseSettings};
+use ichor_manager::infra::http::Health;
+use ichor_manager::infra::leader::{self, LeaseSettings};
 use ichor_manager::{Context, Metrics, Settings};
 
 /// The Ichor controller. The Kubernetes connection is the in-cluster one, or `KUBECONFIG`;
@@ -131,7 +132,7 @@ async fn run(options: Options) -> Result<(), Failure> {
     let client = ichor_service::client().await?;
     let metrics = Arc::new(Metrics::default());
     let health = Arc::new(Health::default());
-    let bound = ichor_manager::http::serve(
+    let bound = ichor_manager::infra::http::serve(
         options.metrics_addr,
         Arc::clone(&metrics),
         Arc::clone(&health),

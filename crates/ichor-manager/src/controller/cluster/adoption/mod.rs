@@ -1,9 +1,11 @@
 //! Adopting a running Talos cluster (`spec.adopt`), the acting part: each endpoint is probed
 //! for its configured-mode certificate, reached with the bundle's credentials, and its live
-//! config, version and hardware UUID read; [`crate::adopt::judge`] decides; only then are the
+//! config, version and hardware UUID read; [`plan::judge`] decides; only then are the
 //! machines recorded (approved, pinned by that certificate, annotated as adopted), with the
 //! cluster's bootstrap recorded done. Nothing is ever written to a node. The machine
 //! reconciler records each adopted machine's live config as its applied baseline.
+
+pub mod plan;
 
 use std::collections::BTreeMap;
 
@@ -18,8 +20,8 @@ use kube::ResourceExt as _;
 use kube::api::{Api, PostParams};
 use kube::runtime::events::EventType;
 
-use crate::adopt::{LiveFacts, Observed, Refusal, judge};
-use crate::{Context, Error, conditions as cond};
+use crate::{Context, Error, infra::conditions as cond};
+use plan::{LiveFacts, Observed, Refusal, judge};
 
 /// What one node answered.
 struct Seen {
@@ -280,7 +282,7 @@ async fn record_machine(
     uuid: &str,
 ) -> Result<String, Error> {
     let namespace = cluster.namespace().unwrap_or_default();
-    let name = crate::discovery::machine_name(uuid);
+    let name = crate::controller::cluster::discovery::machine_name(uuid);
     let mut spec = TalosMachineSpec::pending(&cluster.name_any(), address, fingerprint);
     spec.approval_state = ApprovalState::Approved;
     spec.role = Some(role);

@@ -26,9 +26,10 @@ use kube::runtime::reflector::ObjectRef;
 use serde_json::json;
 
 use crate::decide::{DriftRefused, Etcd, NodeView, drift_refused, standing};
-use crate::{Context, Error, conditions as cond, secrets};
+use crate::{Context, Error, infra::conditions as cond, secrets};
 
 pub(crate) mod plan;
+pub mod removal;
 
 use plan::{Answers, Blocked, DriftStep, InstallSeen, InstallVerdict};
 
@@ -163,7 +164,7 @@ async fn look(machine: &Arc<TalosMachine>, ctx: &Arc<Context>) -> Result<Action,
     let (machine, ctx) = (Arc::clone(machine), Arc::clone(ctx));
     let started = std::time::Instant::now();
     if machine.metadata.deletion_timestamp.is_some() {
-        let result = crate::removal::reconcile(&ctx, &machine).await;
+        let result = removal::advance(&ctx, &machine).await;
         ctx.metrics.reconciled("TalosMachine", started.elapsed());
         if result.is_ok() {
             ctx.reconciled_ok(&*machine);
@@ -204,7 +205,7 @@ async fn write_status(
     if machine.status.as_ref() == Some(status) {
         return Ok(());
     }
-    crate::status::write(&api(ctx, machine), machine, status).await?;
+    crate::infra::status::write(&api(ctx, machine), machine, status).await?;
     ctx.metrics.phase(&machine.name_any(), status.phase);
     Ok(())
 }
@@ -382,7 +383,7 @@ async fn approved(machine: &TalosMachine, ctx: &Context) -> Result<Action, Error
     }
     let credentials = ctx.node_credentials(&cluster, &bundle)?;
     // Held until the removal sequence has finished (issue: safe removal).
-    crate::finalizer::add(
+    crate::infra::finalizer::add(
         &api(ctx, machine),
         machine,
         ichor_api::names::finalizers::MACHINE_REMOVAL,
@@ -519,7 +520,7 @@ async fn apply_first(
     // none), which every later step over mutual TLS checks the node against (ADR 0052).
     let mut status = status;
     if status.hardware.as_ref().map(|h| &h.uuid) != Some(uuid) {
-        status.hardware = Some(crate::discovery::hardware(&inventory));
+        status.hardware = Some(crate::controller::cluster::discovery::hardware(&inventory));
     }
     send_first(
         ctx,
@@ -1536,7 +1537,7 @@ async fn patch_status(
     machine: &TalosMachine,
     fields: serde_json::Value,
 ) -> Result<(), Error> {
-    crate::status::merge(&api(ctx, machine), &machine.name_any(), &fields).await?;
+    crate::infra::status::merge(&api(ctx, machine), &machine.name_any(), &fields).await?;
     Ok(())
 }
 

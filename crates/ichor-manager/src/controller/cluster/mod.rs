@@ -21,12 +21,16 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 
 use crate::renewal::{self, Renewal, Validity};
-use crate::restore::Gate;
-use crate::{Context, Error, conditions as cond, discovery, secrets};
+use crate::{Context, Error, infra::conditions as cond, secrets};
 use ichor_deleteguard::{BootstrapStep, Candidate, bootstrap_step};
 use plan::{Tally, Teardown};
+use restore::Gate;
 
+pub mod adoption;
+pub mod approval;
+pub mod discovery;
 mod plan;
+pub mod restore;
 
 pub(crate) use plan::machines_see;
 
@@ -55,8 +59,8 @@ async fn write_status(
     status: &TalosClusterStatus,
 ) -> Result<(), Error> {
     // `lock`, `tombstones`, `driftHalt` and `backup` are other groups with their own writers
-    // (lock.rs, removal.rs, drift.rs, backups.rs): this one writes only its own, and the
-    // restore's (restore.rs runs within this reconciler).
+    // (`lock`, `controller::machine::removal`, `drift`, `controller::backup`): this one writes
+    // only its own, and the restore's (`restore` runs within this reconciler).
     let api = Api::<TalosCluster>::namespaced(
         ctx.client.clone(),
         &cluster.namespace().unwrap_or_default(),
@@ -65,7 +69,7 @@ async fn write_status(
         ichor_api::names::field_managers::CLUSTER_STATUS,
         ichor_api::names::field_managers::RESTORE_STATUS,
     ] {
-        crate::status::write_only(&api, cluster, status, manager).await?;
+        crate::infra::status::write_only(&api, cluster, status, manager).await?;
     }
     Ok(())
 }
@@ -130,7 +134,7 @@ async fn reconcile_inner(cluster: &TalosCluster, ctx: &Context) -> Result<Action
         return teardown(ctx, cluster).await;
     }
     // Held until its machines are removed (a deleted cluster is torn down).
-    crate::finalizer::add(
+    crate::infra::finalizer::add(
         &clusters_api(ctx, cluster),
         cluster,
         finalizers::CLUSTER_REMOVAL,
@@ -143,13 +147,13 @@ async fn reconcile_inner(cluster: &TalosCluster, ctx: &Context) -> Result<Action
     let machines = crate::cluster_machines(ctx, cluster).await?;
     // Approvals by TalosMachineClass, one cluster at a time (their changes come back as
     // machine events).
-    crate::classes::reconcile(ctx, cluster, &machines).await?;
+    approval::apply_classes(ctx, cluster, &machines).await?;
     let bundle = ensure_bundle(ctx, cluster, &mut status, &machines).await?;
     let tally = Tally::of(cluster.spec.control_plane.count, &machines);
     record_counts(ctx, cluster, &mut status, &tally);
     let mut renew_in = None;
     if let Some(bundle) = &bundle {
-        crate::adoption::adopt(ctx, cluster, &mut status, bundle).await?;
+        adoption::adopt(ctx, cluster, &mut status, bundle).await?;
         renew_in = publish_and_bootstrap(ctx, cluster, &mut status, &machines, bundle).await?;
     }
     record_readiness(ctx, cluster, &mut status, &machines, &tally);
@@ -287,7 +291,7 @@ async fn publish_and_bootstrap(
     let mut steps = vec![record_file(cluster, status, File::Talosconfig, talos)];
     if !cond::is_true(&status.conditions, conditions::BOOTSTRAPPED) {
         let fingerprint = crate::secrets::fingerprint(bundle);
-        let restoring = match crate::restore::gate(ctx, cluster, status, &fingerprint).await? {
+        let restoring = match restore::gate(ctx, cluster, status, &fingerprint).await? {
             Gate::Hold => None,
             Gate::Plain => Some(None),
             Gate::Restore(recorded) => Some(Some(recorded)),
@@ -564,18 +568,18 @@ async fn bootstrap(
         ),
         BootstrapStep::AlreadyRunning { name, uid } => {
             if restoring.is_some() && !plan::chosen(status.bootstrap.as_ref(), &name) {
-                let failure = crate::backups::Failure {
+                let failure = crate::controller::backup::Failure {
                     reason: reasons::RESTORE_REFUSED_BOOTSTRAPPED,
                     message: format!(
                         "etcd already runs on {name}: a restore goes only into a cluster whose etcd was never bootstrapped"
                     ),
                 };
-                crate::restore::failed(ctx, cluster, status, &failure).await;
+                restore::failed(ctx, cluster, status, &failure).await;
                 return Ok(());
             }
             if restoring.is_some() {
                 // Bootstrapped from the backup before a restart could record it.
-                crate::restore::completed(ctx, cluster, status).await;
+                restore::completed(ctx, cluster, status).await;
             }
             status.bootstrap.get_or_insert(BootstrapRecord {
                 machine_name: name.clone(),
@@ -659,7 +663,7 @@ async fn record_bootstrap_choice(
         chosen_at: ctx.now(),
         completed_at: None,
     });
-    crate::status::write_checked(&clusters_api(ctx, cluster), cluster, &next).await?;
+    crate::infra::status::write_checked(&clusters_api(ctx, cluster), cluster, &next).await?;
     *status = next;
     ctx.event(
         cluster,
@@ -694,10 +698,10 @@ async fn call_bootstrap(
             let uploaded = if running {
                 Ok(())
             } else {
-                crate::restore::upload(ctx, cluster, recorded, client).await
+                restore::upload(ctx, cluster, recorded, client).await
             };
             if let Err(failure) = uploaded {
-                crate::restore::failed(ctx, cluster, status, &failure).await;
+                restore::failed(ctx, cluster, status, &failure).await;
                 return;
             }
             client.bootstrap_recover(patience, false).await
@@ -709,7 +713,7 @@ async fn call_bootstrap(
         return;
     }
     if restoring.is_some() {
-        crate::restore::completed(ctx, cluster, status).await;
+        restore::completed(ctx, cluster, status).await;
     }
     if let Some(record) = status.bootstrap.as_mut() {
         record.completed_at.get_or_insert_with(|| ctx.now());
@@ -732,7 +736,7 @@ fn clusters_api(ctx: &Context, cluster: &TalosCluster) -> Api<TalosCluster> {
 /// workers, then the control planes one by one, the last one reset without a graceful leave.
 /// Each removal runs the removal sequence under the cluster lock. The bundle Secret stays.
 async fn teardown(ctx: &Context, cluster: &TalosCluster) -> Result<Action, Error> {
-    if !crate::finalizer::has(cluster, finalizers::CLUSTER_REMOVAL) {
+    if !crate::infra::finalizer::has(cluster, finalizers::CLUSTER_REMOVAL) {
         return Ok(Action::await_change());
     }
     // Admission may never have seen this delete (the webhook unregistered): the annotation is
@@ -850,7 +854,7 @@ async fn finish_teardown(ctx: &Context, cluster: &TalosCluster) -> Result<(), Er
     )
     .await;
     ctx.forget_credentials(cluster);
-    crate::finalizer::remove(
+    crate::infra::finalizer::remove(
         &clusters_api(ctx, cluster),
         cluster,
         finalizers::CLUSTER_REMOVAL,
@@ -1007,7 +1011,7 @@ async fn write_tombstones(
             .collect();
         let mut status = fresh.status.clone().unwrap_or_default();
         status.tombstones = left;
-        crate::status::write_checked(&api, &fresh, &status).await?;
+        crate::infra::status::write_checked(&api, &fresh, &status).await?;
     }
     Ok(())
 }

@@ -17,7 +17,7 @@ use ichor_talos::Bootstrapped;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
-use crate::{Error, Settings, conditions as cond};
+use crate::{Error, Settings, infra::conditions as cond};
 
 /// How often a discovering cluster is swept when its `interval` does not read.
 pub(super) const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(300);

@@ -18,8 +18,8 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt as _;
 use kube::runtime::reflector::ObjectRef;
 
-use crate::conditions as cond;
 use crate::decide::{Etcd, NodeView, Standing, etcd_observation, version_supported};
+use crate::infra::conditions as cond;
 
 /// A problem a person must fix: the phase shown meanwhile, and `Ready`'s reason and message.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -30,7 +30,7 @@ use kube::runtime::events::EventType;
 use serde_json::json;
 
 use crate::identity::Checked;
-use crate::{Context, Error, conditions as cond, lock, secrets, workload};
+use crate::{Context, Error, infra::conditions as cond, lock, secrets, workload};
 use plan::Unreached;
 
 mod plan;
@@ -42,7 +42,7 @@ fn machines_api(ctx: &Context, machine: &TalosMachine) -> Api<TalosMachine> {
 async fn release_finalizer(ctx: &Context, machine: &TalosMachine) -> Result<(), Error> {
     // Its removal done, the machine's claim on its node goes first (ADR 0054).
     crate::claims::release(&ctx.client, machine).await?;
-    crate::finalizer::remove(
+    crate::infra::finalizer::remove(
         &machines_api(ctx, machine),
         machine,
         finalizers::MACHINE_REMOVAL,
@@ -64,7 +64,7 @@ async fn record(
     progress.step = step;
     progress.message = Some(message);
     status.phase = MachinePhase::Removing;
-    crate::status::write(&machines_api(ctx, machine), machine, &status).await?;
+    crate::infra::status::write(&machines_api(ctx, machine), machine, &status).await?;
     Ok(status)
 }
 
@@ -151,7 +151,7 @@ fn wait(reason: &str, message: impl Into<String>) -> Result<Step, Error> {
 }
 
 /// Drives a deleted machine's removal one step per reconcile.
-pub async fn reconcile(ctx: &Context, cached: &TalosMachine) -> Result<Action, Error> {
+pub async fn advance(ctx: &Context, cached: &TalosMachine) -> Result<Action, Error> {
     // The cache lags this manager's own writes: a removal decides on the machine as stored now.
     // A removal that has just finished (its finalizer released, the object gone) must never
     // run again from a stale copy: it would take the cluster lock for a machine that no longer
@@ -203,7 +203,7 @@ fn entry(cached: &TalosMachine, fresh: Option<TalosMachine>) -> Entry {
     let Some(machine) = fresh.filter(|fresh| fresh.uid() == cached.uid()) else {
         return Entry::Idle;
     };
-    if !crate::finalizer::has(&machine, finalizers::MACHINE_REMOVAL) {
+    if !crate::infra::finalizer::has(&machine, finalizers::MACHINE_REMOVAL) {
         return Entry::Idle;
     }
     // Never configured: nothing to undo on the node.
@@ -465,7 +465,7 @@ impl<'a> Scene<'a> {
             // (admission bypassed) keeps every step of a removal (ADR 0052).
             teardown: Cluster::from(&cluster).tearing_down(),
             cluster,
-            address: crate::machine::address(machine).unwrap_or_default(),
+            address: crate::controller::machine::address(machine).unwrap_or_default(),
             credentials,
             force: machine
                 .annotations()
@@ -816,7 +816,7 @@ impl<'a> Scene<'a> {
             });
             let mut status = fresh.status.clone().unwrap_or_default();
             status.tombstones = stones;
-            match crate::status::write_checked(&clusters, &fresh, &status).await {
+            match crate::infra::status::write_checked(&clusters, &fresh, &status).await {
                 Ok(_) => return Ok(()),
                 Err(kube::Error::Api(s)) if s.is_conflict() => continue,
                 Err(e) => return Err(e.into()),

@@ -28,10 +28,10 @@ use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt as _};
 use tokio::sync::mpsc;
 
-use crate::backup::{self, Digest, Digests, Hasher, Record};
-use crate::backups::{self, Destination, Failure};
-use crate::objstore::StoreError;
-use crate::{Context, Error, conditions as cond};
+use crate::backup_store::StoreError;
+use crate::controller::backup::plan::{self as backup, Digest, Digests, Hasher, Record};
+use crate::controller::backup::{self as backups, Destination, Failure};
+use crate::{Context, Error, infra::conditions as cond};
 
 /// Plaintext chunks queued between the store and their reader.
 const CHUNKS_QUEUED: usize = 64;
@@ -340,7 +340,7 @@ async fn read_record(store: &dyn ObjectStore, bucket: &str, key: &str) -> Result
     let record: Record = serde_json::from_slice(&body).map_err(|err| {
         missing(&format!(
             "the record {record_key} is not a backup record: {}",
-            crate::objstore::printable(&err.to_string())
+            crate::backup_store::printable(&err.to_string())
         ))
     })?;
     record.check_shape().map_err(|why| {
@@ -374,7 +374,7 @@ async fn identity_for(
     let namespace = cluster.namespace().unwrap_or_default();
     let text =
         backups::age_identity(&ctx.client, &namespace, &encryption.key_secret_ref.name).await?;
-    crate::seal::identity(&text)
+    crate::backup_store::seal::identity(&text)
         .map(Some)
         .map_err(|message| wrong(format!("restoreFrom.encryption: {message}")))
 }
@@ -575,10 +575,11 @@ async fn decrypt(
             rx: raw_rx,
             pending: Bytes::new(),
         };
-        let mut plain = crate::seal::open(reader, &identity).map_err(|err| Failure {
-            reason: reasons::RESTORE_KEY_WRONG,
-            message: format!("{key_name} does not open with the identity given: {err}"),
-        })?;
+        let mut plain =
+            crate::backup_store::seal::open(reader, &identity).map_err(|err| Failure {
+                reason: reasons::RESTORE_KEY_WRONG,
+                message: format!("{key_name} does not open with the identity given: {err}"),
+            })?;
         let mut buf = vec![0u8; READ];
         loop {
             let n = plain.read(&mut buf).map_err(|err| Failure {

@@ -2,7 +2,7 @@
 //! errors, and those that panicked; Talos RPC latency; machines by namespace and phase,
 //! computed at scrape time from the machine controller's cache so that deleted machines vanish
 //! by construction; whether this replica leads. Served by `ichor_service::serve` (see
-//! [`crate::http`]).
+//! [`crate::infra::http`]).
 
 use std::sync::{Arc, RwLock};
 use std::time::Duration;

@@ -6,7 +6,7 @@
 //! The process, the controller and every other object go on. The condition is removed once the
 //! controller reconciles the object again.
 //!
-//! Not here: a controller or task that stops altogether (`crate::tasks`).
+//! Not here: a controller or task that stops altogether (`crate::infra::tasks`).
 
 use std::any::Any;
 use std::collections::HashMap;
@@ -24,7 +24,7 @@ use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt as _};
 use tokio::time::Instant;
 
-use crate::status::{self, Grouped};
+use crate::infra::status::{self, Grouped};
 use crate::{Context, Error};
 
 /// How long an object waits after its first panic.
@@ -240,7 +240,7 @@ fn with_condition<K: Grouped>(
         None => Vec::new(),
     };
     match note {
-        Some(note) => crate::conditions::set(
+        Some(note) => crate::infra::conditions::set(
             &mut list,
             conditions::RECONCILE_PANICKED,
             true,
@@ -351,7 +351,7 @@ mod tests {
         );
         let note = format!("{} reconcile of this object panicked", prefix("cluster"));
         let mut status = with_condition(&cluster, Some(note), &now).expect("status");
-        crate::conditions::set(
+        crate::infra::conditions::set(
             &mut status.conditions,
             conditions::READY,
             true,

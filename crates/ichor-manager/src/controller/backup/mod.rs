@@ -1,6 +1,6 @@
 //! Etcd backups to a cluster's `spec.backup` store: the scheduled controller, and the runner
 //! it shares with `etcdSnapshot` operations. The decisions (when, from which node, what
-//! retention deletes) are [`crate::backup`]'s; this module observes and acts.
+//! retention deletes) are [`plan`]'s; this module observes and acts.
 //!
 //! A backup streams the snapshot from a Ready control plane that is not being removed, through
 //! a bounded channel, into a multipart upload (optionally through `age`, to a recipient only),
@@ -12,6 +12,8 @@
 //! nothing else. A plain `http://` store carries only encrypted backups unless the spec says
 //! otherwise, and a backup asked for once is taken once, whatever cached copy the reconcile
 //! that asks started from (ADR 0050).
+
+pub mod plan;
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
@@ -33,10 +35,10 @@ use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt as _, PutPayload, WriteMultipart};
 use tokio::sync::mpsc;
 
-use crate::backup::{self, BackupId, Owner, Plan, Record, Schedule, Source};
-use crate::objstore::{self, StoreError, StoreSettings};
-use crate::seal::Sealer;
-use crate::{Context, Error, conditions as cond};
+use crate::backup_store::seal::Sealer;
+use crate::backup_store::{self as objstore, StoreError, StoreSettings};
+use crate::{Context, Error, infra::conditions as cond};
+use plan::{self as backup, BackupId, Owner, Plan, Record, Schedule, Source};
 
 /// The size of each uploaded part (S3's smallest but the last is 5 MiB).
 pub(crate) const PART: usize = 5 * 1024 * 1024;
@@ -628,7 +630,7 @@ fn candidates(machines: &[ichor_api::TalosMachine], trigger: &Trigger) -> Vec<So
             let status = m.status.as_ref();
             Some(Source {
                 machine: m.name_any(),
-                address: crate::machine::address(m)?,
+                address: crate::controller::machine::address(m)?,
                 ready_control_plane: m.spec.role == Some(Role::ControlPlane)
                     && status.is_some_and(|s| {
                         s.applied_config_hash.is_some()
@@ -916,7 +918,7 @@ async fn update(
     if serde_json::to_value(&status).ok() == before {
         return Ok(());
     }
-    crate::status::write_only(&api, &fresh, &status, fm::BACKUP_STATUS).await?;
+    crate::infra::status::write_only(&api, &fresh, &status, fm::BACKUP_STATUS).await?;
     Ok(())
 }
 

@@ -3,6 +3,8 @@
 //! provider; ADR 0025), and its failures sorted into what a person can act on: credentials
 //! refused, no such bucket, the store unreachable, the store full.
 
+pub mod seal;
+
 use std::sync::{Arc, Once};
 use std::time::Duration;
 
@@ -14,7 +16,7 @@ use object_store::{ClientOptions, ObjectStore, ObjectStoreExt as _, RetryConfig}
 #[derive(Clone, PartialEq, Eq)]
 pub struct StoreSettings {
     /// The S3 endpoint, `https://host[:port]` (plain `http://` is allowed here; whether a
-    /// backup may use it is `crate::backup::plain_http_refusal`'s to say).
+    /// backup may use it is `crate::controller::backup::plan::plain_http_refusal`'s to say).
     pub endpoint: String,
     /// The region requests are signed for.
     pub region: String,

@@ -7,7 +7,8 @@
 //!
 //! Dropping the set aborts every task: a lost Lease drops the controllers at once.
 //!
-//! Not here: a panic inside one reconcile, which never ends its controller (`crate::panics`).
+//! Not here: a panic inside one reconcile, which never ends its controller
+//! (`crate::infra::panics`).
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -76,7 +77,7 @@ fn how(error: JoinError) -> String {
     if error.is_panic() {
         format!(
             "panicked ({})",
-            crate::panics::summary(&*error.into_panic())
+            crate::infra::panics::summary(&*error.into_panic())
         )
     } else {
         "was cancelled".to_owned()

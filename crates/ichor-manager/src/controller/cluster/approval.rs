@@ -18,9 +18,9 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::EventType;
 use serde_json::json;
 
-use crate::conditions as cond;
 use crate::error::Error;
-use crate::{Context, status};
+use crate::infra::conditions as cond;
+use crate::{Context, infra::status};
 
 /// What the classes make of one pending machine.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -258,8 +258,9 @@ fn judge(
     }
 }
 
-/// Observes the classes of `cluster` (from the cache), plans, and acts on the plan.
-pub async fn reconcile(
+/// Applies the classes of `cluster` (from the cache) to its pending machines: observes, plans,
+/// and acts on the plan.
+pub async fn apply_classes(
     ctx: &Context,
     cluster: &TalosCluster,
     machines: &[TalosMachine],

@@ -41,7 +41,7 @@ pub struct Group {
 }
 
 /// `ReconcilePanicked`, in every kind's status: written where a panicking reconcile is caught
-/// (`crate::panics`), so no other group sends or clears it.
+/// (`crate::infra::panics`), so no other group sends or clears it.
 pub const PANIC: Group = Group {
     manager: fm::RECONCILE_PANIC,
     fields: &[],

@@ -17,7 +17,7 @@ use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::events::EventType;
 use serde_json::json;
 
-use crate::{Context, Error, conditions as cond};
+use crate::{Context, Error, infra::conditions as cond};
 
 /// What one sweep did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -460,7 +460,8 @@ async fn write_status(
             ctx.client.clone(),
             &machine.namespace().unwrap_or_default(),
         );
-        crate::status::write_only(&api, machine, status, field_managers::MACHINE_INVENTORY).await?;
+        crate::infra::status::write_only(&api, machine, status, field_managers::MACHINE_INVENTORY)
+            .await?;
     }
     Ok(())
 }

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use age::x25519::Identity;
 use ichor_api::names::reasons;
 
-use crate::backups::Failure;
+use crate::controller::backup::Failure;
 
 /// Bytes the age stream writer has written, waiting to be taken.
 #[derive(Clone, Default)]

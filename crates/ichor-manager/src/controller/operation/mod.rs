@@ -29,7 +29,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use serde_json::json;
 
-use crate::{Context, Error, conditions as cond, lock, secrets, workload};
+use crate::{Context, Error, infra::conditions as cond, lock, secrets, workload};
 
 mod plan;
 
@@ -64,7 +64,7 @@ async fn write(
     operation: &TalosOperation,
     status: &TalosOperationStatus,
 ) -> Result<(), Error> {
-    crate::status::write(&api(ctx, operation), operation, status).await?;
+    crate::infra::status::write(&api(ctx, operation), operation, status).await?;
     Ok(())
 }
 
@@ -162,7 +162,7 @@ pub fn image_version(image: &str) -> Option<String> {
 }
 
 fn address(machine: &TalosMachine) -> String {
-    crate::machine::address(machine).unwrap_or_default()
+    crate::controller::machine::address(machine).unwrap_or_default()
 }
 
 /// Whether the node answers with its configured API, running (a rebooting node does not).
@@ -894,7 +894,7 @@ impl Node<'_> {
         step: &mut NodeStep,
     ) -> Result<Option<Verdict>, Error> {
         let sources = self.ctx.layers.sources().await?;
-        let rendered = match crate::machine::render_for(
+        let rendered = match crate::controller::machine::render_for(
             self.cluster,
             self.machine,
             self.role,
@@ -914,7 +914,7 @@ impl Node<'_> {
             .await
         {
             Ok(_) => {
-                crate::machine::record_hash(self.ctx, self.machine, &rendered).await?;
+                crate::controller::machine::record_hash(self.ctx, self.machine, &rendered).await?;
                 Ok(())
             }
             Err(error) => Err(error),
@@ -930,18 +930,24 @@ impl Node<'_> {
     /// controller's runner: one backup at a time per cluster), and names the object in the
     /// operation's status.
     async fn back_up(&self, step: &mut NodeStep) -> Result<Verdict, Error> {
-        let trigger = crate::backups::Trigger::Operation {
+        let trigger = crate::controller::backup::Trigger::Operation {
             operation: self.operation.name_any(),
             machine: self.machine.name_any(),
         };
-        match Box::pin(crate::backups::run(self.ctx, self.cluster, trigger)).await? {
+        match Box::pin(crate::controller::backup::run(
+            self.ctx,
+            self.cluster,
+            trigger,
+        ))
+        .await?
+        {
             None => wait(
                 reasons::WAITING_FOR_LOCK,
                 "another backup of the cluster is running",
             ),
             Some(Err(failure)) => fail(failure.reason, failure.message),
             Some(Ok(record)) => {
-                crate::status::merge(
+                crate::infra::status::merge(
                     &api(self.ctx, self.operation),
                     &self.operation.name_any(),
                     &json!({"backupKey": record.key}),
@@ -993,7 +999,7 @@ impl Node<'_> {
         if let workload::Outcome::Wait { reason, message } = self.node().waiting_for_api(deleted) {
             return wait(reason, message);
         }
-        crate::machine::forget_config(self.ctx, self.machine).await?;
+        crate::controller::machine::forget_config(self.ctx, self.machine).await?;
         step.phase = OperationPhase::Succeeded;
         step.progress = self.verified(&step.progress);
         step.message = Some("reset: back in maintenance mode, its Node deleted".into());

@@ -1,0 +1,13 @@
+//! Plumbing that knows nothing of Talos: status writes and conditions, finalizers, leader
+//! election, metrics and the HTTP endpoints, the clock, the watched tasks and panic
+//! containment.
+
+pub mod clock;
+pub mod conditions;
+pub mod finalizer;
+pub mod http;
+pub mod leader;
+pub mod metrics;
+pub mod panics;
+pub mod status;
+pub mod tasks;
