@@ -158,6 +158,21 @@ pub async fn events_with_reason(target: &impl Target, reason: &str) -> Vec<Event
         .collect()
 }
 
+/// The Events with `reason`, once there is one within `limit`. The manager publishes an
+/// Event after the status write it explains, so a spec that saw the status waits for it.
+pub async fn events_once(
+    target: &impl Target,
+    reason: &str,
+    limit: Duration,
+) -> Result<Vec<Event>, Error> {
+    try_eventually(&format!("an Event {reason}"), limit, || async {
+        let events = events_with_reason(target, reason).await;
+        (!events.is_empty()).then_some(events)
+    })
+    .await
+    .map_err(|timeout| Error::Spec(timeout.to_string()))
+}
+
 /// The machine whose endpoint is `address`.
 pub async fn machine_at(target: &impl Target, address: &str) -> Result<TalosMachine, Error> {
     machines(target)

@@ -111,8 +111,9 @@ async fn fails_with(target: &SimTarget, name: &str, reason: &str) -> String {
         .find(|c| c.type_ == conditions::BACKED_UP)
         .expect("BackedUp");
     assert_eq!(backed_up.reason, reason, "{name}");
-    let events = specs::events_with_reason(target, reason).await;
-    assert!(!events.is_empty(), "{name}: an Event with reason {reason}");
+    specs::events_once(target, reason, Duration::from_secs(30))
+        .await
+        .unwrap_or_else(|e| panic!("{name}: an Event with reason {reason}: {e}"));
     message
 }
 

@@ -192,12 +192,22 @@ async fn classes_approve_what_they_alone_match_and_storages_report_their_volumes
                 .expect("ClassMatched");
         assert_eq!(reason, reasons::APPROVED_BY_CLASS);
     }
-    assert_eq!(
+    // Each approval's Event follows its write: waited for, not read at once.
+    let approvals = ichor_testenv::wait::try_eventually(
+        "an Event for each of the four approvals",
+        Duration::from_secs(30),
+        || async {
+            let events = specs::events_with_reason(&target, reasons::APPROVED_BY_CLASS).await;
+            (events.len() == 4).then_some(())
+        },
+    )
+    .await;
+    assert!(
+        approvals.is_ok(),
+        "an Event records each approval: {:?}",
         specs::events_with_reason(&target, reasons::APPROVED_BY_CLASS)
             .await
-            .len(),
-        4,
-        "an Event records each approval"
+            .len()
     );
     let unmatched = specs::machine_at(&target, &fifth).await.expect("machine");
     assert_eq!(unmatched.spec.approval_state, ApprovalState::Pending);

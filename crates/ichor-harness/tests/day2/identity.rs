@@ -91,12 +91,13 @@ async fn a_lost_bundle_is_never_regenerated_and_restoring_it_resumes_work() {
         "no new bundle"
     );
     assert_eq!(node.config_applies(), applies, "no node received anything");
-    assert!(
-        !specs::events_with_reason(&target, reasons::SECRETS_BUNDLE_LOST)
-            .await
-            .is_empty(),
-        "an Event names the loss"
-    );
+    specs::events_once(
+        &target,
+        reasons::SECRETS_BUNDLE_LOST,
+        Duration::from_secs(30),
+    )
+    .await
+    .expect("an Event names the loss");
     // Restored: the cluster comes back with the same CA.
     let mut restored = saved.clone();
     restored.metadata = kube::api::ObjectMeta {
@@ -179,11 +180,13 @@ async fn a_replacement_at_a_tombstoned_address_is_not_reset() {
     assert_eq!(reason, reasons::NODE_IDENTITY_MISMATCH);
     assert!(message.contains(replacement), "{message}");
     assert_eq!(stones, 1, "the tombstone stays for the machine removed");
-    assert!(
-        !specs::events_with_reason(&target, reasons::NODE_IDENTITY_MISMATCH)
-            .await
-            .is_empty()
-    );
+    specs::events_once(
+        &target,
+        reasons::NODE_IDENTITY_MISMATCH,
+        Duration::from_secs(30),
+    )
+    .await
+    .expect("the Event");
     assert_eq!(worker.calls("Reset"), 0, "the replacement was not reset");
     assert_ne!(worker.stage().await, Stage::Maintenance);
     target.down().await;

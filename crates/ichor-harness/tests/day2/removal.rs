@@ -223,12 +223,9 @@ async fn a_failed_leave_stops_and_the_force_path_removes_a_partitioned_node() {
     gone(&target, &name, &uid, Duration::from_secs(120)).await;
     let members = etcd_members(&target, &endpoints[0]).await;
     assert_eq!(members.len(), 3, "{members:?}");
-    assert!(
-        !specs::events_with_reason(&target, "ResetSkipped")
-            .await
-            .is_empty(),
-        "the skipped reset has an Event"
-    );
+    specs::events_once(&target, "ResetSkipped", Duration::from_secs(30))
+        .await
+        .expect("the skipped reset has an Event");
     let clusters: Api<ichor_api::TalosCluster> =
         Api::namespaced(target.client(), target.namespace());
     let stones = clusters
@@ -261,11 +258,9 @@ async fn a_failed_leave_stops_and_the_force_path_removes_a_partitioned_node() {
     })
     .await
     .expect("tombstone cleared");
-    assert!(
-        !specs::events_with_reason(&target, "TombstoneReset")
-            .await
-            .is_empty()
-    );
+    specs::events_once(&target, "TombstoneReset", Duration::from_secs(30))
+        .await
+        .expect("the Event");
     let seen = monitor.finish().await;
     assert!(seen.worst.is_some_and(|(a, v)| a * 2 > v));
     target.down().await;
@@ -355,12 +350,13 @@ async fn a_removal_waits_while_the_workload_api_is_down_and_with_force_skips_its
         message.contains(&format!("{}=true", annotations::FORCE_REMOVE)),
         "{message}"
     );
-    assert!(
-        !specs::events_with_reason(&target, reasons::WORKLOAD_API_UNREACHABLE)
-            .await
-            .is_empty(),
-        "the wait has an Event"
-    );
+    specs::events_once(
+        &target,
+        reasons::WORKLOAD_API_UNREACHABLE,
+        Duration::from_secs(30),
+    )
+    .await
+    .expect("the wait has an Event");
     // It had its chances and still waits: nothing went to etcd or the node.
     let before = target
         .manager_reconciles("TalosMachine")
@@ -438,11 +434,13 @@ async fn a_removal_waits_while_the_workload_api_is_down_and_with_force_skips_its
     )
     .await
     .expect("cleared");
-    assert!(
-        !specs::events_with_reason(&target, reasons::DEFERRED_NODE_DELETED)
-            .await
-            .is_empty()
-    );
+    specs::events_once(
+        &target,
+        reasons::DEFERRED_NODE_DELETED,
+        Duration::from_secs(30),
+    )
+    .await
+    .expect("the Event");
     let others = nodes.list(&ListParams::default()).await.expect("Nodes");
     assert_eq!(others.items.len(), 3, "the other Nodes stay");
     target.down().await;

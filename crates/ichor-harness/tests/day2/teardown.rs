@@ -171,11 +171,13 @@ async fn a_cluster_deleted_past_admission_waits_for_its_annotation_and_touches_n
         )),
         "{message}"
     );
-    assert!(
-        !specs::events_with_reason(&target, reasons::DELETED_WITHOUT_ALLOW_DELETE)
-            .await
-            .is_empty()
-    );
+    specs::events_once(
+        &target,
+        reasons::DELETED_WITHOUT_ALLOW_DELETE,
+        Duration::from_secs(30),
+    )
+    .await
+    .expect("the Event");
     let machines: Api<TalosMachine> = Api::namespaced(target.client(), target.namespace());
     let held = machines.list(&ListParams::default()).await.expect("list");
     assert_eq!(held.items.len(), 2, "no machine deleted");
