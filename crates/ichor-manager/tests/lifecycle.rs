@@ -1,7 +1,8 @@
 //! The controller against a real apiserver and simulated Talos nodes: discovery finds the
 //! machines, nothing is applied before approval, approved machines reach Ready, etcd has
 //! exactly three voters, and the published talosconfig reaches every node. A TalosOperation
-//! reconciled from a stale copy sends nothing the stored status says was sent (ADR 0055).
+//! reconciled from a stale copy sends nothing the stored status says was sent (ADR 0055). A
+//! talosconfig that cannot be written does not hold the bootstrap back (ADR 0057).
 
 mod support;
 
@@ -396,5 +397,172 @@ async fn an_operation_reconciled_from_a_stale_copy_sends_nothing_the_stored_stat
         .await
         .expect("reconcile");
     assert_eq!(node.calls("Reboot"), 1, "the intended reboot is sent");
+    node.stop().await;
+}
+
+/// A ValidatingAdmissionPolicy (and its binding) refusing every write of the Secret `name`.
+async fn refuse_writes_of(client: &kube::Client, name: &str) -> [kube::api::DynamicObject; 2] {
+    use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+    let policy = format!("refuse-{name}");
+    let docs: [DynamicObject; 2] = [
+        serde_json::from_value(json!({
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicy",
+            "metadata": {"name": policy},
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": {"resourceRules": [{
+                    "apiGroups": [""], "apiVersions": ["v1"],
+                    "operations": ["CREATE", "UPDATE"], "resources": ["secrets"],
+                }]},
+                "validations": [{
+                    "expression": format!("object.metadata.name != '{name}'"),
+                    "message": "refused by the test",
+                }],
+            },
+        }))
+        .expect("a policy"),
+        serde_json::from_value(json!({
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": policy},
+            "spec": {"policyName": policy, "validationActions": ["Deny"]},
+        }))
+        .expect("a binding"),
+    ];
+    for doc in &docs {
+        let kind = &doc.types.as_ref().expect("kind").kind;
+        let gvk = GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", kind);
+        Api::<DynamicObject>::all_with(client.clone(), &ApiResource::from_gvk(&gvk))
+            .create(&PostParams::default(), doc)
+            .await
+            .expect("create");
+    }
+    docs
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_talosconfig_that_cannot_be_written_does_not_hold_the_bootstrap_back() {
+    use ichor_api::names::{labels, reasons};
+    use ichor_testenv::nets::MANAGER_INDEPENDENT;
+    use k8s_openapi::api::core::v1::Secret;
+    use kube::api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ObjectMeta};
+
+    let (env, ns) = support::plane("independent").await;
+    let secrets: Api<Secret> = Api::namespaced(env.client(), &ns);
+    // The talosconfig's Secret cannot be written: shown refused before the manager starts
+    // (a dry run: admission runs, nothing is stored).
+    let docs = refuse_writes_of(&env.client(), "lab-talosconfig").await;
+    let probe = Secret {
+        metadata: ObjectMeta {
+            name: Some("lab-talosconfig".into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    eventually("the policy in force", Duration::from_secs(30), || async {
+        let dry_run = PostParams {
+            dry_run: true,
+            ..PostParams::default()
+        };
+        secrets
+            .create(&dry_run, &probe)
+            .await
+            .is_err_and(|e| e.to_string().contains("refused by the test"))
+    })
+    .await;
+
+    let address = MANAGER_INDEPENDENT.ip(0, 1);
+    let node = SimNode::start_with(
+        SocketAddr::from((address, 50000)),
+        "v1.14.1",
+        Hardware::vm(21801),
+    )
+    .await
+    .expect("a maintenance node");
+    Api::<TalosCluster>::namespaced(env.client(), &ns)
+        .create(
+            &PostParams::default(),
+            &TalosCluster::test("lab")
+                .namespace(&ns)
+                .endpoint(&format!("https://{address}:6443"))
+                .control_planes(1)
+                .install_disk("/dev/vda")
+                .build(),
+        )
+        .await
+        .expect("cluster");
+    Api::<TalosMachine>::namespaced(env.client(), &ns)
+        .create(
+            &PostParams::default(),
+            &TalosMachine::test("cp-1")
+                .namespace(&ns)
+                .cluster("lab")
+                .control_plane()
+                .approved()
+                .at(&address.to_string())
+                .fingerprint(&node.fingerprint())
+                .label(labels::MACHINE_UUID, &node.hardware().uuid)
+                .build(),
+        )
+        .await
+        .expect("the machine");
+    let (stop_tx, manager) = support::start_manager(&env);
+
+    let clusters: Api<TalosCluster> = Api::namespaced(env.client(), &ns);
+    let condition = |type_: &'static str| {
+        let clusters = clusters.clone();
+        async move {
+            clusters
+                .get("lab")
+                .await
+                .ok()?
+                .status?
+                .conditions
+                .into_iter()
+                .find(|c| c.type_ == type_)
+        }
+    };
+    eventually(
+        "bootstrapped, the talosconfig refused",
+        Duration::from_secs(120),
+        || async {
+            condition(conditions::BOOTSTRAPPED)
+                .await
+                .is_some_and(|c| c.status == ichor_api::common::ConditionStatus::True)
+        },
+    )
+    .await;
+    assert!(
+        secrets
+            .get_opt("lab-talosconfig")
+            .await
+            .expect("read")
+            .is_none(),
+        "never written"
+    );
+
+    // Allowed again: published at a later reconcile.
+    for doc in docs.iter().rev() {
+        let kind = &doc.types.as_ref().expect("kind").kind;
+        let gvk = GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", kind);
+        Api::<DynamicObject>::all_with(env.client(), &ApiResource::from_gvk(&gvk))
+            .delete(&doc.name_any(), &DeleteParams::default())
+            .await
+            .expect("delete");
+    }
+    eventually("published", Duration::from_secs(120), || async {
+        condition(conditions::CREDENTIALS_PUBLISHED)
+            .await
+            .is_some_and(|c| c.reason == reasons::PUBLISHED)
+            && secrets
+                .get_opt("lab-talosconfig")
+                .await
+                .is_ok_and(|s| s.is_some())
+    })
+    .await;
+
+    let _ = stop_tx.send(());
+    manager.await.expect("the manager stops");
     node.stop().await;
 }

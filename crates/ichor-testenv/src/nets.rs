@@ -134,6 +134,8 @@ pub const CLAIMS: Nets = Nets::new(211, 1);
 pub const TRUST: Nets = Nets::new(215, 2);
 /// `ichor-harness/tests/rails.rs`: the `ichor-harness up` that is stopped with SIGTERM.
 pub const RAILS: Nets = Nets::new(217, 1);
+/// `ichor-manager/tests/lifecycle.rs`: a bootstrap while the talosconfig cannot be written.
+pub const MANAGER_INDEPENDENT: Nets = Nets::new(218, 1);
 
 /// Every entry, by name.
 pub const ALL: &[(&str, Nets)] = &[
@@ -175,6 +177,7 @@ pub const ALL: &[(&str, Nets)] = &[
     ("CLAIMS", CLAIMS),
     ("TRUST", TRUST),
     ("RAILS", RAILS),
+    ("MANAGER_INDEPENDENT", MANAGER_INDEPENDENT),
 ];
 
 #[cfg(test)]

@@ -145,21 +145,34 @@ async fn reconcile_inner(cluster: &TalosCluster, ctx: &Context) -> Result<Action
 
     let next_sweep = discover(ctx, cluster).await;
     let machines = crate::cluster_machines(ctx, cluster).await?;
+    // The features that do not wait on one another: each runs whatever another's failure,
+    // and the first failure is returned once all ran (ADR 0057).
+    let mut deferred = Deferred::default();
     // Approvals by TalosMachineClass, one cluster at a time (their changes come back as
     // machine events).
-    approval::apply_classes(ctx, cluster, &machines).await?;
+    deferred.keep(
+        "class approvals",
+        approval::apply_classes(ctx, cluster, &machines).await,
+    );
     let bundle = ensure_bundle(ctx, cluster, &mut status, &machines).await?;
     let tally = Tally::of(cluster.spec.control_plane.count, &machines);
     record_counts(ctx, cluster, &mut status, &tally);
     let mut renew_in = None;
     if let Some(bundle) = &bundle {
         adoption::adopt(ctx, cluster, &mut status, bundle).await?;
-        renew_in = publish_and_bootstrap(ctx, cluster, &mut status, &machines, bundle).await?;
+        renew_in =
+            publish_and_bootstrap(ctx, cluster, &mut status, &machines, bundle, &mut deferred)
+                .await?;
     }
     record_readiness(ctx, cluster, &mut status, &machines, &tally);
     write_status(ctx, cluster, &status).await?;
     // Node deletes force removals handed over while the workload API did not answer (ADR 0021).
-    let nodes_pending = crate::node_deletes::retry(ctx, cluster).await?;
+    let nodes_pending = deferred
+        .keep(
+            "node deletes",
+            crate::node_deletes::retry(ctx, cluster).await,
+        )
+        .unwrap_or(true);
     let tombstoned = nodes_pending
         || cluster
             .status
@@ -171,11 +184,39 @@ async fn reconcile_inner(cluster: &TalosCluster, ctx: &Context) -> Result<Action
         tombstoned,
     );
     let due = [next_sweep, renew_in].into_iter().flatten().min();
+    deferred.into_result()?;
     Ok(Action::requeue(plan::requeue_after(
         &ctx.settings,
         on_nodes,
         due,
     )))
+}
+
+/// The first failure of the features of a cluster's reconcile that do not wait on one
+/// another (class approvals, published credentials, node deletes): each is kept here and the
+/// reconcile goes on, so none delays the bootstrap or another; the reconcile returns the first
+/// once everything ran, and the others are logged.
+#[derive(Debug, Default)]
+pub(crate) struct Deferred(Option<Error>);
+
+impl Deferred {
+    /// The value of `result`, or `None` with its error kept (the first) or logged (`feature`
+    /// names it).
+    pub(crate) fn keep<T>(&mut self, feature: &str, result: Result<T, Error>) -> Option<T> {
+        match result {
+            Ok(value) => Some(value),
+            Err(error) => {
+                tracing::warn!(%feature, %error, "failed; the reconcile goes on and reports it");
+                self.0.get_or_insert(error);
+                None
+            }
+        }
+    }
+
+    /// The first failure kept, if any.
+    pub(crate) fn into_result(self) -> Result<(), Error> {
+        self.0.map_or(Ok(()), Err)
+    }
 }
 
 /// Discovery (reads only): a sweep when one is due; the sweep interval, if the cluster
@@ -283,12 +324,19 @@ async fn publish_and_bootstrap(
     status: &mut TalosClusterStatus,
     machines: &[TalosMachine],
     bundle: &ichor_render::SecretsBundle,
+    deferred: &mut Deferred,
 ) -> Result<Option<Duration>, Error> {
     let credentials = ctx.node_credentials(cluster, bundle)?;
     // A force-removed node that answers again is reset before anything else.
     tombstones(ctx, cluster, status, &credentials).await?;
-    let talos = publish_talosconfig(ctx, cluster, bundle, machines).await?;
-    let mut steps = vec![record_file(cluster, status, File::Talosconfig, talos)];
+    let talos = publish_talosconfig(ctx, cluster, bundle, machines).await;
+    // A file whose write failed leaves `CredentialsPublished` as it was.
+    let mut steps = Vec::new();
+    let mut failed = false;
+    match deferred.keep("the talosconfig", talos) {
+        Some(talos) => steps.push(record_file(cluster, status, File::Talosconfig, talos)),
+        None => failed = true,
+    }
     if !cond::is_true(&status.conditions, conditions::BOOTSTRAPPED) {
         let fingerprint = crate::secrets::fingerprint(bundle);
         let restoring = match restore::gate(ctx, cluster, status, &fingerprint).await? {
@@ -309,12 +357,17 @@ async fn publish_and_bootstrap(
         }
     }
     if cond::is_true(&status.conditions, conditions::BOOTSTRAPPED) {
-        let kube = publish_kubeconfig(ctx, cluster, bundle).await?;
-        steps.push(record_file(cluster, status, File::Kubeconfig, kube));
+        let kube = publish_kubeconfig(ctx, cluster, bundle).await;
+        match deferred.keep("the kubeconfig", kube) {
+            Some(kube) => steps.push(record_file(cluster, status, File::Kubeconfig, kube)),
+            None => failed = true,
+        }
     }
     let renew_at = steps.iter().filter_map(|s| s.as_ref().ok()).min().copied();
     let taken: Vec<_> = steps.into_iter().filter_map(Result::err).collect();
-    record_published(ctx, cluster, status, &taken).await;
+    if !failed {
+        record_published(ctx, cluster, status, &taken).await;
+    }
     // A name held by another Secret is looked at again soon: it is published once free.
     let retry = (!taken.is_empty()).then_some(ctx.settings.progress_requeue);
     let renew_in = renew_at.map(|at| renewal::until(at, ctx.clock.now()));
