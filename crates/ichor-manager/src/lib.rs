@@ -45,7 +45,7 @@ pub mod secrets;
 mod tuning;
 pub mod workload;
 
-use controller::{backup as backups, cluster, machine, operation, storage};
+use controller::{backup, cluster, machine, operation, storage};
 use infra::{panics, status, tasks};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -156,7 +156,7 @@ pub struct Context {
     /// The machine classes and storages configs render from (watch caches).
     pub layers: layers::Layers,
     /// The clusters with a backup running (one at a time per cluster).
-    backups: backups::InFlight,
+    backups: backup::InFlight,
     /// The last look at each machine in progress (echoes of its own writes wait).
     pub looks: machine::Looks,
     /// Discovery's probes in flight, shared by every sweep: the sweep concurrency bounds them
@@ -200,7 +200,7 @@ impl Context {
             health: Arc::new(Health::default()),
             own: own::Cache::default(),
             layers: layers::Layers::default(),
-            backups: backups::InFlight::default(),
+            backups: backup::InFlight::default(),
             looks: machine::Looks::default(),
             probes,
         }
@@ -645,7 +645,7 @@ async fn backup_controller(ctx: Arc<Context>, stop: tokio::sync::watch::Receiver
     drive(
         controllers::BACKUP,
         controller,
-        backups::reconcile,
+        backup::reconcile,
         ctx,
         stop,
     )

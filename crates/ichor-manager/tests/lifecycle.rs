@@ -400,9 +400,20 @@ async fn an_operation_reconciled_from_a_stale_copy_sends_nothing_the_stored_stat
     node.stop().await;
 }
 
+/// The API of `doc`, an admissionregistration.k8s.io/v1 object.
+fn admission_api(
+    client: &kube::Client,
+    doc: &kube::api::DynamicObject,
+) -> Api<kube::api::DynamicObject> {
+    use kube::api::{ApiResource, GroupVersionKind};
+    let kind = &doc.types.as_ref().expect("kind").kind;
+    let gvk = GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", kind);
+    Api::all_with(client.clone(), &ApiResource::from_gvk(&gvk))
+}
+
 /// A ValidatingAdmissionPolicy (and its binding) refusing every write of the Secret `name`.
 async fn refuse_writes_of(client: &kube::Client, name: &str) -> [kube::api::DynamicObject; 2] {
-    use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+    use kube::api::DynamicObject;
     let policy = format!("refuse-{name}");
     let docs: [DynamicObject; 2] = [
         serde_json::from_value(json!({
@@ -431,9 +442,7 @@ async fn refuse_writes_of(client: &kube::Client, name: &str) -> [kube::api::Dyna
         .expect("a binding"),
     ];
     for doc in &docs {
-        let kind = &doc.types.as_ref().expect("kind").kind;
-        let gvk = GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", kind);
-        Api::<DynamicObject>::all_with(client.clone(), &ApiResource::from_gvk(&gvk))
+        admission_api(client, doc)
             .create(&PostParams::default(), doc)
             .await
             .expect("create");
@@ -446,7 +455,7 @@ async fn a_talosconfig_that_cannot_be_written_does_not_hold_the_bootstrap_back()
     use ichor_api::names::{labels, reasons};
     use ichor_testenv::nets::MANAGER_INDEPENDENT;
     use k8s_openapi::api::core::v1::Secret;
-    use kube::api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ObjectMeta};
+    use kube::api::{DeleteParams, ObjectMeta};
 
     let (env, ns) = support::plane("independent").await;
     let secrets: Api<Secret> = Api::namespaced(env.client(), &ns);
@@ -544,9 +553,7 @@ async fn a_talosconfig_that_cannot_be_written_does_not_hold_the_bootstrap_back()
 
     // Allowed again: published at a later reconcile.
     for doc in docs.iter().rev() {
-        let kind = &doc.types.as_ref().expect("kind").kind;
-        let gvk = GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", kind);
-        Api::<DynamicObject>::all_with(env.client(), &ApiResource::from_gvk(&gvk))
+        admission_api(&env.client(), doc)
             .delete(&doc.name_any(), &DeleteParams::default())
             .await
             .expect("delete");

@@ -19,7 +19,7 @@ use ichor_manager::backup_store::{
     STORE_TEXT_LIMIT, StoreError, StoreSettings, check_bucket, s3_store,
 };
 use ichor_manager::controller::backup::plan::{BackupId, Owner, Record};
-use ichor_manager::controller::backup::{self as backups, Destination, Trigger};
+use ichor_manager::controller::backup::{self, Destination, Trigger};
 use ichor_manager::{Context, Metrics, Settings};
 use ichor_talos::snapshot::{SnapshotCheck, SnapshotSummary};
 use ichor_testenv::S3Server;
@@ -277,7 +277,7 @@ async fn backups_in_one_second_keep_apart_and_each_record_is_the_sha256_of_its_o
             let sealer = sealed.then(|| Sealer::for_recipient(&recipient).expect("sealer"));
             let (tx, rx) = mpsc::channel(4);
             let body = snapshot_of(pages, fill);
-            let stored = backups::store(dest, &key, sealer, base, rx, stream(tx, body)).await;
+            let stored = backup::store(dest, &key, sealer, base, rx, stream(tx, body)).await;
             (key, stored.expect("stored"))
         }
     };
@@ -465,11 +465,11 @@ async fn a_backup_asked_for_once_is_taken_once_whatever_copy_the_reconcile_read(
         machine: "cp-1".to_owned(),
     };
 
-    let again = backups::run(&ctx, &stale, asked_by("snap-1"))
+    let again = backup::run(&ctx, &stale, asked_by("snap-1"))
         .await
         .expect("run");
     assert_eq!(again, Some(Ok(taken.clone())), "its backup, not a second");
-    let scheduled = backups::run(&ctx, &stale, Trigger::Scheduled)
+    let scheduled = backup::run(&ctx, &stale, Trigger::Scheduled)
         .await
         .expect("run");
     assert_eq!(
@@ -491,7 +491,7 @@ async fn a_backup_asked_for_once_is_taken_once_whatever_copy_the_reconcile_read(
         .create(&PostParams::default(), &snapshot("snap-2"))
         .await
         .expect("operation");
-    match backups::run(&ctx, &stale, asked_by("snap-2"))
+    match backup::run(&ctx, &stale, asked_by("snap-2"))
         .await
         .expect("run")
     {

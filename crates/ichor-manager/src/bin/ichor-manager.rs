@@ -187,6 +187,11 @@ async fn main() -> ExitCode {
     ichor_service::exit("ichor-manager", run(options).await)
 }
 
+/// How `docs/tuning.md` is read: the library's check's reader, shared.
+#[cfg(test)]
+#[path = "../tuning/page.rs"]
+mod page;
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
@@ -195,22 +200,7 @@ mod tests {
 
     use super::*;
 
-    /// A duration as `docs/tuning.md` writes it: in the largest of `d`, `h`, `min`, `s` and
-    /// `ms` that divides it (as the library's check of the page writes it).
-    fn shown(duration: Duration) -> String {
-        let millis = duration.as_millis();
-        let units = [
-            ("d", 86_400_000),
-            ("h", 3_600_000),
-            ("min", 60_000),
-            ("s", 1000),
-        ];
-        let (unit, size) = units
-            .into_iter()
-            .find(|(_, size)| millis >= *size && millis.is_multiple_of(*size))
-            .unwrap_or(("ms", 1));
-        format!("{} {unit}", millis / size)
-    }
+    use crate::page::{shown, tuning_rows};
 
     /// What each tuning flag sets in `options`, as `docs/tuning.md` writes it.
     fn tuned(options: &Options) -> Vec<(&'static str, String)> {
@@ -257,13 +247,10 @@ mod tests {
     /// flag has its row: a default changed without the page fails.
     #[test]
     fn tuning_doc_states_each_flag_default() {
-        let doc = include_str!("../../../../docs/tuning.md");
-        let rows: Vec<(&str, &str)> = doc
-            .lines()
-            .filter(|line| line.starts_with("| "))
-            .map(|line| line.split('|').map(|c| c.trim().trim_matches('`')))
-            .filter_map(|mut cells| Some((cells.nth(2)?, cells.nth(1)?)))
-            .filter(|(flag, _)| flag.starts_with("--"))
+        let rows: Vec<(&str, &str)> = tuning_rows()
+            .into_iter()
+            .filter(|[flag, _, _]| flag.starts_with("--"))
+            .map(|[flag, _, default]| (flag, default))
             .collect();
         let defaults = tuned(&parsed(&BTreeMap::new()));
         for (flag, value) in &defaults {

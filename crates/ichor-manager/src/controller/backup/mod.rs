@@ -36,9 +36,9 @@ use object_store::{ObjectStore, ObjectStoreExt as _, PutPayload, WriteMultipart}
 use tokio::sync::mpsc;
 
 use crate::backup_store::seal::Sealer;
-use crate::backup_store::{self as objstore, StoreError, StoreSettings};
+use crate::backup_store::{self, StoreError, StoreSettings};
 use crate::{Context, Error, infra::conditions as cond};
-use plan::{self as backup, BackupId, Owner, Plan, Record, Schedule, Source};
+use plan::{BackupId, Owner, Plan, Record, Schedule, Source};
 
 /// The size of each uploaded part (S3's smallest but the last is 5 MiB).
 pub(crate) const PART: usize = 5 * 1024 * 1024;
@@ -192,7 +192,7 @@ pub async fn destination(
         secret_key: required(keys::SECRET_ACCESS_KEY_KEY)?,
         ca_pem: value(keys::STORE_CA_KEY),
     };
-    let store = objstore::s3_store(&settings).map_err(Failure::from_store)?;
+    let store = backup_store::s3_store(&settings).map_err(Failure::from_store)?;
     Ok(Destination {
         store,
         settings,
@@ -265,7 +265,7 @@ pub async fn reconcile(cluster: Arc<TalosCluster>, ctx: Arc<Context>) -> Result<
         }
     };
     let facts = facts(ctx.clock.now(), &cluster, spec);
-    match backup::plan(&schedule, &facts) {
+    match plan::plan(&schedule, &facts) {
         Plan::Idle => Ok(Action::await_change()),
         Plan::Wait { due } => {
             record_next_run(&ctx, &cluster, Some(due)).await?;
@@ -281,10 +281,10 @@ pub async fn reconcile(cluster: Arc<TalosCluster>, ctx: Arc<Context>) -> Result<
 
 /// What the schedule of `cluster` (whose `spec.backup` is `spec`) is judged on at `now`: its
 /// status as `cluster` carries it.
-fn facts(now: Timestamp, cluster: &TalosCluster, spec: &BackupSpec) -> backup::Facts {
+fn facts(now: Timestamp, cluster: &TalosCluster, spec: &BackupSpec) -> plan::Facts {
     let status = cluster.status.clone().unwrap_or_default();
     let backups = status.backup.unwrap_or_default();
-    backup::Facts {
+    plan::Facts {
         now,
         created: cluster
             .metadata
@@ -373,7 +373,7 @@ async fn asked(ctx: &Context, cluster: &TalosCluster, trigger: &Trigger) -> Resu
     let operation = match trigger {
         Trigger::Scheduled => {
             let due = Schedule::parse(&spec.schedule).is_ok_and(|schedule| {
-                backup::plan(&schedule, &facts(ctx.clock.now(), cluster, spec)) == Plan::Run
+                plan::plan(&schedule, &facts(ctx.clock.now(), cluster, spec)) == Plan::Run
             });
             return Ok(if due { Asked::Take } else { Asked::NotDue });
         }
@@ -408,7 +408,7 @@ async fn recorded(
     operation: &str,
 ) -> Result<BackupRecord, Failure> {
     let dest = destination(&ctx.client, namespace, &spec.store).await?;
-    let record_key = backup::record_key(key);
+    let record_key = plan::record_key(key);
     let read = match dest.store.get(&ObjectPath::from(record_key.as_str())).await {
         Ok(got) => got.bytes().await,
         Err(err) => Err(err),
@@ -424,7 +424,7 @@ async fn recorded(
         )
     };
     let record: Record = serde_json::from_slice(&body)
-        .map_err(|err| unreadable(objstore::printable(&err.to_string())))?;
+        .map_err(|err| unreadable(backup_store::printable(&err.to_string())))?;
     record.check_shape().map_err(unreadable)?;
     let taken_at = record
         .taken_at
@@ -464,7 +464,7 @@ async fn prepare<'a>(
             "the cluster does not set spec.backup",
         )));
     };
-    if let Some(message) = backup::plain_http_refusal(
+    if let Some(message) = plan::plain_http_refusal(
         &spec.store.endpoint,
         spec.encryption.is_some(),
         spec.store.allow_plain_http,
@@ -480,7 +480,7 @@ async fn prepare<'a>(
         Err(failure) => return Ok(Err(failure)),
     };
     if let Err(error) =
-        objstore::check_bucket(dest.store.as_ref(), &dest.settings.bucket, &dest.prefix).await
+        backup_store::check_bucket(dest.store.as_ref(), &dest.settings.bucket, &dest.prefix).await
     {
         return Ok(Err(Failure::from_store(error)));
     }
@@ -500,7 +500,7 @@ async fn prepare<'a>(
     let credentials = ctx.node_credentials(cluster, &bundle)?;
     let machines = crate::cluster_machines(ctx, cluster).await?;
     let candidates = candidates(&machines, trigger);
-    let Some((source, client)) = first_healthy(&backup::sources(&candidates), &credentials).await
+    let Some((source, client)) = first_healthy(&plan::sources(&candidates), &credentials).await
     else {
         return Ok(Err(Failure::new(
             reasons::NO_SNAPSHOT_SOURCE,
@@ -685,7 +685,7 @@ pub async fn store<E: std::fmt::Display>(
         ..base
     };
     if let Err(failure) = write_record(dest, key, &record).await {
-        let _ = objstore::delete(dest.store.as_ref(), &dest.settings.bucket, key).await;
+        let _ = backup_store::delete(dest.store.as_ref(), &dest.settings.bucket, key).await;
         return Err(failure);
     }
     Ok(record)
@@ -699,7 +699,7 @@ async fn upload<E: std::fmt::Display>(
     mut sealer: Option<Sealer>,
     chunks: mpsc::Receiver<Vec<u8>>,
     snapshot: impl Future<Output = Result<ichor_talos::snapshot::SnapshotSummary, E>>,
-) -> Result<backup::Digests, Failure> {
+) -> Result<plan::Digests, Failure> {
     let bucket = dest.settings.bucket.as_str();
     let multipart = dest
         .store
@@ -707,7 +707,7 @@ async fn upload<E: std::fmt::Display>(
         .await
         .map_err(|err| Failure::from_store(StoreError::classify_write(bucket, &err)))?;
     let mut writer = WriteMultipart::new_with_chunk_size(multipart, PART);
-    let mut object = backup::Hasher::default();
+    let mut object = plan::Hasher::default();
     // The pump owns the receiver: if it stops early, the snapshot's sender sees it closed and
     // stops too, rather than waiting on a full channel.
     let pump = pump(chunks, &mut writer, &mut object, sealer.as_mut(), bucket);
@@ -743,9 +743,9 @@ async fn upload<E: std::fmt::Display>(
         .finish()
         .await
         .map_err(|err| Failure::from_store(StoreError::classify_write(bucket, &err)))?;
-    Ok(backup::Digests {
+    Ok(plan::Digests {
         object: object.finish(),
-        snapshot: backup::Digest {
+        snapshot: plan::Digest {
             size: summary.size,
             sha256: summary.sha256,
         },
@@ -758,7 +758,7 @@ async fn upload<E: std::fmt::Display>(
 async fn pump(
     mut rx: mpsc::Receiver<Vec<u8>>,
     parts: &mut WriteMultipart,
-    object: &mut backup::Hasher,
+    object: &mut plan::Hasher,
     mut sealing: Option<&mut Sealer>,
     bucket: &str,
 ) -> Result<(), Failure> {
@@ -785,7 +785,7 @@ async fn write_record(dest: &Destination, key: &str, record: &Record) -> Result<
     let body = serde_json::to_vec_pretty(record).unwrap_or_default();
     dest.store
         .put(
-            &ObjectPath::from(backup::record_key(key)),
+            &ObjectPath::from(plan::record_key(key)),
             PutPayload::from(body),
         )
         .await
@@ -838,16 +838,16 @@ async fn retain(
             retention
         }
     };
-    let expired = backup::expired(owner, &keys, retention, ctx.clock.now());
+    let expired = plan::expired(owner, &keys, retention, ctx.clock.now());
     let ours = keys.iter().filter(|k| owner.taken_at(k).is_some()).count();
     let mut deleted = 0;
     for key in &expired {
         let bucket = &dest.settings.bucket;
-        match objstore::delete(dest.store.as_ref(), bucket, key).await {
+        match backup_store::delete(dest.store.as_ref(), bucket, key).await {
             Ok(()) => {
                 deleted += 1;
                 let _ =
-                    objstore::delete(dest.store.as_ref(), bucket, &backup::record_key(key)).await;
+                    backup_store::delete(dest.store.as_ref(), bucket, &plan::record_key(key)).await;
             }
             Err(error) => {
                 retention_event(ctx, cluster, format!("cannot delete {key}: {error}")).await;
@@ -861,9 +861,9 @@ async fn retain(
 /// deletes nothing for its age: the retention without it, and why.
 fn retention_of(
     spec: &BackupSpec,
-) -> Result<backup::Retention, (backup::Retention, ichor_api::time::InvalidDuration)> {
+) -> Result<plan::Retention, (plan::Retention, ichor_api::time::InvalidDuration)> {
     let Some(r) = spec.retention.as_ref() else {
-        return Ok(backup::Retention {
+        return Ok(plan::Retention {
             count: Some(7),
             max_age: None,
         });
@@ -875,9 +875,9 @@ fn retention_of(
         .map(|age| ichor_api::time::parse_duration("spec.backup.retention.maxAge", age))
         .transpose();
     match max_age {
-        Ok(max_age) => Ok(backup::Retention { count, max_age }),
+        Ok(max_age) => Ok(plan::Retention { count, max_age }),
         Err(invalid) => Err((
-            backup::Retention {
+            plan::Retention {
                 count,
                 max_age: None,
             },

@@ -29,8 +29,8 @@ use object_store::{ObjectStore, ObjectStoreExt as _};
 use tokio::sync::mpsc;
 
 use crate::backup_store::StoreError;
-use crate::controller::backup::plan::{self as backup, Digest, Digests, Hasher, Record};
-use crate::controller::backup::{self as backups, Destination, Failure};
+use crate::controller::backup::plan::{self, Digest, Digests, Hasher, Record};
+use crate::controller::backup::{self, Destination, Failure};
 use crate::{Context, Error, infra::conditions as cond};
 
 /// Plaintext chunks queued between the store and their reader.
@@ -238,7 +238,7 @@ async fn find(
     spec: &RestoreSpec,
     bundle_fingerprint: &str,
 ) -> Result<Found, Failure> {
-    if let Some(message) = backup::plain_http_refusal(
+    if let Some(message) = plan::plain_http_refusal(
         &spec.store.endpoint,
         spec.encryption.is_some(),
         spec.store.allow_plain_http,
@@ -246,7 +246,7 @@ async fn find(
         return Err(plain_http(message));
     }
     let namespace = cluster.namespace().unwrap_or_default();
-    let dest = backups::destination(&ctx.client, &namespace, &spec.store).await?;
+    let dest = backup::destination(&ctx.client, &namespace, &spec.store).await?;
     let store = Arc::clone(&dest.store);
     let bucket = dest.settings.bucket.clone();
     let key = match &spec.key {
@@ -264,7 +264,7 @@ async fn find(
     let record = read_record(store.as_ref(), &bucket, &key).await?;
     // Over plain http, an unencrypted backup would be read in the clear: refused like the
     // spec would be, whatever the restore expected.
-    if let Some(message) = backup::plain_http_refusal(
+    if let Some(message) = plan::plain_http_refusal(
         &spec.store.endpoint,
         record.encrypted,
         spec.store.allow_plain_http,
@@ -297,12 +297,12 @@ async fn latest(
         .await
         .map_err(|err| Failure::from_store(StoreError::classify(bucket, &err)))?;
     let mut records = Vec::new();
-    for key in keys.into_iter().filter(|k| backup::is_backup_key(k)) {
+    for key in keys.into_iter().filter(|k| plan::is_backup_key(k)) {
         if let Ok(record) = read_record(store, bucket, &key).await {
             records.push((key, record));
         }
     }
-    backup::latest_for_bundle(&records, bundle)
+    plan::latest_for_bundle(&records, bundle)
         .map(|(key, _)| key.clone())
         .ok_or_else(|| Failure {
             reason: reasons::RESTORE_OBJECT_MISSING,
@@ -326,7 +326,7 @@ async fn read_record(store: &dyn ObjectStore, bucket: &str, key: &str) -> Result
             other => Failure::from_store(StoreError::classify(bucket, &other)),
         });
     }
-    let record_key = backup::record_key(key);
+    let record_key = plan::record_key(key);
     let body = match store.get(&ObjectPath::from(record_key.as_str())).await {
         Ok(got) => got.bytes().await,
         Err(err) => Err(err),
@@ -373,7 +373,7 @@ async fn identity_for(
     };
     let namespace = cluster.namespace().unwrap_or_default();
     let text =
-        backups::age_identity(&ctx.client, &namespace, &encryption.key_secret_ref.name).await?;
+        backup::age_identity(&ctx.client, &namespace, &encryption.key_secret_ref.name).await?;
     crate::backup_store::seal::identity(&text)
         .map(Some)
         .map_err(|message| wrong(format!("restoreFrom.encryption: {message}")))
@@ -422,7 +422,7 @@ pub async fn upload(
         return Ok(());
     };
     let namespace = cluster.namespace().unwrap_or_default();
-    let dest = backups::destination(&ctx.client, &namespace, &spec.store).await?;
+    let dest = backup::destination(&ctx.client, &namespace, &spec.store).await?;
     let record = read_record(dest.store.as_ref(), &dest.settings.bucket, &recorded.key).await?;
     let identity = identity_for(ctx, cluster, spec, &recorded.key, &record).await?;
     let (tx, rx) = mpsc::channel(CHUNKS_QUEUED);

@@ -3,52 +3,17 @@
 //! without the page (or the page without the code) fails. The flags' defaults are checked by
 //! the binary's own test.
 
+pub mod page;
+
 use std::time::Duration;
 
+use page::{shown, tuning_rows};
+
 use crate::{
-    Settings, controller::backup as backups, controller::backup::plan as backup,
-    controller::machine, controller::operation, decide, error, infra::panics, lock,
+    Settings, controller::backup, controller::machine, controller::operation, decide, error,
+    infra::panics, lock,
 };
 use crate::{controller::storage, renewal, secrets, workload};
-
-/// A duration as `docs/tuning.md` writes it: in the largest of `d`, `h`, `min`, `s` and
-/// `ms` that divides it.
-fn shown(duration: Duration) -> String {
-    let millis = duration.as_millis();
-    let units = [
-        ("d", 86_400_000),
-        ("h", 3_600_000),
-        ("min", 60_000),
-        ("s", 1000),
-    ];
-    let (unit, size) = units
-        .into_iter()
-        .find(|(_, size)| millis >= *size && millis.is_multiple_of(*size))
-        .unwrap_or(("ms", 1));
-    format!("{} {unit}", millis / size)
-}
-
-/// The rows of `docs/tuning.md`'s tables, as (flag, code, default), backticks dropped.
-fn tuning_rows() -> Vec<[&'static str; 3]> {
-    let doc = include_str!("../../../docs/tuning.md");
-    let rows = doc
-        .lines()
-        .filter(|l| l.starts_with('|') && !l.starts_with("|---"));
-    rows.filter(|l| !l.starts_with("| Setting |"))
-        .map(|line| {
-            let cells: Vec<&str> = line
-                .split('|')
-                .map(|c| c.trim().trim_matches('`'))
-                .collect();
-            assert_eq!(
-                cells.len(),
-                8,
-                "a row of docs/tuning.md without six cells: {line}"
-            );
-            [cells[2], cells[3], cells[4]]
-        })
-        .collect()
-}
 
 /// The durations `docs/tuning.md` names by their code.
 fn duration_defaults() -> Vec<(&'static str, Duration)> {
@@ -115,9 +80,9 @@ fn constant_defaults() -> Vec<(&'static str, Duration)> {
         ("error::BUG_REQUEUE", error::BUG_REQUEUE),
         (
             "controller::backup::plan::FAILURE_RETRY",
-            backup::FAILURE_RETRY,
+            backup::plan::FAILURE_RETRY,
         ),
-        ("controller::backup::BUSY_RETRY", backups::BUSY_RETRY),
+        ("controller::backup::BUSY_RETRY", backup::BUSY_RETRY),
     ]
 }
 
@@ -159,15 +124,15 @@ fn count_defaults() -> Vec<(&'static str, String)> {
         ),
         (
             "controller::backup::PARTS_IN_FLIGHT",
-            backups::PARTS_IN_FLIGHT.to_string(),
+            backup::PARTS_IN_FLIGHT.to_string(),
         ),
         (
             "controller::backup::PART",
-            format!("{} MiB", backups::PART / (1024 * 1024)),
+            format!("{} MiB", backup::PART / (1024 * 1024)),
         ),
         (
             "controller::backup::CHUNKS_QUEUED",
-            backups::CHUNKS_QUEUED.to_string(),
+            backup::CHUNKS_QUEUED.to_string(),
         ),
         (
             "ichor_talos::discovery::MAX_CIDRS",

@@ -1,0 +1,43 @@
+//! How `docs/tuning.md` is read by the checks that compare it with the code: the library's
+//! (`tuning`) and the binary's (its flags and the chart). Test-only, included by both targets.
+
+use std::time::Duration;
+
+/// A duration as `docs/tuning.md` writes it: in the largest of `d`, `h`, `min`, `s` and
+/// `ms` that divides it.
+pub fn shown(duration: Duration) -> String {
+    let millis = duration.as_millis();
+    let units = [
+        ("d", 86_400_000),
+        ("h", 3_600_000),
+        ("min", 60_000),
+        ("s", 1000),
+    ];
+    let (unit, size) = units
+        .into_iter()
+        .find(|(_, size)| millis >= *size && millis.is_multiple_of(*size))
+        .unwrap_or(("ms", 1));
+    format!("{} {unit}", millis / size)
+}
+
+/// The rows of `docs/tuning.md`'s tables, as (flag, code, default), backticks dropped.
+pub fn tuning_rows() -> Vec<[&'static str; 3]> {
+    let doc = include_str!("../../../../docs/tuning.md");
+    let rows = doc
+        .lines()
+        .filter(|l| l.starts_with('|') && !l.starts_with("|---"));
+    rows.filter(|l| !l.starts_with("| Setting |"))
+        .map(|line| {
+            let cells: Vec<&str> = line
+                .split('|')
+                .map(|c| c.trim().trim_matches('`'))
+                .collect();
+            assert_eq!(
+                cells.len(),
+                8,
+                "a row of docs/tuning.md without six cells: {line}"
+            );
+            [cells[2], cells[3], cells[4]]
+        })
+        .collect()
+}
