@@ -1,9 +1,10 @@
-//! Plumbing that knows nothing of Talos: status writes and conditions, finalizers, leader
-//! election, metrics and the HTTP endpoints, the clock, the watched tasks and panic
-//! containment.
+//! Plumbing that knows nothing of Talos: how a controller is driven, status writes and
+//! conditions, finalizers, leader election, metrics and the HTTP endpoints, the clock, the
+//! watched tasks and panic containment.
 
 pub mod clock;
 pub mod conditions;
+pub(crate) mod drive;
 pub mod finalizer;
 pub mod http;
 pub mod leader;

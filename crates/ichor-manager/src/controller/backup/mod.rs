@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use ichor_api::backup::{BackupRecord, BackupRun, BackupSpec, ObjectStoreSpec};
 use ichor_api::common::Role;
+use ichor_api::names::controllers;
 use ichor_api::names::{actions, conditions, field_managers as fm, reasons, secrets as keys};
 use ichor_api::{TalosCluster, TalosOperation};
 use ichor_talos::TalosClient;
@@ -29,8 +30,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt as _;
 use kube::api::Api;
-use kube::runtime::controller::Action;
+use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::EventType;
+use kube::runtime::watcher;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt as _, PutPayload, WriteMultipart};
 use tokio::sync::mpsc;
@@ -245,6 +247,17 @@ fn cluster_key(cluster: &TalosCluster) -> String {
         cluster.namespace().unwrap_or_default(),
         cluster.name_any()
     )
+}
+
+/// The backup controller: each TalosCluster with `spec.backup`, reconciled when it changes and
+/// when its next backup is due.
+pub(crate) async fn run_controller(ctx: Arc<Context>, stop: tokio::sync::watch::Receiver<bool>) {
+    let controller = Controller::new(
+        Api::<TalosCluster>::all(ctx.client.clone()),
+        watcher::Config::default(),
+    )
+    .with_config(crate::infra::drive::limits(&ctx));
+    crate::infra::drive::drive(controllers::BACKUP, controller, reconcile, ctx, stop).await;
 }
 
 /// Reconciles the backups of one TalosCluster: runs a scheduled backup when one is due, and

@@ -8,6 +8,7 @@ use std::time::Duration;
 use ichor_api::backup::RestoreStatus;
 use ichor_api::cluster::{BootstrapRecord, TalosClusterStatus, Tombstone};
 use ichor_api::machine::MachinePhase;
+use ichor_api::names::controllers;
 use ichor_api::names::{actions, conditions, finalizers, reasons};
 use ichor_api::{TalosCluster, TalosMachine};
 use ichor_render::credentials::{self, Minted, Published};
@@ -17,8 +18,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt as _;
 use kube::api::{Api, DeleteParams};
-use kube::runtime::controller::Action;
+use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::EventType;
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
 
 use crate::renewal::{self, Renewal, Validity};
 use crate::{Context, Error, infra::conditions as cond, secrets};
@@ -40,6 +43,33 @@ fn talosconfig_name(cluster: &TalosCluster) -> String {
 
 fn kubeconfig_name(cluster: &TalosCluster) -> String {
     format!("{}-kubeconfig", cluster.name_any())
+}
+
+/// The machine's cluster, as an object reference.
+fn cluster_of(namespace: Option<String>, cluster: &str) -> ObjectRef<TalosCluster> {
+    ObjectRef::new(cluster).within(&namespace.unwrap_or_default())
+}
+
+/// The TalosCluster controller: a machine's change, or a class's (which may approve pending
+/// machines), reconciles its cluster.
+pub(crate) async fn run_controller(ctx: Arc<Context>, stop: tokio::sync::watch::Receiver<bool>) {
+    let client = ctx.client.clone();
+    let controller = Controller::new(
+        Api::<TalosCluster>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .with_config(crate::infra::drive::limits(&ctx))
+    .watches(
+        Api::<TalosMachine>::all(client.clone()),
+        watcher::Config::default(),
+        |m: TalosMachine| Some(cluster_of(m.namespace(), &m.spec.cluster_ref.name)),
+    )
+    .watches(
+        Api::<ichor_api::TalosMachineClass>::all(client),
+        watcher::Config::default(),
+        |c: ichor_api::TalosMachineClass| Some(cluster_of(c.namespace(), &c.spec.cluster_ref.name)),
+    );
+    crate::infra::drive::drive(controllers::CLUSTER, controller, reconcile, ctx, stop).await;
 }
 
 /// Reconciles one TalosCluster.

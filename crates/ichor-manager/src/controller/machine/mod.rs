@@ -4,11 +4,13 @@
 //! followed over mutual TLS; drift is applied live with `NO_REBOOT`.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
+use futures::StreamExt as _;
 use ichor_api::cluster::LockHolder;
 use ichor_api::common::Role;
 use ichor_api::machine::{ApprovalState, MachinePhase, TalosMachineStatus};
+use ichor_api::names::controllers;
 use ichor_api::names::{actions, conditions, labels, reasons, secrets as secret_names};
 use ichor_api::{TalosCluster, TalosMachine};
 use ichor_deleteguard::{
@@ -20,13 +22,15 @@ use k8s_openapi::ByteString;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt as _;
 use kube::api::Api;
-use kube::runtime::controller::Action;
+use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
+use kube::runtime::{WatchStreamExt as _, watcher};
 use serde_json::json;
 
+use crate::controller::cluster;
 use crate::decide::{DriftRefused, Etcd, NodeView, drift_refused, standing};
-use crate::{Context, Error, infra::conditions as cond, secrets};
+use crate::{Context, Error, claims, infra::conditions as cond, infra::status, secrets};
 
 pub(crate) mod plan;
 pub mod removal;
@@ -138,6 +142,121 @@ pub(crate) fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, 
     mutex
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The machines of cluster `cluster` in `namespace`, from the machine cache: what a change of
+/// one of its classes or storages re-renders.
+fn machines_of(
+    known: &kube::runtime::reflector::Store<TalosMachine>,
+    namespace: Option<String>,
+    cluster: &str,
+) -> Vec<ObjectRef<TalosMachine>> {
+    known
+        .state()
+        .into_iter()
+        .filter(|m| m.spec.cluster_ref.name == cluster && m.namespace() == namespace)
+        .map(|m| ObjectRef::from_obj(&*m))
+        .collect()
+}
+
+/// What each cluster's machines were last woken for ([`cluster::machines_see`]'s digest, by
+/// namespace and name): a cluster event that changes none of it wakes no machine (ADR 0029).
+#[derive(Debug, Default)]
+struct Woken(Mutex<BTreeMap<(Option<String>, String), u64>>);
+
+impl Woken {
+    /// Whether `cluster`'s machines are to be woken: its digest differs from the last one
+    /// they were woken for (which it then becomes).
+    fn again(&self, cluster: &TalosCluster) -> bool {
+        let digest = cluster::machines_see(cluster);
+        let key = (cluster.namespace(), cluster.name_any());
+        let mut seen = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        seen.insert(key, digest) != Some(digest)
+    }
+}
+
+/// Every TalosMachine, watched and cached in `writer` as `Controller::new` would, their managed
+/// fields slimmed to what a status write reads (ADR 0039). A machine deleted without a finalizer
+/// (a pending one) leaves no reconcile behind: each delete the watch sees goes to a task that
+/// releases that machine's claims (ADR 0054).
+fn watched_machines(
+    client: &kube::Client,
+    writer: kube::runtime::reflector::store::Writer<TalosMachine>,
+) -> impl futures::Stream<Item = Result<TalosMachine, watcher::Error>> + Send + use<> {
+    let (deleted, released) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(claims::release_deleted(client.clone(), released));
+    watcher(
+        Api::<TalosMachine>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .modify(status::slim)
+    .reflect(writer)
+    .inspect(move |event| {
+        if let Ok(watcher::Event::Delete(machine)) = event {
+            let _ = deleted.send(machine.clone());
+        }
+    })
+    .applied_objects()
+}
+
+/// The TalosMachine controller: a change of its cluster (patches, versions), of a class or of
+/// a storage of its cluster (patches, volumes) re-renders each machine of that cluster; a
+/// machine whose drift turn ends, or that becomes Ready, wakes the machines queued behind it.
+pub(crate) async fn run_controller(ctx: Arc<Context>, stop: tokio::sync::watch::Receiver<bool>) {
+    let client = ctx.client.clone();
+    // The machines as Controller::new would watch and cache them, with their managed fields
+    // slimmed to what a status write reads (ADR 0039).
+    let (cache, writer) = kube::runtime::reflector::store();
+    let machines = watched_machines(&client, writer);
+    let controller =
+        Controller::for_stream(machines, cache).with_config(crate::infra::drive::limits(&ctx));
+    // The machine gauge is counted from this cache at scrape time: a deleted machine leaves
+    // it, so it leaves the gauge.
+    ctx.metrics.watch_machines(controller.store());
+    let (by_cluster, by_class, by_storage) =
+        (controller.store(), controller.store(), controller.store());
+    let woken = Woken::default();
+    let (wake_c, wake_m, wake_s) = (Arc::clone(&ctx), Arc::clone(&ctx), Arc::clone(&ctx));
+    let controller = controller
+        // The looks one machine asks of others: the end of a drift turn wakes the machines
+        // queued behind it (ADR 0043).
+        .reconcile_on(ctx.looks.asked())
+        .watches(
+            Api::<TalosCluster>::all(client.clone()),
+            watcher::Config::default(),
+            move |c: TalosCluster| {
+                if !woken.again(&c) {
+                    return Vec::new();
+                }
+                wake_c.woke(machines_of(&by_cluster, c.namespace(), &c.name_any()))
+            },
+        )
+        .watches(
+            Api::<ichor_api::TalosMachineClass>::all(client.clone()),
+            watcher::Config::default(),
+            move |c: ichor_api::TalosMachineClass| {
+                wake_m.woke(machines_of(
+                    &by_class,
+                    c.namespace(),
+                    &c.spec.cluster_ref.name,
+                ))
+            },
+        )
+        .watches(
+            Api::<ichor_api::TalosStorage>::all(client),
+            watcher::Config::default(),
+            move |s: ichor_api::TalosStorage| {
+                wake_s.woke(machines_of(
+                    &by_storage,
+                    s.namespace(),
+                    &s.spec.cluster_ref.name,
+                ))
+            },
+        );
+    crate::infra::drive::drive(controllers::MACHINE, controller, reconcile, ctx, stop).await;
 }
 
 /// Reconciles one TalosMachine: an echo of its own last look waits for that look's due time

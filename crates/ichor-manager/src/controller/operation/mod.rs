@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use ichor_api::cluster::LockHolder;
 use ichor_api::common::Role;
+use ichor_api::names::controllers;
 use ichor_api::names::{actions, annotations, conditions, reasons};
 use ichor_api::operation::{
     NodeProgress, NodeStep, OperationAction, OperationPhase, TalosOperation, TalosOperationStatus,
@@ -25,8 +26,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt as _;
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::controller::Action;
+use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::EventType;
+use kube::runtime::watcher;
 use serde_json::json;
 
 use crate::{Context, Error, infra::conditions as cond, lock, secrets, workload};
@@ -39,6 +41,16 @@ pub(crate) const NODE_PATIENCE: Duration = Duration::from_secs(300);
 /// The lock holder of an operation.
 pub fn holder(operation: &TalosOperation) -> LockHolder {
     LockHolder::Operation(operation.name_any())
+}
+
+/// The TalosOperation controller.
+pub(crate) async fn run_controller(ctx: Arc<Context>, stop: tokio::sync::watch::Receiver<bool>) {
+    let controller = Controller::new(
+        Api::<TalosOperation>::all(ctx.client.clone()),
+        watcher::Config::default(),
+    )
+    .with_config(crate::infra::drive::limits(&ctx));
+    crate::infra::drive::drive(controllers::OPERATION, controller, reconcile, ctx, stop).await;
 }
 
 /// Reconciles one TalosOperation.

@@ -8,13 +8,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ichor_api::machine::ApprovalState;
+use ichor_api::names::controllers;
 use ichor_api::names::{conditions, reasons};
 use ichor_api::storage::TalosStorageStatus;
 use ichor_api::{TalosCluster, TalosMachine, TalosStorage};
 use ichor_talos::TalosClient;
 use kube::ResourceExt as _;
 use kube::api::Api;
-use kube::runtime::controller::Action;
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
 
 use crate::error::Error;
 use crate::infra::conditions as cond;
@@ -26,6 +29,35 @@ pub use plan::Seen;
 
 /// How often a storage whose volumes are not all ready looks again.
 pub(crate) const PENDING_REQUEUE: Duration = Duration::from_secs(10);
+
+/// The TalosStorage controller: a machine's change (configured, ready, relabelled) may change
+/// what a storage of its cluster selects and observes.
+pub(crate) async fn run_controller(ctx: Arc<Context>, stop: tokio::sync::watch::Receiver<bool>) {
+    let client = ctx.client.clone();
+    let cache = Arc::clone(&ctx);
+    let controller = Controller::new(
+        Api::<ichor_api::TalosStorage>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .with_config(crate::infra::drive::limits(&ctx))
+    .watches(
+        Api::<TalosMachine>::all(client),
+        watcher::Config::default(),
+        move |m: TalosMachine| {
+            cache
+                .layers
+                .storages()
+                .into_iter()
+                .filter(|s| {
+                    s.namespace() == m.namespace()
+                        && s.spec.cluster_ref.name == m.spec.cluster_ref.name
+                })
+                .map(|s| ObjectRef::from_obj(&*s))
+                .collect::<Vec<_>>()
+        },
+    );
+    crate::infra::drive::drive(controllers::STORAGE, controller, reconcile, ctx, stop).await;
+}
 
 /// Reconciles one TalosStorage: observe its machines' volumes, plan the status, write it.
 pub async fn reconcile(storage: Arc<TalosStorage>, ctx: Arc<Context>) -> Result<Action, Error> {

@@ -12,8 +12,9 @@ use ichor_render::SecretsBundle;
 use ichor_talos::Credentials;
 use kube::ResourceExt as _;
 
+use super::Context;
 use crate::renewal::{self, Renewal, Validity};
-use crate::{Context, Error, secrets};
+use crate::{Error, secrets};
 
 /// What a cached credential is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

@@ -1,0 +1,214 @@
+//! What every reconcile shares ([`Context`]): the client, the settings, the clock and metrics,
+//! and the manager's in-memory caches (backoffs, panicked objects, sweeps, looks, backups in
+//! flight, and its own credentials, [`credentials`]).
+
+pub(crate) mod credentials;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ichor_api::{TalosCluster, TalosMachine};
+use ichor_service::Health;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::Api;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::ObjectRef;
+use kube::{Resource, ResourceExt as _};
+
+use crate::controller::{backup, machine};
+use crate::infra::clock::{Clock, SystemClock};
+use crate::infra::metrics::Metrics;
+use crate::infra::panics;
+use crate::{Error, Settings, decide, error, layers};
+
+/// Shared by every reconcile.
+pub struct Context {
+    /// The Kubernetes client.
+    pub client: kube::Client,
+    /// Tunables.
+    pub settings: Settings,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// Where decisions and records read the time.
+    pub clock: Arc<dyn Clock>,
+    recorder: Recorder,
+    /// When each cluster (namespace/name, generation) was last swept.
+    last_sweep: Mutex<BTreeMap<String, (Timestamp, Option<i64>)>>,
+    /// Per-object backoff for transient errors.
+    pub(crate) backoff: error::Backoff,
+    /// The objects whose reconciles panicked, and until when each waits.
+    pub(crate) panics: panics::Panics,
+    /// What `/healthz` reports: a controller that stops fails it.
+    pub health: Arc<Health>,
+    /// The manager's own short-lived credentials, per cluster.
+    own: credentials::Cache,
+    /// The machine classes and storages configs render from (watch caches).
+    pub layers: layers::Layers,
+    /// The clusters with a backup running (one at a time per cluster).
+    pub(crate) backups: backup::InFlight,
+    /// The last look at each machine in progress (echoes of its own writes wait).
+    pub looks: machine::Looks,
+    /// Discovery's probes in flight, shared by every sweep: the sweep concurrency bounds them
+    /// manager-wide, not per cluster.
+    pub(crate) probes: Arc<tokio::sync::Semaphore>,
+}
+
+impl Context {
+    /// A context whose client reaches nothing (an address nothing listens on), for unit tests:
+    /// every Kubernetes call fails.
+    #[cfg(test)]
+    pub(crate) fn nowhere(settings: Settings) -> Self {
+        let nowhere = kube::Client::try_from(kube::Config::new(
+            "http://127.0.0.1:9".parse().expect("url"),
+        ))
+        .expect("client");
+        Self::new(nowhere, settings, Arc::new(Metrics::default()))
+    }
+
+    /// A context for `client`.
+    pub fn new(client: kube::Client, settings: Settings, metrics: Arc<Metrics>) -> Self {
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: settings.reporter.clone(),
+                instance: Some(settings.instance.clone()),
+            },
+        );
+        let probes = Arc::new(tokio::sync::Semaphore::new(
+            settings.sweep.concurrency.max(1),
+        ));
+        Self {
+            client,
+            settings,
+            metrics,
+            clock: Arc::new(SystemClock),
+            recorder,
+            last_sweep: Mutex::new(BTreeMap::new()),
+            backoff: error::Backoff::default(),
+            panics: panics::Panics::default(),
+            health: Arc::new(Health::default()),
+            own: credentials::Cache::default(),
+            layers: layers::Layers::default(),
+            backups: backup::InFlight::default(),
+            looks: machine::Looks::default(),
+            probes,
+        }
+    }
+
+    /// The same context reading the time from `clock`.
+    #[must_use]
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// The same context recording a stopped controller in `health` (the one `/healthz`
+    /// serves).
+    #[must_use]
+    pub fn with_health(mut self, health: Arc<Health>) -> Self {
+        self.health = health;
+        self
+    }
+
+    /// `machines`, recorded as woken by a related object (so that none is taken for an echo
+    /// of its own writes).
+    pub(crate) fn woke(
+        &self,
+        machines: Vec<ObjectRef<TalosMachine>>,
+    ) -> Vec<ObjectRef<TalosMachine>> {
+        self.looks.wake(&machines);
+        machines
+    }
+
+    /// The current time, as recorded in status fields.
+    pub fn now(&self) -> Time {
+        Time(self.clock.now())
+    }
+
+    /// Forgets `object`'s transient failures: it reconciled.
+    pub(crate) fn reconciled_ok<K: Resource<DynamicType = ()>>(&self, object: &K) {
+        self.backoff.reset(&error::key(object));
+    }
+
+    /// Publishes an Event about `object`; a failure to publish is logged, never fatal.
+    pub async fn event<K>(
+        &self,
+        object: &K,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) where
+        K: Resource<DynamicType = ()>,
+    {
+        let event = Event {
+            type_,
+            reason: reason.to_owned(),
+            note: Some(note),
+            action: action.to_owned(),
+            secondary: None,
+        };
+        if let Err(error) = self.recorder.publish(&event, &object.object_ref(&())).await {
+            tracing::warn!(%error, reason, "cannot publish an event");
+        }
+    }
+
+    /// Whether the cluster is due for a sweep (its interval passed, or its spec changed); marks
+    /// it swept if so.
+    pub(crate) fn sweep_due(&self, cluster: &TalosCluster, interval: Duration) -> bool {
+        let key = format!(
+            "{}/{}",
+            cluster.namespace().unwrap_or_default(),
+            cluster.name_any()
+        );
+        let Ok(mut map) = self.last_sweep.lock() else {
+            return true;
+        };
+        let now = self.clock.now();
+        let due = decide::sweep_due(
+            map.get(&key).copied(),
+            cluster.metadata.generation,
+            interval,
+            now,
+        );
+        if due {
+            map.insert(key, (now, cluster.metadata.generation));
+        }
+        due
+    }
+}
+
+/// The field selector of a cluster's machines (`spec.clusterRef.name`, a selectable field of
+/// the TalosMachine CRD).
+pub const CLUSTER_REF_FIELD: &str = "spec.clusterRef.name";
+
+/// Every TalosMachine of `cluster` (they live in its namespace), as stored now: a list the
+/// apiserver filters by `spec.clusterRef.name`, so a cluster's reconcile reads its own machines,
+/// not the fleet's (ADR 0029). An apiserver without CRD field selectors (before Kubernetes
+/// 1.31) refuses the selector; the namespace is then listed whole. Either way the machines are
+/// checked against the cluster here too.
+pub async fn cluster_machines(
+    ctx: &Context,
+    cluster: &TalosCluster,
+) -> Result<Vec<TalosMachine>, Error> {
+    let name = cluster.name_any();
+    let api = Api::<TalosMachine>::namespaced(
+        ctx.client.clone(),
+        &cluster.namespace().unwrap_or_default(),
+    );
+    let selected = kube::api::ListParams::default().fields(&format!("{CLUSTER_REF_FIELD}={name}"));
+    let listed = match api.list(&selected).await {
+        Ok(listed) => listed,
+        Err(kube::Error::Api(status)) if status.code == 400 => {
+            api.list(&kube::api::ListParams::default()).await?
+        }
+        Err(error) => return Err(error.into()),
+    };
+    Ok(listed
+        .items
+        .into_iter()
+        .filter(|m| m.spec.cluster_ref.name == name)
+        .collect())
+}
