@@ -13,6 +13,8 @@ use ichor_api::{TalosMachine, TalosMachineClaim, TalosNamespacePolicy};
 use kube::ResourceExt as _;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams, Preconditions};
 
+use crate::Stop;
+
 /// What a TalosMachine does about the claim on a node's UUID.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
@@ -59,15 +61,6 @@ pub fn decide(
     }
 }
 
-/// Why a machine is not configured: a condition's reason and message (also its Event's).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Refusal {
-    /// The reason (`names::reasons`).
-    pub reason: &'static str,
-    /// A sentence for the user; it names no object of another namespace.
-    pub message: String,
-}
-
 /// The holder record of `machine`.
 pub fn holder(machine: &TalosMachine) -> ClaimHolder {
     ClaimHolder {
@@ -96,9 +89,9 @@ pub async fn take(
     uuid: &str,
     fingerprint: &str,
     address: &str,
-) -> Result<Result<(), Refusal>, kube::Error> {
+) -> Result<Result<(), Stop>, kube::Error> {
     let Some(name) = claim_name(uuid) else {
-        return Ok(Err(Refusal {
+        return Ok(Err(Stop {
             reason: reasons::UUID_UNUSABLE,
             message: format!(
                 "the node at {address} reports SMBIOS UUID {} which cannot name a claim: nothing is applied (fix the UUID in firmware)",
@@ -155,8 +148,8 @@ pub async fn take(
 }
 
 /// The refusal of a machine whose node another TalosMachine holds.
-fn claimed_elsewhere(uuid: &str, address: &str) -> Refusal {
-    Refusal {
+fn claimed_elsewhere(uuid: &str, address: &str) -> Stop {
+    Stop {
         reason: reasons::CLAIMED_ELSEWHERE,
         message: format!(
             "the node at {address} reports SMBIOS UUID {}, which another TalosMachine of the management cluster has claimed: nothing is applied to it; it can be claimed here once that machine is released (deleted or rejected)",
@@ -166,8 +159,8 @@ fn claimed_elsewhere(uuid: &str, address: &str) -> Refusal {
 }
 
 /// The refusal of a machine whose node's UUID is claimed with another certificate.
-fn conflict(uuid: &str, address: &str) -> Refusal {
-    Refusal {
+fn conflict(uuid: &str, address: &str) -> Stop {
+    Stop {
         reason: reasons::UUID_CONFLICT,
         message: format!(
             "the node at {address} reports SMBIOS UUID {}, already claimed for a node presenting another certificate: one UUID with two certificates is a conflict (machines sharing a UUID need it fixed in firmware); nothing is applied",
@@ -261,7 +254,7 @@ pub async fn address_refused(
     client: &kube::Client,
     namespace: &str,
     address: &str,
-) -> Result<Option<Refusal>, kube::Error> {
+) -> Result<Option<Stop>, kube::Error> {
     Ok(policy(client, namespace)
         .await?
         .and_then(|p| refused_address(&p, namespace, address)))
@@ -272,8 +265,8 @@ pub fn refused_address(
     policy: &TalosNamespacePolicy,
     namespace: &str,
     address: &str,
-) -> Option<Refusal> {
-    (!policy.spec.allows_address(address)).then(|| Refusal {
+) -> Option<Stop> {
+    (!policy.spec.allows_address(address)).then(|| Stop {
         reason: reasons::ADDRESS_NOT_ALLOWED,
         message: format!(
             "address {address} is outside the ranges TalosNamespacePolicy {namespace} allows this namespace ({}): nothing is applied there",

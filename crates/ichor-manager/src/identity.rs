@@ -13,9 +13,8 @@ use ichor_api::names::{actions, labels, reasons};
 use ichor_deleteguard::{IdentityRefusal, Meant, check_node_identity};
 use ichor_talos::TalosClient;
 use kube::ResourceExt as _;
-use kube::runtime::events::EventType;
 
-use crate::{Context, infra::conditions as cond};
+use crate::{Context, Stop};
 
 /// The SMBIOS UUID recorded for `machine`: `status.hardware.uuid`, else the label
 /// [`labels::MACHINE_UUID`]; `None` if neither holds one.
@@ -47,12 +46,12 @@ pub enum Checked {
 }
 
 impl Checked {
-    /// The condition reason and message of a step not sent (`None`: verified).
-    pub fn hold(&self) -> Option<(&'static str, String)> {
+    /// Why the step was not sent (`None`: verified).
+    pub fn hold(&self) -> Option<Stop> {
         match self {
             Self::Verified => None,
-            Self::Refused(refusal) => Some((refusal.reason(), refusal.message())),
-            Self::Unread(message) => Some((reasons::NODE_UNREACHABLE, message.clone())),
+            Self::Refused(refusal) => Some(Stop::new(refusal.reason(), refusal.message())),
+            Self::Unread(message) => Some(Stop::new(reasons::NODE_UNREACHABLE, message.clone())),
         }
     }
 }
@@ -119,7 +118,7 @@ pub async fn held_on(
     type_: &str,
     checked: &Checked,
 ) -> bool {
-    let Some((reason, message)) = checked.hold() else {
+    let Some(stop) = checked.hold() else {
         return false;
     };
     let before = status
@@ -127,18 +126,14 @@ pub async fn held_on(
         .iter()
         .find(|c| c.type_ == type_)
         .map(|c| c.reason.clone());
-    cond::set(
+    stop.set_condition(
         &mut status.conditions,
         type_,
-        false,
-        reason,
-        message.clone(),
         machine.metadata.generation,
         &ctx.now(),
     );
-    if before.as_deref() != Some(reason) {
-        ctx.event(machine, EventType::Warning, reason, actions::APPLY, message)
-            .await;
+    if before.as_deref() != Some(stop.reason) {
+        stop.warn(ctx, machine, actions::APPLY).await;
     }
     true
 }

@@ -44,6 +44,7 @@ pub mod observe;
 pub mod renewal;
 pub mod secrets;
 mod settings;
+pub mod stop;
 mod talos;
 #[cfg(test)]
 mod tuning;
@@ -62,6 +63,7 @@ pub use infra::metrics::Metrics;
 pub use settings::{
     DEFAULT_CONCURRENCY, DEFAULT_INSTALL_STALL_LIMIT, DEFAULT_SETTLED_LOOKS_PER_SECOND, Settings,
 };
+pub use stop::Stop;
 pub use talos::{connect, in_maintenance};
 
 /// Runs the controllers until `shutdown` resolves, each (and each background watch) as a task

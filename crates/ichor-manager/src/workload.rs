@@ -11,7 +11,7 @@ use kube::ResourceExt as _;
 use kube::api::{Api, DeleteParams, EvictParams, ListParams, Patch, PatchParams};
 use serde_json::json;
 
-use crate::{Context, Error};
+use crate::{Context, Error, Stop};
 
 /// The workload cluster's client: the manager's own short-lived credentials for it, cached
 /// (`Context::workload_client`), never the published kubeconfig.
@@ -27,13 +27,8 @@ pub(crate) const API_TIMEOUT: Duration = Duration::from_secs(10);
 pub enum Outcome {
     /// Done, with what to record.
     Done(String),
-    /// Not yet: why, as a condition reason and a message.
-    Wait {
-        /// The condition reason.
-        reason: &'static str,
-        /// What it waits for.
-        message: String,
-    },
+    /// Not yet: why.
+    Wait(Stop),
     /// The workload cluster's API did not answer (or cannot be reached at all): what failed.
     /// The caller decides whether to wait or to skip (ADR 0021).
     Unreachable(String),
@@ -81,13 +76,13 @@ impl NodeSteps<'_> {
     /// to skip a step (operations).
     pub fn waiting_for_api(&self, outcome: Outcome) -> Outcome {
         match outcome {
-            Outcome::Unreachable(detail) => Outcome::Wait {
-                reason: reasons::WORKLOAD_API_UNREACHABLE,
-                message: format!(
+            Outcome::Unreachable(detail) => Outcome::Wait(Stop::new(
+                reasons::WORKLOAD_API_UNREACHABLE,
+                format!(
                     "the workload cluster's API at {} does not answer ({detail}); it is retried once the API is restored",
                     self.endpoint()
                 ),
-            },
+            )),
             other => other,
         }
     }
@@ -196,20 +191,20 @@ impl NodeSteps<'_> {
             )));
         }
         if !blocked.is_empty() {
-            return Ok(Outcome::Wait {
-                reason: reasons::DRAIN_BLOCKED,
-                message: format!(
+            return Ok(Outcome::Wait(Stop::new(
+                reasons::DRAIN_BLOCKED,
+                format!(
                     "evicting {} is refused by a PodDisruptionBudget; it retries, or set {}=true to continue without draining",
                     blocked.join(", "),
                     annotations::SKIP_DRAIN
                 ),
-            });
+            )));
         }
         if !evictable.is_empty() && !on_node(pods.list(&fields).await?.items).is_empty() {
-            return Ok(Outcome::Wait {
-                reason: reasons::DRAINING,
-                message: format!("waiting for pods to leave Node {node_name}"),
-            });
+            return Ok(Outcome::Wait(Stop::new(
+                reasons::DRAINING,
+                format!("waiting for pods to leave Node {node_name}"),
+            )));
         }
         Ok(Outcome::Done(format!("drained Node {node_name}")))
     }

@@ -8,6 +8,7 @@ pub mod seal;
 use std::sync::{Arc, Once};
 use std::time::Duration;
 
+use ichor_api::names::reasons;
 use object_store::aws::AmazonS3Builder;
 use object_store::path::Path as ObjectPath;
 use object_store::{ClientOptions, ObjectStore, ObjectStoreExt as _, RetryConfig};
@@ -161,6 +162,22 @@ impl StoreError {
             Self::Request(text) if server_error => Self::WriteRefused(text),
             other => other,
         }
+    }
+}
+
+/// A store failure as the user sees it: the condition reason of its kind, and its text.
+impl From<StoreError> for crate::Stop {
+    fn from(error: StoreError) -> Self {
+        let reason = match &error {
+            StoreError::Settings(_) => reasons::BACKUP_SETTINGS_INVALID,
+            StoreError::Denied(_) => reasons::STORE_CREDENTIALS_REFUSED,
+            StoreError::NoSuchBucket { .. } => reasons::STORE_BUCKET_MISSING,
+            StoreError::Unreachable(_) => reasons::STORE_UNREACHABLE,
+            StoreError::Full(_) | StoreError::WriteRefused(_) | StoreError::Request(_) => {
+                reasons::STORE_WRITE_REFUSED
+            }
+        };
+        Self::new(reason, error.to_string())
     }
 }
 

@@ -7,9 +7,29 @@ use std::io::{self, Read, Write};
 use std::sync::{Arc, Mutex};
 
 use age::x25519::Identity;
-use ichor_api::names::reasons;
 
-use crate::controller::backup::Failure;
+/// What is wrong with an age key, or what failed while sealing or opening a stream.
+#[derive(Debug, thiserror::Error)]
+pub enum SealError {
+    /// The text is no age X25519 identity.
+    #[error("not an age X25519 identity (AGE-SECRET-KEY-1…): {0}")]
+    Identity(&'static str),
+    /// The text is no age X25519 recipient.
+    #[error("not an age X25519 recipient (age1…): {0}")]
+    Recipient(&'static str),
+    /// age refused to encrypt to the recipient.
+    #[error(transparent)]
+    Encryptor(#[from] age::EncryptError),
+    /// The encrypted stream could not be started.
+    #[error(transparent)]
+    Start(io::Error),
+    /// A chunk of the snapshot could not be encrypted.
+    #[error("cannot encrypt the snapshot: {0}")]
+    Encrypt(io::Error),
+    /// The stream is not age, or not encrypted to the identity.
+    #[error(transparent)]
+    Decrypt(#[from] age::DecryptError),
+}
 
 /// Bytes the age stream writer has written, waiting to be taken.
 #[derive(Clone, Default)]
@@ -45,63 +65,53 @@ pub struct Sealer {
 }
 
 /// Reads an age X25519 identity (`AGE-SECRET-KEY-1…`), saying what is wrong with a bad one.
-pub fn identity(text: &str) -> Result<Identity, String> {
+pub fn identity(text: &str) -> Result<Identity, SealError> {
     text.lines()
         .map(str::trim)
         .find(|line| !line.is_empty() && !line.starts_with('#'))
         .unwrap_or("")
         .parse::<Identity>()
-        .map_err(|err| format!("not an age X25519 identity (AGE-SECRET-KEY-1…): {err}"))
+        .map_err(SealError::Identity)
 }
 
 /// Reads an age X25519 recipient (`age1…`, a public key), saying what is wrong with a bad one.
-pub fn recipient(text: &str) -> Result<age::x25519::Recipient, String> {
+pub fn recipient(text: &str) -> Result<age::x25519::Recipient, SealError> {
     text.trim()
         .parse::<age::x25519::Recipient>()
-        .map_err(|err| format!("not an age X25519 recipient (age1…): {err}"))
+        .map_err(SealError::Recipient)
 }
 
 impl Sealer {
     /// A sealer to `recipient` (`age1…`): a backup needs only the public key.
-    pub fn for_recipient(recipient_text: &str) -> Result<Self, String> {
+    pub fn for_recipient(recipient_text: &str) -> Result<Self, SealError> {
         let recipient = recipient(recipient_text)?;
         let encryptor =
-            age::Encryptor::with_recipients(std::iter::once(&recipient as &dyn age::Recipient))
-                .map_err(|err| err.to_string())?;
+            age::Encryptor::with_recipients(std::iter::once(&recipient as &dyn age::Recipient))?;
         let pending = Pending::default();
         let writer = encryptor
             .wrap_output(pending.clone())
-            .map_err(|err| err.to_string())?;
+            .map_err(SealError::Start)?;
         Ok(Self { writer, pending })
     }
 
     /// Encrypts `chunk`; returns the ciphertext ready so far (possibly none).
-    pub fn seal(&mut self, chunk: &[u8]) -> Result<Vec<u8>, Failure> {
-        self.writer.write_all(chunk).map_err(encrypt_failed)?;
+    pub fn seal(&mut self, chunk: &[u8]) -> Result<Vec<u8>, SealError> {
+        self.writer.write_all(chunk).map_err(SealError::Encrypt)?;
         Ok(self.pending.take())
     }
 
     /// Ends the stream; returns the last ciphertext.
-    pub fn finish(self) -> Result<Vec<u8>, Failure> {
-        let pending = self.writer.finish().map_err(encrypt_failed)?;
+    pub fn finish(self) -> Result<Vec<u8>, SealError> {
+        let pending = self.writer.finish().map_err(SealError::Encrypt)?;
         Ok(pending.take())
-    }
-}
-
-fn encrypt_failed(err: io::Error) -> Failure {
-    Failure {
-        reason: reasons::INTERNAL_ERROR,
-        message: format!("cannot encrypt the snapshot: {err}"),
     }
 }
 
 /// Decrypts the age stream `input` with `identity`. A stream not encrypted to it is an error
 /// before any plaintext is read.
-pub fn open<R: Read>(input: R, identity: &Identity) -> Result<impl Read, String> {
-    let decryptor = age::Decryptor::new(input).map_err(|err| err.to_string())?;
-    decryptor
-        .decrypt(std::iter::once(identity as &dyn age::Identity))
-        .map_err(|err| err.to_string())
+pub fn open<R: Read>(input: R, identity: &Identity) -> Result<impl Read, SealError> {
+    let decryptor = age::Decryptor::new(input)?;
+    Ok(decryptor.decrypt(std::iter::once(identity as &dyn age::Identity))?)
 }
 
 #[cfg(test)]

@@ -37,9 +37,9 @@ use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt as _, PutPayload, WriteMultipart};
 use tokio::sync::mpsc;
 
-use crate::backup_store::seal::Sealer;
+use crate::backup_store::seal::{SealError, Sealer};
 use crate::backup_store::{self, StoreError, StoreSettings};
-use crate::{Context, Error, infra::conditions as cond};
+use crate::{Context, Error, Stop, infra::conditions as cond};
 use plan::{BackupId, Owner, Plan, Record, Schedule, Source};
 
 /// The size of each uploaded part (S3's smallest but the last is 5 MiB).
@@ -50,38 +50,6 @@ pub(crate) const PARTS_IN_FLIGHT: usize = 2;
 pub(crate) const CHUNKS_QUEUED: usize = 64;
 /// When a scheduled backup finds another running, it looks again after this.
 pub(crate) const BUSY_RETRY: Duration = Duration::from_secs(10);
-
-/// Why a backup did not reach the store: a condition reason and what to do.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Failure {
-    /// The `BackedUp` condition's reason (a constant of `ichor_api::names::reasons`).
-    pub reason: &'static str,
-    /// What happened, and what to do.
-    pub message: String,
-}
-
-impl Failure {
-    fn new(reason: &'static str, message: impl Into<String>) -> Self {
-        Self {
-            reason,
-            message: message.into(),
-        }
-    }
-
-    /// A store failure, in the terms of its condition reason.
-    pub fn from_store(error: StoreError) -> Self {
-        let reason = match &error {
-            StoreError::Settings(_) => reasons::BACKUP_SETTINGS_INVALID,
-            StoreError::Denied(_) => reasons::STORE_CREDENTIALS_REFUSED,
-            StoreError::NoSuchBucket { .. } => reasons::STORE_BUCKET_MISSING,
-            StoreError::Unreachable(_) => reasons::STORE_UNREACHABLE,
-            StoreError::Full(_) | StoreError::WriteRefused(_) | StoreError::Request(_) => {
-                reasons::STORE_WRITE_REFUSED
-            }
-        };
-        Self::new(reason, error.to_string())
-    }
-}
 
 /// Who asked for a backup.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -149,19 +117,19 @@ pub async fn destination(
     client: &kube::Client,
     namespace: &str,
     spec: &ObjectStoreSpec,
-) -> Result<Destination, Failure> {
+) -> Result<Destination, Stop> {
     let secret_name = &spec.credentials_secret_ref.name;
     let secret = Api::<Secret>::namespaced(client.clone(), namespace)
         .get_opt(secret_name)
         .await
         .map_err(|err| {
-            Failure::new(
+            Stop::new(
                 reasons::STORE_UNREACHABLE,
                 format!("cannot read Secret {secret_name}: {err}"),
             )
         })?
         .ok_or_else(|| {
-            Failure::new(
+            Stop::new(
                 reasons::BACKUP_SETTINGS_INVALID,
                 format!("store.credentialsSecretRef: Secret {secret_name} does not exist in namespace {namespace}"),
             )
@@ -176,7 +144,7 @@ pub async fn destination(
     };
     let required = |key: &str| {
         value(key).ok_or_else(|| {
-            Failure::new(
+            Stop::new(
                 reasons::BACKUP_SETTINGS_INVALID,
                 format!(
                     "store.credentialsSecretRef: Secret {secret_name} has no key {key} (it needs {} and {})",
@@ -194,7 +162,7 @@ pub async fn destination(
         secret_key: required(keys::SECRET_ACCESS_KEY_KEY)?,
         ca_pem: value(keys::STORE_CA_KEY),
     };
-    let store = backup_store::s3_store(&settings).map_err(Failure::from_store)?;
+    let store = backup_store::s3_store(&settings).map_err(Stop::from)?;
     Ok(Destination {
         store,
         settings,
@@ -207,18 +175,18 @@ pub async fn age_identity(
     client: &kube::Client,
     namespace: &str,
     secret_name: &str,
-) -> Result<String, Failure> {
+) -> Result<String, Stop> {
     let secret = Api::<Secret>::namespaced(client.clone(), namespace)
         .get_opt(secret_name)
         .await
         .map_err(|err| {
-            Failure::new(
+            Stop::new(
                 reasons::KUBERNETES_API,
                 format!("cannot read Secret {secret_name}: {err}"),
             )
         })?
         .ok_or_else(|| {
-            Failure::new(
+            Stop::new(
                 reasons::BACKUP_SETTINGS_INVALID,
                 format!("encryption.keySecretRef: Secret {secret_name} does not exist in namespace {namespace}"),
             )
@@ -230,7 +198,7 @@ pub async fn age_identity(
         .map(|v| String::from_utf8_lossy(&v.0).trim().to_owned())
         .filter(|v| !v.is_empty())
         .ok_or_else(|| {
-            Failure::new(
+            Stop::new(
                 reasons::BACKUP_SETTINGS_INVALID,
                 format!(
                     "encryption.keySecretRef: Secret {secret_name} has no key {} (an age identity, AGE-SECRET-KEY-1…)",
@@ -272,7 +240,7 @@ pub async fn reconcile(cluster: Arc<TalosCluster>, ctx: Arc<Context>) -> Result<
     let schedule = match Schedule::parse(&spec.schedule) {
         Ok(schedule) => schedule,
         Err(message) => {
-            let failure = Failure::new(reasons::BACKUP_SETTINGS_INVALID, message);
+            let failure = Stop::new(reasons::BACKUP_SETTINGS_INVALID, message);
             record_failure(&ctx, &cluster, &failure, false).await?;
             return Ok(Action::await_change());
         }
@@ -328,7 +296,7 @@ pub async fn run(
     ctx: &Context,
     cluster: &TalosCluster,
     trigger: Trigger,
-) -> Result<Option<Result<BackupRecord, Failure>>, Error> {
+) -> Result<Option<Result<BackupRecord, Stop>>, Error> {
     let Some(_slot) = ctx.backups.take(cluster_key(cluster)) else {
         return Ok(None);
     };
@@ -370,7 +338,7 @@ enum Asked {
     NotDue,
     /// The operation: its backup was taken (its status names the key); this is its record, or
     /// why it cannot be read back.
-    Taken(Result<BackupRecord, Failure>),
+    Taken(Result<BackupRecord, Stop>),
 }
 
 /// Whether `trigger` still asks for a backup of `cluster` (as stored). A reconcile may start
@@ -419,17 +387,16 @@ async fn recorded(
     spec: &BackupSpec,
     key: &str,
     operation: &str,
-) -> Result<BackupRecord, Failure> {
+) -> Result<BackupRecord, Stop> {
     let dest = destination(&ctx.client, namespace, &spec.store).await?;
     let record_key = plan::record_key(key);
     let read = match dest.store.get(&ObjectPath::from(record_key.as_str())).await {
         Ok(got) => got.bytes().await,
         Err(err) => Err(err),
     };
-    let body =
-        read.map_err(|err| Failure::from_store(StoreError::classify(&dest.settings.bucket, &err)))?;
+    let body = read.map_err(|err| Stop::from(StoreError::classify(&dest.settings.bucket, &err)))?;
     let unreadable = |why: String| {
-        Failure::new(
+        Stop::new(
             reasons::STORE_WRITE_REFUSED,
             format!(
                 "{key} was taken for this operation, but its record {record_key} does not read as one: {why}"
@@ -470,9 +437,9 @@ async fn prepare<'a>(
     ctx: &Context,
     cluster: &'a TalosCluster,
     trigger: &Trigger,
-) -> Result<Result<Prepared<'a>, Failure>, Error> {
+) -> Result<Result<Prepared<'a>, Stop>, Error> {
     let Some(spec) = cluster.spec.backup.as_ref() else {
-        return Ok(Err(Failure::new(
+        return Ok(Err(Stop::new(
             reasons::BACKUP_NOT_CONFIGURED,
             "the cluster does not set spec.backup",
         )));
@@ -482,10 +449,7 @@ async fn prepare<'a>(
         spec.encryption.is_some(),
         spec.store.allow_plain_http,
     ) {
-        return Ok(Err(Failure::new(
-            reasons::STORE_PLAIN_HTTP_REFUSED,
-            message,
-        )));
+        return Ok(Err(Stop::new(reasons::STORE_PLAIN_HTTP_REFUSED, message)));
     }
     let namespace = cluster.namespace().unwrap_or_default();
     let dest = match destination(&ctx.client, &namespace, &spec.store).await {
@@ -495,7 +459,7 @@ async fn prepare<'a>(
     if let Err(error) =
         backup_store::check_bucket(dest.store.as_ref(), &dest.settings.bucket, &dest.prefix).await
     {
-        return Ok(Err(Failure::from_store(error)));
+        return Ok(Err(Stop::from(error)));
     }
     let sealer = match sealer(spec) {
         Ok(sealer) => sealer,
@@ -504,7 +468,7 @@ async fn prepare<'a>(
     let bundle = match crate::secrets::bundle(&ctx.client, cluster).await? {
         Ok(bundle) => bundle,
         Err(unavailable) => {
-            return Ok(Err(Failure::new(
+            return Ok(Err(Stop::new(
                 unavailable.reason(),
                 unavailable.to_string(),
             )));
@@ -515,7 +479,7 @@ async fn prepare<'a>(
     let candidates = candidates(&machines, trigger);
     let Some((source, client)) = first_healthy(&plan::sources(&candidates), &credentials).await
     else {
-        return Ok(Err(Failure::new(
+        return Ok(Err(Stop::new(
             reasons::NO_SNAPSHOT_SOURCE,
             "no Ready control plane that is not being removed answers with a healthy etcd member",
         )));
@@ -536,7 +500,7 @@ async fn attempt(
     cluster: &TalosCluster,
     trigger: &Trigger,
     started: Instant,
-) -> Result<Result<BackupRecord, Failure>, Error> {
+) -> Result<Result<BackupRecord, Stop>, Error> {
     let prepared = match prepare(ctx, cluster, trigger).await? {
         Ok(prepared) => prepared,
         Err(failure) => return Ok(Err(failure)),
@@ -611,12 +575,12 @@ fn record_of(cluster: &TalosCluster) -> Record {
 
 /// The age sealer of `spec.encryption`, if any: to its recipient, the public key only (the
 /// identity is never read by a backup).
-fn sealer(spec: &BackupSpec) -> Result<Option<Sealer>, Failure> {
+fn sealer(spec: &BackupSpec) -> Result<Option<Sealer>, Stop> {
     let Some(encryption) = spec.encryption.as_ref() else {
         return Ok(None);
     };
     if encryption.recipient.is_empty() {
-        return Err(Failure::new(
+        return Err(Stop::new(
             reasons::BACKUP_SETTINGS_INVALID,
             "spec.backup.encryption.recipient is not set: backups are encrypted to an age recipient (age1…, as `age-keygen -y <identity file>` prints it) and never read the identity; keySecretRef is only for restoreFrom",
         ));
@@ -624,11 +588,16 @@ fn sealer(spec: &BackupSpec) -> Result<Option<Sealer>, Failure> {
     Sealer::for_recipient(&encryption.recipient)
         .map(Some)
         .map_err(|message| {
-            Failure::new(
+            Stop::new(
                 reasons::BACKUP_SETTINGS_INVALID,
                 format!("spec.backup.encryption.recipient: {message}"),
             )
         })
+}
+
+/// A snapshot that could not be encrypted: a fault of ours, not of the spec or the store.
+fn encrypt_failed(error: SealError) -> Stop {
+    Stop::new(reasons::INTERNAL_ERROR, error.to_string())
 }
 
 /// The cluster's machines as snapshot sources (for an operation, only its machine).
@@ -687,7 +656,7 @@ pub async fn store<E: std::fmt::Display>(
     base: Record,
     chunks: mpsc::Receiver<Vec<u8>>,
     snapshot: impl Future<Output = Result<ichor_talos::snapshot::SnapshotSummary, E>>,
-) -> Result<Record, Failure> {
+) -> Result<Record, Stop> {
     let encrypted = sealer.is_some();
     let digests = upload(dest, key, sealer, chunks, snapshot).await?;
     let record = Record {
@@ -712,13 +681,13 @@ async fn upload<E: std::fmt::Display>(
     mut sealer: Option<Sealer>,
     chunks: mpsc::Receiver<Vec<u8>>,
     snapshot: impl Future<Output = Result<ichor_talos::snapshot::SnapshotSummary, E>>,
-) -> Result<plan::Digests, Failure> {
+) -> Result<plan::Digests, Stop> {
     let bucket = dest.settings.bucket.as_str();
     let multipart = dest
         .store
         .put_multipart(&ObjectPath::from(key))
         .await
-        .map_err(|err| Failure::from_store(StoreError::classify_write(bucket, &err)))?;
+        .map_err(|err| Stop::from(StoreError::classify_write(bucket, &err)))?;
     let mut writer = WriteMultipart::new_with_chunk_size(multipart, PART);
     let mut object = plan::Hasher::default();
     // The pump owns the receiver: if it stops early, the snapshot's sender sees it closed and
@@ -732,7 +701,7 @@ async fn upload<E: std::fmt::Display>(
         }
         (Err(error), Ok(())) => {
             let _ = writer.abort().await;
-            return Err(Failure::new(
+            return Err(Stop::new(
                 reasons::SNAPSHOT_FAILED,
                 format!(
                     "the snapshot did not arrive whole and checked, so nothing was stored: {error}"
@@ -746,16 +715,16 @@ async fn upload<E: std::fmt::Display>(
                 object.update(&tail);
                 writer.write(&tail);
             }
-            Err(failure) => {
+            Err(error) => {
                 let _ = writer.abort().await;
-                return Err(failure);
+                return Err(encrypt_failed(error));
             }
         }
     }
     writer
         .finish()
         .await
-        .map_err(|err| Failure::from_store(StoreError::classify_write(bucket, &err)))?;
+        .map_err(|err| Stop::from(StoreError::classify_write(bucket, &err)))?;
     Ok(plan::Digests {
         object: object.finish(),
         snapshot: plan::Digest {
@@ -774,10 +743,10 @@ async fn pump(
     object: &mut plan::Hasher,
     mut sealing: Option<&mut Sealer>,
     bucket: &str,
-) -> Result<(), Failure> {
+) -> Result<(), Stop> {
     while let Some(chunk) = rx.recv().await {
         let bytes = match sealing.as_mut() {
-            Some(sealer) => sealer.seal(&chunk)?,
+            Some(sealer) => sealer.seal(&chunk).map_err(encrypt_failed)?,
             None => chunk,
         };
         if bytes.is_empty() {
@@ -786,7 +755,7 @@ async fn pump(
         parts
             .wait_for_capacity(PARTS_IN_FLIGHT)
             .await
-            .map_err(|err| Failure::from_store(StoreError::classify_write(bucket, &err)))?;
+            .map_err(|err| Stop::from(StoreError::classify_write(bucket, &err)))?;
         object.update(&bytes);
         parts.write(&bytes);
     }
@@ -794,7 +763,7 @@ async fn pump(
 }
 
 /// Writes the record beside the backup.
-async fn write_record(dest: &Destination, key: &str, record: &Record) -> Result<(), Failure> {
+async fn write_record(dest: &Destination, key: &str, record: &Record) -> Result<(), Stop> {
     let body = serde_json::to_vec_pretty(record).unwrap_or_default();
     dest.store
         .put(
@@ -803,7 +772,7 @@ async fn write_record(dest: &Destination, key: &str, record: &Record) -> Result<
         )
         .await
         .map(drop)
-        .map_err(|err| Failure::from_store(StoreError::classify_write(&dest.settings.bucket, &err)))
+        .map_err(|err| Stop::from(StoreError::classify_write(&dest.settings.bucket, &err)))
 }
 
 /// Deletes what retention lets go of this cluster's backups (and their records); returns how
@@ -1030,7 +999,7 @@ async fn record_success(
 async fn record_failure(
     ctx: &Context,
     cluster: &TalosCluster,
-    failure: &Failure,
+    failure: &Stop,
     attempted: bool,
 ) -> Result<(), Error> {
     let now = ctx.now();
@@ -1041,26 +1010,11 @@ async fn record_failure(
         if attempted {
             backup.last_failure = Some(now.clone());
         }
-        cond::set(
-            &mut s.conditions,
-            conditions::BACKED_UP,
-            false,
-            failure.reason,
-            failure.message.clone(),
-            generation,
-            &now,
-        );
+        failure.set_condition(&mut s.conditions, conditions::BACKED_UP, generation, &now);
     })
     .await?;
     if attempted {
-        ctx.event(
-            cluster,
-            EventType::Warning,
-            failure.reason,
-            actions::BACKUP,
-            failure.message.clone(),
-        )
-        .await;
+        failure.warn(ctx, cluster, actions::BACKUP).await;
     }
     Ok(())
 }

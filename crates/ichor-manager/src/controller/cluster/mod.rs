@@ -651,7 +651,7 @@ async fn bootstrap(
         ),
         BootstrapStep::AlreadyRunning { name, uid } => {
             if restoring.is_some() && !plan::chosen(status.bootstrap.as_ref(), &name) {
-                let failure = crate::controller::backup::Failure {
+                let failure = crate::Stop {
                     reason: reasons::RESTORE_REFUSED_BOOTSTRAPPED,
                     message: format!(
                         "etcd already runs on {name}: a restore goes only into a cluster whose etcd was never bootstrapped"

@@ -30,8 +30,8 @@ use tokio::sync::mpsc;
 
 use crate::backup_store::StoreError;
 use crate::controller::backup::plan::{self, Digest, Digests, Hasher, Record};
-use crate::controller::backup::{self, Destination, Failure};
-use crate::{Context, Error, infra::conditions as cond};
+use crate::controller::backup::{self, Destination};
+use crate::{Context, Error, Stop, infra::conditions as cond};
 
 /// Plaintext chunks queued between the store and their reader.
 const CHUNKS_QUEUED: usize = 64;
@@ -49,13 +49,8 @@ pub enum Step {
     Recover,
     /// Restored: nothing more to do.
     Done,
-    /// Refused: no bootstrap.
-    Refuse {
-        /// The `Restored` condition's reason.
-        reason: &'static str,
-        /// Why.
-        message: String,
-    },
+    /// Refused, with the `Restored` condition's reason and why: no bootstrap.
+    Refuse(Stop),
 }
 
 /// Decides the restore's step from what the status records.
@@ -71,13 +66,13 @@ pub fn step(
         return Step::Done;
     }
     if let Some(done) = bootstrap.filter(|b| b.completed_at.is_some()) {
-        return Step::Refuse {
-            reason: reasons::RESTORE_REFUSED_BOOTSTRAPPED,
-            message: format!(
+        return Step::Refuse(Stop::new(
+            reasons::RESTORE_REFUSED_BOOTSTRAPPED,
+            format!(
                 "etcd was bootstrapped on {} without the restore: a restore goes only into a cluster whose etcd was never bootstrapped",
                 done.machine_name
             ),
-        };
+        ));
     }
     match restore {
         None => Step::Check,
@@ -111,8 +106,8 @@ pub async fn gate(
         status.bootstrap.as_ref(),
     ) {
         Step::NotRequested | Step::Done => Ok(Gate::Plain),
-        Step::Refuse { reason, message } => {
-            refuse(ctx, cluster, status, &Failure { reason, message }).await;
+        Step::Refuse(stop) => {
+            refuse(ctx, cluster, status, &stop).await;
             Ok(Gate::Hold)
         }
         Step::Recover => Ok(status.restore.clone().map_or(Gate::Hold, Gate::Restore)),
@@ -144,29 +139,20 @@ async fn refuse(
     ctx: &Context,
     cluster: &TalosCluster,
     status: &mut TalosClusterStatus,
-    failure: &Failure,
+    failure: &Stop,
 ) {
     let known = status
         .conditions
         .iter()
         .any(|c| c.type_ == conditions::RESTORED && c.reason == failure.reason);
-    set(
-        ctx,
-        cluster,
-        status,
-        false,
-        failure.reason,
-        failure.message.clone(),
+    failure.set_condition(
+        &mut status.conditions,
+        conditions::RESTORED,
+        cluster.metadata.generation,
+        &ctx.now(),
     );
     if !known {
-        ctx.event(
-            cluster,
-            EventType::Warning,
-            failure.reason,
-            actions::RESTORE,
-            failure.message.clone(),
-        )
-        .await;
+        failure.warn(ctx, cluster, actions::RESTORE).await;
     }
 }
 
@@ -219,7 +205,7 @@ pub async fn failed(
     ctx: &Context,
     cluster: &TalosCluster,
     status: &mut TalosClusterStatus,
-    failure: &Failure,
+    failure: &Stop,
 ) {
     refuse(ctx, cluster, status, failure).await;
 }
@@ -237,7 +223,7 @@ async fn find(
     cluster: &TalosCluster,
     spec: &RestoreSpec,
     bundle_fingerprint: &str,
-) -> Result<Found, Failure> {
+) -> Result<Found, Stop> {
     if let Some(message) = plan::plain_http_refusal(
         &spec.store.endpoint,
         spec.encryption.is_some(),
@@ -274,8 +260,8 @@ async fn find(
     Ok(Found { dest, key, record })
 }
 
-fn plain_http(message: String) -> Failure {
-    Failure {
+fn plain_http(message: String) -> Stop {
+    Stop {
         reason: reasons::STORE_PLAIN_HTTP_REFUSED,
         message: format!("restoreFrom: {message}"),
     }
@@ -287,7 +273,7 @@ async fn latest(
     bucket: &str,
     prefix: &str,
     bundle: &str,
-) -> Result<String, Failure> {
+) -> Result<String, Stop> {
     use futures::TryStreamExt as _;
     let prefix_path = ObjectPath::from(prefix.trim_matches('/'));
     let keys: Vec<String> = store
@@ -295,7 +281,7 @@ async fn latest(
         .map_ok(|meta| meta.location.to_string())
         .try_collect()
         .await
-        .map_err(|err| Failure::from_store(StoreError::classify(bucket, &err)))?;
+        .map_err(|err| Stop::from(StoreError::classify(bucket, &err)))?;
     let mut records = Vec::new();
     for key in keys.into_iter().filter(|k| plan::is_backup_key(k)) {
         if let Ok(record) = read_record(store, bucket, &key).await {
@@ -304,7 +290,7 @@ async fn latest(
     }
     plan::latest_for_bundle(&records, bundle)
         .map(|(key, _)| key.clone())
-        .ok_or_else(|| Failure {
+        .ok_or_else(|| Stop {
             reason: reasons::RESTORE_OBJECT_MISSING,
             message: format!(
                 "no complete backup under prefix {prefix:?} of bucket {bucket} was taken with the bundle spec.secretsRef holds ({bundle}); name one in restoreFrom.key"
@@ -313,8 +299,8 @@ async fn latest(
 }
 
 /// Reads the record beside `key`: a backup without one is missing, or incomplete.
-async fn read_record(store: &dyn ObjectStore, bucket: &str, key: &str) -> Result<Record, Failure> {
-    let missing = |what: &str| Failure {
+async fn read_record(store: &dyn ObjectStore, bucket: &str, key: &str) -> Result<Record, Stop> {
+    let missing = |what: &str| Stop {
         reason: reasons::RESTORE_OBJECT_MISSING,
         message: format!("restoreFrom: {what}"),
     };
@@ -323,7 +309,7 @@ async fn read_record(store: &dyn ObjectStore, bucket: &str, key: &str) -> Result
             object_store::Error::NotFound { .. } => {
                 missing(&format!("bucket {bucket} has no object {key}"))
             }
-            other => Failure::from_store(StoreError::classify(bucket, &other)),
+            other => Stop::from(StoreError::classify(bucket, &other)),
         });
     }
     let record_key = plan::record_key(key);
@@ -335,7 +321,7 @@ async fn read_record(store: &dyn ObjectStore, bucket: &str, key: &str) -> Result
         object_store::Error::NotFound { .. } => missing(&format!(
             "{key} has no record beside it ({record_key}): the backup did not complete"
         )),
-        other => Failure::from_store(StoreError::classify(bucket, &other)),
+        other => Stop::from(StoreError::classify(bucket, &other)),
     })?;
     let record: Record = serde_json::from_slice(&body).map_err(|err| {
         missing(&format!(
@@ -358,11 +344,11 @@ async fn identity_for(
     spec: &RestoreSpec,
     key: &str,
     record: &Record,
-) -> Result<Option<Identity>, Failure> {
+) -> Result<Option<Identity>, Stop> {
     if !record.encrypted {
         return Ok(None);
     }
-    let wrong = |message: String| Failure {
+    let wrong = |message: String| Stop {
         reason: reasons::RESTORE_KEY_WRONG,
         message,
     };
@@ -386,10 +372,10 @@ async fn check(
     cluster: &TalosCluster,
     spec: &RestoreSpec,
     bundle_fingerprint: &str,
-) -> Result<RestoreStatus, Failure> {
+) -> Result<RestoreStatus, Stop> {
     let found = find(ctx, cluster, spec, bundle_fingerprint).await?;
     if found.record.bundle_fingerprint != bundle_fingerprint {
-        return Err(Failure {
+        return Err(Stop {
             reason: reasons::RESTORE_BUNDLE_MISMATCH,
             message: format!(
                 "{} was taken with the bundle whose OS CA is {}, and spec.secretsRef holds {}: restore with the original bundle",
@@ -417,7 +403,7 @@ pub async fn upload(
     cluster: &TalosCluster,
     recorded: &RestoreStatus,
     client: &TalosClient,
-) -> Result<(), Failure> {
+) -> Result<(), Stop> {
     let Some(spec) = cluster.spec.restore_from.as_ref() else {
         return Ok(());
     };
@@ -432,7 +418,7 @@ pub async fn upload(
     );
     let (object, snapshot) = read?;
     let digests = checked(&recorded.key, &record, object, snapshot)?;
-    sent.map_err(|err| Failure {
+    sent.map_err(|err| Stop {
         reason: reasons::TALOS_API,
         message: format!(
             "uploading {} to the bootstrap node failed: {err}",
@@ -441,7 +427,7 @@ pub async fn upload(
     })?;
     let read = &record.vouched(&digests).sha256;
     if *read != recorded.sha256 {
-        return Err(Failure {
+        return Err(Stop {
             reason: reasons::RESTORE_CHECKSUM_MISMATCH,
             message: format!(
                 "{} read as sha256 {read} while uploading, and {} when it was checked: it changed; nothing was bootstrapped",
@@ -458,9 +444,9 @@ fn checked(
     key: &str,
     record: &Record,
     object: Digest,
-    snapshot: Result<Digest, Failure>,
-) -> Result<Digests, Failure> {
-    let mismatch = |why: String| Failure {
+    snapshot: Result<Digest, Stop>,
+) -> Result<Digests, Stop> {
+    let mismatch = |why: String| Stop {
         reason: reasons::RESTORE_CHECKSUM_MISMATCH,
         message: format!("{key}: {why}: it changed since it was written"),
     };
@@ -482,18 +468,18 @@ fn checked(
 async fn open(
     dest: &Destination,
     key: &str,
-) -> Result<futures::stream::BoxStream<'static, object_store::Result<Bytes>>, Failure> {
+) -> Result<futures::stream::BoxStream<'static, object_store::Result<Bytes>>, Stop> {
     let bucket = dest.settings.bucket.as_str();
     let got = dest
         .store
         .get(&ObjectPath::from(key))
         .await
         .map_err(|err| match err {
-            object_store::Error::NotFound { .. } => Failure {
+            object_store::Error::NotFound { .. } => Stop {
                 reason: reasons::RESTORE_OBJECT_MISSING,
                 message: format!("restoreFrom: bucket {bucket} has no object {key}"),
             },
-            other => Failure::from_store(StoreError::classify(bucket, &other)),
+            other => Stop::from(StoreError::classify(bucket, &other)),
         })?;
     Ok(got.into_stream())
 }
@@ -506,7 +492,7 @@ async fn read_through(
     key: &str,
     identity: Option<Identity>,
     out: Option<mpsc::Sender<Vec<u8>>>,
-) -> Result<(Digest, Result<Digest, Failure>), Failure> {
+) -> Result<(Digest, Result<Digest, Stop>), Stop> {
     let bucket = dest.settings.bucket.as_str();
     let mut raw = open(dest, key).await?;
     let (plain_tx, mut plain_rx) = mpsc::channel::<Vec<u8>>(CHUNKS_QUEUED);
@@ -515,8 +501,8 @@ async fn read_through(
         match identity {
             None => {
                 while let Some(chunk) = raw.next().await {
-                    let chunk = chunk
-                        .map_err(|err| Failure::from_store(StoreError::classify(bucket, &err)))?;
+                    let chunk =
+                        chunk.map_err(|err| Stop::from(StoreError::classify(bucket, &err)))?;
                     object.update(&chunk);
                     if plain_tx.send(chunk.to_vec()).await.is_err() {
                         break;
@@ -527,7 +513,7 @@ async fn read_through(
                 decrypt(bucket, key, &mut raw, &mut object, identity, plain_tx).await?;
             }
         }
-        Ok(object.finish())
+        Ok::<_, Stop>(object.finish())
     };
     // The consumer owns the receiver, so a consumer that stops early stops the producer too.
     let consumer = async move {
@@ -537,7 +523,7 @@ async fn read_through(
             if let Some(out) = out.as_ref()
                 && out.send(chunk).await.is_err()
             {
-                return Err(Failure {
+                return Err(Stop {
                     reason: reasons::TALOS_API,
                     message: "the bootstrap node stopped taking the snapshot".to_owned(),
                 });
@@ -550,7 +536,7 @@ async fn read_through(
                 size: summary.size,
                 sha256: summary.sha256,
             })
-            .map_err(|problem| Failure {
+            .map_err(|problem| Stop {
                 reason: reasons::RESTORE_CHECKSUM_MISMATCH,
                 message: format!("{key} is not a whole etcd snapshot: {problem}"),
             }))
@@ -567,7 +553,7 @@ async fn decrypt(
     object: &mut Hasher,
     identity: Identity,
     out: mpsc::Sender<Vec<u8>>,
-) -> Result<(), Failure> {
+) -> Result<(), Stop> {
     let (raw_tx, raw_rx) = mpsc::channel::<Bytes>(CHUNKS_QUEUED);
     let key_name = key.to_owned();
     let opener = tokio::task::spawn_blocking(move || {
@@ -575,36 +561,34 @@ async fn decrypt(
             rx: raw_rx,
             pending: Bytes::new(),
         };
-        let mut plain =
-            crate::backup_store::seal::open(reader, &identity).map_err(|err| Failure {
-                reason: reasons::RESTORE_KEY_WRONG,
-                message: format!("{key_name} does not open with the identity given: {err}"),
-            })?;
+        let mut plain = crate::backup_store::seal::open(reader, &identity).map_err(|err| Stop {
+            reason: reasons::RESTORE_KEY_WRONG,
+            message: format!("{key_name} does not open with the identity given: {err}"),
+        })?;
         let mut buf = vec![0u8; READ];
         loop {
-            let n = plain.read(&mut buf).map_err(|err| Failure {
+            let n = plain.read(&mut buf).map_err(|err| Stop {
                 reason: reasons::RESTORE_CHECKSUM_MISMATCH,
                 message: format!("{key_name} does not decrypt whole: {err}"),
             })?;
             if n == 0 || out.blocking_send(buf[..n].to_vec()).is_err() {
-                return Ok(());
+                return Ok::<_, Stop>(());
             }
         }
     });
     let feed = async {
         while let Some(chunk) = raw.next().await {
-            let chunk =
-                chunk.map_err(|err| Failure::from_store(StoreError::classify(bucket, &err)))?;
+            let chunk = chunk.map_err(|err| Stop::from(StoreError::classify(bucket, &err)))?;
             object.update(&chunk);
             if raw_tx.send(chunk).await.is_err() {
                 break;
             }
         }
         drop(raw_tx);
-        Ok::<(), Failure>(())
+        Ok::<(), Stop>(())
     };
     let (fed, opened) = tokio::join!(feed, opener);
-    let opened = opened.map_err(|err| Failure {
+    let opened = opened.map_err(|err| Stop {
         reason: reasons::INTERNAL_ERROR,
         message: format!("the decryption thread failed: {err}"),
     })?;
@@ -672,7 +656,8 @@ mod tests {
             Step::Done,
             "recorded: never again"
         );
-        let Step::Refuse { reason, message } = step(true, None, Some(&bootstrap(true))) else {
+        let Step::Refuse(Stop { reason, message }) = step(true, None, Some(&bootstrap(true)))
+        else {
             panic!("a bootstrapped cluster is refused");
         };
         assert_eq!(reason, reasons::RESTORE_REFUSED_BOOTSTRAPPED);

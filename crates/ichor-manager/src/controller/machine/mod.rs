@@ -30,7 +30,7 @@ use serde_json::json;
 
 use crate::controller::cluster;
 use crate::decide::{DriftRefused, Etcd, NodeView, drift_refused, standing};
-use crate::{Context, Error, claims, infra::conditions as cond, infra::status, secrets};
+use crate::{Context, Error, Stop, claims, infra::conditions as cond, infra::status, secrets};
 
 pub(crate) mod plan;
 pub mod removal;
@@ -383,35 +383,21 @@ async fn stopped(
     mut status: TalosMachineStatus,
     stop: Blocked,
 ) -> Result<(), Error> {
-    let Blocked {
-        phase,
-        reason,
-        message,
-    } = stop;
+    let Blocked { phase, stop } = stop;
     let first = !status
         .conditions
         .iter()
-        .any(|c| c.type_ == conditions::READY && c.reason == reason);
+        .any(|c| c.type_ == conditions::READY && c.reason == stop.reason);
     status.phase = phase;
-    cond::set(
+    stop.set_condition(
         &mut status.conditions,
         conditions::READY,
-        false,
-        reason,
-        message.clone(),
         machine.metadata.generation,
         &ctx.now(),
     );
     write_status(ctx, machine, &status).await?;
     if first {
-        ctx.event(
-            machine,
-            EventType::Warning,
-            reason,
-            actions::RECONCILE,
-            message,
-        )
-        .await;
+        stop.warn(ctx, machine, actions::RECONCILE).await;
     }
     Ok(())
 }
@@ -497,7 +483,10 @@ async fn approved(machine: &TalosMachine, ctx: &Context) -> Result<Action, Error
     let namespace = machine.namespace().unwrap_or_default();
     if let Some(refused) = crate::claims::address_refused(&ctx.client, &namespace, &address).await?
     {
-        let stop = Blocked::approved(refused.reason, refused.message);
+        let stop = Blocked {
+            phase: MachinePhase::Approved,
+            stop: refused,
+        };
         return blocked(ctx, machine, status, stop).await;
     }
     let credentials = ctx.node_credentials(&cluster, &bundle)?;
@@ -521,11 +510,7 @@ async fn approved(machine: &TalosMachine, ctx: &Context) -> Result<Action, Error
         if let Err(taken) =
             crate::secrets::writable(&ctx.client, machine, (&name, APPLIED_WHAT)).await?
         {
-            let stop = Blocked {
-                phase: status.phase,
-                reason: reasons::SECRET_NAME_TAKEN,
-                message: taken.to_string(),
-            };
+            let stop = Blocked::new(status.phase, reasons::SECRET_NAME_TAKEN, taken.to_string());
             // Looked at again soon, as the cluster does: it goes on once the name is free.
             stopped(ctx, machine, status, stop).await?;
             return Ok(Action::requeue(ctx.settings.progress_requeue));
@@ -588,7 +573,10 @@ async fn cluster_and_bundle(
     };
     Ok(match secrets::bundle(&ctx.client, &cluster).await? {
         Ok(bundle) => Ok((cluster, bundle)),
-        Err(problem) => Err(Blocked::approved(problem.reason(), problem.to_string())),
+        Err(problem) => Err(Blocked {
+            phase: MachinePhase::Approved,
+            stop: problem.into(),
+        }),
     })
 }
 
@@ -632,7 +620,10 @@ async fn apply_first(
     if let Err(refused) =
         crate::claims::take(&ctx.client, machine, uuid, &pinned, reach.address).await?
     {
-        let stop = Blocked::approved(refused.reason, refused.message);
+        let stop = Blocked {
+            phase: MachinePhase::Approved,
+            stop: refused,
+        };
         return blocked(ctx, machine, status, stop).await;
     }
     // The UUID claimed is the one recorded for the machine (a machine written by hand has
@@ -723,11 +714,11 @@ async fn send_first(
         .apply_configuration(rendered.yaml.as_bytes(), ApplyMode::Auto)
         .await
     {
-        let stop = Blocked {
-            phase: MachinePhase::Applying,
-            reason: reasons::APPLY_FAILED,
-            message: format!("the node refused the config: {error}"),
-        };
+        let stop = Blocked::new(
+            MachinePhase::Applying,
+            reasons::APPLY_FAILED,
+            format!("the node refused the config: {error}"),
+        );
         return blocked(ctx, machine, status, stop).await;
     }
     let note = format!("applied config {} to {address}", rendered.hash);
@@ -1139,15 +1130,12 @@ async fn roll_out(
         Some(turn) => Some(turn),
         None => drift_lock(ctx, r.cluster, &machines, &me, r.rendered)
             .await?
-            .map(|queued| (reasons::DRIFT_QUEUED, queued)),
+            .map(|queued| Stop::new(reasons::DRIFT_QUEUED, queued)),
     };
-    if let Some((reason, message)) = waiting {
-        cond::set(
+    if let Some(stop) = waiting {
+        stop.set_condition(
             &mut status.conditions,
             conditions::CONFIG_APPLIED,
-            false,
-            reason,
-            message,
             r.machine.metadata.generation,
             &ctx.now(),
         );
@@ -1256,14 +1244,11 @@ async fn live_refused(
         &ctx.now(),
     );
     match reboot_for_drift(ctx, r).await? {
-        Err((reason, waiting)) => {
+        Err(waiting) => {
             forget_drift_intent(ctx, r.machine, status).await?;
-            cond::set(
+            waiting.set_condition(
                 &mut status.conditions,
                 conditions::CONFIG_APPLIED,
-                false,
-                reason,
-                waiting,
                 generation,
                 &ctx.now(),
             );
@@ -1350,14 +1335,14 @@ async fn ask_queued(ctx: &Context, machine: &TalosMachine, cluster: &TalosCluste
     }
 }
 
-/// Why this machine's drift waits for its turn (reason and message), or `None` if it is its
+/// Why this machine's drift waits for its turn, or `None` if it is its
 /// turn: the planner's order over every machine of the cluster, with their recorded health and
 /// the halt recorded on the cluster. A halt that no longer stands (the config fixed) is cleared.
 async fn drift_wait(
     ctx: &Context,
     r: &Rollout<'_>,
     machines: &[TalosMachine],
-) -> Result<Option<(&'static str, String)>, Error> {
+) -> Result<Option<Stop>, Error> {
     let (machine, cluster) = (r.machine, r.cluster);
     let views: Vec<DriftMachine> = machines
         .iter()
@@ -1384,13 +1369,13 @@ async fn drift_wait(
     Ok(match drift_turn(&views, halt.as_ref()) {
         DriftTurn::Settled => None,
         DriftTurn::Next { machine, .. } if machine == name => None,
-        DriftTurn::Next { machine, .. } => Some((
+        DriftTurn::Next { machine, .. } => Some(Stop::new(
             reasons::DRIFT_QUEUED,
             format!(
                 "its changed config waits for its turn: {machine} takes its own first (control planes, then workers, each by name; one machine at a time)"
             ),
         )),
-        DriftTurn::WaitForHealthy { machine } => Some((
+        DriftTurn::WaitForHealthy { machine } => Some(Stop::new(
             reasons::DRIFT_QUEUED,
             format!(
                 "its changed config waits until {machine} is healthy again (Ready, and for a control plane a healthy etcd voter): one machine at a time, each healthy before the next"
@@ -1398,7 +1383,7 @@ async fn drift_wait(
         )),
         DriftTurn::Halted { machine } => {
             let why = recorded.map(|h| h.message).unwrap_or_default();
-            Some((
+            Some(Stop::new(
                 reasons::DRIFT_HALTED,
                 format!(
                     "the drift rollout stopped at {machine}, which refused its changed config ({why}); no other machine gets it until a change renders {machine}'s config differently: fix the patch"
@@ -1504,14 +1489,11 @@ pub fn drift_holder(machine: &TalosMachine) -> LockHolder {
 }
 
 /// Applies drift that cannot go live: under the cluster lock, staged, then a reboot.
-/// `Err` says why it waits (reason and message); `Ok` means the reboot was sent, and holds the
+/// `Err` says why it waits; `Ok` means the reboot was sent, and holds the
 /// node's boot id from before it, recorded as `driftBootId`: the node is back from this
 /// reboot once it answers with another one. A refused staging releases the lock: nothing
 /// disruptive started.
-async fn reboot_for_drift(
-    ctx: &Context,
-    r: &Rollout<'_>,
-) -> Result<Result<String, (&'static str, String)>, Error> {
+async fn reboot_for_drift(ctx: &Context, r: &Rollout<'_>) -> Result<Result<String, Stop>, Error> {
     let me = drift_holder(r.machine);
     if let Some(waits) = reboot_cleared(ctx, r, &me).await? {
         return Ok(Err(waits));
@@ -1520,7 +1502,7 @@ async fn reboot_for_drift(
         Ok(boot) => boot,
         Err(error) => {
             crate::lock::release(ctx, r.cluster, &me).await?;
-            return Ok(Err((
+            return Ok(Err(Stop::new(
                 reasons::NEEDS_REBOOT,
                 format!(
                     "config {} needs a reboot, which waits: the node does not tell its boot id, by which the reboot is seen: {error}",
@@ -1537,7 +1519,7 @@ async fn reboot_for_drift(
     store_applied(ctx, r.machine, &r.rendered.yaml).await?;
     patch_status(ctx, r.machine, json!({"driftBootId": boot})).await?;
     if let Err(error) = r.client.reboot().await {
-        return Ok(Err((
+        return Ok(Err(Stop::new(
             reasons::NEEDS_REBOOT,
             format!("the reboot for config {} failed: {error}", r.rendered.hash),
         )));
@@ -1562,13 +1544,13 @@ async fn reboot_cleared(
     ctx: &Context,
     r: &Rollout<'_>,
     me: &LockHolder,
-) -> Result<Option<(&'static str, String)>, Error> {
+) -> Result<Option<Stop>, Error> {
     let namespace = r.cluster.namespace().unwrap_or_default();
     let machines = crate::cluster_machines(ctx, r.cluster).await?;
     let moving = crate::lock::transitioning(r.cluster, &machines);
     let outcome = crate::lock::acquire(ctx, r.cluster, me, moving, false).await?;
     if !outcome.held() {
-        return Ok(Some((
+        return Ok(Some(Stop::new(
             reasons::NEEDS_REBOOT,
             format!(
                 "config {} needs a reboot: {} (namespace {namespace})",
@@ -1590,7 +1572,7 @@ async fn reboot_cleared(
     .await?;
     if !plan.is_proceed() {
         crate::lock::release(ctx, r.cluster, me).await?;
-        return Ok(Some((
+        return Ok(Some(Stop::new(
             plan.reason().unwrap_or(reasons::ETCD_UNHEALTHY),
             format!(
                 "config {} needs a reboot, which waits: {}",
@@ -1604,11 +1586,7 @@ async fn reboot_cleared(
 
 /// Stages the config for the reboot. `Some` says why it was not staged: the lock (`me`) is
 /// released, and a refusal of the config itself halts the rollout.
-async fn stage(
-    ctx: &Context,
-    r: &Rollout<'_>,
-    me: &LockHolder,
-) -> Result<Option<(&'static str, String)>, Error> {
+async fn stage(ctx: &Context, r: &Rollout<'_>, me: &LockHolder) -> Result<Option<Stop>, Error> {
     let Err(error) = r
         .client
         .apply_configuration(r.rendered.yaml.as_bytes(), ApplyMode::Staged)
@@ -1621,7 +1599,7 @@ async fn stage(
     if drift_refused(&error) == DriftRefused::StageAndReboot {
         let message = error.to_string();
         crate::drift::record_halt(ctx, r.cluster, r.machine, &r.rendered.hash, &message).await?;
-        return Ok(Some((
+        return Ok(Some(Stop::new(
             reasons::DRIFT_HALTED,
             format!(
                 "the node refused config {}: {message}; the drift rollout stops here and no other machine gets it until the patch is fixed",
@@ -1629,7 +1607,7 @@ async fn stage(
             ),
         )));
     }
-    Ok(Some((
+    Ok(Some(Stop::new(
         reasons::DRIFT_NOT_APPLIED,
         format!(
             "config {} was not applied: the node refused it staged too: {error}; it is retried",

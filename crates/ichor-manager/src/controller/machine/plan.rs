@@ -18,37 +18,45 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt as _;
 use kube::runtime::reflector::ObjectRef;
 
+use crate::Stop;
 use crate::decide::{Etcd, NodeView, Standing, etcd_observation, version_supported};
 use crate::infra::conditions as cond;
 
-/// A problem a person must fix: the phase shown meanwhile, and `Ready`'s reason and message.
+/// A machine's stop: the [`Stop`] `Ready` and the Event say, and the phase the machine shows
+/// meanwhile. It reads as its stop (`blocked.reason`, `blocked.message`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Blocked {
     /// The phase the machine shows while blocked.
     pub phase: MachinePhase,
-    /// The `Ready` condition's reason (also the Event's).
-    pub reason: &'static str,
-    /// The `Ready` condition's message (also the Event's note).
-    pub message: String,
+    /// Why: `Ready`'s reason and message, and the Event's.
+    pub stop: Stop,
 }
 
 impl Blocked {
+    /// Blocked in `phase`, for `reason`, saying `message`.
+    pub fn new(phase: MachinePhase, reason: &'static str, message: String) -> Self {
+        Self {
+            phase,
+            stop: Stop::new(reason, message),
+        }
+    }
+
     /// Blocked before anything was written to the machine: it stays `Approved`.
     pub fn approved(reason: &'static str, message: String) -> Self {
-        Self {
-            phase: MachinePhase::Approved,
-            reason,
-            message,
-        }
+        Self::new(MachinePhase::Approved, reason, message)
     }
 
     /// Blocked on something the machine or its config can never satisfy as it is: `Failed`.
     pub fn failed(reason: &'static str, message: String) -> Self {
-        Self {
-            phase: MachinePhase::Failed,
-            reason,
-            message,
-        }
+        Self::new(MachinePhase::Failed, reason, message)
+    }
+}
+
+impl std::ops::Deref for Blocked {
+    type Target = Stop;
+
+    fn deref(&self) -> &Stop {
+        &self.stop
     }
 }
 
@@ -320,26 +328,26 @@ fn unattended_failed(error: &str) -> Blocked {
 
 /// 1.14's unattended install is `pending` because `why` (e.g. no disk matched).
 fn install_pending(why: &str) -> Blocked {
-    Blocked {
-        phase: MachinePhase::Installing,
-        reason: reasons::INSTALL_PENDING,
-        message: format!(
+    Blocked::new(
+        MachinePhase::Installing,
+        reasons::INSTALL_PENDING,
+        format!(
             "the install waits: {why}; attach a disk the install selector matches, or change the machine's install disk: Talos installs as soon as one matches"
         ),
-    }
+    )
 }
 
 /// The install has run `took`, past the stall `limit`.
 fn stalled(took: Duration, limit: Duration) -> Blocked {
-    Blocked {
-        phase: MachinePhase::Installing,
-        reason: reasons::INSTALL_STALLED,
-        message: format!(
+    Blocked::new(
+        MachinePhase::Installing,
+        reasons::INSTALL_STALLED,
+        format!(
             "the install has run for {}s, past the limit of {}s (--install-stall-seconds); Talos puts no deadline on its installer: check that the installer image can be pulled and the disk written (talosctl dmesg), or power-cycle the machine: it comes back in maintenance mode, not installed",
             took.as_secs(),
             limit.as_secs()
         ),
-    }
+    )
 }
 
 /// The `Ready` condition, if any.

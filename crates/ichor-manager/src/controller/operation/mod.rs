@@ -31,7 +31,7 @@ use kube::runtime::events::EventType;
 use kube::runtime::watcher;
 use serde_json::json;
 
-use crate::{Context, Error, infra::conditions as cond, lock, secrets, workload};
+use crate::{Context, Error, Stop, infra::conditions as cond, lock, secrets, workload};
 
 mod plan;
 
@@ -86,34 +86,22 @@ async fn waiting(
     operation: &TalosOperation,
     mut status: TalosOperationStatus,
     phase: OperationPhase,
-    reason: &str,
-    message: String,
+    stop: Stop,
 ) -> Result<Action, Error> {
-    let first = !status
-        .conditions
-        .iter()
-        .any(|c| c.type_ == conditions::SUCCEEDED && c.reason == reason && c.message == message);
+    let first = !status.conditions.iter().any(|c| {
+        c.type_ == conditions::SUCCEEDED && c.reason == stop.reason && c.message == stop.message
+    });
     status.phase = phase;
-    cond::set(
+    stop.set_condition(
         &mut status.conditions,
         conditions::SUCCEEDED,
-        false,
-        reason,
-        message.clone(),
         operation.metadata.generation,
         &ctx.now(),
     );
     write(ctx, operation, &status).await?;
     if first {
-        tracing::info!(operation = %operation.name_any(), reason, %message, "operation waits");
-        ctx.event(
-            operation,
-            EventType::Normal,
-            reason,
-            actions::OPERATE,
-            message,
-        )
-        .await;
+        tracing::info!(operation = %operation.name_any(), reason = stop.reason, message = %stop.message, "operation waits");
+        stop.note(ctx, operation, actions::OPERATE).await;
     }
     Ok(Action::requeue(ctx.settings.progress_requeue))
 }
@@ -283,35 +271,30 @@ async fn reconcile_inner(cached: &TalosOperation, ctx: &Context) -> Result<Actio
     }
     let Observed { cluster, machines } = match observe(ctx, operation, &mut status).await? {
         Ok(observed) => observed,
-        Err((reason, message)) => {
-            return end(ctx, operation, None, status, false, reason, message).await;
+        Err(stop) => {
+            return end(
+                ctx,
+                operation,
+                None,
+                status,
+                false,
+                stop.reason,
+                stop.message,
+            )
+            .await;
         }
     };
     let outcome = take_lock(ctx, operation, &status, &cluster, &machines).await?;
     if let Some(reason) = plan::lock_wait(&outcome) {
-        return waiting(
-            ctx,
-            operation,
-            status,
-            OperationPhase::Waiting,
-            reason,
-            outcome.message(),
-        )
-        .await;
+        let stop = Stop::new(reason, outcome.message());
+        return waiting(ctx, operation, status, OperationPhase::Waiting, stop).await;
     }
     start(ctx, operation, &cluster, &mut status).await?;
     let bundle = match secrets::bundle(&ctx.client, &cluster).await? {
         Ok(b) => b,
         Err(problem) => {
-            return waiting(
-                ctx,
-                operation,
-                status,
-                OperationPhase::Running,
-                problem.reason(),
-                problem.to_string(),
-            )
-            .await;
+            let stop = problem.into();
+            return waiting(ctx, operation, status, OperationPhase::Running, stop).await;
         }
     };
     run_next(ctx, operation, &cluster, &machines, &bundle, status).await
@@ -331,14 +314,14 @@ async fn observe(
     ctx: &Context,
     operation: &TalosOperation,
     status: &mut TalosOperationStatus,
-) -> Result<Result<Observed, (&'static str, String)>, Error> {
+) -> Result<Result<Observed, Stop>, Error> {
     let namespace = operation.namespace().unwrap_or_default();
     let cluster_name = operation.spec.cluster_ref.name.clone();
     let Some(cluster) = Api::<TalosCluster>::namespaced(ctx.client.clone(), &namespace)
         .get_opt(&cluster_name)
         .await?
     else {
-        return Ok(Err((
+        return Ok(Err(Stop::new(
             reasons::NO_TARGETS,
             format!(
                 "TalosCluster {cluster_name} (spec.clusterRef) does not exist in namespace {namespace}"
@@ -350,7 +333,7 @@ async fn observe(
     }
     let machines = crate::cluster_machines(ctx, &cluster).await?;
     if let Err(problem) = plan::choose_targets(status, &operation.spec, &machines) {
-        return Ok(Err((reasons::NO_TARGETS, problem.to_string())));
+        return Ok(Err(Stop::new(reasons::NO_TARGETS, problem.to_string())));
     }
     Ok(Ok(Observed { cluster, machines }))
 }
@@ -470,27 +453,13 @@ async fn conclude(
             Ok(Action::requeue(Duration::from_millis(50)))
         }
         Verdict::Wait { reason, message } => {
-            waiting(
-                ctx,
-                operation,
-                status,
-                OperationPhase::Running,
-                reason,
-                message,
-            )
-            .await
+            let stop = Stop::new(reason, message);
+            waiting(ctx, operation, status, OperationPhase::Running, stop).await
         }
         Verdict::Held { reason, message } => {
             lock::release(ctx, cluster, &holder(operation)).await?;
-            waiting(
-                ctx,
-                operation,
-                status,
-                OperationPhase::Waiting,
-                reason,
-                message,
-            )
-            .await
+            let stop = Stop::new(reason, message);
+            waiting(ctx, operation, status, OperationPhase::Waiting, stop).await
         }
         Verdict::Fail { reason, message } => {
             end(
@@ -666,7 +635,7 @@ impl Node<'_> {
             )?));
         };
         if action == OperationAction::Reset
-            && let Some((reason, message)) = self.take_node_away().await?
+            && let Some(Stop { reason, message }) = self.take_node_away().await?
         {
             step.phase = OperationPhase::Waiting;
             step.message = Some(message.clone());
@@ -774,12 +743,10 @@ impl Node<'_> {
 
     /// Before a reset, as before a removal: the Node is cordoned and drained. `Some` says what
     /// it waits for.
-    async fn take_node_away(&self) -> Result<Option<(&'static str, String)>, Error> {
+    async fn take_node_away(&self) -> Result<Option<Stop>, Error> {
         for outcome in [self.node().cordon().await?, self.node().drain().await?] {
-            if let workload::Outcome::Wait { reason, message } =
-                self.node().waiting_for_api(outcome)
-            {
-                return Ok(Some((reason, message)));
+            if let workload::Outcome::Wait(stop) = self.node().waiting_for_api(outcome) {
+                return Ok(Some(stop));
             }
         }
         Ok(None)
@@ -1008,7 +975,9 @@ impl Node<'_> {
         }
         // As after a removal, the Node goes; then the machine forgets its config.
         let deleted = self.node().delete().await?;
-        if let workload::Outcome::Wait { reason, message } = self.node().waiting_for_api(deleted) {
+        if let workload::Outcome::Wait(Stop { reason, message }) =
+            self.node().waiting_for_api(deleted)
+        {
             return wait(reason, message);
         }
         crate::controller::machine::forget_config(self.ctx, self.machine).await?;

@@ -14,7 +14,7 @@ use ichor_talos::TalosError;
 use kube::ResourceExt as _;
 
 use super::{NODE_PATIENCE, Verdict, image_version, progress};
-use crate::lock;
+use crate::{Stop, lock};
 
 /// Whether the operation ended (succeeded or failed): it is never run again.
 pub(super) fn is_over(status: &TalosOperationStatus) -> bool {
@@ -236,10 +236,10 @@ pub(super) fn rolled_back(step: &mut NodeStep, image: &str, version: &str) -> Op
 pub(super) fn refusal(
     operation: &TalosOperation,
     cluster: &ichor_api::TalosCluster,
-) -> Option<(&'static str, String)> {
+) -> Option<Stop> {
     (operation.spec.action == OperationAction::EtcdSnapshot && cluster.spec.backup.is_none())
         .then(|| {
-            (
+            Stop::new(
                 reasons::BACKUP_NOT_CONFIGURED,
                 format!(
                     "etcdSnapshot backs etcd up to the cluster's spec.backup store, and TalosCluster {} sets none: add spec.backup (an S3-compatible bucket), then create the operation again",
@@ -607,7 +607,7 @@ mod tests {
         let snapshot = TalosOperation::test("snap", OperationAction::EtcdSnapshot).build();
         let reboot = TalosOperation::test("boot", OperationAction::Reboot).build();
         let mut cluster = ichor_api::TalosCluster::test("lab").build();
-        let (reason, message) = refusal(&snapshot, &cluster).expect("refused");
+        let crate::Stop { reason, message } = refusal(&snapshot, &cluster).expect("refused");
         assert_eq!(reason, reasons::BACKUP_NOT_CONFIGURED);
         assert!(message.contains("spec.backup"), "{message}");
         assert_eq!(refusal(&reboot, &cluster), None);

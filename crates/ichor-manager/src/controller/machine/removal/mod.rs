@@ -30,7 +30,7 @@ use kube::runtime::events::EventType;
 use serde_json::json;
 
 use crate::identity::Checked;
-use crate::{Context, Error, infra::conditions as cond, lock, secrets, workload};
+use crate::{Context, Error, Stop, lock, secrets, workload};
 use plan::Unreached;
 
 mod plan;
@@ -68,37 +68,28 @@ async fn record(
     Ok(status)
 }
 
+/// Records a removal that waits: `RemovalApproved` false and the removal's message say why,
+/// with a Warning Event when the message is new.
 async fn waiting(
     ctx: &Context,
     machine: &TalosMachine,
     status: TalosMachineStatus,
-    reason: &str,
-    message: String,
+    stop: Stop,
 ) -> Result<Action, Error> {
     let mut status = status;
     let step = status.removal.as_ref().map(|r| r.step).unwrap_or_default();
     let first =
-        status.removal.as_ref().and_then(|r| r.message.as_deref()) != Some(message.as_str());
-    cond::set(
+        status.removal.as_ref().and_then(|r| r.message.as_deref()) != Some(stop.message.as_str());
+    stop.set_condition(
         &mut status.conditions,
         conditions::REMOVAL_APPROVED,
-        false,
-        reason,
-        message.clone(),
         machine.metadata.generation,
         &ctx.now(),
     );
-    record(ctx, machine, status, step, message.clone()).await?;
+    record(ctx, machine, status, step, stop.message.clone()).await?;
     if first {
-        tracing::info!(machine = %machine.name_any(), reason, %message, "removal waits");
-        ctx.event(
-            machine,
-            EventType::Warning,
-            reason,
-            actions::REMOVE,
-            message,
-        )
-        .await;
+        tracing::info!(machine = %machine.name_any(), reason = stop.reason, message = %stop.message, "removal waits");
+        stop.warn(ctx, machine, actions::REMOVE).await;
     }
     Ok(Action::requeue(ctx.settings.progress_requeue))
 }
@@ -123,10 +114,8 @@ enum Step {
         message: String,
         reset_skipped: bool,
     },
-    Wait {
-        reason: String,
-        message: String,
-    },
+    /// Waiting: the removal's condition and Event say why.
+    Wait(Stop),
     /// A workload step the workload API did not answer, skipped by force removal.
     Skipped {
         /// The Warning Event's reason.
@@ -143,11 +132,8 @@ fn done(message: impl Into<String>) -> Result<Step, Error> {
     })
 }
 
-fn wait(reason: &str, message: impl Into<String>) -> Result<Step, Error> {
-    Ok(Step::Wait {
-        reason: reason.to_owned(),
-        message: message.into(),
-    })
+fn wait(reason: &'static str, message: impl Into<String>) -> Result<Step, Error> {
+    Ok(Step::Wait(Stop::new(reason, message)))
 }
 
 /// Drives a deleted machine's removal one step per reconcile.
@@ -178,9 +164,7 @@ pub async fn advance(ctx: &Context, cached: &TalosMachine) -> Result<Action, Err
     let holder = holder(machine);
     let (next, credentials) = match admit(ctx, machine, &cluster, &status, &holder).await? {
         Admission::Go { next, credentials } => (next, credentials),
-        Admission::Hold { reason, message } => {
-            return waiting(ctx, machine, status, reason, message).await;
-        }
+        Admission::Hold(stop) => return waiting(ctx, machine, status, stop).await,
     };
     let scene = Scene::new(ctx, machine, cluster, status, credentials);
     let outcome = scene.run(next).await?;
@@ -226,13 +210,8 @@ enum Admission {
         /// The cluster's Talos credentials.
         credentials: ichor_talos::Credentials,
     },
-    /// The removal waits, with this condition reason and message.
-    Hold {
-        /// The condition reason.
-        reason: &'static str,
-        /// The condition message.
-        message: String,
-    },
+    /// The removal waits, and says why.
+    Hold(Stop),
 }
 
 /// Takes the cluster lock, reads the cluster's credentials and, where it decides, asks the
@@ -248,19 +227,16 @@ async fn admit(
     let done_step = status.removal.as_ref().map(|r| r.step).unwrap_or_default();
     let outcome = take_lock(ctx, machine, cluster, &all, holder, done_step).await?;
     if !outcome.held() {
-        return Ok(Admission::Hold {
-            reason: reasons::WAITING_FOR_LOCK,
-            message: outcome.message(),
-        });
+        return Ok(Admission::Hold(Stop::new(
+            reasons::WAITING_FOR_LOCK,
+            outcome.message(),
+        )));
     }
     let next = next_removal_step(done_step, machine.spec.role.unwrap_or(Role::Worker));
     let bundle = match secrets::bundle(&ctx.client, cluster).await? {
         Ok(b) => b,
         Err(problem) => {
-            return Ok(Admission::Hold {
-                reason: problem.reason(),
-                message: problem.to_string(),
-            });
+            return Ok(Admission::Hold(problem.into()));
         }
     };
     let credentials = ctx.node_credentials(cluster, &bundle)?;
@@ -374,7 +350,7 @@ async fn answer(
                 // Not ours to go yet: let other actions have the lock meanwhile.
                 lock::release(ctx, cluster, holder).await?;
             }
-            Ok(Some(Admission::Hold { reason, message }))
+            Ok(Some(Admission::Hold(Stop::new(reason, message))))
         }
     }
 }
@@ -504,9 +480,7 @@ impl<'a> Scene<'a> {
             ..
         } = self;
         let (message, reset_skipped, skipped) = match outcome {
-            Step::Wait { reason, message } => {
-                return waiting(ctx, machine, status, &reason, message).await;
-            }
+            Step::Wait(stop) => return waiting(ctx, machine, status, stop).await,
             Step::Done {
                 message,
                 reset_skipped,
@@ -690,10 +664,8 @@ impl<'a> Scene<'a> {
             Checked::Refused(_) | Checked::Unread(_) if self.force => {
                 Some(self.force_remove().await)
             }
-            other => {
-                let (reason, message) = other.hold().unwrap_or_default();
-                Some(wait(reason, message))
-            }
+            // Anything but `Verified` holds.
+            other => other.hold().map(|stop| Ok(Step::Wait(stop))),
         }
     }
 
@@ -863,10 +835,8 @@ impl<'a> Scene<'a> {
                     reset_skipped: true,
                 }))
             }
-            other => {
-                let (reason, message) = other.hold().unwrap_or_default();
-                wait(reason, message).map(Some)
-            }
+            // Anything but `Verified` holds.
+            other => Ok(other.hold().map(Step::Wait)),
         }
     }
 
@@ -941,14 +911,11 @@ impl From<workload::Outcome> for Step {
                 message,
                 reset_skipped: false,
             },
-            workload::Outcome::Wait { reason, message } => Self::Wait {
-                reason: reason.to_owned(),
-                message,
-            },
-            workload::Outcome::Unreachable(detail) => Self::Wait {
-                reason: reasons::WORKLOAD_API_UNREACHABLE.to_owned(),
-                message: format!("the workload cluster's API does not answer: {detail}"),
-            },
+            workload::Outcome::Wait(stop) => Self::Wait(stop),
+            workload::Outcome::Unreachable(detail) => Self::Wait(Stop::new(
+                reasons::WORKLOAD_API_UNREACHABLE,
+                format!("the workload cluster's API does not answer: {detail}"),
+            )),
         }
     }
 }
