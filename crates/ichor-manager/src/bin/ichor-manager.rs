@@ -66,12 +66,22 @@ struct Options {
     settled_looks_per_second: u32,
 }
 
+/// Why a certificate lifetime flag cannot be used.
+#[derive(Debug, thiserror::Error)]
+enum BadLifetime {
+    /// Not a duration.
+    #[error(transparent)]
+    NotADuration(#[from] ichor_api::time::InvalidDuration),
+    /// Shorter than the 3 s a certificate needs to be renewed in time.
+    #[error("the lifetime {0:?} is shorter than 3s")]
+    TooShort(String),
+}
+
 /// A certificate lifetime: a duration of at least 3 s (`30s`, `5m`, `12h`, `365d`).
-fn lifetime(text: &str) -> Result<Duration, String> {
-    let lifetime =
-        ichor_api::time::parse_duration("the lifetime", text).map_err(|e| e.to_string())?;
+fn lifetime(text: &str) -> Result<Duration, BadLifetime> {
+    let lifetime = ichor_api::time::parse_duration("the lifetime", text)?;
     if lifetime < Duration::from_secs(3) {
-        return Err(format!("the lifetime {text:?} is shorter than 3s"));
+        return Err(BadLifetime::TooShort(text.to_owned()));
     }
     Ok(lifetime)
 }

@@ -239,8 +239,8 @@ pub async fn reconcile(cluster: Arc<TalosCluster>, ctx: Arc<Context>) -> Result<
     }
     let schedule = match Schedule::parse(&spec.schedule) {
         Ok(schedule) => schedule,
-        Err(message) => {
-            let failure = Stop::new(reasons::BACKUP_SETTINGS_INVALID, message);
+        Err(problem) => {
+            let failure = Stop::new(reasons::BACKUP_SETTINGS_INVALID, problem.to_string());
             record_failure(&ctx, &cluster, &failure, false).await?;
             return Ok(Action::await_change());
         }
@@ -405,7 +405,9 @@ async fn recorded(
     };
     let record: Record = serde_json::from_slice(&body)
         .map_err(|err| unreadable(backup_store::printable(&err.to_string())))?;
-    record.check_shape().map_err(unreadable)?;
+    record
+        .check_shape()
+        .map_err(|problem| unreadable(problem.to_string()))?;
     let taken_at = record
         .taken_at
         .parse::<Timestamp>()

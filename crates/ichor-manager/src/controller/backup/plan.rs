@@ -160,6 +160,69 @@ pub fn expired(
     out
 }
 
+/// Why `spec.backup.schedule` cannot be read: the field, and what is allowed.
+#[derive(Debug, thiserror::Error)]
+pub enum ScheduleError {
+    /// An `@every` interval that is no duration, or shorter than a minute.
+    #[error(
+        "backup.schedule {0:?}: an @every interval must be a duration of at least 1m, e.g. @every 6h"
+    )]
+    Interval(String),
+    /// Not a cron expression.
+    #[error("backup.schedule {text:?} is not a five-field cron expression: {problem}")]
+    Cron {
+        /// The schedule as written.
+        text: String,
+        /// What the cron parser says.
+        problem: croner::errors::CronError,
+    },
+}
+
+/// What is wrong with a backup record read from the store (untrusted): the field, and the
+/// shape Ichor writes it in.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RecordShapeError {
+    /// A checksum that is no SHA-256 in hex.
+    #[error("{0} is not a SHA-256 in hex")]
+    NotSha256(&'static str),
+    /// `takenAt` is no time.
+    #[error("takenAt is not an RFC 3339 time")]
+    NotATime,
+    /// A name too long, or with characters a status must not repeat.
+    #[error("{0} is not a short printable name (at most {RECORD_TEXT} characters)")]
+    NotAName(&'static str),
+}
+
+/// How a backup read back differs from its record.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RecordMismatch {
+    /// What the record's `size` and `sha256` vouch for (the object, or before ADR 0050 its
+    /// snapshot) reads otherwise.
+    #[error(
+        "{what} reads as {} bytes with sha256 {}, and the record says {} bytes with sha256 {}",
+        read.size, read.sha256, recorded.size, recorded.sha256
+    )]
+    Vouched {
+        /// `the object` or `its snapshot`.
+        what: &'static str,
+        /// As read.
+        read: Digest,
+        /// As recorded.
+        recorded: Digest,
+    },
+    /// The snapshot inside the object reads otherwise than recorded.
+    #[error(
+        "the snapshot inside reads as {} bytes with sha256 {}, and the record says {} bytes with sha256 {}",
+        read.size, read.sha256, recorded.size, recorded.sha256
+    )]
+    Snapshot {
+        /// As read.
+        read: Digest,
+        /// As recorded.
+        recorded: Digest,
+    },
+}
+
 /// When backups run: an interval, or a cron expression (UTC).
 #[derive(Debug, Clone)]
 pub enum Schedule {
@@ -171,20 +234,19 @@ pub enum Schedule {
 
 impl Schedule {
     /// Reads `spec.backup.schedule` (the CRD's rules already narrowed its shape).
-    pub fn parse(text: &str) -> Result<Self, String> {
+    pub fn parse(text: &str) -> Result<Self, ScheduleError> {
         if let Some(every) = text.strip_prefix("@every ") {
             return ichor_api::time::parse_duration("backup.schedule", every.trim())
                 .ok()
                 .filter(|d| *d >= Duration::from_secs(60))
                 .map(Self::Every)
-                .ok_or_else(|| {
-                    format!("backup.schedule {text:?}: an @every interval must be a duration of at least 1m, e.g. @every 6h")
-                });
+                .ok_or_else(|| ScheduleError::Interval(text.to_owned()));
         }
         text.parse::<croner::Cron>()
             .map(|cron| Self::Cron(Box::new(cron)))
-            .map_err(|err| {
-                format!("backup.schedule {text:?} is not a five-field cron expression: {err}")
+            .map_err(|problem| ScheduleError::Cron {
+                text: text.to_owned(),
+                problem,
             })
     }
 
@@ -404,11 +466,11 @@ impl Record {
     /// Whether a record read from the store (untrusted) has the shape Ichor writes: hex
     /// checksums, a time, short printable names. What a status or an Event repeats of a record
     /// is checked here first.
-    pub fn check_shape(&self) -> Result<(), String> {
-        let hex = |what: &str, value: &str| {
+    pub fn check_shape(&self) -> Result<(), RecordShapeError> {
+        let hex = |what: &'static str, value: &str| {
             (value.len() == 64 && is_lower_hex(value))
                 .then_some(())
-                .ok_or_else(|| format!("{what} is not a SHA-256 in hex"))
+                .ok_or(RecordShapeError::NotSha256(what))
         };
         hex("sha256", &self.sha256)?;
         if let Some(snapshot) = &self.snapshot {
@@ -416,7 +478,7 @@ impl Record {
         }
         self.taken_at
             .parse::<Timestamp>()
-            .map_err(|_| "takenAt is not an RFC 3339 time".to_owned())?;
+            .map_err(|_| RecordShapeError::NotATime)?;
         for (what, value) in [
             ("bundleFingerprint", &self.bundle_fingerprint),
             ("machine", &self.machine),
@@ -426,9 +488,7 @@ impl Record {
             ("uid", &self.uid),
         ] {
             if value.len() > RECORD_TEXT || !value.bytes().all(|b| b.is_ascii_graphic()) {
-                return Err(format!(
-                    "{what} is not a short printable name (at most {RECORD_TEXT} characters)"
-                ));
+                return Err(RecordShapeError::NotAName(what));
             }
         }
         Ok(())
@@ -446,7 +506,7 @@ impl Record {
 
     /// Whether `read` is the backup this record describes: the object as stored (when the
     /// record covers it) and the snapshot inside; what differs otherwise.
-    pub fn verify(&self, read: &Digests) -> Result<(), String> {
+    pub fn verify(&self, read: &Digests) -> Result<(), RecordMismatch> {
         let vouched = self.vouched(read);
         if vouched.sha256 != self.sha256 || vouched.size != self.size {
             let what = if self.covers_object() {
@@ -454,16 +514,20 @@ impl Record {
             } else {
                 "its snapshot"
             };
-            return Err(format!(
-                "{what} reads as {} bytes with sha256 {}, and the record says {} bytes with sha256 {}",
-                vouched.size, vouched.sha256, self.size, self.sha256
-            ));
+            return Err(RecordMismatch::Vouched {
+                what,
+                read: vouched.clone(),
+                recorded: Digest {
+                    size: self.size,
+                    sha256: self.sha256.clone(),
+                },
+            });
         }
         match &self.snapshot {
-            Some(snapshot) if *snapshot != read.snapshot => Err(format!(
-                "the snapshot inside reads as {} bytes with sha256 {}, and the record says {} bytes with sha256 {}",
-                read.snapshot.size, read.snapshot.sha256, snapshot.size, snapshot.sha256
-            )),
+            Some(snapshot) if *snapshot != read.snapshot => Err(RecordMismatch::Snapshot {
+                read: read.snapshot.clone(),
+                recorded: snapshot.clone(),
+            }),
             _ => Ok(()),
         }
     }
@@ -797,7 +861,10 @@ mod tests {
             object: digest(700, "c"),
             ..read.clone()
         };
-        let message = new.verify(&changed).expect_err("the object changed");
+        let message = new
+            .verify(&changed)
+            .expect_err("the object changed")
+            .to_string();
         assert!(message.starts_with("the object reads as"), "{message}");
         let inside = Digests {
             snapshot: digest(544, "c"),

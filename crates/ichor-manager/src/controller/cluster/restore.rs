@@ -446,12 +446,12 @@ fn checked(
     object: Digest,
     snapshot: Result<Digest, Stop>,
 ) -> Result<Digests, Stop> {
-    let mismatch = |why: String| Stop {
+    let mismatch = |why: &dyn std::fmt::Display| Stop {
         reason: reasons::RESTORE_CHECKSUM_MISMATCH,
         message: format!("{key}: {why}: it changed since it was written"),
     };
     if record.covers_object() && (object.size != record.size || object.sha256 != record.sha256) {
-        return Err(mismatch(format!(
+        return Err(mismatch(&format!(
             "the object reads as {} bytes with sha256 {}, and the record says {} bytes with sha256 {}",
             object.size, object.sha256, record.size, record.sha256
         )));
@@ -460,7 +460,7 @@ fn checked(
         object,
         snapshot: snapshot?,
     };
-    record.verify(&digests).map_err(mismatch)?;
+    record.verify(&digests).map_err(|why| mismatch(&why))?;
     Ok(digests)
 }
 

@@ -21,7 +21,7 @@ use kube::api::{Api, PostParams};
 use kube::runtime::events::EventType;
 
 use crate::{Context, Error, infra::conditions as cond};
-use plan::{LiveFacts, Observed, Refusal, judge};
+use plan::{LiveFacts, Observed, Refusal, Unread, judge};
 
 /// What one node answered.
 struct Seen {
@@ -31,9 +31,9 @@ struct Seen {
 }
 
 /// The certificate fingerprint of a configured Talos node at `address`, or why it is not one.
-async fn configured_fingerprint(ctx: &Context, address: &str) -> Result<String, String> {
+async fn configured_fingerprint(ctx: &Context, address: &str) -> Result<String, Unread> {
     let Ok(ip) = address.parse::<std::net::Ipv4Addr>() else {
-        return Err("not an IPv4 address".into());
+        return Err(Unread::NotIpv4);
     };
     // One probe, with patience: a sweep's short timeout is for many silent addresses.
     let sweep = ichor_talos::discovery::SweepConfig {
@@ -46,16 +46,14 @@ async fn configured_fingerprint(ctx: &Context, address: &str) -> Result<String, 
     };
     match ichor_talos::discovery::probe(ip, sweep).await {
         Some(ProbeOutcome::Configured { fingerprint }) => Ok(fingerprint),
-        Some(ProbeOutcome::Maintenance(_)) => {
-            Err("in maintenance mode, not a configured node: nothing to adopt".into())
-        }
-        Some(_) | None => Err("no Talos API answers on port 50000".into()),
+        Some(ProbeOutcome::Maintenance(_)) => Err(Unread::InMaintenance),
+        Some(_) | None => Err(Unread::Silent),
     }
 }
 
 /// Probes `address` and reads what adoption needs, or says why it cannot.
 async fn see(ctx: &Context, address: &str, credentials: &ichor_talos::Credentials) -> Seen {
-    let failed = |why: String| Seen {
+    let failed = |why: Unread| Seen {
         observed: Observed {
             address: address.to_owned(),
             answer: Err(why),
@@ -66,7 +64,7 @@ async fn see(ctx: &Context, address: &str, credentials: &ichor_talos::Credential
     };
     // A node that answered the probe but refuses the bundle's credentials (or whose
     // certificate the bundle's CA does not verify) belongs to another CA.
-    let untrusted = |why: String, fingerprint: &str| Seen {
+    let untrusted = |why: Unread, fingerprint: &str| Seen {
         observed: Observed {
             address: address.to_owned(),
             answer: Err(why),
@@ -82,14 +80,15 @@ async fn see(ctx: &Context, address: &str, credentials: &ichor_talos::Credential
     let endpoint = format!("{address}:{}", ctx.settings.sweep.port);
     let client = match TalosClient::connect(&endpoint, credentials).await {
         Ok(client) => client,
-        Err(err) => return untrusted(err.to_string(), &fingerprint),
+        Err(err) => return untrusted(Unread::Failed(err.to_string()), &fingerprint),
     };
+    let failed_call = |err: ichor_talos::TalosError| Unread::Failed(err.to_string());
     let read = async {
-        let config = client.live_config().await.map_err(|e| e.to_string())?;
+        let config = client.live_config().await.map_err(failed_call)?;
         let facts = LiveFacts::read(&config)?;
-        let version = client.version().await.map_err(|e| e.to_string())?;
-        let uuid = client.inventory().await.map_err(|e| e.to_string())?.uuid;
-        Ok::<_, String>((facts, version, uuid))
+        let version = client.version().await.map_err(failed_call)?;
+        let uuid = client.inventory().await.map_err(failed_call)?.uuid;
+        Ok::<_, Unread>((facts, version, uuid))
     };
     match read.await {
         Ok((facts, version, uuid)) => Seen {
@@ -101,8 +100,8 @@ async fn see(ctx: &Context, address: &str, credentials: &ichor_talos::Credential
             fingerprint,
             uuid,
         },
-        Err(why) if tls_refused(&why) => untrusted(why, &fingerprint),
-        Err(why) => failed(format!("answered, but its config could not be read: {why}")),
+        Err(why) if tls_refused(&why.to_string()) => untrusted(why, &fingerprint),
+        Err(why) => failed(Unread::Unreadable(Box::new(why))),
     }
 }
 

@@ -38,6 +38,45 @@ pub struct LiveFacts {
     pub os_ca_fingerprint: String,
 }
 
+/// Why a node could not be read for adoption: it is not a configured Talos node that answers,
+/// or its live config does not say what adoption needs.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unread {
+    /// The endpoint is no IPv4 address.
+    #[error("not an IPv4 address")]
+    NotIpv4,
+    /// The node answers in maintenance mode.
+    #[error("in maintenance mode, not a configured node: nothing to adopt")]
+    InMaintenance,
+    /// Nothing answers.
+    #[error("no Talos API answers on port 50000")]
+    Silent,
+    /// The connection or a call failed, in the client's words.
+    #[error("{0}")]
+    Failed(String),
+    /// The node answered, but its config, version or UUID could not be read.
+    #[error("answered, but its config could not be read: {0}")]
+    Unreadable(Box<Unread>),
+    /// The live config is no YAML.
+    #[error("the live config is not YAML: {0}")]
+    NotYaml(String),
+    /// The live config has no `v1alpha1` document.
+    #[error("the live config has no v1alpha1 document")]
+    NoV1alpha1,
+    /// A field adoption needs is missing or empty.
+    #[error("the live config has no {0}")]
+    Missing(&'static str),
+    /// `machine.ca.crt` is not base64.
+    #[error("machine.ca.crt is not base64")]
+    CaNotBase64,
+}
+
+impl From<&str> for Unread {
+    fn from(text: &str) -> Self {
+        Self::Failed(text.to_owned())
+    }
+}
+
 /// Talos's network defaults (`talosctl gen config`; `pkg/machinery/constants`).
 const DEFAULT_POD_SUBNET: &str = "10.244.0.0/16";
 const DEFAULT_SERVICE_SUBNET: &str = "10.96.0.0/12";
@@ -45,19 +84,19 @@ const DEFAULT_DNS_DOMAIN: &str = "cluster.local";
 
 impl LiveFacts {
     /// Reads the facts from a node's live config (multi-document YAML), saying what is missing.
-    pub fn read(yaml: &str) -> Result<Self, String> {
-        let documents: Vec<Value> = serde_saphyr::from_multiple(yaml)
-            .map_err(|err| format!("the live config is not YAML: {err}"))?;
+    pub fn read(yaml: &str) -> Result<Self, Unread> {
+        let documents: Vec<Value> =
+            serde_saphyr::from_multiple(yaml).map_err(|err| Unread::NotYaml(err.to_string()))?;
         let config = documents
             .iter()
             .find(|d| d["version"].as_str() == Some("v1alpha1"))
-            .ok_or("the live config has no v1alpha1 document")?;
-        let text = |value: &Value, path: &str| -> Result<String, String> {
+            .ok_or(Unread::NoV1alpha1)?;
+        let text = |value: &Value, path: &'static str| -> Result<String, Unread> {
             value
                 .as_str()
                 .filter(|s| !s.is_empty())
                 .map(str::to_owned)
-                .ok_or_else(|| format!("the live config has no {path}"))
+                .ok_or(Unread::Missing(path))
         };
         // Contract 1.14 moves the cluster's settings into documents of their own
         // (talos-facts §4.4): read those when the v1alpha1 document does not carry them.
@@ -67,7 +106,7 @@ impl LiveFacts {
         let machine_type = text(&config["machine"]["type"], "machine.type")?;
         let control_plane = matches!(machine_type.as_str(), "controlplane" | "init");
         let ca = text(&config["machine"]["ca"]["crt"], "machine.ca.crt")?;
-        let pem = decode_base64(&ca).ok_or("machine.ca.crt is not base64")?;
+        let pem = decode_base64(&ca).ok_or(Unread::CaNotBase64)?;
         let endpoint = match kube_cluster {
             Some(k) => text(&k["endpoint"], "KubeClusterConfig endpoint")?,
             None => text(
@@ -171,7 +210,7 @@ pub struct Observed {
     /// The endpoint the person gave.
     pub address: String,
     /// What it answered: its live facts and running Talos version, or why it could not be read.
-    pub answer: Result<(LiveFacts, String), String>,
+    pub answer: Result<(LiveFacts, String), Unread>,
     /// When it presented a certificate the bundle's CA did not issue: that certificate's SPKI
     /// fingerprint.
     pub untrusted: Option<String>,
