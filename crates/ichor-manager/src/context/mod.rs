@@ -21,7 +21,7 @@ use crate::controller::{backup, machine};
 use crate::infra::clock::{Clock, SystemClock};
 use crate::infra::metrics::Metrics;
 use crate::infra::panics;
-use crate::{Error, Settings, decide, error, layers};
+use crate::{Error, Settings, error, layers};
 
 /// Shared by every reconcile.
 pub struct Context {
@@ -167,7 +167,7 @@ impl Context {
             return true;
         };
         let now = self.clock.now();
-        let due = decide::sweep_due(
+        let due = crate::controller::cluster::discovery::sweep_due(
             map.get(&key).copied(),
             cluster.metadata.generation,
             interval,

@@ -7,6 +7,11 @@ use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 
+/// The time from `then` to `now` (zero if `now` is earlier).
+pub fn elapsed(then: Timestamp, now: Timestamp) -> Duration {
+    Duration::try_from(now.duration_since(then)).unwrap_or_default()
+}
+
 /// Where the manager reads the current time.
 pub trait Clock: Send + Sync + std::fmt::Debug {
     /// The current time.

@@ -10,7 +10,7 @@ use std::time::Duration;
 use page::{shown, tuning_rows};
 
 use crate::{
-    Settings, controller::backup, controller::machine, controller::operation, decide, error,
+    Settings, controller::backup, controller::machine, controller::operation, error, etcd,
     infra::panics, lock,
 };
 use crate::{controller::storage, renewal, secrets, workload};
@@ -65,7 +65,7 @@ fn duration_defaults() -> Vec<(&'static str, Duration)> {
 /// The durations `docs/tuning.md` names that the code holds as constants.
 fn constant_defaults() -> Vec<(&'static str, Duration)> {
     vec![
-        ("decide::OBSERVATION_REFRESH", decide::OBSERVATION_REFRESH),
+        ("etcd::OBSERVATION_REFRESH", etcd::OBSERVATION_REFRESH),
         (
             "controller::storage::PENDING_REQUEUE",
             storage::PENDING_REQUEUE,

@@ -6,17 +6,20 @@
 //! namespace's ranges are swept (ADR 0054).
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use ichor_api::machine::{DiskInfo, HardwareInventory, LinkInfo, TalosMachineStatus};
 use ichor_api::names::{actions, conditions, field_managers, labels, reasons};
 use ichor_api::{TalosCluster, TalosMachine, TalosMachineSpec, TalosNamespacePolicy};
 use ichor_talos::discovery::{Found, Probe, ProbeOutcome, SweepConfig, sweep_sharing};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt as _;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::events::EventType;
 use serde_json::json;
 
+use crate::infra::clock::elapsed;
 use crate::{Context, Error, infra::conditions as cond};
 
 /// What one sweep did.
@@ -466,14 +469,30 @@ async fn write_status(
     Ok(())
 }
 
+/// Whether a cluster last swept at `last` (with its generation then) is due for a sweep at
+/// `now`: never swept, its interval passed, or its spec changed since.
+pub fn sweep_due(
+    last: Option<(Timestamp, Option<i64>)>,
+    generation: Option<i64>,
+    interval: Duration,
+    now: Timestamp,
+) -> bool {
+    match last {
+        None => true,
+        Some((at, swept_generation)) => {
+            swept_generation != generation || elapsed(at, now) >= interval
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::net::Ipv4Addr;
 
     use ichor_talos::Inventory;
-    use k8s_openapi::jiff::Timestamp;
 
     use super::*;
+    use crate::etcd::tests::at;
 
     /// What answers in maintenance mode for `uuid` at 10.0.0.`last_octet`.
     fn found(uuid: &str, last_octet: u8, fingerprint: &str) -> Found {
@@ -653,5 +672,37 @@ mod tests {
         let observed = observation(&machine, &found("u", 1, "any"), &now()).expect("observed");
         assert!(!flagged(&observed.status));
         assert_eq!(observed.newly_changed, None);
+    }
+
+    #[test]
+    fn a_sweep_is_due_after_its_interval_or_a_spec_change() {
+        let interval = Duration::from_secs(300);
+        let swept = Some((at("2026-12-03T10:00:00Z"), Some(4)));
+        assert!(sweep_due(
+            None,
+            Some(4),
+            interval,
+            at("2026-12-03T10:00:00Z")
+        ));
+        assert!(!sweep_due(
+            swept,
+            Some(4),
+            interval,
+            at("2026-12-03T10:04:59Z")
+        ));
+        assert!(sweep_due(
+            swept,
+            Some(4),
+            interval,
+            at("2026-12-03T10:05:00Z")
+        ));
+        assert!(
+            sweep_due(swept, Some(5), interval, at("2026-12-03T10:00:01Z")),
+            "a spec change sweeps at once"
+        );
+        assert!(
+            !sweep_due(swept, Some(4), interval, at("2026-12-03T09:00:00Z")),
+            "a clock that went back is no reason to sweep"
+        );
     }
 }

@@ -29,13 +29,16 @@ use kube::runtime::{WatchStreamExt as _, watcher};
 use serde_json::json;
 
 use crate::controller::cluster;
-use crate::decide::{DriftRefused, Etcd, NodeView, drift_refused, standing};
+use crate::etcd::Etcd;
 use crate::{Context, Error, Stop, claims, infra::conditions as cond, infra::status, secrets};
 
 pub(crate) mod plan;
 pub mod removal;
 
-use plan::{Answers, Blocked, DriftStep, InstallSeen, InstallVerdict};
+use plan::{
+    Answers, Blocked, DriftRefused, DriftStep, InstallSeen, InstallVerdict, NodeView,
+    drift_refused, standing,
+};
 
 /// The last look at each machine in progress, with whether a related object woke it since:
 /// what tells an echo of a machine's own writes from a reason to look again
@@ -950,7 +953,7 @@ async fn ask_node(client: &TalosClient, role: Role) -> Option<Answers> {
     let machine_status = client.machine_status().await.ok()?;
     let etcd = match role {
         Role::Worker => Etcd::NotMember,
-        Role::ControlPlane => crate::decide::etcd_answered(client.etcd_status().await),
+        Role::ControlPlane => crate::etcd::etcd_answered(client.etcd_status().await),
     };
     let version = client.version().await.ok();
     let hostname = client.hostname().await.ok();
@@ -1560,7 +1563,7 @@ async fn reboot_cleared(
         )));
     }
     // The planner: a reboot is a restart, held while a voter is unhealthy.
-    let plan = crate::observe::plan(
+    let plan = crate::safety::check(
         ctx,
         r.machine,
         r.cluster,

@@ -12,14 +12,14 @@ use ichor_api::machine::{MachinePhase, TalosMachineStatus};
 use ichor_api::names::{conditions, reasons};
 use ichor_api::{TalosCluster, TalosMachine};
 use ichor_render::{Rendered, SecretsBundle};
-use ichor_talos::Stage;
+use ichor_talos::{ApplyRefusal, Stage, TalosError};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt as _;
 use kube::runtime::reflector::ObjectRef;
 
 use crate::Stop;
-use crate::decide::{Etcd, NodeView, Standing, etcd_observation, version_supported};
+use crate::etcd::{Etcd, etcd_observation};
 use crate::infra::conditions as cond;
 
 /// A machine's stop: the [`Stop`] `Ready` and the Event say, and the phase the machine shows
@@ -722,9 +722,141 @@ pub(crate) fn next_look(
     }
 }
 
+/// What a configured node shows over mutual TLS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct NodeView {
+    /// Its stage.
+    pub stage: Stage,
+    /// Its etcd membership (control planes).
+    pub etcd: Etcd,
+}
+
+/// Where an applied machine stands, with the reason and message for its `Ready` condition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Standing {
+    /// The phase.
+    pub phase: MachinePhase,
+    /// Whether it counts as Ready.
+    pub ready: bool,
+    /// Condition reason.
+    pub reason: &'static str,
+    /// Condition message.
+    pub message: String,
+}
+
+/// Judges an applied machine. Control-plane join progress is judged by stage `running` and
+/// etcd voter membership, not by `ready`: with CNI `none` or Cilium not installed yet,
+/// `nodeReady` stays unmet (talos-facts §8.3). A worker's API arriving late is a normal wait:
+/// it needs trustd on a bootstrapped control plane (§5).
+pub(super) fn standing(role: Role, api: Option<NodeView>) -> Standing {
+    let Some(view) = api else {
+        return Standing {
+            phase: MachinePhase::Booting,
+            ready: false,
+            reason: reasons::WAITING_FOR_NODE_API,
+            message: match role {
+                Role::Worker => "installed; the worker's API comes up once it gets its certificate from trustd on a bootstrapped control plane".into(),
+                Role::ControlPlane => "installing or rebooting; waiting for the node's API with mutual TLS".into(),
+            },
+        };
+    };
+    if view.stage != Stage::Running {
+        return Standing {
+            phase: MachinePhase::Booting,
+            ready: false,
+            reason: reasons::BOOTING,
+            message: format!("the node is in stage {:?}", view.stage),
+        };
+    }
+    match (role, view.etcd) {
+        (Role::Worker, _) => Standing {
+            phase: MachinePhase::Ready,
+            ready: true,
+            reason: reasons::RUNNING,
+            message: "the worker is running".into(),
+        },
+        (Role::ControlPlane, Etcd::Voter(id)) => Standing {
+            phase: MachinePhase::Ready,
+            ready: true,
+            reason: reasons::ETCD_VOTER,
+            message: format!("running; etcd voter {id:016x}"),
+        },
+        (Role::ControlPlane, Etcd::Failing(id)) => Standing {
+            phase: MachinePhase::Ready,
+            ready: false,
+            reason: reasons::ETCD_UNHEALTHY,
+            message: format!(
+                "running; etcd voter {id:016x} reports errors (an alarm, or no leader): see `talosctl etcd status` and `talosctl etcd alarm list`"
+            ),
+        },
+        (Role::ControlPlane, Etcd::Learner(id)) => Standing {
+            phase: MachinePhase::Joining,
+            ready: false,
+            reason: reasons::ETCD_LEARNER,
+            message: format!("joined etcd as learner {id:016x}; waiting for promotion"),
+        },
+        (Role::ControlPlane, Etcd::NotMember) => Standing {
+            phase: MachinePhase::Joining,
+            ready: false,
+            reason: reasons::WAITING_FOR_ETCD,
+            message: "running; etcd waits for the cluster's bootstrap or for joining".into(),
+        },
+    }
+}
+
+/// `vMAJOR.MINOR.PATCH` as numbers (pre-release suffixes ignored).
+fn numbers(version: &str) -> Option<(u64, u64, u64)> {
+    let core = version.trim_start_matches('v').split(['-', '+']).next()?;
+    let mut parts = core.split('.').map(|p| p.parse::<u64>().ok());
+    Some((
+        parts.next()??,
+        parts.next()??,
+        parts.next().flatten().unwrap_or(0),
+    ))
+}
+
+/// Whether a node running `node` may get a config rendered for contract `contract`: its
+/// minor must be at least the contract's (an older Talos cannot load newer documents).
+pub(super) fn version_supported(node: &str, contract: &str) -> bool {
+    match (numbers(node), numbers(contract)) {
+        (Some((a, b, _)), Some((c, d, _))) => (a, b) >= (c, d),
+        _ => false,
+    }
+}
+
+/// What to do about drift a node refused to apply live with `NO_REBOOT`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum DriftRefused {
+    /// The change may need a reboot: stage it and reboot under the cluster lock. The staged
+    /// apply is validated like the live one, so a config that is invalid (rather than not
+    /// applicable live) is refused there, before any reboot.
+    StageAndReboot,
+    /// The node refused it for a passing reason (busy, or it does not serve the call): it did
+    /// not take the config. Report it and retry; a transient error never reboots a node.
+    Retry,
+    /// No answer came (no connection, a timeout, another code): the node may have taken the
+    /// config all the same. Report it and retry, keeping the intent, so the next attempt looks
+    /// for the config on the node before it sends it again (a config is applied once).
+    Unanswered,
+}
+
+/// Decides on a refused `NO_REBOOT` apply by its gRPC code, never its text. Talos ≤ 1.13
+/// refuses a change it cannot apply immediately with `InvalidArgument`, the code it also
+/// gives an invalid config (talos-facts §11.1 step 9, and steps 5 and 8); `FailedPrecondition`
+/// means another apply is in progress or the node is rebooting (§11.1 steps 2 and 3, §5).
+pub(super) fn drift_refused(error: &TalosError) -> DriftRefused {
+    match error.apply_refusal() {
+        ApplyRefusal::NotLive => DriftRefused::StageAndReboot,
+        ApplyRefusal::Busy | ApplyRefusal::Unsupported => DriftRefused::Retry,
+        ApplyRefusal::NotAnswered => DriftRefused::Unanswered,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::etcd::etcd_answered;
+    use crate::etcd::tests::{at, etcd_status};
     use ichor_api::machine::{DiskInfo, EtcdObservation, HardwareInventory};
     use ichor_api::testing::{ADDRESS, FINGERPRINT};
     use ichor_render::Contract;
@@ -1612,5 +1744,95 @@ mod tests {
         status.phase = MachinePhase::Ready;
         machine.status = Some(status);
         assert_ne!(standing_at(&machine), installing);
+    }
+
+    fn refused(code: tonic::Code) -> TalosError {
+        TalosError::Rpc {
+            method: "ApplyConfiguration",
+            endpoint: "10.0.0.1".into(),
+            status: tonic::Status::new(code, "the text is never read"),
+        }
+    }
+
+    #[test]
+    fn only_a_not_live_refusal_leads_to_a_staged_reboot() {
+        assert_eq!(
+            drift_refused(&refused(tonic::Code::InvalidArgument)),
+            DriftRefused::StageAndReboot
+        );
+        assert_eq!(
+            drift_refused(&refused(tonic::Code::FailedPrecondition)),
+            DriftRefused::Retry,
+            "another apply in progress"
+        );
+        assert_eq!(
+            drift_refused(&refused(tonic::Code::Unimplemented)),
+            DriftRefused::Retry,
+            "not served"
+        );
+        assert_eq!(
+            drift_refused(&refused(tonic::Code::Unavailable)),
+            DriftRefused::Unanswered
+        );
+        assert_eq!(
+            drift_refused(&refused(tonic::Code::DeadlineExceeded)),
+            DriftRefused::Unanswered,
+            "the call's limit passed: the node may have applied it"
+        );
+        let timeout = TalosError::ConnectTimeout {
+            endpoint: "10.0.0.1".into(),
+            seconds: 10,
+        };
+        assert_eq!(drift_refused(&timeout), DriftRefused::Unanswered);
+    }
+
+    #[test]
+    fn join_progress_is_judged_by_voting_not_readiness() {
+        let running = |etcd| {
+            Some(NodeView {
+                stage: Stage::Running,
+                etcd,
+            })
+        };
+        assert!(standing(Role::ControlPlane, running(Etcd::Voter(1))).ready);
+        assert_eq!(
+            standing(Role::ControlPlane, running(Etcd::Learner(1))).phase,
+            MachinePhase::Joining
+        );
+        assert!(!standing(Role::ControlPlane, running(Etcd::NotMember)).ready);
+        assert!(standing(Role::Worker, running(Etcd::NotMember)).ready);
+        assert_eq!(
+            standing(Role::Worker, None).reason,
+            reasons::WAITING_FOR_NODE_API
+        );
+    }
+
+    #[test]
+    fn a_member_answering_with_an_alarm_is_a_failing_voter_not_ready() {
+        let now = at("2026-12-03T10:00:00Z");
+        let mut alarmed = etcd_status(7, false);
+        alarmed.errors = vec!["memberID:7 alarm:NOSPACE".into()];
+        let answer = etcd_answered(Ok::<_, TalosError>(alarmed));
+        assert_eq!(answer, Etcd::Failing(7));
+        let seen = etcd_observation(None, Some(answer), now);
+        assert!(seen.voter && !seen.healthy, "{seen:?}");
+        let judged = standing(
+            Role::ControlPlane,
+            Some(NodeView {
+                stage: Stage::Running,
+                etcd: answer,
+            }),
+        );
+        assert!(!judged.ready);
+        assert_eq!(judged.reason, reasons::ETCD_UNHEALTHY);
+    }
+
+    #[test]
+    fn older_talos_than_the_contract_is_refused() {
+        assert!(version_supported("v1.14.1", "v1.14.0"));
+        assert!(version_supported("v1.15.0", "v1.14.0"));
+        assert!(!version_supported("v1.13.9", "v1.14.0"));
+        assert!(version_supported("v1.13.9", "v1.13.0"));
+        assert!(!version_supported("garbage", "v1.13.0"));
     }
 }

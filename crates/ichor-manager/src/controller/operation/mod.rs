@@ -247,7 +247,7 @@ async fn healthy(
 
 /// How long ago `at` was at `now` (zero when unknown).
 fn elapsed_since(at: Option<&Time>, now: Timestamp) -> Duration {
-    at.map(|t| crate::decide::elapsed(t.0, now))
+    at.map(|t| crate::infra::clock::elapsed(t.0, now))
         .unwrap_or_default()
 }
 
@@ -672,7 +672,7 @@ impl Node<'_> {
         let Some(disruption) = self.disruption() else {
             return Ok(None);
         };
-        let verdict = crate::observe::plan(
+        let verdict = crate::safety::check(
             self.ctx,
             self.machine,
             self.cluster,

@@ -242,7 +242,7 @@ async fn admit(
     let credentials = ctx.node_credentials(cluster, &bundle)?;
     // The planner decides before the removal starts and again right before the etcd leave.
     if let Some(stage) = planner_stage(done_step, next) {
-        let verdict = crate::observe::plan(
+        let verdict = crate::safety::check(
             ctx,
             machine,
             cluster,

@@ -1,8 +1,8 @@
-//! What the planner decides on: the snapshot of a cluster built from recorded observations.
-//! The machine reconciler records each control plane's etcd member every time it looks at the
-//! node. Right before a disruptive step (an etcd leave, a reset, a reboot), the acting
-//! reconciler looks at every voter again and records what it saw, so the planner decides on
-//! observations made just then; nothing else calls every node.
+//! The safety check before a disruptive step (an etcd leave, a reset, a reboot): the acting
+//! reconciler looks at every voter again ([`refresh_voters`], which records what it saw), and
+//! `ichor-deleteguard`'s planner decides on that snapshot ([`check`]). The machine reconciler
+//! records each control plane's etcd member every time it looks at the node; only this check
+//! calls every node.
 
 use ichor_api::common::Role;
 use ichor_api::{TalosCluster, TalosMachine};
@@ -12,7 +12,7 @@ use kube::ResourceExt as _;
 use kube::api::Api;
 use serde_json::json;
 
-use crate::decide::{Etcd, etcd_answered, etcd_observation};
+use crate::etcd::{etcd_answer, etcd_observation};
 use crate::{Context, Error};
 
 /// The planner's view of `cluster` and its `machines`, as recorded, judged now.
@@ -25,15 +25,9 @@ pub fn snapshot(
     (view, machines.iter().map(Machine::from).collect())
 }
 
-/// What a control plane's etcd member answers now (`None`: the node does not answer).
-pub async fn etcd_answer(address: &str, credentials: &Credentials) -> Option<Etcd> {
-    let client = crate::connect(address, credentials).await?;
-    Some(etcd_answered(client.etcd_status().await))
-}
-
 /// Looks at every configured control plane's etcd member now and records what it saw in each
 /// machine's `status.etcd`; returns the machines with their new observations.
-pub async fn refresh(
+pub async fn refresh_voters(
     ctx: &Context,
     machines: &[TalosMachine],
     credentials: &Credentials,
@@ -71,9 +65,10 @@ pub async fn refresh(
     Ok(observed)
 }
 
-/// The planner on `disruption` of `machine` at `stage`. For a control plane, every control
-/// plane's etcd member is looked at (and recorded) first; a worker touches no etcd member.
-pub async fn plan(
+/// Asks the planner about `disruption` of `machine` at `stage`. For a control plane, every
+/// control plane's etcd member is looked at (and recorded) first; a worker touches no etcd
+/// member.
+pub async fn check(
     ctx: &Context,
     machine: &TalosMachine,
     cluster: &TalosCluster,
@@ -83,7 +78,7 @@ pub async fn plan(
     stage: Stage,
 ) -> Result<Verdict, Error> {
     let observed = if machine.spec.role == Some(Role::ControlPlane) {
-        refresh(ctx, machines, credentials).await?
+        refresh_voters(ctx, machines, credentials).await?
     } else {
         machines.to_vec()
     };
