@@ -43,6 +43,7 @@ pub mod ports;
 pub mod process;
 pub mod rng;
 pub mod s3;
+pub mod tuning;
 pub mod wait;
 pub mod workload;
 

@@ -30,10 +30,10 @@ use kube::runtime::{WatchStreamExt as _, watcher};
 
 /// How long a reservation whose machine never got a deletion timestamp stays (the delete it
 /// was made for failed after admission, e.g. another webhook refused it).
-const RESERVATION_TTL: Duration = Duration::from_secs(30);
+pub(crate) const RESERVATION_TTL: Duration = Duration::from_secs(30);
 
 /// How often a reservation write is retried after a `resourceVersion` conflict.
-const ATTEMPTS: usize = 8;
+pub(crate) const ATTEMPTS: usize = 8;
 
 /// The webhook's answer.
 #[derive(Debug, Clone, PartialEq, Eq)]

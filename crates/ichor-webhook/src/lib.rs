@@ -10,6 +10,8 @@ pub mod client_auth;
 pub mod guard;
 pub mod metrics;
 pub mod server;
+#[cfg(test)]
+mod tuning;
 
 pub use certs::CertSettings;
 pub use client_auth::ClientAuth;

@@ -25,7 +25,7 @@ use crate::metrics::Metrics;
 
 /// How long a decision may take: under the webhook's 10 s timeout, so the apiserver gets a
 /// refusal rather than a timeout.
-const DECISION_TIMEOUT: Duration = Duration::from_secs(8);
+pub(crate) const DECISION_TIMEOUT: Duration = Duration::from_secs(8);
 
 /// What the server needs.
 #[derive(Debug, Clone)]

@@ -197,11 +197,6 @@ async fn main() -> ExitCode {
     ichor_service::exit("ichor-manager", run(options).await)
 }
 
-/// How `docs/tuning.md` is read: the library's check's reader, shared.
-#[cfg(test)]
-#[path = "../tuning/page.rs"]
-mod page;
-
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
@@ -210,7 +205,7 @@ mod tests {
 
     use super::*;
 
-    use crate::page::{shown, tuning_rows};
+    use ichor_testenv::tuning::{shown, tuning_rows};
 
     /// What each tuning flag sets in `options`, as `docs/tuning.md` writes it.
     fn tuned(options: &Options) -> Vec<(&'static str, String)> {

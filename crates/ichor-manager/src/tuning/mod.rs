@@ -3,11 +3,9 @@
 //! without the page (or the page without the code) fails. The flags' defaults are checked by
 //! the binary's own test.
 
-pub mod page;
-
 use std::time::Duration;
 
-use page::{shown, tuning_rows};
+use ichor_testenv::tuning::{shown, tuning_rows};
 
 use crate::{
     Settings, controller::backup, controller::machine, controller::operation, error, etcd,
@@ -146,7 +144,8 @@ fn count_defaults() -> Vec<(&'static str, String)> {
 }
 
 /// Every default `docs/tuning.md` names by its code is the code's, and every code item it
-/// names (but the webhook's) is checked here: a default changed on one side alone fails.
+/// names (but the webhook's, which `ichor-webhook` checks) is checked here: a default changed
+/// on one side alone fails.
 #[test]
 fn tuning_doc_states_the_code_defaults() {
     let durations = duration_defaults()

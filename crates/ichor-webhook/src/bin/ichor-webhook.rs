@@ -122,3 +122,89 @@ async fn main() -> ExitCode {
     ichor_service::init_tracing();
     ichor_service::exit("ichor-webhook", run(options).await)
 }
+
+#[cfg(test)]
+mod tests {
+    use ichor_testenv::tuning::{shown, tuning_rows};
+
+    use super::*;
+
+    /// The options of every flag at its default (and a Pod IP, which has none), each named on
+    /// the command line so that no environment variable stands in for it.
+    fn defaults() -> Options {
+        use clap::CommandFactory as _;
+        let command = Options::command();
+        let args = command.get_arguments().filter_map(|arg| {
+            let long = arg.get_long()?;
+            let default = arg.get_default_values().first()?;
+            Some(format!("--{long}={}", default.to_string_lossy()))
+        });
+        let args = ["ichor-webhook".to_owned(), "--pod-ip=10.0.0.1".to_owned()]
+            .into_iter()
+            .chain(args);
+        Options::try_parse_from(args).expect("the defaults parse")
+    }
+
+    /// What each tuning flag sets, at its default, as `docs/tuning.md` writes it, with the key
+    /// of the chart's `webhook` values that sets it and the flag's default in its own unit.
+    fn tuned() -> Vec<(&'static str, &'static str, String, u64)> {
+        let options = defaults();
+        let settings = options.settings().expect("the defaults make settings");
+        vec![
+            (
+                "ichor-webhook --refresh-seconds",
+                "refreshSeconds",
+                shown(settings.refresh),
+                options.refresh_seconds,
+            ),
+            (
+                "ichor-webhook --leaf-validity-hours",
+                "leafValidityHours",
+                shown(settings.certs.leaf_validity),
+                options.leaf_validity_hours,
+            ),
+        ]
+    }
+
+    /// Every webhook flag `docs/tuning.md` names states the flag's default, and every tuning
+    /// flag has its row: a default changed without the page fails.
+    #[test]
+    fn tuning_doc_states_each_flag_default() {
+        let rows = tuning_rows();
+        let defaults = tuned();
+        for (flag, _, value, _) in &defaults {
+            let stated = rows
+                .iter()
+                .find(|[named, _, _]| named == flag)
+                .map(|[_, _, default]| *default);
+            assert_eq!(
+                stated,
+                Some(value.as_str()),
+                "docs/tuning.md's default of {flag}"
+            );
+        }
+        for [named, _, _] in &rows {
+            if named.starts_with("ichor-webhook ") {
+                assert!(
+                    defaults.iter().any(|(flag, ..)| flag == named),
+                    "docs/tuning.md names {named}, which no test checks"
+                );
+            }
+        }
+    }
+
+    /// The chart sets every tuning flag (through its environment variable) to the flag's own
+    /// default, so an install gets the defaults `docs/tuning.md` states.
+    #[test]
+    fn chart_values_are_the_flag_defaults() {
+        let chart = include_str!("../../../../charts/ichor/values.yaml");
+        let chart: serde_json::Value = serde_saphyr::from_str(chart).expect("values.yaml reads");
+        for (flag, key, _, default) in tuned() {
+            assert_eq!(
+                chart["webhook"][key].as_u64(),
+                Some(default),
+                "values.yaml's webhook.{key} against the default of {flag}"
+            );
+        }
+    }
+}

@@ -1,5 +1,6 @@
-//! How `docs/tuning.md` is read by the checks that compare it with the code: the library's
-//! (`tuning`) and the binary's (its flags and the chart). Test-only, included by both targets.
+//! How `docs/tuning.md` is read by the checks that compare it with the code: the manager's
+//! (its library's defaults, its flags and the chart) and the webhook's. One reader, for every
+//! crate's tests.
 
 use std::time::Duration;
 
@@ -22,7 +23,7 @@ pub fn shown(duration: Duration) -> String {
 
 /// The rows of `docs/tuning.md`'s tables, as (flag, code, default), backticks dropped.
 pub fn tuning_rows() -> Vec<[&'static str; 3]> {
-    let doc = include_str!("../../../../docs/tuning.md");
+    let doc = include_str!("../../../docs/tuning.md");
     let rows = doc
         .lines()
         .filter(|l| l.starts_with('|') && !l.starts_with("|---"));
