@@ -411,3 +411,33 @@ impl From<OperationBuilder> for TalosOperation {
         builder.build()
     }
 }
+
+/// An `admission.k8s.io/v1` AdmissionReview of `operation` on the TalosMachine `name` in
+/// `namespace`, as the apiserver sends one, with `old` as `oldObject` (deletes and updates
+/// carry one): what the webhook's tests and the end-to-end specs post to it.
+pub fn machine_review(
+    uid: &str,
+    operation: &str,
+    name: &str,
+    namespace: &str,
+    old: Option<Value>,
+) -> Value {
+    let mut request = serde_json::json!({
+        "uid": uid,
+        "kind": {"group": crate::GROUP, "version": crate::VERSION, "kind": "TalosMachine"},
+        "resource": {"group": crate::GROUP, "version": crate::VERSION, "resource": "talosmachines"},
+        "name": name,
+        "namespace": namespace,
+        "operation": operation,
+        "userInfo": {"username": "someone"},
+        "dryRun": false
+    });
+    if let Some(old) = old {
+        request["oldObject"] = old;
+    }
+    serde_json::json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": request,
+    })
+}

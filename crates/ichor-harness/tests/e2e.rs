@@ -421,20 +421,13 @@ async fn forged_reviews_reserve_nothing(target: &SimTarget, machine: &TalosMachi
         .get(&machine.name_any())
         .await
         .expect("the machine");
-    let review = json!({
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": "forged",
-            "kind": {"group": ichor_api::GROUP, "version": ichor_api::VERSION, "kind": "TalosMachine"},
-            "resource": {"group": ichor_api::GROUP, "version": ichor_api::VERSION, "resource": "talosmachines"},
-            "name": live.name_any(),
-            "namespace": target.namespace(),
-            "operation": "DELETE",
-            "userInfo": {"username": "forger"},
-            "oldObject": serde_json::to_value(&live).expect("json"),
-        },
-    });
+    let review = ichor_api::testing::machine_review(
+        "forged",
+        "DELETE",
+        &live.name_any(),
+        target.namespace(),
+        Some(serde_json::to_value(&live).expect("json")),
+    );
     let answer = post_to_webhook(target, &review, None)
         .await
         .expect("an answer to a caller without a certificate");

@@ -52,34 +52,7 @@ pub async fn create_machine(
         .expect("status")
 }
 
-/// An `admission.k8s.io/v1` AdmissionReview of `operation` on the TalosMachine `name` in
-/// `namespace`, with `old` as `oldObject` (deletes and updates carry one).
-pub fn machine_review(
-    uid: &str,
-    operation: &str,
-    name: &str,
-    namespace: &str,
-    old: Option<Value>,
-) -> Value {
-    let mut request = json!({
-        "uid": uid,
-        "kind": {"group": "ichor.maesh.dev", "version": "v1alpha1", "kind": "TalosMachine"},
-        "resource": {"group": "ichor.maesh.dev", "version": "v1alpha1", "resource": "talosmachines"},
-        "name": name,
-        "namespace": namespace,
-        "operation": operation,
-        "userInfo": {"username": "someone"},
-        "dryRun": false
-    });
-    if let Some(old) = old {
-        request["oldObject"] = old;
-    }
-    json!({
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": request,
-    })
-}
+pub use ichor_api::testing::machine_review;
 
 /// POSTs `body` to the webhook at 127.0.0.1:`port` over TLS, trusting only `ca_pem`, presenting
 /// `client` as its client certificate (or none); the reply's JSON body, or why there is none
