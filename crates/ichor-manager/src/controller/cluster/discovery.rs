@@ -333,14 +333,7 @@ async fn create(
                 crate::claims::take(&ctx.client, &created, uuid, &found.fingerprint, &address)
                     .await?
             {
-                ctx.event(
-                    &created,
-                    EventType::Warning,
-                    refused.reason,
-                    actions::DISCOVER,
-                    refused.message,
-                )
-                .await;
+                refused.warn(ctx, &created, actions::DISCOVER).await;
             }
             Ok(Some(name))
         }

@@ -235,37 +235,18 @@ async fn refuse(
     status: &mut TalosClusterStatus,
     refusal: &Refusal,
 ) -> Result<(), Error> {
-    let reason = match refusal {
-        Refusal::BundleMismatch { .. } => reasons::ADOPTION_BUNDLE_MISMATCH,
-        Refusal::Contradicts(_) => reasons::ADOPTION_CONTRADICTS_SPEC,
-        Refusal::AddressNotAllowed(_) => reasons::ADDRESS_NOT_ALLOWED,
-        Refusal::Unreachable(_) | Refusal::OtherCluster { .. } | Refusal::NoControlPlane => {
-            reasons::ADOPTION_REFUSED
-        }
-    };
-    let message = refusal.to_string();
-    let known = status
-        .conditions
-        .iter()
-        .any(|c| c.type_ == conditions::ADOPTED && c.reason == reason && c.message == message);
-    cond::set(
+    let stop = refusal.stop();
+    let known = status.conditions.iter().any(|c| {
+        c.type_ == conditions::ADOPTED && c.reason == stop.reason && c.message == stop.message
+    });
+    stop.set_condition(
         &mut status.conditions,
         conditions::ADOPTED,
-        false,
-        reason,
-        message.clone(),
         cluster.metadata.generation,
         &ctx.now(),
     );
     if !known {
-        ctx.event(
-            cluster,
-            EventType::Warning,
-            reason,
-            actions::RECONCILE,
-            message,
-        )
-        .await;
+        stop.warn(ctx, cluster, actions::RECONCILE).await;
     }
     Ok(())
 }
@@ -309,14 +290,7 @@ async fn record_machine(
     if let Err(refused) =
         crate::claims::take(&ctx.client, &recorded, uuid, fingerprint, address).await?
     {
-        ctx.event(
-            &recorded,
-            EventType::Warning,
-            refused.reason,
-            actions::RECONCILE,
-            refused.message,
-        )
-        .await;
+        refused.warn(ctx, &recorded, actions::RECONCILE).await;
     }
     Ok(name)
 }

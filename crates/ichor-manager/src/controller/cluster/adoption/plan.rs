@@ -7,7 +7,10 @@
 
 use ichor_api::TalosClusterSpec;
 use ichor_api::cluster::{CniPreset, KubeProxyMode};
+use ichor_api::names::reasons;
 use serde_json::Value;
+
+use crate::Stop;
 
 /// What a node's live `v1alpha1` config says about the node and its cluster.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -277,6 +280,21 @@ pub enum Refusal {
     /// The spec contradicts the nodes.
     #[error("not adopted: {}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
     Contradicts(Vec<Contradiction>),
+}
+
+impl Refusal {
+    /// The refusal as `Adopted` and its Event say it.
+    pub fn stop(&self) -> Stop {
+        let reason = match self {
+            Self::BundleMismatch { .. } => reasons::ADOPTION_BUNDLE_MISMATCH,
+            Self::Contradicts(_) => reasons::ADOPTION_CONTRADICTS_SPEC,
+            Self::AddressNotAllowed(_) => reasons::ADDRESS_NOT_ALLOWED,
+            Self::Unreachable(_) | Self::OtherCluster { .. } | Self::NoControlPlane => {
+                reasons::ADOPTION_REFUSED
+            }
+        };
+        Stop::new(reason, self.to_string())
+    }
 }
 
 /// The nodes, judged adoptable.
