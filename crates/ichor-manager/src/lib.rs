@@ -21,6 +21,9 @@
 //!   its due look instead of observing again (ADR 0034).
 //! - **standing**: where a machine stands as its status says (phase and conditions); a machine
 //!   that stands still is looked at less often.
+//! - **stop**: why a reconcile stopped short, as the user sees it: one [`Stop`], a reason and a
+//!   message, set on a condition and published as an Event in one place; never an [`Error`],
+//!   which the error policy retries.
 #![forbid(unsafe_code)]
 // Reconcilers observe, plan (pure functions) and act; a function much past 60 lines
 // (clippy.toml) mixes them.
