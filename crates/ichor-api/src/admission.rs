@@ -266,8 +266,14 @@ pub fn manager_cluster_role() -> k8s_openapi::api::rbac::v1::ClusterRole {
                 ],
                 &["patch"],
             ),
-            // The bundle, talosconfig, kubeconfig and snapshot Secrets: created once, replaced.
-            rule("", &["secrets"], &["get", "create", "update"]),
+            // The bundle, talosconfig, kubeconfig and snapshot Secrets: created once, replaced;
+            // the metadata of Ichor's cluster Secrets watched (by their labels) so that one is
+            // read again only when it changed.
+            rule(
+                "",
+                &["secrets"],
+                &["get", "list", "watch", "create", "update"],
+            ),
             rule("events.k8s.io", &["events"], &["create", "patch"]),
             // The per-cluster lock, held by the action (removal/<uid>, ...), in the cluster's
             // namespace.

@@ -59,7 +59,7 @@ use controller::{backup, cluster, machine, operation, storage};
 use ichor_api::names::controllers;
 use infra::{drive, tasks};
 
-pub use context::{CLUSTER_REF_FIELD, Context, cluster_machines};
+pub use context::{CLUSTER_REF_FIELD, Context, cluster_machines, cluster_machines_as_stored};
 pub use error::{Category, Error};
 pub use infra::clock::{Clock, SystemClock, TestClock};
 pub use infra::metrics::Metrics;
@@ -85,7 +85,11 @@ pub async fn run(
         let _ = stop_tx.send(true);
     });
     let mut tasks = tasks::Tasks::new(Arc::clone(&ctx.health), stop_rx.clone());
-    for (name, watch) in ctx.layers.watches(&ctx.client) {
+    for (name, watch) in ctx
+        .shared_watches()
+        .into_iter()
+        .chain(ctx.layers.watches(&ctx.client))
+    {
         tasks.spawn(name, drive::until_stopped(watch, stop_rx.clone()));
     }
     let named = |controller: &str| format!("controller {controller}");

@@ -86,7 +86,8 @@ pub async fn retry(ctx: &Context, cluster: &TalosCluster) -> Result<bool, Error>
     let Some(client) = workload::client(ctx, cluster).await else {
         return Ok(true);
     };
-    let machines = crate::cluster_machines(ctx, cluster).await?;
+    // As stored: a Node that a machine runs as now is never deleted.
+    let machines = crate::cluster_machines_as_stored(ctx, cluster).await?;
     for entry in &pending {
         let Some(settled) = settle(&client, &machines, entry).await? else {
             tracing::debug!(node = %entry.node, "the workload API does not answer yet");

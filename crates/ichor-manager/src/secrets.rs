@@ -17,9 +17,12 @@ use ichor_talos::discovery::{self, SweepConfig};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ObjectMeta, PostParams};
+use kube::core::PartialObjectMeta;
+use kube::runtime::{WatchStreamExt as _, watcher};
 use kube::{Resource, ResourceExt as _};
 
-use crate::Error;
+use crate::infra::shared::Shared;
+use crate::{Context, Error};
 
 /// The Secret keys, shared with the plugin.
 pub use ichor_api::names::secrets::{BUNDLE_KEY, KUBECONFIG_KEY, TALOSCONFIG_KEY};
@@ -120,12 +123,12 @@ pub fn fingerprint(bundle: &SecretsBundle) -> String {
 /// cluster controller does, in [`ensure`]). A bundle other than the one the cluster recorded
 /// is refused.
 pub async fn bundle(
-    client: &kube::Client,
+    ctx: &Context,
     cluster: &TalosCluster,
 ) -> Result<Result<SecretsBundle, BundleUnavailable>, Error> {
     let recorded = recorded(cluster);
     // Absent: lost once the cluster recorded a bundle, not generated yet before.
-    load(client, cluster, recorded.is_some()).await
+    load(ctx, cluster, recorded.is_some()).await
 }
 
 /// The cluster controller's read: generates and stores the bundle when the cluster names none,
@@ -135,12 +138,12 @@ pub async fn bundle(
 /// otherwise as [`bundle`] (a missing bundle of a configured cluster is lost, never
 /// regenerated).
 pub async fn ensure(
-    client: &kube::Client,
+    ctx: &Context,
     cluster: &TalosCluster,
     ever_configured: bool,
     (addresses, sweep): (&[String], SweepConfig),
 ) -> Result<Result<SecretsBundle, BundleUnavailable>, Error> {
-    match load(client, cluster, ever_configured).await? {
+    match load(ctx, cluster, ever_configured).await? {
         Err(BundleUnavailable::NotYet(name)) => {
             // A cluster re-created without its status (GitOps, a restored management
             // cluster) whose bundle Secret is gone looks new: its nodes say otherwise.
@@ -156,8 +159,8 @@ pub async fn ensure(
                     address,
                 }));
             }
-            generate(client, cluster, &name).await?;
-            load(client, cluster, ever_configured).await
+            generate(&ctx.client, cluster, &name).await?;
+            load(ctx, cluster, ever_configured).await
         }
         other => Ok(other),
     }
@@ -244,14 +247,14 @@ fn recorded(cluster: &TalosCluster) -> Option<&str> {
 
 /// Reads and checks the bundle Secret (the planner's `bundle_step`).
 async fn load(
-    client: &kube::Client,
+    ctx: &Context,
     cluster: &TalosCluster,
     ever_configured: bool,
 ) -> Result<Result<SecretsBundle, BundleUnavailable>, Error> {
     let namespace = cluster.namespace().unwrap_or_default();
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
     let name = bundle_secret_name(cluster);
-    let existing = secrets.get_opt(&name).await?;
+    let existing = ctx.secrets.get(&secrets, &namespace, &name).await?;
     let parsed = match &existing {
         None => None,
         Some(secret) => {
@@ -506,14 +509,16 @@ fn unchanged(existing: &Secret, wanted: &Secret) -> bool {
 /// replaced), rewritten only when it is Ichor's ([`holder`]); a name held by another Secret is
 /// [`NameTaken`], and that Secret is left as it is.
 pub async fn publish<K: Resource<DynamicType = ()>>(
-    client: &kube::Client,
+    ctx: &Context,
     owner: &K,
     (name, what): (&str, &'static str),
     labels: BTreeMap<String, String>,
     data: BTreeMap<String, ByteString>,
 ) -> Result<Result<(), NameTaken>, Error> {
     let namespace = owner.meta().namespace.clone().unwrap_or_default();
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
+    // What this writes is read again from the apiserver, not from what was kept of before.
+    ctx.secrets.forget(&namespace, name);
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
     let mut wanted = published(owner, name, labels, data);
     let mut found = secrets.get_opt(name).await?;
     // At most twice: a Secret created between the read and the create is read and judged.
@@ -569,20 +574,21 @@ pub async fn writable<K: Resource<DynamicType = ()>>(
 /// [`NameTaken`] when another Secret holds it (its content is never read). A Secret an earlier
 /// Ichor wrote ([`Holder::Earlier`]) is labelled [`labels::PUBLISHED`] on the way.
 pub async fn read_published<K: Resource<DynamicType = ()>>(
-    client: &kube::Client,
+    ctx: &Context,
     owner: &K,
     (name, what): (&str, &'static str),
     key: &str,
 ) -> Result<Result<Option<String>, NameTaken>, Error> {
     let namespace = owner.meta().namespace.clone().unwrap_or_default();
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
-    let found = secrets.get_opt(name).await?;
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
+    let found = ctx.secrets.get(&secrets, &namespace, name).await?;
     let secret = match (holder(found.as_ref(), &owner_of(owner)), found) {
         (Holder::Foreign, _) => return Ok(Err(NameTaken::of(owner, name, what))),
         // A predecessor's content is not this object's: nothing published yet.
         (Holder::Free | Holder::Bequeathed, _) | (_, None) => return Ok(Ok(None)),
         (Holder::Ours, Some(secret)) => secret,
         (Holder::Earlier, Some(mut secret)) => {
+            ctx.secrets.forget(&namespace, name);
             secret
                 .metadata
                 .labels
@@ -597,6 +603,103 @@ pub async fn read_published<K: Resource<DynamicType = ()>>(
         d.get(key)
             .map(|b| String::from_utf8_lossy(&b.0).into_owned())
     })))
+}
+
+/// The label selector of the Secrets [`Cache`] watches (metadata only): Ichor's own
+/// (`managed-by`) but the applied configs (one per machine, each read once), that is the
+/// bundles Ichor generated and the Secrets it published for a cluster.
+fn watched() -> String {
+    format!(
+        "{}={},!{}",
+        labels::MANAGED_BY,
+        labels::MANAGED_BY_VALUE,
+        labels::MACHINE
+    )
+}
+
+/// Ichor's cluster Secrets as last read (the bundle, the published talosconfig and
+/// kubeconfig), each kept while a metadata-only watch of the Secrets labelled [`watched`] says
+/// it has not changed since: a reconcile reads such a Secret from the apiserver only when it
+/// changed, was written, or is not Ichor's (a bundle `spec.secretsRef` names). No other Secret
+/// is watched or kept, and a Secret's content never reaches the watch.
+#[derive(Default)]
+pub(crate) struct Cache {
+    /// The metadata of the watched Secrets (their `resourceVersion`).
+    versions: Shared<PartialObjectMeta<Secret>>,
+    /// The Secrets read, by namespace and name.
+    read: Mutex<HashMap<(String, String), Secret>>,
+}
+
+impl std::fmt::Debug for Cache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The kept Secrets' contents are never printed.
+        f.debug_struct("Cache").finish_non_exhaustive()
+    }
+}
+
+impl Cache {
+    /// The watch of the Secrets' metadata, for the caller to run as long as the manager does;
+    /// `None` once taken.
+    pub(crate) fn watch(
+        &self,
+        client: &kube::Client,
+    ) -> Option<futures::future::BoxFuture<'static, ()>> {
+        let events = watcher(
+            Api::<PartialObjectMeta<Secret>>::all(client.clone()),
+            watcher::Config::default().labels(&watched()),
+        )
+        .modify(|secret| secret.metadata.managed_fields = None);
+        self.versions.watch(events)
+    }
+
+    /// The Secret `name` of `namespace`: as kept when the watch says it did not change since,
+    /// else read (and kept when the watch knows it).
+    pub(crate) async fn get(
+        &self,
+        secrets: &Api<Secret>,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Secret>, kube::Error> {
+        let key = (namespace.to_owned(), name.to_owned());
+        let current = self.current_version(namespace, name);
+        if let Some(version) = &current {
+            let kept = self.kept().get(&key).cloned();
+            if let Some(secret) =
+                kept.filter(|s| s.metadata.resource_version.as_ref() == Some(version))
+            {
+                return Ok(Some(secret));
+            }
+        }
+        let found = secrets.get_opt(name).await?;
+        let mut kept = self.kept();
+        match &found {
+            Some(secret) if current.is_some() => {
+                kept.insert(key, secret.clone());
+            }
+            _ => {
+                kept.remove(&key);
+            }
+        }
+        Ok(found)
+    }
+
+    /// Forgets what was kept of the Secret `name` of `namespace` (about to be written).
+    pub(crate) fn forget(&self, namespace: &str, name: &str) {
+        self.kept().remove(&(namespace.to_owned(), name.to_owned()));
+    }
+
+    /// The `resourceVersion` the watch last saw of the Secret, if it watches it.
+    fn current_version(&self, namespace: &str, name: &str) -> Option<String> {
+        let store = self.versions.store();
+        let key = kube::runtime::reflector::ObjectRef::new(name).within(namespace);
+        store.get(&key)?.metadata.resource_version.clone()
+    }
+
+    fn kept(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Secret>> {
+        self.read
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
 
 /// The `CredentialsPublished` condition (holds, reason, message) after a cluster's Secrets

@@ -186,7 +186,7 @@ impl Context {
         {
             return Some(held);
         }
-        let bundle = secrets::bundle(&self.client, cluster).await.ok()?.ok()?;
+        let bundle = secrets::bundle(self, cluster).await.ok()?.ok()?;
         let minted = ichor_render::credentials::kubeconfig_for(
             &bundle,
             &cluster.name_any(),

@@ -1,6 +1,7 @@
 //! What every reconcile shares ([`Context`]): the client, the settings, the clock and metrics,
-//! and the manager's in-memory caches (backoffs, panicked objects, sweeps, looks, backups in
-//! flight, and its own credentials, [`credentials`]).
+//! the one watch of each kind several controllers read (TalosMachines, TalosClusters), and the
+//! manager's in-memory caches (backoffs, panicked objects, sweeps, looks, backups in flight,
+//! and its own credentials, [`credentials`]).
 
 pub(crate) mod credentials;
 
@@ -8,6 +9,8 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures::StreamExt as _;
+use futures::future::BoxFuture;
 use ichor_api::{TalosCluster, TalosMachine};
 use ichor_service::Health;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -15,13 +18,15 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::ObjectRef;
+use kube::runtime::{WatchStreamExt as _, watcher};
 use kube::{Resource, ResourceExt as _};
 
 use crate::controller::{backup, machine};
 use crate::infra::clock::{Clock, SystemClock};
 use crate::infra::metrics::Metrics;
-use crate::infra::panics;
-use crate::{Error, Settings, error, layers};
+use crate::infra::shared::Shared;
+use crate::infra::{panics, status};
+use crate::{Error, Settings, claims, error, layers};
 
 /// Shared by every reconcile.
 pub struct Context {
@@ -53,6 +58,12 @@ pub struct Context {
     /// Discovery's probes in flight, shared by every sweep: the sweep concurrency bounds them
     /// manager-wide, not per cluster.
     pub(crate) probes: Arc<tokio::sync::Semaphore>,
+    /// Every TalosMachine, watched once for the machine, cluster and storage controllers.
+    pub(crate) machines: Shared<TalosMachine>,
+    /// Every TalosCluster, watched once for the cluster, machine and backup controllers.
+    pub(crate) clusters: Shared<TalosCluster>,
+    /// Ichor's cluster Secrets as last read, kept while their watched metadata says unchanged.
+    pub(crate) secrets: crate::secrets::Cache,
 }
 
 impl Context {
@@ -94,6 +105,9 @@ impl Context {
             backups: backup::InFlight::default(),
             looks: machine::Looks::default(),
             probes,
+            machines: Shared::default(),
+            clusters: Shared::default(),
+            secrets: crate::secrets::Cache::default(),
         }
     }
 
@@ -184,12 +198,100 @@ impl Context {
 /// the TalosMachine CRD).
 pub const CLUSTER_REF_FIELD: &str = "spec.clusterRef.name";
 
+/// How long a read of the shared caches waits for them to be filled at start.
+const FILLED_WITHIN: Duration = Duration::from_secs(30);
+
+impl Context {
+    /// The shared watches (`machines`, `clusters`, and the metadata of Ichor's cluster
+    /// Secrets, `secrets::Cache`), by name, for the caller to run as long as the manager does
+    /// (`crate::infra::tasks`); a second call returns none. The machines are cached with their managed fields slimmed to what a
+    /// status write reads (ADR 0039). A machine deleted without a finalizer (a pending one)
+    /// leaves no reconcile behind: each delete the watch sees goes to a task that releases that
+    /// machine's claims (ADR 0054).
+    pub(crate) fn shared_watches(&self) -> Vec<(&'static str, BoxFuture<'static, ()>)> {
+        let client = &self.client;
+        let (deleted, released) = tokio::sync::mpsc::unbounded_channel();
+        let machines = watcher(
+            Api::<TalosMachine>::all(client.clone()),
+            watcher::Config::default(),
+        )
+        .modify(status::slim)
+        .inspect(move |event| {
+            if let Ok(watcher::Event::Delete(machine)) = event {
+                let _ = deleted.send(machine.clone());
+            }
+        });
+        let clusters = watcher(
+            Api::<TalosCluster>::all(client.clone()),
+            watcher::Config::default(),
+        );
+        let mut watches = Vec::new();
+        if let Some(watch) = self.machines.watch(machines) {
+            tokio::spawn(claims::release_deleted(client.clone(), released));
+            watches.push(("watch TalosMachine", watch));
+        }
+        if let Some(watch) = self.clusters.watch(clusters) {
+            watches.push(("watch TalosCluster", watch));
+        }
+        if let Some(watch) = self.secrets.watch(client) {
+            watches.push(("watch Secret metadata", watch));
+        }
+        watches
+    }
+}
+
+/// The TalosCluster `name` of `namespace` from the shared cluster cache (`Context::clusters`,
+/// once it is filled): what the watch last saw of it.
+pub(crate) async fn cached_cluster(
+    ctx: &Context,
+    namespace: &str,
+    name: &str,
+) -> Result<Option<TalosCluster>, Error> {
+    let cache = ctx.clusters.store();
+    filled(&cache, "the TalosCluster cache is not filled yet").await?;
+    let key = ObjectRef::<TalosCluster>::new(name).within(namespace);
+    Ok(cache.get(&key).map(|c| (*c).clone()))
+}
+
+/// Waits (at most [`FILLED_WITHIN`]) for `cache` to be filled; `NotSynced` (`what`) if not.
+async fn filled<K>(
+    cache: &kube::runtime::reflector::Store<K>,
+    what: &'static str,
+) -> Result<(), Error>
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    match tokio::time::timeout(FILLED_WITHIN, cache.wait_until_ready()).await {
+        Ok(Ok(())) => Ok(()),
+        _ => Err(Error::NotSynced(what)),
+    }
+}
+
+/// Every TalosMachine of `cluster` (they live in its namespace), from the shared machine cache
+/// (`Context::machines`, once it is filled): what the watch last saw of each, which can be a
+/// moment behind the apiserver. A decision a safety rule guards reads
+/// [`cluster_machines_as_stored`] instead, and names its rule.
+pub async fn cluster_machines(
+    ctx: &Context,
+    cluster: &TalosCluster,
+) -> Result<Vec<TalosMachine>, Error> {
+    let cache = ctx.machines.store();
+    filled(&cache, "the TalosMachine cache is not filled yet").await?;
+    let (namespace, name) = (cluster.namespace(), cluster.name_any());
+    Ok(cache
+        .state()
+        .into_iter()
+        .filter(|m| m.spec.cluster_ref.name == name && m.namespace() == namespace)
+        .map(|m| (*m).clone())
+        .collect())
+}
+
 /// Every TalosMachine of `cluster` (they live in its namespace), as stored now: a list the
 /// apiserver filters by `spec.clusterRef.name`, so a cluster's reconcile reads its own machines,
 /// not the fleet's (ADR 0029). An apiserver without CRD field selectors (before Kubernetes
 /// 1.31) refuses the selector; the namespace is then listed whole. Either way the machines are
 /// checked against the cluster here too.
-pub async fn cluster_machines(
+pub async fn cluster_machines_as_stored(
     ctx: &Context,
     cluster: &TalosCluster,
 ) -> Result<Vec<TalosMachine>, Error> {

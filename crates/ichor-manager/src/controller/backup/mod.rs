@@ -32,13 +32,13 @@ use kube::ResourceExt as _;
 use kube::api::Api;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::EventType;
-use kube::runtime::watcher;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt as _, PutPayload, WriteMultipart};
 use tokio::sync::mpsc;
 
 use crate::backup_store::seal::{SealError, Sealer};
 use crate::backup_store::{self, StoreError, StoreSettings};
+use crate::infra::shared::Changes;
 use crate::{Context, Error, Stop, infra::conditions as cond};
 use plan::{BackupId, Owner, Plan, Record, Schedule, Source};
 
@@ -220,9 +220,10 @@ fn cluster_key(cluster: &TalosCluster) -> String {
 /// The backup controller: each TalosCluster with `spec.backup`, reconciled when it changes and
 /// when its next backup is due.
 pub(crate) async fn run_controller(ctx: Arc<Context>, stop: tokio::sync::watch::Receiver<bool>) {
-    let controller = Controller::new(
-        Api::<TalosCluster>::all(ctx.client.clone()),
-        watcher::Config::default(),
+    // The clusters from the manager's one cluster watch (`Context::clusters`).
+    let controller = Controller::for_shared_stream(
+        ctx.clusters.subscribe(Changes::Applied),
+        ctx.clusters.store(),
     )
     .with_config(crate::infra::drive::limits(&ctx));
     crate::infra::drive::drive(controllers::BACKUP, controller, reconcile, ctx, stop).await;
@@ -467,7 +468,7 @@ async fn prepare<'a>(
         Ok(sealer) => sealer,
         Err(failure) => return Ok(Err(failure)),
     };
-    let bundle = match crate::secrets::bundle(&ctx.client, cluster).await? {
+    let bundle = match crate::secrets::bundle(ctx, cluster).await? {
         Ok(bundle) => bundle,
         Err(unavailable) => {
             return Ok(Err(Stop::new(

@@ -23,6 +23,7 @@ use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 
+use crate::infra::shared::Changes;
 use crate::renewal::{self, Renewal, Validity};
 use crate::{Context, Error, infra::conditions as cond, secrets};
 use ichor_deleteguard::{BootstrapStep, Candidate, bootstrap_step};
@@ -53,19 +54,18 @@ fn cluster_of(namespace: Option<String>, cluster: &str) -> ObjectRef<TalosCluste
 /// The TalosCluster controller: a machine's change, or a class's (which may approve pending
 /// machines), reconciles its cluster.
 pub(crate) async fn run_controller(ctx: Arc<Context>, stop: tokio::sync::watch::Receiver<bool>) {
-    let client = ctx.client.clone();
-    let controller = Controller::new(
-        Api::<TalosCluster>::all(client.clone()),
-        watcher::Config::default(),
+    // The clusters and the machines from the manager's one watch of each (`Context`).
+    let controller = Controller::for_shared_stream(
+        ctx.clusters.subscribe(Changes::Applied),
+        ctx.clusters.store(),
     )
     .with_config(crate::infra::drive::limits(&ctx))
-    .watches(
-        Api::<TalosMachine>::all(client.clone()),
-        watcher::Config::default(),
-        |m: TalosMachine| Some(cluster_of(m.namespace(), &m.spec.cluster_ref.name)),
+    .watches_shared_stream(
+        ctx.machines.subscribe(Changes::Touched),
+        |m: Arc<TalosMachine>| Some(cluster_of(m.namespace(), &m.spec.cluster_ref.name)),
     )
     .watches(
-        Api::<ichor_api::TalosMachineClass>::all(client),
+        Api::<ichor_api::TalosMachineClass>::all(ctx.client.clone()),
         watcher::Config::default(),
         |c: ichor_api::TalosMachineClass| Some(cluster_of(c.namespace(), &c.spec.cluster_ref.name)),
     );
@@ -130,30 +130,21 @@ async fn bundle_unavailable(
     status: &mut TalosClusterStatus,
     problem: &secrets::BundleUnavailable,
 ) {
-    let reason = problem.reason();
+    let stop = crate::Stop::new(problem.reason(), problem.to_string());
     let before = status
         .conditions
         .iter()
         .find(|c| c.type_ == conditions::SECRETS_READY)
         .map(|c| c.reason.clone());
-    cond::set(
+    stop.set_condition(
         &mut status.conditions,
         conditions::SECRETS_READY,
-        false,
-        reason,
-        problem.to_string(),
         cluster.metadata.generation,
         &ctx.now(),
     );
-    if reason != reasons::SECRETS_BUNDLE_UNAVAILABLE && before.as_deref() != Some(reason) {
-        ctx.event(
-            cluster,
-            EventType::Warning,
-            reason,
-            actions::RECONCILE,
-            problem.to_string(),
-        )
-        .await;
+    if stop.reason != reasons::SECRETS_BUNDLE_UNAVAILABLE && before.as_deref() != Some(stop.reason)
+    {
+        stop.warn(ctx, cluster, actions::RECONCILE).await;
     }
 }
 
@@ -174,7 +165,13 @@ async fn reconcile_inner(cluster: &TalosCluster, ctx: &Context) -> Result<Action
     status.observed_generation = cluster.metadata.generation;
 
     let next_sweep = discover(ctx, cluster).await;
-    let machines = crate::cluster_machines(ctx, cluster).await?;
+    // As stored until the bundle is recorded and etcd bootstrapped (the never-regenerate and
+    // bootstrap-exactly-once rules, `plan::reads_machines_as_stored`); from the cache after.
+    let machines = if plan::reads_machines_as_stored(cluster) {
+        crate::cluster_machines_as_stored(ctx, cluster).await?
+    } else {
+        crate::cluster_machines(ctx, cluster).await?
+    };
     // The features that do not wait on one another: each runs whatever another's failure,
     // and the first failure is returned once all ran (ADR 0057).
     let mut deferred = Deferred::default();
@@ -299,7 +296,7 @@ async fn ensure_bundle(
     let configured = machines.iter().any(ever_configured);
     let addresses = secrets::node_addresses(cluster, machines);
     let look = (&addresses[..], ctx.settings.sweep);
-    match secrets::ensure(&ctx.client, cluster, configured, look).await? {
+    match secrets::ensure(ctx, cluster, configured, look).await? {
         Ok(b) => {
             status
                 .bundle_fingerprint
@@ -493,7 +490,7 @@ async fn keep_or_mint(
     current: impl FnOnce(&Published) -> bool,
     mint: impl FnOnce(Duration) -> Result<Minted, ichor_render::pki::PkiError>,
 ) -> Result<Result<Held, secrets::NameTaken>, Error> {
-    let text = match secrets::read_published(&ctx.client, cluster, (name, what), key).await? {
+    let text = match secrets::read_published(ctx, cluster, (name, what), key).await? {
         Ok(text) => text,
         Err(taken) => return Ok(Err(taken)),
     };
@@ -513,7 +510,7 @@ async fn keep_or_mint(
     let minted = mint(lifetime).map_err(|source| Error::Mint { what, source })?;
     let data = BTreeMap::from([(key.to_owned(), ByteString(minted.file.0.into_bytes()))]);
     let labels = secrets::cluster_labels(cluster);
-    if let Err(taken) = secrets::publish(&ctx.client, cluster, (name, what), labels, data).await? {
+    if let Err(taken) = secrets::publish(ctx, cluster, (name, what), labels, data).await? {
         return Ok(Err(taken));
     }
     let expires = Timestamp::try_from(minted.expires)
@@ -830,7 +827,9 @@ async fn teardown(ctx: &Context, cluster: &TalosCluster) -> Result<Action, Error
         // Adding the annotation changes the TalosCluster, whose watch reconciles it again.
         return Ok(Action::await_change());
     }
-    let machines = crate::cluster_machines(ctx, cluster).await?;
+    // As stored: the teardown ends (and the bundle goes) only once no machine is left, not
+    // once the cache saw none.
+    let machines = crate::cluster_machines_as_stored(ctx, cluster).await?;
     match plan::teardown(&machines) {
         Teardown::Finished => {
             finish_teardown(ctx, cluster).await?;
@@ -867,31 +866,22 @@ async fn teardown_held(
     cluster: &TalosCluster,
     refusal: &ichor_deleteguard::Refusal,
 ) -> Result<(), Error> {
+    let stop = crate::Stop::new(refusal.reason(), refusal.message());
     let mut status = cluster.status.clone().unwrap_or_default();
     let before = status
         .conditions
         .iter()
         .find(|c| c.type_ == conditions::READY)
         .map(|c| c.reason.clone());
-    cond::set(
+    stop.set_condition(
         &mut status.conditions,
         conditions::READY,
-        false,
-        refusal.reason(),
-        refusal.message(),
         cluster.metadata.generation,
         &ctx.now(),
     );
     write_status(ctx, cluster, &status).await?;
-    if before.as_deref() != Some(refusal.reason()) {
-        ctx.event(
-            cluster,
-            EventType::Warning,
-            refusal.reason(),
-            actions::DELETE,
-            refusal.message(),
-        )
-        .await;
+    if before.as_deref() != Some(stop.reason) {
+        stop.warn(ctx, cluster, actions::DELETE).await;
     }
     Ok(())
 }
@@ -1006,24 +996,15 @@ async fn report_identity(
         .map(ichor_deleteguard::IdentityRefusal::message)
         .collect::<Vec<_>>()
         .join("; ");
-    cond::set(
+    let stop = crate::Stop::new(first.reason(), message);
+    stop.set_condition(
         &mut status.conditions,
         conditions::NODE_IDENTITY_VERIFIED,
-        false,
-        first.reason(),
-        message.clone(),
         cluster.metadata.generation,
         &ctx.now(),
     );
-    if before.as_deref() != Some(message.as_str()) {
-        ctx.event(
-            cluster,
-            EventType::Warning,
-            first.reason(),
-            actions::RESET,
-            message,
-        )
-        .await;
+    if before.as_deref() != Some(stop.message.as_str()) {
+        stop.warn(ctx, cluster, actions::RESET).await;
     }
 }
 

@@ -337,6 +337,21 @@ pub(crate) fn machines_see(cluster: &TalosCluster) -> u64 {
     hasher.finish()
 }
 
+/// Whether the cluster's reconcile reads its machines as stored rather than from the shared
+/// cache: until its bundle is recorded and etcd bootstrapped. Two rules read them so: the
+/// bundle is generated only while no machine was ever configured (ADR 0053), and etcd is
+/// bootstrapped exactly once; a machine the cache has not seen yet must not escape either.
+pub(crate) fn reads_machines_as_stored(cluster: &TalosCluster) -> bool {
+    let Some(status) = cluster.status.as_ref() else {
+        return true;
+    };
+    let bootstrapped = status
+        .bootstrap
+        .as_ref()
+        .is_some_and(|b| b.completed_at.is_some());
+    status.bundle_fingerprint.is_none() || !bootstrapped
+}
+
 #[cfg(test)]
 mod tests {
     use ichor_api::cluster::TalosClusterStatus;
@@ -722,5 +737,32 @@ mod tests {
         let mut respecced = before.clone();
         respecced.spec.talos_version = "v1.14.2".into();
         assert_ne!(machines_see(&before), machines_see(&respecced));
+    }
+
+    #[test]
+    fn a_cluster_reads_its_machines_as_stored_until_its_bundle_is_recorded_and_etcd_bootstrapped() {
+        let mut cluster = TalosCluster::test("lab").build();
+        assert!(reads_machines_as_stored(&cluster), "no status yet");
+        let status = cluster.status.get_or_insert_with(Default::default);
+        status.bundle_fingerprint = Some("sha256:ab".into());
+        assert!(reads_machines_as_stored(&cluster), "not bootstrapped");
+        let status = cluster.status.get_or_insert_with(Default::default);
+        status.bootstrap = Some(ichor_api::cluster::BootstrapRecord {
+            machine_name: "cp-1".into(),
+            machine_uid: "u1".into(),
+            chosen_at: Time(Timestamp::UNIX_EPOCH),
+            completed_at: None,
+        });
+        assert!(
+            reads_machines_as_stored(&cluster),
+            "chosen, not bootstrapped yet"
+        );
+        if let Some(record) = cluster.status.as_mut().and_then(|s| s.bootstrap.as_mut()) {
+            record.completed_at = Some(Time(Timestamp::UNIX_EPOCH));
+        }
+        assert!(
+            !reads_machines_as_stored(&cluster),
+            "from the cache from now on"
+        );
     }
 }

@@ -6,7 +6,6 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use futures::StreamExt as _;
 use ichor_api::cluster::LockHolder;
 use ichor_api::common::Role;
 use ichor_api::machine::{ApprovalState, MachinePhase, TalosMachineStatus};
@@ -25,12 +24,13 @@ use kube::api::Api;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::{WatchStreamExt as _, watcher};
+use kube::runtime::watcher;
 use serde_json::json;
 
 use crate::controller::cluster;
 use crate::etcd::Etcd;
-use crate::{Context, Error, Stop, claims, infra::conditions as cond, infra::status, secrets};
+use crate::infra::shared::Changes;
+use crate::{Context, Error, Stop, infra::conditions as cond, secrets};
 
 pub(crate) mod plan;
 pub mod removal;
@@ -181,56 +181,34 @@ impl Woken {
     }
 }
 
-/// Every TalosMachine, watched and cached in `writer` as `Controller::new` would, their managed
-/// fields slimmed to what a status write reads (ADR 0039). A machine deleted without a finalizer
-/// (a pending one) leaves no reconcile behind: each delete the watch sees goes to a task that
-/// releases that machine's claims (ADR 0054).
-fn watched_machines(
-    client: &kube::Client,
-    writer: kube::runtime::reflector::store::Writer<TalosMachine>,
-) -> impl futures::Stream<Item = Result<TalosMachine, watcher::Error>> + Send + use<> {
-    let (deleted, released) = tokio::sync::mpsc::unbounded_channel();
-    tokio::spawn(claims::release_deleted(client.clone(), released));
-    watcher(
-        Api::<TalosMachine>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .modify(status::slim)
-    .reflect(writer)
-    .inspect(move |event| {
-        if let Ok(watcher::Event::Delete(machine)) = event {
-            let _ = deleted.send(machine.clone());
-        }
-    })
-    .applied_objects()
-}
-
 /// The TalosMachine controller: a change of its cluster (patches, versions), of a class or of
 /// a storage of its cluster (patches, volumes) re-renders each machine of that cluster; a
 /// machine whose drift turn ends, or that becomes Ready, wakes the machines queued behind it.
 pub(crate) async fn run_controller(ctx: Arc<Context>, stop: tokio::sync::watch::Receiver<bool>) {
     let client = ctx.client.clone();
-    // The machines as Controller::new would watch and cache them, with their managed fields
-    // slimmed to what a status write reads (ADR 0039).
-    let (cache, writer) = kube::runtime::reflector::store();
-    let machines = watched_machines(&client, writer);
-    let controller =
-        Controller::for_stream(machines, cache).with_config(crate::infra::drive::limits(&ctx));
+    // The machines from the manager's one machine watch (`Context::machines`).
+    let controller = Controller::for_shared_stream(
+        ctx.machines.subscribe(Changes::Applied),
+        ctx.machines.store(),
+    )
+    .with_config(crate::infra::drive::limits(&ctx));
     // The machine gauge is counted from this cache at scrape time: a deleted machine leaves
     // it, so it leaves the gauge.
-    ctx.metrics.watch_machines(controller.store());
-    let (by_cluster, by_class, by_storage) =
-        (controller.store(), controller.store(), controller.store());
+    ctx.metrics.watch_machines(ctx.machines.store());
+    let (by_cluster, by_class, by_storage) = (
+        ctx.machines.store(),
+        ctx.machines.store(),
+        ctx.machines.store(),
+    );
     let woken = Woken::default();
     let (wake_c, wake_m, wake_s) = (Arc::clone(&ctx), Arc::clone(&ctx), Arc::clone(&ctx));
     let controller = controller
         // The looks one machine asks of others: the end of a drift turn wakes the machines
         // queued behind it (ADR 0043).
         .reconcile_on(ctx.looks.asked())
-        .watches(
-            Api::<TalosCluster>::all(client.clone()),
-            watcher::Config::default(),
-            move |c: TalosCluster| {
+        .watches_shared_stream(
+            ctx.clusters.subscribe(Changes::Touched),
+            move |c: Arc<TalosCluster>| {
                 if !woken.again(&c) {
                     return Vec::new();
                 }
@@ -461,7 +439,7 @@ async fn store_applied(ctx: &Context, machine: &TalosMachine, yaml: &str) -> Res
     )]);
     // Only a Secret Ichor created for this machine is written (ADR 0053); a name held by
     // another is an error that names it, retried until the name is free.
-    crate::secrets::publish(&ctx.client, machine, (&name, APPLIED_WHAT), labels, data)
+    crate::secrets::publish(ctx, machine, (&name, APPLIED_WHAT), labels, data)
         .await?
         .map_err(Error::from)
 }
@@ -564,8 +542,11 @@ async fn cluster_and_bundle(
     machine: &TalosMachine,
 ) -> Result<Result<(TalosCluster, ichor_render::SecretsBundle), Blocked>, Error> {
     let namespace = machine.namespace().unwrap_or_default();
-    let clusters: Api<TalosCluster> = Api::namespaced(ctx.client.clone(), &namespace);
-    let Some(cluster) = clusters.get_opt(&machine.spec.cluster_ref.name).await? else {
+    // From the shared cluster cache: a change of the cluster reaches the cache before it wakes
+    // its machines.
+    let Some(cluster) =
+        crate::context::cached_cluster(ctx, &namespace, &machine.spec.cluster_ref.name).await?
+    else {
         return Ok(Err(Blocked::approved(
             reasons::CLUSTER_NOT_FOUND,
             format!(
@@ -574,7 +555,7 @@ async fn cluster_and_bundle(
             ),
         )));
     };
-    Ok(match secrets::bundle(&ctx.client, &cluster).await? {
+    Ok(match secrets::bundle(ctx, &cluster).await? {
         Ok(bundle) => Ok((cluster, bundle)),
         Err(problem) => Err(Blocked {
             phase: MachinePhase::Approved,
@@ -1127,8 +1108,9 @@ async fn roll_out(
     status: &mut TalosMachineStatus,
 ) -> Result<(), Error> {
     let me = drift_holder(r.machine);
-    // The cluster's machines, read once for the turn and the lock.
-    let machines = crate::cluster_machines(ctx, r.cluster).await?;
+    // The cluster's machines, read once for the turn and the lock, as stored: one disruption
+    // at a time under the cluster lock (ADR 0019) counts the machines moving now.
+    let machines = crate::cluster_machines_as_stored(ctx, r.cluster).await?;
     let waiting = match drift_wait(ctx, r, &machines).await? {
         Some(turn) => Some(turn),
         None => drift_lock(ctx, r.cluster, &machines, &me, r.rendered)
@@ -1549,7 +1531,9 @@ async fn reboot_cleared(
     me: &LockHolder,
 ) -> Result<Option<Stop>, Error> {
     let namespace = r.cluster.namespace().unwrap_or_default();
-    let machines = crate::cluster_machines(ctx, r.cluster).await?;
+    // As stored: one disruption at a time under the cluster lock (ADR 0019) counts the
+    // machines moving now.
+    let machines = crate::cluster_machines_as_stored(ctx, r.cluster).await?;
     let moving = crate::lock::transitioning(r.cluster, &machines);
     let outcome = crate::lock::acquire(ctx, r.cluster, me, moving, false).await?;
     if !outcome.held() {

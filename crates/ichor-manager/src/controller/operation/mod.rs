@@ -290,7 +290,7 @@ async fn reconcile_inner(cached: &TalosOperation, ctx: &Context) -> Result<Actio
         return waiting(ctx, operation, status, OperationPhase::Waiting, stop).await;
     }
     start(ctx, operation, &cluster, &mut status).await?;
-    let bundle = match secrets::bundle(&ctx.client, &cluster).await? {
+    let bundle = match secrets::bundle(ctx, &cluster).await? {
         Ok(b) => b,
         Err(problem) => {
             let stop = problem.into();
@@ -331,7 +331,9 @@ async fn observe(
     if let Some(refused) = plan::refusal(operation, &cluster) {
         return Ok(Err(refused));
     }
-    let machines = crate::cluster_machines(ctx, &cluster).await?;
+    // As stored, as the cluster is (ADR 0055): the operation's nodes go one at a time under
+    // the cluster lock (ADR 0019), which counts the machines moving now.
+    let machines = crate::cluster_machines_as_stored(ctx, &cluster).await?;
     if let Err(problem) = plan::choose_targets(status, &operation.spec, &machines) {
         return Ok(Err(Stop::new(reasons::NO_TARGETS, problem.to_string())));
     }

@@ -21,6 +21,7 @@ use kube::runtime::watcher;
 
 use crate::error::Error;
 use crate::infra::conditions as cond;
+use crate::infra::shared::Changes;
 use crate::{Context, infra::status};
 
 pub mod plan;
@@ -33,17 +34,16 @@ pub(crate) const PENDING_REQUEUE: Duration = Duration::from_secs(10);
 /// The TalosStorage controller: a machine's change (configured, ready, relabelled) may change
 /// what a storage of its cluster selects and observes.
 pub(crate) async fn run_controller(ctx: Arc<Context>, stop: tokio::sync::watch::Receiver<bool>) {
-    let client = ctx.client.clone();
     let cache = Arc::clone(&ctx);
     let controller = Controller::new(
-        Api::<ichor_api::TalosStorage>::all(client.clone()),
+        Api::<ichor_api::TalosStorage>::all(ctx.client.clone()),
         watcher::Config::default(),
     )
     .with_config(crate::infra::drive::limits(&ctx))
-    .watches(
-        Api::<TalosMachine>::all(client),
-        watcher::Config::default(),
-        move |m: TalosMachine| {
+    // The machines from the manager's one machine watch (`Context::machines`).
+    .watches_shared_stream(
+        ctx.machines.subscribe(Changes::Touched),
+        move |m: Arc<TalosMachine>| {
             cache
                 .layers
                 .storages()
@@ -111,7 +111,7 @@ async fn observe(
         .collect();
     machines.sort_by_key(|m| m.name_any());
     let sources = ctx.layers.sources().await?;
-    let bundle = crate::secrets::bundle(&ctx.client, cluster).await?.ok();
+    let bundle = crate::secrets::bundle(ctx, cluster).await?.ok();
     let mut seen = Vec::new();
     for machine in machines {
         let name = machine.name_any();

@@ -223,7 +223,9 @@ async fn admit(
     status: &TalosMachineStatus,
     holder: &LockHolder,
 ) -> Result<Admission, Error> {
-    let all = crate::cluster_machines(ctx, cluster).await?;
+    // As stored: the lock (one disruption at a time, ADR 0019) and the planner's quorum rule
+    // count the machines as they are now.
+    let all = crate::cluster_machines_as_stored(ctx, cluster).await?;
     let done_step = status.removal.as_ref().map(|r| r.step).unwrap_or_default();
     let outcome = take_lock(ctx, machine, cluster, &all, holder, done_step).await?;
     if !outcome.held() {
@@ -233,7 +235,7 @@ async fn admit(
         )));
     }
     let next = next_removal_step(done_step, machine.spec.role.unwrap_or(Role::Worker));
-    let bundle = match secrets::bundle(&ctx.client, cluster).await? {
+    let bundle = match secrets::bundle(ctx, cluster).await? {
         Ok(b) => b,
         Err(problem) => {
             return Ok(Admission::Hold(problem.into()));
