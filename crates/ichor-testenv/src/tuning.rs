@@ -42,3 +42,29 @@ pub fn tuning_rows() -> Vec<[&'static str; 3]> {
         })
         .collect()
 }
+
+/// Asserts that `docs/tuning.md` gives each item of `code` (its path, as the page's Code column
+/// names it, and its value, as the page writes it) that value, and that every item the page
+/// names for which `checked_here` holds is among `code`: a default changed on one side alone,
+/// or a row no test reads, fails.
+pub fn assert_code_rows(code: &[(&str, String)], checked_here: impl Fn(&str) -> bool) {
+    let rows = tuning_rows();
+    for (item, value) in code {
+        let [_, _, stated] = rows
+            .iter()
+            .find(|[_, named, _]| named == item)
+            .unwrap_or_else(|| panic!("docs/tuning.md has no row for `{item}`"));
+        assert_eq!(
+            stated, value,
+            "docs/tuning.md gives `{item}` as {stated}, the code {value}"
+        );
+    }
+    for [_, named, _] in &rows {
+        if checked_here(named) {
+            assert!(
+                code.iter().any(|(item, _)| item == named),
+                "docs/tuning.md names `{named}`, which no test checks"
+            );
+        }
+    }
+}

@@ -3,7 +3,7 @@
 //! changed without the page (or the page without the code) fails. The flags' defaults and the
 //! chart's are checked by the binary's own test.
 
-use ichor_testenv::tuning::{shown, tuning_rows};
+use ichor_testenv::tuning::{assert_code_rows, shown};
 
 use crate::{guard, server};
 
@@ -27,24 +27,5 @@ fn defaults() -> Vec<(&'static str, String)> {
 
 #[test]
 fn tuning_doc_states_the_webhook_defaults() {
-    let rows = tuning_rows();
-    let code = defaults();
-    for (item, value) in &code {
-        let [_, _, stated] = rows
-            .iter()
-            .find(|[_, named, _]| named == item)
-            .unwrap_or_else(|| panic!("docs/tuning.md has no row for `{item}`"));
-        assert_eq!(
-            stated, value,
-            "docs/tuning.md gives `{item}` as {stated}, the code {value}"
-        );
-    }
-    for [_, named, _] in &rows {
-        if named.starts_with("ichor_webhook::") {
-            assert!(
-                code.iter().any(|(item, _)| item == named),
-                "docs/tuning.md names `{named}`, which no test checks"
-            );
-        }
-    }
+    assert_code_rows(&defaults(), |named| named.starts_with("ichor_webhook::"));
 }
