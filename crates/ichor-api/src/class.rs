@@ -5,6 +5,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::common::{Condition, InstallSpec, LocalObjectReference, Role};
 use crate::config::ConfigPatch;
+use crate::names::field_managers as fm;
+use crate::status::{Owned, group, grouped};
 
 /// Approves pending machines of its cluster that match hardware qualifiers, giving them a role,
 /// install settings and patches. Creating a class is the opt-in: without one, every machine
@@ -109,6 +111,19 @@ pub enum DiskType {
 #[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TalosMachineClassStatus {
+    /// Problems with the class (e.g. its cluster does not exist).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+    /// The machines the class matched.
+    #[serde(flatten)]
+    pub matches: ClassMatches,
+}
+
+/// The machines a class matched, with every condition of the class.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClassMatches {
     /// How many machines this class approved.
     #[serde(default)]
     pub matched_machines: i32,
@@ -121,18 +136,23 @@ pub struct TalosMachineClassStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 1024), inner(length(max = 253)))]
     pub waiting: Vec<String>,
-    /// Problems with the class (e.g. its cluster does not exist).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 16), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
-    pub conditions: Vec<Condition>,
 }
+
+group!(
+    ClassMatches,
+    TalosMachineClassStatus,
+    matches,
+    fm::CLASS_STATUS,
+    Owned::Rest
+);
+grouped!(TalosMachineClassStatus, [ClassMatches]);
 
 impl Qualifiers {
     /// Whether a machine with this recorded inventory (`status.hardware`, the address it was
     /// discovered at, the Talos version it runs) matches: every qualifier set holds. A machine
     /// with no recorded hardware matches no hardware qualifier.
     pub fn matches(&self, status: &crate::machine::TalosMachineStatus) -> bool {
-        let hardware = status.hardware.as_ref();
+        let hardware = status.inventory.hardware.as_ref();
         let uuid_ok = self.uuids.is_empty()
             || hardware.is_some_and(|h| self.uuids.iter().any(|u| u.eq_ignore_ascii_case(&h.uuid)));
         let mac_ok = self.mac_addresses.is_empty()
@@ -147,12 +167,14 @@ impl Qualifiers {
             });
         let cidr_ok = self.cidrs.is_empty()
             || status
+                .inventory
                 .address
                 .as_deref()
                 .and_then(|a| a.parse::<std::net::IpAddr>().ok())
                 .is_some_and(|ip| self.cidrs.iter().any(|c| cidr_contains(c, ip)));
         let version_ok = self.talos_versions.is_empty()
             || status
+                .inventory
                 .talos_version
                 .as_deref()
                 .is_some_and(|v| self.talos_versions.iter().any(|p| version_has_prefix(v, p)));
@@ -233,44 +255,49 @@ pub(crate) fn cidr_contains(cidr: &str, ip: std::net::IpAddr) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::machine::{DiskInfo, HardwareInventory, LinkInfo, TalosMachineStatus};
+    use crate::machine::{
+        DiskInfo, HardwareInventory, LinkInfo, MachineInventory, TalosMachineStatus,
+    };
 
     fn status() -> TalosMachineStatus {
         TalosMachineStatus {
-            address: Some("10.0.0.7".into()),
-            talos_version: Some("v1.14.1".into()),
-            hardware: Some(HardwareInventory {
-                uuid: "AAAA-1".into(),
-                disks: vec![
-                    DiskInfo {
-                        name: "sr0".into(),
-                        size: 1 << 40,
-                        cdrom: true,
+            inventory: MachineInventory {
+                address: Some("10.0.0.7".into()),
+                talos_version: Some("v1.14.1".into()),
+                hardware: Some(HardwareInventory {
+                    uuid: "AAAA-1".into(),
+                    disks: vec![
+                        DiskInfo {
+                            name: "sr0".into(),
+                            size: 1 << 40,
+                            cdrom: true,
+                            ..Default::default()
+                        },
+                        DiskInfo {
+                            name: "nvme0n1".into(),
+                            size: 500 << 30,
+                            model: Some("Samsung SSD 990 PRO ".into()),
+                            transport: Some("nvme".into()),
+                            ..Default::default()
+                        },
+                        DiskInfo {
+                            name: "sda".into(),
+                            size: 4 << 40,
+                            model: Some("WDC WD40".into()),
+                            rotational: true,
+                            transport: Some("sata".into()),
+                            ..Default::default()
+                        },
+                    ],
+                    links: vec![LinkInfo {
+                        name: "eth0".into(),
+                        hardware_addr: Some("52:54:00:aa:bb:cc".into()),
                         ..Default::default()
-                    },
-                    DiskInfo {
-                        name: "nvme0n1".into(),
-                        size: 500 << 30,
-                        model: Some("Samsung SSD 990 PRO ".into()),
-                        transport: Some("nvme".into()),
-                        ..Default::default()
-                    },
-                    DiskInfo {
-                        name: "sda".into(),
-                        size: 4 << 40,
-                        model: Some("WDC WD40".into()),
-                        rotational: true,
-                        transport: Some("sata".into()),
-                        ..Default::default()
-                    },
-                ],
-                links: vec![LinkInfo {
-                    name: "eth0".into(),
-                    hardware_addr: Some("52:54:00:aa:bb:cc".into()),
+                    }],
                     ..Default::default()
-                }],
+                }),
                 ..Default::default()
-            }),
+            },
             ..Default::default()
         }
     }

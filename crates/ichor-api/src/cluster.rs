@@ -7,7 +7,9 @@ use serde::{Deserialize, Serialize};
 use crate::backup::{BackupSpec, BackupStatus, RestoreSpec, RestoreStatus};
 use crate::common::{Condition, InstallSpec, LocalObjectReference};
 use crate::config::ConfigPatch;
+use crate::names::{conditions, field_managers as fm};
 use crate::rules;
+use crate::status::{Owned, group, grouped};
 
 /// The desired state of a Talos cluster.
 #[derive(CustomResource, KubeSchema, Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -311,6 +313,8 @@ fn default_discovery_interval() -> String {
     "5m".into()
 }
 
+// Its conditions, which its groups share by type, and one struct per field manager (ADR 0020,
+// `crate::status`), flattened in.
 /// The observed state of a Talos cluster.
 #[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -320,6 +324,34 @@ pub struct TalosClusterStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 16), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
+    /// The cluster reconcile's part.
+    #[serde(flatten)]
+    pub core: ClusterCore,
+    /// The cluster lock's mirror.
+    #[serde(flatten)]
+    pub lock: ClusterLock,
+    /// Nodes force-removed while unreachable.
+    #[serde(flatten)]
+    pub tombstones: ClusterTombstones,
+    /// Nodes whose delete waits for the workload API.
+    #[serde(flatten)]
+    pub node_deletes: ClusterNodeDeletes,
+    /// Where the drift rollout stopped.
+    #[serde(flatten)]
+    pub drift: ClusterDrift,
+    /// What the backups have done.
+    #[serde(flatten)]
+    pub backup: ClusterBackup,
+    /// The restore the cluster was created with.
+    #[serde(flatten)]
+    pub restore: ClusterRestore,
+}
+
+/// The cluster reconcile's part of a cluster's status, with the conditions no other group
+/// names.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterCore {
     /// The generation last reconciled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
@@ -332,9 +364,6 @@ pub struct TalosClusterStatus {
     /// The one machine chosen to bootstrap etcd, recorded before the call is made.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bootstrap: Option<BootstrapRecord>,
-    /// The action holding the cluster lock, and those waiting for it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub lock: Option<LockStatus>,
     /// The fingerprint (`sha256:` of its PEM) of the OS CA of the bundle this cluster was
     /// built with, recorded when it first used one: another bundle under that name is refused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -356,30 +385,135 @@ pub struct TalosClusterStatus {
     /// its lifetime, and re-minted when what it points at changes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credentials: Option<CredentialsStatus>,
-    /// Nodes force-removed while unreachable, so never reset: if one answers again with the
-    /// cluster's credentials, it is reset before anything else.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 64))]
-    pub tombstones: Vec<Tombstone>,
-    /// Nodes of force-removed machines whose Kubernetes Node could not be deleted because the
-    /// workload cluster's API did not answer: deleted once it answers again (ADR 0021).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 64))]
-    pub pending_node_deletes: Vec<PendingNodeDelete>,
-    /// Where the drift rollout stopped: the machine that refused its changed config. No other
-    /// machine gets drift until a change renders that machine's config differently.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub drift_halt: Option<DriftHaltStatus>,
-    /// What the scheduled and on-demand backups have done.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub backup: Option<BackupStatus>,
-    /// The restore this cluster was created with: recorded before its bootstrap.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub restore: Option<RestoreStatus>,
     /// The adoption this cluster was created with: recorded once its nodes were adopted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub adoption: Option<AdoptionStatus>,
 }
+
+/// The cluster lock's mirror in a cluster's status.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterLock {
+    /// The action holding the cluster lock, and those waiting for it.
+    #[serde(rename = "lock", default, skip_serializing_if = "Option::is_none")]
+    pub mirror: Option<LockStatus>,
+}
+
+/// Nodes force-removed while unreachable.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterTombstones {
+    /// Nodes force-removed while unreachable, so never reset: if one answers again with the
+    /// cluster's credentials, it is reset before anything else.
+    #[serde(rename = "tombstones", default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub list: Vec<Tombstone>,
+}
+
+/// Node deletes handed over by forced removals (ADR 0021).
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterNodeDeletes {
+    /// Nodes of force-removed machines whose Kubernetes Node could not be deleted because the
+    /// workload cluster's API did not answer: deleted once it answers again (ADR 0021).
+    #[serde(
+        rename = "pendingNodeDeletes",
+        default,
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    #[schemars(length(max = 64))]
+    pub pending: Vec<PendingNodeDelete>,
+}
+
+/// Where a cluster's drift rollout stopped.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterDrift {
+    /// Where the drift rollout stopped: the machine that refused its changed config. No other
+    /// machine gets drift until a change renders that machine's config differently.
+    #[serde(rename = "driftHalt", default, skip_serializing_if = "Option::is_none")]
+    pub halt: Option<DriftHaltStatus>,
+}
+
+/// What a cluster's backups have done, with the condition `BackedUp` (ADR 0026).
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterBackup {
+    /// What the scheduled and on-demand backups have done.
+    #[serde(rename = "backup", default, skip_serializing_if = "Option::is_none")]
+    pub record: Option<BackupStatus>,
+}
+
+/// The restore a cluster was created with, with the condition `Restored` (ADR 0026).
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterRestore {
+    /// The restore this cluster was created with: recorded before its bootstrap.
+    #[serde(rename = "restore", default, skip_serializing_if = "Option::is_none")]
+    pub record: Option<RestoreStatus>,
+}
+
+group!(
+    ClusterCore,
+    TalosClusterStatus,
+    core,
+    fm::CLUSTER_STATUS,
+    Owned::Rest
+);
+group!(
+    ClusterLock,
+    TalosClusterStatus,
+    lock,
+    fm::CLUSTER_LOCK,
+    Owned::None
+);
+group!(
+    ClusterTombstones,
+    TalosClusterStatus,
+    tombstones,
+    fm::CLUSTER_TOMBSTONES,
+    Owned::None
+);
+group!(
+    ClusterDrift,
+    TalosClusterStatus,
+    drift,
+    fm::CLUSTER_DRIFT,
+    Owned::None
+);
+group!(
+    ClusterNodeDeletes,
+    TalosClusterStatus,
+    node_deletes,
+    fm::CLUSTER_NODE_DELETES,
+    Owned::None
+);
+group!(
+    ClusterBackup,
+    TalosClusterStatus,
+    backup,
+    fm::BACKUP_STATUS,
+    Owned::Only(&[conditions::BACKED_UP])
+);
+group!(
+    ClusterRestore,
+    TalosClusterStatus,
+    restore,
+    fm::RESTORE_STATUS,
+    Owned::Only(&[conditions::RESTORED])
+);
+grouped!(
+    TalosClusterStatus,
+    [
+        ClusterCore,
+        ClusterLock,
+        ClusterTombstones,
+        ClusterDrift,
+        ClusterNodeDeletes,
+        ClusterBackup,
+        ClusterRestore,
+    ]
+);
 
 /// What an adoption recorded.
 #[derive(KubeSchema, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

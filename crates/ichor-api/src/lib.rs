@@ -25,6 +25,7 @@ pub mod names;
 pub mod operation;
 pub mod reservation;
 mod rules;
+pub mod status;
 pub mod storage;
 #[cfg(feature = "testing")]
 pub mod testing;

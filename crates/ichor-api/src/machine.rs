@@ -6,7 +6,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::common::{Condition, InstallSpec, LocalObjectReference, Role};
 use crate::config::ConfigPatch;
-use crate::names::labels;
+use crate::names::{conditions, field_managers as fm, labels};
+use crate::status::{Group, Owned, group, grouped};
 
 /// The CEL rule locking `approvalState` and `role` once a config was applied.
 const APPLIED_LOCK_RULE: &str = "!has(oldSelf.status) || !has(oldSelf.status.appliedConfigHash) || (self.spec.approvalState == oldSelf.spec.approvalState && has(self.spec.role) == has(oldSelf.spec.role) && (!has(self.spec.role) || self.spec.role == oldSelf.spec.role))";
@@ -159,20 +160,60 @@ pub enum MachinePhase {
     Failed,
 }
 
+// Its conditions, which its groups share by type, and one struct per field manager (ADR 0020,
+// `crate::status`), flattened in.
 /// The observed state of a machine.
 #[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TalosMachineStatus {
-    /// Where the machine is in its lifecycle.
-    #[serde(default)]
-    pub phase: MachinePhase,
     /// `Ready`, `ConfigApplied`, `Installed`, `RemovalApproved`, `FingerprintChanged`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 16), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
+    /// The lifecycle's part.
+    #[serde(flatten)]
+    pub lifecycle: MachineLifecycle,
+    /// What discovery saw of the machine.
+    #[serde(flatten)]
+    pub inventory: MachineInventory,
+    /// The config last applied.
+    #[serde(flatten)]
+    pub applied: MachineApplied,
+    /// The reboot for drift in flight.
+    #[serde(flatten)]
+    pub drift: MachineDrift,
+    /// The etcd member as last observed.
+    #[serde(flatten)]
+    pub etcd: MachineEtcd,
+    /// The removal's progress.
+    #[serde(flatten)]
+    pub removal: MachineRemoval,
+}
+
+/// The lifecycle's part of a machine's status, with the conditions no other group names.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineLifecycle {
+    /// Where the machine is in its lifecycle.
+    #[serde(default)]
+    pub phase: MachinePhase,
     /// The generation last reconciled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+    /// The machine's Kubernetes Node name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub node_name: Option<String>,
+    /// The machine's etcd member id (16 hex digits), for control planes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 16))]
+    pub etcd_member_id: Option<String>,
+}
+
+/// What discovery saw of a machine, with the condition `FingerprintChanged`.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineInventory {
     /// The address Ichor reaches the machine at.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 45))]
@@ -188,37 +229,133 @@ pub struct TalosMachineStatus {
     /// Hardware as read in maintenance mode.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hardware: Option<HardwareInventory>,
-    /// The machine's Kubernetes Node name.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 253))]
-    pub node_name: Option<String>,
-    /// The machine's etcd member id (16 hex digits), for control planes.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 16))]
-    pub etcd_member_id: Option<String>,
-    /// The control plane's etcd member as last observed on the node, with the time: the
-    /// planner counts an observation older than its limit as unhealthy.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub etcd: Option<EtcdObservation>,
+}
+
+/// The config last applied to a machine.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineApplied {
     /// The content hash of the config last applied. Once set, `spec.approvalState` and
     /// `spec.role` are immutable.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        rename = "appliedConfigHash",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
     #[schemars(length(max = 128))]
-    pub applied_config_hash: Option<String>,
-    /// Progress of the removal sequence, recorded step by step so a restart resumes it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub removal: Option<RemovalProgress>,
+    pub config_hash: Option<String>,
+}
+
+/// The reboot for drift in flight on a machine.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineDrift {
     /// The config hash being applied with a reboot (drift that cannot apply live), under the
     /// cluster lock held as `drift/<uid>`; cleared once the node is back.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        rename = "driftReboot",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
     #[schemars(length(max = 128))]
-    pub drift_reboot: Option<String>,
+    pub reboot: Option<String>,
     /// The node's boot id when the reboot for drift was sent: the node is back from that
     /// reboot once it answers with another one. Cleared with `driftReboot`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        rename = "driftBootId",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
     #[schemars(length(max = 64))]
-    pub drift_boot_id: Option<String>,
+    pub boot_id: Option<String>,
 }
+
+/// A control plane's etcd member as last observed.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineEtcd {
+    /// The control plane's etcd member as last observed on the node, with the time: the
+    /// planner counts an observation older than its limit as unhealthy.
+    #[serde(rename = "etcd", default, skip_serializing_if = "Option::is_none")]
+    pub observed: Option<EtcdObservation>,
+}
+
+/// A machine's removal, with the condition `RemovalApproved`.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineRemoval {
+    /// Progress of the removal sequence, recorded step by step so a restart resumes it.
+    #[serde(rename = "removal", default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<RemovalProgress>,
+}
+
+/// What the machine classes of its cluster make of a pending machine: the condition
+/// `ClassMatched`, and no fields.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, schemars::JsonSchema)]
+pub struct MachineClassMatch {}
+
+impl Group<TalosMachineStatus> for MachineClassMatch {
+    const MANAGER: &'static str = fm::MACHINE_CLASS;
+    const CONDITIONS: Owned = Owned::Only(&[conditions::CLASS_MATCHED]);
+    fn of(_: &TalosMachineStatus) -> &Self {
+        &MachineClassMatch {}
+    }
+}
+
+group!(
+    MachineLifecycle,
+    TalosMachineStatus,
+    lifecycle,
+    fm::MACHINE_LIFECYCLE,
+    Owned::Rest
+);
+group!(
+    MachineInventory,
+    TalosMachineStatus,
+    inventory,
+    fm::MACHINE_INVENTORY,
+    Owned::Only(&[conditions::FINGERPRINT_CHANGED])
+);
+group!(
+    MachineApplied,
+    TalosMachineStatus,
+    applied,
+    fm::MACHINE_APPLIED,
+    Owned::None
+);
+group!(
+    MachineDrift,
+    TalosMachineStatus,
+    drift,
+    fm::MACHINE_DRIFT,
+    Owned::None
+);
+group!(
+    MachineEtcd,
+    TalosMachineStatus,
+    etcd,
+    fm::MACHINE_ETCD,
+    Owned::None
+);
+group!(
+    MachineRemoval,
+    TalosMachineStatus,
+    removal,
+    fm::MACHINE_REMOVAL,
+    Owned::Only(&[conditions::REMOVAL_APPROVED])
+);
+grouped!(
+    TalosMachineStatus,
+    [
+        MachineLifecycle,
+        MachineApplied,
+        MachineDrift,
+        MachineInventory,
+        MachineEtcd,
+        MachineRemoval,
+        MachineClassMatch,
+    ]
+);
 
 /// A control plane's etcd member as the manager observed it on the node.
 #[derive(KubeSchema, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

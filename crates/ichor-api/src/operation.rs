@@ -9,6 +9,8 @@ use serde::{Deserialize, Serialize};
 use crate::TalosMachine;
 use crate::common::{Condition, LocalObjectReference, Role};
 use crate::machine::ApprovalState;
+use crate::names::field_managers as fm;
+use crate::status::{Owned, group, grouped};
 
 /// A disruptive action on one machine or a set of machines of a cluster.
 #[derive(CustomResource, KubeSchema, Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -137,6 +139,22 @@ pub enum OperationPhase {
 #[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TalosOperationStatus {
+    /// `Succeeded` and the reason of a failure.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+    /// The run's progress.
+    #[serde(flatten)]
+    pub run: OperationRun,
+    /// The backup an `etcdSnapshot` made.
+    #[serde(flatten)]
+    pub backup: OperationBackup,
+}
+
+/// An operation's run: where it is, node by node, with the conditions no other group names.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OperationRun {
     /// Where the operation is.
     #[serde(default)]
     pub phase: OperationPhase,
@@ -144,10 +162,6 @@ pub struct TalosOperationStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 32))]
     pub progress: Option<String>,
-    /// `Succeeded` and the reason of a failure.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 16), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
-    pub conditions: Vec<Condition>,
     /// Per-node steps, in the order the nodes are handled.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 256))]
@@ -158,11 +172,33 @@ pub struct TalosOperationStatus {
     /// When it finished.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub completed_at: Option<Time>,
-    /// For `etcdSnapshot`: the object key of the backup it made.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 1024))]
-    pub backup_key: Option<String>,
 }
+
+/// The backup an `etcdSnapshot` operation made (ADR 0026).
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OperationBackup {
+    /// For `etcdSnapshot`: the object key of the backup it made.
+    #[serde(rename = "backupKey", default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 1024))]
+    pub key: Option<String>,
+}
+
+group!(
+    OperationRun,
+    TalosOperationStatus,
+    run,
+    fm::OPERATION_STATUS,
+    Owned::Rest
+);
+group!(
+    OperationBackup,
+    TalosOperationStatus,
+    backup,
+    fm::OPERATION_BACKUP,
+    Owned::None
+);
+grouped!(TalosOperationStatus, [OperationRun, OperationBackup]);
 
 /// One node's part of an operation.
 #[derive(KubeSchema, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -340,7 +376,7 @@ fn configured(machine: &TalosMachine) -> bool {
         && machine
             .status
             .as_ref()
-            .is_some_and(|s| s.applied_config_hash.is_some())
+            .is_some_and(|s| s.applied.config_hash.is_some())
 }
 
 fn is_control_plane(machine: &TalosMachine) -> bool {

@@ -5,6 +5,8 @@ use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
 use crate::common::{Condition, LocalObjectReference};
+use crate::names::field_managers as fm;
+use crate::status::{Owned, group, grouped};
 
 /// User volumes to provision on a cluster's machines.
 #[derive(CustomResource, KubeSchema, Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -99,6 +101,15 @@ pub struct TalosStorageStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 16), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
+    /// The volumes provisioned.
+    #[serde(flatten)]
+    pub volumes: StorageVolumes,
+}
+
+/// The volumes a TalosStorage provisioned, with every condition of the storage.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StorageVolumes {
     /// How many volumes are provisioned across machines.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub volume_count: Option<i32>,
@@ -107,6 +118,15 @@ pub struct TalosStorageStatus {
     #[schemars(length(max = 256))]
     pub machines: Vec<MachineVolumes>,
 }
+
+group!(
+    StorageVolumes,
+    TalosStorageStatus,
+    volumes,
+    fm::STORAGE_STATUS,
+    Owned::Rest
+);
+grouped!(TalosStorageStatus, [StorageVolumes]);
 
 /// The volumes observed on one machine.
 #[derive(KubeSchema, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -37,7 +37,7 @@ fn metadata_without_managed_fields_spec_and_status_come_through() {
     assert_eq!(machine.spec.cluster_ref.name, "lab");
     assert_eq!(machine.spec.endpoints, ["10.0.0.1"]);
     let status = machine.status.expect("a status");
-    assert_eq!(status.address.as_deref(), Some("10.0.0.1"));
+    assert_eq!(status.inventory.address.as_deref(), Some("10.0.0.1"));
 }
 
 #[test]

@@ -214,20 +214,22 @@ impl From<&TalosMachine> for Machine {
             role: machine.spec.role,
             approval: machine.spec.approval_state,
             // Presence, as the apiserver's CEL lock reads it (`has(status.appliedConfigHash)`).
-            applied: status.is_some_and(|s| s.applied_config_hash.is_some()),
+            applied: status.is_some_and(|s| s.applied.config_hash.is_some()),
             deleting: meta.deletion_timestamp.is_some(),
             allow_delete: annotation_true(meta.annotations.as_ref(), annotations::ALLOW_DELETE),
             force_remove: annotation_true(meta.annotations.as_ref(), annotations::FORCE_REMOVE),
-            etcd: status.and_then(|s| s.etcd.as_ref()).map(|o| Observation {
-                voter: o.voter,
-                healthy: o.healthy,
-                at: o.observed_at.0.as_second(),
-            }),
+            etcd: status
+                .and_then(|s| s.etcd.observed.as_ref())
+                .map(|o| Observation {
+                    voter: o.voter,
+                    healthy: o.healthy,
+                    at: o.observed_at.0.as_second(),
+                }),
             left_etcd: status
-                .and_then(|s| s.removal.as_ref())
+                .and_then(|s| s.removal.progress.as_ref())
                 .is_some_and(|r| r.step >= RemovalStep::EtcdLeft),
             address: status
-                .and_then(|s| s.address.clone())
+                .and_then(|s| s.inventory.address.clone())
                 .or_else(|| machine.spec.endpoints.first().cloned()),
         }
     }
@@ -471,16 +473,22 @@ mod tests {
             .allow_delete()
             .annotation(annotations::FORCE_REMOVE, annotations::TRUE)
             .status(TalosMachineStatus {
-                applied_config_hash: Some("abc".into()),
-                etcd: Some(EtcdObservation {
-                    voter: true,
-                    healthy: false,
-                    observed_at: Time("2025-01-01T00:01:40Z".parse().expect("a timestamp")),
-                }),
-                removal: Some(RemovalProgress {
-                    step: RemovalStep::EtcdLeft,
-                    ..Default::default()
-                }),
+                applied: ichor_api::machine::MachineApplied {
+                    config_hash: Some("abc".into()),
+                },
+                etcd: ichor_api::machine::MachineEtcd {
+                    observed: Some(EtcdObservation {
+                        voter: true,
+                        healthy: false,
+                        observed_at: Time("2025-01-01T00:01:40Z".parse().expect("a timestamp")),
+                    }),
+                },
+                removal: ichor_api::machine::MachineRemoval {
+                    progress: Some(RemovalProgress {
+                        step: RemovalStep::EtcdLeft,
+                        ..Default::default()
+                    }),
+                },
                 ..Default::default()
             })
             .build();

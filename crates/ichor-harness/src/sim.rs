@@ -988,7 +988,7 @@ impl Target for SimTarget {
             let secret = found
                 .status
                 .as_ref()
-                .and_then(|s| s.secrets_secret.clone())
+                .and_then(|s| s.core.secrets_secret.clone())
                 .ok_or_else(|| Error::Spec("the cluster has no secrets bundle yet".into()))?;
             let bundle_yaml = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(
                 admin.clone(),
@@ -1035,14 +1035,16 @@ impl Target for SimTarget {
             let Some(status) = &machine.status else {
                 continue;
             };
-            let (Some(name), Some(address)) = (&status.node_name, &status.address) else {
+            let (Some(name), Some(address)) =
+                (&status.lifecycle.node_name, &status.inventory.address)
+            else {
                 continue;
             };
             let mut registration = NodeRegistration::new(name.clone());
             if let Ok(ip) = address.parse() {
                 registration = registration.internal_ip(ip);
             }
-            if let Some(hardware) = &status.hardware {
+            if let Some(hardware) = &status.inventory.hardware {
                 registration = registration.system_uuid(hardware.uuid.clone());
             }
             if machine.spec.role == Some(ichor_api::common::Role::ControlPlane) {

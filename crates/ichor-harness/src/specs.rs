@@ -135,7 +135,7 @@ pub async fn wait_discovered(target: &impl Target, n: usize) -> Result<Vec<Talos
     for m in &found {
         if m.status
             .as_ref()
-            .is_some_and(|s| s.applied_config_hash.is_some())
+            .is_some_and(|s| s.applied.config_hash.is_some())
         {
             return Err(Error::Spec(format!(
                 "{} has a config applied before approval",
@@ -302,7 +302,7 @@ pub async fn summary(target: &impl Target) -> String {
             format!(
                 "{} {:?} [{ready}]",
                 m.spec.endpoints.first().cloned().unwrap_or_default(),
-                status.phase
+                status.lifecycle.phase
             )
         })
         .collect::<Vec<_>>()
@@ -316,6 +316,7 @@ pub async fn talosconfig_credentials(
 ) -> Result<Credentials, Error> {
     let status = clusters(target).get(name).await?.status.unwrap_or_default();
     let secret_name = status
+        .core
         .talosconfig_secret
         .ok_or_else(|| Error::Spec("no talosconfig Secret is published".into()))?;
     let secret = Api::<Secret>::namespaced(target.client(), target.namespace())
@@ -418,6 +419,7 @@ pub async fn lifecycle(target: &impl Target, shape: &Shape) -> Result<(), Error>
 pub async fn workload_client(target: &impl Target, name: &str) -> Result<kube::Client, Error> {
     let status = clusters(target).get(name).await?.status.unwrap_or_default();
     let secret_name = status
+        .core
         .kubeconfig_secret
         .ok_or_else(|| Error::Spec("no kubeconfig Secret is published".into()))?;
     let secret = Api::<Secret>::namespaced(target.client(), target.namespace())
@@ -507,7 +509,7 @@ pub async fn wait_operation(
     let deadline = std::time::Instant::now() + limit;
     loop {
         if let Ok(operation) = api.get(name).await {
-            let phase = operation.status.as_ref().map(|s| s.phase);
+            let phase = operation.status.as_ref().map(|s| s.run.phase);
             if matches!(
                 phase,
                 Some(OperationPhase::Succeeded | OperationPhase::Failed)

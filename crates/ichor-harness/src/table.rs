@@ -41,7 +41,7 @@ pub async fn machines(client: &kube::Client, namespace: &str) -> (String, usize)
                 .map(|r| format!("{r:?}"))
                 .unwrap_or_else(|| "-".into()),
             format!("{:?}", m.spec.approval_state),
-            format!("{:?}", status.phase),
+            format!("{:?}", status.lifecycle.phase),
             condition
         ));
     }

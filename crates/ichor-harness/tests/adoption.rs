@@ -454,7 +454,11 @@ async fn a_running_cluster_is_adopted_untouched_and_then_managed() {
         .expect("finished")
         .status
         .expect("status");
-    assert_eq!(rebooted.phase, OperationPhase::Succeeded, "{rebooted:?}");
+    assert_eq!(
+        rebooted.run.phase,
+        OperationPhase::Succeeded,
+        "{rebooted:?}"
+    );
     specs::delete_machine(&target, &endpoints[2])
         .await
         .expect("delete the worker");

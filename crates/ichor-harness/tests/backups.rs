@@ -93,7 +93,7 @@ fn outcome(operation: &TalosOperation) -> (OperationPhase, String, String) {
         .find(|c| c.type_ == conditions::SUCCEEDED)
         .cloned()
         .expect("Succeeded");
-    (status.phase, condition.reason, condition.message)
+    (status.run.phase, condition.reason, condition.message)
 }
 
 /// Runs a backup that must fail with `reason`, and checks the cluster says so too.
@@ -169,7 +169,11 @@ async fn backups_reach_the_store_keep_n_and_name_what_stops_them() {
 
     // The first scheduled backup runs once etcd is bootstrapped; the next is a day later.
     let first = try_eventually("the first scheduled backup", WAIT, || async {
-        let status = talos_cluster(&target, CLUSTER).await.status?.backup?;
+        let status = talos_cluster(&target, CLUSTER)
+            .await
+            .status?
+            .backup
+            .record?;
         Some((status.last_success?, status.next_run?))
     })
     .await;
@@ -212,7 +216,7 @@ async fn backups_reach_the_store_keep_n_and_name_what_stops_them() {
         .expect("status");
     assert_eq!(
         written["bundleFingerprint"].as_str(),
-        status.bundle_fingerprint.as_deref(),
+        status.core.bundle_fingerprint.as_deref(),
         "the record names the bundle"
     );
     assert_eq!(written["sha256"].as_str(), Some(record.sha256.as_str()));
@@ -242,7 +246,7 @@ async fn backups_reach_the_store_keep_n_and_name_what_stops_them() {
             .expect("finished");
         let (phase, _, message) = outcome(&done);
         assert_eq!(phase, OperationPhase::Succeeded, "{name}: {message}");
-        let key = match done.status.as_ref().and_then(|s| s.backup_key.clone()) {
+        let key = match done.status.as_ref().and_then(|s| s.backup.key.clone()) {
             Some(key) => key,
             None => panic!("no key: {:?}\n{}", done.status, target.manager_log_tail()),
         };
@@ -287,6 +291,7 @@ async fn backups_reach_the_store_keep_n_and_name_what_stops_them() {
         .status
         .expect("status")
         .backup
+        .record
         .expect("backup");
     assert_eq!(backup.kept, Some(2));
     assert_eq!(backup.running, None);
@@ -318,7 +323,7 @@ async fn backups_reach_the_store_keep_n_and_name_what_stops_them() {
         "{:?}",
         outcome(&sealed)
     );
-    let key = sealed.status.expect("status").backup_key.expect("key");
+    let key = sealed.status.expect("status").backup.key.expect("key");
     assert!(key.ends_with(".snapshot.age"), "{key}");
     let ciphertext = support::object(bucket.as_ref(), &key).await;
     let written: serde_json::Value =
@@ -485,7 +490,8 @@ async fn backups_reach_the_store_keep_n_and_name_what_stops_them() {
             .expect("op")
             .status
             .expect("status")
-            .backup_key
+            .backup
+            .key
             .is_none(),
         "no key for a failed backup"
     );

@@ -201,8 +201,8 @@ async fn a_standby_replica_takes_over_a_killed_leader_mid_removal_and_mid_operat
         .await
         .unwrap_or_else(|e| panic!("{e}\n{}", target.manager_log_tail()));
     let status = done.status.expect("status");
-    assert_eq!(status.phase, OperationPhase::Succeeded, "{status:?}");
-    assert_eq!(status.nodes.len(), 3, "{status:?}");
+    assert_eq!(status.run.phase, OperationPhase::Succeeded, "{status:?}");
+    assert_eq!(status.run.nodes.len(), 3, "{status:?}");
     for ((node, (upgrades, reboots)), unheard) in nodes.iter().zip(&before).zip(&unheard) {
         let addr = node.addr();
         assert_eq!(node.talos_version(), "v1.14.2", "{addr} upgraded");

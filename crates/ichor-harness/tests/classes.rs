@@ -241,9 +241,9 @@ async fn classes_approve_what_they_alone_match_and_storages_report_their_volumes
         .expect("class")
         .status
         .expect("status");
-    assert_eq!(status.machines.len(), 3, "{status:?}");
+    assert_eq!(status.matches.machines.len(), 3, "{status:?}");
     assert_eq!(
-        status.waiting,
+        status.matches.waiting,
         [unmatched.metadata.name.clone().expect("name")]
     );
 
@@ -279,10 +279,10 @@ async fn classes_approve_what_they_alone_match_and_storages_report_their_volumes
         assert_eq!(
             a.status
                 .as_ref()
-                .and_then(|s| s.applied_config_hash.clone()),
+                .and_then(|s| s.applied.config_hash.clone()),
             b.status
                 .as_ref()
-                .and_then(|s| s.applied_config_hash.clone()),
+                .and_then(|s| s.applied.config_hash.clone()),
             "no drift on {}",
             a.metadata.name.clone().unwrap_or_default()
         );
@@ -303,7 +303,7 @@ async fn classes_approve_what_they_alone_match_and_storages_report_their_volumes
     let applied = |m: &TalosMachine| {
         m.status
             .as_ref()
-            .and_then(|s| s.applied_config_hash.clone())
+            .and_then(|s| s.applied.config_hash.clone())
     };
     let fourth_before = applied(
         &specs::machine_at(&target, &address(3))
@@ -356,9 +356,13 @@ async fn classes_approve_what_they_alone_match_and_storages_report_their_volumes
         .expect("storage");
     let ready = storage_ready(&target, reasons::VOLUMES_READY).await;
     let status = ready.status.expect("status");
-    assert_eq!(status.machines.len(), 2, "the two workers: {status:?}");
-    assert_eq!(status.volume_count, Some(4));
-    for machine in &status.machines {
+    assert_eq!(
+        status.volumes.machines.len(),
+        2,
+        "the two workers: {status:?}"
+    );
+    assert_eq!(status.volumes.volume_count, Some(4));
+    for machine in &status.volumes.machines {
         let names: Vec<(&str, &str)> = machine
             .volumes
             .iter()
@@ -521,7 +525,7 @@ async fn two_namespaces_claiming_one_machine_only_the_first_is_acted_on() {
     let claim = claims.get(&claim_name).await.expect("the claim");
     assert_eq!(claim.spec.machine.name, first.name_any());
     let stolen = others.get("stolen").await.expect("the second machine");
-    assert!(stolen.status.and_then(|s| s.applied_config_hash).is_none());
+    assert!(stolen.status.and_then(|s| s.applied.config_hash).is_none());
 
     // Confined to a range without the node's address, the second namespace's machine is not
     // even contacted: its next look (woken by a change) says so.

@@ -84,7 +84,7 @@ async fn expiries(target: &SimTarget) -> (Option<Timestamp>, Option<Timestamp>) 
         .expect("the cluster");
     let credentials = cluster
         .status
-        .and_then(|s| s.credentials)
+        .and_then(|s| s.core.credentials)
         .unwrap_or_default();
     (
         credentials.kubeconfig_expires_at.map(|t| t.0),

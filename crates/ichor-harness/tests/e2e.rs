@@ -112,7 +112,7 @@ async fn changed_fingerprints_are_flagged_and_never_applied_to() {
             .await
             .ok()
             .and_then(|m| m.status)
-            .is_some_and(|s| s.applied_config_hash.is_some())
+            .is_some_and(|s| s.applied.config_hash.is_some())
     })
     .await
     .expect("applied after the pin update");
@@ -460,7 +460,7 @@ fn removal_status(target: &SimTarget, address: &str) -> Option<String> {
                 .await
                 .ok()
                 .and_then(|m| m.status)
-                .map(|s| format!("{:?} {:?}", s.removal, s.conditions))
+                .map(|s| format!("{:?} {:?}", s.removal.progress, s.conditions))
         })
     })
 }

@@ -82,7 +82,7 @@ async fn phase(target: &SimTarget, address: &str) -> MachinePhase {
     machine(target, address)
         .await
         .status
-        .map(|s| s.phase)
+        .map(|s| s.lifecycle.phase)
         .unwrap_or_default()
 }
 

@@ -165,7 +165,7 @@ async fn flaky_recovers(target: &SimTarget) {
             let reconciled = cluster
                 .status
                 .as_ref()
-                .is_some_and(|s| s.observed_generation.is_some());
+                .is_some_and(|s| s.core.observed_generation.is_some());
             (reconciled && panic_condition(&cluster).is_none()).then_some(())
         },
     )

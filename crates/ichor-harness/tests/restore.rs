@@ -53,13 +53,13 @@ async fn backup_now(target: &SimTarget, name: &str) -> String {
             talos_cluster(target, CLUSTER)
                 .await
                 .status
-                .and_then(|s| s.backup),
+                .and_then(|s| s.backup.record),
             target.manager_log_tail()
         ),
     };
     let status = done.status.expect("status");
-    assert_eq!(status.phase, OperationPhase::Succeeded, "{status:?}");
-    status.backup_key.expect("its key")
+    assert_eq!(status.run.phase, OperationPhase::Succeeded, "{status:?}");
+    status.backup.key.expect("its key")
 }
 
 /// Waits until the cluster's `Restored` condition has `reason`; its message.
@@ -405,6 +405,13 @@ async fn a_lost_cluster_comes_back_from_its_latest_backup_once_and_bad_restores_
         .await
         .status
         .expect("status");
-    assert!(status.restore.expect("recorded").completed_at.is_some());
+    assert!(
+        status
+            .restore
+            .record
+            .expect("recorded")
+            .completed_at
+            .is_some()
+    );
     target.down().await;
 }

@@ -97,7 +97,7 @@ pub fn rolled_out(
         .iter()
         .filter(|m| {
             m.status.as_ref().is_some_and(|s| {
-                s.drift_reboot.is_some()
+                s.drift.reboot.is_some()
                     || s.conditions.iter().any(|c| {
                         c.type_ == conditions::CONFIG_APPLIED
                             && [

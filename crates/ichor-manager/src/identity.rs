@@ -22,7 +22,7 @@ pub fn recorded_uuid(machine: &TalosMachine) -> Option<String> {
     machine
         .status
         .as_ref()
-        .and_then(|s| s.hardware.as_ref())
+        .and_then(|s| s.inventory.hardware.as_ref())
         .map(|h| h.uuid.trim().to_owned())
         .filter(|uuid| !uuid.is_empty())
         .or_else(|| {
@@ -152,10 +152,13 @@ mod tests {
                 Some([(labels::MACHINE_UUID.to_owned(), uuid.to_owned())].into());
         }
         machine.status = hardware.map(|uuid| TalosMachineStatus {
-            hardware: Some(HardwareInventory {
-                uuid: uuid.to_owned(),
-                ..HardwareInventory::default()
-            }),
+            inventory: ichor_api::machine::MachineInventory {
+                hardware: Some(HardwareInventory {
+                    uuid: uuid.to_owned(),
+                    ..HardwareInventory::default()
+                }),
+                ..Default::default()
+            },
             ..TalosMachineStatus::default()
         });
         machine

@@ -169,7 +169,7 @@ pub async fn release(
         let lock = fresh
             .status
             .as_ref()
-            .and_then(|s| s.lock.clone())
+            .and_then(|s| s.lock.mirror.clone())
             .unwrap_or_default();
         if lock.holder.as_ref() == Some(holder) || lock.waiting.contains(holder) {
             let next = LockStatus {
@@ -210,7 +210,7 @@ async fn mirror(ctx: &Context, cluster: &TalosCluster, holder: &LockHolder, outc
     let lock = fresh
         .status
         .as_ref()
-        .and_then(|s| s.lock.clone())
+        .and_then(|s| s.lock.mirror.clone())
         .unwrap_or_default();
     let mut next = lock.clone();
     match outcome {
@@ -245,7 +245,7 @@ async fn mirror(ctx: &Context, cluster: &TalosCluster, holder: &LockHolder, outc
 
 async fn write(clusters: &Api<TalosCluster>, fresh: &TalosCluster, lock: &LockStatus) {
     let mut status = fresh.status.clone().unwrap_or_default();
-    status.lock = Some(lock.clone());
+    status.lock.mirror = Some(lock.clone());
     if let Err(error) = crate::infra::status::write_checked(clusters, fresh, &status).await {
         tracing::debug!(%error, "lock status not mirrored this time");
     }

@@ -23,7 +23,7 @@ fn pending_of(cluster: &TalosCluster) -> Vec<PendingNodeDelete> {
     cluster
         .status
         .as_ref()
-        .map(|s| s.pending_node_deletes.clone())
+        .map(|s| s.node_deletes.pending.clone())
         .unwrap_or_default()
 }
 
@@ -40,9 +40,9 @@ async fn update(
             return Ok(());
         };
         let mut status = fresh.status.clone().unwrap_or_default();
-        change(&mut status.pending_node_deletes);
-        if fresh.status.as_ref().map(|s| &s.pending_node_deletes)
-            == Some(&status.pending_node_deletes)
+        change(&mut status.node_deletes.pending);
+        if fresh.status.as_ref().map(|s| &s.node_deletes.pending)
+            == Some(&status.node_deletes.pending)
         {
             return Ok(());
         }
@@ -124,7 +124,10 @@ async fn settle(
         .iter()
         .find(|m| {
             m.metadata.deletion_timestamp.is_none()
-                && m.status.as_ref().and_then(|s| s.node_name.as_deref()) == Some(&entry.node)
+                && m.status
+                    .as_ref()
+                    .and_then(|s| s.lifecycle.node_name.as_deref())
+                    == Some(&entry.node)
         })
         .map(|m| m.name_any());
     let since = entry.since.0.as_second();

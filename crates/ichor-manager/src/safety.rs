@@ -38,15 +38,15 @@ pub async fn refresh_voters(
         let Some(status) = machine.status.as_mut() else {
             continue;
         };
-        if machine.spec.role != Some(Role::ControlPlane) || status.applied_config_hash.is_none() {
+        if machine.spec.role != Some(Role::ControlPlane) || status.applied.config_hash.is_none() {
             continue;
         }
         let answer = etcd_answer(&address, credentials).await;
-        let observation = etcd_observation(status.etcd.as_ref(), answer, ctx.clock.now());
-        if status.etcd.as_ref() == Some(&observation) {
+        let observation = etcd_observation(status.etcd.observed.as_ref(), answer, ctx.clock.now());
+        if status.etcd.observed.as_ref() == Some(&observation) {
             continue;
         }
-        status.etcd = Some(observation.clone());
+        status.etcd.observed = Some(observation.clone());
         let machines: Api<TalosMachine> =
             Api::namespaced(ctx.client.clone(), &machine.namespace().unwrap_or_default());
         match crate::infra::status::merge(

@@ -174,7 +174,7 @@ pub(crate) const PROBE_PATIENCE: std::time::Duration = std::time::Duration::from
 pub fn node_addresses(cluster: &TalosCluster, machines: &[TalosMachine]) -> Vec<String> {
     let mut addresses: Vec<String> = Vec::new();
     let machine_addresses = machines.iter().flat_map(|m| {
-        let recorded = m.status.as_ref().and_then(|s| s.address.clone());
+        let recorded = m.status.as_ref().and_then(|s| s.inventory.address.clone());
         recorded.into_iter().chain(m.spec.endpoints.iter().cloned())
     });
     for address in endpoint_host(&cluster.spec.endpoint)
@@ -242,7 +242,7 @@ fn recorded(cluster: &TalosCluster) -> Option<&str> {
     cluster
         .status
         .as_ref()
-        .and_then(|s| s.bundle_fingerprint.as_deref())
+        .and_then(|s| s.core.bundle_fingerprint.as_deref())
 }
 
 /// Reads and checks the bundle Secret (the planner's `bundle_step`).
@@ -900,7 +900,10 @@ mod tests {
             .build();
         let mut seen = TalosMachine::test("a").at("10.0.0.11").build();
         seen.status = Some(ichor_api::machine::TalosMachineStatus {
-            address: Some("10.0.0.12".into()),
+            inventory: ichor_api::machine::MachineInventory {
+                address: Some("10.0.0.12".into()),
+                ..Default::default()
+            },
             ..Default::default()
         });
         let again = TalosMachine::test("b").at("10.0.0.10").build();

@@ -92,7 +92,7 @@ impl NodeSteps<'_> {
         self.machine
             .status
             .as_ref()
-            .and_then(|s| s.node_name.clone())
+            .and_then(|s| s.lifecycle.node_name.clone())
             .filter(|n| !n.is_empty())
     }
 

@@ -427,7 +427,7 @@ async fn a_users_secret_is_never_taken_over_and_running_nodes_get_no_new_bundle(
         .expect("lab")
         .status
         .expect("status");
-    assert_eq!(status.talosconfig_secret, None, "not named as Ichor's");
+    assert_eq!(status.core.talosconfig_secret, None, "not named as Ichor's");
 
     // The machine's applied config cannot be kept: nothing is applied, the Secret untouched.
     let machines: Api<TalosMachine> = Api::namespaced(env.client(), &ns);

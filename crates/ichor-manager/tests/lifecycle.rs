@@ -91,9 +91,11 @@ async fn run_lifecycle(net: u8, talos_version: &str, cni: &str) {
         Duration::from_secs(60),
         || async {
             machines.list(&ListParams::default()).await.is_ok_and(|l| {
-                l.items
-                    .iter()
-                    .all(|m| m.status.as_ref().is_some_and(|s| s.hardware.is_some()))
+                l.items.iter().all(|m| {
+                    m.status
+                        .as_ref()
+                        .is_some_and(|s| s.inventory.hardware.is_some())
+                })
             })
         },
     )
@@ -177,6 +179,7 @@ async fn run_lifecycle(net: u8, talos_version: &str, cni: &str) {
         &env.client(),
         &ns,
         status
+            .core
             .talosconfig_secret
             .as_deref()
             .expect("talosconfig published"),
@@ -215,7 +218,7 @@ async fn run_lifecycle(net: u8, talos_version: &str, cni: &str) {
         assert_eq!(theirs, ours, "exactly one etcd cluster");
     }
     assert!(
-        status.kubeconfig_secret.is_some(),
+        status.core.kubeconfig_secret.is_some(),
         "the workload kubeconfig is published"
     );
 
@@ -386,9 +389,9 @@ async fn an_operation_reconciled_from_a_stale_copy_sends_nothing_the_stored_stat
     let stored = operations.get("reboot").await.expect("operation");
     let stored = stored.status.expect("status");
     assert!(
-        matches!(stored.nodes[0].progress, NodeProgress::Sent { .. }),
+        matches!(stored.run.nodes[0].progress, NodeProgress::Sent { .. }),
         "the stored step stays sent: {:?}",
-        stored.nodes[0]
+        stored.run.nodes[0]
     );
 
     // The same stale copy, with the stored status saying intended: the reboot goes, once.

@@ -481,7 +481,7 @@ async fn a_backup_asked_for_once_is_taken_once_whatever_copy_the_reconcile_read(
         .await
         .expect("cluster")
         .status
-        .and_then(|s| s.backup)
+        .and_then(|s| s.backup.record)
         .expect("backup status");
     assert_eq!(backup.last_success, Some(taken), "unchanged");
     assert_eq!(backup.last_failure, None, "nothing was attempted");

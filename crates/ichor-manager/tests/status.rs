@@ -102,7 +102,10 @@ async fn each_status_field_has_one_writer_and_no_writer_clobbers_another() {
         .expect("create machine");
 
     let first = TalosMachineStatus {
-        phase: MachinePhase::Approved,
+        lifecycle: ichor_api::machine::MachineLifecycle {
+            phase: MachinePhase::Approved,
+            ..Default::default()
+        },
         ..Default::default()
     };
     status::write(&machines, &created, &first)
@@ -112,9 +115,9 @@ async fn each_status_field_has_one_writer_and_no_writer_clobbers_another() {
 
     // The lifecycle writes its phase, a condition and a drift intent.
     let mut lifecycle = first.clone();
-    lifecycle.phase = MachinePhase::Joining;
+    lifecycle.lifecycle.phase = MachinePhase::Joining;
     lifecycle.conditions = vec![condition(conditions::READY, false)];
-    lifecycle.drift_reboot = Some("sha256:aaaa".to_owned());
+    lifecycle.drift.reboot = Some("sha256:aaaa".to_owned());
     status::write(&machines, &before, &lifecycle)
         .await
         .expect("lifecycle write");
@@ -122,7 +125,7 @@ async fn each_status_field_has_one_writer_and_no_writer_clobbers_another() {
     // Discovery, holding the copy from before that write, records the address and a changed
     // fingerprint: only its own group goes out, so the lifecycle's fields stand.
     let mut seen = before.status.clone().unwrap_or_default();
-    seen.address = Some("10.0.0.7".to_owned());
+    seen.inventory.address = Some("10.0.0.7".to_owned());
     seen.conditions
         .push(condition(conditions::FINGERPRINT_CHANGED, true));
     status::write(&machines, &before, &seen)
@@ -132,12 +135,12 @@ async fn each_status_field_has_one_writer_and_no_writer_clobbers_another() {
     let now = machines.get("m1").await.expect("get");
     let s = now.status.clone().expect("status");
     assert_eq!(
-        s.phase,
+        s.lifecycle.phase,
         MachinePhase::Joining,
         "the stale copy left the phase"
     );
-    assert_eq!(s.drift_reboot.as_deref(), Some("sha256:aaaa"));
-    assert_eq!(s.address.as_deref(), Some("10.0.0.7"));
+    assert_eq!(s.drift.reboot.as_deref(), Some("sha256:aaaa"));
+    assert_eq!(s.inventory.address.as_deref(), Some("10.0.0.7"));
     let types: BTreeSet<_> = s.conditions.iter().map(|c| c.type_.as_str()).collect();
     assert_eq!(
         types,
@@ -151,9 +154,9 @@ async fn each_status_field_has_one_writer_and_no_writer_clobbers_another() {
         .expect("merge");
     let now = machines.get("m1").await.expect("get");
     let s = now.status.clone().expect("status");
-    assert_eq!(s.drift_reboot, None, "the intent is cleared");
-    assert_eq!(s.phase, MachinePhase::Joining);
-    assert_eq!(s.address.as_deref(), Some("10.0.0.7"));
+    assert_eq!(s.drift.reboot, None, "the intent is cleared");
+    assert_eq!(s.lifecycle.phase, MachinePhase::Joining);
+    assert_eq!(s.inventory.address.as_deref(), Some("10.0.0.7"));
 
     let owned = owners(&now);
     assert_disjoint(&owned);
@@ -197,7 +200,7 @@ async fn each_status_field_has_one_writer_and_no_writer_clobbers_another() {
     let mut first = cluster.status.clone().unwrap_or_default();
     // The machine's SMBIOS UUID rides along (ADR 0052): kept by the schema, not pruned.
     let uuid = "5a1a0000-0000-4000-8000-000000000008";
-    first.tombstones = vec![Tombstone {
+    first.tombstones.list = vec![Tombstone {
         uuid: Some(uuid.to_owned()),
         ..stone("10.0.0.8")
     }];
@@ -205,7 +208,7 @@ async fn each_status_field_has_one_writer_and_no_writer_clobbers_another() {
         .await
         .expect("first write");
     let mut second = cluster.status.clone().unwrap_or_default();
-    second.tombstones = vec![stone("10.0.0.9")];
+    second.tombstones.list = vec![stone("10.0.0.9")];
     let refused = status::write_checked(&clusters, &cluster, &second).await;
     assert!(
         matches!(&refused, Err(kube::Error::Api(s)) if s.is_conflict()),
@@ -215,10 +218,16 @@ async fn each_status_field_has_one_writer_and_no_writer_clobbers_another() {
     let stones: Vec<_> = now
         .status
         .as_ref()
-        .map(|s| s.tombstones.iter().map(|t| t.address.clone()).collect())
+        .map(|s| {
+            s.tombstones
+                .list
+                .iter()
+                .map(|t| t.address.clone())
+                .collect()
+        })
         .unwrap_or_default();
     assert_eq!(stones, ["10.0.0.8"]);
-    let kept = now.status.as_ref().and_then(|s| s.tombstones.first());
+    let kept = now.status.as_ref().and_then(|s| s.tombstones.list.first());
     assert_eq!(kept.and_then(|t| t.uuid.as_deref()), Some(uuid));
     assert_eq!(
         owners(&now).get(fm::CLUSTER_TOMBSTONES),
@@ -230,7 +239,7 @@ async fn each_status_field_has_one_writer_and_no_writer_clobbers_another() {
     // The Node deletes a forced removal hands over are their own group's (ADR 0021): writing
     // them leaves the tombstones to theirs.
     let mut handed = now.status.clone().unwrap_or_default();
-    handed.pending_node_deletes = vec![PendingNodeDelete {
+    handed.node_deletes.pending = vec![PendingNodeDelete {
         node: "w-1".to_owned(),
         machine: "m".to_owned(),
         since: Time(Timestamp::now()),
@@ -261,11 +270,11 @@ async fn each_status_field_has_one_writer_and_no_writer_clobbers_another() {
     let now = machines.get("m2").await.expect("get");
     let s = now.status.clone().expect("status");
     assert_eq!(
-        s.drift_reboot, None,
+        s.drift.reboot, None,
         "cleared despite the earlier update: {:?}",
         now.metadata.managed_fields
     );
-    assert_eq!(s.phase, MachinePhase::Joining, "the rest stands");
+    assert_eq!(s.lifecycle.phase, MachinePhase::Joining, "the rest stands");
     assert_disjoint(&owners(&now));
     let _ = now.name_any();
 
@@ -281,12 +290,12 @@ async fn each_status_field_has_one_writer_and_no_writer_clobbers_another() {
         "slimmed: {kept:?}"
     );
     let mut wanted = cached.status.clone().expect("status");
-    wanted.drift_reboot = None;
+    wanted.drift.reboot = None;
     status::write(&machines, &cached, &wanted)
         .await
         .expect("write from the slim copy");
     let now = machines.get("m3").await.expect("get");
-    assert_eq!(now.status.clone().expect("status").drift_reboot, None);
+    assert_eq!(now.status.clone().expect("status").drift.reboot, None);
     let managers: BTreeSet<String> = now
         .metadata
         .managed_fields
@@ -309,7 +318,9 @@ async fn each_status_field_has_one_writer_and_no_writer_clobbers_another() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operations_backup_key_survives_the_writes_of_its_progress() {
     use ichor_api::TalosOperation;
-    use ichor_api::operation::{OperationAction, OperationPhase, TalosOperationStatus};
+    use ichor_api::operation::{
+        OperationAction, OperationPhase, OperationRun, TalosOperationStatus,
+    };
     let (env, ns) = support::plane("status-op").await;
     let operations: Api<TalosOperation> = Api::namespaced(env.client(), &ns);
     let created = operations
@@ -324,7 +335,10 @@ async fn an_operations_backup_key_survives_the_writes_of_its_progress() {
         .await
         .expect("create");
     let running = TalosOperationStatus {
-        phase: OperationPhase::Running,
+        run: ichor_api::operation::OperationRun {
+            phase: OperationPhase::Running,
+            ..Default::default()
+        },
         ..Default::default()
     };
     status::write(&operations, &created, &running)
@@ -338,7 +352,10 @@ async fn an_operations_backup_key_survives_the_writes_of_its_progress() {
     .await
     .expect("the key");
     let done = TalosOperationStatus {
-        phase: OperationPhase::Succeeded,
+        run: OperationRun {
+            phase: OperationPhase::Succeeded,
+            ..running.run
+        },
         ..running
     };
     let stale = operations.get("snap").await.expect("get");
@@ -347,9 +364,9 @@ async fn an_operations_backup_key_survives_the_writes_of_its_progress() {
         .expect("done, from a copy without the key");
     let after = operations.get("snap").await.expect("get");
     let status = after.status.clone().expect("status");
-    assert_eq!(status.phase, OperationPhase::Succeeded);
+    assert_eq!(status.run.phase, OperationPhase::Succeeded);
     assert_eq!(
-        status.backup_key.as_deref(),
+        status.backup.key.as_deref(),
         Some("ichor/a.snapshot"),
         "{:?} / before: {:?}",
         owners(&after),

@@ -92,15 +92,17 @@ fn machine_cells(machine: &TalosMachine) -> Vec<String> {
         name.push_str(" (deleting)");
     }
     let node = status
+        .lifecycle
         .node_name
         .clone()
         .or_else(|| machine.spec.hostname.clone())
         .unwrap_or_else(|| "-".into());
     let phase = match &machine.status {
-        Some(s) => format!("{:?}", s.phase),
+        Some(s) => format!("{:?}", s.lifecycle.phase),
         None => "-".into(),
     };
     let address = status
+        .inventory
         .address
         .clone()
         .or_else(|| machine.spec.endpoints.first().cloned())
@@ -126,7 +128,7 @@ fn machine_cells(machine: &TalosMachine) -> Vec<String> {
 fn machine_children(machine: &TalosMachine) -> Vec<Tree> {
     let status = machine.status.clone().unwrap_or_default();
     let mut children = bad_conditions(&status.conditions);
-    if let Some(removal) = &status.removal {
+    if let Some(removal) = &status.removal.progress {
         let mut text = format!("removal: {:?} done", removal.step);
         if removal.reset_skipped {
             text.push_str(", reset skipped");
@@ -195,11 +197,11 @@ pub fn cluster_tree(cluster: &TalosCluster, machines: &[TalosMachine]) -> Tree {
     };
     children.push(Tree::leaf(format!(
         "control planes {} (declared {}), workers {}",
-        counts(&status.control_planes),
+        counts(&status.core.control_planes),
         spec.control_plane.count,
-        counts(&status.workers)
+        counts(&status.core.workers)
     )));
-    if let Some(bootstrap) = &status.bootstrap {
+    if let Some(bootstrap) = &status.core.bootstrap {
         let done = bootstrap.completed_at.as_ref().map_or_else(
             || "not confirmed yet".to_owned(),
             |t| format!("done {}", t.0),
@@ -209,9 +211,9 @@ pub fn cluster_tree(cluster: &TalosCluster, machines: &[TalosMachine]) -> Tree {
             bootstrap.machine_name
         )));
     }
-    let lock = match status.lock.as_ref().and_then(|l| l.holder.as_ref()) {
+    let lock = match status.lock.mirror.as_ref().and_then(|l| l.holder.as_ref()) {
         Some(holder) => {
-            let lock = status.lock.clone().unwrap_or_default();
+            let lock = status.lock.mirror.clone().unwrap_or_default();
             let mut text = format!("lock: held by {holder}");
             if let Some(since) = &lock.since {
                 text.push_str(&format!(" since {}", since.0));
@@ -225,7 +227,7 @@ pub fn cluster_tree(cluster: &TalosCluster, machines: &[TalosMachine]) -> Tree {
         None => "lock: free".to_owned(),
     };
     children.push(Tree::leaf(lock));
-    for t in &status.tombstones {
+    for t in &status.tombstones.list {
         let mut text = format!(
             "tombstone: {} ({}) removed {} without a reset",
             t.machine, t.address, t.removed_at.0
@@ -236,7 +238,7 @@ pub fn cluster_tree(cluster: &TalosCluster, machines: &[TalosMachine]) -> Tree {
         text.push_str(": reset before anything else if it answers again");
         children.push(Tree::leaf(text));
     }
-    for p in &status.pending_node_deletes {
+    for p in &status.node_deletes.pending {
         children.push(Tree::leaf(format!(
             "pending Node delete: {} of {} (since {}): deleted once the workload API answers",
             p.node, p.machine, p.since.0

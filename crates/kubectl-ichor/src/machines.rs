@@ -36,7 +36,7 @@ fn or_dash(value: Option<String>) -> String {
 /// One `pending` row: what a person checks before approving.
 pub fn pending_row(machine: &TalosMachine) -> Vec<String> {
     let status = machine.status.clone().unwrap_or_default();
-    let hardware = status.hardware.clone().unwrap_or_default();
+    let hardware = status.inventory.hardware.clone().unwrap_or_default();
     let system = [&hardware.manufacturer, &hardware.product_name]
         .into_iter()
         .flatten()
@@ -65,11 +65,11 @@ pub fn pending_row(machine: &TalosMachine) -> Vec<String> {
         machine.name_any(),
         machine.spec.cluster_ref.name.clone(),
         or_dash(if machine.spec.endpoints.is_empty() {
-            status.address.clone()
+            status.inventory.address.clone()
         } else {
             Some(machine.spec.endpoints.join(","))
         }),
-        or_dash(status.talos_version.clone()),
+        or_dash(status.inventory.talos_version.clone()),
         or_dash(Some(hardware.uuid.clone())),
         or_dash(Some(system)),
         or_dash(Some(disks)),
@@ -85,7 +85,7 @@ pub fn fingerprint_warning(machine: &TalosMachine) -> Option<String> {
         .conditions
         .iter()
         .any(|c| c.type_ == conditions::FINGERPRINT_CHANGED && c.status == ConditionStatus::True);
-    let observed = status.observed_fingerprint.as_deref();
+    let observed = status.inventory.observed_fingerprint.as_deref();
     let pinned = machine.spec.fingerprint.as_deref();
     let differs = matches!((observed, pinned), (Some(o), Some(p)) if o != p);
     (flagged || differs).then(|| {

@@ -80,7 +80,7 @@ pub fn diff_report(
     let recorded = machine
         .status
         .as_ref()
-        .and_then(|s| s.applied_config_hash.clone());
+        .and_then(|s| s.applied.config_hash.clone());
     let Some(applied) = recorded else {
         let next = match machine.spec.approval_state {
             ApprovalState::Pending => {
@@ -186,7 +186,7 @@ async fn bundle(conn: &Connection, cluster: &TalosCluster) -> Result<SecretsBund
     let name = cluster
         .status
         .as_ref()
-        .and_then(|s| s.secrets_secret.clone())
+        .and_then(|s| s.core.secrets_secret.clone())
         .or_else(|| cluster.spec.secrets_ref.as_ref().map(|r| r.name.clone()))
         .ok_or_else(|| {
             Error::Object(format!(

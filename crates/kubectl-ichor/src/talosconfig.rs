@@ -75,7 +75,7 @@ pub async fn talosconfig(
     let secret_name = cluster
         .status
         .as_ref()
-        .and_then(|s| s.talosconfig_secret.clone())
+        .and_then(|s| s.core.talosconfig_secret.clone())
         .ok_or_else(|| {
             Error::Object(format!(
                 "TalosCluster {name} has not published a talosconfig yet (status.talosconfigSecret is empty): the manager publishes it once the secrets bundle exists; see kubectl ichor describe cluster {name}"

@@ -93,7 +93,7 @@ async fn bundle_secrets(target: &SimTarget, cluster: &str) -> Vec<String> {
         .expect("cluster");
     let name = found
         .status
-        .and_then(|s| s.secrets_secret)
+        .and_then(|s| s.core.secrets_secret)
         .expect("status.secretsSecret");
     let secret = Api::<Secret>::namespaced(target.client(), target.namespace())
         .get(&name)
@@ -174,7 +174,7 @@ async fn a_person_takes_pending_machines_to_a_ready_cluster_with_the_plugin() {
         let uuid = machine
             .status
             .as_ref()
-            .and_then(|s| s.hardware.as_ref())
+            .and_then(|s| s.inventory.hardware.as_ref())
             .map(|h| h.uuid.clone())
             .expect("hardware");
         assert!(line.contains(&uuid), "{line}");
@@ -272,7 +272,7 @@ async fn a_person_takes_pending_machines_to_a_ready_cluster_with_the_plugin() {
             ichor_render::config_hash(&stored),
             machine
                 .status
-                .and_then(|s| s.applied_config_hash)
+                .and_then(|s| s.applied.config_hash)
                 .expect("applied")
         );
     }

@@ -78,7 +78,7 @@ fn drift_in_flight_monitor(
                 let in_flight = list
                     .items
                     .iter()
-                    .filter(|m| m.status.as_ref().is_some_and(|s| s.drift_reboot.is_some()))
+                    .filter(|m| m.status.as_ref().is_some_and(|s| s.drift.reboot.is_some()))
                     .count();
                 most = most.max(in_flight);
             }

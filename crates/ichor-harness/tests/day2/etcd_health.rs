@@ -42,7 +42,7 @@ async fn observed(
         } else {
             Err(format!(
                 "etcd {:?}, member {:?}, applied {:?}",
-                status.etcd, status.etcd_member_id, status.applied_config_hash
+                status.etcd.observed, status.lifecycle.etcd_member_id, status.applied.config_hash
             ))
         }
     })
@@ -68,9 +68,12 @@ async fn a_replacement_counts_once_a_voter_and_an_unhealthy_voter_holds_the_heal
     // The manager recorded it so: configured, in etcd, not a voter (the door would count a
     // control plane never observed as an unhealthy voter).
     observed(&target, &endpoints[3], "cp-4 observed as a learner", |s| {
-        s.applied_config_hash.is_some()
-            && s.etcd_member_id.is_some()
-            && s.etcd.as_ref().is_some_and(|o| !o.voter && !o.healthy)
+        s.applied.config_hash.is_some()
+            && s.lifecycle.etcd_member_id.is_some()
+            && s.etcd
+                .observed
+                .as_ref()
+                .is_some_and(|o| !o.voter && !o.healthy)
     })
     .await;
     let cp2 = target.nodes()[1].clone();
@@ -146,7 +149,11 @@ async fn a_replacement_counts_once_a_voter_and_an_unhealthy_voter_holds_the_heal
     .await;
     assert_eq!(reason, reasons::ETCD_UNHEALTHY, "{status:?}");
     assert!(message.contains(&cp3), "{message}");
-    assert_eq!(status.nodes[0].phase, OperationPhase::Waiting, "{status:?}");
+    assert_eq!(
+        status.run.nodes[0].phase,
+        OperationPhase::Waiting,
+        "{status:?}"
+    );
     assert_eq!(
         target.nodes()[0].calls("Reboot"),
         reboots,
@@ -182,7 +189,10 @@ async fn a_replacement_counts_once_a_voter_and_an_unhealthy_voter_holds_the_heal
         .await
         .expect("approve cp-5");
     observed(&target, &endpoints[1], "cp-5 a healthy voter", |s| {
-        s.etcd.as_ref().is_some_and(|o| o.voter && o.healthy)
+        s.etcd
+            .observed
+            .as_ref()
+            .is_some_and(|o| o.voter && o.healthy)
     })
     .await;
     force_removed(&target, &cp3, &endpoints[2], Duration::from_secs(180)).await;
@@ -195,7 +205,7 @@ async fn a_replacement_counts_once_a_voter_and_an_unhealthy_voter_holds_the_heal
         .unwrap_or_else(|e| panic!("{e}\n{}", state_summary(&target)))
         .status
         .expect("status");
-    assert_eq!(done.phase, OperationPhase::Succeeded, "{done:?}");
+    assert_eq!(done.run.phase, OperationPhase::Succeeded, "{done:?}");
     assert_eq!(target.nodes()[0].calls("Reboot"), reboots + 1);
     let members = etcd_members(&target, &endpoints[0]).await;
     let mut voters: Vec<String> = members.iter().map(|m| m.hostname.clone()).collect();
@@ -264,7 +274,10 @@ async fn an_unhealthy_etcd_member_holds_every_other_control_plane_and_can_be_for
     .unwrap_or_else(|e| panic!("{e}: {}", state_summary(&target)));
     assert!(message.contains(&names[4]), "{message}");
     observed(&target, &endpoints[4], "cp-5 an unhealthy voter", |s| {
-        s.etcd.as_ref().is_some_and(|o| o.voter && !o.healthy)
+        s.etcd
+            .observed
+            .as_ref()
+            .is_some_and(|o| o.voter && !o.healthy)
     })
     .await;
     assert!(sick.is_serving().await, "its node still answers");

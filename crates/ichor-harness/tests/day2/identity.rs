@@ -26,7 +26,7 @@ async fn a_lost_bundle_is_never_regenerated_and_restoring_it_resumes_work() {
         .await
         .expect("cluster")
         .status
-        .and_then(|s| s.bundle_fingerprint)
+        .and_then(|s| s.core.bundle_fingerprint)
         .expect("the cluster recorded its bundle");
     let secrets: Api<Secret> = Api::namespaced(target.client(), target.namespace());
     let name = format!("{CLUSTER}-secrets");
@@ -119,7 +119,7 @@ async fn a_lost_bundle_is_never_regenerated_and_restoring_it_resumes_work() {
         .await
         .expect("cluster")
         .status
-        .and_then(|s| s.bundle_fingerprint);
+        .and_then(|s| s.core.bundle_fingerprint);
     assert_eq!(after.as_deref(), Some(fingerprint.as_str()), "the same CA");
     target.down().await;
 }
@@ -148,7 +148,8 @@ async fn a_replacement_at_a_tombstoned_address_is_not_reset() {
         .expect("cluster")
         .status
         .expect("status")
-        .tombstones;
+        .tombstones
+        .list;
     assert_eq!(stones.len(), 1, "{stones:?}");
     assert_eq!(
         stones[0].uuid.as_deref(),
@@ -167,7 +168,7 @@ async fn a_replacement_at_a_tombstoned_address_is_not_reset() {
             .into_iter()
             .find(|c| c.type_ == conditions::NODE_IDENTITY_VERIFIED)
             .filter(|c| c.status == ConditionStatus::False)
-            .map(|c| (c.reason, c.message, status.tombstones.len()))
+            .map(|c| (c.reason, c.message, status.tombstones.list.len()))
     };
     try_eventually(
         "the replacement refused",

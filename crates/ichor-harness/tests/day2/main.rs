@@ -101,13 +101,13 @@ async fn operation_at(
             Some((seen, message))
                 if seen == reason
                     || matches!(
-                        status.phase,
+                        status.run.phase,
                         OperationPhase::Succeeded | OperationPhase::Failed
                     ) =>
             {
                 Ok((status, seen, message))
             }
-            other => Err(format!("{:?} {other:?}", status.phase)),
+            other => Err(format!("{:?} {other:?}", status.run.phase)),
         }
     })
     .await

@@ -42,10 +42,14 @@ async fn operations_go_one_node_at_a_time_and_a_rolled_back_upgrade_fails() {
         .expect("finished");
     let seen = monitor.finish().await;
     let status = done.status.expect("status");
-    assert_eq!(status.phase, OperationPhase::Succeeded, "{status:?}");
-    assert_eq!(status.nodes.len(), 3);
+    assert_eq!(status.run.phase, OperationPhase::Succeeded, "{status:?}");
+    assert_eq!(status.run.nodes.len(), 3);
     assert!(
-        status.nodes.iter().all(|n| n.progress.down_at().is_some()),
+        status
+            .run
+            .nodes
+            .iter()
+            .all(|n| n.progress.down_at().is_some()),
         "{status:?}"
     );
     assert_eq!(
@@ -78,14 +82,17 @@ async fn operations_go_one_node_at_a_time_and_a_rolled_back_upgrade_fails() {
         .await
         .expect("finished");
     let status = failed.status.expect("status");
-    assert_eq!(status.phase, OperationPhase::Failed, "{status:?}");
+    assert_eq!(status.run.phase, OperationPhase::Failed, "{status:?}");
     let reason = status
         .conditions
         .iter()
         .find(|c| c.type_ == conditions::SUCCEEDED)
         .map(|c| c.reason.clone());
     assert_eq!(reason.as_deref(), Some(reasons::UPGRADE_ROLLED_BACK));
-    assert_eq!(status.nodes[0].version_after.as_deref(), Some("v1.14.1"));
+    assert_eq!(
+        status.run.nodes[0].version_after.as_deref(),
+        Some("v1.14.1")
+    );
 
     // The same upgrade on cp-1 without the fault succeeds and is verified.
     let cp1 = specs::machine_at(&target, &endpoints[0])
@@ -106,7 +113,11 @@ async fn operations_go_one_node_at_a_time_and_a_rolled_back_upgrade_fails() {
         .expect("finished")
         .status
         .expect("status");
-    assert_eq!(upgraded.phase, OperationPhase::Succeeded, "{upgraded:?}");
+    assert_eq!(
+        upgraded.run.phase,
+        OperationPhase::Succeeded,
+        "{upgraded:?}"
+    );
     // A later operation ran to the end under the cluster lock: the failed one had every chance
     // to be retried, and was not.
     assert_eq!(target.nodes()[1].calls("Upgrade"), 1, "never retried");
@@ -127,7 +138,7 @@ async fn operations_go_one_node_at_a_time_and_a_rolled_back_upgrade_fails() {
         .expect("finished")
         .status
         .expect("status");
-    assert_eq!(snap.phase, OperationPhase::Failed, "{snap:?}");
+    assert_eq!(snap.run.phase, OperationPhase::Failed, "{snap:?}");
     assert!(
         snap.conditions
             .iter()
@@ -149,7 +160,7 @@ async fn operations_go_one_node_at_a_time_and_a_rolled_back_upgrade_fails() {
         .expect("finished")
         .status
         .expect("status");
-    assert_eq!(defrag.phase, OperationPhase::Succeeded, "{defrag:?}");
+    assert_eq!(defrag.run.phase, OperationPhase::Succeeded, "{defrag:?}");
     for node in target.nodes() {
         assert_eq!(node.calls("EtcdDefragment"), 1);
     }
@@ -170,11 +181,11 @@ async fn operations_go_one_node_at_a_time_and_a_rolled_back_upgrade_fails() {
         .status
         .expect("status");
     assert_eq!(
-        kubernetes.phase,
+        kubernetes.run.phase,
         OperationPhase::Succeeded,
         "{kubernetes:?}"
     );
-    assert_eq!(kubernetes.nodes.len(), 3);
+    assert_eq!(kubernetes.run.nodes.len(), 3);
     let clusters: Api<ichor_api::TalosCluster> =
         Api::namespaced(target.client(), target.namespace());
     assert_eq!(
@@ -218,7 +229,7 @@ async fn operations_go_one_node_at_a_time_and_a_rolled_back_upgrade_fails() {
         .expect("finished")
         .status
         .expect("status");
-    assert_eq!(reset.phase, OperationPhase::Succeeded, "{reset:?}");
+    assert_eq!(reset.run.phase, OperationPhase::Succeeded, "{reset:?}");
     assert_eq!(target.nodes()[2].stage().await, Stage::Maintenance);
     assert_eq!(etcd_members(&target, &endpoints[0]).await.len(), 2);
     let seen = monitor.finish().await;
@@ -341,10 +352,11 @@ async fn a_reset_is_checked_at_the_door_and_stops_at_the_declared_count() {
     )
     .await;
     assert_eq!(reason, reasons::AWAITING_REPLACEMENT, "{status:?}");
-    assert_eq!(status.phase, OperationPhase::Waiting, "{status:?}");
+    assert_eq!(status.run.phase, OperationPhase::Waiting, "{status:?}");
     let mut selected = names[2..].to_vec();
     selected.sort();
     let steps: Vec<(&str, OperationPhase)> = status
+        .run
         .nodes
         .iter()
         .map(|n| (n.machine.as_str(), n.phase))

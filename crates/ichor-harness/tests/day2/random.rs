@@ -32,7 +32,7 @@ async fn settled(target: &SimTarget) -> bool {
     };
     let ops_done = ops.items.iter().all(|o| {
         matches!(
-            o.status.as_ref().map(|s| s.phase),
+            o.status.as_ref().map(|s| s.run.phase),
             Some(OperationPhase::Succeeded | OperationPhase::Failed | OperationPhase::Waiting)
         )
     });
@@ -177,6 +177,7 @@ async fn random_sequence(seed: u64) {
                             .map_err(|e| e.to_string())?
                             .status
                             .unwrap_or_default()
+                            .lifecycle
                             .phase;
                         if phase == ichor_api::machine::MachinePhase::Pending {
                             Err(format!("{name} still {phase:?}"))
@@ -187,7 +188,7 @@ async fn random_sequence(seed: u64) {
                     PickedUp::Removing(name, uid) => {
                         match machines.get_opt(name).await.map_err(|e| e.to_string())? {
                             Some(m) if m.uid().as_ref() == Some(uid) => {
-                                let phase = m.status.unwrap_or_default().phase;
+                                let phase = m.status.unwrap_or_default().lifecycle.phase;
                                 if phase == ichor_api::machine::MachinePhase::Removing {
                                     Ok(())
                                 } else {
@@ -232,9 +233,9 @@ async fn random_sequence(seed: u64) {
             m.spec.role == Some(ichor_api::common::Role::ControlPlane)
                 && m.status
                     .as_ref()
-                    .is_some_and(|s| s.applied_config_hash.is_some())
+                    .is_some_and(|s| s.applied.config_hash.is_some())
         })
-        .filter_map(|m| m.status.and_then(|s| s.address))
+        .filter_map(|m| m.status.and_then(|s| s.inventory.address))
         .collect();
     let members = etcd_members(&target, &control_planes[0]).await;
     assert_eq!(

@@ -234,7 +234,8 @@ async fn a_failed_leave_stops_and_the_force_path_removes_a_partitioned_node() {
         .expect("cluster")
         .status
         .expect("status")
-        .tombstones;
+        .tombstones
+        .list;
     assert_eq!(stones.len(), 1, "{stones:?}");
     assert_eq!(stones[0].address, endpoints[3]);
     assert_eq!(node.calls("Reset"), 0, "nothing reached the node");
@@ -254,7 +255,7 @@ async fn a_failed_leave_stops_and_the_force_path_removes_a_partitioned_node() {
             .await
             .ok()
             .and_then(|c| c.status)
-            .is_some_and(|s| s.tombstones.is_empty())
+            .is_some_and(|s| s.tombstones.list.is_empty())
     })
     .await
     .expect("tombstone cleared");
@@ -280,7 +281,7 @@ async fn pending_node_deletes(target: &SimTarget) -> Vec<ichor_api::cluster::Pen
         .await
         .ok()
         .and_then(|c| c.status)
-        .map(|s| s.pending_node_deletes)
+        .map(|s| s.node_deletes.pending)
         .unwrap_or_default()
 }
 
@@ -304,7 +305,7 @@ async fn a_removal_waits_while_the_workload_api_is_down_and_with_force_skips_its
         .await
         .expect("machine")
         .status
-        .and_then(|s| s.node_name)
+        .and_then(|s| s.lifecycle.node_name)
         .expect("a Node name");
 
     // A pod the removal cannot evict holds it after the cordon: the workload API goes down in
@@ -393,7 +394,7 @@ async fn a_removal_waits_while_the_workload_api_is_down_and_with_force_skips_its
         .await
         .expect("the machine, held by the gated reset")
         .status
-        .and_then(|s| s.removal)
+        .and_then(|s| s.removal.progress)
         .expect("removal progress")
         .skipped;
     assert_eq!(skipped.len(), 1, "{skipped:?}");

@@ -28,7 +28,7 @@ async fn deleting_a_cluster_removes_workers_first_then_control_planes_and_keeps_
         .await
         .expect("cluster")
         .status
-        .and_then(|s| s.secrets_secret)
+        .and_then(|s| s.core.secrets_secret)
         .expect("bundle Secret name");
     let machines: Api<TalosMachine> = Api::namespaced(target.client(), target.namespace());
     // Record when each machine started going: workers must all start before any control plane.

@@ -163,7 +163,7 @@ pub async fn gone(target: &SimTarget, name: &str, uid: &Option<String>, limit: D
             .and_then(|m| m.status);
         panic!(
             "{error}: {:?} {:?}\nmanager log:\n{}",
-            status.as_ref().map(|s| s.removal.clone()),
+            status.as_ref().map(|s| s.removal.progress.clone()),
             status.as_ref().map(|s| s.conditions.clone()),
             target.manager_log_tail()
         );
@@ -202,7 +202,7 @@ pub async fn every_machine_applied(target: &SimTarget) -> bool {
     machines.list(&ListParams::default()).await.is_ok_and(|l| {
         l.items.iter().all(|m| {
             m.status.as_ref().is_some_and(|s| {
-                s.drift_reboot.is_none()
+                s.drift.reboot.is_none()
                     && s.conditions.iter().any(|c| {
                         c.type_ == conditions::CONFIG_APPLIED && c.status == ConditionStatus::True
                     })
@@ -243,7 +243,7 @@ pub fn state_summary(target: &SimTarget) -> String {
                 .await
                 .ok()
                 .and_then(|c| c.status)
-                .and_then(|s| s.lock);
+                .and_then(|s| s.lock.mirror);
             let mut out = format!("lock {lock:?}; ");
             for m in machines
                 .list(&ListParams::default())
@@ -273,9 +273,9 @@ pub fn state_summary(target: &SimTarget) -> String {
                     m.spec.hostname.unwrap_or_default(),
                     name,
                     m.spec.approval_state,
-                    status.drift_reboot,
-                    status.applied_config_hash,
-                    status.removal
+                    status.drift.reboot,
+                    status.applied.config_hash,
+                    status.removal.progress
                 ));
             }
             out.push_str("\nmanager log:\n");
@@ -296,7 +296,7 @@ pub async fn control_planes_in_order(target: &SimTarget) -> Vec<(String, SimNode
         .into_iter()
         .filter(|m| m.spec.role == Some(ichor_api::common::Role::ControlPlane))
         .filter_map(|m| {
-            let address = m.status.as_ref()?.address.clone()?;
+            let address = m.status.as_ref()?.inventory.address.clone()?;
             let node = target
                 .nodes()
                 .iter()

@@ -174,7 +174,7 @@ impl Context {
     /// until two thirds of its lifetime have passed; `None` while the bundle is unavailable.
     pub async fn workload_client(&self, cluster: &TalosCluster) -> Option<kube::Client> {
         let key = (cluster_key(cluster), Purpose::Workload);
-        let recorded = cluster.status.as_ref()?.bundle_fingerprint.clone()?;
+        let recorded = cluster.status.as_ref()?.core.bundle_fingerprint.clone()?;
         let identity = format!(
             "{}|{recorded}|{}",
             cluster.uid().unwrap_or_default(),

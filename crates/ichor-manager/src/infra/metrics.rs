@@ -106,7 +106,11 @@ impl MachinePhases {
             .and_then(|s| s.as_ref().map(Store::state))
             .unwrap_or_default();
         for machine in machines {
-            let phase = machine.status.as_ref().map(|s| s.phase).unwrap_or_default();
+            let phase = machine
+                .status
+                .as_ref()
+                .map(|s| s.lifecycle.phase)
+                .unwrap_or_default();
             family
                 .get_or_create(&PhaseLabels {
                     namespace: machine.namespace().unwrap_or_default(),

@@ -265,7 +265,7 @@ pub async fn reconcile(cluster: Arc<TalosCluster>, ctx: Arc<Context>) -> Result<
 /// status as `cluster` carries it.
 fn facts(now: Timestamp, cluster: &TalosCluster, spec: &BackupSpec) -> plan::Facts {
     let status = cluster.status.clone().unwrap_or_default();
-    let backups = status.backup.unwrap_or_default();
+    let backups = status.backup.record.unwrap_or_default();
     plan::Facts {
         now,
         created: cluster
@@ -276,7 +276,11 @@ fn facts(now: Timestamp, cluster: &TalosCluster, spec: &BackupSpec) -> plan::Fac
         last_success: backups.last_success.as_ref().map(|s| s.taken_at.0),
         last_failure: backups.last_failure.as_ref().map(|t| t.0),
         suspended: spec.suspend,
-        ready: status.control_planes.as_ref().is_some_and(|c| c.ready > 0),
+        ready: status
+            .core
+            .control_planes
+            .as_ref()
+            .is_some_and(|c| c.ready > 0),
     }
 }
 
@@ -365,13 +369,13 @@ async fn asked(ctx: &Context, cluster: &TalosCluster, trigger: &Trigger) -> Resu
     let stored = Api::<TalosOperation>::namespaced(ctx.client.clone(), &namespace)
         .get_opt(operation)
         .await?;
-    let Some(key) = stored.and_then(|o| o.status).and_then(|s| s.backup_key) else {
+    let Some(key) = stored.and_then(|o| o.status).and_then(|s| s.backup.key) else {
         return Ok(Asked::Take);
     };
     let last = cluster
         .status
         .as_ref()
-        .and_then(|s| s.backup.as_ref())
+        .and_then(|s| s.backup.record.as_ref())
         .and_then(|b| b.last_success.clone())
         .filter(|r| r.key == key);
     Ok(Asked::Taken(match last {
@@ -618,11 +622,11 @@ fn candidates(machines: &[ichor_api::TalosMachine], trigger: &Trigger) -> Vec<So
                 address: crate::controller::machine::address(m)?,
                 ready_control_plane: m.spec.role == Some(Role::ControlPlane)
                     && status.is_some_and(|s| {
-                        s.applied_config_hash.is_some()
+                        s.applied.config_hash.is_some()
                             && cond::is_true(&s.conditions, conditions::READY)
                     }),
                 being_removed: m.metadata.deletion_timestamp.is_some()
-                    || status.is_some_and(|s| s.removal.is_some()),
+                    || status.is_some_and(|s| s.removal.progress.is_some()),
             })
         })
         .collect()
@@ -913,7 +917,7 @@ async fn record_running(
     running: Option<BackupRun>,
 ) -> Result<(), Error> {
     update(ctx, cluster, |s| {
-        s.backup.get_or_insert_with(Default::default).running = running;
+        s.backup.record.get_or_insert_with(Default::default).running = running;
     })
     .await
 }
@@ -928,9 +932,13 @@ async fn record_next_run(
     update(ctx, cluster, |s| {
         let never_ran = s
             .backup
+            .record
             .as_ref()
             .is_none_or(|b| b.last_success.is_none() && b.last_failure.is_none());
-        s.backup.get_or_insert_with(Default::default).next_run = next.map(Time);
+        s.backup
+            .record
+            .get_or_insert_with(Default::default)
+            .next_run = next.map(Time);
         if never_ran {
             cond::set(
                 &mut s.conditions,
@@ -955,7 +963,7 @@ async fn record_kept(
         return Ok(());
     }
     update(ctx, cluster, |s| {
-        s.backup.get_or_insert_with(Default::default).kept = kept;
+        s.backup.record.get_or_insert_with(Default::default).kept = kept;
     })
     .await
 }
@@ -972,7 +980,7 @@ async fn record_success(
         record.size, record.sha256, record.machine, record.duration_seconds, record.key
     );
     update(ctx, cluster, |s| {
-        let backup = s.backup.get_or_insert_with(Default::default);
+        let backup = s.backup.record.get_or_insert_with(Default::default);
         backup.running = None;
         backup.last_success = Some(record.clone());
         cond::set(
@@ -1008,7 +1016,7 @@ async fn record_failure(
     let now = ctx.now();
     let generation = cluster.metadata.generation;
     update(ctx, cluster, |s| {
-        let backup = s.backup.get_or_insert_with(Default::default);
+        let backup = s.backup.record.get_or_insert_with(Default::default);
         backup.running = None;
         if attempted {
             backup.last_failure = Some(now.clone());

@@ -84,6 +84,7 @@ fn certificate_changed(machine: &TalosMachine) -> bool {
     machine.spec.fingerprint.is_none()
         || cond::is_true(&status.conditions, conditions::FINGERPRINT_CHANGED)
         || status
+            .inventory
             .observed_fingerprint
             .as_deref()
             .is_some_and(|seen| Some(seen) != machine.spec.fingerprint.as_deref())
@@ -95,7 +96,10 @@ fn standing_control_plane(machine: &TalosMachine) -> bool {
     machine.spec.approval_state == ApprovalState::Approved
         && machine.spec.role == Some(Role::ControlPlane)
         && machine.metadata.deletion_timestamp.is_none()
-        && machine.status.as_ref().is_none_or(|s| s.removal.is_none())
+        && machine
+            .status
+            .as_ref()
+            .is_none_or(|s| s.removal.progress.is_none())
 }
 
 /// Plans the classes of `cluster` over its `machines`. Pending machines are taken by name, so
@@ -128,7 +132,7 @@ pub fn plan(
         if machine.spec.approval_state == ApprovalState::Approved
             && let Some(status) = class_of(machine).and_then(|c| statuses.get_mut(c))
         {
-            status.machines.push(machine.name_any());
+            status.matches.machines.push(machine.name_any());
         }
     }
     let declared = usize::try_from(cluster.spec.control_plane.count).unwrap_or(0);
@@ -153,8 +157,9 @@ pub fn plan(
         verdicts.insert(machine.name_any(), verdict);
     }
     for status in statuses.values_mut() {
-        status.machines.sort();
-        status.matched_machines = i32::try_from(status.machines.len()).unwrap_or(i32::MAX);
+        status.matches.machines.sort();
+        status.matches.matched_machines =
+            i32::try_from(status.matches.machines.len()).unwrap_or(i32::MAX);
     }
     Plan {
         verdicts,
@@ -197,13 +202,13 @@ fn verdict(
                 *control_planes += 1;
             }
             if let Some(s) = statuses.get_mut(class) {
-                s.machines.push(machine.name_any());
+                s.matches.machines.push(machine.name_any());
             }
         }
         Verdict::Wait { .. } => {
             for name in &names {
                 if let Some(s) = statuses.get_mut(name) {
-                    s.waiting.push(machine.name_any());
+                    s.matches.waiting.push(machine.name_any());
                 }
             }
         }
@@ -233,7 +238,7 @@ fn judge(
             ),
         );
     }
-    let approved = statuses.get(&name).map_or(0, |s| s.machines.len());
+    let approved = statuses.get(&name).map_or(0, |s| s.matches.machines.len());
     if let Some(max) = class.spec.max_machines
         && approved >= usize::try_from(max).unwrap_or(0)
     {
@@ -439,16 +444,16 @@ async fn write_class_status(
         format!(
             "approves pending machines of TalosCluster {} that match; {} approved, {} waiting",
             class.spec.cluster_ref.name,
-            new.machines.len(),
-            new.waiting.len()
+            new.matches.machines.len(),
+            new.matches.waiting.len()
         ),
         class.metadata.generation,
         &ctx.now(),
     );
     if old.conditions == new.conditions
-        && old.machines == new.machines
-        && old.waiting == new.waiting
-        && old.matched_machines == new.matched_machines
+        && old.matches.machines == new.matches.machines
+        && old.matches.waiting == new.matches.waiting
+        && old.matches.matched_machines == new.matches.matched_machines
     {
         return Ok(());
     }
@@ -508,12 +513,15 @@ mod tests {
             TalosMachineSpec::pending("lab", address, "pin"),
         );
         m.status = Some(TalosMachineStatus {
-            address: Some(address.into()),
-            observed_fingerprint: Some("pin".into()),
-            hardware: Some(HardwareInventory {
-                uuid: name.into(),
+            inventory: ichor_api::machine::MachineInventory {
+                address: Some(address.into()),
+                observed_fingerprint: Some("pin".into()),
+                hardware: Some(HardwareInventory {
+                    uuid: name.into(),
+                    ..Default::default()
+                }),
                 ..Default::default()
-            }),
+            },
             ..Default::default()
         });
         m
@@ -549,7 +557,7 @@ mod tests {
     fn control_planes_stop_at_the_declared_count_not_counting_those_leaving() {
         let cp = class("cp", Role::ControlPlane, "10.0.0.0", None);
         let mut leaving = approved(machine("a", "10.0.0.1"), Role::ControlPlane, None);
-        leaving.status.get_or_insert_default().removal = Some(Default::default());
+        leaving.status.get_or_insert_default().removal.progress = Some(Default::default());
         let machines = vec![
             leaving,
             machine("b", "10.0.0.2"),
@@ -566,9 +574,9 @@ mod tests {
             );
         }
         assert_eq!(reason(&plan, "e"), Some(reasons::CONTROL_PLANES_FULL));
-        assert_eq!(plan.statuses["cp"].machines, ["b", "c", "d"]);
-        assert_eq!(plan.statuses["cp"].waiting, ["e"]);
-        assert_eq!(plan.statuses["cp"].matched_machines, 3);
+        assert_eq!(plan.statuses["cp"].matches.machines, ["b", "c", "d"]);
+        assert_eq!(plan.statuses["cp"].matches.waiting, ["e"]);
+        assert_eq!(plan.statuses["cp"].matches.matched_machines, 3);
     }
 
     #[test]
@@ -606,15 +614,19 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        assert_eq!(plan.statuses["a"].waiting, ["m"]);
-        assert_eq!(plan.statuses["b"].waiting, ["m"]);
+        assert_eq!(plan.statuses["a"].matches.waiting, ["m"]);
+        assert_eq!(plan.statuses["b"].matches.waiting, ["m"]);
     }
 
     #[test]
     fn changed_certificates_rejected_machines_and_other_clusters_are_never_approved() {
         let w = class("w", Role::Worker, "10.0.3.0", None);
         let mut changed = machine("changed", "10.0.3.1");
-        changed.status.get_or_insert_default().observed_fingerprint = Some("other".into());
+        changed
+            .status
+            .get_or_insert_default()
+            .inventory
+            .observed_fingerprint = Some("other".into());
         let mut rejected = machine("rejected", "10.0.3.2");
         rejected.spec.approval_state = ApprovalState::Rejected;
         let mut elsewhere = machine("elsewhere", "10.0.3.3");

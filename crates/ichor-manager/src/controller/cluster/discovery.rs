@@ -208,7 +208,7 @@ fn records(machine: &TalosMachine, uuid: &str) -> bool {
         || machine
             .status
             .as_ref()
-            .and_then(|s| s.hardware.as_ref())
+            .and_then(|s| s.inventory.hardware.as_ref())
             .map(|h| h.uuid.as_str())
             == Some(uuid)
 }
@@ -399,13 +399,13 @@ fn observation(machine: &TalosMachine, found: &Found, now: &Time) -> Option<Obse
     // Only machines still in maintenance mode are seen by discovery; configured ones keep the
     // status their reconciler writes.
     let mut status: TalosMachineStatus = machine.status.clone().unwrap_or_default();
-    if status.applied_config_hash.is_some() {
+    if status.applied.config_hash.is_some() {
         return None;
     }
-    status.address = Some(found.address.to_string());
-    status.talos_version = Some(found.version.clone());
-    status.hardware = Some(inventory(found));
-    status.observed_fingerprint = Some(found.fingerprint.clone());
+    status.inventory.address = Some(found.address.to_string());
+    status.inventory.talos_version = Some(found.version.clone());
+    status.inventory.hardware = Some(inventory(found));
+    status.inventory.observed_fingerprint = Some(found.fingerprint.clone());
     let pinned = machine.spec.fingerprint.as_deref();
     let changed = pinned.is_some_and(|p| p != found.fingerprint);
     let was_changed = cond::is_true(&status.conditions, conditions::FINGERPRINT_CHANGED);
@@ -603,7 +603,10 @@ mod tests {
         let mut machine = recorded("u", 1, "f");
         machine.metadata.labels = None;
         machine.status = Some(TalosMachineStatus {
-            hardware: Some(inventory(&answers[0])),
+            inventory: ichor_api::machine::MachineInventory {
+                hardware: Some(inventory(&answers[0])),
+                ..Default::default()
+            },
             ..TalosMachineStatus::default()
         });
         let existing = [machine];
@@ -617,7 +620,9 @@ mod tests {
     fn a_configured_machine_keeps_the_status_its_reconciler_writes() {
         let mut machine = recorded("u", 1, "f");
         machine.status = Some(TalosMachineStatus {
-            applied_config_hash: Some("h".into()),
+            applied: ichor_api::machine::MachineApplied {
+                config_hash: Some("h".into()),
+            },
             ..TalosMachineStatus::default()
         });
         assert!(observation(&machine, &found("u", 1, "other"), &now()).is_none());
@@ -627,11 +632,25 @@ mod tests {
     fn the_pinned_certificate_is_recorded_and_not_flagged() {
         let machine = recorded("u", 1, "f");
         let observed = observation(&machine, &found("u", 2, "f"), &now()).expect("observed");
-        assert_eq!(observed.status.address.as_deref(), Some("10.0.0.2"));
-        assert_eq!(observed.status.talos_version.as_deref(), Some("v1.11.0"));
-        assert_eq!(observed.status.observed_fingerprint.as_deref(), Some("f"));
         assert_eq!(
-            observed.status.hardware.as_ref().map(|h| h.uuid.as_str()),
+            observed.status.inventory.address.as_deref(),
+            Some("10.0.0.2")
+        );
+        assert_eq!(
+            observed.status.inventory.talos_version.as_deref(),
+            Some("v1.11.0")
+        );
+        assert_eq!(
+            observed.status.inventory.observed_fingerprint.as_deref(),
+            Some("f")
+        );
+        assert_eq!(
+            observed
+                .status
+                .inventory
+                .hardware
+                .as_ref()
+                .map(|h| h.uuid.as_str()),
             Some("u")
         );
         assert!(!flagged(&observed.status));
@@ -644,7 +663,10 @@ mod tests {
         let observed = observation(&machine, &found("u", 1, "new"), &now()).expect("observed");
         assert!(flagged(&observed.status));
         assert_eq!(machine.spec.fingerprint.as_deref(), Some("pinned"));
-        assert_eq!(observed.status.observed_fingerprint.as_deref(), Some("new"));
+        assert_eq!(
+            observed.status.inventory.observed_fingerprint.as_deref(),
+            Some("new")
+        );
         assert_eq!(
             observed.newly_changed.as_deref(),
             Some("fingerprint changed from pinned pinned to new")

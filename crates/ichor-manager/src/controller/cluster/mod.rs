@@ -108,10 +108,10 @@ async fn write_status(
 /// member recorded, or a phase past the first apply.
 fn ever_configured(machine: &TalosMachine) -> bool {
     machine.status.as_ref().is_some_and(|s| {
-        s.applied_config_hash.is_some()
-            || s.etcd_member_id.is_some()
+        s.applied.config_hash.is_some()
+            || s.lifecycle.etcd_member_id.is_some()
             || matches!(
-                s.phase,
+                s.lifecycle.phase,
                 MachinePhase::Applying
                     | MachinePhase::Installing
                     | MachinePhase::Booting
@@ -162,7 +162,7 @@ async fn reconcile_inner(cluster: &TalosCluster, ctx: &Context) -> Result<Action
     )
     .await?;
     let mut status = cluster.status.clone().unwrap_or_default();
-    status.observed_generation = cluster.metadata.generation;
+    status.core.observed_generation = cluster.metadata.generation;
 
     let next_sweep = discover(ctx, cluster).await;
     // As stored until the bundle is recorded and etcd bootstrapped (the never-regenerate and
@@ -204,7 +204,7 @@ async fn reconcile_inner(cluster: &TalosCluster, ctx: &Context) -> Result<Action
         || cluster
             .status
             .as_ref()
-            .is_some_and(|s| !s.tombstones.is_empty());
+            .is_some_and(|s| !s.tombstones.list.is_empty());
     let on_nodes = plan::waits_on_nodes(
         bundle.is_some(),
         cond::is_true(&status.conditions, conditions::BOOTSTRAPPED),
@@ -299,6 +299,7 @@ async fn ensure_bundle(
     match secrets::ensure(ctx, cluster, configured, look).await? {
         Ok(b) => {
             status
+                .core
                 .bundle_fingerprint
                 .get_or_insert_with(|| secrets::fingerprint(&b));
             cond::set(
@@ -310,7 +311,7 @@ async fn ensure_bundle(
                 cluster.metadata.generation,
                 &ctx.now(),
             );
-            status.secrets_secret = Some(secrets::bundle_secret_name(cluster));
+            status.core.secrets_secret = Some(secrets::bundle_secret_name(cluster));
             Ok(Some(b))
         }
         Err(problem) => {
@@ -327,8 +328,8 @@ fn record_counts(
     status: &mut TalosClusterStatus,
     tally: &Tally,
 ) {
-    status.control_planes = Some(tally.control_planes());
-    status.workers = Some(tally.workers());
+    status.core.control_planes = Some(tally.control_planes());
+    status.core.workers = Some(tally.workers());
     // Transitioning is a fact, not an error.
     let (transitioning, reason, message) = tally.transitioning();
     cond::set(
@@ -417,15 +418,15 @@ fn record_file(
     file: File,
     published: Result<Held, secrets::NameTaken>,
 ) -> Result<Timestamp, secrets::NameTaken> {
-    let expiries = status.credentials.get_or_insert_with(Default::default);
+    let expiries = status.core.credentials.get_or_insert_with(Default::default);
     let (secret, expires, name) = match file {
         File::Talosconfig => (
-            &mut status.talosconfig_secret,
+            &mut status.core.talosconfig_secret,
             &mut expiries.talosconfig_expires_at,
             talosconfig_name(cluster),
         ),
         File::Kubeconfig => (
-            &mut status.kubeconfig_secret,
+            &mut status.core.kubeconfig_secret,
             &mut expiries.kubeconfig_expires_at,
             kubeconfig_name(cluster),
         ),
@@ -558,7 +559,7 @@ fn record_readiness(
 ) {
     let generation = cluster.metadata.generation;
     let (current, reason, message) = crate::drift::rolled_out(
-        cluster.status.as_ref().and_then(|s| s.drift_halt.as_ref()),
+        cluster.status.as_ref().and_then(|s| s.drift.halt.as_ref()),
         machines,
     );
     cond::set(
@@ -624,6 +625,7 @@ async fn bootstrap(
 ) -> Result<(), Error> {
     let (candidates, clients) = bootstrap_candidates(machines, credentials).await;
     let record = status
+        .core
         .bootstrap
         .as_ref()
         .map(|r| (r.machine_name.as_str(), r.machine_uid.as_str()));
@@ -647,7 +649,7 @@ async fn bootstrap(
             ),
         ),
         BootstrapStep::AlreadyRunning { name, uid } => {
-            if restoring.is_some() && !plan::chosen(status.bootstrap.as_ref(), &name) {
+            if restoring.is_some() && !plan::chosen(status.core.bootstrap.as_ref(), &name) {
                 let failure = crate::Stop {
                     reason: reasons::RESTORE_REFUSED_BOOTSTRAPPED,
                     message: format!(
@@ -661,7 +663,7 @@ async fn bootstrap(
                 // Bootstrapped from the backup before a restart could record it.
                 restore::completed(ctx, cluster, status).await;
             }
-            status.bootstrap.get_or_insert(BootstrapRecord {
+            status.core.bootstrap.get_or_insert(BootstrapRecord {
                 machine_name: name.clone(),
                 machine_uid: uid,
                 chosen_at: ctx.now(),
@@ -737,7 +739,7 @@ async fn record_bootstrap_choice(
     // Record first, guarded by resourceVersion: a concurrent writer makes this fail
     // and the next reconcile decides again on what it wrote.
     let mut next = status.clone();
-    next.bootstrap = Some(BootstrapRecord {
+    next.core.bootstrap = Some(BootstrapRecord {
         machine_name: name.clone(),
         machine_uid: uid,
         chosen_at: ctx.now(),
@@ -795,7 +797,7 @@ async fn call_bootstrap(
     if restoring.is_some() {
         restore::completed(ctx, cluster, status).await;
     }
-    if let Some(record) = status.bootstrap.as_mut() {
+    if let Some(record) = status.core.bootstrap.as_mut() {
         record.completed_at.get_or_insert_with(|| ctx.now());
     }
     ctx.event(
@@ -948,7 +950,7 @@ async fn tombstones(
     let stones = cluster
         .status
         .as_ref()
-        .map(|s| s.tombstones.clone())
+        .map(|s| s.tombstones.list.clone())
         .unwrap_or_default();
     let mut refused = Vec::new();
     for stone in stones {
@@ -1068,13 +1070,13 @@ async fn write_tombstones(
         let left: Vec<_> = fresh
             .status
             .as_ref()
-            .map(|s| s.tombstones.clone())
+            .map(|s| s.tombstones.list.clone())
             .unwrap_or_default()
             .into_iter()
             .filter(|t| t.address != stone.address)
             .collect();
         let mut status = fresh.status.clone().unwrap_or_default();
-        status.tombstones = left;
+        status.tombstones.list = left;
         crate::infra::status::write_checked(&api, &fresh, &status).await?;
     }
     Ok(())

@@ -204,7 +204,7 @@ pub(super) fn bootstrap_candidate(machine: &TalosMachine) -> bool {
         && machine
             .status
             .as_ref()
-            .is_some_and(|s| s.applied_config_hash.is_some())
+            .is_some_and(|s| s.applied.config_hash.is_some())
 }
 
 /// Where a bootstrap candidate is asked: the address recorded in status, else its first endpoint.
@@ -212,7 +212,7 @@ pub(super) fn bootstrap_address(machine: &TalosMachine) -> String {
     machine
         .status
         .as_ref()
-        .and_then(|s| s.address.clone())
+        .and_then(|s| s.inventory.address.clone())
         .or_else(|| machine.spec.endpoints.first().cloned())
         .unwrap_or_default()
 }
@@ -288,7 +288,7 @@ pub(super) fn teardown(machines: &[TalosMachine]) -> Teardown {
     let configured = |m: &TalosMachine| {
         m.status
             .as_ref()
-            .is_some_and(|s| s.applied_config_hash.is_some())
+            .is_some_and(|s| s.applied.config_hash.is_some())
     };
     let is_cp = |m: &TalosMachine| m.spec.role == Some(Role::ControlPlane);
     let workers = machines
@@ -322,8 +322,8 @@ pub(crate) fn machines_see(cluster: &TalosCluster) -> u64 {
     seen.metadata.resource_version = None;
     seen.metadata.managed_fields = None;
     if let Some(status) = seen.status.as_mut() {
-        status.control_planes = None;
-        status.workers = None;
+        status.core.control_planes = None;
+        status.core.workers = None;
         for condition in &mut status.conditions {
             condition.message.clear();
             condition.last_transition_time = Time(Timestamp::UNIX_EPOCH);
@@ -346,10 +346,11 @@ pub(crate) fn reads_machines_as_stored(cluster: &TalosCluster) -> bool {
         return true;
     };
     let bootstrapped = status
+        .core
         .bootstrap
         .as_ref()
         .is_some_and(|b| b.completed_at.is_some());
-    status.bundle_fingerprint.is_none() || !bootstrapped
+    status.core.bundle_fingerprint.is_none() || !bootstrapped
 }
 
 #[cfg(test)]
@@ -364,7 +365,9 @@ mod tests {
     fn configured(builder: ichor_api::testing::MachineBuilder) -> TalosMachine {
         builder
             .status(TalosMachineStatus {
-                applied_config_hash: Some("abc".into()),
+                applied: ichor_api::machine::MachineApplied {
+                    config_hash: Some("abc".into()),
+                },
                 ..Default::default()
             })
             .build()
@@ -602,7 +605,10 @@ mod tests {
         let machine = TalosMachine::test("cp-1").at("10.5.0.2");
         assert_eq!(bootstrap_address(&machine.clone().build()), "10.5.0.2");
         let moved = machine.status(TalosMachineStatus {
-            address: Some("10.5.0.9".into()),
+            inventory: ichor_api::machine::MachineInventory {
+                address: Some("10.5.0.9".into()),
+                ..Default::default()
+            },
             ..Default::default()
         });
         assert_eq!(bootstrap_address(&moved.build()), "10.5.0.9");
@@ -687,12 +693,15 @@ mod tests {
         let mut cluster = TalosCluster::test("lab").build();
         cluster.status = Some(TalosClusterStatus {
             conditions: vec![ready],
-            control_planes: Some(MachineCounts {
-                declared: Some(3),
-                approved: 3,
-                ready: cp_ready,
-                summary: format!("{cp_ready}/3"),
-            }),
+            core: ichor_api::cluster::ClusterCore {
+                control_planes: Some(MachineCounts {
+                    declared: Some(3),
+                    approved: 3,
+                    ready: cp_ready,
+                    summary: format!("{cp_ready}/3"),
+                }),
+                ..Default::default()
+            },
             ..Default::default()
         });
         cluster
@@ -732,7 +741,7 @@ mod tests {
         );
         assert_ne!(machines_see(&before), machines_see(&reason));
         let mut secrets = before.clone();
-        secrets.status.as_mut().expect("status").secrets_secret = Some("lab-secrets".into());
+        secrets.status.as_mut().expect("status").core.secrets_secret = Some("lab-secrets".into());
         assert_ne!(machines_see(&before), machines_see(&secrets));
         let mut respecced = before.clone();
         respecced.spec.talos_version = "v1.14.2".into();
@@ -744,10 +753,10 @@ mod tests {
         let mut cluster = TalosCluster::test("lab").build();
         assert!(reads_machines_as_stored(&cluster), "no status yet");
         let status = cluster.status.get_or_insert_with(Default::default);
-        status.bundle_fingerprint = Some("sha256:ab".into());
+        status.core.bundle_fingerprint = Some("sha256:ab".into());
         assert!(reads_machines_as_stored(&cluster), "not bootstrapped");
         let status = cluster.status.get_or_insert_with(Default::default);
-        status.bootstrap = Some(ichor_api::cluster::BootstrapRecord {
+        status.core.bootstrap = Some(ichor_api::cluster::BootstrapRecord {
             machine_name: "cp-1".into(),
             machine_uid: "u1".into(),
             chosen_at: Time(Timestamp::UNIX_EPOCH),
@@ -757,7 +766,11 @@ mod tests {
             reads_machines_as_stored(&cluster),
             "chosen, not bootstrapped yet"
         );
-        if let Some(record) = cluster.status.as_mut().and_then(|s| s.bootstrap.as_mut()) {
+        if let Some(record) = cluster
+            .status
+            .as_mut()
+            .and_then(|s| s.core.bootstrap.as_mut())
+        {
             record.completed_at = Some(Time(Timestamp::UNIX_EPOCH));
         }
         assert!(

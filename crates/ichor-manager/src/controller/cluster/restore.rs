@@ -102,15 +102,19 @@ pub async fn gate(
     let spec = cluster.spec.restore_from.as_ref();
     match step(
         spec.is_some(),
-        status.restore.as_ref(),
-        status.bootstrap.as_ref(),
+        status.restore.record.as_ref(),
+        status.core.bootstrap.as_ref(),
     ) {
         Step::NotRequested | Step::Done => Ok(Gate::Plain),
         Step::Refuse(stop) => {
             refuse(ctx, cluster, status, &stop).await;
             Ok(Gate::Hold)
         }
-        Step::Recover => Ok(status.restore.clone().map_or(Gate::Hold, Gate::Restore)),
+        Step::Recover => Ok(status
+            .restore
+            .record
+            .clone()
+            .map_or(Gate::Hold, Gate::Restore)),
         Step::Check => {
             let Some(spec) = spec else {
                 return Ok(Gate::Plain);
@@ -122,7 +126,7 @@ pub async fn gate(
                         checked.key, checked.size, checked.sha256
                     );
                     set(ctx, cluster, status, false, reasons::RESTORING, message);
-                    status.restore = Some(checked.clone());
+                    status.restore.record = Some(checked.clone());
                     Ok(Gate::Restore(checked))
                 }
                 Err(failure) => {
@@ -177,7 +181,7 @@ fn set(
 
 /// Records the restore done (with the bootstrap that used it), with an Event.
 pub async fn completed(ctx: &Context, cluster: &TalosCluster, status: &mut TalosClusterStatus) {
-    let Some(restore) = status.restore.as_mut() else {
+    let Some(restore) = status.restore.record.as_mut() else {
         return;
     };
     restore.completed_at = Some(ctx.now());

@@ -278,7 +278,7 @@ async fn look(machine: &Arc<TalosMachine>, ctx: &Arc<Context>) -> Result<Action,
         }
         ApprovalState::Rejected => {
             // A rejected machine releases the claim it may hold (ADR 0054), once.
-            if machine.status.as_ref().map(|s| s.phase) != Some(MachinePhase::Rejected) {
+            if machine.status.as_ref().map(|s| s.lifecycle.phase) != Some(MachinePhase::Rejected) {
                 crate::claims::release(&ctx.client, &machine).await?;
             }
             set_phase(&ctx, &machine, MachinePhase::Rejected).await?;
@@ -306,7 +306,8 @@ async fn write_status(
         return Ok(());
     }
     crate::infra::status::write(&api(ctx, machine), machine, status).await?;
-    ctx.metrics.phase(&machine.name_any(), status.phase);
+    ctx.metrics
+        .phase(&machine.name_any(), status.lifecycle.phase);
     Ok(())
 }
 
@@ -318,7 +319,7 @@ async fn set_phase(
     phase: MachinePhase,
 ) -> Result<(), Error> {
     let mut status = machine.status.clone().unwrap_or_default();
-    status.phase = phase;
+    status.lifecycle.phase = phase;
     let (reason, message) = if phase == MachinePhase::Rejected {
         (
             reasons::REJECTED,
@@ -369,7 +370,7 @@ async fn stopped(
         .conditions
         .iter()
         .any(|c| c.type_ == conditions::READY && c.reason == stop.reason);
-    status.phase = phase;
+    status.lifecycle.phase = phase;
     stop.set_condition(
         &mut status.conditions,
         conditions::READY,
@@ -389,7 +390,7 @@ pub(crate) fn address(machine: &TalosMachine) -> Option<String> {
     machine
         .status
         .as_ref()
-        .and_then(|s| s.address.clone())
+        .and_then(|s| s.inventory.address.clone())
         .or_else(|| machine.spec.endpoints.first().cloned())
 }
 
@@ -484,14 +485,18 @@ async fn approved(machine: &TalosMachine, ctx: &Context) -> Result<Action, Error
         bundle: &bundle,
         sources: &sources,
     };
-    if status.applied_config_hash.is_none() {
+    if status.applied.config_hash.is_none() {
         // The applied config is kept before its hash is recorded: a name another Secret
         // holds stops the first apply before anything reaches the node (ADR 0053).
         let name = applied_config_secret(machine);
         if let Err(taken) =
             crate::secrets::writable(&ctx.client, machine, (&name, APPLIED_WHAT)).await?
         {
-            let stop = Blocked::new(status.phase, reasons::SECRET_NAME_TAKEN, taken.to_string());
+            let stop = Blocked::new(
+                status.lifecycle.phase,
+                reasons::SECRET_NAME_TAKEN,
+                taken.to_string(),
+            );
             // Looked at again soon, as the cluster does: it goes on once the name is free.
             stopped(ctx, machine, status, stop).await?;
             return Ok(Action::requeue(ctx.settings.progress_requeue));
@@ -613,8 +618,9 @@ async fn apply_first(
     // The UUID claimed is the one recorded for the machine (a machine written by hand has
     // none), which every later step over mutual TLS checks the node against (ADR 0052).
     let mut status = status;
-    if status.hardware.as_ref().map(|h| &h.uuid) != Some(uuid) {
-        status.hardware = Some(crate::controller::cluster::discovery::hardware(&inventory));
+    if status.inventory.hardware.as_ref().map(|h| &h.uuid) != Some(uuid) {
+        status.inventory.hardware =
+            Some(crate::controller::cluster::discovery::hardware(&inventory));
     }
     send_first(
         ctx,
@@ -637,7 +643,7 @@ async fn applied_since(ctx: &Context, machine: &TalosMachine) -> Result<bool, Er
             fresh
                 .status
                 .as_ref()
-                .is_some_and(|s| s.applied_config_hash.is_some())
+                .is_some_and(|s| s.applied.config_hash.is_some())
         }))
 }
 
@@ -660,7 +666,7 @@ async fn not_connected(
     }
     match error {
         TalosError::FingerprintMismatch { observed, .. } => {
-            status.observed_fingerprint = Some(observed.clone());
+            status.inventory.observed_fingerprint = Some(observed.clone());
             let stop = plan::fingerprint_presented(reach.address, &observed, pinned);
             blocked(ctx, machine, status, stop).await
         }
@@ -679,8 +685,8 @@ async fn send_first(
     version: String,
     address: &str,
 ) -> Result<Action, Error> {
-    status.phase = MachinePhase::Applying;
-    status.talos_version = Some(version);
+    status.lifecycle.phase = MachinePhase::Applying;
+    status.inventory.talos_version = Some(version);
     cond::set(
         &mut status.conditions,
         conditions::CONFIG_APPLIED,
@@ -716,7 +722,7 @@ async fn record_applied(
     rendered: &Rendered,
 ) -> Result<(), Error> {
     store_applied(ctx, machine, &rendered.yaml).await?;
-    status.applied_config_hash = Some(rendered.hash.clone());
+    status.applied.config_hash = Some(rendered.hash.clone());
     plan::installing(
         &mut status,
         format!("config {} applied", rendered.hash),
@@ -817,8 +823,8 @@ async fn follow(
     let role = machine.spec.role.unwrap_or(Role::Worker);
     // Drift is a multi-step flow (apply, or lock + stage + reboot, then back): decide it on
     // the machine as stored now, not on a cache that may lag this manager's own writes.
-    if status.applied_config_hash.as_deref() != Some(rendered.hash.as_str())
-        || status.drift_reboot.is_some()
+    if status.applied.config_hash.as_deref() != Some(rendered.hash.as_str())
+        || status.drift.reboot.is_some()
     {
         let Some(fresh) = api(ctx, machine).get_opt(&machine.name_any()).await? else {
             return Ok(Action::await_change());
@@ -924,7 +930,7 @@ async fn boot_after_drift_reboot(
     client: Option<&TalosClient>,
     status: &TalosMachineStatus,
 ) -> Option<String> {
-    status.drift_boot_id.as_ref()?;
+    status.drift.boot_id.as_ref()?;
     client?.boot_id().await.ok()
 }
 
@@ -983,8 +989,8 @@ async fn install_step(
         InstallVerdict::Uninstalled { stop, fingerprint } => {
             // Nothing of the config is on the node: the first apply starts over, once the
             // new certificate is confirmed (spec.fingerprint); the pin is never moved here.
-            status.applied_config_hash = None;
-            status.observed_fingerprint = Some(fingerprint);
+            status.applied.config_hash = None;
+            status.inventory.observed_fingerprint = Some(fingerprint);
             stopped(ctx, machine, status.clone(), stop).await?;
             Ok(Some(Action::requeue(ctx.settings.progress_requeue)))
         }
@@ -1159,7 +1165,7 @@ async fn live_applied(
     store_applied(ctx, r.machine, &r.rendered.yaml).await?;
     // The lock and `driftReboot` are kept until the node is seen healthy again
     // (`DriftStep::Back`, next time).
-    status.applied_config_hash = Some(r.rendered.hash.clone());
+    status.applied.config_hash = Some(r.rendered.hash.clone());
     let how = if sent {
         "applied live (NO_REBOOT)"
     } else {
@@ -1239,9 +1245,9 @@ async fn live_refused(
             );
         }
         Ok(boot) => {
-            status.applied_config_hash = Some(r.rendered.hash.clone());
-            status.drift_reboot = Some(r.rendered.hash.clone());
-            status.drift_boot_id = Some(boot);
+            status.applied.config_hash = Some(r.rendered.hash.clone());
+            status.drift.reboot = Some(r.rendered.hash.clone());
+            status.drift.boot_id = Some(boot);
         }
     }
     Ok(())
@@ -1310,7 +1316,7 @@ async fn ask_queued(ctx: &Context, machine: &TalosMachine, cluster: &TalosCluste
     let waiting = cluster
         .status
         .as_ref()
-        .and_then(|s| s.lock.as_ref())
+        .and_then(|s| s.lock.mirror.as_ref())
         .map(|l| l.waiting.as_slice())
         .unwrap_or_default();
     let queued = plan::queued_behind(&machines, waiting, &machine.name_any());
@@ -1342,7 +1348,7 @@ async fn drift_wait(
     let recorded = fresh
         .as_ref()
         .and_then(|c| c.status.as_ref())
-        .and_then(|s| s.drift_halt.clone());
+        .and_then(|s| s.drift.halt.clone());
     let halt = recorded.as_ref().map(|h| DriftHalt {
         machine: h.machine.clone(),
         rendered: h.rendered_hash.clone(),
@@ -1396,9 +1402,9 @@ fn drift_view(
         name: machine.name_any(),
         role,
         rendered: rendered.hash,
-        applied: status.applied_config_hash.clone(),
+        applied: status.applied.config_hash.clone(),
         healthy: cond::is_true(&status.conditions, conditions::READY),
-        leaving: machine.metadata.deletion_timestamp.is_some() || status.removal.is_some(),
+        leaving: machine.metadata.deletion_timestamp.is_some() || status.removal.progress.is_some(),
     })
 }
 
@@ -1432,7 +1438,7 @@ async fn apply_live_once(
     rendered: &Rendered,
     status: &mut TalosMachineStatus,
 ) -> Result<Result<bool, TalosError>, Error> {
-    if status.drift_reboot.as_deref() == Some(rendered.hash.as_str()) {
+    if status.drift.reboot.as_deref() == Some(rendered.hash.as_str()) {
         match client.runs_config(rendered.yaml.as_bytes()).await {
             Ok(true) => return Ok(Ok(false)),
             Ok(false) => {}
@@ -1440,7 +1446,7 @@ async fn apply_live_once(
         }
     } else {
         patch_status(ctx, machine, json!({"driftReboot": rendered.hash})).await?;
-        status.drift_reboot = Some(rendered.hash.clone());
+        status.drift.reboot = Some(rendered.hash.clone());
     }
     Ok(client
         .apply_configuration(rendered.yaml.as_bytes(), ApplyMode::NoReboot)
@@ -1455,8 +1461,8 @@ async fn forget_drift_intent(
     machine: &TalosMachine,
     status: &mut TalosMachineStatus,
 ) -> Result<(), Error> {
-    let boot = status.drift_boot_id.take();
-    if status.drift_reboot.take().is_some() || boot.is_some() {
+    let boot = status.drift.boot_id.take();
+    if status.drift.reboot.take().is_some() || boot.is_some() {
         // A merge patch leaves out `None`: clear the fields explicitly.
         patch_status(
             ctx,

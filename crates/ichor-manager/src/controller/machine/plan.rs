@@ -106,17 +106,21 @@ pub(super) fn first_apply_checks(
         ));
     };
     if cond::is_true(&status.conditions, conditions::FINGERPRINT_CHANGED)
-        && status.observed_fingerprint.as_deref() != Some(pinned.as_str())
+        && status.inventory.observed_fingerprint.as_deref() != Some(pinned.as_str())
     {
         return Err(Blocked::approved(
             reasons::FINGERPRINT_MISMATCH,
             format!(
                 "the machine presented {} but {pinned} is pinned: confirm it is the same machine and update spec.fingerprint",
-                status.observed_fingerprint.clone().unwrap_or_default()
+                status
+                    .inventory
+                    .observed_fingerprint
+                    .clone()
+                    .unwrap_or_default()
             ),
         ));
     }
-    if let Some(hardware) = &status.hardware
+    if let Some(hardware) = &status.inventory.hardware
         && let Err(problems) = ichor_render::hardware::check(rendered, hardware)
     {
         let text: Vec<String> = problems.iter().map(ToString::to_string).collect();
@@ -172,10 +176,10 @@ pub(super) fn record_answers(
     let view = answers.map(|a| a.view);
     if let Some(answers) = answers {
         if let Some(version) = &answers.version {
-            status.talos_version = Some(version.clone());
+            status.inventory.talos_version = Some(version.clone());
         }
         if let Some(hostname) = &answers.hostname {
-            status.node_name = Some(hostname.clone());
+            status.lifecycle.node_name = Some(hostname.clone());
         }
     }
     if let Some(NodeView {
@@ -183,12 +187,12 @@ pub(super) fn record_answers(
         ..
     }) = view
     {
-        status.etcd_member_id = Some(format!("{id:016x}"));
+        status.lifecycle.etcd_member_id = Some(format!("{id:016x}"));
     }
     if role == Role::ControlPlane {
         // What the planner's snapshot reads, with the time it was seen.
-        status.etcd = Some(etcd_observation(
-            status.etcd.as_ref(),
+        status.etcd.observed = Some(etcd_observation(
+            status.etcd.observed.as_ref(),
             view.map(|v| v.etcd),
             at,
         ));
@@ -292,6 +296,7 @@ fn install_done(status: &TalosMachineStatus, seen: &InstallSeen) -> Option<Strin
             .then(|| "Talos reports the unattended install installed".to_owned());
     }
     let before_1_14 = !status
+        .inventory
         .talos_version
         .as_deref()
         .is_some_and(|v| version_supported(v, "v1.14.0"));
@@ -381,7 +386,7 @@ pub(super) fn installing(
     generation: Option<i64>,
     now: &Time,
 ) {
-    status.phase = MachinePhase::Installing;
+    status.lifecycle.phase = MachinePhase::Installing;
     cond::set(
         &mut status.conditions,
         conditions::CONFIG_APPLIED,
@@ -502,7 +507,7 @@ pub(super) fn drift_step(
     role: Role,
 ) -> DriftStep {
     if view.is_some()
-        && let Some(applied) = &status.applied_config_hash
+        && let Some(applied) = &status.applied.config_hash
         && applied != rendered
     {
         return DriftStep::RollOut {
@@ -511,10 +516,11 @@ pub(super) fn drift_step(
     }
     // After a reboot for drift, back means booted again: another boot id than before it.
     let rebooted = status
-        .drift_boot_id
+        .drift
+        .boot_id
         .as_deref()
         .is_none_or(|before| boot.is_some_and(|now| now != before));
-    if status.drift_reboot.is_some()
+    if status.drift.reboot.is_some()
         && rebooted
         && view.is_some_and(|v| {
             v.stage == ichor_talos::Stage::Running
@@ -524,8 +530,8 @@ pub(super) fn drift_step(
         return DriftStep::Back;
     }
     // Drift settled (applied live, or by a reboot seen through): the condition says so.
-    if status.applied_config_hash.as_deref() == Some(rendered)
-        && status.drift_reboot.is_none()
+    if status.applied.config_hash.as_deref() == Some(rendered)
+        && status.drift.reboot.is_none()
         && status.conditions.iter().any(|c| {
             c.type_ == conditions::CONFIG_APPLIED
                 && (c.reason == reasons::NEEDS_REBOOT || c.reason == reasons::DRIFT_NOT_APPLIED)
@@ -545,7 +551,7 @@ pub(super) fn drift_step(
 /// machine is looked at at the progress pace, so the rollout moves on seconds after the node
 /// before it is back, not a settled requeue later (ADR 0043).
 pub(super) fn settled(ready: bool, status: &TalosMachineStatus, rendered: &str) -> bool {
-    ready && status.drift_reboot.is_none() && !drift_queued(status, rendered)
+    ready && status.drift.reboot.is_none() && !drift_queued(status, rendered)
 }
 
 /// Whether the machine's drift waits on the rollout (its turn, a sibling's health, the
@@ -554,7 +560,8 @@ pub(super) fn settled(ready: bool, status: &TalosMachineStatus, rendered: &str) 
 /// change wakes it through its cluster's watch).
 fn drift_queued(status: &TalosMachineStatus, rendered: &str) -> bool {
     status
-        .applied_config_hash
+        .applied
+        .config_hash
         .as_deref()
         .is_some_and(|applied| applied != rendered)
         && !status.conditions.iter().any(|c| {
@@ -613,8 +620,8 @@ pub(super) fn record_standing(
     now: &Time,
 ) -> bool {
     let became_ready = judged.ready && !cond::is_true(&status.conditions, conditions::READY);
-    status.phase = judged.phase;
-    status.address = Some(address.to_owned());
+    status.lifecycle.phase = judged.phase;
+    status.inventory.address = Some(address.to_owned());
     cond::set(
         &mut status.conditions,
         conditions::READY,
@@ -656,7 +663,7 @@ pub(crate) fn looked_at(machine: &TalosMachine) -> u64 {
 pub(crate) fn standing_at(machine: &TalosMachine) -> u64 {
     let mut hasher = DefaultHasher::new();
     if let Some(status) = &machine.status {
-        format!("{:?}", status.phase).hash(&mut hasher);
+        format!("{:?}", status.lifecycle.phase).hash(&mut hasher);
         for c in &status.conditions {
             (&c.type_, &c.reason, &c.message).hash(&mut hasher);
             format!("{:?}", c.status).hash(&mut hasher);
@@ -938,7 +945,10 @@ mod tests {
             .approved()
             .worker()
             .status(TalosMachineStatus {
-                address: Some("10.9.9.9".into()),
+                inventory: ichor_api::machine::MachineInventory {
+                    address: Some("10.9.9.9".into()),
+                    ..Default::default()
+                },
                 ..Default::default()
             })
             .build();
@@ -965,14 +975,14 @@ mod tests {
         assert!(stop.message.starts_with("no fingerprint is pinned"));
 
         let mut changed = with_condition(conditions::FINGERPRINT_CHANGED, true, "Changed");
-        changed.observed_fingerprint = Some("other".into());
+        changed.inventory.observed_fingerprint = Some("other".into());
         let stop = first_apply_checks(&pinned, &changed, &rendered).expect_err("changed");
         assert_eq!(stop.reason, reasons::FINGERPRINT_MISMATCH);
         assert!(stop.message.contains("presented other but"));
         assert!(stop.message.contains(FINGERPRINT));
 
         // The pin updated to what the machine presents: confirmed.
-        changed.observed_fingerprint = Some(FINGERPRINT.into());
+        changed.inventory.observed_fingerprint = Some(FINGERPRINT.into());
         assert_eq!(
             first_apply_checks(&pinned, &changed, &rendered).as_deref(),
             Ok(FINGERPRINT)
@@ -996,15 +1006,18 @@ mod tests {
             .build();
         let rendered = render_for_test(&cluster, &machine, &bundle);
         let only = |path: &str| TalosMachineStatus {
-            hardware: Some(HardwareInventory {
-                disks: vec![DiskInfo {
-                    name: path.trim_start_matches("/dev/").into(),
-                    dev_path: path.into(),
-                    size: 500_000_000_000,
+            inventory: ichor_api::machine::MachineInventory {
+                hardware: Some(HardwareInventory {
+                    disks: vec![DiskInfo {
+                        name: path.trim_start_matches("/dev/").into(),
+                        dev_path: path.into(),
+                        size: 500_000_000_000,
+                        ..Default::default()
+                    }],
                     ..Default::default()
-                }],
+                }),
                 ..Default::default()
-            }),
+            },
             ..Default::default()
         };
         let stop =
@@ -1069,11 +1082,14 @@ mod tests {
         let now = time("2026-12-03T10:00:00Z");
         let answers = answered(Stage::Running, Etcd::Voter(0xab));
         record_answers(&mut status, Role::ControlPlane, Some(&answers), now.0);
-        assert_eq!(status.talos_version.as_deref(), Some("v1.14.1"));
-        assert_eq!(status.node_name.as_deref(), Some("cp-1"));
-        assert_eq!(status.etcd_member_id.as_deref(), Some("00000000000000ab"));
+        assert_eq!(status.inventory.talos_version.as_deref(), Some("v1.14.1"));
+        assert_eq!(status.lifecycle.node_name.as_deref(), Some("cp-1"));
         assert_eq!(
-            status.etcd,
+            status.lifecycle.etcd_member_id.as_deref(),
+            Some("00000000000000ab")
+        );
+        assert_eq!(
+            status.etcd.observed,
             Some(EtcdObservation {
                 voter: true,
                 healthy: true,
@@ -1086,32 +1102,48 @@ mod tests {
     fn a_silent_node_keeps_what_was_recorded_and_a_voter_stays_a_voter_unhealthy() {
         let before = time("2026-12-03T10:00:00Z");
         let mut status = TalosMachineStatus {
-            talos_version: Some("v1.13.0".into()),
-            etcd_member_id: Some("00000000000000ab".into()),
-            etcd: Some(EtcdObservation {
-                voter: true,
-                healthy: true,
-                observed_at: before.clone(),
-            }),
+            inventory: ichor_api::machine::MachineInventory {
+                talos_version: Some("v1.13.0".into()),
+                ..Default::default()
+            },
+            lifecycle: ichor_api::machine::MachineLifecycle {
+                etcd_member_id: Some("00000000000000ab".into()),
+                ..Default::default()
+            },
+            etcd: ichor_api::machine::MachineEtcd {
+                observed: Some(EtcdObservation {
+                    voter: true,
+                    healthy: true,
+                    observed_at: before.clone(),
+                }),
+            },
             ..Default::default()
         };
         let now = time("2026-12-03T10:05:00Z");
         record_answers(&mut status, Role::ControlPlane, None, now.0);
-        assert_eq!(status.talos_version.as_deref(), Some("v1.13.0"));
-        assert_eq!(status.etcd_member_id.as_deref(), Some("00000000000000ab"));
+        assert_eq!(status.inventory.talos_version.as_deref(), Some("v1.13.0"));
+        assert_eq!(
+            status.lifecycle.etcd_member_id.as_deref(),
+            Some("00000000000000ab")
+        );
         assert_eq!(reason_of(&status, conditions::INSTALLED), None);
-        let etcd = status.etcd.expect("observed");
+        let etcd = status.etcd.observed.expect("observed");
         assert!(etcd.voter && !etcd.healthy);
 
         let mut worker = TalosMachineStatus::default();
         let answers = answered(Stage::Running, Etcd::NotMember);
         record_answers(&mut worker, Role::Worker, Some(&answers), now.0);
-        assert_eq!((worker.etcd_member_id, worker.etcd), (None, None));
+        assert_eq!(
+            (worker.lifecycle.etcd_member_id, worker.etcd.observed),
+            (None, None)
+        );
     }
 
     fn applied(hash: &str) -> TalosMachineStatus {
         TalosMachineStatus {
-            applied_config_hash: Some(hash.into()),
+            applied: ichor_api::machine::MachineApplied {
+                config_hash: Some(hash.into()),
+            },
             ..Default::default()
         }
     }
@@ -1153,7 +1185,7 @@ mod tests {
         );
         // Still rolling out while a reboot is in flight for an older config.
         let mut rebooting = applied("sha256:old");
-        rebooting.drift_reboot = Some("sha256:old".into());
+        rebooting.drift.reboot = Some("sha256:old".into());
         assert!(matches!(
             drift_step(
                 &rebooting,
@@ -1169,7 +1201,7 @@ mod tests {
     #[test]
     fn a_reboot_for_drift_is_back_once_running_and_for_a_control_plane_a_voter() {
         let mut status = applied("sha256:new");
-        status.drift_reboot = Some("sha256:new".into());
+        status.drift.reboot = Some("sha256:new".into());
         let learner = NodeView {
             stage: Stage::Running,
             etcd: Etcd::Learner(1),
@@ -1205,8 +1237,8 @@ mod tests {
     #[test]
     fn a_reboot_for_drift_with_a_boot_id_is_back_only_on_another_boot() {
         let mut status = applied("sha256:new");
-        status.drift_reboot = Some("sha256:new".into());
-        status.drift_boot_id = Some("boot-1".into());
+        status.drift.reboot = Some("sha256:new".into());
+        status.drift.boot_id = Some("boot-1".into());
         let step = |boot| {
             drift_step(
                 &status,
@@ -1232,8 +1264,8 @@ mod tests {
         assert!(!settled(false, &status, "sha256:new"));
         // Staged and rebooted (or applied live) under the lock: Ready from before the reboot,
         // yet its return is awaited at the progress pace.
-        status.drift_reboot = Some("sha256:new".into());
-        status.drift_boot_id = Some("boot-1".into());
+        status.drift.reboot = Some("sha256:new".into());
+        status.drift.boot_id = Some("boot-1".into());
         assert!(!settled(true, &status, "sha256:new"));
     }
 
@@ -1244,7 +1276,7 @@ mod tests {
         // it is looked at at the progress pace, never a settled requeue later.
         for reason in [reasons::DRIFT_QUEUED, reasons::NEEDS_REBOOT] {
             let mut status = with_condition(conditions::CONFIG_APPLIED, false, reason);
-            status.applied_config_hash = Some("sha256:old".into());
+            status.applied.config_hash = Some("sha256:old".into());
             assert!(!settled(true, &status, "sha256:new"), "{reason}");
             assert!(
                 settled(true, &status, "sha256:old"),
@@ -1254,7 +1286,7 @@ mod tests {
         // A halt or a held adoption waits for a person, whose change wakes the machine.
         for reason in [reasons::DRIFT_HALTED, reasons::DRIFT_HELD_ADOPTED] {
             let mut status = with_condition(conditions::CONFIG_APPLIED, false, reason);
-            status.applied_config_hash = Some("sha256:old".into());
+            status.applied.config_hash = Some("sha256:old".into());
             assert!(settled(true, &status, "sha256:new"), "{reason}");
         }
         // Never configured: no drift.
@@ -1315,7 +1347,7 @@ mod tests {
     fn a_settled_drift_clears_a_needs_reboot_or_not_applied_condition() {
         for reason in [reasons::NEEDS_REBOOT, reasons::DRIFT_NOT_APPLIED] {
             let mut status = with_condition(conditions::CONFIG_APPLIED, false, reason);
-            status.applied_config_hash = Some("sha256:new".into());
+            status.applied.config_hash = Some("sha256:new".into());
             assert_eq!(
                 drift_step(
                     &status,
@@ -1332,7 +1364,7 @@ mod tests {
                 DriftStep::Idle,
                 "{reason}: only once the node answers"
             );
-            status.drift_reboot = Some("sha256:new".into());
+            status.drift.reboot = Some("sha256:new".into());
             let booting = NodeView {
                 stage: Stage::Rebooting,
                 etcd: Etcd::NotMember,
@@ -1344,7 +1376,7 @@ mod tests {
             );
         }
         let mut queued = with_condition(conditions::CONFIG_APPLIED, false, reasons::DRIFT_QUEUED);
-        queued.applied_config_hash = Some("sha256:new".into());
+        queued.applied.config_hash = Some("sha256:new".into());
         assert_eq!(
             drift_step(
                 &queued,
@@ -1385,8 +1417,8 @@ mod tests {
             Some(1),
             &now
         ));
-        assert_eq!(status.phase, MachinePhase::Booting);
-        assert_eq!(status.address.as_deref(), Some(ADDRESS));
+        assert_eq!(status.lifecycle.phase, MachinePhase::Booting);
+        assert_eq!(status.inventory.address.as_deref(), Some(ADDRESS));
         assert_eq!(
             reason_of(&status, conditions::READY),
             Some(reasons::WAITING_FOR_NODE_API)
@@ -1398,7 +1430,7 @@ mod tests {
             Some(1),
             &now
         ));
-        assert_eq!(status.phase, MachinePhase::Ready);
+        assert_eq!(status.lifecycle.phase, MachinePhase::Ready);
         assert!(
             !record_standing(&mut status, &judged(true), ADDRESS, Some(1), &now),
             "already Ready"
@@ -1410,8 +1442,13 @@ mod tests {
     /// A machine whose config was applied at 10:00 (`Installed` false since), on `version`.
     fn applied_at_ten(version: &str) -> TalosMachineStatus {
         let mut status = TalosMachineStatus {
-            talos_version: Some(version.into()),
-            applied_config_hash: Some("sha256:a".into()),
+            inventory: ichor_api::machine::MachineInventory {
+                talos_version: Some(version.into()),
+                ..Default::default()
+            },
+            applied: ichor_api::machine::MachineApplied {
+                config_hash: Some("sha256:a".into()),
+            },
             ..Default::default()
         };
         installing(
@@ -1446,7 +1483,7 @@ mod tests {
     #[test]
     fn an_applied_config_starts_the_install_and_a_new_apply_restarts_its_clock() {
         let mut status = applied_at_ten("v1.14.1");
-        assert_eq!(status.phase, MachinePhase::Installing);
+        assert_eq!(status.lifecycle.phase, MachinePhase::Installing);
         assert!(cond::is_true(
             &status.conditions,
             conditions::CONFIG_APPLIED
@@ -1732,16 +1769,19 @@ mod tests {
         let mut machine = TalosMachine::test("m").build();
         let bare = standing_at(&machine);
         let mut status = TalosMachineStatus {
-            phase: MachinePhase::Installing,
+            lifecycle: ichor_api::machine::MachineLifecycle {
+                phase: MachinePhase::Installing,
+                ..Default::default()
+            },
             ..Default::default()
         };
         machine.status = Some(status.clone());
         let installing = standing_at(&machine);
         assert_ne!(installing, bare);
-        status.address = Some("10.0.0.9".into());
+        status.inventory.address = Some("10.0.0.9".into());
         machine.status = Some(status.clone());
         assert_eq!(standing_at(&machine), installing, "not other fields");
-        status.phase = MachinePhase::Ready;
+        status.lifecycle.phase = MachinePhase::Ready;
         machine.status = Some(status);
         assert_ne!(standing_at(&machine), installing);
     }

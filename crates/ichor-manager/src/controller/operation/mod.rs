@@ -91,7 +91,7 @@ async fn waiting(
     let first = !status.conditions.iter().any(|c| {
         c.type_ == conditions::SUCCEEDED && c.reason == stop.reason && c.message == stop.message
     });
-    status.phase = phase;
+    status.run.phase = phase;
     stop.set_condition(
         &mut status.conditions,
         conditions::SUCCEEDED,
@@ -116,13 +116,13 @@ async fn end(
     reason: &str,
     message: String,
 ) -> Result<Action, Error> {
-    status.phase = if succeeded {
+    status.run.phase = if succeeded {
         OperationPhase::Succeeded
     } else {
         OperationPhase::Failed
     };
-    status.completed_at = Some(ctx.now());
-    status.progress = Some(progress(&status.nodes));
+    status.run.completed_at = Some(ctx.now());
+    status.run.progress = Some(progress(&status.run.nodes));
     cond::set(
         &mut status.conditions,
         conditions::SUCCEEDED,
@@ -366,11 +366,11 @@ async fn start(
 ) -> Result<(), Error> {
     // Waiting (for the lock, or held by the planner) and running again: only the first start
     // is recorded and announced.
-    status.phase = OperationPhase::Running;
-    if status.started_at.is_some() {
+    status.run.phase = OperationPhase::Running;
+    if status.run.started_at.is_some() {
         return Ok(());
     }
-    status.started_at = Some(ctx.now());
+    status.run.started_at = Some(ctx.now());
     if operation.spec.action == OperationAction::UpgradeKubernetes {
         set_kubernetes_version(ctx, operation, cluster).await?;
     }
@@ -383,7 +383,7 @@ async fn start(
         format!(
             "{:?} on {} node(s), one at a time",
             operation.spec.action,
-            status.nodes.len()
+            status.run.nodes.len()
         ),
     )
     .await;
@@ -420,7 +420,7 @@ async fn run_next(
             .await;
         }
     };
-    let name = status.nodes[index].machine.clone();
+    let name = status.run.nodes[index].machine.clone();
     let node = Node {
         ctx,
         operation,
@@ -432,10 +432,10 @@ async fn run_next(
         credentials,
         bundle,
     };
-    let step = status.nodes[index].clone();
+    let step = status.run.nodes[index].clone();
     let (step, verdict) = node.advance(step).await?;
-    status.nodes[index] = step;
-    status.progress = Some(progress(&status.nodes));
+    status.run.nodes[index] = step;
+    status.run.progress = Some(progress(&status.run.nodes));
     conclude(ctx, operation, cluster, status, &name, verdict).await
 }
 
@@ -492,6 +492,7 @@ fn resets_a_surplus_control_plane(
         return false;
     }
     let Some(next) = status
+        .run
         .nodes
         .iter()
         .find(|n| n.phase != OperationPhase::Succeeded)
@@ -725,12 +726,17 @@ impl Node<'_> {
             return Ok(());
         };
         let mut status = fresh.status.unwrap_or_default();
-        if let Some(slot) = status.nodes.iter_mut().find(|n| n.machine == step.machine) {
+        if let Some(slot) = status
+            .run
+            .nodes
+            .iter_mut()
+            .find(|n| n.machine == step.machine)
+        {
             *slot = step.clone();
         } else {
-            status.nodes.push(step.clone());
+            status.run.nodes.push(step.clone());
         }
-        status.progress = Some(progress(&status.nodes));
+        status.run.progress = Some(progress(&status.run.nodes));
         write(self.ctx, self.operation, &status).await
     }
 

@@ -19,7 +19,7 @@ use crate::{Stop, lock};
 /// Whether the operation ended (succeeded or failed): it is never run again.
 pub(super) fn is_over(status: &TalosOperationStatus) -> bool {
     matches!(
-        status.phase,
+        status.run.phase,
         OperationPhase::Succeeded | OperationPhase::Failed
     )
 }
@@ -31,10 +31,10 @@ pub(super) fn choose_targets(
     spec: &TalosOperationSpec,
     machines: &[TalosMachine],
 ) -> Result<(), NoTargets> {
-    if !status.nodes.is_empty() {
+    if !status.run.nodes.is_empty() {
         return Ok(());
     }
-    status.nodes = spec
+    status.run.nodes = spec
         .targets(machines)?
         .into_iter()
         .map(|machine| NodeStep {
@@ -42,7 +42,7 @@ pub(super) fn choose_targets(
             ..Default::default()
         })
         .collect();
-    status.progress = Some(progress(&status.nodes));
+    status.run.progress = Some(progress(&status.run.nodes));
     Ok(())
 }
 
@@ -83,6 +83,7 @@ pub(super) fn next_node<'m>(
     machines: &'m [TalosMachine],
 ) -> NextNode<'m> {
     let Some(index) = status
+        .run
         .nodes
         .iter()
         .position(|n| n.phase != OperationPhase::Succeeded)
@@ -90,10 +91,10 @@ pub(super) fn next_node<'m>(
         return NextNode::End {
             succeeded: true,
             reason: reasons::COMPLETED,
-            message: format!("{action:?} done on {} node(s)", status.nodes.len()),
+            message: format!("{action:?} done on {} node(s)", status.run.nodes.len()),
         };
     };
-    let name = &status.nodes[index].machine;
+    let name = &status.run.nodes[index].machine;
     match machines.iter().find(|m| &m.name_any() == name) {
         Some(machine) => NextNode::At { index, machine },
         None => NextNode::End {
@@ -267,14 +268,17 @@ mod tests {
     /// A status with these nodes, in this order.
     fn status_with(nodes: &[(&str, OperationPhase)]) -> TalosOperationStatus {
         TalosOperationStatus {
-            nodes: nodes
-                .iter()
-                .map(|(machine, phase)| NodeStep {
-                    machine: (*machine).into(),
-                    phase: *phase,
-                    ..Default::default()
-                })
-                .collect(),
+            run: ichor_api::operation::OperationRun {
+                nodes: nodes
+                    .iter()
+                    .map(|(machine, phase)| NodeStep {
+                        machine: (*machine).into(),
+                        phase: *phase,
+                        ..Default::default()
+                    })
+                    .collect(),
+                ..Default::default()
+            },
             ..Default::default()
         }
     }
@@ -282,7 +286,10 @@ mod tests {
     #[test]
     fn only_a_succeeded_or_failed_operation_is_over() {
         let at = |phase| TalosOperationStatus {
-            phase,
+            run: ichor_api::operation::OperationRun {
+                phase,
+                ..Default::default()
+            },
             ..Default::default()
         };
         assert!(is_over(&at(OperationPhase::Succeeded)));
@@ -296,7 +303,9 @@ mod tests {
     fn configured(name: &str) -> TalosMachine {
         let mut machine = TalosMachine::test(name).worker().approved().build();
         machine.status = Some(ichor_api::machine::TalosMachineStatus {
-            applied_config_hash: Some("hash".into()),
+            applied: ichor_api::machine::MachineApplied {
+                config_hash: Some("hash".into()),
+            },
             ..Default::default()
         });
         machine
@@ -312,10 +321,10 @@ mod tests {
         let mut status = TalosOperationStatus::default();
         assert_eq!(choose_targets(&mut status, &spec, &machines), Ok(()));
         assert_eq!(
-            status.nodes,
-            status_with(&[("w-2", OperationPhase::Pending)]).nodes
+            status.run.nodes,
+            status_with(&[("w-2", OperationPhase::Pending)]).run.nodes
         );
-        assert_eq!(status.progress.as_deref(), Some("0/1"));
+        assert_eq!(status.run.progress.as_deref(), Some("0/1"));
         // Recorded nodes stay, whatever the machines are now.
         let mut recorded = status_with(&[("w-1", OperationPhase::Succeeded)]);
         assert_eq!(choose_targets(&mut recorded, &spec, &[]), Ok(()));

@@ -122,7 +122,7 @@ async fn observe(
         let configured = machine
             .status
             .as_ref()
-            .is_some_and(|s| s.applied_config_hash.is_some());
+            .is_some_and(|s| s.applied.config_hash.is_some());
         let (Some(bundle), Some(address), true) = (
             bundle.as_ref(),
             crate::controller::machine::address(&machine),

@@ -81,12 +81,12 @@ pub fn plan(
             }
             Seen::Volumes(reported) => observed(storage, machine, reported, &mut tally),
         };
-        status.machines.push(MachineVolumes {
+        status.volumes.machines.push(MachineVolumes {
             machine: machine.clone(),
             volumes,
         });
     }
-    status.volume_count = Some(tally.ready);
+    status.volumes.volume_count = Some(tally.ready);
     let (holds, reason, message) = if !tally.conflicts.is_empty() {
         (false, reasons::VOLUME_CONFLICT, tally.conflicts.join("; "))
     } else if !tally.failed.is_empty() {
@@ -159,9 +159,9 @@ mod tests {
         let (status, holds, reason, _) = plan(&storage(), &all);
         assert!(holds);
         assert_eq!(reason, reasons::VOLUMES_READY);
-        assert_eq!(status.volume_count, Some(2));
+        assert_eq!(status.volumes.volume_count, Some(2));
         assert_eq!(
-            status.machines[0].volumes[1].location.as_deref(),
+            status.volumes.machines[0].volumes[1].location.as_deref(),
             Some("/dev/vdb1")
         );
 
@@ -176,7 +176,7 @@ mod tests {
             message.contains("m1/b (waiting)") && message.contains("m2"),
             "{message}"
         );
-        assert_eq!(status.machines[0].volumes[1].phase, "waiting");
+        assert_eq!(status.volumes.machines[0].volumes[1].phase, "waiting");
     }
 
     #[test]

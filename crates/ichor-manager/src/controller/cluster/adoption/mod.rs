@@ -130,7 +130,7 @@ pub async fn adopt(
     let Some(spec) = cluster.spec.adopt.as_ref() else {
         return Ok(());
     };
-    if status.adoption.is_some() {
+    if status.core.adoption.is_some() {
         return Ok(());
     }
     // A namespace confined to address ranges adopts, and so claims, only nodes inside them.
@@ -192,7 +192,7 @@ async fn recorded(
     endpoints: &[String],
 ) {
     let now = ctx.now();
-    status.bootstrap = Some(BootstrapRecord {
+    status.core.bootstrap = Some(BootstrapRecord {
         machine_name: first,
         machine_uid: String::new(),
         chosen_at: now.clone(),
@@ -203,7 +203,7 @@ async fn recorded(
         names.len(),
         endpoints.join(", ")
     );
-    status.adoption = Some(AdoptionStatus {
+    status.core.adoption = Some(AdoptionStatus {
         adopted_at: now.clone(),
         machines: names,
     });

@@ -57,13 +57,16 @@ async fn record(
     step: RemovalStep,
     message: String,
 ) -> Result<TalosMachineStatus, Error> {
-    let progress = status.removal.get_or_insert_with(|| RemovalProgress {
-        started_at: Some(ctx.now()),
-        ..Default::default()
-    });
+    let progress = status
+        .removal
+        .progress
+        .get_or_insert_with(|| RemovalProgress {
+            started_at: Some(ctx.now()),
+            ..Default::default()
+        });
     progress.step = step;
     progress.message = Some(message);
-    status.phase = MachinePhase::Removing;
+    status.lifecycle.phase = MachinePhase::Removing;
     crate::infra::status::write(&machines_api(ctx, machine), machine, &status).await?;
     Ok(status)
 }
@@ -77,9 +80,18 @@ async fn waiting(
     stop: Stop,
 ) -> Result<Action, Error> {
     let mut status = status;
-    let step = status.removal.as_ref().map(|r| r.step).unwrap_or_default();
-    let first =
-        status.removal.as_ref().and_then(|r| r.message.as_deref()) != Some(stop.message.as_str());
+    let step = status
+        .removal
+        .progress
+        .as_ref()
+        .map(|r| r.step)
+        .unwrap_or_default();
+    let first = status
+        .removal
+        .progress
+        .as_ref()
+        .and_then(|r| r.message.as_deref())
+        != Some(stop.message.as_str());
     stop.set_condition(
         &mut status.conditions,
         conditions::REMOVAL_APPROVED,
@@ -194,7 +206,7 @@ fn entry(cached: &TalosMachine, fresh: Option<TalosMachine>) -> Entry {
     if machine
         .status
         .as_ref()
-        .is_none_or(|s| s.applied_config_hash.is_none())
+        .is_none_or(|s| s.applied.config_hash.is_none())
     {
         return Entry::Release(machine);
     }
@@ -226,7 +238,12 @@ async fn admit(
     // As stored: the lock (one disruption at a time, ADR 0019) and the planner's quorum rule
     // count the machines as they are now.
     let all = crate::cluster_machines_as_stored(ctx, cluster).await?;
-    let done_step = status.removal.as_ref().map(|r| r.step).unwrap_or_default();
+    let done_step = status
+        .removal
+        .progress
+        .as_ref()
+        .map(|r| r.step)
+        .unwrap_or_default();
     let outcome = take_lock(ctx, machine, cluster, &all, holder, done_step).await?;
     if !outcome.held() {
         return Ok(Admission::Hold(Stop::new(
@@ -404,10 +421,13 @@ fn note_skips(status: &mut TalosMachineStatus, done: &Completion, message: &str,
     if !done.reset_skipped && !done.skipped {
         return;
     }
-    let progress = status.removal.get_or_insert_with(|| RemovalProgress {
-        started_at: Some(now.clone()),
-        ..Default::default()
-    });
+    let progress = status
+        .removal
+        .progress
+        .get_or_insert_with(|| RemovalProgress {
+            started_at: Some(now.clone()),
+            ..Default::default()
+        });
     if done.reset_skipped {
         // The node could not be reset: the Reset step is recorded as skipped.
         progress.reset_skipped = true;
@@ -570,6 +590,7 @@ impl<'a> Scene<'a> {
     /// The member id recorded while the machine was followed.
     fn recorded_member(&self) -> Option<u64> {
         self.status
+            .lifecycle
             .etcd_member_id
             .as_deref()
             .and_then(|id| u64::from_str_radix(id, 16).ok())
@@ -776,7 +797,7 @@ impl<'a> Scene<'a> {
             let mut stones = fresh
                 .status
                 .as_ref()
-                .map(|s| s.tombstones.clone())
+                .map(|s| s.tombstones.list.clone())
                 .unwrap_or_default();
             if stones.iter().any(|t| t.address == self.address) {
                 return Ok(());
@@ -789,7 +810,7 @@ impl<'a> Scene<'a> {
                 removed_at: self.ctx.now(),
             });
             let mut status = fresh.status.clone().unwrap_or_default();
-            status.tombstones = stones;
+            status.tombstones.list = stones;
             match crate::infra::status::write_checked(&clusters, &fresh, &status).await {
                 Ok(_) => return Ok(()),
                 Err(kube::Error::Api(s)) if s.is_conflict() => continue,
@@ -802,6 +823,7 @@ impl<'a> Scene<'a> {
         if self
             .status
             .removal
+            .progress
             .as_ref()
             .is_some_and(|r| r.reset_skipped)
         {
@@ -960,9 +982,9 @@ async fn peer_addresses(ctx: &Context, machine: &TalosMachine) -> Result<Vec<Str
                 && m.metadata.deletion_timestamp.is_none()
                 && m.status
                     .as_ref()
-                    .is_some_and(|s| s.applied_config_hash.is_some())
+                    .is_some_and(|s| s.applied.config_hash.is_some())
         })
-        .filter_map(|m| m.status.and_then(|s| s.address))
+        .filter_map(|m| m.status.and_then(|s| s.inventory.address))
         .collect())
 }
 
@@ -980,7 +1002,9 @@ mod tests {
         machine.metadata.finalizers =
             finalizer.then(|| vec![finalizers::MACHINE_REMOVAL.to_owned()]);
         machine.status = Some(TalosMachineStatus {
-            applied_config_hash: configured.then(|| "h".to_owned()),
+            applied: ichor_api::machine::MachineApplied {
+                config_hash: configured.then(|| "h".to_owned()),
+            },
             ..TalosMachineStatus::default()
         });
         machine
@@ -1168,7 +1192,7 @@ mod tests {
             let at = Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
             note_skips(&mut status, &done, "skipped", at.clone());
             note_skips(&mut status, &done, "skipped", at.clone());
-            let removal = status.removal.expect("progress");
+            let removal = status.removal.progress.expect("progress");
             assert_eq!(
                 removal.skipped,
                 [SkippedStep {
@@ -1193,6 +1217,6 @@ mod tests {
             "m",
             at,
         );
-        assert!(status.removal.is_none());
+        assert!(status.removal.progress.is_none());
     }
 }
