@@ -10,6 +10,7 @@
 use std::fmt::Debug;
 
 use ichor_api::names::{conditions, field_managers as fm};
+use ichor_api::status::Part;
 use ichor_api::{TalosCluster, TalosMachine, TalosOperation};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
 use kube::api::{Api, Patch, PatchParams};
@@ -159,7 +160,7 @@ pub trait Grouped:
     Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Serialize
 {
     /// Its status type.
-    type Status: Serialize + DeserializeOwned;
+    type Status: Serialize + DeserializeOwned + ichor_api::status::Grouped;
     /// Its groups: every status field in exactly one.
     const GROUPS: &'static [Group];
     /// Its status, if any.
@@ -512,6 +513,69 @@ pub async fn write_checked<K: Grouped>(
     new: &K::Status,
 ) -> Result<(), kube::Error> {
     write_groups(api, object, new, true, None).await
+}
+
+/// Whether [`apply()`] is refused when the object changed since the copy it was given was read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Guard {
+    /// Applied whatever changed meanwhile: the group's fields are its writer's alone.
+    None,
+    /// Refused with a conflict if the object's `resourceVersion` moved since the copy was read:
+    /// for a read-modify-write (the lock's mirror, the tombstones, a bootstrap record), retried
+    /// on a fresh copy.
+    Version,
+}
+
+/// Group `part`'s share of `status`: its fields (those set) and the conditions it owns.
+pub fn project_part<S: ichor_api::status::Grouped>(
+    part: &Part<S>,
+    status: &S,
+) -> Map<String, Value> {
+    let mut out = match (part.fields)(status) {
+        Value::Object(fields) => fields,
+        _ => Map::new(),
+    };
+    out.retain(|_, value| !value.is_null());
+    let owned: Vec<Value> = status
+        .conditions()
+        .iter()
+        .filter(|c| part.owns(S::GROUPS, &c.type_))
+        .filter_map(|c| serde_json::to_value(c).ok())
+        .collect();
+    if !owned.is_empty() {
+        out.insert("conditions".to_owned(), Value::Array(owned));
+    }
+    out
+}
+
+/// Applies group `G` of `new` to `object` by server-side apply with `G`'s field manager: its
+/// fields and the condition types it owns, whole, so whatever it no longer sends is cleared and
+/// no other group's field or condition is sent or touched. Nothing is sent when `object`'s
+/// status already holds exactly that part. With [`Guard::Version`], a conflict if `object` is
+/// no longer the current version.
+pub async fn apply<G, K>(
+    api: &Api<K>,
+    object: &K,
+    new: &K::Status,
+    guard: Guard,
+) -> Result<(), kube::Error>
+where
+    K: Grouped,
+    G: ichor_api::status::Group<K::Status>,
+{
+    let part = Part::of::<G>();
+    let after = project_part(&part, new);
+    let before = object
+        .status_of()
+        .map(|old| project_part(&part, old))
+        .unwrap_or_default();
+    if before == after {
+        return Ok(());
+    }
+    let mut version = object
+        .resource_version()
+        .filter(|_| guard == Guard::Version);
+    apply_one(api, &object.name_any(), part.manager, after, &mut version).await
 }
 
 /// Merges `fields` (JSON merge-patch semantics: `null` clears a field) into the current status
