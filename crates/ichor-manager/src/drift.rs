@@ -3,15 +3,29 @@
 //! The machine controller is its one writer; the cluster controller only reads it into the
 //! `ConfigRolledOut` condition.
 
-use ichor_api::cluster::DriftHaltStatus;
+use ichor_api::cluster::{ClusterDrift, DriftHaltStatus};
 use ichor_api::names::{actions, conditions, reasons};
 use ichor_api::{TalosCluster, TalosMachine};
 use kube::ResourceExt as _;
 use kube::api::Api;
 use kube::runtime::events::EventType;
-use serde_json::json;
 
+use crate::infra::status::{self, Guard};
 use crate::{Context, Error};
+
+/// Records `halt` as the cluster's drift halt (its own group), on the cluster as stored.
+async fn set_halt(
+    ctx: &Context,
+    cluster: &TalosCluster,
+    halt: Option<DriftHaltStatus>,
+) -> Result<(), Error> {
+    let api = api(ctx, cluster);
+    let fresh = api.get(&cluster.name_any()).await?;
+    let mut status = fresh.status.clone().unwrap_or_default();
+    status.drift.halt = halt;
+    status::apply::<ClusterDrift, _>(&api, &fresh, &status, Guard::None).await?;
+    Ok(())
+}
 
 fn api(ctx: &Context, cluster: &TalosCluster) -> Api<TalosCluster> {
     Api::namespaced(ctx.client.clone(), &cluster.namespace().unwrap_or_default())
@@ -32,12 +46,7 @@ pub async fn record_halt(
         message: message.to_owned(),
         at: ctx.now(),
     };
-    crate::infra::status::merge(
-        &api(ctx, cluster),
-        &cluster.name_any(),
-        &json!({"driftHalt": halt}),
-    )
-    .await?;
+    set_halt(ctx, cluster, Some(halt)).await?;
     let note = format!(
         "the drift rollout stopped at {}: it refused config {rendered_hash} ({message}); no other machine gets it until the patch is fixed",
         machine.name_any()
@@ -63,12 +72,7 @@ pub async fn record_halt(
 
 /// Clears the halt recorded for `machine`: its config renders differently now.
 pub async fn clear_halt(ctx: &Context, cluster: &TalosCluster, machine: &str) -> Result<(), Error> {
-    crate::infra::status::merge(
-        &api(ctx, cluster),
-        &cluster.name_any(),
-        &json!({"driftHalt": null}),
-    )
-    .await?;
+    set_halt(ctx, cluster, None).await?;
     tracing::info!(
         cluster = %cluster.name_any(),
         %machine,

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use ichor_api::cluster::{LockHolder, LockStatus};
+use ichor_api::cluster::{ClusterLock, LockHolder, LockStatus};
 use ichor_api::{TalosCluster, TalosMachine};
 use ichor_deleteguard::{LockDecision, LockView, lock_decision};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -16,6 +16,7 @@ use kube::ResourceExt as _;
 use kube::api::{Api, DeleteParams};
 
 use crate::infra::leader::{LeaseSettings, try_acquire};
+use crate::infra::status::{self, Guard};
 use crate::{Context, Error};
 
 /// How long a hold on the cluster lock lasts without renewal.
@@ -246,7 +247,9 @@ async fn mirror(ctx: &Context, cluster: &TalosCluster, holder: &LockHolder, outc
 async fn write(clusters: &Api<TalosCluster>, fresh: &TalosCluster, lock: &LockStatus) {
     let mut status = fresh.status.clone().unwrap_or_default();
     status.lock.mirror = Some(lock.clone());
-    if let Err(error) = crate::infra::status::write_checked(clusters, fresh, &status).await {
+    if let Err(error) =
+        status::apply::<ClusterLock, _>(clusters, fresh, &status, Guard::Version).await
+    {
         tracing::debug!(%error, "lock status not mirrored this time");
     }
 }

@@ -4,7 +4,7 @@
 //! answers again, and only on a Node that is still the removed machine's
 //! (`ichor_deleteguard::deferred_node_delete`).
 
-use ichor_api::cluster::PendingNodeDelete;
+use ichor_api::cluster::{ClusterNodeDeletes, PendingNodeDelete};
 use ichor_api::names::{actions, reasons};
 use ichor_api::{TalosCluster, TalosMachine};
 use ichor_deleteguard::{DeferredDelete, Kept, deferred_node_delete};
@@ -13,6 +13,7 @@ use kube::ResourceExt as _;
 use kube::api::{Api, DeleteParams, Preconditions};
 use kube::runtime::events::EventType;
 
+use crate::infra::status::{self, Guard};
 use crate::{Context, Error, workload};
 
 fn clusters_api(ctx: &Context, cluster: &TalosCluster) -> Api<TalosCluster> {
@@ -47,7 +48,7 @@ async fn update(
             return Ok(());
         }
         // Only this group changed, so only it is written, checked against the version read.
-        match crate::infra::status::write_checked(&api, &fresh, &status).await {
+        match status::apply::<ClusterNodeDeletes, _>(&api, &fresh, &status, Guard::Version).await {
             Ok(()) => return Ok(()),
             Err(kube::Error::Api(s)) if s.is_conflict() => continue,
             Err(e) => return Err(e.into()),

@@ -5,14 +5,15 @@
 //! calls every node.
 
 use ichor_api::common::Role;
+use ichor_api::machine::MachineEtcd;
 use ichor_api::{TalosCluster, TalosMachine};
 use ichor_deleteguard::{Cluster, Disruption, Machine, Stage, Verdict};
 use ichor_talos::Credentials;
 use kube::ResourceExt as _;
 use kube::api::Api;
-use serde_json::json;
 
 use crate::etcd::{etcd_answer, etcd_observation};
+use crate::infra::status::{self, Guard};
 use crate::{Context, Error};
 
 /// The planner's view of `cluster` and its `machines`, as recorded, judged now.
@@ -46,16 +47,13 @@ pub async fn refresh_voters(
         if status.etcd.observed.as_ref() == Some(&observation) {
             continue;
         }
-        status.etcd.observed = Some(observation.clone());
+        let mut next = status.clone();
+        next.etcd.observed = Some(observation);
         let machines: Api<TalosMachine> =
             Api::namespaced(ctx.client.clone(), &machine.namespace().unwrap_or_default());
-        match crate::infra::status::merge(
-            &machines,
-            &machine.name_any(),
-            &json!({"etcd": observation}),
-        )
-        .await
-        {
+        let written = status::apply::<MachineEtcd, _>(&machines, machine, &next, Guard::None).await;
+        machine.status = Some(next);
+        match written {
             Ok(_) => {}
             // Removed meanwhile: nothing to record, and the planner reads it as gone next time.
             Err(kube::Error::Api(s)) if s.is_not_found() => {}

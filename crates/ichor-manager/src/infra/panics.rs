@@ -18,13 +18,14 @@ use std::time::Duration;
 use futures::FutureExt as _;
 use futures::future::BoxFuture;
 use ichor_api::common::Condition;
-use ichor_api::names::{conditions, field_managers, reasons};
+use ichor_api::names::{conditions, reasons};
+use ichor_api::status::Panicked;
 use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt as _};
 use tokio::time::Instant;
 
-use crate::infra::status::{self, Grouped};
+use crate::infra::status::{self, Grouped, Guard};
 use crate::{Context, Error};
 
 /// How long an object waits after its first panic.
@@ -266,9 +267,7 @@ async fn show<K: Reconciled>(ctx: &Context, object: &K, note: Option<String>) {
         }
     };
     let api = Api::<K>::namespaced(ctx.client.clone(), &object.namespace().unwrap_or_default());
-    if let Err(error) =
-        status::write_only(&api, object, &new, field_managers::RECONCILE_PANIC).await
-    {
+    if let Err(error) = status::apply::<Panicked, _>(&api, object, &new, Guard::None).await {
         tracing::warn!(%error, name = %object.name_any(), "cannot write the ReconcilePanicked condition");
     }
 }

@@ -20,9 +20,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ichor_api::backup::{BackupRecord, BackupRun, BackupSpec, ObjectStoreSpec};
+use ichor_api::cluster::ClusterBackup;
 use ichor_api::common::Role;
 use ichor_api::names::controllers;
-use ichor_api::names::{actions, conditions, field_managers as fm, reasons, secrets as keys};
+use ichor_api::names::{actions, conditions, reasons, secrets as keys};
 use ichor_api::{TalosCluster, TalosOperation};
 use ichor_talos::TalosClient;
 use k8s_openapi::api::core::v1::Secret;
@@ -39,6 +40,7 @@ use tokio::sync::mpsc;
 use crate::backup_store::seal::{SealError, Sealer};
 use crate::backup_store::{self, StoreError, StoreSettings};
 use crate::infra::shared::Changes;
+use crate::infra::status::{self, Guard};
 use crate::{Context, Error, Stop, infra::conditions as cond};
 use plan::{BackupId, Owner, Plan, Record, Schedule, Source};
 
@@ -907,7 +909,7 @@ async fn update(
     if serde_json::to_value(&status).ok() == before {
         return Ok(());
     }
-    crate::infra::status::write_only(&api, &fresh, &status, fm::BACKUP_STATUS).await?;
+    status::apply::<ClusterBackup, _>(&api, &fresh, &status, Guard::None).await?;
     Ok(())
 }
 

@@ -8,10 +8,10 @@
 
 use std::collections::BTreeMap;
 
-use ichor_api::class::TalosMachineClassStatus;
+use ichor_api::class::{ClassMatches, TalosMachineClassStatus};
 use ichor_api::common::Role;
-use ichor_api::machine::ApprovalState;
-use ichor_api::names::{actions, conditions, field_managers, labels, reasons};
+use ichor_api::machine::{ApprovalState, MachineClassMatch};
+use ichor_api::names::{actions, conditions, labels, reasons};
 use ichor_api::{TalosCluster, TalosMachine, TalosMachineClass};
 use kube::ResourceExt as _;
 use kube::api::{Api, Patch, PatchParams};
@@ -20,6 +20,7 @@ use serde_json::json;
 
 use crate::error::Error;
 use crate::infra::conditions as cond;
+use crate::infra::status::Guard;
 use crate::{Context, infra::status};
 
 /// What the classes make of one pending machine.
@@ -396,7 +397,7 @@ async fn forget(ctx: &Context, machine: &TalosMachine) -> Result<(), Error> {
     }
     let api: Api<TalosMachine> =
         Api::namespaced(ctx.client.clone(), &machine.namespace().unwrap_or_default());
-    status::write_only(&api, machine, &status, field_managers::MACHINE_CLASS).await?;
+    status::apply::<MachineClassMatch, _>(&api, machine, &status, Guard::None).await?;
     Ok(())
 }
 
@@ -424,7 +425,7 @@ async fn record(
     }
     let api: Api<TalosMachine> =
         Api::namespaced(ctx.client.clone(), &machine.namespace().unwrap_or_default());
-    status::write_only(&api, machine, &status, field_managers::MACHINE_CLASS).await?;
+    status::apply::<MachineClassMatch, _>(&api, machine, &status, Guard::None).await?;
     Ok(())
 }
 
@@ -459,7 +460,7 @@ async fn write_class_status(
     }
     let api: Api<TalosMachineClass> =
         Api::namespaced(ctx.client.clone(), &class.namespace().unwrap_or_default());
-    status::write(&api, class, &new).await?;
+    status::apply::<ClassMatches, _>(&api, class, &new, Guard::None).await?;
     Ok(())
 }
 

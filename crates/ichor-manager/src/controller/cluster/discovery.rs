@@ -8,8 +8,10 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use ichor_api::machine::{DiskInfo, HardwareInventory, LinkInfo, TalosMachineStatus};
-use ichor_api::names::{actions, conditions, field_managers, labels, reasons};
+use ichor_api::machine::{
+    DiskInfo, HardwareInventory, LinkInfo, MachineInventory, TalosMachineStatus,
+};
+use ichor_api::names::{actions, conditions, labels, reasons};
 use ichor_api::{TalosCluster, TalosMachine, TalosMachineSpec, TalosNamespacePolicy};
 use ichor_talos::discovery::{Found, Probe, ProbeOutcome, SweepConfig, sweep_sharing};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -20,6 +22,7 @@ use kube::runtime::events::EventType;
 use serde_json::json;
 
 use crate::infra::clock::elapsed;
+use crate::infra::status::{self, Guard};
 use crate::{Context, Error, infra::conditions as cond};
 
 /// What one sweep did.
@@ -456,8 +459,7 @@ async fn write_status(
             ctx.client.clone(),
             &machine.namespace().unwrap_or_default(),
         );
-        crate::infra::status::write_only(&api, machine, status, field_managers::MACHINE_INVENTORY)
-            .await?;
+        status::apply::<MachineInventory, _>(&api, machine, status, Guard::None).await?;
     }
     Ok(())
 }

@@ -6,7 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ichor_api::backup::RestoreStatus;
-use ichor_api::cluster::{BootstrapRecord, TalosClusterStatus, Tombstone};
+use ichor_api::cluster::{
+    BootstrapRecord, ClusterCore, ClusterRestore, ClusterTombstones, TalosClusterStatus, Tombstone,
+};
 use ichor_api::machine::MachinePhase;
 use ichor_api::names::controllers;
 use ichor_api::names::{actions, conditions, finalizers, reasons};
@@ -24,6 +26,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 
 use crate::infra::shared::Changes;
+use crate::infra::status::{self, Guard};
 use crate::renewal::{self, Renewal, Validity};
 use crate::{Context, Error, infra::conditions as cond, secrets};
 use ichor_deleteguard::{BootstrapStep, Candidate, bootstrap_step};
@@ -95,12 +98,8 @@ async fn write_status(
         ctx.client.clone(),
         &cluster.namespace().unwrap_or_default(),
     );
-    for manager in [
-        ichor_api::names::field_managers::CLUSTER_STATUS,
-        ichor_api::names::field_managers::RESTORE_STATUS,
-    ] {
-        crate::infra::status::write_only(&api, cluster, status, manager).await?;
-    }
+    status::apply::<ClusterCore, _>(&api, cluster, status, Guard::None).await?;
+    status::apply::<ClusterRestore, _>(&api, cluster, status, Guard::None).await?;
     Ok(())
 }
 
@@ -745,7 +744,8 @@ async fn record_bootstrap_choice(
         chosen_at: ctx.now(),
         completed_at: None,
     });
-    crate::infra::status::write_checked(&clusters_api(ctx, cluster), cluster, &next).await?;
+    status::apply::<ClusterCore, _>(&clusters_api(ctx, cluster), cluster, &next, Guard::Version)
+        .await?;
     *status = next;
     ctx.event(
         cluster,
@@ -1077,7 +1077,7 @@ async fn write_tombstones(
             .collect();
         let mut status = fresh.status.clone().unwrap_or_default();
         status.tombstones.list = left;
-        crate::infra::status::write_checked(&api, &fresh, &status).await?;
+        status::apply::<ClusterTombstones, _>(&api, &fresh, &status, Guard::Version).await?;
     }
     Ok(())
 }

@@ -8,9 +8,13 @@ use std::sync::{Arc, Mutex};
 
 use ichor_api::cluster::LockHolder;
 use ichor_api::common::Role;
-use ichor_api::machine::{ApprovalState, MachinePhase, TalosMachineStatus};
+use ichor_api::machine::{
+    ApprovalState, MachineApplied, MachineDrift, MachineEtcd, MachineInventory, MachineLifecycle,
+    MachinePhase, MachineRemoval, TalosMachineStatus,
+};
 use ichor_api::names::controllers;
 use ichor_api::names::{actions, conditions, labels, reasons, secrets as secret_names};
+use ichor_api::status::Group;
 use ichor_api::{TalosCluster, TalosMachine};
 use ichor_deleteguard::{
     Disruption, DriftHalt, DriftMachine, DriftTurn, Stage, drift_turn, halt_stands,
@@ -25,11 +29,11 @@ use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
-use serde_json::json;
 
 use crate::controller::cluster;
 use crate::etcd::Etcd;
 use crate::infra::shared::Changes;
+use crate::infra::status::{self, Guard};
 use crate::{Context, Error, Stop, infra::conditions as cond, secrets};
 
 pub(crate) mod plan;
@@ -305,7 +309,14 @@ async fn write_status(
     if machine.status.as_ref() == Some(status) {
         return Ok(());
     }
-    crate::infra::status::write(&api(ctx, machine), machine, status).await?;
+    // The groups this reconcile changes; each is sent only if it did.
+    let api = api(ctx, machine);
+    status::apply::<MachineLifecycle, _>(&api, machine, status, Guard::None).await?;
+    status::apply::<MachineInventory, _>(&api, machine, status, Guard::None).await?;
+    status::apply::<MachineApplied, _>(&api, machine, status, Guard::None).await?;
+    status::apply::<MachineDrift, _>(&api, machine, status, Guard::None).await?;
+    status::apply::<MachineEtcd, _>(&api, machine, status, Guard::None).await?;
+    status::apply::<MachineRemoval, _>(&api, machine, status, Guard::None).await?;
     ctx.metrics
         .phase(&machine.name_any(), status.lifecycle.phase);
     Ok(())
@@ -528,7 +539,8 @@ async fn adopt_baseline(
     };
     store_applied(ctx, machine, &live).await?;
     let hash = ichor_render::config_hash(&live);
-    patch_status(ctx, machine, json!({"appliedConfigHash": hash})).await?;
+    patch_status::<MachineApplied>(ctx, machine, |s| s.applied.config_hash = Some(hash.clone()))
+        .await?;
     ctx.event(
         machine,
         EventType::Normal,
@@ -1280,13 +1292,7 @@ async fn end_turn(
     rendered: &Rendered,
 ) -> Result<(), Error> {
     crate::lock::release(ctx, cluster, &drift_holder(machine)).await?;
-    // A merge patch leaves out `None`: clear the fields explicitly.
-    patch_status(
-        ctx,
-        machine,
-        json!({"driftReboot": null, "driftBootId": null}),
-    )
-    .await?;
+    patch_status::<MachineDrift>(ctx, machine, |s| s.drift = MachineDrift::default()).await?;
     ctx.event(
         machine,
         EventType::Normal,
@@ -1445,7 +1451,10 @@ async fn apply_live_once(
             Err(error) => return Ok(Err(error)),
         }
     } else {
-        patch_status(ctx, machine, json!({"driftReboot": rendered.hash})).await?;
+        patch_status::<MachineDrift>(ctx, machine, |s| {
+            s.drift.reboot = Some(rendered.hash.clone());
+        })
+        .await?;
         status.drift.reboot = Some(rendered.hash.clone());
     }
     Ok(client
@@ -1463,13 +1472,7 @@ async fn forget_drift_intent(
 ) -> Result<(), Error> {
     let boot = status.drift.boot_id.take();
     if status.drift.reboot.take().is_some() || boot.is_some() {
-        // A merge patch leaves out `None`: clear the fields explicitly.
-        patch_status(
-            ctx,
-            machine,
-            json!({"driftReboot": null, "driftBootId": null}),
-        )
-        .await?;
+        patch_status::<MachineDrift>(ctx, machine, |s| s.drift = MachineDrift::default()).await?;
     }
     Ok(())
 }
@@ -1508,7 +1511,7 @@ async fn reboot_for_drift(ctx: &Context, r: &Rollout<'_>) -> Result<Result<Strin
     // Staged: the node boots into it. Kept before the reboot, so a failure to keep it never
     // costs a second reboot; the boot id too, so "back" later means back from this reboot.
     store_applied(ctx, r.machine, &r.rendered.yaml).await?;
-    patch_status(ctx, r.machine, json!({"driftBootId": boot})).await?;
+    patch_status::<MachineDrift>(ctx, r.machine, |s| s.drift.boot_id = Some(boot.clone())).await?;
     if let Err(error) = r.client.reboot().await {
         return Ok(Err(Stop::new(
             reasons::NEEDS_REBOOT,
@@ -1617,33 +1620,41 @@ pub(crate) async fn record_hash(
     rendered: &Rendered,
 ) -> Result<(), Error> {
     store_applied(ctx, machine, &rendered.yaml).await?;
-    patch_status(ctx, machine, json!({"appliedConfigHash": rendered.hash})).await
+    patch_status::<MachineApplied>(ctx, machine, |s| {
+        s.applied.config_hash = Some(rendered.hash.clone());
+    })
+    .await
 }
 
-/// Merges `fields` into the machine's current status (explicit `null`s clear fields), writing
-/// each group of fields that changed with its own field manager.
-async fn patch_status(
+/// Changes the machine's status as stored (read fresh) with `change`, and applies group `G` of
+/// it, checked against the version read: retried on a fresh copy when another write came first.
+async fn patch_status<G: Group<TalosMachineStatus>>(
     ctx: &Context,
     machine: &TalosMachine,
-    fields: serde_json::Value,
+    change: impl Fn(&mut TalosMachineStatus),
 ) -> Result<(), Error> {
-    crate::infra::status::merge(&api(ctx, machine), &machine.name_any(), &fields).await?;
-    Ok(())
+    let api = api(ctx, machine);
+    let mut attempts = 0;
+    loop {
+        let fresh = api.get(&machine.name_any()).await?;
+        let mut status = fresh.status.clone().unwrap_or_default();
+        change(&mut status);
+        match status::apply::<G, _>(&api, &fresh, &status, Guard::Version).await {
+            Err(kube::Error::Api(s)) if s.is_conflict() && attempts < 5 => attempts += 1,
+            written => return Ok(written?),
+        }
+    }
 }
 
 /// After a reset by an operation: the node is back in maintenance mode with a new certificate,
 /// nothing of the old config is on it. The pin stays, so it is never re-applied silently.
 pub(crate) async fn forget_config(ctx: &Context, machine: &TalosMachine) -> Result<(), Error> {
-    patch_status(
-        ctx,
-        machine,
-        json!({
-            "appliedConfigHash": null,
-            "etcdMemberId": null,
-            "etcd": null,
-            "phase": MachinePhase::Approved,
-        }),
-    )
+    patch_status::<MachineApplied>(ctx, machine, |s| s.applied.config_hash = None).await?;
+    patch_status::<MachineEtcd>(ctx, machine, |s| s.etcd.observed = None).await?;
+    patch_status::<MachineLifecycle>(ctx, machine, |s| {
+        s.lifecycle.etcd_member_id = None;
+        s.lifecycle.phase = MachinePhase::Approved;
+    })
     .await?;
     ctx.event(
         machine,

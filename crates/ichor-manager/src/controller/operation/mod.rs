@@ -19,6 +19,7 @@ use ichor_api::names::{actions, annotations, conditions, reasons};
 use ichor_api::operation::{
     NodeProgress, NodeStep, OperationAction, OperationPhase, TalosOperation, TalosOperationStatus,
 };
+use ichor_api::operation::{OperationBackup, OperationRun};
 use ichor_api::{TalosCluster, TalosMachine};
 use ichor_deleteguard::{Disruption, Stage as PlanStage, annotation_true};
 use ichor_talos::{ApplyMode, Credentials, ResetOptions, Stage, TalosClient, TalosError};
@@ -31,6 +32,7 @@ use kube::runtime::events::EventType;
 use kube::runtime::watcher;
 use serde_json::json;
 
+use crate::infra::status::{self, Guard};
 use crate::{Context, Error, Stop, infra::conditions as cond, lock, secrets, workload};
 
 mod plan;
@@ -76,7 +78,7 @@ async fn write(
     operation: &TalosOperation,
     status: &TalosOperationStatus,
 ) -> Result<(), Error> {
-    crate::infra::status::write(&api(ctx, operation), operation, status).await?;
+    status::apply::<OperationRun, _>(&api(ctx, operation), operation, status, Guard::None).await?;
     Ok(())
 }
 
@@ -934,12 +936,12 @@ impl Node<'_> {
             ),
             Some(Err(failure)) => fail(failure.reason, failure.message),
             Some(Ok(record)) => {
-                crate::infra::status::merge(
-                    &api(self.ctx, self.operation),
-                    &self.operation.name_any(),
-                    &json!({"backupKey": record.key}),
-                )
-                .await?;
+                // The key is this group's alone, set once: applied from the copy at hand.
+                let mut status = self.operation.status.clone().unwrap_or_default();
+                status.backup.key = Some(record.key.clone());
+                let api = api(self.ctx, self.operation);
+                status::apply::<OperationBackup, _>(&api, self.operation, &status, Guard::None)
+                    .await?;
                 step.phase = OperationPhase::Succeeded;
                 step.message = Some(format!(
                     "backed up {} bytes (sha256 {}) to {}",

@@ -10,7 +10,7 @@ use std::time::Duration;
 use ichor_api::machine::ApprovalState;
 use ichor_api::names::controllers;
 use ichor_api::names::{conditions, reasons};
-use ichor_api::storage::TalosStorageStatus;
+use ichor_api::storage::{StorageVolumes, TalosStorageStatus};
 use ichor_api::{TalosCluster, TalosMachine, TalosStorage};
 use ichor_talos::TalosClient;
 use kube::ResourceExt as _;
@@ -22,6 +22,7 @@ use kube::runtime::watcher;
 use crate::error::Error;
 use crate::infra::conditions as cond;
 use crate::infra::shared::Changes;
+use crate::infra::status::Guard;
 use crate::{Context, infra::status};
 
 pub mod plan;
@@ -166,6 +167,6 @@ async fn write(
     }
     let api: Api<TalosStorage> =
         Api::namespaced(ctx.client.clone(), &storage.namespace().unwrap_or_default());
-    status::write(&api, storage, &new).await?;
+    status::apply::<StorageVolumes, _>(&api, storage, &new, Guard::None).await?;
     Ok(())
 }

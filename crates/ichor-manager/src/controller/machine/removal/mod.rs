@@ -12,10 +12,11 @@
 
 use std::time::Duration;
 
-use ichor_api::cluster::{LockHolder, Tombstone};
+use ichor_api::cluster::{ClusterTombstones, LockHolder, Tombstone};
 use ichor_api::common::Role;
 use ichor_api::machine::{
-    MachinePhase, RemovalProgress, RemovalStep, SkippedStep, TalosMachineStatus,
+    MachineLifecycle, MachinePhase, MachineRemoval, RemovalProgress, RemovalStep, SkippedStep,
+    TalosMachineStatus,
 };
 use ichor_api::names::{actions, annotations, conditions, finalizers, reasons};
 use ichor_api::{TalosCluster, TalosMachine};
@@ -30,6 +31,7 @@ use kube::runtime::events::EventType;
 use serde_json::json;
 
 use crate::identity::Checked;
+use crate::infra::status::{self, Guard};
 use crate::{Context, Error, Stop, lock, secrets, workload};
 use plan::Unreached;
 
@@ -67,7 +69,10 @@ async fn record(
     progress.step = step;
     progress.message = Some(message);
     status.lifecycle.phase = MachinePhase::Removing;
-    crate::infra::status::write(&machines_api(ctx, machine), machine, &status).await?;
+    // The phase is the lifecycle's (ADR 0020), which does not run on a machine being deleted.
+    let api = machines_api(ctx, machine);
+    status::apply::<MachineRemoval, _>(&api, machine, &status, Guard::None).await?;
+    status::apply::<MachineLifecycle, _>(&api, machine, &status, Guard::None).await?;
     Ok(status)
 }
 
@@ -811,7 +816,9 @@ impl<'a> Scene<'a> {
             });
             let mut status = fresh.status.clone().unwrap_or_default();
             status.tombstones.list = stones;
-            match crate::infra::status::write_checked(&clusters, &fresh, &status).await {
+            match status::apply::<ClusterTombstones, _>(&clusters, &fresh, &status, Guard::Version)
+                .await
+            {
                 Ok(_) => return Ok(()),
                 Err(kube::Error::Api(s)) if s.is_conflict() => continue,
                 Err(e) => return Err(e.into()),
