@@ -6,17 +6,18 @@ mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use ichor_api::cluster::{PendingNodeDelete, Tombstone};
+use ichor_api::cluster::{ClusterNodeDeletes, ClusterTombstones, PendingNodeDelete, Tombstone};
 use ichor_api::common::{Condition, ConditionStatus};
-use ichor_api::machine::{MachinePhase, TalosMachineStatus};
+use ichor_api::machine::{
+    MachineDrift, MachineInventory, MachineLifecycle, MachinePhase, TalosMachineStatus,
+};
 use ichor_api::names::{conditions, field_managers as fm};
 use ichor_api::{TalosCluster, TalosMachine};
-use ichor_manager::infra::status;
+use ichor_manager::infra::status::{self, Guard};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kube::ResourceExt as _;
-use kube::api::{Api, Patch, PatchParams, PostParams};
-use serde_json::{Value, json};
+use kube::api::{Api, PostParams};
+use serde_json::Value;
 
 fn condition(type_: &str, holds: bool) -> Condition {
     Condition {
@@ -108,7 +109,7 @@ async fn each_status_field_has_one_writer_and_no_writer_clobbers_another() {
         },
         ..Default::default()
     };
-    status::write(&machines, &created, &first)
+    status::apply::<MachineLifecycle, _>(&machines, &created, &first, Guard::None)
         .await
         .expect("first write");
     let before = machines.get("m1").await.expect("get");
@@ -118,9 +119,12 @@ async fn each_status_field_has_one_writer_and_no_writer_clobbers_another() {
     lifecycle.lifecycle.phase = MachinePhase::Joining;
     lifecycle.conditions = vec![condition(conditions::READY, false)];
     lifecycle.drift.reboot = Some("sha256:aaaa".to_owned());
-    status::write(&machines, &before, &lifecycle)
+    status::apply::<MachineLifecycle, _>(&machines, &before, &lifecycle, Guard::None)
         .await
         .expect("lifecycle write");
+    status::apply::<MachineDrift, _>(&machines, &before, &lifecycle, Guard::None)
+        .await
+        .expect("drift write");
 
     // Discovery, holding the copy from before that write, records the address and a changed
     // fingerprint: only its own group goes out, so the lifecycle's fields stand.
@@ -128,7 +132,7 @@ async fn each_status_field_has_one_writer_and_no_writer_clobbers_another() {
     seen.inventory.address = Some("10.0.0.7".to_owned());
     seen.conditions
         .push(condition(conditions::FINGERPRINT_CHANGED, true));
-    status::write(&machines, &before, &seen)
+    status::apply::<MachineInventory, _>(&machines, &before, &seen, Guard::None)
         .await
         .expect("inventory write");
 
@@ -148,10 +152,13 @@ async fn each_status_field_has_one_writer_and_no_writer_clobbers_another() {
         "conditions merge by type"
     );
 
-    // A merge clears one field of one group; the rest of the status is untouched.
-    status::merge(&machines, "m1", &json!({"driftReboot": null}))
+    // A group clears one field of its own; the rest of the status is untouched.
+    let fresh = machines.get("m1").await.expect("get");
+    let mut cleared = fresh.status.clone().unwrap_or_default();
+    cleared.drift.reboot = None;
+    status::apply::<MachineDrift, _>(&machines, &fresh, &cleared, Guard::None)
         .await
-        .expect("merge");
+        .expect("clear");
     let now = machines.get("m1").await.expect("get");
     let s = now.status.clone().expect("status");
     assert_eq!(s.drift.reboot, None, "the intent is cleared");
@@ -204,12 +211,13 @@ async fn each_status_field_has_one_writer_and_no_writer_clobbers_another() {
         uuid: Some(uuid.to_owned()),
         ..stone("10.0.0.8")
     }];
-    status::write_checked(&clusters, &cluster, &first)
+    status::apply::<ClusterTombstones, _>(&clusters, &cluster, &first, Guard::Version)
         .await
         .expect("first write");
     let mut second = cluster.status.clone().unwrap_or_default();
     second.tombstones.list = vec![stone("10.0.0.9")];
-    let refused = status::write_checked(&clusters, &cluster, &second).await;
+    let refused =
+        status::apply::<ClusterTombstones, _>(&clusters, &cluster, &second, Guard::Version).await;
     assert!(
         matches!(&refused, Err(kube::Error::Api(s)) if s.is_conflict()),
         "a stale read-modify-write is a conflict: {refused:?}"
@@ -244,7 +252,7 @@ async fn each_status_field_has_one_writer_and_no_writer_clobbers_another() {
         machine: "m".to_owned(),
         since: Time(Timestamp::now()),
     }];
-    status::write_checked(&clusters, &now, &handed)
+    status::apply::<ClusterNodeDeletes, _>(&clusters, &now, &handed, Guard::Version)
         .await
         .expect("pending Node delete");
     let now = clusters.get("c1").await.expect("get cluster");
@@ -260,66 +268,13 @@ async fn each_status_field_has_one_writer_and_no_writer_clobbers_another() {
         "{owned:?}"
     );
     assert_disjoint(&owned);
-
-    // A status an earlier manager wrote by merge patch: the group that now owns the field
-    // still clears it, because the update's ownership is dropped first.
-    legacy_machine(&machines, &ns, "m2", "sha256:bbbb").await;
-    status::merge(&machines, "m2", &json!({"driftReboot": null}))
-        .await
-        .expect("merge");
-    let now = machines.get("m2").await.expect("get");
-    let s = now.status.clone().expect("status");
-    assert_eq!(
-        s.drift.reboot, None,
-        "cleared despite the earlier update: {:?}",
-        now.metadata.managed_fields
-    );
-    assert_eq!(s.lifecycle.phase, MachinePhase::Joining, "the rest stands");
-    assert_disjoint(&owners(&now));
-    let _ = now.name_any();
-
-    // The same from the manager's cache, whose copies keep only their status-update entries
-    // (ADR 0039): the write reads the entries that stay from the object as stored, so the
-    // other field managers keep what they own.
-    let before = legacy_machine(&machines, &ns, "m3", "sha256:cccc").await;
-    let mut cached = before.clone();
-    status::slim(&mut cached);
-    let kept: Vec<_> = cached.metadata.managed_fields.iter().flatten().collect();
-    assert!(
-        kept.len() < before.metadata.managed_fields.iter().flatten().count(),
-        "slimmed: {kept:?}"
-    );
-    let mut wanted = cached.status.clone().expect("status");
-    wanted.drift.reboot = None;
-    status::write(&machines, &cached, &wanted)
-        .await
-        .expect("write from the slim copy");
-    let now = machines.get("m3").await.expect("get");
-    assert_eq!(now.status.clone().expect("status").drift.reboot, None);
-    let managers: BTreeSet<String> = now
-        .metadata
-        .managed_fields
-        .iter()
-        .flatten()
-        .filter_map(|e| e.manager.clone())
-        .collect();
-    let creator = before
-        .metadata
-        .managed_fields
-        .iter()
-        .flatten()
-        .find(|e| e.subresource.is_none())
-        .and_then(|e| e.manager.clone())
-        .expect("the creator's entry");
-    assert!(managers.contains(&creator), "{managers:?}");
-    assert_disjoint(&owners(&now));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operations_backup_key_survives_the_writes_of_its_progress() {
     use ichor_api::TalosOperation;
     use ichor_api::operation::{
-        OperationAction, OperationPhase, OperationRun, TalosOperationStatus,
+        OperationAction, OperationBackup, OperationPhase, OperationRun, TalosOperationStatus,
     };
     let (env, ns) = support::plane("status-op").await;
     let operations: Api<TalosOperation> = Api::namespaced(env.client(), &ns);
@@ -341,16 +296,15 @@ async fn an_operations_backup_key_survives_the_writes_of_its_progress() {
         },
         ..Default::default()
     };
-    status::write(&operations, &created, &running)
+    status::apply::<OperationRun, _>(&operations, &created, &running, Guard::None)
         .await
         .expect("running");
-    status::merge(
-        &operations,
-        "snap",
-        &json!({"backupKey": "ichor/a.snapshot"}),
-    )
-    .await
-    .expect("the key");
+    let fresh = operations.get("snap").await.expect("get");
+    let mut keyed = fresh.status.clone().unwrap_or_default();
+    keyed.backup.key = Some("ichor/a.snapshot".to_owned());
+    status::apply::<OperationBackup, _>(&operations, &fresh, &keyed, Guard::None)
+        .await
+        .expect("the key");
     let done = TalosOperationStatus {
         run: OperationRun {
             phase: OperationPhase::Succeeded,
@@ -359,7 +313,7 @@ async fn an_operations_backup_key_survives_the_writes_of_its_progress() {
         ..running
     };
     let stale = operations.get("snap").await.expect("get");
-    status::write(&operations, &created, &done)
+    status::apply::<OperationRun, _>(&operations, &created, &done, Guard::None)
         .await
         .expect("done, from a copy without the key");
     let after = operations.get("snap").await.expect("get");
@@ -373,29 +327,4 @@ async fn an_operations_backup_key_survives_the_writes_of_its_progress() {
         owners(&stale)
     );
     assert_disjoint(&owners(&after));
-}
-
-/// Creates machine `name` in cluster c1 whose status an earlier manager wrote by merge patch
-/// (phase Joining, `driftReboot` = `drift`), and returns it as stored.
-async fn legacy_machine(
-    machines: &Api<TalosMachine>,
-    ns: &str,
-    name: &str,
-    drift: &str,
-) -> TalosMachine {
-    machines
-        .create(
-            &PostParams::default(),
-            &TalosMachine::test(name).namespace(ns).cluster("c1").build(),
-        )
-        .await
-        .expect("create machine");
-    machines
-        .patch_status(
-            name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"phase": "Joining", "driftReboot": drift}})),
-        )
-        .await
-        .expect("legacy merge")
 }

@@ -204,8 +204,8 @@ const FILLED_WITHIN: Duration = Duration::from_secs(30);
 impl Context {
     /// The shared watches (`machines`, `clusters`, and the metadata of Ichor's cluster
     /// Secrets, `secrets::Cache`), by name, for the caller to run as long as the manager does
-    /// (`crate::infra::tasks`); a second call returns none. The machines are cached with their managed fields slimmed to what a
-    /// status write reads (ADR 0039). A machine deleted without a finalizer (a pending one)
+    /// (`crate::infra::tasks`); a second call returns none. The machines are cached without
+    /// their managed fields, which nothing reads (ADR 0039, 0061). A machine deleted without a finalizer (a pending one)
     /// leaves no reconcile behind: each delete the watch sees goes to a task that releases that
     /// machine's claims (ADR 0054).
     pub(crate) fn shared_watches(&self) -> Vec<(&'static str, BoxFuture<'static, ()>)> {
