@@ -185,7 +185,8 @@ async fn new_success(target: &SimTarget, previous: Option<&str>) -> Option<Backu
     let record = talos_cluster(target, CLUSTER)
         .await
         .status?
-        .backup?
+        .backup
+        .record?
         .last_success?;
     (Some(record.key.as_str()) != previous).then_some(record)
 }
@@ -313,16 +314,16 @@ async fn a_snapshot_of_hundreds_of_mib_reaches_the_store_with_flat_manager_memor
     let rss_after = support::status_bytes(pid, "VmRSS");
     let status = operation.status.clone().expect("status");
     assert_eq!(
-        status.phase,
+        status.run.phase,
         OperationPhase::Succeeded,
         "{status:?}\n{}",
         target.manager_log_tail()
     );
-    let key = status.backup_key.clone().expect("the operation's key");
+    let key = status.backup.key.clone().expect("the operation's key");
     let record = talos_cluster(&target, CLUSTER)
         .await
         .status
-        .and_then(|s| s.backup?.last_success)
+        .and_then(|s| s.backup.record?.last_success)
         .expect("lastSuccess");
     assert_eq!(record.key, key, "lastSuccess is the operation's backup");
     assert_eq!(record.operation.as_deref(), Some("at-size"));
