@@ -7,9 +7,11 @@ use ichor_testenv::S3Server;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-/// The status line of an unsigned `GET /<bucket>` over plain HTTP.
-async fn unsigned_get(endpoint: &str, bucket: &str) -> String {
-    let addr = endpoint.trim_start_matches("http://");
+/// The reply to an unsigned `GET /<bucket>` over plain HTTP; a failure names the tail of the
+/// server's log.
+async fn unsigned_get(server: &S3Server, bucket: &str) -> String {
+    let addr = server.endpoint().trim_start_matches("http://");
+    let log = || ichor_testenv::process::log_tail(&server.dir().join("weed.log"), 40);
     let mut stream = TcpStream::connect(addr)
         .await
         .expect("connect to the gateway");
@@ -19,7 +21,7 @@ async fn unsigned_get(endpoint: &str, bucket: &str) -> String {
     tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut reply))
         .await
         .expect("an answer within 10 s")
-        .expect("read");
+        .unwrap_or_else(|err| panic!("read: {err:?}; the server's log ends:\n{}", log()));
     String::from_utf8_lossy(&reply).into_owned()
 }
 
@@ -40,7 +42,7 @@ async fn the_gateway_takes_buckets_and_refuses_anonymous_requests() {
         server.create_bucket("ichor-a").await.is_err(),
         "an existing bucket is not created twice"
     );
-    let reply = unsigned_get(server.endpoint(), "ichor-a").await;
+    let reply = unsigned_get(&server, "ichor-a").await;
     assert!(
         reply.starts_with("HTTP/1.1 403"),
         "an anonymous listing is refused: {reply}"
