@@ -286,7 +286,7 @@ fn audit_logs(dir: &Path) -> Vec<PathBuf> {
 }
 
 /// The manager's requests in an audit log, from byte `from` to `to`.
-fn manager_requests(log: &Path, from: usize, to: usize) -> usize {
+fn manager_requests(log: &Path, from: usize, to: usize) -> Vec<ichor_harness::audit::Request> {
     let text = std::fs::read(log).unwrap_or_default();
     let slice = String::from_utf8_lossy(&text[from.min(text.len())..to.min(text.len())]);
     let user = format!(
@@ -295,9 +295,29 @@ fn manager_requests(log: &Path, from: usize, to: usize) -> usize {
         ichor_api::admission::MANAGER_NAME
     );
     ichor_harness::audit::requests(&slice)
-        .iter()
+        .into_iter()
         .filter(|r| r.user == user)
-        .count()
+        .collect()
+}
+
+/// The manager's requests from byte `from` to `to` of `log` by verb and resource, most first,
+/// per machine: what the requests column is made of.
+fn request_breakdown(log: &Path, from: usize, to: usize, machines: usize) -> String {
+    let mut counts = std::collections::BTreeMap::<String, usize>::new();
+    for request in manager_requests(log, from, to) {
+        let key = format!(
+            "{} {}",
+            request.permission.verb, request.permission.resource
+        );
+        *counts.entry(key).or_default() += 1;
+    }
+    let mut counts: Vec<_> = counts.into_iter().collect();
+    counts.sort_by_key(|c| std::cmp::Reverse(c.1));
+    counts
+        .iter()
+        .map(|(key, n)| format!("{key}: {:.2}", *n as f64 / machines as f64))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Who looks at the fleet as a person would (audited under this name; the test administrator
@@ -452,7 +472,7 @@ impl Measured {
 
     fn requests(&self, from: &Counters, to: &Counters) -> f64 {
         self.audit.as_deref().map_or(f64::NAN, |log| {
-            manager_requests(log, from.audit, to.audit) as f64 / self.machines as f64
+            manager_requests(log, from.audit, to.audit).len() as f64 / self.machines as f64
         })
     }
 
@@ -514,6 +534,10 @@ async fn run(machines: usize) -> Measured {
     let converged = approved.elapsed();
     let at_ready = counters(&target, audit.as_deref()).await;
     eprintln!("{machines}: all Ready {converged:?} after approval");
+    if let Some(log) = audit.as_deref() {
+        let breakdown = request_breakdown(log, at_approval.audit, at_ready.audit, machines);
+        eprintln!("{machines}: apiserver requests per machine to all-Ready: {breakdown}");
+    }
     // Idle: one round of settled looks, every machine looked at once more (and a minute at
     // least), what an idle fleet costs the manager over any such round.
     let cpu_before = cpu_ticks(pid);
@@ -523,6 +547,10 @@ async fn run(machines: usize) -> Measured {
     let idle = settled.max(IDLE);
     let idle_cpu = (cpu_ticks(pid) - cpu_before) as f64 / ticks_per_second() / idle.as_secs_f64();
     let after_idle = counters(&target, audit.as_deref()).await;
+    if let Some(log) = audit.as_deref() {
+        let breakdown = request_breakdown(log, at_ready.audit, after_idle.audit, machines);
+        eprintln!("{machines}: apiserver requests per machine idle: {breakdown}");
+    }
     let views = match audit.as_deref() {
         Some(log) => view_requests(&target, log).await,
         None => Vec::new(),
