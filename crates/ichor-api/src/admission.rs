@@ -240,13 +240,18 @@ pub fn manager_cluster_role() -> k8s_openapi::api::rbac::v1::ClusterRole {
                 &["get", "list", "watch", "create", "patch", "delete"],
             ),
             // Claims on machines' UUIDs: taken by create, read when taken, released by
-            // delete (found by their holder's label); address policies: read (ADR 0054).
+            // delete (found by their holder's label); address policies: read (ADR 0054) and
+            // watched (ADR 0062).
             rule(
                 crate::GROUP,
                 &["talosmachineclaims"],
                 &["get", "list", "create", "delete"],
             ),
-            rule(crate::GROUP, &["talosnamespacepolicies"], &["get"]),
+            rule(
+                crate::GROUP,
+                &["talosnamespacepolicies"],
+                &["get", "list", "watch"],
+            ),
             // Classes and storages: watched (caches and controllers), never written but for
             // their status.
             rule(

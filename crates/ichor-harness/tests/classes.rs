@@ -557,5 +557,36 @@ async fn two_namespaces_claiming_one_machine_only_the_first_is_acted_on() {
     })
     .await
     .expect("AddressNotAllowed");
+
+    // A configured machine's looks read its namespace's policy from the manager's watch
+    // (ADR 0062): confined after it was configured, the first machine is refused too.
+    let confined = ichor_api::TalosNamespacePolicy::new(target.namespace(), policy.spec.clone());
+    Api::<ichor_api::TalosNamespacePolicy>::all(target.client())
+        .create(&PostParams::default(), &confined)
+        .await
+        .expect("the first namespace's policy");
+    let mine = Api::<TalosMachine>::namespaced(target.client(), target.namespace());
+    mine.patch(
+        &first.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"woken": "yes"}}})),
+    )
+    .await
+    .expect("woken");
+    try_eventually("the configured machine's address refused", WAIT, || async {
+        let m = mine.get(&first.name_any()).await.ok()?;
+        m.status?
+            .conditions
+            .into_iter()
+            .any(|c| c.type_ == conditions::READY && c.reason == reasons::ADDRESS_NOT_ALLOWED)
+            .then_some(())
+    })
+    .await
+    .expect("AddressNotAllowed on the configured machine");
+    assert_eq!(
+        node.calls("ApplyConfiguration"),
+        1,
+        "nothing more was applied"
+    );
     target.down().await;
 }

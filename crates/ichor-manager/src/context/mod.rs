@@ -64,6 +64,8 @@ pub struct Context {
     pub(crate) clusters: Shared<TalosCluster>,
     /// Ichor's cluster Secrets as last read, kept while their watched metadata says unchanged.
     pub(crate) secrets: crate::secrets::Cache,
+    /// Every TalosNamespacePolicy (a watch's cache).
+    pub(crate) policies: claims::Policies,
 }
 
 impl Context {
@@ -108,6 +110,7 @@ impl Context {
             machines: Shared::default(),
             clusters: Shared::default(),
             secrets: crate::secrets::Cache::default(),
+            policies: claims::Policies::default(),
         }
     }
 
@@ -235,6 +238,9 @@ impl Context {
         }
         if let Some(watch) = self.secrets.watch(client) {
             watches.push(("watch Secret metadata", watch));
+        }
+        if let Some(watch) = self.policies.watch(client) {
+            watches.push(("watch TalosNamespacePolicy", watch));
         }
         watches
     }

@@ -472,10 +472,16 @@ async fn approved(machine: &TalosMachine, ctx: &Context) -> Result<Action, Error
         Ok(target) => target,
         Err(stop) => return blocked(ctx, machine, status, stop).await,
     };
-    // The namespace's address ranges (ADR 0054), before anything reaches the node.
+    // The namespace's address ranges (ADR 0054), before anything reaches the node: read as
+    // stored before the first apply (the rule: nothing is configured outside the ranges), from
+    // the watch's cache at a configured machine's looks (ADR 0062).
     let namespace = machine.namespace().unwrap_or_default();
-    if let Some(refused) = crate::claims::address_refused(&ctx.client, &namespace, &address).await?
-    {
+    let read = if status.applied.config_hash.is_none() {
+        crate::claims::Read::AsStored
+    } else {
+        crate::claims::Read::Cached
+    };
+    if let Some(refused) = crate::claims::address_refused(ctx, &namespace, &address, read).await? {
         let stop = Blocked {
             phase: MachinePhase::Approved,
             stop: refused,
