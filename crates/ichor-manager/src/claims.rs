@@ -4,7 +4,8 @@
 //! holds it; releasing the machine deletes it. A namespace's `TalosNamespacePolicy` (opt-in)
 //! confines the addresses its machines are configured at.
 //!
-//! [`decide`] is the pure rule; [`take`], [`release`] and [`address_refused`] act on the API;
+//! [`decide`] is the pure rule; [`take`], [`hold`], [`release`] and [`address_refused`] act on
+//! the API;
 //! [`Policies`] is the watch's cache of every policy.
 //! What they tell a machine that lost never names an object of another namespace.
 
@@ -83,6 +84,29 @@ const SHOWN: usize = 64;
 fn shown(uuid: &str) -> String {
     let short: String = uuid.chars().take(SHOWN).collect();
     format!("{short:?}")
+}
+
+/// Finds held, or else takes ([`take`]), the claim on the node `uuid` for `machine`: for a
+/// machine that likely holds it already (discovery took it when it created the machine), so
+/// that the common case costs one read, not a create refused and then a read.
+pub async fn hold(
+    client: &kube::Client,
+    machine: &TalosMachine,
+    uuid: &str,
+    fingerprint: &str,
+    address: &str,
+) -> Result<Result<(), Stop>, kube::Error> {
+    if let Some(name) = claim_name(uuid) {
+        let ours = holder(machine);
+        let held = Api::<TalosMachineClaim>::all(client.clone())
+            .get_opt(&name)
+            .await?
+            .is_some_and(|claim| decide(Some(&claim), &ours, fingerprint, true) == Decision::Held);
+        if held {
+            return Ok(Ok(()));
+        }
+    }
+    take(client, machine, uuid, fingerprint, address).await
 }
 
 /// Takes (or finds held) the claim on the node at `address` reporting `uuid` for `machine`,

@@ -1,6 +1,7 @@
-//! The one way the manager adds and removes its finalizers (ADR 0014). Both read the object
-//! fresh and write the whole finalizer list with that `resourceVersion`, so a concurrent
-//! writer makes the patch conflict instead of being overwritten. When a finalizer is added is
+//! The one way the manager adds and removes its finalizers (ADR 0014). Both write the whole
+//! finalizer list with the `resourceVersion` it was read at, so a concurrent writer makes the
+//! patch conflict instead of being overwritten: first the copy in hand's (a watch's cache),
+//! then, if that conflicts, a fresh read's. When a finalizer is added is
 //! the caller's decision: a TalosMachine gets its finalizer only once it is approved, before
 //! anything is applied to it; nothing is ever written to a machine nobody approved.
 
@@ -42,7 +43,7 @@ pub fn without(finalizers: &[String], finalizer: &str) -> Option<Vec<String>> {
     )
 }
 
-/// Adds `finalizer` to `object` (read fresh; a gone object is left alone).
+/// Adds `finalizer` to `object` (read fresh if the copy is stale; a gone object is left alone).
 pub async fn add<K>(api: &Api<K>, object: &K, finalizer: &str) -> Result<(), Error>
 where
     K: Resource + Clone + DeserializeOwned + Debug,
@@ -53,7 +54,8 @@ where
     update(api, object, |current| with(current, finalizer)).await
 }
 
-/// Removes `finalizer` from `object` (read fresh; a gone object is left alone).
+/// Removes `finalizer` from `object` (read fresh if the copy is stale; a gone object is left
+/// alone).
 pub async fn remove<K>(api: &Api<K>, object: &K, finalizer: &str) -> Result<(), Error>
 where
     K: Resource + Clone + DeserializeOwned + Debug,
@@ -64,24 +66,45 @@ where
 async fn update<K>(
     api: &Api<K>,
     object: &K,
-    change: impl FnOnce(&[String]) -> Option<Vec<String>>,
+    change: impl Fn(&[String]) -> Option<Vec<String>>,
 ) -> Result<(), Error>
 where
     K: Resource + Clone + DeserializeOwned + Debug,
 {
-    // The cached copy can lag this manager's own status writes: read the latest version.
+    // The copy in hand first (a watch's cache), its `resourceVersion` the patch's precondition:
+    // a copy that lags a write made since (this manager's own status writes among them) makes
+    // the patch conflict, and the object is read fresh and patched again.
+    if object.resource_version().is_some() {
+        match patch(api, object, &change).await {
+            Err(kube::Error::Api(status)) if status.is_conflict() => {}
+            Err(kube::Error::Api(status)) if status.is_not_found() => return Ok(()),
+            done => return Ok(done?),
+        }
+    }
     let Some(fresh) = api.get_opt(&object.name_any()).await? else {
         return Ok(());
     };
-    let Some(finalizers) = change(fresh.finalizers()) else {
+    Ok(patch(api, &fresh, &change).await?)
+}
+
+/// Writes `change` of `object`'s finalizers (if any) with `object`'s `resourceVersion`.
+async fn patch<K>(
+    api: &Api<K>,
+    object: &K,
+    change: &impl Fn(&[String]) -> Option<Vec<String>>,
+) -> Result<(), kube::Error>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+{
+    let Some(finalizers) = change(object.finalizers()) else {
         return Ok(());
     };
     let patch = json!({"metadata": {
         "finalizers": finalizers,
-        "resourceVersion": fresh.resource_version(),
+        "resourceVersion": object.resource_version(),
     }});
     api.patch(
-        &fresh.name_any(),
+        &object.name_any(),
         &PatchParams::default(),
         &Patch::Merge(patch),
     )

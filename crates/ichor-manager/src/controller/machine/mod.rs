@@ -625,7 +625,7 @@ async fn apply_first(
     };
     let uuid = &inventory.uuid;
     if let Err(refused) =
-        crate::claims::take(&ctx.client, machine, uuid, &pinned, reach.address).await?
+        crate::claims::hold(&ctx.client, machine, uuid, &pinned, reach.address).await?
     {
         let stop = Blocked {
             phase: MachinePhase::Approved,
