@@ -3,18 +3,126 @@
 
 use std::time::Duration;
 
-use ichor_api::TalosMachine;
-use ichor_api::names::reasons;
+use ichor_api::names::{annotations, reasons};
 use ichor_api::operation::{
     NoTargets, NodeStep, OperationAction, OperationPhase, TalosOperation, TalosOperationSpec,
     TalosOperationStatus,
 };
+use ichor_api::{TalosCluster, TalosMachine};
 use ichor_deleteguard::Verdict as Plan;
+use ichor_deleteguard::{Disruption, annotation_true};
 use ichor_talos::TalosError;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt as _;
 
-use super::{NODE_PATIENCE, Verdict, image_version, progress};
+use super::NODE_PATIENCE;
 use crate::{Stop, lock};
+
+/// What one node's step came to.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Verdict {
+    /// This node is done: go on to the next.
+    Next,
+    /// Not yet.
+    Wait(Stop),
+    /// The planner holds the next node before anything was sent to it: the lock is released
+    /// meanwhile, so the action that can end the hold (a replacement's removal, the removal of
+    /// the unhealthy member) is not locked out by this wait.
+    Held(Stop),
+    /// The operation fails here.
+    Fail(Stop),
+}
+
+impl Verdict {
+    /// Not yet, for `reason`, saying `message`.
+    pub(super) fn wait(reason: &'static str, message: impl Into<String>) -> Self {
+        Self::Wait(Stop::new(reason, message))
+    }
+
+    /// The operation fails here, for `reason`, saying `message`.
+    pub(super) fn fail(reason: &'static str, message: impl Into<String>) -> Self {
+        Self::Fail(Stop::new(reason, message))
+    }
+}
+
+/// The operation's progress as `done/all` nodes.
+pub(super) fn progress(nodes: &[NodeStep]) -> String {
+    let done = nodes
+        .iter()
+        .filter(|n| n.phase == OperationPhase::Succeeded)
+        .count();
+    format!("{done}/{}", nodes.len())
+}
+
+/// The version an installer image carries (`…/installer:v1.14.1` → `v1.14.1`).
+pub fn image_version(image: &str) -> Option<String> {
+    let tag = image.rsplit(':').next()?;
+    (tag.starts_with('v') && !tag.contains('/') && !image.contains('@')).then(|| tag.to_owned())
+}
+
+/// How long ago `at` was at `now` (zero when unknown).
+pub(super) fn elapsed_since(at: Option<&Time>, now: Timestamp) -> Duration {
+    at.map(|t| crate::infra::clock::elapsed(t.0, now))
+        .unwrap_or_default()
+}
+
+/// What the operation's action does to a node, as the planner judges it (`None`: nothing that
+/// can cost etcd quorum).
+pub(super) fn disruption(operation: &TalosOperation) -> Option<Disruption> {
+    match operation.spec.action {
+        OperationAction::Reset => Some(Disruption::Reset {
+            operation: operation.name_any(),
+            allow_delete: annotation_true(
+                operation.metadata.annotations.as_ref(),
+                annotations::ALLOW_DELETE,
+            ),
+        }),
+        OperationAction::Reboot
+        | OperationAction::Upgrade
+        | OperationAction::EtcdDefrag
+        | OperationAction::UpgradeKubernetes => Some(Disruption::Restart),
+        OperationAction::EtcdSnapshot => None,
+    }
+}
+
+/// Whether the operation is a reset whose next node is an approved control plane while the
+/// approved ones outnumber the declared count (taking it out moves toward the declared count),
+/// or whose next node's reset has started: stopping half-way helps no transition, as for a
+/// started removal (`removal_completes_transition`).
+pub(super) fn resets_a_surplus_control_plane(
+    operation: &TalosOperation,
+    status: &TalosOperationStatus,
+    cluster: &TalosCluster,
+    machines: &[TalosMachine],
+) -> bool {
+    if operation.spec.action != OperationAction::Reset {
+        return false;
+    }
+    let Some(next) = status
+        .run
+        .nodes
+        .iter()
+        .find(|n| n.phase != OperationPhase::Succeeded)
+    else {
+        return false;
+    };
+    if next.phase == OperationPhase::Running || !next.progress.is_intended() {
+        return true;
+    }
+    let inputs: Vec<ichor_deleteguard::Machine> = machines
+        .iter()
+        .map(ichor_deleteguard::Machine::from)
+        .collect();
+    inputs.iter().any(|m| {
+        m.name == next.machine
+            && ichor_deleteguard::completes_transition(
+                m,
+                &inputs,
+                &ichor_deleteguard::Cluster::from(cluster),
+            )
+    })
+}
 
 /// Whether the operation ended (succeeded or failed): it is never run again.
 pub(super) fn is_over(status: &TalosOperationStatus) -> bool {
@@ -124,15 +232,12 @@ pub(super) fn planner_verdict(plan: Plan, step: &mut NodeStep, machine: &str) ->
         Plan::Wait(hold) => {
             step.phase = OperationPhase::Waiting;
             step.message = Some(hold.message());
-            Some(Verdict::Held {
-                reason: hold.reason(),
-                message: format!("before {machine}: {hold}"),
-            })
+            Some(Verdict::Held(Stop::new(
+                hold.reason(),
+                format!("before {machine}: {hold}"),
+            )))
         }
-        Plan::Refuse(refusal) => Some(Verdict::Fail {
-            reason: refusal.reason(),
-            message: refusal.message(),
-        }),
+        Plan::Refuse(refusal) => Some(Verdict::fail(refusal.reason(), refusal.message())),
     }
 }
 
@@ -158,10 +263,10 @@ pub(super) fn answered(
             step.message = Some(format!("{action:?}: sent"));
             None
         }
-        Err(error) => Some(Verdict::Fail {
-            reason: reasons::ACTION_FAILED,
-            message: format!("the node refused {action:?}: {error}"),
-        }),
+        Err(error) => Some(Verdict::fail(
+            reasons::ACTION_FAILED,
+            format!("the node refused {action:?}: {error}"),
+        )),
     }
 }
 
@@ -173,15 +278,9 @@ pub(super) fn not_yet(
     failing: impl Into<String>,
 ) -> Verdict {
     if since > NODE_PATIENCE {
-        Verdict::Fail {
-            reason: reasons::NODE_NOT_HEALTHY,
-            message: failing.into(),
-        }
+        Verdict::fail(reasons::NODE_NOT_HEALTHY, failing)
     } else {
-        Verdict::Wait {
-            reason: reasons::NODE_NOT_HEALTHY,
-            message: waiting.into(),
-        }
+        Verdict::wait(reasons::NODE_NOT_HEALTHY, waiting)
     }
 }
 
@@ -226,18 +325,12 @@ pub(super) fn rolled_back(step: &mut NodeStep, image: &str, version: &str) -> Op
         step.version_before.as_deref().unwrap_or("unknown")
     );
     step.message = Some(message.clone());
-    Some(Verdict::Fail {
-        reason: reasons::UPGRADE_ROLLED_BACK,
-        message,
-    })
+    Some(Verdict::fail(reasons::UPGRADE_ROLLED_BACK, message))
 }
 
 /// Why the operation is refused before it starts, if it is: an `etcdSnapshot` backs up to the
 /// cluster's `spec.backup` store, so a cluster without one refuses it.
-pub(super) fn refusal(
-    operation: &TalosOperation,
-    cluster: &ichor_api::TalosCluster,
-) -> Option<Stop> {
+pub(super) fn refusal(operation: &TalosOperation, cluster: &TalosCluster) -> Option<Stop> {
     (operation.spec.action == OperationAction::EtcdSnapshot && cluster.spec.backup.is_none())
         .then(|| {
             Stop::new(
@@ -456,10 +549,10 @@ mod tests {
         let mut step = pending("cp-1");
         assert_eq!(
             planner_verdict(Plan::Wait(hold.clone()), &mut step, "cp-1"),
-            Some(Verdict::Held {
+            Some(Verdict::Held(Stop {
                 reason: hold.reason(),
                 message: format!("before cp-1: {hold}"),
-            })
+            }))
         );
         assert_eq!(step.phase, OperationPhase::Waiting);
         assert_eq!(step.message, Some(hold.message()));
@@ -474,10 +567,10 @@ mod tests {
         let mut step = pending("cp-1");
         assert_eq!(
             planner_verdict(Plan::Refuse(refusal.clone()), &mut step, "cp-1"),
-            Some(Verdict::Fail {
+            Some(Verdict::Fail(Stop {
                 reason: refusal.reason(),
                 message: refusal.message(),
-            })
+            }))
         );
         assert_eq!(step, pending("cp-1"));
     }
@@ -514,12 +607,12 @@ mod tests {
         });
         assert_eq!(
             answered(OperationAction::Reset, &mut step, refused),
-            Some(Verdict::Fail {
+            Some(Verdict::Fail(Stop {
                 reason: reasons::ACTION_FAILED,
                 message:
                     "the node refused Reset: connecting to 10.0.0.5 did not complete within 10 s"
                         .into(),
-            })
+            }))
         );
         assert_eq!(step.message.as_deref(), Some("Reset: sending"));
     }
@@ -539,18 +632,20 @@ mod tests {
 
     #[test]
     fn a_node_not_there_yet_waits_until_its_patience_runs_out_then_fails() {
-        let wait = |message: &str| Verdict::Wait {
-            reason: reasons::NODE_NOT_HEALTHY,
-            message: message.into(),
+        let wait = |message: &str| {
+            Verdict::Wait(Stop {
+                reason: reasons::NODE_NOT_HEALTHY,
+                message: message.into(),
+            })
         };
         assert_eq!(not_yet(Duration::ZERO, "w", "f"), wait("w"));
         assert_eq!(not_yet(NODE_PATIENCE, "w", "f"), wait("w"));
         assert_eq!(
             not_yet(NODE_PATIENCE + Duration::from_secs(1), "w", "f"),
-            Verdict::Fail {
+            Verdict::Fail(Stop {
                 reason: reasons::NODE_NOT_HEALTHY,
                 message: "f".into(),
-            }
+            })
         );
     }
 
@@ -576,7 +671,8 @@ mod tests {
     fn a_node_on_another_version_than_the_images_rolled_back_and_fails() {
         let mut step = upgraded_from(Some("v1.13.9"));
         let image = "ghcr.io/siderolabs/installer:v1.14.1";
-        let Some(Verdict::Fail { reason, message }) = rolled_back(&mut step, image, "v1.13.9")
+        let Some(Verdict::Fail(Stop { reason, message })) =
+            rolled_back(&mut step, image, "v1.13.9")
         else {
             panic!("a rollback fails the operation");
         };
@@ -605,17 +701,32 @@ mod tests {
     fn a_rollback_from_an_unrecorded_version_says_unknown() {
         let mut step = upgraded_from(None);
         let image = "ghcr.io/siderolabs/installer:v1.14.1";
-        let Some(Verdict::Fail { message, .. }) = rolled_back(&mut step, image, "v1.13.9") else {
+        let Some(Verdict::Fail(Stop { message, .. })) = rolled_back(&mut step, image, "v1.13.9")
+        else {
             panic!("a rollback fails the operation");
         };
         assert!(message.contains("(before: unknown)"), "{message}");
     }
 
     #[test]
+    fn image_tags_give_the_version_to_verify() {
+        assert_eq!(
+            image_version("ghcr.io/siderolabs/installer:v1.14.1").as_deref(),
+            Some("v1.14.1")
+        );
+        assert_eq!(
+            image_version("registry.local:5000/installer:v1.13.9").as_deref(),
+            Some("v1.13.9")
+        );
+        assert_eq!(image_version("registry.local:5000/installer"), None);
+        assert_eq!(image_version("installer@sha256:abcd"), None);
+    }
+
+    #[test]
     fn an_etcd_snapshot_is_refused_on_a_cluster_without_backups() {
         let snapshot = TalosOperation::test("snap", OperationAction::EtcdSnapshot).build();
         let reboot = TalosOperation::test("boot", OperationAction::Reboot).build();
-        let mut cluster = ichor_api::TalosCluster::test("lab").build();
+        let mut cluster = TalosCluster::test("lab").build();
         let crate::Stop { reason, message } = refusal(&snapshot, &cluster).expect("refused");
         assert_eq!(reason, reasons::BACKUP_NOT_CONFIGURED);
         assert!(message.contains("spec.backup"), "{message}");

@@ -1,0 +1,415 @@
+//! What an operation's reconcile does, one action at a time, each recorded: its status
+//! written (a wait, a node's step, its end), the cluster lock taken, its start announced, and
+//! the action sent to a node. Nothing here decides what comes next.
+
+use ichor_api::common::Role;
+use ichor_api::names::{actions, conditions, reasons};
+use ichor_api::operation::{
+    NodeProgress, NodeStep, OperationAction, OperationBackup, OperationPhase, OperationRun,
+    TalosOperation, TalosOperationStatus,
+};
+use ichor_api::{TalosCluster, TalosMachine};
+use ichor_talos::{ApplyMode, ResetOptions, TalosClient};
+use kube::ResourceExt as _;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use serde_json::json;
+
+use super::plan::{self, Verdict, image_version, progress};
+use super::{Node, api, holder};
+use crate::infra::status::{self, Guard};
+use crate::{Context, Error, Stop, infra::conditions as cond, lock, workload};
+
+/// Writes the operation's run group of its status.
+pub(super) async fn write_status(
+    ctx: &Context,
+    operation: &TalosOperation,
+    status: &TalosOperationStatus,
+) -> Result<(), Error> {
+    status::apply::<OperationRun, _>(&api(ctx, operation), operation, status, Guard::None).await?;
+    Ok(())
+}
+
+/// Records a waiting state (the operation has not failed).
+pub(super) async fn record_wait(
+    ctx: &Context,
+    operation: &TalosOperation,
+    mut status: TalosOperationStatus,
+    phase: OperationPhase,
+    stop: Stop,
+) -> Result<Action, Error> {
+    let first = !status.conditions.iter().any(|c| {
+        c.type_ == conditions::SUCCEEDED && c.reason == stop.reason && c.message == stop.message
+    });
+    status.run.phase = phase;
+    stop.set_condition(
+        &mut status.conditions,
+        conditions::SUCCEEDED,
+        operation.metadata.generation,
+        &ctx.now(),
+    );
+    write_status(ctx, operation, &status).await?;
+    if first {
+        tracing::info!(operation = %operation.name_any(), reason = stop.reason, message = %stop.message, "operation waits");
+        stop.note(ctx, operation, actions::OPERATE).await;
+    }
+    Ok(Action::requeue(ctx.settings.progress_requeue))
+}
+
+/// Records a hold by the planner: the cluster lock released meanwhile, and the operation
+/// waiting.
+pub(super) async fn hold(
+    ctx: &Context,
+    operation: &TalosOperation,
+    cluster: &TalosCluster,
+    status: TalosOperationStatus,
+    stop: Stop,
+) -> Result<Action, Error> {
+    lock::release(ctx, cluster, &holder(operation)).await?;
+    record_wait(ctx, operation, status, OperationPhase::Waiting, stop).await
+}
+
+/// Ends the operation: failed or succeeded, never retried.
+pub(super) async fn end(
+    ctx: &Context,
+    operation: &TalosOperation,
+    cluster: Option<&TalosCluster>,
+    mut status: TalosOperationStatus,
+    succeeded: bool,
+    reason: &str,
+    message: String,
+) -> Result<Action, Error> {
+    status.run.phase = if succeeded {
+        OperationPhase::Succeeded
+    } else {
+        OperationPhase::Failed
+    };
+    status.run.completed_at = Some(ctx.now());
+    status.run.progress = Some(progress(&status.run.nodes));
+    cond::set(
+        &mut status.conditions,
+        conditions::SUCCEEDED,
+        succeeded,
+        reason,
+        message.clone(),
+        operation.metadata.generation,
+        &ctx.now(),
+    );
+    write_status(ctx, operation, &status).await?;
+    if let Some(cluster) = cluster {
+        lock::release(ctx, cluster, &holder(operation)).await?;
+    }
+    let kind = if succeeded {
+        EventType::Normal
+    } else {
+        EventType::Warning
+    };
+    tracing::info!(operation = %operation.name_any(), succeeded, reason, %message, "operation ended");
+    ctx.event(operation, kind, reason, actions::OPERATE, message)
+        .await;
+    Ok(Action::await_change())
+}
+
+/// Takes the cluster lock for the operation, or keeps it.
+pub(super) async fn take_lock(
+    ctx: &Context,
+    operation: &TalosOperation,
+    status: &TalosOperationStatus,
+    cluster: &TalosCluster,
+    machines: &[TalosMachine],
+) -> Result<lock::Outcome, Error> {
+    // The lock: an operation completes no transition, but a reset of a surplus control plane
+    // does, as its removal would.
+    let moving = lock::transitioning(cluster, machines);
+    let me = holder(operation);
+    let completes = plan::resets_a_surplus_control_plane(operation, status, cluster, machines);
+    lock::acquire(ctx, cluster, &me, moving, completes).await
+}
+
+/// Marks the operation running; its first start is recorded and announced (and an
+/// `upgradeKubernetes` sets the cluster's version then).
+pub(super) async fn start(
+    ctx: &Context,
+    operation: &TalosOperation,
+    cluster: &TalosCluster,
+    status: &mut TalosOperationStatus,
+) -> Result<(), Error> {
+    // Waiting (for the lock, or held by the planner) and running again: only the first start
+    // is recorded and announced.
+    status.run.phase = OperationPhase::Running;
+    if status.run.started_at.is_some() {
+        return Ok(());
+    }
+    status.run.started_at = Some(ctx.now());
+    if operation.spec.action == OperationAction::UpgradeKubernetes {
+        set_kubernetes_version(ctx, operation, cluster).await?;
+    }
+    write_status(ctx, operation, status).await?;
+    ctx.event(
+        operation,
+        EventType::Normal,
+        reasons::STARTED,
+        actions::OPERATE,
+        format!(
+            "{:?} on {} node(s), one at a time",
+            operation.spec.action,
+            status.run.nodes.len()
+        ),
+    )
+    .await;
+    Ok(())
+}
+
+/// `upgradeKubernetes` records its version in the cluster's spec first (under the lock, so
+/// drift waits); the nodes then get it one at a time.
+async fn set_kubernetes_version(
+    ctx: &Context,
+    operation: &TalosOperation,
+    cluster: &TalosCluster,
+) -> Result<(), Error> {
+    let Some(target) = &operation.spec.upgrade_kubernetes else {
+        return Ok(());
+    };
+    let version = target.version.trim_start_matches('v');
+    if cluster.spec.kubernetes_version.trim_start_matches('v') == version {
+        return Ok(());
+    }
+    Api::<TalosCluster>::namespaced(ctx.client.clone(), &cluster.namespace().unwrap_or_default())
+        .patch(
+            &cluster.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(json!({
+                "metadata": {"resourceVersion": cluster.resource_version()},
+                "spec": {"kubernetesVersion": version},
+            })),
+        )
+        .await?;
+    ctx.event(
+        cluster,
+        EventType::Normal,
+        reasons::KUBERNETES_VERSION,
+        actions::OPERATE,
+        format!(
+            "{} sets spec.kubernetesVersion {} -> {version}; nodes follow one at a time",
+            holder(operation),
+            cluster.spec.kubernetes_version
+        ),
+    )
+    .await;
+    Ok(())
+}
+
+impl Node<'_> {
+    /// Records `step` in the operation's status as stored.
+    pub(super) async fn record(&self, step: &NodeStep) -> Result<(), Error> {
+        let api = api(self.ctx, self.operation);
+        let Some(fresh) = api.get_opt(&self.operation.name_any()).await? else {
+            return Ok(());
+        };
+        let mut status = fresh.status.unwrap_or_default();
+        if let Some(slot) = status
+            .run
+            .nodes
+            .iter_mut()
+            .find(|n| n.machine == step.machine)
+        {
+            *slot = step.clone();
+        } else {
+            status.run.nodes.push(step.clone());
+        }
+        status.run.progress = Some(progress(&status.run.nodes));
+        write_status(self.ctx, self.operation, &status).await
+    }
+
+    /// The workload side of this node.
+    pub(super) fn node(&self) -> workload::NodeSteps<'_> {
+        workload::NodeSteps {
+            ctx: self.ctx,
+            cluster: self.cluster,
+            machine: self.machine,
+        }
+    }
+
+    /// Before a reset, as before a removal: the Node is cordoned and drained. `Some` says what
+    /// it waits for.
+    pub(super) async fn take_node_away(&self) -> Result<Option<Stop>, Error> {
+        for outcome in [self.node().cordon().await?, self.node().drain().await?] {
+            if let workload::Outcome::Wait(stop) = self.node().waiting_for_api(outcome) {
+                return Ok(Some(stop));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Sends the action (looking first for its effect, after a restart). `Some` stops here.
+    pub(super) async fn send(&self, step: &mut NodeStep) -> Result<Option<Verdict>, Error> {
+        let action = self.operation.spec.action;
+        if action == OperationAction::Reset
+            && crate::in_maintenance(&self.address, self.ctx.settings.sweep)
+                .await
+                .is_some()
+        {
+            return Ok(None);
+        }
+        let Some(client) = crate::connect(&self.address, &self.credentials).await else {
+            return Ok(Some(Verdict::wait(
+                reasons::NODE_UNREACHABLE,
+                format!("{} does not answer", self.address),
+            )));
+        };
+        // The node behind this connection must be the machine (ADR 0052): another one at its
+        // address fails the operation, and nothing is sent.
+        if let Some(step) = plan::identity_checked(action) {
+            let checked =
+                crate::identity::check_machine(&client, self.machine, &self.address, step).await;
+            match checked {
+                crate::identity::Checked::Verified => {}
+                crate::identity::Checked::Refused(refusal) => {
+                    return Ok(Some(Verdict::fail(refusal.reason(), refusal.message())));
+                }
+                crate::identity::Checked::Unread(message) => {
+                    return Ok(Some(Verdict::wait(reasons::NODE_UNREACHABLE, message)));
+                }
+            }
+        }
+        let sent = match action {
+            OperationAction::Reboot => {
+                self.forfeit_leadership(&client).await;
+                client.reboot().await
+            }
+            OperationAction::Upgrade => return self.send_upgrade(&client, step).await,
+            OperationAction::Reset => {
+                client
+                    .reset(ResetOptions {
+                        graceful: true,
+                        reboot: true,
+                    })
+                    .await
+            }
+            OperationAction::EtcdSnapshot => return self.back_up(step).await.map(Some),
+            OperationAction::EtcdDefrag => client.etcd_defragment().await,
+            OperationAction::UpgradeKubernetes => return self.send_kubernetes(&client, step).await,
+        };
+        Ok(plan::answered(action, step, sent))
+    }
+
+    /// A control plane hands its etcd leadership on before it goes down (best effort).
+    async fn forfeit_leadership(&self, client: &TalosClient) {
+        if self.role == Role::ControlPlane {
+            let _ = client.etcd_forfeit_leadership().await;
+        }
+    }
+
+    /// Sends an upgrade (the image pulled, installed, then the reboot), unless the node already
+    /// runs the image's version: then it was sent before a restart and went down since.
+    async fn send_upgrade(
+        &self,
+        client: &TalosClient,
+        step: &mut NodeStep,
+    ) -> Result<Option<Verdict>, Error> {
+        let image = plan::upgrade_image(self.operation);
+        let running = client.version().await.ok();
+        if plan::upgraded_already(
+            image_version(&image).as_deref(),
+            running.as_deref(),
+            step.version_before.as_deref(),
+        ) {
+            // Sent before a restart and already done.
+            let now = self.ctx.now();
+            step.progress = NodeProgress::WentDown {
+                sent_at: now.clone(),
+                down_at: now,
+            };
+            return Ok(None);
+        }
+        self.forfeit_leadership(client).await;
+        // The lifecycle upgrade installs to disk and does not reboot: the reboot is a
+        // separate call, as talosctl makes it (talos-facts §10.9).
+        let sent = match client.pull_image(&image).await {
+            Ok(_) => match client.upgrade(&image).await {
+                Ok(()) => client.reboot().await,
+                Err(error) => Err(error),
+            },
+            Err(error) => Err(error),
+        };
+        Ok(plan::answered(OperationAction::Upgrade, step, sent))
+    }
+
+    /// Sends a Kubernetes upgrade: the machine's config, rendered for the cluster's (new)
+    /// version, applied without a reboot, and its hash recorded.
+    async fn send_kubernetes(
+        &self,
+        client: &TalosClient,
+        step: &mut NodeStep,
+    ) -> Result<Option<Verdict>, Error> {
+        let sources = self.ctx.layers.sources().await?;
+        let rendered = match crate::controller::machine::render_for(
+            self.cluster,
+            self.machine,
+            self.role,
+            &sources,
+            self.bundle,
+        ) {
+            Ok(r) => r,
+            Err(problem) => {
+                return Ok(Some(Verdict::fail(
+                    reasons::INVALID_PATCH,
+                    format!("the config cannot be rendered: {problem}"),
+                )));
+            }
+        };
+        let sent = match client
+            .apply_configuration(rendered.yaml.as_bytes(), ApplyMode::NoReboot)
+            .await
+        {
+            Ok(_) => {
+                crate::controller::machine::record_hash(self.ctx, self.machine, &rendered).await?;
+                Ok(())
+            }
+            Err(error) => Err(error),
+        };
+        Ok(plan::answered(
+            OperationAction::UpgradeKubernetes,
+            step,
+            sent,
+        ))
+    }
+
+    /// Backs the cluster's etcd up from this control plane to `spec.backup` (the backup
+    /// controller's runner: one backup at a time per cluster), and names the object in the
+    /// operation's status.
+    async fn back_up(&self, step: &mut NodeStep) -> Result<Verdict, Error> {
+        let trigger = crate::controller::backup::Trigger::Operation {
+            operation: self.operation.name_any(),
+            machine: self.machine.name_any(),
+        };
+        match Box::pin(crate::controller::backup::run(
+            self.ctx,
+            self.cluster,
+            trigger,
+        ))
+        .await?
+        {
+            None => Ok(Verdict::wait(
+                reasons::WAITING_FOR_LOCK,
+                "another backup of the cluster is running",
+            )),
+            Some(Err(failure)) => Ok(Verdict::fail(failure.reason, failure.message)),
+            Some(Ok(record)) => {
+                // The key is this group's alone, set once: applied from the copy at hand.
+                let mut status = self.operation.status.clone().unwrap_or_default();
+                status.backup.key = Some(record.key.clone());
+                let api = api(self.ctx, self.operation);
+                status::apply::<OperationBackup, _>(&api, self.operation, &status, Guard::None)
+                    .await?;
+                step.phase = OperationPhase::Succeeded;
+                step.message = Some(format!(
+                    "backed up {} bytes (sha256 {}) to {}",
+                    record.size, record.sha256, record.key
+                ));
+                Ok(Verdict::Next)
+            }
+        }
+    }
+}
