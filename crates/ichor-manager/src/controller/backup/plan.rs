@@ -5,7 +5,16 @@
 
 use std::time::Duration;
 
+use ichor_api::backup::BackupSpec;
+use ichor_api::common::Role;
+use ichor_api::names::{conditions, reasons};
+use ichor_api::{TalosCluster, TalosMachine};
 use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt as _;
+
+use super::Trigger;
+use crate::backup_store::seal::Sealer;
+use crate::{Stop, infra::conditions as cond};
 
 /// The suffix of a backup object: an etcd snapshot file as `talosctl etcd snapshot` saves it.
 pub const SNAPSHOT_SUFFIX: &str = ".snapshot";
@@ -568,6 +577,130 @@ pub fn plain_http_refusal(endpoint: &str, encrypted: bool, allowed: bool) -> Opt
 /// Whether `key` names a backup object (not its record, not another file).
 pub fn is_backup_key(key: &str) -> bool {
     key.ends_with(SNAPSHOT_SUFFIX) || key.ends_with(&format!("{SNAPSHOT_SUFFIX}{ENCRYPTED_SUFFIX}"))
+}
+
+/// What the schedule of `cluster` (whose `spec.backup` is `spec`) is judged on at `now`: its
+/// status as `cluster` carries it.
+pub(super) fn facts(now: Timestamp, cluster: &TalosCluster, spec: &BackupSpec) -> Facts {
+    let status = cluster.status.clone().unwrap_or_default();
+    let backups = status.backup.record.unwrap_or_default();
+    Facts {
+        now,
+        created: cluster
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map_or(now, |t| t.0),
+        last_success: backups.last_success.as_ref().map(|s| s.taken_at.0),
+        last_failure: backups.last_failure.as_ref().map(|t| t.0),
+        suspended: spec.suspend,
+        ready: status
+            .core
+            .control_planes
+            .as_ref()
+            .is_some_and(|c| c.ready > 0),
+    }
+}
+
+/// How long from `now` until `due` (at least a second).
+pub(super) fn until(now: Timestamp, due: Timestamp) -> Duration {
+    due.duration_since(now)
+        .try_into()
+        .unwrap_or(Duration::ZERO)
+        .max(Duration::from_secs(1))
+}
+
+/// The record of a backup of `cluster`, with what only the backup knows left empty.
+pub(super) fn record_of(cluster: &TalosCluster) -> Record {
+    Record {
+        namespace: cluster.namespace().unwrap_or_default(),
+        cluster: cluster.name_any(),
+        uid: cluster.uid().unwrap_or_default(),
+        bundle_fingerprint: String::new(),
+        taken_at: String::new(),
+        size: 0,
+        sha256: String::new(),
+        snapshot: None,
+        encrypted: false,
+        machine: String::new(),
+        talos_version: cluster.spec.talos_version.clone(),
+    }
+}
+
+/// The age sealer of `spec.encryption`, if any: to its recipient, the public key only (the
+/// identity is never read by a backup).
+pub(super) fn sealer(spec: &BackupSpec) -> Result<Option<Sealer>, Stop> {
+    let Some(encryption) = spec.encryption.as_ref() else {
+        return Ok(None);
+    };
+    if encryption.recipient.is_empty() {
+        return Err(Stop::new(
+            reasons::BACKUP_SETTINGS_INVALID,
+            "spec.backup.encryption.recipient is not set: backups are encrypted to an age recipient (age1…, as `age-keygen -y <identity file>` prints it) and never read the identity; keySecretRef is only for restoreFrom",
+        ));
+    }
+    Sealer::for_recipient(&encryption.recipient)
+        .map(Some)
+        .map_err(|message| {
+            Stop::new(
+                reasons::BACKUP_SETTINGS_INVALID,
+                format!("spec.backup.encryption.recipient: {message}"),
+            )
+        })
+}
+
+/// The cluster's machines as snapshot sources (for an operation, only its machine).
+pub(super) fn candidates(machines: &[TalosMachine], trigger: &Trigger) -> Vec<Source> {
+    machines
+        .iter()
+        .filter(|m| match trigger {
+            Trigger::Operation { machine, .. } => &m.name_any() == machine,
+            Trigger::Scheduled => true,
+        })
+        .filter_map(|m| {
+            let status = m.status.as_ref();
+            Some(Source {
+                machine: m.name_any(),
+                address: crate::controller::machine::address(m)?,
+                ready_control_plane: m.spec.role == Some(Role::ControlPlane)
+                    && status.is_some_and(|s| {
+                        s.applied.config_hash.is_some()
+                            && cond::is_true(&s.conditions, conditions::READY)
+                    }),
+                being_removed: m.metadata.deletion_timestamp.is_some()
+                    || status.is_some_and(|s| s.removal.progress.is_some()),
+            })
+        })
+        .collect()
+}
+
+/// `spec.backup.retention`, with its default (the newest 7). A `maxAge` that does not read
+/// deletes nothing for its age: the retention without it, and why.
+pub(super) fn retention_of(
+    spec: &BackupSpec,
+) -> Result<Retention, (Retention, ichor_api::time::InvalidDuration)> {
+    let Some(r) = spec.retention.as_ref() else {
+        return Ok(Retention {
+            count: Some(7),
+            max_age: None,
+        });
+    };
+    let count = r.count.and_then(|c| usize::try_from(c).ok());
+    let max_age = r
+        .max_age
+        .as_deref()
+        .map(|age| ichor_api::time::parse_duration("spec.backup.retention.maxAge", age))
+        .transpose();
+    match max_age {
+        Ok(max_age) => Ok(Retention { count, max_age }),
+        Err(invalid) => Err((
+            Retention {
+                count,
+                max_age: None,
+            },
+            invalid,
+        )),
+    }
 }
 
 #[cfg(test)]
