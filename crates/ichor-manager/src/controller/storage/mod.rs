@@ -7,24 +7,21 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ichor_api::machine::ApprovalState;
-use ichor_api::names::controllers;
-use ichor_api::names::{conditions, reasons};
-use ichor_api::storage::{StorageVolumes, TalosStorageStatus};
-use ichor_api::{TalosCluster, TalosMachine, TalosStorage};
-use ichor_talos::TalosClient;
+use ichor_api::names::{controllers, reasons};
+use ichor_api::storage::TalosStorageStatus;
+use ichor_api::{TalosMachine, TalosStorage};
 use kube::ResourceExt as _;
 use kube::api::Api;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 
+use crate::Context;
 use crate::error::Error;
-use crate::infra::conditions as cond;
 use crate::infra::shared::Changes;
-use crate::infra::status::Guard;
-use crate::{Context, infra::status};
 
+mod act;
+mod observe;
 pub mod plan;
 
 pub use plan::Seen;
@@ -68,17 +65,15 @@ pub async fn reconcile(storage: Arc<TalosStorage>, ctx: Arc<Context>) -> Result<
     result
 }
 
+/// Observes the storage's cluster and its machines' volumes, plans the status, and writes it.
 async fn reconcile_inner(storage: &TalosStorage, ctx: &Context) -> Result<Action, Error> {
-    let namespace = storage.namespace().unwrap_or_default();
-    let cluster = Api::<TalosCluster>::namespaced(ctx.client.clone(), &namespace)
-        .get_opt(&storage.spec.cluster_ref.name)
-        .await?;
-    let Some(cluster) = cluster else {
+    let Some(cluster) = observe::read_cluster(ctx, storage).await? else {
         let message = format!(
-            "TalosCluster {} (spec.clusterRef) does not exist in namespace {namespace}",
-            storage.spec.cluster_ref.name
+            "TalosCluster {} (spec.clusterRef) does not exist in namespace {}",
+            storage.spec.cluster_ref.name,
+            storage.namespace().unwrap_or_default()
         );
-        write(
+        act::write_status(
             ctx,
             storage,
             TalosStorageStatus::default(),
@@ -89,84 +84,12 @@ async fn reconcile_inner(storage: &TalosStorage, ctx: &Context) -> Result<Action
         .await?;
         return Ok(Action::requeue(ctx.settings.settled_requeue));
     };
-    let seen = observe(ctx, storage, &cluster).await?;
+    let seen = observe::read_volumes(ctx, storage, &cluster).await?;
     let (new, holds, reason, message) = plan::plan(storage, &seen);
-    write(ctx, storage, new, holds, reason, message).await?;
+    act::write_status(ctx, storage, new, holds, reason, message).await?;
     Ok(Action::requeue(if holds {
         ctx.settings.settled_requeue
     } else {
         PENDING_REQUEUE
     }))
-}
-
-/// What each approved machine the storage selects reports of its volumes.
-async fn observe(
-    ctx: &Context,
-    storage: &TalosStorage,
-    cluster: &TalosCluster,
-) -> Result<Vec<(String, Seen)>, Error> {
-    let mut machines: Vec<TalosMachine> = crate::cluster_machines(ctx, cluster)
-        .await?
-        .into_iter()
-        .filter(|m| m.spec.approval_state == ApprovalState::Approved && storage.selects(m))
-        .collect();
-    machines.sort_by_key(|m| m.name_any());
-    let sources = ctx.layers.sources().await?;
-    let bundle = crate::secrets::bundle(ctx, cluster).await?.ok();
-    let mut seen = Vec::new();
-    for machine in machines {
-        let name = machine.name_any();
-        if let Err(conflict) = sources.layers_for(&machine) {
-            seen.push((name, Seen::Conflict(conflict.to_string())));
-            continue;
-        }
-        let configured = machine
-            .status
-            .as_ref()
-            .is_some_and(|s| s.applied.config_hash.is_some());
-        let (Some(bundle), Some(address), true) = (
-            bundle.as_ref(),
-            crate::controller::machine::address(&machine),
-            configured,
-        ) else {
-            seen.push((name, Seen::NotConfigured));
-            continue;
-        };
-        let credentials = ctx.node_credentials(cluster, bundle)?;
-        let volumes = match TalosClient::connect(&address, &credentials).await {
-            Ok(client) => client.user_volumes().await.ok(),
-            Err(_) => None,
-        };
-        seen.push((name, volumes.map_or(Seen::NotConfigured, Seen::Volumes)));
-    }
-    Ok(seen)
-}
-
-/// Writes the storage's status with `Ready`, when it changed.
-async fn write(
-    ctx: &Context,
-    storage: &TalosStorage,
-    mut new: TalosStorageStatus,
-    holds: bool,
-    reason: &str,
-    message: String,
-) -> Result<(), Error> {
-    let old = storage.status.clone().unwrap_or_default();
-    new.conditions = old.conditions.clone();
-    cond::set(
-        &mut new.conditions,
-        conditions::READY,
-        holds,
-        reason,
-        message,
-        storage.metadata.generation,
-        &ctx.now(),
-    );
-    if old == new {
-        return Ok(());
-    }
-    let api: Api<TalosStorage> =
-        Api::namespaced(ctx.client.clone(), &storage.namespace().unwrap_or_default());
-    status::apply::<StorageVolumes, _>(&api, storage, &new, Guard::None).await?;
-    Ok(())
 }
