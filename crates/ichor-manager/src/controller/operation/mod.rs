@@ -8,6 +8,9 @@
 //! operation, which is never retried. A reboot, an upgrade, a reset or a Kubernetes upgrade goes
 //! to a node only once it reported the machine's SMBIOS UUID; another machine at the address
 //! fails the operation (ADR 0052).
+//!
+//! What the reconcile reads is `observe`'s, what it decides `plan`'s, what it writes or sends
+//! `act`'s; this module runs them in order, for the operation and then for its next node.
 
 use std::sync::Arc;
 use std::time::Duration;

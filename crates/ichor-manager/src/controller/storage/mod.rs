@@ -3,6 +3,8 @@
 //! selected machine reports of them (its `VolumeStatus` resources, read over mutual TLS) and
 //! writes that into the storage's status: per machine, each volume's phase, size and location,
 //! and `Ready` saying whether all are ready, which failed, or what is still pending.
+//!
+//! What the reconcile reads is `observe`'s, the status it builds [`plan`]'s, its write `act`'s.
 
 use std::sync::Arc;
 use std::time::Duration;
