@@ -8,21 +8,15 @@ use std::sync::{Arc, Mutex};
 
 use ichor_api::cluster::LockHolder;
 use ichor_api::common::Role;
-use ichor_api::machine::{
-    ApprovalState, MachineApplied, MachineDrift, MachineEtcd, MachineInventory, MachineLifecycle,
-    MachinePhase, MachineRemoval, TalosMachineStatus,
-};
+use ichor_api::machine::{ApprovalState, MachineDrift, MachinePhase, TalosMachineStatus};
 use ichor_api::names::controllers;
-use ichor_api::names::{actions, conditions, labels, reasons, secrets as secret_names};
-use ichor_api::status::Group;
+use ichor_api::names::{actions, conditions, reasons, secrets as secret_names};
 use ichor_api::{TalosCluster, TalosMachine};
 use ichor_deleteguard::{
     Disruption, DriftHalt, DriftMachine, DriftTurn, Stage, drift_turn, halt_stands,
 };
 use ichor_render::Rendered;
 use ichor_talos::{ApplyMode, TalosClient, TalosError};
-use k8s_openapi::ByteString;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt as _;
 use kube::api::Api;
 use kube::runtime::controller::{Action, Controller};
@@ -31,125 +25,20 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 
 use crate::controller::cluster;
-use crate::etcd::Etcd;
 use crate::infra::shared::Changes;
-use crate::infra::status::{self, Guard};
-use crate::{Context, Error, Stop, infra::conditions as cond, secrets};
+use crate::{Context, Error, Stop, infra::conditions as cond};
 
+mod act;
+mod observe;
+mod pacing;
 pub(crate) mod plan;
 pub mod removal;
 
-use plan::{
-    Answers, Blocked, DriftRefused, DriftStep, InstallSeen, InstallVerdict, NodeView,
-    drift_refused, standing,
-};
+pub(crate) use act::{forget_config, record_hash};
+pub use pacing::Looks;
+pub(crate) use pacing::lock;
 
-/// The last look at each machine in progress, with whether a related object woke it since:
-/// what tells an echo of a machine's own writes from a reason to look again
-/// (`plan::echo_wait`, ADR 0034), and how long a machine that stands still waits for its next
-/// look (`plan::next_look`). Also the looks one machine asks of others ([`Looks::ask`]).
-#[derive(Debug)]
-pub struct Looks {
-    last: std::sync::Mutex<BTreeMap<String, plan::LastLook>>,
-    asked: tokio::sync::broadcast::Sender<ObjectRef<TalosMachine>>,
-}
-
-/// How many asked looks wait for the machine controller at most; past that the oldest are
-/// dropped, and those machines are seen at their own pace (a queued machine's is the
-/// progress pace).
-const ASKED_LOOKS: usize = 1024;
-
-impl Default for Looks {
-    fn default() -> Self {
-        Self {
-            last: std::sync::Mutex::default(),
-            asked: tokio::sync::broadcast::channel(ASKED_LOOKS).0,
-        }
-    }
-}
-
-impl Looks {
-    /// Asks the machine controller to look at `machines` now, as woken by a related object
-    /// (so none is taken for an echo): what a machine's end of its drift turn, or its becoming
-    /// Ready, tells the machines queued behind it (ADR 0043).
-    pub fn ask(&self, machines: &[ObjectRef<TalosMachine>]) {
-        self.wake(machines);
-        for machine in machines {
-            // No controller listening (a test's context): nothing to wake.
-            let _ = self.asked.send(machine.clone());
-        }
-    }
-
-    /// The looks asked from now on ([`Looks::ask`]), for the machine controller's
-    /// `reconcile_on`.
-    pub fn asked(&self) -> impl futures::Stream<Item = ObjectRef<TalosMachine>> + Send + 'static {
-        futures::stream::unfold(self.asked.subscribe(), |mut asked| async move {
-            loop {
-                match asked.recv().await {
-                    Ok(machine) => return Some((machine, asked)),
-                    // Dropped looks: those machines keep their own pace.
-                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
-                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
-                }
-            }
-        })
-    }
-
-    /// Records that a related object (its cluster, a class, a storage) woke these machines:
-    /// their next reconcile looks. A machine without a last look looks anyway.
-    pub fn wake(&self, machines: &[ObjectRef<TalosMachine>]) {
-        let mut last = lock(&self.last);
-        for machine in machines {
-            if let Some(look) = last.get_mut(&machine.to_string()) {
-                look.woken = true;
-            }
-        }
-    }
-
-    /// How long this reconcile of `machine` waits as an echo of its own last look, if it is
-    /// one; a wake by a related object is used up by the look it causes.
-    fn echo(&self, machine: &TalosMachine, now: std::time::Instant) -> Option<std::time::Duration> {
-        let key = ObjectRef::from_obj(machine).to_string();
-        let mut last = lock(&self.last);
-        let look = last.get_mut(&key)?;
-        let wait = plan::echo_wait(Some(*look), plan::looked_at(machine), now);
-        if wait.is_none() {
-            look.woken = false;
-        }
-        wait
-    }
-
-    /// Records a look at `machine` that saw `seen`, found it standing at `standing`, and
-    /// ended with `action`; returns the action to take. A machine in progress (looked at again
-    /// after `progress`) keeps its look, and waits longer the longer it stands still; any
-    /// other forgets it.
-    fn record(
-        &self,
-        machine: &TalosMachine,
-        (seen, standing): (u64, u64),
-        action: Action,
-        progress: std::time::Duration,
-    ) -> Action {
-        let key = ObjectRef::from_obj(machine).to_string();
-        let mut last = lock(&self.last);
-        if action == Action::requeue(progress) {
-            let now = std::time::Instant::now();
-            let next = plan::next_look(last.get(&key).copied(), seen, standing, progress, now);
-            last.insert(key, next);
-            Action::requeue(next.due - now)
-        } else {
-            last.remove(&key);
-            action
-        }
-    }
-}
-
-/// `mutex` locked; a poisoned lock is taken as it stands (the data it guards is a cache).
-pub(crate) fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
+use plan::{Blocked, DriftRefused, DriftStep, InstallVerdict, NodeView, drift_refused, standing};
 
 /// The machines of cluster `cluster` in `namespace`, from the machine cache: what a change of
 /// one of its classes or storages re-renders.
@@ -277,7 +166,7 @@ async fn look(machine: &Arc<TalosMachine>, ctx: &Arc<Context>) -> Result<Action,
     }
     let result = match machine.spec.approval_state {
         ApprovalState::Pending => {
-            set_phase(&ctx, &machine, MachinePhase::Pending).await?;
+            act::set_phase(&ctx, &machine, MachinePhase::Pending).await?;
             Ok(Action::await_change())
         }
         ApprovalState::Rejected => {
@@ -285,7 +174,7 @@ async fn look(machine: &Arc<TalosMachine>, ctx: &Arc<Context>) -> Result<Action,
             if machine.status.as_ref().map(|s| s.lifecycle.phase) != Some(MachinePhase::Rejected) {
                 crate::claims::release(&ctx.client, &machine).await?;
             }
-            set_phase(&ctx, &machine, MachinePhase::Rejected).await?;
+            act::set_phase(&ctx, &machine, MachinePhase::Rejected).await?;
             Ok(Action::await_change())
         }
         ApprovalState::Approved => approved(&machine, &ctx).await,
@@ -299,100 +188,6 @@ async fn look(machine: &Arc<TalosMachine>, ctx: &Arc<Context>) -> Result<Action,
 
 fn api(ctx: &Context, machine: &TalosMachine) -> Api<TalosMachine> {
     Api::namespaced(ctx.client.clone(), &machine.namespace().unwrap_or_default())
-}
-
-async fn write_status(
-    ctx: &Context,
-    machine: &TalosMachine,
-    status: &TalosMachineStatus,
-) -> Result<(), Error> {
-    if machine.status.as_ref() == Some(status) {
-        return Ok(());
-    }
-    // The groups this reconcile changes; each is sent only if it did.
-    let api = api(ctx, machine);
-    status::apply::<MachineLifecycle, _>(&api, machine, status, Guard::None).await?;
-    status::apply::<MachineInventory, _>(&api, machine, status, Guard::None).await?;
-    status::apply::<MachineApplied, _>(&api, machine, status, Guard::None).await?;
-    status::apply::<MachineDrift, _>(&api, machine, status, Guard::None).await?;
-    status::apply::<MachineEtcd, _>(&api, machine, status, Guard::None).await?;
-    status::apply::<MachineRemoval, _>(&api, machine, status, Guard::None).await?;
-    ctx.metrics
-        .phase(&machine.name_any(), status.lifecycle.phase);
-    Ok(())
-}
-
-/// A machine not approved: its phase, and `Ready` False saying why (`AwaitingApproval` or
-/// `Rejected`), as the docs list.
-async fn set_phase(
-    ctx: &Context,
-    machine: &TalosMachine,
-    phase: MachinePhase,
-) -> Result<(), Error> {
-    let mut status = machine.status.clone().unwrap_or_default();
-    status.lifecycle.phase = phase;
-    let (reason, message) = if phase == MachinePhase::Rejected {
-        (
-            reasons::REJECTED,
-            "rejected: Ichor never writes to it; set spec.approvalState: approved with a spec.role to use it",
-        )
-    } else {
-        (
-            reasons::AWAITING_APPROVAL,
-            "found in maintenance mode; nothing is written to it until it is approved (spec.approvalState: approved with a spec.role)",
-        )
-    };
-    cond::set(
-        &mut status.conditions,
-        conditions::READY,
-        false,
-        reason,
-        message,
-        machine.metadata.generation,
-        &ctx.now(),
-    );
-    write_status(ctx, machine, &status).await
-}
-
-/// Stops on a problem a person must fix: condition, Event, and a wait for a change. A failed
-/// install stays what `Ready` says while the first apply waits for the new certificate to be
-/// confirmed.
-async fn blocked(
-    ctx: &Context,
-    machine: &TalosMachine,
-    status: TalosMachineStatus,
-    stop: Blocked,
-) -> Result<Action, Error> {
-    let stop = plan::keep_install_failure(&status, stop);
-    stopped(ctx, machine, status, stop).await?;
-    Ok(Action::requeue(ctx.settings.settled_requeue))
-}
-
-/// Records a stop: phase, `Ready` false with its reason and message, and a Warning Event the
-/// first time for that reason.
-async fn stopped(
-    ctx: &Context,
-    machine: &TalosMachine,
-    mut status: TalosMachineStatus,
-    stop: Blocked,
-) -> Result<(), Error> {
-    let Blocked { phase, stop } = stop;
-    let first = !status
-        .conditions
-        .iter()
-        .any(|c| c.type_ == conditions::READY && c.reason == stop.reason);
-    status.lifecycle.phase = phase;
-    stop.set_condition(
-        &mut status.conditions,
-        conditions::READY,
-        machine.metadata.generation,
-        &ctx.now(),
-    );
-    write_status(ctx, machine, &status).await?;
-    if first {
-        stop.warn(ctx, machine, actions::RECONCILE).await;
-    }
-    Ok(())
 }
 
 /// The machine's address: observed, else the first endpoint.
@@ -427,35 +222,6 @@ pub(crate) fn applied_config_secret(machine: &TalosMachine) -> String {
     )
 }
 
-/// Keeps the exact config applied to `machine` in its applied-config Secret (owned by the
-/// machine, so collected with it), for `kubectl ichor render --diff`. Called before the hash is
-/// recorded, so a recorded hash has its config stored; readers still compare the stored
-/// config's hash with `status.appliedConfigHash` (a staged config whose reboot failed is kept
-/// but not recorded).
-async fn store_applied(ctx: &Context, machine: &TalosMachine, yaml: &str) -> Result<(), Error> {
-    let name = applied_config_secret(machine);
-    let labels = BTreeMap::from([
-        (labels::MACHINE.to_owned(), machine.name_any()),
-        (
-            labels::CLUSTER.to_owned(),
-            machine.spec.cluster_ref.name.clone(),
-        ),
-        (
-            labels::MANAGED_BY.to_owned(),
-            labels::MANAGED_BY_VALUE.to_owned(),
-        ),
-    ]);
-    let data = BTreeMap::from([(
-        secret_names::APPLIED_CONFIG_KEY.to_owned(),
-        ByteString(yaml.as_bytes().to_vec()),
-    )]);
-    // Only a Secret Ichor created for this machine is written (ADR 0053); a name held by
-    // another is an error that names it, retried until the name is free.
-    crate::secrets::publish(ctx, machine, (&name, APPLIED_WHAT), labels, data)
-        .await?
-        .map_err(Error::from)
-}
-
 /// What the applied-config Secret holds, for a refusal.
 const APPLIED_WHAT: &str = "the applied config";
 
@@ -463,14 +229,14 @@ const APPLIED_WHAT: &str = "the applied config";
 /// configured (role, config, address), then applies its first config or follows it.
 async fn approved(machine: &TalosMachine, ctx: &Context) -> Result<Action, Error> {
     let status = machine.status.clone().unwrap_or_default();
-    let (cluster, bundle) = match cluster_and_bundle(ctx, machine).await? {
+    let (cluster, bundle) = match observe::read_cluster_and_bundle(ctx, machine).await? {
         Ok(found) => found,
-        Err(stop) => return blocked(ctx, machine, status, stop).await,
+        Err(stop) => return act::record_blocked(ctx, machine, status, stop).await,
     };
     let sources = ctx.layers.sources().await?;
     let (rendered, address) = match plan::configurable(machine, &cluster, &sources, &bundle) {
         Ok(target) => target,
-        Err(stop) => return blocked(ctx, machine, status, stop).await,
+        Err(stop) => return act::record_blocked(ctx, machine, status, stop).await,
     };
     // The namespace's address ranges (ADR 0054), before anything reaches the node: read as
     // stored before the first apply (the rule: nothing is configured outside the ranges), from
@@ -486,16 +252,10 @@ async fn approved(machine: &TalosMachine, ctx: &Context) -> Result<Action, Error
             phase: MachinePhase::Approved,
             stop: refused,
         };
-        return blocked(ctx, machine, status, stop).await;
+        return act::record_blocked(ctx, machine, status, stop).await;
     }
     let credentials = ctx.node_credentials(&cluster, &bundle)?;
-    // Held until the removal sequence has finished (issue: safe removal).
-    crate::infra::finalizer::add(
-        &api(ctx, machine),
-        machine,
-        ichor_api::names::finalizers::MACHINE_REMOVAL,
-    )
-    .await?;
+    act::add_removal_finalizer(ctx, machine).await?;
     let reach = Reach {
         address: &address,
         credentials: &credentials,
@@ -515,7 +275,7 @@ async fn approved(machine: &TalosMachine, ctx: &Context) -> Result<Action, Error
                 taken.to_string(),
             );
             // Looked at again soon, as the cluster does: it goes on once the name is free.
-            stopped(ctx, machine, status, stop).await?;
+            act::record_stop(ctx, machine, status, stop).await?;
             return Ok(Action::requeue(ctx.settings.progress_requeue));
         }
         if plan::adopted(machine) {
@@ -536,55 +296,11 @@ async fn adopt_baseline(
     status: TalosMachineStatus,
     reach: &Reach<'_>,
 ) -> Result<Action, Error> {
-    let Some(client) = crate::connect(reach.address, reach.credentials).await else {
-        return unreachable(ctx, machine, status, "the adopted node does not answer").await;
-    };
-    let live = match client.live_config().await {
-        Ok(live) => live,
-        Err(error) => return unreachable(ctx, machine, status, &error.to_string()).await,
-    };
-    store_applied(ctx, machine, &live).await?;
-    let hash = ichor_render::config_hash(&live);
-    patch_status::<MachineApplied>(ctx, machine, |s| s.applied.config_hash = Some(hash.clone()))
-        .await?;
-    ctx.event(
-        machine,
-        EventType::Normal,
-        reasons::ADOPTED,
-        actions::RECONCILE,
-        format!("adopted: its live config {hash} is the applied baseline; nothing was applied"),
-    )
-    .await;
+    match observe::read_live_config(reach).await {
+        Ok(live) => act::record_baseline(ctx, machine, &live).await?,
+        Err(detail) => return act::record_unreachable(ctx, machine, status, &detail).await,
+    }
     Ok(Action::requeue(ctx.settings.progress_requeue))
-}
-
-/// The machine's cluster and the secrets bundle its configs render from, or why there are
-/// none yet (a missing cluster, a bundle not there or not valid).
-async fn cluster_and_bundle(
-    ctx: &Context,
-    machine: &TalosMachine,
-) -> Result<Result<(TalosCluster, ichor_render::SecretsBundle), Blocked>, Error> {
-    let namespace = machine.namespace().unwrap_or_default();
-    // From the shared cluster cache: a change of the cluster reaches the cache before it wakes
-    // its machines.
-    let Some(cluster) =
-        crate::context::cached_cluster(ctx, &namespace, &machine.spec.cluster_ref.name).await?
-    else {
-        return Ok(Err(Blocked::approved(
-            reasons::CLUSTER_NOT_FOUND,
-            format!(
-                "TalosCluster {} (spec.clusterRef) does not exist in namespace {namespace}",
-                machine.spec.cluster_ref.name
-            ),
-        )));
-    };
-    Ok(match secrets::bundle(ctx, &cluster).await? {
-        Ok(bundle) => Ok((cluster, bundle)),
-        Err(problem) => Err(Blocked {
-            phase: MachinePhase::Approved,
-            stop: problem.into(),
-        }),
-    })
 }
 
 /// The first apply, over the pinned maintenance connection.
@@ -597,12 +313,12 @@ async fn apply_first(
     reach: &Reach<'_>,
 ) -> Result<Action, Error> {
     // The cache can lag our own status writes: never apply twice on a stale view.
-    if applied_since(ctx, machine).await? {
+    if observe::applied_since(ctx, machine).await? {
         return Ok(Action::requeue(ctx.settings.progress_requeue));
     }
     let pinned = match plan::first_apply_checks(machine, &status, rendered) {
         Ok(pinned) => pinned,
-        Err(stop) => return blocked(ctx, machine, status, stop).await,
+        Err(stop) => return act::record_blocked(ctx, machine, status, stop).await,
     };
     let client = match TalosClient::connect_maintenance(reach.address, &pinned).await {
         Ok(c) => c,
@@ -612,16 +328,20 @@ async fn apply_first(
     };
     let version = match client.version().await {
         Ok(v) => v,
-        Err(error) => return unreachable(ctx, machine, status, &error.to_string()).await,
+        Err(error) => {
+            return act::record_unreachable(ctx, machine, status, &error.to_string()).await;
+        }
     };
     if let Some(stop) = plan::too_old(&version, &cluster.spec.talos_version) {
-        return blocked(ctx, machine, status, stop).await;
+        return act::record_blocked(ctx, machine, status, stop).await;
     }
     // The node's own SMBIOS UUID, read over the pinned connection, claimed for this machine
     // alone before anything is written to the node (ADR 0054).
     let inventory = match client.inventory().await {
         Ok(inventory) => inventory,
-        Err(error) => return unreachable(ctx, machine, status, &error.to_string()).await,
+        Err(error) => {
+            return act::record_unreachable(ctx, machine, status, &error.to_string()).await;
+        }
     };
     let uuid = &inventory.uuid;
     if let Err(refused) =
@@ -631,7 +351,7 @@ async fn apply_first(
             phase: MachinePhase::Approved,
             stop: refused,
         };
-        return blocked(ctx, machine, status, stop).await;
+        return act::record_blocked(ctx, machine, status, stop).await;
     }
     // The UUID claimed is the one recorded for the machine (a machine written by hand has
     // none), which every later step over mutual TLS checks the node against (ADR 0052).
@@ -640,7 +360,7 @@ async fn apply_first(
         status.inventory.hardware =
             Some(crate::controller::cluster::discovery::hardware(&inventory));
     }
-    send_first(
+    act::send_first(
         ctx,
         machine,
         status,
@@ -650,19 +370,6 @@ async fn apply_first(
         reach.address,
     )
     .await
-}
-
-/// Whether the machine as stored now (not as cached) already records an applied config.
-async fn applied_since(ctx: &Context, machine: &TalosMachine) -> Result<bool, Error> {
-    Ok(api(ctx, machine)
-        .get_opt(&machine.name_any())
-        .await?
-        .is_some_and(|fresh| {
-            fresh
-                .status
-                .as_ref()
-                .is_some_and(|s| s.applied.config_hash.is_some())
-        }))
 }
 
 /// The pinned maintenance connection failed: an earlier apply is recorded if the node already
@@ -679,145 +386,21 @@ async fn not_connected(
 ) -> Result<Action, Error> {
     // Before concluding anything, see whether the node is already configured with
     // this cluster's CA: a previous run applied and was interrupted before recording.
-    if already_ours(reach.address, reach.credentials).await {
-        return applied(ctx, machine, status, rendered, ADOPTED.into()).await;
+    if observe::already_ours(reach.address, reach.credentials).await {
+        return act::announce_applied(ctx, machine, status, rendered, ADOPTED.into()).await;
     }
     match error {
         TalosError::FingerprintMismatch { observed, .. } => {
             status.inventory.observed_fingerprint = Some(observed.clone());
             let stop = plan::fingerprint_presented(reach.address, &observed, pinned);
-            blocked(ctx, machine, status, stop).await
+            act::record_blocked(ctx, machine, status, stop).await
         }
-        error => unreachable(ctx, machine, status, &error.to_string()).await,
-    }
-}
-
-/// Sends the first config over the maintenance connection: `Applying` is recorded first, then
-/// the config is applied and recorded (or the node's refusal blocks).
-async fn send_first(
-    ctx: &Context,
-    machine: &TalosMachine,
-    mut status: TalosMachineStatus,
-    rendered: &Rendered,
-    client: &TalosClient,
-    version: String,
-    address: &str,
-) -> Result<Action, Error> {
-    status.lifecycle.phase = MachinePhase::Applying;
-    status.inventory.talos_version = Some(version);
-    cond::set(
-        &mut status.conditions,
-        conditions::CONFIG_APPLIED,
-        false,
-        reasons::APPLYING,
-        format!(
-            "applying config {} over the pinned maintenance connection",
-            rendered.hash
-        ),
-        machine.metadata.generation,
-        &ctx.now(),
-    );
-    write_status(ctx, machine, &status).await?;
-    if let Err(error) = client
-        .apply_configuration(rendered.yaml.as_bytes(), ApplyMode::Auto)
-        .await
-    {
-        let stop = Blocked::new(
-            MachinePhase::Applying,
-            reasons::APPLY_FAILED,
-            format!("the node refused the config: {error}"),
-        );
-        return blocked(ctx, machine, status, stop).await;
-    }
-    let note = format!("applied config {} to {address}", rendered.hash);
-    applied(ctx, machine, status, rendered, note).await
-}
-
-async fn record_applied(
-    ctx: &Context,
-    machine: &TalosMachine,
-    mut status: TalosMachineStatus,
-    rendered: &Rendered,
-) -> Result<(), Error> {
-    store_applied(ctx, machine, &rendered.yaml).await?;
-    status.applied.config_hash = Some(rendered.hash.clone());
-    plan::installing(
-        &mut status,
-        format!("config {} applied", rendered.hash),
-        machine.metadata.generation,
-        &ctx.now(),
-    );
-    write_status(ctx, machine, &status).await
-}
-
-/// `ConfigApplied` true, with `message`.
-fn config_applied(
-    status: &mut TalosMachineStatus,
-    machine: &TalosMachine,
-    message: String,
-    now: &Time,
-) {
-    cond::set(
-        &mut status.conditions,
-        conditions::CONFIG_APPLIED,
-        true,
-        reasons::APPLIED,
-        message,
-        machine.metadata.generation,
-        now,
-    );
-}
-
-/// Records an applied config (ours now, or an earlier one found on the node) with an Event.
-async fn applied(
-    ctx: &Context,
-    machine: &TalosMachine,
-    status: TalosMachineStatus,
-    rendered: &Rendered,
-    note: String,
-) -> Result<Action, Error> {
-    ctx.event(
-        machine,
-        EventType::Normal,
-        reasons::CONFIG_APPLIED,
-        actions::APPLY,
-        note,
-    )
-    .await;
-    record_applied(ctx, machine, status, rendered).await?;
-    Ok(Action::requeue(ctx.settings.progress_requeue))
-}
-
-/// Whether the node already answers mutual TLS with this cluster's CA: an earlier apply that
-/// was interrupted before it was recorded.
-async fn already_ours(address: &str, credentials: &ichor_talos::Credentials) -> bool {
-    match crate::connect(address, credentials).await {
-        Some(client) => client.version().await.is_ok(),
-        None => false,
+        error => act::record_unreachable(ctx, machine, status, &error.to_string()).await,
     }
 }
 
 const ADOPTED: &str =
     "the node already answers with this cluster's CA: recording the earlier apply";
-
-async fn unreachable(
-    ctx: &Context,
-    machine: &TalosMachine,
-    mut status: TalosMachineStatus,
-    detail: &str,
-) -> Result<Action, Error> {
-    cond::set(
-        &mut status.conditions,
-        conditions::READY,
-        false,
-        reasons::NODE_UNREACHABLE,
-        format!("the node did not answer: {detail}"),
-        machine.metadata.generation,
-        &ctx.now(),
-    );
-    write_status(ctx, machine, &status).await?;
-    Ok(Action::requeue(ctx.settings.progress_requeue))
-}
 
 /// How a configured machine is reached, and the bundle its cluster's configs render from.
 struct Reach<'a> {
@@ -844,14 +427,14 @@ async fn follow(
     if status.applied.config_hash.as_deref() != Some(rendered.hash.as_str())
         || status.drift.reboot.is_some()
     {
-        let Some(fresh) = api(ctx, machine).get_opt(&machine.name_any()).await? else {
+        let Some(fresh) = observe::read_stored(ctx, machine).await? else {
             return Ok(Action::await_change());
         };
         status = fresh.status.unwrap_or_default();
     }
     let client = crate::connect(reach.address, reach.credentials).await;
     let answers = match &client {
-        Some(client) => ask_node(client, role).await,
+        Some(client) => observe::ask_node(client, role).await,
         None => None,
     };
     plan::record_answers(&mut status, role, answers.as_ref(), ctx.clock.now());
@@ -864,7 +447,7 @@ async fn follow(
     }
     let boot = boot_after_drift_reboot(client.as_ref(), &status).await;
     let step = plan::drift_step(&status, view, boot.as_deref(), &rendered.hash, role);
-    let step = hold_adopted(ctx, machine, cluster, &mut status, step);
+    let step = plan::hold_adopted(machine, cluster, &mut status, step, &ctx.now());
     let turn_over = step == DriftStep::Back;
     match (step, &client) {
         (DriftStep::RollOut { applied }, Some(client)) => {
@@ -883,7 +466,7 @@ async fn follow(
         (DriftStep::Back, _) => drift_back(ctx, machine, &mut status, rendered),
         (DriftStep::Settled, _) => {
             let message = format!("config {} applied", rendered.hash);
-            config_applied(&mut status, machine, message, &ctx.now());
+            plan::config_applied(&mut status, machine, message, &ctx.now());
         }
         (DriftStep::RollOut { .. } | DriftStep::Idle, _) => {}
     }
@@ -918,64 +501,6 @@ async fn report(
     Ok(action)
 }
 
-/// An adopted machine's drift, held until its cluster opts in: reported on `ConfigApplied`,
-/// and nothing rolled out.
-fn hold_adopted(
-    ctx: &Context,
-    machine: &TalosMachine,
-    cluster: &TalosCluster,
-    status: &mut TalosMachineStatus,
-    step: DriftStep,
-) -> DriftStep {
-    let Some(message) = plan::held_adopted(machine, cluster, &step) else {
-        return step;
-    };
-    cond::set(
-        &mut status.conditions,
-        conditions::CONFIG_APPLIED,
-        false,
-        reasons::DRIFT_HELD_ADOPTED,
-        message,
-        machine.metadata.generation,
-        &ctx.now(),
-    );
-    DriftStep::Idle
-}
-
-/// The node's boot id now, read only while a reboot for drift is in flight (it tells that
-/// reboot done from not begun).
-async fn boot_after_drift_reboot(
-    client: Option<&TalosClient>,
-    status: &TalosMachineStatus,
-) -> Option<String> {
-    status.drift.boot_id.as_ref()?;
-    client?.boot_id().await.ok()
-}
-
-/// What the configured node answers over mutual TLS: its machine status (`None` if it does
-/// not answer that), its etcd membership for a control plane, its version and hostname.
-async fn ask_node(client: &TalosClient, role: Role) -> Option<Answers> {
-    let machine_status = client.machine_status().await.ok()?;
-    let etcd = match role {
-        Role::Worker => Etcd::NotMember,
-        Role::ControlPlane => crate::etcd::etcd_answered(client.etcd_status().await),
-    };
-    let version = client.version().await.ok();
-    let hostname = client.hostname().await.ok();
-    Some(Answers {
-        view: NodeView {
-            stage: machine_status.stage,
-            etcd,
-        },
-        version,
-        hostname,
-    })
-}
-
-/// How long the event log may stay quiet before its backlog counts as read, when looking for
-/// the install sequence's FATAL error.
-const EVENTS_QUIET: std::time::Duration = std::time::Duration::from_millis(200);
-
 /// The install of a machine not yet `Installed`: observes it, judges it, and either records it
 /// installed (or underway) for the usual judgement (`None`), or stops there and says when to
 /// look again (pending, failed, stalled, or back in maintenance mode).
@@ -988,10 +513,7 @@ async fn install_step(
     view: Option<NodeView>,
 ) -> Result<Option<Action>, Error> {
     let pinned = machine.spec.fingerprint.clone().unwrap_or_default();
-    let seen = match (client, view) {
-        (Some(client), Some(view)) => read_install(client, Some(view.stage), true).await,
-        _ => install_in_maintenance(ctx, reach.address, &pinned).await,
-    };
+    let seen = observe::read_install_seen(ctx, reach.address, &pinned, client, view).await;
     let limit = ctx.settings.install_stall_limit;
     let generation = machine.metadata.generation;
     match plan::install_verdict(status, &seen, &pinned, ctx.clock.now(), limit) {
@@ -1001,7 +523,7 @@ async fn install_step(
         }
         InstallVerdict::Underway => Ok(None),
         InstallVerdict::Stopped(stop) => {
-            stopped(ctx, machine, status.clone(), stop).await?;
+            act::record_stop(ctx, machine, status.clone(), stop).await?;
             Ok(Some(Action::requeue(ctx.settings.progress_requeue)))
         }
         InstallVerdict::Uninstalled { stop, fingerprint } => {
@@ -1009,59 +531,9 @@ async fn install_step(
             // new certificate is confirmed (spec.fingerprint); the pin is never moved here.
             status.applied.config_hash = None;
             status.inventory.observed_fingerprint = Some(fingerprint);
-            stopped(ctx, machine, status.clone(), stop).await?;
+            act::record_stop(ctx, machine, status.clone(), stop).await?;
             Ok(Some(Action::requeue(ctx.settings.progress_requeue)))
         }
-    }
-}
-
-/// What `client` shows of the install: the 1.14 unattended install status and, while the
-/// stage is `installing` or `rebooting` without one, the install sequence's FATAL error.
-async fn read_install(
-    client: &TalosClient,
-    stage: Option<ichor_talos::Stage>,
-    configured: bool,
-) -> InstallSeen {
-    let unattended = client
-        .unattended_install()
-        .await
-        .ok()
-        .flatten()
-        .map(|u| (u.phase, u.error));
-    let fatal = if unattended.is_none()
-        && matches!(
-            stage,
-            Some(ichor_talos::Stage::Installing | ichor_talos::Stage::Rebooting)
-        ) {
-        client.install_failure(EVENTS_QUIET).await.ok().flatten()
-    } else {
-        None
-    };
-    InstallSeen {
-        stage,
-        configured,
-        unattended,
-        fatal,
-        new_certificate: None,
-    }
-}
-
-/// The install seen when the node does not answer over mutual TLS: back in maintenance mode
-/// on another certificate, or still there on the pinned one (read over that connection).
-async fn install_in_maintenance(ctx: &Context, address: &str, pinned: &str) -> InstallSeen {
-    match crate::in_maintenance(address, ctx.settings.sweep).await {
-        Some(fingerprint) if fingerprint != pinned => InstallSeen {
-            new_certificate: Some(fingerprint),
-            ..InstallSeen::default()
-        },
-        Some(_) => match TalosClient::connect_maintenance(address, pinned).await {
-            Ok(client) => {
-                let stage = client.machine_status().await.ok().map(|s| s.stage);
-                read_install(&client, stage, false).await
-            }
-            Err(_) => InstallSeen::default(),
-        },
-        None => InstallSeen::default(),
     }
 }
 
@@ -1086,16 +558,9 @@ async fn stand(
     let generation = machine.metadata.generation;
     let became_ready =
         plan::record_standing(&mut status, &judged, at.address, generation, &ctx.now());
-    write_status(ctx, machine, &status).await?;
+    act::write_status(ctx, machine, &status).await?;
     if became_ready {
-        ctx.event(
-            machine,
-            EventType::Normal,
-            reasons::READY,
-            actions::RECONCILE,
-            judged.message,
-        )
-        .await;
+        act::announce_ready(ctx, machine, judged.message).await;
     }
     let next = if plan::settled(judged.ready, &status, &at.rendered.hash) {
         plan::settled_wait(
@@ -1107,6 +572,15 @@ async fn stand(
         ctx.settings.progress_requeue
     };
     Ok((Action::requeue(next), became_ready))
+}
+/// The node's boot id now, read only while a reboot for drift is in flight (it tells that
+/// reboot done from not begun).
+async fn boot_after_drift_reboot(
+    client: Option<&TalosClient>,
+    status: &TalosMachineStatus,
+) -> Option<String> {
+    status.drift.boot_id.as_ref()?;
+    client?.boot_id().await.ok()
 }
 
 /// One machine's drift being rolled out: the machine, its cluster, the node's client, the
@@ -1180,7 +654,7 @@ async fn live_applied(
     status: &mut TalosMachineStatus,
     sent: bool,
 ) -> Result<(), Error> {
-    store_applied(ctx, r.machine, &r.rendered.yaml).await?;
+    act::store_applied(ctx, r.machine, &r.rendered.yaml).await?;
     // The lock and `driftReboot` are kept until the node is seen healthy again
     // (`DriftStep::Back`, next time).
     status.applied.config_hash = Some(r.rendered.hash.clone());
@@ -1283,7 +757,7 @@ fn drift_back(
         "config {} applied; the node is healthy again",
         rendered.hash
     );
-    config_applied(status, machine, message, &ctx.now());
+    plan::config_applied(status, machine, message, &ctx.now());
 }
 
 /// Ends this machine's drift turn, once its status saying it is back and Ready is stored: the
@@ -1298,7 +772,7 @@ async fn end_turn(
     rendered: &Rendered,
 ) -> Result<(), Error> {
     crate::lock::release(ctx, cluster, &drift_holder(machine)).await?;
-    patch_status::<MachineDrift>(ctx, machine, |s| s.drift = MachineDrift::default()).await?;
+    act::patch_status::<MachineDrift>(ctx, machine, |s| s.drift = MachineDrift::default()).await?;
     ctx.event(
         machine,
         EventType::Normal,
@@ -1457,7 +931,7 @@ async fn apply_live_once(
             Err(error) => return Ok(Err(error)),
         }
     } else {
-        patch_status::<MachineDrift>(ctx, machine, |s| {
+        act::patch_status::<MachineDrift>(ctx, machine, |s| {
             s.drift.reboot = Some(rendered.hash.clone());
         })
         .await?;
@@ -1478,7 +952,8 @@ async fn forget_drift_intent(
 ) -> Result<(), Error> {
     let boot = status.drift.boot_id.take();
     if status.drift.reboot.take().is_some() || boot.is_some() {
-        patch_status::<MachineDrift>(ctx, machine, |s| s.drift = MachineDrift::default()).await?;
+        act::patch_status::<MachineDrift>(ctx, machine, |s| s.drift = MachineDrift::default())
+            .await?;
     }
     Ok(())
 }
@@ -1516,8 +991,9 @@ async fn reboot_for_drift(ctx: &Context, r: &Rollout<'_>) -> Result<Result<Strin
     }
     // Staged: the node boots into it. Kept before the reboot, so a failure to keep it never
     // costs a second reboot; the boot id too, so "back" later means back from this reboot.
-    store_applied(ctx, r.machine, &r.rendered.yaml).await?;
-    patch_status::<MachineDrift>(ctx, r.machine, |s| s.drift.boot_id = Some(boot.clone())).await?;
+    act::store_applied(ctx, r.machine, &r.rendered.yaml).await?;
+    act::patch_status::<MachineDrift>(ctx, r.machine, |s| s.drift.boot_id = Some(boot.clone()))
+        .await?;
     if let Err(error) = r.client.reboot().await {
         return Ok(Err(Stop::new(
             reasons::NEEDS_REBOOT,
@@ -1616,59 +1092,4 @@ async fn stage(ctx: &Context, r: &Rollout<'_>, me: &LockHolder) -> Result<Option
             r.rendered.hash
         ),
     )))
-}
-
-/// Records `rendered` as applied (an operation applied it): the config in the machine's
-/// applied-config Secret, then its hash.
-pub(crate) async fn record_hash(
-    ctx: &Context,
-    machine: &TalosMachine,
-    rendered: &Rendered,
-) -> Result<(), Error> {
-    store_applied(ctx, machine, &rendered.yaml).await?;
-    patch_status::<MachineApplied>(ctx, machine, |s| {
-        s.applied.config_hash = Some(rendered.hash.clone());
-    })
-    .await
-}
-
-/// Changes the machine's status as stored (read fresh) with `change`, and applies group `G` of
-/// it, checked against the version read: retried on a fresh copy when another write came first.
-async fn patch_status<G: Group<TalosMachineStatus>>(
-    ctx: &Context,
-    machine: &TalosMachine,
-    change: impl Fn(&mut TalosMachineStatus),
-) -> Result<(), Error> {
-    let api = api(ctx, machine);
-    let mut attempts = 0;
-    loop {
-        let fresh = api.get(&machine.name_any()).await?;
-        let mut status = fresh.status.clone().unwrap_or_default();
-        change(&mut status);
-        match status::apply::<G, _>(&api, &fresh, &status, Guard::Version).await {
-            Err(kube::Error::Api(s)) if s.is_conflict() && attempts < 5 => attempts += 1,
-            written => return Ok(written?),
-        }
-    }
-}
-
-/// After a reset by an operation: the node is back in maintenance mode with a new certificate,
-/// nothing of the old config is on it. The pin stays, so it is never re-applied silently.
-pub(crate) async fn forget_config(ctx: &Context, machine: &TalosMachine) -> Result<(), Error> {
-    patch_status::<MachineApplied>(ctx, machine, |s| s.applied.config_hash = None).await?;
-    patch_status::<MachineEtcd>(ctx, machine, |s| s.etcd.observed = None).await?;
-    patch_status::<MachineLifecycle>(ctx, machine, |s| {
-        s.lifecycle.etcd_member_id = None;
-        s.lifecycle.phase = MachinePhase::Approved;
-    })
-    .await?;
-    ctx.event(
-        machine,
-        EventType::Warning,
-        reasons::RESET,
-        actions::OPERATE,
-        "reset by a TalosOperation: back in maintenance mode with a new certificate; approve it again by updating spec.fingerprint after checking it".into(),
-    )
-    .await;
-    Ok(())
 }

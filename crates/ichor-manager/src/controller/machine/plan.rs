@@ -496,6 +496,48 @@ pub(super) fn held_adopted(
     })
 }
 
+/// `ConfigApplied` true, with `message`.
+pub(super) fn config_applied(
+    status: &mut TalosMachineStatus,
+    machine: &TalosMachine,
+    message: String,
+    now: &Time,
+) {
+    cond::set(
+        &mut status.conditions,
+        conditions::CONFIG_APPLIED,
+        true,
+        reasons::APPLIED,
+        message,
+        machine.metadata.generation,
+        now,
+    );
+}
+
+/// An adopted machine's drift, held until its cluster opts in: reported on `ConfigApplied`,
+/// and nothing rolled out.
+pub(super) fn hold_adopted(
+    machine: &TalosMachine,
+    cluster: &TalosCluster,
+    status: &mut TalosMachineStatus,
+    step: DriftStep,
+    now: &Time,
+) -> DriftStep {
+    let Some(message) = held_adopted(machine, cluster, &step) else {
+        return step;
+    };
+    cond::set(
+        &mut status.conditions,
+        conditions::CONFIG_APPLIED,
+        false,
+        reasons::DRIFT_HELD_ADOPTED,
+        message,
+        machine.metadata.generation,
+        now,
+    );
+    DriftStep::Idle
+}
+
 /// Decides the drift step from the machine's status (as stored now), what its node shows
 /// (`None`: it did not answer), its boot id now (read while a reboot for drift is in flight),
 /// the hash of the config it should run, and its role.
