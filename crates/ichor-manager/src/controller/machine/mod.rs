@@ -6,39 +6,36 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use ichor_api::cluster::LockHolder;
 use ichor_api::common::Role;
-use ichor_api::machine::{ApprovalState, MachineDrift, MachinePhase, TalosMachineStatus};
+use ichor_api::machine::{ApprovalState, MachinePhase, TalosMachineStatus};
 use ichor_api::names::controllers;
-use ichor_api::names::{actions, conditions, reasons, secrets as secret_names};
+use ichor_api::names::{conditions, reasons, secrets as secret_names};
 use ichor_api::{TalosCluster, TalosMachine};
-use ichor_deleteguard::{
-    Disruption, DriftHalt, DriftMachine, DriftTurn, Stage, drift_turn, halt_stands,
-};
 use ichor_render::Rendered;
-use ichor_talos::{ApplyMode, TalosClient, TalosError};
+use ichor_talos::{TalosClient, TalosError};
 use kube::ResourceExt as _;
 use kube::api::Api;
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 
 use crate::controller::cluster;
 use crate::infra::shared::Changes;
-use crate::{Context, Error, Stop, infra::conditions as cond};
+use crate::{Context, Error, infra::conditions as cond};
 
 mod act;
+mod drift;
 mod observe;
 mod pacing;
 pub(crate) mod plan;
 pub mod removal;
 
 pub(crate) use act::{forget_config, record_hash};
+pub use drift::drift_holder;
 pub use pacing::Looks;
 pub(crate) use pacing::lock;
 
-use plan::{Blocked, DriftRefused, DriftStep, InstallVerdict, NodeView, drift_refused, standing};
+use plan::{Blocked, DriftStep, InstallVerdict, NodeView, standing};
 
 /// The machines of cluster `cluster` in `namespace`, from the machine cache: what a change of
 /// one of its classes or storages re-renders.
@@ -185,45 +182,6 @@ async fn look(machine: &Arc<TalosMachine>, ctx: &Arc<Context>) -> Result<Action,
     }
     result
 }
-
-fn api(ctx: &Context, machine: &TalosMachine) -> Api<TalosMachine> {
-    Api::namespaced(ctx.client.clone(), &machine.namespace().unwrap_or_default())
-}
-
-/// The machine's address: observed, else the first endpoint.
-/// Where the machine is reached: the address recorded in status, or its first endpoint.
-pub(crate) fn address(machine: &TalosMachine) -> Option<String> {
-    machine
-        .status
-        .as_ref()
-        .and_then(|s| s.inventory.address.clone())
-        .or_else(|| machine.spec.endpoints.first().cloned())
-}
-
-/// The config `machine` gets from `cluster` (the one pure function `kubectl ichor render`
-/// calls too).
-pub(crate) fn render_for(
-    cluster: &TalosCluster,
-    machine: &TalosMachine,
-    role: Role,
-    sources: &crate::layers::Sources,
-    bundle: &ichor_render::SecretsBundle,
-) -> Result<Rendered, ichor_render::RenderError> {
-    let layers = sources.layers_for(machine)?;
-    ichor_render::render_machine(cluster, machine, role, &layers, bundle)
-}
-
-/// The name of the Secret holding the config last applied to `machine`.
-pub(crate) fn applied_config_secret(machine: &TalosMachine) -> String {
-    format!(
-        "{}{}",
-        machine.name_any(),
-        secret_names::APPLIED_CONFIG_SUFFIX
-    )
-}
-
-/// What the applied-config Secret holds, for a refusal.
-const APPLIED_WHAT: &str = "the applied config";
 
 /// An approved machine: observes its cluster and secrets bundle, plans whether it can be
 /// configured (role, config, address), then applies its first config or follows it.
@@ -399,17 +357,6 @@ async fn not_connected(
     }
 }
 
-const ADOPTED: &str =
-    "the node already answers with this cluster's CA: recording the earlier apply";
-
-/// How a configured machine is reached, and the bundle its cluster's configs render from.
-struct Reach<'a> {
-    address: &'a str,
-    credentials: &'a ichor_talos::Credentials,
-    bundle: &'a ichor_render::SecretsBundle,
-    sources: &'a crate::layers::Sources,
-}
-
 /// After the apply: follows install, boot and join over mutual TLS; applies drift live.
 /// Observes the node, plans the drift step, acts on it, then reports where the machine stands.
 async fn follow(
@@ -445,13 +392,13 @@ async fn follow(
     {
         return Ok(stopped);
     }
-    let boot = boot_after_drift_reboot(client.as_ref(), &status).await;
+    let boot = drift::observe::read_boot_after_reboot(client.as_ref(), &status).await;
     let step = plan::drift_step(&status, view, boot.as_deref(), &rendered.hash, role);
     let step = plan::hold_adopted(machine, cluster, &mut status, step, &ctx.now());
     let turn_over = step == DriftStep::Back;
     match (step, &client) {
         (DriftStep::RollOut { applied }, Some(client)) => {
-            let rollout = Rollout {
+            let rollout = drift::Rollout {
                 machine,
                 cluster,
                 client,
@@ -461,9 +408,11 @@ async fn follow(
                 bundle: reach.bundle,
                 sources: reach.sources,
             };
-            roll_out(ctx, &rollout, &mut status).await?;
+            drift::roll_out(ctx, &rollout, &mut status).await?;
         }
-        (DriftStep::Back, _) => drift_back(ctx, machine, &mut status, rendered),
+        (DriftStep::Back, _) => {
+            drift::plan::drift_back(machine, &mut status, rendered, &ctx.now());
+        }
         (DriftStep::Settled, _) => {
             let message = format!("config {} applied", rendered.hash);
             plan::config_applied(&mut status, machine, message, &ctx.now());
@@ -480,8 +429,8 @@ async fn follow(
 }
 
 /// Reports where the machine stands ([`stand`]); then a machine back from its drift turn ends
-/// it ([`end_turn`]), and one whose turn ended or that became Ready wakes the machines queued
-/// behind it ([`ask_queued`]). In that order: the next machine's turn, and every machine
+/// it (`drift::act::end_turn`), and one whose turn ended or that became Ready wakes the machines queued
+/// behind it (`drift::act::ask_queued`). In that order: the next machine's turn, and every machine
 /// queued, read what this look stored (ADR 0043).
 async fn report(
     ctx: &Context,
@@ -493,10 +442,10 @@ async fn report(
 ) -> Result<Action, Error> {
     let (action, became_ready) = stand(ctx, machine, status, at).await?;
     if turn_over {
-        end_turn(ctx, machine, cluster, at.rendered).await?;
+        drift::act::end_turn(ctx, machine, cluster, at.rendered).await?;
     }
     if turn_over || became_ready {
-        ask_queued(ctx, machine, cluster).await;
+        drift::act::ask_queued(ctx, machine, cluster).await;
     }
     Ok(action)
 }
@@ -537,15 +486,6 @@ async fn install_step(
     }
 }
 
-/// What a look found a configured machine at: its role, what its node answered, where it is
-/// reached, and the config rendered for it.
-struct Stand<'a> {
-    role: Role,
-    view: Option<NodeView>,
-    address: &'a str,
-    rendered: &'a Rendered,
-}
-
 /// Reports where the machine stands (phase, address, `Ready`), announces it becoming Ready,
 /// and says when to look again, and whether it became Ready just now.
 async fn stand(
@@ -573,523 +513,62 @@ async fn stand(
     };
     Ok((Action::requeue(next), became_ready))
 }
-/// The node's boot id now, read only while a reboot for drift is in flight (it tells that
-/// reboot done from not begun).
-async fn boot_after_drift_reboot(
-    client: Option<&TalosClient>,
-    status: &TalosMachineStatus,
-) -> Option<String> {
-    status.drift.boot_id.as_ref()?;
-    client?.boot_id().await.ok()
-}
 
-/// One machine's drift being rolled out: the machine, its cluster, the node's client, the
-/// config it gets and the hash of the one it runs, and what the planner and the turn need.
-struct Rollout<'a> {
-    machine: &'a TalosMachine,
-    cluster: &'a TalosCluster,
-    client: &'a TalosClient,
-    rendered: &'a Rendered,
-    applied: &'a str,
+/// How a configured machine is reached, and the bundle its cluster's configs render from.
+struct Reach<'a> {
+    address: &'a str,
     credentials: &'a ichor_talos::Credentials,
     bundle: &'a ichor_render::SecretsBundle,
     sources: &'a crate::layers::Sources,
 }
 
-/// Drift: what the objects now render differs from what was applied. It is rolled out one
-/// machine at a time in the planner's order, under the cluster lock (ADR 0019): this waits
-/// for the machine's turn and the lock, then applies the config live, or staged with a reboot
-/// when it cannot go live.
-async fn roll_out(
-    ctx: &Context,
-    r: &Rollout<'_>,
-    status: &mut TalosMachineStatus,
-) -> Result<(), Error> {
-    let me = drift_holder(r.machine);
-    // The cluster's machines, read once for the turn and the lock, as stored: one disruption
-    // at a time under the cluster lock (ADR 0019) counts the machines moving now.
-    let machines = crate::cluster_machines_as_stored(ctx, r.cluster).await?;
-    let waiting = match drift_wait(ctx, r, &machines).await? {
-        Some(turn) => Some(turn),
-        None => drift_lock(ctx, r.cluster, &machines, &me, r.rendered)
-            .await?
-            .map(|queued| Stop::new(reasons::DRIFT_QUEUED, queued)),
-    };
-    if let Some(stop) = waiting {
-        stop.set_condition(
-            &mut status.conditions,
-            conditions::CONFIG_APPLIED,
-            r.machine.metadata.generation,
-            &ctx.now(),
-        );
-        return Ok(());
-    }
-    // The node behind this connection must be the machine: no config goes to another one at
-    // its address (ADR 0052).
-    let address = address(r.machine).unwrap_or_default();
-    let checked = crate::identity::check_machine(r.client, r.machine, &address, "config apply");
-    let checked = checked.await;
-    if crate::identity::held_on(ctx, r.machine, status, conditions::CONFIG_APPLIED, &checked).await
-    {
-        crate::lock::release(ctx, r.cluster, &me).await?;
-        return Ok(());
-    }
-    match apply_live_once(ctx, r.machine, r.client, r.rendered, status).await? {
-        Ok(sent) => live_applied(ctx, r, status, sent).await,
-        // Anything but "this needs a reboot" (the node busy, a timeout, a refused config)
-        // is reported and retried: a transient error never reboots a node. Without an answer
-        // the node may run the config already: the intent stays, so the retry looks first.
-        Err(error) => match drift_refused(&error) {
-            DriftRefused::StageAndReboot => live_refused(ctx, r, status, &error).await,
-            DriftRefused::Retry => live_retried(ctx, r, status, &error, false).await,
-            DriftRefused::Unanswered => live_retried(ctx, r, status, &error, true).await,
-        },
-    }
+/// What a look found a configured machine at: its role, what its node answered, where it is
+/// reached, and the config rendered for it.
+struct Stand<'a> {
+    role: Role,
+    view: Option<NodeView>,
+    address: &'a str,
+    rendered: &'a Rendered,
 }
 
-/// The config went live (or was found running after a restart): kept, recorded, announced.
-async fn live_applied(
-    ctx: &Context,
-    r: &Rollout<'_>,
-    status: &mut TalosMachineStatus,
-    sent: bool,
-) -> Result<(), Error> {
-    act::store_applied(ctx, r.machine, &r.rendered.yaml).await?;
-    // The lock and `driftReboot` are kept until the node is seen healthy again
-    // (`DriftStep::Back`, next time).
-    status.applied.config_hash = Some(r.rendered.hash.clone());
-    let how = if sent {
-        "applied live (NO_REBOOT)"
-    } else {
-        "found running after a restart (not sent again)"
-    };
-    ctx.event(
-        r.machine,
-        EventType::Normal,
-        reasons::DRIFT_APPLIED,
-        actions::APPLY,
-        format!("config {} {how}, replacing {}", r.rendered.hash, r.applied),
-    )
-    .await;
-    Ok(())
+const ADOPTED: &str =
+    "the node already answers with this cluster's CA: recording the earlier apply";
+
+fn api(ctx: &Context, machine: &TalosMachine) -> Api<TalosMachine> {
+    Api::namespaced(ctx.client.clone(), &machine.namespace().unwrap_or_default())
 }
 
-/// The node did not take the config live for a passing reason, or did not answer: the lock is
-/// released and `ConfigApplied` says it is retried. The intent is forgotten when the node
-/// refused; kept (`unanswered`) when it may have taken the config, so the retry looks for it on
-/// the node before sending it again ([`apply_live_once`]).
-async fn live_retried(
-    ctx: &Context,
-    r: &Rollout<'_>,
-    status: &mut TalosMachineStatus,
-    error: &TalosError,
-    unanswered: bool,
-) -> Result<(), Error> {
-    if !unanswered {
-        forget_drift_intent(ctx, r.machine, status).await?;
-    }
-    crate::lock::release(ctx, r.cluster, &drift_holder(r.machine)).await?;
-    cond::set(
-        &mut status.conditions,
-        conditions::CONFIG_APPLIED,
-        false,
-        reasons::DRIFT_NOT_APPLIED,
-        format!(
-            "config {} was not applied live: {error}; it is retried",
-            r.rendered.hash
-        ),
-        r.machine.metadata.generation,
-        &ctx.now(),
-    );
-    Ok(())
-}
-
-/// The config cannot go live: it is applied with a reboot under the cluster lock. Recorded as
-/// applied with the reboot in flight, or `ConfigApplied` says why the reboot waits.
-async fn live_refused(
-    ctx: &Context,
-    r: &Rollout<'_>,
-    status: &mut TalosMachineStatus,
-    error: &TalosError,
-) -> Result<(), Error> {
-    let message = format!(
-        "config {} cannot be applied live ({error}); it is applied with a reboot under the cluster lock, one node at a time",
-        r.rendered.hash
-    );
-    let generation = r.machine.metadata.generation;
-    cond::set(
-        &mut status.conditions,
-        conditions::CONFIG_APPLIED,
-        false,
-        reasons::NEEDS_REBOOT,
-        message,
-        generation,
-        &ctx.now(),
-    );
-    match reboot_for_drift(ctx, r).await? {
-        Err(waiting) => {
-            forget_drift_intent(ctx, r.machine, status).await?;
-            waiting.set_condition(
-                &mut status.conditions,
-                conditions::CONFIG_APPLIED,
-                generation,
-                &ctx.now(),
-            );
-        }
-        Ok(boot) => {
-            status.applied.config_hash = Some(r.rendered.hash.clone());
-            status.drift.reboot = Some(r.rendered.hash.clone());
-            status.drift.boot_id = Some(boot);
-        }
-    }
-    Ok(())
-}
-
-/// The reboot for drift is done (or the live apply seen through): the node is back and
-/// healthy, and `ConfigApplied` says so. The turn ends once that is stored ([`end_turn`]).
-fn drift_back(
-    ctx: &Context,
-    machine: &TalosMachine,
-    status: &mut TalosMachineStatus,
-    rendered: &Rendered,
-) {
-    let message = format!(
-        "config {} applied; the node is healthy again",
-        rendered.hash
-    );
-    plan::config_applied(status, machine, message, &ctx.now());
-}
-
-/// Ends this machine's drift turn, once its status saying it is back and Ready is stored: the
-/// lock is released for the next machine, then the intent is forgotten, with an Event. Never
-/// the other way round: a machine queued behind this one reads its recorded `Ready` as soon
-/// as the lock is free, and a stale `Unready` would send it to wait (ADR 0043). A failure
-/// part-way leaves the intent recorded, so the next look ends the turn again.
-async fn end_turn(
-    ctx: &Context,
-    machine: &TalosMachine,
-    cluster: &TalosCluster,
-    rendered: &Rendered,
-) -> Result<(), Error> {
-    crate::lock::release(ctx, cluster, &drift_holder(machine)).await?;
-    act::patch_status::<MachineDrift>(ctx, machine, |s| s.drift = MachineDrift::default()).await?;
-    ctx.event(
-        machine,
-        EventType::Normal,
-        reasons::DRIFT_APPLIED,
-        actions::APPLY,
-        format!(
-            "config {} rolled out; the node is healthy again and the next machine may go",
-            rendered.hash
-        ),
-    )
-    .await;
-    Ok(())
-}
-
-/// Asks a look now at the machines queued behind this one (`plan::queued_behind`): they wait
-/// on what this look just stored (its turn over, or it Ready), and neither that write nor the
-/// lock's best-effort mirror is sure to wake them. Best effort too: a machine missed is looked
-/// at at its own pace, the progress pace while its drift waits (ADR 0043).
-async fn ask_queued(ctx: &Context, machine: &TalosMachine, cluster: &TalosCluster) {
-    let machines = match crate::cluster_machines(ctx, cluster).await {
-        Ok(machines) => machines,
-        Err(error) => {
-            tracing::debug!(%error, machine = %machine.name_any(), "queued machines not woken this time");
-            return;
-        }
-    };
-    let waiting = cluster
+/// The machine's address: observed, else the first endpoint.
+/// Where the machine is reached: the address recorded in status, or its first endpoint.
+pub(crate) fn address(machine: &TalosMachine) -> Option<String> {
+    machine
         .status
         .as_ref()
-        .and_then(|s| s.lock.mirror.as_ref())
-        .map(|l| l.waiting.as_slice())
-        .unwrap_or_default();
-    let queued = plan::queued_behind(&machines, waiting, &machine.name_any());
-    if !queued.is_empty() {
-        tracing::debug!(machine = %machine.name_any(), woken = queued.len(), "waking the machines queued behind it");
-        ctx.looks.ask(&queued);
-    }
+        .and_then(|s| s.inventory.address.clone())
+        .or_else(|| machine.spec.endpoints.first().cloned())
 }
 
-/// Why this machine's drift waits for its turn, or `None` if it is its
-/// turn: the planner's order over every machine of the cluster, with their recorded health and
-/// the halt recorded on the cluster. A halt that no longer stands (the config fixed) is cleared.
-async fn drift_wait(
-    ctx: &Context,
-    r: &Rollout<'_>,
-    machines: &[TalosMachine],
-) -> Result<Option<Stop>, Error> {
-    let (machine, cluster) = (r.machine, r.cluster);
-    let views: Vec<DriftMachine> = machines
-        .iter()
-        .filter_map(|m| drift_view(cluster, m, r.sources, r.bundle))
-        .collect();
-    let fresh = Api::<TalosCluster>::namespaced(
-        ctx.client.clone(),
-        &cluster.namespace().unwrap_or_default(),
-    )
-    .get_opt(&cluster.name_any())
-    .await?;
-    let recorded = fresh
-        .as_ref()
-        .and_then(|c| c.status.as_ref())
-        .and_then(|s| s.drift.halt.clone());
-    let halt = recorded.as_ref().map(|h| DriftHalt {
-        machine: h.machine.clone(),
-        rendered: h.rendered_hash.clone(),
-    });
-    if let Some(stale) = halt.as_ref().filter(|h| !halt_stands(&views, h)) {
-        crate::drift::clear_halt(ctx, cluster, &stale.machine).await?;
-    }
-    let name = machine.name_any();
-    Ok(match drift_turn(&views, halt.as_ref()) {
-        DriftTurn::Settled => None,
-        DriftTurn::Next { machine, .. } if machine == name => None,
-        DriftTurn::Next { machine, .. } => Some(Stop::new(
-            reasons::DRIFT_QUEUED,
-            format!(
-                "its changed config waits for its turn: {machine} takes its own first (control planes, then workers, each by name; one machine at a time)"
-            ),
-        )),
-        DriftTurn::WaitForHealthy { machine } => Some(Stop::new(
-            reasons::DRIFT_QUEUED,
-            format!(
-                "its changed config waits until {machine} is healthy again (Ready, and for a control plane a healthy etcd voter): one machine at a time, each healthy before the next"
-            ),
-        )),
-        DriftTurn::Halted { machine } => {
-            let why = recorded.map(|h| h.message).unwrap_or_default();
-            Some(Stop::new(
-                reasons::DRIFT_HALTED,
-                format!(
-                    "the drift rollout stopped at {machine}, which refused its changed config ({why}); no other machine gets it until a change renders {machine}'s config differently: fix the patch"
-                ),
-            ))
-        }
-    })
-}
-
-/// What the drift rollout needs to know of `machine` (`None`: not an approved machine with a
-/// role, or its config does not render, so it is no drift target).
-fn drift_view(
+/// The config `machine` gets from `cluster` (the one pure function `kubectl ichor render`
+/// calls too).
+pub(crate) fn render_for(
     cluster: &TalosCluster,
     machine: &TalosMachine,
+    role: Role,
     sources: &crate::layers::Sources,
     bundle: &ichor_render::SecretsBundle,
-) -> Option<DriftMachine> {
-    let role = machine.spec.role?;
-    if machine.spec.approval_state != ApprovalState::Approved {
-        return None;
-    }
-    let status = machine.status.clone().unwrap_or_default();
-    let rendered = render_for(cluster, machine, role, sources, bundle).ok()?;
-    Some(DriftMachine {
-        name: machine.name_any(),
-        role,
-        rendered: rendered.hash,
-        applied: status.applied.config_hash.clone(),
-        healthy: cond::is_true(&status.conditions, conditions::READY),
-        leaving: machine.metadata.deletion_timestamp.is_some() || status.removal.progress.is_some(),
-    })
+) -> Result<Rendered, ichor_render::RenderError> {
+    let layers = sources.layers_for(machine)?;
+    ichor_render::render_machine(cluster, machine, role, &layers, bundle)
 }
 
-/// Takes the cluster lock for this machine's drift. `Some` says why it waits for it.
-async fn drift_lock(
-    ctx: &Context,
-    cluster: &TalosCluster,
-    machines: &[TalosMachine],
-    me: &LockHolder,
-    rendered: &Rendered,
-) -> Result<Option<String>, Error> {
-    let moving = crate::lock::transitioning(cluster, machines);
-    let outcome = crate::lock::acquire(ctx, cluster, me, moving, false).await?;
-    Ok((!outcome.held()).then(|| {
-        format!(
-            "config {} is next to roll out here: {}",
-            rendered.hash,
-            outcome.message()
-        )
-    }))
-}
-
-/// Applies drift live, once across restarts: the intent (`driftReboot`, the hash) is recorded
-/// before the call, and when a restart finds it recorded, a dry run looks for the config on the
-/// node first and sends it only if the node does not run it. `Ok(true)`: sent now;
-/// `Ok(false)`: found running; `Err`: what the node answered.
-async fn apply_live_once(
-    ctx: &Context,
-    machine: &TalosMachine,
-    client: &TalosClient,
-    rendered: &Rendered,
-    status: &mut TalosMachineStatus,
-) -> Result<Result<bool, TalosError>, Error> {
-    if status.drift.reboot.as_deref() == Some(rendered.hash.as_str()) {
-        match client.runs_config(rendered.yaml.as_bytes()).await {
-            Ok(true) => return Ok(Ok(false)),
-            Ok(false) => {}
-            Err(error) => return Ok(Err(error)),
-        }
-    } else {
-        act::patch_status::<MachineDrift>(ctx, machine, |s| {
-            s.drift.reboot = Some(rendered.hash.clone());
-        })
-        .await?;
-        status.drift.reboot = Some(rendered.hash.clone());
-    }
-    Ok(client
-        .apply_configuration(rendered.yaml.as_bytes(), ApplyMode::NoReboot)
-        .await
-        .map(|_| true))
-}
-
-/// Clears the drift intent (`driftReboot`): this machine's turn is over, its config not applied
-/// (a refusal, a wait) or applied and the node healthy again.
-async fn forget_drift_intent(
-    ctx: &Context,
-    machine: &TalosMachine,
-    status: &mut TalosMachineStatus,
-) -> Result<(), Error> {
-    let boot = status.drift.boot_id.take();
-    if status.drift.reboot.take().is_some() || boot.is_some() {
-        act::patch_status::<MachineDrift>(ctx, machine, |s| s.drift = MachineDrift::default())
-            .await?;
-    }
-    Ok(())
-}
-
-/// The lock holder of a reboot that applies drift.
-pub fn drift_holder(machine: &TalosMachine) -> LockHolder {
-    LockHolder::Drift(machine.uid().unwrap_or_default())
-}
-
-/// Applies drift that cannot go live: under the cluster lock, staged, then a reboot.
-/// `Err` says why it waits; `Ok` means the reboot was sent, and holds the
-/// node's boot id from before it, recorded as `driftBootId`: the node is back from this
-/// reboot once it answers with another one. A refused staging releases the lock: nothing
-/// disruptive started.
-async fn reboot_for_drift(ctx: &Context, r: &Rollout<'_>) -> Result<Result<String, Stop>, Error> {
-    let me = drift_holder(r.machine);
-    if let Some(waits) = reboot_cleared(ctx, r, &me).await? {
-        return Ok(Err(waits));
-    }
-    let boot = match r.client.boot_id().await {
-        Ok(boot) => boot,
-        Err(error) => {
-            crate::lock::release(ctx, r.cluster, &me).await?;
-            return Ok(Err(Stop::new(
-                reasons::NEEDS_REBOOT,
-                format!(
-                    "config {} needs a reboot, which waits: the node does not tell its boot id, by which the reboot is seen: {error}",
-                    r.rendered.hash
-                ),
-            )));
-        }
-    };
-    if let Some(refused) = stage(ctx, r, &me).await? {
-        return Ok(Err(refused));
-    }
-    // Staged: the node boots into it. Kept before the reboot, so a failure to keep it never
-    // costs a second reboot; the boot id too, so "back" later means back from this reboot.
-    act::store_applied(ctx, r.machine, &r.rendered.yaml).await?;
-    act::patch_status::<MachineDrift>(ctx, r.machine, |s| s.drift.boot_id = Some(boot.clone()))
-        .await?;
-    if let Err(error) = r.client.reboot().await {
-        return Ok(Err(Stop::new(
-            reasons::NEEDS_REBOOT,
-            format!("the reboot for config {} failed: {error}", r.rendered.hash),
-        )));
-    }
-    ctx.event(
-        r.machine,
-        EventType::Normal,
-        reasons::REBOOT_FOR_DRIFT,
-        actions::APPLY,
-        format!(
-            "config {} staged (replacing {}); rebooting under the cluster lock",
-            r.rendered.hash, r.applied
-        ),
+/// The name of the Secret holding the config last applied to `machine`.
+pub(crate) fn applied_config_secret(machine: &TalosMachine) -> String {
+    format!(
+        "{}{}",
+        machine.name_any(),
+        secret_names::APPLIED_CONFIG_SUFFIX
     )
-    .await;
-    Ok(Ok(boot))
 }
 
-/// Takes the cluster lock for the reboot (`me`) and asks the planner. `Some` says why the
-/// reboot waits; when the planner holds it, the lock is given back.
-async fn reboot_cleared(
-    ctx: &Context,
-    r: &Rollout<'_>,
-    me: &LockHolder,
-) -> Result<Option<Stop>, Error> {
-    let namespace = r.cluster.namespace().unwrap_or_default();
-    // As stored: one disruption at a time under the cluster lock (ADR 0019) counts the
-    // machines moving now.
-    let machines = crate::cluster_machines_as_stored(ctx, r.cluster).await?;
-    let moving = crate::lock::transitioning(r.cluster, &machines);
-    let outcome = crate::lock::acquire(ctx, r.cluster, me, moving, false).await?;
-    if !outcome.held() {
-        return Ok(Some(Stop::new(
-            reasons::NEEDS_REBOOT,
-            format!(
-                "config {} needs a reboot: {} (namespace {namespace})",
-                r.rendered.hash,
-                outcome.message()
-            ),
-        )));
-    }
-    // The planner: a reboot is a restart, held while a voter is unhealthy.
-    let plan = crate::safety::check(
-        ctx,
-        r.machine,
-        r.cluster,
-        &machines,
-        r.credentials,
-        &Disruption::Restart,
-        Stage::Run,
-    )
-    .await?;
-    if !plan.is_proceed() {
-        crate::lock::release(ctx, r.cluster, me).await?;
-        return Ok(Some(Stop::new(
-            plan.reason().unwrap_or(reasons::ETCD_UNHEALTHY),
-            format!(
-                "config {} needs a reboot, which waits: {}",
-                r.rendered.hash,
-                plan.message().unwrap_or_default()
-            ),
-        )));
-    }
-    Ok(None)
-}
-
-/// Stages the config for the reboot. `Some` says why it was not staged: the lock (`me`) is
-/// released, and a refusal of the config itself halts the rollout.
-async fn stage(ctx: &Context, r: &Rollout<'_>, me: &LockHolder) -> Result<Option<Stop>, Error> {
-    let Err(error) = r
-        .client
-        .apply_configuration(r.rendered.yaml.as_bytes(), ApplyMode::Staged)
-        .await
-    else {
-        return Ok(None);
-    };
-    crate::lock::release(ctx, r.cluster, me).await?;
-    // Refused as a config (not busy, not unreachable): the rollout stops here.
-    if drift_refused(&error) == DriftRefused::StageAndReboot {
-        let message = error.to_string();
-        crate::drift::record_halt(ctx, r.cluster, r.machine, &r.rendered.hash, &message).await?;
-        return Ok(Some(Stop::new(
-            reasons::DRIFT_HALTED,
-            format!(
-                "the node refused config {}: {message}; the drift rollout stops here and no other machine gets it until the patch is fixed",
-                r.rendered.hash
-            ),
-        )));
-    }
-    Ok(Some(Stop::new(
-        reasons::DRIFT_NOT_APPLIED,
-        format!(
-            "config {} was not applied: the node refused it staged too: {error}; it is retried",
-            r.rendered.hash
-        ),
-    )))
-}
+/// What the applied-config Secret holds, for a refusal.
+const APPLIED_WHAT: &str = "the applied config";

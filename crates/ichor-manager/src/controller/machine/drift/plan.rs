@@ -1,0 +1,150 @@
+//! The drift rollout's pure decisions: what the planner needs to know of each machine, what
+//! its answer on whose turn it is means for this machine, and what `ConfigApplied` says when
+//! a machine is back from its turn.
+
+use ichor_api::machine::{ApprovalState, TalosMachineStatus};
+use ichor_api::names::{conditions, reasons};
+use ichor_api::{TalosCluster, TalosMachine};
+use ichor_deleteguard::{DriftMachine, DriftTurn};
+use ichor_render::Rendered;
+use ichor_talos::TalosError;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::ResourceExt as _;
+
+use crate::Stop;
+use crate::controller::machine::plan::{DriftRefused, config_applied, drift_refused};
+use crate::infra::conditions as cond;
+
+/// What the drift rollout needs to know of each of `machines` that is a drift target.
+pub(super) fn drift_views(
+    cluster: &TalosCluster,
+    machines: &[TalosMachine],
+    sources: &crate::layers::Sources,
+    bundle: &ichor_render::SecretsBundle,
+) -> Vec<DriftMachine> {
+    machines
+        .iter()
+        .filter_map(|m| drift_view(cluster, m, sources, bundle))
+        .collect()
+}
+
+/// What the drift rollout needs to know of `machine` (`None`: not an approved machine with a
+/// role, or its config does not render, so it is no drift target).
+fn drift_view(
+    cluster: &TalosCluster,
+    machine: &TalosMachine,
+    sources: &crate::layers::Sources,
+    bundle: &ichor_render::SecretsBundle,
+) -> Option<DriftMachine> {
+    let role = machine.spec.role?;
+    if machine.spec.approval_state != ApprovalState::Approved {
+        return None;
+    }
+    let status = machine.status.clone().unwrap_or_default();
+    let rendered = super::super::render_for(cluster, machine, role, sources, bundle).ok()?;
+    Some(DriftMachine {
+        name: machine.name_any(),
+        role,
+        rendered: rendered.hash,
+        applied: status.applied.config_hash.clone(),
+        healthy: cond::is_true(&status.conditions, conditions::READY),
+        leaving: machine.metadata.deletion_timestamp.is_some() || status.removal.progress.is_some(),
+    })
+}
+
+/// The reboot for drift is done (or the live apply seen through): the node is back and
+/// healthy, and `ConfigApplied` says so. The turn ends once that is stored (`act::end_turn`).
+pub(in super::super) fn drift_back(
+    machine: &TalosMachine,
+    status: &mut TalosMachineStatus,
+    rendered: &Rendered,
+    now: &Time,
+) {
+    let message = format!(
+        "config {} applied; the node is healthy again",
+        rendered.hash
+    );
+    config_applied(status, machine, message, now);
+}
+
+/// Why machine `name`'s drift waits, by the planner's `turn` (`None`: it is its turn, or no
+/// machine drifted); `why` is what the node that halted the rollout answered.
+pub(super) fn turn_wait(turn: DriftTurn, name: &str, why: &str) -> Option<Stop> {
+    match turn {
+        DriftTurn::Settled => None,
+        DriftTurn::Next { machine, .. } if machine == name => None,
+        DriftTurn::Next { machine, .. } => Some(Stop::new(
+            reasons::DRIFT_QUEUED,
+            format!(
+                "its changed config waits for its turn: {machine} takes its own first (control planes, then workers, each by name; one machine at a time)"
+            ),
+        )),
+        DriftTurn::WaitForHealthy { machine } => Some(Stop::new(
+            reasons::DRIFT_QUEUED,
+            format!(
+                "its changed config waits until {machine} is healthy again (Ready, and for a control plane a healthy etcd voter): one machine at a time, each healthy before the next"
+            ),
+        )),
+        DriftTurn::Halted { machine } => Some(Stop::new(
+            reasons::DRIFT_HALTED,
+            format!(
+                "the drift rollout stopped at {machine}, which refused its changed config ({why}); no other machine gets it until a change renders {machine}'s config differently: fix the patch"
+            ),
+        )),
+    }
+}
+
+/// Why the reboot for config `hash` does not go when the node refused it staged (`error`): a
+/// refusal of the config itself halts the rollout; anything else is retried.
+pub(super) fn staging_refused(error: &TalosError, hash: &str) -> Stop {
+    if drift_refused(error) == DriftRefused::StageAndReboot {
+        return Stop::new(
+            reasons::DRIFT_HALTED,
+            format!(
+                "the node refused config {hash}: {error}; the drift rollout stops here and no other machine gets it until the patch is fixed"
+            ),
+        );
+    }
+    Stop::new(
+        reasons::DRIFT_NOT_APPLIED,
+        format!(
+            "config {hash} was not applied: the node refused it staged too: {error}; it is retried"
+        ),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_machine_waits_only_for_another_machines_turn() {
+        let next = |machine: &str| DriftTurn::Next {
+            machine: machine.to_owned(),
+            justification: String::new(),
+        };
+        assert_eq!(turn_wait(DriftTurn::Settled, "w-1", ""), None);
+        assert_eq!(turn_wait(next("w-1"), "w-1", ""), None);
+        let queued = turn_wait(next("cp-1"), "w-1", "").expect("waits for cp-1");
+        assert_eq!(queued.reason, reasons::DRIFT_QUEUED);
+        assert!(
+            queued.message.contains("cp-1 takes its own first"),
+            "{}",
+            queued.message
+        );
+    }
+
+    #[test]
+    fn a_halted_rollout_names_the_machine_and_what_its_node_answered() {
+        let halted = DriftTurn::Halted {
+            machine: "cp-1".to_owned(),
+        };
+        let stop = turn_wait(halted, "w-1", "unknown field").expect("halted");
+        assert_eq!(stop.reason, reasons::DRIFT_HALTED);
+        assert!(
+            stop.message.contains("stopped at cp-1") && stop.message.contains("(unknown field)"),
+            "{}",
+            stop.message
+        );
+    }
+}
