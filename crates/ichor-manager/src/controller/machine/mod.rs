@@ -392,7 +392,7 @@ async fn follow(
     {
         return Ok(stopped);
     }
-    let boot = drift::observe::read_boot_after_reboot(client.as_ref(), &status).await;
+    let boot = drift::observe::read_boot_id_while_rebooting(client.as_ref(), &status).await;
     let step = plan::drift_step(&status, view, boot.as_deref(), &rendered.hash, role);
     let step = plan::hold_adopted(machine, cluster, &mut status, step, &ctx.now());
     let turn_over = step == DriftStep::Back;

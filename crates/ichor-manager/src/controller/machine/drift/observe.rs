@@ -12,7 +12,7 @@ use crate::{Context, Error};
 
 /// The node's boot id now, read only while a reboot for drift is in flight (it tells that
 /// reboot done from not begun).
-pub(in super::super) async fn read_boot_after_reboot(
+pub(in super::super) async fn read_boot_id_while_rebooting(
     client: Option<&TalosClient>,
     status: &TalosMachineStatus,
 ) -> Option<String> {
