@@ -4,7 +4,9 @@
 //! annotation, label, finalizer, condition type and reason ([`names`]), the CEL rules the
 //! apiserver enforces, and the admission policy shipped beside the CRDs ([`admission`]). It also says how
 //! the fields with a syntax of their own read: disk-model globs as Talos matches them ([`glob`]),
-//! and durations and the deadlines they make ([`time`]).
+//! and durations and the deadlines they make ([`time`]). Each field manager's share of a status
+//! is a typed group with its manager's name beside it, flattened into the status ([`status`],
+//! ADR 0061).
 //!
 //! This crate knows nothing of a Kubernetes client or the network: it only describes the API.
 //! The YAML under `config/` is generated from it (`cargo xtask crdgen`). Test builders for each
