@@ -151,16 +151,12 @@ pub(super) async fn answer(
             Ok(None)
         }
         Recheck::Continues => Ok(None),
-        Recheck::Holds {
-            reason,
-            message,
-            release_lock,
-        } => {
+        Recheck::Holds { stop, release_lock } => {
             if release_lock {
                 // Not ours to go yet: let other actions have the lock meanwhile.
                 lock::release(ctx, cluster, holder).await?;
             }
-            Ok(Some(super::Admission::Hold(Stop::new(reason, message))))
+            Ok(Some(super::Admission::Hold(stop)))
         }
     }
 }

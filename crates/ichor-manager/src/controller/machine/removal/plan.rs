@@ -175,10 +175,8 @@ pub(super) enum Recheck {
     Continues,
     /// The removal waits.
     Holds {
-        /// The condition reason.
-        reason: &'static str,
-        /// The condition message.
-        message: String,
+        /// Why, as the user sees it.
+        stop: Stop,
         /// Whether the cluster lock is let go meanwhile (the removal has not started).
         release_lock: bool,
     },
@@ -192,8 +190,10 @@ pub(super) fn recheck(verdict: &Verdict, stage: Stage) -> Recheck {
         }
         Verdict::Proceed(_) => Recheck::Continues,
         verdict => Recheck::Holds {
-            reason: verdict.reason().unwrap_or(reasons::QUORUM_AT_RISK),
-            message: verdict.message().unwrap_or_default(),
+            stop: Stop::new(
+                verdict.reason().unwrap_or(reasons::QUORUM_AT_RISK),
+                verdict.message().unwrap_or_default(),
+            ),
             release_lock: stage == Stage::Run,
         },
     }
@@ -461,8 +461,10 @@ mod tests {
         assert_eq!(
             recheck(&refused, Stage::Run),
             Recheck::Holds {
-                reason: reasons::LAST_CONTROL_PLANE,
-                message: refused.message().unwrap_or_default(),
+                stop: Stop::new(
+                    reasons::LAST_CONTROL_PLANE,
+                    refused.message().unwrap_or_default()
+                ),
                 release_lock: true,
             }
         );
@@ -473,8 +475,10 @@ mod tests {
         assert_eq!(
             recheck(&waits, Stage::Act),
             Recheck::Holds {
-                reason: reasons::TEARDOWN_WORKERS_FIRST,
-                message: waits.message().unwrap_or_default(),
+                stop: Stop::new(
+                    reasons::TEARDOWN_WORKERS_FIRST,
+                    waits.message().unwrap_or_default()
+                ),
                 release_lock: false,
             }
         );
