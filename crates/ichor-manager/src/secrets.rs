@@ -623,7 +623,7 @@ fn watched() -> String {
 /// changed, was written, or is not Ichor's (a bundle `spec.secretsRef` names). No other Secret
 /// is watched or kept, and a Secret's content never reaches the watch.
 #[derive(Default)]
-pub(crate) struct Cache {
+pub struct Cache {
     /// The metadata of the watched Secrets (their `resourceVersion`).
     versions: Shared<PartialObjectMeta<Secret>>,
     /// The Secrets read, by namespace and name.
@@ -640,10 +640,7 @@ impl std::fmt::Debug for Cache {
 impl Cache {
     /// The watch of the Secrets' metadata, for the caller to run as long as the manager does;
     /// `None` once taken.
-    pub(crate) fn watch(
-        &self,
-        client: &kube::Client,
-    ) -> Option<futures::future::BoxFuture<'static, ()>> {
+    pub fn watch(&self, client: &kube::Client) -> Option<futures::future::BoxFuture<'static, ()>> {
         let events = watcher(
             Api::<PartialObjectMeta<Secret>>::all(client.clone()),
             watcher::Config::default().labels(&watched()),
@@ -654,7 +651,7 @@ impl Cache {
 
     /// The Secret `name` of `namespace`: as kept when the watch says it did not change since,
     /// else read (and kept when the watch knows it).
-    pub(crate) async fn get(
+    pub async fn get(
         &self,
         secrets: &Api<Secret>,
         namespace: &str,
@@ -684,7 +681,7 @@ impl Cache {
     }
 
     /// Forgets what was kept of the Secret `name` of `namespace` (about to be written).
-    pub(crate) fn forget(&self, namespace: &str, name: &str) {
+    pub fn forget(&self, namespace: &str, name: &str) {
         self.kept().remove(&(namespace.to_owned(), name.to_owned()));
     }
 

@@ -1,6 +1,7 @@
 //! Status writes against a real apiserver: one field manager per group of fields, conditions
 //! as a list-map keyed by type, a writer with a stale copy never clobbers another's fields,
-//! and a read-modify-write on a stale version is refused.
+//! and a read-modify-write on a stale version is refused. Beside them, the cache of Ichor's
+//! Secrets (ADR 0059): a Secret kept while unchanged, read again once it changed.
 
 mod support;
 
@@ -327,4 +328,116 @@ async fn an_operations_backup_key_survives_the_writes_of_its_progress() {
         owners(&stale)
     );
     assert_disjoint(&owners(&after));
+}
+
+/// A client whose every request fails: what a read through it returns was kept, not read.
+fn nowhere() -> kube::Client {
+    kube::Client::try_from(kube::Config::new(
+        "http://127.0.0.1:9".parse().expect("url"),
+    ))
+    .expect("client")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_secret_is_read_again_once_it_changed_and_a_foreign_one_is_never_kept() {
+    use std::time::Duration;
+
+    use ichor_api::names::labels;
+    use ichor_manager::secrets::Cache;
+    use k8s_openapi::ByteString;
+    use k8s_openapi::api::core::v1::Secret;
+    use kube::api::ObjectMeta;
+
+    let (env, ns) = support::plane("secret-cache").await;
+    let secrets: Api<Secret> = Api::namespaced(env.client(), &ns);
+    let unreachable: Api<Secret> = Api::namespaced(nowhere(), &ns);
+    let secret = |name: &str, ours: bool, value: &str| Secret {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            labels: ours.then(|| {
+                BTreeMap::from([(
+                    labels::MANAGED_BY.to_owned(),
+                    labels::MANAGED_BY_VALUE.to_owned(),
+                )])
+            }),
+            ..ObjectMeta::default()
+        },
+        data: Some(BTreeMap::from([(
+            "k".to_owned(),
+            ByteString(value.as_bytes().to_vec()),
+        )])),
+        ..Secret::default()
+    };
+    let value = |found: Option<Secret>| {
+        found.and_then(|s| s.data).and_then(|d| {
+            d.get("k")
+                .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+        })
+    };
+    let cache = Cache::default();
+    tokio::spawn(cache.watch(&env.client()).expect("the watch"));
+    secrets
+        .create(&PostParams::default(), &secret("ours", true, "one"))
+        .await
+        .expect("ours");
+    secrets
+        .create(&PostParams::default(), &secret("theirs", false, "one"))
+        .await
+        .expect("theirs");
+
+    // Read once the watch has seen it; then kept: a read that reaches nothing still answers.
+    let read = ichor_testenv::wait::try_eventually(
+        "the watched Secret read and kept",
+        Duration::from_secs(30),
+        || async {
+            cache.get(&secrets, &ns, "ours").await.ok()?;
+            cache.get(&unreachable, &ns, "ours").await.ok()
+        },
+    )
+    .await
+    .expect("kept");
+    assert_eq!(value(read).as_deref(), Some("one"));
+
+    // Changed: read again (the kept copy is not answered once the watch saw the change).
+    let mut changed = secrets.get("ours").await.expect("ours");
+    changed.data = secret("ours", true, "two").data;
+    secrets
+        .replace("ours", &PostParams::default(), &changed)
+        .await
+        .expect("changed");
+    let now = ichor_testenv::wait::try_eventually(
+        "the changed Secret read again",
+        Duration::from_secs(30),
+        || async {
+            let found = value(cache.get(&secrets, &ns, "ours").await.ok()?);
+            (found.as_deref() == Some("two")).then_some(found)
+        },
+    )
+    .await
+    .expect("read again");
+    assert_eq!(now.as_deref(), Some("two"));
+    assert_eq!(
+        value(
+            cache
+                .get(&unreachable, &ns, "ours")
+                .await
+                .expect("kept again")
+        )
+        .as_deref(),
+        Some("two")
+    );
+
+    // A Secret that is not Ichor's is not watched, so never kept: every read goes out.
+    assert_eq!(
+        value(cache.get(&secrets, &ns, "theirs").await.expect("theirs")).as_deref(),
+        Some("one")
+    );
+    assert!(
+        cache.get(&unreachable, &ns, "theirs").await.is_err(),
+        "a foreign Secret is read every time"
+    );
+
+    // Forgotten (about to be written): read again.
+    cache.forget(&ns, "ours");
+    assert!(cache.get(&unreachable, &ns, "ours").await.is_err());
 }
