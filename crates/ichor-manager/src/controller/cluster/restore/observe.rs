@@ -1,14 +1,7 @@
-//! Restoring a new cluster's etcd from a backup (`spec.restoreFrom`): before any bootstrap, the
-//! backup is found (its key, or the newest taken with this cluster's bundle), its record read,
-//! its bundle compared with `spec.secretsRef`'s, and the object read through (its SHA-256 as
-//! stored, then decrypted when sealed) and checked against the record (the object and the
-//! snapshot in it; a record of before ADR 0050 vouches for the snapshot only); only then is it
-//! recorded (`status.restore`), and the
-//! first control plane gets it (`EtcdRecover`, streamed, checked again as it passes) and
-//! bootstraps from it (`recover_etcd`). The others join as new members. The record makes it run
-//! once. Every refusal names its reason on the `Restored` condition, before any bootstrap.
-//!
-//! What to do is [`step`]'s decision (pure); this module's other functions observe and act.
+//! What the restore reads: the backup `spec.restoreFrom` names (or the newest taken with this
+//! cluster's bundle), its record beside it, the identity that opens it, and the object read
+//! through (hashed as stored, decrypted when sealed, checked as an etcd snapshot). Nothing here
+//! writes: the upload to the bootstrap node (`act`) reads through the same way.
 
 use std::io::Read as _;
 use std::sync::Arc;
@@ -18,201 +11,23 @@ use bytes::Bytes;
 use futures::StreamExt as _;
 use ichor_api::TalosCluster;
 use ichor_api::backup::{RestoreSpec, RestoreStatus};
-use ichor_api::cluster::{BootstrapRecord, TalosClusterStatus};
-use ichor_api::names::{actions, conditions, reasons};
-use ichor_talos::TalosClient;
+use ichor_api::names::reasons;
 use ichor_talos::snapshot::SnapshotCheck;
 use kube::ResourceExt as _;
-use kube::runtime::events::EventType;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt as _};
 use tokio::sync::mpsc;
 
+use super::plan::{checked, plain_http};
 use crate::backup_store::StoreError;
-use crate::controller::backup::plan::{self, Digest, Digests, Hasher, Record};
+use crate::controller::backup::plan::{self, Digest, Hasher, Record};
 use crate::controller::backup::{self, Destination};
-use crate::{Context, Error, Stop, infra::conditions as cond};
+use crate::{Context, Stop};
 
 /// Plaintext chunks queued between the store and their reader.
-const CHUNKS_QUEUED: usize = 64;
+pub(super) const CHUNKS_QUEUED: usize = 64;
 /// How much of a decrypted stream is read at a time.
 const READ: usize = 64 * 1024;
-
-/// What the restore of a cluster does now.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Step {
-    /// The cluster has no `spec.restoreFrom`: bootstrap as usual.
-    NotRequested,
-    /// Find and check the backup before anything else.
-    Check,
-    /// The backup was checked: the first control plane bootstraps from it.
-    Recover,
-    /// Restored: nothing more to do.
-    Done,
-    /// Refused, with the `Restored` condition's reason and why: no bootstrap.
-    Refuse(Stop),
-}
-
-/// Decides the restore's step from what the status records.
-pub fn step(
-    requested: bool,
-    restore: Option<&RestoreStatus>,
-    bootstrap: Option<&BootstrapRecord>,
-) -> Step {
-    if !requested {
-        return Step::NotRequested;
-    }
-    if restore.is_some_and(|r| r.completed_at.is_some()) {
-        return Step::Done;
-    }
-    if let Some(done) = bootstrap.filter(|b| b.completed_at.is_some()) {
-        return Step::Refuse(Stop::new(
-            reasons::RESTORE_REFUSED_BOOTSTRAPPED,
-            format!(
-                "etcd was bootstrapped on {} without the restore: a restore goes only into a cluster whose etcd was never bootstrapped",
-                done.machine_name
-            ),
-        ));
-    }
-    match restore {
-        None => Step::Check,
-        Some(_) => Step::Recover,
-    }
-}
-
-/// What the bootstrap does about a restore.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Gate {
-    /// Bootstrap as usual.
-    Plain,
-    /// Bootstrap from the recorded backup.
-    Restore(RestoreStatus),
-    /// Do not bootstrap (refused, or the backup failed its check).
-    Hold,
-}
-
-/// Runs the restore's step before the bootstrap: checks the backup when it was not yet, and
-/// records the outcome in `status` (written by the cluster reconciler with the rest).
-pub async fn gate(
-    ctx: &Context,
-    cluster: &TalosCluster,
-    status: &mut TalosClusterStatus,
-    bundle_fingerprint: &str,
-) -> Result<Gate, Error> {
-    let spec = cluster.spec.restore_from.as_ref();
-    match step(
-        spec.is_some(),
-        status.restore.record.as_ref(),
-        status.core.bootstrap.as_ref(),
-    ) {
-        Step::NotRequested | Step::Done => Ok(Gate::Plain),
-        Step::Refuse(stop) => {
-            refuse(ctx, cluster, status, &stop).await;
-            Ok(Gate::Hold)
-        }
-        Step::Recover => Ok(status
-            .restore
-            .record
-            .clone()
-            .map_or(Gate::Hold, Gate::Restore)),
-        Step::Check => {
-            let Some(spec) = spec else {
-                return Ok(Gate::Plain);
-            };
-            match check(ctx, cluster, spec, bundle_fingerprint).await {
-                Ok(checked) => {
-                    let message = format!(
-                        "backup {} checked ({} bytes, sha256 {}): the first control plane bootstraps from it",
-                        checked.key, checked.size, checked.sha256
-                    );
-                    set(ctx, cluster, status, false, reasons::RESTORING, message);
-                    status.restore.record = Some(checked.clone());
-                    Ok(Gate::Restore(checked))
-                }
-                Err(failure) => {
-                    refuse(ctx, cluster, status, &failure).await;
-                    Ok(Gate::Hold)
-                }
-            }
-        }
-    }
-}
-
-/// Records a refusal on `Restored`, with an Event when the reason is new.
-async fn refuse(
-    ctx: &Context,
-    cluster: &TalosCluster,
-    status: &mut TalosClusterStatus,
-    failure: &Stop,
-) {
-    let known = status
-        .conditions
-        .iter()
-        .any(|c| c.type_ == conditions::RESTORED && c.reason == failure.reason);
-    failure.set_condition(
-        &mut status.conditions,
-        conditions::RESTORED,
-        cluster.metadata.generation,
-        &ctx.now(),
-    );
-    if !known {
-        failure.warn(ctx, cluster, actions::RESTORE).await;
-    }
-}
-
-fn set(
-    ctx: &Context,
-    cluster: &TalosCluster,
-    status: &mut TalosClusterStatus,
-    holds: bool,
-    reason: &str,
-    message: String,
-) {
-    cond::set(
-        &mut status.conditions,
-        conditions::RESTORED,
-        holds,
-        reason,
-        message,
-        cluster.metadata.generation,
-        &ctx.now(),
-    );
-}
-
-/// Records the restore done (with the bootstrap that used it), with an Event.
-pub async fn completed(ctx: &Context, cluster: &TalosCluster, status: &mut TalosClusterStatus) {
-    let Some(restore) = status.restore.record.as_mut() else {
-        return;
-    };
-    restore.completed_at = Some(ctx.now());
-    let message = format!("etcd restored from {}", restore.key);
-    set(
-        ctx,
-        cluster,
-        status,
-        true,
-        reasons::RESTORE_COMPLETED,
-        message.clone(),
-    );
-    ctx.event(
-        cluster,
-        EventType::Normal,
-        reasons::RESTORE_COMPLETED,
-        actions::RESTORE,
-        message,
-    )
-    .await;
-}
-
-/// A failed upload before the recovering bootstrap: recorded, and no bootstrap.
-pub async fn failed(
-    ctx: &Context,
-    cluster: &TalosCluster,
-    status: &mut TalosClusterStatus,
-    failure: &Stop,
-) {
-    refuse(ctx, cluster, status, failure).await;
-}
 
 /// The backup to restore, as the store, its key and its record.
 struct Found {
@@ -264,13 +79,6 @@ async fn find(
     Ok(Found { dest, key, record })
 }
 
-fn plain_http(message: String) -> Stop {
-    Stop {
-        reason: reasons::STORE_PLAIN_HTTP_REFUSED,
-        message: format!("restoreFrom: {message}"),
-    }
-}
-
 /// The newest backup under `prefix` whose record names `bundle`.
 async fn latest(
     store: &dyn ObjectStore,
@@ -303,7 +111,11 @@ async fn latest(
 }
 
 /// Reads the record beside `key`: a backup without one is missing, or incomplete.
-async fn read_record(store: &dyn ObjectStore, bucket: &str, key: &str) -> Result<Record, Stop> {
+pub(super) async fn read_record(
+    store: &dyn ObjectStore,
+    bucket: &str,
+    key: &str,
+) -> Result<Record, Stop> {
     let missing = |what: &str| Stop {
         reason: reasons::RESTORE_OBJECT_MISSING,
         message: format!("restoreFrom: {what}"),
@@ -342,7 +154,7 @@ async fn read_record(store: &dyn ObjectStore, bucket: &str, key: &str) -> Result
 }
 
 /// The identity to open `record`'s backup with, when it is sealed.
-async fn identity_for(
+pub(super) async fn identity_for(
     ctx: &Context,
     cluster: &TalosCluster,
     spec: &RestoreSpec,
@@ -371,7 +183,7 @@ async fn identity_for(
 
 /// Checks the backup `spec` names, before any bootstrap: present with its record, taken with
 /// this bundle, decryptable, whole, and the snapshot the record describes.
-async fn check(
+pub(super) async fn check(
     ctx: &Context,
     cluster: &TalosCluster,
     spec: &RestoreSpec,
@@ -400,74 +212,6 @@ async fn check(
     })
 }
 
-/// Uploads the recorded backup to the bootstrap node (`EtcdRecover`), checked again as it
-/// streams; an upload that does not check out is an error, and the caller does not bootstrap.
-pub async fn upload(
-    ctx: &Context,
-    cluster: &TalosCluster,
-    recorded: &RestoreStatus,
-    client: &TalosClient,
-) -> Result<(), Stop> {
-    let Some(spec) = cluster.spec.restore_from.as_ref() else {
-        return Ok(());
-    };
-    let namespace = cluster.namespace().unwrap_or_default();
-    let dest = backup::destination(&ctx.client, &namespace, &spec.store).await?;
-    let record = read_record(dest.store.as_ref(), &dest.settings.bucket, &recorded.key).await?;
-    let identity = identity_for(ctx, cluster, spec, &recorded.key, &record).await?;
-    let (tx, rx) = mpsc::channel(CHUNKS_QUEUED);
-    let (read, sent) = tokio::join!(
-        read_through(&dest, &recorded.key, identity, Some(tx)),
-        client.etcd_recover_from(rx)
-    );
-    let (object, snapshot) = read?;
-    let digests = checked(&recorded.key, &record, object, snapshot)?;
-    sent.map_err(|err| Stop {
-        reason: reasons::TALOS_API,
-        message: format!(
-            "uploading {} to the bootstrap node failed: {err}",
-            recorded.key
-        ),
-    })?;
-    let read = &record.vouched(&digests).sha256;
-    if *read != recorded.sha256 {
-        return Err(Stop {
-            reason: reasons::RESTORE_CHECKSUM_MISMATCH,
-            message: format!(
-                "{} read as sha256 {read} while uploading, and {} when it was checked: it changed; nothing was bootstrapped",
-                recorded.key, recorded.sha256
-            ),
-        });
-    }
-    Ok(())
-}
-
-/// What a backup read through was, checked against its record: the object as stored first (a
-/// changed object is named so, whatever it holds), then the snapshot in it.
-fn checked(
-    key: &str,
-    record: &Record,
-    object: Digest,
-    snapshot: Result<Digest, Stop>,
-) -> Result<Digests, Stop> {
-    let mismatch = |why: &dyn std::fmt::Display| Stop {
-        reason: reasons::RESTORE_CHECKSUM_MISMATCH,
-        message: format!("{key}: {why}: it changed since it was written"),
-    };
-    if record.covers_object() && (object.size != record.size || object.sha256 != record.sha256) {
-        return Err(mismatch(&format!(
-            "the object reads as {} bytes with sha256 {}, and the record says {} bytes with sha256 {}",
-            object.size, object.sha256, record.size, record.sha256
-        )));
-    }
-    let digests = Digests {
-        object,
-        snapshot: snapshot?,
-    };
-    record.verify(&digests).map_err(|why| mismatch(&why))?;
-    Ok(digests)
-}
-
 /// The bytes of object `key`, as they arrive.
 async fn open(
     dest: &Destination,
@@ -491,7 +235,7 @@ async fn open(
 /// Reads backup `key` through: hashes the object as stored, decrypts it with `identity` when
 /// given, checks the plaintext as an etcd snapshot (size, SHA-256 trailer) and sends it to
 /// `out` when given. Returns the object's digest, and the snapshot's or why it is none.
-async fn read_through(
+pub(super) async fn read_through(
     dest: &Destination,
     key: &str,
     identity: Option<Identity>,
@@ -622,51 +366,7 @@ impl std::io::Read for ChannelReader {
 
 #[cfg(test)]
 mod tests {
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-
     use super::*;
-
-    fn restore(completed: bool) -> RestoreStatus {
-        RestoreStatus {
-            key: "k".into(),
-            size: 1,
-            sha256: "00".into(),
-            checked_at: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
-            completed_at: completed.then_some(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH)),
-        }
-    }
-
-    fn bootstrap(completed: bool) -> BootstrapRecord {
-        BootstrapRecord {
-            machine_name: "cp-1".into(),
-            machine_uid: "u".into(),
-            chosen_at: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
-            completed_at: completed.then_some(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH)),
-        }
-    }
-
-    #[test]
-    fn a_restore_is_checked_then_recovered_once_and_never_into_a_bootstrapped_cluster() {
-        assert_eq!(step(false, None, None), Step::NotRequested);
-        assert_eq!(step(true, None, None), Step::Check);
-        assert_eq!(step(true, Some(&restore(false)), None), Step::Recover);
-        assert_eq!(
-            step(true, Some(&restore(false)), Some(&bootstrap(false))),
-            Step::Recover,
-            "chosen, not yet called"
-        );
-        assert_eq!(
-            step(true, Some(&restore(true)), Some(&bootstrap(true))),
-            Step::Done,
-            "recorded: never again"
-        );
-        let Step::Refuse(Stop { reason, message }) = step(true, None, Some(&bootstrap(true)))
-        else {
-            panic!("a bootstrapped cluster is refused");
-        };
-        assert_eq!(reason, reasons::RESTORE_REFUSED_BOOTSTRAPPED);
-        assert!(message.contains("cp-1"), "{message}");
-    }
 
     #[test]
     fn a_channel_reader_reads_chunks_through() {
