@@ -1,41 +1,22 @@
-//! Discovery: sweeps a cluster's address ranges and keeps one TalosMachine per machine, keyed
-//! by its SMBIOS UUID. It only reads from nodes; the first fingerprint seen is pinned in
-//! `spec.fingerprint`, later ones go to `status.observedFingerprint` and flag
-//! `FingerprintChanged` — the pin is never overwritten. A machine it creates takes the claim
-//! on its UUID at once, and with a `TalosNamespacePolicy` only the CIDRs inside the
-//! namespace's ranges are swept (ADR 0054).
+//! Discovery's decisions: what one sweep's answers mean (grouped by SMBIOS UUID, each a
+//! conflict, a new machine or a known one), what a machine records of what was found, which
+//! CIDRs a namespace may sweep and when a sweep is due. Pure, with the unit tests.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use ichor_api::machine::{
-    DiskInfo, HardwareInventory, LinkInfo, MachineInventory, TalosMachineStatus,
-};
-use ichor_api::names::{actions, conditions, labels, reasons};
-use ichor_api::{TalosCluster, TalosMachine, TalosMachineSpec, TalosNamespacePolicy};
-use ichor_talos::discovery::{Found, Probe, ProbeOutcome, SweepConfig, sweep_sharing};
+use ichor_api::machine::{DiskInfo, HardwareInventory, LinkInfo, TalosMachineStatus};
+use ichor_api::names::{conditions, labels, reasons};
+use ichor_api::{TalosMachine, TalosNamespacePolicy};
+use ichor_talos::discovery::{Found, Probe, ProbeOutcome};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt as _;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
-use kube::runtime::events::EventType;
-use serde_json::json;
 
 use crate::infra::clock::elapsed;
-use crate::infra::status::{self, Guard};
-use crate::{Context, Error, infra::conditions as cond};
+use crate::infra::conditions as cond;
 
-/// What one sweep did.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct SweepReport {
-    /// Machines created.
-    pub created: Vec<String>,
-    /// Machines whose addresses or observations were updated.
-    pub updated: Vec<String>,
-    /// UUIDs answering at two addresses with two different certificates.
-    pub conflicts: Vec<String>,
-}
-
+/// The name of the machine discovered with SMBIOS UUID `uuid`.
 pub(crate) fn machine_name(uuid: &str) -> String {
     let clean: String = uuid
         .to_lowercase()
@@ -45,6 +26,7 @@ pub(crate) fn machine_name(uuid: &str) -> String {
     format!("m-{clean}")
 }
 
+/// The hardware record of what `found` reported.
 fn inventory(found: &Found) -> HardwareInventory {
     hardware(&found.inventory)
 }
@@ -88,63 +70,9 @@ pub(crate) fn hardware(inventory: &ichor_talos::Inventory) -> HardwareInventory 
     }
 }
 
-/// Sweeps the cluster's ranges once and records what it found.
-pub async fn run_once(
-    ctx: &Context,
-    cluster: &TalosCluster,
-    config: SweepConfig,
-) -> Result<SweepReport, Error> {
-    let Some(discovery) = &cluster.spec.discovery else {
-        return Ok(SweepReport::default());
-    };
-    let namespace = cluster.namespace().unwrap_or_default();
-    let policy = crate::claims::policy(&ctx.client, &namespace).await?;
-    let (cidrs, refused) = allowed_cidrs(&discovery.cidrs, policy.as_ref());
-    if !refused.is_empty() {
-        report_refused(ctx, cluster, &namespace, &refused).await;
-    }
-    let probes = sweep_sharing(&cidrs, config, &ctx.probes)
-        .await
-        .map_err(|e| Error::Spec {
-            field: "spec.discovery.cidrs",
-            problem: e.to_string(),
-        })?;
-    let by_uuid = maintenance_by_uuid(probes);
-    if by_uuid.is_empty() {
-        // Nothing in maintenance mode: nothing to record, so nothing to read.
-        return Ok(SweepReport::default());
-    }
-    let machines: Api<TalosMachine> =
-        Api::namespaced(ctx.client.clone(), &cluster.namespace().unwrap_or_default());
-    let existing = recorded(&machines, &by_uuid).await?;
-    let mut report = SweepReport::default();
-    for (uuid, found) in &by_uuid {
-        match sighting(uuid, found, &existing) {
-            Sighting::Conflict { addresses } => {
-                report_conflict(ctx, cluster, uuid, &addresses).await;
-                report.conflicts.push(uuid.clone());
-            }
-            Sighting::New { found } => {
-                if let Some(name) = create(ctx, &machines, cluster, uuid, found).await? {
-                    report.created.push(name);
-                }
-            }
-            Sighting::Known {
-                machine,
-                found,
-                endpoint,
-            } => {
-                update(ctx, &machines, machine, found, endpoint).await?;
-                report.updated.push(machine.name_any());
-            }
-        }
-    }
-    Ok(report)
-}
-
 /// The discovery CIDRs a sweep may probe, and those it may not: with a TalosNamespacePolicy,
 /// only CIDRs wholly inside its ranges (ADR 0054); without one, all.
-fn allowed_cidrs(
+pub(super) fn allowed_cidrs(
     cidrs: &[String],
     policy: Option<&TalosNamespacePolicy>,
 ) -> (Vec<String>, Vec<String>) {
@@ -154,55 +82,8 @@ fn allowed_cidrs(
         .partition(|cidr| policy.is_none_or(|p| p.spec.allows_cidr(cidr)))
 }
 
-/// Warns on the cluster that its discovery CIDRs `refused` lie outside its namespace's ranges.
-async fn report_refused(
-    ctx: &Context,
-    cluster: &TalosCluster,
-    namespace: &str,
-    refused: &[String],
-) {
-    ctx.event(
-        cluster,
-        EventType::Warning,
-        reasons::ADDRESS_NOT_ALLOWED,
-        actions::DISCOVER,
-        format!(
-            "discovery CIDRs {} are not swept: they are not wholly inside the ranges TalosNamespacePolicy {namespace} allows this namespace",
-            refused.join(", ")
-        ),
-    )
-    .await;
-}
-
-/// Machines per page when a sweep reads its namespace's machines.
-const PAGE: u32 = 100;
-
-/// The machines of the namespace that record one of the `found` UUIDs, read page by page: a
-/// sweep never holds every machine of the namespace at once (a fleet's namespace read whole
-/// by each of sixteen concurrent sweeps was most of the manager's memory at 1000 machines,
-/// `docs/benchmarks/fleet.md`).
-async fn recorded(
-    machines: &Api<TalosMachine>,
-    found: &BTreeMap<String, Vec<Found>>,
-) -> Result<Vec<TalosMachine>, Error> {
-    let mut kept = Vec::new();
-    let mut params = ListParams::default().limit(PAGE);
-    loop {
-        let page = machines.list(&params).await?;
-        kept.extend(
-            page.items
-                .into_iter()
-                .filter(|m| found.keys().any(|uuid| records(m, uuid))),
-        );
-        match page.metadata.continue_.filter(|c| !c.is_empty()) {
-            Some(token) => params = params.continue_token(&token),
-            None => return Ok(kept),
-        }
-    }
-}
-
 /// Whether `machine` records SMBIOS UUID `uuid` (its label, or its inventory).
-fn records(machine: &TalosMachine, uuid: &str) -> bool {
+pub(super) fn records(machine: &TalosMachine, uuid: &str) -> bool {
     machine
         .labels()
         .get(labels::MACHINE_UUID)
@@ -217,7 +98,7 @@ fn records(machine: &TalosMachine, uuid: &str) -> bool {
 }
 
 /// The machines answering in maintenance mode, by SMBIOS UUID (in UUID order).
-fn maintenance_by_uuid(probes: Vec<Probe>) -> BTreeMap<String, Vec<Found>> {
+pub(super) fn maintenance_by_uuid(probes: Vec<Probe>) -> BTreeMap<String, Vec<Found>> {
     let mut by_uuid: BTreeMap<String, Vec<Found>> = BTreeMap::new();
     for probe in probes {
         if let ProbeOutcome::Maintenance(found) = probe.outcome {
@@ -232,7 +113,7 @@ fn maintenance_by_uuid(probes: Vec<Probe>) -> BTreeMap<String, Vec<Found>> {
 
 /// What a sweep does about one SMBIOS UUID it found.
 #[derive(Debug)]
-enum Sighting<'a> {
+pub(super) enum Sighting<'a> {
     /// It answers at these addresses with different certificates: reported, not recorded.
     Conflict {
         /// Where it answered.
@@ -255,7 +136,11 @@ enum Sighting<'a> {
 }
 
 /// Decides what to do about `uuid`, found as `found` (never empty), given the machines recorded.
-fn sighting<'a>(uuid: &str, found: &'a [Found], existing: &'a [TalosMachine]) -> Sighting<'a> {
+pub(super) fn sighting<'a>(
+    uuid: &str,
+    found: &'a [Found],
+    existing: &'a [TalosMachine],
+) -> Sighting<'a> {
     // One UUID, two live certificates at once: report, do not guess.
     let mut fingerprints: Vec<&str> = found.iter().map(|f| f.fingerprint.as_str()).collect();
     fingerprints.sort_unstable();
@@ -280,125 +165,17 @@ fn sighting<'a>(uuid: &str, found: &'a [Found], existing: &'a [TalosMachine]) ->
     }
 }
 
-/// Warns on the cluster that `uuid` answers at `addresses` with different certificates.
-async fn report_conflict(ctx: &Context, cluster: &TalosCluster, uuid: &str, addresses: &[String]) {
-    ctx.event(
-        cluster,
-        EventType::Warning,
-        reasons::FINGERPRINT_MISMATCH,
-        actions::DISCOVER,
-        format!(
-            "SMBIOS UUID {uuid} answers at {} with different certificates: not recorded; machines sharing a UUID need it fixed in firmware",
-            addresses.join(", ")
-        ),
-    )
-    .await;
-}
-
-/// Creates the pending machine for `uuid` and records what was found; its name, or `None` when
-/// it already exists.
-async fn create(
-    ctx: &Context,
-    machines: &Api<TalosMachine>,
-    cluster: &TalosCluster,
-    uuid: &str,
-    found: &Found,
-) -> Result<Option<String>, Error> {
-    let name = machine_name(uuid);
-    let machine = TalosMachine::discovered(
-        &cluster.namespace().unwrap_or_default(),
-        &name,
-        uuid,
-        TalosMachineSpec::pending(
-            &cluster.name_any(),
-            &found.address.to_string(),
-            &found.fingerprint,
-        ),
-    );
-    match machines.create(&PostParams::default(), &machine).await {
-        Ok(created) => {
-            write_observation(ctx, &created, found).await?;
-            ctx.event(
-                &created,
-                EventType::Normal,
-                reasons::DISCOVERED,
-                actions::DISCOVER,
-                format!(
-                    "found in maintenance mode at {} (Talos {}, fingerprint {}); approve it to use it",
-                    found.address, found.version, found.fingerprint
-                ),
-            )
-            .await;
-            // The namespace that found it in its own ranges holds it from now on (ADR 0054):
-            // a machine written by hand elsewhere for the same node is refused.
-            let address = found.address.to_string();
-            if let Err(refused) =
-                crate::claims::take(&ctx.client, &created, uuid, &found.fingerprint, &address)
-                    .await?
-            {
-                refused.warn(ctx, &created, actions::DISCOVER).await;
-            }
-            Ok(Some(name))
-        }
-        Err(kube::Error::Api(status)) if status.is_already_exists() => Ok(None),
-        Err(error) => Err(error.into()),
-    }
-}
-
-/// Moves a recorded machine's endpoints to `endpoint` (when `Some`) and records what was found.
-async fn update(
-    ctx: &Context,
-    machines: &Api<TalosMachine>,
-    machine: &TalosMachine,
-    found: &Found,
-    endpoint: Option<String>,
-) -> Result<(), Error> {
-    if let Some(address) = endpoint {
-        machines
-            .patch(
-                &machine.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(json!({"spec": {"endpoints": [address]}})),
-            )
-            .await?;
-    }
-    write_observation(ctx, machine, found).await
-}
-
-/// Records inventory, version and the observed fingerprint; flags a fingerprint different
-/// from the pin.
-async fn write_observation(
-    ctx: &Context,
-    machine: &TalosMachine,
-    found: &Found,
-) -> Result<(), Error> {
-    let Some(observed) = observation(machine, found, &ctx.now()) else {
-        return Ok(());
-    };
-    if let Some(message) = observed.newly_changed {
-        ctx.event(
-            machine,
-            EventType::Warning,
-            reasons::FINGERPRINT_MISMATCH,
-            actions::DISCOVER,
-            message,
-        )
-        .await;
-    }
-    write_status(ctx, machine, &observed.status).await
-}
-
 /// A maintenance-mode machine's status with what was found, and the Event owed for it.
 #[derive(Debug)]
-struct Observed {
+pub(super) struct Observed {
     /// The status to record.
-    status: TalosMachineStatus,
+    pub(super) status: TalosMachineStatus,
     /// The Warning's message when the fingerprint differs from the pin and was not flagged yet.
-    newly_changed: Option<String>,
+    pub(super) newly_changed: Option<String>,
 }
 
 /// The status `machine` records for `found` at `now`; `None` for a configured machine.
-fn observation(machine: &TalosMachine, found: &Found, now: &Time) -> Option<Observed> {
+pub(super) fn observation(machine: &TalosMachine, found: &Found, now: &Time) -> Option<Observed> {
     // Only machines still in maintenance mode are seen by discovery; configured ones keep the
     // status their reconciler writes.
     let mut status: TalosMachineStatus = machine.status.clone().unwrap_or_default();
@@ -447,23 +224,6 @@ fn observation(machine: &TalosMachine, found: &Found, now: &Time) -> Option<Obse
     })
 }
 
-/// Writes `status` when it differs from the one stored.
-async fn write_status(
-    ctx: &Context,
-    machine: &TalosMachine,
-    status: &TalosMachineStatus,
-) -> Result<(), Error> {
-    // What discovery sees is the inventory group; its copy of the rest may be stale.
-    if machine.status.as_ref() != Some(status) {
-        let api = Api::<TalosMachine>::namespaced(
-            ctx.client.clone(),
-            &machine.namespace().unwrap_or_default(),
-        );
-        status::apply::<MachineInventory, _>(&api, machine, status, Guard::None).await?;
-    }
-    Ok(())
-}
-
 /// Whether a cluster last swept at `last` (with its generation then) is due for a sweep at
 /// `now`: never swept, its interval passed, or its spec changed since.
 pub fn sweep_due(
@@ -488,6 +248,7 @@ mod tests {
 
     use super::*;
     use crate::etcd::tests::at;
+    use ichor_api::TalosMachineSpec;
 
     /// What answers in maintenance mode for `uuid` at 10.0.0.`last_octet`.
     fn found(uuid: &str, last_octet: u8, fingerprint: &str) -> Found {
