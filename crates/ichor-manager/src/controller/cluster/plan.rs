@@ -1,5 +1,6 @@
 //! The cluster reconciler's pure decisions: what to do next, from what was observed. No I/O
-//! here; the bootstrap and teardown orders themselves are ichor-deleteguard's.
+//! here; the bootstrap order itself is ichor-deleteguard's (the teardown's plan is
+//! `teardown::plan`).
 
 use std::collections::hash_map::DefaultHasher;
 use std::fmt::Display;
@@ -8,7 +9,7 @@ use std::time::Duration;
 
 use ichor_api::cluster::MachineCounts;
 use ichor_api::common::Role;
-use ichor_api::machine::ApprovalState;
+use ichor_api::machine::{ApprovalState, MachinePhase};
 use ichor_api::names::{conditions, reasons};
 use ichor_api::time::InvalidDuration;
 use ichor_api::{TalosCluster, TalosMachine};
@@ -16,6 +17,7 @@ use ichor_render::credentials::Published;
 use ichor_talos::Bootstrapped;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt as _;
 
 use crate::{Error, Settings, infra::conditions as cond};
 
@@ -264,50 +266,60 @@ pub(super) fn chosen(record: Option<&ichor_api::cluster::BootstrapRecord>, name:
     record.is_some_and(|r| r.machine_name == name)
 }
 
-/// One teardown pass of a deleted cluster.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum Teardown {
-    /// No machine is left: the finalizer goes (the bundle Secret stays).
-    Finished,
-    /// Machines are left: delete `delete` now and report what is left.
-    Remove {
-        /// The machines to delete now, in the planner's order.
-        delete: Vec<String>,
-        /// Configured workers left.
-        workers: usize,
-        /// Configured control planes left.
-        control_planes: usize,
-    },
+/// The name of the Secret the cluster's talosconfig is published in.
+pub(super) fn talosconfig_name(cluster: &TalosCluster) -> String {
+    format!("{}-talosconfig", cluster.name_any())
 }
 
-/// The next teardown pass over the cluster's `machines`.
-pub(super) fn teardown(machines: &[TalosMachine]) -> Teardown {
-    if machines.is_empty() {
-        return Teardown::Finished;
-    }
-    let configured = |m: &TalosMachine| {
-        m.status
-            .as_ref()
-            .is_some_and(|s| s.applied.config_hash.is_some())
-    };
-    let is_cp = |m: &TalosMachine| m.spec.role == Some(Role::ControlPlane);
-    let workers = machines
-        .iter()
-        .filter(|m| configured(m) && !is_cp(m))
-        .count();
-    let control_planes = machines
-        .iter()
-        .filter(|m| configured(m) && is_cp(m))
-        .count();
-    // The order is the planner's: unconfigured at once, workers, control planes one by one.
-    let inputs: Vec<ichor_deleteguard::Machine> = machines
-        .iter()
-        .map(ichor_deleteguard::Machine::from)
-        .collect();
-    Teardown::Remove {
-        delete: ichor_deleteguard::teardown_next(&inputs),
-        workers,
-        control_planes,
+/// The name of the Secret the cluster's workload kubeconfig is published in.
+pub(super) fn kubeconfig_name(cluster: &TalosCluster) -> String {
+    format!("{}-kubeconfig", cluster.name_any())
+}
+
+/// A file Ichor publishes for the cluster.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum File {
+    /// The talosconfig (`os:admin`).
+    Talosconfig,
+    /// The workload kubeconfig (admin).
+    Kubeconfig,
+}
+
+/// A published credentials file after this reconcile: when it expires, when it is due.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Held {
+    /// When the file's certificate expires.
+    pub(super) expires: Timestamp,
+    /// When it is due for renewal.
+    pub(super) renew_at: Timestamp,
+}
+
+/// Whether `machine` was ever configured with its cluster's bundle: a config applied, an etcd
+/// member recorded, or a phase past the first apply.
+pub(super) fn ever_configured(machine: &TalosMachine) -> bool {
+    machine.status.as_ref().is_some_and(|s| {
+        s.applied.config_hash.is_some()
+            || s.lifecycle.etcd_member_id.is_some()
+            || matches!(
+                s.lifecycle.phase,
+                MachinePhase::Applying
+                    | MachinePhase::Installing
+                    | MachinePhase::Booting
+                    | MachinePhase::Joining
+                    | MachinePhase::Ready
+                    | MachinePhase::Removing
+            )
+    })
+}
+
+/// The restore refused because etcd already runs on `name`, which the bootstrap record did not
+/// choose.
+pub(super) fn restore_into_running_etcd(name: &str) -> crate::Stop {
+    crate::Stop {
+        reason: reasons::RESTORE_REFUSED_BOOTSTRAPPED,
+        message: format!(
+            "etcd already runs on {name}: a restore goes only into a cluster whose etcd was never bootstrapped"
+        ),
     }
 }
 
@@ -648,34 +660,6 @@ mod tests {
         assert!(!done);
         assert_eq!(reason, reasons::BOOTSTRAP_PENDING);
         assert!(message.ends_with("etcd not ready"), "{message}");
-    }
-
-    #[test]
-    fn teardown_removes_workers_before_control_planes_and_finishes_with_none_left() {
-        assert_eq!(teardown(&[]), Teardown::Finished);
-        let machines = [
-            configured(TalosMachine::test("cp-2").control_plane().approved()),
-            configured(TalosMachine::test("cp-1").control_plane().approved()),
-            configured(TalosMachine::test("w-1").worker().approved()),
-            TalosMachine::test("new").build(),
-        ];
-        assert_eq!(
-            teardown(&machines),
-            Teardown::Remove {
-                delete: vec!["new".into(), "w-1".into()],
-                workers: 1,
-                control_planes: 2,
-            }
-        );
-        assert_eq!(
-            teardown(&machines[..2]),
-            Teardown::Remove {
-                delete: vec!["cp-1".into()],
-                workers: 0,
-                control_planes: 2,
-            },
-            "control planes one by one, by name"
-        );
     }
 
     fn condition(type_: &str, status: ConditionStatus, reason: &str, message: &str) -> Condition {

@@ -5,17 +5,21 @@
 //! on its UUID at once, and with a `TalosNamespacePolicy` only the CIDRs inside the
 //! namespace's ranges are swept (ADR 0054).
 //!
-//! The flow is [`run_once`]: `observe` reads, `plan` decides (pure, with the unit tests), `act`
-//! writes.
+//! The flow is [`run_once`] (and `sweep_when_due` before it): `observe` reads, `plan` decides
+//! (pure, with the unit tests), `act` writes.
 
 mod act;
 mod observe;
 pub mod plan;
 
+use std::time::Duration;
+
+use ichor_api::names::{actions, reasons};
 use ichor_api::{TalosCluster, TalosMachine};
 use ichor_talos::discovery::SweepConfig;
 use kube::ResourceExt as _;
 use kube::api::Api;
+use kube::runtime::events::EventType;
 
 pub use plan::sweep_due;
 pub(crate) use plan::{hardware, machine_name};
@@ -32,6 +36,43 @@ pub struct SweepReport {
     pub updated: Vec<String>,
     /// UUIDs answering at two addresses with two different certificates.
     pub conflicts: Vec<String>,
+}
+
+/// Sweeps the cluster's ranges when a sweep is due (a failed sweep is logged); the sweep
+/// interval, if the cluster discovers, bounds the next requeue. An interval that does not read
+/// is said in a Warning Event, and the default is swept at meanwhile.
+pub(super) async fn sweep_when_due(ctx: &Context, cluster: &TalosCluster) -> Option<Duration> {
+    let discovery = cluster.spec.discovery.as_ref()?;
+    let interval = match super::plan::sweep_interval(&discovery.interval) {
+        Ok(interval) => interval,
+        Err(invalid) => {
+            let note = format!(
+                "{invalid}; sweeping every {}s meanwhile",
+                super::plan::DEFAULT_SWEEP_INTERVAL.as_secs()
+            );
+            tracing::warn!(cluster = %cluster.name_any(), %note, "discovery interval does not read");
+            ctx.event(
+                cluster,
+                EventType::Warning,
+                reasons::INVALID_DURATION,
+                actions::DISCOVER,
+                note,
+            )
+            .await;
+            super::plan::DEFAULT_SWEEP_INTERVAL
+        }
+    };
+    if ctx.sweep_due(cluster, interval) {
+        match run_once(ctx, cluster, ctx.settings.sweep).await {
+            Ok(report) => {
+                if !report.created.is_empty() {
+                    tracing::info!(cluster = %cluster.name_any(), created = ?report.created, "discovered machines");
+                }
+            }
+            Err(error) => tracing::warn!(%error, "discovery sweep failed"),
+        }
+    }
+    Some(interval)
 }
 
 /// Sweeps the cluster's ranges once and records what it found.
