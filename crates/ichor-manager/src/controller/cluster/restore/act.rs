@@ -12,7 +12,7 @@ use kube::runtime::events::EventType;
 use tokio::sync::mpsc;
 
 use super::observe::{CHUNKS_QUEUED, identity_for, read_record, read_through};
-use super::plan::checked;
+use super::plan::{checked, uploaded_as_checked};
 use crate::controller::backup;
 use crate::{Context, Stop, infra::conditions as cond};
 
@@ -138,15 +138,5 @@ pub async fn upload(
             recorded.key
         ),
     })?;
-    let read = &record.vouched(&digests).sha256;
-    if *read != recorded.sha256 {
-        return Err(Stop {
-            reason: reasons::RESTORE_CHECKSUM_MISMATCH,
-            message: format!(
-                "{} read as sha256 {read} while uploading, and {} when it was checked: it changed; nothing was bootstrapped",
-                recorded.key, recorded.sha256
-            ),
-        });
-    }
-    Ok(())
+    uploaded_as_checked(recorded, &record.vouched(&digests).sha256)
 }

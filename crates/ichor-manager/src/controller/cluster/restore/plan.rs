@@ -96,6 +96,21 @@ pub(super) fn checked(
     Ok(digests)
 }
 
+/// Whether the backup uploaded read as `read` (its vouched SHA-256) is the one `recorded` when
+/// it was checked: one that changed meanwhile is refused, and nothing is bootstrapped.
+pub(super) fn uploaded_as_checked(recorded: &RestoreStatus, read: &str) -> Result<(), Stop> {
+    if read != recorded.sha256 {
+        return Err(Stop {
+            reason: reasons::RESTORE_CHECKSUM_MISMATCH,
+            message: format!(
+                "{} read as sha256 {read} while uploading, and {} when it was checked: it changed; nothing was bootstrapped",
+                recorded.key, recorded.sha256
+            ),
+        });
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -142,5 +157,15 @@ mod tests {
         };
         assert_eq!(reason, reasons::RESTORE_REFUSED_BOOTSTRAPPED);
         assert!(message.contains("cp-1"), "{message}");
+    }
+
+    #[test]
+    fn an_upload_that_read_otherwise_than_it_was_checked_is_refused() {
+        assert_eq!(uploaded_as_checked(&restore(false), "00"), Ok(()));
+        let Err(Stop { reason, message }) = uploaded_as_checked(&restore(false), "ff") else {
+            panic!("a changed backup is refused");
+        };
+        assert_eq!(reason, reasons::RESTORE_CHECKSUM_MISMATCH);
+        assert!(message.contains("nothing was bootstrapped"), "{message}");
     }
 }
