@@ -1,7 +1,8 @@
 //! The crate's layout rule (see the crate doc), checked: no two modules of a folder differ only
 //! by a suffix, each controller folder and each flow folder below it has its `mod.rs` and
-//! `plan.rs`, and a `plan.rs` does no I/O. Functions stay short through clippy
-//! (`too_many_lines`, `clippy.toml`).
+//! `plan.rs` (and each controller its `observe.rs` and `act.rs`), a `plan.rs` does no I/O, and
+//! an `observe.rs` writes nothing. Functions stay short through clippy (`too_many_lines`,
+//! `clippy.toml`).
 
 use std::path::{Path, PathBuf};
 
@@ -77,6 +78,45 @@ pub(crate) fn io_in_plan(text: &str) -> Vec<String> {
         .collect()
 }
 
+/// What in `text` (an `observe.rs`) writes: to the apiserver, to a node, to an object store.
+pub(crate) fn writes_in_observe(text: &str) -> Vec<String> {
+    const WRITES: [&str; 24] = [
+        // The apiserver.
+        ".create(",
+        ".patch(",
+        ".patch_status(",
+        ".replace(",
+        ".delete(",
+        "status::apply",
+        "finalizer::",
+        ".event(",
+        "publish(",
+        "claims::take",
+        "claims::hold",
+        "claims::release",
+        // A node.
+        ".apply_configuration(",
+        ".bootstrap(",
+        ".reset(",
+        ".reboot(",
+        ".upgrade(",
+        ".wipe(",
+        ".etcd_leave(",
+        ".etcd_remove_member(",
+        ".etcd_forfeit_leadership(",
+        ".etcd_recover(",
+        // An object store.
+        ".put(",
+        ".put_multipart(",
+    ];
+    text.lines()
+        .enumerate()
+        .filter(|(_, line)| !line.trim_start().starts_with("//"))
+        .filter(|(_, line)| WRITES.iter().any(|w| line.contains(w)))
+        .map(|(n, line)| format!("line {}: {}", n + 1, line.trim()))
+        .collect()
+}
+
 #[test]
 fn no_two_modules_of_a_folder_differ_only_by_a_suffix() {
     for dir in folders(&src()) {
@@ -127,6 +167,40 @@ fn a_plan_does_no_io() {
 }
 
 #[test]
+fn an_observe_writes_nothing() {
+    let mut seen = 0;
+    for dir in folders(&src().join("controller")) {
+        let observe = dir.join("observe.rs");
+        let Ok(text) = std::fs::read_to_string(&observe) else {
+            continue;
+        };
+        let writes = writes_in_observe(&text);
+        assert!(
+            writes.is_empty(),
+            "{} writes (an observe only reads and returns what it saw; act.rs writes): \
+             {writes:#?}",
+            observe.display()
+        );
+        seen += 1;
+    }
+    assert!(seen >= 5, "the five controllers' observe.rs: {seen}");
+}
+
+#[test]
+fn each_controller_observes_and_acts_in_files_of_their_own() {
+    let controllers = src().join("controller");
+    for kind in ["backup", "cluster", "machine", "operation", "storage"] {
+        for file in ["observe.rs", "act.rs"] {
+            assert!(
+                controllers.join(kind).join(file).is_file(),
+                "controller/{kind} has no {file}: a controller reads in observe.rs and writes \
+                 in act.rs"
+            );
+        }
+    }
+}
+
+#[test]
 fn the_checks_see_what_they_refuse() {
     let names = ["adopt", "adoption", "plan"].map(str::to_owned);
     assert_eq!(
@@ -136,5 +210,9 @@ fn the_checks_see_what_they_refuse() {
     assert_eq!(
         io_in_plan("fn a() {}\npub async fn b(api: Api<X>) {}\n// .await in a comment").len(),
         1
+    );
+    assert_eq!(
+        writes_in_observe("let m = api.get(&name).await?;\napi.patch(&n, &p, &x).await?;\n// .reset( in a comment\nclient.reset(options).await?;\nlet at = rebooted_since(x);").len(),
+        2
     );
 }
