@@ -333,6 +333,16 @@ impl MachineBuilder {
         self.0.status = Some(status);
         self
     }
+
+    /// Records an applied config (`status.appliedConfigHash`): a machine that was configured.
+    pub fn applied(mut self, hash: &str) -> Self {
+        let status = self
+            .0
+            .status
+            .get_or_insert_with(TalosMachineStatus::default);
+        status.applied.config_hash = Some(hash.to_owned());
+        self
+    }
 }
 
 impl From<MachineBuilder> for TalosMachine {

@@ -76,6 +76,8 @@ pub struct Request {
     pub permission: Permission,
     /// The response code.
     pub code: u16,
+    /// The field manager a write named (`?fieldManager=` of its URI), if any.
+    pub field_manager: Option<String>,
 }
 
 /// The resource requests in an audit log (JSON lines; non-resource requests are skipped).
@@ -107,9 +109,22 @@ pub fn requests(log: &str) -> Vec<Request> {
                     .as_u64()
                     .and_then(|c| u16::try_from(c).ok())
                     .unwrap_or(0),
+                field_manager: event
+                    .get("requestURI")
+                    .and_then(Value::as_str)
+                    .and_then(field_manager),
             })
         })
         .collect()
+}
+
+/// The `fieldManager` query parameter of a request URI.
+fn field_manager(uri: &str) -> Option<String> {
+    let (_, query) = uri.split_once('?')?;
+    query
+        .split('&')
+        .find_map(|pair| pair.strip_prefix("fieldManager="))
+        .map(str::to_owned)
 }
 
 /// What the audit found for one identity.
@@ -189,7 +204,7 @@ mod tests {
 
     #[test]
     fn audit_events_are_read_with_their_subresource_and_code() {
-        let log = r#"{"kind":"Event","verb":"patch","user":{"username":"sa:m"},"objectRef":{"resource":"talosclusters","namespace":"e2e","name":"lab","apiGroup":"ichor.maesh.dev","subresource":"status"},"responseStatus":{"code":200}}
+        let log = r#"{"kind":"Event","verb":"patch","user":{"username":"sa:m"},"requestURI":"/apis/ichor.maesh.dev/v1alpha1/namespaces/e2e/talosclusters/lab/status?fieldManager=ichor-core&force=true","objectRef":{"resource":"talosclusters","namespace":"e2e","name":"lab","apiGroup":"ichor.maesh.dev","subresource":"status"},"responseStatus":{"code":200}}
 {"kind":"Event","verb":"get","user":{"username":"sa:m"},"objectRef":{"resource":"secrets","namespace":"ichor-system","apiVersion":"v1"},"responseStatus":{"code":403}}
 {"kind":"Event","verb":"get","user":{"username":"sa:m"},"requestURI":"/healthz","responseStatus":{"code":200}}
 not json"#;
@@ -206,6 +221,8 @@ not json"#;
         );
         assert_eq!(found[1].permission.group, "");
         assert_eq!(found[1].code, 403);
+        assert_eq!(found[0].field_manager.as_deref(), Some("ichor-core"));
+        assert_eq!(found[1].field_manager, None);
     }
 
     #[test]
@@ -225,6 +242,7 @@ not json"#;
                 user: "sa:m".into(),
                 permission: permission(group, resource, verb, Some(namespace)),
                 code,
+                field_manager: None,
             };
         let requests = vec![
             request("get", "secrets", "", "e2e", 200),

@@ -300,15 +300,18 @@ fn manager_requests(log: &Path, from: usize, to: usize) -> Vec<ichor_harness::au
         .collect()
 }
 
-/// The manager's requests from byte `from` to `to` of `log` by verb and resource, most first,
-/// per machine: what the requests column is made of.
+/// The manager's requests from byte `from` to `to` of `log` by verb and resource (and field
+/// manager), most first, per machine: what the requests column is made of.
 fn request_breakdown(log: &Path, from: usize, to: usize, machines: usize) -> String {
     let mut counts = std::collections::BTreeMap::<String, usize>::new();
     for request in manager_requests(log, from, to) {
-        let key = format!(
+        let mut key = format!(
             "{} {}",
             request.permission.verb, request.permission.resource
         );
+        if let Some(manager) = &request.field_manager {
+            key = format!("{key} ({manager})");
+        }
         *counts.entry(key).or_default() += 1;
     }
     let mut counts: Vec<_> = counts.into_iter().collect();

@@ -375,14 +375,7 @@ mod tests {
 
     /// A machine that was configured with its cluster's bundle.
     fn configured(builder: ichor_api::testing::MachineBuilder) -> TalosMachine {
-        builder
-            .status(TalosMachineStatus {
-                applied: ichor_api::machine::MachineApplied {
-                    config_hash: Some("abc".into()),
-                },
-                ..Default::default()
-            })
-            .build()
+        builder.applied("abc").build()
     }
 
     /// A machine whose `Ready` condition holds.

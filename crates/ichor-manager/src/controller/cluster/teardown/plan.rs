@@ -53,20 +53,11 @@ pub(super) fn teardown(machines: &[TalosMachine]) -> Teardown {
 
 #[cfg(test)]
 mod tests {
-    use ichor_api::machine::TalosMachineStatus;
-
     use super::*;
 
     /// A machine that was configured with its cluster's bundle.
     fn configured(builder: ichor_api::testing::MachineBuilder) -> TalosMachine {
-        builder
-            .status(TalosMachineStatus {
-                applied: ichor_api::machine::MachineApplied {
-                    config_hash: Some("abc".into()),
-                },
-                ..Default::default()
-            })
-            .build()
+        builder.applied("abc").build()
     }
 
     #[test]
