@@ -418,6 +418,32 @@ async fn machines_of_first(target: &SimTarget, n: usize) -> Vec<TalosMachine> {
 /// The second namespace of the claims spec.
 const OTHER: &str = "claims-other";
 
+/// Wakes machine `name` (a label changes, so it is looked at again) and waits until its
+/// `Ready` condition says `AddressNotAllowed`.
+async fn wake_until_refused(
+    machines: &Api<TalosMachine>,
+    name: &str,
+    what: &str,
+) -> Result<(), ichor_testenv::wait::Timeout> {
+    machines
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"woken": "yes"}}})),
+        )
+        .await
+        .expect("woken");
+    try_eventually(what, WAIT, || async {
+        let m = machines.get(name).await.ok()?;
+        m.status?
+            .conditions
+            .into_iter()
+            .any(|c| c.type_ == conditions::READY && c.reason == reasons::ADDRESS_NOT_ALLOWED)
+            .then_some(())
+    })
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_namespaces_claiming_one_machine_only_the_first_is_acted_on() {
     use ichor_api::{TalosCluster, TalosMachineClaim};
@@ -539,24 +565,9 @@ async fn two_namespaces_claiming_one_machine_only_the_first_is_acted_on() {
         .create(&PostParams::default(), &policy)
         .await
         .expect("the policy");
-    others
-        .patch(
-            "stolen",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"labels": {"woken": "yes"}}})),
-        )
+    wake_until_refused(&others, "stolen", "the second machine's address refused")
         .await
-        .expect("woken");
-    try_eventually("the second machine's address refused", WAIT, || async {
-        let m = others.get("stolen").await.ok()?;
-        m.status?
-            .conditions
-            .into_iter()
-            .any(|c| c.type_ == conditions::READY && c.reason == reasons::ADDRESS_NOT_ALLOWED)
-            .then_some(())
-    })
-    .await
-    .expect("AddressNotAllowed");
+        .expect("AddressNotAllowed");
 
     // A configured machine's looks read its namespace's policy from the manager's watch
     // (ADR 0062): confined after it was configured, the first machine is refused too.
@@ -566,23 +577,10 @@ async fn two_namespaces_claiming_one_machine_only_the_first_is_acted_on() {
         .await
         .expect("the first namespace's policy");
     let mine = Api::<TalosMachine>::namespaced(target.client(), target.namespace());
-    mine.patch(
-        &first.name_any(),
-        &PatchParams::default(),
-        &Patch::Merge(json!({"metadata": {"labels": {"woken": "yes"}}})),
-    )
-    .await
-    .expect("woken");
-    try_eventually("the configured machine's address refused", WAIT, || async {
-        let m = mine.get(&first.name_any()).await.ok()?;
-        m.status?
-            .conditions
-            .into_iter()
-            .any(|c| c.type_ == conditions::READY && c.reason == reasons::ADDRESS_NOT_ALLOWED)
-            .then_some(())
-    })
-    .await
-    .expect("AddressNotAllowed on the configured machine");
+    let what = "the configured machine's address refused";
+    wake_until_refused(&mine, &first.name_any(), what)
+        .await
+        .expect("AddressNotAllowed on the configured machine");
     assert_eq!(
         node.calls("ApplyConfiguration"),
         1,

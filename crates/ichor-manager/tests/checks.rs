@@ -311,20 +311,13 @@ async fn a_users_secret_is_never_taken_over_and_running_nodes_get_no_new_bundle(
         )
         .await
         .expect("the user's Secret");
-    Api::<TalosMachine>::namespaced(env.client(), &ns)
-        .create(
-            &PostParams::default(),
-            &TalosMachine::test("cp-1")
-                .namespace(&ns)
-                .cluster("lab")
-                .control_plane()
-                .approved()
-                .at(&MANAGER_CHECKS.ip(2, 10).to_string())
-                .fingerprint(&fresh.fingerprint())
-                .build(),
-        )
-        .await
-        .expect("the machine");
+    let address = MANAGER_CHECKS.ip(2, 10).to_string();
+    support::create_machine(
+        &env,
+        &ns,
+        support::lab_control_plane(&ns, &address).fingerprint(&fresh.fingerprint()),
+    )
+    .await;
     for c in [
         TalosCluster::test("lab")
             .namespace(&ns)

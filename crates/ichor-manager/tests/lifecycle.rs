@@ -306,20 +306,13 @@ async fn an_operation_reconciled_from_a_stale_copy_sends_nothing_the_stored_stat
         .create(&PostParams::default(), &cluster)
         .await
         .expect("cluster");
-    Api::<TalosMachine>::namespaced(env.client(), &ns)
-        .create(
-            &PostParams::default(),
-            &TalosMachine::test("cp-1")
-                .namespace(&ns)
-                .cluster("lab")
-                .control_plane()
-                .approved()
-                .at(&address.to_string())
-                .label(labels::MACHINE_UUID, &node.hardware().uuid)
-                .build(),
-        )
-        .await
-        .expect("the machine");
+    support::create_machine(
+        &env,
+        &ns,
+        support::lab_control_plane(&ns, &address.to_string())
+            .label(labels::MACHINE_UUID, &node.hardware().uuid),
+    )
+    .await;
 
     let ctx = Arc::new(Context::new(
         env.client(),
@@ -504,21 +497,14 @@ async fn a_talosconfig_that_cannot_be_written_does_not_hold_the_bootstrap_back()
         )
         .await
         .expect("cluster");
-    Api::<TalosMachine>::namespaced(env.client(), &ns)
-        .create(
-            &PostParams::default(),
-            &TalosMachine::test("cp-1")
-                .namespace(&ns)
-                .cluster("lab")
-                .control_plane()
-                .approved()
-                .at(&address.to_string())
-                .fingerprint(&node.fingerprint())
-                .label(labels::MACHINE_UUID, &node.hardware().uuid)
-                .build(),
-        )
-        .await
-        .expect("the machine");
+    support::create_machine(
+        &env,
+        &ns,
+        support::lab_control_plane(&ns, &address.to_string())
+            .fingerprint(&node.fingerprint())
+            .label(labels::MACHINE_UUID, &node.hardware().uuid),
+    )
+    .await;
     let (stop_tx, manager) = support::start_manager(&env);
 
     let clusters: Api<TalosCluster> = Api::namespaced(env.client(), &ns);

@@ -142,14 +142,7 @@ async fn a_replacement_at_a_tombstoned_address_is_not_reset() {
     force_removed(&target, &name, &endpoints[1], Duration::from_secs(120)).await;
     let clusters: Api<ichor_api::TalosCluster> =
         Api::namespaced(target.client(), target.namespace());
-    let stones = clusters
-        .get(CLUSTER)
-        .await
-        .expect("cluster")
-        .status
-        .expect("status")
-        .tombstones
-        .list;
+    let stones = crate::tombstones(&target, CLUSTER).await;
     assert_eq!(stones.len(), 1, "{stones:?}");
     assert_eq!(
         stones[0].uuid.as_deref(),

@@ -52,6 +52,18 @@ async fn removal_reason(target: &SimTarget, address: &str) -> Option<String> {
         .map(|(_, reason, _)| reason)
 }
 
+/// The tombstones the cluster `cluster` records now.
+async fn tombstones(target: &SimTarget, cluster: &str) -> Vec<ichor_api::cluster::Tombstone> {
+    Api::<ichor_api::TalosCluster>::namespaced(target.client(), target.namespace())
+        .get(cluster)
+        .await
+        .expect("cluster")
+        .status
+        .expect("status")
+        .tombstones
+        .list
+}
+
 /// Creates `operation`, which the webhook must refuse with `reason`; returns the refusal's
 /// message.
 async fn refused(target: &SimTarget, operation: impl Into<TalosOperation>, reason: &str) -> String {

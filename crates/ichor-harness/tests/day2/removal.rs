@@ -228,14 +228,7 @@ async fn a_failed_leave_stops_and_the_force_path_removes_a_partitioned_node() {
         .expect("the skipped reset has an Event");
     let clusters: Api<ichor_api::TalosCluster> =
         Api::namespaced(target.client(), target.namespace());
-    let stones = clusters
-        .get(CLUSTER)
-        .await
-        .expect("cluster")
-        .status
-        .expect("status")
-        .tombstones
-        .list;
+    let stones = crate::tombstones(&target, CLUSTER).await;
     assert_eq!(stones.len(), 1, "{stones:?}");
     assert_eq!(stones[0].address, endpoints[3]);
     assert_eq!(node.calls("Reset"), 0, "nothing reached the node");

@@ -65,3 +65,26 @@ pub fn reconciles(metrics: &Metrics, kind: &str) -> u64 {
         .and_then(|value| value.trim().parse::<f64>().ok())
         .map_or(0, |value| value as u64)
 }
+
+/// An approved control plane `cp-1` of cluster `lab` in `ns`, at `address`: the machine most
+/// tests start from (add its fingerprint or UUID label, then [`create_machine`]).
+pub fn lab_control_plane(ns: &str, address: &str) -> ichor_api::testing::MachineBuilder {
+    ichor_api::TalosMachine::test("cp-1")
+        .namespace(ns)
+        .cluster("lab")
+        .control_plane()
+        .approved()
+        .at(address)
+}
+
+/// Creates `machine` in `ns`.
+pub async fn create_machine(
+    env: &TestEnv,
+    ns: &str,
+    machine: ichor_api::testing::MachineBuilder,
+) -> ichor_api::TalosMachine {
+    kube::Api::<ichor_api::TalosMachine>::namespaced(env.client(), ns)
+        .create(&kube::api::PostParams::default(), &machine.build())
+        .await
+        .expect("the machine")
+}
