@@ -618,7 +618,7 @@ fn watched() -> String {
 }
 
 /// Ichor's cluster Secrets as last read (the bundle, the published talosconfig and
-/// kubeconfig), each kept while a metadata-only watch of the Secrets labelled [`watched`] says
+/// kubeconfig), each kept while a metadata-only watch of the Secrets labelled `watched` says
 /// it has not changed since: a reconcile reads such a Secret from the apiserver only when it
 /// changed, was written, or is not Ichor's (a bundle `spec.secretsRef` names). No other Secret
 /// is watched or kept, and a Secret's content never reaches the watch.
