@@ -219,15 +219,21 @@ impl S3Server {
     }
 
     /// Waits until the filer takes a directory (master, volume server and filer are up) and the
-    /// S3 gateway accepts connections.
+    /// S3 gateway serves. A connection to the S3 port alone proves nothing: another process
+    /// may hold the port picked for it, and then weed's own bind fails and it exits, after
+    /// `filer_up`. The gateway says it serves once its listener is bound (weed's
+    /// `command/s3.go` logs "Start Seaweed S3 API Server … at http(s) port N" only after
+    /// `NewIpAndLocalListeners` returned; a failed bind is fatal before it).
     async fn wait_ready(&mut self, s3_port: u16) -> Result<(), Error> {
         let deadline = Instant::now() + READY_TIMEOUT;
+        let log = self.dir.path().join("weed.log");
         loop {
             if let Some(process) = self.process.as_mut() {
                 process.check_running().map_err(Error::Startup)?;
             }
             let filer_up = filer_mkdir(self.filer, "/buckets/").await.is_ok();
-            let s3_up = TcpStream::connect(("127.0.0.1", s3_port)).await.is_ok();
+            let s3_up = s3_serving(&log, s3_port)
+                && TcpStream::connect(("127.0.0.1", s3_port)).await.is_ok();
             if filer_up && s3_up {
                 return Ok(());
             }
@@ -407,6 +413,18 @@ fn random_token(prefix: &str) -> String {
 /// `POST <path>/` with no content type: the filer creates the directory (SeaweedFS
 /// `weed/server/filer_server_handlers_write_autochunk.go`, `mkdir`). An existing directory
 /// answers an error, which counts as success for `/buckets/`.
+/// Whether weed's log says its S3 gateway serves on `port` (its listener bound).
+fn s3_serving(log: &Path, port: u16) -> bool {
+    let http = format!("at http port {port}");
+    let https = format!("at https port {port}");
+    std::fs::read_to_string(log).is_ok_and(|text| {
+        text.lines().any(|line| {
+            line.contains("Start Seaweed S3 API Server")
+                && (line.trim_end().ends_with(&http) || line.trim_end().ends_with(&https))
+        })
+    })
+}
+
 async fn filer_mkdir(filer: SocketAddr, path: &str) -> Result<(), String> {
     let mut stream = TcpStream::connect(filer)
         .await
@@ -432,5 +450,32 @@ async fn filer_mkdir(filer: SocketAddr, path: &str) -> Result<(), String> {
             "the filer answered: {}",
             reply.lines().next().unwrap_or("nothing")
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_gateway_serves_once_its_own_port_is_logged() {
+        let dir = tempfile::tempdir().expect("a folder");
+        let log = dir.path().join("weed.log");
+        assert!(!s3_serving(&log, 8333), "no log yet");
+        let filer = "I1206 17:00:00.000000 filer.go:1 Start Seaweed Filer 4.0 at 127.0.0.1:8888\n";
+        std::fs::write(&log, filer).expect("write");
+        assert!(!s3_serving(&log, 8333), "the filer serves, not the gateway");
+        let other =
+            "I1206 17:00:01.000000 s3.go:591 Start Seaweed S3 API Server 4.0 at http port 18333\n";
+        std::fs::write(&log, format!("{filer}{other}")).expect("write");
+        assert!(!s3_serving(&log, 8333), "another port");
+        let ours =
+            "I1206 17:00:01.000000 s3.go:591 Start Seaweed S3 API Server 4.0 at http port 8333\n";
+        std::fs::write(&log, format!("{filer}{ours}")).expect("write");
+        assert!(s3_serving(&log, 8333));
+        let tls =
+            "I1206 17:00:01.000000 s3.go:547 Start Seaweed S3 API Server 4.0 at https port 8333\n";
+        std::fs::write(&log, tls).expect("write");
+        assert!(s3_serving(&log, 8333));
     }
 }
