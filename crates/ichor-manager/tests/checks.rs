@@ -1,6 +1,7 @@
 //! What the manager refuses and reports: a secretsRef naming no Secret, a node older than the
 //! cluster's contract, one SMBIOS UUID answering with two certificates, pending and rejected
-//! machines; and the generated bundle Secret carries no owner reference.
+//! machines; and the generated bundle Secret carries no owner reference. A class never approves
+//! past the declared control planes, even from a view of the machines older than an approval.
 
 mod support;
 
@@ -674,4 +675,112 @@ async fn one_uuid_is_claimed_by_exactly_one_machine() {
     claim_gone(&claims_api, name, "the deleted machine's claim released").await;
     let _ = stop.send(());
     manager.await.expect("the manager stops");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_class_approves_on_the_machines_as_stored_not_on_an_older_view() {
+    use ichor_api::class::{Qualifiers, TalosMachineClassSpec};
+    use ichor_api::common::{LocalObjectReference, Role};
+    use ichor_api::machine::{
+        ApprovalState, HardwareInventory, MachineInventory, TalosMachineSpec, TalosMachineStatus,
+    };
+    use ichor_manager::controller::cluster::approval;
+    use ichor_manager::infra::status::{self, Guard};
+    use ichor_manager::{Context, Metrics, Settings};
+    use std::sync::Arc;
+
+    // A certificate fingerprint as the CRD takes it (43 base64 characters and a pad).
+    const PIN: &str = "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=";
+    let (env, ns) = support::plane("class-stale").await;
+    let machines: Api<TalosMachine> = Api::namespaced(env.client(), &ns);
+    let cluster = Api::<TalosCluster>::namespaced(env.client(), &ns)
+        .create(
+            &PostParams::default(),
+            &TalosCluster::test("lab")
+                .namespace(&ns)
+                .control_planes(1)
+                .build(),
+        )
+        .await
+        .expect("cluster");
+    let mut class = ichor_api::TalosMachineClass::new(
+        "cp",
+        TalosMachineClassSpec {
+            cluster_ref: LocalObjectReference { name: "lab".into() },
+            role: Role::ControlPlane,
+            qualifiers: Qualifiers {
+                cidrs: vec!["10.9.0.0/24".into()],
+                ..Default::default()
+            },
+            max_machines: None,
+            install: None,
+            config_patches: Vec::new(),
+        },
+    );
+    class.metadata.namespace = Some(ns.clone());
+    Api::<ichor_api::TalosMachineClass>::namespaced(env.client(), &ns)
+        .create(&PostParams::default(), &class)
+        .await
+        .expect("class");
+    // Two pending machines for one control-plane place: m1 outside the class's range, m2 in it.
+    let mut pending = Vec::new();
+    for (name, address) in [("m1", "10.9.1.1"), ("m2", "10.9.0.2")] {
+        let machine = TalosMachine::discovered(
+            &ns,
+            name,
+            name,
+            TalosMachineSpec::pending("lab", address, PIN),
+        );
+        let created = machines
+            .create(&PostParams::default(), &machine)
+            .await
+            .expect("machine");
+        let seen = TalosMachineStatus {
+            inventory: MachineInventory {
+                address: Some(address.into()),
+                observed_fingerprint: Some(PIN.into()),
+                hardware: Some(HardwareInventory {
+                    uuid: name.into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        status::apply::<MachineInventory, _>(&machines, &created, &seen, Guard::None)
+            .await
+            .expect("inventory");
+        pending.push(machines.get(name).await.expect("machine"));
+    }
+    let ctx = Context::new(
+        env.client(),
+        Settings::default(),
+        Arc::new(Metrics::default()),
+    );
+    for (_, watch) in ctx.layers.watches(&env.client()) {
+        tokio::spawn(watch);
+    }
+    // A person approves m1 as the control plane; the class is then handed a view older than
+    // that approval, as a reconcile reading a cache that has not caught up could be.
+    machines
+        .patch(
+            "m1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"approvalState": "approved", "role": "controlplane"}})),
+        )
+        .await
+        .expect("approved by hand");
+    approval::apply_classes(&ctx, &cluster, &pending)
+        .await
+        .expect("the class's pass");
+    let approved: Vec<String> = machines
+        .list(&ListParams::default())
+        .await
+        .expect("list")
+        .items
+        .into_iter()
+        .filter(|m| m.spec.approval_state == ApprovalState::Approved)
+        .map(|m| m.name_any())
+        .collect();
+    assert_eq!(approved, ["m1"], "one control-plane place, one approval");
 }

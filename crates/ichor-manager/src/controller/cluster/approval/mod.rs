@@ -4,7 +4,8 @@
 //! (`ClassMatched`), and write each class's status.
 //!
 //! Runs in the cluster reconciler, so one cluster's approvals are decided one at a time: two
-//! classes cannot both take the last control-plane place.
+//! classes cannot both take the last control-plane place. An approval is decided on the
+//! machines as stored, so a view older than the last approval cannot grant a place twice.
 //!
 //! The flow is [`apply_classes`]: the classes read from the shared cache, [`plan::plan`]
 //! decides, `act` writes.
@@ -29,7 +30,18 @@ pub async fn apply_classes(
 ) -> Result<(), Error> {
     let sources = ctx.layers.sources().await?;
     let classes: Vec<&TalosMachineClass> = sources.classes.iter().map(AsRef::as_ref).collect();
-    let plan = plan(cluster, &classes, machines);
+    let mut plan = plan(cluster, &classes, machines);
+    // An approval counts against the declared control planes and each class's `maxMachines`:
+    // it is decided on the machines as stored, since the cache may not hold this controller's
+    // last approval yet (a reconcile woken by another machine's change can run first).
+    let stored;
+    let machines = if plan.verdicts.values().any(Verdict::approves) {
+        stored = crate::cluster_machines_as_stored(ctx, cluster).await?;
+        plan = self::plan(cluster, &classes, &stored);
+        &stored[..]
+    } else {
+        machines
+    };
     for machine in machines {
         let Some(verdict) = plan.verdicts.get(&machine.name_any()) else {
             if machine.spec.approval_state == ApprovalState::Pending {

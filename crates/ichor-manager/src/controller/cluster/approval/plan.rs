@@ -33,6 +33,13 @@ pub enum Verdict {
     },
 }
 
+impl Verdict {
+    /// Whether it approves the machine.
+    pub fn approves(&self) -> bool {
+        matches!(self, Self::Approve { .. })
+    }
+}
+
 /// The decisions for one cluster.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Plan {
