@@ -256,7 +256,9 @@ async fn adopt_baseline(
 ) -> Result<Action, Error> {
     match observe::read_live_config(reach).await {
         Ok(live) => act::record_baseline(ctx, machine, &live).await?,
-        Err(detail) => return act::record_unreachable(ctx, machine, status, &detail).await,
+        Err(unread) => {
+            return act::record_unreachable(ctx, machine, status, &unread.to_string()).await;
+        }
     }
     Ok(Action::requeue(ctx.settings.progress_requeue))
 }

@@ -22,15 +22,23 @@ pub(super) async fn read_stored(
     Ok(api(ctx, machine).get_opt(&machine.name_any()).await?)
 }
 
+/// What kept an adopted node's live config from being read.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum LiveConfigUnread {
+    /// No mutual-TLS connection was made.
+    #[error("the adopted node does not answer")]
+    Silent,
+    /// The node answered and the read failed.
+    #[error(transparent)]
+    Refused(#[from] ichor_talos::TalosError),
+}
+
 /// An adopted node's live config, read over mutual TLS, or what kept it from being read.
-pub(super) async fn read_live_config(reach: &Reach<'_>) -> Result<String, String> {
+pub(super) async fn read_live_config(reach: &Reach<'_>) -> Result<String, LiveConfigUnread> {
     let Some(client) = crate::connect(reach.address, reach.credentials).await else {
-        return Err("the adopted node does not answer".to_owned());
+        return Err(LiveConfigUnread::Silent);
     };
-    client
-        .live_config()
-        .await
-        .map_err(|error| error.to_string())
+    Ok(client.live_config().await?)
 }
 
 /// The machine's cluster and the secrets bundle its configs render from, or why there are
