@@ -5,19 +5,14 @@
 //! confines the addresses its machines are configured at.
 //!
 //! [`decide`] is the pure rule; [`take`], [`hold`], [`release`] and [`address_refused`] act on
-//! the API;
-//! [`Policies`] is the watch's cache of every policy.
+//! the API.
 //! What they tell a machine that lost never names an object of another namespace.
 
-use futures::future::BoxFuture;
-use futures::{FutureExt as _, StreamExt as _};
 use ichor_api::claim::{ClaimHolder, TalosMachineClaimSpec, claim_name};
 use ichor_api::names::{labels, reasons};
 use ichor_api::{TalosMachine, TalosMachineClaim, TalosNamespacePolicy};
 use kube::ResourceExt as _;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams, Preconditions};
-use kube::runtime::reflector::{self, ObjectRef, Store, store::Writer};
-use kube::runtime::{WatchStreamExt as _, watcher};
 
 use crate::Stop;
 
@@ -281,7 +276,8 @@ pub async fn policy(
 /// Where a check reads a namespace's policy from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Read {
-    /// The watch's cache ([`Policies`]): a look at a machine already configured.
+    /// The manager's watch of every policy (`Context::policies`): a look at a machine already
+    /// configured.
     Cached,
     /// The apiserver: before anything first reaches a node, where the rule must see the policy
     /// as stored.
@@ -300,68 +296,9 @@ pub async fn address_refused(
         Read::AsStored => policy(&ctx.client, namespace)
             .await?
             .map(std::sync::Arc::new),
-        Read::Cached => ctx.policies.of(namespace).await?,
+        Read::Cached => crate::context::cached_policy(ctx, namespace).await?,
     };
     Ok(policy.and_then(|p| refused_address(&p, namespace, address)))
-}
-
-/// Every TalosNamespacePolicy, watched once for the whole manager (a handful of cluster-scoped
-/// objects): the looks at configured machines read a namespace's policy from here.
-pub struct Policies {
-    store: Store<TalosNamespacePolicy>,
-    writer: std::sync::Mutex<Option<Writer<TalosNamespacePolicy>>>,
-}
-
-impl Default for Policies {
-    fn default() -> Self {
-        let (store, writer) = reflector::store();
-        Self {
-            store,
-            writer: std::sync::Mutex::new(Some(writer)),
-        }
-    }
-}
-
-impl std::fmt::Debug for Policies {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Policies").finish_non_exhaustive()
-    }
-}
-
-impl Policies {
-    /// The watch that fills the cache, for the caller to run as long as the manager does;
-    /// `None` once it was taken.
-    pub fn watch(&self, client: &kube::Client) -> Option<BoxFuture<'static, ()>> {
-        let writer = self
-            .writer
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take()?;
-        let api = Api::<TalosNamespacePolicy>::all(client.clone());
-        let watch = reflector::reflector(writer, watcher(api, watcher::Config::default()))
-            .default_backoff()
-            .for_each(|_| async {})
-            .boxed();
-        Some(watch)
-    }
-
-    /// `namespace`'s policy once the cache has a full list (a look never takes a namespace for
-    /// unconfined because the cache was not filled yet).
-    pub async fn of(
-        &self,
-        namespace: &str,
-    ) -> Result<Option<std::sync::Arc<TalosNamespacePolicy>>, crate::Error> {
-        let ready = tokio::time::timeout(
-            std::time::Duration::from_secs(30),
-            self.store.wait_until_ready(),
-        );
-        match ready.await {
-            Ok(Ok(())) => Ok(self.store.get(&ObjectRef::new(namespace))),
-            _ => Err(crate::Error::NotSynced(
-                "the TalosNamespacePolicy cache is not filled yet",
-            )),
-        }
-    }
 }
 
 /// The refusal of `address` under `policy` (of `namespace`), if it is outside its ranges.

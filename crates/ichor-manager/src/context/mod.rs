@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use futures::StreamExt as _;
 use futures::future::BoxFuture;
-use ichor_api::{TalosCluster, TalosMachine};
+use ichor_api::{TalosCluster, TalosMachine, TalosNamespacePolicy};
 use ichor_service::Health;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -64,8 +64,8 @@ pub struct Context {
     pub(crate) clusters: Shared<TalosCluster>,
     /// Ichor's cluster Secrets as last read, kept while their watched metadata says unchanged.
     pub(crate) secrets: crate::secrets::Cache,
-    /// Every TalosNamespacePolicy (a watch's cache).
-    pub(crate) policies: claims::Policies,
+    /// Every TalosNamespacePolicy, watched once for the looks at configured machines (ADR 0062).
+    pub(crate) policies: Shared<TalosNamespacePolicy>,
 }
 
 impl Context {
@@ -110,7 +110,7 @@ impl Context {
             machines: Shared::default(),
             clusters: Shared::default(),
             secrets: crate::secrets::Cache::default(),
-            policies: claims::Policies::default(),
+            policies: Shared::default(),
         }
     }
 
@@ -239,7 +239,11 @@ impl Context {
         if let Some(watch) = self.secrets.watch(client) {
             watches.push(("watch Secret metadata", watch));
         }
-        if let Some(watch) = self.policies.watch(client) {
+        let policies = watcher(
+            Api::<TalosNamespacePolicy>::all(client.clone()),
+            watcher::Config::default(),
+        );
+        if let Some(watch) = self.policies.watch(policies) {
             watches.push(("watch TalosNamespacePolicy", watch));
         }
         watches
@@ -257,6 +261,16 @@ pub(crate) async fn cached_cluster(
     filled(&cache, "the TalosCluster cache is not filled yet").await?;
     let key = ObjectRef::<TalosCluster>::new(name).within(namespace);
     Ok(cache.get(&key).map(|c| (*c).clone()))
+}
+
+/// `namespace`'s TalosNamespacePolicy from the shared cache (once it is filled), if it has one.
+pub(crate) async fn cached_policy(
+    ctx: &Context,
+    namespace: &str,
+) -> Result<Option<Arc<TalosNamespacePolicy>>, Error> {
+    let cache = ctx.policies.store();
+    filled(&cache, "the TalosNamespacePolicy cache is not filled yet").await?;
+    Ok(cache.get(&ObjectRef::new(namespace)))
 }
 
 /// Waits (at most [`FILLED_WITHIN`]) for `cache` to be filled; `NotSynced` (`what`) if not.
