@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use ichor_api::cluster::LockHolder;
 use ichor_api::common::{Condition, ConditionStatus, Role};
 use ichor_api::machine::{MachinePhase, TalosMachineStatus};
-use ichor_api::names::{conditions, reasons};
+use ichor_api::names::{conditions, finalizers, reasons};
 use ichor_api::{TalosCluster, TalosMachine};
 use ichor_render::{Rendered, SecretsBundle};
 use ichor_talos::{ApplyRefusal, Stage, TalosError};
@@ -680,15 +680,23 @@ pub(super) fn record_standing(
 /// metadata (labels, annotations, finalizers, deletion, generation), as a digest. Its status
 /// is left out: while a machine is in progress its status is written by its own reconciler
 /// (and, rarely, by discovery's inventory, a class's condition or an operation's record,
-/// which its next look reads).
+/// which its next look reads). So is the removal finalizer, which only the machine's own
+/// look adds: the echo of that patch is no reason to look again (a look woken by it read a
+/// cache that had not yet caught up with the same look's status writes, and did nothing).
 pub(crate) fn looked_at(machine: &TalosMachine) -> u64 {
     let meta = &machine.metadata;
     let mut hasher = DefaultHasher::new();
+    let others: Vec<&String> = meta
+        .finalizers
+        .iter()
+        .flatten()
+        .filter(|f| f.as_str() != finalizers::MACHINE_REMOVAL)
+        .collect();
     let seen = serde_json::json!({
         "spec": &machine.spec,
         "labels": &meta.labels,
         "annotations": &meta.annotations,
-        "finalizers": &meta.finalizers,
+        "finalizers": others,
         "deletion": &meta.deletion_timestamp,
         "generation": meta.generation,
         "uid": &meta.uid,
@@ -1771,9 +1779,16 @@ mod tests {
             .get_or_insert_default()
             .insert("a".into(), "b".into());
         assert_ne!(looked_at(&labelled), seen);
-        let mut approved = machine;
+        let mut approved = machine.clone();
         approved.spec.hostname = Some("other".into());
         assert_ne!(looked_at(&approved), seen);
+        // The removal finalizer its own look adds is not something it saw; another one is.
+        let mut held = machine.clone();
+        held.metadata.finalizers = Some(vec![finalizers::MACHINE_REMOVAL.into()]);
+        assert_eq!(looked_at(&held), seen);
+        let mut foreign = machine;
+        foreign.metadata.finalizers = Some(vec!["example.com/keep".into()]);
+        assert_ne!(looked_at(&foreign), seen);
     }
 
     #[test]
