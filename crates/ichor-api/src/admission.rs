@@ -105,7 +105,8 @@ pub fn webhook_rules() -> Vec<k8s_openapi::api::admissionregistration::v1::RuleW
 pub fn validating_webhook_configuration()
 -> k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration {
     use k8s_openapi::api::admissionregistration::v1::{
-        ServiceReference, ValidatingWebhook, ValidatingWebhookConfiguration, WebhookClientConfig,
+        MatchCondition, ServiceReference, ValidatingWebhook, ValidatingWebhookConfiguration,
+        WebhookClientConfig,
     };
     ValidatingWebhookConfiguration {
         metadata: ObjectMeta {
@@ -129,10 +130,29 @@ pub fn validating_webhook_configuration()
                 ..Default::default()
             },
             rules: Some(webhook_rules()),
+            match_conditions: Some(vec![MatchCondition {
+                name: MACHINE_UPDATE_CONDITION.into(),
+                expression: MACHINE_UPDATE_EXPRESSION.into(),
+            }]),
             ..Default::default()
         }]),
     }
 }
+
+/// The name of the webhook's one match condition ([`MACHINE_UPDATE_EXPRESSION`]).
+pub const MACHINE_UPDATE_CONDITION: &str = "machine-update-changes-approval-or-role";
+
+/// The webhook's match condition (CEL, evaluated by the apiserver): every request of its rules
+/// is sent, except a TalosMachine update that leaves `spec.approvalState` and `spec.role` as
+/// they were, which the webhook always admits (ichor-deleteguard's `check_machine_update`
+/// refuses only those two changes, ADR 0063). So a finalizer, label, annotation or other spec
+/// patch never waits on the webhook, nor fails while it is down.
+pub const MACHINE_UPDATE_EXPRESSION: &str = "request.operation != 'UPDATE' \
+|| request.resource.resource != 'talosmachines' \
+|| (has(object.spec.approvalState) ? object.spec.approvalState : '') \
+!= (has(oldObject.spec.approvalState) ? oldObject.spec.approvalState : '') \
+|| (has(object.spec.role) ? object.spec.role : '') \
+!= (has(oldObject.spec.role) ? oldObject.spec.role : '')";
 
 /// What the webhook may do across namespaces: list and watch TalosMachines, read, watch and
 /// reserve on TalosClusters (its cache answers refusals, ADR 30), inject its CA into its own

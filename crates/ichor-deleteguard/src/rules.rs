@@ -91,7 +91,8 @@ pub fn check_cluster_teardown(cluster: &Cluster) -> Result<(), Refusal> {
 }
 
 /// Admission of a TalosMachine update: once a config was applied (in `old`), `approvalState` and
-/// `role` may not change.
+/// `role` may not change. Nothing else is refused, so the webhook configuration's match
+/// condition sends only updates that change one of the two (ADR 0063): keep them in step.
 pub fn check_machine_update(old: &Machine, new: &Machine) -> Result<(), Refusal> {
     if !old.applied {
         return Ok(());

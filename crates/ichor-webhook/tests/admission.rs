@@ -318,7 +318,34 @@ async fn unsafe_deletes_and_updates_are_refused_at_the_door() {
         refused.contains("ichor.maesh.dev/allow-delete=true"),
         "{refused}"
     );
+
+    // The apiserver calls the webhook for a machine update only when it changes the approval
+    // or the role (the configuration's match condition, ADR 0063): with the webhook down, a
+    // label patch on an applied control plane still goes through, and a pending machine's
+    // role or approval change fails closed.
     running.stop().await;
+    machines
+        .patch(
+            "cp-3",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"example.com/rack": "r1"}}})),
+        )
+        .await
+        .expect("a label patch never waits on the webhook");
+    create_machine(&env, &ns, TalosMachine::test("pending-2").worker(), false).await;
+    for change in [
+        json!({"spec": {"role": "controlplane"}}),
+        json!({"spec": {"approvalState": "approved"}}),
+    ] {
+        let err = machines
+            .patch("pending-2", &PatchParams::default(), &Patch::Merge(&change))
+            .await
+            .expect_err("the change reaches the webhook, which is down");
+        assert!(
+            err.to_string().contains("failed calling webhook"),
+            "{change}: {err}"
+        );
+    }
 }
 
 #[tokio::test]
