@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use futures::StreamExt as _;
+use futures::{FutureExt as _, StreamExt as _};
 use kube::Resource;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::EventType;
@@ -59,8 +59,8 @@ pub(crate) async fn stopped(mut rx: tokio::sync::watch::Receiver<bool>) {
 }
 
 /// Runs `controller` until the manager stops, every reconcile of it under
-/// [`panics::guard`] (named `name`): the one place each controller's reconciles run, so a
-/// panic in one never ends a controller.
+/// [`panics::guard`] (named `name`) and in its turn ([`Turns`]): the one place each
+/// controller's reconciles run, so a panic in one never ends a controller.
 pub(crate) async fn drive<K, F, Fut>(
     name: &'static str,
     controller: Controller<K>,
@@ -73,14 +73,80 @@ pub(crate) async fn drive<K, F, Fut>(
     Fut: std::future::Future<Output = Result<Action, Error>> + Send + 'static,
 {
     let cache = controller.store();
+    let turns = Arc::new(Turns::new(
+        ctx.settings.concurrency,
+        cache.clone(),
+        stop.clone(),
+    ));
+    let in_turn = move |object: Arc<K>, ctx: Arc<Context>| {
+        let turns = Arc::clone(&turns);
+        async move {
+            match turns.wait(&object).await {
+                Some((latest, _turn)) => panics::guarded(name, reconcile, latest, ctx).await,
+                // Gone meanwhile, or the manager stops: nothing to look at.
+                None => Ok(Action::await_change()),
+            }
+        }
+        .boxed()
+    };
     let run = controller
         .graceful_shutdown_on(stopped(stop.clone()))
-        .run(panics::guard(name, reconcile), error_policy, ctx)
+        .run(in_turn, error_policy, ctx)
         .for_each(|_| async {});
     tokio::select! {
         biased;
         () = run => {}
         () = stopped_unfilled(cache, stop) => {}
+    }
+}
+
+/// The turns of one controller's reconciles: at most `concurrency` run at once, and the others
+/// wait in the order they became due (a FIFO semaphore). kube's own limit holds the waiting
+/// objects in a set and starts whichever it finds first, so under a fleet's load one machine
+/// waited 40 s while others were looked at again and again (`docs/benchmarks/fleet.md`). A
+/// reconcile that waited takes its object from the cache as it is when its turn comes.
+pub(crate) struct Turns<K: kube::Resource + 'static>
+where
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    permits: Arc<tokio::sync::Semaphore>,
+    cache: kube::runtime::reflector::Store<K>,
+    stop: tokio::sync::watch::Receiver<bool>,
+}
+
+impl<K> Turns<K>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + 'static,
+{
+    /// Turns for `concurrency` reconciles at once (at least one) of objects from `cache`,
+    /// given up when `stop` turns true.
+    pub(crate) fn new(
+        concurrency: u16,
+        cache: kube::runtime::reflector::Store<K>,
+        stop: tokio::sync::watch::Receiver<bool>,
+    ) -> Self {
+        Self {
+            permits: Arc::new(tokio::sync::Semaphore::new(usize::from(concurrency.max(1)))),
+            cache,
+            stop,
+        }
+    }
+
+    /// Waits for `object`'s turn; returns the object as the cache holds it then, with the turn
+    /// (held until dropped). `None` when the object left the cache or the manager stops first.
+    pub(crate) async fn wait(
+        &self,
+        object: &K,
+    ) -> Option<(Arc<K>, tokio::sync::OwnedSemaphorePermit)> {
+        let turn = tokio::select! {
+            biased;
+            () = stopped(self.stop.clone()) => return None,
+            permit = Arc::clone(&self.permits).acquire_owned() => permit.ok()?,
+        };
+        let latest = self
+            .cache
+            .get(&kube::runtime::reflector::ObjectRef::from_obj(object))?;
+        Some((latest, turn))
     }
 }
 
@@ -102,11 +168,13 @@ async fn stopped_unfilled<K>(
     std::future::pending::<()>().await;
 }
 
-/// Each controller's limits: at most `settings.concurrency` reconciles at once. Unbounded, a
+/// Each controller's kube configuration: no limit of kube's own, as [`drive`] gives each
+/// reconcile its turn (at most `settings.concurrency` at once, [`Turns`]). Unbounded, a
 /// fleet's worth of looks ran together, each holding its Talos connection's buffers and its
-/// reconcile's state (`docs/benchmarks/fleet.md`).
-pub(crate) fn limits(ctx: &Context) -> kube::runtime::controller::Config {
-    kube::runtime::controller::Config::default().concurrency(ctx.settings.concurrency)
+/// reconcile's state (`docs/benchmarks/fleet.md`); a reconcile waiting for its turn holds
+/// neither.
+pub(crate) fn limits() -> kube::runtime::controller::Config {
+    kube::runtime::controller::Config::default()
 }
 
 /// Runs `work` until it ends or the manager stops.
@@ -148,5 +216,81 @@ mod tests {
                 .render()
                 .contains("ichor_reconcile_errors_total{reason=\"ReconcilePanicked\"} 1")
         );
+    }
+
+    /// A store holding `objects`, as a watch would fill it.
+    fn store_of(objects: &[TalosCluster]) -> kube::runtime::reflector::Store<TalosCluster> {
+        let (store, mut writer) = kube::runtime::reflector::store::<TalosCluster>();
+        for object in objects {
+            writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(object.clone()));
+        }
+        store
+    }
+
+    #[tokio::test]
+    async fn reconciles_take_their_turns_in_the_order_they_came() {
+        let names = ["a", "b", "c", "d"];
+        let clusters: Vec<TalosCluster> = names
+            .iter()
+            .map(|n| TalosCluster::test(n).namespace("ns").build())
+            .collect();
+        let (_stop, stopped) = tokio::sync::watch::channel(false);
+        let turns = Arc::new(Turns::new(1, store_of(&clusters), stopped));
+        // The first holds the only turn; the others queue behind it in the order they asked.
+        let (first, held) = turns.wait(&clusters[0]).await.expect("a turn");
+        assert_eq!(first.metadata.name.as_deref(), Some("a"));
+        let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let mut waiting = Vec::new();
+        // Asked in reverse name order, so that no other order (by name, by hash) passes.
+        for cluster in clusters[1..].iter().rev() {
+            let (turns, order, cluster) = (Arc::clone(&turns), Arc::clone(&order), cluster.clone());
+            waiting.push(tokio::spawn(async move {
+                let (object, _turn) = turns.wait(&cluster).await.expect("a turn");
+                order
+                    .lock()
+                    .expect("order")
+                    .push(object.metadata.name.clone());
+                tokio::task::yield_now().await;
+            }));
+            // Each waits in the semaphore's queue before the next asks.
+            for _ in 0..10 {
+                tokio::task::yield_now().await;
+            }
+        }
+        assert!(
+            order.lock().expect("order").is_empty(),
+            "none ran before its turn"
+        );
+        drop(held);
+        for task in waiting {
+            task.await.expect("task");
+        }
+        let ran: Vec<_> = order
+            .lock()
+            .expect("order")
+            .iter()
+            .flatten()
+            .cloned()
+            .collect();
+        assert_eq!(ran, ["d", "c", "b"]);
+    }
+
+    #[tokio::test]
+    async fn a_turn_gives_the_cached_object_as_it_is_then_and_nothing_for_one_gone_or_at_stop() {
+        let old = TalosCluster::test("a").namespace("ns").build();
+        let mut newer = old.clone();
+        newer.metadata.resource_version = Some("2".into());
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let turns = Turns::new(1, store_of(std::slice::from_ref(&newer)), stopped);
+        let (latest, turn) = turns.wait(&old).await.expect("a turn");
+        assert_eq!(latest.metadata.resource_version.as_deref(), Some("2"));
+        drop(turn);
+        let gone = TalosCluster::test("gone").namespace("ns").build();
+        assert!(turns.wait(&gone).await.is_none());
+        // Stopping gives up a wait, even one whose turn never came.
+        let held = turns.wait(&old).await.expect("a turn");
+        stop.send(true).expect("stop");
+        assert!(turns.wait(&old).await.is_none());
+        drop(held);
     }
 }
