@@ -452,12 +452,15 @@ struct Measured {
     converged: Duration,
     peak: u64,
     rss_after: u64,
-    /// From all-Ready until every machine was looked at again (its first settled look): the
-    /// idle round the idle columns measure (a minute at least).
+    /// From the first moment after all-Ready with no reconcile waiting for its turn until
+    /// every machine was looked at again (its first settled look): the idle round the idle
+    /// columns measure (a minute at least).
     settled: Duration,
     idle_cpu: f64,
     at_approval: Counters,
     at_ready: Counters,
+    /// When no reconcile waited for its turn any more, after all-Ready: the idle round's start.
+    at_quiet: Counters,
     after_idle: Counters,
     audit: Option<PathBuf>,
     /// Requests and lists of each person's view of the fleet ([`view_requests`]).
@@ -541,17 +544,25 @@ async fn run(machines: usize) -> Measured {
         let breakdown = request_breakdown(log, at_approval.audit, at_ready.audit, machines);
         eprintln!("{machines}: apiserver requests per machine to all-Ready: {breakdown}");
     }
+    // The looks still waiting for their turn at all-Ready (the wakes of the clusters that just
+    // became Ready) run first: the idle round starts once none waits.
+    let drained = drain(&target).await;
+    let at_quiet = counters(&target, audit.as_deref()).await;
+    eprintln!(
+        "{machines}: no reconcile waiting {drained:?} after all-Ready ({} more TalosMachine reconciles)",
+        at_quiet.reconciles["TalosMachine"] - at_ready.reconciles["TalosMachine"]
+    );
     // Idle: one round of settled looks, every machine looked at once more (and a minute at
     // least), what an idle fleet costs the manager over any such round.
     let cpu_before = cpu_ticks(pid);
-    let settled = settle(&target, machines, &at_ready).await;
-    eprintln!("{machines}: every machine looked at again {settled:?} after all-Ready");
+    let settled = settle(&target, machines, &at_quiet).await;
+    eprintln!("{machines}: every machine looked at again {settled:?} after that");
     tokio::time::sleep(IDLE.saturating_sub(settled)).await;
     let idle = settled.max(IDLE);
     let idle_cpu = (cpu_ticks(pid) - cpu_before) as f64 / ticks_per_second() / idle.as_secs_f64();
     let after_idle = counters(&target, audit.as_deref()).await;
     if let Some(log) = audit.as_deref() {
-        let breakdown = request_breakdown(log, at_ready.audit, after_idle.audit, machines);
+        let breakdown = request_breakdown(log, at_quiet.audit, after_idle.audit, machines);
         eprintln!("{machines}: apiserver requests per machine idle: {breakdown}");
     }
     let views = match audit.as_deref() {
@@ -569,6 +580,7 @@ async fn run(machines: usize) -> Measured {
         idle_cpu,
         at_approval,
         at_ready,
+        at_quiet,
         after_idle,
         audit,
         views,
@@ -578,7 +590,29 @@ async fn run(machines: usize) -> Measured {
     measured
 }
 
-/// Waits until the manager has looked at every machine once since all-Ready (`at_ready`): a
+/// Waits until no reconcile of the manager's machine and cluster controllers waits for its
+/// turn (`ichor_reconciles_waiting`), seen twice a second apart. Returns how long that took.
+async fn drain(target: &SimTarget) -> Duration {
+    let started = Instant::now();
+    let mut quiet = 0;
+    while quiet < 2 {
+        let text = target.manager_metrics().await.expect("metrics");
+        let waiting: f64 = text
+            .lines()
+            .filter(|l| l.starts_with("ichor_reconciles_waiting{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum();
+        quiet = if waiting == 0.0 { quiet + 1 } else { 0 };
+        assert!(
+            started.elapsed() < SETTLE_WAIT,
+            "reconciles still waiting {SETTLE_WAIT:?} after all-Ready"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    started.elapsed()
+}
+
+/// Waits until the manager has looked at every machine once since `at_ready`: a
 /// round of settled looks, which the idle columns measure. Returns how long that took.
 async fn settle(target: &SimTarget, machines: usize, at_ready: &Counters) -> Duration {
     let started = Instant::now();
@@ -614,7 +648,7 @@ fn table(runs: &[Measured]) -> String {
     );
     for r in runs {
         let (a, b) = (&r.at_approval, &r.at_ready);
-        let (c, d) = (&r.at_ready, &r.after_idle);
+        let (c, d) = (&r.at_quiet, &r.after_idle);
         let _ = writeln!(
             out,
             "| {} ({}) | {:.1} s | {:.1} s ({}) | {:.1} MiB ({}) | {:.1} MiB | {:.0} s | {:.2}% ({}) | {:.1} ({}) | {:.1} | {:.2} | {:.1} | {:.1} | {:.2}, {:.2} |",
@@ -648,8 +682,9 @@ fn table(runs: &[Measured]) -> String {
          promoted, background work looks again every {:?}); peak RSS ≤ 64 MiB; idle CPU ≤ 1% of \
          a core; ≤ 10 TalosMachine reconciles per machine. Reconciles, requests and RPCs are \
          counted from the first approval to all-Ready. The idle columns count one round of settled \
-         looks from all-Ready, until the manager has looked at every machine again (the idle \
-         round; a minute at least): a settled machine is looked at every 60 s, or less often in \
+         looks from the first moment after all-Ready when no reconcile waits for its turn (the \
+         clusters that became Ready last woke their machines), until the manager has looked at \
+         every machine again (the idle round; a minute at least): a settled machine is looked at every 60 s, or less often in \
          a fleet too big for its settled looks to stay at most {} a second (ADR 0041), so any \
          such round costs what the fleet costs idle.\n",
         t.install,

@@ -73,16 +73,21 @@ pub(crate) async fn drive<K, F, Fut>(
     Fut: std::future::Future<Output = Result<Action, Error>> + Send + 'static,
 {
     let cache = controller.store();
-    let turns = Arc::new(Turns::new(
-        ctx.settings.concurrency,
-        cache.clone(),
-        stop.clone(),
-    ));
+    let turns = Arc::new(
+        Turns::new(ctx.settings.concurrency, cache.clone(), stop.clone())
+            .counted(ctx.metrics.waiting(name)),
+    );
     let in_turn = move |object: Arc<K>, ctx: Arc<Context>| {
         let turns = Arc::clone(&turns);
+        // Only the reference waits: the copy in hand is read again when the turn comes.
+        let object = kube::runtime::reflector::ObjectRef::from_obj(&*object);
         async move {
             match turns.wait(&object).await {
-                Some((latest, _turn)) => panics::guarded(name, reconcile, latest, ctx).await,
+                // Boxed only now: the reconcile's own state (the largest part of this future)
+                // is allocated when its turn comes, not by every reconcile waiting for one.
+                Some((latest, _turn)) => {
+                    Box::pin(panics::guarded(name, reconcile, latest, ctx)).await
+                }
                 // Gone meanwhile, or the manager stops: nothing to look at.
                 None => Ok(Action::await_change()),
             }
@@ -112,6 +117,7 @@ where
     permits: Arc<tokio::sync::Semaphore>,
     cache: kube::runtime::reflector::Store<K>,
     stop: tokio::sync::watch::Receiver<bool>,
+    waiting: prometheus_client::metrics::gauge::Gauge,
 }
 
 impl<K> Turns<K>
@@ -129,23 +135,31 @@ where
             permits: Arc::new(tokio::sync::Semaphore::new(usize::from(concurrency.max(1)))),
             cache,
             stop,
+            waiting: prometheus_client::metrics::gauge::Gauge::default(),
         }
+    }
+
+    /// These turns, with the reconciles waiting for one counted in `waiting`.
+    pub(crate) fn counted(self, waiting: prometheus_client::metrics::gauge::Gauge) -> Self {
+        Self { waiting, ..self }
     }
 
     /// Waits for `object`'s turn; returns the object as the cache holds it then, with the turn
     /// (held until dropped). `None` when the object left the cache or the manager stops first.
     pub(crate) async fn wait(
         &self,
-        object: &K,
+        object: &kube::runtime::reflector::ObjectRef<K>,
     ) -> Option<(Arc<K>, tokio::sync::OwnedSemaphorePermit)> {
-        let turn = tokio::select! {
-            biased;
-            () = stopped(self.stop.clone()) => return None,
-            permit = Arc::clone(&self.permits).acquire_owned() => permit.ok()?,
+        let turn = {
+            // Counted while it waits, however the wait ends (the future may be dropped).
+            let _waiting = Waiting::on(&self.waiting);
+            tokio::select! {
+                biased;
+                () = stopped(self.stop.clone()) => return None,
+                permit = Arc::clone(&self.permits).acquire_owned() => permit.ok()?,
+            }
         };
-        let latest = self
-            .cache
-            .get(&kube::runtime::reflector::ObjectRef::from_obj(object))?;
+        let latest = self.cache.get(object)?;
         Some((latest, turn))
     }
 }
@@ -166,6 +180,23 @@ async fn stopped_unfilled<K>(
         return;
     }
     std::future::pending::<()>().await;
+}
+
+/// One reconcile counted in a gauge while it waits for its turn.
+struct Waiting<'a>(&'a prometheus_client::metrics::gauge::Gauge);
+
+impl<'a> Waiting<'a> {
+    /// Counts one more in `gauge` until dropped.
+    fn on(gauge: &'a prometheus_client::metrics::gauge::Gauge) -> Self {
+        gauge.inc();
+        Self(gauge)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
 }
 
 /// Each controller's kube configuration: no limit of kube's own, as [`drive`] gives each
@@ -194,6 +225,7 @@ mod tests {
 
     use ichor_api::TalosCluster;
     use ichor_api::names::controllers;
+    use kube::runtime::reflector::ObjectRef;
 
     use super::*;
     use crate::Settings;
@@ -237,7 +269,10 @@ mod tests {
         let (_stop, stopped) = tokio::sync::watch::channel(false);
         let turns = Arc::new(Turns::new(1, store_of(&clusters), stopped));
         // The first holds the only turn; the others queue behind it in the order they asked.
-        let (first, held) = turns.wait(&clusters[0]).await.expect("a turn");
+        let (first, held) = turns
+            .wait(&ObjectRef::from_obj(&clusters[0]))
+            .await
+            .expect("a turn");
         assert_eq!(first.metadata.name.as_deref(), Some("a"));
         let order = Arc::new(std::sync::Mutex::new(Vec::new()));
         let mut waiting = Vec::new();
@@ -245,7 +280,8 @@ mod tests {
         for cluster in clusters[1..].iter().rev() {
             let (turns, order, cluster) = (Arc::clone(&turns), Arc::clone(&order), cluster.clone());
             waiting.push(tokio::spawn(async move {
-                let (object, _turn) = turns.wait(&cluster).await.expect("a turn");
+                let wanted = ObjectRef::from_obj(&cluster);
+                let (object, _turn) = turns.wait(&wanted).await.expect("a turn");
                 order
                     .lock()
                     .expect("order")
@@ -261,6 +297,7 @@ mod tests {
             order.lock().expect("order").is_empty(),
             "none ran before its turn"
         );
+        assert_eq!(turns.waiting.get(), 3, "the waiting are counted");
         drop(held);
         for task in waiting {
             task.await.expect("task");
@@ -273,6 +310,7 @@ mod tests {
             .cloned()
             .collect();
         assert_eq!(ran, ["d", "c", "b"]);
+        assert_eq!(turns.waiting.get(), 0);
     }
 
     #[tokio::test]
@@ -282,11 +320,12 @@ mod tests {
         newer.metadata.resource_version = Some("2".into());
         let (stop, stopped) = tokio::sync::watch::channel(false);
         let turns = Turns::new(1, store_of(std::slice::from_ref(&newer)), stopped);
+        let old = ObjectRef::from_obj(&old);
         let (latest, turn) = turns.wait(&old).await.expect("a turn");
         assert_eq!(latest.metadata.resource_version.as_deref(), Some("2"));
         drop(turn);
         let gone = TalosCluster::test("gone").namespace("ns").build();
-        assert!(turns.wait(&gone).await.is_none());
+        assert!(turns.wait(&ObjectRef::from_obj(&gone)).await.is_none());
         // Stopping gives up a wait, even one whose turn never came.
         let held = turns.wait(&old).await.expect("a turn");
         stop.send(true).expect("stop");

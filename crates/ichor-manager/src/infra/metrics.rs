@@ -151,6 +151,7 @@ pub struct Metrics {
     durations: Histograms<KindLabel>,
     errors: Family<ReasonLabel, Counter>,
     panics: Family<ControllerLabel, Counter>,
+    waiting: Family<ControllerLabel, Gauge>,
     rpcs: Histograms<RpcLabels>,
     leader: Gauge,
     machines: Arc<MachinePhases>,
@@ -194,52 +195,98 @@ impl BackupMetrics {
     }
 }
 
+/// `metric` registered in `registry` as `name` with `help`; returns it (a handle to the same
+/// values).
+fn registered<M>(registry: &mut Registry, name: &str, help: &str, metric: M) -> M
+where
+    M: prometheus_client::registry::Metric + Clone,
+{
+    registry.register(name, help, metric.clone());
+    metric
+}
+
+/// The reconcile metrics, registered together.
+struct ReconcileFamilies {
+    reconciles: Family<KindLabel, Counter>,
+    skipped: Family<KindLabel, Counter>,
+    durations: Histograms<KindLabel>,
+    errors: Family<ReasonLabel, Counter>,
+    panics: Family<ControllerLabel, Counter>,
+    waiting: Family<ControllerLabel, Gauge>,
+}
+
+impl ReconcileFamilies {
+    fn register(r: &mut Registry) -> Self {
+        let reconciles = registered(
+            r,
+            "ichor_reconciles",
+            "Reconciles by kind.",
+            Family::default(),
+        );
+        let skipped = registered(
+            r,
+            "ichor_reconciles_skipped",
+            "Reconciles that were only the echo of an object's own last look and waited for its due time (nothing read or written), by kind.",
+            Family::default(),
+        );
+        let durations = registered(
+            r,
+            "ichor_reconcile_duration_seconds",
+            "How long reconciles take, by kind.",
+            Family::new_with_constructor(reconcile_buckets as fn() -> Histogram),
+        );
+        let errors = registered(
+            r,
+            "ichor_reconcile_errors",
+            "Failed reconciles by reason.",
+            Family::default(),
+        );
+        let panics = registered(
+            r,
+            "ichor_reconcile_panics",
+            "Reconciles that panicked (caught, and retried with a growing backoff), by controller.",
+            Family::default(),
+        );
+        let waiting = registered(
+            r,
+            "ichor_reconciles_waiting",
+            "Reconciles due but waiting for their turn (every place of --concurrent-reconciles taken), by controller.",
+            Family::default(),
+        );
+        Self {
+            reconciles,
+            skipped,
+            durations,
+            errors,
+            panics,
+            waiting,
+        }
+    }
+}
+
 impl Default for Metrics {
     fn default() -> Self {
         let mut registry = Registry::default();
-        let reconciles = Family::<KindLabel, Counter>::default();
-        registry.register(
-            "ichor_reconciles",
-            "Reconciles by kind.",
-            reconciles.clone(),
-        );
-        let skipped = Family::<KindLabel, Counter>::default();
-        registry.register(
-            "ichor_reconciles_skipped",
-            "Reconciles that were only the echo of an object's own last look and waited for its due time (nothing read or written), by kind.",
-            skipped.clone(),
-        );
-        let durations: Histograms<KindLabel> =
-            Family::new_with_constructor(reconcile_buckets as fn() -> Histogram);
-        registry.register(
-            "ichor_reconcile_duration_seconds",
-            "How long reconciles take, by kind.",
-            durations.clone(),
-        );
-        let errors = Family::<ReasonLabel, Counter>::default();
-        registry.register(
-            "ichor_reconcile_errors",
-            "Failed reconciles by reason.",
-            errors.clone(),
-        );
-        let panics = Family::<ControllerLabel, Counter>::default();
-        registry.register(
-            "ichor_reconcile_panics",
-            "Reconciles that panicked (caught, and retried with a growing backoff), by controller.",
-            panics.clone(),
-        );
-        let rpcs: Histograms<RpcLabels> =
-            Family::new_with_constructor(rpc_buckets as fn() -> Histogram);
-        registry.register(
+        let r = &mut registry;
+        let ReconcileFamilies {
+            reconciles,
+            skipped,
+            durations,
+            errors,
+            panics,
+            waiting,
+        } = ReconcileFamilies::register(r);
+        let rpcs = registered(
+            r,
             "ichor_talos_rpc_duration_seconds",
             "How long Talos API calls take (to the reply's headers), by service, method and gRPC code.",
-            rpcs.clone(),
+            Family::new_with_constructor(rpc_buckets as fn() -> Histogram),
         );
-        let leader = Gauge::default();
-        registry.register(
+        let leader = registered(
+            r,
             "ichor_leader",
             "Whether this replica leads (1) or stands by (0).",
-            leader.clone(),
+            Gauge::default(),
         );
         let machines = Arc::new(MachinePhases::default());
         registry.register_collector(Box::new(Arc::clone(&machines)));
@@ -251,6 +298,7 @@ impl Default for Metrics {
             durations,
             errors,
             panics,
+            waiting,
             rpcs,
             leader,
             machines,
@@ -278,6 +326,15 @@ impl Metrics {
                 kind: kind.to_owned(),
             })
             .inc();
+    }
+
+    /// The gauge of `controller`'s reconciles waiting for their turn (`infra::drive::Turns`).
+    pub fn waiting(&self, controller: &str) -> Gauge {
+        self.waiting
+            .get_or_create(&ControllerLabel {
+                controller: controller.to_owned(),
+            })
+            .clone()
     }
 
     /// Counts one failed reconcile by reason.
