@@ -146,12 +146,7 @@ fn cluster_labels(cluster: &TalosCluster) -> ClusterLabels {
 #[derive(Debug)]
 pub struct Metrics {
     registry: Arc<Registry>,
-    reconciles: Family<KindLabel, Counter>,
-    skipped: Family<KindLabel, Counter>,
-    durations: Histograms<KindLabel>,
-    errors: Family<ReasonLabel, Counter>,
-    panics: Family<ControllerLabel, Counter>,
-    waiting: Family<ControllerLabel, Gauge>,
+    reconcile: ReconcileFamilies,
     rpcs: Histograms<RpcLabels>,
     leader: Gauge,
     machines: Arc<MachinePhases>,
@@ -167,30 +162,26 @@ struct BackupMetrics {
 }
 
 impl BackupMetrics {
-    fn register(registry: &mut Registry) -> Self {
-        let durations: Histograms<ClusterLabels> =
-            Family::new_with_constructor(backup_buckets as fn() -> Histogram);
-        registry.register(
-            "ichor_backup_duration_seconds",
-            "How long successful etcd backups took, by cluster.",
-            durations.clone(),
-        );
-        let sizes = Family::<ClusterLabels, Gauge>::default();
-        registry.register(
-            "ichor_backup_size_bytes",
-            "The size of the last successful etcd backup (before encryption), by cluster.",
-            sizes.clone(),
-        );
-        let failures = Family::<ClusterReasonLabels, Counter>::default();
-        registry.register(
-            "ichor_backup_failures",
-            "Failed etcd backups, by cluster and reason.",
-            failures.clone(),
-        );
+    fn register(r: &mut Registry) -> Self {
         Self {
-            durations,
-            sizes,
-            failures,
+            durations: registered(
+                r,
+                "ichor_backup_duration_seconds",
+                "How long successful etcd backups took, by cluster.",
+                Family::new_with_constructor(backup_buckets as fn() -> Histogram),
+            ),
+            sizes: registered(
+                r,
+                "ichor_backup_size_bytes",
+                "The size of the last successful etcd backup (before encryption), by cluster.",
+                Family::default(),
+            ),
+            failures: registered(
+                r,
+                "ichor_backup_failures",
+                "Failed etcd backups, by cluster and reason.",
+                Family::default(),
+            ),
         }
     }
 }
@@ -206,6 +197,7 @@ where
 }
 
 /// The reconcile metrics, registered together.
+#[derive(Debug)]
 struct ReconcileFamilies {
     reconciles: Family<KindLabel, Counter>,
     skipped: Family<KindLabel, Counter>,
@@ -268,14 +260,7 @@ impl Default for Metrics {
     fn default() -> Self {
         let mut registry = Registry::default();
         let r = &mut registry;
-        let ReconcileFamilies {
-            reconciles,
-            skipped,
-            durations,
-            errors,
-            panics,
-            waiting,
-        } = ReconcileFamilies::register(r);
+        let reconcile = ReconcileFamilies::register(r);
         let rpcs = registered(
             r,
             "ichor_talos_rpc_duration_seconds",
@@ -293,12 +278,7 @@ impl Default for Metrics {
         let backups = BackupMetrics::register(&mut registry);
         Self {
             registry: Arc::new(registry),
-            reconciles,
-            skipped,
-            durations,
-            errors,
-            panics,
-            waiting,
+            reconcile,
             rpcs,
             leader,
             machines,
@@ -313,15 +293,17 @@ impl Metrics {
         let label = KindLabel {
             kind: kind.to_owned(),
         };
-        self.reconciles.get_or_create(&label).inc();
-        self.durations
+        self.reconcile.reconciles.get_or_create(&label).inc();
+        self.reconcile
+            .durations
             .get_or_create(&label)
             .observe(took.as_secs_f64());
     }
 
     /// Counts one reconcile of `kind` skipped as an echo of the object's own last look.
     pub fn skipped(&self, kind: &str) {
-        self.skipped
+        self.reconcile
+            .skipped
             .get_or_create(&KindLabel {
                 kind: kind.to_owned(),
             })
@@ -330,7 +312,8 @@ impl Metrics {
 
     /// The gauge of `controller`'s reconciles waiting for their turn (`infra::drive::Turns`).
     pub fn waiting(&self, controller: &str) -> Gauge {
-        self.waiting
+        self.reconcile
+            .waiting
             .get_or_create(&ControllerLabel {
                 controller: controller.to_owned(),
             })
@@ -339,7 +322,8 @@ impl Metrics {
 
     /// Counts one failed reconcile by reason.
     pub fn error(&self, reason: &str) {
-        self.errors
+        self.reconcile
+            .errors
             .get_or_create(&ReasonLabel {
                 reason: reason.to_owned(),
             })
@@ -348,7 +332,8 @@ impl Metrics {
 
     /// Counts one reconcile of `controller` that panicked.
     pub fn reconcile_panicked(&self, controller: &str) {
-        self.panics
+        self.reconcile
+            .panics
             .get_or_create(&ControllerLabel {
                 controller: controller.to_owned(),
             })
