@@ -59,7 +59,7 @@ pub(crate) async fn stopped(mut rx: tokio::sync::watch::Receiver<bool>) {
 }
 
 /// Runs `controller` until the manager stops, every reconcile of it under
-/// [`panics::guard`] (named `name`) and in its turn ([`Turns`]): the one place each
+/// [`panics::guarded`] (named `name`) and in its turn ([`Turns`]): the one place each
 /// controller's reconciles run, so a panic in one never ends a controller.
 pub(crate) async fn drive<K, F, Fut>(
     name: &'static str,
@@ -73,10 +73,12 @@ pub(crate) async fn drive<K, F, Fut>(
     Fut: std::future::Future<Output = Result<Action, Error>> + Send + 'static,
 {
     let cache = controller.store();
-    let turns = Arc::new(
-        Turns::new(ctx.settings.concurrency, cache.clone(), stop.clone())
-            .counted(ctx.metrics.waiting(name)),
-    );
+    let turns = Arc::new(Turns::new(
+        ctx.settings.concurrency,
+        cache.clone(),
+        stop.clone(),
+        ctx.metrics.waiting(name),
+    ));
     let in_turn = move |object: Arc<K>, ctx: Arc<Context>| {
         let turns = Arc::clone(&turns);
         // Only the reference waits: the copy in hand is read again when the turn comes.
@@ -109,7 +111,10 @@ pub(crate) async fn drive<K, F, Fut>(
 /// wait in the order they became due (a FIFO semaphore). kube's own limit holds the waiting
 /// objects in a set and starts whichever it finds first, so under a fleet's load one machine
 /// waited 40 s while others were looked at again and again (`docs/benchmarks/fleet.md`). A
-/// reconcile that waited takes its object from the cache as it is when its turn comes.
+/// reconcile that waited takes its object from the cache as it is when its turn comes. kube's
+/// own limit is left off (its default). Unbounded, a fleet's worth of looks ran together, each
+/// holding its Talos connection's buffers and its reconcile's state (ADR 0038); a reconcile
+/// waiting for its turn holds neither.
 pub(crate) struct Turns<K: kube::Resource + 'static>
 where
     K::DynamicType: Eq + std::hash::Hash + Clone,
@@ -125,23 +130,20 @@ where
     K: kube::Resource<DynamicType = ()> + Clone + 'static,
 {
     /// Turns for `concurrency` reconciles at once (at least one) of objects from `cache`,
-    /// given up when `stop` turns true.
+    /// given up when `stop` turns true; the reconciles waiting for one are counted in
+    /// `waiting`.
     pub(crate) fn new(
         concurrency: u16,
         cache: kube::runtime::reflector::Store<K>,
         stop: tokio::sync::watch::Receiver<bool>,
+        waiting: prometheus_client::metrics::gauge::Gauge,
     ) -> Self {
         Self {
             permits: Arc::new(tokio::sync::Semaphore::new(usize::from(concurrency.max(1)))),
             cache,
             stop,
-            waiting: prometheus_client::metrics::gauge::Gauge::default(),
+            waiting,
         }
-    }
-
-    /// These turns, with the reconciles waiting for one counted in `waiting`.
-    pub(crate) fn counted(self, waiting: prometheus_client::metrics::gauge::Gauge) -> Self {
-        Self { waiting, ..self }
     }
 
     /// Waits for `object`'s turn; returns the object as the cache holds it then, with the turn
@@ -197,15 +199,6 @@ impl Drop for Waiting<'_> {
     fn drop(&mut self) {
         self.0.dec();
     }
-}
-
-/// Each controller's kube configuration: no limit of kube's own, as [`drive`] gives each
-/// reconcile its turn (at most `settings.concurrency` at once, [`Turns`]). Unbounded, a
-/// fleet's worth of looks ran together, each holding its Talos connection's buffers and its
-/// reconcile's state (`docs/benchmarks/fleet.md`); a reconcile waiting for its turn holds
-/// neither.
-pub(crate) fn limits() -> kube::runtime::controller::Config {
-    kube::runtime::controller::Config::default()
 }
 
 /// Runs `work` until it ends or the manager stops.
@@ -267,7 +260,12 @@ mod tests {
             .map(|n| TalosCluster::test(n).namespace("ns").build())
             .collect();
         let (_stop, stopped) = tokio::sync::watch::channel(false);
-        let turns = Arc::new(Turns::new(1, store_of(&clusters), stopped));
+        let turns = Arc::new(Turns::new(
+            1,
+            store_of(&clusters),
+            stopped,
+            Default::default(),
+        ));
         // The first holds the only turn; the others queue behind it in the order they asked.
         let (first, held) = turns
             .wait(&ObjectRef::from_obj(&clusters[0]))
@@ -319,7 +317,12 @@ mod tests {
         let mut newer = old.clone();
         newer.metadata.resource_version = Some("2".into());
         let (stop, stopped) = tokio::sync::watch::channel(false);
-        let turns = Turns::new(1, store_of(std::slice::from_ref(&newer)), stopped);
+        let turns = Turns::new(
+            1,
+            store_of(std::slice::from_ref(&newer)),
+            stopped,
+            Default::default(),
+        );
         let old = ObjectRef::from_obj(&old);
         let (latest, turn) = turns.wait(&old).await.expect("a turn");
         assert_eq!(latest.metadata.resource_version.as_deref(), Some("2"));

@@ -1,5 +1,5 @@
 //! A panic in a reconcile, contained (ADR 0049): every controller runs its reconciles through
-//! [`guard`], which catches a panic and turns it into [`Error::Panicked`]. The panic is counted
+//! [`guarded`] (from `infra::drive`), which catches a panic and turns it into [`Error::Panicked`]. The panic is counted
 //! (`ichor_reconcile_panics_total{controller}`), shown on the object (the `ReconcilePanicked`
 //! condition here, a Warning Event from the error policy) and retried after a backoff per
 //! object that doubles from [`FIRST_RETRY`] to [`RETRY_CAP`]; no other trigger runs it sooner.
@@ -16,7 +16,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::FutureExt as _;
-use futures::future::BoxFuture;
 use ichor_api::common::Condition;
 use ichor_api::names::{conditions, reasons};
 use ichor_api::status::Panicked;
@@ -119,19 +118,6 @@ impl Panics {
     pub fn forget(&self, key: &str) -> bool {
         self.objects().remove(key).is_some()
     }
-}
-
-/// What a controller runs as its reconciler: `reconcile` under [`guarded`].
-pub fn guard<K, F, Fut>(
-    controller: &'static str,
-    reconcile: F,
-) -> impl FnMut(Arc<K>, Arc<Context>) -> BoxFuture<'static, Result<Action, Error>>
-where
-    K: Reconciled,
-    F: Fn(Arc<K>, Arc<Context>) -> Fut + Copy + Send + Sync + 'static,
-    Fut: Future<Output = Result<Action, Error>> + Send + 'static,
-{
-    move |object, ctx| guarded(controller, reconcile, object, ctx).boxed()
 }
 
 /// What a controller reconciles: an object of a namespaced kind whose status is written in
@@ -414,7 +400,7 @@ mod tests {
     #[tokio::test]
     async fn a_panic_is_caught_counted_and_held_back_while_other_objects_reconcile() {
         let ctx = ctx();
-        let mut reconcile = guard("cluster", panicking);
+        let reconcile = |object, ctx| guarded("cluster", panicking, object, ctx);
         let bad = Arc::new(TalosCluster::test("bad").namespace("a").build());
         let good = Arc::new(TalosCluster::test("good").namespace("b").build());
         let error = reconcile(Arc::clone(&bad), Arc::clone(&ctx))

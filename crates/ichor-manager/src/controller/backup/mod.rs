@@ -113,8 +113,7 @@ pub(crate) async fn run_controller(ctx: Arc<Context>, stop: tokio::sync::watch::
     let controller = Controller::for_shared_stream(
         ctx.clusters.subscribe(Changes::Applied),
         ctx.clusters.store(),
-    )
-    .with_config(crate::infra::drive::limits());
+    );
     crate::infra::drive::drive(controllers::BACKUP, controller, reconcile, ctx, stop).await;
 }
 

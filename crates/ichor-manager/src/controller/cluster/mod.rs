@@ -55,7 +55,6 @@ pub(crate) async fn run_controller(ctx: Arc<Context>, stop: tokio::sync::watch::
         ctx.clusters.subscribe(Changes::Applied),
         ctx.clusters.store(),
     )
-    .with_config(crate::infra::drive::limits())
     .watches_shared_stream(
         ctx.machines.subscribe(Changes::Touched),
         |m: Arc<TalosMachine>| Some(cluster_of(m.namespace(), &m.spec.cluster_ref.name)),

@@ -80,8 +80,7 @@ pub(crate) async fn run_controller(ctx: Arc<Context>, stop: tokio::sync::watch::
     let controller = Controller::for_shared_stream(
         ctx.machines.subscribe(Changes::Applied),
         ctx.machines.store(),
-    )
-    .with_config(crate::infra::drive::limits());
+    );
     // The machine gauge is counted from this cache at scrape time: a deleted machine leaves
     // it, so it leaves the gauge.
     ctx.metrics.watch_machines(ctx.machines.store());

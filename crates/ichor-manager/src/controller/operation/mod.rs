@@ -52,8 +52,7 @@ pub(crate) async fn run_controller(ctx: Arc<Context>, stop: tokio::sync::watch::
     let controller = Controller::new(
         Api::<TalosOperation>::all(ctx.client.clone()),
         watcher::Config::default(),
-    )
-    .with_config(crate::infra::drive::limits());
+    );
     crate::infra::drive::drive(controllers::OPERATION, controller, reconcile, ctx, stop).await;
 }
 

@@ -39,7 +39,6 @@ pub(crate) async fn run_controller(ctx: Arc<Context>, stop: tokio::sync::watch::
         Api::<ichor_api::TalosStorage>::all(ctx.client.clone()),
         watcher::Config::default(),
     )
-    .with_config(crate::infra::drive::limits())
     // The machines from the manager's one machine watch (`Context::machines`).
     .watches_shared_stream(
         ctx.machines.subscribe(Changes::Touched),
