@@ -45,6 +45,10 @@ pub struct TalosMachineClassSpec {
     /// Install settings for matching machines.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub install: Option<InstallSpec>,
+    /// The Image Factory schematic of matching machines' installers (a GPU class's drivers,
+    /// for instance): replaces the cluster's whole; a machine's own replaces it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schematic: Option<crate::schematic::Schematic>,
     /// Config patches for matching machines (after the cluster's, before the machine's).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 32))]

@@ -7,8 +7,10 @@ use serde::{Deserialize, Serialize};
 use crate::backup::{BackupSpec, BackupStatus, RestoreSpec, RestoreStatus};
 use crate::common::{Condition, InstallSpec, LocalObjectReference};
 use crate::config::ConfigPatch;
+use crate::drain::DrainSpec;
 use crate::names::{conditions, field_managers as fm};
 use crate::rules;
+use crate::schematic::{ImageFactorySpec, Schematic};
 use crate::status::{Owned, group, grouped};
 
 /// The desired state of a Talos cluster.
@@ -86,6 +88,18 @@ pub struct TalosClusterSpec {
     /// Install defaults for the cluster's machines (each machine may override them).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub install: Option<InstallSpec>,
+    /// The Image Factory schematic every machine's installer is built with: system
+    /// extensions, kernel arguments, META values. A TalosMachineClass's or a TalosMachine's
+    /// own replaces it whole. Unset: the factory's empty schematic. Changing it upgrades every
+    /// node it reaches to the same Talos version with the new installer, one at a time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schematic: Option<Schematic>,
+    /// The Image Factory installers come from and schematics are registered with.
+    #[serde(default)]
+    pub image_factory: ImageFactorySpec,
+    /// How a node is drained before a reboot, an upgrade, a drift reboot or a reset.
+    #[serde(default)]
+    pub drain: DrainSpec,
     /// Config patches applied to every machine of the cluster, first (then class, then machine).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 32))]
@@ -150,6 +164,9 @@ impl TalosClusterSpec {
             discovery: None,
             secrets_ref: None,
             install: None,
+            schematic: None,
+            image_factory: ImageFactorySpec::default(),
+            drain: DrainSpec::default(),
             config_patches: Vec::new(),
             backup: None,
             restore_from: None,

@@ -21,12 +21,14 @@ pub mod cluster;
 pub mod common;
 pub mod config;
 pub mod decode;
+pub mod drain;
 pub mod glob;
 pub mod machine;
 pub mod names;
 pub mod operation;
 pub mod reservation;
 mod rules;
+pub mod schematic;
 pub mod status;
 pub mod storage;
 #[cfg(feature = "testing")]

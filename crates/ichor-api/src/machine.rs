@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::common::{Condition, InstallSpec, LocalObjectReference, Role};
 use crate::config::ConfigPatch;
+use crate::drain::DrainRecord;
 use crate::names::{conditions, field_managers as fm, labels};
 use crate::status::{Group, Owned, group, grouped};
 
@@ -71,6 +72,10 @@ pub struct TalosMachineSpec {
     /// Install settings, overriding the cluster's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub install: Option<InstallSpec>,
+    /// The Image Factory schematic of this machine's installer: replaces its class's and its
+    /// cluster's whole.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schematic: Option<crate::schematic::Schematic>,
     /// Config patches for this machine, applied last (after cluster and class patches).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 32))]
@@ -91,6 +96,7 @@ impl TalosMachineSpec {
             fingerprint: Some(fingerprint.to_owned()),
             hostname: None,
             install: None,
+            schematic: None,
             config_patches: Vec::new(),
         }
     }
@@ -166,7 +172,7 @@ pub enum MachinePhase {
 #[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TalosMachineStatus {
-    /// `Ready`, `ConfigApplied`, `Installed`, `RemovalApproved`, `FingerprintChanged`.
+    /// `Ready`, `ConfigApplied`, `Installed`, `RemovalApproved`, `FingerprintChanged`, `Drained`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 16), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
@@ -188,6 +194,9 @@ pub struct TalosMachineStatus {
     /// The removal's progress.
     #[serde(flatten)]
     pub removal: MachineRemoval,
+    /// The drain before a disruption in flight.
+    #[serde(flatten)]
+    pub drain: MachineDrain,
 }
 
 /// The lifecycle's part of a machine's status, with the conditions no other group names.
@@ -289,6 +298,16 @@ pub struct MachineRemoval {
     pub progress: Option<RemovalProgress>,
 }
 
+/// The drain before a disruption in flight on a machine (ADR 0066).
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineDrain {
+    /// The drain of the machine's Node before the disruption in flight: set before the
+    /// cordon, cleared once the machine is back, Ready and (if Ichor cordoned it) uncordoned.
+    #[serde(rename = "drain", default, skip_serializing_if = "Option::is_none")]
+    pub record: Option<DrainRecord>,
+}
+
 /// What the machine classes of its cluster make of a pending machine: the condition
 /// `ClassMatched`, and no fields.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, schemars::JsonSchema)]
@@ -344,6 +363,13 @@ group!(
     fm::MACHINE_REMOVAL,
     Owned::Only(&[conditions::REMOVAL_APPROVED])
 );
+group!(
+    MachineDrain,
+    TalosMachineStatus,
+    drain,
+    fm::MACHINE_DRAIN,
+    Owned::Only(&[conditions::DRAINED])
+);
 grouped!(
     TalosMachineStatus,
     [
@@ -353,6 +379,7 @@ grouped!(
         MachineInventory,
         MachineEtcd,
         MachineRemoval,
+        MachineDrain,
         MachineClassMatch,
     ]
 );

@@ -141,6 +141,8 @@ pub mod field_managers {
     pub const MACHINE_ETCD: &str = "ichor-manager/etcd";
     /// TalosMachine `status.removal` and `RemovalApproved`: the removal sequence.
     pub const MACHINE_REMOVAL: &str = "ichor-manager/removal";
+    /// TalosMachine `status.drain`: the drain before a disruption in flight.
+    pub const MACHINE_DRAIN: &str = "ichor-manager/drain";
     /// TalosMachine `ClassMatched`: what the machine classes of its cluster make of it.
     pub const MACHINE_CLASS: &str = "ichor-manager/class";
     /// TalosMachineClass status.
@@ -177,6 +179,9 @@ pub mod conditions {
     pub const REMOVAL_APPROVED: &str = "RemovalApproved";
     /// The machine presents a certificate fingerprint other than its pin.
     pub const FINGERPRINT_CHANGED: &str = "FingerprintChanged";
+    /// On a TalosMachine whose Node is drained before a disruption: false while pods still
+    /// wait to be evicted (and why), true once drained; removed when the machine is back.
+    pub const DRAINED: &str = "Drained";
     /// A day-2 operation finished successfully.
     pub const SUCCEEDED: &str = "Succeeded";
     /// Every machine of the cluster runs the config rendered for it (no drift rollout pending
@@ -286,6 +291,12 @@ pub mod reasons {
     pub const DRAIN_BLOCKED: &str = "DrainBlocked";
     /// Evicted pods are still leaving the Node.
     pub const DRAINING: &str = "Draining";
+    /// The drain's timeout (`spec.drain.timeout`) ran out: the message names the pods and the
+    /// PodDisruptionBudgets that block; nothing is forced unless `spec.drain.onTimeout` is
+    /// `Force`, and the disruption waits.
+    pub const DRAIN_TIMED_OUT: &str = "DrainTimedOut";
+    /// Every evictable pod left the Node.
+    pub const DRAINED: &str = "Drained";
     /// `EtcdLeaveCluster` failed: the removal stopped (fail closed).
     pub const ETCD_LEAVE_FAILED: &str = "EtcdLeaveFailed";
     /// No healthy peer confirms yet that the member left etcd.

@@ -303,3 +303,98 @@ async fn secrets_ref_never_names_a_secret_ichor_publishes_for_the_cluster() {
     .await;
     assert_eq!(status["status"]["secretsSecret"], "lab-secrets");
 }
+
+#[tokio::test]
+async fn schematics_hold_only_what_hashes_exactly_and_factories_are_urls() {
+    let (env, ns) = setup("tc-schematic").await;
+    let clusters = api(&env, &ns, "TalosCluster");
+    let with = |schematic: serde_json::Value| cluster("c", json!({"schematic": schematic}));
+    refused(
+        &clusters,
+        with(json!({"systemExtensions": ["siderolabs/gvisor", "siderolabs/gvisor"]})),
+        "must not name an extension twice",
+    )
+    .await;
+    refused(
+        &clusters,
+        with(json!({"systemExtensions": ["Siderolabs/GVisor"]})),
+        "should match",
+    )
+    .await;
+    for arg in ["off", "console=tty0 quiet", "9600", "a:", "#x"] {
+        refused(
+            &clusters,
+            with(json!({"extraKernelArgs": [arg]})),
+            "each schematic.extraKernelArgs entry must be one argument",
+        )
+        .await;
+    }
+    for value in ["yes", "10", "2026-12-06", "null"] {
+        refused(
+            &clusters,
+            with(json!({"meta": [{"key": 10, "value": value}]})),
+            "must not read as a YAML bool, number, date or null",
+        )
+        .await;
+    }
+    for value in ["two\nlines", " padded"] {
+        refused(
+            &clusters,
+            with(json!({"meta": [{"key": 10, "value": value}]})),
+            "must be one line of printable characters",
+        )
+        .await;
+    }
+    refused(
+        &clusters,
+        with(json!({"meta": [{"key": 256, "value": "x"}]})),
+        "should be less than or equal to 255",
+    )
+    .await;
+    refused(
+        &clusters,
+        cluster("f", json!({"imageFactory": {"url": "factory.talos.dev"}})),
+        "imageFactory.url must be an http(s):// URL",
+    )
+    .await;
+    refused(
+        &clusters,
+        cluster(
+            "f",
+            json!({"imageFactory": {"url": "https://factory.talos.dev/image"}}),
+        ),
+        "imageFactory.url must be an http(s):// URL",
+    )
+    .await;
+    let created = create_ok(
+        &clusters,
+        cluster(
+            "gpu",
+            json!({
+                "schematic": {
+                    "systemExtensions": ["siderolabs/nvidia-open-gpu-kernel-modules-lts", "siderolabs/intel-ucode"],
+                    "extraKernelArgs": ["net.ifnames=0", "console=ttyS0,115200"],
+                    "meta": [{"key": 10, "value": "{\"externalIPs\":[\"1.2.3.4\"]}"}],
+                    "bootloader": "sd-boot",
+                },
+                "imageFactory": {"url": "http://127.0.0.1:8080"},
+            }),
+        ),
+    )
+    .await;
+    assert_eq!(created["spec"]["imageFactory"]["secureBoot"], false);
+    assert_eq!(created["spec"]["drain"]["enabled"], true);
+    assert_eq!(created["spec"]["drain"]["timeout"], "10m");
+    assert_eq!(created["spec"]["drain"]["onTimeout"], "Wait");
+    let plain = create_ok(&clusters, cluster("plain", json!({}))).await;
+    assert_eq!(
+        plain["spec"]["imageFactory"]["url"],
+        "https://factory.talos.dev"
+    );
+    refused(
+        &clusters,
+        cluster("d", json!({"drain": {"timeout": "5s"}})),
+        "drain.timeout must be a duration from 10s to 24h",
+    )
+    .await;
+}
