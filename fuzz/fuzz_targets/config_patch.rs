@@ -55,6 +55,7 @@ fn run(version: &str, patches: &[ConfigPatch]) -> Result<Rendered, RenderError> 
         role: Role::ControlPlane,
         hostname: Some("cp-1"),
         install: None,
+        schematic: None,
         cert_sans: &[],
         node_labels: &none,
         node_taints: &none,

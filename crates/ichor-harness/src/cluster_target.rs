@@ -631,6 +631,7 @@ impl ClusterTarget {
             let rendered = ichor_render::render(&ichor_render::RenderInput {
                 hostname: Some(&hostname),
                 install: spec.install.as_ref(),
+                schematic: None,
                 ..ichor_render::RenderInput::plain(
                     "ichor-e2e-management",
                     &spec,

@@ -36,6 +36,7 @@ fn class(name: &str, role: Role, qualifiers: Qualifiers) -> TalosMachineClass {
             qualifiers,
             max_machines: None,
             install: None,
+            schematic: None,
             config_patches: Vec::new(),
         },
     )

@@ -714,6 +714,7 @@ async fn a_class_approves_on_the_machines_as_stored_not_on_an_older_view() {
             },
             max_machines: None,
             install: None,
+            schematic: None,
             config_patches: Vec::new(),
         },
     );

@@ -82,6 +82,7 @@ fn pending_machine(name: &str) -> TalosMachine {
             fingerprint: None,
             hostname: None,
             install: None,
+            schematic: None,
             config_patches: Vec::new(),
         },
     )

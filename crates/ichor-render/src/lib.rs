@@ -101,11 +101,12 @@ pub mod hardware;
 pub mod patch;
 pub mod pki;
 pub mod render;
+pub mod schematic;
 
 pub use bundle::{BundleError, SecretsBundle};
 pub use render::{
-    MachineLayers, RenderError, RenderInput, Rendered, config_hash, render, render_machine,
-    render_with_volumes,
+    MachineLayers, RenderError, RenderInput, Rendered, config_hash, installer_image,
+    machine_schematic, render, render_machine, render_with_volumes,
 };
 
 /// A Talos version contract: what a config is rendered for.

@@ -14,15 +14,15 @@ use base64::engine::general_purpose::STANDARD;
 use ichor_api::cluster::{CniPreset, KubeProxyMode, TalosClusterSpec};
 use ichor_api::common::{InstallSpec, Role};
 use ichor_api::config::ConfigPatch;
+use ichor_api::schematic::Schematic;
 use ichor_api::storage::{Filesystem, UserVolume};
 use serde_json::{Map, Value, json};
 
 use crate::Contract;
 use crate::bundle::SecretsBundle;
 use crate::patch::{self, PatchError};
+use crate::schematic;
 
-/// The Image Factory installer for the empty schematic, Talos 1.14's default (talos-facts §4.7).
-const FACTORY_INSTALLER: &str = "factory.talos.dev/metal-installer/376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba";
 /// Talos 1.13's default installer repository (talos-facts §4.7).
 const GHCR_INSTALLER: &str = "ghcr.io/siderolabs/installer";
 /// The disk Talos installs to when nothing else is said (talos-facts §4.7).
@@ -57,6 +57,9 @@ pub enum RenderError {
         /// The other storage.
         second: String,
     },
+    /// The schematic's ID cannot be computed exactly.
+    #[error(transparent)]
+    Schematic(#[from] schematic::SchematicError),
     /// The documents could not be serialized.
     #[error("cannot serialize the rendered config: {0}")]
     Serialize(String),
@@ -75,6 +78,9 @@ pub struct RenderInput<'a> {
     pub hostname: Option<&'a str>,
     /// Install settings: the machine's, else the class's, else the cluster's.
     pub install: Option<&'a InstallSpec>,
+    /// The Image Factory schematic of the machine's installer: the machine's, else the
+    /// class's, else the cluster's (`None`: the factory's empty schematic).
+    pub schematic: Option<&'a Schematic>,
     /// Extra certificate SANs for the node's Talos API.
     pub cert_sans: &'a [String],
     /// Kubernetes labels for the node, beside the role's own.
@@ -104,6 +110,7 @@ impl<'a> RenderInput<'a> {
             role,
             hostname: None,
             install: None,
+            schematic: None,
             cert_sans: &[],
             node_labels: &NONE,
             node_taints: &NONE,
@@ -295,15 +302,40 @@ fn hostname_doc(input: &RenderInput<'_>) -> Value {
     }
 }
 
-fn installer_image(input: &RenderInput<'_>, contract: Contract) -> String {
+/// The installer image a machine installs (and upgrades) with: `install.image` when set (its
+/// builder's own, opting out of schematics); else the factory's installer for the schematic
+/// and the cluster's Talos version (talos-facts §9.4), but for contract 1.13 without a
+/// schematic, whose default installer is `ghcr.io/siderolabs/installer` (§4.7).
+pub fn installer_image(input: &RenderInput<'_>, contract: Contract) -> Result<String, RenderError> {
     if let Some(image) = input.install.and_then(|i| i.image.clone()) {
-        return image;
+        return Ok(image);
     }
     let tag = &input.cluster.talos_version;
-    match contract {
-        Contract::V1_13 => format!("{GHCR_INSTALLER}:{tag}"),
-        Contract::V1_14 => format!("{FACTORY_INSTALLER}:{tag}"),
-    }
+    let schematic = match (input.schematic, contract) {
+        (None, Contract::V1_13) => return Ok(format!("{GHCR_INSTALLER}:{tag}")),
+        (None, _) => schematic::EMPTY_ID.to_owned(),
+        (Some(declared), _) => schematic::id(declared)?,
+    };
+    Ok(schematic::installer_image(
+        &input.cluster.image_factory,
+        &schematic,
+        tag,
+    ))
+}
+
+/// The schematic a machine's installer is built with: its own, else its class's, else its
+/// cluster's (the most specific one applies whole, ADR 0066).
+pub fn machine_schematic<'a>(
+    cluster: &'a ichor_api::TalosCluster,
+    machine: &'a ichor_api::TalosMachine,
+    layers: &MachineLayers<'a>,
+) -> Option<&'a Schematic> {
+    machine
+        .spec
+        .schematic
+        .as_ref()
+        .or_else(|| layers.class.and_then(|c| c.spec.schematic.as_ref()))
+        .or(cluster.spec.schematic.as_ref())
 }
 
 fn wipe(input: &RenderInput<'_>) -> bool {
@@ -351,7 +383,7 @@ fn render_1_13(input: &RenderInput<'_>) -> Result<Vec<Value>, RenderError> {
     }
     install.insert(
         "image".into(),
-        json!(installer_image(input, Contract::V1_13)),
+        json!(installer_image(input, Contract::V1_13)?),
     );
     install.insert("wipe".into(), json!(wipe(input)));
     install.insert("grubUseUKICmdline".into(), json!(true));
@@ -536,7 +568,7 @@ fn render_1_14(input: &RenderInput<'_>) -> Result<Vec<Value>, RenderError> {
         doc(
             "UnattendedInstallConfig",
             json!({
-                "installer": {"image": installer_image(input, Contract::V1_14)},
+                "installer": {"image": installer_image(input, Contract::V1_14)?},
                 "provisioning": {"diskSelector": {"match": disk_match(input)?}, "wipe": wipe(input)},
                 "reboot": true
             }),
@@ -810,6 +842,7 @@ pub fn render_machine(
         .install
         .as_ref()
         .or(cluster.spec.install.as_ref());
+    let schematic = machine_schematic(cluster, machine, layers);
     let class_patches: &[ConfigPatch] = layers
         .class
         .map_or(&[], |c| c.spec.config_patches.as_slice());
@@ -820,6 +853,7 @@ pub fn render_machine(
             role,
             hostname: machine.spec.hostname.as_deref(),
             install,
+            schematic,
             cert_sans: &[],
             node_labels: &empty,
             node_taints: &empty,

@@ -115,6 +115,7 @@ fn talos_generator_agrees_with_our_configs() {
             role: case.role,
             hostname: None,
             install: Some(&install),
+            schematic: None,
             cert_sans: &[],
             node_labels: &empty,
             node_taints: &empty,

@@ -428,6 +428,7 @@ mod tests {
                 fingerprint: None,
                 hostname: None,
                 install: None,
+                schematic: None,
                 config_patches: Vec::new(),
             },
         );

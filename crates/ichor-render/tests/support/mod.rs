@@ -174,6 +174,7 @@ pub fn render_case(case: &Case) -> Rendered {
         role: case.role,
         hostname,
         install: Some(&install),
+        schematic: None,
         cert_sans: &sans,
         node_labels: &labels,
         node_taints: &taints,

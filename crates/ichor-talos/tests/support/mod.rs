@@ -98,6 +98,7 @@ pub fn node_config(bundle: &SecretsBundle, node: &NodeConfig<'_>) -> String {
     render(&RenderInput {
         hostname: node.hostname,
         install: node.install.then_some(&install),
+        schematic: None,
         ..RenderInput::plain("lab", &spec, node.role, bundle)
     })
     .expect("render")

@@ -297,6 +297,7 @@ mod tests {
                 },
                 max_machines: max,
                 install: None,
+                schematic: None,
                 config_patches: Vec::new(),
             },
         );
