@@ -34,6 +34,7 @@ pub mod storage;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod time;
+pub mod versions;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt as _;
