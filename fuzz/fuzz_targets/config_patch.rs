@@ -56,6 +56,7 @@ fn run(version: &str, patches: &[ConfigPatch]) -> Result<Rendered, RenderError> 
         hostname: Some("cp-1"),
         install: None,
         schematic: None,
+        oldest_running: None,
         cert_sans: &[],
         node_labels: &none,
         node_taints: &none,

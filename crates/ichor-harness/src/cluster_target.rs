@@ -632,6 +632,7 @@ impl ClusterTarget {
                 hostname: Some(&hostname),
                 install: spec.install.as_ref(),
                 schematic: None,
+                oldest_running: None,
                 ..ichor_render::RenderInput::plain(
                     "ichor-e2e-management",
                     &spec,

@@ -2,12 +2,16 @@
 //! itself (class patches, user volumes), watched once for the whole manager: a reconcile reads
 //! them from the cache, never with a request of its own.
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use futures::future::BoxFuture;
 use futures::{FutureExt as _, StreamExt as _};
+use ichor_api::machine::ApprovalState;
+use ichor_api::versions::Version;
 use ichor_api::{TalosMachine, TalosMachineClass, TalosStorage};
 use ichor_render::{MachineLayers, RenderError};
+use kube::ResourceExt as _;
 use kube::api::Api;
 use kube::runtime::reflector::{self, Store, store::Writer};
 use kube::runtime::{WatchStreamExt as _, watcher};
@@ -80,6 +84,7 @@ impl Layers {
             Ok(true) => Ok(Sources {
                 classes: self.classes.state(),
                 storages: self.storages.state(),
+                oldest_running: BTreeMap::new(),
             }),
             _ => Err(crate::error::Error::NotSynced(
                 "the TalosMachineClass and TalosStorage caches are not filled yet",
@@ -105,15 +110,63 @@ pub struct Sources {
     pub classes: Vec<Arc<TalosMachineClass>>,
     /// Every TalosStorage.
     pub storages: Vec<Arc<TalosStorage>>,
+    /// The oldest Talos a configured node runs, by cluster (namespace, name): a config's
+    /// contract never runs ahead of it (talos-facts §9.9). Empty unless [`Sources::running`]
+    /// filled it.
+    pub oldest_running: BTreeMap<(String, String), String>,
 }
 
 impl Sources {
-    /// The layers `machine` renders with (its class, its volumes), or why not.
+    /// The layers `machine` renders with (its class, its volumes, the oldest Talos its
+    /// cluster's nodes run), or why not.
     pub fn layers_for(&self, machine: &TalosMachine) -> Result<MachineLayers<'_>, RenderError> {
-        MachineLayers::of(
+        let mut layers = MachineLayers::of(
             machine,
             self.classes.iter().map(AsRef::as_ref),
             self.storages.iter().map(AsRef::as_ref),
-        )
+        )?;
+        let cluster = (
+            machine.namespace().unwrap_or_default(),
+            machine.spec.cluster_ref.name.clone(),
+        );
+        layers.oldest_running = self.oldest_running.get(&cluster).map(String::as_str);
+        Ok(layers)
+    }
+
+    /// The same sources, with the oldest Talos each cluster's configured nodes run, as
+    /// `machines` (approved, configured, not being deleted) record it.
+    #[must_use]
+    pub fn running(mut self, machines: &[Arc<TalosMachine>]) -> Self {
+        let mut oldest: BTreeMap<(String, String), (Version, String)> = BTreeMap::new();
+        for machine in machines {
+            let configured = machine.spec.approval_state == ApprovalState::Approved
+                && machine.metadata.deletion_timestamp.is_none()
+                && machine
+                    .status
+                    .as_ref()
+                    .is_some_and(|s| s.applied.config_hash.is_some());
+            let running = machine
+                .status
+                .as_ref()
+                .and_then(|s| s.inventory.talos_version.as_deref());
+            let Some((text, version)) = running
+                .filter(|_| configured)
+                .and_then(|text| Some((text, Version::parse(text)?)))
+            else {
+                continue;
+            };
+            let cluster = (
+                machine.namespace().unwrap_or_default(),
+                machine.spec.cluster_ref.name.clone(),
+            );
+            let slot = oldest
+                .entry(cluster)
+                .or_insert_with(|| (version, text.to_owned()));
+            if version < slot.0 {
+                *slot = (version, text.to_owned());
+            }
+        }
+        self.oldest_running = oldest.into_iter().map(|(k, (_, text))| (k, text)).collect();
+        self
     }
 }

@@ -93,6 +93,8 @@ fn describe(disks: &[DiskInfo]) -> String {
 ///     role: Role::ControlPlane,
 ///     hostname: None,
 ///     install: Some(&install),
+///     schematic: None,
+///     oldest_running: None,
 ///     cert_sans: &[],
 ///     node_labels: &none,
 ///     node_taints: &none,

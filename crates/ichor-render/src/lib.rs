@@ -49,6 +49,8 @@
 //!     role: Role::ControlPlane,
 //!     hostname: Some("cp-1"),
 //!     install: Some(&install),
+//!     schematic: None,
+//!     oldest_running: None,
 //!     cert_sans: &[],
 //!     node_labels: &none,
 //!     node_taints: &none,
@@ -105,8 +107,8 @@ pub mod schematic;
 
 pub use bundle::{BundleError, SecretsBundle};
 pub use render::{
-    MachineLayers, RenderError, RenderInput, Rendered, config_hash, installer_image,
-    machine_schematic, render, render_machine, render_with_volumes,
+    MachineLayers, RenderError, RenderInput, Rendered, config_hash, contract_in_force,
+    installer_image, machine_schematic, render, render_machine, render_with_volumes,
 };
 
 /// A Talos version contract: what a config is rendered for.

@@ -81,6 +81,9 @@ pub struct RenderInput<'a> {
     /// The Image Factory schematic of the machine's installer: the machine's, else the
     /// class's, else the cluster's (`None`: the factory's empty schematic).
     pub schematic: Option<&'a Schematic>,
+    /// The oldest Talos a node of the cluster runs, when one reports its version: the config
+    /// contract never runs ahead of it (talos-facts §9.9).
+    pub oldest_running: Option<&'a str>,
     /// Extra certificate SANs for the node's Talos API.
     pub cert_sans: &'a [String],
     /// Kubernetes labels for the node, beside the role's own.
@@ -111,6 +114,7 @@ impl<'a> RenderInput<'a> {
             hostname: None,
             install: None,
             schematic: None,
+            oldest_running: None,
             cert_sans: &[],
             node_labels: &NONE,
             node_taints: &NONE,
@@ -202,6 +206,8 @@ fn k8s_tag(version: &str) -> String {
 ///     role: Role::Worker,
 ///     hostname: None,
 ///     install: None,
+///     schematic: None,
+///     oldest_running: None,
 ///     cert_sans: &[],
 ///     node_labels: &none,
 ///     node_taints: &none,
@@ -238,7 +244,7 @@ pub fn render_with_volumes(
     input: &RenderInput<'_>,
     volumes: &[&UserVolume],
 ) -> Result<Rendered, RenderError> {
-    let contract = Contract::from_version(&input.cluster.talos_version)?;
+    let contract = contract_in_force(input)?;
     let mut documents = match contract {
         Contract::V1_13 => render_1_13(input)?,
         Contract::V1_14 => render_1_14(input)?,
@@ -259,6 +265,18 @@ pub fn render_with_volumes(
         yaml,
         hash,
     })
+}
+
+/// The contract a config is rendered for: the cluster's Talos version's, but never ahead of
+/// the oldest Talos a node of the cluster runs (talos-facts §9.9: a config for a newer
+/// contract is refused by an older Talos). A node older than every contract Ichor renders
+/// leaves the declared one in force (it is refused before its first apply).
+pub fn contract_in_force(input: &RenderInput<'_>) -> Result<Contract, RenderError> {
+    let declared = Contract::from_version(&input.cluster.talos_version)?;
+    let running = input
+        .oldest_running
+        .and_then(|version| Contract::from_version(version).ok());
+    Ok(running.map_or(declared, |running| running.min(declared)))
 }
 
 /// The content hash of a config's YAML, `sha256:<hex>`, as [`Rendered::hash`] and
@@ -304,14 +322,16 @@ fn hostname_doc(input: &RenderInput<'_>) -> Value {
 
 /// The installer image a machine installs (and upgrades) with: `install.image` when set (its
 /// builder's own, opting out of schematics); else the factory's installer for the schematic
-/// and the cluster's Talos version (talos-facts §9.4), but for contract 1.13 without a
-/// schematic, whose default installer is `ghcr.io/siderolabs/installer` (§4.7).
-pub fn installer_image(input: &RenderInput<'_>, contract: Contract) -> Result<String, RenderError> {
+/// and the cluster's Talos version (talos-facts §9.4), but for a declared Talos 1.13 without a
+/// schematic, whose default installer is `ghcr.io/siderolabs/installer` (§4.7; Talos 1.14 no
+/// longer publishes it, §9.4, so the declared version decides, not the contract in force).
+pub fn installer_image(input: &RenderInput<'_>) -> Result<String, RenderError> {
     if let Some(image) = input.install.and_then(|i| i.image.clone()) {
         return Ok(image);
     }
     let tag = &input.cluster.talos_version;
-    let schematic = match (input.schematic, contract) {
+    let declared = Contract::from_version(tag)?;
+    let schematic = match (input.schematic, declared) {
         (None, Contract::V1_13) => return Ok(format!("{GHCR_INSTALLER}:{tag}")),
         (None, _) => schematic::EMPTY_ID.to_owned(),
         (Some(declared), _) => schematic::id(declared)?,
@@ -381,10 +401,7 @@ fn render_1_13(input: &RenderInput<'_>) -> Result<Vec<Value>, RenderError> {
             install.insert("disk".into(), json!(DEFAULT_INSTALL_DISK));
         }
     }
-    install.insert(
-        "image".into(),
-        json!(installer_image(input, Contract::V1_13)?),
-    );
+    install.insert("image".into(), json!(installer_image(input)?));
     install.insert("wipe".into(), json!(wipe(input)));
     install.insert("grubUseUKICmdline".into(), json!(true));
 
@@ -568,7 +585,7 @@ fn render_1_14(input: &RenderInput<'_>) -> Result<Vec<Value>, RenderError> {
         doc(
             "UnattendedInstallConfig",
             json!({
-                "installer": {"image": installer_image(input, Contract::V1_14)?},
+                "installer": {"image": installer_image(input)?},
                 "provisioning": {"diskSelector": {"match": disk_match(input)?}, "wipe": wipe(input)},
                 "reboot": true
             }),
@@ -778,6 +795,9 @@ pub struct MachineLayers<'a> {
     pub class: Option<&'a ichor_api::TalosMachineClass>,
     /// The user volumes the cluster's TalosStorages give it, in order.
     pub volumes: Vec<&'a UserVolume>,
+    /// The oldest Talos a node of the cluster runs, if one reports its version: the config
+    /// contract never runs ahead of it ([`contract_in_force`]).
+    pub oldest_running: Option<&'a str>,
 }
 
 impl<'a> MachineLayers<'a> {
@@ -822,7 +842,11 @@ impl<'a> MachineLayers<'a> {
                 volumes.push(volume);
             }
         }
-        Ok(Self { class, volumes })
+        Ok(Self {
+            class,
+            volumes,
+            oldest_running: None,
+        })
     }
 }
 
@@ -854,6 +878,7 @@ pub fn render_machine(
             hostname: machine.spec.hostname.as_deref(),
             install,
             schematic,
+            oldest_running: layers.oldest_running,
             cert_sans: &[],
             node_labels: &empty,
             node_taints: &empty,

@@ -56,6 +56,7 @@ impl Fixture {
             hostname: None,
             install: self.install.as_ref(),
             schematic: None,
+            oldest_running: None,
             cert_sans: &[],
             node_labels: &empty,
             node_taints: &empty,
@@ -140,6 +141,7 @@ fn render_machine_takes_the_machines_install_and_patches_over_the_clusters() {
         hostname: Some("cp-1"),
         install: install.as_ref(),
         schematic: None,
+        oldest_running: None,
         cert_sans: &[],
         node_labels: &empty,
         node_taints: &empty,
@@ -582,6 +584,7 @@ proptest! {
             hostname: hostname.as_deref(),
             install: None,
             schematic: None,
+            oldest_running: None,
             cert_sans: &[],
             node_labels: &labels,
             node_taints: &empty,
@@ -613,4 +616,40 @@ proptest! {
         prop_assert!(!debug.contains(&f.bundle.cluster.secret.0));
         prop_assert!(!debug.contains(&f.bundle.certs.os.key.0));
     }
+}
+
+#[test]
+fn the_contract_never_runs_ahead_of_the_oldest_talos_a_node_runs() {
+    let spec = TalosClusterSpec::new("v1.14.2", "1.36.3", "https://10.0.0.10:6443", 3);
+    let bundle = bundle(Contract::V1_13);
+    let at = |oldest: Option<&str>| {
+        render(&RenderInput {
+            oldest_running: oldest,
+            ..RenderInput::plain("lab", &spec, Role::Worker, &bundle)
+        })
+        .expect("render")
+    };
+    let mid_upgrade = at(Some("v1.13.9"));
+    assert_eq!(mid_upgrade.contract, Contract::V1_13);
+    assert!(
+        mid_upgrade.yaml.contains("install:"),
+        "machine.install on 1.13"
+    );
+    // The installer is the declared version's: a node installs what the cluster declares.
+    assert!(
+        mid_upgrade.yaml.contains(&format!(
+            "factory.talos.dev/metal-installer/{}:v1.14.2",
+            ichor_render::schematic::EMPTY_ID
+        )),
+        "{}",
+        mid_upgrade.yaml
+    );
+    assert_eq!(at(Some("v1.14.2")).contract, Contract::V1_14);
+    assert_eq!(
+        at(Some("v1.15.0")).contract,
+        Contract::V1_14,
+        "never ahead of the declared"
+    );
+    assert_eq!(at(None).contract, Contract::V1_14);
+    assert_eq!(at(Some("garbage")).contract, Contract::V1_14);
 }

@@ -116,6 +116,7 @@ fn talos_generator_agrees_with_our_configs() {
             hostname: None,
             install: Some(&install),
             schematic: None,
+            oldest_running: None,
             cert_sans: &[],
             node_labels: &empty,
             node_taints: &empty,

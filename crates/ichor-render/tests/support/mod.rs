@@ -175,6 +175,7 @@ pub fn render_case(case: &Case) -> Rendered {
         hostname,
         install: Some(&install),
         schematic: None,
+        oldest_running: None,
         cert_sans: &sans,
         node_labels: &labels,
         node_taints: &taints,

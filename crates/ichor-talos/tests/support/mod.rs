@@ -99,6 +99,7 @@ pub fn node_config(bundle: &SecretsBundle, node: &NodeConfig<'_>) -> String {
         hostname: node.hostname,
         install: node.install.then_some(&install),
         schematic: None,
+        oldest_running: None,
         ..RenderInput::plain("lab", &spec, node.role, bundle)
     })
     .expect("render")

@@ -190,7 +190,12 @@ async fn approved(machine: &TalosMachine, ctx: &Context) -> Result<Action, Error
         Ok(found) => found,
         Err(stop) => return act::record_blocked(ctx, machine, status, stop).await,
     };
-    let sources = ctx.layers.sources().await?;
+    // The contract never runs ahead of the oldest Talos the cluster's nodes run (§9.9).
+    let sources = ctx
+        .layers
+        .sources()
+        .await?
+        .running(&ctx.machines.store().state());
     let (rendered, address) = match plan::configurable(machine, &cluster, &sources, &bundle) {
         Ok(target) => target,
         Err(stop) => return act::record_blocked(ctx, machine, status, stop).await,
