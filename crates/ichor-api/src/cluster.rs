@@ -562,8 +562,8 @@ pub struct DriftHaltStatus {
     /// The TalosMachine that refused.
     #[schemars(length(max = 253))]
     pub machine: String,
-    /// The hash of the config it refused.
-    #[schemars(length(max = 128))]
+    /// The hash of the config it refused, or the installer image its upgrade failed with.
+    #[schemars(length(max = 512))]
     pub rendered_hash: String,
     /// What the node answered.
     #[schemars(length(max = 2048))]
@@ -645,7 +645,8 @@ pub struct BootstrapRecord {
 }
 
 /// The action holding (or waiting for) a cluster lock. Written `removal/<machine uid>`,
-/// `operation/<name>` or `drift/<machine uid>`: the lock Lease's holder identity.
+/// `operation/<name>`, `drift/<machine uid>` or `upgrade/<machine uid>`: the lock Lease's
+/// holder identity.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
 pub enum LockHolder {
@@ -655,6 +656,9 @@ pub enum LockHolder {
     Operation(String),
     /// The drift of a TalosMachine's config that needs a reboot, by the machine's UID.
     Drift(String),
+    /// The Talos upgrade of a TalosMachine's node (a declared version or schematic), by the
+    /// machine's UID.
+    Upgrade(String),
 }
 
 impl LockHolder {
@@ -664,6 +668,7 @@ impl LockHolder {
             Self::Removal(id) => ("removal", id),
             Self::Operation(name) => ("operation", name),
             Self::Drift(id) => ("drift", id),
+            Self::Upgrade(id) => ("upgrade", id),
         }
     }
 }
@@ -675,9 +680,9 @@ impl std::fmt::Display for LockHolder {
     }
 }
 
-/// A lock holder that is not `removal/…`, `operation/…` or `drift/…`.
+/// A lock holder that is not `removal/…`, `operation/…`, `drift/…` or `upgrade/…`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("lock holder {0:?} is not removal/<uid>, operation/<name> or drift/<uid>")]
+#[error("lock holder {0:?} is not removal/<uid>, operation/<name>, drift/<uid> or upgrade/<uid>")]
 pub struct UnknownHolder(pub String);
 
 impl std::str::FromStr for LockHolder {
@@ -691,6 +696,7 @@ impl std::str::FromStr for LockHolder {
             Some(("drift" | "reboot-for-drift", id)) if !id.is_empty() => {
                 Self::Drift(id.to_owned())
             }
+            Some(("upgrade", id)) if !id.is_empty() => Self::Upgrade(id.to_owned()),
             _ => return Err(UnknownHolder(s.to_owned())),
         };
         Ok(parsed)
@@ -718,10 +724,10 @@ impl schemars::JsonSchema for LockHolder {
 
     fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
         schemars::json_schema!({
-            "description": "`removal/<machine uid>`, `operation/<name>` or `drift/<machine uid>`.",
+            "description": "`removal/<machine uid>`, `operation/<name>`, `drift/<machine uid>` or `upgrade/<machine uid>`.",
             "type": "string",
             "maxLength": 320,
-            "pattern": "^(removal|operation|drift)/.+$",
+            "pattern": "^(removal|operation|drift|upgrade)/.+$",
         })
     }
 }
@@ -770,7 +776,11 @@ mod tests {
             "reboot-for-drift/9f1e".parse(),
             Ok(LockHolder::Drift("9f1e".into()))
         );
-        for bad in ["", "removal/", "upgrade/x", "operation"] {
+        assert_eq!(
+            "upgrade/9f1e".parse(),
+            Ok(LockHolder::Upgrade("9f1e".into()))
+        );
+        for bad in ["", "removal/", "upgrade/", "reboot/x", "operation"] {
             assert_eq!(bad.parse::<LockHolder>(), Err(UnknownHolder(bad.into())));
         }
         let status: LockStatus = serde_json::from_value(

@@ -172,7 +172,8 @@ pub enum MachinePhase {
 #[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TalosMachineStatus {
-    /// `Ready`, `ConfigApplied`, `Installed`, `RemovalApproved`, `FingerprintChanged`, `Drained`.
+    /// `Ready`, `ConfigApplied`, `Installed`, `RemovalApproved`, `FingerprintChanged`, `Drained`,
+    /// `UpToDate`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 16), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
@@ -197,6 +198,9 @@ pub struct TalosMachineStatus {
     /// The drain before a disruption in flight.
     #[serde(flatten)]
     pub drain: MachineDrain,
+    /// The Talos upgrade in flight.
+    #[serde(flatten)]
+    pub upgrade: MachineUpgrade,
 }
 
 /// The lifecycle's part of a machine's status, with the conditions no other group names.
@@ -235,6 +239,15 @@ pub struct MachineInventory {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 64))]
     pub talos_version: Option<String>,
+    /// The Image Factory schematic ID its installer was built from, as the node reports it
+    /// (its `schematic` extension, talos-facts §9.5); unset when its installer has none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub schematic: Option<String>,
+    /// The system extensions the node runs, as it reports them (talos-facts §9.5).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub extensions: Vec<ExtensionInfo>,
     /// Hardware as read in maintenance mode.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hardware: Option<HardwareInventory>,
@@ -308,6 +321,54 @@ pub struct MachineDrain {
     pub record: Option<DrainRecord>,
 }
 
+/// A system extension a node runs.
+#[derive(KubeSchema, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ExtensionInfo {
+    /// Its name as the node reports it, e.g. `intel-ucode` (no `siderolabs/` prefix).
+    #[schemars(length(max = 128))]
+    pub name: String,
+    /// Its version.
+    #[schemars(length(max = 128))]
+    pub version: String,
+}
+
+/// A machine's Talos upgrade in flight, with the condition `UpToDate` (ADR 0068).
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineUpgrade {
+    /// The upgrade of the node to the declared Talos version and installer, recorded before
+    /// anything is sent, so a restart looks for its effect instead of sending it again;
+    /// cleared once the node is back and verified, or the upgrade failed.
+    #[serde(rename = "upgrade", default, skip_serializing_if = "Option::is_none")]
+    pub record: Option<UpgradeRecord>,
+}
+
+/// One node's upgrade: where it goes, where it came from, and how far it went.
+#[derive(KubeSchema, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UpgradeRecord {
+    /// The installer image, e.g.
+    /// `factory.talos.dev/metal-installer/<schematic ID>:v1.14.2`.
+    #[schemars(length(max = 512))]
+    pub image: String,
+    /// The Talos version the node is to run after it.
+    #[schemars(length(max = 64))]
+    pub version: String,
+    /// The Talos version the node ran before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub from_version: Option<String>,
+    /// The node's boot id before it: the node is back from the upgrade's reboot once it
+    /// answers with another one.
+    #[schemars(length(max = 64))]
+    pub boot_id_before: String,
+    /// How far it went: intended (a restart sends it again), sent (a restart waits for the
+    /// node to go down), went down, verified.
+    #[serde(default)]
+    pub progress: crate::operation::NodeProgress,
+}
+
 /// What the machine classes of its cluster make of a pending machine: the condition
 /// `ClassMatched`, and no fields.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, schemars::JsonSchema)]
@@ -364,6 +425,13 @@ group!(
     Owned::Only(&[conditions::REMOVAL_APPROVED])
 );
 group!(
+    MachineUpgrade,
+    TalosMachineStatus,
+    upgrade,
+    fm::MACHINE_UPGRADE,
+    Owned::Only(&[conditions::UP_TO_DATE])
+);
+group!(
     MachineDrain,
     TalosMachineStatus,
     drain,
@@ -380,6 +448,7 @@ grouped!(
         MachineEtcd,
         MachineRemoval,
         MachineDrain,
+        MachineUpgrade,
         MachineClassMatch,
     ]
 );

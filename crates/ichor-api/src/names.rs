@@ -141,6 +141,8 @@ pub mod field_managers {
     pub const MACHINE_ETCD: &str = "ichor-manager/etcd";
     /// TalosMachine `status.removal` and `RemovalApproved`: the removal sequence.
     pub const MACHINE_REMOVAL: &str = "ichor-manager/removal";
+    /// TalosMachine `status.upgrade` and `UpToDate`: the node's Talos upgrade in flight.
+    pub const MACHINE_UPGRADE: &str = "ichor-manager/upgrade";
     /// TalosMachine `status.drain`: the drain before a disruption in flight.
     pub const MACHINE_DRAIN: &str = "ichor-manager/drain";
     /// TalosMachine `ClassMatched`: what the machine classes of its cluster make of it.
@@ -205,6 +207,10 @@ pub mod conditions {
     /// cannot be told to be the force-removed machine (another SMBIOS UUID, or none recorded),
     /// so it is not reset (ADR 0052); absent otherwise.
     pub const NODE_IDENTITY_VERIFIED: &str = "NodeIdentityVerified";
+    /// On a configured TalosMachine: whether its node runs the cluster's declared Talos
+    /// version (and, with a factory installer, the declared schematic), and if not where its
+    /// upgrade is.
+    pub const UP_TO_DATE: &str = "UpToDate";
     /// On any object: true while a controller's reconciles of it panic (a bug in Ichor),
     /// retried with a growing backoff; removed once that controller reconciles it again.
     pub const RECONCILE_PANICKED: &str = "ReconcilePanicked";
@@ -289,6 +295,17 @@ pub mod reasons {
     /// A PodDisruptionBudget refuses an eviction; the drain retries (or is skipped with the
     /// skip-drain annotation).
     pub const DRAIN_BLOCKED: &str = "DrainBlocked";
+    /// The node runs the declared Talos version and schematic.
+    pub const RUNS_DECLARED: &str = "RunsDeclared";
+    /// The node's upgrade waits for its turn (control planes first, then workers, by name;
+    /// one node at a time, every other one healthy) or for the cluster lock.
+    pub const UPGRADE_QUEUED: &str = "UpgradeQueued";
+    /// The node is being upgraded: its installer pulled and installed, then a reboot.
+    pub const UPGRADING: &str = "Upgrading";
+    /// The upgrade failed on this node (the installer could not be pulled or installed, or
+    /// the node did not come back): the rollout stops here until the declared version or
+    /// schematic changes.
+    pub const UPGRADE_FAILED: &str = "UpgradeFailed";
     /// Evicted pods are still leaving the Node.
     pub const DRAINING: &str = "Draining";
     /// The drain's timeout (`spec.drain.timeout`) ran out: the message names the pods and the
@@ -311,7 +328,9 @@ pub mod reasons {
     pub const NODE_NOT_HEALTHY: &str = "NodeNotHealthy";
     /// etcd is not healthy (a member is down or a learner): the next control plane waits.
     pub const ETCD_UNHEALTHY: &str = "EtcdUnhealthy";
-    /// After an upgrade the node runs another version than the image's: it rolled back.
+    /// After an upgrade the node runs the version it ran before (Talos rolled it back): an
+    /// operation fails; a declared rollout stops at that machine until the declared version
+    /// or schematic changes.
     pub const UPGRADE_ROLLED_BACK: &str = "UpgradeRolledBack";
     /// A node refused a disruptive action.
     pub const ACTION_FAILED: &str = "ActionFailed";
@@ -544,6 +563,8 @@ pub mod actions {
     pub const OPERATE: &str = "Operate";
     /// Publishing a cluster's kubeconfig or talosconfig.
     pub const PUBLISH: &str = "Publish";
+    /// Upgrading a node's Talos (its version or its installer's schematic).
+    pub const UPGRADE: &str = "Upgrade";
     /// Backing etcd up to object storage.
     pub const BACKUP: &str = "Backup";
     /// Restoring etcd from a backup.

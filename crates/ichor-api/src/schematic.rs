@@ -2,7 +2,7 @@
 //! installer is built with (talos-facts §9.1), and the factory that builds it.
 //!
 //! A schematic is declared on the TalosCluster (`spec.schematic`) and may be replaced, whole, by
-//! a TalosMachineClass's or a TalosMachine's (the most specific one applies, ADR 0066). The
+//! a TalosMachineClass's or a TalosMachine's (the most specific one applies, ADR 0067). The
 //! installer image of a machine is then `<factory host>/metal-installer/<schematic ID>:<Talos
 //! version>` (talos-facts §9.4); `install.image` set explicitly opts out of all of this.
 //!

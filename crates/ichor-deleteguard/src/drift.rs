@@ -2,7 +2,9 @@
 //! order, each only while every other machine is healthy, and the first refusal stops it.
 //!
 //! Drift is a config that renders differently from what a machine last applied (a cluster-wide
-//! `configPatches` edit, a machine's own patch, a Kubernetes version). It is disruptive even
+//! `configPatches` edit, a machine's own patch, a Kubernetes version), or a node that runs
+//! another Talos than the cluster declares (its version, or its installer's schematic): an
+//! upgrade, rolled out in the same order, one machine at a time (ADR 0068). It is disruptive even
 //! when it applies live: one bad patch that reached every control plane at once could take the
 //! whole control plane down. So the machine whose turn it is ([`drift_turn`]) applies under
 //! the cluster lock, as a removal or an operation does, and the next waits until it is healthy
@@ -31,6 +33,9 @@ pub struct DriftMachine {
     pub healthy: bool,
     /// Whether it is leaving (being deleted or removed): never a drift target, never waited for.
     pub leaving: bool,
+    /// The installer image it is to be upgraded with, when its node runs another Talos version
+    /// or schematic than declared (or its upgrade is in flight).
+    pub upgrade: Option<String>,
 }
 
 impl DriftMachine {
@@ -43,7 +48,15 @@ impl DriftMachine {
             applied: Some(applied.to_owned()),
             healthy: true,
             leaving: false,
+            upgrade: None,
         }
+    }
+
+    /// The same machine, its node to be upgraded with `image`.
+    #[must_use]
+    pub fn upgrading(mut self, image: &str) -> Self {
+        self.upgrade = Some(image.to_owned());
+        self
     }
 
     /// The same machine, recorded unhealthy.
@@ -60,18 +73,24 @@ impl DriftMachine {
         self
     }
 
-    /// Whether its rendered config differs from the one it applied.
+    /// Whether its rendered config differs from the one it applied, or its node is to be
+    /// upgraded.
     pub fn drifted(&self) -> bool {
-        !self.leaving && self.applied.as_ref().is_some_and(|a| *a != self.rendered)
+        !self.leaving
+            && self
+                .applied
+                .as_ref()
+                .is_some_and(|a| *a != self.rendered || self.upgrade.is_some())
     }
 }
 
-/// Where a rollout stopped: the machine that refused and the config (hash) it refused.
+/// Where a rollout stopped: the machine that refused and the config (hash) it refused, or
+/// the installer image its upgrade failed with.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DriftHalt {
     /// The machine that refused.
     pub machine: String,
-    /// The rendered config hash it refused.
+    /// The rendered config hash it refused, or the installer image its upgrade failed with.
     pub rendered: String,
 }
 
@@ -110,11 +129,14 @@ fn order(machine: &DriftMachine) -> (u8, &str) {
 }
 
 /// Whether `halt` still stands: its machine is there, still drifted, and still renders the
-/// config it refused. A halt that no longer stands is to be cleared.
+/// config it refused (or is still to be upgraded with the installer that failed). A halt that
+/// no longer stands is to be cleared.
 pub fn halt_stands(machines: &[DriftMachine], halt: &DriftHalt) -> bool {
-    machines
-        .iter()
-        .any(|m| m.name == halt.machine && m.drifted() && m.rendered == halt.rendered)
+    machines.iter().any(|m| {
+        m.name == halt.machine
+            && m.drifted()
+            && (m.rendered == halt.rendered || m.upgrade.as_ref() == Some(&halt.rendered))
+    })
 }
 
 /// Whose turn it is to apply its drifted config, given every machine of the cluster and the
@@ -226,6 +248,35 @@ mod tests {
             cp("cp-1", "h1", "h2"),
         ];
         assert_eq!(next_of(&drift_turn(&machines, None)), Some("cp-1"));
+    }
+
+    #[test]
+    fn upgrades_take_turns_in_the_same_order_and_a_failed_one_halts_until_the_image_changes() {
+        let image = "factory.talos.dev/metal-installer/abc:v1.14.2";
+        let mut machines = vec![
+            worker("w-1", "h1", "h1").upgrading(image),
+            cp("cp-1", "h1", "h1").upgrading(image),
+            cp("cp-2", "h1", "h1"),
+        ];
+        assert_eq!(next_of(&drift_turn(&machines, None)), Some("cp-1"));
+        let halt = DriftHalt {
+            machine: "cp-1".into(),
+            rendered: image.into(),
+        };
+        assert_eq!(
+            drift_turn(&machines, Some(&halt)),
+            DriftTurn::Halted {
+                machine: "cp-1".into()
+            },
+            "no other node is upgraded with an installer that failed"
+        );
+        let fixed = "factory.talos.dev/metal-installer/abc:v1.14.3";
+        for m in machines.iter_mut().filter(|m| m.upgrade.is_some()) {
+            m.upgrade = Some(fixed.into());
+        }
+        assert!(!halt_stands(&machines, &halt));
+        machines[1].upgrade = None;
+        assert_eq!(next_of(&drift_turn(&machines, Some(&halt))), Some("w-1"));
     }
 
     #[test]

@@ -1371,6 +1371,7 @@ impl World {
                     Role::Worker => n.down == 0,
                 },
                 leaving: Self::leaving(n),
+                upgrade: None,
             })
             .collect()
     }

@@ -135,6 +135,20 @@ pub struct Rendered {
     pub yaml: String,
     /// `sha256:<hex>` of `yaml`, for drift detection.
     pub hash: String,
+    /// The installer the machine installs and upgrades with ([`installer_image`]).
+    pub installer: Installer,
+}
+
+/// The installer a machine installs and upgrades with, and what its node proves of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Installer {
+    /// The image.
+    pub image: String,
+    /// The Image Factory schematic ID it was built from, when Ichor derived it from a
+    /// schematic (the node then reports that ID, talos-facts §9.5); `None` for an explicit
+    /// `install.image`, which opts out of schematic verification, and for Talos 1.13's
+    /// default installer, which carries no schematic.
+    pub schematic: Option<String>,
 }
 
 impl std::fmt::Debug for Rendered {
@@ -259,7 +273,9 @@ pub fn render_with_volumes(
     }
     let yaml = to_yaml(&documents)?;
     let hash = config_hash(&yaml);
+    let installer = installer(input)?;
     Ok(Rendered {
+        installer,
         contract,
         documents,
         yaml,
@@ -326,25 +342,37 @@ fn hostname_doc(input: &RenderInput<'_>) -> Value {
 /// schematic, whose default installer is `ghcr.io/siderolabs/installer` (§4.7; Talos 1.14 no
 /// longer publishes it, §9.4, so the declared version decides, not the contract in force).
 pub fn installer_image(input: &RenderInput<'_>) -> Result<String, RenderError> {
+    Ok(installer(input)?.image)
+}
+
+/// The installer image with the schematic it was derived from (see [`installer_image`]).
+fn installer(input: &RenderInput<'_>) -> Result<Installer, RenderError> {
     if let Some(image) = input.install.and_then(|i| i.image.clone()) {
-        return Ok(image);
+        return Ok(Installer {
+            image,
+            schematic: None,
+        });
     }
     let tag = &input.cluster.talos_version;
     let declared = Contract::from_version(tag)?;
     let schematic = match (input.schematic, declared) {
-        (None, Contract::V1_13) => return Ok(format!("{GHCR_INSTALLER}:{tag}")),
+        (None, Contract::V1_13) => {
+            return Ok(Installer {
+                image: format!("{GHCR_INSTALLER}:{tag}"),
+                schematic: None,
+            });
+        }
         (None, _) => schematic::EMPTY_ID.to_owned(),
         (Some(declared), _) => schematic::id(declared)?,
     };
-    Ok(schematic::installer_image(
-        &input.cluster.image_factory,
-        &schematic,
-        tag,
-    ))
+    Ok(Installer {
+        image: schematic::installer_image(&input.cluster.image_factory, &schematic, tag),
+        schematic: Some(schematic),
+    })
 }
 
 /// The schematic a machine's installer is built with: its own, else its class's, else its
-/// cluster's (the most specific one applies whole, ADR 0066).
+/// cluster's (the most specific one applies whole, ADR 0067).
 pub fn machine_schematic<'a>(
     cluster: &'a ichor_api::TalosCluster,
     machine: &'a ichor_api::TalosMachine,

@@ -80,6 +80,8 @@ pub const MANAGER_OPERATION: Nets = Nets::new(66, 1);
 pub const E2E: Nets = Nets::new(70, 7);
 /// `ichor-harness/tests/day2/`: a block per spec.
 pub const DAY2: Nets = Nets::new(77, 13);
+/// `ichor-harness/tests/day2/versions.rs`: a block per spec.
+pub const DAY2_VERSIONS: Nets = Nets::new(221, 2);
 /// `ichor-harness/tests/credentials.rs`.
 pub const CREDENTIALS: Nets = Nets::new(91, 1);
 /// `ichor-talos/tests/events.rs`.
@@ -151,6 +153,7 @@ pub const ALL: &[(&str, Nets)] = &[
     ("MANAGER_OPERATION", MANAGER_OPERATION),
     ("E2E", E2E),
     ("DAY2", DAY2),
+    ("DAY2_VERSIONS", DAY2_VERSIONS),
     ("CREDENTIALS", CREDENTIALS),
     ("TALOS_EVENTS", TALOS_EVENTS),
     ("SIM_APPLY_INSTALL", SIM_APPLY_INSTALL),

@@ -16,7 +16,9 @@
 //!   that still answers;
 //! - `identity`: a lost secrets bundle that is never regenerated, a replacement at a tombstoned
 //!   address that is not reset (ADR 0052);
-//! - `random`: a seeded random sequence.
+//! - `random`: a seeded random sequence;
+//! - `versions`: a declared Talos version rolled out one node at a time, a rollback that stops
+//!   it, a GitOps revert (ADR 0068).
 //!
 //! A monitor watches etcd quorum (and how many nodes are down) every few milliseconds
 //! throughout. The helpers more than one module uses are here; the others live with their specs.
@@ -42,6 +44,7 @@ mod operations;
 mod random;
 mod removal;
 mod teardown;
+mod versions;
 
 use support::cluster::state_summary;
 

@@ -29,11 +29,13 @@ mod observe;
 mod pacing;
 pub(crate) mod plan;
 pub mod removal;
+mod upgrade;
 
 pub(crate) use act::{forget_config, record_hash};
 pub use drift::drift_holder;
 pub use pacing::Looks;
 pub(crate) use pacing::lock;
+pub use upgrade::upgrade_holder;
 
 use plan::{Blocked, DriftStep, InstallVerdict, NodeView, standing};
 
@@ -375,11 +377,10 @@ async fn follow(
 ) -> Result<Action, Error> {
     // Checked by the caller: an approved machine has a role.
     let role = machine.spec.role.unwrap_or(Role::Worker);
-    // Drift is a multi-step flow (apply, or lock + stage + reboot, then back): decide it on
-    // the machine as stored now, not on a cache that may lag this manager's own writes.
-    if status.applied.config_hash.as_deref() != Some(rendered.hash.as_str())
-        || status.drift.reboot.is_some()
-    {
+    // Drift and upgrades are multi-step flows (apply, or lock + stage + reboot, then back;
+    // lock + install + reboot, then back): decide them on the machine as stored now, not on a
+    // cache that may lag this manager's own writes.
+    if in_flight(cluster, &status, rendered) {
         let Some(fresh) = observe::read_stored(ctx, machine).await? else {
             return Ok(Action::await_change());
         };
@@ -402,7 +403,55 @@ async fn follow(
     let step = plan::drift_step(&status, view, boot.as_deref(), &rendered.hash, role);
     let step = plan::hold_adopted(machine, cluster, &mut status, step, &ctx.now());
     let turn_over = step == DriftStep::Back;
-    match (step, &client) {
+    let config_still = matches!(step, DriftStep::Idle | DriftStep::Settled);
+    let here = Look {
+        machine,
+        cluster,
+        rendered,
+        reach,
+    };
+    drift_act(ctx, &here, step, client.as_ref(), &mut status).await?;
+    // The node's Talos, once no config is rolling out to it: upgraded to what the cluster
+    // declares, in the same turns (ADR 0068).
+    let node = Node {
+        client: client.as_ref(),
+        view,
+        role,
+    };
+    let upgraded = config_still && upgrade_step(ctx, &here, node, &mut status).await?;
+    let at = Stand {
+        role,
+        view,
+        address: reach.address,
+        rendered,
+    };
+    report(ctx, machine, cluster, status, &at, (turn_over, upgraded)).await
+}
+
+/// A configured machine's look: the machine, its cluster, the config rendered for it and how
+/// its node is reached.
+struct Look<'a> {
+    machine: &'a TalosMachine,
+    cluster: &'a TalosCluster,
+    rendered: &'a Rendered,
+    reach: &'a Reach<'a>,
+}
+
+/// Acts on the drift step: rolls the changed config out, records it back, or settled.
+async fn drift_act(
+    ctx: &Context,
+    look: &Look<'_>,
+    step: DriftStep,
+    client: Option<&TalosClient>,
+    status: &mut TalosMachineStatus,
+) -> Result<(), Error> {
+    let Look {
+        machine,
+        cluster,
+        rendered,
+        reach,
+    } = *look;
+    match (step, client) {
         (DriftStep::RollOut { applied }, Some(client)) => {
             let rollout = drift::Rollout {
                 machine,
@@ -414,43 +463,88 @@ async fn follow(
                 bundle: reach.bundle,
                 sources: reach.sources,
             };
-            drift::roll_out(ctx, &rollout, &mut status).await?;
+            drift::roll_out(ctx, &rollout, status).await?;
         }
         (DriftStep::Back, _) => {
-            drift::plan::drift_back(machine, &mut status, rendered, &ctx.now());
+            drift::plan::drift_back(machine, status, rendered, &ctx.now());
         }
         (DriftStep::Settled, _) => {
             let message = format!("config {} applied", rendered.hash);
-            plan::config_applied(&mut status, machine, message, &ctx.now());
+            plan::config_applied(status, machine, message, &ctx.now());
         }
         (DriftStep::RollOut { .. } | DriftStep::Idle, _) => {}
     }
-    let at = Stand {
-        role,
-        view,
-        address: reach.address,
+    Ok(())
+}
+
+/// Whether a drift or an upgrade is under way or due: decided on the machine as stored.
+fn in_flight(cluster: &TalosCluster, status: &TalosMachineStatus, rendered: &Rendered) -> bool {
+    status.applied.config_hash.as_deref() != Some(rendered.hash.as_str())
+        || status.drift.reboot.is_some()
+        || status.upgrade.record.is_some()
+        || upgrade::plan::target(cluster, status, rendered).is_some()
+}
+
+/// The node of a configured machine as this look found it.
+struct Node<'a> {
+    client: Option<&'a TalosClient>,
+    view: Option<NodeView>,
+    role: Role,
+}
+
+/// Moves the machine's upgrade on (`upgrade::advance`) unless a drift reboot is in flight;
+/// whether its turn ended.
+async fn upgrade_step(
+    ctx: &Context,
+    look: &Look<'_>,
+    node: Node<'_>,
+    status: &mut TalosMachineStatus,
+) -> Result<bool, Error> {
+    let Look {
+        machine,
+        cluster,
         rendered,
+        reach,
+    } = *look;
+    if status.drift.reboot.is_some() {
+        return Ok(false);
+    }
+    let healthy = node.view.is_some_and(|v| {
+        v.stage == ichor_talos::Stage::Running
+            && (node.role == Role::Worker || matches!(v.etcd, crate::etcd::Etcd::Voter(_)))
+    });
+    let u = upgrade::Upgrade {
+        machine,
+        cluster,
+        client: node.client,
+        rendered,
+        role: node.role,
+        address: reach.address,
+        healthy,
+        credentials: reach.credentials,
+        bundle: reach.bundle,
+        sources: reach.sources,
     };
-    report(ctx, machine, cluster, status, &at, turn_over).await
+    upgrade::advance(ctx, &u, status).await
 }
 
 /// Reports where the machine stands ([`stand`]); then a machine back from its drift turn ends
-/// it (`drift::act::end_turn`), and one whose turn ended or that became Ready wakes the machines queued
-/// behind it (`drift::act::ask_queued`). In that order: the next machine's turn, and every machine
-/// queued, read what this look stored (ADR 0043).
+/// it (`drift::act::end_turn`), and one whose drift or upgrade turn ended or that became Ready
+/// wakes the machines queued behind it (`drift::act::ask_queued`). In that order: the next
+/// machine's turn, and every machine queued, read what this look stored (ADR 0043).
 async fn report(
     ctx: &Context,
     machine: &TalosMachine,
     cluster: &TalosCluster,
     status: TalosMachineStatus,
     at: &Stand<'_>,
-    turn_over: bool,
+    (turn_over, upgraded): (bool, bool),
 ) -> Result<Action, Error> {
     let (action, became_ready) = stand(ctx, machine, status, at).await?;
     if turn_over {
         drift::act::end_turn(ctx, machine, cluster, at.rendered).await?;
     }
-    if turn_over || became_ready {
+    if turn_over || upgraded || became_ready {
         drift::act::ask_queued(ctx, machine, cluster).await;
     }
     Ok(action)

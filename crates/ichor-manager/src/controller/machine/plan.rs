@@ -593,7 +593,22 @@ pub(super) fn drift_step(
 /// machine is looked at at the progress pace, so the rollout moves on seconds after the node
 /// before it is back, not a settled requeue later (ADR 0043).
 pub(super) fn settled(ready: bool, status: &TalosMachineStatus, rendered: &str) -> bool {
-    ready && status.drift.reboot.is_none() && !drift_queued(status, rendered)
+    ready
+        && status.drift.reboot.is_none()
+        && status.upgrade.record.is_none()
+        && !drift_queued(status, rendered)
+        && !upgrade_queued(status)
+}
+
+/// Whether the machine's upgrade waits on the rollout (its turn, a sibling's health, the
+/// cluster lock): `UpToDate` says it is queued or underway. A failed upgrade waits for a
+/// person (a change of the declaration wakes it through its cluster's watch).
+fn upgrade_queued(status: &TalosMachineStatus) -> bool {
+    status.conditions.iter().any(|c| {
+        c.type_ == conditions::UP_TO_DATE
+            && c.status == ConditionStatus::False
+            && (c.reason == reasons::UPGRADE_QUEUED || c.reason == reasons::UPGRADING)
+    })
 }
 
 /// Whether the machine's drift waits on the rollout (its turn, a sibling's health, the
@@ -627,14 +642,19 @@ pub(crate) fn queued_behind(
         .filter(|m| m.name_any() != me)
         .filter(|m| {
             let queued = m.status.as_ref().is_some_and(|s| {
-                s.conditions.iter().any(|c| {
-                    c.type_ == conditions::CONFIG_APPLIED
-                        && c.status == ConditionStatus::False
-                        && (c.reason == reasons::DRIFT_QUEUED || c.reason == reasons::NEEDS_REBOOT)
-                })
+                upgrade_queued(s)
+                    || s.conditions.iter().any(|c| {
+                        c.type_ == conditions::CONFIG_APPLIED
+                            && c.status == ConditionStatus::False
+                            && (c.reason == reasons::DRIFT_QUEUED
+                                || c.reason == reasons::NEEDS_REBOOT)
+                    })
             });
-            let holder = m.uid().map(LockHolder::Drift);
-            queued || holder.is_some_and(|h| waiting.contains(&h))
+            let held = m.uid().is_some_and(|uid| {
+                waiting.contains(&LockHolder::Drift(uid.clone()))
+                    || waiting.contains(&LockHolder::Upgrade(uid))
+            });
+            queued || held
         })
         .map(ObjectRef::from_obj)
         .collect()

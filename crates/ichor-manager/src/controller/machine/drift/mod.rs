@@ -52,12 +52,13 @@ pub(super) async fn roll_out(
     // The cluster's machines, read once for the turn and the lock, as stored: one disruption
     // at a time under the cluster lock (ADR 0019) counts the machines moving now.
     let machines = crate::cluster_machines_as_stored(ctx, r.cluster).await?;
-    let waiting = match drift_wait(ctx, r, &machines).await? {
-        Some(turn) => Some(turn),
-        None => act::take_drift_lock(ctx, r.cluster, &machines, &me, r.rendered)
-            .await?
-            .map(|queued| Stop::new(reasons::DRIFT_QUEUED, queued)),
-    };
+    let waiting =
+        match wait_for_turn(ctx, r.machine, r.cluster, &machines, r.sources, r.bundle).await? {
+            Some(turn) => Some(turn),
+            None => act::take_drift_lock(ctx, r.cluster, &machines, &me, r.rendered)
+                .await?
+                .map(|queued| Stop::new(reasons::DRIFT_QUEUED, queued)),
+        };
     if let Some(stop) = waiting {
         stop.set_condition(
             &mut status.conditions,
@@ -217,25 +218,29 @@ async fn reboot_cleared(
     Ok(None)
 }
 
-/// Why this machine's drift waits for its turn, or `None` if it is its
-/// turn: the planner's order over every machine of the cluster, with their recorded health and
-/// the halt recorded on the cluster. A halt that no longer stands (the config fixed) is cleared.
-async fn drift_wait(
+/// Why this machine's drift (or upgrade) waits for its turn, or `None` if it is its turn: the
+/// planner's order over every machine of the cluster, with their recorded health and the halt
+/// recorded on the cluster. A halt that no longer stands (the config fixed, the declared
+/// installer changed) is cleared.
+pub(super) async fn wait_for_turn(
     ctx: &Context,
-    r: &Rollout<'_>,
+    machine: &TalosMachine,
+    cluster: &TalosCluster,
     machines: &[TalosMachine],
+    sources: &crate::layers::Sources,
+    bundle: &ichor_render::SecretsBundle,
 ) -> Result<Option<Stop>, Error> {
-    let views = plan::drift_views(r.cluster, machines, r.sources, r.bundle);
+    let views = plan::drift_views(cluster, machines, sources, bundle);
     // As stored: the halt a refusal recorded on the cluster, never a cached copy of it.
-    let recorded = observe::read_halt(ctx, r.cluster).await?;
+    let recorded = observe::read_halt(ctx, cluster).await?;
     let halt = recorded.as_ref().map(|h| DriftHalt {
         machine: h.machine.clone(),
         rendered: h.rendered_hash.clone(),
     });
     if let Some(stale) = halt.as_ref().filter(|h| !halt_stands(&views, h)) {
-        crate::drift::clear_halt(ctx, r.cluster, &stale.machine).await?;
+        crate::drift::clear_halt(ctx, cluster, &stale.machine).await?;
     }
     let why = recorded.map(|h| h.message).unwrap_or_default();
     let turn = drift_turn(&views, halt.as_ref());
-    Ok(plan::turn_wait(turn, &r.machine.name_any(), &why))
+    Ok(plan::turn_wait(turn, &machine.name_any(), &why))
 }

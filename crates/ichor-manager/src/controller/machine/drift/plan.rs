@@ -42,6 +42,7 @@ fn drift_view(
     }
     let status = machine.status.clone().unwrap_or_default();
     let rendered = super::super::render_for(cluster, machine, role, sources, bundle).ok()?;
+    let upgrade = super::super::upgrade::plan::upgrade_image(cluster, &status, &rendered);
     Some(DriftMachine {
         name: machine.name_any(),
         role,
@@ -49,6 +50,7 @@ fn drift_view(
         applied: status.applied.config_hash.clone(),
         healthy: cond::is_true(&status.conditions, conditions::READY),
         leaving: machine.metadata.deletion_timestamp.is_some() || status.removal.progress.is_some(),
+        upgrade,
     })
 }
 

@@ -1,0 +1,175 @@
+//! Declared versions (ADR 0068): `spec.talosVersion` bumped on a Ready cluster upgrades every
+//! node, one at a time, control planes first, etcd quorum kept, without Ichor writing the spec;
+//! a node that comes back on its old version stops the rollout there; a revert, as a GitOps
+//! revert makes, rolls out like any change.
+
+use std::time::Duration;
+
+use ichor_api::TalosMachine;
+use ichor_api::common::ConditionStatus;
+use ichor_api::names::{conditions, reasons};
+use ichor_harness::{SimOptions, SimTarget, Target};
+use ichor_sim::Fault;
+use ichor_testenv::nets::DAY2_VERSIONS;
+use ichor_testenv::wait::try_eventually;
+use kube::ResourceExt as _;
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::json;
+
+use crate::support::cluster::{CLUSTER, Monitor, ready_target, state_summary};
+
+/// Declares `version` on the cluster, as a person (or Git) does; returns the generation the
+/// spec is at then.
+async fn declare(target: &SimTarget, version: &str) -> i64 {
+    let clusters: Api<ichor_api::TalosCluster> =
+        Api::namespaced(target.client(), target.namespace());
+    clusters
+        .patch(
+            CLUSTER,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"talosVersion": version}})),
+        )
+        .await
+        .expect("declared")
+        .metadata
+        .generation
+        .expect("generation")
+}
+
+/// The cluster's spec generation now.
+async fn generation(target: &SimTarget) -> i64 {
+    Api::<ichor_api::TalosCluster>::namespaced(target.client(), target.namespace())
+        .get(CLUSTER)
+        .await
+        .expect("cluster")
+        .metadata
+        .generation
+        .expect("generation")
+}
+
+/// The `UpToDate` condition of every machine: (name, status, reason, message).
+async fn up_to_date(target: &SimTarget) -> Vec<(String, ConditionStatus, String, String)> {
+    let machines: Api<TalosMachine> = Api::namespaced(target.client(), target.namespace());
+    machines
+        .list(&Default::default())
+        .await
+        .expect("machines")
+        .items
+        .into_iter()
+        .filter_map(|m| {
+            let c = m
+                .status
+                .as_ref()?
+                .conditions
+                .iter()
+                .find(|c| c.type_ == conditions::UP_TO_DATE)?
+                .clone();
+            Some((m.name_any(), c.status, c.reason, c.message))
+        })
+        .collect()
+}
+
+/// Waits until every node runs `version` and every machine says so.
+async fn rolled_out(target: &SimTarget, version: &str, limit: Duration) {
+    try_eventually(&format!("every node on {version}"), limit, || async {
+        let running: Vec<String> = target.nodes().iter().map(|n| n.talos_version()).collect();
+        let conditions = up_to_date(target).await;
+        let done = running.iter().all(|v| v == version)
+            && conditions.len() == running.len()
+            && conditions
+                .iter()
+                .all(|(_, s, r, _)| *s == ConditionStatus::True && r == reasons::RUNS_DECLARED);
+        if done {
+            Ok(())
+        } else {
+            Err(format!("{running:?} {conditions:?}"))
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", state_summary(target)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_declared_talos_version_rolls_out_one_node_at_a_time_and_a_rollback_stops_it() {
+    let target = ready_target(SimOptions::new(3, DAY2_VERSIONS.net(0), "v1.14.1"), 3, 3, 0).await;
+
+    // v1.14.1 → v1.14.2: every node upgraded, never two down at once, quorum throughout.
+    let monitor = Monitor::start(target.nodes().to_vec());
+    let declared = declare(&target, "v1.14.2").await;
+    rolled_out(&target, "v1.14.2", Duration::from_secs(240)).await;
+    let seen = monitor.finish().await;
+    assert_eq!(seen.most_down, 1, "one node down at a time: {seen:?}");
+    for node in target.nodes() {
+        assert_eq!(node.calls("Upgrade"), 1, "each node upgraded once");
+    }
+    assert_eq!(
+        generation(&target).await,
+        declared,
+        "no controller wrote the cluster's spec"
+    );
+
+    // v1.14.3 with a node that Talos rolls back: the rollout stops at it, and no node after
+    // it in the order is upgraded.
+    target.nodes()[1]
+        .inject(Fault::UpgradeRollback(true))
+        .await
+        .expect("fault");
+    declare(&target, "v1.14.3").await;
+    let halted = try_eventually("the rollout stopped", Duration::from_secs(240), || async {
+        let conditions = up_to_date(&target).await;
+        conditions
+            .iter()
+            .find(|(_, s, r, _)| *s == ConditionStatus::False && r == reasons::UPGRADE_ROLLED_BACK)
+            .cloned()
+            .ok_or_else(|| format!("{conditions:?}"))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", state_summary(&target)));
+    assert!(
+        halted
+            .3
+            .contains("the node runs Talos v1.14.2 (Talos rolled it back"),
+        "{halted:?}"
+    );
+    assert_eq!(target.nodes()[1].talos_version(), "v1.14.2");
+    let upgraded: usize = target
+        .nodes()
+        .iter()
+        .map(|n| n.calls("Upgrade"))
+        .sum::<usize>()
+        - 3;
+    // Stopped at the node that rolled back: at most the node before it in the order went.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let after: usize = target
+        .nodes()
+        .iter()
+        .map(|n| n.calls("Upgrade"))
+        .sum::<usize>()
+        - 3;
+    assert_eq!(upgraded, after, "nothing upgraded after the stop");
+    assert!(upgraded <= 2, "{upgraded}");
+    let clusters: Api<ichor_api::TalosCluster> =
+        Api::namespaced(target.client(), target.namespace());
+    let halt = clusters
+        .get(CLUSTER)
+        .await
+        .expect("cluster")
+        .status
+        .and_then(|s| s.drift.halt)
+        .expect("the halt recorded on the cluster");
+    assert_eq!(halt.machine, halted.0);
+
+    // A GitOps revert to v1.14.2: the halt no longer stands, and the nodes that went to
+    // v1.14.3 come back to v1.14.2, one at a time.
+    target.nodes()[1]
+        .inject(Fault::UpgradeRollback(false))
+        .await
+        .expect("fault cleared");
+    let reverted = declare(&target, "v1.14.2").await;
+    rolled_out(&target, "v1.14.2", Duration::from_secs(240)).await;
+    assert_eq!(
+        generation(&target).await,
+        reverted,
+        "the spec is the user's"
+    );
+}

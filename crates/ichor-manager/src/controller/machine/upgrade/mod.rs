@@ -1,0 +1,498 @@
+//! A machine's Talos upgrade: its node runs another Talos version, or another schematic, than
+//! its cluster declares (`spec.talosVersion`, `spec.schematic`). Rolled out like drift, in the
+//! planner's order and under the cluster lock (held as `upgrade/<uid>`), one node at a time,
+//! every other one healthy, the planner's etcd checks passed (ADR 0068): the upgrade is
+//! recorded before anything is sent, the installer pulled and installed, then the node
+//! rebooted; it must come back on the declared version and schematic. A node back on its old
+//! version (Talos rolled it back), an installer that cannot be pulled, a node that never went
+//! down or never came back stops the rollout at that machine until the declaration changes.
+//! Ichor never writes the cluster's spec: the declared version is the target, and a revert of
+//! it is rolled out like any change.
+
+use ichor_api::cluster::LockHolder;
+use ichor_api::common::Role;
+use ichor_api::machine::{MachineUpgrade, TalosMachineStatus, UpgradeRecord};
+use ichor_api::names::{actions, conditions, reasons};
+use ichor_api::operation::NodeProgress;
+use ichor_api::{TalosCluster, TalosMachine};
+use ichor_deleteguard::{Disruption, Stage};
+use ichor_render::Rendered;
+use ichor_talos::TalosClient;
+use kube::ResourceExt as _;
+use kube::runtime::events::EventType;
+
+use super::act as machine_act;
+use crate::{Context, Error, Stop, infra::conditions as cond};
+
+pub(crate) mod plan;
+
+/// The lock holder of a machine's upgrade.
+pub fn upgrade_holder(machine: &TalosMachine) -> LockHolder {
+    LockHolder::Upgrade(machine.uid().unwrap_or_default())
+}
+
+/// One machine's upgrade: the machine, its cluster, its node's client (`None`: it does not
+/// answer now), the config rendered for it, and what the turn and the planner need.
+pub(super) struct Upgrade<'a> {
+    pub(super) machine: &'a TalosMachine,
+    pub(super) cluster: &'a TalosCluster,
+    pub(super) client: Option<&'a TalosClient>,
+    pub(super) rendered: &'a Rendered,
+    pub(super) role: Role,
+    pub(super) address: &'a str,
+    /// Whether the node answered running (and a control plane as a healthy etcd voter).
+    pub(super) healthy: bool,
+    pub(super) credentials: &'a ichor_talos::Credentials,
+    pub(super) bundle: &'a ichor_render::SecretsBundle,
+    pub(super) sources: &'a crate::layers::Sources,
+}
+
+/// Moves the machine's upgrade on, if it needs one or has one in flight. Returns whether its
+/// turn ended now (the node back and verified, or its upgrade failed), so the machines queued
+/// behind it are woken.
+pub(super) async fn advance(
+    ctx: &Context,
+    u: &Upgrade<'_>,
+    status: &mut TalosMachineStatus,
+) -> Result<bool, Error> {
+    let Some(record) = status.upgrade.record.clone() else {
+        let Some(target) = plan::target(u.cluster, status, u.rendered) else {
+            runs_declared(ctx, u, status).await?;
+            return Ok(false);
+        };
+        return start(ctx, u, status, target).await.map(|()| false);
+    };
+    if record.progress.is_intended() {
+        send(ctx, u, status, &record).await?;
+        return Ok(false);
+    }
+    follow(ctx, u, status, &record).await
+}
+
+/// `UpToDate` for a node that runs the declared version (and schematic).
+async fn runs_declared(
+    ctx: &Context,
+    u: &Upgrade<'_>,
+    status: &mut TalosMachineStatus,
+) -> Result<(), Error> {
+    let Some(version) = status.inventory.talos_version.clone() else {
+        return Ok(());
+    };
+    let schematic = status
+        .inventory
+        .schematic
+        .as_ref()
+        .map(|s| format!(", schematic {s}"))
+        .unwrap_or_default();
+    let stop = Stop::new(
+        reasons::RUNS_DECLARED,
+        format!("runs Talos {version}{schematic}, as declared"),
+    );
+    set_up_to_date(ctx, u, status, true, &stop).await
+}
+
+/// `UpToDate` false, saying why.
+async fn not_up_to_date(
+    ctx: &Context,
+    u: &Upgrade<'_>,
+    status: &mut TalosMachineStatus,
+    stop: &Stop,
+) -> Result<(), Error> {
+    set_up_to_date(ctx, u, status, false, stop).await
+}
+
+/// Sets `UpToDate` in `status` and stores it when it changed, on the machine as stored: the
+/// upgrade group is only ever written from a fresh read, never from a cached status whose
+/// record could be behind this manager's own writes.
+async fn set_up_to_date(
+    ctx: &Context,
+    u: &Upgrade<'_>,
+    status: &mut TalosMachineStatus,
+    holds: bool,
+    stop: &Stop,
+) -> Result<(), Error> {
+    let generation = u.machine.metadata.generation;
+    let now = ctx.now();
+    cond::set(
+        &mut status.conditions,
+        conditions::UP_TO_DATE,
+        holds,
+        stop.reason,
+        stop.message.clone(),
+        generation,
+        &now,
+    );
+    let stored = u.machine.status.as_ref().map(|s| &s.conditions);
+    let current = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == conditions::UP_TO_DATE);
+    let unchanged = stored
+        .and_then(|c| c.iter().find(|c| c.type_ == conditions::UP_TO_DATE))
+        .is_some_and(|c| {
+            current.is_some_and(|n| {
+                n.status == c.status && n.reason == c.reason && n.message == c.message
+            })
+        });
+    if unchanged {
+        return Ok(());
+    }
+    machine_act::patch_status::<MachineUpgrade>(ctx, u.machine, |s| {
+        cond::set(
+            &mut s.conditions,
+            conditions::UP_TO_DATE,
+            holds,
+            stop.reason,
+            stop.message.clone(),
+            generation,
+            &now,
+        );
+    })
+    .await
+}
+
+/// A node that needs an upgrade: its turn, the lock, the planner, its identity, then the
+/// upgrade recorded (with the node's boot id) and sent.
+async fn start(
+    ctx: &Context,
+    u: &Upgrade<'_>,
+    status: &mut TalosMachineStatus,
+    target: plan::Target,
+) -> Result<(), Error> {
+    let queued = |why: String| {
+        Stop::new(
+            reasons::UPGRADE_QUEUED,
+            format!(
+                "to be upgraded to Talos {} with {}: {why}",
+                target.version, target.image
+            ),
+        )
+    };
+    let Some(client) = u.client else {
+        not_up_to_date(ctx, u, status, &queued("the node does not answer".into())).await?;
+        return Ok(());
+    };
+    let Some(boot) = cleared(ctx, u, status, &target, client).await? else {
+        return Ok(());
+    };
+    let record = UpgradeRecord {
+        image: target.image.clone(),
+        version: target.version.clone(),
+        from_version: status.inventory.talos_version.clone(),
+        boot_id_before: boot,
+        progress: NodeProgress::Intended,
+    };
+    write_record(ctx, u.machine, Some(&record)).await?;
+    status.upgrade.record = Some(record.clone());
+    ctx.event(
+        u.machine,
+        EventType::Normal,
+        reasons::UPGRADING,
+        actions::UPGRADE,
+        format!(
+            "upgrading from Talos {} to {} with {} under the cluster lock",
+            record.from_version.as_deref().unwrap_or("unknown"),
+            record.version,
+            record.image
+        ),
+    )
+    .await;
+    send(ctx, u, status, &record).await
+}
+
+/// Whether the node may be upgraded now: its turn, the cluster lock (taken), the planner, its
+/// identity. `Some` holds its boot id from before the upgrade; `None` says (in `UpToDate`)
+/// why it waits, the lock given back.
+async fn cleared(
+    ctx: &Context,
+    u: &Upgrade<'_>,
+    status: &mut TalosMachineStatus,
+    target: &plan::Target,
+    client: &TalosClient,
+) -> Result<Option<String>, Error> {
+    let queued = |why: String| {
+        Stop::new(
+            reasons::UPGRADE_QUEUED,
+            format!(
+                "to be upgraded to Talos {} with {}: {why}",
+                target.version, target.image
+            ),
+        )
+    };
+    let machines = crate::cluster_machines_as_stored(ctx, u.cluster).await?;
+    let turn =
+        super::drift::wait_for_turn(ctx, u.machine, u.cluster, &machines, u.sources, u.bundle)
+            .await?;
+    if let Some(waits) = turn {
+        not_up_to_date(ctx, u, status, &queued(waits.message)).await?;
+        return Ok(None);
+    }
+    let me = upgrade_holder(u.machine);
+    let moving = crate::lock::transitioning(u.cluster, &machines);
+    let outcome = crate::lock::acquire(ctx, u.cluster, &me, moving, false).await?;
+    if !outcome.held() {
+        not_up_to_date(ctx, u, status, &queued(outcome.message())).await?;
+        return Ok(None);
+    }
+    if let Some(stop) = planner_holds(ctx, u, &machines, target).await? {
+        crate::lock::release(ctx, u.cluster, &me).await?;
+        not_up_to_date(ctx, u, status, &stop).await?;
+        return Ok(None);
+    }
+    // The node behind this connection must be the machine (ADR 0052).
+    let checked = crate::identity::check_machine(client, u.machine, u.address, "upgrade").await;
+    if crate::identity::held_on(ctx, u.machine, status, conditions::UP_TO_DATE, &checked).await {
+        crate::lock::release(ctx, u.cluster, &me).await?;
+        return Ok(None);
+    }
+    match client.boot_id().await {
+        Ok(boot) => Ok(Some(boot)),
+        Err(error) => {
+            crate::lock::release(ctx, u.cluster, &me).await?;
+            let stop = queued(format!(
+                "the node does not tell its boot id, by which its reboot is seen: {error}"
+            ));
+            not_up_to_date(ctx, u, status, &stop).await?;
+            Ok(None)
+        }
+    }
+}
+
+/// The planner's word on the upgrade, a restart: `Some` says why it waits (a voter unhealthy,
+/// quorum at risk; ADR 0019).
+async fn planner_holds(
+    ctx: &Context,
+    u: &Upgrade<'_>,
+    machines: &[TalosMachine],
+    target: &plan::Target,
+) -> Result<Option<Stop>, Error> {
+    let verdict = crate::safety::check(
+        ctx,
+        u.machine,
+        u.cluster,
+        machines,
+        u.credentials,
+        &Disruption::Restart,
+        Stage::Run,
+    )
+    .await?;
+    Ok((!verdict.is_proceed()).then(|| {
+        Stop::new(
+            verdict.reason().unwrap_or(reasons::ETCD_UNHEALTHY),
+            format!(
+                "the upgrade to Talos {} waits: {}",
+                target.version,
+                verdict.message().unwrap_or_default()
+            ),
+        )
+    }))
+}
+
+/// Writes (or clears) the machine's upgrade record, as stored.
+async fn write_record(
+    ctx: &Context,
+    machine: &TalosMachine,
+    record: Option<&UpgradeRecord>,
+) -> Result<(), Error> {
+    machine_act::patch_status::<MachineUpgrade>(ctx, machine, |s| {
+        s.upgrade.record = record.cloned();
+    })
+    .await
+}
+
+/// The cluster lock for a recorded upgrade not sent yet: a restart finds it as it left it, or
+/// takes it again if it lapsed meanwhile. `Some` says why the upgrade waits for it.
+async fn lock_again(
+    ctx: &Context,
+    u: &Upgrade<'_>,
+    record: &UpgradeRecord,
+) -> Result<Option<Stop>, Error> {
+    let machines = crate::cluster_machines_as_stored(ctx, u.cluster).await?;
+    let moving = crate::lock::transitioning(u.cluster, &machines);
+    let outcome =
+        crate::lock::acquire(ctx, u.cluster, &upgrade_holder(u.machine), moving, false).await?;
+    Ok((!outcome.held()).then(|| {
+        Stop::new(
+            reasons::UPGRADE_QUEUED,
+            format!(
+                "upgrade to Talos {} recorded, not sent yet: {}",
+                record.version,
+                outcome.message()
+            ),
+        )
+    }))
+}
+
+/// Sends the recorded upgrade: a control plane hands its etcd leadership on, the installer is
+/// pulled and installed (the lock renewed meanwhile), the upgrade recorded sent, then the
+/// reboot (talos-facts §9.6: the lifecycle upgrade neither drains nor reboots). A refusal
+/// stops the rollout here.
+async fn send(
+    ctx: &Context,
+    u: &Upgrade<'_>,
+    status: &mut TalosMachineStatus,
+    record: &UpgradeRecord,
+) -> Result<(), Error> {
+    let me = upgrade_holder(u.machine);
+    let Some(client) = u.client else {
+        let stop = Stop::new(
+            reasons::UPGRADING,
+            format!(
+                "upgrade to Talos {} recorded, not sent yet: the node does not answer",
+                record.version
+            ),
+        );
+        return not_up_to_date(ctx, u, status, &stop).await;
+    };
+    if let Some(stop) = lock_again(ctx, u, record).await? {
+        return not_up_to_date(ctx, u, status, &stop).await;
+    }
+    if u.role == Role::ControlPlane {
+        // Talos's own reboot hands nothing over (talos-facts §9.6): a leader stepping down
+        // first saves an election. Best effort: a follower answers with nothing to do.
+        let _ = client.etcd_forfeit_leadership().await;
+    }
+    let installed = crate::lock::renewed_while(ctx, u.cluster, &me, async {
+        client.pull_image(&record.image).await?;
+        client.upgrade(&record.image).await
+    })
+    .await;
+    if let Err(error) = installed {
+        let stop = Stop::new(
+            reasons::UPGRADE_FAILED,
+            format!(
+                "the node could not install {}: {error}; the rollout stops here until spec.talosVersion or the schematic changes",
+                record.image
+            ),
+        );
+        return fail(ctx, u, status, record, stop).await;
+    }
+    let sent = UpgradeRecord {
+        progress: NodeProgress::Sent { sent_at: ctx.now() },
+        ..record.clone()
+    };
+    write_record(ctx, u.machine, Some(&sent)).await?;
+    status.upgrade.record = Some(sent);
+    if let Err(error) = client.reboot().await {
+        let stop = Stop::new(
+            reasons::UPGRADE_FAILED,
+            format!(
+                "{} was installed, but the reboot into it failed: {error}; the rollout stops here",
+                record.image
+            ),
+        );
+        return fail(ctx, u, status, record, stop).await;
+    }
+    let stop = Stop::new(
+        reasons::UPGRADING,
+        format!(
+            "upgrading to Talos {} with {}: installed, rebooting",
+            record.version, record.image
+        ),
+    );
+    not_up_to_date(ctx, u, status, &stop).await
+}
+
+/// After the upgrade was sent: the node goes down, comes back healthy on the declared version
+/// and schematic (the turn ends, `true`), or the upgrade failed (the rollout stops here, and
+/// the turn ends too).
+async fn follow(
+    ctx: &Context,
+    u: &Upgrade<'_>,
+    status: &mut TalosMachineStatus,
+    record: &UpgradeRecord,
+) -> Result<bool, Error> {
+    let boot = match u.client {
+        Some(client) => client.boot_id().await.ok(),
+        None => None,
+    };
+    let sent_at = record.progress.sent_at().map(|t| t.0);
+    let seen = plan::Seen {
+        boot: boot.as_deref(),
+        healthy: u.healthy,
+        version: status.inventory.talos_version.as_deref(),
+        schematic: status.inventory.schematic.as_deref(),
+        since: plan::elapsed(sent_at.as_ref(), ctx.clock.now()),
+    };
+    let wanted = u.rendered.installer.schematic.as_deref();
+    match plan::after(record, &seen, wanted) {
+        plan::After::Wait(message) => {
+            if !record.progress.went_down() && seen.boot.is_some_and(|b| b != record.boot_id_before)
+            {
+                let down = UpgradeRecord {
+                    progress: record.progress.clone().down(ctx.now()),
+                    ..record.clone()
+                };
+                write_record(ctx, u.machine, Some(&down)).await?;
+                status.upgrade.record = Some(down);
+            }
+            not_up_to_date(ctx, u, status, &Stop::new(reasons::UPGRADING, message)).await?;
+            Ok(false)
+        }
+        plan::After::Failed(stop) => fail(ctx, u, status, record, stop).await.map(|()| true),
+        plan::After::Verified(message) => {
+            // Ends the turn: the record cleared and `UpToDate` stored before the lock is
+            // released, so the next machine reads this one done (ADR 0043).
+            status.upgrade.record = None;
+            cond::set(
+                &mut status.conditions,
+                conditions::UP_TO_DATE,
+                true,
+                reasons::RUNS_DECLARED,
+                message.clone(),
+                u.machine.metadata.generation,
+                &ctx.now(),
+            );
+            machine_act::patch_status::<MachineUpgrade>(ctx, u.machine, |s| {
+                s.upgrade.record = None;
+                s.conditions.clone_from(&status.conditions);
+            })
+            .await?;
+            crate::lock::release(ctx, u.cluster, &upgrade_holder(u.machine)).await?;
+            ctx.event(
+                u.machine,
+                EventType::Normal,
+                reasons::RUNS_DECLARED,
+                actions::UPGRADE,
+                format!("{message}; the next machine may go"),
+            )
+            .await;
+            Ok(true)
+        }
+    }
+}
+
+/// The upgrade failed on this node: the rollout stops at this machine (recorded on the
+/// cluster, as a refused config is, until the declared image changes), the record is cleared,
+/// the lock released, and a Warning says why.
+async fn fail(
+    ctx: &Context,
+    u: &Upgrade<'_>,
+    status: &mut TalosMachineStatus,
+    record: &UpgradeRecord,
+    stop: Stop,
+) -> Result<(), Error> {
+    crate::drift::record_halt(ctx, u.cluster, u.machine, &record.image, &stop.message).await?;
+    status.upgrade.record = None;
+    stop.set_condition(
+        &mut status.conditions,
+        conditions::UP_TO_DATE,
+        u.machine.metadata.generation,
+        &ctx.now(),
+    );
+    machine_act::patch_status::<MachineUpgrade>(ctx, u.machine, |s| {
+        s.upgrade.record = None;
+        s.conditions.clone_from(&status.conditions);
+    })
+    .await?;
+    crate::lock::release(ctx, u.cluster, &upgrade_holder(u.machine)).await?;
+    ctx.event(
+        u.machine,
+        EventType::Warning,
+        stop.reason,
+        actions::UPGRADE,
+        stop.message.clone(),
+    )
+    .await;
+    Ok(())
+}
