@@ -94,7 +94,7 @@ pub fn webhook_rules() -> Vec<k8s_openapi::api::admissionregistration::v1::RuleW
     };
     vec![
         rule("talosmachines", &["DELETE", "UPDATE"]),
-        rule("talosclusters", &["DELETE"]),
+        rule("talosclusters", &["DELETE", "UPDATE"]),
         rule("talosoperations", &["CREATE"]),
     ]
 }
@@ -130,16 +130,23 @@ pub fn validating_webhook_configuration()
                 ..Default::default()
             },
             rules: Some(webhook_rules()),
-            match_conditions: Some(vec![MatchCondition {
-                name: MACHINE_UPDATE_CONDITION.into(),
-                expression: MACHINE_UPDATE_EXPRESSION.into(),
-            }]),
+            match_conditions: Some(vec![
+                MatchCondition {
+                    name: MACHINE_UPDATE_CONDITION.into(),
+                    expression: MACHINE_UPDATE_EXPRESSION.into(),
+                },
+                MatchCondition {
+                    name: CLUSTER_UPDATE_CONDITION.into(),
+                    expression: CLUSTER_UPDATE_EXPRESSION.into(),
+                },
+            ]),
             ..Default::default()
         }]),
     }
 }
 
-/// The name of the webhook's one match condition ([`MACHINE_UPDATE_EXPRESSION`]).
+/// The name of the webhook's match condition for TalosMachine updates
+/// ([`MACHINE_UPDATE_EXPRESSION`]).
 pub const MACHINE_UPDATE_CONDITION: &str = "machine-update-changes-approval-or-role";
 
 /// The webhook's match condition (CEL, evaluated by the apiserver): every request of its rules
@@ -153,6 +160,19 @@ pub const MACHINE_UPDATE_EXPRESSION: &str = "request.operation != 'UPDATE' \
 != (has(oldObject.spec.approvalState) ? oldObject.spec.approvalState : '') \
 || (has(object.spec.role) ? object.spec.role : '') \
 != (has(oldObject.spec.role) ? oldObject.spec.role : '')";
+
+/// The name of the webhook's match condition for TalosCluster updates
+/// ([`CLUSTER_UPDATE_EXPRESSION`]).
+pub const CLUSTER_UPDATE_CONDITION: &str = "cluster-update-changes-versions";
+
+/// The match condition for TalosCluster updates: one is sent only when it changes
+/// `spec.talosVersion` or `spec.kubernetesVersion`, the changes the version rules judge
+/// (`crate::versions`, ADR 0068); every other request passes it. The manager's status writes
+/// and the webhook's own reservations never wait on the webhook.
+pub const CLUSTER_UPDATE_EXPRESSION: &str = "request.operation != 'UPDATE' \
+|| request.resource.resource != 'talosclusters' \
+|| object.spec.talosVersion != oldObject.spec.talosVersion \
+|| object.spec.kubernetesVersion != oldObject.spec.kubernetesVersion";
 
 /// What the webhook may do across namespaces: list and watch TalosMachines, read, watch and
 /// reserve on TalosClusters (its cache answers refusals, ADR 30), inject its CA into its own

@@ -277,6 +277,11 @@ pub mod reasons {
     pub const IMMUTABLE_ONCE_APPLIED: &str = "ImmutableOnceApplied";
     /// The webhook could not read the live state it needs, so it refused (fail closed).
     pub const LIVE_STATE_UNAVAILABLE: &str = "LiveStateUnavailable";
+    /// A change of `spec.talosVersion` or `spec.kubernetesVersion` breaks a version rule (a
+    /// Kubernetes minor downgrade or skip, a Talos below the config contract in force or past
+    /// what its installer accepts, a pair outside Talos's support matrix): refused at the door,
+    /// the message naming the field (ADR 0068).
+    pub const VERSION_CHANGE_REFUSED: &str = "VersionChangeRefused";
     /// The admission review could not be read.
     pub const INVALID_REVIEW: &str = "InvalidReview";
     /// The webhook requires a client certificate (ADR 0051) and the caller presented none.

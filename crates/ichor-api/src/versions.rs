@@ -327,6 +327,38 @@ pub fn check_change(
     }
 }
 
+/// The oldest Talos the configured nodes of cluster `cluster` in `namespace` run, among
+/// `machines`, as they recorded it (`status.talosVersion` of every approved machine with an
+/// applied config that is not being deleted): the version as reported, and its reading.
+pub fn oldest_running<'a>(
+    machines: impl IntoIterator<Item = &'a crate::TalosMachine>,
+    namespace: &str,
+    cluster: &str,
+) -> Option<(&'a str, Version)> {
+    machines
+        .into_iter()
+        .filter(|m| {
+            m.metadata.namespace.as_deref().unwrap_or_default() == namespace
+                && m.spec.cluster_ref.name == cluster
+                && m.spec.approval_state == crate::machine::ApprovalState::Approved
+                && m.metadata.deletion_timestamp.is_none()
+        })
+        .filter_map(|m| {
+            let status = m.status.as_ref()?;
+            status.applied.config_hash.as_ref()?;
+            let text = status.inventory.talos_version.as_deref()?;
+            Some((text, Version::parse(text)?))
+        })
+        .min_by_key(|(_, version)| *version)
+}
+
+/// The config contract in force for a cluster declaring Talos `declared` whose oldest node
+/// runs `oldest`: the older of the two series (talos-facts §9.9).
+pub fn contract_in_force(declared: &str, oldest: Option<Version>) -> Option<Series> {
+    let declared = Series::parse(declared)?;
+    Some(oldest.map_or(declared, |o| o.series().min(declared)))
+}
+
 /// Checks the versions a cluster is created with: readable, and a pair Talos supports.
 pub fn check_declared(declared: Declared<'_>) -> Result<(), VersionRefusal> {
     let talos = read(TALOS, declared.talos, "v1.14.2")?;

@@ -7,8 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use futures::future::BoxFuture;
 use futures::{FutureExt as _, StreamExt as _};
-use ichor_api::machine::ApprovalState;
-use ichor_api::versions::Version;
+use ichor_api::versions::oldest_running;
 use ichor_api::{TalosMachine, TalosMachineClass, TalosStorage};
 use ichor_render::{MachineLayers, RenderError};
 use kube::ResourceExt as _;
@@ -133,40 +132,17 @@ impl Sources {
         Ok(layers)
     }
 
-    /// The same sources, with the oldest Talos each cluster's configured nodes run, as
-    /// `machines` (approved, configured, not being deleted) record it.
+    /// The same sources, with the oldest Talos the configured nodes of `machine`'s cluster
+    /// run, as `machines` record it (`ichor_api::versions::oldest_running`).
     #[must_use]
-    pub fn running(mut self, machines: &[Arc<TalosMachine>]) -> Self {
-        let mut oldest: BTreeMap<(String, String), (Version, String)> = BTreeMap::new();
-        for machine in machines {
-            let configured = machine.spec.approval_state == ApprovalState::Approved
-                && machine.metadata.deletion_timestamp.is_none()
-                && machine
-                    .status
-                    .as_ref()
-                    .is_some_and(|s| s.applied.config_hash.is_some());
-            let running = machine
-                .status
-                .as_ref()
-                .and_then(|s| s.inventory.talos_version.as_deref());
-            let Some((text, version)) = running
-                .filter(|_| configured)
-                .and_then(|text| Some((text, Version::parse(text)?)))
-            else {
-                continue;
-            };
-            let cluster = (
-                machine.namespace().unwrap_or_default(),
-                machine.spec.cluster_ref.name.clone(),
-            );
-            let slot = oldest
-                .entry(cluster)
-                .or_insert_with(|| (version, text.to_owned()));
-            if version < slot.0 {
-                *slot = (version, text.to_owned());
-            }
+    pub fn running(mut self, machines: &[Arc<TalosMachine>], machine: &TalosMachine) -> Self {
+        let namespace = machine.namespace().unwrap_or_default();
+        let cluster = machine.spec.cluster_ref.name.clone();
+        let oldest = oldest_running(machines.iter().map(AsRef::as_ref), &namespace, &cluster);
+        if let Some((text, _)) = oldest {
+            self.oldest_running
+                .insert((namespace, cluster), text.to_owned());
         }
-        self.oldest_running = oldest.into_iter().map(|(k, (_, text))| (k, text)).collect();
         self
     }
 }

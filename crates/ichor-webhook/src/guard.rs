@@ -17,6 +17,7 @@ use futures::{FutureExt as _, StreamExt as _};
 use ichor_api::decode::Decoded;
 use ichor_api::names::{annotations, reasons};
 use ichor_api::operation::{OperationAction, TalosOperation};
+use ichor_api::versions::{self, Declared};
 use ichor_api::{TalosCluster, TalosMachine};
 use ichor_deleteguard::{
     Cluster, Disruption, Machine, Refusal, annotation_true, check_cluster_delete,
@@ -290,6 +291,11 @@ impl Guard {
                     .unwrap_or_default();
                 self.operation_create(&operation, &namespace).await
             }
+            ("TalosCluster", Operation::Update) => {
+                let old: TalosCluster = decode(request.old_object, "oldObject")?;
+                let new: TalosCluster = decode(request.object, "object")?;
+                self.cluster_update(&old, &new).await
+            }
             ("TalosCluster", Operation::Delete) => {
                 let cluster: TalosCluster = decode(request.old_object, "oldObject")?;
                 Ok(match check_cluster_delete(&Cluster::from(&cluster)) {
@@ -299,6 +305,66 @@ impl Guard {
             }
             _ => Ok(Decision::Allow),
         }
+    }
+
+    /// A TalosCluster update that changes its declared versions: judged by the version rules
+    /// (`ichor_api::versions`) against the config contract in force and the oldest Talos its
+    /// configured nodes run, read from the cache (live when the cache is not ready).
+    async fn cluster_update(
+        &self,
+        old: &TalosCluster,
+        new: &TalosCluster,
+    ) -> Result<Decision, GuardError> {
+        fn declared(c: &TalosCluster) -> Declared<'_> {
+            Declared {
+                talos: &c.spec.talos_version,
+                kubernetes: &c.spec.kubernetes_version,
+            }
+        }
+        if declared(old) == declared(new) {
+            return Ok(Decision::Allow);
+        }
+        let namespace = old.metadata.namespace.clone().unwrap_or_default();
+        let name = old.metadata.name.clone().unwrap_or_default();
+        let (cached, listed);
+        let machines: Vec<&TalosMachine> = match self.cache.as_ref().filter(|c| c.ready()) {
+            Some(cache) => {
+                cached = cache.machines.state();
+                cached.iter().map(AsRef::as_ref).collect()
+            }
+            None => {
+                listed = Api::<TalosMachine>::namespaced(self.client.clone(), &namespace)
+                    .list(&ListParams::default())
+                    .await?
+                    .items;
+                listed.iter().collect()
+            }
+        };
+        let oldest =
+            versions::oldest_running(machines.iter().copied(), &namespace, &name).map(|(_, v)| v);
+        let Some(contract) = versions::contract_in_force(&old.spec.talos_version, oldest) else {
+            // The version before does not read: nothing to hold the change against but the
+            // matrix.
+            return Ok(match versions::check_declared(declared(new)) {
+                Ok(()) => Decision::Allow,
+                Err(refusal) => {
+                    Decision::deny(reasons::VERSION_CHANGE_REFUSED, refusal.to_string())
+                }
+            });
+        };
+        Ok(
+            match versions::check_change(
+                declared(old),
+                declared(new),
+                contract,
+                oldest.map(versions::Version::series),
+            ) {
+                Ok(_) => Decision::Allow,
+                Err(refusal) => {
+                    Decision::deny(reasons::VERSION_CHANGE_REFUSED, refusal.to_string())
+                }
+            },
+        )
     }
 
     /// The answer to a TalosMachine delete that live state cannot change (ADR 30), if it is

@@ -93,6 +93,38 @@ async fn rolled_out(target: &SimTarget, version: &str, limit: Duration) {
 async fn a_declared_talos_version_rolls_out_one_node_at_a_time_and_a_rollback_stops_it() {
     let target = ready_target(SimOptions::new(3, DAY2_VERSIONS.net(0), "v1.14.1"), 3, 3, 0).await;
 
+    // Refused at the door, naming the field: a Kubernetes minor downgrade, a Talos below the
+    // config contract in force, a pair outside Talos's support matrix.
+    for (change, field) in [
+        (
+            json!({"kubernetesVersion": "1.35.2"}),
+            "spec.kubernetesVersion 1.35.2 is a minor downgrade",
+        ),
+        (
+            json!({"talosVersion": "v1.13.9"}),
+            "spec.talosVersion v1.13.9 is older than the config contract in force, 1.14",
+        ),
+        (
+            json!({"kubernetesVersion": "1.38.0"}),
+            "spec.kubernetesVersion 1.38.0 skips a minor version",
+        ),
+    ] {
+        let refused =
+            Api::<ichor_api::TalosCluster>::namespaced(target.client(), target.namespace())
+                .patch(
+                    CLUSTER,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"spec": change})),
+                )
+                .await
+                .expect_err("refused at the door");
+        let kube::Error::Api(status) = refused else {
+            panic!("{refused:?}");
+        };
+        assert_eq!(status.reason, reasons::VERSION_CHANGE_REFUSED, "{status:?}");
+        assert!(status.message.contains(field), "{status:?}");
+    }
+
     // v1.14.1 → v1.14.2: every node upgraded, never two down at once, quorum throughout.
     let monitor = Monitor::start(target.nodes().to_vec());
     let declared = declare(&target, "v1.14.2").await;

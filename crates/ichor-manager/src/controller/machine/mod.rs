@@ -197,7 +197,7 @@ async fn approved(machine: &TalosMachine, ctx: &Context) -> Result<Action, Error
         .layers
         .sources()
         .await?
-        .running(&ctx.machines.store().state());
+        .running(&ctx.machines.store().state(), machine);
     let (rendered, address) = match plan::configurable(machine, &cluster, &sources, &bundle) {
         Ok(target) => target,
         Err(stop) => return act::record_blocked(ctx, machine, status, stop).await,
