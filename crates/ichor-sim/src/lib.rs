@@ -51,6 +51,7 @@ mod control;
 mod cosi;
 mod cut;
 mod events;
+mod factory;
 pub mod hardware;
 mod lifecycle;
 mod machined;
@@ -83,6 +84,7 @@ use tonic::transport::Server;
 
 pub use config::MachineType;
 pub use control::Gate;
+pub use factory::SimFactory;
 pub use hardware::{Hardware, SimDisk, SimLink};
 
 use config::AppliedConfig;
@@ -182,6 +184,9 @@ pub struct NodeSpec {
     /// About how large, in bytes, the etcd database of a cluster this node bootstraps is: its
     /// simulated Kubernetes keyspace, and so the size of its snapshots (talos-facts §12.3).
     pub etcd_size: u64,
+    /// The Image Factory its containerd pulls factory installers from and whose schematics
+    /// its extensions name (talos-facts §9.4, §9.5): the nodes of one process share one.
+    pub factory: SimFactory,
 }
 
 /// The default [`NodeSpec::etcd_size`]: a few MiB, as a small cluster's etcd holds.
@@ -197,6 +202,7 @@ impl NodeSpec {
             timings: Timings::default(),
             config: None,
             etcd_size: DEFAULT_ETCD_SIZE,
+            factory: SimFactory::default(),
         }
     }
 }
@@ -252,6 +258,23 @@ impl InstallPhase {
 /// `upgrade` task (`internal/pkg/install/install.go` `RunInstallerContainer`, v1.13.9 and main
 /// alike). It is what [`Fault::InstallFails`] makes the installer return.
 pub const INSTALLER_FAILED: &str = "task \"upgrade\" failed: exit code 1";
+
+/// The installer image an install uses: the one the config names, or, when it names none,
+/// Talos's default: `ghcr.io/siderolabs/installer:<version>` on 1.13, the factory's
+/// empty-schematic `factory.talos.dev/metal-installer/<empty ID>:<version>` from 1.14
+/// (talos-facts §9.4).
+pub(crate) fn default_installer(image: &str, talos_version: &str) -> String {
+    if !image.is_empty() {
+        image.to_owned()
+    } else if talos_version.starts_with("v1.13.") {
+        format!("ghcr.io/siderolabs/installer:{talos_version}")
+    } else {
+        format!(
+            "factory.talos.dev/metal-installer/{}:{talos_version}",
+            ichor_render::schematic::EMPTY_ID
+        )
+    }
+}
 
 /// A fault a test injects into a running node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -432,6 +455,15 @@ pub(crate) struct Node {
     pub(crate) etcd_size: u64,
     /// Images pulled into the system containerd.
     pub(crate) images: BTreeSet<String>,
+    /// The Image Factory its containerd pulls factory installers from.
+    pub(crate) factory: SimFactory,
+    /// The installer image Talos was last installed or upgraded with (on disk, with the
+    /// install): its extensions are the node's (talos-facts §9.5). Read only while
+    /// [`Node::installed`]: a node not installed booted from the factory's default ISO.
+    pub(crate) installer: Option<String>,
+    /// The installer of an upgrade installed to disk that the next power-on boots (with
+    /// `pending_version`).
+    pub(crate) pending_installer: Option<String>,
     /// What user volumes wrote on the disks (partitions, filesystems), by disk name.
     pub(crate) disk_content: BTreeMap<String, volumes::DiskContent>,
     /// Every partition was wiped: nothing left to boot.
@@ -536,6 +568,11 @@ impl SimNode {
                 .map_err(|source| SimError::Serve { addr, source })?;
         }
         let shared = Arc::new(Shared::new(addr, &spec.talos_version));
+        // A node started with a config was installed before, from the config's installer.
+        let installer = persisted
+            .as_ref()
+            .filter(|c| c.install)
+            .map(|c| default_installer(&c.install_image, &spec.talos_version));
         let node = Arc::new(Mutex::new(Node {
             shared: Arc::clone(&shared),
             hardware: spec.hardware.clone(),
@@ -554,6 +591,9 @@ impl SimNode {
             etcd_recovery: None,
             etcd_size: spec.etcd_size,
             images: BTreeSet::new(),
+            factory: spec.factory.clone(),
+            installer,
+            pending_installer: None,
             disk_content: BTreeMap::new(),
             bricked: false,
             powered: true,
@@ -958,6 +998,26 @@ fn serving_keyspace(data: EtcdData) -> Result<Arc<snapshot::keyspace::Keyspace>,
 }
 
 impl Node {
+    /// Why this install attempt's installer fails, if it does: its image cannot be pulled (an
+    /// installer of the factory's whose schematic it does not know: Talos's install pulls with
+    /// go-retry and five not-found retries, then fails with the pull's error in go-retry's
+    /// error set, talos-facts §9.10; here at once), or [`Fault::InstallFails`].
+    pub(crate) fn installer_failure(&self, image: &str) -> Option<String> {
+        let image = default_installer(image, &self.talos_version);
+        if let Some(error) = self.factory.pull_error(&image) {
+            return Some(format!("1 error(s) occurred:\n\t{error}"));
+        }
+        self.shared
+            .install_fails
+            .load(Ordering::SeqCst)
+            .then(|| INSTALLER_FAILED.to_owned())
+    }
+
+    /// Records the installer an install completed with (its extensions are the node's).
+    pub(crate) fn record_installer(&mut self, image: &str) {
+        self.installer = Some(default_installer(image, &self.talos_version));
+    }
+
     /// Detaches the machine's disks (all but CD-ROMs), or attaches them again; attaching is a
     /// disk change a pending unattended install looks at again (`this`: the node, for it).
     pub(crate) fn detach_disks(&mut self, detach: bool, this: Weak<Mutex<Node>>) {

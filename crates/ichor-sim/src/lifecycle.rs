@@ -97,6 +97,7 @@ impl LifecycleService for Lifecycle {
             }
             Some(version) => {
                 node.pending_version = Some(version);
+                node.pending_installer = Some(image.clone());
                 replies.push(progress(Progress::Message("installation complete".into())));
                 replies.push(progress(Progress::ExitCode(0)));
             }
@@ -119,6 +120,12 @@ impl ImageService for Images {
     /// Talos reports each layer (`internal/app/images/images.go` `Service.Pull`,
     /// `internal/pkg/containers/image/progress/pull_progress.go`); an image already there is
     /// not pulled again and has no progress (`image.WithSkipIfAlreadyPulled`).
+    ///
+    /// An installer of the Image Factory's whose schematic it does not know is not found
+    /// (talos-facts §9.4, §9.10): `NotFound` "error pulling image: …" with containerd's
+    /// error, which 1.13 wraps in go-retry's error set (`internal/app/images/images.go`
+    /// `Service.Pull` with `WithMaxNotFoundRetries(0)`, v1.13.9) and 1.14 does not (a single
+    /// attempt, `internal/pkg/containers/image/pull.go` `Pull`, v1.14.0-rc.1).
     async fn pull(
         &self,
         request: Request<ImageServicePullRequest>,
@@ -131,7 +138,17 @@ impl ImageService for Images {
             .node
             .upgrade()
             .ok_or_else(|| Status::unavailable("the node is shutting down"))?;
-        let fresh = strong.lock().await.images.insert(image.clone());
+        let mut node = strong.lock().await;
+        if let Some(error) = node.factory.pull_error(&image) {
+            let error = if node.shared.is_1_14() {
+                error
+            } else {
+                format!("1 error(s) occurred:\n\t{error}")
+            };
+            return Err(Status::not_found(format!("error pulling image: {error}")));
+        }
+        let fresh = node.images.insert(image.clone());
+        drop(node);
         let mut replies = Vec::new();
         if fresh {
             let digest = ring::digest::digest(&ring::digest::SHA256, image.as_bytes());

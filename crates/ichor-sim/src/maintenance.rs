@@ -132,14 +132,15 @@ async fn continue_boot(node: Weak<Mutex<Node>>, config: Arc<AppliedConfig>, plan
         // The installer never returns: the install stays in progress, the config in memory.
         return;
     }
-    if guard.shared.install_fails.load(Ordering::SeqCst) {
+    if let Some(error) = guard.installer_failure(&image) {
         if unattended {
-            return unattended_failed(guard, node, image);
+            return unattended_failed(guard, node, image, error);
         }
         guard.installing = false;
-        return install_sequence_failed(guard, node, crate::INSTALLER_FAILED.to_owned()).await;
+        return install_sequence_failed(guard, node, error).await;
     }
     guard.installed = true;
+    guard.record_installer(&image);
     guard.installing = false;
     guard.config_in_memory = false;
     if unattended {
@@ -202,8 +203,9 @@ fn unattended_failed(
     mut guard: tokio::sync::MutexGuard<'_, Node>,
     node: Weak<Mutex<Node>>,
     image: String,
+    error: String,
 ) {
-    guard.install_failure = Some(crate::INSTALLER_FAILED.to_owned());
+    guard.install_failure = Some(error);
     guard.unattended = Some((image, InstallPhase::Failed));
     guard.config_in_memory = true;
     let boot = guard.boot_id.clone();
@@ -253,13 +255,14 @@ fn retry_unattended(this: Weak<Mutex<Node>>, boot: String) {
             if guard.shared.install_hangs.load(Ordering::SeqCst) {
                 return;
             }
-            if guard.shared.install_fails.load(Ordering::SeqCst) {
-                guard.install_failure = Some(crate::INSTALLER_FAILED.to_owned());
+            if let Some(error) = guard.installer_failure(&image) {
+                guard.install_failure = Some(error);
                 guard.unattended = Some((image, InstallPhase::Failed));
                 continue;
             }
             guard.install_failure = None;
             guard.installed = true;
+            guard.record_installer(&image);
             guard.config_in_memory = false;
             let phase = if reboot {
                 InstallPhase::WaitingForReboot
@@ -342,8 +345,8 @@ pub(crate) fn resume_unattended(node: &mut Node, this: Weak<Mutex<Node>>) {
             guard.config_in_memory = true;
             return;
         }
-        if guard.shared.install_fails.load(Ordering::SeqCst) {
-            guard.install_failure = Some(crate::INSTALLER_FAILED.to_owned());
+        if let Some(error) = guard.installer_failure(&image) {
+            guard.install_failure = Some(error);
             guard.unattended = Some((image, InstallPhase::Failed));
             guard.config_in_memory = true;
             let boot = guard.boot_id.clone();
@@ -352,6 +355,7 @@ pub(crate) fn resume_unattended(node: &mut Node, this: Weak<Mutex<Node>>) {
             return;
         }
         guard.installed = true;
+        guard.record_installer(&image);
         let phase = if reboot {
             InstallPhase::WaitingForReboot
         } else {

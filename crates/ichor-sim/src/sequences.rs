@@ -770,6 +770,7 @@ pub(crate) fn upgrade(node: Weak<Mutex<Node>>, request: &UpgradeRequest) -> Stri
     let actor = uuid();
     let plan = Plan::upgrade(request);
     let target = crate::configured::image_version(&request.image);
+    let image = request.image.clone();
     let by = actor.clone();
     tokio::spawn(async move {
         let Some(strong) = after_start(&node).await else {
@@ -777,6 +778,7 @@ pub(crate) fn upgrade(node: Weak<Mutex<Node>>, request: &UpgradeRequest) -> Stri
         };
         let mut guard = strong.lock().await;
         guard.pending_version = target;
+        guard.pending_installer = Some(image);
         guard.go_down(node.clone(), &by, &plan).await;
     });
     actor
@@ -785,11 +787,16 @@ pub(crate) fn upgrade(node: Weak<Mutex<Node>>, request: &UpgradeRequest) -> Stri
 /// Applies an installed-but-not-booted version at boot (unless the rollback fault holds the
 /// node on the old one).
 pub(crate) fn take_pending_version(node: &mut Node) {
+    let installer = node.pending_installer.take();
     if let Some(version) = node.pending_version.take()
         && !node.shared.upgrade_rollback.load(Ordering::SeqCst)
     {
         node.talos_version.clone_from(&version);
         node.shared.set_talos_version(&version);
+        // The extensions are the new installer's (talos-facts §9.5).
+        if let Some(image) = installer.filter(|i| !i.is_empty()) {
+            node.installer = Some(image);
+        }
     }
 }
 
