@@ -20,6 +20,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "resource/definitions/block/block.proto",
         "resource/definitions/cluster/cluster.proto",
         "resource/definitions/etcd/etcd.proto",
+        "resource/definitions/extensions/extensions.proto",
         "resource/definitions/hardware/hardware.proto",
         "resource/definitions/k8s/k8s.proto",
         "resource/definitions/network/network.proto",

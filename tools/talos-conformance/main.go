@@ -43,6 +43,7 @@ import (
 	_ "github.com/siderolabs/talos/pkg/machinery/api/resource/definitions/cluster"
 	_ "github.com/siderolabs/talos/pkg/machinery/api/resource/definitions/enums"
 	_ "github.com/siderolabs/talos/pkg/machinery/api/resource/definitions/etcd"
+	_ "github.com/siderolabs/talos/pkg/machinery/api/resource/definitions/extensions"
 	_ "github.com/siderolabs/talos/pkg/machinery/api/resource/definitions/hardware"
 	_ "github.com/siderolabs/talos/pkg/machinery/api/resource/definitions/k8s"
 	_ "github.com/siderolabs/talos/pkg/machinery/api/resource/definitions/network"
@@ -62,14 +63,15 @@ var packages = map[string]bool{
 	"google.rpc":         true,
 	"resource.config":    true,
 
-	"talos.resource.definitions.block":    true,
-	"talos.resource.definitions.cluster":  true,
-	"talos.resource.definitions.enums":    true,
-	"talos.resource.definitions.etcd":     true,
-	"talos.resource.definitions.hardware": true,
-	"talos.resource.definitions.k8s":      true,
-	"talos.resource.definitions.network":  true,
-	"talos.resource.definitions.runtime":  true,
+	"talos.resource.definitions.block":      true,
+	"talos.resource.definitions.cluster":    true,
+	"talos.resource.definitions.enums":      true,
+	"talos.resource.definitions.etcd":       true,
+	"talos.resource.definitions.extensions": true,
+	"talos.resource.definitions.hardware":   true,
+	"talos.resource.definitions.k8s":        true,
+	"talos.resource.definitions.network":    true,
+	"talos.resource.definitions.runtime":    true,
 }
 
 func main() {

@@ -50,10 +50,17 @@ pub struct SimFactory {
 struct Store {
     /// Its URL: the `Image Factory (<url>)` author of the schematic extension (§9.5).
     url: String,
-    /// Canonical YAML by schematic ID.
-    schematics: Mutex<BTreeMap<String, String>>,
+    /// The schematics by ID, with their canonical YAML.
+    schematics: Mutex<BTreeMap<String, Known>>,
     /// `POST /schematics` requests received, answered or refused.
     posts: AtomicUsize,
+}
+
+/// A schematic the factory knows, and its canonical YAML (the bytes its ID hashes).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Known {
+    pub(crate) schematic: Schematic,
+    pub(crate) yaml: String,
 }
 
 /// The running HTTP server, stopped with its last handle.
@@ -81,7 +88,11 @@ impl SimFactory {
     /// A factory with URL `url` that no HTTP server serves: schematics reach it through
     /// [`SimFactory::register`] only.
     pub fn offline(url: &str) -> Self {
-        let schematics = BTreeMap::from([(EMPTY_ID.to_owned(), "customization: {}\n".to_owned())]);
+        let empty = Known {
+            schematic: Schematic::default(),
+            yaml: "customization: {}\n".to_owned(),
+        };
+        let schematics = BTreeMap::from([(EMPTY_ID.to_owned(), empty)]);
         Self {
             store: Arc::new(Store {
                 url: url.trim_end_matches('/').to_owned(),
@@ -137,6 +148,11 @@ impl SimFactory {
 
     /// The canonical YAML of a known schematic.
     pub fn schematic(&self, id: &str) -> Option<String> {
+        self.store.lock().get(id).map(|k| k.yaml.clone())
+    }
+
+    /// A known schematic, with its canonical YAML.
+    pub(crate) fn known(&self, id: &str) -> Option<Known> {
         self.store.lock().get(id).cloned()
     }
 
@@ -162,7 +178,7 @@ impl SimFactory {
 }
 
 impl Store {
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, String>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Known>> {
         self.schematics
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -171,7 +187,13 @@ impl Store {
     fn put(&self, schematic: &Schematic) -> Result<String, schematic::SchematicError> {
         let yaml = schematic::canonical_yaml(schematic)?;
         let id = schematic::id(schematic)?;
-        self.lock().insert(id.clone(), yaml);
+        self.lock().insert(
+            id.clone(),
+            Known {
+                schematic: schematic.clone(),
+                yaml,
+            },
+        );
         Ok(id)
     }
 }
@@ -202,7 +224,11 @@ async fn create(State(store): State<Arc<Store>>, body: Bytes) -> Response {
         Ok(id) => id,
         Err(refused) => return plain(StatusCode::BAD_REQUEST, &refused.to_string()),
     };
-    let yaml = store.lock().get(&id).cloned().unwrap_or_default();
+    let yaml = store
+        .lock()
+        .get(&id)
+        .map(|k| k.yaml.clone())
+        .unwrap_or_default();
     #[derive(serde::Serialize)]
     struct Created<'a> {
         id: &'a str,
@@ -224,7 +250,7 @@ async fn create(State(store): State<Arc<Store>>, body: Bytes) -> Response {
 /// `GET /schematics/{id}` (`handleSchematicGet`): the canonical YAML, or 404
 /// `schematic not found`.
 async fn read(State(store): State<Arc<Store>>, Path(id): Path<String>) -> Response {
-    match store.lock().get(&id).cloned() {
+    match store.lock().get(&id).map(|k| k.yaml.clone()) {
         Some(yaml) => (
             StatusCode::OK,
             [(header::CONTENT_TYPE, "application/yaml")],

@@ -130,7 +130,10 @@ pub use error::{ApplyRefusal, Category};
 pub use limits::{Limit, LimitKind, Limits};
 pub use ops::{Bootstrapped, EtcdMember, EtcdStatus, ResetOptions, SequenceFailure, Service};
 pub use progress::{LayerProgress, LayerStatus, Progress};
-pub use resources::{Inventory, MachineStatus, Stage, UnattendedInstall, UserVolumeStatus};
+pub use resources::{
+    Extension, Inventory, MachineStatus, SCHEMATIC_EXTENSION, Stage, UnattendedInstall,
+    UserVolumeStatus,
+};
 pub use snapshot::{SnapshotCheck, SnapshotProblem, SnapshotSummary};
 pub use tls::{NotACertificate, fingerprint_der, fingerprint_pem};
 
@@ -182,6 +185,10 @@ pub mod api {
             /// `talos.resource.definitions.etcd`.
             pub mod etcd {
                 tonic::include_proto!("talos.resource.definitions.etcd");
+            }
+            /// `talos.resource.definitions.extensions`.
+            pub mod extensions {
+                tonic::include_proto!("talos.resource.definitions.extensions");
             }
             /// `talos.resource.definitions.hardware`.
             pub mod hardware {

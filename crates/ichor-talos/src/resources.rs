@@ -1,5 +1,6 @@
-//! Typed reads of COSI resources (talos-facts §1.6, §3, §8.1): hardware inventory and machine
-//! status. Specs are decoded from their YAML form, whose keys are Talos's yaml tags.
+//! Typed reads of COSI resources (talos-facts §1.6, §3, §8.1, §9.5): hardware inventory, system
+//! extensions and machine status. Specs are decoded from their YAML form, whose keys are
+//! Talos's yaml tags.
 
 use serde::Deserialize;
 use serde_json::Value;
@@ -163,6 +164,21 @@ pub struct UserVolumeStatus {
 
 /// The label Talos puts on the volume resources of user volumes (`block.UserVolumeLabel`,
 /// `pkg/machinery/resources/block/block.go`).
+/// One system extension on a node: an `ExtensionStatuses.runtime.talos.dev` resource's
+/// `metadata` (talos-facts §9.5).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Extension {
+    /// Its name: an official extension's without the factory's `siderolabs/` prefix (e.g.
+    /// `intel-ucode`), or `schematic` for the Image Factory's virtual extension.
+    pub name: String,
+    /// Its version; the `schematic` extension's is the schematic ID.
+    pub version: String,
+}
+
+/// The name of the Image Factory's virtual extension, whose version is the schematic ID of
+/// the image the node was installed or upgraded with (talos-facts §9.5).
+pub const SCHEMATIC_EXTENSION: &str = "schematic";
+
 const USER_VOLUME_LABEL: &str = "talos.dev/user-volume";
 
 /// The id prefix of user volumes (`constants.UserVolumePrefix`,
@@ -375,6 +391,44 @@ impl TalosClient {
             .collect();
         volumes.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(volumes)
+    }
+
+    /// The node's system extensions, in the order Talos lists them (by layer id, as strings).
+    ///
+    /// Reads `ExtensionStatuses.runtime.talos.dev` in namespace `runtime` (os:reader; the same
+    /// in 1.13 and 1.14): one resource per layer of the installer the node was installed or
+    /// last upgraded with, whose spec is the layer's manifest metadata (talos-facts §9.5).
+    /// Layer ids are not stable: an extension is known by its name.
+    pub async fn extensions(&self) -> Result<Vec<Extension>, TalosError> {
+        Ok(self
+            .list_specs("runtime", "ExtensionStatuses.runtime.talos.dev")
+            .await?
+            .into_iter()
+            .map(|(_, spec)| {
+                let text = |key: &str| {
+                    spec["metadata"][key]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned()
+                };
+                Extension {
+                    name: text("name"),
+                    version: text("version"),
+                }
+            })
+            .collect())
+    }
+
+    /// The schematic ID of the Image Factory image the node was installed or upgraded with:
+    /// the version of its `schematic` extension (talos-facts §9.5), or `None` when it has none
+    /// (an installer not built by the factory, such as `ghcr.io/siderolabs/installer`).
+    pub async fn schematic_id(&self) -> Result<Option<String>, TalosError> {
+        Ok(self
+            .extensions()
+            .await?
+            .into_iter()
+            .find(|e| e.name == SCHEMATIC_EXTENSION && !e.version.is_empty())
+            .map(|e| e.version))
     }
 
     /// The unattended install's status (1.14), or `None` when the node has none: no install

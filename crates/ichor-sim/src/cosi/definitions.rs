@@ -48,7 +48,10 @@ impl Definition {
 }
 
 /// The types Talos v1.14 registers and v1.13 does not (talos-facts §9.1).
-const SINCE_1_14: [&str; 1] = ["UnattendedInstallStatuses.runtime.talos.dev"];
+const SINCE_1_14: [&str; 2] = [
+    "UnattendedInstallStatuses.runtime.talos.dev",
+    "ImageFactorySchematics.runtime.talos.dev",
+];
 
 /// The definitions a node of this version registers.
 pub(crate) fn registered(is_1_14: bool) -> impl Iterator<Item = &'static Definition> {
@@ -431,6 +434,41 @@ pub(crate) const DEFINITIONS: &[Definition] = &[
         print_columns: &[
             ("Addresses", "{.addresses}"),
             ("SortAlgorithm", "{.sortAlgorithm}"),
+        ],
+        sensitive: false,
+    },
+    Definition {
+        resource_type: "ExtensionStatuses.runtime.talos.dev",
+        display_type: "ExtensionStatus",
+        default_namespace: "runtime",
+        aliases: &["extensions", "extensionstatus", "es"],
+        all_aliases: &[
+            "extensionstatuses",
+            "extensionstatuses.runtime",
+            "extensionstatuses.runtime.talos",
+            "extensions",
+            "extensionstatus",
+            "es",
+        ],
+        print_columns: &[("Name", "{.metadata.name}"), ("Version", "{.metadata.version}")],
+        sensitive: false,
+    },
+    Definition {
+        resource_type: "ImageFactorySchematics.runtime.talos.dev",
+        display_type: "ImageFactorySchematic",
+        default_namespace: "runtime",
+        aliases: &["imagefactoryschematic", "ifs"],
+        all_aliases: &[
+            "imagefactoryschematics",
+            "imagefactoryschematics.runtime",
+            "imagefactoryschematics.runtime.talos",
+            "imagefactoryschematic",
+            "ifs",
+        ],
+        print_columns: &[
+            ("Schematic ID", "{.schematicId}"),
+            ("Flavor", "{.flavor}"),
+            ("API URL", "{.apiUrl}"),
         ],
         sensitive: false,
     },

@@ -4,7 +4,8 @@
 //!
 //! - [`definitions`]: the resource definitions and namespaces it registers;
 //! - [`store`]: the state of one boot (versions, times, event history);
-//! - [`block`], [`network`], [`node`]: the resources, computed from the node's state;
+//! - [`block`], [`network`], [`node`], [`extensions`]: the resources, computed from the
+//!   node's state;
 //! - [`yaml`]: the `yaml_spec` encoding; [`query`]: label and id queries.
 //!
 //! The store is refreshed from the node's state on every call, and polled while a watch is
@@ -12,6 +13,7 @@
 
 mod block;
 mod definitions;
+mod extensions;
 mod network;
 mod node;
 mod query;
@@ -205,6 +207,7 @@ fn sync(
     resources.extend(block::resources(node, &want));
     resources.extend(network::resources(node, &want));
     resources.extend(node::resources(node, shared, &want));
+    resources.extend(extensions::resources(node, shared, &want));
     store.sync(&want.0, resources);
     if !second.is_empty() {
         store.sync(second, node::dependent(node, store));
