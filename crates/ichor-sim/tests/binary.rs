@@ -11,11 +11,17 @@ use tokio::process::Command;
 
 /// One HTTP/1.1 request to the control endpoint; returns the status line and body.
 async fn http(control: &str, method: &str, path: &str) -> (String, String) {
+    http_with(control, method, path, "").await
+}
+
+/// One HTTP/1.1 request with a body; returns the status line and body.
+async fn http_with(control: &str, method: &str, path: &str, body: &str) -> (String, String) {
     let mut stream = tokio::net::TcpStream::connect(control)
         .await
         .expect("control endpoint");
     let request = format!(
-        "{method} {path} HTTP/1.1\r\nhost: {control}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nhost: {control}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
     );
     stream.write_all(request.as_bytes()).await.expect("write");
     let mut reply = String::new();
@@ -41,6 +47,8 @@ async fn the_binary_runs_nodes_and_takes_faults_through_its_control_endpoint() {
             "v1.14.1",
             "--control",
             "127.0.0.1:0",
+            "--factory",
+            "127.0.0.1:0",
         ])
         .stdout(Stdio::piped())
         .kill_on_drop(true)
@@ -63,6 +71,20 @@ async fn the_binary_runs_nodes_and_takes_faults_through_its_control_endpoint() {
             words[3].trim_start_matches("fingerprint=").to_owned(),
         ));
     };
+    // The nodes' Image Factory is announced after the control endpoint.
+    let factory_line = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
+        .await
+        .expect("the factory line")
+        .expect("read")
+        .expect("a line");
+    let factory = factory_line
+        .strip_prefix("factory http://")
+        .unwrap_or_else(|| panic!("not the factory's line: {factory_line}"))
+        .to_owned();
+    let (status, body) = http_with(&factory, "POST", "/schematics", "customization: {}\n").await;
+    assert!(status.contains("201"), "{status}");
+    let created: serde_json::Value = serde_json::from_str(&body).expect("json");
+    assert_eq!(created["id"], ichor_render::schematic::EMPTY_ID);
     assert_eq!(
         nodes.iter().map(|(a, _)| a.as_str()).collect::<Vec<_>>(),
         (1..=3)

@@ -124,6 +124,8 @@ pub const SIM_TALOSCTL_VERSIONS: Nets = Nets::new(173, 1);
 pub const TALOS_COSI: Nets = Nets::new(174, 1);
 /// `ichor-sim/tests/promotion.rs`.
 pub const SIM_PROMOTION: Nets = Nets::new(175, 1);
+/// `ichor-sim/tests/factory.rs`.
+pub const SIM_FACTORY: Nets = Nets::new(176, 1);
 /// `ichor-talos/tests/discovery.rs`: four swept /24s, then the wrong-network one.
 pub const TALOS_DISCOVERY: Nets = Nets::new(180, 5);
 /// `ichor-harness/tests/panics.rs`.
@@ -175,6 +177,7 @@ pub const ALL: &[(&str, Nets)] = &[
     ("SIM_TALOSCTL_VERSIONS", SIM_TALOSCTL_VERSIONS),
     ("TALOS_COSI", TALOS_COSI),
     ("SIM_PROMOTION", SIM_PROMOTION),
+    ("SIM_FACTORY", SIM_FACTORY),
     ("TALOS_DISCOVERY", TALOS_DISCOVERY),
     ("PANICS", PANICS),
     ("CLAIMS", CLAIMS),

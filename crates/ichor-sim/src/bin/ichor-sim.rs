@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! ichor-sim --nodes 3 --base 127.0.10.1 --talos-version v1.14.1 [--port 50000]
-//!           [--control 127.0.0.1:20080] [--etcd-size 4MiB]
+//!           [--control 127.0.0.1:20080] [--factory 127.0.0.1:20081] [--etcd-size 4MiB]
 //! ```
 //!
 //! (`ichor-sim --help` describes each.)
@@ -12,6 +12,11 @@
 //! `--etcd-size` is about how large the etcd database of a cluster these nodes bootstrap is
 //! (its simulated Kubernetes keyspace, and so its snapshots): bytes, or with a `KiB`, `MiB`
 //! or `GiB` suffix.
+//!
+//! `--factory` is where the nodes' Image Factory serves its schematic API (`POST /schematics`,
+//! `GET /schematics/{id}`; `ichor_sim::SimFactory`): its URL is what `spec.imageFactory.url`
+//! names, and its installers are what the nodes pull. It is printed after the control
+//! endpoint, as `factory http://<addr>`.
 //!
 //! Control endpoint (JSON):
 //! - `GET  /nodes` — address, UUID, fingerprint, version, serving, stage of every node, and
@@ -37,7 +42,7 @@ use axum::Json;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::routing::{get, post};
-use ichor_sim::{Fault, Gate, Hardware, NodeSpec, SimNode};
+use ichor_sim::{Fault, Gate, Hardware, NodeSpec, SimFactory, SimNode};
 use serde::Serialize;
 use tokio::sync::Mutex;
 
@@ -62,6 +67,10 @@ struct Options {
     /// it at the moment the simulator starts.
     #[arg(long, default_value = "127.0.0.1:20080")]
     control: SocketAddr,
+    /// Where the nodes' simulated Image Factory serves its schematic API (below the ephemeral
+    /// range, as the control endpoint).
+    #[arg(long, default_value = "127.0.0.1:20081")]
+    factory: SocketAddr,
     /// The etcd database size of a cluster these nodes bootstrap: bytes, or N with KiB, MiB or
     /// GiB [default: 4MiB].
     #[arg(long, value_parser = etcd_size)]
@@ -273,12 +282,23 @@ async fn stopped() {
 async fn main() -> std::process::ExitCode {
     let options = <Options as clap::Parser>::parse();
     let etcd_size = options.etcd_size.unwrap_or(ichor_sim::DEFAULT_ETCD_SIZE);
+    let factory = match SimFactory::start(options.factory).await {
+        Ok(factory) => factory,
+        Err(error) => {
+            eprintln!(
+                "ichor-sim: cannot serve the Image Factory on {}: {error}",
+                options.factory
+            );
+            return std::process::ExitCode::FAILURE;
+        }
+    };
     let mut nodes = BTreeMap::new();
     for i in 0..options.nodes {
         let ip = Ipv4Addr::from(u32::from(options.base) + i);
         let spec = NodeSpec {
             hardware: Hardware::vm(i + 1),
             etcd_size,
+            factory: factory.clone(),
             ..NodeSpec::new(SocketAddr::from((ip, options.port)), &options.talos_version)
         };
         match SimNode::spawn(spec).await {
@@ -320,7 +340,10 @@ async fn main() -> std::process::ExitCode {
         }
     };
     match listener.local_addr() {
-        Ok(bound) => println!("control http://{bound}"),
+        Ok(bound) => {
+            println!("control http://{bound}");
+            println!("factory {}", factory.url());
+        }
         Err(error) => {
             eprintln!("ichor-sim: the control endpoint has no address: {error}");
             return std::process::ExitCode::FAILURE;

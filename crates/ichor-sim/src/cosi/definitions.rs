@@ -450,7 +450,10 @@ pub(crate) const DEFINITIONS: &[Definition] = &[
             "extensionstatus",
             "es",
         ],
-        print_columns: &[("Name", "{.metadata.name}"), ("Version", "{.metadata.version}")],
+        print_columns: &[
+            ("Name", "{.metadata.name}"),
+            ("Version", "{.metadata.version}"),
+        ],
         sensitive: false,
     },
     Definition {
