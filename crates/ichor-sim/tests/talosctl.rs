@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::time::Duration;
 
-use ichor_sim::{Hardware, SimNode, Stage};
+use ichor_sim::{Hardware, NodeSpec, SimFactory, SimNode, Stage};
 use ichor_testenv::nets::{SIM_TALOSCTL, SIM_TALOSCTL_VERSIONS};
 use tokio::io::{AsyncBufReadExt as _, BufReader};
 use tokio::process::Command;
@@ -399,6 +399,13 @@ async fn the_getting_started_flow_works_with_talosctl() {
 /// talosconfig is `talosctl`'s.
 async fn installed_control_plane(talosctl: &Talosctl, ip: &str, seed: u32, name: &str) -> SimNode {
     let sim = node(ip, seed).await;
+    install_control_plane(talosctl, &sim, ip, name).await;
+    sim
+}
+
+/// Configures and installs `sim`, on `ip`, as a control plane of a cluster of its own with
+/// talosctl.
+async fn install_control_plane(talosctl: &Talosctl, sim: &SimNode, ip: &str, name: &str) {
     let out = talosctl.dir.path().to_string_lossy().into_owned();
     talosctl
         .ok(&[
@@ -426,7 +433,6 @@ async fn installed_control_plane(talosctl: &Talosctl, ip: &str, seed: u32, name:
     talosctl
         .ok_within(Duration::from_secs(30), &["version"])
         .await;
-    sim
 }
 
 /// `talosctl bootstrap --recover-from` (`crates/ichor-sim/docs/etcd-recovery.md`): talosctl
@@ -639,4 +645,110 @@ async fn talosctl_gets_the_user_volumes() {
         }
         sim.stop().await;
     }
+}
+
+/// The rows of `talosctl get extensions` (talos-facts §9.5: `NODE NAMESPACE TYPE ID VERSION
+/// NAME VERSION`, the last two the manifest's name and version): (NAME, VERSION) per row.
+fn extension_rows(table: &str) -> Vec<(String, String)> {
+    let mut lines = table.lines().filter(|l| !l.trim().is_empty());
+    let header: Vec<&str> = lines
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    assert_eq!(
+        header,
+        [
+            "NODE",
+            "NAMESPACE",
+            "TYPE",
+            "ID",
+            "VERSION",
+            "NAME",
+            "VERSION"
+        ],
+        "{table}"
+    );
+    lines
+        .map(|row| {
+            let columns: Vec<&str> = row.split_whitespace().collect();
+            assert_eq!(columns.len(), 7, "{row}");
+            assert_eq!(
+                (columns[1], columns[2]),
+                ("runtime", "ExtensionStatus"),
+                "{row}"
+            );
+            (columns[5].to_owned(), columns[6].to_owned())
+        })
+        .collect()
+}
+
+/// `talosctl get extensions` on a node upgraded with an Image Factory installer (talos-facts
+/// §9.4, §9.5): talosctl's upgrade pulls the image first, which fails for a schematic the
+/// factory does not know; with a known one, after the reboot the node lists the schematic's
+/// official extensions and the factory's `schematic` extension, whose version is the ID, and
+/// 1.14 surfaces the ID as its `ImageFactorySchematic`.
+#[tokio::test]
+async fn talosctl_gets_the_extensions_of_the_factory_installer_a_node_was_upgraded_with() {
+    let ip = &SIM_TALOSCTL.ip(0, 61).to_string();
+    let factory = SimFactory::start("127.0.0.1:0".parse().expect("address"))
+        .await
+        .expect("a factory");
+    let sim = SimNode::spawn(NodeSpec {
+        hardware: Hardware::vm(9761),
+        factory: factory.clone(),
+        ..NodeSpec::new(format!("{ip}:50000").parse().expect("address"), "v1.14.1")
+    })
+    .await
+    .expect("a simulated node");
+    let talosctl = Talosctl::new();
+    install_control_plane(&talosctl, &sim, ip, "extensions").await;
+    // talosctl's upgrade waits for the node to boot again, a control plane's etcd included.
+    talosctl
+        .ok_within(Duration::from_secs(30), &["bootstrap"])
+        .await;
+    let registry = factory.addr().expect("address");
+
+    let unknown = format!("{registry}/metal-installer/{}:v1.14.2", "0".repeat(64));
+    let refused = talosctl
+        .fails(&["upgrade", "--drain=false", "--image", &unknown])
+        .await;
+    assert!(
+        refused.contains(&format!("failed to resolve reference \"{unknown}\"")),
+        "{refused}"
+    );
+
+    let schematic = ichor_api::schematic::Schematic {
+        system_extensions: vec!["siderolabs/gvisor".into(), "siderolabs/intel-ucode".into()],
+        ..Default::default()
+    };
+    let id = factory.register(&schematic).expect("a schematic");
+    assert_eq!(id, ichor_render::schematic::id(&schematic).expect("its ID"));
+    let image = format!("{registry}/metal-installer/{id}:v1.14.2");
+    talosctl
+        .ok(&["upgrade", "--drain=false", "--image", &image])
+        .await;
+    let version = talosctl.ok(&["version"]).await;
+    assert!(version.contains("Tag:         v1.14.2"), "{version}");
+
+    let table = talosctl.ok(&["get", "extensions"]).await;
+    assert_eq!(
+        extension_rows(&table),
+        [
+            ("gvisor".to_owned(), "v1.14.2".to_owned()),
+            ("intel-ucode".to_owned(), "v1.14.2".to_owned()),
+            ("schematic".to_owned(), id.clone()),
+        ],
+        "{table}"
+    );
+    let surfaced = talosctl.ok(&["get", "imagefactoryschematic"]).await;
+    let row = surfaced
+        .lines()
+        .find(|l| l.contains("image-factory-schematic"))
+        .unwrap_or_else(|| panic!("no ImageFactorySchematic row in\n{surfaced}"));
+    assert!(
+        row.contains(&id) && row.contains("Image Factory") && row.contains(&factory.url()),
+        "{row}"
+    );
+    sim.stop().await;
 }
