@@ -37,6 +37,12 @@
 //!   and tail options, and the boot id talosctl's `--wait` reads.
 //! - **Roles per method** (§10.6), `Version` and services as machined fills them (§10.7, §10.8),
 //!   and `Unimplemented` naming every method the simulator does not model (§10.10).
+//! - **Image Factory** (§9.3–§9.5, `docs/install-failures.md`): [`SimFactory`], the factory's
+//!   schematic API (`POST`/`GET /schematics`) and the schematics it knows, shared by a
+//!   process's nodes ([`NodeSpec::factory`]); a pull or an install of one of its installers
+//!   whose schematic it does not know fails as containerd's not-found pull; each node lists
+//!   the extensions of the installer it was installed or upgraded with (`ExtensionStatuses`;
+//!   1.14 also `ImageFactorySchematics`).
 //! - **Faults and gates**: crash/restart, partition, slow, certificate faults, failing etcd
 //!   leave, an unhealthy etcd member on a node that still answers, upgrade rollback, an
 //!   installer that fails or never finishes (`docs/install-failures.md`); gates that hold a

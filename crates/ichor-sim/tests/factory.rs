@@ -493,3 +493,48 @@ async fn an_install_from_an_installer_whose_schematic_is_unknown_fails_as_an_unp
     assert_eq!(names, ["gvisor", "intel-ucode", "schematic"]);
     node.stop().await;
 }
+
+#[tokio::test]
+async fn a_1_14_unattended_install_of_an_unknown_schematic_fails_until_the_factory_knows_it() {
+    let factory = SimFactory::default();
+    let node = SimNode::spawn(NodeSpec {
+        hardware: Hardware::vm(176 * 256 + 8),
+        factory: factory.clone(),
+        ..NodeSpec::new(addr(8), "v1.14.1")
+    })
+    .await
+    .expect("start");
+    let id = schematic::id(&gvisor_and_ucode()).expect("id");
+    let unknown = format!("factory.talos.dev/metal-installer/{id}:v1.14.1");
+    let config = support::golden("1.14-controlplane-flannel-plain.yaml")
+        .replace("/dev/sda", "/dev/vda")
+        .replace(
+            &format!("factory.talos.dev/metal-installer/{EMPTY_ID}:v1.14.1"),
+            &unknown,
+        );
+    assert!(config.contains(&unknown));
+    TalosClient::connect_maintenance(&node.addr().to_string(), &node.fingerprint())
+        .await
+        .expect("maintenance mode")
+        .apply_configuration(config.as_bytes(), ApplyMode::Auto)
+        .await
+        .expect("accepted");
+    let expected = format!(
+        "1 error(s) occurred:\n\tfailed to pull image \"{unknown}\": failed to resolve reference \"{unknown}\": {unknown}: not found"
+    );
+    eventually("the installer to fail", WAIT, || async {
+        node.unattended_install().await == Some(("failed", expected.clone()))
+    })
+    .await;
+    assert!(!node.installed().await);
+    // The controller tries again after its backoff: once the factory knows the schematic, the
+    // install completes.
+    factory.register(&gvisor_and_ucode()).expect("register");
+    eventually("installed", WAIT, || async { node.installed().await }).await;
+    let client = support::admin("bundle-1.14.yaml", &node).await;
+    eventually("the installer's extensions", WAIT, || async {
+        client.schematic_id().await.ok().flatten().as_deref() == Some(id.as_str())
+    })
+    .await;
+    node.stop().await;
+}
