@@ -1,6 +1,8 @@
 //! `machine.LifecycleService` and `machine.ImageService` (talos-facts §1.3, §8.2, §10.9):
 //! pulling an installer image into the system containerd, then installing the upgrade from
-//! it to disk; the node boots it at its next reboot, which the caller asks for separately.
+//! it to disk; the node boots it at its next reboot, which the caller asks for separately, with
+//! the installer's extensions (talos-facts §9.5). An installer of the Image Factory's whose
+//! schematic the node's factory does not know cannot be pulled (§9.10, `factory.rs`).
 //! Roles are checked before these run (`authz`): both need os:admin, so maintenance mode
 //! (every caller os:reader) cannot call them.
 
