@@ -300,6 +300,12 @@ pub mod reasons {
     /// A PodDisruptionBudget refuses an eviction; the drain retries (or is skipped with the
     /// skip-drain annotation).
     pub const DRAIN_BLOCKED: &str = "DrainBlocked";
+    /// The Image Factory (`spec.imageFactory.url`) did not take the declared schematic (it
+    /// refused it, or did not answer): no installer built from it is used yet; retried.
+    pub const SCHEMATIC_NOT_REGISTERED: &str = "SchematicNotRegistered";
+    /// The Image Factory names the declared schematic with another ID than Ichor computed: the
+    /// installer would not be the declared one, so it is never used (ADR 0067).
+    pub const SCHEMATIC_ID_MISMATCH: &str = "SchematicIdMismatch";
     /// The node runs the declared Talos version and schematic.
     pub const RUNS_DECLARED: &str = "RunsDeclared";
     /// The node's upgrade waits for its turn (control planes first, then workers, by name;

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use ichor_api::admission;
-use ichor_sim::{Hardware, NodeSpec, SimNode, Timings};
+use ichor_sim::{Hardware, NodeSpec, SimFactory, SimNode, Timings};
 use ichor_testenv::{CertAndKey, NodeRegistration, TestEnv, WorkloadControlPlane, WorkloadSpec};
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::api::rbac::v1::{
@@ -106,6 +106,8 @@ pub struct SimTarget {
     env: TestEnv,
     namespace: String,
     nodes: Vec<SimNode>,
+    /// The Image Factory the nodes pull factory installers from.
+    factory: SimFactory,
     manager: Option<Replica>,
     manager_runs: u32,
     manager_log: LogTail,
@@ -560,6 +562,9 @@ impl SimTarget {
         .await?;
         webhook_answering(&admin, &namespace).await?;
 
+        // One Image Factory for every node, as a real fleet pulls from one (its schematic API
+        // is what `spec.imageFactory.url` may name).
+        let factory = SimFactory::start(([127, 0, 0, 1], 0).into()).await?;
         let mut nodes = Vec::new();
         for (ip, host) in options.node_addresses() {
             let addr = std::net::SocketAddr::from((ip, 50000));
@@ -572,6 +577,7 @@ impl SimTarget {
                 hardware,
                 timings: options.timings,
                 etcd_size: options.etcd_size,
+                factory: factory.clone(),
                 ..NodeSpec::new(addr, &options.talos_version)
             };
             let node = match &options.nodes_runtime {
@@ -587,6 +593,7 @@ impl SimTarget {
             env,
             namespace,
             nodes,
+            factory,
             manager: None,
             manager_runs: 0,
             manager_log: LogTail::default(),
@@ -898,6 +905,12 @@ impl SimTarget {
     /// The simulated nodes.
     pub fn nodes(&self) -> &[SimNode] {
         &self.nodes
+    }
+
+    /// The simulated Image Factory every node pulls factory installers from, serving the
+    /// schematic API at [`SimFactory::url`].
+    pub fn factory(&self) -> &SimFactory {
+        &self.factory
     }
 
     /// The options it was brought up with.

@@ -38,6 +38,7 @@ pub mod controller;
 pub mod drift;
 pub mod error;
 pub mod etcd;
+pub mod factory;
 pub mod identity;
 pub mod infra;
 pub mod layers;

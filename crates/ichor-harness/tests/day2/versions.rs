@@ -1,7 +1,9 @@
 //! Declared versions (ADR 0068): `spec.talosVersion` bumped on a Ready cluster upgrades every
 //! node, one at a time, control planes first, etcd quorum kept, without Ichor writing the spec;
 //! a node that comes back on its old version stops the rollout there; a revert, as a GitOps
-//! revert makes, rolls out like any change.
+//! revert makes, rolls out like any change; an extension added to the cluster's schematic
+//! upgrades every node to the same version with the new installer, registered with the Image
+//! Factory first (ADR 0067).
 
 use std::time::Duration;
 
@@ -203,5 +205,74 @@ async fn a_declared_talos_version_rolls_out_one_node_at_a_time_and_a_rollback_st
         generation(&target).await,
         reverted,
         "the spec is the user's"
+    );
+
+    // An extension added to the cluster's schematic: the same version, the new installer,
+    // every node in turn; each reports the extension and the schematic's ID.
+    let schematic = ichor_api::schematic::Schematic {
+        system_extensions: vec!["siderolabs/gvisor".into()],
+        ..Default::default()
+    };
+    let id = ichor_render::schematic::id(&schematic).expect("id");
+    let upgrades_before: usize = target.nodes().iter().map(|n| n.calls("Upgrade")).sum();
+    Api::<ichor_api::TalosCluster>::namespaced(target.client(), target.namespace())
+        .patch(
+            CLUSTER,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {
+                "imageFactory": {"url": target.factory().url()},
+                "schematic": {"systemExtensions": ["siderolabs/gvisor"]},
+            }})),
+        )
+        .await
+        .expect("schematic declared");
+    try_eventually(
+        "every node on the new schematic",
+        Duration::from_secs(240),
+        || async {
+            let machines: Vec<TalosMachine> =
+                Api::<TalosMachine>::namespaced(target.client(), target.namespace())
+                    .list(&Default::default())
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .items;
+            let on: Vec<_> = machines
+                .iter()
+                .map(|m| {
+                    let inventory = &m.status.as_ref().expect("status").inventory;
+                    (
+                        inventory.schematic.clone(),
+                        inventory
+                            .extensions
+                            .iter()
+                            .map(|e| e.name.clone())
+                            .collect::<Vec<_>>(),
+                    )
+                })
+                .collect();
+            let done = on
+                .iter()
+                .all(|(s, e)| s.as_deref() == Some(id.as_str()) && e == &["gvisor".to_owned()]);
+            let conditions = up_to_date(&target).await;
+            let settled = conditions
+                .iter()
+                .all(|(_, s, r, _)| *s == ConditionStatus::True && r == reasons::RUNS_DECLARED);
+            if done && settled {
+                Ok(())
+            } else {
+                Err(format!("{on:?} {conditions:?}"))
+            }
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", state_summary(&target)));
+    let upgrades_after: usize = target.nodes().iter().map(|n| n.calls("Upgrade")).sum();
+    assert_eq!(upgrades_after - upgrades_before, 3, "one upgrade per node");
+    for node in target.nodes() {
+        assert_eq!(node.talos_version(), "v1.14.2", "the same version");
+    }
+    assert!(
+        target.factory().ids().contains(&id),
+        "registered with the factory before use"
     );
 }

@@ -66,6 +66,8 @@ pub struct Context {
     pub(crate) secrets: crate::secrets::Cache,
     /// Every TalosNamespacePolicy, watched once for the looks at configured machines (ADR 0062).
     pub(crate) policies: Shared<TalosNamespacePolicy>,
+    /// The schematics registered with an Image Factory (ADR 0067).
+    pub(crate) factories: crate::factory::Registered,
 }
 
 impl Context {
@@ -111,6 +113,7 @@ impl Context {
             clusters: Shared::default(),
             secrets: crate::secrets::Cache::default(),
             policies: Shared::default(),
+            factories: crate::factory::Registered::default(),
         }
     }
 

@@ -319,6 +319,13 @@ async fn apply_first(
         };
         return act::record_blocked(ctx, machine, status, stop).await;
     }
+    // The installer's schematic is registered with its factory before the node pulls it
+    // (ADR 0067); until the factory takes it, nothing is applied, and it is retried.
+    if let Some(stop) = schematic_registered(ctx, cluster, machine, reach.sources, rendered).await {
+        let stop = Blocked::new(status.lifecycle.phase, stop.reason, stop.message);
+        act::record_stop(ctx, machine, status, stop).await?;
+        return Ok(Action::requeue(ctx.settings.progress_requeue));
+    }
     // The UUID claimed is the one recorded for the machine (a machine written by hand has
     // none), which every later step over mutual TLS checks the node against (ADR 0052).
     let mut status = status;
@@ -388,7 +395,7 @@ async fn follow(
     }
     let client = crate::connect(reach.address, reach.credentials).await;
     let answers = match &client {
-        Some(client) => observe::ask_node(client, role).await,
+        Some(client) => observe::ask_node(client, role, &status).await,
         None => None,
     };
     plan::record_answers(&mut status, role, answers.as_ref(), ctx.clock.now());
@@ -475,6 +482,25 @@ async fn drift_act(
         (DriftStep::RollOut { .. } | DriftStep::Idle, _) => {}
     }
     Ok(())
+}
+
+/// Registers the schematic `rendered`'s installer is built from with its factory, before the
+/// installer is used (ADR 0067): `Some` says why it is not usable yet. The empty schematic,
+/// the factory's default, and an installer not derived from a schematic need nothing.
+pub(crate) async fn schematic_registered(
+    ctx: &Context,
+    cluster: &TalosCluster,
+    machine: &TalosMachine,
+    sources: &crate::layers::Sources,
+    rendered: &Rendered,
+) -> Option<crate::Stop> {
+    let id = rendered.installer.schematic.as_deref()?;
+    // A machine whose layers do not render never got here: its config did not render either.
+    let layers = sources.layers_for(machine).ok()?;
+    let schematic = ichor_render::machine_schematic(cluster, machine, &layers)?;
+    crate::factory::register(&ctx.factories, &cluster.spec.image_factory, schematic, id)
+        .await
+        .err()
 }
 
 /// Whether a drift or an upgrade is under way or due: decided on the machine as stored.

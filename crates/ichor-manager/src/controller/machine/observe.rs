@@ -91,7 +91,11 @@ pub(super) async fn already_ours(address: &str, credentials: &ichor_talos::Crede
 
 /// What the configured node answers over mutual TLS: its machine status (`None` if it does
 /// not answer that), its etcd membership for a control plane, its version and hostname.
-pub(super) async fn ask_node(client: &TalosClient, role: Role) -> Option<Answers> {
+pub(super) async fn ask_node(
+    client: &TalosClient,
+    role: Role,
+    status: &ichor_api::machine::TalosMachineStatus,
+) -> Option<Answers> {
     let machine_status = client.machine_status().await.ok()?;
     let etcd = match role {
         Role::Worker => Etcd::NotMember,
@@ -99,6 +103,13 @@ pub(super) async fn ask_node(client: &TalosClient, role: Role) -> Option<Answers
     };
     let version = client.version().await.ok();
     let hostname = client.hostname().await.ok();
+    // The extensions change only with the installer, that is with an upgrade (talos-facts
+    // §9.5): read when none were recorded, the version moved, or an upgrade is in flight.
+    let extensions = if super::plan::extensions_due(status, version.as_deref()) {
+        client.extensions().await.ok()
+    } else {
+        None
+    };
     Some(Answers {
         view: NodeView {
             stage: machine_status.stage,
@@ -106,6 +117,7 @@ pub(super) async fn ask_node(client: &TalosClient, role: Role) -> Option<Answers
         },
         version,
         hostname,
+        extensions,
     })
 }
 

@@ -162,6 +162,37 @@ pub(super) struct Answers {
     pub version: Option<String>,
     /// Its hostname, if it answered that too.
     pub hostname: Option<String>,
+    /// Its extensions, when they were asked for ([`extensions_due`]) and it answered.
+    pub extensions: Option<Vec<ichor_talos::Extension>>,
+}
+
+/// Whether a look asks the node for its extensions: none were recorded yet (nor its
+/// schematic), its version is not the one recorded, or an upgrade is in flight. They change
+/// only with the installer, that is with an upgrade (talos-facts §9.5).
+pub(super) fn extensions_due(status: &TalosMachineStatus, version: Option<&str>) -> bool {
+    (status.inventory.extensions.is_empty() && status.inventory.schematic.is_none())
+        || status.inventory.talos_version.as_deref() != version
+        || status.upgrade.record.is_some()
+}
+
+/// Records the extensions a node reports: its `schematic` extension's version as the
+/// schematic ID, the others as its extensions (talos-facts §9.5).
+fn record_extensions(status: &mut TalosMachineStatus, extensions: &[ichor_talos::Extension]) {
+    let (schematic, official): (Vec<_>, Vec<_>) = extensions
+        .iter()
+        .partition(|e| e.name == ichor_talos::SCHEMATIC_EXTENSION);
+    status.inventory.schematic = schematic
+        .first()
+        .map(|e| e.version.clone())
+        .filter(|v| !v.is_empty());
+    status.inventory.extensions = official
+        .into_iter()
+        .take(64)
+        .map(|e| ichor_api::machine::ExtensionInfo {
+            name: e.name.clone(),
+            version: e.version.clone(),
+        })
+        .collect();
 }
 
 /// Records what the node answered (`None`: it did not) in `status`: its version and hostname,
@@ -180,6 +211,9 @@ pub(super) fn record_answers(
         }
         if let Some(hostname) = &answers.hostname {
             status.lifecycle.node_name = Some(hostname.clone());
+        }
+        if let Some(extensions) = &answers.extensions {
+            record_extensions(status, extensions);
         }
     }
     if let Some(NodeView {
@@ -1143,7 +1177,44 @@ mod tests {
             view: NodeView { stage, etcd },
             version: Some("v1.14.1".into()),
             hostname: Some("cp-1".into()),
+            extensions: Some(vec![
+                ichor_talos::Extension {
+                    name: "intel-ucode".into(),
+                    version: "20260512".into(),
+                },
+                ichor_talos::Extension {
+                    name: ichor_talos::SCHEMATIC_EXTENSION.into(),
+                    version: ichor_render::schematic::EMPTY_ID.into(),
+                },
+            ]),
         }
+    }
+
+    #[test]
+    fn extensions_are_recorded_with_the_schematic_apart_and_read_again_only_when_due() {
+        let mut status = TalosMachineStatus::default();
+        assert!(extensions_due(&status, Some("v1.14.1")), "none recorded");
+        let answers = answered(Stage::Running, Etcd::NotMember);
+        record_answers(
+            &mut status,
+            Role::Worker,
+            Some(&answers),
+            time("2026-12-03T10:00:00Z").0,
+        );
+        assert_eq!(
+            status.inventory.schematic.as_deref(),
+            Some(ichor_render::schematic::EMPTY_ID)
+        );
+        assert_eq!(status.inventory.extensions.len(), 1);
+        assert_eq!(status.inventory.extensions[0].name, "intel-ucode");
+        assert!(
+            !extensions_due(&status, Some("v1.14.1")),
+            "recorded, same version"
+        );
+        assert!(
+            extensions_due(&status, Some("v1.14.2")),
+            "the version moved"
+        );
     }
 
     #[test]

@@ -172,6 +172,12 @@ async fn start(
         not_up_to_date(ctx, u, status, &queued("the node does not answer".into())).await?;
         return Ok(());
     };
+    // The installer's schematic is registered with its factory first (ADR 0067).
+    if let Some(stop) =
+        super::schematic_registered(ctx, u.cluster, u.machine, u.sources, u.rendered).await
+    {
+        return not_up_to_date(ctx, u, status, &stop).await;
+    }
     let Some(boot) = cleared(ctx, u, status, &target, client).await? else {
         return Ok(());
     };
