@@ -32,6 +32,8 @@ use crate::status::{Owned, group, grouped};
 #[serde(rename_all = "camelCase")]
 #[x_kube(
     validation = Rule::new("self == oldSelf").message("a TalosOperation's spec is immutable: create a new operation instead"),
+    validation = Rule::new("self.action != 'upgrade'").message("action upgrade is no operation any more: declare the Talos version in the TalosCluster's spec.talosVersion (and its extensions in spec.schematic); every node is upgraded to it, one at a time (docs/upgrades.md)"),
+    validation = Rule::new("self.action != 'upgradeKubernetes'").message("action upgradeKubernetes is no operation any more: declare the Kubernetes version in the TalosCluster's spec.kubernetesVersion; every node follows it, one at a time (docs/upgrades.md)"),
     validation = Rule::new("has(self.machineName) != has(self.selector)").message("set exactly one of spec.machineName and spec.selector"),
     validation = Rule::new("self.action != 'upgrade' || has(self.upgrade)").message("action upgrade needs spec.upgrade.image"),
     validation = Rule::new("self.action != 'upgradeKubernetes' || has(self.upgradeKubernetes)").message("action upgradeKubernetes needs spec.upgradeKubernetes.version"),
@@ -82,10 +84,12 @@ impl TalosOperationSpec {
 pub enum OperationAction {
     /// Reboot each node.
     Reboot,
-    /// Upgrade Talos on each node (image pull, then the lifecycle upgrade); the running version
-    /// is verified afterwards.
+    /// Refused at creation: a Talos upgrade is declared (`spec.talosVersion` and
+    /// `spec.schematic` of the TalosCluster, ADR 0068). Kept so an operation created before
+    /// still reads.
     Upgrade,
-    /// Upgrade Kubernetes on the cluster.
+    /// Refused at creation: a Kubernetes upgrade is declared (`spec.kubernetesVersion` of the
+    /// TalosCluster, ADR 0068). Kept so an operation created before still reads.
     UpgradeKubernetes,
     /// Reset each node to maintenance (STATE and EPHEMERAL wiped, reboot).
     Reset,
@@ -100,7 +104,8 @@ pub enum OperationAction {
 #[derive(KubeSchema, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct UpgradeSpec {
-    /// The installer image to upgrade to, e.g. `ghcr.io/siderolabs/installer:v1.14.1`.
+    /// The installer image to upgrade to, e.g.
+    /// `factory.talos.dev/metal-installer/<schematic ID>:v1.14.1`.
     #[schemars(length(min = 1, max = 512))]
     pub image: String,
 }

@@ -28,18 +28,18 @@ async fn operations_name_one_target_and_the_settings_of_their_action() {
         "set exactly one of spec.machineName and spec.selector",
     )
     .await;
+    // Versions are declared on the TalosCluster (ADR 0068): the operations that changed them
+    // are refused, naming the field to change instead.
     refused(
         &ops,
-        operation(json!({"clusterRef": cluster, "action": "upgrade", "machineName": "m"})),
-        "action upgrade needs spec.upgrade.image",
+        operation(json!({"clusterRef": cluster, "action": "upgrade", "machineName": "m", "upgrade": {"image": "x"}})),
+        "declare the Talos version in the TalosCluster's spec.talosVersion",
     )
     .await;
     refused(
         &ops,
-        operation(
-            json!({"clusterRef": cluster, "action": "upgradeKubernetes", "machineName": "m"}),
-        ),
-        "action upgradeKubernetes needs spec.upgradeKubernetes.version",
+        operation(json!({"clusterRef": cluster, "action": "upgradeKubernetes", "machineName": "m", "upgradeKubernetes": {"version": "1.36.4"}})),
+        "declare the Kubernetes version in the TalosCluster's spec.kubernetesVersion",
     )
     .await;
     refused(

@@ -294,15 +294,6 @@ async fn an_unhealthy_etcd_member_holds_every_other_control_plane_and_can_be_for
     assert!(message.contains(&names[4]), "{message}");
     refused(
         &target,
-        TalosOperation::test("upgrade-cp-3", OperationAction::Upgrade)
-            .cluster(CLUSTER)
-            .machine(&names[2])
-            .image("ghcr.io/siderolabs/installer:v1.14.2"),
-        reasons::ETCD_UNHEALTHY,
-    )
-    .await;
-    refused(
-        &target,
         TalosOperation::test("reset-cp-4", OperationAction::Reset)
             .cluster(CLUSTER)
             .machine(&names[3])

@@ -1,29 +1,30 @@
-//! TalosOperations: reboots one node at a time, an upgrade that rolls back failing and never
-//! retried, an etcd snapshot refused without a backup target, defragmentation, a Kubernetes
-//! upgrade, a reset; and a reset checked at the door as a delete is (the endpoint's control plane,
+//! TalosOperations: reboots one node at a time, an upgrade operation refused at the door (versions
+//! are declared), an etcd snapshot refused without a backup target, defragmentation, a declared
+//! Kubernetes version rolled out, a reset; and a reset checked at the door as a delete is (the endpoint's control plane,
 //! quorum, the allow-delete annotation) that stops at the declared control-plane count.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use ichor_api::names::{conditions, reasons};
+use ichor_api::names::{conditions, reasons, secrets as secret_names};
 use ichor_api::operation::OperationAction;
 use ichor_api::operation::OperationPhase;
 use ichor_api::{TalosMachine, TalosOperation};
 use ichor_harness::specs;
 use ichor_harness::{SimOptions, Target};
-use ichor_sim::{Fault, Stage};
+use ichor_sim::Stage;
 use ichor_testenv::nets::DAY2;
+use ichor_testenv::wait::try_eventually;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-use kube::ResourceExt as _;
+use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
-use crate::support::cluster::{CLUSTER, Monitor, etcd_members, ready_target};
+use crate::support::cluster::{CLUSTER, Monitor, etcd_members, ready_target, state_summary};
 use crate::{operation_at, refused};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn operations_go_one_node_at_a_time_and_a_rolled_back_upgrade_fails() {
+async fn operations_go_one_node_at_a_time_and_versions_are_declared_not_operated() {
     let target = ready_target(SimOptions::new(3, DAY2.net(3), "v1.14.1"), 3, 3, 0).await;
     let endpoints = target.node_endpoints();
 
@@ -60,46 +61,14 @@ async fn operations_go_one_node_at_a_time_and_a_rolled_back_upgrade_fails() {
         assert_eq!(node.calls("Reboot"), 1);
     }
 
-    // An upgrade that comes back on the old version fails, and is not retried.
-    target.nodes()[1]
-        .inject(Fault::UpgradeRollback(true))
-        .await
-        .expect("fault");
-    let cp2 = specs::machine_at(&target, &endpoints[1])
-        .await
-        .expect("cp-2")
-        .name_any();
-    specs::create_operation(
-        &target,
-        TalosOperation::test("upgrade-cp-2", OperationAction::Upgrade)
-            .cluster(CLUSTER)
-            .machine(&cp2)
-            .image("ghcr.io/siderolabs/installer:v1.14.2"),
-    )
-    .await
-    .expect("operation");
-    let failed = specs::wait_operation(&target, "upgrade-cp-2", Duration::from_secs(120))
-        .await
-        .expect("finished");
-    let status = failed.status.expect("status");
-    assert_eq!(status.run.phase, OperationPhase::Failed, "{status:?}");
-    let reason = status
-        .conditions
-        .iter()
-        .find(|c| c.type_ == conditions::SUCCEEDED)
-        .map(|c| c.reason.clone());
-    assert_eq!(reason.as_deref(), Some(reasons::UPGRADE_ROLLED_BACK));
-    assert_eq!(
-        status.run.nodes[0].version_after.as_deref(),
-        Some("v1.14.1")
-    );
-
-    // The same upgrade on cp-1 without the fault succeeds and is verified.
+    // Versions are declared (ADR 0068): an upgrade operation is refused at the door, naming
+    // the field to change instead (the declared rollout, its rollback and its revert are
+    // `versions`).
     let cp1 = specs::machine_at(&target, &endpoints[0])
         .await
         .expect("cp-1")
         .name_any();
-    specs::create_operation(
+    match specs::create_operation(
         &target,
         TalosOperation::test("upgrade-cp-1", OperationAction::Upgrade)
             .cluster(CLUSTER)
@@ -107,21 +76,12 @@ async fn operations_go_one_node_at_a_time_and_a_rolled_back_upgrade_fails() {
             .image("ghcr.io/siderolabs/installer:v1.14.2"),
     )
     .await
-    .expect("operation");
-    let upgraded = specs::wait_operation(&target, "upgrade-cp-1", Duration::from_secs(120))
-        .await
-        .expect("finished")
-        .status
-        .expect("status");
-    assert_eq!(
-        upgraded.run.phase,
-        OperationPhase::Succeeded,
-        "{upgraded:?}"
-    );
-    // A later operation ran to the end under the cluster lock: the failed one had every chance
-    // to be retried, and was not.
-    assert_eq!(target.nodes()[1].calls("Upgrade"), 1, "never retried");
-    assert_eq!(target.nodes()[0].talos_version(), "v1.14.2");
+    {
+        Err(ichor_harness::Error::Kube(kube::Error::Api(status))) => {
+            assert!(status.message.contains("spec.talosVersion"), "{status:?}")
+        }
+        other => panic!("an upgrade operation must be refused: {other:?}"),
+    }
 
     // An etcd snapshot backs up to spec.backup, which this cluster does not set: refused
     // with its reason (backups to a real S3 server are tests/backups.rs).
@@ -165,37 +125,64 @@ async fn operations_go_one_node_at_a_time_and_a_rolled_back_upgrade_fails() {
         assert_eq!(node.calls("EtcdDefragment"), 1);
     }
 
-    // A Kubernetes upgrade: the spec takes the version, the nodes follow one at a time.
-    specs::create_operation(
-        &target,
-        TalosOperation::test("kubernetes", OperationAction::UpgradeKubernetes)
-            .cluster(CLUSTER)
-            .all()
-            .kubernetes("1.36.4"),
-    )
-    .await
-    .expect("operation");
-    let kubernetes = specs::wait_operation(&target, "kubernetes", Duration::from_secs(90))
-        .await
-        .expect("finished")
-        .status
-        .expect("status");
-    assert_eq!(
-        kubernetes.run.phase,
-        OperationPhase::Succeeded,
-        "{kubernetes:?}"
-    );
-    assert_eq!(kubernetes.run.nodes.len(), 3);
+    // A Kubernetes version declared: every node gets its config for it, one at a time, and
+    // nothing writes the spec but the person who declared it.
     let clusters: Api<ichor_api::TalosCluster> =
         Api::namespaced(target.client(), target.namespace());
+    let declared = clusters
+        .patch(
+            CLUSTER,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"kubernetesVersion": "1.36.4"}})),
+        )
+        .await
+        .expect("Kubernetes declared")
+        .metadata
+        .generation;
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> =
+        Api::namespaced(target.client(), target.namespace());
+    let machines: Api<TalosMachine> = Api::namespaced(target.client(), target.namespace());
+    try_eventually(
+        "every node's config for 1.36.4",
+        Duration::from_secs(90),
+        || async {
+            let names: Vec<String> = machines
+                .list(&Default::default())
+                .await
+                .map_err(|e| e.to_string())?
+                .items
+                .iter()
+                .map(ResourceExt::name_any)
+                .collect();
+            for name in &names {
+                let secret = secrets
+                    .get(&format!("{name}{}", secret_names::APPLIED_CONFIG_SUFFIX))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let config = secret
+                    .data
+                    .as_ref()
+                    .and_then(|d| d.get(secret_names::APPLIED_CONFIG_KEY))
+                    .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+                    .unwrap_or_default();
+                if !config.contains("kubelet:v1.36.4") {
+                    return Err(format!("{name} not yet"));
+                }
+            }
+            Ok(())
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", state_summary(&target)));
     assert_eq!(
         clusters
             .get(CLUSTER)
             .await
             .expect("cluster")
-            .spec
-            .kubernetes_version,
-        "1.36.4"
+            .metadata
+            .generation,
+        declared,
+        "no controller wrote the spec"
     );
 
     // A reset of one control plane: etcd 3 -> 2, the node back in maintenance. A reset takes
