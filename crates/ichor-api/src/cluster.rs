@@ -29,6 +29,7 @@ use crate::status::{Owned, group, grouped};
     printcolumn = r#"{"name":"Endpoint","type":"string","jsonPath":".spec.endpoint"}"#,
     printcolumn = r#"{"name":"Control planes","type":"string","jsonPath":".status.controlPlanes.summary"}"#,
     printcolumn = r#"{"name":"Workers","type":"string","jsonPath":".status.workers.summary"}"#,
+    printcolumn = r#"{"name":"Up to date","type":"string","jsonPath":".status.rollout.summary"}"#,
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
     // Names Ichor publishes under for this cluster (ADR 0053); a reference an object already
@@ -336,8 +337,8 @@ fn default_discovery_interval() -> String {
 #[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TalosClusterStatus {
-    /// `Ready`, `Bootstrapped`, `SecretsReady`, `Transitioning`, `ConfigRolledOut`, `BackedUp`,
-    /// `Restored`.
+    /// `Ready`, `Bootstrapped`, `SecretsReady`, `Transitioning`, `ConfigRolledOut`,
+    /// `VersionRolledOut`, `BackedUp`, `Restored`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 16), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
@@ -405,6 +406,30 @@ pub struct ClusterCore {
     /// The adoption this cluster was created with: recorded once its nodes were adopted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub adoption: Option<AdoptionStatus>,
+    /// How far the declared Talos version and schematic rolled out (ADR 0068).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<RolloutStatus>,
+}
+
+/// How far the declared Talos version and schematic rolled out over the cluster's configured
+/// nodes.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutStatus {
+    /// The Talos version declared.
+    #[schemars(length(max = 64))]
+    pub talos_version: String,
+    /// Nodes running it (and their declared schematic).
+    pub up_to_date: i32,
+    /// Configured nodes.
+    pub total: i32,
+    /// `upToDate/total`, for `kubectl get`.
+    #[schemars(length(max = 32))]
+    pub summary: String,
+    /// The machine being upgraded now, if one is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub in_flight: Option<String>,
 }
 
 /// The cluster lock's mirror in a cluster's status.

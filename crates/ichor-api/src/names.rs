@@ -189,6 +189,9 @@ pub mod conditions {
     /// Every machine of the cluster runs the config rendered for it (no drift rollout pending
     /// or stopped).
     pub const CONFIG_ROLLED_OUT: &str = "ConfigRolledOut";
+    /// Every configured node of the cluster runs the declared Talos version (and schematic):
+    /// false while a rollout goes on, or stopped, and where.
+    pub const VERSION_ROLLED_OUT: &str = "VersionRolledOut";
     /// On a pending TalosMachine: whether a TalosMachineClass approves it, and if not why
     /// (two classes match, a class is full, the control planes are all there).
     pub const CLASS_MATCHED: &str = "ClassMatched";
@@ -358,6 +361,10 @@ pub mod reasons {
     pub const DRIFT_HALTED: &str = "DriftHalted";
     /// Drift is being rolled out, one machine at a time.
     pub const DRIFT_ROLLING_OUT: &str = "DriftRollingOut";
+    /// Every configured node runs the declared Talos version and schematic.
+    pub const VERSION_CURRENT: &str = "VersionCurrent";
+    /// Nodes are being upgraded to the declared Talos version or schematic, one at a time.
+    pub const VERSION_ROLLING_OUT: &str = "VersionRollingOut";
     /// Every machine runs the config rendered for it.
     pub const CONFIG_CURRENT: &str = "ConfigCurrent";
     /// The TalosCluster is being deleted: its machines are removed, workers first.

@@ -81,13 +81,107 @@ pub async fn clear_halt(ctx: &Context, cluster: &TalosCluster, machine: &str) ->
     Ok(())
 }
 
+/// Where the declared Talos version's rollout is: the counts for `status.rollout` and
+/// `VersionRolledOut` (holds, reason, message). A configured node is up to date when its
+/// `UpToDate` says it runs the declaration (ADR 0068); one whose upgrade failed stops the
+/// rollout, named with its reason.
+pub fn version_rollout(
+    declared: &str,
+    machines: &[TalosMachine],
+) -> (
+    ichor_api::cluster::RolloutStatus,
+    (bool, &'static str, String),
+) {
+    let configured: Vec<&TalosMachine> = machines
+        .iter()
+        .filter(|m| {
+            m.metadata.deletion_timestamp.is_none()
+                && m.status
+                    .as_ref()
+                    .is_some_and(|s| s.applied.config_hash.is_some())
+        })
+        .collect();
+    let up_to_date = |m: &TalosMachine| {
+        m.status.as_ref().is_some_and(|s| {
+            s.conditions.iter().any(|c| {
+                c.type_ == conditions::UP_TO_DATE
+                    && c.status == ichor_api::common::ConditionStatus::True
+            })
+        })
+    };
+    let done = configured.iter().filter(|m| up_to_date(m)).count();
+    let total = configured.len();
+    let in_flight = configured
+        .iter()
+        .find(|m| {
+            m.status
+                .as_ref()
+                .is_some_and(|s| s.upgrade.record.is_some())
+        })
+        .map(|m| kube::ResourceExt::name_any(*m));
+    let count = |n: usize| i32::try_from(n).unwrap_or(i32::MAX);
+    let status = ichor_api::cluster::RolloutStatus {
+        talos_version: declared.to_owned(),
+        up_to_date: count(done),
+        total: count(total),
+        summary: format!("{done}/{total}"),
+        in_flight,
+    };
+    let stopped = configured.iter().find_map(|m| {
+        m.status.as_ref()?.conditions.iter().find_map(|c| {
+            (c.type_ == conditions::UP_TO_DATE
+                && (c.reason == reasons::UPGRADE_FAILED
+                    || c.reason == reasons::UPGRADE_ROLLED_BACK))
+                .then(|| (kube::ResourceExt::name_any(*m), c.message.clone()))
+        })
+    });
+    let condition = rollout_condition(&status, stopped);
+    (status, condition)
+}
+
+/// `VersionRolledOut` from the rollout's counts and the machine it stopped at, if any (with
+/// what its `UpToDate` says).
+fn rollout_condition(
+    rollout: &ichor_api::cluster::RolloutStatus,
+    stopped: Option<(String, String)>,
+) -> (bool, &'static str, String) {
+    let declared = &rollout.talos_version;
+    let (done, total) = (rollout.up_to_date, rollout.total);
+    if done == total {
+        return (
+            true,
+            reasons::VERSION_CURRENT,
+            format!("every configured node ({total}) runs Talos {declared} as declared"),
+        );
+    }
+    if let Some((machine, message)) = stopped {
+        return (
+            false,
+            reasons::DRIFT_HALTED,
+            format!("the rollout of Talos {declared} stopped at {machine}: {message}"),
+        );
+    }
+    (
+        false,
+        reasons::VERSION_ROLLING_OUT,
+        format!(
+            "Talos {declared} rolls out one node at a time: {done} of {total} up to date{}",
+            rollout
+                .in_flight
+                .as_ref()
+                .map(|m| format!(", {m} upgrading now"))
+                .unwrap_or_default()
+        ),
+    )
+}
+
 /// The cluster's `ConfigRolledOut` condition: whether it holds, its reason and message, from
 /// the halt recorded and the machines' own `ConfigApplied` conditions.
 pub fn rolled_out(
     halt: Option<&DriftHaltStatus>,
     machines: &[TalosMachine],
 ) -> (bool, &'static str, String) {
-    if let Some(halt) = halt {
+    if let Some(halt) = halt.filter(|h| h.rendered_hash.starts_with("sha256:")) {
         return (
             false,
             reasons::DRIFT_HALTED,

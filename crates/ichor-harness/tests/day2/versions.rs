@@ -91,6 +91,40 @@ async fn rolled_out(target: &SimTarget, version: &str, limit: Duration) {
     .unwrap_or_else(|e| panic!("{e}\n{}", state_summary(target)));
 }
 
+/// Waits until the cluster's `status.rollout.summary` reads `summary` (any, when empty) and
+/// `VersionRolledOut` holds (or not).
+async fn rollout_reads(target: &SimTarget, summary: &str, holds: bool) {
+    let clusters: Api<ichor_api::TalosCluster> =
+        Api::namespaced(target.client(), target.namespace());
+    try_eventually("the cluster's rollout", Duration::from_secs(60), || async {
+        let status = clusters
+            .get(CLUSTER)
+            .await
+            .map_err(|e| e.to_string())?
+            .status
+            .unwrap_or_default();
+        let seen = status.core.rollout.as_ref().map(|r| r.summary.clone());
+        let condition = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == conditions::VERSION_ROLLED_OUT)
+            .map(|c| (c.status.clone(), c.reason.clone()));
+        let wanted = if holds {
+            ConditionStatus::True
+        } else {
+            ConditionStatus::False
+        };
+        match (&seen, &condition) {
+            (Some(s), Some((c, _))) if (summary.is_empty() || s == summary) && *c == wanted => {
+                Ok(())
+            }
+            _ => Err(format!("{seen:?} {condition:?}")),
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", state_summary(target)));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_declared_talos_version_rolls_out_one_node_at_a_time_and_a_rollback_stops_it() {
     let target = ready_target(SimOptions::new(3, DAY2_VERSIONS.net(0), "v1.14.1"), 3, 3, 0).await;
@@ -141,6 +175,7 @@ async fn a_declared_talos_version_rolls_out_one_node_at_a_time_and_a_rollback_st
         declared,
         "no controller wrote the cluster's spec"
     );
+    rollout_reads(&target, "3/3", true).await;
 
     // v1.14.3 with a node that Talos rolls back: the rollout stops at it, and no node after
     // it in the order is upgraded.
@@ -192,6 +227,7 @@ async fn a_declared_talos_version_rolls_out_one_node_at_a_time_and_a_rollback_st
         .and_then(|s| s.drift.halt)
         .expect("the halt recorded on the cluster");
     assert_eq!(halt.machine, halted.0);
+    rollout_reads(&target, "", false).await;
 
     // A GitOps revert to v1.14.2: the halt no longer stands, and the nodes that went to
     // v1.14.3 come back to v1.14.2, one at a time.

@@ -240,7 +240,7 @@ pub(super) async fn mint_file(
     Ok(Ok(Held { expires, renew_at }))
 }
 
-/// `ConfigRolledOut` and `Ready` on the cluster.
+/// `ConfigRolledOut`, `VersionRolledOut` (with `status.rollout`) and `Ready` on the cluster.
 pub(super) fn record_readiness(
     ctx: &Context,
     cluster: &TalosCluster,
@@ -256,6 +256,18 @@ pub(super) fn record_readiness(
     cond::set(
         &mut status.conditions,
         conditions::CONFIG_ROLLED_OUT,
+        current,
+        reason,
+        message,
+        generation,
+        &ctx.now(),
+    );
+    let (rollout, (current, reason, message)) =
+        crate::drift::version_rollout(&cluster.spec.talos_version, machines);
+    status.core.rollout = Some(rollout);
+    cond::set(
+        &mut status.conditions,
+        conditions::VERSION_ROLLED_OUT,
         current,
         reason,
         message,
