@@ -211,6 +211,16 @@ pub fn cluster_tree(cluster: &TalosCluster, machines: &[TalosMachine]) -> Tree {
             bootstrap.machine_name
         )));
     }
+    if let Some(rollout) = &status.core.rollout {
+        let mut text = format!(
+            "Talos {}: {} of {} nodes up to date",
+            rollout.talos_version, rollout.up_to_date, rollout.total
+        );
+        if let Some(machine) = &rollout.in_flight {
+            text.push_str(&format!(", {machine} upgrading now"));
+        }
+        children.push(Tree::leaf(text));
+    }
     let lock = match status.lock.mirror.as_ref().and_then(|l| l.holder.as_ref()) {
         Some(holder) => {
             let lock = status.lock.mirror.clone().unwrap_or_default();
@@ -344,6 +354,7 @@ mod tests {
             "controlPlanes": {"declared": 1, "approved": 1, "ready": 1, "summary": "1/1"},
             "workers": {"approved": 1, "ready": 0, "summary": "0/1"},
             "bootstrap": {"machineName": "cp", "machineUid": "u1", "chosenAt": "2026-12-03T10:00:00Z", "completedAt": "2026-12-03T10:01:00Z"},
+            "rollout": {"talosVersion": "v1.14.2", "upToDate": 1, "total": 2, "summary": "1/2", "inFlight": "worker"},
             "lock": {"holder": "drift/u2", "since": "2026-12-03T10:02:00Z", "waiting": ["operation/up"]},
             "tombstones": [{"machine": "gone", "address": "127.0.85.9", "etcdMemberId": "00000000000000ab", "removedAt": "2026-12-03T10:03:00Z"}],
             "pendingNodeDeletes": [{"node": "worker-9", "machine": "w9", "since": "2026-12-03T10:04:00Z"}]
@@ -384,6 +395,7 @@ mod tests {
             "├─ endpoint https://127.0.85.1:6443, Talos v1.14.1, Kubernetes 1.36.3, CNI flannel, kube-proxy enabled",
             "├─ control planes 1/1 ready (declared 1), workers 0/1 ready",
             "├─ bootstrap: cp (done 2026-12-03T10:01:00Z)",
+            "├─ Talos v1.14.2: 1 of 2 nodes up to date, worker upgrading now",
             "├─ lock: held by drift/u2 since 2026-12-03T10:02:00Z; waiting: operation/up",
             "├─ tombstone: gone (127.0.85.9) removed 2026-12-03T10:03:00Z without a reset, etcd member 00000000000000ab: reset before anything else if it answers again",
             "├─ pending Node delete: worker-9 of w9 (since 2026-12-03T10:04:00Z): deleted once the workload API answers",
