@@ -108,7 +108,7 @@ async fn rollout_reads(target: &SimTarget, summary: &str, holds: bool) {
             .conditions
             .iter()
             .find(|c| c.type_ == conditions::VERSION_ROLLED_OUT)
-            .map(|c| (c.status.clone(), c.reason.clone()));
+            .map(|c| (c.status, c.reason.clone()));
         let wanted = if holds {
             ConditionStatus::True
         } else {

@@ -439,30 +439,9 @@ async fn follow(
         plan::After::Verified(message) => {
             // Ends the turn: the record cleared and `UpToDate` stored before the lock is
             // released, so the next machine reads this one done (ADR 0043).
-            status.upgrade.record = None;
-            cond::set(
-                &mut status.conditions,
-                conditions::UP_TO_DATE,
-                true,
-                reasons::RUNS_DECLARED,
-                message.clone(),
-                u.machine.metadata.generation,
-                &ctx.now(),
-            );
-            machine_act::patch_status::<MachineUpgrade>(ctx, u.machine, |s| {
-                s.upgrade.record = None;
-                s.conditions.clone_from(&status.conditions);
-            })
-            .await?;
-            crate::lock::release(ctx, u.cluster, &upgrade_holder(u.machine)).await?;
-            ctx.event(
-                u.machine,
-                EventType::Normal,
-                reasons::RUNS_DECLARED,
-                actions::UPGRADE,
-                format!("{message}; the next machine may go"),
-            )
-            .await;
+            let done = Stop::new(reasons::RUNS_DECLARED, message);
+            let note = format!("{}; the next machine may go", done.message);
+            end(ctx, u, status, (true, &done), (EventType::Normal, note)).await?;
             Ok(true)
         }
     }
@@ -479,10 +458,26 @@ async fn fail(
     stop: Stop,
 ) -> Result<(), Error> {
     crate::drift::record_halt(ctx, u.cluster, u.machine, &record.image, &stop.message).await?;
+    let note = stop.message.clone();
+    end(ctx, u, status, (false, &stop), (EventType::Warning, note)).await
+}
+
+/// Ends the machine's upgrade turn: the record cleared and `UpToDate` (`holds`, `stop`'s reason
+/// and message) stored, as stored, then the lock released, then the Event.
+async fn end(
+    ctx: &Context,
+    u: &Upgrade<'_>,
+    status: &mut TalosMachineStatus,
+    (holds, stop): (bool, &Stop),
+    (kind, note): (EventType, String),
+) -> Result<(), Error> {
     status.upgrade.record = None;
-    stop.set_condition(
+    cond::set(
         &mut status.conditions,
         conditions::UP_TO_DATE,
+        holds,
+        stop.reason,
+        stop.message.clone(),
         u.machine.metadata.generation,
         &ctx.now(),
     );
@@ -492,13 +487,7 @@ async fn fail(
     })
     .await?;
     crate::lock::release(ctx, u.cluster, &upgrade_holder(u.machine)).await?;
-    ctx.event(
-        u.machine,
-        EventType::Warning,
-        stop.reason,
-        actions::UPGRADE,
-        stop.message.clone(),
-    )
-    .await;
+    ctx.event(u.machine, kind, stop.reason, actions::UPGRADE, note)
+        .await;
     Ok(())
 }
