@@ -300,7 +300,8 @@ pub mod reasons {
     pub const NODE_UNREACHABLE: &str = "NodeUnreachable";
     /// Everything is as declared.
     pub const RECONCILED: &str = "Reconciled";
-    /// A PodDisruptionBudget refuses an eviction; the drain retries (or is skipped with the
+    /// A PodDisruptionBudget refuses an eviction; the drain retries (until its timeout before a
+    /// reboot, an upgrade, a drift reboot or a reset; a removal's is skipped with the
     /// skip-drain annotation).
     pub const DRAIN_BLOCKED: &str = "DrainBlocked";
     /// The Image Factory (`spec.imageFactory.url`) did not take the declared schematic (it
@@ -328,6 +329,9 @@ pub mod reasons {
     pub const DRAIN_TIMED_OUT: &str = "DrainTimedOut";
     /// Every evictable pod left the Node.
     pub const DRAINED: &str = "Drained";
+    /// The machine is back after its disruption: the Node Ichor cordoned for it is schedulable
+    /// again, and the drain record is cleared.
+    pub const UNCORDONED: &str = "Uncordoned";
     /// `EtcdLeaveCluster` failed: the removal stopped (fail closed).
     pub const ETCD_LEAVE_FAILED: &str = "EtcdLeaveFailed";
     /// No healthy peer confirms yet that the member left etcd.

@@ -35,6 +35,7 @@ pub mod backup_store;
 pub mod claims;
 mod context;
 pub mod controller;
+pub mod drain;
 pub mod drift;
 pub mod error;
 pub mod etcd;

@@ -1,16 +1,18 @@
 //! The workload cluster's side of taking a node away: cordon, drain (evictions, so
-//! PodDisruptionBudgets hold) and delete the Node. Used by removals and by reset operations;
-//! every step is idempotent, so a restart runs it again safely.
+//! PodDisruptionBudgets hold, by `crate::drain`) and delete the Node. Used by removals, and
+//! its Node delete by reset operations; every step is idempotent, so a restart runs it again
+//! safely.
 
 use std::time::Duration;
 
 use ichor_api::names::{annotations, reasons};
 use ichor_api::{TalosCluster, TalosMachine};
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt as _;
-use kube::api::{Api, DeleteParams, EvictParams, ListParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use serde_json::json;
 
+use crate::drain::plan::{Limit, Verdict, judge};
 use crate::{Context, Error, Stop};
 
 /// The workload cluster's client: the manager's own short-lived credentials for it, cached
@@ -44,13 +46,13 @@ pub struct NodeSteps<'a> {
     pub machine: &'a TalosMachine,
 }
 
-fn no_workload() -> Outcome {
+pub(crate) fn no_workload() -> Outcome {
     Outcome::Unreachable("no client: the cluster's secrets bundle is unavailable".into())
 }
 
 /// What a Node step does for a machine that never recorded a node name: nothing to cordon,
 /// drain or delete by name, so the step is skipped (it used to fail every reconcile).
-fn no_node_name(step: &str) -> Outcome {
+pub(crate) fn no_node_name(step: &str) -> Outcome {
     Outcome::Done(format!(
         "{step} skipped: no Node name was ever recorded for this machine"
     ))
@@ -59,7 +61,7 @@ fn no_node_name(step: &str) -> Outcome {
 /// A workload API call that failed: a refusal or a server error is the API's answer and goes
 /// up; a call that never reached the API (connection refused, timeout) is `Unreachable`, for
 /// the caller to wait or skip, instead of failing every reconcile.
-fn unreachable(error: kube::Error) -> Result<Outcome, Error> {
+pub(crate) fn unreachable(error: kube::Error) -> Result<Outcome, Error> {
     match error {
         kube::Error::Api(_) => Err(error.into()),
         other => Ok(Outcome::Unreachable(other.to_string())),
@@ -128,9 +130,9 @@ impl NodeSteps<'_> {
         Ok(())
     }
 
-    /// Evicts the Node's pods (not DaemonSet or mirror pods) and waits for them to leave; a
-    /// PodDisruptionBudget's refusal waits, unless the machine carries the skip-drain
-    /// annotation.
+    /// A removal's drain: the Node's pods evicted (as before every disruption, `crate::drain`)
+    /// and waited for; a PodDisruptionBudget's refusal waits, with no timeout, unless the
+    /// machine carries the skip-drain annotation.
     pub async fn drain(&self) -> Result<Outcome, Error> {
         let Some(node_name) = self.node_name() else {
             return Ok(no_node_name("drain"));
@@ -138,75 +140,33 @@ impl NodeSteps<'_> {
         let Some(workload) = client(self.ctx, self.cluster).await else {
             return Ok(no_workload());
         };
-        match self.drain_node(workload, &node_name).await {
-            Ok(outcome) => Ok(outcome),
-            Err(error) => unreachable(error),
-        }
-    }
-
-    async fn drain_node(
-        &self,
-        workload: kube::Client,
-        node_name: &str,
-    ) -> Result<Outcome, kube::Error> {
+        let left = match crate::drain::pass(&workload, &node_name, &self.cluster.spec.drain).await {
+            Ok(left) => left,
+            Err(error) => return unreachable(error),
+        };
         let skip_drain = self
             .machine
             .annotations()
             .get(annotations::SKIP_DRAIN)
             .map(String::as_str)
             == Some(annotations::TRUE);
-        let pods: Api<Pod> = Api::all(workload.clone());
-        let on_node = |pods: Vec<Pod>| -> Vec<Pod> {
-            pods.into_iter()
-                .filter(|p| {
-                    let owners = p.metadata.owner_references.clone().unwrap_or_default();
-                    let daemon = owners.iter().any(|o| o.kind == "DaemonSet");
-                    let mirror = p.annotations().contains_key("kubernetes.io/config.mirror");
-                    !daemon && !mirror && p.metadata.deletion_timestamp.is_none()
-                })
-                .collect()
-        };
-        let fields = ListParams::default().fields(&format!("spec.nodeName={node_name}"));
-        let evictable = on_node(pods.list(&fields).await?.items);
-        let mut blocked = Vec::new();
-        for pod in &evictable {
-            let api: Api<Pod> =
-                Api::namespaced(workload.clone(), &pod.namespace().unwrap_or_default());
-            match api.evict(&pod.name_any(), &EvictParams::default()).await {
-                Ok(_) => {}
-                // A PodDisruptionBudget refuses the eviction with TooManyRequests (429).
-                Err(kube::Error::Api(s))
-                    if s.reason == kube::core::response::reason::TOO_MANY_REQUESTS =>
-                {
-                    blocked.push(pod.name_any());
-                }
-                Err(kube::Error::Api(s)) if s.is_not_found() => {}
-                Err(e) => return Err(e),
-            }
-        }
         if skip_drain {
             return Ok(Outcome::Done(format!(
                 "drain of Node {node_name} skipped by {}",
                 annotations::SKIP_DRAIN
             )));
         }
-        if !blocked.is_empty() {
-            return Ok(Outcome::Wait(Stop::new(
-                reasons::DRAIN_BLOCKED,
-                format!(
-                    "evicting {} is refused by a PodDisruptionBudget; it retries, or set {}=true to continue without draining",
-                    blocked.join(", "),
-                    annotations::SKIP_DRAIN
-                ),
-            )));
-        }
-        if !evictable.is_empty() && !on_node(pods.list(&fields).await?.items).is_empty() {
-            return Ok(Outcome::Wait(Stop::new(
-                reasons::DRAINING,
-                format!("waiting for pods to leave Node {node_name}"),
-            )));
-        }
-        Ok(Outcome::Done(format!("drained Node {node_name}")))
+        let limit = Limit::Never {
+            hint: format!(
+                "it retries, or set {}=true to continue without draining",
+                annotations::SKIP_DRAIN
+            ),
+        };
+        Ok(match judge(&node_name, &left, &limit) {
+            Verdict::Drained => Outcome::Done(format!("drained Node {node_name}")),
+            Verdict::Wait(stop) => Outcome::Wait(stop),
+            Verdict::Force { message, .. } => Outcome::Done(message),
+        })
     }
 
     /// Deletes the Node object (gone already is done).

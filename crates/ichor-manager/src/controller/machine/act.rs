@@ -270,7 +270,7 @@ pub(crate) async fn record_hash(
 
 /// Changes the machine's status as stored (read fresh) with `change`, and applies group `G` of
 /// it, checked against the version read: retried on a fresh copy when another write came first.
-pub(super) async fn patch_status<G: Group<TalosMachineStatus>>(
+pub(crate) async fn patch_status<G: Group<TalosMachineStatus>>(
     ctx: &Context,
     machine: &TalosMachine,
     change: impl Fn(&mut TalosMachineStatus),

@@ -31,7 +31,7 @@ pub(crate) mod plan;
 pub mod removal;
 mod upgrade;
 
-pub(crate) use act::{forget_config, record_hash};
+pub(crate) use act::{forget_config, patch_status, record_hash};
 pub use drift::drift_holder;
 pub use pacing::Looks;
 pub(crate) use pacing::lock;
@@ -567,6 +567,9 @@ async fn report(
     (turn_over, upgraded): (bool, bool),
 ) -> Result<Action, Error> {
     let (action, became_ready) = stand(ctx, machine, status, at).await?;
+    // Back from its turn: the cordon of a drain for its reboot is lifted first (ADR 0066); a
+    // workload API that does not answer keeps the turn open for the next look.
+    let turn_over = turn_over && drift::act::lift_cordon(ctx, machine, cluster).await?;
     if turn_over {
         drift::act::end_turn(ctx, machine, cluster, at.rendered).await?;
     }

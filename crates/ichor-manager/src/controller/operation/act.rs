@@ -21,6 +21,18 @@ use super::{Node, api, holder};
 use crate::infra::status::{self, Guard};
 use crate::{Context, Error, Stop, infra::conditions as cond, lock, workload};
 
+/// A workload step's outcome, an unreachable API made a wait already: done (with its
+/// message) or what it waits for.
+fn settled(outcome: workload::Outcome) -> Result<String, Stop> {
+    match outcome {
+        workload::Outcome::Done(message) => Ok(message),
+        workload::Outcome::Wait(stop) => Err(stop),
+        workload::Outcome::Unreachable(detail) => {
+            Err(Stop::new(reasons::WORKLOAD_API_UNREACHABLE, detail))
+        }
+    }
+}
+
 /// Writes the operation's run group of its status.
 pub(super) async fn write_status(
     ctx: &Context,
@@ -231,15 +243,27 @@ impl Node<'_> {
         }
     }
 
-    /// Before a reset, as before a removal: the Node is cordoned and drained. `Some` says what
-    /// it waits for.
-    pub(super) async fn take_node_away(&self) -> Result<Option<Stop>, Error> {
-        for outcome in [self.node().cordon().await?, self.node().drain().await?] {
-            if let workload::Outcome::Wait(stop) = self.node().waiting_for_api(outcome) {
-                return Ok(Some(stop));
-            }
-        }
-        Ok(None)
+    /// Before a reboot, an upgrade or a reset: the Node cordoned and drained for `purpose`
+    /// (ADR 0066). `Ok` says how that went; `Err` what the disruption waits for (pods leaving,
+    /// a budget, the timeout run out, the workload API).
+    pub(super) async fn drain_node(&self, purpose: String) -> Result<Result<String, Stop>, Error> {
+        let disruption = crate::drain::Disruption::new(
+            self.ctx,
+            self.cluster,
+            self.machine,
+            purpose,
+            actions::OPERATE,
+        );
+        let outcome = disruption.drain().await?;
+        Ok(settled(self.node().waiting_for_api(outcome)))
+    }
+
+    /// Once the node is back and verified after a reboot or an upgrade: its Node uncordoned if
+    /// Ichor cordoned it, and the drain record cleared. `Err` says what that waits for.
+    pub(super) async fn lift_cordon(&self) -> Result<Result<String, Stop>, Error> {
+        let outcome =
+            crate::drain::lift(self.ctx, self.cluster, self.machine, actions::OPERATE).await?;
+        Ok(settled(self.node().waiting_for_api(outcome)))
     }
 
     /// Sends the action (looking first for its effect, after a restart). `Some` stops here.

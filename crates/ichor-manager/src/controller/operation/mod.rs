@@ -253,13 +253,18 @@ impl Node<'_> {
                 format!("{} is not running", self.address),
             )));
         };
-        if action == OperationAction::Reset
-            && let Some(stop) = self.take_node_away().await?
-        {
-            step.phase = OperationPhase::Waiting;
-            step.message = Some(stop.message.clone());
-            return Ok(Some(Verdict::Wait(stop)));
-        }
+        // Before a reboot, an upgrade or a reset, the Node is cordoned and drained (ADR 0066).
+        let drained = match plan::drain_purpose(self.operation) {
+            Some(purpose) => match self.drain_node(purpose).await? {
+                Ok(message) => Some(message),
+                Err(stop) => {
+                    step.phase = OperationPhase::Waiting;
+                    step.message = Some(stop.message.clone());
+                    return Ok(Some(Verdict::Wait(stop)));
+                }
+            },
+            None => None,
+        };
         step.version_before = client.version().await.ok();
         if plan::restarts(action) {
             // Read before the action, so a later look tells the reboot by a new boot id.
@@ -278,7 +283,10 @@ impl Node<'_> {
             }
         }
         step.phase = OperationPhase::Running;
-        step.message = Some(format!("{action:?}: sending"));
+        step.message = Some(match drained {
+            Some(drained) => format!("{action:?}: sending ({drained})"),
+            None => format!("{action:?}: sending"),
+        });
         step.progress = NodeProgress::Intended;
         // Record the intent before sending.
         self.record(step).await?;
@@ -374,6 +382,8 @@ impl Node<'_> {
             return Ok(Verdict::Wait(stop));
         }
         crate::controller::machine::forget_config(self.ctx, self.machine).await?;
+        // Its Node deleted, nothing is left to uncordon: the drain record goes (ADR 0066).
+        crate::drain::forget(self.ctx, self.machine).await?;
         step.phase = OperationPhase::Succeeded;
         step.progress = self.verified(&step.progress);
         step.message = Some("reset: back in maintenance mode, its Node deleted".into());
@@ -407,6 +417,11 @@ impl Node<'_> {
             }
         };
         step.version_after = Some(version.clone());
+        // Back and healthy: the cordon Ichor put on its Node is lifted (ADR 0066), whatever
+        // the version it came back on.
+        if let Err(stop) = self.lift_cordon().await? {
+            return Ok(Verdict::Wait(stop));
+        }
         if action == OperationAction::Upgrade
             && let Some(verdict) =
                 plan::rolled_back(step, &plan::upgrade_image(self.operation), &version)

@@ -284,6 +284,24 @@ pub(super) fn not_yet(
     }
 }
 
+/// What a node is drained for before the operation's action (ADR 0066), recorded on its
+/// machine: `reboot (operation weekly)`. `None`: the action disrupts no pod (a snapshot, a
+/// defragment, a Kubernetes upgrade applied without a reboot).
+pub(super) fn drain_purpose(operation: &TalosOperation) -> Option<String> {
+    let name = operation.name_any();
+    match operation.spec.action {
+        OperationAction::Reboot => Some(format!("reboot (operation {name})")),
+        OperationAction::Upgrade => Some(format!(
+            "upgrade to {} (operation {name})",
+            upgrade_image(operation)
+        )),
+        OperationAction::Reset => Some(format!("reset (operation {name})")),
+        OperationAction::EtcdSnapshot
+        | OperationAction::EtcdDefrag
+        | OperationAction::UpgradeKubernetes => None,
+    }
+}
+
 /// Whether the action restarts the node, which is then followed by its boot id.
 pub(super) fn restarts(action: OperationAction) -> bool {
     matches!(action, OperationAction::Reboot | OperationAction::Upgrade)
@@ -736,5 +754,32 @@ mod tests {
             "store": {"endpoint": "https://s3.example.com", "bucket": "b", "credentialsSecretRef": {"name": "s3"}}
         })).expect("a backup spec"));
         assert_eq!(refusal(&snapshot, &cluster), None);
+    }
+
+    #[test]
+    fn reboots_upgrades_and_resets_drain_and_nothing_else_does() {
+        let purpose = |action| {
+            drain_purpose(
+                &TalosOperation::test("weekly", action)
+                    .cluster("lab")
+                    .build(),
+            )
+        };
+        assert_eq!(
+            purpose(OperationAction::Reboot).as_deref(),
+            Some("reboot (operation weekly)")
+        );
+        assert_eq!(
+            purpose(OperationAction::Reset).as_deref(),
+            Some("reset (operation weekly)")
+        );
+        assert!(purpose(OperationAction::Upgrade).is_some_and(|p| p.starts_with("upgrade to ")),);
+        for quiet in [
+            OperationAction::EtcdSnapshot,
+            OperationAction::EtcdDefrag,
+            OperationAction::UpgradeKubernetes,
+        ] {
+            assert_eq!(purpose(quiet), None, "{quiet:?}");
+        }
     }
 }

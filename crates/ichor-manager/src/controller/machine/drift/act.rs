@@ -215,6 +215,39 @@ pub(in super::super) async fn ask_queued(
     }
 }
 
+/// Cordons and drains the Node before the reboot for drift (ADR 0066). `Some` says what the
+/// reboot waits for (pods leaving, a budget, the drain's timeout, the workload API).
+pub(super) async fn drain_for_reboot(
+    ctx: &Context,
+    r: &Rollout<'_>,
+) -> Result<Option<Stop>, Error> {
+    let purpose = format!("reboot for config {}", r.rendered.hash);
+    let disruption =
+        crate::drain::Disruption::new(ctx, r.cluster, r.machine, purpose, actions::APPLY);
+    let outcome = disruption.drain().await?;
+    let node = crate::workload::NodeSteps {
+        ctx,
+        cluster: r.cluster,
+        machine: r.machine,
+    };
+    Ok(match node.waiting_for_api(outcome) {
+        crate::workload::Outcome::Wait(stop) => Some(stop),
+        crate::workload::Outcome::Done(_) | crate::workload::Outcome::Unreachable(_) => None,
+    })
+}
+
+/// Once the node is back from its reboot for drift: the cordon Ichor put on its Node is
+/// lifted and the drain record cleared (ADR 0066). `false`: the workload API did not answer,
+/// and the turn stays open (its intent recorded) so the next look lifts it.
+pub(in super::super) async fn lift_cordon(
+    ctx: &Context,
+    machine: &TalosMachine,
+    cluster: &TalosCluster,
+) -> Result<bool, Error> {
+    let outcome = crate::drain::lift(ctx, cluster, machine, actions::APPLY).await?;
+    Ok(matches!(outcome, crate::workload::Outcome::Done(_)))
+}
+
 /// Reboots the node into its staged config. The config is kept first, so a failure to keep it
 /// never costs a second reboot, and the boot id from before the reboot (`boot`) recorded, so
 /// "back" later means back from this reboot; then the reboot, announced. `Some`: the reboot

@@ -142,6 +142,11 @@ async fn reboot_for_drift(ctx: &Context, r: &Rollout<'_>) -> Result<Result<Strin
     if let Some(waits) = reboot_cleared(ctx, r, &me).await? {
         return Ok(Err(waits));
     }
+    // The Node cordoned and drained first (ADR 0066); the lock is kept while it drains: the
+    // reboot is under way.
+    if let Some(waits) = act::drain_for_reboot(ctx, r).await? {
+        return Ok(Err(waits));
+    }
     let boot = match r.client.boot_id().await {
         Ok(boot) => boot,
         Err(error) => {
