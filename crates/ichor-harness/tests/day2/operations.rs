@@ -1,7 +1,10 @@
-//! TalosOperations: reboots one node at a time, an upgrade operation refused at the door (versions
-//! are declared), an etcd snapshot refused without a backup target, defragmentation, a declared
-//! Kubernetes version rolled out, a reset; and a reset checked at the door as a delete is (the endpoint's control plane,
-//! quorum, the allow-delete annotation) that stops at the declared control-plane count.
+//! TalosOperations: reboots one node at a time, each Node drained first within its
+//! PodDisruptionBudgets and uncordoned after; a reboot a budget blocks, which waits at the
+//! drain's timeout and goes on once forced; a reboot with the drain off; an upgrade operation
+//! refused at the door (versions are declared), an etcd snapshot refused without a backup
+//! target, defragmentation, a declared Kubernetes version rolled out, a reset; and a reset checked
+//! at the door as a delete is (the endpoint's control plane, quorum, the allow-delete
+//! annotation) that stops at the declared control-plane count.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -15,9 +18,11 @@ use ichor_harness::{SimOptions, Target};
 use ichor_sim::Stage;
 use ichor_testenv::nets::DAY2;
 use ichor_testenv::wait::try_eventually;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::ResourceExt;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 use crate::support::cluster::{CLUSTER, Monitor, etcd_members, ready_target, state_summary};
@@ -28,7 +33,32 @@ async fn operations_go_one_node_at_a_time_and_versions_are_declared_not_operated
     let target = ready_target(SimOptions::new(3, DAY2.net(3), "v1.14.1"), 3, 3, 0).await;
     let endpoints = target.node_endpoints();
 
-    // A reboot of every control plane: never two down at once, etcd quorum throughout.
+    let workload = specs::workload_client(&target, CLUSTER)
+        .await
+        .expect("workload");
+    let nodes: Api<Node> = Api::all(workload.clone());
+    let pods: Api<Pod> = Api::namespaced(workload.clone(), "default");
+
+    // A reboot of every control plane: never two down at once, etcd quorum throughout. Two pods
+    // under a budget keeping one: web-1 on cp-1 is evicted before cp-1 reboots; web-2 on cp-2
+    // is one `spec.drain.skipPods` leaves, and stays.
+    let cp1_node = node_name(&target, &endpoints[0]).await;
+    let cp2_node = node_name(&target, &endpoints[1]).await;
+    set_drain(
+        &target,
+        json!({"skipPods": {"matchLabels": {"keep": "true"}}}),
+    )
+    .await;
+    pod_on(&workload, "web-1", &cp1_node, json!({"app": "web"})).await;
+    pod_on(
+        &workload,
+        "web-2",
+        &cp2_node,
+        json!({"app": "web", "keep": "true"}),
+    )
+    .await;
+    budget(&workload, "web", 1, 2, 1).await;
+    let reboot = target.nodes()[0].gate("Reboot");
     let monitor = Monitor::start(target.nodes().to_vec());
     specs::create_operation(
         &target,
@@ -38,6 +68,20 @@ async fn operations_go_one_node_at_a_time_and_versions_are_declared_not_operated
     )
     .await
     .expect("operation");
+    tokio::time::timeout(Duration::from_secs(120), reboot.arrived(1))
+        .await
+        .expect("cp-1's reboot was sent");
+    // Sent only once its Node was cordoned (recorded as Ichor's) and the pod evicted.
+    assert!(
+        pods.get_opt("web-1").await.expect("get").is_none(),
+        "evicted before the reboot"
+    );
+    assert!(unschedulable(&nodes, &cp1_node).await, "cordoned");
+    let record = drain_record(&target, &endpoints[0])
+        .await
+        .expect("the drain is recorded");
+    assert!(record.cordoned && record.drained_at.is_some(), "{record:?}");
+    reboot.release();
     let done = specs::wait_operation(&target, "reboot-all", Duration::from_secs(180))
         .await
         .expect("finished");
@@ -60,6 +104,24 @@ async fn operations_go_one_node_at_a_time_and_versions_are_declared_not_operated
     for node in target.nodes() {
         assert_eq!(node.calls("Reboot"), 1);
     }
+    assert!(
+        pods.get_opt("web-2").await.expect("get").is_some(),
+        "skipPods leaves web-2"
+    );
+    // Back and verified: every Node uncordoned, every drain record and `Drained` cleared.
+    for address in &endpoints {
+        let name = node_name(&target, address).await;
+        assert!(!unschedulable(&nodes, &name).await, "{name} uncordoned");
+        assert_eq!(drain_record(&target, address).await, None, "{name}");
+        assert_eq!(
+            specs::machine_condition(&target, address, conditions::DRAINED).await,
+            None,
+            "{name}"
+        );
+    }
+
+    drain_timeout_waits_unless_forced(&target, &workload).await;
+    drain_off_reboots_without_a_cordon(&target, &nodes).await;
 
     // Versions are declared (ADR 0068): an upgrade operation is refused at the door, naming
     // the field to change instead (the declared rollout, its rollback and its revert are
@@ -377,4 +439,211 @@ async fn a_reset_is_checked_at_the_door_and_stops_at_the_declared_count() {
     let seen = monitor.finish().await;
     assert!(seen.worst.is_some_and(|(a, v)| a * 2 > v), "{seen:?}");
     target.down().await;
+}
+
+/// The Node name of the machine at `address`.
+async fn node_name(target: &ichor_harness::SimTarget, address: &str) -> String {
+    specs::machine_at(target, address)
+        .await
+        .expect("machine")
+        .status
+        .and_then(|s| s.lifecycle.node_name)
+        .expect("node name")
+}
+
+/// The drain record of the machine at `address`.
+async fn drain_record(
+    target: &ichor_harness::SimTarget,
+    address: &str,
+) -> Option<ichor_api::drain::DrainRecord> {
+    specs::machine_at(target, address)
+        .await
+        .expect("machine")
+        .status
+        .and_then(|s| s.drain.record)
+}
+
+/// Whether Node `name` is cordoned.
+async fn unschedulable(nodes: &Api<Node>, name: &str) -> bool {
+    nodes
+        .get(name)
+        .await
+        .expect("Node")
+        .spec
+        .and_then(|s| s.unschedulable)
+        .unwrap_or(false)
+}
+
+/// Creates pod `name` in `default` on Node `node`, with `labels`.
+async fn pod_on(workload: &kube::Client, name: &str, node: &str, labels: serde_json::Value) {
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"nodeName": node, "containers": [{"name": "app", "image": "registry.invalid/app:1"}]}
+    }))
+    .expect("pod");
+    Api::<Pod>::namespaced(workload.clone(), "default")
+        .create(&PostParams::default(), &pod)
+        .await
+        .expect("create pod");
+}
+
+/// Creates a budget `name` in `default` over the pods labelled `app: <name>`, keeping
+/// `min_available` of them, once it counts `healthy` pods and allows `allowed` disruptions.
+async fn budget(
+    workload: &kube::Client,
+    name: &str,
+    min_available: i32,
+    healthy: i32,
+    allowed: i32,
+) {
+    let budget: PodDisruptionBudget = serde_json::from_value(json!({
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+        "metadata": {"name": name},
+        "spec": {"minAvailable": min_available, "selector": {"matchLabels": {"app": name}}},
+    }))
+    .expect("budget");
+    let budgets: Api<PodDisruptionBudget> = Api::namespaced(workload.clone(), "default");
+    budgets
+        .create(&PostParams::default(), &budget)
+        .await
+        .expect("create budget");
+    try_eventually(
+        "the budget to count the pods healthy",
+        Duration::from_secs(60),
+        || async {
+            budgets
+                .get(name)
+                .await
+                .ok()
+                .and_then(|b| b.status)
+                .is_some_and(|s| {
+                    s.current_healthy == Some(healthy) && s.disruptions_allowed == Some(allowed)
+                })
+        },
+    )
+    .await
+    .expect("budget in force");
+}
+
+/// Patches the cluster's `spec.drain` with `drain`.
+async fn set_drain(target: &ichor_harness::SimTarget, drain: serde_json::Value) {
+    Api::<ichor_api::TalosCluster>::namespaced(target.client(), target.namespace())
+        .patch(
+            CLUSTER,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"drain": drain}})),
+        )
+        .await
+        .expect("spec.drain");
+}
+
+/// A reboot of cp-2, whose pod a budget allowing nothing holds: at the drain's timeout it waits
+/// (`DrainTimedOut` naming the pod and the budget) and cp-2 does not reboot; forced, the pod is
+/// deleted and the reboot goes on, the Node uncordoned after.
+async fn drain_timeout_waits_unless_forced(
+    target: &ichor_harness::SimTarget,
+    workload: &kube::Client,
+) {
+    let endpoints = target.node_endpoints();
+    set_drain(target, json!({"timeout": "10s"})).await;
+    let cp2_node = node_name(target, &endpoints[1]).await;
+    pod_on(workload, "pinned", &cp2_node, json!({"app": "pinned"})).await;
+    budget(workload, "pinned", 1, 1, 0).await;
+    let cp2 = specs::machine_at(target, &endpoints[1])
+        .await
+        .expect("cp-2")
+        .name_any();
+    specs::create_operation(
+        target,
+        TalosOperation::test("reboot-pinned", OperationAction::Reboot)
+            .cluster(CLUSTER)
+            .machine(&cp2),
+    )
+    .await
+    .expect("operation");
+    let (status, reason, message) = operation_at(
+        target,
+        "reboot-pinned",
+        reasons::DRAIN_TIMED_OUT,
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_eq!(reason, reasons::DRAIN_TIMED_OUT, "{status:?}");
+    assert!(
+        message.contains("default/pinned (PodDisruptionBudget pinned)"),
+        "{message}"
+    );
+    let drained = specs::machine_condition(target, &endpoints[1], conditions::DRAINED).await;
+    assert!(
+        drained
+            .as_ref()
+            .is_some_and(|(holds, reason, _)| !holds && reason == reasons::DRAIN_TIMED_OUT),
+        "{drained:?}"
+    );
+    let nodes: Api<Node> = Api::all(workload.clone());
+    assert!(unschedulable(&nodes, &cp2_node).await, "cordoned");
+    assert_eq!(target.nodes()[1].calls("Reboot"), 1, "cp-2 did not reboot");
+
+    set_drain(target, json!({"onTimeout": "Force"})).await;
+    let done = specs::wait_operation(target, "reboot-pinned", Duration::from_secs(90))
+        .await
+        .expect("finished")
+        .status
+        .expect("status");
+    assert_eq!(done.run.phase, OperationPhase::Succeeded, "{done:?}");
+    assert_eq!(target.nodes()[1].calls("Reboot"), 2, "rebooted once forced");
+    let pods: Api<Pod> = Api::namespaced(workload.clone(), "default");
+    assert!(
+        pods.get_opt("pinned").await.expect("get").is_none(),
+        "the pod left was deleted"
+    );
+    assert!(!unschedulable(&nodes, &cp2_node).await, "uncordoned");
+    assert_eq!(drain_record(target, &endpoints[1]).await, None);
+}
+
+/// With `spec.drain.enabled: false`, cp-3 reboots without a cordon, its step saying so.
+async fn drain_off_reboots_without_a_cordon(target: &ichor_harness::SimTarget, nodes: &Api<Node>) {
+    let endpoints = target.node_endpoints();
+    set_drain(
+        target,
+        json!({"enabled": false, "timeout": "10m", "onTimeout": "Wait"}),
+    )
+    .await;
+    let cp3_node = node_name(target, &endpoints[2]).await;
+    let cp3 = specs::machine_at(target, &endpoints[2])
+        .await
+        .expect("cp-3")
+        .name_any();
+    let reboot = target.nodes()[2].gate("Reboot");
+    specs::create_operation(
+        target,
+        TalosOperation::test("reboot-undrained", OperationAction::Reboot)
+            .cluster(CLUSTER)
+            .machine(&cp3),
+    )
+    .await
+    .expect("operation");
+    tokio::time::timeout(Duration::from_secs(60), reboot.arrived(1))
+        .await
+        .expect("cp-3's reboot was sent");
+    assert!(!unschedulable(nodes, &cp3_node).await, "not cordoned");
+    assert_eq!(drain_record(target, &endpoints[2]).await, None);
+    let sending = Api::<TalosOperation>::namespaced(target.client(), target.namespace())
+        .get("reboot-undrained")
+        .await
+        .expect("operation")
+        .status
+        .and_then(|s| s.run.nodes.first().and_then(|n| n.message.clone()))
+        .unwrap_or_default();
+    assert!(sending.contains("the drain is off"), "{sending}");
+    reboot.release();
+    let done = specs::wait_operation(target, "reboot-undrained", Duration::from_secs(90))
+        .await
+        .expect("finished")
+        .status
+        .expect("status");
+    assert_eq!(done.run.phase, OperationPhase::Succeeded, "{done:?}");
+    assert_eq!(target.nodes()[2].calls("Reboot"), 2);
+    set_drain(target, json!({"enabled": true})).await;
 }

@@ -300,23 +300,23 @@ pub async fn lift(
         cluster,
         machine,
     };
-    let mut message = format!(
-        "the drain for {} is over; the Node was cordoned before it, and stays so",
+    let Some(node) = steps.node_name().filter(|_| record.cordoned) else {
+        // Cordoned before the drain (someone else's), or no Node: left as it is.
+        forget(ctx, machine).await?;
+        return Ok(Outcome::Done(format!(
+            "the drain for {} is over; the Node was not cordoned by it, and is left as it is",
+            record.purpose
+        )));
+    };
+    let Some(client) = workload::client(ctx, cluster).await else {
+        return Ok(workload::no_workload());
+    };
+    reach!(act::set_unschedulable(&client, &node, false).await);
+    forget(ctx, machine).await?;
+    let message = format!(
+        "Node {node} uncordoned: the machine is back after {}",
         record.purpose
     );
-    if record.cordoned
-        && let Some(node) = steps.node_name()
-    {
-        let Some(client) = workload::client(ctx, cluster).await else {
-            return Ok(workload::no_workload());
-        };
-        reach!(act::set_unschedulable(&client, &node, false).await);
-        message = format!(
-            "Node {node} uncordoned: the machine is back after {}",
-            record.purpose
-        );
-    }
-    forget(ctx, machine).await?;
     ctx.event(
         machine,
         EventType::Normal,
