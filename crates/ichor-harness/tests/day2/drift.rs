@@ -1,5 +1,6 @@
 //! Drift between a machine's config and the cluster's: a change that needs a reboot, applied
-//! under the cluster lock one node at a time; a change a node refuses, which stops the rollout
+//! under the cluster lock one node at a time, each Node drained before its reboot and
+//! uncordoned once back; a change a node refuses, which stops the rollout
 //! at that node until a fixed change resumes it one machine at a time; a rollout resumed after
 //! a manager kill without sending any node its config twice.
 
@@ -15,7 +16,8 @@ use ichor_harness::{SimOptions, SimTarget, Target};
 use ichor_sim::{Fault, SimNode};
 use ichor_testenv::nets::DAY2;
 use ichor_testenv::wait::try_eventually;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 use crate::support::cluster::{
@@ -32,6 +34,26 @@ async fn drift_that_needs_a_reboot_is_applied_under_the_lock_one_node_at_a_time(
             .await
             .expect("fault");
     }
+    // A pod on the first node's Node: evicted before that node reboots (ADR 0066).
+    let workload = specs::workload_client(&target, CLUSTER)
+        .await
+        .expect("workload");
+    let pods: Api<Pod> = Api::namespaced(workload.clone(), "default");
+    let first = specs::machine_at(&target, &target.node_endpoints()[0])
+        .await
+        .expect("machine")
+        .status
+        .and_then(|s| s.lifecycle.node_name)
+        .expect("node name");
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "drifting"},
+        "spec": {"nodeName": first, "containers": [{"name": "app", "image": "registry.invalid/app:1"}]}
+    }))
+    .expect("pod");
+    pods.create(&PostParams::default(), &pod)
+        .await
+        .expect("create pod");
     let before: Vec<usize> = target.nodes().iter().map(|n| n.calls("Reboot")).collect();
     let monitor = Monitor::start(target.nodes().to_vec());
     let clusters: Api<ichor_api::TalosCluster> =
@@ -60,6 +82,46 @@ async fn drift_that_needs_a_reboot_is_applied_under_the_lock_one_node_at_a_time(
     .unwrap_or_else(|e| panic!("{e}: {}", state_summary(&target)));
     let seen = monitor.finish().await;
     assert_eq!(seen.most_down, 1, "one node at a time: {seen:?}");
+    // Each Node was cordoned and drained before its reboot, and uncordoned once back.
+    assert!(
+        pods.get_opt("drifting").await.expect("get").is_none(),
+        "evicted"
+    );
+    try_eventually(
+        "every Node uncordoned and every drain record cleared",
+        Duration::from_secs(60),
+        || async {
+            let machines = Api::<TalosMachine>::namespaced(target.client(), target.namespace())
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            let recorded = machines
+                .items
+                .iter()
+                .filter(|m| m.status.as_ref().is_some_and(|s| s.drain.record.is_some()))
+                .count();
+            let uncordoned = specs::events_with_reason(&target, reasons::UNCORDONED)
+                .await
+                .len();
+            let cordoned = Api::<Node>::all(workload.clone())
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| e.to_string())?
+                .items
+                .iter()
+                .filter(|n| n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true))
+                .count();
+            if recorded == 0 && uncordoned == 3 && cordoned == 0 {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{recorded} records, {uncordoned} Uncordoned Events, {cordoned} Nodes cordoned"
+                ))
+            }
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}: {}", state_summary(&target)));
     target.down().await;
 }
 

@@ -7,7 +7,9 @@
 //! After an upgrade the running version is verified: a node back on its old version fails the
 //! operation, which is never retried. A reboot, an upgrade, a reset or a Kubernetes upgrade goes
 //! to a node only once it reported the machine's SMBIOS UUID; another machine at the address
-//! fails the operation (ADR 0052).
+//! fails the operation (ADR 0052). Before a reboot, an upgrade or a reset the node's Node is
+//! cordoned and drained (`crate::drain`, ADR 0066), and after a reboot or an upgrade it is
+//! uncordoned once the node is verified.
 //!
 //! What the reconcile reads is `observe`'s, what it decides `plan`'s, what it writes or sends
 //! `act`'s; this module runs them in order, for the operation and then for its next node.

@@ -773,7 +773,7 @@ mod tests {
             purpose(OperationAction::Reset).as_deref(),
             Some("reset (operation weekly)")
         );
-        assert!(purpose(OperationAction::Upgrade).is_some_and(|p| p.starts_with("upgrade to ")),);
+        assert!(purpose(OperationAction::Upgrade).is_some_and(|p| p.starts_with("upgrade to ")));
         for quiet in [
             OperationAction::EtcdSnapshot,
             OperationAction::EtcdDefrag,

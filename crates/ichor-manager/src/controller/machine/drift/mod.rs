@@ -2,6 +2,8 @@
 //! one machine at a time in the planner's order, under the cluster lock (ADR 0019, ADR 0043):
 //! each machine waits for its turn and the lock, then gets its config live (`NO_REBOOT`), or
 //! staged with a reboot when it cannot go live; a config the node refuses halts the rollout.
+//! Before that reboot the Node is cordoned and drained (`crate::drain`, ADR 0066), and once the
+//! node is back the cordon is lifted before the turn ends.
 //! The machine reconcile decides the step (`plan::drift_step`); this folder rolls it out,
 //! reading in `observe.rs`, deciding in `plan.rs`, writing in `act.rs`.
 
