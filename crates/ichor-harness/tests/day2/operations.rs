@@ -30,7 +30,7 @@ use crate::{operation_at, refused};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operations_go_one_node_at_a_time_and_versions_are_declared_not_operated() {
-    let target = ready_target(SimOptions::new(3, DAY2.net(3), "v1.14.1"), 3, 3, 0).await;
+    let mut target = ready_target(SimOptions::new(3, DAY2.net(3), "v1.14.1"), 3, 3, 0).await;
     let endpoints = target.node_endpoints();
 
     let workload = specs::workload_client(&target, CLUSTER)
@@ -120,7 +120,7 @@ async fn operations_go_one_node_at_a_time_and_versions_are_declared_not_operated
         );
     }
 
-    drain_timeout_waits_unless_forced(&target, &workload).await;
+    drain_timeout_waits_unless_forced(&mut target, &workload).await;
     drain_off_reboots_without_a_cordon(&target, &nodes).await;
 
     // Versions are declared (ADR 0068): an upgrade operation is refused at the door, naming
@@ -539,10 +539,11 @@ async fn set_drain(target: &ichor_harness::SimTarget, drain: serde_json::Value) 
 }
 
 /// A reboot of cp-2, whose pod a budget allowing nothing holds: at the drain's timeout it waits
-/// (`DrainTimedOut` naming the pod and the budget) and cp-2 does not reboot; forced, the pod is
-/// deleted and the reboot goes on, the Node uncordoned after.
+/// (`DrainTimedOut` naming the pod and the budget) and cp-2 does not reboot, across a manager
+/// restart (the drain's start as recorded); forced, the pod is deleted and the reboot goes on,
+/// the Node uncordoned after.
 async fn drain_timeout_waits_unless_forced(
-    target: &ichor_harness::SimTarget,
+    target: &mut ichor_harness::SimTarget,
     workload: &kube::Client,
 ) {
     let endpoints = target.node_endpoints();
@@ -583,6 +584,38 @@ async fn drain_timeout_waits_unless_forced(
     );
     let nodes: Api<Node> = Api::all(workload.clone());
     assert!(unschedulable(&nodes, &cp2_node).await, "cordoned");
+    assert_eq!(target.nodes()[1].calls("Reboot"), 1, "cp-2 did not reboot");
+
+    // A restarted manager resumes the drain as recorded: the same start, still timed out.
+    let started = drain_record(target, &endpoints[1])
+        .await
+        .expect("recorded")
+        .started_at;
+    target.kill_manager().await;
+    target.start_manager().await.expect("restart");
+    try_eventually(
+        "the restarted manager at the operation again",
+        Duration::from_secs(60),
+        || async {
+            target
+                .manager_reconciles("TalosOperation")
+                .await
+                .is_ok_and(|n| n > 2)
+        },
+    )
+    .await
+    .expect("reconciled after the restart");
+    let (_, reason, _) = operation_at(
+        target,
+        "reboot-pinned",
+        reasons::DRAIN_TIMED_OUT,
+        Duration::from_secs(30),
+    )
+    .await;
+    assert_eq!(reason, reasons::DRAIN_TIMED_OUT);
+    let resumed = drain_record(target, &endpoints[1]).await.expect("recorded");
+    assert_eq!(resumed.started_at, started, "the drain's start as recorded");
+    assert!(resumed.cordoned, "the cordon is still Ichor's: {resumed:?}");
     assert_eq!(target.nodes()[1].calls("Reboot"), 1, "cp-2 did not reboot");
 
     set_drain(target, json!({"onTimeout": "Force"})).await;
