@@ -29,6 +29,10 @@ pub mod plan;
 
 use plan::{Left, Limit, Verdict};
 
+/// What a disruption says when the cluster opts out of the drain.
+const DRAIN_OFF: &str =
+    "the drain is off (spec.drain.enabled: false): the Node is neither cordoned nor drained";
+
 /// The longest purpose a record keeps (the API's limit).
 const PURPOSE_MAX: usize = 256;
 
@@ -117,9 +121,7 @@ impl<'a> Disruption<'a> {
     /// for the caller to decide (ADR 0021).
     pub async fn drain(&self) -> Result<Outcome, Error> {
         if !self.cluster.spec.drain.enabled {
-            return Ok(Outcome::Done(
-                "the drain is off (spec.drain.enabled: false): the Node is neither cordoned nor drained, its pods stay on it".into(),
-            ));
+            return Ok(Outcome::Done(DRAIN_OFF.into()));
         }
         let Some(node) = self.steps().node_name() else {
             return Ok(workload::no_node_name("drain"));
