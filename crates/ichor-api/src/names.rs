@@ -285,6 +285,10 @@ pub mod reasons {
     /// what its installer accepts, a pair outside Talos's support matrix): refused at the door,
     /// the message naming the field (ADR 0068).
     pub const VERSION_CHANGE_REFUSED: &str = "VersionChangeRefused";
+    /// A TalosOperation `upgrade` or `upgradeKubernetes` created before versions were declared:
+    /// it fails without touching a node; declare the version in the TalosCluster's spec
+    /// instead (ADR 0068).
+    pub const VERSIONS_DECLARED: &str = "VersionsDeclared";
     /// The admission review could not be read.
     pub const INVALID_REVIEW: &str = "InvalidReview";
     /// The webhook requires a client certificate (ADR 0051) and the caller presented none.
@@ -468,8 +472,6 @@ pub mod reasons {
     pub const RESET: &str = "Reset";
     /// A TalosOperation took the lock and started (an Event).
     pub const STARTED: &str = "Started";
-    /// `upgradeKubernetes` set the cluster's `spec.kubernetesVersion` (an Event).
-    pub const KUBERNETES_VERSION: &str = "KubernetesVersion";
     /// A removal step was done (an Event).
     pub const REMOVAL: &str = "Removal";
     /// An unreachable node's reset was skipped by force removal (an Event).

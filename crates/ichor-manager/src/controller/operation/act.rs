@@ -11,10 +11,8 @@ use ichor_api::operation::{
 use ichor_api::{TalosCluster, TalosMachine};
 use ichor_talos::{ApplyMode, ResetOptions, TalosClient};
 use kube::ResourceExt as _;
-use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
-use serde_json::json;
 
 use super::plan::{self, Verdict, image_version, progress};
 use super::{Node, api, holder};
@@ -139,12 +137,10 @@ pub(super) async fn take_lock(
     lock::acquire(ctx, cluster, &me, moving, completes).await
 }
 
-/// Marks the operation running; its first start is recorded and announced (and an
-/// `upgradeKubernetes` sets the cluster's version then).
+/// Marks the operation running; its first start is recorded and announced.
 pub(super) async fn start(
     ctx: &Context,
     operation: &TalosOperation,
-    cluster: &TalosCluster,
     status: &mut TalosOperationStatus,
 ) -> Result<(), Error> {
     // Waiting (for the lock, or held by the planner) and running again: only the first start
@@ -154,9 +150,6 @@ pub(super) async fn start(
         return Ok(());
     }
     status.run.started_at = Some(ctx.now());
-    if operation.spec.action == OperationAction::UpgradeKubernetes {
-        set_kubernetes_version(ctx, operation, cluster).await?;
-    }
     write_status(ctx, operation, status).await?;
     ctx.event(
         operation,
@@ -167,45 +160,6 @@ pub(super) async fn start(
             "{:?} on {} node(s), one at a time",
             operation.spec.action,
             status.run.nodes.len()
-        ),
-    )
-    .await;
-    Ok(())
-}
-
-/// `upgradeKubernetes` records its version in the cluster's spec first (under the lock, so
-/// drift waits); the nodes then get it one at a time.
-async fn set_kubernetes_version(
-    ctx: &Context,
-    operation: &TalosOperation,
-    cluster: &TalosCluster,
-) -> Result<(), Error> {
-    let Some(target) = &operation.spec.upgrade_kubernetes else {
-        return Ok(());
-    };
-    let version = target.version.trim_start_matches('v');
-    if cluster.spec.kubernetes_version.trim_start_matches('v') == version {
-        return Ok(());
-    }
-    Api::<TalosCluster>::namespaced(ctx.client.clone(), &cluster.namespace().unwrap_or_default())
-        .patch(
-            &cluster.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(json!({
-                "metadata": {"resourceVersion": cluster.resource_version()},
-                "spec": {"kubernetesVersion": version},
-            })),
-        )
-        .await?;
-    ctx.event(
-        cluster,
-        EventType::Normal,
-        reasons::KUBERNETES_VERSION,
-        actions::OPERATE,
-        format!(
-            "{} sets spec.kubernetesVersion {} -> {version}; nodes follow one at a time",
-            holder(operation),
-            cluster.spec.kubernetes_version
         ),
     )
     .await;

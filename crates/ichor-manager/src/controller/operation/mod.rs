@@ -95,6 +95,20 @@ async fn reconcile_inner(cached: &TalosOperation, ctx: &Context) -> Result<Actio
     if plan::is_over(&status) {
         return Ok(Action::await_change());
     }
+    // Versions are declared (ADR 0068): an upgrade made an operation before the CRD refused
+    // them ends here, touching nothing.
+    if let Some(message) = plan::declared_instead(operation.spec.action) {
+        return act::end(
+            ctx,
+            operation,
+            None,
+            status,
+            false,
+            reasons::VERSIONS_DECLARED,
+            message.to_owned(),
+        )
+        .await;
+    }
     let observe::Observed { cluster, machines } =
         match observe::read_cluster(ctx, operation, &mut status).await? {
             Ok(observed) => observed,
@@ -116,7 +130,7 @@ async fn reconcile_inner(cached: &TalosOperation, ctx: &Context) -> Result<Actio
         let stop = Stop::new(reason, outcome.message());
         return act::record_wait(ctx, operation, status, OperationPhase::Waiting, stop).await;
     }
-    act::start(ctx, operation, &cluster, &mut status).await?;
+    act::start(ctx, operation, &mut status).await?;
     let bundle = match secrets::bundle(ctx, &cluster).await? {
         Ok(b) => b,
         Err(problem) => {

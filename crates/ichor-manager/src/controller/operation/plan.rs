@@ -213,6 +213,20 @@ pub(super) fn next_node<'m>(
     }
 }
 
+/// For the actions that changed a version, which are declared now (ADR 0068): what the
+/// operation ends with, naming the field to change instead.
+pub(super) fn declared_instead(action: OperationAction) -> Option<&'static str> {
+    match action {
+        OperationAction::Upgrade => Some(
+            "versions are declared: set the TalosCluster's spec.talosVersion (and spec.schematic); every node is upgraded to it, one at a time; this operation touched nothing",
+        ),
+        OperationAction::UpgradeKubernetes => Some(
+            "versions are declared: set the TalosCluster's spec.kubernetesVersion; every node follows it, one at a time; this operation touched nothing",
+        ),
+        _ => None,
+    }
+}
+
 /// The installer image an upgrade names (empty when the spec names none).
 pub(super) fn upgrade_image(operation: &TalosOperation) -> String {
     operation

@@ -181,6 +181,10 @@ async fn start(
     let Some(boot) = cleared(ctx, u, status, &target, client).await? else {
         return Ok(());
     };
+    // The Node is cordoned and drained first, the lock held meanwhile (ADR 0066).
+    if let Some(stop) = drain(ctx, u, &target).await? {
+        return not_up_to_date(ctx, u, status, &stop).await;
+    }
     let record = UpgradeRecord {
         image: target.image.clone(),
         version: target.version.clone(),
@@ -292,6 +296,28 @@ async fn planner_holds(
             ),
         )
     }))
+}
+
+/// Cordons and drains the machine's Node before its upgrade (ADR 0066): `Some` says what the
+/// upgrade waits for (pods leaving, a budget, the drain's timeout, the workload API).
+async fn drain(
+    ctx: &Context,
+    u: &Upgrade<'_>,
+    target: &plan::Target,
+) -> Result<Option<Stop>, Error> {
+    let purpose = format!("upgrade to Talos {} ({})", target.version, target.image);
+    let disruption =
+        crate::drain::Disruption::new(ctx, u.cluster, u.machine, purpose, actions::UPGRADE);
+    let outcome = disruption.drain().await?;
+    let node = crate::workload::NodeSteps {
+        ctx,
+        cluster: u.cluster,
+        machine: u.machine,
+    };
+    Ok(match node.waiting_for_api(outcome) {
+        crate::workload::Outcome::Wait(stop) => Some(stop),
+        crate::workload::Outcome::Done(_) | crate::workload::Outcome::Unreachable(_) => None,
+    })
 }
 
 /// Writes (or clears) the machine's upgrade record, as stored.
@@ -437,6 +463,17 @@ async fn follow(
         }
         plan::After::Failed(stop) => fail(ctx, u, status, record, stop).await.map(|()| true),
         plan::After::Verified(message) => {
+            // The cordon of its drain is lifted first (ADR 0066); while the workload API does
+            // not answer, the record stays and the next look lifts it.
+            let lifted = crate::drain::lift(ctx, u.cluster, u.machine, actions::UPGRADE).await?;
+            if !matches!(lifted, crate::workload::Outcome::Done(_)) {
+                let stop = Stop::new(
+                    reasons::UPGRADING,
+                    format!("{message}; its Node is uncordoned once the workload API answers"),
+                );
+                not_up_to_date(ctx, u, status, &stop).await?;
+                return Ok(false);
+            }
             // Ends the turn: the record cleared and `UpToDate` stored before the lock is
             // released, so the next machine reads this one done (ADR 0043).
             let done = Stop::new(reasons::RUNS_DECLARED, message);
@@ -458,6 +495,9 @@ async fn fail(
     stop: Stop,
 ) -> Result<(), Error> {
     crate::drift::record_halt(ctx, u.cluster, u.machine, &record.image, &stop.message).await?;
+    // The node is not disrupted any more: its cordon goes (best effort; a record left is
+    // taken over by its next disruption, ADR 0066).
+    crate::drain::lift(ctx, u.cluster, u.machine, actions::UPGRADE).await?;
     let note = stop.message.clone();
     end(ctx, u, status, (false, &stop), (EventType::Warning, note)).await
 }
