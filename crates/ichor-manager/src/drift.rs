@@ -181,7 +181,9 @@ pub fn rolled_out(
     halt: Option<&DriftHaltStatus>,
     machines: &[TalosMachine],
 ) -> (bool, &'static str, String) {
-    if let Some(halt) = halt.filter(|h| h.rendered_hash.starts_with("sha256:")) {
+    // A halt recorded with an installer image (it has a `/`) is an upgrade's: `VersionRolledOut`
+    // tells it, not this condition.
+    if let Some(halt) = halt.filter(|h| !h.rendered_hash.contains('/')) {
         return (
             false,
             reasons::DRIFT_HALTED,
@@ -278,6 +280,13 @@ mod tests {
         assert!(message.contains("cp-1") && message.contains("unknown field"));
         let (holds, reason, _) = rolled_out(None, &machines[1..]);
         assert!(holds);
+        assert_eq!(reason, reasons::CONFIG_CURRENT);
+        let upgrade = DriftHaltStatus {
+            rendered_hash: "factory.talos.dev/metal-installer/abc:v1.14.2".into(),
+            ..halt
+        };
+        let (holds, reason, _) = rolled_out(Some(&upgrade), &machines[1..]);
+        assert!(holds, "an upgrade's halt is VersionRolledOut's to tell");
         assert_eq!(reason, reasons::CONFIG_CURRENT);
     }
 }
