@@ -115,6 +115,21 @@ impl<'a> Disruption<'a> {
         }
     }
 
+    /// [`Disruption::drain`] for a disruption that cannot skip its drain: `Ok` once the Node is
+    /// drained (or the drain is off, or forced), with what was done; `Err` what the disruption
+    /// waits for (pods leaving, a budget, the timeout, or the workload API not answering, which
+    /// it waits for too, ADR 0021).
+    pub async fn drain_or_wait(&self) -> Result<Result<String, Stop>, Error> {
+        let outcome = self.steps().waiting_for_api(self.drain().await?);
+        Ok(match outcome {
+            Outcome::Done(message) => Ok(message),
+            Outcome::Wait(stop) => Err(stop),
+            Outcome::Unreachable(detail) => {
+                Err(Stop::new(reasons::WORKLOAD_API_UNREACHABLE, detail))
+            }
+        })
+    }
+
     /// Cordons and drains the machine's Node, one pass per call: `Done` once drained (or the
     /// drain is off, or forced at its timeout), so the disruption may go; `Wait` while pods
     /// are leaving, blocked or timed out; `Unreachable` when the workload API does not answer,

@@ -208,8 +208,7 @@ impl Node<'_> {
             purpose,
             actions::OPERATE,
         );
-        let outcome = disruption.drain().await?;
-        Ok(settled(self.node().waiting_for_api(outcome)))
+        disruption.drain_or_wait().await
     }
 
     /// Once the node is back and verified after a reboot or an upgrade: its Node uncordoned if

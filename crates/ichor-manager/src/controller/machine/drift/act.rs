@@ -224,16 +224,7 @@ pub(super) async fn drain_for_reboot(
     let purpose = format!("reboot for config {}", r.rendered.hash);
     let disruption =
         crate::drain::Disruption::new(ctx, r.cluster, r.machine, purpose, actions::APPLY);
-    let outcome = disruption.drain().await?;
-    let node = crate::workload::NodeSteps {
-        ctx,
-        cluster: r.cluster,
-        machine: r.machine,
-    };
-    Ok(match node.waiting_for_api(outcome) {
-        crate::workload::Outcome::Wait(stop) => Some(stop),
-        crate::workload::Outcome::Done(_) | crate::workload::Outcome::Unreachable(_) => None,
-    })
+    Ok(disruption.drain_or_wait().await?.err())
 }
 
 /// Once the node is back from its reboot for drift: the cordon Ichor put on its Node is

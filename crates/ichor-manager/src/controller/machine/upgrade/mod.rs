@@ -159,17 +159,8 @@ async fn start(
     status: &mut TalosMachineStatus,
     target: plan::Target,
 ) -> Result<(), Error> {
-    let queued = |why: String| {
-        Stop::new(
-            reasons::UPGRADE_QUEUED,
-            format!(
-                "to be upgraded to Talos {} with {}: {why}",
-                target.version, target.image
-            ),
-        )
-    };
     let Some(client) = u.client else {
-        not_up_to_date(ctx, u, status, &queued("the node does not answer".into())).await?;
+        not_up_to_date(ctx, u, status, &queued(&target, "the node does not answer")).await?;
         return Ok(());
     };
     // The installer's schematic is registered with its factory first (ADR 0067).
@@ -220,28 +211,19 @@ async fn cleared(
     target: &plan::Target,
     client: &TalosClient,
 ) -> Result<Option<String>, Error> {
-    let queued = |why: String| {
-        Stop::new(
-            reasons::UPGRADE_QUEUED,
-            format!(
-                "to be upgraded to Talos {} with {}: {why}",
-                target.version, target.image
-            ),
-        )
-    };
     let machines = crate::cluster_machines_as_stored(ctx, u.cluster).await?;
     let turn =
         super::drift::wait_for_turn(ctx, u.machine, u.cluster, &machines, u.sources, u.bundle)
             .await?;
     if let Some(waits) = turn {
-        not_up_to_date(ctx, u, status, &queued(waits.message)).await?;
+        not_up_to_date(ctx, u, status, &queued(target, waits.message)).await?;
         return Ok(None);
     }
     let me = upgrade_holder(u.machine);
     let moving = crate::lock::transitioning(u.cluster, &machines);
     let outcome = crate::lock::acquire(ctx, u.cluster, &me, moving, false).await?;
     if !outcome.held() {
-        not_up_to_date(ctx, u, status, &queued(outcome.message())).await?;
+        not_up_to_date(ctx, u, status, &queued(target, outcome.message())).await?;
         return Ok(None);
     }
     if let Some(stop) = planner_holds(ctx, u, &machines, target).await? {
@@ -259,9 +241,10 @@ async fn cleared(
         Ok(boot) => Ok(Some(boot)),
         Err(error) => {
             crate::lock::release(ctx, u.cluster, &me).await?;
-            let stop = queued(format!(
-                "the node does not tell its boot id, by which its reboot is seen: {error}"
-            ));
+            let stop = queued(
+                target,
+                format!("the node does not tell its boot id, by which its reboot is seen: {error}"),
+            );
             not_up_to_date(ctx, u, status, &stop).await?;
             Ok(None)
         }
@@ -308,16 +291,18 @@ async fn drain(
     let purpose = format!("upgrade to Talos {} ({})", target.version, target.image);
     let disruption =
         crate::drain::Disruption::new(ctx, u.cluster, u.machine, purpose, actions::UPGRADE);
-    let outcome = disruption.drain().await?;
-    let node = crate::workload::NodeSteps {
-        ctx,
-        cluster: u.cluster,
-        machine: u.machine,
-    };
-    Ok(match node.waiting_for_api(outcome) {
-        crate::workload::Outcome::Wait(stop) => Some(stop),
-        crate::workload::Outcome::Done(_) | crate::workload::Outcome::Unreachable(_) => None,
-    })
+    Ok(disruption.drain_or_wait().await?.err())
+}
+
+/// Why the upgrade to `target` waits: `why`, under `UpgradeQueued`.
+fn queued(target: &plan::Target, why: impl std::fmt::Display) -> Stop {
+    Stop::new(
+        reasons::UPGRADE_QUEUED,
+        format!(
+            "to be upgraded to Talos {} with {}: {why}",
+            target.version, target.image
+        ),
+    )
 }
 
 /// Writes (or clears) the machine's upgrade record, as stored.
