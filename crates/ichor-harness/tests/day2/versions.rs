@@ -207,8 +207,32 @@ async fn a_declared_talos_version_rolls_out_one_node_at_a_time_and_a_rollback_st
         .map(|n| n.calls("Upgrade"))
         .sum::<usize>()
         - 3;
-    // Stopped at the node that rolled back: at most the node before it in the order went.
-    tokio::time::sleep(Duration::from_secs(10)).await;
+    // Stopped at the node that rolled back: at most the node before it in the order went, and
+    // every other node still to be upgraded has looked since and saw the stop.
+    let stopped_at = format!("stopped at {}", halted.0);
+    try_eventually(
+        "the others saw the stop",
+        Duration::from_secs(60),
+        || async {
+            let conditions = up_to_date(&target).await;
+            let seen = conditions
+                .iter()
+                .filter(|(name, ..)| *name != halted.0)
+                .all(|(_, s, r, m)| {
+                    (*s == ConditionStatus::True && r == reasons::RUNS_DECLARED)
+                        || (*s == ConditionStatus::False
+                            && r == reasons::UPGRADE_QUEUED
+                            && m.contains(&stopped_at))
+                });
+            if seen {
+                Ok(())
+            } else {
+                Err(format!("{conditions:?}"))
+            }
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", state_summary(&target)));
     let after: usize = target
         .nodes()
         .iter()
