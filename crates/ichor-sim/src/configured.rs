@@ -759,6 +759,9 @@ pub(crate) async fn etcd_service(node: Weak<Mutex<Node>>, timings: crate::Timing
             }
             continue;
         }
+        if shared.controls.holds(crate::DISCOVERY) {
+            continue;
+        }
         let hostname = guard.hostname();
         let mut net = network();
         let Some(cluster) = net.joinable(&config.cluster_identity(), timings.discovery) else {

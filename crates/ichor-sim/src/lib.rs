@@ -219,6 +219,10 @@ pub use ichor_talos::Stage;
 /// does by itself (not an RPC, so no call can be named like it).
 pub(crate) const PROMOTION: &str = "etcd learner promotion";
 
+/// What [`SimNode::hold_discovery`] holds: an etcd service without a member looking for a
+/// cluster of its identity to join, which the node does by itself.
+pub(crate) const DISCOVERY: &str = "etcd discovery";
+
 /// The proto enum value and YAML string Talos uses for a stage (talos-facts §3).
 pub(crate) fn stage_wire(stage: Stage) -> (i32, &'static str) {
     match stage {
@@ -720,6 +724,14 @@ impl SimNode {
     /// The gate counts one arrival once the member is held where it would have promoted.
     pub fn hold_promotion(&self) -> Gate {
         Controls::gate(&self.shared, PROMOTION)
+    }
+
+    /// Keeps this control plane's etcd service from finding a cluster to join until the
+    /// returned gate is released, as when discovery has not caught up yet: for a test whose
+    /// point needs the node unjoined, whatever the machine's pace. The gate counts one arrival
+    /// once the service looked while held.
+    pub fn hold_discovery(&self) -> Gate {
+        Controls::gate(&self.shared, DISCOVERY)
     }
 
     /// Lets every call to `method` run, then holds its reply until the returned gate is

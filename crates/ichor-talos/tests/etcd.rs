@@ -196,13 +196,20 @@ async fn a_dead_member_is_removed_by_id_through_a_healthy_peer_and_quorum_loss_f
 async fn a_second_bootstrap_elsewhere_creates_a_second_cluster() {
     let nodes = control_planes(TALOS_ETCD.net(3), 2).await;
     // Both bootstrapped before either discovers the other: two separate etcd clusters, as
-    // real Talos would make — which is why Ichor bootstraps exactly once.
+    // real Talos would make — which is why Ichor bootstraps exactly once. Discovery is held
+    // until both Bootstraps answered: otherwise, on a busy machine, the second could arrive
+    // after the first cluster became discoverable, and that node would already have joined it.
+    let held: Vec<_> = nodes
+        .iter()
+        .map(|(node, _)| node.hold_discovery())
+        .collect();
     let (a, b) = tokio::join!(
         nodes[0].1.bootstrap(Duration::from_secs(5)),
         nodes[1].1.bootstrap(Duration::from_secs(5))
     );
     assert_eq!(a.expect("first"), Bootstrapped::Now);
     assert_eq!(b.expect("second"), Bootstrapped::Now);
+    held.into_iter().for_each(ichor_sim::Gate::release);
     // Each etcd service looks again for long enough that discovery would have shown it the
     // other cluster (every round waits a tick first), and then once more: a merge would have
     // happened by now.
