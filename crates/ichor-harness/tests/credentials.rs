@@ -228,10 +228,26 @@ async fn published_credentials_are_renewed_before_they_expire_and_keep_working()
         assert!(ok, "the first files work: {printed}");
     }
 
-    // Renewed before they expire: both expiries move on while the first ones still hold.
-    if let Err(error) = try_eventually("both renewed", LIFETIME, || async {
-        let now = expiries(&target).await;
-        later(now.0, first.0) && later(now.1, first.1)
+    // Renewed before they expire: each file's expiry moves on while its first one still holds.
+    // Each is judged by its own: the two were minted at different times (the talosconfig
+    // before bootstrap, and again when its targets changed), so one may already have been
+    // renewed within the window above while the other was not.
+    let moved: std::sync::Mutex<[Option<Timestamp>; 2]> = std::sync::Mutex::new([None, None]);
+    let seen_moving = &moved;
+    let target_ref = &target;
+    if let Err(error) = try_eventually("both renewed", LIFETIME, move || async move {
+        let now = expiries(target_ref).await;
+        let at = Timestamp::now();
+        let mut seen = seen_moving.lock().expect("not poisoned");
+        for (slot, moved_on) in seen
+            .iter_mut()
+            .zip([later(now.0, first.0), later(now.1, first.1)])
+        {
+            if moved_on && slot.is_none() {
+                *slot = Some(at);
+            }
+        }
+        seen.iter().all(Option::is_some)
     })
     .await
     {
@@ -242,11 +258,20 @@ async fn published_credentials_are_renewed_before_they_expire_and_keep_working()
             target.manager_log_tail()
         );
     }
-    let renewed_at = Timestamp::now();
-    assert!(
-        first.0.is_some_and(|e| renewed_at < e) && first.1.is_some_and(|e| renewed_at < e),
-        "renewed at {renewed_at}, after the first ones expired: {first:?}"
-    );
+    let moved = moved.into_inner().expect("not poisoned");
+    for ((name, renewed_at), expiry) in ["kubeconfig", "talosconfig"]
+        .into_iter()
+        .zip(moved)
+        .zip([first.0, first.1])
+    {
+        let (Some(renewed_at), Some(expiry)) = (renewed_at, expiry) else {
+            panic!("the {name}: renewed at {renewed_at:?}, first expiry {expiry:?}");
+        };
+        assert!(
+            renewed_at < expiry,
+            "the {name} renewed at {renewed_at} (seen), after the first one expired at {expiry}"
+        );
+    }
 
     // Once the first ones have expired, they no longer work; the published files do.
     let last_expiry = first.0.max(first.1).expect("expiries");
