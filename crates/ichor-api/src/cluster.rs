@@ -409,6 +409,29 @@ pub struct ClusterCore {
     /// How far the declared Talos version and schematic rolled out (ADR 0068).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rollout: Option<RolloutStatus>,
+    /// The versions the nodes are brought to: the declared ones once the manager found they
+    /// follow the version rules, or the first step towards them when both change (ADR 0069).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accepted_versions: Option<AcceptedVersions>,
+}
+
+/// The versions a cluster's nodes are brought to (ADR 0069): what the manager renders and
+/// upgrades with, whatever the spec declares, until a declaration passes the version rules.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AcceptedVersions {
+    /// The Talos version.
+    #[schemars(length(max = 64))]
+    pub talos_version: String,
+    /// The Kubernetes version.
+    #[schemars(length(max = 64))]
+    pub kubernetes_version: String,
+    /// The Kubernetes version the nodes ran before `kubernetesVersion` was accepted, kept until
+    /// every machine runs its config again: a Talos change waits meanwhile if the new Talos
+    /// does not support it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub kubernetes_from: Option<String>,
 }
 
 /// How far the declared Talos version and schematic rolled out over the cluster's configured

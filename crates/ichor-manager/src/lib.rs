@@ -31,6 +31,7 @@
 // (clippy.toml) mixes them.
 #![warn(clippy::too_many_lines)]
 
+pub mod accepted;
 pub mod backup_store;
 pub mod claims;
 mod context;

@@ -82,6 +82,8 @@ pub const E2E: Nets = Nets::new(70, 7);
 pub const DAY2: Nets = Nets::new(77, 13);
 /// `ichor-harness/tests/day2/versions.rs`: a block per spec.
 pub const DAY2_VERSIONS: Nets = Nets::new(221, 2);
+/// `ichor-harness/tests/day2/unguarded.rs`.
+pub const DAY2_UNGUARDED: Nets = Nets::new(245, 1);
 /// `ichor-harness/tests/credentials.rs`.
 pub const CREDENTIALS: Nets = Nets::new(91, 1);
 /// `ichor-talos/tests/events.rs`.
@@ -156,6 +158,7 @@ pub const ALL: &[(&str, Nets)] = &[
     ("E2E", E2E),
     ("DAY2", DAY2),
     ("DAY2_VERSIONS", DAY2_VERSIONS),
+    ("DAY2_UNGUARDED", DAY2_UNGUARDED),
     ("CREDENTIALS", CREDENTIALS),
     ("TALOS_EVENTS", TALOS_EVENTS),
     ("SIM_APPLY_INSTALL", SIM_APPLY_INSTALL),

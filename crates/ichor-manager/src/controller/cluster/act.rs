@@ -24,6 +24,7 @@ use kube::api::Api;
 use kube::runtime::events::EventType;
 
 use super::plan::{self, File, Held, Tally};
+use crate::accepted;
 use crate::infra::status::{self, Guard};
 use crate::renewal::{self, Why};
 use crate::{Context, Error, infra::conditions as cond, secrets};
@@ -262,9 +263,7 @@ pub(super) fn record_readiness(
         generation,
         &ctx.now(),
     );
-    let (rollout, (current, reason, message)) =
-        crate::drift::version_rollout(&cluster.spec.talos_version, machines);
-    status.core.rollout = Some(rollout);
+    let (current, reason, message) = record_versions(cluster, status, machines, current);
     cond::set(
         &mut status.conditions,
         conditions::VERSION_ROLLED_OUT,
@@ -288,6 +287,73 @@ pub(super) fn record_readiness(
         generation,
         &ctx.now(),
     );
+}
+
+/// The versions the nodes are brought to (ADR 0069): the declared ones once they pass the
+/// version rules, else the accepted ones kept; recorded with the rollout of the accepted Talos.
+/// Returns `VersionRolledOut` (holds, reason, message); `configs_current` is whether every
+/// machine runs its config.
+fn record_versions(
+    cluster: &TalosCluster,
+    status: &mut TalosClusterStatus,
+    machines: &[TalosMachine],
+    configs_current: bool,
+) -> (bool, &'static str, String) {
+    let namespace = cluster.namespace().unwrap_or_default();
+    let outcome = accepted::decide(
+        accepted::declared(&cluster.spec),
+        status.core.accepted_versions.as_ref(),
+        accepted::Running {
+            oldest_talos: ichor_api::versions::oldest_running(
+                machines,
+                &namespace,
+                &cluster.name_any(),
+            )
+            .map(|(_, version)| version),
+            configs_current,
+        },
+    );
+    status.core.accepted_versions.clone_from(&outcome.accepted);
+    let rolling_out = outcome
+        .accepted
+        .as_ref()
+        .map_or(&cluster.spec.talos_version, |a| &a.talos_version);
+    let (rollout, condition) = crate::drift::version_rollout(rolling_out, machines);
+    status.core.rollout = Some(rollout);
+    accepted::rollout_condition(&outcome, condition)
+}
+
+/// A Warning Event when the manager refuses the declared versions (ADR 0069): once, when the
+/// refusal first shows or says something else.
+pub(super) async fn announce_refusal(
+    ctx: &Context,
+    cluster: &TalosCluster,
+    status: &TalosClusterStatus,
+) {
+    let refusal = |conditions: &[ichor_api::common::Condition]| {
+        conditions
+            .iter()
+            .find(|c| {
+                c.type_ == conditions::VERSION_ROLLED_OUT
+                    && c.reason == reasons::VERSION_CHANGE_REFUSED
+            })
+            .map(|c| c.message.clone())
+    };
+    let Some(now) = refusal(&status.conditions) else {
+        return;
+    };
+    let before = cluster.status.as_ref().and_then(|s| refusal(&s.conditions));
+    if before.as_ref() == Some(&now) {
+        return;
+    }
+    ctx.event(
+        cluster,
+        EventType::Warning,
+        reasons::VERSION_CHANGE_REFUSED,
+        actions::UPGRADE,
+        now,
+    )
+    .await;
 }
 
 /// Sets the cluster's `Bootstrapped` condition.

@@ -111,6 +111,7 @@ async fn reconcile_inner(cluster: &TalosCluster, ctx: &Context) -> Result<Action
     }
     act::record_readiness(ctx, cluster, &mut status, &machines, &tally);
     act::write_status(ctx, cluster, &status).await?;
+    act::announce_refusal(ctx, cluster, &status).await;
     // Node deletes force removals handed over while the workload API did not answer (ADR 0021).
     let nodes_pending = deferred
         .keep(

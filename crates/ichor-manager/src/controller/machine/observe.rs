@@ -61,6 +61,16 @@ pub(super) async fn read_cluster_and_bundle(
             ),
         )));
     };
+    // Rendered and upgraded with the versions accepted, not the spec's own (ADR 0069).
+    let cluster = match crate::accepted::effective(&cluster) {
+        Ok(effective) => effective.into_owned(),
+        Err(refusal) => {
+            return Ok(Err(Blocked::approved(
+                reasons::VERSION_CHANGE_REFUSED,
+                format!("the cluster's declared versions are refused: {refusal}"),
+            )));
+        }
+    };
     Ok(match secrets::bundle(ctx, &cluster).await? {
         Ok(bundle) => Ok((cluster, bundle)),
         Err(problem) => Err(Blocked {
