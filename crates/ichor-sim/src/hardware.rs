@@ -1,5 +1,5 @@
 //! A simulated machine's hardware: its identity, disks and links (the COSI resources that
-//! describe it are in `cosi::block` and `cosi::network`, talos-facts §8.1, §9.5).
+//! describe it are in `cosi::block` and `cosi::network`, talos-facts §8.1, §13.5).
 
 /// One block device.
 #[derive(Debug, Clone, PartialEq, Eq)]

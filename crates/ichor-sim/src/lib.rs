@@ -5,7 +5,7 @@
 //!   every boot, no client certificates, every caller `os:reader`; reader-level calls, COSI
 //!   reads of non-sensitive types, `ApplyConfiguration` and `BlockDeviceWipe`; admin methods
 //!   and forwarding refused.
-//! - **COSI** (§1.6, §9): Get, List and Watch of the resources the node models, with Talos's
+//! - **COSI** (§1.6, §13): Get, List and Watch of the resources the node models, with Talos's
 //!   resource definitions, metadata, both spec encodings and access policy.
 //! - **Apply and install** (§5, §8.2, §11): configs loaded and validated as machined does at
 //!   apply time, per release (refusals are `InvalidArgument` with Talos's message and change

@@ -162,7 +162,7 @@ async fn maintenance_mode_is_inspected_with_and_without_the_pinned_fingerprint()
         "{definitions}"
     );
 
-    // `get -w` watches (talos-facts §9.2, §9.7): the disks arrive as the initial contents.
+    // `get -w` watches (talos-facts §13.2, §13.7): the disks arrive as the initial contents.
     let mut watch = Command::new(&talosctl.binary)
         .args(with(&["get", "disks", "-w"]))
         .env_clear()
@@ -347,7 +347,7 @@ async fn the_getting_started_flow_works_with_talosctl() {
             |status| status.contains("running"),
         )
         .await;
-    // Both nodes are cluster members (discovery, talos-facts §9.6).
+    // Both nodes are cluster members (discovery, talos-facts §13.6).
     let (cp_name, worker_name) = (cp.hostname().await, worker.hostname().await);
     talosctl
         .ok_when(Duration::from_secs(30), &["get", "members"], |members| {

@@ -90,7 +90,7 @@ pub struct Link {
 
 impl Link {
     /// Whether the link is hardware: type `ether` with no kind (Talos's
-    /// `LinkStatusSpec.Physical`, talos-facts §9.5).
+    /// `LinkStatusSpec.Physical`, talos-facts §13.5).
     pub fn is_physical(&self) -> bool {
         self.link_type == "ether" && self.kind.is_empty()
     }
@@ -325,7 +325,7 @@ impl TalosClient {
 
     /// The node's running machine config, as the YAML it was applied as: the
     /// `MachineConfigs.config.talos.dev` resource `v1alpha1` in namespace `config`, whose spec is
-    /// the config as one YAML string (talos-facts §9.4; the table of resources). The type is
+    /// the config as one YAML string (talos-facts §13.4; the table of resources). The type is
     /// sensitive: it needs os:admin. A node without a config has no such resource.
     pub async fn live_config(&self) -> Result<String, TalosError> {
         let spec = self
@@ -446,7 +446,7 @@ impl TalosClient {
             Ok(spec) => {
                 let text = |key: &str| spec[key].as_str().unwrap_or_default().to_owned();
                 // Every key is omitempty; the zero phase, pending, is left out (talos-facts
-                // §9.6, §11.7).
+                // §13.6, §11.7).
                 let phase = spec["phase"].as_str().unwrap_or("pending").to_owned();
                 Ok(Some(UnattendedInstall {
                     image: text("image"),

@@ -1,7 +1,7 @@
 //! The COSI state of simulated nodes as Talos serves it: checked with Talos's own Go client and
 //! types (`tools/talos-conformance resources`: definitions, namespaces, both spec encodings of
 //! every resource, Get/List/Watch agreement, the access policy), and watched as `talosctl get
-//! -w` watches (talos-facts §9).
+//! -w` watches (talos-facts §13).
 
 mod support;
 

@@ -1,4 +1,4 @@
-//! The hardware and block resources of a node (talos-facts §8.1, §9.5): SMBIOS identity, the
+//! The hardware and block resources of a node (talos-facts §8.1, §13.5): SMBIOS identity, the
 //! disks, what probing them finds (the boot ISO, once installed the system disk's partitions,
 //! and what user volumes wrote), the system disk, the status of the system volumes META, STATE
 //! and EPHEMERAL, and that of the user volumes (`crate::volumes`).
@@ -240,7 +240,7 @@ fn iso_label(version: &str) -> String {
         .collect()
 }
 
-/// What the node's trim settings are (`FilesystemTrimConfig.interval`, talos-facts §9.5).
+/// What the node's trim settings are (`FilesystemTrimConfig.interval`, talos-facts §13.5).
 fn trim_interval(config: Option<&Vec<Value>>) -> Option<Duration> {
     let text = config?
         .iter()
@@ -660,7 +660,7 @@ pub(crate) fn resources(node: &Node, want: &Wanted) -> Vec<Res> {
     out
 }
 
-/// The system volumes (talos-facts §9.5): META and STATE are looked for on every boot,
+/// The system volumes (talos-facts §13.5): META and STATE are looked for on every boot,
 /// EPHEMERAL only once there is a config.
 fn volume_statuses(node: &Node, system: Option<&SimDisk>, parts: &[Partition]) -> Vec<Res> {
     let uuid = &node.hardware.uuid;

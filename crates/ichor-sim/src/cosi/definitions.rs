@@ -1,5 +1,5 @@
 //! The resource definitions and namespaces a node registers in its COSI state, as Talos
-//! v1.14.1 registers them (talos-facts §9.1): each definition here is, field for field, what the
+//! v1.14.1 registers them (talos-facts §13.1): each definition here is, field for field, what the
 //! Talos resource type declares and COSI's registry fills in (display type, automatic aliases);
 //! `tools/talos-conformance resources` checks a running node's against Talos's own types.
 //!
@@ -47,7 +47,7 @@ impl Definition {
     }
 }
 
-/// The types Talos v1.14 registers and v1.13 does not (talos-facts §9.1).
+/// The types Talos v1.14 registers and v1.13 does not (talos-facts §13.1).
 const SINCE_1_14: [&str; 2] = [
     "UnattendedInstallStatuses.runtime.talos.dev",
     "ImageFactorySchematics.runtime.talos.dev",
@@ -67,7 +67,7 @@ pub(crate) fn definition(type_: &str, is_1_14: bool) -> Option<&'static Definiti
     registered(is_1_14).find(|d| d.id() == id)
 }
 
-/// The meta resources: every definition and namespace, owned by `meta` (talos-facts §9.1).
+/// The meta resources: every definition and namespace, owned by `meta` (talos-facts §13.1).
 pub(crate) fn resources(want: &Wanted, is_1_14: bool) -> Vec<Res> {
     let mut out = Vec::new();
     for d in registered(is_1_14).filter(|_| want.has(DEFINITION_TYPE)) {

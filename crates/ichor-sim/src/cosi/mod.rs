@@ -1,4 +1,4 @@
-//! The COSI state service of a simulated node (`cosi.resource.State`, talos-facts §1.6, §9):
+//! The COSI state service of a simulated node (`cosi.resource.State`, talos-facts §1.6, §13):
 //! Get, List and Watch of the resources it models, with the metadata Talos's in-memory state
 //! keeps, both spec encodings, and Talos's access policy.
 //!
@@ -95,7 +95,7 @@ impl Cosi {
         )
     }
 
-    /// Talos's COSI authorization (talos-facts §9.3): the method needs os:reader (or
+    /// Talos's COSI authorization (talos-facts §13.3): the method needs os:reader (or
     /// operator, admin); then the type must be registered, a sensitive type needs os:admin,
     /// and the namespace must be registered.
     fn authorize<T>(
@@ -417,7 +417,7 @@ async fn poll(
 }
 
 /// What a watch request asks for, validated as COSI's server validates it (talos-facts
-/// §9.2).
+/// §13.2).
 struct Plan {
     /// One resource, or the whole type.
     id: Option<String>,

@@ -1,4 +1,4 @@
-//! The network resources of a node (talos-facts §9.5): its links (`lo` and the hardware's),
+//! The network resources of a node (talos-facts §13.5): its links (`lo` and the hardware's),
 //! their addresses, the node addresses Talos picks from them, and the hostname.
 //!
 //! The node's address on the simulated network is its first link's address, with a /24 (IPv4)

@@ -1,4 +1,4 @@
-//! The resources of a node's lifecycle and configuration (talos-facts §3, §9.6): machine
+//! The resources of a node's lifecycle and configuration (talos-facts §3, §13.6): machine
 //! status, version, unattended install, machine config and type, the local etcd member, the
 //! cluster members discovery finds, and the Kubernetes node name.
 
@@ -186,7 +186,7 @@ fn machine_status(node: &Node, shared: &Shared) -> Res {
 
 fn machine_config(id: &str, config: &AppliedConfig) -> Res {
     // The spec is the config exactly as submitted: YAML as one string, protobuf as bytes
-    // (talos-facts §9.4).
+    // (talos-facts §13.4).
     let spec = MachineConfigSpec {
         yaml_marshalled: config.yaml.clone().into_bytes(),
     };
@@ -278,7 +278,7 @@ fn cluster_member(m: &Member) -> Res {
 }
 
 /// The members discovery finds: this node and every configured node of the same cluster
-/// identity that has the discovery service on too (talos-facts §9.6).
+/// identity that has the discovery service on too (talos-facts §13.6).
 fn members(node: &Node, shared: &Shared, config: &AppliedConfig, view: &ConfigView) -> Vec<Res> {
     if !view.discovery() {
         return Vec::new();

@@ -1,4 +1,4 @@
-//! Label and id queries of List and Watch, matched as COSI matches them (talos-facts §9.2): a
+//! Label and id queries of List and Watch, matched as COSI matches them (talos-facts §13.2): a
 //! resource matches a list of label queries when any of them matches, and a label query when
 //! every term does; an id query is a regular expression on the id.
 

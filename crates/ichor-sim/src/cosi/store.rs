@@ -1,5 +1,5 @@
 //! A node's COSI state for one boot, kept as Talos's in-memory state keeps it (talos-facts
-//! §9.2): one collection per (namespace, type), each resource with a version counter that
+//! §13.2): one collection per (namespace, type), each resource with a version counter that
 //! starts at 1 and grows by one on every change of its content, created and updated times, and
 //! a history of the last 1024 events (with bookmarks) that watches read from.
 //!

@@ -1,6 +1,6 @@
 //! The YAML a Talos node puts in a resource's `yaml_spec`: its spec marshalled by go-yaml v4's
 //! `yaml.Marshal` (v3 defaults: 4-space indent, sequences indented under their key, legacy
-//! quoting), byte for byte (talos-facts §9.4). Specs are built as [`Yaml`] values in the Go
+//! quoting), byte for byte (talos-facts §13.4). Specs are built as [`Yaml`] values in the Go
 //! struct's field order, leaving out what an `omitempty` tag leaves out; this module only
 //! writes them.
 
