@@ -77,11 +77,7 @@ fn image_id(image: &str) -> String {
         _ => image,
     };
     let digest = ring::digest::digest(&ring::digest::SHA256, image.as_bytes());
-    let hex: String = digest
-        .as_ref()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let hex: String = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
     format!("{repository}@sha256:{hex}")
 }
 
@@ -173,8 +169,12 @@ struct Bootstrap {
 fn dns_service_addr(cidr: &str) -> Option<IpAddr> {
     let (addr, _) = cidr.split_once('/')?;
     match addr.parse::<IpAddr>().ok()? {
-        IpAddr::V4(v4) => Some(IpAddr::V4(std::net::Ipv4Addr::from(u32::from(v4).checked_add(10)?))),
-        IpAddr::V6(v6) => Some(IpAddr::V6(std::net::Ipv6Addr::from(u128::from(v6).checked_add(10)?))),
+        IpAddr::V4(v4) => Some(IpAddr::V4(std::net::Ipv4Addr::from(
+            u32::from(v4).checked_add(10)?,
+        ))),
+        IpAddr::V6(v6) => Some(IpAddr::V6(std::net::Ipv6Addr::from(
+            u128::from(v6).checked_add(10)?,
+        ))),
     }
 }
 
@@ -666,13 +666,21 @@ mod tests {
 
     #[test]
     fn a_manifest_is_its_objects_with_go_yamls_key_order() {
-        let res = manifest("11-core-dns-svc", &[core_dns_service(Some("10.96.0.10"), None)]);
+        let res = manifest(
+            "11-core-dns-svc",
+            &[core_dns_service(Some("10.96.0.10"), None)],
+        );
         assert!(
-            res.yaml.starts_with("- apiVersion: v1\n  kind: Service\n  metadata:\n"),
+            res.yaml
+                .starts_with("- apiVersion: v1\n  kind: Service\n  metadata:\n"),
             "{}",
             res.yaml
         );
-        assert!(res.yaml.contains("        prometheus.io/port: \"9153\"\n"), "{}", res.yaml);
+        assert!(
+            res.yaml.contains("        prometheus.io/port: \"9153\"\n"),
+            "{}",
+            res.yaml
+        );
         let decoded = ManifestSpec::decode(res.proto.as_slice()).expect("protobuf");
         assert_eq!(decoded.items.len(), 1);
     }
