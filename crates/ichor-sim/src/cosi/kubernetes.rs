@@ -7,9 +7,8 @@
 //! `MarshalYAML` is its pod status, a Manifest's the list of its objects) with go-yaml's key
 //! order, the protobuf a `google.protobuf.Struct` (talos-facts §13.1, §13.4).
 //!
-//! Of the bootstrap manifests, the simulator renders `10-kube-proxy` (from a v1alpha1
-//! `cluster.proxy`), `11-core-dns` and `11-core-dns-svc` (talos-facts §13.5); the others are
-//! not served.
+//! Of the bootstrap manifests, the simulator renders `10-kube-proxy`, `11-core-dns` and
+//! `11-core-dns-svc` (talos-facts §13.5); the others are not served.
 
 use std::net::IpAddr;
 use std::time::SystemTime;
@@ -159,10 +158,20 @@ struct Bootstrap {
     cluster_domain: String,
     dns_ipv4: Option<String>,
     dns_ipv6: Option<String>,
-    /// kube-proxy's image and arguments, when it is on and configured in v1alpha1.
-    proxy: Option<(String, Vec<String>)>,
+    /// kube-proxy, when it is on.
+    proxy: Option<Proxy>,
     /// CoreDNS's image, when it is on.
     coredns: Option<String>,
+}
+
+/// kube-proxy as the config asks for it.
+struct Proxy {
+    image: String,
+    /// Its arguments after the binary.
+    args: Vec<String>,
+    /// Its configuration file (a 1.14 `KubeProxyConfig` document): the file's YAML, and the
+    /// hex SHA-256 of it.
+    config: Option<(String, String)>,
 }
 
 /// The 10th address after a subnet's network address (`k8s.DNSServiceAddrs`).
@@ -178,7 +187,7 @@ fn dns_service_addr(cidr: &str) -> Option<IpAddr> {
     }
 }
 
-/// A string list at a JSON path, or `default` when absent or empty.
+/// A string list, or `default` when absent or empty.
 fn strings_or(value: &Value, default: &str) -> Vec<String> {
     let list: Vec<String> = value
         .as_array()
@@ -193,95 +202,101 @@ fn strings_or(value: &Value, default: &str) -> Vec<String> {
     }
 }
 
+/// A string, or `default` when absent or empty.
+fn str_or(value: &Value, default: impl FnOnce() -> String) -> String {
+    value
+        .as_str()
+        .filter(|s| !s.is_empty())
+        .map_or_else(default, str::to_owned)
+}
+
 impl Bootstrap {
+    /// From the config documents: a 1.14 document of a kind first, else its v1alpha1
+    /// section (`container.Container`'s `K8s*Config`), else Talos's defaults.
     fn from_documents(documents: &[Value], minor: Minor) -> Self {
         let v1alpha1 = documents
             .iter()
             .find(|d| d["version"] == "v1alpha1" && d.get("kind").is_none());
         let cluster = v1alpha1.map_or(&Value::Null, |d| &d["cluster"]);
-        let network = &cluster["network"];
-        let cluster_domain = network["dnsDomain"]
-            .as_str()
-            .filter(|s| !s.is_empty())
-            .unwrap_or("cluster.local")
-            .to_owned();
+        let kind = |k: &str| documents.iter().find(|d| d["kind"] == k);
+        let network = kind("KubeNetworkConfig").unwrap_or(&cluster["network"]);
+        let cluster_domain = str_or(&network["dnsDomain"], || "cluster.local".to_owned());
         let pod_cidrs = strings_or(&network["podSubnets"], "10.244.0.0/16");
         let dns: Vec<IpAddr> = strings_or(&network["serviceSubnets"], "10.96.0.0/12")
             .iter()
             .filter_map(|c| dns_service_addr(c))
             .collect();
-        let proxy_doc = documents.iter().find(|d| d["kind"] == "KubeProxyConfig");
-        let proxy = match proxy_doc {
-            // A KubeProxyConfig document renders kube-proxy with a config file: not
-            // simulated.
-            Some(_) => None,
+        let default_proxy = || {
+            format!(
+                "registry.k8s.io/kube-proxy:v{}",
+                crate::apply::default_k8s(minor)
+            )
+        };
+        let proxy = match kind("KubeProxyConfig") {
+            Some(doc) if doc["enabled"] == false => None,
+            Some(doc) => Some(Proxy {
+                image: str_or(&doc["image"], default_proxy),
+                args: proxy_args(doc, &[], "config"),
+                config: Some(proxy_config_file(doc, &pod_cidrs)),
+            }),
             None if cluster["proxy"]["disabled"] == true => None,
             None => {
-                let image = cluster["proxy"]["image"]
-                    .as_str()
-                    .filter(|s| !s.is_empty())
-                    .map_or_else(
-                        || {
-                            format!(
-                                "registry.k8s.io/kube-proxy:v{}",
-                                crate::apply::default_k8s(minor)
-                            )
-                        },
-                        str::to_owned,
-                    );
-                Some((image, proxy_args(&cluster["proxy"], &pod_cidrs)))
+                let proxy = &cluster["proxy"];
+                let mode = str_or(&proxy["mode"], || "nftables".to_owned());
+                let defaults = [
+                    ("cluster-cidr", pod_cidrs.join(",")),
+                    ("hostname-override", "$(NODE_NAME)".to_owned()),
+                    ("kubeconfig", "/etc/kubernetes/kubeconfig".to_owned()),
+                    ("proxy-mode", mode),
+                    ("conntrack-max-per-core", "0".to_owned()),
+                ];
+                Some(Proxy {
+                    image: str_or(&proxy["image"], default_proxy),
+                    args: proxy_args(proxy, &defaults, "kubeconfig"),
+                    config: None,
+                })
             }
         };
         let coredns_default = match minor {
             Minor::V13 => "registry.k8s.io/coredns/coredns:v1.14.6",
             Minor::V14 => "registry.k8s.io/coredns/coredns:v1.14.7",
         };
-        let coredns_source = documents
-            .iter()
-            .find(|d| d["kind"] == "KubeCoreDNSConfig")
-            .map_or_else(
-                || (cluster["coreDNS"]["disabled"] == true, &cluster["coreDNS"]),
-                |d| (d["enabled"] == false, d),
-            );
-        let coredns = (!coredns_source.0).then(|| {
-            coredns_source.1["image"]
-                .as_str()
-                .filter(|s| !s.is_empty())
-                .unwrap_or(coredns_default)
-                .to_owned()
-        });
+        let (disabled, coredns) = kind("KubeCoreDNSConfig").map_or_else(
+            || (cluster["coreDNS"]["disabled"] == true, &cluster["coreDNS"]),
+            |d| (d["enabled"] == false, d),
+        );
         Self {
             cluster_domain,
             dns_ipv4: dns.iter().find(|a| a.is_ipv4()).map(ToString::to_string),
             dns_ipv6: dns.iter().find(|a| a.is_ipv6()).map(ToString::to_string),
             proxy,
-            coredns,
+            coredns: (!disabled).then(|| str_or(&coredns["image"], || coredns_default.to_owned())),
         }
     }
 }
 
-/// kube-proxy's arguments from a v1alpha1 `cluster.proxy` (`manageProxyConfigArgs` without a
-/// config file): Talos's defaults merged with `extraArgs` (a value replaces the default),
-/// each `--key=value`, keys sorted.
-fn proxy_args(proxy: &Value, pod_cidrs: &[String]) -> Vec<String> {
-    let mode = proxy["mode"]
-        .as_str()
-        .filter(|s| !s.is_empty())
-        .unwrap_or("nftables");
-    let mut args: std::collections::BTreeMap<String, Vec<String>> = [
-        ("cluster-cidr", pod_cidrs.join(",")),
-        ("hostname-override", "$(NODE_NAME)".to_owned()),
-        ("kubeconfig", "/etc/kubernetes/kubeconfig".to_owned()),
-        ("proxy-mode", mode.to_owned()),
-        ("conntrack-max-per-core", "0".to_owned()),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_owned(), vec![v]))
-    .collect();
+/// kube-proxy's arguments (`manageProxyConfigArgs`): `defaults` merged with the config's
+/// `extraArgs` (a value replaces the default; `denied` may not be overridden, so Talos keeps
+/// its own), each `--key=value`, keys sorted. With a configuration file the defaults are
+/// `--config` and `--hostname-override`.
+fn proxy_args(proxy: &Value, defaults: &[(&str, String)], denied: &str) -> Vec<String> {
+    let mut args: std::collections::BTreeMap<String, Vec<String>> = if defaults.is_empty() {
+        [
+            ("config", "/var/lib/kube-proxy/config.conf".to_owned()),
+            ("hostname-override", "$(NODE_NAME)".to_owned()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), vec![v]))
+        .collect()
+    } else {
+        defaults
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), vec![v.clone()]))
+            .collect()
+    };
     if let Some(extra) = proxy["extraArgs"].as_object() {
         for (key, value) in extra {
-            // `kubeconfig` may not be overridden (Talos refuses the config's manifests).
-            if key == "kubeconfig" {
+            if key == denied {
                 continue;
             }
             let values = match value {
@@ -300,6 +315,45 @@ fn proxy_args(proxy: &Value, pod_cidrs: &[String]) -> Vec<String> {
         .collect()
 }
 
+/// kube-proxy's configuration file from a `KubeProxyConfig` document: its `config`, with the
+/// kind, the kubeconfig, and (unless set) the cluster CIDR, the mode and
+/// `conntrack.maxPerCore: 0`; written by `sigs.k8s.io/yaml`. Returns (YAML, hex SHA-256).
+fn proxy_config_file(doc: &Value, pod_cidrs: &[String]) -> (String, String) {
+    let mut config = match &doc["config"] {
+        Value::Object(map) => map.clone(),
+        _ => serde_json::Map::new(),
+    };
+    config.insert(
+        "apiVersion".into(),
+        json!("kubeproxy.config.k8s.io/v1alpha1"),
+    );
+    config.insert("kind".into(), json!("KubeProxyConfiguration"));
+    let client = config
+        .entry("clientConnection")
+        .or_insert_with(|| json!({}));
+    if !client.is_object() {
+        *client = json!({});
+    }
+    client["kubeconfig"] = json!("/etc/kubernetes/kubeconfig");
+    config
+        .entry("clusterCIDR")
+        .or_insert_with(|| json!(pod_cidrs.join(",")));
+    config
+        .entry("mode")
+        .or_insert_with(|| json!(str_or(&doc["mode"], || "nftables".to_owned())));
+    let conntrack = config.entry("conntrack").or_insert_with(|| json!({}));
+    if !conntrack.is_object() {
+        *conntrack = json!({});
+    }
+    if conntrack.get("maxPerCore").is_none() {
+        conntrack["maxPerCore"] = json!(0);
+    }
+    let yaml = super::yaml::marshal_k8s(&Value::Object(config));
+    let digest = ring::digest::digest(&ring::digest::SHA256, yaml.as_bytes());
+    let hex = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+    (yaml, hex)
+}
+
 /// The node affinity of Talos's DaemonSets and Deployments (`k8stemplates/affinity.go`).
 fn node_affinity() -> Value {
     json!({
@@ -314,13 +368,38 @@ fn node_affinity() -> Value {
     })
 }
 
-/// `10-kube-proxy`: the DaemonSet, its service account and role binding.
-fn kube_proxy(image: &str, args: &[String]) -> Vec<Value> {
+/// `10-kube-proxy`: the configuration file's ConfigMap (named after the file's checksum),
+/// the DaemonSet, its service account and role binding.
+fn kube_proxy(proxy: &Proxy) -> Vec<Value> {
     let labels = json!({"k8s-app": "kube-proxy", "tier": "node"});
     let mut command = vec!["/usr/local/bin/kube-proxy".to_owned()];
-    command.extend(args.iter().cloned());
+    command.extend(proxy.args.iter().cloned());
+    let image = &proxy.image;
+    let mut mounts = vec![
+        json!({"mountPath": "/lib/modules", "name": "lib-modules", "readOnly": true}),
+        json!({"mountPath": "/etc/ssl/certs", "name": "ssl-certs-host", "readOnly": true}),
+        json!({"mountPath": "/etc/kubernetes", "name": "kubeconfig", "readOnly": true}),
+    ];
+    let mut volumes = vec![
+        json!({"hostPath": {"path": "/usr/lib/modules"}, "name": "lib-modules"}),
+        json!({"hostPath": {"path": "/etc/ssl/certs"}, "name": "ssl-certs-host"}),
+        json!({"configMap": {"name": "kubeconfig-in-cluster"}, "name": "kubeconfig"}),
+    ];
+    let mut objects = Vec::new();
+    if let Some((file, checksum)) = &proxy.config {
+        let name = format!("kube-proxy-config-{}", &checksum[..checksum.len().min(16)]);
+        objects.push(json!({
+            "apiVersion": "v1",
+            "data": {"config.conf": file},
+            "kind": "ConfigMap",
+            "metadata": {"labels": labels, "name": name, "namespace": "kube-system"},
+        }));
+        mounts
+            .push(json!({"mountPath": "/var/lib/kube-proxy", "name": "config", "readOnly": true}));
+        volumes.push(json!({"configMap": {"name": name}, "name": "config"}));
+    }
     let field = |path: &str| json!({"fieldRef": {"fieldPath": path}});
-    vec![
+    objects.extend([
         json!({
             "apiVersion": "apps/v1",
             "kind": "DaemonSet",
@@ -341,11 +420,7 @@ fn kube_proxy(image: &str, args: &[String]) -> Vec<Value> {
                             "name": "kube-proxy",
                             "resources": {"requests": {"cpu": "100m", "memory": "50Mi"}},
                             "securityContext": {"privileged": true},
-                            "volumeMounts": [
-                                {"mountPath": "/lib/modules", "name": "lib-modules", "readOnly": true},
-                                {"mountPath": "/etc/ssl/certs", "name": "ssl-certs-host", "readOnly": true},
-                                {"mountPath": "/etc/kubernetes", "name": "kubeconfig", "readOnly": true},
-                            ],
+                            "volumeMounts": mounts,
                         }],
                         "hostNetwork": true,
                         "priorityClassName": "system-cluster-critical",
@@ -354,11 +429,7 @@ fn kube_proxy(image: &str, args: &[String]) -> Vec<Value> {
                             {"effect": "NoSchedule", "operator": "Exists"},
                             {"effect": "NoExecute", "operator": "Exists"},
                         ],
-                        "volumes": [
-                            {"hostPath": {"path": "/usr/lib/modules"}, "name": "lib-modules"},
-                            {"hostPath": {"path": "/etc/ssl/certs"}, "name": "ssl-certs-host"},
-                            {"configMap": {"name": "kubeconfig-in-cluster"}, "name": "kubeconfig"},
-                        ],
+                        "volumes": volumes,
                     },
                 },
                 "updateStrategy": {"rollingUpdate": {"maxUnavailable": 1}, "type": "RollingUpdate"},
@@ -380,7 +451,8 @@ fn kube_proxy(image: &str, args: &[String]) -> Vec<Value> {
             },
             "subjects": [{"kind": "ServiceAccount", "name": "kube-proxy", "namespace": "kube-system"}],
         }),
-    ]
+    ]);
+    objects
 }
 
 /// CoreDNS's Corefile for a cluster domain (`CoreDNSConfigMap`).
@@ -602,8 +674,8 @@ fn manifests(node: &Node, shared: &Shared) -> Vec<Res> {
     };
     let bootstrap = Bootstrap::from_documents(&config.documents, minor);
     let mut out = Vec::new();
-    if let Some((image, args)) = &bootstrap.proxy {
-        out.push(manifest("10-kube-proxy", &kube_proxy(image, args)));
+    if let Some(proxy) = &bootstrap.proxy {
+        out.push(manifest("10-kube-proxy", &kube_proxy(proxy)));
     }
     if let Some(image) = &bootstrap.coredns {
         out.push(manifest(
@@ -651,9 +723,16 @@ mod tests {
 
     #[test]
     fn kube_proxy_arguments_are_talos_defaults_merged_with_extra_args() {
-        let proxy = json!({"extraArgs": {"proxy-mode": "ipvs", "kubeconfig": "/x"}});
+        let v1alpha1 = json!({"version": "v1alpha1", "cluster": {"proxy": {
+            "extraArgs": {"proxy-mode": "ipvs", "kubeconfig": "/x"},
+        }}});
+        let proxy = Bootstrap::from_documents(&[v1alpha1], Minor::V14)
+            .proxy
+            .expect("kube-proxy");
+        assert_eq!(proxy.image, "registry.k8s.io/kube-proxy:v1.37.0");
+        assert!(proxy.config.is_none());
         assert_eq!(
-            proxy_args(&proxy, &["10.244.0.0/16".into()]),
+            proxy.args,
             [
                 "--cluster-cidr=10.244.0.0/16",
                 "--conntrack-max-per-core=0",
@@ -661,6 +740,47 @@ mod tests {
                 "--kubeconfig=/etc/kubernetes/kubeconfig",
                 "--proxy-mode=ipvs",
             ]
+        );
+    }
+
+    #[test]
+    fn a_kube_proxy_config_document_renders_a_configuration_file() {
+        let doc = json!({"kind": "KubeProxyConfig", "config": {},
+            "image": "registry.k8s.io/kube-proxy:v1.36.3"});
+        let bootstrap = Bootstrap::from_documents(&[doc], Minor::V14);
+        let proxy = bootstrap.proxy.expect("kube-proxy");
+        assert_eq!(
+            proxy.args,
+            [
+                "--config=/var/lib/kube-proxy/config.conf",
+                "--hostname-override=$(NODE_NAME)"
+            ]
+        );
+        let (file, _) = proxy.config.as_ref().expect("a configuration file");
+        // Talos's golden file (`k8stemplates/testdata/kube-proxy-configmap.yaml`, v1.14.1).
+        assert_eq!(
+            file,
+            "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nclientConnection:\n  kubeconfig: /etc/kubernetes/kubeconfig\nclusterCIDR: 10.244.0.0/16\nconntrack:\n  maxPerCore: 0\nkind: KubeProxyConfiguration\nmode: nftables\n"
+        );
+        let objects = kube_proxy(&proxy);
+        let kinds: Vec<&str> = objects.iter().filter_map(|o| o["kind"].as_str()).collect();
+        assert_eq!(
+            kinds,
+            [
+                "ConfigMap",
+                "DaemonSet",
+                "ServiceAccount",
+                "ClusterRoleBinding"
+            ]
+        );
+        assert_eq!(
+            objects[0]["metadata"]["name"],
+            objects[1]["spec"]["template"]["spec"]["volumes"][3]["configMap"]["name"]
+        );
+        assert_eq!(bootstrap.dns_ipv4.as_deref(), Some("10.96.0.10"));
+        assert_eq!(
+            bootstrap.coredns.as_deref(),
+            Some("registry.k8s.io/coredns/coredns:v1.14.7")
         );
     }
 

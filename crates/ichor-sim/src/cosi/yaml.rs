@@ -174,6 +174,57 @@ pub(crate) fn go_key_less(a: &str, b: &str) -> bool {
     ar.len() < br.len()
 }
 
+/// `sigs.k8s.io/yaml.Marshal` of a JSON value (the JSON re-marshalled by go-yaml v2): two
+/// spaces of indent, a sequence under a key not indented, map keys in go-yaml's order.
+pub(crate) fn marshal_k8s(value: &serde_json::Value) -> String {
+    fn write(out: &mut String, value: &Yaml, indent: usize) {
+        match value {
+            Yaml::Map(entries) if !entries.is_empty() => {
+                for (i, (key, v)) in entries.iter().enumerate() {
+                    if i > 0 {
+                        pad(out, indent);
+                    }
+                    out.push_str(&scalar(key, true));
+                    out.push(':');
+                    match v {
+                        Yaml::Map(m) if !m.is_empty() => {
+                            out.push('\n');
+                            pad(out, indent + 2);
+                            write(out, v, indent + 2);
+                        }
+                        Yaml::Seq(s) if !s.is_empty() => {
+                            out.push('\n');
+                            pad(out, indent);
+                            write(out, v, indent);
+                        }
+                        _ => {
+                            out.push(' ');
+                            write(out, v, indent + 2);
+                        }
+                    }
+                }
+            }
+            Yaml::Seq(items) if !items.is_empty() => {
+                for (i, item) in items.iter().enumerate() {
+                    if i > 0 {
+                        pad(out, indent);
+                    }
+                    out.push_str("- ");
+                    write(out, item, indent + 2);
+                }
+            }
+            Yaml::Str(s) => {
+                out.push_str(&scalar(s, false));
+                out.push('\n');
+            }
+            other => write_inline(out, other, indent),
+        }
+    }
+    let mut out = String::new();
+    write(&mut out, &from_json(value), 0);
+    out
+}
+
 /// `yaml.Marshal(value)`.
 pub(crate) fn marshal(value: &Yaml) -> String {
     let mut out = String::new();
