@@ -194,6 +194,16 @@ impl Node {
     /// wanted goes, a new one starts.
     pub(crate) fn observe_static_pods(&mut self) {
         let wanted = self.wanted_static_pods();
+        let unchanged = wanted.len() == self.static_pods.pods.len()
+            && wanted.iter().all(|(name, image)| {
+                self.static_pods
+                    .pods
+                    .get(name)
+                    .is_some_and(|p| p.current.image == *image)
+            });
+        if unchanged {
+            return;
+        }
         let now = (Instant::now(), SystemTime::now());
         let boot = self.boot_id.clone();
         let pods = &mut self.static_pods.pods;

@@ -43,6 +43,10 @@
 //!   whose schematic it does not know fails as containerd's not-found pull; each node lists
 //!   the extensions of the installer it was installed or upgraded with (`ExtensionStatuses`;
 //!   1.14 also `ImageFactorySchematics`).
+//! - **Kubernetes components** (§13): a control plane's kubelet status of each control-plane
+//!   static pod (`StaticPodStatuses`), which follows the running config's images once etcd is
+//!   healthy, replacing a pod as [`Timings::static_pod`] says, and the bootstrap manifests
+//!   `10-kube-proxy`, `11-core-dns` and `11-core-dns-svc` (`Manifests`) rendered from the config.
 //! - **Faults and gates**: crash/restart, partition, slow, certificate faults, failing etcd
 //!   leave, an unhealthy etcd member on a node that still answers, upgrade rollback, an
 //!   installer that fails or never finishes (`docs/install-failures.md`); gates that hold a
