@@ -1,4 +1,4 @@
-//! The control-plane static pods a node's kubelet runs (talos-facts §13.1–§13.3): which pods
+//! The control-plane static pods a node's kubelet runs (talos-facts §14.1–§14.3): which pods
 //! the running config gives, with which image, and how the kubelet replaces a pod whose image
 //! changed. The node's observer follows the config every tick; the COSI service reads the
 //! result as `StaticPodStatuses.kubernetes.talos.dev`.
@@ -131,7 +131,7 @@ fn container_id(seed: &str) -> String {
 }
 
 /// The image of a component and whether it runs, from the config documents (talos-facts
-/// §13.2): a 1.14 document of its kind first, else v1alpha1's `cluster.<key>.image`, else
+/// §14.2): a 1.14 document of its kind first, else v1alpha1's `cluster.<key>.image`, else
 /// `<repository>:v<DefaultKubernetesVersion>`; the controller manager and the scheduler are
 /// off with `enabled: false` in their document or `machine.controlPlane.<key>.disabled`.
 pub(crate) fn component_image(

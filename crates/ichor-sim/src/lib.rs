@@ -43,7 +43,7 @@
 //!   whose schematic it does not know fails as containerd's not-found pull; each node lists
 //!   the extensions of the installer it was installed or upgraded with (`ExtensionStatuses`;
 //!   1.14 also `ImageFactorySchematics`).
-//! - **Kubernetes components** (§13): a control plane's kubelet status of each control-plane
+//! - **Kubernetes components** (§14): a control plane's kubelet status of each control-plane
 //!   static pod (`StaticPodStatuses`), which follows the running config's images once etcd is
 //!   healthy, replacing a pod as [`Timings::static_pod`] says, and the bootstrap manifests
 //!   `10-kube-proxy`, `11-core-dns` and `11-core-dns-svc` (`Manifests`) rendered from the config.
@@ -163,7 +163,7 @@ pub struct Timings {
     /// How often background work (joining, trustd) looks again.
     pub tick: Duration,
     /// How long a control-plane static pod takes to be replaced after its image changes, and
-    /// then to become ready (talos-facts §13.3): the kubelet's status of the old pod stays for
+    /// then to become ready (talos-facts §14.3): the kubelet's status of the old pod stays for
     /// this long, the new pod then runs unready for as long again.
     pub static_pod: Duration,
 }

@@ -1,4 +1,4 @@
-//! A control plane's Kubernetes components as its Talos API reports them (talos-facts §13):
+//! A control plane's Kubernetes components as its Talos API reports them (talos-facts §14):
 //! the kubelet's status of each control-plane static pod follows the running config's images
 //! (the old pod reported until the kubelet has replaced it, the new one then unready for a
 //! while), and the bootstrap manifests follow the config at once.

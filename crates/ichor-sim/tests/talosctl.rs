@@ -753,7 +753,7 @@ async fn talosctl_gets_the_extensions_of_the_factory_installer_a_node_was_upgrad
     sim.stop().await;
 }
 
-/// The `(ID, READY)` rows of `talosctl get staticpodstatus` (talos-facts §13.1: `NODE
+/// The `(ID, READY)` rows of `talosctl get staticpodstatus` (talos-facts §14.1: `NODE
 /// NAMESPACE TYPE ID VERSION READY`, READY the pod's `Ready` condition).
 fn static_pod_rows(table: &str) -> Vec<(String, String)> {
     table
@@ -769,7 +769,7 @@ fn static_pod_rows(table: &str) -> Vec<(String, String)> {
 }
 
 /// `talosctl get staticpodstatus` and `talosctl get manifests` on a control plane talosctl
-/// configured and bootstrapped (talos-facts §13): one ready status per control-plane static
+/// configured and bootstrapped (talos-facts §14): one ready status per control-plane static
 /// pod, the kubelet's PodStatus as its YAML; the bootstrap manifests with kube-proxy's
 /// DaemonSet. A patch of the API server's image reaches its pod.
 #[tokio::test]

@@ -1,5 +1,5 @@
 //! The Kubernetes components of a control plane as its Talos API reports them (talos-facts
-//! §13): the kubelet's status of each control-plane static pod (`StaticPodStatuses`), and the
+//! §14): the kubelet's status of each control-plane static pod (`StaticPodStatuses`), and the
 //! bootstrap manifests Talos renders from the config (`Manifests`). What a Kubernetes upgrade
 //! follows node by node, and what it syncs to the cluster afterwards.
 //!
@@ -15,7 +15,7 @@ const STATIC_POD_STATUS: &str = "StaticPodStatuses.kubernetes.talos.dev";
 /// The COSI type of bootstrap manifests (namespace `controlplane`).
 const MANIFEST: &str = "Manifests.kubernetes.talos.dev";
 
-/// A control-plane component Talos runs as a static pod (talos-facts §13.2).
+/// A control-plane component Talos runs as a static pod (talos-facts §14.2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum ControlPlaneComponent {
     /// `kube-apiserver` (config `cluster.apiServer`).
@@ -70,7 +70,7 @@ pub struct ContainerState {
 }
 
 /// The kubelet's status of one static pod (`StaticPodStatuses.kubernetes.talos.dev`,
-/// talos-facts §13.1).
+/// talos-facts §14.1).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StaticPodStatus {
     /// The resource id: `<namespace>/<pod>`, e.g. `kube-system/kube-apiserver-cp-1`.
@@ -98,7 +98,7 @@ impl StaticPodStatus {
     }
 }
 
-/// One bootstrap manifest (`Manifests.kubernetes.talos.dev`, talos-facts §13.4).
+/// One bootstrap manifest (`Manifests.kubernetes.talos.dev`, talos-facts §14.4).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Manifest {
     /// Its id, e.g. `10-kube-proxy`: the order Talos applies manifests in.
@@ -117,7 +117,7 @@ fn optional_str(object: &Value, key: &str, what: &str) -> Result<String, String>
 }
 
 /// Decodes one `StaticPodStatus` spec: Talos writes the pod's Kubernetes `PodStatus` as a
-/// mapping (talos-facts §13.1).
+/// mapping (talos-facts §14.1).
 pub fn decode_static_pod_status(id: &str, spec: &Value) -> Result<StaticPodStatus, String> {
     let what = format!("StaticPodStatus {id:?}");
     if !spec.is_object() {
@@ -171,7 +171,7 @@ pub fn decode_static_pod_status(id: &str, spec: &Value) -> Result<StaticPodStatu
     })
 }
 
-/// Decodes one `Manifest` spec: Talos writes the list of its objects (talos-facts §13.4).
+/// Decodes one `Manifest` spec: Talos writes the list of its objects (talos-facts §14.4).
 pub fn decode_manifest(id: &str, spec: &Value) -> Result<Manifest, String> {
     let items = match spec {
         Value::Null => &[][..],
@@ -197,7 +197,7 @@ pub fn decode_manifest(id: &str, spec: &Value) -> Result<Manifest, String> {
 }
 
 impl TalosClient {
-    /// The kubelet's status of every static pod on the node (talos-facts §13.1): one per
+    /// The kubelet's status of every static pod on the node (talos-facts §14.1): one per
     /// control-plane component on a control plane whose static pods run, none on a worker.
     /// Reads `StaticPodStatuses.kubernetes.talos.dev` in namespace `k8s` (os:reader). Talos
     /// refreshes them from the kubelet every 15 seconds.
@@ -212,7 +212,7 @@ impl TalosClient {
     }
 
     /// The bootstrap manifests the node renders from its config, sorted by id (talos-facts
-    /// §13.4, §13.5): on control planes only. Reads `Manifests.kubernetes.talos.dev` in
+    /// §14.4, §14.5): on control planes only. Reads `Manifests.kubernetes.talos.dev` in
     /// namespace `controlplane` (os:reader).
     pub async fn manifests(&self) -> Result<Vec<Manifest>, TalosError> {
         let mut out: Vec<Manifest> = self

@@ -174,7 +174,7 @@ async fn a_1_13_node_registers_what_1_13_registers() {
 #[tokio::test]
 async fn talos_types_decode_everything_a_configured_node_serves() {
     let (node, admin_client, b) = bootstrapped(191).await;
-    // The static pods run once etcd does (talos-facts §13.2).
+    // The static pods run once etcd does (talos-facts §14.2).
     eventually("the control-plane static pods ready", WAIT, || async {
         admin_client
             .static_pod_statuses()

@@ -1,14 +1,14 @@
-//! The Kubernetes components of a control plane (talos-facts §13):
+//! The Kubernetes components of a control plane (talos-facts §14):
 //! `StaticPodStatuses.kubernetes.talos.dev`, the kubelet's status of each control-plane static
 //! pod ([`crate::kubelet`]), and `Manifests.kubernetes.talos.dev`, the bootstrap manifests
 //! Talos renders from the config.
 //!
 //! Both specs are Go `map[string]any` values: the YAML is the map (a StaticPodStatus's
 //! `MarshalYAML` is its pod status, a Manifest's the list of its objects) with go-yaml's key
-//! order, the protobuf a `google.protobuf.Struct` (talos-facts §13.1, §13.4).
+//! order, the protobuf a `google.protobuf.Struct` (talos-facts §14.1, §14.4).
 //!
 //! Of the bootstrap manifests, the simulator renders `10-kube-proxy`, `11-core-dns` and
-//! `11-core-dns-svc` (talos-facts §13.5); the others are not served.
+//! `11-core-dns-svc` (talos-facts §14.5); the others are not served.
 
 use std::net::IpAddr;
 use std::time::SystemTime;
@@ -80,7 +80,7 @@ fn image_id(image: &str) -> String {
     format!("{repository}@sha256:{hex}")
 }
 
-/// The kubelet's PodStatus of a static pod, as JSON (talos-facts §13.1): running, with its
+/// The kubelet's PodStatus of a static pod, as JSON (talos-facts §14.1): running, with its
 /// one container, ready or not; the pod on the host network, so its IP is the node's.
 fn pod_status(pod: &Reported, host_ip: &str) -> Value {
     let started = time(pod.run.started);
@@ -128,7 +128,7 @@ fn pod_status(pod: &Reported, host_ip: &str) -> Value {
     })
 }
 
-/// The node's static pod statuses: id `kube-system/<pod>-<nodename>` (talos-facts §13.1).
+/// The node's static pod statuses: id `kube-system/<pod>-<nodename>` (talos-facts §14.1).
 fn static_pod_statuses(node: &Node, shared: &Shared) -> Vec<Res> {
     let nodename = node.hostname().to_lowercase();
     let host_ip = shared.addr.ip().to_string();
@@ -153,7 +153,7 @@ fn static_pod_statuses(node: &Node, shared: &Shared) -> Vec<Res> {
 }
 
 /// What the bootstrap manifests are rendered from (Talos's `BootstrapManifestsConfig`, the
-/// part the simulator renders; talos-facts §13.5).
+/// part the simulator renders; talos-facts §14.5).
 struct Bootstrap {
     cluster_domain: String,
     dns_ipv4: Option<String>,
