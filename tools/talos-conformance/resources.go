@@ -23,6 +23,7 @@ import (
 	"github.com/cosi-project/runtime/pkg/state"
 	"github.com/siderolabs/talos/pkg/machinery/client"
 	"github.com/siderolabs/talos/pkg/machinery/resources/config"
+	"github.com/siderolabs/talos/pkg/machinery/resources/k8s"
 	"go.yaml.in/yaml/v4"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -357,11 +358,12 @@ func checkResource(raw *protobuf.Resource, rd meta.ResourceDefinitionSpec, ch *c
 }
 
 // checkYAMLDecodes decodes the YAML spec into a zero spec of Talos's type, and checks the
-// decoded spec marshals back to the same YAML. MachineConfigs and MachineTypes only marshal to
-// YAML.
+// decoded spec marshals back to the same YAML. MachineConfigs, MachineTypes, Manifests and
+// StaticPodStatuses only marshal to YAML (their MarshalYAML writes the config, the type, the
+// list of objects and the pod status; nothing reads them back).
 func checkYAMLDecodes(key string, typed resource.Resource, yamlSpec string, ch *checker) {
 	switch typed.Metadata().Type() {
-	case config.MachineConfigType, config.MachineTypeType:
+	case config.MachineConfigType, config.MachineTypeType, k8s.ManifestType, k8s.StaticPodStatusType:
 		return
 	}
 

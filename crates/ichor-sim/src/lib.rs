@@ -43,6 +43,10 @@
 //!   whose schematic it does not know fails as containerd's not-found pull; each node lists
 //!   the extensions of the installer it was installed or upgraded with (`ExtensionStatuses`;
 //!   1.14 also `ImageFactorySchematics`).
+//! - **Kubernetes components** (§14): a control plane's kubelet status of each control-plane
+//!   static pod (`StaticPodStatuses`), which follows the running config's images once etcd is
+//!   healthy, replacing a pod as [`Timings::static_pod`] says, and the bootstrap manifests
+//!   `10-kube-proxy`, `11-core-dns` and `11-core-dns-svc` (`Manifests`) rendered from the config.
 //! - **Faults and gates**: crash/restart, partition, slow, certificate faults, failing etcd
 //!   leave, an unhealthy etcd member on a node that still answers, upgrade rollback, an
 //!   installer that fails or never finishes (`docs/install-failures.md`); gates that hold a
@@ -59,6 +63,7 @@ mod cut;
 mod events;
 mod factory;
 pub mod hardware;
+mod kubelet;
 mod lifecycle;
 mod machined;
 mod maintenance;
@@ -157,6 +162,10 @@ pub struct Timings {
     pub promotion: Duration,
     /// How often background work (joining, trustd) looks again.
     pub tick: Duration,
+    /// How long a control-plane static pod takes to be replaced after its image changes, and
+    /// then to become ready (talos-facts §14.3): the kubelet's status of the old pod stays for
+    /// this long, the new pod then runs unready for as long again.
+    pub static_pod: Duration,
 }
 
 impl Default for Timings {
@@ -169,6 +178,7 @@ impl Default for Timings {
             discovery: Duration::from_millis(300),
             promotion: Duration::from_millis(200),
             tick: Duration::from_millis(25),
+            static_pod: Duration::from_millis(100),
         }
     }
 }
@@ -507,6 +517,8 @@ pub(crate) struct Node {
     pub(crate) last_status: Option<ichor_talos::api::machine::MachineStatusEvent>,
     /// This boot's user volume statuses, by id (`u-<name>`).
     pub(crate) user_volumes: BTreeMap<String, volumes::Status>,
+    /// The control-plane static pods the kubelet of this boot runs.
+    pub(crate) static_pods: kubelet::StaticPods,
     certificate: Option<rustls::pki_types::CertificateDer<'static>>,
     resolver: Option<Arc<tls::Resolver>>,
     server: Option<Running>,
@@ -620,6 +632,7 @@ impl SimNode {
             current_sequence: String::new(),
             last_status: None,
             user_volumes: BTreeMap::new(),
+            static_pods: kubelet::StaticPods::default(),
             certificate: None,
             resolver: None,
             server: None,
@@ -1135,6 +1148,8 @@ impl Node {
         self.booted_at = Instant::now();
         // The volume manager starts over: every volume is located again.
         self.user_volumes.clear();
+        // The kubelet starts its static pods afresh.
+        self.static_pods = kubelet::StaticPods::default();
         self.etcd_stopped = false;
         self.applying = false;
         self.stage = Stage::Booting;

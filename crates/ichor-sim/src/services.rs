@@ -273,6 +273,14 @@ impl Node {
         self.service_event(id, Action::Failed, message);
     }
 
+    /// Whether service `id` runs in this boot.
+    pub(crate) fn service_running(&self, id: &str) -> bool {
+        self.services
+            .records
+            .get(id)
+            .is_some_and(|r| r.state == Action::Running)
+    }
+
     /// A service starts and runs.
     pub(crate) fn start_service(&mut self, id: &str) {
         self.prepare_service(id);
@@ -367,6 +375,7 @@ pub(crate) async fn observe(node: Weak<Mutex<Node>>, timings: crate::Timings) {
         let Some(strong) = node.upgrade() else { return };
         let mut guard = strong.lock().await;
         guard.observe_etcd();
+        guard.observe_static_pods();
         guard.publish_status();
     }
 }

@@ -752,3 +752,108 @@ async fn talosctl_gets_the_extensions_of_the_factory_installer_a_node_was_upgrad
     );
     sim.stop().await;
 }
+
+/// The `(ID, READY)` rows of `talosctl get staticpodstatus` (talos-facts §14.1: `NODE
+/// NAMESPACE TYPE ID VERSION READY`, READY the pod's `Ready` condition).
+fn static_pod_rows(table: &str) -> Vec<(String, String)> {
+    table
+        .lines()
+        .filter(|l| l.split_whitespace().nth(2) == Some("StaticPodStatus"))
+        .map(|row| {
+            let columns: Vec<&str> = row.split_whitespace().collect();
+            assert_eq!(columns.len(), 6, "{row}");
+            assert_eq!(columns[1], "k8s", "{row}");
+            (columns[3].to_owned(), columns[5].to_owned())
+        })
+        .collect()
+}
+
+/// `talosctl get staticpodstatus` and `talosctl get manifests` on a control plane talosctl
+/// configured and bootstrapped (talos-facts §14): one ready status per control-plane static
+/// pod, the kubelet's PodStatus as its YAML; the bootstrap manifests with kube-proxy's
+/// DaemonSet. A patch of the API server's image reaches its pod.
+#[tokio::test]
+async fn talosctl_gets_the_static_pod_statuses_and_manifests() {
+    let ip = &SIM_TALOSCTL.ip(0, 71).to_string();
+    let talosctl = Talosctl::new();
+    let sim = installed_control_plane(&talosctl, ip, 9771, "kubernetes").await;
+    talosctl
+        .ok_within(Duration::from_secs(30), &["bootstrap"])
+        .await;
+    let host = sim.hostname().await.to_lowercase();
+    let ready = |table: &str| {
+        let rows = static_pod_rows(table);
+        rows.len() == 3 && rows.iter().all(|(_, ready)| ready == "True")
+    };
+    let table = talosctl
+        .ok_when(Duration::from_secs(30), &["get", "staticpodstatus"], ready)
+        .await;
+    let ids: Vec<String> = static_pod_rows(&table).into_iter().map(|r| r.0).collect();
+    assert_eq!(
+        ids,
+        [
+            "kube-apiserver",
+            "kube-controller-manager",
+            "kube-scheduler"
+        ]
+        .map(|pod| format!("kube-system/{pod}-{host}")),
+        "{table}"
+    );
+    let api_server = format!("kube-system/kube-apiserver-{host}");
+    let yaml = talosctl
+        .ok(&["get", "staticpodstatus", &api_server, "-o", "yaml"])
+        .await;
+    for line in [
+        "    phase: Running",
+        "          image: registry.k8s.io/kube-apiserver:v1.37.0",
+        "          type: Ready",
+    ] {
+        assert!(yaml.lines().any(|l| l == line), "no `{line}` in\n{yaml}");
+    }
+
+    let manifests = talosctl.ok(&["get", "manifests"]).await;
+    for id in ["10-kube-proxy", "11-core-dns", "11-core-dns-svc"] {
+        assert!(
+            manifests
+                .lines()
+                .any(|l| l.split_whitespace().nth(3) == Some(id)),
+            "no manifest {id} in\n{manifests}"
+        );
+    }
+    let proxy = talosctl
+        .ok(&["get", "manifests", "10-kube-proxy", "-o", "yaml"])
+        .await;
+    assert!(
+        proxy.contains("image: registry.k8s.io/kube-proxy:v1.37.0")
+            && proxy.contains("kind: DaemonSet"),
+        "{proxy}"
+    );
+
+    let patch = talosctl.path("apiserver.yaml");
+    std::fs::write(
+        &patch,
+        "apiVersion: v1alpha1\nkind: KubeAPIServerConfig\nimage: registry.k8s.io/kube-apiserver:v1.37.1\n",
+    )
+    .expect("write the patch");
+    talosctl
+        .ok(&[
+            "patch",
+            "machineconfig",
+            "--mode",
+            "no-reboot",
+            "--patch",
+            &format!("@{}", patch.display()),
+        ])
+        .await;
+    talosctl
+        .ok_when(
+            Duration::from_secs(30),
+            &["get", "staticpodstatus", &api_server, "-o", "yaml"],
+            |yaml| {
+                yaml.contains("image: registry.k8s.io/kube-apiserver:v1.37.1")
+                    && yaml.contains("ready: true")
+            },
+        )
+        .await;
+    sim.stop().await;
+}

@@ -118,6 +118,7 @@ pub mod client;
 pub mod decode;
 pub mod discovery;
 pub mod error;
+pub mod kubernetes;
 pub mod limits;
 pub mod ops;
 pub mod progress;
@@ -127,6 +128,7 @@ pub mod tls;
 
 pub use client::{Applied, ApplyMode, Credentials, TalosClient, TalosError};
 pub use error::{ApplyRefusal, Category};
+pub use kubernetes::{ContainerState, ControlPlaneComponent, Manifest, StaticPodStatus};
 pub use limits::{Limit, LimitKind, Limits};
 pub use ops::{Bootstrapped, EtcdMember, EtcdStatus, ResetOptions, SequenceFailure, Service};
 pub use progress::{LayerProgress, LayerStatus, Progress};

@@ -222,7 +222,7 @@ impl TalosClient {
     }
 
     /// Every resource of a type: (id, spec).
-    async fn list_specs(
+    pub(crate) async fn list_specs(
         &self,
         namespace: &str,
         type_: &str,

@@ -173,7 +173,15 @@ async fn a_1_13_node_registers_what_1_13_registers() {
 
 #[tokio::test]
 async fn talos_types_decode_everything_a_configured_node_serves() {
-    let (node, _admin, b) = bootstrapped(191).await;
+    let (node, admin_client, b) = bootstrapped(191).await;
+    // The static pods run once etcd does (talos-facts §14.2).
+    eventually("the control-plane static pods ready", WAIT, || async {
+        admin_client
+            .static_pod_statuses()
+            .await
+            .is_ok_and(|s| s.len() == 3 && s.iter().all(|p| p.ready))
+    })
+    .await;
     let endpoint = node.addr().to_string();
     let admin = talosconfig(&b, TalosRole::Admin, "admin");
     let out = conformance(&[
@@ -198,6 +206,19 @@ async fn talos_types_decode_everything_a_configured_node_serves() {
             .any(|l| l.starts_with("resource Members.cluster.talos.dev cluster/")),
         "the node is a member of its own cluster:\n{out}"
     );
+    for prefix in [
+        "resource StaticPodStatuses.kubernetes.talos.dev k8s/kube-system/kube-apiserver-",
+        "resource StaticPodStatuses.kubernetes.talos.dev k8s/kube-system/kube-controller-manager-",
+        "resource StaticPodStatuses.kubernetes.talos.dev k8s/kube-system/kube-scheduler-",
+        "resource Manifests.kubernetes.talos.dev controlplane/10-kube-proxy ",
+        "resource Manifests.kubernetes.talos.dev controlplane/11-core-dns ",
+        "resource Manifests.kubernetes.talos.dev controlplane/11-core-dns-svc ",
+    ] {
+        assert!(
+            out.lines().any(|l| l.starts_with(prefix)),
+            "no `{prefix}…` in:\n{out}"
+        );
+    }
     // os:reader reads all but the sensitive types.
     let reader = talosconfig(&b, TalosRole::Reader, "reader");
     let out = conformance(&[

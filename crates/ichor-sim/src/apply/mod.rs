@@ -18,6 +18,7 @@ mod v1alpha1;
 pub(crate) mod yaml;
 
 pub(crate) use decode::Container;
+pub(crate) use v1alpha1::default_k8s;
 
 use crate::hardware::SimDisk;
 

@@ -58,7 +58,8 @@ pub(crate) fn machine_type(doc: Option<&Node>) -> Type {
     }
 }
 
-fn default_k8s(minor: Minor) -> &'static str {
+/// `constants.DefaultKubernetesVersion` of the running release.
+pub(crate) fn default_k8s(minor: Minor) -> &'static str {
     match minor {
         Minor::V13 => "1.36.3",
         Minor::V14 => "1.37.0",

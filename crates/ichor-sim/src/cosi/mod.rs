@@ -4,7 +4,7 @@
 //!
 //! - [`definitions`]: the resource definitions and namespaces it registers;
 //! - [`store`]: the state of one boot (versions, times, event history);
-//! - [`block`], [`network`], [`node`], [`extensions`]: the resources, computed from the
+//! - [`block`], [`network`], [`node`], [`extensions`], [`kubernetes`]: the resources, computed from the
 //!   node's state;
 //! - [`yaml`]: the `yaml_spec` encoding; [`query`]: label and id queries.
 //!
@@ -14,6 +14,7 @@
 mod block;
 mod definitions;
 mod extensions;
+mod kubernetes;
 mod network;
 mod node;
 mod query;
@@ -208,6 +209,7 @@ fn sync(
     resources.extend(network::resources(node, &want));
     resources.extend(node::resources(node, shared, &want));
     resources.extend(extensions::resources(node, shared, &want));
+    resources.extend(kubernetes::resources(node, shared, &want));
     store.sync(&want.0, resources);
     if !second.is_empty() {
         store.sync(second, node::dependent(node, store));

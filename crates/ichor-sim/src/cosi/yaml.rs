@@ -12,6 +12,8 @@ use regex::Regex;
 /// A value as go-yaml represents it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Yaml {
+    /// A nil interface or pointer (`null`).
+    Null,
     /// A bool.
     Bool(bool),
     /// An integer, already formatted in decimal.
@@ -43,6 +45,7 @@ impl Yaml {
     /// Whether Go's `omitempty` leaves this value out: the zero value of its kind.
     pub(crate) fn is_empty(&self) -> bool {
         match self {
+            Self::Null => true,
             Self::Bool(b) => !b,
             Self::Int(n) => n == "0",
             Self::Str(s) => s.is_empty(),
@@ -81,6 +84,145 @@ impl Fields {
     pub(crate) fn done(self) -> Yaml {
         Yaml::Map(self.0)
     }
+}
+
+/// A value decoded from JSON into Go's `any` (`map[string]any`, `[]any`, string, bool,
+/// number, nil), as go-yaml marshals it: a map's keys in go-yaml's order ([`go_key_less`]).
+pub(crate) fn from_json(value: &serde_json::Value) -> Yaml {
+    match value {
+        serde_json::Value::Null => Yaml::Null,
+        serde_json::Value::Bool(b) => Yaml::Bool(*b),
+        // Only whole numbers are written: go-yaml formats an int64, and a float64 with no
+        // fraction below 1e21, as plain decimal digits.
+        serde_json::Value::Number(n) => Yaml::Int(n.to_string()),
+        serde_json::Value::String(s) => Yaml::str(s),
+        serde_json::Value::Array(items) => Yaml::Seq(items.iter().map(from_json).collect()),
+        serde_json::Value::Object(map) => {
+            let mut keys: Vec<&String> = map.keys().collect();
+            keys.sort_by(|a, b| {
+                if go_key_less(a, b) {
+                    std::cmp::Ordering::Less
+                } else if go_key_less(b, a) {
+                    std::cmp::Ordering::Greater
+                } else {
+                    std::cmp::Ordering::Equal
+                }
+            });
+            Yaml::Map(
+                keys.into_iter()
+                    .map(|k| (k.clone(), from_json(&map[k])))
+                    .collect(),
+            )
+        }
+    }
+}
+
+/// go-yaml's order of string map keys (`keyList.Less`, `sorter.go`): letters compare as
+/// characters, a letter sorts after a non-letter (before it after a run of digits), and runs
+/// of digits compare as numbers.
+pub(crate) fn go_key_less(a: &str, b: &str) -> bool {
+    let (ar, br): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
+    let mut digits = false;
+    let mut i = 0;
+    while i < ar.len() && i < br.len() {
+        if ar[i] == br[i] {
+            digits = ar[i].is_numeric();
+            i += 1;
+            continue;
+        }
+        let (al, bl) = (ar[i].is_alphabetic(), br[i].is_alphabetic());
+        if al && bl {
+            return ar[i] < br[i];
+        }
+        if al || bl {
+            return if digits { al } else { bl };
+        }
+        let (mut an, mut bn) = (0i64, 0i64);
+        if ar[i] == '0' || br[i] == '0' {
+            let mut j = i;
+            while j > 0 && ar[j - 1].is_numeric() {
+                j -= 1;
+                if ar[j] != '0' {
+                    an = 1;
+                    bn = 1;
+                    break;
+                }
+            }
+        }
+        let mut ai = i;
+        while ai < ar.len() && ar[ai].is_ascii_digit() {
+            an = an
+                .saturating_mul(10)
+                .saturating_add(i64::from(u32::from(ar[ai]) - u32::from('0')));
+            ai += 1;
+        }
+        let mut bi = i;
+        while bi < br.len() && br[bi].is_ascii_digit() {
+            bn = bn
+                .saturating_mul(10)
+                .saturating_add(i64::from(u32::from(br[bi]) - u32::from('0')));
+            bi += 1;
+        }
+        if an != bn {
+            return an < bn;
+        }
+        if ai != bi {
+            return ai < bi;
+        }
+        return ar[i] < br[i];
+    }
+    ar.len() < br.len()
+}
+
+/// `sigs.k8s.io/yaml.Marshal` of a JSON value (the JSON re-marshalled by go-yaml v2): two
+/// spaces of indent, a sequence under a key not indented, map keys in go-yaml's order.
+pub(crate) fn marshal_k8s(value: &serde_json::Value) -> String {
+    fn write(out: &mut String, value: &Yaml, indent: usize) {
+        match value {
+            Yaml::Map(entries) if !entries.is_empty() => {
+                for (i, (key, v)) in entries.iter().enumerate() {
+                    if i > 0 {
+                        pad(out, indent);
+                    }
+                    out.push_str(&scalar(key, true));
+                    out.push(':');
+                    match v {
+                        Yaml::Map(m) if !m.is_empty() => {
+                            out.push('\n');
+                            pad(out, indent + 2);
+                            write(out, v, indent + 2);
+                        }
+                        Yaml::Seq(s) if !s.is_empty() => {
+                            out.push('\n');
+                            pad(out, indent);
+                            write(out, v, indent);
+                        }
+                        _ => {
+                            out.push(' ');
+                            write(out, v, indent + 2);
+                        }
+                    }
+                }
+            }
+            Yaml::Seq(items) if !items.is_empty() => {
+                for (i, item) in items.iter().enumerate() {
+                    if i > 0 {
+                        pad(out, indent);
+                    }
+                    out.push_str("- ");
+                    write(out, item, indent + 2);
+                }
+            }
+            Yaml::Str(s) => {
+                out.push_str(&scalar(s, false));
+                out.push('\n');
+            }
+            other => write_inline(out, other, indent),
+        }
+    }
+    let mut out = String::new();
+    write(&mut out, &from_json(value), 0);
+    out
 }
 
 /// `yaml.Marshal(value)`.
@@ -152,6 +294,7 @@ fn write_seq(out: &mut String, items: &[Yaml], indent: usize, inline: bool) {
 /// by `block_indent`; ends the line.
 fn write_inline(out: &mut String, value: &Yaml, block_indent: usize) {
     match value {
+        Yaml::Null => out.push_str("null\n"),
         Yaml::Bool(b) => {
             let _ = writeln!(out, "{b}");
         }
