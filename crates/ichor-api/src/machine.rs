@@ -342,6 +342,38 @@ pub struct MachineUpgrade {
     /// cleared once the node is back and verified, or the upgrade failed.
     #[serde(rename = "upgrade", default, skip_serializing_if = "Option::is_none")]
     pub record: Option<UpgradeRecord>,
+    /// The Kubernetes components the node runs, as last observed while a declared Kubernetes
+    /// version rolled out (ADR 0070): what the rollout waits for, node by node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubernetes: Option<KubernetesComponents>,
+}
+
+/// The version of each Kubernetes component of a node (`v`-less, e.g. `1.36.4`), where known:
+/// the control-plane static pods as their kubelet reports them ready, kube-proxy as configured,
+/// the kubelet as its Node reports it.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct KubernetesComponents {
+    /// kube-apiserver (control planes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub api_server: Option<String>,
+    /// kube-controller-manager (control planes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub controller_manager: Option<String>,
+    /// kube-scheduler (control planes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub scheduler: Option<String>,
+    /// kube-proxy's image in the config (control planes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub proxy: Option<String>,
+    /// The kubelet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub kubelet: Option<String>,
 }
 
 /// One node's upgrade: where it goes, where it came from, and how far it went.

@@ -633,6 +633,7 @@ impl ClusterTarget {
                 install: spec.install.as_ref(),
                 schematic: None,
                 oldest_running: None,
+                kubernetes: None,
                 ..ichor_render::RenderInput::plain(
                     "ichor-e2e-management",
                     &spec,

@@ -95,6 +95,7 @@ fn describe(disks: &[DiskInfo]) -> String {
 ///     install: Some(&install),
 ///     schematic: None,
 ///     oldest_running: None,
+///     kubernetes: None,
 ///     cert_sans: &[],
 ///     node_labels: &none,
 ///     node_taints: &none,

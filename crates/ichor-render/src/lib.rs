@@ -51,6 +51,7 @@
 //!     install: Some(&install),
 //!     schematic: None,
 //!     oldest_running: None,
+//!     kubernetes: None,
 //!     cert_sans: &[],
 //!     node_labels: &none,
 //!     node_taints: &none,

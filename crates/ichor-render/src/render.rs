@@ -14,6 +14,7 @@ use base64::engine::general_purpose::STANDARD;
 use ichor_api::cluster::{CniPreset, KubeProxyMode, TalosClusterSpec};
 use ichor_api::common::{InstallSpec, Role};
 use ichor_api::config::ConfigPatch;
+use ichor_api::machine::KubernetesComponents;
 use ichor_api::schematic::Schematic;
 use ichor_api::storage::{Filesystem, UserVolume};
 use serde_json::{Map, Value, json};
@@ -84,6 +85,9 @@ pub struct RenderInput<'a> {
     /// The oldest Talos a node of the cluster runs, when one reports its version: the config
     /// contract never runs ahead of it (talos-facts §9.9).
     pub oldest_running: Option<&'a str>,
+    /// The version of each Kubernetes component the config names where it is not the
+    /// cluster's (a Kubernetes rollout stepping through the nodes); `None`: all the cluster's.
+    pub kubernetes: Option<&'a KubernetesComponents>,
     /// Extra certificate SANs for the node's Talos API.
     pub cert_sans: &'a [String],
     /// Kubernetes labels for the node, beside the role's own.
@@ -115,6 +119,7 @@ impl<'a> RenderInput<'a> {
             install: None,
             schematic: None,
             oldest_running: None,
+            kubernetes: None,
             cert_sans: &[],
             node_labels: &NONE,
             node_taints: &NONE,
@@ -189,6 +194,37 @@ fn k8s_tag(version: &str) -> String {
     format!("v{}", version.trim_start_matches('v'))
 }
 
+/// The image tag of each Kubernetes component a config names: the cluster's version, unless
+/// the input holds a component at another one while a Kubernetes rollout steps through the
+/// nodes (talos-facts §9.7).
+struct Tags {
+    api_server: String,
+    controller_manager: String,
+    scheduler: String,
+    proxy: String,
+    kubelet: String,
+}
+
+impl Tags {
+    /// The tags `input` renders with.
+    fn of(input: &RenderInput<'_>) -> Self {
+        let held = input.kubernetes;
+        let tag = |pick: fn(&KubernetesComponents) -> Option<&String>| {
+            k8s_tag(
+                held.and_then(pick)
+                    .map_or(input.cluster.kubernetes_version.as_str(), String::as_str),
+            )
+        };
+        Self {
+            api_server: tag(|k| k.api_server.as_ref()),
+            controller_manager: tag(|k| k.controller_manager.as_ref()),
+            scheduler: tag(|k| k.scheduler.as_ref()),
+            proxy: tag(|k| k.proxy.as_ref()),
+            kubelet: tag(|k| k.kubelet.as_ref()),
+        }
+    }
+}
+
 /// Renders a machine's config: the documents of `input.role` for the contract of
 /// `input.cluster.talos_version`, then the patch layers in order. Deterministic: the same
 /// input gives the same bytes and hash.
@@ -222,6 +258,7 @@ fn k8s_tag(version: &str) -> String {
 ///     install: None,
 ///     schematic: None,
 ///     oldest_running: None,
+///     kubernetes: None,
 ///     cert_sans: &[],
 ///     node_labels: &none,
 ///     node_taints: &none,
@@ -395,7 +432,7 @@ fn render_1_13(input: &RenderInput<'_>) -> Result<Vec<Value>, RenderError> {
     let b = input.bundle;
     let cluster = input.cluster;
     let cp = is_cp(input);
-    let k8s = k8s_tag(&cluster.kubernetes_version);
+    let tags = Tags::of(input);
 
     let mut install = Map::new();
     let selector = input.install.and_then(|i| i.disk_selector.as_ref());
@@ -439,7 +476,7 @@ fn render_1_13(input: &RenderInput<'_>) -> Result<Vec<Value>, RenderError> {
         "ca": {"crt": b64(&b.certs.os.crt.0), "key": if cp { b64(&b.certs.os.key.0) } else { String::new() }},
         "certSANs": input.cert_sans,
         "kubelet": {
-            "image": format!("ghcr.io/siderolabs/kubelet:{k8s}"),
+            "image": format!("ghcr.io/siderolabs/kubelet:{}", tags.kubelet),
             "defaultRuntimeSeccompProfileEnabled": true,
             "disableManifestsDirectory": true
         },
@@ -488,13 +525,13 @@ fn render_1_13(input: &RenderInput<'_>) -> Result<Vec<Value>, RenderError> {
             "aggregatorCA": {"crt": b64(&b.certs.k8s_aggregator.crt.0), "key": b64(&b.certs.k8s_aggregator.key.0)},
             "serviceAccount": {"key": b64(&b.certs.k8s_service_account.key.0)},
             "apiServer": {
-                "image": format!("registry.k8s.io/kube-apiserver:{k8s}"),
+                "image": format!("registry.k8s.io/kube-apiserver:{}", tags.api_server),
                 "admissionControl": [{"name": "PodSecurity", "configuration": pod_security()}],
                 "auditPolicy": audit_policy()
             },
-            "controllerManager": {"image": format!("registry.k8s.io/kube-controller-manager:{k8s}")},
-            "proxy": kube_proxy_1_13(cluster, &k8s),
-            "scheduler": {"image": format!("registry.k8s.io/kube-scheduler:{k8s}")},
+            "controllerManager": {"image": format!("registry.k8s.io/kube-controller-manager:{}", tags.controller_manager)},
+            "proxy": kube_proxy_1_13(cluster, &tags.proxy),
+            "scheduler": {"image": format!("registry.k8s.io/kube-scheduler:{}", tags.scheduler)},
             "etcd": {"ca": {"crt": b64(&b.certs.etcd.crt.0), "key": b64(&b.certs.etcd.key.0)}}
         });
         merge_objects(&mut spec, extra);
@@ -579,7 +616,7 @@ fn render_1_14(input: &RenderInput<'_>) -> Result<Vec<Value>, RenderError> {
     let b = input.bundle;
     let cluster = input.cluster;
     let cp = is_cp(input);
-    let k8s = k8s_tag(&cluster.kubernetes_version);
+    let tags = Tags::of(input);
 
     let mut cluster_section = json!({"token": b.secrets.bootstrap_token.0});
     if cp {
@@ -660,7 +697,7 @@ fn render_1_14(input: &RenderInput<'_>) -> Result<Vec<Value>, RenderError> {
     docs.push(doc("KubeNodeConfig", node));
     docs.push(doc(
         "KubeletConfig",
-        json!({"image": format!("ghcr.io/siderolabs/kubelet:{k8s}"), "config": {}, "defaultRuntimeSeccompProfileEnabled": true}),
+        json!({"image": format!("ghcr.io/siderolabs/kubelet:{}", tags.kubelet), "config": {}, "defaultRuntimeSeccompProfileEnabled": true}),
     ));
     docs.push(doc(
         "KubeNetworkConfig",
@@ -683,12 +720,12 @@ fn render_1_14(input: &RenderInput<'_>) -> Result<Vec<Value>, RenderError> {
     }
     docs.push(doc("KubePrismConfig", json!({"port": 7445})));
     if cp {
-        docs.extend(control_plane_1_14(input, &k8s));
+        docs.extend(control_plane_1_14(input, &tags));
     }
     Ok(docs)
 }
 
-fn control_plane_1_14(input: &RenderInput<'_>, k8s: &str) -> Vec<Value> {
+fn control_plane_1_14(input: &RenderInput<'_>, tags: &Tags) -> Vec<Value> {
     let b = input.bundle;
     let cluster = input.cluster;
     let mut docs = vec![
@@ -732,23 +769,23 @@ fn control_plane_1_14(input: &RenderInput<'_>, k8s: &str) -> Vec<Value> {
         ),
         doc(
             "KubeAPIServerConfig",
-            json!({"image": format!("registry.k8s.io/kube-apiserver:{k8s}")}),
+            json!({"image": format!("registry.k8s.io/kube-apiserver:{}", tags.api_server)}),
         ),
         doc(
             "KubeControllerManagerConfig",
-            json!({"image": format!("registry.k8s.io/kube-controller-manager:{k8s}")}),
+            json!({"image": format!("registry.k8s.io/kube-controller-manager:{}", tags.controller_manager)}),
         ),
         doc(
             "KubeSchedulerConfig",
-            json!({"image": format!("registry.k8s.io/kube-scheduler:{k8s}"), "config": {}}),
+            json!({"image": format!("registry.k8s.io/kube-scheduler:{}", tags.scheduler), "config": {}}),
         ),
     ];
     let proxy = match cluster.kube_proxy {
         KubeProxyMode::Enabled => {
-            json!({"image": format!("registry.k8s.io/kube-proxy:{k8s}"), "config": {}})
+            json!({"image": format!("registry.k8s.io/kube-proxy:{}", tags.proxy), "config": {}})
         }
         KubeProxyMode::Disabled => {
-            json!({"enabled": false, "image": format!("registry.k8s.io/kube-proxy:{k8s}"), "config": {}})
+            json!({"enabled": false, "image": format!("registry.k8s.io/kube-proxy:{}", tags.proxy), "config": {}})
         }
     };
     docs.push(doc("KubeProxyConfig", proxy));
@@ -826,6 +863,8 @@ pub struct MachineLayers<'a> {
     /// The oldest Talos a node of the cluster runs, if one reports its version: the config
     /// contract never runs ahead of it ([`contract_in_force`]).
     pub oldest_running: Option<&'a str>,
+    /// The Kubernetes component versions a rollout holds the machine at, if it does.
+    pub kubernetes: Option<&'a KubernetesComponents>,
 }
 
 impl<'a> MachineLayers<'a> {
@@ -874,6 +913,7 @@ impl<'a> MachineLayers<'a> {
             class,
             volumes,
             oldest_running: None,
+            kubernetes: None,
         })
     }
 }
@@ -907,6 +947,7 @@ pub fn render_machine(
             install,
             schematic,
             oldest_running: layers.oldest_running,
+            kubernetes: layers.kubernetes,
             cert_sans: &[],
             node_labels: &empty,
             node_taints: &empty,

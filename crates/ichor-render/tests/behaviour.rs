@@ -57,6 +57,7 @@ impl Fixture {
             install: self.install.as_ref(),
             schematic: None,
             oldest_running: None,
+            kubernetes: None,
             cert_sans: &[],
             node_labels: &empty,
             node_taints: &empty,
@@ -142,6 +143,7 @@ fn render_machine_takes_the_machines_install_and_patches_over_the_clusters() {
         install: install.as_ref(),
         schematic: None,
         oldest_running: None,
+        kubernetes: None,
         cert_sans: &[],
         node_labels: &empty,
         node_taints: &empty,
@@ -585,6 +587,7 @@ proptest! {
             install: None,
             schematic: None,
             oldest_running: None,
+            kubernetes: None,
             cert_sans: &[],
             node_labels: &labels,
             node_taints: &empty,
@@ -625,6 +628,7 @@ fn the_contract_never_runs_ahead_of_the_oldest_talos_a_node_runs() {
     let at = |oldest: Option<&str>| {
         render(&RenderInput {
             oldest_running: oldest,
+            kubernetes: None,
             ..RenderInput::plain("lab", &spec, Role::Worker, &bundle)
         })
         .expect("render")
@@ -652,4 +656,51 @@ fn the_contract_never_runs_ahead_of_the_oldest_talos_a_node_runs() {
     );
     assert_eq!(at(None).contract, Contract::V1_14);
     assert_eq!(at(Some("garbage")).contract, Contract::V1_14);
+}
+
+#[test]
+fn a_kubernetes_rollout_holds_each_component_at_its_own_version() {
+    let held = ichor_api::machine::KubernetesComponents {
+        api_server: Some("1.36.4".into()),
+        controller_manager: Some("1.36.3".into()),
+        scheduler: None,
+        proxy: Some("1.36.3".into()),
+        kubelet: Some("v1.36.3".into()),
+    };
+    for contract in [Contract::V1_13, Contract::V1_14] {
+        let talos = if contract == Contract::V1_13 {
+            "v1.13.9"
+        } else {
+            "v1.14.2"
+        };
+        let spec = TalosClusterSpec::new(talos, "1.36.4", "https://10.0.0.10:6443", 3);
+        let bundle = bundle(contract);
+        let rendered = render(&RenderInput {
+            kubernetes: Some(&held),
+            ..RenderInput::plain("lab", &spec, Role::ControlPlane, &bundle)
+        })
+        .expect("render");
+        for image in [
+            "registry.k8s.io/kube-apiserver:v1.36.4",
+            "registry.k8s.io/kube-controller-manager:v1.36.3",
+            "registry.k8s.io/kube-scheduler:v1.36.4",
+            "registry.k8s.io/kube-proxy:v1.36.3",
+            "ghcr.io/siderolabs/kubelet:v1.36.3",
+        ] {
+            assert!(
+                rendered.yaml.contains(image),
+                "{contract:?}: {image} in\n{}",
+                rendered.yaml
+            );
+        }
+        let plain = render(&RenderInput::plain(
+            "lab",
+            &spec,
+            Role::ControlPlane,
+            &bundle,
+        ))
+        .expect("render");
+        assert!(plain.yaml.contains("ghcr.io/siderolabs/kubelet:v1.36.4"));
+        assert_ne!(plain.hash, rendered.hash);
+    }
 }

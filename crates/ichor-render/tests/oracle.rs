@@ -117,6 +117,7 @@ fn talos_generator_agrees_with_our_configs() {
             install: Some(&install),
             schematic: None,
             oldest_running: None,
+            kubernetes: None,
             cert_sans: &[],
             node_labels: &empty,
             node_taints: &empty,

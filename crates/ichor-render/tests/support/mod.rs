@@ -176,6 +176,7 @@ pub fn render_case(case: &Case) -> Rendered {
         install: Some(&install),
         schematic: None,
         oldest_running: None,
+        kubernetes: None,
         cert_sans: &sans,
         node_labels: &labels,
         node_taints: &taints,

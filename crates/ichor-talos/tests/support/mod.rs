@@ -100,6 +100,7 @@ pub fn node_config(bundle: &SecretsBundle, node: &NodeConfig<'_>) -> String {
         install: node.install.then_some(&install),
         schematic: None,
         oldest_running: None,
+        kubernetes: None,
         ..RenderInput::plain("lab", &spec, node.role, bundle)
     })
     .expect("render")
