@@ -427,8 +427,8 @@ pub struct AcceptedVersions {
     #[schemars(length(max = 64))]
     pub kubernetes_version: String,
     /// The Kubernetes version the nodes ran before `kubernetesVersion` was accepted, kept until
-    /// every machine runs its config again: a Talos change waits meanwhile if the new Talos
-    /// does not support it.
+    /// that rolled out (ADR 0070): the version of what was not seen yet, and a Talos change
+    /// waits meanwhile if the new Talos does not support it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 64))]
     pub kubernetes_from: Option<String>,
@@ -453,6 +453,11 @@ pub struct RolloutStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 253))]
     pub in_flight: Option<String>,
+    /// Where a Kubernetes version rolling out stands (ADR 0070), e.g. `kube-apiserver on
+    /// cp-2`: the component and node next or in flight, in `talosctl upgrade-k8s`'s order.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 320))]
+    pub kubernetes_step: Option<String>,
 }
 
 /// The cluster lock's mirror in a cluster's status.

@@ -18,8 +18,9 @@ use ichor_api::{TalosCluster, TalosClusterSpec};
 pub struct Running {
     /// The oldest Talos a configured node reports.
     pub oldest_talos: Option<Version>,
-    /// Whether every machine runs the config rendered for it (`ConfigRolledOut`).
-    pub configs_current: bool,
+    /// Whether the Kubernetes accepted last rolled out everywhere: every step taken (ADR 0070)
+    /// and every machine runs the config rendered for it (`ConfigRolledOut`).
+    pub kubernetes_rolled_out: bool,
 }
 
 /// Where the declaration stands against what is accepted.
@@ -73,8 +74,8 @@ pub fn decide(
     let Some(mut was) = accepted.cloned() else {
         return first_acceptance(declared, oldest);
     };
-    // Every machine runs its config again: no node runs the Kubernetes before any more.
-    if running.configs_current {
+    // The Kubernetes accepted last rolled out: no node runs the one before any more.
+    if running.kubernetes_rolled_out {
         was.kubernetes_from = None;
     }
     if was.talos_version == declared.talos && was.kubernetes_version == declared.kubernetes {
@@ -174,7 +175,7 @@ fn next_step(
                 && Series::parse(declared.talos).is_none_or(|talos| !supports(talos, from))
             {
                 let why = format!(
-                    "spec.talosVersion {} waits until every machine runs its config for Kubernetes {}: Talos {} does not support Kubernetes {from}, which nodes may still run",
+                    "spec.talosVersion {} waits until Kubernetes {} rolled out: Talos {} does not support Kubernetes {from}, which nodes may still run",
                     declared.talos, was.kubernetes_version, declared.talos
                 );
                 return hold(was.clone(), why);
@@ -291,10 +292,10 @@ mod tests {
         }
     }
 
-    fn running(oldest: &str, configs_current: bool) -> Running {
+    fn running(oldest: &str, kubernetes_rolled_out: bool) -> Running {
         Running {
             oldest_talos: Version::parse(oldest),
-            configs_current,
+            kubernetes_rolled_out,
         }
     }
 

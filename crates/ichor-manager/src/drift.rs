@@ -126,6 +126,7 @@ pub fn version_rollout(
         total: count(total),
         summary: format!("{done}/{total}"),
         in_flight,
+        kubernetes_step: None,
     };
     let stopped = configured.iter().find_map(|m| {
         m.status.as_ref()?.conditions.iter().find_map(|c| {

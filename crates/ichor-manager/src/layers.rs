@@ -7,8 +7,9 @@ use std::sync::{Arc, Mutex};
 
 use futures::future::BoxFuture;
 use futures::{FutureExt as _, StreamExt as _};
+use ichor_api::machine::KubernetesComponents;
 use ichor_api::versions::oldest_running;
-use ichor_api::{TalosMachine, TalosMachineClass, TalosStorage};
+use ichor_api::{TalosCluster, TalosMachine, TalosMachineClass, TalosStorage};
 use ichor_render::{MachineLayers, RenderError};
 use kube::ResourceExt as _;
 use kube::api::Api;
@@ -84,6 +85,7 @@ impl Layers {
                 classes: self.classes.state(),
                 storages: self.storages.state(),
                 oldest_running: BTreeMap::new(),
+                held: BTreeMap::new(),
             }),
             _ => Err(crate::error::Error::NotSynced(
                 "the TalosMachineClass and TalosStorage caches are not filled yet",
@@ -113,6 +115,9 @@ pub struct Sources {
     /// contract never runs ahead of it (talos-facts §9.9). Empty unless [`Sources::running`]
     /// filled it.
     pub oldest_running: BTreeMap<(String, String), String>,
+    /// The Kubernetes component versions a rollout holds machines at, by (namespace, machine
+    /// name) (ADR 0070). Empty unless [`Sources::stepping`] filled it.
+    pub held: BTreeMap<(String, String), KubernetesComponents>,
 }
 
 impl Sources {
@@ -129,6 +134,7 @@ impl Sources {
             machine.spec.cluster_ref.name.clone(),
         );
         layers.oldest_running = self.oldest_running.get(&cluster).map(String::as_str);
+        layers.kubernetes = self.held.get(&(cluster.0, machine.name_any()));
         Ok(layers)
     }
 
@@ -143,6 +149,42 @@ impl Sources {
             self.oldest_running
                 .insert((namespace, cluster), text.to_owned());
         }
+        self
+    }
+
+    /// The same sources, with the Kubernetes component versions `machine` is held at while its
+    /// cluster rolls out a Kubernetes version (the accepted one, from `kubernetesFrom`),
+    /// step by step (ADR 0070), from what `machines` were seen running.
+    #[must_use]
+    pub fn stepping(
+        mut self,
+        cluster: &TalosCluster,
+        machines: &[Arc<TalosMachine>],
+        machine: &TalosMachine,
+    ) -> Self {
+        let Some(accepted) = cluster
+            .status
+            .as_ref()
+            .and_then(|s| s.core.accepted_versions.as_ref())
+        else {
+            return self;
+        };
+        let Some(from) = accepted.kubernetes_from.as_deref() else {
+            return self;
+        };
+        let namespace = machine.namespace().unwrap_or_default();
+        let members = crate::kubernetes_steps::members(
+            machines.iter().map(AsRef::as_ref),
+            &namespace,
+            &machine.spec.cluster_ref.name,
+        );
+        let held = crate::kubernetes_steps::components(
+            &accepted.kubernetes_version,
+            from,
+            &members,
+            &machine.name_any(),
+        );
+        self.held.insert((namespace, machine.name_any()), held);
         self
     }
 }

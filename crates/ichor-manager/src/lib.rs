@@ -43,6 +43,7 @@ pub mod etcd;
 pub mod factory;
 pub mod identity;
 pub mod infra;
+pub mod kubernetes_steps;
 pub mod layers;
 #[cfg(test)]
 mod layout;

@@ -24,10 +24,10 @@ use kube::api::Api;
 use kube::runtime::events::EventType;
 
 use super::plan::{self, File, Held, Tally};
-use crate::accepted;
 use crate::infra::status::{self, Guard};
 use crate::renewal::{self, Why};
 use crate::{Context, Error, infra::conditions as cond, secrets};
+use crate::{accepted, kubernetes_steps};
 
 /// Writes the groups this reconciler owns: the cluster's core and its restore.
 pub(super) async fn write_status(
@@ -290,9 +290,9 @@ pub(super) fn record_readiness(
 }
 
 /// The versions the nodes are brought to (ADR 0069): the declared ones once they pass the
-/// version rules, else the accepted ones kept; recorded with the rollout of the accepted Talos.
-/// Returns `VersionRolledOut` (holds, reason, message); `configs_current` is whether every
-/// machine runs its config.
+/// version rules, else the accepted ones kept; recorded with the rollout of the accepted Talos
+/// and the step a Kubernetes rollout is at (ADR 0070). Returns `VersionRolledOut` (holds,
+/// reason, message); `configs_current` is whether every machine runs its config.
 fn record_versions(
     cluster: &TalosCluster,
     status: &mut TalosClusterStatus,
@@ -300,17 +300,22 @@ fn record_versions(
     configs_current: bool,
 ) -> (bool, &'static str, String) {
     let namespace = cluster.namespace().unwrap_or_default();
+    let name = cluster.name_any();
+    let members = kubernetes_steps::members(machines, &namespace, &name);
+    let step = status
+        .core
+        .accepted_versions
+        .as_ref()
+        .filter(|a| a.kubernetes_from.is_some())
+        .map(|a| kubernetes_steps::step(&a.kubernetes_version, &members));
     let outcome = accepted::decide(
         accepted::declared(&cluster.spec),
         status.core.accepted_versions.as_ref(),
         accepted::Running {
-            oldest_talos: ichor_api::versions::oldest_running(
-                machines,
-                &namespace,
-                &cluster.name_any(),
-            )
-            .map(|(_, version)| version),
-            configs_current,
+            oldest_talos: ichor_api::versions::oldest_running(machines, &namespace, &name)
+                .map(|(_, version)| version),
+            kubernetes_rolled_out: configs_current
+                && step.is_none_or(|s| s == kubernetes_steps::Step::Manifests),
         },
     );
     status.core.accepted_versions.clone_from(&outcome.accepted);
@@ -318,7 +323,8 @@ fn record_versions(
         .accepted
         .as_ref()
         .map_or(&cluster.spec.talos_version, |a| &a.talos_version);
-    let (rollout, condition) = crate::drift::version_rollout(rolling_out, machines);
+    let (mut rollout, condition) = crate::drift::version_rollout(rolling_out, machines);
+    rollout.kubernetes_step = step.map(|s| s.to_string());
     status.core.rollout = Some(rollout);
     accepted::rollout_condition(&outcome, condition)
 }

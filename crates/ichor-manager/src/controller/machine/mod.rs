@@ -25,6 +25,7 @@ use crate::{Context, Error, infra::conditions as cond};
 
 mod act;
 mod drift;
+mod kubernetes;
 mod observe;
 mod pacing;
 pub(crate) mod plan;
@@ -197,7 +198,8 @@ async fn approved(machine: &TalosMachine, ctx: &Context) -> Result<Action, Error
         .layers
         .sources()
         .await?
-        .running(&ctx.machines.store().state(), machine);
+        .running(&ctx.machines.store().state(), machine)
+        .stepping(&cluster, &ctx.machines.store().state(), machine);
     let (rendered, address) = match plan::configurable(machine, &cluster, &sources, &bundle) {
         Ok(target) => target,
         Err(stop) => return act::record_blocked(ctx, machine, status, stop).await,
@@ -426,13 +428,22 @@ async fn follow(
         role,
     };
     let upgraded = config_still && upgrade_step(ctx, &here, node, &mut status).await?;
+    // Where a Kubernetes rollout stands on this node (ADR 0070): looked at again soon while the
+    // rollout waits on it.
+    let stepping_here =
+        kubernetes::look(ctx, cluster, machine, role, client.as_ref(), &mut status).await?;
     let at = Stand {
         role,
         view,
         address: reach.address,
         rendered,
     };
-    report(ctx, machine, cluster, status, &at, (turn_over, upgraded)).await
+    let action = report(ctx, machine, cluster, status, &at, (turn_over, upgraded)).await?;
+    Ok(if stepping_here {
+        Action::requeue(ctx.settings.progress_requeue)
+    } else {
+        action
+    })
 }
 
 /// A configured machine's look: the machine, its cluster, the config rendered for it and how
