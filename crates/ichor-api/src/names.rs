@@ -189,8 +189,8 @@ pub mod conditions {
     /// Every machine of the cluster runs the config rendered for it (no drift rollout pending
     /// or stopped).
     pub const CONFIG_ROLLED_OUT: &str = "ConfigRolledOut";
-    /// Every configured node of the cluster runs the declared Talos version (and schematic):
-    /// false while a rollout goes on, or stopped, and where.
+    /// Every configured node of the cluster runs the declared Talos version (and schematic) and
+    /// Kubernetes version: false while a rollout goes on, or stopped, and where.
     pub const VERSION_ROLLED_OUT: &str = "VersionRolledOut";
     /// On a pending TalosMachine: whether a TalosMachineClass approves it, and if not why
     /// (two classes match, a class is full, the control planes are all there).

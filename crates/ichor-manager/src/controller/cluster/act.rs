@@ -325,6 +325,18 @@ fn record_versions(
         .map_or(&cluster.spec.talos_version, |a| &a.talos_version);
     let (mut rollout, condition) = crate::drift::version_rollout(rolling_out, machines);
     rollout.kubernetes_step = step.map(|s| s.to_string());
+    // A Kubernetes rollout still stepping is not rolled out, whatever Talos says.
+    let condition = match (&condition, &rollout.kubernetes_step, &outcome.accepted) {
+        ((true, _, _), Some(step), Some(accepted)) => (
+            false,
+            reasons::VERSION_ROLLING_OUT,
+            format!(
+                "Kubernetes {} rolls out in talosctl upgrade-k8s's order: {step} now",
+                accepted.kubernetes_version
+            ),
+        ),
+        _ => condition,
+    };
     status.core.rollout = Some(rollout);
     accepted::rollout_condition(&outcome, condition)
 }
