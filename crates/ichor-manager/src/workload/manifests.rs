@@ -36,7 +36,7 @@
 //! `inventory_policy.go`, `internal/inventory/configmap/inventory.go`; F `manager_apply.go`,
 //! `sort.go`, `utils/is.go`; C `pkg/object/objmetadata.go`, `pkg/kstatus/status/core.go`.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt;
 use std::time::Duration;
 
@@ -553,7 +553,7 @@ impl Kinds {
                 let found = match kube::discovery::pinned_kind(client, &object.gvk).await {
                     Ok((resource, caps)) => Some((resource, caps.scope)),
                     Err(kube::Error::Discovery(_)) => None,
-                    Err(kube::Error::Api(status)) if status.is_not_found() => None,
+                    Err(kube::Error::Api(status)) if status.code == 404 => None,
                     Err(source) => {
                         return Err(SyncError::Read {
                             object: object.id(),
@@ -581,20 +581,20 @@ impl Kinds {
         }))
     }
 
-    /// Where `object` lives, waiting up to [`DISCOVERY_TIMEOUT`] for its kind when a CRD was
-    /// just established (discovery may lag behind the condition).
+    /// Where `object` lives, waiting up to [`DISCOVERY_TIMEOUT`] for its kind if a CRD of
+    /// this sync defines it (discovery may lag behind the CRD's established condition).
     async fn locate_now(
         &mut self,
         client: &kube::Client,
         object: &Prepared,
-        crds_applied: bool,
+        defined: bool,
     ) -> Result<Located, SyncError> {
         let deadline = tokio::time::Instant::now() + DISCOVERY_TIMEOUT;
         loop {
             if let Some(located) = self.locate(client, object).await? {
                 return Ok(located);
             }
-            if !crds_applied || tokio::time::Instant::now() >= deadline {
+            if !defined || tokio::time::Instant::now() >= deadline {
                 return Err(SyncError::UnknownKind {
                     object: object.id(),
                     api_version: object.api_version.clone(),
@@ -808,6 +808,23 @@ async fn wait_established(client: &kube::Client, id: &ObjectId) -> Result<(), Sy
     }
 }
 
+/// The group and kind of every custom resource a CRD among `objects` defines.
+fn defined_kinds(objects: &[Prepared]) -> HashSet<(String, String)> {
+    objects
+        .iter()
+        .filter(|o| {
+            o.gvk.group == "apiextensions.k8s.io" && o.gvk.kind == "CustomResourceDefinition"
+        })
+        .filter_map(|o| {
+            let spec = &o.body["spec"];
+            Some((
+                spec["group"].as_str()?.to_owned(),
+                spec["names"]["kind"].as_str()?.to_owned(),
+            ))
+        })
+        .collect()
+}
+
 /// Applies every object stage by stage, recording each in `synced`; after the definitions,
 /// waits for the CRDs and forgets what discovery said.
 async fn apply_stages(
@@ -817,7 +834,7 @@ async fn apply_stages(
     seen: Vec<Option<(Located, Option<String>)>>,
     synced: &mut Synced,
 ) -> Result<(), SyncError> {
-    let mut crds_applied = false;
+    let defined = defined_kinds(objects);
     for stage in Stage::ALL {
         for (object, seen) in objects.iter().zip(&seen) {
             if object.stage != stage {
@@ -825,7 +842,13 @@ async fn apply_stages(
             }
             let (located, before) = match seen {
                 Some((located, before)) => (located.clone(), before.as_deref()),
-                None => (kinds.locate_now(client, object, crds_applied).await?, None),
+                None => {
+                    let kind = (object.gvk.group.clone(), object.gvk.kind.clone());
+                    let located = kinds
+                        .locate_now(client, object, defined.contains(&kind))
+                        .await?;
+                    (located, None)
+                }
             };
             let change = apply_one(client, object, &located, before).await?;
             synced.applied.push(Applied {
@@ -838,7 +861,6 @@ async fn apply_stages(
             for crd in synced.in_stage(stage).map(|a| &a.object) {
                 if crd.group == "apiextensions.k8s.io" && crd.kind == "CustomResourceDefinition" {
                     wait_established(client, crd).await?;
-                    crds_applied = true;
                 }
             }
             kinds.forget();
