@@ -26,7 +26,12 @@
 //! Where this differs from Talos, on purpose: a namespaced object without a namespace goes to
 //! `default`, as a control plane creates it (T `controllers/k8s/manifest_apply.go`); the
 //! upgrade sync itself sends no namespace for it and fails. An inventory entry whose kind the
-//! server no longer serves is dropped from the inventory instead of failing every sync.
+//! server no longer serves is dropped from the inventory instead of failing every sync. An
+//! entry Talos 1.13 wrote for a cluster-scoped object with its manifest's namespace gives way
+//! to the entry without one, as a control plane's own apply does (T
+//! `controllers/k8s/manifest_apply.go`), so it is neither kept twice nor pruned. Whether an
+//! apply changed an object is read from its `resourceVersion`; fluxcd decides it with a
+//! dry-run first and skips the apply of an unchanged object, to the same effect.
 //! Talos's 3-minute retry of retryable errors, its diff and its readiness wait of the changed
 //! workloads are the caller's to do.
 //!
@@ -659,6 +664,23 @@ impl Inventory {
         Ok(Inventory { entries })
     }
 
+    /// Adds every applied object, and drops the entries Talos 1.13 made of a cluster-scoped
+    /// object with the namespace its manifest gave it (T `controllers/k8s/manifest_apply.go`
+    /// removes them the same way), so pruning does not take them for objects gone.
+    fn record(&mut self, applied: &[Applied]) {
+        self.entries.retain(|entry| {
+            entry.namespace.is_empty()
+                || !applied.iter().any(|a| {
+                    a.object.namespace.is_empty()
+                        && a.object.group == entry.group
+                        && a.object.kind == entry.kind
+                        && a.object.name == entry.name
+                })
+        });
+        self.entries
+            .extend(applied.iter().map(|a| a.object.clone()));
+    }
+
     /// Writes the entries over the ConfigMap's data, each key with an empty value (G
     /// `configmap.Inventory.Write`).
     async fn write(&self, client: &kube::Client) -> Result<(), SyncError> {
@@ -901,9 +923,15 @@ async fn prune(
             inventory.entries.remove(&id);
             continue;
         };
+        let namespaced = caps.scope == Scope::Namespaced;
+        if namespaced && id.namespace.is_empty() {
+            // A namespaced object listed without a namespace names nothing to delete.
+            inventory.entries.remove(&id);
+            continue;
+        }
         let located = Located {
             resource,
-            namespaced: caps.scope == Scope::Namespaced,
+            namespaced,
             id,
         };
         match prune_one(client, &located).await {
@@ -966,9 +994,7 @@ pub async fn sync(
     let seen = observe(client, &mut kinds, &objects).await?;
     let mut synced = Synced::default();
     let applied = apply_stages(client, &mut kinds, &objects, seen, &mut synced).await;
-    inventory
-        .entries
-        .extend(synced.applied.iter().map(|a| a.object.clone()));
+    inventory.record(&synced.applied);
     let written = inventory.write(client).await;
     applied?;
     written?;
@@ -1233,5 +1259,39 @@ mod tests {
         assert_eq!(foreign_owner(&BTreeMap::new()), None);
         assert_eq!(foreign_owner(&annotations(INVENTORY_NAME)), None);
         assert_eq!(foreign_owner(&annotations("other")), Some("other"));
+    }
+
+    #[test]
+    fn a_cluster_scoped_object_listed_with_a_namespace_is_listed_without_one() {
+        let mut inventory = Inventory {
+            entries: [
+                id(
+                    "rbac.authorization.k8s.io",
+                    "ClusterRole",
+                    "kube-system",
+                    "talos",
+                ),
+                id("", "ConfigMap", "kube-system", "talos"),
+                id("apps", "DaemonSet", "kube-system", "gone"),
+            ]
+            .into(),
+        };
+        let applied = |object| Applied {
+            stage: Stage::Rest,
+            object,
+            change: Change::Unchanged,
+        };
+        inventory.record(&[
+            applied(id("rbac.authorization.k8s.io", "ClusterRole", "", "talos")),
+            applied(id("", "ConfigMap", "kube-system", "talos")),
+        ]);
+        assert_eq!(
+            inventory.entries.into_iter().collect::<Vec<_>>(),
+            [
+                id("", "ConfigMap", "kube-system", "talos"),
+                id("apps", "DaemonSet", "kube-system", "gone"),
+                id("rbac.authorization.k8s.io", "ClusterRole", "", "talos"),
+            ]
+        );
     }
 }
