@@ -35,9 +35,10 @@
 //! Talos's 3-minute retry of retryable errors, its diff and its readiness wait of the changed
 //! workloads are the caller's to do.
 //!
-//! Sources (T: `siderolabs/talos` v1.14.1, G: `siderolabs/go-kubernetes` v0.2.41, F:
-//! `fluxcd/pkg/ssa` v0.77.0, C: `fluxcd/cli-utils` v1.2.2): T
-//! `pkg/cluster/kubernetes/talos_managed.go` `syncManifestsSSA`; G `kubernetes/ssa/apply.go`,
+//! Sources (T: `siderolabs/talos` v1.14.1, M: its `pkg/machinery` v1.14.1, G:
+//! `siderolabs/go-kubernetes` v0.2.41, F: `fluxcd/pkg/ssa` v0.77.0, C: `fluxcd/cli-utils`
+//! v1.2.2, the versions T's `go.mod` pins): T `pkg/cluster/kubernetes/talos_managed.go`
+//! `syncManifestsSSA`; M `constants/constants.go`; G `kubernetes/ssa/apply.go`,
 //! `inventory_policy.go`, `internal/inventory/configmap/inventory.go`; F `manager_apply.go`,
 //! `sort.go`, `utils/is.go`; C `pkg/object/objmetadata.go`, `pkg/kstatus/status/core.go`.
 
@@ -52,8 +53,8 @@ use kube::core::GroupVersionKind;
 use kube::discovery::{ApiResource, Discovery, Scope};
 use serde_json::{Map, Value};
 
-/// The field manager Talos applies the bootstrap manifests with (M `constants.go`
-/// `KubernetesFieldManagerName`).
+/// The field manager Talos applies the bootstrap manifests with (M
+/// `constants/constants.go` `KubernetesFieldManagerName`).
 pub const FIELD_MANAGER: &str = "talos";
 /// The namespace of the inventory ConfigMap (M `KubernetesInventoryNamespace`).
 pub const INVENTORY_NAMESPACE: &str = "kube-system";
