@@ -1,7 +1,10 @@
 //! The workload cluster's side of taking a node away: cordon, drain (evictions, so
 //! PodDisruptionBudgets hold, by `crate::drain`) and delete the Node. Used by removals, and
 //! its Node delete by reset operations; every step is idempotent, so a restart runs it again
-//! safely.
+//! safely. Beside it, [`manifests`]: the bootstrap manifests synced into the workload cluster
+//! as a Kubernetes upgrade ends.
+
+pub mod manifests;
 
 use std::time::Duration;
 
