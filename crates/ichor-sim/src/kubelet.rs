@@ -1,7 +1,8 @@
 //! The kubelet of a node: the version it runs, from the running config's kubelet image, and
 //! the control-plane static pods it runs (talos-facts §14.1–§14.3): which pods the running
-//! config gives, with which image, and how the kubelet replaces a pod whose image changed. The node's observer follows the config every tick; the COSI service reads the
-//! result as `StaticPodStatuses.kubernetes.talos.dev`.
+//! config gives, with which image, and how the kubelet replaces a pod whose image changed.
+//! The node's observer follows the config every tick; the COSI service reads the result as
+//! `StaticPodStatuses.kubernetes.talos.dev`.
 //!
 //! A pod exists while the node runs as a control plane with its kubelet running and its etcd
 //! member healthy (Talos renders the static pods only then, and removes them otherwise). Its
