@@ -9,6 +9,7 @@ pub mod audit;
 pub mod cluster;
 pub mod cluster_target;
 mod front;
+mod kubelets;
 pub mod leaks;
 pub mod qemu;
 pub mod rails;
@@ -72,7 +73,9 @@ pub trait Target {
     fn client(&self) -> kube::Client;
     /// Makes sure the kubelets of `cluster`'s Ready machines have registered their Nodes with
     /// its workload control plane. Real nodes do this themselves; the sim target runs the
-    /// workload control plane (with the cluster's own Kubernetes CA) and registers them.
+    /// workload control plane (with the cluster's own Kubernetes CA) and registers them; from
+    /// then on each Node's `status.nodeInfo.kubeletVersion` follows its node's kubelet image, as
+    /// a real kubelet restarted with a new image reports.
     fn kubelets_registered(
         &self,
         cluster: &str,

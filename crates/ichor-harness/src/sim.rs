@@ -20,6 +20,7 @@ use tokio::process::{Child, Command};
 use tokio::task::JoinHandle;
 
 use crate::front::Front;
+use crate::kubelets::KubeletVersions;
 use crate::replica::{Launch, Replica};
 use crate::{Capabilities, Error, Target, binary};
 
@@ -125,6 +126,9 @@ pub struct SimTarget {
     manager_kubeconfig: PathBuf,
     options: SimOptions,
     workload: tokio::sync::Mutex<Option<WorkloadControlPlane>>,
+    /// The follower of the kubelets' versions into their Nodes, from the workload control
+    /// plane's start on.
+    kubelet_versions: std::sync::Mutex<Option<KubeletVersions>>,
 }
 
 impl std::fmt::Debug for SimTarget {
@@ -607,6 +611,7 @@ impl SimTarget {
             manager_kubeconfig,
             options,
             workload: tokio::sync::Mutex::new(None),
+            kubelet_versions: std::sync::Mutex::new(None),
         };
         target.start_manager().await?;
         Ok(target)
@@ -941,6 +946,9 @@ impl SimTarget {
     /// the spec that brought the target up.
     pub async fn down(mut self) {
         let scanned = self.check_no_leaks().await;
+        if let Ok(mut follower) = self.kubelet_versions.lock() {
+            follower.take();
+        }
         if let Some(workload) = self.workload.lock().await.take() {
             workload.stop();
         }
@@ -1031,10 +1039,15 @@ impl Target for SimTarget {
                 cert_pem: bundle.certs.k8s.crt.0.clone(),
                 key_pem: bundle.certs.k8s.key.0.clone(),
             };
-            *workload = Some(
+            let plane =
                 WorkloadControlPlane::start(WorkloadSpec::new(endpoint, ca).cluster_name(cluster))
-                    .await?,
-            );
+                    .await?;
+            // From now on each Node reports its kubelet's version, as a kubelet restarted with
+            // a new image does.
+            if let Ok(mut follower) = self.kubelet_versions.lock() {
+                *follower = Some(KubeletVersions::follow(plane.client(), self.nodes.clone()));
+            }
+            *workload = Some(plane);
         }
         let plane = workload.as_ref().expect("started above");
         let machines = Api::<TalosMachine>::namespaced(admin, &self.namespace)
@@ -1059,6 +1072,16 @@ impl Target for SimTarget {
             }
             if let Some(hardware) = &status.inventory.hardware {
                 registration = registration.system_uuid(hardware.uuid.clone());
+            }
+            // The version its kubelet runs now (the follower keeps it so).
+            let node = self
+                .nodes
+                .iter()
+                .find(|n| n.addr().ip().to_string() == *address);
+            if let Some(node) = node
+                && let Some(version) = node.kubelet_version().await
+            {
+                registration.kubelet_version = version;
             }
             if machine.spec.role == Some(ichor_api::common::Role::ControlPlane) {
                 registration = registration.label("node-role.kubernetes.io/control-plane", "");

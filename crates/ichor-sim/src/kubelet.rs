@@ -1,7 +1,8 @@
-//! The control-plane static pods a node's kubelet runs (talos-facts §14.1–§14.3): which pods
-//! the running config gives, with which image, and how the kubelet replaces a pod whose image
-//! changed. The node's observer follows the config every tick; the COSI service reads the
-//! result as `StaticPodStatuses.kubernetes.talos.dev`.
+//! The kubelet of a node: the version it runs, from the running config's kubelet image, and
+//! the control-plane static pods it runs (talos-facts §14.1–§14.3): which pods the running
+//! config gives, with which image, and how the kubelet replaces a pod whose image changed.
+//! The node's observer follows the config every tick; the COSI service reads the result as
+//! `StaticPodStatuses.kubernetes.talos.dev`.
 //!
 //! A pod exists while the node runs as a control plane with its kubelet running and its etcd
 //! member healthy (Talos renders the static pods only then, and removes them otherwise). Its
@@ -130,6 +131,22 @@ fn container_id(seed: &str) -> String {
         .collect()
 }
 
+/// The v1alpha1 document of a config, if it has one.
+fn v1alpha1(documents: &[Value]) -> Option<&Value> {
+    documents
+        .iter()
+        .find(|d| d["version"] == "v1alpha1" && d.get("kind").is_none())
+}
+
+/// An image as the config names it, an absent or empty one being Talos's default,
+/// `<repository>:v<DefaultKubernetesVersion>` (talos-facts §14.2).
+fn image_or_default(value: &Value, repository: &str, minor: Minor) -> String {
+    value.as_str().filter(|s| !s.is_empty()).map_or_else(
+        || format!("{repository}:v{}", default_k8s(minor)),
+        str::to_owned,
+    )
+}
+
 /// The image of a component and whether it runs, from the config documents (talos-facts
 /// §14.2): a 1.14 document of its kind first, else v1alpha1's `cluster.<key>.image`, else
 /// `<repository>:v<DefaultKubernetesVersion>`; the controller manager and the scheduler are
@@ -139,28 +156,71 @@ pub(crate) fn component_image(
     minor: Minor,
     (_, key, kind, repository): (&str, &str, &str, &str),
 ) -> Option<String> {
-    let default = || format!("{repository}:v{}", default_k8s(minor));
-    let explicit = |v: &Value| {
-        v.as_str()
-            .filter(|s| !s.is_empty())
-            .map_or_else(default, str::to_owned)
-    };
     if let Some(doc) = documents.iter().find(|d| d["kind"] == kind) {
         if doc["enabled"] == false {
             return None;
         }
-        return Some(explicit(&doc["image"]));
+        return Some(image_or_default(&doc["image"], repository, minor));
     }
-    let v1alpha1 = documents
-        .iter()
-        .find(|d| d["version"] == "v1alpha1" && d.get("kind").is_none())?;
+    let v1alpha1 = v1alpha1(documents)?;
     if key != "apiServer" && v1alpha1["machine"]["controlPlane"][key]["disabled"] == true {
         return None;
     }
-    Some(explicit(&v1alpha1["cluster"][key]["image"]))
+    Some(image_or_default(
+        &v1alpha1["cluster"][key]["image"],
+        repository,
+        minor,
+    ))
+}
+
+/// The repository of the default kubelet image (Talos's `constants.KubeletImage`).
+const KUBELET_REPOSITORY: &str = "ghcr.io/siderolabs/kubelet";
+
+/// The kubelet's image, from the config documents (talos-facts §14.2): a 1.14 `KubeletConfig`
+/// document first, else v1alpha1's `machine.kubelet.image`, else
+/// `ghcr.io/siderolabs/kubelet:v<DefaultKubernetesVersion>`; none without either document.
+pub(crate) fn kubelet_image(documents: &[Value], minor: Minor) -> Option<String> {
+    let image = match documents.iter().find(|d| d["kind"] == "KubeletConfig") {
+        Some(doc) => &doc["image"],
+        None => &v1alpha1(documents)?["machine"]["kubelet"]["image"],
+    };
+    Some(image_or_default(image, KUBELET_REPOSITORY, minor))
+}
+
+/// The version a kubelet of `image` reports in its Node's `status.nodeInfo.kubeletVersion`:
+/// the image's tag without a digest and without the `-fat`/`-slim` variant suffix, which
+/// `talosctl upgrade-k8s` keeps in the image and leaves out of the version it waits for
+/// (talos-facts §14.2, §9.7); none for an image without a tag.
+pub(crate) fn kubelet_version(image: &str) -> Option<String> {
+    let reference = image.split_once('@').map_or(image, |(name, _)| name);
+    let (_, tag) = reference.rsplit_once(':')?;
+    if tag.is_empty() || tag.contains('/') {
+        return None;
+    }
+    let tag = ["-fat", "-slim"]
+        .iter()
+        .find_map(|suffix| tag.strip_suffix(suffix))
+        .unwrap_or(tag);
+    Some(tag.to_owned())
 }
 
 impl Node {
+    /// The Talos minor whose rules and defaults apply to this node.
+    fn minor(&self) -> Minor {
+        if self.shared.is_1_14() {
+            Minor::V14
+        } else {
+            Minor::V13
+        }
+    }
+
+    /// The version of the kubelet the running config gives (its image's tag, see
+    /// [`kubelet_version`]); none before the node runs a config.
+    pub(crate) fn kubelet_version(&self) -> Option<String> {
+        let config = self.running.as_ref()?;
+        kubelet_version(&kubelet_image(&config.documents, self.minor())?)
+    }
+
     /// The pods the running config gives now: none unless the node runs as a control plane
     /// with its kubelet running and its etcd member healthy.
     fn wanted_static_pods(&self) -> Vec<(&'static str, String)> {
@@ -179,11 +239,7 @@ impl Node {
         {
             return Vec::new();
         }
-        let minor = if self.shared.is_1_14() {
-            Minor::V14
-        } else {
-            Minor::V13
-        };
+        let minor = self.minor();
         COMPONENTS
             .iter()
             .filter_map(|c| component_image(&config.documents, minor, *c).map(|i| (c.0, i)))
@@ -235,6 +291,54 @@ impl Node {
                     );
                 }
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn kubelet_image_prefers_the_document_then_v1alpha1_then_the_default() {
+        let v1alpha1 = json!({"version": "v1alpha1", "machine": {"kubelet": {"image": "ghcr.io/siderolabs/kubelet:v1.35.1"}}});
+        let document = json!({"apiVersion": "v1alpha1", "kind": "KubeletConfig", "image": "ghcr.io/siderolabs/kubelet:v1.36.2"});
+        assert_eq!(
+            kubelet_image(&[v1alpha1.clone(), document], Minor::V14).as_deref(),
+            Some("ghcr.io/siderolabs/kubelet:v1.36.2")
+        );
+        assert_eq!(
+            kubelet_image(std::slice::from_ref(&v1alpha1), Minor::V14).as_deref(),
+            Some("ghcr.io/siderolabs/kubelet:v1.35.1")
+        );
+        let bare = json!({"version": "v1alpha1", "machine": {"type": "worker"}});
+        assert_eq!(
+            kubelet_image(std::slice::from_ref(&bare), Minor::V13).as_deref(),
+            Some("ghcr.io/siderolabs/kubelet:v1.36.3")
+        );
+        assert_eq!(
+            kubelet_image(&[bare], Minor::V14).as_deref(),
+            Some("ghcr.io/siderolabs/kubelet:v1.37.0")
+        );
+        assert_eq!(kubelet_image(&[], Minor::V14), None);
+    }
+
+    #[test]
+    fn kubelet_version_is_the_tag_without_digest_or_variant() {
+        for (image, version) in [
+            ("ghcr.io/siderolabs/kubelet:v1.36.3", Some("v1.36.3")),
+            ("ghcr.io/siderolabs/kubelet:v1.36.3-fat", Some("v1.36.3")),
+            ("ghcr.io/siderolabs/kubelet:v1.36.3-slim", Some("v1.36.3")),
+            (
+                "registry.local:5000/kubelet:v1.37.0@sha256:0123",
+                Some("v1.37.0"),
+            ),
+            ("registry.local:5000/kubelet", None),
+            ("kubelet", None),
+        ] {
+            assert_eq!(kubelet_version(image).as_deref(), version, "{image}");
         }
     }
 }

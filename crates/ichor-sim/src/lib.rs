@@ -43,7 +43,8 @@
 //!   whose schematic it does not know fails as containerd's not-found pull; each node lists
 //!   the extensions of the installer it was installed or upgraded with (`ExtensionStatuses`;
 //!   1.14 also `ImageFactorySchematics`).
-//! - **Kubernetes components** (§14): a control plane's kubelet status of each control-plane
+//! - **Kubernetes components** (§14): the kubelet version the running config's kubelet image
+//!   gives ([`SimNode::kubelet_version`]), a control plane's kubelet status of each control-plane
 //!   static pod (`StaticPodStatuses`), which follows the running config's images once etcd is
 //!   healthy, replacing a pod as [`Timings::static_pod`] says, and the bootstrap manifests
 //!   `10-kube-proxy`, `11-core-dns` and `11-core-dns-svc` (`Manifests`) rendered from the config.
@@ -883,6 +884,13 @@ impl SimNode {
     /// The hostname it runs with.
     pub async fn hostname(&self) -> String {
         self.node.lock().await.hostname()
+    }
+
+    /// The version its kubelet runs now (`v1.36.3`), as the kubelet reports it in its Node's
+    /// `status.nodeInfo.kubeletVersion`: the tag of the running config's kubelet image
+    /// (talos-facts §14.2); none before the node runs a config.
+    pub async fn kubelet_version(&self) -> Option<String> {
+        self.node.lock().await.kubelet_version()
     }
 
     /// The id of the etcd member in its data directory, if any.

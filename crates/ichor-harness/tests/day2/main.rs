@@ -19,7 +19,9 @@
 //! - `random`: a seeded random sequence;
 //! - `versions`: a declared Talos version rolled out one node at a time, a rollback that stops
 //!   it, a GitOps revert (ADR 0068);
-//! - `unguarded`: a version change past a missing webhook, refused by the manager (ADR 0069).
+//! - `unguarded`: a version change past a missing webhook, refused by the manager (ADR 0069);
+//! - `kubelet`: a Node's reported kubelet version follows its node's kubelet image, as a real
+//!   kubelet restarted with a new image reports.
 //!
 //! A monitor watches etcd quorum (and how many nodes are down) every few milliseconds
 //! throughout. The helpers more than one module uses are here; the others live with their specs.
@@ -41,6 +43,7 @@ mod support;
 mod drift;
 mod etcd_health;
 mod identity;
+mod kubelet;
 mod operations;
 mod random;
 mod removal;
