@@ -373,6 +373,11 @@ pub mod reasons {
     pub const VERSION_CURRENT: &str = "VersionCurrent";
     /// Nodes are being upgraded to the declared Talos version or schematic, one at a time.
     pub const VERSION_ROLLING_OUT: &str = "VersionRollingOut";
+    /// A Kubernetes rollout's last step, the bootstrap manifests synced to the workload cluster
+    /// server-side, failed (ADR 0070); retried, the message says why.
+    pub const MANIFESTS_NOT_SYNCED: &str = "ManifestsNotSynced";
+    /// The bootstrap manifests were synced to the workload cluster: a Kubernetes rollout ended.
+    pub const MANIFESTS_SYNCED: &str = "ManifestsSynced";
     /// Every machine runs the config rendered for it.
     pub const CONFIG_CURRENT: &str = "ConfigCurrent";
     /// The TalosCluster is being deleted: its machines are removed, workers first.

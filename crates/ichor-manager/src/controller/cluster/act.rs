@@ -23,6 +23,7 @@ use kube::ResourceExt as _;
 use kube::api::Api;
 use kube::runtime::events::EventType;
 
+use super::manifests::Synced;
 use super::plan::{self, File, Held, Tally};
 use crate::infra::status::{self, Guard};
 use crate::renewal::{self, Why};
@@ -248,6 +249,7 @@ pub(super) fn record_readiness(
     status: &mut TalosClusterStatus,
     machines: &[TalosMachine],
     tally: &Tally,
+    synced: Option<&Synced>,
 ) {
     let generation = cluster.metadata.generation;
     let (current, reason, message) = crate::drift::rolled_out(
@@ -263,7 +265,7 @@ pub(super) fn record_readiness(
         generation,
         &ctx.now(),
     );
-    let (current, reason, message) = record_versions(cluster, status, machines, current);
+    let (current, reason, message) = record_versions(cluster, status, machines, current, synced);
     cond::set(
         &mut status.conditions,
         conditions::VERSION_ROLLED_OUT,
@@ -298,6 +300,7 @@ fn record_versions(
     status: &mut TalosClusterStatus,
     machines: &[TalosMachine],
     configs_current: bool,
+    synced: Option<&Synced>,
 ) -> (bool, &'static str, String) {
     let namespace = cluster.namespace().unwrap_or_default();
     let name = cluster.name_any();
@@ -315,7 +318,13 @@ fn record_versions(
             oldest_talos: ichor_api::versions::oldest_running(machines, &namespace, &name)
                 .map(|(_, version)| version),
             kubernetes_rolled_out: configs_current
-                && step.is_none_or(|s| s == kubernetes_steps::Step::Manifests),
+                && match step {
+                    None => true,
+                    Some(kubernetes_steps::Step::Manifests) => {
+                        matches!(synced, Some(Synced::Done(_)))
+                    }
+                    Some(_) => false,
+                },
         },
     );
     status.core.accepted_versions.clone_from(&outcome.accepted);
@@ -327,6 +336,14 @@ fn record_versions(
     rollout.kubernetes_step = step.map(|s| s.to_string());
     // A Kubernetes rollout still stepping is not rolled out, whatever Talos says.
     let condition = match (&condition, &rollout.kubernetes_step, &outcome.accepted) {
+        ((true, _, _), Some(_), Some(accepted)) if let Some(Synced::Failed(why)) = synced => (
+            false,
+            reasons::MANIFESTS_NOT_SYNCED,
+            format!(
+                "Kubernetes {} runs on every node; syncing the bootstrap manifests to the workload cluster failed, tried again: {why}",
+                accepted.kubernetes_version
+            ),
+        ),
         ((true, _, _), Some(step), Some(accepted)) => (
             false,
             reasons::VERSION_ROLLING_OUT,
@@ -341,9 +358,30 @@ fn record_versions(
     accepted::rollout_condition(&outcome, condition)
 }
 
+/// The Events of the versions' rollout: a refusal (ADR 0069), and the bootstrap manifests
+/// synced at the end of a Kubernetes rollout (ADR 0070; a failure is in `VersionRolledOut`).
+pub(super) async fn announce_versions(
+    ctx: &Context,
+    cluster: &TalosCluster,
+    status: &TalosClusterStatus,
+    synced: Option<&Synced>,
+) {
+    announce_refusal(ctx, cluster, status).await;
+    if let Some(Synced::Done(count)) = synced {
+        ctx.event(
+            cluster,
+            EventType::Normal,
+            reasons::MANIFESTS_SYNCED,
+            actions::UPGRADE,
+            format!("the bootstrap manifests were synced to the workload cluster ({count} objects)"),
+        )
+        .await;
+    }
+}
+
 /// A Warning Event when the manager refuses the declared versions (ADR 0069): once, when the
 /// refusal first shows or says something else.
-pub(super) async fn announce_refusal(
+async fn announce_refusal(
     ctx: &Context,
     cluster: &TalosCluster,
     status: &TalosClusterStatus,

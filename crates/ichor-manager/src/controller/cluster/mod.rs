@@ -33,6 +33,7 @@ use restore::Gate;
 
 mod act;
 pub mod adoption;
+mod manifests;
 pub mod approval;
 pub mod discovery;
 mod observe;
@@ -103,15 +104,23 @@ async fn reconcile_inner(cluster: &TalosCluster, ctx: &Context) -> Result<Action
     let tally = Tally::of(cluster.spec.control_plane.count, &machines);
     act::record_counts(ctx, cluster, &mut status, &tally);
     let mut renew_in = None;
+    let mut synced = None;
     if let Some(bundle) = &bundle {
         adoption::adopt(ctx, cluster, &mut status, bundle).await?;
         renew_in =
             publish_and_bootstrap(ctx, cluster, &mut status, &machines, bundle, &mut deferred)
                 .await?;
+        // A Kubernetes rollout's last step (ADR 0070).
+        synced = deferred
+            .keep(
+                "the bootstrap manifests",
+                manifests::sync_when_due(ctx, cluster, &status, &machines, bundle).await,
+            )
+            .flatten();
     }
-    act::record_readiness(ctx, cluster, &mut status, &machines, &tally);
+    act::record_readiness(ctx, cluster, &mut status, &machines, &tally, synced.as_ref());
     act::write_status(ctx, cluster, &status).await?;
-    act::announce_refusal(ctx, cluster, &status).await;
+    act::announce_versions(ctx, cluster, &status, synced.as_ref()).await;
     // Node deletes force removals handed over while the workload API did not answer (ADR 0021).
     let nodes_pending = deferred
         .keep(
@@ -129,7 +138,10 @@ async fn reconcile_inner(cluster: &TalosCluster, ctx: &Context) -> Result<Action
         cond::is_true(&status.conditions, conditions::BOOTSTRAPPED),
         tombstoned,
     );
-    let due = [next_sweep, renew_in].into_iter().flatten().min();
+    // A sync that failed is tried again soon.
+    let retry = matches!(synced, Some(manifests::Synced::Failed(_)))
+        .then_some(ctx.settings.progress_requeue);
+    let due = [next_sweep, renew_in, retry].into_iter().flatten().min();
     deferred.into_result()?;
     Ok(Action::requeue(plan::requeue_after(
         &ctx.settings,
