@@ -31,7 +31,7 @@ pub(crate) mod plan;
 pub mod removal;
 mod upgrade;
 
-pub(crate) use act::{forget_config, patch_status, record_hash};
+pub(crate) use act::{forget_config, patch_status};
 pub use drift::drift_holder;
 pub use pacing::Looks;
 pub(crate) use pacing::lock;
