@@ -425,7 +425,7 @@ async fn follow(
         view,
         role,
     };
-    let upgraded = config_still && upgrade_step(ctx, &here, node, &mut status).await?;
+    let upgraded = upgrade_step(ctx, &here, node, &mut status, config_still).await?;
     let at = Stand {
         role,
         view,
@@ -518,13 +518,15 @@ struct Node<'a> {
     role: Role,
 }
 
-/// Moves the machine's upgrade on (`upgrade::advance`) unless a drift reboot is in flight;
-/// whether its turn ended.
+/// Moves the machine's upgrade on (`upgrade::advance`) unless its changed config rolls out
+/// first (`config_still` false, or a drift reboot in flight), which its `UpToDate` then says
+/// when an upgrade is due after it; whether its turn ended.
 async fn upgrade_step(
     ctx: &Context,
     look: &Look<'_>,
     node: Node<'_>,
     status: &mut TalosMachineStatus,
+    config_still: bool,
 ) -> Result<bool, Error> {
     let Look {
         machine,
@@ -532,9 +534,6 @@ async fn upgrade_step(
         rendered,
         reach,
     } = *look;
-    if status.drift.reboot.is_some() {
-        return Ok(false);
-    }
     let healthy = node.view.is_some_and(|v| {
         v.stage == ichor_talos::Stage::Running
             && (node.role == Role::Worker || matches!(v.etcd, crate::etcd::Etcd::Voter(_)))
@@ -551,6 +550,10 @@ async fn upgrade_step(
         bundle: reach.bundle,
         sources: reach.sources,
     };
+    if !config_still || status.drift.reboot.is_some() {
+        upgrade::behind_config(ctx, &u, status).await?;
+        return Ok(false);
+    }
     upgrade::advance(ctx, &u, status).await
 }
 
