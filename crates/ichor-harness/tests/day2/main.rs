@@ -18,7 +18,8 @@
 //!   address that is not reset (ADR 0052);
 //! - `random`: a seeded random sequence;
 //! - `versions`: a declared Talos version rolled out one node at a time, a rollback that stops
-//!   it, a GitOps revert (ADR 0068).
+//!   it, a GitOps revert (ADR 0068); a class's schematic that reaches only the class's machines
+//!   (ADR 0067).
 //!
 //! A monitor watches etcd quorum (and how many nodes are down) every few milliseconds
 //! throughout. The helpers more than one module uses are here; the others live with their specs.
