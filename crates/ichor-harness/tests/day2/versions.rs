@@ -3,7 +3,9 @@
 //! a node that comes back on its old version stops the rollout there; a revert, as a GitOps
 //! revert makes, rolls out like any change; an extension added to the cluster's schematic
 //! upgrades every node to the same version with the new installer, registered with the Image
-//! Factory first (ADR 0067); a class's schematic upgrades only the machines the class approved.
+//! Factory first (ADR 0067); a class's schematic upgrades only the machines the class approved;
+//! a declared upgrade whose drain a PodDisruptionBudget blocks stops there, no node upgraded or
+//! rebooted meanwhile, and goes on once the budget allows it (ADR 0066).
 
 use std::time::Duration;
 
@@ -17,11 +19,14 @@ use ichor_render::schematic::EMPTY_ID;
 use ichor_sim::Fault;
 use ichor_testenv::nets::DAY2_VERSIONS;
 use ichor_testenv::wait::try_eventually;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::ResourceExt as _;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 use crate::support::cluster::{CLUSTER, Monitor, ready_target, state_summary};
+use crate::{budget, node_name, pod_on, set_drain, unschedulable};
 
 /// Declares `version` on the cluster, as a person (or Git) does; returns the generation the
 /// spec is at then.
@@ -564,4 +569,174 @@ async fn a_class_schematic_reaches_only_the_class_machines() {
         machines_before,
         "the machines'"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_declared_upgrade_that_a_budget_blocks_waits_at_the_drain_until_the_budget_allows_it() {
+    let target = ready_target(SimOptions::new(3, DAY2_VERSIONS.net(3), "v1.14.1"), 1, 1, 2).await;
+    let endpoints = target.node_endpoints();
+    let workload = specs::workload_client(&target, CLUSTER)
+        .await
+        .expect("workload");
+    let nodes: Api<Node> = Api::all(workload.clone());
+    set_drain(&target, json!({"timeout": "10s"})).await;
+    // The control plane goes first, then the workers by name: the first worker's Node holds a
+    // pod whose budget allows no disruption.
+    let mut workers = Vec::new();
+    for (i, address) in endpoints.iter().enumerate().skip(1) {
+        let machine = specs::machine_at(&target, address).await.expect("machine");
+        workers.push((machine.name_any(), i));
+    }
+    workers.sort();
+    let [(blocked, b), (queued, q)] = [workers[0].clone(), workers[1].clone()];
+    let blocked_node = node_name(&target, &endpoints[b]).await;
+    pod_on(&workload, "pinned", &blocked_node, json!({"app": "pinned"})).await;
+    budget(&workload, "pinned", 1, 1, 0).await;
+    let (upgrades, reboots) = (calls(&target, "Upgrade"), calls(&target, "Reboot"));
+
+    let declared = declare(&target, "v1.14.2").await;
+    // The drain times out: `Drained` names the pod and the budget, and so does `UpToDate`.
+    let (_, _, message) =
+        try_eventually("the drain timed out", Duration::from_secs(180), || async {
+            specs::machine_condition(&target, &endpoints[b], conditions::DRAINED)
+                .await
+                .filter(|(holds, reason, _)| !holds && reason == reasons::DRAIN_TIMED_OUT)
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", state_summary(&target)));
+    assert!(
+        message.contains("default/pinned (PodDisruptionBudget pinned)"),
+        "{message}"
+    );
+    // Both workers were looked at since: the blocked one waits at its drain, the other for its
+    // turn behind it.
+    try_eventually("the workers wait", Duration::from_secs(60), || async {
+        let conditions = up_to_date(&target).await;
+        let reason = |name: &str| {
+            conditions
+                .iter()
+                .find(|(n, s, ..)| n == name && *s == ConditionStatus::False)
+                .map(|(_, _, r, m)| (r.clone(), m.clone()))
+        };
+        match (reason(&blocked), reason(&queued)) {
+            (Some((at_drain, why)), Some((waits, behind)))
+                if at_drain == reasons::DRAIN_TIMED_OUT
+                    && why.contains("PodDisruptionBudget pinned")
+                    && waits == reasons::UPGRADE_QUEUED
+                    && behind.contains(&blocked) =>
+            {
+                Ok(())
+            }
+            _ => Err(format!("{conditions:?}")),
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", state_summary(&target)));
+    let stopped_upgrades = calls(&target, "Upgrade");
+    let stopped_reboots = calls(&target, "Reboot");
+    // The worker behind it was looked at once the blocked one became next (its message names
+    // it), and waits to be woken when that turn ends. The blocked one is looked at again while
+    // it waits (its evictions retried): its node asked again, twice, then nothing was sent to
+    // any node meanwhile.
+    let looked = (
+        target.nodes()[b].rpcs(),
+        target
+            .manager_reconciles("TalosMachine")
+            .await
+            .expect("metrics"),
+    );
+    try_eventually(
+        "the manager looked again",
+        Duration::from_secs(90),
+        || async {
+            let rpcs = target.nodes()[b].rpcs();
+            let reconciles = target
+                .manager_reconciles("TalosMachine")
+                .await
+                .map_err(|e| e.to_string())?;
+            if rpcs >= looked.0 + 2 && reconciles >= looked.1 + 6 {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{rpcs} Talos calls, {reconciles} reconciles since {looked:?}"
+                ))
+            }
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", state_summary(&target)));
+    assert_eq!(
+        calls(&target, "Upgrade"),
+        stopped_upgrades,
+        "no upgrade while blocked"
+    );
+    assert_eq!(
+        calls(&target, "Reboot"),
+        stopped_reboots,
+        "no reboot while blocked"
+    );
+    for i in [b, q] {
+        assert_eq!(
+            stopped_upgrades[i], upgrades[i],
+            "node {i} was not upgraded"
+        );
+        assert_eq!(stopped_reboots[i], reboots[i], "node {i} did not reboot");
+        assert_eq!(target.nodes()[i].talos_version(), "v1.14.1");
+    }
+    assert!(unschedulable(&nodes, &blocked_node).await, "cordoned");
+    let pods: Api<Pod> = Api::namespaced(workload.clone(), "default");
+    assert!(pods.get_opt("pinned").await.expect("get").is_some(), "kept");
+    // The cluster says the rollout is not done: the control plane up to date, no upgrade sent
+    // to a worker.
+    rollout_reads(&target, "1/3", false).await;
+    let status = Api::<ichor_api::TalosCluster>::namespaced(target.client(), target.namespace())
+        .get(CLUSTER)
+        .await
+        .expect("cluster")
+        .status
+        .expect("status");
+    let rolled = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == conditions::VERSION_ROLLED_OUT)
+        .expect("VersionRolledOut");
+    assert_eq!(rolled.reason, reasons::VERSION_ROLLING_OUT, "{rolled:?}");
+    assert_eq!(
+        status.core.rollout.and_then(|r| r.in_flight),
+        None,
+        "no upgrade recorded while the drain waits"
+    );
+
+    // The budget goes: the pod is evicted, and the rollout completes.
+    Api::<PodDisruptionBudget>::namespaced(workload.clone(), "default")
+        .delete("pinned", &Default::default())
+        .await
+        .expect("budget deleted");
+    rolled_out(&target, "v1.14.2", Duration::from_secs(240)).await;
+    for (i, node) in target.nodes().iter().enumerate() {
+        assert_eq!(
+            node.calls("Upgrade") - upgrades[i],
+            1,
+            "node {i} upgraded once"
+        );
+    }
+    assert!(
+        pods.get_opt("pinned").await.expect("get").is_none(),
+        "evicted"
+    );
+    for address in &endpoints {
+        let name = node_name(&target, address).await;
+        assert!(!unschedulable(&nodes, &name).await, "{name} uncordoned");
+        assert_eq!(
+            specs::machine_condition(&target, address, conditions::DRAINED).await,
+            None,
+            "{name}"
+        );
+    }
+    assert_eq!(
+        generation(&target).await,
+        declared,
+        "no controller wrote the spec"
+    );
+    rollout_reads(&target, "3/3", true).await;
 }
