@@ -81,7 +81,7 @@ pub const E2E: Nets = Nets::new(70, 7);
 /// `ichor-harness/tests/day2/`: a block per spec.
 pub const DAY2: Nets = Nets::new(77, 13);
 /// `ichor-harness/tests/day2/versions.rs`: a block per spec.
-pub const DAY2_VERSIONS: Nets = Nets::new(221, 2);
+pub const DAY2_VERSIONS: Nets = Nets::new(221, 4);
 /// `ichor-harness/tests/day2/unguarded.rs`.
 pub const DAY2_UNGUARDED: Nets = Nets::new(245, 1);
 /// `ichor-harness/tests/day2/kubelet.rs`.

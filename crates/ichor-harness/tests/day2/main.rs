@@ -18,7 +18,9 @@
 //!   address that is not reset (ADR 0052);
 //! - `random`: a seeded random sequence;
 //! - `versions`: a declared Talos version rolled out one node at a time, a rollback that stops
-//!   it, a GitOps revert (ADR 0068);
+//!   it, a GitOps revert (ADR 0068); a class's schematic that reaches only the class's machines
+//!   (ADR 0067); a declared upgrade that a PodDisruptionBudget stops at its drain until the
+//!   budget allows it (ADR 0066);
 //! - `unguarded`: a version change past a missing webhook, refused by the manager (ADR 0069);
 //! - `kubelet`: a Node's reported kubelet version follows its node's kubelet image, as a real
 //!   kubelet restarted with a new image reports.
@@ -34,8 +36,11 @@ use ichor_api::operation::OperationPhase;
 use ichor_harness::specs;
 use ichor_harness::{SimTarget, Target};
 use ichor_testenv::wait::try_eventually;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::ResourceExt as _;
-use kube::api::Api;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use serde_json::json;
 
 #[path = "../support/mod.rs"]
 mod support;
@@ -51,7 +56,7 @@ mod teardown;
 mod unguarded;
 mod versions;
 
-use support::cluster::state_summary;
+use support::cluster::{CLUSTER, state_summary};
 
 /// The reason of the `RemovalApproved` condition of the machine at `address`.
 async fn removal_reason(target: &SimTarget, address: &str) -> Option<String> {
@@ -132,4 +137,89 @@ async fn operation_at(
     })
     .await
     .unwrap_or_else(|e| panic!("{e}\n{}", state_summary(target)))
+}
+
+/// The Node name of the machine at `address`.
+async fn node_name(target: &ichor_harness::SimTarget, address: &str) -> String {
+    specs::machine_at(target, address)
+        .await
+        .expect("machine")
+        .status
+        .and_then(|s| s.lifecycle.node_name)
+        .expect("node name")
+}
+
+/// Whether Node `name` is cordoned.
+async fn unschedulable(nodes: &Api<Node>, name: &str) -> bool {
+    nodes
+        .get(name)
+        .await
+        .expect("Node")
+        .spec
+        .and_then(|s| s.unschedulable)
+        .unwrap_or(false)
+}
+
+/// Creates pod `name` in `default` on Node `node`, with `labels`.
+async fn pod_on(workload: &kube::Client, name: &str, node: &str, labels: serde_json::Value) {
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"nodeName": node, "containers": [{"name": "app", "image": "registry.invalid/app:1"}]}
+    }))
+    .expect("pod");
+    Api::<Pod>::namespaced(workload.clone(), "default")
+        .create(&PostParams::default(), &pod)
+        .await
+        .expect("create pod");
+}
+
+/// Creates a budget `name` in `default` over the pods labelled `app: <name>`, keeping
+/// `min_available` of them, once it counts `healthy` pods and allows `allowed` disruptions.
+async fn budget(
+    workload: &kube::Client,
+    name: &str,
+    min_available: i32,
+    healthy: i32,
+    allowed: i32,
+) {
+    let budget: PodDisruptionBudget = serde_json::from_value(json!({
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+        "metadata": {"name": name},
+        "spec": {"minAvailable": min_available, "selector": {"matchLabels": {"app": name}}},
+    }))
+    .expect("budget");
+    let budgets: Api<PodDisruptionBudget> = Api::namespaced(workload.clone(), "default");
+    budgets
+        .create(&PostParams::default(), &budget)
+        .await
+        .expect("create budget");
+    try_eventually(
+        "the budget to count the pods healthy",
+        Duration::from_secs(60),
+        || async {
+            budgets
+                .get(name)
+                .await
+                .ok()
+                .and_then(|b| b.status)
+                .is_some_and(|s| {
+                    s.current_healthy == Some(healthy) && s.disruptions_allowed == Some(allowed)
+                })
+        },
+    )
+    .await
+    .expect("budget in force");
+}
+
+/// Patches the cluster's `spec.drain` with `drain`.
+async fn set_drain(target: &ichor_harness::SimTarget, drain: serde_json::Value) {
+    Api::<ichor_api::TalosCluster>::namespaced(target.client(), target.namespace())
+        .patch(
+            CLUSTER,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"drain": drain}})),
+        )
+        .await
+        .expect("spec.drain");
 }

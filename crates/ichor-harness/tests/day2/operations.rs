@@ -19,14 +19,13 @@ use ichor_sim::Stage;
 use ichor_testenv::nets::DAY2;
 use ichor_testenv::wait::try_eventually;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::ResourceExt;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
 use crate::support::cluster::{CLUSTER, Monitor, etcd_members, ready_target, state_summary};
-use crate::{operation_at, refused};
+use crate::{budget, node_name, operation_at, pod_on, refused, set_drain, unschedulable};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operations_go_one_node_at_a_time_and_versions_are_declared_not_operated() {
@@ -441,16 +440,6 @@ async fn a_reset_is_checked_at_the_door_and_stops_at_the_declared_count() {
     target.down().await;
 }
 
-/// The Node name of the machine at `address`.
-async fn node_name(target: &ichor_harness::SimTarget, address: &str) -> String {
-    specs::machine_at(target, address)
-        .await
-        .expect("machine")
-        .status
-        .and_then(|s| s.lifecycle.node_name)
-        .expect("node name")
-}
-
 /// The drain record of the machine at `address`.
 async fn drain_record(
     target: &ichor_harness::SimTarget,
@@ -461,81 +450,6 @@ async fn drain_record(
         .expect("machine")
         .status
         .and_then(|s| s.drain.record)
-}
-
-/// Whether Node `name` is cordoned.
-async fn unschedulable(nodes: &Api<Node>, name: &str) -> bool {
-    nodes
-        .get(name)
-        .await
-        .expect("Node")
-        .spec
-        .and_then(|s| s.unschedulable)
-        .unwrap_or(false)
-}
-
-/// Creates pod `name` in `default` on Node `node`, with `labels`.
-async fn pod_on(workload: &kube::Client, name: &str, node: &str, labels: serde_json::Value) {
-    let pod: Pod = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "labels": labels},
-        "spec": {"nodeName": node, "containers": [{"name": "app", "image": "registry.invalid/app:1"}]}
-    }))
-    .expect("pod");
-    Api::<Pod>::namespaced(workload.clone(), "default")
-        .create(&PostParams::default(), &pod)
-        .await
-        .expect("create pod");
-}
-
-/// Creates a budget `name` in `default` over the pods labelled `app: <name>`, keeping
-/// `min_available` of them, once it counts `healthy` pods and allows `allowed` disruptions.
-async fn budget(
-    workload: &kube::Client,
-    name: &str,
-    min_available: i32,
-    healthy: i32,
-    allowed: i32,
-) {
-    let budget: PodDisruptionBudget = serde_json::from_value(json!({
-        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
-        "metadata": {"name": name},
-        "spec": {"minAvailable": min_available, "selector": {"matchLabels": {"app": name}}},
-    }))
-    .expect("budget");
-    let budgets: Api<PodDisruptionBudget> = Api::namespaced(workload.clone(), "default");
-    budgets
-        .create(&PostParams::default(), &budget)
-        .await
-        .expect("create budget");
-    try_eventually(
-        "the budget to count the pods healthy",
-        Duration::from_secs(60),
-        || async {
-            budgets
-                .get(name)
-                .await
-                .ok()
-                .and_then(|b| b.status)
-                .is_some_and(|s| {
-                    s.current_healthy == Some(healthy) && s.disruptions_allowed == Some(allowed)
-                })
-        },
-    )
-    .await
-    .expect("budget in force");
-}
-
-/// Patches the cluster's `spec.drain` with `drain`.
-async fn set_drain(target: &ichor_harness::SimTarget, drain: serde_json::Value) {
-    Api::<ichor_api::TalosCluster>::namespaced(target.client(), target.namespace())
-        .patch(
-            CLUSTER,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"drain": drain}})),
-        )
-        .await
-        .expect("spec.drain");
 }
 
 /// A reboot of cp-2, whose pod a budget allowing nothing holds: at the drain's timeout it waits

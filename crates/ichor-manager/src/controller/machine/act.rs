@@ -254,20 +254,6 @@ pub(super) async fn record_unreachable(
     Ok(Action::requeue(ctx.settings.progress_requeue))
 }
 
-/// Records `rendered` as applied (an operation applied it): the config in the machine's
-/// applied-config Secret, then its hash.
-pub(crate) async fn record_hash(
-    ctx: &Context,
-    machine: &TalosMachine,
-    rendered: &Rendered,
-) -> Result<(), Error> {
-    store_applied(ctx, machine, &rendered.yaml).await?;
-    patch_status::<MachineApplied>(ctx, machine, |s| {
-        s.applied.config_hash = Some(rendered.hash.clone());
-    })
-    .await
-}
-
 /// Changes the machine's status as stored (read fresh) with `change`, and applies group `G` of
 /// it, checked against the version read: retried on a fresh copy when another write came first.
 pub(crate) async fn patch_status<G: Group<TalosMachineStatus>>(

@@ -32,7 +32,7 @@ pub(crate) mod plan;
 pub mod removal;
 mod upgrade;
 
-pub(crate) use act::{forget_config, patch_status, record_hash};
+pub(crate) use act::{forget_config, patch_status};
 pub use drift::drift_holder;
 pub use pacing::Looks;
 pub(crate) use pacing::lock;
@@ -427,7 +427,7 @@ async fn follow(
         view,
         role,
     };
-    let upgraded = config_still && upgrade_step(ctx, &here, node, &mut status).await?;
+    let upgraded = upgrade_step(ctx, &here, node, &mut status, config_still).await?;
     // Where a Kubernetes rollout stands on this node (ADR 0070): looked at again soon while the
     // rollout waits on it.
     let stepping_here =
@@ -529,13 +529,15 @@ struct Node<'a> {
     role: Role,
 }
 
-/// Moves the machine's upgrade on (`upgrade::advance`) unless a drift reboot is in flight;
-/// whether its turn ended.
+/// Moves the machine's upgrade on (`upgrade::advance`) unless its changed config rolls out
+/// first (`config_still` false, or a drift reboot in flight), which its `UpToDate` then says
+/// when an upgrade is due after it; whether its turn ended.
 async fn upgrade_step(
     ctx: &Context,
     look: &Look<'_>,
     node: Node<'_>,
     status: &mut TalosMachineStatus,
+    config_still: bool,
 ) -> Result<bool, Error> {
     let Look {
         machine,
@@ -543,9 +545,6 @@ async fn upgrade_step(
         rendered,
         reach,
     } = *look;
-    if status.drift.reboot.is_some() {
-        return Ok(false);
-    }
     let healthy = node.view.is_some_and(|v| {
         v.stage == ichor_talos::Stage::Running
             && (node.role == Role::Worker || matches!(v.etcd, crate::etcd::Etcd::Voter(_)))
@@ -562,6 +561,10 @@ async fn upgrade_step(
         bundle: reach.bundle,
         sources: reach.sources,
     };
+    if !config_still || status.drift.reboot.is_some() {
+        upgrade::behind_config(ctx, &u, status).await?;
+        return Ok(false);
+    }
     upgrade::advance(ctx, &u, status).await
 }
 

@@ -5,16 +5,15 @@
 use ichor_api::common::Role;
 use ichor_api::names::{actions, conditions, reasons};
 use ichor_api::operation::{
-    NodeProgress, NodeStep, OperationAction, OperationBackup, OperationPhase, OperationRun,
-    TalosOperation, TalosOperationStatus,
+    NodeStep, OperationBackup, OperationPhase, OperationRun, TalosOperation, TalosOperationStatus,
 };
 use ichor_api::{TalosCluster, TalosMachine};
-use ichor_talos::{ApplyMode, ResetOptions, TalosClient};
+use ichor_talos::{ResetOptions, TalosClient};
 use kube::ResourceExt as _;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 
-use super::plan::{self, Verdict, image_version, progress};
+use super::plan::{self, Run, Verdict, progress};
 use super::{Node, api, holder};
 use crate::infra::status::{self, Guard};
 use crate::{Context, Error, Stop, infra::conditions as cond, lock, workload};
@@ -197,7 +196,7 @@ impl Node<'_> {
         }
     }
 
-    /// Before a reboot, an upgrade or a reset: the Node cordoned and drained for `purpose`
+    /// Before a reboot or a reset: the Node cordoned and drained for `purpose`
     /// (ADR 0066). `Ok` says how that went; `Err` what the disruption waits for (pods leaving,
     /// a budget, the timeout run out, the workload API).
     pub(super) async fn drain_node(&self, purpose: String) -> Result<Result<String, Stop>, Error> {
@@ -211,7 +210,7 @@ impl Node<'_> {
         disruption.drain_or_wait().await
     }
 
-    /// Once the node is back and verified after a reboot or an upgrade: its Node uncordoned if
+    /// Once the node is back and verified after a reboot: its Node uncordoned if
     /// Ichor cordoned it, and the drain record cleared. `Err` says what that waits for.
     pub(super) async fn lift_cordon(&self) -> Result<Result<String, Stop>, Error> {
         let outcome =
@@ -221,8 +220,8 @@ impl Node<'_> {
 
     /// Sends the action (looking first for its effect, after a restart). `Some` stops here.
     pub(super) async fn send(&self, step: &mut NodeStep) -> Result<Option<Verdict>, Error> {
-        let action = self.operation.spec.action;
-        if action == OperationAction::Reset
+        let action = self.action;
+        if action == Run::Reset
             && crate::in_maintenance(&self.address, self.ctx.settings.sweep)
                 .await
                 .is_some()
@@ -251,12 +250,11 @@ impl Node<'_> {
             }
         }
         let sent = match action {
-            OperationAction::Reboot => {
+            Run::Reboot => {
                 self.forfeit_leadership(&client).await;
                 client.reboot().await
             }
-            OperationAction::Upgrade => return self.send_upgrade(&client, step).await,
-            OperationAction::Reset => {
+            Run::Reset => {
                 client
                     .reset(ResetOptions {
                         graceful: true,
@@ -264,9 +262,8 @@ impl Node<'_> {
                     })
                     .await
             }
-            OperationAction::EtcdSnapshot => return self.back_up(step).await.map(Some),
-            OperationAction::EtcdDefrag => client.etcd_defragment().await,
-            OperationAction::UpgradeKubernetes => return self.send_kubernetes(&client, step).await,
+            Run::EtcdSnapshot => return self.back_up(step).await.map(Some),
+            Run::EtcdDefrag => client.etcd_defragment().await,
         };
         Ok(plan::answered(action, step, sent))
     }
@@ -276,81 +273,6 @@ impl Node<'_> {
         if self.role == Role::ControlPlane {
             let _ = client.etcd_forfeit_leadership().await;
         }
-    }
-
-    /// Sends an upgrade (the image pulled, installed, then the reboot), unless the node already
-    /// runs the image's version: then it was sent before a restart and went down since.
-    async fn send_upgrade(
-        &self,
-        client: &TalosClient,
-        step: &mut NodeStep,
-    ) -> Result<Option<Verdict>, Error> {
-        let image = plan::upgrade_image(self.operation);
-        let running = client.version().await.ok();
-        if plan::upgraded_already(
-            image_version(&image).as_deref(),
-            running.as_deref(),
-            step.version_before.as_deref(),
-        ) {
-            // Sent before a restart and already done.
-            let now = self.ctx.now();
-            step.progress = NodeProgress::WentDown {
-                sent_at: now.clone(),
-                down_at: now,
-            };
-            return Ok(None);
-        }
-        self.forfeit_leadership(client).await;
-        // The lifecycle upgrade installs to disk and does not reboot: the reboot is a
-        // separate call, as talosctl makes it (talos-facts §10.9).
-        let sent = match client.pull_image(&image).await {
-            Ok(_) => match client.upgrade(&image).await {
-                Ok(()) => client.reboot().await,
-                Err(error) => Err(error),
-            },
-            Err(error) => Err(error),
-        };
-        Ok(plan::answered(OperationAction::Upgrade, step, sent))
-    }
-
-    /// Sends a Kubernetes upgrade: the machine's config, rendered for the cluster's (new)
-    /// version, applied without a reboot, and its hash recorded.
-    async fn send_kubernetes(
-        &self,
-        client: &TalosClient,
-        step: &mut NodeStep,
-    ) -> Result<Option<Verdict>, Error> {
-        let sources = self.ctx.layers.sources().await?;
-        let rendered = match crate::controller::machine::render_for(
-            self.cluster,
-            self.machine,
-            self.role,
-            &sources,
-            self.bundle,
-        ) {
-            Ok(r) => r,
-            Err(problem) => {
-                return Ok(Some(Verdict::fail(
-                    reasons::INVALID_PATCH,
-                    format!("the config cannot be rendered: {problem}"),
-                )));
-            }
-        };
-        let sent = match client
-            .apply_configuration(rendered.yaml.as_bytes(), ApplyMode::NoReboot)
-            .await
-        {
-            Ok(_) => {
-                crate::controller::machine::record_hash(self.ctx, self.machine, &rendered).await?;
-                Ok(())
-            }
-            Err(error) => Err(error),
-        };
-        Ok(plan::answered(
-            OperationAction::UpgradeKubernetes,
-            step,
-            sent,
-        ))
     }
 
     /// Backs the cluster's etcd up from this control plane to `spec.backup` (the backup

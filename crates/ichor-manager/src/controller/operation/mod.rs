@@ -4,12 +4,12 @@
 //! is sent, so a restarted manager looks for the action's effect instead of sending it blindly;
 //! each reconcile goes on from the operation as stored, never from the controller's cached copy,
 //! which can be behind those records (ADR 0055).
-//! After an upgrade the running version is verified: a node back on its old version fails the
-//! operation, which is never retried. A reboot, an upgrade, a reset or a Kubernetes upgrade goes
-//! to a node only once it reported the machine's SMBIOS UUID; another machine at the address
-//! fails the operation (ADR 0052). Before a reboot, an upgrade or a reset the node's Node is
-//! cordoned and drained (`crate::drain`, ADR 0066), and after a reboot or an upgrade it is
-//! uncordoned once the node is verified.
+//! Versions are declared (ADR 0068): an `upgrade` or `upgradeKubernetes` operation, which the
+//! CRD refuses now, ends before it starts (`VersionsDeclared`), touching nothing. A reboot or a
+//! reset goes to a node only once it reported the machine's SMBIOS UUID; another machine at
+//! the address fails the operation (ADR 0052). Before a reboot or a reset the node's Node is
+//! cordoned and drained (`crate::drain`, ADR 0066), and after a reboot it is uncordoned once
+//! the node is verified.
 //!
 //! What the reconcile reads is `observe`'s, what it decides `plan`'s, what it writes or sends
 //! `act`'s; this module runs them in order, for the operation and then for its next node.
@@ -21,7 +21,7 @@ use ichor_api::cluster::LockHolder;
 use ichor_api::common::Role;
 use ichor_api::names::{controllers, reasons};
 use ichor_api::operation::{
-    NodeProgress, NodeStep, OperationAction, OperationPhase, TalosOperation, TalosOperationStatus,
+    NodeProgress, NodeStep, OperationPhase, TalosOperation, TalosOperationStatus,
 };
 use ichor_api::{TalosCluster, TalosMachine};
 use ichor_deleteguard::Stage as PlanStage;
@@ -32,16 +32,15 @@ use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
 
 use crate::{Context, Error, Stop, secrets, workload};
-use plan::Verdict;
+use plan::{Run, Verdict};
 
 mod act;
 mod observe;
 mod plan;
 
 pub use observe::NotHealthy;
-pub use plan::image_version;
 
-/// How long a node may take to go down after a reboot or an upgrade was sent, and to come back.
+/// How long a node may take to go down after a reboot was sent, and to come back.
 pub(crate) const NODE_PATIENCE: Duration = Duration::from_secs(300);
 
 /// The lock holder of an operation.
@@ -83,10 +82,10 @@ async fn reconcile_inner(cached: &TalosOperation, ctx: &Context) -> Result<Actio
     // Safety rule (ADR 0055): a disruptive action is sent on the operation's status as stored,
     // never on the controller's cached copy. That copy can be a write or two behind this
     // manager's own status writes (the intent, then the action recorded sent): a step it still
-    // shows Intended (or Pending) would be sent again, a second reboot, defragment or
-    // Kubernetes upgrade. Reconciles of one object never overlap, so the one before this has
-    // written all it will; one GET sees it, and everything below (the decision to send, the
-    // statuses written) goes on from it.
+    // shows Intended (or Pending) would be sent again, a second reboot or defragment.
+    // Reconciles of one object never overlap, so the one before this has written all it will;
+    // one GET sees it, and everything below (the decision to send, the statuses written) goes
+    // on from it.
     let Some(stored) = observe::read_stored(ctx, cached).await? else {
         return Ok(Action::await_change());
     };
@@ -96,35 +95,28 @@ async fn reconcile_inner(cached: &TalosOperation, ctx: &Context) -> Result<Actio
         return Ok(Action::await_change());
     }
     // Versions are declared (ADR 0068): an upgrade made an operation before the CRD refused
-    // them ends here, touching nothing.
-    if let Some(message) = plan::declared_instead(operation.spec.action) {
-        return act::end(
-            ctx,
-            operation,
-            None,
-            status,
-            false,
-            reasons::VERSIONS_DECLARED,
-            message.to_owned(),
-        )
-        .await;
-    }
-    let observe::Observed { cluster, machines } =
-        match observe::read_cluster(ctx, operation, &mut status).await? {
-            Ok(observed) => observed,
-            Err(stop) => {
-                return act::end(
-                    ctx,
-                    operation,
-                    None,
-                    status,
-                    false,
-                    stop.reason,
-                    stop.message,
-                )
-                .await;
-            }
-        };
+    // them ends here, touching nothing, as does one whose cluster is not there to act on.
+    let observed = match plan::runnable(operation.spec.action) {
+        Ok(action) => observe::read_cluster(ctx, operation, &mut status)
+            .await?
+            .map(|observed| (action, observed)),
+        Err(stop) => Err(stop),
+    };
+    let (action, observe::Observed { cluster, machines }) = match observed {
+        Ok(observed) => observed,
+        Err(stop) => {
+            return act::end(
+                ctx,
+                operation,
+                None,
+                status,
+                false,
+                stop.reason,
+                stop.message,
+            )
+            .await;
+        }
+    };
     let outcome = act::take_lock(ctx, operation, &status, &cluster, &machines).await?;
     if let Some(reason) = plan::lock_wait(&outcome) {
         let stop = Stop::new(reason, outcome.message());
@@ -138,7 +130,7 @@ async fn reconcile_inner(cached: &TalosOperation, ctx: &Context) -> Result<Actio
             return act::record_wait(ctx, operation, status, OperationPhase::Running, stop).await;
         }
     };
-    run_next(ctx, operation, &cluster, &machines, &bundle, status).await
+    run_next(ctx, operation, action, &cluster, &machines, &bundle, status).await
 }
 
 /// Under the lock: moves the first node not done on by one step, or ends the operation once
@@ -146,13 +138,14 @@ async fn reconcile_inner(cached: &TalosOperation, ctx: &Context) -> Result<Actio
 async fn run_next(
     ctx: &Context,
     operation: &TalosOperation,
+    action: Run,
     cluster: &TalosCluster,
     machines: &[TalosMachine],
     bundle: &ichor_render::SecretsBundle,
     mut status: TalosOperationStatus,
 ) -> Result<Action, Error> {
     let credentials = ctx.node_credentials(cluster, bundle)?;
-    let (index, machine) = match plan::next_node(operation.spec.action, &status, machines) {
+    let (index, machine) = match plan::next_node(action, &status, machines) {
         plan::NextNode::At { index, machine } => (index, machine),
         plan::NextNode::End {
             succeeded,
@@ -175,13 +168,13 @@ async fn run_next(
     let node = Node {
         ctx,
         operation,
+        action,
         cluster,
         machine,
         machines,
         role: machine.spec.role.unwrap_or(Role::Worker),
         address: observe::address(machine),
         credentials,
-        bundle,
     };
     let step = status.run.nodes[index].clone();
     let (step, verdict) = node.advance(step).await?;
@@ -228,13 +221,14 @@ async fn conclude(
 struct Node<'a> {
     ctx: &'a Context,
     operation: &'a TalosOperation,
+    /// The operation's action, one the controller runs.
+    action: Run,
     cluster: &'a TalosCluster,
     machine: &'a TalosMachine,
     machines: &'a [TalosMachine],
     role: Role,
     address: String,
     credentials: Credentials,
-    bundle: &'a ichor_render::SecretsBundle,
 }
 
 impl Node<'_> {
@@ -258,7 +252,7 @@ impl Node<'_> {
     /// Before anything is sent: the planner's check, the node answering, a reset's Node taken
     /// away, then the intent recorded. `Some` stops here.
     async fn prepare(&self, step: &mut NodeStep) -> Result<Option<Verdict>, Error> {
-        let action = self.operation.spec.action;
+        let action = self.action;
         if let Some(verdict) = self.check(step).await? {
             return Ok(Some(verdict));
         }
@@ -269,8 +263,8 @@ impl Node<'_> {
                 format!("{} is not running", self.address),
             )));
         };
-        // Before a reboot, an upgrade or a reset, the Node is cordoned and drained (ADR 0066).
-        let drained = match plan::drain_purpose(self.operation) {
+        // Before a reboot or a reset, the Node is cordoned and drained (ADR 0066).
+        let drained = match plan::drain_purpose(self.operation, action) {
             Some(purpose) => match self.drain_node(purpose).await? {
                 Ok(message) => Some(message),
                 Err(stop) => {
@@ -313,7 +307,7 @@ impl Node<'_> {
     /// cost etcd quorum); the members looked at are recorded on their machines, so this is not
     /// a pure read. `Some` holds or refuses the node.
     async fn check(&self, step: &mut NodeStep) -> Result<Option<Verdict>, Error> {
-        let Some(disruption) = plan::disruption(self.operation) else {
+        let Some(disruption) = plan::disruption(self.operation, self.action) else {
             return Ok(None);
         };
         let verdict = crate::safety::check(
@@ -335,8 +329,7 @@ impl Node<'_> {
 
     /// Sends the intended action and records it sent. `Some` stops here.
     async fn send_recorded(&self, step: &mut NodeStep) -> Result<Option<Verdict>, Error> {
-        // A pull, an upgrade, a defragment or a snapshot may run for minutes: the lock is
-        // renewed meanwhile.
+        // A defragment or a snapshot may run for minutes: the lock is renewed meanwhile.
         let sent = crate::lock::renewed_while(
             self.ctx,
             self.cluster,
@@ -361,21 +354,17 @@ impl Node<'_> {
         progress.clone().verified(self.ctx.now())
     }
 
-    /// After sending: the node goes down (reboot, upgrade, reset) and comes back healthy.
+    /// After sending: the node goes down (reboot, reset) and comes back healthy.
     async fn follow(&self, step: &mut NodeStep) -> Result<Verdict, Error> {
         if step.phase == OperationPhase::Succeeded {
             return Ok(Verdict::Next);
         }
         let since = plan::elapsed_since(step.progress.sent_at(), self.ctx.clock.now());
-        match self.operation.spec.action {
-            OperationAction::Reset => self.follow_reset(step, since).await,
-            OperationAction::Reboot | OperationAction::Upgrade => {
-                self.follow_restart(step, since).await
-            }
-            OperationAction::EtcdDefrag | OperationAction::UpgradeKubernetes => {
-                self.follow_health(step, since).await
-            }
-            OperationAction::EtcdSnapshot => Ok(Verdict::Next),
+        match self.action {
+            Run::Reset => self.follow_reset(step, since).await,
+            Run::Reboot => self.follow_restart(step, since).await,
+            Run::EtcdDefrag => self.follow_health(step, since).await,
+            Run::EtcdSnapshot => Ok(Verdict::Next),
         }
     }
 
@@ -406,10 +395,9 @@ impl Node<'_> {
         Ok(Verdict::Next)
     }
 
-    /// After a reboot or an upgrade: the node is seen going down, then comes back healthy (on
-    /// the upgrade's version).
+    /// After a reboot: the node is seen going down, then comes back healthy.
     async fn follow_restart(&self, step: &mut NodeStep, since: Duration) -> Result<Verdict, Error> {
-        let action = self.operation.spec.action;
+        let action = self.action;
         if !step.progress.went_down() {
             if !self.rebooted_since(step).await {
                 return Ok(plan::not_yet(
@@ -433,16 +421,9 @@ impl Node<'_> {
             }
         };
         step.version_after = Some(version.clone());
-        // Back and healthy: the cordon Ichor put on its Node is lifted (ADR 0066), whatever
-        // the version it came back on.
+        // Back and healthy: the cordon Ichor put on its Node is lifted (ADR 0066).
         if let Err(stop) = self.lift_cordon().await? {
             return Ok(Verdict::Wait(stop));
-        }
-        if action == OperationAction::Upgrade
-            && let Some(verdict) =
-                plan::rolled_back(step, &plan::upgrade_image(self.operation), &version)
-        {
-            return Ok(verdict);
         }
         step.phase = OperationPhase::Succeeded;
         step.progress = self.verified(&step.progress);
@@ -450,9 +431,9 @@ impl Node<'_> {
         Ok(Verdict::Next)
     }
 
-    /// After a defragment or a Kubernetes upgrade: the node answers healthy.
+    /// After a defragment: the node answers healthy.
     async fn follow_health(&self, step: &mut NodeStep, since: Duration) -> Result<Verdict, Error> {
-        let action = self.operation.spec.action;
+        let action = self.action;
         match observe::healthy(&self.address, &self.credentials, self.role).await {
             Ok(version) => {
                 step.version_after = Some(version);

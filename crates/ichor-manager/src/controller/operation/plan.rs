@@ -55,34 +55,58 @@ pub(super) fn progress(nodes: &[NodeStep]) -> String {
     format!("{done}/{}", nodes.len())
 }
 
-/// The version an installer image carries (`…/installer:v1.14.1` → `v1.14.1`).
-pub fn image_version(image: &str) -> Option<String> {
-    let tag = image.rsplit(':').next()?;
-    (tag.starts_with('v') && !tag.contains('/') && !image.contains('@')).then(|| tag.to_owned())
-}
-
 /// How long ago `at` was at `now` (zero when unknown).
 pub(super) fn elapsed_since(at: Option<&Time>, now: Timestamp) -> Duration {
     at.map(|t| crate::infra::clock::elapsed(t.0, now))
         .unwrap_or_default()
 }
 
-/// What the operation's action does to a node, as the planner judges it (`None`: nothing that
-/// can cost etcd quorum).
-pub(super) fn disruption(operation: &TalosOperation) -> Option<Disruption> {
-    match operation.spec.action {
-        OperationAction::Reset => Some(Disruption::Reset {
+/// An action the controller runs on nodes: every one but the two that changed a version,
+/// which are declared now (ADR 0068) and end the operation before it starts ([`runnable`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Run {
+    /// A reboot.
+    Reboot,
+    /// A reset to maintenance mode.
+    Reset,
+    /// An etcd snapshot to the cluster's backup store.
+    EtcdSnapshot,
+    /// An etcd defragment.
+    EtcdDefrag,
+}
+
+/// The action the operation runs, or, for one that changed a version, what the operation ends
+/// with instead (`VersionsDeclared`), naming the field to change: the CRD refuses them now,
+/// and an operation made before that touches nothing.
+pub(super) fn runnable(action: OperationAction) -> Result<Run, Stop> {
+    let declared = |message: &str| Err(Stop::new(reasons::VERSIONS_DECLARED, message));
+    match action {
+        OperationAction::Reboot => Ok(Run::Reboot),
+        OperationAction::Reset => Ok(Run::Reset),
+        OperationAction::EtcdSnapshot => Ok(Run::EtcdSnapshot),
+        OperationAction::EtcdDefrag => Ok(Run::EtcdDefrag),
+        OperationAction::Upgrade => declared(
+            "versions are declared: set the TalosCluster's spec.talosVersion (and spec.schematic); every node is upgraded to it, one at a time; this operation touched nothing",
+        ),
+        OperationAction::UpgradeKubernetes => declared(
+            "versions are declared: set the TalosCluster's spec.kubernetesVersion; every node follows it, one at a time; this operation touched nothing",
+        ),
+    }
+}
+
+/// What the operation's `action` does to a node, as the planner judges it (`None`: nothing
+/// that can cost etcd quorum).
+pub(super) fn disruption(operation: &TalosOperation, action: Run) -> Option<Disruption> {
+    match action {
+        Run::Reset => Some(Disruption::Reset {
             operation: operation.name_any(),
             allow_delete: annotation_true(
                 operation.metadata.annotations.as_ref(),
                 annotations::ALLOW_DELETE,
             ),
         }),
-        OperationAction::Reboot
-        | OperationAction::Upgrade
-        | OperationAction::EtcdDefrag
-        | OperationAction::UpgradeKubernetes => Some(Disruption::Restart),
-        OperationAction::EtcdSnapshot => None,
+        Run::Reboot | Run::EtcdDefrag => Some(Disruption::Restart),
+        Run::EtcdSnapshot => None,
     }
 }
 
@@ -186,7 +210,7 @@ pub(super) enum NextNode<'m> {
 
 /// The first node not done and its machine among `machines`, or how the operation ends.
 pub(super) fn next_node<'m>(
-    action: OperationAction,
+    action: Run,
     status: &TalosOperationStatus,
     machines: &'m [TalosMachine],
 ) -> NextNode<'m> {
@@ -213,30 +237,6 @@ pub(super) fn next_node<'m>(
     }
 }
 
-/// For the actions that changed a version, which are declared now (ADR 0068): what the
-/// operation ends with, naming the field to change instead.
-pub(super) fn declared_instead(action: OperationAction) -> Option<&'static str> {
-    match action {
-        OperationAction::Upgrade => Some(
-            "versions are declared: set the TalosCluster's spec.talosVersion (and spec.schematic); every node is upgraded to it, one at a time; this operation touched nothing",
-        ),
-        OperationAction::UpgradeKubernetes => Some(
-            "versions are declared: set the TalosCluster's spec.kubernetesVersion; every node follows it, one at a time; this operation touched nothing",
-        ),
-        _ => None,
-    }
-}
-
-/// The installer image an upgrade names (empty when the spec names none).
-pub(super) fn upgrade_image(operation: &TalosOperation) -> String {
-    operation
-        .spec
-        .upgrade
-        .as_ref()
-        .map(|u| u.image.clone())
-        .unwrap_or_default()
-}
-
 /// The planner's verdict on the node before anything is sent to it: `None` goes ahead; a wait
 /// holds the node (its step waiting, the lock released meanwhile); a refusal fails the
 /// operation.
@@ -255,20 +255,10 @@ pub(super) fn planner_verdict(plan: Plan, step: &mut NodeStep, machine: &str) ->
     }
 }
 
-/// Whether an upgrade to the image's version `target` was sent before a restart and is done:
-/// the node runs `target` and ran another version (or none recorded) before.
-pub(super) fn upgraded_already(
-    target: Option<&str>,
-    running: Option<&str>,
-    before: Option<&str>,
-) -> bool {
-    target.is_some_and(|target| running == Some(target) && before != Some(target))
-}
-
 /// The node's answer to the action sent: `None` goes on to look for its effect (`step` says it
 /// was sent); a refusal fails the operation.
 pub(super) fn answered(
-    action: OperationAction,
+    action: Run,
     step: &mut NodeStep,
     sent: Result<(), TalosError>,
 ) -> Option<Verdict> {
@@ -298,39 +288,31 @@ pub(super) fn not_yet(
     }
 }
 
-/// What a node is drained for before the operation's action (ADR 0066), recorded on its
+/// What a node is drained for before the operation's `action` (ADR 0066), recorded on its
 /// machine: `reboot (operation weekly)`. `None`: the action disrupts no pod (a snapshot, a
-/// defragment, a Kubernetes upgrade applied without a reboot).
-pub(super) fn drain_purpose(operation: &TalosOperation) -> Option<String> {
+/// defragment).
+pub(super) fn drain_purpose(operation: &TalosOperation, action: Run) -> Option<String> {
     let name = operation.name_any();
-    match operation.spec.action {
-        OperationAction::Reboot => Some(format!("reboot (operation {name})")),
-        OperationAction::Upgrade => Some(format!(
-            "upgrade to {} (operation {name})",
-            upgrade_image(operation)
-        )),
-        OperationAction::Reset => Some(format!("reset (operation {name})")),
-        OperationAction::EtcdSnapshot
-        | OperationAction::EtcdDefrag
-        | OperationAction::UpgradeKubernetes => None,
+    match action {
+        Run::Reboot => Some(format!("reboot (operation {name})")),
+        Run::Reset => Some(format!("reset (operation {name})")),
+        Run::EtcdSnapshot | Run::EtcdDefrag => None,
     }
 }
 
 /// Whether the action restarts the node, which is then followed by its boot id.
-pub(super) fn restarts(action: OperationAction) -> bool {
-    matches!(action, OperationAction::Reboot | OperationAction::Upgrade)
+pub(super) fn restarts(action: Run) -> bool {
+    action == Run::Reboot
 }
 
 /// The step `action` sends over mutual TLS that the node's identity is checked for first (ADR
-/// 0052), as a noun: everything that reboots, wipes or applies. `None`: a snapshot or a
-/// defragment, which change nothing on the node that a wrong target could lose.
-pub(super) fn identity_checked(action: OperationAction) -> Option<&'static str> {
+/// 0052), as a noun: everything that reboots or wipes. `None`: a snapshot or a defragment,
+/// which change nothing on the node that a wrong target could lose.
+pub(super) fn identity_checked(action: Run) -> Option<&'static str> {
     match action {
-        OperationAction::Reboot => Some("reboot"),
-        OperationAction::Upgrade => Some("upgrade"),
-        OperationAction::Reset => Some("reset"),
-        OperationAction::UpgradeKubernetes => Some("config apply"),
-        OperationAction::EtcdSnapshot | OperationAction::EtcdDefrag => None,
+        Run::Reboot => Some("reboot"),
+        Run::Reset => Some("reset"),
+        Run::EtcdSnapshot | Run::EtcdDefrag => None,
     }
 }
 
@@ -338,26 +320,6 @@ pub(super) fn identity_checked(action: OperationAction) -> Option<&'static str> 
 /// `before`: only a different id says so (an id that could not be read says nothing).
 pub(super) fn rebooted(before: Option<&str>, now: Option<&str>) -> bool {
     matches!((before, now), (Some(before), Some(now)) if before != now)
-}
-
-/// After an upgrade to `image`, the node back on `version`: `Some` (the step failed, the
-/// operation fails) when it rolled back, i.e. it does not run the image's version or, for an
-/// image without a version tag, still runs the version it ran before.
-pub(super) fn rolled_back(step: &mut NodeStep, image: &str, version: &str) -> Option<Verdict> {
-    let rolled_back = match image_version(image) {
-        Some(target) => version != target,
-        None => step.version_before.as_deref() == Some(version),
-    };
-    if !rolled_back {
-        return None;
-    }
-    step.phase = OperationPhase::Failed;
-    let message = format!(
-        "after the upgrade to {image} the node runs {version} (before: {}): it rolled back; the operation stops and is not retried",
-        step.version_before.as_deref().unwrap_or("unknown")
-    );
-    step.message = Some(message.clone());
-    Some(Verdict::fail(reasons::UPGRADE_ROLLED_BACK, message))
 }
 
 /// Why the operation is refused before it starts, if it is: an `etcdSnapshot` backs up to the
@@ -378,13 +340,34 @@ pub(super) fn refusal(operation: &TalosOperation, cluster: &TalosCluster) -> Opt
 #[cfg(test)]
 mod tests {
     #[test]
-    fn every_action_that_reboots_wipes_or_applies_checks_the_node_first() {
-        use ichor_api::operation::OperationAction as A;
-        for action in [A::Reboot, A::Upgrade, A::Reset, A::UpgradeKubernetes] {
+    fn every_action_that_reboots_or_wipes_checks_the_node_first() {
+        use super::Run;
+        for action in [Run::Reboot, Run::Reset] {
             assert!(super::identity_checked(action).is_some(), "{action:?}");
         }
-        for action in [A::EtcdSnapshot, A::EtcdDefrag] {
+        for action in [Run::EtcdSnapshot, Run::EtcdDefrag] {
             assert_eq!(super::identity_checked(action), None, "{action:?}");
+        }
+    }
+
+    #[test]
+    fn the_actions_that_changed_a_version_are_not_run_and_name_the_field_instead() {
+        use ichor_api::operation::OperationAction as A;
+        for (action, field) in [
+            (A::Upgrade, "spec.talosVersion"),
+            (A::UpgradeKubernetes, "spec.kubernetesVersion"),
+        ] {
+            let stop = super::runnable(action).expect_err("declared instead");
+            assert_eq!(stop.reason, reasons::VERSIONS_DECLARED);
+            assert!(stop.message.contains(field), "{stop:?}");
+        }
+        for (action, run) in [
+            (A::Reboot, super::Run::Reboot),
+            (A::Reset, super::Run::Reset),
+            (A::EtcdSnapshot, super::Run::EtcdSnapshot),
+            (A::EtcdDefrag, super::Run::EtcdDefrag),
+        ] {
+            assert_eq!(super::runnable(action), Ok(run));
         }
     }
 
@@ -494,7 +477,7 @@ mod tests {
             ("b", OperationPhase::Waiting),
             ("a", OperationPhase::Pending),
         ]);
-        let next = next_node(OperationAction::Reboot, &status, &machines);
+        let next = next_node(Run::Reboot, &status, &machines);
         assert!(
             matches!(next, NextNode::At { index: 1, machine } if std::ptr::eq(machine, &machines[1])),
             "{next:?}"
@@ -508,12 +491,12 @@ mod tests {
             ("b", OperationPhase::Succeeded),
         ]);
         let machines = [configured("a")];
-        let next = next_node(OperationAction::Upgrade, &status, &machines);
+        let next = next_node(Run::Reboot, &status, &machines);
         assert!(
             matches!(
                 &next,
                 NextNode::End { succeeded: true, reason, message }
-                    if *reason == reasons::COMPLETED && message == "Upgrade done on 2 node(s)"
+                    if *reason == reasons::COMPLETED && message == "Reboot done on 2 node(s)"
             ),
             "{next:?}"
         );
@@ -526,7 +509,7 @@ mod tests {
             ("b", OperationPhase::Running),
         ]);
         let machines = [configured("a")];
-        let next = next_node(OperationAction::Reboot, &status, &machines);
+        let next = next_node(Run::Reboot, &status, &machines);
         assert!(
             matches!(
                 &next,
@@ -551,8 +534,10 @@ mod tests {
         assert!(!rebooted(Some("a"), Some("a")), "the same boot");
         assert!(!rebooted(Some("a"), None), "an id not read says nothing");
         assert!(!rebooted(None, Some("b")), "no id from before the action");
-        assert!(restarts(OperationAction::Reboot) && restarts(OperationAction::Upgrade));
-        assert!(!restarts(OperationAction::Reset) && !restarts(OperationAction::EtcdDefrag));
+        assert!(restarts(Run::Reboot));
+        assert!(
+            !restarts(Run::Reset) && !restarts(Run::EtcdDefrag) && !restarts(Run::EtcdSnapshot)
+        );
     }
 
     #[test]
@@ -608,22 +593,9 @@ mod tests {
     }
 
     #[test]
-    fn an_upgrade_is_found_done_only_on_the_target_it_did_not_run_before() {
-        let target = Some("v1.14.1");
-        assert!(upgraded_already(target, Some("v1.14.1"), Some("v1.13.9")));
-        assert!(upgraded_already(target, Some("v1.14.1"), None));
-        // Already on the target before: nothing says it was sent, it is sent.
-        assert!(!upgraded_already(target, Some("v1.14.1"), Some("v1.14.1")));
-        assert!(!upgraded_already(target, Some("v1.13.9"), Some("v1.13.9")));
-        // The node does not tell its version, or the image names none.
-        assert!(!upgraded_already(target, None, Some("v1.13.9")));
-        assert!(!upgraded_already(None, Some("v1.14.1"), Some("v1.13.9")));
-    }
-
-    #[test]
     fn an_accepted_action_is_recorded_sent_and_goes_on() {
         let mut step = NodeStep::default();
-        assert_eq!(answered(OperationAction::Reboot, &mut step, Ok(())), None);
+        assert_eq!(answered(Run::Reboot, &mut step, Ok(())), None);
         assert_eq!(step.message.as_deref(), Some("Reboot: sent"));
     }
 
@@ -638,7 +610,7 @@ mod tests {
             seconds: 10,
         });
         assert_eq!(
-            answered(OperationAction::Reset, &mut step, refused),
+            answered(Run::Reset, &mut step, refused),
             Some(Verdict::Fail(Stop {
                 reason: reasons::ACTION_FAILED,
                 message:
@@ -647,19 +619,6 @@ mod tests {
             }))
         );
         assert_eq!(step.message.as_deref(), Some("Reset: sending"));
-    }
-
-    #[test]
-    fn an_upgrade_names_its_image_or_none() {
-        let upgrade = TalosOperation::test("up", OperationAction::Upgrade)
-            .image("ghcr.io/siderolabs/installer:v1.14.1")
-            .build();
-        assert_eq!(
-            upgrade_image(&upgrade),
-            "ghcr.io/siderolabs/installer:v1.14.1"
-        );
-        let reboot = TalosOperation::test("rb", OperationAction::Reboot).build();
-        assert_eq!(upgrade_image(&reboot), "");
     }
 
     #[test]
@@ -681,79 +640,6 @@ mod tests {
         );
     }
 
-    /// A running upgrade step, from `before` (when recorded).
-    fn upgraded_from(before: Option<&str>) -> NodeStep {
-        NodeStep {
-            machine: "cp-1".into(),
-            phase: OperationPhase::Running,
-            version_before: before.map(str::to_owned),
-            ..Default::default()
-        }
-    }
-
-    #[test]
-    fn a_node_on_the_images_version_did_not_roll_back() {
-        let mut step = upgraded_from(Some("v1.13.9"));
-        let image = "ghcr.io/siderolabs/installer:v1.14.1";
-        assert_eq!(rolled_back(&mut step, image, "v1.14.1"), None);
-        assert_eq!(step, upgraded_from(Some("v1.13.9")));
-    }
-
-    #[test]
-    fn a_node_on_another_version_than_the_images_rolled_back_and_fails() {
-        let mut step = upgraded_from(Some("v1.13.9"));
-        let image = "ghcr.io/siderolabs/installer:v1.14.1";
-        let Some(Verdict::Fail(Stop { reason, message })) =
-            rolled_back(&mut step, image, "v1.13.9")
-        else {
-            panic!("a rollback fails the operation");
-        };
-        assert_eq!(reason, reasons::UPGRADE_ROLLED_BACK);
-        assert_eq!(
-            message,
-            "after the upgrade to ghcr.io/siderolabs/installer:v1.14.1 the node runs v1.13.9 (before: v1.13.9): it rolled back; the operation stops and is not retried"
-        );
-        assert_eq!(step.phase, OperationPhase::Failed);
-        assert_eq!(step.message.as_deref(), Some(message.as_str()));
-    }
-
-    #[test]
-    fn without_a_version_tag_a_rollback_is_the_version_from_before() {
-        let image = "registry.local:5000/installer";
-        let mut same = upgraded_from(Some("v1.13.9"));
-        assert!(rolled_back(&mut same, image, "v1.13.9").is_some());
-        assert_eq!(same.phase, OperationPhase::Failed);
-        let mut moved = upgraded_from(Some("v1.13.9"));
-        assert_eq!(rolled_back(&mut moved, image, "v1.14.1"), None);
-        let mut unknown = upgraded_from(None);
-        assert_eq!(rolled_back(&mut unknown, image, "v1.14.1"), None);
-    }
-
-    #[test]
-    fn a_rollback_from_an_unrecorded_version_says_unknown() {
-        let mut step = upgraded_from(None);
-        let image = "ghcr.io/siderolabs/installer:v1.14.1";
-        let Some(Verdict::Fail(Stop { message, .. })) = rolled_back(&mut step, image, "v1.13.9")
-        else {
-            panic!("a rollback fails the operation");
-        };
-        assert!(message.contains("(before: unknown)"), "{message}");
-    }
-
-    #[test]
-    fn image_tags_give_the_version_to_verify() {
-        assert_eq!(
-            image_version("ghcr.io/siderolabs/installer:v1.14.1").as_deref(),
-            Some("v1.14.1")
-        );
-        assert_eq!(
-            image_version("registry.local:5000/installer:v1.13.9").as_deref(),
-            Some("v1.13.9")
-        );
-        assert_eq!(image_version("registry.local:5000/installer"), None);
-        assert_eq!(image_version("installer@sha256:abcd"), None);
-    }
-
     #[test]
     fn an_etcd_snapshot_is_refused_on_a_cluster_without_backups() {
         let snapshot = TalosOperation::test("snap", OperationAction::EtcdSnapshot).build();
@@ -771,28 +657,20 @@ mod tests {
     }
 
     #[test]
-    fn reboots_upgrades_and_resets_drain_and_nothing_else_does() {
-        let purpose = |action| {
-            drain_purpose(
-                &TalosOperation::test("weekly", action)
-                    .cluster("lab")
-                    .build(),
-            )
-        };
+    fn reboots_and_resets_drain_and_nothing_else_does() {
+        let operation = TalosOperation::test("weekly", OperationAction::Reboot)
+            .cluster("lab")
+            .build();
+        let purpose = |action| drain_purpose(&operation, action);
         assert_eq!(
-            purpose(OperationAction::Reboot).as_deref(),
+            purpose(Run::Reboot).as_deref(),
             Some("reboot (operation weekly)")
         );
         assert_eq!(
-            purpose(OperationAction::Reset).as_deref(),
+            purpose(Run::Reset).as_deref(),
             Some("reset (operation weekly)")
         );
-        assert!(purpose(OperationAction::Upgrade).is_some_and(|p| p.starts_with("upgrade to ")));
-        for quiet in [
-            OperationAction::EtcdSnapshot,
-            OperationAction::EtcdDefrag,
-            OperationAction::UpgradeKubernetes,
-        ] {
+        for quiet in [Run::EtcdSnapshot, Run::EtcdDefrag] {
             assert_eq!(purpose(quiet), None, "{quiet:?}");
         }
     }

@@ -10,7 +10,7 @@
 //! it is rolled out like any change.
 
 use ichor_api::cluster::LockHolder;
-use ichor_api::common::Role;
+use ichor_api::common::{ConditionStatus, Role};
 use ichor_api::machine::{MachineUpgrade, TalosMachineStatus, UpgradeRecord};
 use ichor_api::names::{actions, conditions, reasons};
 use ichor_api::operation::NodeProgress;
@@ -89,6 +89,31 @@ async fn runs_declared(
         format!("runs Talos {version}{schematic}, as declared"),
     );
     set_up_to_date(ctx, u, status, true, &stop).await
+}
+
+/// A node whose changed config rolls out first (or that reboots into it): when an upgrade is
+/// due after it and none is in flight, `UpToDate` is false (`UpgradeQueued`, with what the
+/// config waits for), so neither the machine nor the cluster's rollout counts the node as
+/// running a declaration it does not run.
+pub(super) async fn behind_config(
+    ctx: &Context,
+    u: &Upgrade<'_>,
+    status: &mut TalosMachineStatus,
+) -> Result<(), Error> {
+    if status.upgrade.record.is_some() {
+        return Ok(());
+    }
+    let Some(target) = plan::target(u.cluster, status, u.rendered) else {
+        return Ok(());
+    };
+    let config = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == conditions::CONFIG_APPLIED && c.status != ConditionStatus::True)
+        .map(|c| format!(" ({})", c.message))
+        .unwrap_or_default();
+    let why = format!("its changed config rolls out first{config}");
+    not_up_to_date(ctx, u, status, &queued(&target, why)).await
 }
 
 /// `UpToDate` false, saying why.
