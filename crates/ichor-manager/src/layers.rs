@@ -152,9 +152,10 @@ impl Sources {
         self
     }
 
-    /// The same sources, with the Kubernetes component versions `machine` is held at while its
-    /// cluster rolls out a Kubernetes version (the accepted one, from `kubernetesFrom`),
-    /// step by step (ADR 0070), from what `machines` were seen running.
+    /// The same sources, with the Kubernetes component versions each machine of `machine`'s
+    /// cluster is held at while the cluster rolls out a Kubernetes version (the accepted one,
+    /// from `kubernetesFrom`), step by step (ADR 0070), from what `machines` were seen running:
+    /// every machine's, since the drift rollout's turns render the others' configs too.
     #[must_use]
     pub fn stepping(
         mut self,
@@ -178,13 +179,20 @@ impl Sources {
             &namespace,
             &machine.spec.cluster_ref.name,
         );
-        let held = crate::kubernetes_steps::components(
-            &accepted.kubernetes_version,
-            from,
-            &members,
-            &machine.name_any(),
-        );
-        self.held.insert((namespace, machine.name_any()), held);
+        let mut names: Vec<&str> = members.iter().map(|m| m.name).collect();
+        let me = machine.name_any();
+        if !names.contains(&me.as_str()) {
+            names.push(&me);
+        }
+        for name in names {
+            let held = crate::kubernetes_steps::components(
+                &accepted.kubernetes_version,
+                from,
+                &members,
+                name,
+            );
+            self.held.insert((namespace.clone(), name.to_owned()), held);
+        }
         self
     }
 }

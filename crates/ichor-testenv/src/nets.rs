@@ -86,6 +86,8 @@ pub const DAY2_VERSIONS: Nets = Nets::new(221, 4);
 pub const DAY2_UNGUARDED: Nets = Nets::new(245, 1);
 /// `ichor-harness/tests/day2/kubelet.rs`.
 pub const DAY2_KUBELET: Nets = Nets::new(246, 1);
+/// `ichor-harness/tests/day2/kubernetes.rs`.
+pub const DAY2_KUBERNETES: Nets = Nets::new(247, 1);
 /// `ichor-harness/tests/credentials.rs`.
 pub const CREDENTIALS: Nets = Nets::new(91, 1);
 /// `ichor-talos/tests/events.rs`.
@@ -162,6 +164,7 @@ pub const ALL: &[(&str, Nets)] = &[
     ("DAY2_VERSIONS", DAY2_VERSIONS),
     ("DAY2_UNGUARDED", DAY2_UNGUARDED),
     ("DAY2_KUBELET", DAY2_KUBELET),
+    ("DAY2_KUBERNETES", DAY2_KUBERNETES),
     ("CREDENTIALS", CREDENTIALS),
     ("TALOS_EVENTS", TALOS_EVENTS),
     ("SIM_APPLY_INSTALL", SIM_APPLY_INSTALL),

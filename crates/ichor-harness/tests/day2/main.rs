@@ -23,7 +23,9 @@
 //!   budget allows it (ADR 0066);
 //! - `unguarded`: a version change past a missing webhook, refused by the manager (ADR 0069);
 //! - `kubelet`: a Node's reported kubelet version follows its node's kubelet image, as a real
-//!   kubelet restarted with a new image reports.
+//!   kubelet restarted with a new image reports;
+//! - `kubernetes`: a declared Kubernetes version and its revert roll out in `talosctl
+//!   upgrade-k8s`'s order (ADR 0070).
 //!
 //! A monitor watches etcd quorum (and how many nodes are down) every few milliseconds
 //! throughout. The helpers more than one module uses are here; the others live with their specs.
@@ -49,6 +51,7 @@ mod drift;
 mod etcd_health;
 mod identity;
 mod kubelet;
+mod kubernetes;
 mod operations;
 mod random;
 mod removal;

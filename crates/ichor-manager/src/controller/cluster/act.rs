@@ -373,7 +373,9 @@ pub(super) async fn announce_versions(
             EventType::Normal,
             reasons::MANIFESTS_SYNCED,
             actions::UPGRADE,
-            format!("the bootstrap manifests were synced to the workload cluster ({count} objects)"),
+            format!(
+                "the bootstrap manifests were synced to the workload cluster ({count} objects)"
+            ),
         )
         .await;
     }
@@ -381,11 +383,7 @@ pub(super) async fn announce_versions(
 
 /// A Warning Event when the manager refuses the declared versions (ADR 0069): once, when the
 /// refusal first shows or says something else.
-async fn announce_refusal(
-    ctx: &Context,
-    cluster: &TalosCluster,
-    status: &TalosClusterStatus,
-) {
+async fn announce_refusal(ctx: &Context, cluster: &TalosCluster, status: &TalosClusterStatus) {
     let refusal = |conditions: &[ichor_api::common::Condition]| {
         conditions
             .iter()

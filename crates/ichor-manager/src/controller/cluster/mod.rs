@@ -33,9 +33,9 @@ use restore::Gate;
 
 mod act;
 pub mod adoption;
-mod manifests;
 pub mod approval;
 pub mod discovery;
+mod manifests;
 mod observe;
 mod plan;
 pub mod restore;
@@ -103,22 +103,21 @@ async fn reconcile_inner(cluster: &TalosCluster, ctx: &Context) -> Result<Action
     let bundle = act::ensure_bundle(ctx, cluster, &mut status, &machines).await?;
     let tally = Tally::of(cluster.spec.control_plane.count, &machines);
     act::record_counts(ctx, cluster, &mut status, &tally);
-    let mut renew_in = None;
-    let mut synced = None;
+    let (mut renew_in, mut synced) = (None, None);
     if let Some(bundle) = &bundle {
         adoption::adopt(ctx, cluster, &mut status, bundle).await?;
-        renew_in =
+        (renew_in, synced) =
             publish_and_bootstrap(ctx, cluster, &mut status, &machines, bundle, &mut deferred)
                 .await?;
-        // A Kubernetes rollout's last step (ADR 0070).
-        synced = deferred
-            .keep(
-                "the bootstrap manifests",
-                manifests::sync_when_due(ctx, cluster, &status, &machines, bundle).await,
-            )
-            .flatten();
     }
-    act::record_readiness(ctx, cluster, &mut status, &machines, &tally, synced.as_ref());
+    act::record_readiness(
+        ctx,
+        cluster,
+        &mut status,
+        &machines,
+        &tally,
+        synced.as_ref(),
+    );
     act::write_status(ctx, cluster, &status).await?;
     act::announce_versions(ctx, cluster, &status, synced.as_ref()).await;
     // Node deletes force removals handed over while the workload API did not answer (ADR 0021).
@@ -138,10 +137,7 @@ async fn reconcile_inner(cluster: &TalosCluster, ctx: &Context) -> Result<Action
         cond::is_true(&status.conditions, conditions::BOOTSTRAPPED),
         tombstoned,
     );
-    // A sync that failed is tried again soon.
-    let retry = matches!(synced, Some(manifests::Synced::Failed(_)))
-        .then_some(ctx.settings.progress_requeue);
-    let due = [next_sweep, renew_in, retry].into_iter().flatten().min();
+    let due = [next_sweep, renew_in].into_iter().flatten().min();
     deferred.into_result()?;
     Ok(Action::requeue(plan::requeue_after(
         &ctx.settings,
@@ -178,8 +174,9 @@ impl Deferred {
 }
 
 /// What needs the bundle: tombstoned nodes reset, the talosconfig published, etcd bootstrapped
-/// once, then the workload kubeconfig published; each published file's expiry is recorded.
-/// Returns how long until the first of them is due for renewal.
+/// once, then the workload kubeconfig published; each published file's expiry is recorded; and
+/// a Kubernetes rollout's last step, the bootstrap manifests synced (ADR 0070). Returns how long
+/// until the first of them is due (a renewal, a sync to retry), and the sync if one was due.
 async fn publish_and_bootstrap(
     ctx: &Context,
     cluster: &TalosCluster,
@@ -187,7 +184,7 @@ async fn publish_and_bootstrap(
     machines: &[TalosMachine],
     bundle: &ichor_render::SecretsBundle,
     deferred: &mut Deferred,
-) -> Result<Option<Duration>, Error> {
+) -> Result<(Option<Duration>, Option<manifests::Synced>), Error> {
     let credentials = ctx.node_credentials(cluster, bundle)?;
     // A force-removed node that answers again is reset before anything else.
     clear_tombstones(ctx, cluster, status, &credentials).await?;
@@ -233,7 +230,17 @@ async fn publish_and_bootstrap(
     // A name held by another Secret is looked at again soon: it is published once free.
     let retry = (!taken.is_empty()).then_some(ctx.settings.progress_requeue);
     let renew_in = renew_at.map(|at| renewal::until(at, ctx.clock.now()));
-    Ok([renew_in, retry].into_iter().flatten().min())
+    let synced = deferred
+        .keep(
+            "the bootstrap manifests",
+            manifests::sync_when_due(ctx, cluster, status, machines, bundle).await,
+        )
+        .flatten();
+    // A sync that failed is tried again soon.
+    let resync = matches!(synced, Some(manifests::Synced::Failed(_)))
+        .then_some(ctx.settings.progress_requeue);
+    let due = [renew_in, retry, resync].into_iter().flatten().min();
+    Ok((due, synced))
 }
 
 /// The talosconfig Secret: `os:admin` credentials with the control planes as endpoints,
