@@ -18,8 +18,8 @@ use ichor_harness::{SimOptions, SimTarget, Target, specs};
 use ichor_talos::{ControlPlaneComponent, TalosClient};
 use ichor_testenv::nets::DAY2_KUBERNETES;
 use ichor_testenv::wait::try_eventually;
-use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::core::v1::{Node, PodSpec};
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
@@ -35,6 +35,12 @@ fn tag(image: &str) -> String {
         .map_or("", |(_, t)| t)
         .trim_start_matches('v')
         .to_owned()
+}
+
+/// The images of a pod template's containers.
+fn images(pod: Option<PodSpec>) -> Vec<String> {
+    pod.map(|p| p.containers.into_iter().filter_map(|c| c.image).collect())
+        .unwrap_or_default()
 }
 
 /// One look: every control plane's Ready static pods, every Ready Node's kubelet.
@@ -254,36 +260,23 @@ async fn a_kubernetes_patch_bump_and_its_revert_roll_out_in_upgrade_k8s_order() 
             skew.is_none(),
             "a kubelet ran ahead of a kube-apiserver: {skew:?}"
         );
-        // The bootstrap manifests synced last: kube-proxy's DaemonSet at the new image.
+        // The bootstrap manifests synced last: kube-proxy's DaemonSet at the new image, CoreDNS
+        // at the image Talos 1.14 renders (its own version, not Kubernetes').
         let proxy = Api::<DaemonSet>::namespaced(workload.clone(), "kube-system")
             .get("kube-proxy")
             .await
             .expect("kube-proxy DaemonSet");
-        let images: Vec<String> = proxy
-            .spec
-            .and_then(|s| s.template.spec)
-            .map(|p| p.containers.into_iter().filter_map(|c| c.image).collect())
-            .unwrap_or_default();
         assert_eq!(
-            images,
+            images(proxy.spec.and_then(|s| s.template.spec)),
             [format!("registry.k8s.io/kube-proxy:v{version}")],
             "kube-proxy after {version}"
         );
-        // CoreDNS at the image Talos 1.14 renders (its own version, not Kubernetes').
-        let coredns = Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(
-            workload.clone(),
-            "kube-system",
-        )
-        .get("coredns")
-        .await
-        .expect("CoreDNS Deployment");
-        let images: Vec<String> = coredns
-            .spec
-            .and_then(|s| s.template.spec)
-            .map(|p| p.containers.into_iter().filter_map(|c| c.image).collect())
-            .unwrap_or_default();
+        let coredns = Api::<Deployment>::namespaced(workload.clone(), "kube-system")
+            .get("coredns")
+            .await
+            .expect("CoreDNS Deployment");
         assert_eq!(
-            images,
+            images(coredns.spec.and_then(|s| s.template.spec)),
             ["registry.k8s.io/coredns/coredns:v1.14.7"],
             "CoreDNS"
         );

@@ -61,6 +61,19 @@ mod versions;
 
 use support::cluster::{CLUSTER, state_summary};
 
+/// Deletes the webhook's registration (a failed upgrade, a delete by mistake): once the
+/// apiserver has seen it go, nothing checks a change at the door.
+async fn unregister_webhook(target: &SimTarget) {
+    use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+    Api::<ValidatingWebhookConfiguration>::all(target.client())
+        .delete(
+            ichor_api::admission::WEBHOOK_CONFIGURATION,
+            &kube::api::DeleteParams::default(),
+        )
+        .await
+        .expect("webhook registration removed");
+}
+
 /// The reason of the `RemovalApproved` condition of the machine at `address`.
 async fn removal_reason(target: &SimTarget, address: &str) -> Option<String> {
     specs::machine_condition(target, address, conditions::REMOVAL_APPROVED)

@@ -131,19 +131,12 @@ async fn ready_condition(clusters: &Api<ichor_api::TalosCluster>) -> Option<(Str
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_deleted_past_admission_waits_for_its_annotation_and_touches_no_node() {
     use ichor_testenv::nets::TRUST;
-    use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
     let target = ready_target(SimOptions::new(2, TRUST.net(0), "v1.14.1"), 1, 1, 1).await;
     let clusters: Api<ichor_api::TalosCluster> =
         Api::namespaced(target.client(), target.namespace());
     // The webhook's registration removed (a failed upgrade, a delete by mistake): nothing
     // checks the delete at the door once the apiserver's informer has seen it go.
-    Api::<ValidatingWebhookConfiguration>::all(target.client())
-        .delete(
-            ichor_api::admission::WEBHOOK_CONFIGURATION,
-            &DeleteParams::default(),
-        )
-        .await
-        .expect("webhook registration removed");
+    crate::unregister_webhook(&target).await;
     try_eventually(
         "the delete admitted without the annotation",
         Duration::from_secs(30),

@@ -11,9 +11,8 @@ use ichor_api::names::{conditions, reasons};
 use ichor_harness::{SimOptions, SimTarget, Target, specs};
 use ichor_testenv::nets::DAY2_UNGUARDED;
 use ichor_testenv::wait::try_eventually;
-use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use kube::ResourceExt as _;
-use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
 use crate::support::cluster::{CLUSTER, ready_target, state_summary};
@@ -82,13 +81,7 @@ async fn a_version_change_past_a_missing_webhook_is_refused_by_the_manager_and_t
     let looks: Vec<usize> = target.nodes().iter().map(|n| n.calls("Version")).collect();
     // The webhook's registration removed: nothing checks the change at the door once the
     // apiserver has seen it go, so a minor downgrade reaches the store.
-    Api::<ValidatingWebhookConfiguration>::all(target.client())
-        .delete(
-            ichor_api::admission::WEBHOOK_CONFIGURATION,
-            &DeleteParams::default(),
-        )
-        .await
-        .expect("webhook registration removed");
+    crate::unregister_webhook(&target).await;
     try_eventually(
         "the downgrade admitted past the door",
         Duration::from_secs(30),
