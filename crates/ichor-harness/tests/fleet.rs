@@ -5,11 +5,16 @@
 //! until every cluster is Ready; then it watches the idle manager until it has looked at
 //! every machine again (a round of settled looks, a minute at least). No workload control
 //! planes run: a cluster is Ready once its machines run and its control planes are etcd voters.
+//! Then every cluster's `spec.talosVersion` is bumped by a patch version, and the spec waits
+//! until every node runs it and every machine and cluster says so; the clusters' drain is off
+//! (`spec.drain.enabled: false`: no workload API runs to drain through).
 //!
 //! It measures, per fleet size (`ICHOR_FLEET_SIZES`, `100,300,1000` unless set): approval to
 //! all-Ready, the manager's peak resident set (`VmHWM`), its CPU while idle, its reconciles
 //! (`/metrics`), its apiserver requests (the audit log, `ICHOR_AUDIT_DIR`) and the Talos API
-//! calls the simulated nodes received.
+//! calls the simulated nodes received; then the bump to every node upgraded, against one
+//! cluster's serial upgrade on the simulator's timings, the requests and calls it cost, and the
+//! most nodes of one cluster seen upgrading at once.
 //!
 //! Not run by `cargo test` (`test = false`): `cargo xtask bench fleet` runs it with a release
 //! manager and writes the table to `docs/benchmarks/fleet.md`.
@@ -20,15 +25,17 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt as _, TryStreamExt as _};
 use ichor_api::cluster::CniPreset;
 use ichor_api::common::ConditionStatus;
-use ichor_api::names::conditions;
+use ichor_api::names::{conditions, reasons};
 use ichor_api::{TalosCluster, TalosMachine};
 use ichor_harness::{SimOptions, SimTarget, Target};
-use ichor_sim::Timings;
+use ichor_sim::{SimNode, Timings};
 use kube::ResourceExt as _;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -49,6 +56,15 @@ const NETS: std::ops::RangeInclusive<u8> = ichor_testenv::nets::FLEET.range();
 const BLOCK: usize = 32;
 /// The Talos version the nodes run.
 const VERSION: &str = "v1.14.1";
+/// The Talos version every cluster is bumped to once the fleet idles: the next patch, whose
+/// installer the simulated nodes pull from the simulated Image Factory.
+const UPGRADE_TO: &str = "v1.14.2";
+/// How long the bump to every node upgraded may take before the spec gives up (not a goal: a
+/// bound on a run that went wrong).
+const UPGRADE_WAIT: Duration = Duration::from_secs(1800);
+/// How often the nodes are sampled for two nodes of one cluster upgrading at once (a node's
+/// upgrade lasts at least [`simulated_upgrade`], ten times this).
+const SAMPLE_EVERY: Duration = Duration::from_millis(20);
 /// The clusters' discovery interval: the first sweep runs when a cluster is created.
 const DISCOVERY_INTERVAL: &str = "10m";
 /// How long the idle manager is watched after convergence.
@@ -82,6 +98,20 @@ fn timings() -> Timings {
 fn simulated_install() -> Duration {
     let t = timings();
     t.install + t.reboot
+}
+
+/// What a simulated machine spends in an upgrade: its upgrade sequence starts this long after
+/// the Reboot call, then the reboot's down time (the installer's pull and install answer at
+/// once, and a configured node runs again as it boots).
+fn simulated_upgrade() -> Duration {
+    let t = timings();
+    t.sequence + t.reboot
+}
+
+/// The floor of one cluster's serial upgrade: its twenty machines' simulated upgrades one
+/// after another.
+fn upgrade_floor() -> Duration {
+    simulated_upgrade() * u32::try_from(PER_CLUSTER).expect("small")
 }
 
 /// The fleet sizes to run.
@@ -121,6 +151,12 @@ fn host(index: usize, n: usize) -> Ipv4Addr {
     Ipv4Addr::new(a, b, c, d + u8::try_from(n).expect("within a /27"))
 }
 
+/// The index of the cluster whose range holds `address`.
+fn cluster_of(address: Ipv4Addr) -> usize {
+    let [_, _, net, last] = address.octets();
+    usize::from(net - *NETS.start()) * (256 / BLOCK) + usize::from(last) / BLOCK
+}
+
 fn cluster_name(index: usize) -> String {
     format!("fleet-{index:02}")
 }
@@ -133,9 +169,9 @@ fn addresses(clusters: usize) -> Vec<Ipv4Addr> {
 }
 
 /// Creates cluster `index`: three control planes, its /27 to discover, its first host the
-/// endpoint.
+/// endpoint, no drain before a disruption (no workload API runs to drain through).
 async fn create_cluster(target: &SimTarget, index: usize) {
-    let cluster = TalosCluster::test(&cluster_name(index))
+    let mut cluster = TalosCluster::test(&cluster_name(index))
         .namespace(target.namespace())
         .talos(VERSION)
         .endpoint(&format!("https://{}:6443", host(index, 1)))
@@ -144,6 +180,7 @@ async fn create_cluster(target: &SimTarget, index: usize) {
         .discovery(&[format!("{}/27", range(index))], DISCOVERY_INTERVAL)
         .install_disk("/dev/vda")
         .build();
+    cluster.spec.drain.enabled = false;
     Api::<TalosCluster>::namespaced(target.client(), target.namespace())
         .create(&PostParams::default(), &cluster)
         .await
@@ -412,6 +449,176 @@ fn audit_len(log: Option<&Path>) -> usize {
         .map_or(0, |m| usize::try_from(m.len()).unwrap_or(usize::MAX))
 }
 
+/// Bumps every cluster's `spec.talosVersion` to [`UPGRADE_TO`], as a person (or Git) does.
+async fn bump_all(target: &SimTarget, clusters: usize) {
+    let api = Api::<TalosCluster>::namespaced(target.client(), target.namespace());
+    for index in 0..clusters {
+        api.patch(
+            &cluster_name(index),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"talosVersion": UPGRADE_TO}})),
+        )
+        .await
+        .expect("bump the cluster's talosVersion");
+    }
+}
+
+/// What the nodes were seen doing while the fleet upgraded.
+#[derive(Debug, Clone, Copy, Default)]
+struct Upgrading {
+    /// The most nodes of one cluster seen upgrading in one sample.
+    most_at_once: usize,
+    /// How many samples were taken.
+    samples: usize,
+}
+
+/// Samples the nodes every [`SAMPLE_EVERY`] until stopped: a node is upgrading from the reply
+/// to its Upgrade call (`LifecycleService.Upgrade`, counted by the node when its reply leaves)
+/// until it answers again on [`UPGRADE_TO`].
+struct UpgradeWatch {
+    stop: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<Upgrading>,
+}
+
+impl UpgradeWatch {
+    fn start(nodes: Vec<SimNode>, clusters: usize) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        let before: Vec<usize> = nodes.iter().map(|n| n.calls("Upgrade")).collect();
+        let task = tokio::spawn(async move {
+            let mut seen = Upgrading::default();
+            while !flag.load(Ordering::SeqCst) {
+                let mut upgrading = vec![0_usize; clusters];
+                for (node, before) in nodes.iter().zip(&before) {
+                    let sent = node.calls("Upgrade") > *before;
+                    let back = node.talos_version() == UPGRADE_TO && node.is_serving().await;
+                    if sent && !back {
+                        let std::net::IpAddr::V4(ip) = node.addr().ip() else {
+                            continue;
+                        };
+                        upgrading[cluster_of(ip)] += 1;
+                    }
+                }
+                seen.most_at_once = seen
+                    .most_at_once
+                    .max(upgrading.into_iter().max().unwrap_or(0));
+                seen.samples += 1;
+                tokio::time::sleep(SAMPLE_EVERY).await;
+            }
+            seen
+        });
+        Self { stop, task }
+    }
+
+    async fn finish(self) -> Upgrading {
+        self.stop.store(true, Ordering::SeqCst);
+        self.task.await.expect("the upgrade watch")
+    }
+}
+
+/// Whether a cluster's rollout reads `n/n` on [`UPGRADE_TO`] and `VersionRolledOut` holds.
+fn rolled_out(cluster: &TalosCluster) -> bool {
+    cluster.status.as_ref().is_some_and(|s| {
+        s.core.rollout.as_ref().is_some_and(|r| {
+            r.talos_version == UPGRADE_TO && r.total > 0 && r.up_to_date == r.total
+        }) && s
+            .conditions
+            .iter()
+            .any(|c| c.type_ == conditions::VERSION_ROLLED_OUT && c.status == ConditionStatus::True)
+    })
+}
+
+/// Whether a machine's `UpToDate` says it runs the declaration.
+fn runs_declared(machine: &TalosMachine) -> bool {
+    machine.status.as_ref().is_some_and(|s| {
+        s.conditions.iter().any(|c| {
+            c.type_ == conditions::UP_TO_DATE
+                && c.status == ConditionStatus::True
+                && c.reason == reasons::RUNS_DECLARED
+        })
+    })
+}
+
+/// Waits until every node runs [`UPGRADE_TO`] (its answer), every cluster's rollout reads
+/// n/n with `VersionRolledOut` true, and every machine's `UpToDate` says it runs the
+/// declaration. Returns how long after `bumped` the nodes ran it, and the whole.
+async fn wait_upgraded(
+    target: &SimTarget,
+    clusters: usize,
+    bumped: Instant,
+) -> (Duration, Duration) {
+    let cluster_api = Api::<TalosCluster>::namespaced(target.client(), target.namespace());
+    let machine_api = Api::<TalosMachine>::namespaced(target.client(), target.namespace());
+    let mut nodes_on = None;
+    loop {
+        if nodes_on.is_none() {
+            let mut all = true;
+            for node in target.nodes() {
+                if node.talos_version() != UPGRADE_TO || !node.is_serving().await {
+                    all = false;
+                    break;
+                }
+            }
+            if all {
+                nodes_on = Some(bumped.elapsed());
+            }
+        }
+        if let Some(nodes_on) = nodes_on {
+            let listed = cluster_api
+                .list(&ListParams::default())
+                .await
+                .expect("list")
+                .items;
+            if listed.len() == clusters && listed.iter().all(rolled_out) {
+                let machines = machine_api
+                    .list(&ListParams::default())
+                    .await
+                    .expect("list")
+                    .items;
+                if machines.iter().all(runs_declared) {
+                    return (nodes_on, bumped.elapsed());
+                }
+            }
+        }
+        if bumped.elapsed() >= UPGRADE_WAIT {
+            let running: BTreeMap<String, usize> =
+                target.nodes().iter().fold(BTreeMap::new(), |mut m, n| {
+                    *m.entry(n.talos_version()).or_default() += 1;
+                    m
+                });
+            let listed = cluster_api
+                .list(&ListParams::default())
+                .await
+                .expect("list")
+                .items;
+            let rollouts: Vec<String> = listed
+                .iter()
+                .map(|c| {
+                    let status = c.status.as_ref();
+                    let summary = status
+                        .and_then(|s| s.core.rollout.as_ref())
+                        .map(|r| r.summary.clone())
+                        .unwrap_or_default();
+                    let condition = status
+                        .and_then(|s| {
+                            s.conditions
+                                .iter()
+                                .find(|c| c.type_ == conditions::VERSION_ROLLED_OUT)
+                        })
+                        .map(|c| format!("{:?} {}: {}", c.status, c.reason, c.message))
+                        .unwrap_or_default();
+                    format!("{} {summary} {condition}", c.name_any())
+                })
+                .collect();
+            panic!(
+                "not upgraded within {UPGRADE_WAIT:?}: nodes {running:?}, rollouts {rollouts:?}\n{}",
+                target.manager_log_tail()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
 /// What the counters say at one moment.
 #[derive(Debug, Clone, Default)]
 struct Counters {
@@ -465,6 +672,17 @@ struct Measured {
     audit: Option<PathBuf>,
     /// Requests and lists of each person's view of the fleet ([`view_requests`]).
     views: Vec<(&'static str, usize, usize)>,
+    /// From the bump of every cluster's `talosVersion` until every node answered on it.
+    nodes_upgraded: Duration,
+    /// From the bump until every node ran it, every machine's `UpToDate` and every cluster's
+    /// rollout said so: the upgrade window.
+    upgraded: Duration,
+    at_bump: Counters,
+    at_upgraded: Counters,
+    /// What the nodes were seen doing through the upgrade window.
+    upgrading: Upgrading,
+    /// The fewest and most Upgrade calls a node answered in the upgrade window.
+    upgrade_calls: (usize, usize),
 }
 
 impl Measured {
@@ -569,13 +787,47 @@ async fn run(machines: usize) -> Measured {
         Some(log) => view_requests(&target, log).await,
         None => Vec::new(),
     };
+    let peak = support::status_bytes(pid, "VmHWM");
+    let rss_after = support::status_bytes(pid, "VmRSS");
+    // Every cluster's Talos bumped by a patch version: the clusters upgrade side by side, the
+    // nodes of one cluster one at a time.
+    let calls_before: Vec<usize> = target.nodes().iter().map(|n| n.calls("Upgrade")).collect();
+    let watch = UpgradeWatch::start(target.nodes().to_vec(), clusters);
+    let at_bump = counters(&target, audit.as_deref()).await;
+    let bumped = Instant::now();
+    bump_all(&target, clusters).await;
+    let (nodes_upgraded, upgraded) = wait_upgraded(&target, clusters, bumped).await;
+    let at_upgraded = counters(&target, audit.as_deref()).await;
+    let upgrading = watch.finish().await;
+    let calls: Vec<usize> = target
+        .nodes()
+        .iter()
+        .zip(&calls_before)
+        .map(|(n, before)| n.calls("Upgrade") - before)
+        .collect();
+    let upgrade_calls = (
+        calls.iter().copied().min().unwrap_or(0),
+        calls.iter().copied().max().unwrap_or(0),
+    );
+    eprintln!(
+        "{machines}: every node on {UPGRADE_TO} {nodes_upgraded:?} after the bump, said so {upgraded:?}; \
+         most of one cluster upgrading at once {} over {} samples; Upgrade calls per node {upgrade_calls:?}; \
+         peak RSS through it {:.1} MiB",
+        upgrading.most_at_once,
+        upgrading.samples,
+        support::status_bytes(pid, "VmHWM") as f64 / MIB,
+    );
+    if let Some(log) = audit.as_deref() {
+        let breakdown = request_breakdown(log, at_bump.audit, at_upgraded.audit, machines);
+        eprintln!("{machines}: apiserver requests per machine through the upgrade: {breakdown}");
+    }
     let measured = Measured {
         machines,
         clusters,
         discovered,
         converged,
-        peak: support::status_bytes(pid, "VmHWM"),
-        rss_after: support::status_bytes(pid, "VmRSS"),
+        peak,
+        rss_after,
         settled,
         idle_cpu,
         at_approval,
@@ -584,6 +836,12 @@ async fn run(machines: usize) -> Measured {
         after_idle,
         audit,
         views,
+        nodes_upgraded,
+        upgraded,
+        at_bump,
+        at_upgraded,
+        upgrading,
+        upgrade_calls,
     };
     eprintln!("{machines}: {measured:?}");
     target.down().await;
@@ -698,6 +956,61 @@ fn table(runs: &[Measured]) -> String {
     out
 }
 
+/// The upgrade's table: every cluster's `talosVersion` bumped once the fleet idles.
+fn upgrade_table(runs: &[Measured]) -> String {
+    let floor = upgrade_floor().as_secs_f64();
+    let goal = 1.2 * floor;
+    let mut out = format!(
+        "\nAn upgrade of the whole fleet: every cluster's `spec.talosVersion` bumped from {VERSION} to {UPGRADE_TO} once the idle round is measured:\n\n\
+         | machines (clusters) | bump to every node upgraded (nodes answering on it) | one cluster's serial floor | ratio to the floor | TalosMachine, TalosCluster reconciles / machine | apiserver requests / machine | Talos RPCs / machine | most nodes of one cluster upgrading at once (samples) | Upgrade calls per node |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+    );
+    for r in runs {
+        let (a, b) = (&r.at_bump, &r.at_upgraded);
+        let ratio = r.upgraded.as_secs_f64() / floor;
+        let calls = if r.upgrade_calls.0 == r.upgrade_calls.1 {
+            r.upgrade_calls.0.to_string()
+        } else {
+            format!("{} to {}", r.upgrade_calls.0, r.upgrade_calls.1)
+        };
+        let _ = writeln!(
+            out,
+            "| {} ({}) | {:.1} s ({:.1} s) | {floor:.1} s | {ratio:.1} × ({}) | {:.1}, {:.2} | {:.1} | {:.1} | {} ({}) | {calls} |",
+            r.machines,
+            r.clusters,
+            r.upgraded.as_secs_f64(),
+            r.nodes_upgraded.as_secs_f64(),
+            met(r.upgraded.as_secs_f64() <= goal),
+            r.reconciles("TalosMachine", a, b),
+            r.reconciles("TalosCluster", a, b),
+            r.requests(a, b),
+            r.rpcs(a, b),
+            r.upgrading.most_at_once,
+            r.upgrading.samples,
+        );
+    }
+    let t = timings();
+    let _ = write!(
+        out,
+        "\nGoal: the bump to every node upgraded within 1.2 × one cluster's serial floor = {goal:.1} s. \
+         The floor is the simulator's own time for the {PER_CLUSTER} machines of one cluster upgraded \
+         one after another: {PER_CLUSTER} × ({:?} for the upgrade sequence to start after the Reboot \
+         call + a {:?} reboot) = {floor:.1} s (the simulated installer's pull and install answer at \
+         once, and a node runs again as it boots). The clusters upgrade side by side, so the fleet's \
+         floor is one cluster's. The clock runs from the first cluster's bump until every node \
+         answers on {UPGRADE_TO} (in brackets), every machine's `UpToDate` is true (`RunsDeclared`) and \
+         every cluster's `status.rollout` reads n/n with `VersionRolledOut` true. Reconciles, requests \
+         (the manager's entries in the audit log) and RPCs (the calls the nodes received) are counted \
+         over that window, per upgraded machine. The clusters' drain is off (`spec.drain.enabled: \
+         false`): no workload control planes run, so there is no Node to cordon or pod to evict. A node \
+         counts as upgrading from the reply to its Upgrade call until it answers again on {UPGRADE_TO}; \
+         every node is sampled every {SAMPLE_EVERY:?}, and the column gives the most nodes of one \
+         cluster seen upgrading in one sample (1: never two at once).\n",
+        t.sequence, t.reboot,
+    );
+    out
+}
+
 /// What a person's views of the fleet cost, per fleet size: requests (lists among them) in
 /// the audit log.
 fn views_table(runs: &[Measured]) -> String {
@@ -718,11 +1031,16 @@ fn views_table(runs: &[Measured]) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_fleet_of_machines_on_one_manager_converges_and_idles() {
+async fn a_fleet_of_machines_on_one_manager_converges_idles_and_upgrades() {
     let mut runs = Vec::new();
     for size in sizes() {
         runs.push(run(size).await);
-        let report = format!("{}{}", table(&runs), views_table(&runs));
+        let report = format!(
+            "{}{}{}",
+            table(&runs),
+            upgrade_table(&runs),
+            views_table(&runs)
+        );
         println!("\n{report}");
         if let Some(path) = std::env::var_os(REPORT_ENV) {
             std::fs::write(&path, &report).expect("write the report");
@@ -733,6 +1051,12 @@ async fn a_fleet_of_machines_on_one_manager_converges_and_idles() {
     for run in &runs {
         assert!(run.at_ready.reconciles["TalosMachine"] >= run.machines as u64);
         assert!(run.at_ready.rpcs > run.at_approval.rpcs);
+        // Every node upgraded once, never two of one cluster at once.
+        assert_eq!(run.upgrade_calls, (1, 1), "each node upgraded once");
+        assert_eq!(
+            run.upgrading.most_at_once, 1,
+            "one node of a cluster upgrading at a time"
+        );
         for (view, requests, _) in &run.views {
             assert!(
                 *requests <= 2 + run.machines.div_ceil(500),
