@@ -100,7 +100,13 @@ pub(super) async fn behind_config(
     u: &Upgrade<'_>,
     status: &mut TalosMachineStatus,
 ) -> Result<(), Error> {
-    if status.upgrade.record.is_some() {
+    // Its own upgrade's failure (what halted the rollout here) says more than a queue does,
+    // and stands until the upgrade is tried again.
+    let failed = status.conditions.iter().any(|c| {
+        c.type_ == conditions::UP_TO_DATE
+            && (c.reason == reasons::UPGRADE_ROLLED_BACK || c.reason == reasons::UPGRADE_FAILED)
+    });
+    if status.upgrade.record.is_some() || failed {
         return Ok(());
     }
     let Some(target) = plan::target(u.cluster, status, u.rendered) else {
