@@ -181,7 +181,23 @@ async fn no_static_pods_before_etcd_runs() {
     .await
     .expect("a simulated node");
     let client = support::admin("bundle-1.14.yaml", &node).await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The node's background work has looked often enough for a static pod to have been
+    // reported (every round waits a tick; a new pod shows after `static_pod`), and then twice
+    // more: counted on the etcd service's rounds, which run on the same tick.
+    let timings = Timings::default();
+    let rounds = usize::try_from(
+        timings
+            .static_pod
+            .as_nanos()
+            .div_ceil(timings.tick.as_nanos()),
+    )
+    .expect("a round count")
+        + 2;
+    let since = node.etcd_rounds();
+    eventually("the node looked again", Duration::from_secs(10), || async {
+        node.etcd_rounds() >= since + rounds
+    })
+    .await;
     assert_eq!(client.static_pod_statuses().await.expect("statuses"), []);
     assert_eq!(client.manifests().await.expect("manifests").len(), 3);
     node.stop().await;
