@@ -194,12 +194,13 @@ async fn approved(machine: &TalosMachine, ctx: &Context) -> Result<Action, Error
         Err(stop) => return act::record_blocked(ctx, machine, status, stop).await,
     };
     // The contract never runs ahead of the oldest Talos the cluster's nodes run (§9.9).
+    let machines = ctx.machines.store().state();
     let sources = ctx
         .layers
         .sources()
         .await?
-        .running(&ctx.machines.store().state(), machine)
-        .stepping(&cluster, &ctx.machines.store().state(), machine);
+        .running(&machines, machine)
+        .stepping(&cluster, &machines, machine);
     let (rendered, address) = match plan::configurable(machine, &cluster, &sources, &bundle) {
         Ok(target) => target,
         Err(stop) => return act::record_blocked(ctx, machine, status, stop).await,
