@@ -128,6 +128,10 @@ fn audit_args(root: &Path, dir: &Path) -> Result<Vec<String>, Error> {
         ),
         "--audit-log-format=json".into(),
         "--audit-log-mode=blocking".into(),
+        // Never rotated, so a count over a window reads one file: a size of 0 opens the file
+        // itself instead of a rotating writer (k8s.io/apiserver v0.36.3,
+        // pkg/server/options/audit.go, `ensureLogFile`'s caller; the default rotates at 100 MB).
+        "--audit-log-maxsize=0".into(),
     ])
 }
 

@@ -108,11 +108,12 @@ async fn a_version_change_past_a_missing_webhook_is_refused_by_the_manager_and_t
     .await
     .unwrap_or_else(|e| panic!("{e}: {}", state_summary(&target)));
     let (status, _, message) = version_condition(&target).await.expect("condition");
-    assert_eq!(status, ConditionStatus::False);
+    assert_eq!(status, ConditionStatus::False, "{}", state_summary(&target));
     assert!(
         message.starts_with("spec.kubernetesVersion 1.35.2 is a minor downgrade from 1.36.3")
             && message.ends_with("the nodes stay at Talos v1.14.1 and Kubernetes 1.36.3"),
-        "{message}"
+        "{message}: {}",
+        state_summary(&target)
     );
     specs::events_once(
         &target,
@@ -120,7 +121,7 @@ async fn a_version_change_past_a_missing_webhook_is_refused_by_the_manager_and_t
         Duration::from_secs(30),
     )
     .await
-    .expect("the Warning Event");
+    .unwrap_or_else(|e| panic!("the Warning Event: {e}: {}", state_summary(&target)));
     let accepted = clusters
         .get(CLUSTER)
         .await
@@ -151,13 +152,23 @@ async fn a_version_change_past_a_missing_webhook_is_refused_by_the_manager_and_t
     )
     .await
     .unwrap_or_else(|e| panic!("{e}: {}", state_summary(&target)));
-    assert_eq!(hashes(&target).await, before, "no config changed");
+    assert_eq!(
+        hashes(&target).await,
+        before,
+        "no config changed: {}",
+        state_summary(&target)
+    );
     let now: Vec<usize> = target
         .nodes()
         .iter()
         .map(|n| n.calls("ApplyConfiguration"))
         .collect();
-    assert_eq!(now, applies, "no node received a config");
+    assert_eq!(
+        now,
+        applies,
+        "no node received a config: {}",
+        state_summary(&target)
+    );
 
     // Declared back, as a revert does: the refusal clears.
     clusters
@@ -177,5 +188,10 @@ async fn a_version_change_past_a_missing_webhook_is_refused_by_the_manager_and_t
     })
     .await
     .unwrap_or_else(|e| panic!("{e}: {}", state_summary(&target)));
-    assert_eq!(hashes(&target).await, before, "still no config changed");
+    assert_eq!(
+        hashes(&target).await,
+        before,
+        "still no config changed: {}",
+        state_summary(&target)
+    );
 }

@@ -324,11 +324,13 @@ pub(super) fn restore_into_running_etcd(name: &str) -> crate::Stop {
 }
 
 /// What of a cluster its machines act on, as a digest: the object without its running tallies
-/// (`status.controlPlanes`, `status.workers`), without its conditions' wording, times and
-/// generations (each condition's type, status and reason stay), and without the apiserver's
-/// bookkeeping (`resourceVersion`, `managedFields`). A cluster event whose digest is the one
-/// its machines were last woken for wakes none of them (ADR 0029): the cluster rewrites its
-/// tallies whenever one machine moves, and that must not reconcile its siblings.
+/// (`status.controlPlanes`, `status.workers`, `status.rollout`), without the lock's mirror
+/// (`status.lock`), without its conditions' wording, times and generations (each condition's
+/// type, status and reason stay), and without the apiserver's bookkeeping (`resourceVersion`,
+/// `managedFields`). A cluster event whose digest is the one its machines were last woken for
+/// wakes none of them (ADR 0029): the cluster rewrites its tallies and mirrors whenever one
+/// machine moves, and that must not reconcile its siblings; the end of a machine's turn wakes
+/// the machine next instead (ADR 0043, ADR 0071).
 pub(crate) fn machines_see(cluster: &TalosCluster) -> u64 {
     let mut seen = cluster.clone();
     seen.metadata.resource_version = None;
@@ -336,6 +338,8 @@ pub(crate) fn machines_see(cluster: &TalosCluster) -> u64 {
     if let Some(status) = seen.status.as_mut() {
         status.core.control_planes = None;
         status.core.workers = None;
+        status.core.rollout = None;
+        status.lock.mirror = None;
         for condition in &mut status.conditions {
             condition.message.clear();
             condition.last_transition_time = Time(Timestamp::UNIX_EPOCH);
@@ -723,6 +727,16 @@ mod tests {
         let mut respecced = before.clone();
         respecced.spec.talos_version = "v1.14.2".into();
         assert_ne!(machines_see(&before), machines_see(&respecced));
+
+        // A rollout's progress and the lock changing hands are tallies too (ADR 0071).
+        let mut moving = before.clone();
+        let status = moving.status.as_mut().expect("status");
+        status.core.rollout = Some(ichor_api::cluster::RolloutStatus {
+            in_flight: Some("w-1".into()),
+            ..Default::default()
+        });
+        status.lock.mirror = Some(ichor_api::cluster::LockStatus::default());
+        assert_eq!(machines_see(&before), machines_see(&moving));
     }
 
     #[test]

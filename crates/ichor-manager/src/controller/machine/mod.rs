@@ -428,7 +428,7 @@ async fn follow(
         view,
         role,
     };
-    let upgraded = upgrade_step(ctx, &here, node, &mut status, config_still).await?;
+    let turn = upgrade_step(ctx, &here, node, &mut status, config_still).await?;
     // Where a Kubernetes rollout stands on this node (ADR 0070): looked at again soon while the
     // rollout waits on it.
     let stepping_here =
@@ -438,7 +438,9 @@ async fn follow(
         view,
         address: reach.address,
         rendered,
+        turn_queued: turn == upgrade::Turn::Queued,
     };
+    let upgraded = turn == upgrade::Turn::Ended;
     let action = report(ctx, machine, cluster, status, &at, (turn_over, upgraded)).await?;
     Ok(if stepping_here {
         Action::requeue(ctx.settings.progress_requeue)
@@ -532,14 +534,14 @@ struct Node<'a> {
 
 /// Moves the machine's upgrade on (`upgrade::advance`) unless its changed config rolls out
 /// first (`config_still` false, or a drift reboot in flight), which its `UpToDate` then says
-/// when an upgrade is due after it; whether its turn ended.
+/// when an upgrade is due after it; where its upgrade turn stands.
 async fn upgrade_step(
     ctx: &Context,
     look: &Look<'_>,
     node: Node<'_>,
     status: &mut TalosMachineStatus,
     config_still: bool,
-) -> Result<bool, Error> {
+) -> Result<upgrade::Turn, Error> {
     let Look {
         machine,
         cluster,
@@ -564,7 +566,7 @@ async fn upgrade_step(
     };
     if !config_still || status.drift.reboot.is_some() {
         upgrade::behind_config(ctx, &u, status).await?;
-        return Ok(false);
+        return Ok(upgrade::Turn::Other);
     }
     upgrade::advance(ctx, &u, status).await
 }
@@ -646,7 +648,12 @@ async fn stand(
     if became_ready {
         act::announce_ready(ctx, machine, judged.message).await;
     }
-    let next = if plan::settled(judged.ready, &status, &at.rendered.hash) {
+    let settled = if at.turn_queued {
+        plan::settled_but_for_its_turn(judged.ready, &status, &at.rendered.hash)
+    } else {
+        plan::settled(judged.ready, &status, &at.rendered.hash)
+    };
+    let next = if settled {
         plan::settled_wait(
             ctx.settings.settled_requeue,
             ctx.metrics.machines(),
@@ -673,6 +680,8 @@ struct Stand<'a> {
     view: Option<NodeView>,
     address: &'a str,
     rendered: &'a Rendered,
+    /// Its upgrade waits for another machine's turn, whose end wakes it (ADR 0071).
+    turn_queued: bool,
 }
 
 const ADOPTED: &str =

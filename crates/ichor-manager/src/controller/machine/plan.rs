@@ -627,11 +627,21 @@ pub(super) fn drift_step(
 /// machine is looked at at the progress pace, so the rollout moves on seconds after the node
 /// before it is back, not a settled requeue later (ADR 0043).
 pub(super) fn settled(ready: bool, status: &TalosMachineStatus, rendered: &str) -> bool {
+    settled_but_for_its_turn(ready, status, rendered) && !upgrade_queued(status)
+}
+
+/// Whether the machine is settled but for an upgrade that waits for another machine's turn:
+/// Ready, with nothing of its own in flight and no drift queued. The end of that turn wakes
+/// it (ADR 0043), so such a machine is looked at at the settled pace too (ADR 0071).
+pub(super) fn settled_but_for_its_turn(
+    ready: bool,
+    status: &TalosMachineStatus,
+    rendered: &str,
+) -> bool {
     ready
         && status.drift.reboot.is_none()
         && status.upgrade.record.is_none()
         && !drift_queued(status, rendered)
-        && !upgrade_queued(status)
 }
 
 /// Whether the machine's upgrade waits on the rollout (its turn, a sibling's health, the
@@ -661,34 +671,47 @@ fn drift_queued(status: &TalosMachineStatus, rendered: &str) -> bool {
         })
 }
 
-/// The machines to look at now that `me`'s drift turn ended or `me` became Ready: every
-/// other machine of the cluster whose drift waits on the rollout (`ConfigApplied` says
+/// The machines to look at now that `me`'s drift or upgrade turn ended or `me` became Ready:
+/// every other machine of the cluster whose drift waits on the rollout (`ConfigApplied` says
 /// `DriftQueued` or `NeedsReboot`), or that waits for the cluster lock (`waiting`, the lock's
-/// mirror). Nothing else tells them: the lock's mirror is best effort, and a sibling's status
-/// wakes no other machine.
+/// mirror); and of the machines whose upgrade waits (`UpToDate` says `UpgradeQueued`), the
+/// first in rollout order (control planes, then workers, by name), whose turn is next: the
+/// others wait for theirs at the settled pace, and are woken one by one (ADR 0071). Nothing
+/// else tells them: the lock's mirror is best effort, and a sibling's status wakes no other
+/// machine.
 pub(crate) fn queued_behind(
     machines: &[TalosMachine],
     waiting: &[LockHolder],
     me: &str,
 ) -> Vec<ObjectRef<TalosMachine>> {
-    machines
-        .iter()
-        .filter(|m| m.name_any() != me)
+    let others = || machines.iter().filter(|m| m.name_any() != me);
+    let next_upgrade = others()
         .filter(|m| {
-            let queued = m.status.as_ref().is_some_and(|s| {
-                upgrade_queued(s)
-                    || s.conditions.iter().any(|c| {
-                        c.type_ == conditions::CONFIG_APPLIED
-                            && c.status == ConditionStatus::False
-                            && (c.reason == reasons::DRIFT_QUEUED
-                                || c.reason == reasons::NEEDS_REBOOT)
-                    })
+            m.metadata.deletion_timestamp.is_none()
+                && m.status
+                    .as_ref()
+                    .is_some_and(|s| s.removal.progress.is_none() && upgrade_queued(s))
+        })
+        .min_by_key(|m| {
+            let group = u8::from(m.spec.role != Some(Role::ControlPlane));
+            (group, m.name_any())
+        })
+        .map(kube::ResourceExt::name_any);
+    others()
+        .filter(|m| {
+            let next = next_upgrade.as_deref() == Some(m.name_any().as_str());
+            let drift = m.status.as_ref().is_some_and(|s| {
+                s.conditions.iter().any(|c| {
+                    c.type_ == conditions::CONFIG_APPLIED
+                        && c.status == ConditionStatus::False
+                        && (c.reason == reasons::DRIFT_QUEUED || c.reason == reasons::NEEDS_REBOOT)
+                })
             });
             let held = m.uid().is_some_and(|uid| {
                 waiting.contains(&LockHolder::Drift(uid.clone()))
                     || waiting.contains(&LockHolder::Upgrade(uid))
             });
-            queued || held
+            next || drift || held
         })
         .map(ObjectRef::from_obj)
         .collect()
@@ -1466,6 +1489,45 @@ mod tests {
             )),
             ["cp-2", "cp-3", "w-3"],
             "a machine that waits for the lock is woken, whatever its condition says"
+        );
+    }
+
+    #[test]
+    fn the_end_of_an_upgrade_turn_wakes_only_the_next_machine_queued_for_one() {
+        let machine = |name: &str, role: Role, reason: &str| {
+            let mut m = TalosMachine::test(name).build();
+            m.spec.role = Some(role);
+            m.metadata.uid = Some(format!("uid-{name}"));
+            m.status = Some(with_condition(conditions::UP_TO_DATE, false, reason));
+            m
+        };
+        let mut leaving = machine("cp-0", Role::ControlPlane, reasons::UPGRADE_QUEUED);
+        leaving.metadata.deletion_timestamp = Some(Time(Timestamp::UNIX_EPOCH));
+        let machines = [
+            leaving,
+            machine("w-1", Role::Worker, reasons::UPGRADE_QUEUED),
+            machine("cp-1", Role::ControlPlane, reasons::RUNS_DECLARED),
+            machine("w-0", Role::Worker, reasons::UPGRADE_QUEUED),
+            machine("cp-3", Role::ControlPlane, reasons::UPGRADE_QUEUED),
+            machine("cp-2", Role::ControlPlane, reasons::UPGRADE_FAILED),
+        ];
+        let names = |refs: Vec<ObjectRef<TalosMachine>>| {
+            refs.into_iter().map(|r| r.name).collect::<Vec<_>>()
+        };
+        assert_eq!(
+            names(queued_behind(&machines, &[], "cp-1")),
+            ["cp-3"],
+            "control planes first; a leaving, an upgraded and a failed machine are left alone"
+        );
+        assert_eq!(names(queued_behind(&machines, &[], "cp-3")), ["w-0"]);
+        assert_eq!(
+            names(queued_behind(
+                &machines,
+                &[LockHolder::Upgrade("uid-w-1".into())],
+                "cp-3"
+            )),
+            ["w-1", "w-0"],
+            "a machine that waits for the lock is woken too"
         );
     }
 

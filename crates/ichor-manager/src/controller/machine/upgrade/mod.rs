@@ -47,26 +47,39 @@ pub(super) struct Upgrade<'a> {
     pub(super) sources: &'a crate::layers::Sources,
 }
 
-/// Moves the machine's upgrade on, if it needs one or has one in flight. Returns whether its
-/// turn ended now (the node back and verified, or its upgrade failed), so the machines queued
-/// behind it are woken.
+/// Where a look left the machine's upgrade turn.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Turn {
+    /// Its turn ended now (the node back and verified, or its upgrade failed): the machines
+    /// queued behind it are woken.
+    Ended,
+    /// It waits for another machine's turn (or a halted rollout): the end of that turn wakes
+    /// it, so it needs no look of its own before its settled one (ADR 0071).
+    Queued,
+    /// Anything else: no upgrade, one in flight, or a wait that no other machine ends.
+    Other,
+}
+
+/// Moves the machine's upgrade on, if it needs one or has one in flight, and says where its
+/// turn stands.
 pub(super) async fn advance(
     ctx: &Context,
     u: &Upgrade<'_>,
     status: &mut TalosMachineStatus,
-) -> Result<bool, Error> {
+) -> Result<Turn, Error> {
     let Some(record) = status.upgrade.record.clone() else {
         let Some(target) = plan::target(u.cluster, status, u.rendered) else {
             runs_declared(ctx, u, status).await?;
-            return Ok(false);
+            return Ok(Turn::Other);
         };
-        return start(ctx, u, status, target).await.map(|()| false);
+        return start(ctx, u, status, target).await;
     };
     if record.progress.is_intended() {
         send(ctx, u, status, &record).await?;
-        return Ok(false);
+        return Ok(Turn::Other);
     }
-    follow(ctx, u, status, &record).await
+    let ended = follow(ctx, u, status, &record).await?;
+    Ok(if ended { Turn::Ended } else { Turn::Other })
 }
 
 /// `UpToDate` for a node that runs the declared version (and schematic).
@@ -189,23 +202,27 @@ async fn start(
     u: &Upgrade<'_>,
     status: &mut TalosMachineStatus,
     target: plan::Target,
-) -> Result<(), Error> {
+) -> Result<Turn, Error> {
     let Some(client) = u.client else {
         not_up_to_date(ctx, u, status, &queued(&target, "the node does not answer")).await?;
-        return Ok(());
+        return Ok(Turn::Other);
     };
     // The installer's schematic is registered with its factory first (ADR 0067).
     if let Some(stop) =
         super::schematic_registered(ctx, u.cluster, u.machine, u.sources, u.rendered).await
     {
-        return not_up_to_date(ctx, u, status, &stop).await;
+        not_up_to_date(ctx, u, status, &stop).await?;
+        return Ok(Turn::Other);
     }
-    let Some(boot) = cleared(ctx, u, status, &target, client).await? else {
-        return Ok(());
+    let boot = match cleared(ctx, u, status, &target, client).await? {
+        Cleared::Go(boot) => boot,
+        Cleared::Queued => return Ok(Turn::Queued),
+        Cleared::Waits => return Ok(Turn::Other),
     };
     // The Node is cordoned and drained first, the lock held meanwhile (ADR 0066).
     if let Some(stop) = drain(ctx, u, &target).await? {
-        return not_up_to_date(ctx, u, status, &stop).await;
+        not_up_to_date(ctx, u, status, &stop).await?;
+        return Ok(Turn::Other);
     }
     let record = UpgradeRecord {
         image: target.image.clone(),
@@ -229,47 +246,64 @@ async fn start(
         ),
     )
     .await;
-    send(ctx, u, status, &record).await
+    send(ctx, u, status, &record).await?;
+    Ok(Turn::Other)
+}
+
+/// Whether the node may be upgraded now ([`cleared`]).
+enum Cleared {
+    /// It may: its boot id from before the upgrade.
+    Go(String),
+    /// It waits for another machine's turn, or for a halted rollout to be fixed.
+    Queued,
+    /// It waits for something else (the lock, the planner, its identity, its boot id).
+    Waits,
 }
 
 /// Whether the node may be upgraded now: its turn, the cluster lock (taken), the planner, its
-/// identity. `Some` holds its boot id from before the upgrade; `None` says (in `UpToDate`)
-/// why it waits, the lock given back.
+/// identity. Unless it may, `UpToDate` says why it waits, the lock given back.
 async fn cleared(
     ctx: &Context,
     u: &Upgrade<'_>,
     status: &mut TalosMachineStatus,
     target: &plan::Target,
     client: &TalosClient,
-) -> Result<Option<String>, Error> {
+) -> Result<Cleared, Error> {
     let machines = crate::cluster_machines_as_stored(ctx, u.cluster).await?;
     let turn =
         super::drift::wait_for_turn(ctx, u.machine, u.cluster, &machines, u.sources, u.bundle)
             .await?;
     if let Some(waits) = turn {
-        not_up_to_date(ctx, u, status, &queued(target, waits.message)).await?;
-        return Ok(None);
+        // Another machine's turn: said without naming it, so the message holds until this
+        // machine's own turn, and the end of each turn wakes only the next (ADR 0071).
+        let stop = if waits.reason == reasons::DRIFT_QUEUED {
+            queued(target, TURN_WAIT)
+        } else {
+            queued(target, waits.message)
+        };
+        not_up_to_date(ctx, u, status, &stop).await?;
+        return Ok(Cleared::Queued);
     }
     let me = upgrade_holder(u.machine);
     let moving = crate::lock::transitioning(u.cluster, &machines);
     let outcome = crate::lock::acquire(ctx, u.cluster, &me, moving, false).await?;
     if !outcome.held() {
         not_up_to_date(ctx, u, status, &queued(target, outcome.message())).await?;
-        return Ok(None);
+        return Ok(Cleared::Waits);
     }
     if let Some(stop) = planner_holds(ctx, u, &machines, target).await? {
         crate::lock::release(ctx, u.cluster, &me).await?;
         not_up_to_date(ctx, u, status, &stop).await?;
-        return Ok(None);
+        return Ok(Cleared::Waits);
     }
     // The node behind this connection must be the machine (ADR 0052).
     let checked = crate::identity::check_machine(client, u.machine, u.address, "upgrade").await;
     if crate::identity::held_on(ctx, u.machine, status, conditions::UP_TO_DATE, &checked).await {
         crate::lock::release(ctx, u.cluster, &me).await?;
-        return Ok(None);
+        return Ok(Cleared::Waits);
     }
     match client.boot_id().await {
-        Ok(boot) => Ok(Some(boot)),
+        Ok(boot) => Ok(Cleared::Go(boot)),
         Err(error) => {
             crate::lock::release(ctx, u.cluster, &me).await?;
             let stop = queued(
@@ -277,10 +311,13 @@ async fn cleared(
                 format!("the node does not tell its boot id, by which its reboot is seen: {error}"),
             );
             not_up_to_date(ctx, u, status, &stop).await?;
-            Ok(None)
+            Ok(Cleared::Waits)
         }
     }
 }
+
+/// Why a node waits for another machine's upgrade turn.
+const TURN_WAIT: &str = "waits for its turn: one node of the cluster at a time, control planes first, then workers, by name, each back and healthy before the next (the cluster's status.rollout.inFlight names the node upgrading)";
 
 /// The planner's word on the upgrade, a restart: `Some` says why it waits (a voter unhealthy,
 /// quorum at risk; ADR 0019).
