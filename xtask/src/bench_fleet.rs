@@ -1,8 +1,9 @@
 //! `cargo xtask bench fleet`: the `fleet` spec set (crates/ichor-harness/tests/fleet.rs) runs a
 //! fleet of simulated machines over many clusters on one manager as the images ship it
 //! (release, statically linked), at each size of `ICHOR_FLEET_SIZES` (100, 300 and 1000 unless
-//! set), with the apiserver's audit log on: all-Ready, an idle round, then every cluster's
-//! `talosVersion` bumped; its tables go to `docs/benchmarks/fleet.md`.
+//! set), with the apiserver's audit log on: all-Ready, an idle round, then the first
+//! cluster's `talosVersion` bumped alone and every other cluster's at once; its tables go to
+//! `docs/benchmarks/fleet.md`.
 
 use std::path::Path;
 
@@ -69,9 +70,10 @@ pub fn fleet(root: &Path) -> Result<()> {
          every cluster is Ready. No workload control planes run: a cluster is Ready once every\n\
          machine runs and its control planes are etcd voters. Then the manager idles until it\n\
          has looked at every machine again (a round of settled looks, 60 s at least). Then\n\
-         every cluster's `spec.talosVersion` is bumped by a patch version, and the clock runs\n\
-         until every node runs it and every machine and cluster says so; the clusters' drain is\n\
-         off (`spec.drain.enabled: false`), since no workload API runs to drain through.\n\
+         the first cluster's `spec.talosVersion` is bumped by a patch version alone, and then\n\
+         every other cluster's at once; each clock runs until their nodes run it and their\n\
+         machines and clusters say so; the clusters' drain is off (`spec.drain.enabled: false`),\n\
+         since no workload API runs to drain through.\n\
          The manager's peak resident set is `VmHWM` from `/proc/<pid>/status` over the run\n\
          until the upgrade; its idle CPU is `utime + stime` from `/proc/<pid>/stat` over that idle round;\n\
          reconciles are its `ichor_reconciles_total`; apiserver requests are the manager's\n\
