@@ -374,6 +374,11 @@ pub struct KubernetesComponents {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 64))]
     pub kubelet: Option<String>,
+    /// The control-plane static pods its config turns off (`kube-controller-manager`,
+    /// `kube-scheduler`): the rollout does not wait for them on this node.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 2), inner(length(max = 64)))]
+    pub disabled: Vec<String>,
 }
 
 /// One node's upgrade: where it goes, where it came from, and how far it went.

@@ -84,10 +84,12 @@ pub async fn clear_halt(ctx: &Context, cluster: &TalosCluster, machine: &str) ->
 /// Where the declared Talos version's rollout is: the counts for `status.rollout` and
 /// `VersionRolledOut` (holds, reason, message). A configured node is up to date when its
 /// `UpToDate` says it runs the declaration (ADR 0068); one whose upgrade failed stops the
-/// rollout, named with its reason.
+/// rollout, named with its reason. The node in flight is the one whose upgrade is recorded,
+/// else the one holding the cluster lock (`holder`) for its upgrade, as while its Node drains.
 pub fn version_rollout(
     declared: &str,
     machines: &[TalosMachine],
+    holder: Option<&ichor_api::cluster::LockHolder>,
 ) -> (
     ichor_api::cluster::RolloutStatus,
     (bool, &'static str, String),
@@ -111,13 +113,21 @@ pub fn version_rollout(
     };
     let done = configured.iter().filter(|m| up_to_date(m)).count();
     let total = configured.len();
-    let in_flight = configured
-        .iter()
-        .find(|m| {
-            m.status
-                .as_ref()
-                .is_some_and(|s| s.upgrade.record.is_some())
-        })
+    let recorded = configured.iter().find(|m| {
+        m.status
+            .as_ref()
+            .is_some_and(|s| s.upgrade.record.is_some())
+    });
+    let locked = || {
+        let Some(ichor_api::cluster::LockHolder::Upgrade(uid)) = holder else {
+            return None;
+        };
+        configured
+            .iter()
+            .find(|m| m.metadata.uid.as_deref() == Some(uid.as_str()))
+    };
+    let in_flight = recorded
+        .or_else(locked)
         .map(|m| kube::ResourceExt::name_any(*m));
     let count = |n: usize| i32::try_from(n).unwrap_or(i32::MAX);
     let status = ichor_api::cluster::RolloutStatus {
@@ -289,5 +299,44 @@ mod tests {
         let (holds, reason, _) = rolled_out(Some(&upgrade), &machines[1..]);
         assert!(holds, "an upgrade's halt is VersionRolledOut's to tell");
         assert_eq!(reason, reasons::CONFIG_CURRENT);
+    }
+
+    #[test]
+    fn the_node_in_flight_is_the_one_recorded_else_the_one_holding_the_lock_for_its_upgrade() {
+        use ichor_api::cluster::LockHolder;
+        use ichor_api::machine::UpgradeRecord;
+        use ichor_api::operation::NodeProgress;
+
+        let configured = |name: &str| {
+            let mut m = machine(name, reasons::CONFIG_APPLIED);
+            m.metadata.uid = Some(format!("uid-{name}"));
+            let status = m.status.as_mut().expect("status");
+            status.applied.config_hash = Some("sha256:a".into());
+            m
+        };
+        let mut machines = [configured("cp-1"), configured("w-1")];
+        let draining = LockHolder::Upgrade("uid-w-1".into());
+        let in_flight = |machines: &[TalosMachine], holder| {
+            version_rollout("v1.14.2", machines, holder).0.in_flight
+        };
+        assert_eq!(in_flight(&machines, None), None);
+        assert_eq!(
+            in_flight(&machines, Some(&draining)).as_deref(),
+            Some("w-1"),
+            "its Node drains under the lock before anything is recorded"
+        );
+        let drift = LockHolder::Drift("uid-w-1".into());
+        assert_eq!(in_flight(&machines, Some(&drift)), None);
+        machines[0].status.as_mut().expect("status").upgrade.record = Some(UpgradeRecord {
+            image: "factory.talos.dev/metal-installer/abc:v1.14.2".into(),
+            version: "v1.14.2".into(),
+            from_version: Some("v1.14.1".into()),
+            boot_id_before: "b1".into(),
+            progress: NodeProgress::Intended,
+        });
+        assert_eq!(
+            in_flight(&machines, Some(&draining)).as_deref(),
+            Some("cp-1")
+        );
     }
 }

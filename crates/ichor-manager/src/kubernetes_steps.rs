@@ -135,12 +135,13 @@ pub fn same(a: &str, b: &str) -> bool {
     a.trim_start_matches('v') == b.trim_start_matches('v')
 }
 
-/// Whether `member` was seen running `component` at `version`.
+/// Whether `member` was seen running `component` at `version`, or its config turns the
+/// component off (nothing to wait for).
 fn runs(member: &Member<'_>, component: Component, version: &str) -> bool {
-    member
-        .running
-        .and_then(|r| component.of(r))
-        .is_some_and(|v| same(v, version))
+    member.running.is_some_and(|r| {
+        r.disabled.iter().any(|d| d == component.name())
+            || component.of(r).is_some_and(|v| same(v, version))
+    })
 }
 
 /// The configured machines in the rollout's order: control planes, then workers, each by name.
@@ -246,6 +247,7 @@ mod tests {
             scheduler: Some(sched.into()),
             proxy: None,
             kubelet: Some(kubelet.into()),
+            disabled: Vec::new(),
         }
     }
 
@@ -316,6 +318,38 @@ mod tests {
             components(NEW, OLD, &members, "worker-1"),
             seen(NEW, NEW, NEW, OLD).with_proxy(NEW)
         );
+    }
+
+    #[test]
+    fn a_static_pod_a_node_turns_off_is_not_waited_for() {
+        let mut no_scheduler = seen(NEW, NEW, OLD, OLD);
+        no_scheduler.scheduler = None;
+        no_scheduler.disabled = vec!["kube-scheduler".into()];
+        let other = seen(NEW, NEW, OLD, OLD);
+        let members = [
+            Member {
+                name: "cp-1",
+                control_plane: true,
+                configured: true,
+                running: Some(&no_scheduler),
+            },
+            Member {
+                name: "cp-2",
+                control_plane: true,
+                configured: true,
+                running: Some(&other),
+            },
+        ];
+        assert_eq!(step(NEW, &members).to_string(), "kube-scheduler on cp-2");
+        let other = seen(NEW, NEW, NEW, OLD);
+        let members = [
+            members[0],
+            Member {
+                running: Some(&other),
+                ..members[1]
+            },
+        ];
+        assert_eq!(step(NEW, &members).to_string(), "kubelet on cp-1");
     }
 
     #[test]

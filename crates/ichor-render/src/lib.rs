@@ -109,7 +109,8 @@ pub mod schematic;
 pub use bundle::{BundleError, SecretsBundle};
 pub use render::{
     MachineLayers, RenderError, RenderInput, Rendered, config_hash, contract_in_force,
-    installer_image, machine_schematic, render, render_machine, render_with_volumes,
+    disabled_static_pods, installer_image, machine_schematic, render, render_machine,
+    render_with_volumes,
 };
 
 /// A Talos version contract: what a config is rendered for.

@@ -179,6 +179,38 @@ fn b64(text: &str) -> String {
 }
 
 /// A typed document with its header.
+/// The control-plane static pods a config turns off, by their Kubernetes names
+/// (`kube-controller-manager`, `kube-scheduler`), as Talos decides (talos-facts §14.2): the
+/// typed document's `enabled: false` where the config has that document, else v1alpha1's
+/// `machine.controlPlane.{controllerManager,scheduler}.disabled: true`. `kube-apiserver`
+/// always runs on a control plane.
+pub fn disabled_static_pods(documents: &[Value]) -> Vec<&'static str> {
+    [
+        (
+            "KubeControllerManagerConfig",
+            "controllerManager",
+            "kube-controller-manager",
+        ),
+        ("KubeSchedulerConfig", "scheduler", "kube-scheduler"),
+    ]
+    .into_iter()
+    .filter(|(kind, field, _)| {
+        let typed = documents
+            .iter()
+            .find(|d| d.get("kind").and_then(Value::as_str) == Some(kind));
+        match typed {
+            Some(document) => document.get("enabled").and_then(Value::as_bool) == Some(false),
+            None => documents.iter().any(|d| {
+                d.pointer(&format!("/machine/controlPlane/{field}/disabled"))
+                    .and_then(Value::as_bool)
+                    == Some(true)
+            }),
+        }
+    })
+    .map(|(_, _, name)| name)
+    .collect()
+}
+
 fn doc(kind: &str, body: Value) -> Value {
     let mut out = Map::new();
     out.insert("apiVersion".into(), json!("v1alpha1"));

@@ -666,6 +666,7 @@ fn a_kubernetes_rollout_holds_each_component_at_its_own_version() {
         scheduler: None,
         proxy: Some("1.36.3".into()),
         kubelet: Some("v1.36.3".into()),
+        disabled: Vec::new(),
     };
     for contract in [Contract::V1_13, Contract::V1_14] {
         let talos = if contract == Contract::V1_13 {
@@ -703,4 +704,27 @@ fn a_kubernetes_rollout_holds_each_component_at_its_own_version() {
         assert!(plain.yaml.contains("ghcr.io/siderolabs/kubelet:v1.36.4"));
         assert_ne!(plain.hash, rendered.hash);
     }
+}
+
+#[test]
+fn a_static_pod_is_turned_off_by_its_typed_document_else_by_v1alpha1() {
+    let f = Fixture::new(Contract::V1_14);
+    let disabled = |out: &Rendered| ichor_render::disabled_static_pods(&out.documents);
+    let plain = f.render([&[], &[], &[]]).expect("render");
+    assert!(disabled(&plain).is_empty(), "both run unless turned off");
+    let off = patches(json!([{"documents": {"KubeSchedulerConfig": {"enabled": false}}}]));
+    let out = f.render([&off, &[], &[]]).expect("render");
+    assert_eq!(disabled(&out), ["kube-scheduler"]);
+    // Without the typed document, v1alpha1's field decides (talos-facts §14.2).
+    let f = Fixture::new(Contract::V1_13);
+    let off =
+        patches(json!([{"machine": {"controlPlane": {"controllerManager": {"disabled": true}}}}]));
+    let out = f.render([&off, &[], &[]]).expect("render");
+    assert_eq!(disabled(&out), ["kube-controller-manager"]);
+    // A typed document that says nothing leaves it on, whatever v1alpha1 says.
+    let mut typed = out.documents.clone();
+    typed.push(
+        json!({"apiVersion": "v1alpha1", "kind": "KubeControllerManagerConfig", "image": "x"}),
+    );
+    assert!(ichor_render::disabled_static_pods(&typed).is_empty());
 }

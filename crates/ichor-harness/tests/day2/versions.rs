@@ -609,7 +609,8 @@ async fn a_declared_upgrade_that_a_budget_blocks_waits_at_the_drain_until_the_bu
         "{message}"
     );
     // Both workers were looked at since: the blocked one waits at its drain, the other for its
-    // turn behind it.
+    // turn (its message names no machine: it holds until its own turn, ADR 0071), and the
+    // cluster names the blocked one in flight.
     try_eventually("the workers wait", Duration::from_secs(60), || async {
         let conditions = up_to_date(&target).await;
         let reason = |name: &str| {
@@ -623,7 +624,8 @@ async fn a_declared_upgrade_that_a_budget_blocks_waits_at_the_drain_until_the_bu
                 if at_drain == reasons::DRAIN_TIMED_OUT
                     && why.contains("PodDisruptionBudget pinned")
                     && waits == reasons::UPGRADE_QUEUED
-                    && behind.contains(&blocked) =>
+                    && behind
+                        .contains("waits for its turn: one machine of the cluster at a time") =>
             {
                 Ok(())
             }
@@ -632,12 +634,29 @@ async fn a_declared_upgrade_that_a_budget_blocks_waits_at_the_drain_until_the_bu
     })
     .await
     .unwrap_or_else(|e| panic!("{e}\n{}", state_summary(&target)));
+    try_eventually(
+        "the one in flight named",
+        Duration::from_secs(60),
+        || async {
+            let rollout =
+                Api::<ichor_api::TalosCluster>::namespaced(target.client(), target.namespace())
+                    .get(CLUSTER)
+                    .await
+                    .ok()?
+                    .status?
+                    .core
+                    .rollout?;
+            (rollout.in_flight.as_deref() == Some(blocked.as_str())).then_some(())
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", state_summary(&target)));
     let stopped_upgrades = calls(&target, "Upgrade");
     let stopped_reboots = calls(&target, "Reboot");
-    // The worker behind it was looked at once the blocked one became next (its message names
-    // it), and waits to be woken when that turn ends. The blocked one is looked at again while
-    // it waits (its evictions retried): its node asked again, twice, then nothing was sent to
-    // any node meanwhile.
+    // The worker behind it was looked at once the blocked one became next, and waits to be
+    // woken when that turn ends (at the settled pace meanwhile, ADR 0071). The blocked one is
+    // looked at again while it waits (its evictions retried): its node asked again, in two
+    // looks at least, then nothing was sent to any node meanwhile.
     let looked = (
         target.nodes()[b].rpcs(),
         target
@@ -654,7 +673,7 @@ async fn a_declared_upgrade_that_a_budget_blocks_waits_at_the_drain_until_the_bu
                 .manager_reconciles("TalosMachine")
                 .await
                 .map_err(|e| e.to_string())?;
-            if rpcs >= looked.0 + 2 && reconciles >= looked.1 + 6 {
+            if rpcs >= looked.0 + 2 && reconciles >= looked.1 + 2 {
                 Ok(())
             } else {
                 Err(format!(
@@ -702,9 +721,9 @@ async fn a_declared_upgrade_that_a_budget_blocks_waits_at_the_drain_until_the_bu
         .expect("VersionRolledOut");
     assert_eq!(rolled.reason, reasons::VERSION_ROLLING_OUT, "{rolled:?}");
     assert_eq!(
-        status.core.rollout.and_then(|r| r.in_flight),
-        None,
-        "no upgrade recorded while the drain waits"
+        status.core.rollout.and_then(|r| r.in_flight).as_deref(),
+        Some(blocked.as_str()),
+        "no upgrade recorded while the drain waits, but the node is in flight under the lock"
     );
 
     // The budget goes: the pod is evicted, and the rollout completes.

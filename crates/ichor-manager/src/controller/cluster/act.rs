@@ -332,7 +332,14 @@ fn record_versions(
         .accepted
         .as_ref()
         .map_or(&cluster.spec.talos_version, |a| &a.talos_version);
-    let (mut rollout, condition) = crate::drift::version_rollout(rolling_out, machines);
+    // The lock as this reconcile found it, else as last mirrored.
+    let holder = status
+        .lock
+        .mirror
+        .as_ref()
+        .or_else(|| cluster.status.as_ref().and_then(|s| s.lock.mirror.as_ref()))
+        .and_then(|l| l.holder.as_ref());
+    let (mut rollout, condition) = crate::drift::version_rollout(rolling_out, machines, holder);
     rollout.kubernetes_step = step.map(|s| s.to_string());
     // A Kubernetes rollout still stepping is not rolled out, whatever Talos says.
     let condition = match (&condition, &rollout.kubernetes_step, &outcome.accepted) {

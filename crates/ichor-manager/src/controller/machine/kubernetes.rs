@@ -2,13 +2,15 @@
 //! version out, each look records what the node runs: its control-plane static pods as their
 //! kubelet reports them Ready (`StaticPodStatuses`, talos-facts §14.1) and its kubelet as its
 //! Node reports it (`status.nodeInfo.kubeletVersion` of a Ready Node, as `talosctl upgrade-k8s`
-//! waits for, §9.7). The rollout's steps (`crate::kubernetes_steps`) wait on these records.
+//! waits for, §9.7), and the static pods its config turns off (§14.2). The rollout's steps
+//! (`crate::kubernetes_steps`) wait on these records.
 //! Once no rollout runs, the record is cleared.
 
 use ichor_api::TalosCluster;
 use ichor_api::TalosMachine;
 use ichor_api::common::Role;
 use ichor_api::machine::{KubernetesComponents, MachineUpgrade, TalosMachineStatus};
+use ichor_render::Rendered;
 use ichor_talos::{ControlPlaneComponent, TalosClient};
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt as _;
@@ -30,11 +32,18 @@ fn tag_version(image: &str) -> Option<String> {
 async fn seen(
     ctx: &Context,
     cluster: &TalosCluster,
-    role: Role,
+    (role, rendered): (Role, &Rendered),
     client: Option<&TalosClient>,
     status: &TalosMachineStatus,
 ) -> KubernetesComponents {
     let mut seen = KubernetesComponents::default();
+    if role == Role::ControlPlane {
+        // What its config turns off never runs there (talos-facts §14.2).
+        seen.disabled = ichor_render::disabled_static_pods(&rendered.documents)
+            .into_iter()
+            .map(str::to_owned)
+            .collect();
+    }
     if role == Role::ControlPlane
         && let Some(client) = client
         && let Ok(pods) = client.static_pod_statuses().await
@@ -74,9 +83,8 @@ async fn seen(
 /// look comes soon.
 pub(super) async fn look(
     ctx: &Context,
-    cluster: &TalosCluster,
-    machine: &TalosMachine,
-    role: Role,
+    (cluster, machine): (&TalosCluster, &TalosMachine),
+    (role, rendered): (Role, &Rendered),
     client: Option<&TalosClient>,
     status: &mut TalosMachineStatus,
 ) -> Result<bool, Error> {
@@ -87,7 +95,7 @@ pub(super) async fn look(
         .filter(|a| a.kubernetes_from.is_some())
         .map(|a| a.kubernetes_version.clone());
     let now = match &target {
-        Some(_) => Some(seen(ctx, cluster, role, client, status).await),
+        Some(_) => Some(seen(ctx, cluster, (role, rendered), client, status).await),
         None => None,
     };
     if now != status.upgrade.kubernetes {

@@ -381,21 +381,15 @@ async fn follow(
     ctx: &Context,
     machine: &TalosMachine,
     cluster: &TalosCluster,
-    mut status: TalosMachineStatus,
+    status: TalosMachineStatus,
     rendered: &Rendered,
     reach: &Reach<'_>,
 ) -> Result<Action, Error> {
     // Checked by the caller: an approved machine has a role.
     let role = machine.spec.role.unwrap_or(Role::Worker);
-    // Drift and upgrades are multi-step flows (apply, or lock + stage + reboot, then back;
-    // lock + install + reboot, then back): decide them on the machine as stored now, not on a
-    // cache that may lag this manager's own writes.
-    if in_flight(cluster, &status, rendered) {
-        let Some(fresh) = observe::read_stored(ctx, machine).await? else {
-            return Ok(Action::await_change());
-        };
-        status = fresh.status.unwrap_or_default();
-    }
+    let Some(mut status) = to_decide_on(ctx, machine, cluster, status, rendered).await? else {
+        return Ok(Action::await_change());
+    };
     let client = crate::connect(reach.address, reach.credentials).await;
     let answers = match &client {
         Some(client) => observe::ask_node(client, role, &status).await,
@@ -420,7 +414,7 @@ async fn follow(
         rendered,
         reach,
     };
-    drift_act(ctx, &here, step, client.as_ref(), &mut status).await?;
+    let drift_queued = drift_act(ctx, &here, step, client.as_ref(), &mut status).await?;
     // The node's Talos, once no config is rolling out to it: upgraded to what the cluster
     // declares, in the same turns (ADR 0068).
     let node = Node {
@@ -431,14 +425,20 @@ async fn follow(
     let turn = upgrade_step(ctx, &here, node, &mut status, config_still).await?;
     // Where a Kubernetes rollout stands on this node (ADR 0070): looked at again soon while the
     // rollout waits on it.
-    let stepping_here =
-        kubernetes::look(ctx, cluster, machine, role, client.as_ref(), &mut status).await?;
+    let stepping_here = kubernetes::look(
+        ctx,
+        (cluster, machine),
+        (role, rendered),
+        client.as_ref(),
+        &mut status,
+    )
+    .await?;
     let at = Stand {
         role,
         view,
         address: reach.address,
         rendered,
-        turn_queued: turn == upgrade::Turn::Queued,
+        turn_queued: drift_queued || turn == upgrade::Turn::Queued,
     };
     let upgraded = turn == upgrade::Turn::Ended;
     let action = report(ctx, machine, cluster, status, &at, (turn_over, upgraded)).await?;
@@ -447,6 +447,25 @@ async fn follow(
     } else {
         action
     })
+}
+
+/// The status a look decides on. Drift and upgrades are multi-step flows (apply, or lock +
+/// stage + reboot, then back; lock + install + reboot, then back): while one is under way or
+/// due, they are decided on the machine as stored now, not on a cache that may lag this
+/// manager's own writes. `None`: the machine is gone.
+async fn to_decide_on(
+    ctx: &Context,
+    machine: &TalosMachine,
+    cluster: &TalosCluster,
+    status: TalosMachineStatus,
+    rendered: &Rendered,
+) -> Result<Option<TalosMachineStatus>, Error> {
+    if !in_flight(cluster, &status, rendered) {
+        return Ok(Some(status));
+    }
+    Ok(observe::read_stored(ctx, machine)
+        .await?
+        .map(|fresh| fresh.status.unwrap_or_default()))
 }
 
 /// A configured machine's look: the machine, its cluster, the config rendered for it and how
@@ -459,13 +478,14 @@ struct Look<'a> {
 }
 
 /// Acts on the drift step: rolls the changed config out, records it back, or settled.
+/// Returns whether the drift waits for another machine's turn (ADR 0071).
 async fn drift_act(
     ctx: &Context,
     look: &Look<'_>,
     step: DriftStep,
     client: Option<&TalosClient>,
     status: &mut TalosMachineStatus,
-) -> Result<(), Error> {
+) -> Result<bool, Error> {
     let Look {
         machine,
         cluster,
@@ -484,7 +504,7 @@ async fn drift_act(
                 bundle: reach.bundle,
                 sources: reach.sources,
             };
-            drift::roll_out(ctx, &rollout, status).await?;
+            return drift::roll_out(ctx, &rollout, status).await;
         }
         (DriftStep::Back, _) => {
             drift::plan::drift_back(machine, status, rendered, &ctx.now());
@@ -495,7 +515,7 @@ async fn drift_act(
         }
         (DriftStep::RollOut { .. } | DriftStep::Idle, _) => {}
     }
-    Ok(())
+    Ok(false)
 }
 
 /// Registers the schematic `rendered`'s installer is built from with its factory, before the
@@ -649,7 +669,7 @@ async fn stand(
         act::announce_ready(ctx, machine, judged.message).await;
     }
     let settled = if at.turn_queued {
-        plan::settled_but_for_its_turn(judged.ready, &status, &at.rendered.hash)
+        plan::settled_but_for_its_turn(judged.ready, &status)
     } else {
         plan::settled(judged.ready, &status, &at.rendered.hash)
     };
@@ -680,7 +700,7 @@ struct Stand<'a> {
     view: Option<NodeView>,
     address: &'a str,
     rendered: &'a Rendered,
-    /// Its upgrade waits for another machine's turn, whose end wakes it (ADR 0071).
+    /// Its drift or upgrade waits for another machine's turn, whose end wakes it (ADR 0071).
     turn_queued: bool,
 }
 

@@ -627,21 +627,16 @@ pub(super) fn drift_step(
 /// machine is looked at at the progress pace, so the rollout moves on seconds after the node
 /// before it is back, not a settled requeue later (ADR 0043).
 pub(super) fn settled(ready: bool, status: &TalosMachineStatus, rendered: &str) -> bool {
-    settled_but_for_its_turn(ready, status, rendered) && !upgrade_queued(status)
+    settled_but_for_its_turn(ready, status)
+        && !drift_queued(status, rendered)
+        && !upgrade_queued(status)
 }
 
-/// Whether the machine is settled but for an upgrade that waits for another machine's turn:
-/// Ready, with nothing of its own in flight and no drift queued. The end of that turn wakes
-/// it (ADR 0043), so such a machine is looked at at the settled pace too (ADR 0071).
-pub(super) fn settled_but_for_its_turn(
-    ready: bool,
-    status: &TalosMachineStatus,
-    rendered: &str,
-) -> bool {
-    ready
-        && status.drift.reboot.is_none()
-        && status.upgrade.record.is_none()
-        && !drift_queued(status, rendered)
+/// Whether the machine is settled but for a drift or an upgrade that waits for another
+/// machine's turn: Ready, with no reboot or upgrade of its own in flight. The end of that turn
+/// wakes it (ADR 0043), so such a machine is looked at at the settled pace too (ADR 0071).
+pub(super) fn settled_but_for_its_turn(ready: bool, status: &TalosMachineStatus) -> bool {
+    ready && status.drift.reboot.is_none() && status.upgrade.record.is_none()
 }
 
 /// Whether the machine's upgrade waits on the rollout (its turn, a sibling's health, the
@@ -672,25 +667,24 @@ fn drift_queued(status: &TalosMachineStatus, rendered: &str) -> bool {
 }
 
 /// The machines to look at now that `me`'s drift or upgrade turn ended or `me` became Ready:
-/// every other machine of the cluster whose drift waits on the rollout (`ConfigApplied` says
-/// `DriftQueued` or `NeedsReboot`), or that waits for the cluster lock (`waiting`, the lock's
-/// mirror); and of the machines whose upgrade waits (`UpToDate` says `UpgradeQueued`), the
-/// first in rollout order (control planes, then workers, by name), whose turn is next: the
-/// others wait for theirs at the settled pace, and are woken one by one (ADR 0071). Nothing
-/// else tells them: the lock's mirror is best effort, and a sibling's status wakes no other
-/// machine.
+/// of the other machines of the cluster whose drift or upgrade waits on the rollout
+/// (`ConfigApplied` says `DriftQueued` or `NeedsReboot`, or `UpToDate` says `UpgradeQueued`),
+/// the first in rollout order (control planes, then workers, by name), whose turn is next; the
+/// others wait for theirs at the settled pace and are woken one by one (ADR 0071). And every
+/// machine that waits for the cluster lock (`waiting`, the lock's mirror). Nothing else tells
+/// them: the lock's mirror is best effort, and a sibling's status wakes no other machine.
 pub(crate) fn queued_behind(
     machines: &[TalosMachine],
     waiting: &[LockHolder],
     me: &str,
 ) -> Vec<ObjectRef<TalosMachine>> {
     let others = || machines.iter().filter(|m| m.name_any() != me);
-    let next_upgrade = others()
+    let next = others()
         .filter(|m| {
             m.metadata.deletion_timestamp.is_none()
-                && m.status
-                    .as_ref()
-                    .is_some_and(|s| s.removal.progress.is_none() && upgrade_queued(s))
+                && m.status.as_ref().is_some_and(|s| {
+                    s.removal.progress.is_none() && (upgrade_queued(s) || rollout_queued(s))
+                })
         })
         .min_by_key(|m| {
             let group = u8::from(m.spec.role != Some(Role::ControlPlane));
@@ -699,22 +693,24 @@ pub(crate) fn queued_behind(
         .map(kube::ResourceExt::name_any);
     others()
         .filter(|m| {
-            let next = next_upgrade.as_deref() == Some(m.name_any().as_str());
-            let drift = m.status.as_ref().is_some_and(|s| {
-                s.conditions.iter().any(|c| {
-                    c.type_ == conditions::CONFIG_APPLIED
-                        && c.status == ConditionStatus::False
-                        && (c.reason == reasons::DRIFT_QUEUED || c.reason == reasons::NEEDS_REBOOT)
-                })
-            });
             let held = m.uid().is_some_and(|uid| {
                 waiting.contains(&LockHolder::Drift(uid.clone()))
                     || waiting.contains(&LockHolder::Upgrade(uid))
             });
-            next || drift || held
+            next.as_deref() == Some(m.name_any().as_str()) || held
         })
         .map(ObjectRef::from_obj)
         .collect()
+}
+
+/// Whether the machine's drift waits on the rollout: `ConfigApplied` says `DriftQueued` or
+/// `NeedsReboot`.
+fn rollout_queued(status: &TalosMachineStatus) -> bool {
+    status.conditions.iter().any(|c| {
+        c.type_ == conditions::CONFIG_APPLIED
+            && c.status == ConditionStatus::False
+            && (c.reason == reasons::DRIFT_QUEUED || c.reason == reasons::NEEDS_REBOOT)
+    })
 }
 
 /// How long a settled machine waits for its next look: the settled requeue, or, in a fleet of
@@ -1458,7 +1454,7 @@ mod tests {
     }
 
     #[test]
-    fn the_end_of_a_turn_wakes_the_machines_queued_behind_it() {
+    fn the_end_of_a_turn_wakes_the_machine_queued_next() {
         let machine = |name: &str, uid: &str, applied: bool, reason: &str| {
             let mut m = TalosMachine::test(name).build();
             m.metadata.uid = Some(uid.into());
@@ -1478,8 +1474,14 @@ mod tests {
         };
         assert_eq!(
             names(queued_behind(&machines, &[], "cp-1")),
-            ["cp-2", "cp-3"],
-            "itself, a halted and a settled machine are left alone"
+            ["cp-2"],
+            "the next queued: itself, a halted and a settled machine are left alone"
+        );
+        assert_eq!(names(queued_behind(&machines, &[], "cp-2")), ["cp-1"]);
+        assert_eq!(
+            names(queued_behind(&machines[2..], &[], "cp-1")),
+            ["cp-3"],
+            "one whose reboot waits counts as queued"
         );
         assert_eq!(
             names(queued_behind(
@@ -1487,7 +1489,7 @@ mod tests {
                 &[LockHolder::Drift("u6".into())],
                 "cp-1"
             )),
-            ["cp-2", "cp-3", "w-3"],
+            ["cp-2", "w-3"],
             "a machine that waits for the lock is woken, whatever its condition says"
         );
     }

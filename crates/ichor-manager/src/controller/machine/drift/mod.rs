@@ -44,22 +44,26 @@ pub fn drift_holder(machine: &TalosMachine) -> LockHolder {
 /// Drift: what the objects now render differs from what was applied. It is rolled out one
 /// machine at a time in the planner's order, under the cluster lock (ADR 0019): this waits
 /// for the machine's turn and the lock, then applies the config live, or staged with a reboot
-/// when it cannot go live.
+/// when it cannot go live. Returns whether it waits for another machine's turn (or a halted
+/// rollout), whose end wakes it (ADR 0071).
 pub(super) async fn roll_out(
     ctx: &Context,
     r: &Rollout<'_>,
     status: &mut TalosMachineStatus,
-) -> Result<(), Error> {
+) -> Result<bool, Error> {
     let me = drift_holder(r.machine);
     // The cluster's machines, read once for the turn and the lock, as stored: one disruption
     // at a time under the cluster lock (ADR 0019) counts the machines moving now.
     let machines = crate::cluster_machines_as_stored(ctx, r.cluster).await?;
-    let waiting =
+    let (waiting, queued) =
         match wait_for_turn(ctx, r.machine, r.cluster, &machines, r.sources, r.bundle).await? {
-            Some(turn) => Some(turn),
-            None => act::take_drift_lock(ctx, r.cluster, &machines, &me, r.rendered)
-                .await?
-                .map(|queued| Stop::new(reasons::DRIFT_QUEUED, queued)),
+            Some(turn) => (Some(turn), true),
+            None => (
+                act::take_drift_lock(ctx, r.cluster, &machines, &me, r.rendered)
+                    .await?
+                    .map(|queued| Stop::new(reasons::DRIFT_QUEUED, queued)),
+                false,
+            ),
         };
     if let Some(stop) = waiting {
         stop.set_condition(
@@ -68,7 +72,7 @@ pub(super) async fn roll_out(
             r.machine.metadata.generation,
             &ctx.now(),
         );
-        return Ok(());
+        return Ok(queued);
     }
     // The node behind this connection must be the machine: no config goes to another one at
     // its address (ADR 0052).
@@ -78,19 +82,22 @@ pub(super) async fn roll_out(
     if crate::identity::held_on(ctx, r.machine, status, conditions::CONFIG_APPLIED, &checked).await
     {
         crate::lock::release(ctx, r.cluster, &me).await?;
-        return Ok(());
+        return Ok(false);
     }
     match act::apply_live_once(ctx, r.machine, r.client, r.rendered, status).await? {
-        Ok(sent) => act::record_live_applied(ctx, r, status, sent).await,
+        Ok(sent) => act::record_live_applied(ctx, r, status, sent).await?,
         // Anything but "this needs a reboot" (the node busy, a timeout, a refused config)
         // is reported and retried: a transient error never reboots a node. Without an answer
         // the node may run the config already: the intent stays, so the retry looks first.
         Err(error) => match drift_refused(&error) {
-            DriftRefused::StageAndReboot => live_refused(ctx, r, status, &error).await,
-            DriftRefused::Retry => act::record_live_retry(ctx, r, status, &error, false).await,
-            DriftRefused::Unanswered => act::record_live_retry(ctx, r, status, &error, true).await,
+            DriftRefused::StageAndReboot => live_refused(ctx, r, status, &error).await?,
+            DriftRefused::Retry => act::record_live_retry(ctx, r, status, &error, false).await?,
+            DriftRefused::Unanswered => {
+                act::record_live_retry(ctx, r, status, &error, true).await?;
+            }
         },
     }
+    Ok(false)
 }
 
 /// The config cannot go live: it is applied with a reboot under the cluster lock. Recorded as

@@ -69,23 +69,21 @@ pub(in super::super) fn drift_back(
     config_applied(status, machine, message, now);
 }
 
-/// Why machine `name`'s drift waits, by the planner's `turn` (`None`: it is its turn, or no
-/// machine drifted); `why` is what the node that halted the rollout answered.
+/// Why a machine waits for another machine's turn: said without naming that machine, so the
+/// message holds until its own turn comes, and the end of each turn need wake only the machine
+/// next (ADR 0071); the cluster's `status.lock` and `status.rollout.inFlight` name the machine
+/// in its turn.
+pub(in super::super) const TURN_WAIT: &str = "waits for its turn: one machine of the cluster at a time, control planes first, then workers, by name, each healthy again (Ready, and for a control plane a healthy etcd voter) before the next; the cluster's status.lock names the machine in its turn";
+
+/// Why machine `name`'s drift (or upgrade) waits, by the planner's `turn` (`None`: it is its
+/// turn, or no machine drifted); `why` is what the node that halted the rollout answered.
 pub(super) fn turn_wait(turn: DriftTurn, name: &str, why: &str) -> Option<Stop> {
     match turn {
         DriftTurn::Settled => None,
         DriftTurn::Next { machine, .. } if machine == name => None,
-        DriftTurn::Next { machine, .. } => Some(Stop::new(
+        DriftTurn::Next { .. } | DriftTurn::WaitForHealthy { .. } => Some(Stop::new(
             reasons::DRIFT_QUEUED,
-            format!(
-                "its changed config waits for its turn: {machine} takes its own first (control planes, then workers, each by name; one machine at a time)"
-            ),
-        )),
-        DriftTurn::WaitForHealthy { machine } => Some(Stop::new(
-            reasons::DRIFT_QUEUED,
-            format!(
-                "its changed config waits until {machine} is healthy again (Ready, and for a control plane a healthy etcd voter): one machine at a time, each healthy before the next"
-            ),
+            format!("its changed config {TURN_WAIT}"),
         )),
         DriftTurn::Halted { machine } => Some(Stop::new(
             reasons::DRIFT_HALTED,
@@ -129,10 +127,13 @@ mod tests {
         assert_eq!(turn_wait(next("w-1"), "w-1", ""), None);
         let queued = turn_wait(next("cp-1"), "w-1", "").expect("waits for cp-1");
         assert_eq!(queued.reason, reasons::DRIFT_QUEUED);
-        assert!(
-            queued.message.contains("cp-1 takes its own first"),
-            "{}",
-            queued.message
+        let sick = DriftTurn::WaitForHealthy {
+            machine: "cp-1".to_owned(),
+        };
+        assert_eq!(
+            turn_wait(sick, "w-1", ""),
+            Some(queued),
+            "one message whose turn or health it waits for: it holds until its own turn"
         );
     }
 

@@ -115,11 +115,7 @@ pub(super) async fn behind_config(
 ) -> Result<(), Error> {
     // Its own upgrade's failure (what halted the rollout here) says more than a queue does,
     // and stands until the upgrade is tried again.
-    let failed = status.conditions.iter().any(|c| {
-        c.type_ == conditions::UP_TO_DATE
-            && (c.reason == reasons::UPGRADE_ROLLED_BACK || c.reason == reasons::UPGRADE_FAILED)
-    });
-    if status.upgrade.record.is_some() || failed {
+    if status.upgrade.record.is_some() || own_upgrade_failed(status) {
         return Ok(());
     }
     let Some(target) = plan::target(u.cluster, status, u.rendered) else {
@@ -133,6 +129,15 @@ pub(super) async fn behind_config(
         .unwrap_or_default();
     let why = format!("its changed config rolls out first{config}");
     not_up_to_date(ctx, u, status, &queued(&target, why)).await
+}
+
+/// Whether `UpToDate` says the machine's own upgrade failed (`UpgradeRolledBack`,
+/// `UpgradeFailed`): what halted the rollout here, kept until the upgrade is tried again.
+fn own_upgrade_failed(status: &TalosMachineStatus) -> bool {
+    status.conditions.iter().any(|c| {
+        c.type_ == conditions::UP_TO_DATE
+            && (c.reason == reasons::UPGRADE_ROLLED_BACK || c.reason == reasons::UPGRADE_FAILED)
+    })
 }
 
 /// `UpToDate` false, saying why.
@@ -276,8 +281,12 @@ async fn cleared(
     if let Some(waits) = turn {
         // Another machine's turn: said without naming it, so the message holds until this
         // machine's own turn, and the end of each turn wakes only the next (ADR 0071).
+        // A rollout halted at this very machine keeps its own failure's reason: it says more.
+        if waits.reason == reasons::DRIFT_HALTED && own_upgrade_failed(status) {
+            return Ok(Cleared::Queued);
+        }
         let stop = if waits.reason == reasons::DRIFT_QUEUED {
-            queued(target, TURN_WAIT)
+            queued(target, format!("it {}", super::drift::plan::TURN_WAIT))
         } else {
             queued(target, waits.message)
         };
@@ -315,9 +324,6 @@ async fn cleared(
         }
     }
 }
-
-/// Why a node waits for another machine's upgrade turn.
-const TURN_WAIT: &str = "waits for its turn: one node of the cluster at a time, control planes first, then workers, by name, each back and healthy before the next (the cluster's status.rollout.inFlight names the node upgrading)";
 
 /// The planner's word on the upgrade, a restart: `Some` says why it waits (a voter unhealthy,
 /// quorum at risk; ADR 0019).
