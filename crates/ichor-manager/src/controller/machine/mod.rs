@@ -414,7 +414,7 @@ async fn follow(
         rendered,
         reach,
     };
-    let drift_queued = drift_act(ctx, &here, step, client.as_ref(), &mut status).await?;
+    let rolled = drift_act(ctx, &here, step, client.as_ref(), &mut status).await?;
     // The node's Talos, once no config is rolling out to it: upgraded to what the cluster
     // declares, in the same turns (ADR 0068).
     let node = Node {
@@ -438,15 +438,30 @@ async fn follow(
         view,
         address: reach.address,
         rendered,
-        turn_queued: drift_queued || turn == upgrade::Turn::Queued,
+        turn_queued: rolled == drift::Rolled::Queued || turn == upgrade::Turn::Queued,
     };
+    let next = next_step(cluster, &status, rendered, (rolled, turn_over));
     let upgraded = turn == upgrade::Turn::Ended;
     let action = report(ctx, machine, cluster, status, &at, (turn_over, upgraded)).await?;
-    Ok(if stepping_here {
-        Action::requeue(ctx.settings.progress_requeue)
-    } else {
-        action
+    Ok(match next {
+        Some(now) => now,
+        None if stepping_here => Action::requeue(ctx.settings.progress_requeue),
+        None => action,
     })
+}
+
+/// A turn's next step goes at once when nothing on the node is to be waited for (ADR 0071):
+/// a config that runs live (`rolled`) is seen back by the next look, and an upgrade due after
+/// the drift part of the turn (`turn_over`) starts with it.
+fn next_step(
+    cluster: &TalosCluster,
+    status: &TalosMachineStatus,
+    rendered: &Rendered,
+    (rolled, turn_over): (drift::Rolled, bool),
+) -> Option<Action> {
+    let at_once = rolled == drift::Rolled::Live
+        || (turn_over && upgrade::plan::target(cluster, status, rendered).is_some());
+    at_once.then(|| Action::requeue(std::time::Duration::ZERO))
 }
 
 /// The status a look decides on. Drift and upgrades are multi-step flows (apply, or lock +
@@ -477,15 +492,15 @@ struct Look<'a> {
     reach: &'a Reach<'a>,
 }
 
-/// Acts on the drift step: rolls the changed config out, records it back, or settled.
-/// Returns whether the drift waits for another machine's turn (ADR 0071).
+/// Acts on the drift step: rolls the changed config out, records it back, or settled; says
+/// where that left the drift.
 async fn drift_act(
     ctx: &Context,
     look: &Look<'_>,
     step: DriftStep,
     client: Option<&TalosClient>,
     status: &mut TalosMachineStatus,
-) -> Result<bool, Error> {
+) -> Result<drift::Rolled, Error> {
     let Look {
         machine,
         cluster,
@@ -515,7 +530,7 @@ async fn drift_act(
         }
         (DriftStep::RollOut { .. } | DriftStep::Idle, _) => {}
     }
-    Ok(false)
+    Ok(drift::Rolled::Waits)
 }
 
 /// Registers the schematic `rendered`'s installer is built from with its factory, before the

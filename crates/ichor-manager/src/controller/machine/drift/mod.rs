@@ -44,25 +44,24 @@ pub fn drift_holder(machine: &TalosMachine) -> LockHolder {
 /// Drift: what the objects now render differs from what was applied. It is rolled out one
 /// machine at a time in the planner's order, under the cluster lock (ADR 0019): this waits
 /// for the machine's turn and the lock, then applies the config live, or staged with a reboot
-/// when it cannot go live. Returns whether it waits for another machine's turn (or a halted
-/// rollout), whose end wakes it (ADR 0071).
+/// when it cannot go live. Says where that left it.
 pub(super) async fn roll_out(
     ctx: &Context,
     r: &Rollout<'_>,
     status: &mut TalosMachineStatus,
-) -> Result<bool, Error> {
+) -> Result<Rolled, Error> {
     let me = drift_holder(r.machine);
     // The cluster's machines, read once for the turn and the lock, as stored: one disruption
     // at a time under the cluster lock (ADR 0019) counts the machines moving now.
     let machines = crate::cluster_machines_as_stored(ctx, r.cluster).await?;
     let (waiting, queued) =
         match wait_for_turn(ctx, r.machine, r.cluster, &machines, r.sources, r.bundle).await? {
-            Some(turn) => (Some(turn), true),
+            Some(turn) => (Some(turn), Rolled::Queued),
             None => (
                 act::take_drift_lock(ctx, r.cluster, &machines, &me, r.rendered)
                     .await?
                     .map(|queued| Stop::new(reasons::DRIFT_QUEUED, queued)),
-                false,
+                Rolled::Waits,
             ),
         };
     if let Some(stop) = waiting {
@@ -82,10 +81,13 @@ pub(super) async fn roll_out(
     if crate::identity::held_on(ctx, r.machine, status, conditions::CONFIG_APPLIED, &checked).await
     {
         crate::lock::release(ctx, r.cluster, &me).await?;
-        return Ok(false);
+        return Ok(Rolled::Waits);
     }
     match act::apply_live_once(ctx, r.machine, r.client, r.rendered, status).await? {
-        Ok(sent) => act::record_live_applied(ctx, r, status, sent).await?,
+        Ok(sent) => {
+            act::record_live_applied(ctx, r, status, sent).await?;
+            return Ok(Rolled::Live);
+        }
         // Anything but "this needs a reboot" (the node busy, a timeout, a refused config)
         // is reported and retried: a transient error never reboots a node. Without an answer
         // the node may run the config already: the intent stays, so the retry looks first.
@@ -97,7 +99,20 @@ pub(super) async fn roll_out(
             }
         },
     }
-    Ok(false)
+    Ok(Rolled::Waits)
+}
+
+/// Where a look left a machine's drift ([`roll_out`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Rolled {
+    /// It waits for another machine's turn (or a halted rollout), whose end wakes it
+    /// (ADR 0071).
+    Queued,
+    /// Its config runs live now: the node is seen healthy again, and its turn ended, by the
+    /// very next look (ADR 0071).
+    Live,
+    /// Anything else: it waits for the lock, the node, a reboot, or a retry.
+    Waits,
 }
 
 /// The config cannot go live: it is applied with a reboot under the cluster lock. Recorded as
