@@ -62,7 +62,7 @@ pub fn fleet(root: &Path) -> Result<()> {
         "# Benchmark: a fleet on one manager\n\n\
          One `ichor-manager` as the images ship it (release, statically linked, its default\n\
          2 s requeue, 60 s settled requeue and at most 3 settled looks a second) against a real\n\
-         kube-apiserver, with N simulated\n\
+         kube-apiserver (collecting garbage at `GOGC=400`, as every test's does, ADR 0072), with N simulated\n\
          Talos machines in maintenance mode served by one simulator process, in N/20\n\
          TalosClusters (three control planes and seventeen workers each), every cluster\n\
          discovering its own /27 of loopback addresses. Every machine is approved with one patch\n\
