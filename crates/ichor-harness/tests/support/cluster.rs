@@ -238,13 +238,21 @@ pub fn state_summary(target: &SimTarget) -> String {
             let machines: Api<TalosMachine> = Api::namespaced(target.client(), target.namespace());
             let clusters: Api<ichor_api::TalosCluster> =
                 Api::namespaced(target.client(), target.namespace());
-            let lock = clusters
+            let status = clusters
                 .get(CLUSTER)
                 .await
                 .ok()
                 .and_then(|c| c.status)
-                .and_then(|s| s.lock.mirror);
-            let mut out = format!("lock {lock:?}; ");
+                .unwrap_or_default();
+            let lock = status.lock.mirror.clone();
+            // Where a version's or Kubernetes's rollout stands, and the cluster's conditions.
+            let rollout = (&status.core.rollout, &status.core.accepted_versions);
+            let said: Vec<String> = status
+                .conditions
+                .iter()
+                .map(|c| format!("{} {:?} {} {}", c.type_, c.status, c.reason, c.message))
+                .collect();
+            let mut out = format!("lock {lock:?}; rollout {rollout:?}; cluster {said:?}; ");
             for m in machines
                 .list(&ListParams::default())
                 .await
