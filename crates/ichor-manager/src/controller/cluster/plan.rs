@@ -324,13 +324,15 @@ pub(super) fn restore_into_running_etcd(name: &str) -> crate::Stop {
 }
 
 /// What of a cluster its machines act on, as a digest: the object without its running tallies
-/// (`status.controlPlanes`, `status.workers`, `status.rollout`), without the lock's mirror
+/// (`status.controlPlanes`, `status.workers`, `status.rollout` but for its Kubernetes step),
+/// without the lock's mirror
 /// (`status.lock`), without its conditions' wording, times and generations (each condition's
 /// type, status and reason stay), and without the apiserver's bookkeeping (`resourceVersion`,
 /// `managedFields`). A cluster event whose digest is the one its machines were last woken for
 /// wakes none of them (ADR 0029): the cluster rewrites its tallies and mirrors whenever one
 /// machine moves, and that must not reconcile its siblings; the end of a machine's turn wakes
-/// the machine next instead (ADR 0043, ADR 0071).
+/// the machine next instead (ADR 0043, ADR 0071). A Kubernetes rollout's step stays: each step
+/// renders the config of the node it reaches anew (ADR 0070), and nothing else wakes that node.
 pub(crate) fn machines_see(cluster: &TalosCluster) -> u64 {
     let mut seen = cluster.clone();
     seen.metadata.resource_version = None;
@@ -338,7 +340,15 @@ pub(crate) fn machines_see(cluster: &TalosCluster) -> u64 {
     if let Some(status) = seen.status.as_mut() {
         status.core.control_planes = None;
         status.core.workers = None;
-        status.core.rollout = None;
+        status.core.rollout = status
+            .core
+            .rollout
+            .take()
+            .and_then(|r| r.kubernetes_step)
+            .map(|step| ichor_api::cluster::RolloutStatus {
+                kubernetes_step: Some(step),
+                ..Default::default()
+            });
         status.lock.mirror = None;
         for condition in &mut status.conditions {
             condition.message.clear();
@@ -737,6 +747,17 @@ mod tests {
         });
         status.lock.mirror = Some(ichor_api::cluster::LockStatus::default());
         assert_eq!(machines_see(&before), machines_see(&moving));
+
+        // A Kubernetes rollout's step is not: it renders the next node's config anew
+        // (ADR 0070), and only this wake tells that node.
+        let mut stepped = moving.clone();
+        let status = stepped.status.as_mut().expect("status");
+        status.core.rollout = Some(ichor_api::cluster::RolloutStatus {
+            in_flight: Some("w-2".into()),
+            kubernetes_step: Some("kube-scheduler on cp-1".into()),
+            ..Default::default()
+        });
+        assert_ne!(machines_see(&moving), machines_see(&stepped));
     }
 
     #[test]
