@@ -582,11 +582,15 @@ pub(super) fn drift_step(
     rendered: &str,
     role: Role,
 ) -> DriftStep {
-    // After a reboot for drift, back means booted again: another boot id than before it. A
-    // node back from it ends its turn first, even when its config changed again meanwhile (a
-    // Kubernetes rollout's next step, ADR 0070): rolled out at once, that change would wait
-    // for the turn of a machine before it in the order, which waits for the lock this turn
-    // holds. The change gets a turn of its own.
+    if view.is_some()
+        && let Some(applied) = &status.applied.config_hash
+        && applied != rendered
+    {
+        return DriftStep::RollOut {
+            applied: applied.clone(),
+        };
+    }
+    // After a reboot for drift, back means booted again: another boot id than before it.
     let rebooted = status
         .drift
         .boot_id
@@ -600,14 +604,6 @@ pub(super) fn drift_step(
         })
     {
         return DriftStep::Back;
-    }
-    if view.is_some()
-        && let Some(applied) = &status.applied.config_hash
-        && applied != rendered
-    {
-        return DriftStep::RollOut {
-            applied: applied.clone(),
-        };
     }
     // Drift settled (applied live, or by a reboot seen through): the condition says so.
     if status.applied.config_hash.as_deref() == Some(rendered)
@@ -991,7 +987,7 @@ mod tests {
     use super::*;
     use crate::etcd::etcd_answered;
     use crate::etcd::tests::{at, etcd_status};
-    use ichor_api::machine::{DiskInfo, EtcdObservation, HardwareInventory, MachineDrift};
+    use ichor_api::machine::{DiskInfo, EtcdObservation, HardwareInventory};
     use ichor_api::testing::{ADDRESS, FINGERPRINT};
     use ichor_render::Contract;
 
@@ -1347,56 +1343,19 @@ mod tests {
             ),
             DriftStep::Idle
         );
-        // Still rolling out while a reboot is in flight for an older config and the node is
-        // not back from it yet.
+        // Still rolling out while a reboot is in flight for an older config.
         let mut rebooting = applied("sha256:old");
         rebooting.drift.reboot = Some("sha256:old".into());
-        rebooting.drift.boot_id = Some("boot-1".into());
         assert!(matches!(
             drift_step(
                 &rebooting,
                 Some(RUNNING_VOTER),
-                Some("boot-1"),
+                None,
                 "sha256:new",
                 Role::Worker
             ),
             DriftStep::RollOut { .. }
         ));
-    }
-
-    #[test]
-    fn a_node_back_from_its_drift_reboot_ends_its_turn_even_when_its_config_changed_meanwhile() {
-        // The reboot for sha256:old done, the node a voter again; meanwhile the rollout's next
-        // step renders sha256:new for it. Rolled out now, it would queue behind a machine
-        // before it in the order, which waits for the lock this turn holds.
-        let mut status = applied("sha256:old");
-        status.drift.reboot = Some("sha256:old".into());
-        status.drift.boot_id = Some("boot-1".into());
-        let cp = Role::ControlPlane;
-        assert_eq!(
-            drift_step(
-                &status,
-                Some(RUNNING_VOTER),
-                Some("boot-2"),
-                "sha256:new",
-                cp
-            ),
-            DriftStep::Back
-        );
-        // Once the turn is over, the new config rolls out in a turn of its own.
-        status.drift = MachineDrift::default();
-        assert_eq!(
-            drift_step(
-                &status,
-                Some(RUNNING_VOTER),
-                Some("boot-2"),
-                "sha256:new",
-                cp
-            ),
-            DriftStep::RollOut {
-                applied: "sha256:old".into()
-            }
-        );
     }
 
     #[test]
