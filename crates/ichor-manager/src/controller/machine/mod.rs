@@ -522,7 +522,7 @@ async fn drift_act(
             return drift::roll_out(ctx, &rollout, status).await;
         }
         (DriftStep::Back, _) => {
-            drift::plan::drift_back(machine, status, &ctx.now());
+            drift::plan::drift_back(machine, status, rendered, &ctx.now());
         }
         (DriftStep::Settled, _) => {
             let message = format!("config {} applied", rendered.hash);
@@ -618,19 +618,12 @@ async fn report(
     at: &Stand<'_>,
     (turn_over, upgraded): (bool, bool),
 ) -> Result<Action, Error> {
-    // The config the node runs now, which its turn rolled out (a change since may render
-    // another).
-    let ran = status
-        .applied
-        .config_hash
-        .clone()
-        .unwrap_or_else(|| at.rendered.hash.clone());
     let (action, became_ready) = stand(ctx, machine, status, at).await?;
     // Back from its turn: the cordon of a drain for its reboot is lifted first (ADR 0066); a
     // workload API that does not answer keeps the turn open for the next look.
     let turn_over = turn_over && drift::act::lift_cordon(ctx, machine, cluster).await?;
     if turn_over {
-        drift::act::end_turn(ctx, machine, cluster, &ran).await?;
+        drift::act::end_turn(ctx, machine, cluster, at.rendered).await?;
     }
     if turn_over || upgraded || became_ready {
         drift::act::ask_queued(ctx, machine, cluster).await;

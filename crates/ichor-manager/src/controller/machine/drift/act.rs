@@ -167,7 +167,7 @@ pub(in super::super) async fn end_turn(
     ctx: &Context,
     machine: &TalosMachine,
     cluster: &TalosCluster,
-    ran: &str,
+    rendered: &Rendered,
 ) -> Result<(), Error> {
     crate::lock::release(ctx, cluster, &super::drift_holder(machine)).await?;
     machine_act::patch_status::<MachineDrift>(ctx, machine, |s| s.drift = MachineDrift::default())
@@ -177,7 +177,10 @@ pub(in super::super) async fn end_turn(
         EventType::Normal,
         reasons::DRIFT_APPLIED,
         actions::APPLY,
-        format!("config {ran} rolled out; the node is healthy again and the next machine may go"),
+        format!(
+            "config {} rolled out; the node is healthy again and the next machine may go",
+            rendered.hash
+        ),
     )
     .await;
     Ok(())

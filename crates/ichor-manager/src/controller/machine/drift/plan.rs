@@ -6,6 +6,7 @@ use ichor_api::machine::{ApprovalState, TalosMachineStatus};
 use ichor_api::names::{conditions, reasons};
 use ichor_api::{TalosCluster, TalosMachine};
 use ichor_deleteguard::{DriftMachine, DriftTurn};
+use ichor_render::Rendered;
 use ichor_talos::TalosError;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt as _;
@@ -54,16 +55,17 @@ fn drift_view(
 }
 
 /// The reboot for drift is done (or the live apply seen through): the node is back and
-/// healthy, and `ConfigApplied` says so, naming the config it runs (what was applied, which a
-/// change since may already render differently). The turn ends once that is stored
-/// (`act::end_turn`).
+/// healthy, and `ConfigApplied` says so. The turn ends once that is stored (`act::end_turn`).
 pub(in super::super) fn drift_back(
     machine: &TalosMachine,
     status: &mut TalosMachineStatus,
+    rendered: &Rendered,
     now: &Time,
 ) {
-    let hash = status.applied.config_hash.clone().unwrap_or_default();
-    let message = format!("config {hash} applied; the node is healthy again");
+    let message = format!(
+        "config {} applied; the node is healthy again",
+        rendered.hash
+    );
     config_applied(status, machine, message, now);
 }
 
