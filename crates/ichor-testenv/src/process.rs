@@ -83,7 +83,7 @@ fn setpriv() -> Option<PathBuf> {
 /// apiservers, each spending most of its 3 CPU seconds in its start and its CRDs' first
 /// install, much of it in the collector; at 400 that is about a fifth less, for a peak
 /// resident set of about 550 MiB against 390 MiB (docs/adr/0072).
-pub const CHILD_GOGC: &str = "400";
+const CHILD_GOGC: &str = "400";
 
 fn spawn_here(spec: &ChildSpec) -> io::Result<Child> {
     let log = File::create(&spec.log)?;

@@ -325,10 +325,9 @@ pub(super) fn restore_into_running_etcd(name: &str) -> crate::Stop {
 
 /// What of a cluster its machines act on, as a digest: the object without its running tallies
 /// (`status.controlPlanes`, `status.workers`, `status.rollout` but for its Kubernetes step),
-/// without the lock's mirror
-/// (`status.lock`), without its conditions' wording, times and generations (each condition's
-/// type, status and reason stay), and without the apiserver's bookkeeping (`resourceVersion`,
-/// `managedFields`). A cluster event whose digest is the one its machines were last woken for
+/// without the lock's mirror (`status.lock`), without its conditions' wording, times and
+/// generations (each condition's type, status and reason stay), and without the apiserver's
+/// bookkeeping (`resourceVersion`, `managedFields`). A cluster event whose digest is the one its machines were last woken for
 /// wakes none of them (ADR 0029): the cluster rewrites its tallies and mirrors whenever one
 /// machine moves, and that must not reconcile its siblings; the end of a machine's turn wakes
 /// the machine next instead (ADR 0043, ADR 0071). A Kubernetes rollout's step stays: each step
