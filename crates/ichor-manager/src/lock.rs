@@ -15,7 +15,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt as _;
 use kube::api::{Api, DeleteParams};
 
-use crate::infra::leader::{LeaseSettings, try_acquire};
+use crate::infra::leader::{LeaseSettings, try_acquire_observed};
 use crate::infra::status::{self, Guard};
 use crate::{Context, Error};
 
@@ -113,7 +113,9 @@ pub async fn acquire(
         completes,
     ) {
         LockDecision::Take | LockDecision::Keep => {
-            if try_acquire(&ctx.client, &settings(&namespace, &name, holder)).await? {
+            // The Lease just read is the one written over: one read per attempt.
+            let settings = settings(&namespace, &name, holder);
+            if try_acquire_observed(&ctx.client, &settings, current).await? {
                 Outcome::Held
             } else {
                 // Lost a race for a free lock: read who won on the next try.

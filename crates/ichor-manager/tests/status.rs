@@ -189,6 +189,46 @@ async fn each_status_field_has_one_writer_and_no_writer_clobbers_another() {
         "a cleared group owns nothing: {owned:?}"
     );
 
+    // A look's writes one after another go on the copy the last one stored (`status::send`),
+    // checked against its version: the next write needs no read, a copy another write has
+    // overtaken is refused even when it holds the change already (nothing is skipped on it),
+    // and the refusal is a conflict, which the writer retries on a fresh copy.
+    let mut next = now.status.clone().unwrap_or_default();
+    next.drift.reboot = Some("sha256:bbbb".to_owned());
+    let stored = status::send::<MachineDrift, _>(&machines, &now, &next, Guard::Version)
+        .await
+        .expect("a write on the copy just read");
+    assert_eq!(
+        stored
+            .status
+            .as_ref()
+            .and_then(|s| s.drift.reboot.as_deref()),
+        Some("sha256:bbbb"),
+        "the object as stored comes back"
+    );
+    let mut after = stored.status.clone().unwrap_or_default();
+    after.drift.boot_id = Some("boot-2".to_owned());
+    let stored = status::send::<MachineDrift, _>(&machines, &stored, &after, Guard::Version)
+        .await
+        .expect("the next write on the copy the last stored");
+    let refused = status::send::<MachineDrift, _>(&machines, &now, &next, Guard::Version).await;
+    assert!(
+        matches!(&refused, Err(kube::Error::Api(s)) if s.is_conflict()),
+        "an overtaken copy that holds the change already is refused, not skipped: {refused:?}"
+    );
+    let unchanged = status::send::<MachineDrift, _>(&machines, &stored, &after, Guard::Version)
+        .await
+        .expect("the current copy, unchanged, is sent and accepted");
+    assert_eq!(
+        unchanged.metadata.resource_version, stored.metadata.resource_version,
+        "a write that changes nothing stores nothing"
+    );
+    let now = machines.get("m1").await.expect("get");
+    let s = now.status.clone().expect("status");
+    assert_eq!(s.drift.reboot.as_deref(), Some("sha256:bbbb"));
+    assert_eq!(s.drift.boot_id.as_deref(), Some("boot-2"));
+    assert_eq!(s.lifecycle.phase, MachinePhase::Joining);
+
     // Read-modify-write on a stale version is refused: the tombstones writer retries on a
     // fresh copy instead of dropping another writer's entry.
     let cluster = clusters

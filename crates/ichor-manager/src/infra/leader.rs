@@ -96,8 +96,21 @@ pub async fn try_acquire(
     settings: &LeaseSettings,
 ) -> Result<bool, kube::Error> {
     let leases: Api<Lease> = Api::namespaced(client.clone(), &settings.namespace);
-    let now = Timestamp::now();
     let observed = leases.get_opt(&settings.name).await?;
+    try_acquire_observed(client, settings, observed).await
+}
+
+/// Tries once to take or renew the lease, as `observed` just now (`None`: there was none), so
+/// a caller that read it to decide reads it once; returns whether this replica holds it. A
+/// write over a copy another writer has changed since conflicts, and this replica does not
+/// hold it.
+pub async fn try_acquire_observed(
+    client: &kube::Client,
+    settings: &LeaseSettings,
+    observed: Option<Lease>,
+) -> Result<bool, kube::Error> {
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &settings.namespace);
+    let now = Timestamp::now();
     let observed_spec = observed
         .as_ref()
         .map(|l| l.spec.clone().unwrap_or_default());

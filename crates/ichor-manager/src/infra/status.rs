@@ -102,15 +102,48 @@ where
     K: Grouped,
     G: Group<K::Status>,
 {
+    apply_returning::<G, K>(api, object, new, guard)
+        .await
+        .map(drop)
+}
+
+/// [`apply()`], returning the object as the apiserver stored it (`None`: nothing was sent).
+pub async fn apply_returning<G, K>(
+    api: &Api<K>,
+    object: &K,
+    new: &K::Status,
+    guard: Guard,
+) -> Result<Option<K>, kube::Error>
+where
+    K: Grouped,
+    G: Group<K::Status>,
+{
     let part = Part::of::<G>();
-    let after = project(&part, new);
     let before = object
         .status_of()
         .map(|old| project(&part, old))
         .unwrap_or_default();
-    if before == after {
-        return Ok(());
+    if before == project(&part, new) {
+        return Ok(None);
     }
+    send::<G, K>(api, object, new, guard).await.map(Some)
+}
+
+/// Applies group `G` of `new` to `object` as [`apply()`] does, sent even when `object`'s status
+/// already holds it: for a copy that may not be the current version, which only the apiserver
+/// can tell (with [`Guard::Version`], a conflict). Returns the object as stored.
+pub async fn send<G, K>(
+    api: &Api<K>,
+    object: &K,
+    new: &K::Status,
+    guard: Guard,
+) -> Result<K, kube::Error>
+where
+    K: Grouped,
+    G: Group<K::Status>,
+{
+    let part = Part::of::<G>();
+    let after = project(&part, new);
     let mut metadata = json!({ "name": object.name_any() });
     if guard == Guard::Version
         && let Some(version) = object.resource_version()
@@ -128,8 +161,7 @@ where
         &PatchParams::apply(part.manager).force(),
         &Patch::Apply(body),
     )
-    .await?;
-    Ok(())
+    .await
 }
 
 #[cfg(test)]

@@ -36,12 +36,18 @@ pub(super) async fn write_status(
     }
     // The groups this reconcile changes; each is sent only if it did.
     let api = api(ctx, machine);
-    status::apply::<MachineLifecycle, _>(&api, machine, status, Guard::None).await?;
-    status::apply::<MachineInventory, _>(&api, machine, status, Guard::None).await?;
-    status::apply::<MachineApplied, _>(&api, machine, status, Guard::None).await?;
-    status::apply::<MachineDrift, _>(&api, machine, status, Guard::None).await?;
-    status::apply::<MachineEtcd, _>(&api, machine, status, Guard::None).await?;
-    status::apply::<MachineRemoval, _>(&api, machine, status, Guard::None).await?;
+    let written = [
+        status::apply_returning::<MachineLifecycle, _>(&api, machine, status, Guard::None).await?,
+        status::apply_returning::<MachineInventory, _>(&api, machine, status, Guard::None).await?,
+        status::apply_returning::<MachineApplied, _>(&api, machine, status, Guard::None).await?,
+        status::apply_returning::<MachineDrift, _>(&api, machine, status, Guard::None).await?,
+        status::apply_returning::<MachineEtcd, _>(&api, machine, status, Guard::None).await?,
+        status::apply_returning::<MachineRemoval, _>(&api, machine, status, Guard::None).await?,
+    ];
+    // The last copy stored is the look's newest (`patch_status`'s base).
+    if let Some(last) = written.into_iter().flatten().last() {
+        ctx.looks.wrote(last);
+    }
     ctx.metrics
         .phase(&machine.name_any(), status.lifecycle.phase);
     Ok(())
@@ -254,8 +260,10 @@ pub(super) async fn record_unreachable(
     Ok(Action::requeue(ctx.settings.progress_requeue))
 }
 
-/// Changes the machine's status as stored (read fresh) with `change`, and applies group `G` of
-/// it, checked against the version read: retried on a fresh copy when another write came first.
+/// Changes the machine's status as stored with `change`, and applies group `G` of it, checked
+/// against the version of the copy changed: the copy the look in flight last read or wrote as
+/// stored (`Looks::stored`), else one read now; retried on a fresh copy when another write
+/// came first.
 pub(crate) async fn patch_status<G: Group<TalosMachineStatus>>(
     ctx: &Context,
     machine: &TalosMachine,
@@ -263,13 +271,34 @@ pub(crate) async fn patch_status<G: Group<TalosMachineStatus>>(
 ) -> Result<(), Error> {
     let api = api(ctx, machine);
     let mut attempts = 0;
+    let mut kept = ctx.looks.stored(machine);
     loop {
-        let fresh = api.get(&machine.name_any()).await?;
-        let mut status = fresh.status.clone().unwrap_or_default();
-        change(&mut status);
-        match status::apply::<G, _>(&api, &fresh, &status, Guard::Version).await {
+        // A kept copy is sent even when it holds the change already: only the apiserver tells
+        // whether it is still the current version, and nothing is skipped on an older one.
+        let written = match kept.take() {
+            Some(copy) => {
+                let mut status = copy.status.clone().unwrap_or_default();
+                change(&mut status);
+                status::send::<G, _>(&api, &copy, &status, Guard::Version)
+                    .await
+                    .map(Some)
+            }
+            None => {
+                let fresh = api.get(&machine.name_any()).await?;
+                let mut status = fresh.status.clone().unwrap_or_default();
+                change(&mut status);
+                status::apply_returning::<G, _>(&api, &fresh, &status, Guard::Version).await
+            }
+        };
+        match written {
             Err(kube::Error::Api(s)) if s.is_conflict() && attempts < 5 => attempts += 1,
-            written => return Ok(written?),
+            Ok(written) => {
+                if let Some(written) = written {
+                    ctx.looks.wrote(written);
+                }
+                return Ok(());
+            }
+            Err(error) => return Err(error.into()),
         }
     }
 }

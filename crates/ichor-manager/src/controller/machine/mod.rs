@@ -141,7 +141,9 @@ pub async fn reconcile(machine: Arc<TalosMachine>, ctx: Arc<Context>) -> Result<
     }
     let seen = (plan::looked_at(&machine), plan::standing_at(&machine));
     let progress = ctx.settings.progress_requeue;
-    match look(&machine, &ctx).await {
+    let looked = look(&machine, &ctx).await;
+    ctx.looks.look_ended(&machine);
+    match looked {
         Ok(action) => Ok(ctx.looks.record(&machine, seen, action, progress)),
         Err(error) => {
             ctx.looks
@@ -478,9 +480,12 @@ async fn to_decide_on(
     if !in_flight(cluster, &status, rendered) {
         return Ok(Some(status));
     }
-    Ok(observe::read_stored(ctx, machine)
-        .await?
-        .map(|fresh| fresh.status.unwrap_or_default()))
+    let Some(fresh) = observe::read_stored(ctx, machine).await? else {
+        return Ok(None);
+    };
+    // The base of this look's writes checked against the version (`act::patch_status`).
+    ctx.looks.keep_stored(&fresh);
+    Ok(Some(fresh.status.unwrap_or_default()))
 }
 
 /// A configured machine's look: the machine, its cluster, the config rendered for it and how

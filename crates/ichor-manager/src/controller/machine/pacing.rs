@@ -18,6 +18,9 @@ use super::plan;
 pub struct Looks {
     last: std::sync::Mutex<BTreeMap<String, plan::LastLook>>,
     asked: tokio::sync::broadcast::Sender<ObjectRef<TalosMachine>>,
+    /// Each machine as stored, as the look at it in flight last read or wrote it
+    /// ([`Looks::stored`]); forgotten when that look ends.
+    stored: std::sync::Mutex<BTreeMap<String, TalosMachine>>,
 }
 
 /// How many asked looks wait for the machine controller at most; past that the oldest are
@@ -30,6 +33,7 @@ impl Default for Looks {
         Self {
             last: std::sync::Mutex::default(),
             asked: tokio::sync::broadcast::channel(ASKED_LOOKS).0,
+            stored: std::sync::Mutex::default(),
         }
     }
 }
@@ -114,9 +118,76 @@ impl Looks {
     }
 }
 
+impl Looks {
+    /// Keeps `machine` as just read as stored, for the rest of the look at it.
+    pub(super) fn keep_stored(&self, machine: &TalosMachine) {
+        let key = ObjectRef::from_obj(machine).to_string();
+        lock(&self.stored).insert(key, machine.clone());
+    }
+
+    /// The newest copy of `machine` as stored that the look at it in flight read or wrote,
+    /// if any: the base of a write checked against its version (a copy that is no longer the
+    /// current version conflicts, and the writer reads it again), so that a look's writes one
+    /// after another need no read before each.
+    pub(crate) fn stored(&self, machine: &TalosMachine) -> Option<TalosMachine> {
+        let key = ObjectRef::from_obj(machine).to_string();
+        lock(&self.stored).get(&key).cloned()
+    }
+
+    /// Keeps `written`, the machine as a write just stored it, if a look at it is in flight.
+    pub(crate) fn wrote(&self, written: TalosMachine) {
+        let key = ObjectRef::from_obj(&written).to_string();
+        if let Some(kept) = lock(&self.stored).get_mut(&key) {
+            *kept = written;
+        }
+    }
+
+    /// Forgets what the look at `machine` kept ([`Looks::keep_stored`]): the look ended.
+    pub(super) fn look_ended(&self, machine: &TalosMachine) {
+        let key = ObjectRef::from_obj(machine).to_string();
+        lock(&self.stored).remove(&key);
+    }
+}
+
 /// `mutex` locked; a poisoned lock is taken as it stands (the data it guards is a cache).
 pub(crate) fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(name: &str, version: &str) -> TalosMachine {
+        let mut machine = TalosMachine::test(name).namespace("ns").build();
+        machine.metadata.resource_version = Some(version.to_owned());
+        machine
+    }
+
+    fn version(copy: Option<TalosMachine>) -> Option<String> {
+        copy.and_then(|m| m.metadata.resource_version)
+    }
+
+    #[test]
+    fn a_look_keeps_the_newest_copy_it_read_or_wrote_until_it_ends() {
+        let looks = Looks::default();
+        // No look in flight: nothing is kept, and a write outside a look keeps nothing.
+        looks.wrote(at("m1", "5"));
+        assert_eq!(version(looks.stored(&at("m1", "1"))), None);
+
+        looks.keep_stored(&at("m1", "7"));
+        assert_eq!(version(looks.stored(&at("m1", "1"))), Some("7".into()));
+        looks.wrote(at("m1", "8"));
+        assert_eq!(
+            version(looks.stored(&at("m1", "1"))),
+            Some("8".into()),
+            "the look's own write is its newest copy"
+        );
+        assert_eq!(version(looks.stored(&at("m2", "1"))), None, "per machine");
+
+        looks.look_ended(&at("m1", "8"));
+        assert_eq!(version(looks.stored(&at("m1", "1"))), None, "forgotten");
+    }
 }

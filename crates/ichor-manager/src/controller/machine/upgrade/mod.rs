@@ -75,7 +75,7 @@ pub(super) async fn advance(
         return start(ctx, u, status, target).await;
     };
     if record.progress.is_intended() {
-        send(ctx, u, status, &record).await?;
+        send(ctx, u, status, &record, Lock::Again).await?;
         return Ok(Turn::Other);
     }
     let ended = follow(ctx, u, status, &record).await?;
@@ -251,7 +251,7 @@ async fn start(
         ),
     )
     .await;
-    send(ctx, u, status, &record).await?;
+    send(ctx, u, status, &record, Lock::JustTaken).await?;
     Ok(Turn::Other)
 }
 
@@ -414,6 +414,16 @@ async fn lock_again(
     }))
 }
 
+/// Where the cluster lock stands when a recorded upgrade is sent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Lock {
+    /// This look took it before recording the upgrade: held, nothing to read again.
+    JustTaken,
+    /// A later look found the upgrade recorded and not sent (a restart, a lost answer): the
+    /// lock is taken again first, or found still held.
+    Again,
+}
+
 /// Sends the recorded upgrade: a control plane hands its etcd leadership on, the installer is
 /// pulled and installed (the lock renewed meanwhile), the upgrade recorded sent, then the
 /// reboot (talos-facts §9.6: the lifecycle upgrade neither drains nor reboots). A refusal
@@ -423,6 +433,7 @@ async fn send(
     u: &Upgrade<'_>,
     status: &mut TalosMachineStatus,
     record: &UpgradeRecord,
+    lock: Lock,
 ) -> Result<(), Error> {
     let me = upgrade_holder(u.machine);
     let Some(client) = u.client else {
@@ -435,7 +446,9 @@ async fn send(
         );
         return not_up_to_date(ctx, u, status, &stop).await;
     };
-    if let Some(stop) = lock_again(ctx, u, record).await? {
+    if lock == Lock::Again
+        && let Some(stop) = lock_again(ctx, u, record).await?
+    {
         return not_up_to_date(ctx, u, status, &stop).await;
     }
     if u.role == Role::ControlPlane {
@@ -462,8 +475,16 @@ async fn send(
         progress: NodeProgress::Sent { sent_at: ctx.now() },
         ..record.clone()
     };
-    write_record(ctx, u.machine, Some(&sent)).await?;
-    status.upgrade.record = Some(sent);
+    // Recorded sent, and said so, in one write before the reboot: a reboot that fails says
+    // so next.
+    let rebooting = Stop::new(
+        reasons::UPGRADING,
+        format!(
+            "upgrading to Talos {} with {}: installed, rebooting",
+            record.version, record.image
+        ),
+    );
+    write_record_saying(ctx, u, status, sent, &rebooting).await?;
     if let Err(error) = client.reboot().await {
         let stop = Stop::new(
             reasons::UPGRADE_FAILED,
@@ -474,14 +495,44 @@ async fn send(
         );
         return fail(ctx, u, status, record, stop).await;
     }
-    let stop = Stop::new(
-        reasons::UPGRADING,
-        format!(
-            "upgrading to Talos {} with {}: installed, rebooting",
-            record.version, record.image
-        ),
+    Ok(())
+}
+
+/// Writes the machine's upgrade `record` and `UpToDate` false saying `stop`, in one write, as
+/// stored.
+async fn write_record_saying(
+    ctx: &Context,
+    u: &Upgrade<'_>,
+    status: &mut TalosMachineStatus,
+    record: UpgradeRecord,
+    stop: &Stop,
+) -> Result<(), Error> {
+    let generation = u.machine.metadata.generation;
+    let now = ctx.now();
+    cond::set(
+        &mut status.conditions,
+        conditions::UP_TO_DATE,
+        false,
+        stop.reason,
+        stop.message.clone(),
+        generation,
+        &now,
     );
-    not_up_to_date(ctx, u, status, &stop).await
+    machine_act::patch_status::<MachineUpgrade>(ctx, u.machine, |s| {
+        s.upgrade.record = Some(record.clone());
+        cond::set(
+            &mut s.conditions,
+            conditions::UP_TO_DATE,
+            false,
+            stop.reason,
+            stop.message.clone(),
+            generation,
+            &now,
+        );
+    })
+    .await?;
+    status.upgrade.record = Some(record);
+    Ok(())
 }
 
 /// After the upgrade was sent: the node goes down, comes back healthy on the declared version
@@ -508,16 +559,18 @@ async fn follow(
     let wanted = u.rendered.installer.schematic.as_deref();
     match plan::after(record, &seen, wanted) {
         plan::After::Wait(message) => {
+            let waits = Stop::new(reasons::UPGRADING, message);
             if !record.progress.went_down() && seen.boot.is_some_and(|b| b != record.boot_id_before)
             {
+                // Seen down, and where it stands, in one write.
                 let down = UpgradeRecord {
                     progress: record.progress.clone().down(ctx.now()),
                     ..record.clone()
                 };
-                write_record(ctx, u.machine, Some(&down)).await?;
-                status.upgrade.record = Some(down);
+                write_record_saying(ctx, u, status, down, &waits).await?;
+            } else {
+                not_up_to_date(ctx, u, status, &waits).await?;
             }
-            not_up_to_date(ctx, u, status, &Stop::new(reasons::UPGRADING, message)).await?;
             Ok(false)
         }
         plan::After::Failed(stop) => fail(ctx, u, status, record, stop).await.map(|()| true),
