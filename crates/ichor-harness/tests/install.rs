@@ -86,17 +86,30 @@ async fn phase(target: &SimTarget, address: &str) -> MachinePhase {
         .unwrap_or_default()
 }
 
-/// The Warning Events about the machine at `address` with `reason`.
+/// The Warning Events about the machine at `address` with `reason`, counted once there is one:
+/// the manager publishes an Event after the status write it explains, which the spec saw first.
 async fn warnings(target: &SimTarget, address: &str, reason: &str) -> usize {
     let name = machine(target, address).await.name_any();
-    specs::events_with_reason(target, reason)
-        .await
-        .into_iter()
-        .filter(|e| {
-            e.type_.as_deref() == Some("Warning")
-                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name.as_str())
-        })
-        .count()
+    let count = || async {
+        specs::events_with_reason(target, reason)
+            .await
+            .into_iter()
+            .filter(|e| {
+                e.type_.as_deref() == Some("Warning")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name.as_str())
+            })
+            .count()
+    };
+    let shown = try_eventually(
+        &format!("{address}: a Warning Event {reason}"),
+        SHOW,
+        || async {
+            let n = count().await;
+            (n > 0).then_some(n)
+        },
+    )
+    .await;
+    shown.unwrap_or(0)
 }
 
 /// Updates the pin of the machine at `address` to `fingerprint`, as a person does after
