@@ -25,24 +25,29 @@ use crate::infra::status::{self, Guard};
 use crate::{Context, Error, infra::conditions as cond};
 
 /// Writes `status` of `machine` when it changed: each group this reconcile changes, and the
-/// phase gauge.
+/// phase gauge. Changed from the newest copy this look knows: the one it last read or wrote as
+/// stored (`Looks::stored`), else the cached one; a group this look already wrote (a drift
+/// intent before its apply) is not sent again.
 pub(super) async fn write_status(
     ctx: &Context,
     machine: &TalosMachine,
     status: &TalosMachineStatus,
 ) -> Result<(), Error> {
-    if machine.status.as_ref() == Some(status) {
+    let kept = ctx.looks.stored(machine);
+    let newest = kept.as_ref().unwrap_or(machine);
+    if newest.status.as_ref() == Some(status) {
         return Ok(());
     }
-    // The groups this reconcile changes; each is sent only if it did.
+    // The groups this reconcile changes; each is sent only if it did. Each is its own writer's
+    // alone (ADR 0020), so the copy compared with needs no version check.
     let api = api(ctx, machine);
     let written = [
-        status::apply_returning::<MachineLifecycle, _>(&api, machine, status, Guard::None).await?,
-        status::apply_returning::<MachineInventory, _>(&api, machine, status, Guard::None).await?,
-        status::apply_returning::<MachineApplied, _>(&api, machine, status, Guard::None).await?,
-        status::apply_returning::<MachineDrift, _>(&api, machine, status, Guard::None).await?,
-        status::apply_returning::<MachineEtcd, _>(&api, machine, status, Guard::None).await?,
-        status::apply_returning::<MachineRemoval, _>(&api, machine, status, Guard::None).await?,
+        status::apply_returning::<MachineLifecycle, _>(&api, newest, status, Guard::None).await?,
+        status::apply_returning::<MachineInventory, _>(&api, newest, status, Guard::None).await?,
+        status::apply_returning::<MachineApplied, _>(&api, newest, status, Guard::None).await?,
+        status::apply_returning::<MachineDrift, _>(&api, newest, status, Guard::None).await?,
+        status::apply_returning::<MachineEtcd, _>(&api, newest, status, Guard::None).await?,
+        status::apply_returning::<MachineRemoval, _>(&api, newest, status, Guard::None).await?,
     ];
     // The last copy stored is the look's newest (`patch_status`'s base).
     if let Some(last) = written.into_iter().flatten().last() {
