@@ -52,8 +52,13 @@ async fn conformance(args: &[&str]) -> String {
     stdout
 }
 
-/// A talosconfig file for the bundle's OS CA with `role`, in a temporary folder.
-fn talosconfig(bundle: &SecretsBundle, role: TalosRole, name: &str) -> std::path::PathBuf {
+/// A talosconfig file for the bundle's OS CA with `role`, in a temporary folder removed when the
+/// returned guard drops (its key leaves nothing behind).
+fn talosconfig(
+    bundle: &SecretsBundle,
+    role: TalosRole,
+    name: &str,
+) -> (tempfile::TempDir, std::path::PathBuf) {
     use base64::Engine as _;
     let issued = credentials(bundle, role);
     let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
@@ -63,11 +68,13 @@ fn talosconfig(bundle: &SecretsBundle, role: TalosRole, name: &str) -> std::path
         b64(&issued.cert_pem),
         b64(&issued.key_pem)
     );
-    let dir = std::env::temp_dir().join(format!("ichor-cosi-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let path = dir.join("talosconfig");
+    let dir = tempfile::Builder::new()
+        .prefix(&format!("ichor-cosi-{name}-"))
+        .tempdir()
+        .expect("temp dir");
+    let path = dir.path().join("talosconfig");
     std::fs::write(&path, yaml).expect("write the talosconfig");
-    path
+    (dir, path)
 }
 
 async fn maintenance_node() -> (SimNode, TalosClient) {
@@ -183,7 +190,7 @@ async fn talos_types_decode_everything_a_configured_node_serves() {
     })
     .await;
     let endpoint = node.addr().to_string();
-    let admin = talosconfig(&b, TalosRole::Admin, "admin");
+    let (_admin_dir, admin) = talosconfig(&b, TalosRole::Admin, "admin");
     let out = conformance(&[
         "--endpoint",
         &endpoint,
@@ -220,7 +227,7 @@ async fn talos_types_decode_everything_a_configured_node_serves() {
         );
     }
     // os:reader reads all but the sensitive types.
-    let reader = talosconfig(&b, TalosRole::Reader, "reader");
+    let (_reader_dir, reader) = talosconfig(&b, TalosRole::Reader, "reader");
     let out = conformance(&[
         "--endpoint",
         &endpoint,
@@ -567,7 +574,7 @@ async fn talos_types_decode_user_volumes() {
             .map(|(n, p)| (n.to_owned(), p.to_owned())),
             "{version}"
         );
-        let talosconfig = talosconfig(&b, TalosRole::Admin, &format!("volumes-{host}"));
+        let (_dir, talosconfig) = talosconfig(&b, TalosRole::Admin, &format!("volumes-{host}"));
         let out = conformance(&[
             "--endpoint",
             &node.addr().to_string(),
