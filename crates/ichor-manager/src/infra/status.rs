@@ -119,14 +119,15 @@ where
     G: Group<K::Status>,
 {
     let part = Part::of::<G>();
+    let after = project(&part, new);
     let before = object
         .status_of()
         .map(|old| project(&part, old))
         .unwrap_or_default();
-    if before == project(&part, new) {
+    if before == after {
         return Ok(None);
     }
-    send::<G, K>(api, object, new, guard).await.map(Some)
+    send_part(api, object, &part, after, guard).await.map(Some)
 }
 
 /// Applies group `G` of `new` to `object` as [`apply()`] does, sent even when `object`'s status
@@ -144,6 +145,18 @@ where
 {
     let part = Part::of::<G>();
     let after = project(&part, new);
+    send_part(api, object, &part, after, guard).await
+}
+
+/// Applies `after`, group `part`'s share of a status, to `object` with the group's field
+/// manager, checked against `object`'s version with [`Guard::Version`].
+async fn send_part<K: Grouped>(
+    api: &Api<K>,
+    object: &K,
+    part: &Part<K::Status>,
+    after: Map<String, Value>,
+    guard: Guard,
+) -> Result<K, kube::Error> {
     let mut metadata = json!({ "name": object.name_any() });
     if guard == Guard::Version
         && let Some(version) = object.resource_version()

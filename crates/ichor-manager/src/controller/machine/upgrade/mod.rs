@@ -162,15 +162,7 @@ async fn set_up_to_date(
 ) -> Result<(), Error> {
     let generation = u.machine.metadata.generation;
     let now = ctx.now();
-    cond::set(
-        &mut status.conditions,
-        conditions::UP_TO_DATE,
-        holds,
-        stop.reason,
-        stop.message.clone(),
-        generation,
-        &now,
-    );
+    say(&mut status.conditions, holds, stop, generation, &now);
     let stored = u.machine.status.as_ref().map(|s| &s.conditions);
     let current = status
         .conditions
@@ -187,17 +179,28 @@ async fn set_up_to_date(
         return Ok(());
     }
     machine_act::patch_status::<MachineUpgrade>(ctx, u.machine, |s| {
-        cond::set(
-            &mut s.conditions,
-            conditions::UP_TO_DATE,
-            holds,
-            stop.reason,
-            stop.message.clone(),
-            generation,
-            &now,
-        );
+        say(&mut s.conditions, holds, stop, generation, &now);
     })
     .await
+}
+
+/// `UpToDate` set in `conditions`: `holds`, with `stop`'s reason and message.
+fn say(
+    conditions: &mut Vec<ichor_api::common::Condition>,
+    holds: bool,
+    stop: &Stop,
+    generation: Option<i64>,
+    now: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
+) {
+    cond::set(
+        conditions,
+        conditions::UP_TO_DATE,
+        holds,
+        stop.reason,
+        stop.message.clone(),
+        generation,
+        now,
+    );
 }
 
 /// A node that needs an upgrade: its turn, the lock, the planner, its identity, then the
@@ -236,7 +239,7 @@ async fn start(
         boot_id_before: boot,
         progress: NodeProgress::Intended,
     };
-    write_record(ctx, u.machine, Some(&record)).await?;
+    write_record(ctx, u.machine, &record).await?;
     status.upgrade.record = Some(record.clone());
     ctx.event(
         u.machine,
@@ -379,14 +382,14 @@ fn queued(target: &plan::Target, why: impl std::fmt::Display) -> Stop {
     )
 }
 
-/// Writes (or clears) the machine's upgrade record, as stored.
+/// Writes the machine's upgrade record, as stored.
 async fn write_record(
     ctx: &Context,
     machine: &TalosMachine,
-    record: Option<&UpgradeRecord>,
+    record: &UpgradeRecord,
 ) -> Result<(), Error> {
     machine_act::patch_status::<MachineUpgrade>(ctx, machine, |s| {
-        s.upgrade.record = record.cloned();
+        s.upgrade.record = Some(record.clone());
     })
     .await
 }
@@ -509,26 +512,10 @@ async fn write_record_saying(
 ) -> Result<(), Error> {
     let generation = u.machine.metadata.generation;
     let now = ctx.now();
-    cond::set(
-        &mut status.conditions,
-        conditions::UP_TO_DATE,
-        false,
-        stop.reason,
-        stop.message.clone(),
-        generation,
-        &now,
-    );
+    say(&mut status.conditions, false, stop, generation, &now);
     machine_act::patch_status::<MachineUpgrade>(ctx, u.machine, |s| {
         s.upgrade.record = Some(record.clone());
-        cond::set(
-            &mut s.conditions,
-            conditions::UP_TO_DATE,
-            false,
-            stop.reason,
-            stop.message.clone(),
-            generation,
-            &now,
-        );
+        say(&mut s.conditions, false, stop, generation, &now);
     })
     .await?;
     status.upgrade.record = Some(record);
@@ -624,15 +611,8 @@ async fn end(
     (kind, note): (EventType, String),
 ) -> Result<(), Error> {
     status.upgrade.record = None;
-    cond::set(
-        &mut status.conditions,
-        conditions::UP_TO_DATE,
-        holds,
-        stop.reason,
-        stop.message.clone(),
-        u.machine.metadata.generation,
-        &ctx.now(),
-    );
+    let generation = u.machine.metadata.generation;
+    say(&mut status.conditions, holds, stop, generation, &ctx.now());
     machine_act::patch_status::<MachineUpgrade>(ctx, u.machine, |s| {
         s.upgrade.record = None;
         s.conditions.clone_from(&status.conditions);
