@@ -375,7 +375,7 @@ fn name(machine: &TalosMachine) -> String {
 }
 
 /// Whether `machine` is approved, configured and not being deleted: what an operation acts on.
-fn configured(machine: &TalosMachine) -> bool {
+pub fn configured(machine: &TalosMachine) -> bool {
     machine.spec.approval_state == ApprovalState::Approved
         && machine.metadata.deletion_timestamp.is_none()
         && machine

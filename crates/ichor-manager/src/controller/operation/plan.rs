@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use ichor_api::names::{annotations, reasons};
 use ichor_api::operation::{
-    NoTargets, NodeStep, OperationAction, OperationPhase, TalosOperation, TalosOperationSpec,
-    TalosOperationStatus,
+    NoTargets, NodeProgress, NodeStep, OperationAction, OperationPhase, TalosOperation,
+    TalosOperationSpec, TalosOperationStatus, configured,
 };
 use ichor_api::{TalosCluster, TalosMachine};
 use ichor_deleteguard::Verdict as Plan;
@@ -226,8 +226,21 @@ pub(super) fn next_node<'m>(
             message: format!("{action:?} done on {} node(s)", status.run.nodes.len()),
         };
     };
-    let name = &status.run.nodes[index].machine;
+    let step = &status.run.nodes[index];
+    let name = &step.machine;
     match machines.iter().find(|m| &m.name_any() == name) {
+        // A node nothing was sent to yet is acted on only while its machine is still one the
+        // operation would choose: one removed meanwhile (being deleted, or reset and found
+        // again in maintenance mode under the same name, not approved) is no longer the
+        // cluster's node, and nothing is written to it.
+        Some(machine) if step.progress.is_intended() && !configured(machine) => NextNode::End {
+            succeeded: false,
+            reason: reasons::NO_TARGETS,
+            message: format!(
+                "TalosMachine {name} left the cluster (removed, or not approved and configured) \
+                 before the action was sent to it; nothing was sent"
+            ),
+        },
         Some(machine) => NextNode::At { index, machine },
         None => NextNode::End {
             succeeded: false,
@@ -518,6 +531,41 @@ mod tests {
             ),
             "{next:?}"
         );
+    }
+
+    #[test]
+    fn a_next_node_removed_before_anything_was_sent_ends_the_operation_and_sends_nothing() {
+        let status = status_with(&[
+            ("a", OperationPhase::Succeeded),
+            ("b", OperationPhase::Waiting),
+        ]);
+        // Removed, then found again in maintenance mode under the same name: pending approval.
+        let found_again = TalosMachine::test("b").build();
+        let mut deleting = configured("b");
+        deleting.metadata.deletion_timestamp = Some(Time(Timestamp::UNIX_EPOCH));
+        for b in [found_again, deleting] {
+            let machines = [configured("a"), b];
+            let next = next_node(Run::Reboot, &status, &machines);
+            assert!(
+                matches!(
+                    &next,
+                    NextNode::End { succeeded: false, reason, message }
+                        if *reason == reasons::NO_TARGETS && message.contains("TalosMachine b left the cluster")
+                ),
+                "{next:?}"
+            );
+        }
+        // Once the action was sent, its effect is followed whatever the machine shows now (a
+        // reset takes its config away).
+        let mut sent = status.clone();
+        sent.run.nodes[1].progress = NodeProgress::Sent {
+            sent_at: Time(Timestamp::UNIX_EPOCH),
+        };
+        let machines = [configured("a"), TalosMachine::test("b").build()];
+        assert!(matches!(
+            next_node(Run::Reboot, &sent, &machines),
+            NextNode::At { index: 1, .. }
+        ));
     }
 
     /// A node step not started.
