@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use ichor_api::names::{annotations, reasons};
 use ichor_api::operation::{
-    NoTargets, NodeProgress, NodeStep, OperationAction, OperationPhase, TalosOperation,
-    TalosOperationSpec, TalosOperationStatus, configured,
+    NoTargets, NodeStep, OperationAction, OperationPhase, TalosOperation, TalosOperationSpec,
+    TalosOperationStatus, configured,
 };
 use ichor_api::{TalosCluster, TalosMachine};
 use ichor_deleteguard::Verdict as Plan;
@@ -385,6 +385,7 @@ mod tests {
     }
 
     use super::*;
+    use ichor_api::operation::NodeProgress;
 
     /// A status with these nodes, in this order.
     fn status_with(nodes: &[(&str, OperationPhase)]) -> TalosOperationStatus {
