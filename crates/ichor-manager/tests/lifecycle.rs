@@ -313,6 +313,16 @@ async fn an_operation_reconciled_from_a_stale_copy_sends_nothing_the_stored_stat
             .label(labels::MACHINE_UUID, &node.hardware().uuid),
     )
     .await;
+    // Configured, as every machine an operation chooses is (one not configured, or no longer,
+    // is sent nothing).
+    Api::<TalosMachine>::namespaced(env.client(), &ns)
+        .patch_status(
+            "cp-1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"appliedConfigHash": "sha256:0"}})),
+        )
+        .await
+        .expect("configured");
 
     let ctx = Arc::new(Context::new(
         env.client(),
