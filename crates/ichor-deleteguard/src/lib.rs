@@ -46,6 +46,7 @@ mod fixtures;
 pub mod identity;
 mod model;
 pub mod plan;
+pub mod rollout;
 mod rules;
 mod sequence;
 mod verdict;
