@@ -9,6 +9,7 @@ use crate::common::{Condition, InstallSpec, LocalObjectReference};
 use crate::config::ConfigPatch;
 use crate::drain::DrainSpec;
 use crate::names::{conditions, field_managers as fm};
+use crate::rollout::RolloutPolicy;
 use crate::rules;
 use crate::schematic::{ImageFactorySpec, Schematic};
 use crate::status::{Owned, group, grouped};
@@ -101,6 +102,10 @@ pub struct TalosClusterSpec {
     /// How a node is drained before a reboot, an upgrade, a drift reboot or a reset.
     #[serde(default)]
     pub drain: DrainSpec,
+    /// How rollouts (versions, schematics, config changes) reach the nodes: a suspend and
+    /// maintenance windows. Unset: each runs at once, one node at a time.
+    #[serde(default, skip_serializing_if = "RolloutPolicy::is_default")]
+    pub rollout: RolloutPolicy,
     /// Config patches applied to every machine of the cluster, first (then class, then machine).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 32))]
@@ -168,6 +173,7 @@ impl TalosClusterSpec {
             schematic: None,
             image_factory: ImageFactorySpec::default(),
             drain: DrainSpec::default(),
+            rollout: RolloutPolicy::default(),
             config_patches: Vec::new(),
             backup: None,
             restore_from: None,

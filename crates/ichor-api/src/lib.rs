@@ -27,6 +27,7 @@ pub mod machine;
 pub mod names;
 pub mod operation;
 pub mod reservation;
+pub mod rollout;
 mod rules;
 pub mod schematic;
 pub mod status;

@@ -365,6 +365,14 @@ pub mod reasons {
     pub const NEEDS_REBOOT: &str = "NeedsReboot";
     /// Drift waits for its turn: another machine goes first, or must be healthy again first.
     pub const DRIFT_QUEUED: &str = "DriftQueued";
+    /// `spec.rollout.suspend` is true: no node starts its change (one in flight finishes).
+    pub const ROLLOUT_SUSPENDED: &str = "RolloutSuspended";
+    /// A step that reboots or upgrades (or a live change the policy holds) waits for the next
+    /// maintenance window of `spec.rollout`.
+    pub const OUTSIDE_MAINTENANCE_WINDOW: &str = "OutsideMaintenanceWindow";
+    /// A maintenance window of `spec.rollout` does not read (its schedule, duration or time
+    /// zone); every step a window holds waits.
+    pub const ROLLOUT_POLICY_INVALID: &str = "RolloutPolicyInvalid";
     /// The drift rollout stopped at a machine that refused its config; fix the patch.
     pub const DRIFT_HALTED: &str = "DriftHalted";
     /// Drift is being rolled out, one machine at a time.

@@ -50,6 +50,7 @@ mod layout;
 pub mod lock;
 pub mod node_deletes;
 pub mod renewal;
+pub mod rollout_policy;
 pub mod safety;
 pub mod secrets;
 mod settings;

@@ -5,7 +5,8 @@
 //! upgrades every node to the same version with the new installer, registered with the Image
 //! Factory first (ADR 0067); a class's schematic upgrades only the machines the class approved;
 //! a declared upgrade whose drain a PodDisruptionBudget blocks stops there, no node upgraded or
-//! rebooted meanwhile, and goes on once the budget allows it (ADR 0066).
+//! rebooted meanwhile, and goes on once the budget allows it (ADR 0066); a declared version
+//! waits while the rollout is suspended and outside its maintenance window (ADR 0074).
 
 use std::time::Duration;
 
@@ -758,4 +759,119 @@ async fn a_declared_upgrade_that_a_budget_blocks_waits_at_the_drain_until_the_bu
         "no controller wrote the spec"
     );
     rollout_reads(&target, "3/3", true).await;
+}
+
+/// Waits until a machine's `UpToDate` or `ConfigApplied` (a version's config change goes
+/// first) says `reason`; returns its message.
+async fn held_by(target: &SimTarget, reason: &str) -> String {
+    let machines: Api<TalosMachine> = Api::namespaced(target.client(), target.namespace());
+    try_eventually(
+        &format!("a machine held by {reason}"),
+        Duration::from_secs(60),
+        || async {
+            let list = machines
+                .list(&Default::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            let seen: Vec<(String, String, String)> = list
+                .items
+                .iter()
+                .flat_map(|m| {
+                    let conditions = m
+                        .status
+                        .as_ref()
+                        .map(|s| s.conditions.clone())
+                        .unwrap_or_default();
+                    conditions
+                        .into_iter()
+                        .filter(|c| {
+                            c.type_ == conditions::UP_TO_DATE
+                                || c.type_ == conditions::CONFIG_APPLIED
+                        })
+                        .map(|c| (m.name_any(), c.reason, c.message))
+                        .collect::<Vec<_>>()
+                })
+                .collect();
+            seen.iter()
+                .find(|(_, r, _)| r == reason)
+                .map(|(_, _, message)| message.clone())
+                .ok_or_else(|| format!("{seen:?}"))
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", state_summary(target)))
+}
+
+/// Sets the cluster's `spec.rollout`, as a person (or Git) does.
+async fn set_rollout(target: &SimTarget, rollout: serde_json::Value) {
+    Api::<ichor_api::TalosCluster>::namespaced(target.client(), target.namespace())
+        .patch(
+            CLUSTER,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"rollout": rollout}})),
+        )
+        .await
+        .expect("spec.rollout set");
+}
+
+/// A rollout on the team's terms (ADR 0074): a version declared while `spec.rollout.suspend`
+/// is true upgrades no node; the suspend lifted with a maintenance window not yet open, still
+/// none, the condition telling when it opens; once it opens, every node is upgraded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_declared_version_waits_while_suspended_and_outside_its_window_then_rolls_out() {
+    let target = ready_target(SimOptions::new(2, DAY2_VERSIONS.net(1), "v1.14.1"), 1, 1, 1).await;
+    let upgrades =
+        |target: &SimTarget| -> usize { target.nodes().iter().map(|n| n.calls("Upgrade")).sum() };
+
+    set_rollout(&target, json!({"suspend": true})).await;
+    let declared = declare(&target, "v1.14.2").await;
+    let message = held_by(&target, reasons::ROLLOUT_SUSPENDED).await;
+    assert!(
+        message.contains("spec.rollout.suspend is true"),
+        "{message}"
+    );
+    assert_eq!(upgrades(&target), 0, "no node upgraded while suspended");
+
+    // A daily window opening at the next whole minute at least 25 s away (UTC), for 10 min.
+    let opens = k8s_openapi::jiff::Timestamp::now()
+        .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(25))
+        .expect("time")
+        .round(
+            k8s_openapi::jiff::TimestampRound::new()
+                .smallest(k8s_openapi::jiff::Unit::Minute)
+                .mode(k8s_openapi::jiff::RoundMode::Ceil),
+        )
+        .expect("rounded");
+    let utc = opens.to_zoned(k8s_openapi::jiff::tz::TimeZone::UTC);
+    let schedule = format!("{} {} * * *", utc.minute(), utc.hour());
+    set_rollout(
+        &target,
+        json!({"suspend": false, "maintenanceWindows": [
+            {"schedule": schedule, "duration": "10m", "timeZone": "UTC"}
+        ]}),
+    )
+    .await;
+    let message = held_by(&target, reasons::OUTSIDE_MAINTENANCE_WINDOW).await;
+    assert!(
+        message.contains(&format!("the next opens at {opens}")),
+        "{message} (opens {opens})"
+    );
+    // Nothing upgraded until the window opens.
+    while k8s_openapi::jiff::Timestamp::now() < opens {
+        assert_eq!(
+            upgrades(&target),
+            0,
+            "a node upgraded before its window opened at {opens}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    rolled_out(&target, "v1.14.2", Duration::from_secs(240)).await;
+    for node in target.nodes() {
+        assert_eq!(node.calls("Upgrade"), 1, "each node upgraded once");
+    }
+    assert_eq!(
+        generation(&target).await,
+        declared + 1,
+        "no controller wrote the cluster's spec (one change made by the test after the version)"
+    );
 }

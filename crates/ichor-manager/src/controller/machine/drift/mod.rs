@@ -11,12 +11,13 @@ use ichor_api::cluster::LockHolder;
 use ichor_api::machine::TalosMachineStatus;
 use ichor_api::names::{conditions, reasons};
 use ichor_api::{TalosCluster, TalosMachine};
-use ichor_deleteguard::{Disruption, DriftHalt, Stage, drift_turn, halt_stands};
+use ichor_deleteguard::{Disruption, DriftHalt, DriftTurn, Stage, drift_turn, halt_stands};
 use ichor_render::Rendered;
 use ichor_talos::{TalosClient, TalosError};
 use kube::ResourceExt as _;
 
 use super::plan::{DriftRefused, drift_refused};
+use crate::rollout_policy::{Step, is_policy_hold};
 use crate::{Context, Error, Stop, infra::conditions as cond};
 
 pub(super) mod act;
@@ -54,16 +55,25 @@ pub(super) async fn roll_out(
     // The cluster's machines, read once for the turn and the lock, as stored: one disruption
     // at a time under the cluster lock (ADR 0019) counts the machines moving now.
     let machines = crate::cluster_machines_as_stored(ctx, r.cluster).await?;
-    let (waiting, queued) =
-        match wait_for_turn(ctx, r.machine, r.cluster, &machines, r.sources, r.bundle).await? {
-            Some(turn) => (Some(turn), Rolled::Queued),
-            None => (
-                act::take_drift_lock(ctx, r.cluster, &machines, &me, r.rendered)
-                    .await?
-                    .map(|queued| Stop::new(reasons::DRIFT_QUEUED, queued)),
-                Rolled::Waits,
-            ),
-        };
+    let turn = wait_for_turn(
+        ctx,
+        (r.machine, r.cluster, &machines),
+        r.sources,
+        r.bundle,
+        Step::Change,
+    );
+    let (waiting, queued) = match turn.await? {
+        // The policy holds the machine whose turn it is: looked at again soon, not woken by
+        // another's turn.
+        Some(held) if is_policy_hold(held.reason) => (Some(held), Rolled::Waits),
+        Some(turn) => (Some(turn), Rolled::Queued),
+        None => (
+            act::take_drift_lock(ctx, r.cluster, &machines, &me, r.rendered)
+                .await?
+                .map(|queued| Stop::new(reasons::DRIFT_QUEUED, queued)),
+            Rolled::Waits,
+        ),
+    };
     if let Some(stop) = waiting {
         stop.set_condition(
             &mut status.conditions,
@@ -207,6 +217,12 @@ async fn reboot_cleared(
     me: &LockHolder,
 ) -> Result<Option<Stop>, Error> {
     let namespace = r.cluster.namespace().unwrap_or_default();
+    // The reboot starts only inside a maintenance window (ADR 0074); the lock the turn took is
+    // given back meanwhile, so nothing else waits on a closed window.
+    if let Some(held) = crate::rollout_policy::holds(r.cluster, Step::Reboot, ctx.now().0) {
+        crate::lock::release(ctx, r.cluster, me).await?;
+        return Ok(Some(held));
+    }
     // As stored: one disruption at a time under the cluster lock (ADR 0019) counts the
     // machines moving now.
     let machines = crate::cluster_machines_as_stored(ctx, r.cluster).await?;
@@ -250,14 +266,14 @@ async fn reboot_cleared(
 /// Why this machine's drift (or upgrade) waits for its turn, or `None` if it is its turn: the
 /// planner's order over every machine of the cluster, with their recorded health and the halt
 /// recorded on the cluster. A halt that no longer stands (the config fixed, the declared
-/// installer changed) is cleared.
+/// installer changed) is cleared. In its turn, the cluster's rollout policy may still hold
+/// `step` (a suspend, a maintenance window; ADR 0074).
 pub(super) async fn wait_for_turn(
     ctx: &Context,
-    machine: &TalosMachine,
-    cluster: &TalosCluster,
-    machines: &[TalosMachine],
+    (machine, cluster, machines): (&TalosMachine, &TalosCluster, &[TalosMachine]),
     sources: &crate::layers::Sources,
     bundle: &ichor_render::SecretsBundle,
+    step: Step,
 ) -> Result<Option<Stop>, Error> {
     let views = plan::drift_views(cluster, machines, sources, bundle);
     // As stored: the halt a refusal recorded on the cluster, never a cached copy of it.
@@ -271,5 +287,12 @@ pub(super) async fn wait_for_turn(
     }
     let why = recorded.map(|h| h.message).unwrap_or_default();
     let turn = drift_turn(&views, halt.as_ref());
-    Ok(plan::turn_wait(turn, &machine.name_any(), &why))
+    let mine =
+        matches!(&turn, DriftTurn::Next { machine: next, .. } if *next == machine.name_any());
+    if let Some(waits) = plan::turn_wait(turn, &machine.name_any(), &why) {
+        return Ok(Some(waits));
+    }
+    Ok(mine
+        .then(|| crate::rollout_policy::holds(cluster, step, ctx.now().0))
+        .flatten())
 }

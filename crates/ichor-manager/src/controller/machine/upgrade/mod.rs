@@ -278,9 +278,30 @@ async fn cleared(
     client: &TalosClient,
 ) -> Result<Cleared, Error> {
     let machines = crate::cluster_machines_as_stored(ctx, u.cluster).await?;
-    let turn =
-        super::drift::wait_for_turn(ctx, u.machine, u.cluster, &machines, u.sources, u.bundle)
-            .await?;
+    let turn = super::drift::wait_for_turn(
+        ctx,
+        (u.machine, u.cluster, &machines),
+        u.sources,
+        u.bundle,
+        crate::rollout_policy::Step::Upgrade,
+    )
+    .await?;
+    if let Some(held) = turn
+        .as_ref()
+        .filter(|w| crate::rollout_policy::is_policy_hold(w.reason))
+    {
+        // Its turn, held by the rollout policy (a suspend, a maintenance window; ADR 0074):
+        // said with the policy's own reason, and looked at again soon.
+        let stop = Stop::new(
+            held.reason,
+            format!(
+                "to be upgraded to Talos {} with {}: {}",
+                target.version, target.image, held.message
+            ),
+        );
+        not_up_to_date(ctx, u, status, &stop).await?;
+        return Ok(Cleared::Waits);
+    }
     if let Some(waits) = turn {
         // Another machine's turn: said without naming it, so the message holds until this
         // machine's own turn, and the end of each turn wakes only the next (ADR 0071).
