@@ -278,44 +278,8 @@ async fn cleared(
     client: &TalosClient,
 ) -> Result<Cleared, Error> {
     let machines = crate::cluster_machines_as_stored(ctx, u.cluster).await?;
-    let turn = super::drift::wait_for_turn(
-        ctx,
-        (u.machine, u.cluster, &machines),
-        u.sources,
-        u.bundle,
-        crate::rollout_policy::Step::Upgrade,
-    )
-    .await?;
-    if let Some(held) = turn
-        .as_ref()
-        .filter(|w| crate::rollout_policy::is_policy_hold(w.reason))
-    {
-        // Its turn, held by the rollout policy (a suspend, a maintenance window; ADR 0074):
-        // said with the policy's own reason, and looked at again soon.
-        let stop = Stop::new(
-            held.reason,
-            format!(
-                "to be upgraded to Talos {} with {}: {}",
-                target.version, target.image, held.message
-            ),
-        );
-        not_up_to_date(ctx, u, status, &stop).await?;
-        return Ok(Cleared::Waits);
-    }
-    if let Some(waits) = turn {
-        // Another machine's turn: said without naming it, so the message holds until this
-        // machine's own turn, and the end of each turn wakes only the next (ADR 0071).
-        // A rollout halted at this very machine keeps its own failure's reason: it says more.
-        if waits.reason == reasons::DRIFT_HALTED && own_upgrade_failed(status) {
-            return Ok(Cleared::Queued);
-        }
-        let stop = if waits.reason == reasons::DRIFT_QUEUED {
-            queued(target, format!("it {}", super::drift::plan::TURN_WAIT))
-        } else {
-            queued(target, waits.message)
-        };
-        not_up_to_date(ctx, u, status, &stop).await?;
-        return Ok(Cleared::Queued);
+    if let Some(waits) = not_its_turn(ctx, u, status, target, &machines).await? {
+        return Ok(waits);
     }
     let me = upgrade_holder(u.machine);
     let moving = crate::lock::transitioning(u.cluster, &machines);
@@ -347,6 +311,58 @@ async fn cleared(
             Ok(Cleared::Waits)
         }
     }
+}
+
+/// Why the upgrade does not start in this look, by the rollout's order and its policy:
+/// another machine's turn (queued), or its own turn held (a suspend, a maintenance window).
+/// `UpToDate` says which.
+async fn not_its_turn(
+    ctx: &Context,
+    u: &Upgrade<'_>,
+    status: &mut TalosMachineStatus,
+    target: &plan::Target,
+    machines: &[TalosMachine],
+) -> Result<Option<Cleared>, Error> {
+    let turn = super::drift::wait_for_turn(
+        ctx,
+        (u.machine, u.cluster, machines),
+        u.sources,
+        u.bundle,
+        crate::rollout_policy::Step::Upgrade,
+    )
+    .await?;
+    if let Some(held) = turn
+        .as_ref()
+        .filter(|w| crate::rollout_policy::is_policy_hold(w.reason))
+    {
+        // Its turn, held by the rollout policy (a suspend, a maintenance window; ADR 0074):
+        // said with the policy's own reason, and looked at again soon.
+        let stop = Stop::new(
+            held.reason,
+            format!(
+                "to be upgraded to Talos {} with {}: {}",
+                target.version, target.image, held.message
+            ),
+        );
+        not_up_to_date(ctx, u, status, &stop).await?;
+        return Ok(Some(Cleared::Waits));
+    }
+    if let Some(waits) = turn {
+        // Another machine's turn: said without naming it, so the message holds until this
+        // machine's own turn, and the end of each turn wakes only the next (ADR 0071).
+        // A rollout halted at this very machine keeps its own failure's reason: it says more.
+        if waits.reason == reasons::DRIFT_HALTED && own_upgrade_failed(status) {
+            return Ok(Some(Cleared::Queued));
+        }
+        let stop = if waits.reason == reasons::DRIFT_QUEUED {
+            queued(target, format!("it {}", super::drift::plan::TURN_WAIT))
+        } else {
+            queued(target, waits.message)
+        };
+        not_up_to_date(ctx, u, status, &stop).await?;
+        return Ok(Some(Cleared::Queued));
+    }
+    Ok(None)
 }
 
 /// The planner's word on the upgrade, a restart: `Some` says why it waits (a voter unhealthy,
