@@ -138,6 +138,18 @@ pub fn version_rollout(
         in_flight,
         kubernetes_step: None,
     };
+    let (stopped, held) = where_upgrades_wait(&configured);
+    let condition = rollout_condition(&status, stopped, held);
+    (status, condition)
+}
+
+/// A machine the rollout policy holds (ADR 0074): its name, the policy's reason and what it
+/// says.
+type Held = (String, &'static str, String);
+
+/// The machine an upgrade stopped at (with what its `UpToDate` says), and the one the rollout
+/// policy holds, among the `configured` machines.
+fn where_upgrades_wait(configured: &[&TalosMachine]) -> (Option<(String, String)>, Option<Held>) {
     let stopped = configured.iter().find_map(|m| {
         m.status.as_ref()?.conditions.iter().find_map(|c| {
             (c.type_ == conditions::UP_TO_DATE
@@ -146,15 +158,34 @@ pub fn version_rollout(
                 .then(|| (kube::ResourceExt::name_any(*m), c.message.clone()))
         })
     });
-    let condition = rollout_condition(&status, stopped);
-    (status, condition)
+    let held = configured.iter().find_map(|m| {
+        m.status.as_ref()?.conditions.iter().find_map(|c| {
+            (c.type_ == conditions::UP_TO_DATE)
+                .then(|| policy_hold(&c.reason))
+                .flatten()
+                .map(|reason| (kube::ResourceExt::name_any(*m), reason, c.message.clone()))
+        })
+    });
+    (stopped, held)
+}
+
+/// The rollout policy's reason (ADR 0074) that `reason` is, if it is one.
+fn policy_hold(reason: &str) -> Option<&'static str> {
+    [
+        reasons::ROLLOUT_SUSPENDED,
+        reasons::OUTSIDE_MAINTENANCE_WINDOW,
+        reasons::ROLLOUT_POLICY_INVALID,
+    ]
+    .into_iter()
+    .find(|r| *r == reason)
 }
 
 /// `VersionRolledOut` from the rollout's counts and the machine it stopped at, if any (with
-/// what its `UpToDate` says).
+/// what its `UpToDate` says), or the machine the rollout policy holds (its reason and message).
 fn rollout_condition(
     rollout: &ichor_api::cluster::RolloutStatus,
     stopped: Option<(String, String)>,
+    held: Option<Held>,
 ) -> (bool, &'static str, String) {
     let declared = &rollout.talos_version;
     let (done, total) = (rollout.up_to_date, rollout.total);
@@ -172,6 +203,15 @@ fn rollout_condition(
             format!("the rollout of Talos {declared} stopped at {machine}: {message}"),
         );
     }
+    if let Some((machine, reason, message)) = held {
+        return (
+            false,
+            reason,
+            format!(
+                "the rollout of Talos {declared} waits at {machine} ({done} of {total} up to date): {message}"
+            ),
+        );
+    }
     (
         false,
         reasons::VERSION_ROLLING_OUT,
@@ -184,6 +224,42 @@ fn rollout_condition(
                 .unwrap_or_default()
         ),
     )
+}
+
+/// The machines whose changed config is still to roll out, and the one the rollout policy
+/// holds (its reason and message), if any.
+fn config_pending(machines: &[TalosMachine]) -> (Vec<String>, Option<Held>) {
+    let config_applied = |m: &TalosMachine| {
+        m.status.as_ref().and_then(|s| {
+            s.conditions
+                .iter()
+                .find(|c| c.type_ == conditions::CONFIG_APPLIED)
+                .cloned()
+        })
+    };
+    let pending: Vec<String> = machines
+        .iter()
+        .filter(|m| {
+            m.status.as_ref().is_some_and(|s| s.drift.reboot.is_some())
+                || config_applied(m).is_some_and(|c| {
+                    [
+                        reasons::NEEDS_REBOOT,
+                        reasons::DRIFT_QUEUED,
+                        reasons::DRIFT_NOT_APPLIED,
+                        reasons::DRIFT_HALTED,
+                    ]
+                    .contains(&c.reason.as_str())
+                        || policy_hold(&c.reason).is_some()
+                })
+        })
+        .map(kube::ResourceExt::name_any)
+        .collect();
+    // A machine the rollout policy holds (ADR 0074) says why the rollout waits.
+    let held = machines.iter().find_map(|m| {
+        let c = config_applied(m)?;
+        policy_hold(&c.reason).map(|reason| (kube::ResourceExt::name_any(m), reason, c.message))
+    });
+    (pending, held)
 }
 
 /// The cluster's `ConfigRolledOut` condition: whether it holds, its reason and message, from
@@ -204,25 +280,17 @@ pub fn rolled_out(
             ),
         );
     }
-    let pending: Vec<String> = machines
-        .iter()
-        .filter(|m| {
-            m.status.as_ref().is_some_and(|s| {
-                s.drift.reboot.is_some()
-                    || s.conditions.iter().any(|c| {
-                        c.type_ == conditions::CONFIG_APPLIED
-                            && [
-                                reasons::NEEDS_REBOOT,
-                                reasons::DRIFT_QUEUED,
-                                reasons::DRIFT_NOT_APPLIED,
-                                reasons::DRIFT_HALTED,
-                            ]
-                            .contains(&c.reason.as_str())
-                    })
-            })
-        })
-        .map(kube::ResourceExt::name_any)
-        .collect();
+    let (pending, held) = config_pending(machines);
+    if let Some((machine, reason, message)) = held {
+        return (
+            false,
+            reason,
+            format!(
+                "changed config waits at {machine}: {message}; still to take it: {}",
+                pending.join(", ")
+            ),
+        );
+    }
     if pending.is_empty() {
         (
             true,
@@ -267,6 +335,48 @@ mod tests {
             ..Default::default()
         });
         m
+    }
+
+    #[test]
+    fn a_rollout_the_policy_holds_is_not_rolled_out_and_says_why() {
+        let held = [
+            machine("cp-1", reasons::OUTSIDE_MAINTENANCE_WINDOW),
+            machine("w-1", reasons::DRIFT_QUEUED),
+        ];
+        let (holds, reason, message) = rolled_out(None, &held);
+        assert!(!holds);
+        assert_eq!(reason, reasons::OUTSIDE_MAINTENANCE_WINDOW);
+        assert!(
+            message.starts_with("changed config waits at cp-1: "),
+            "{message}"
+        );
+        assert!(
+            message.ends_with("still to take it: cp-1, w-1"),
+            "{message}"
+        );
+        let rollout = ichor_api::cluster::RolloutStatus {
+            talos_version: "v1.14.2".into(),
+            up_to_date: 1,
+            total: 3,
+            summary: "1/3".into(),
+            in_flight: None,
+            kubernetes_step: None,
+        };
+        let (holds, reason, message) = rollout_condition(
+            &rollout,
+            None,
+            Some((
+                "cp-2".into(),
+                reasons::ROLLOUT_SUSPENDED,
+                "suspended".into(),
+            )),
+        );
+        assert!(!holds);
+        assert_eq!(reason, reasons::ROLLOUT_SUSPENDED);
+        assert_eq!(
+            message,
+            "the rollout of Talos v1.14.2 waits at cp-2 (1 of 3 up to date): suspended"
+        );
     }
 
     #[test]

@@ -802,6 +802,40 @@ async fn held_by(target: &SimTarget, reason: &str) -> String {
     .unwrap_or_else(|e| panic!("{e}\n{}", state_summary(target)))
 }
 
+/// Waits until the cluster's `VersionRolledOut` or `ConfigRolledOut` says `reason`.
+async fn cluster_says(target: &SimTarget, reason: &str) {
+    let clusters: Api<ichor_api::TalosCluster> =
+        Api::namespaced(target.client(), target.namespace());
+    try_eventually(
+        &format!("the cluster saying {reason}"),
+        Duration::from_secs(60),
+        || async {
+            let status = clusters
+                .get(CLUSTER)
+                .await
+                .map_err(|e| e.to_string())?
+                .status
+                .unwrap_or_default();
+            let seen: Vec<(String, String)> = status
+                .conditions
+                .iter()
+                .filter(|c| {
+                    c.type_ == conditions::VERSION_ROLLED_OUT
+                        || c.type_ == conditions::CONFIG_ROLLED_OUT
+                })
+                .map(|c| (c.reason.clone(), c.message.clone()))
+                .collect();
+            if seen.iter().any(|(r, _)| r == reason) {
+                Ok(())
+            } else {
+                Err(format!("{seen:?}"))
+            }
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", state_summary(target)));
+}
+
 /// Sets the cluster's `spec.rollout`, as a person (or Git) does.
 async fn set_rollout(target: &SimTarget, rollout: serde_json::Value) {
     Api::<ichor_api::TalosCluster>::namespaced(target.client(), target.namespace())
@@ -830,6 +864,7 @@ async fn a_declared_version_waits_while_suspended_and_outside_its_window_then_ro
         message.contains("spec.rollout.suspend is true"),
         "{message}"
     );
+    cluster_says(&target, reasons::ROLLOUT_SUSPENDED).await;
     assert_eq!(upgrades(&target), 0, "no node upgraded while suspended");
 
     // A daily window opening at the next whole minute at least 25 s away (UTC), for 10 min.
@@ -856,6 +891,7 @@ async fn a_declared_version_waits_while_suspended_and_outside_its_window_then_ro
         message.contains(&format!("the next opens at {opens}")),
         "{message} (opens {opens})"
     );
+    cluster_says(&target, reasons::OUTSIDE_MAINTENANCE_WINDOW).await;
     // Nothing upgraded until the window opens.
     while k8s_openapi::jiff::Timestamp::now() < opens {
         assert_eq!(
