@@ -524,15 +524,18 @@ async fn two_namespaces_claiming_one_machine_only_the_first_is_acted_on() {
             others.get("stolen").await.ok().and_then(|m| m.status)
         ),
     };
-    let events = Api::<Event>::namespaced(target.client(), OTHER)
-        .list(&ListParams::default())
-        .await
-        .expect("events")
-        .items;
-    let event = events
-        .iter()
-        .find(|e| e.reason.as_deref() == Some(reasons::CLAIMED_ELSEWHERE))
-        .expect("a Warning Event");
+    // The manager publishes the Event after the status write the spec saw: waited for.
+    let event = try_eventually("a Warning Event ClaimedElsewhere", WAIT, || async {
+        Api::<Event>::namespaced(target.client(), OTHER)
+            .list(&ListParams::default())
+            .await
+            .ok()?
+            .items
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some(reasons::CLAIMED_ELSEWHERE))
+    })
+    .await
+    .expect("a Warning Event");
     let note = event.note.clone().unwrap_or_default();
     for text in [&message, &note] {
         assert!(text.contains(&address), "{text}");
