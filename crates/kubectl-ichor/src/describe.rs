@@ -221,6 +221,9 @@ pub fn cluster_tree(cluster: &TalosCluster, machines: &[TalosMachine]) -> Tree {
         }
         children.push(Tree::leaf(text));
     }
+    if let Some(policy) = rollout_policy(&spec.rollout) {
+        children.push(Tree::leaf(policy));
+    }
     let lock = match status.lock.mirror.as_ref().and_then(|l| l.holder.as_ref()) {
         Some(holder) => {
             let lock = status.lock.mirror.clone().unwrap_or_default();
@@ -291,6 +294,32 @@ pub async fn describe(conn: &Connection, name: &str) -> Result<String, Error> {
     )
     .await?;
     Ok(cluster_tree(&cluster, &machines).render())
+}
+
+/// The cluster's rollout policy (`spec.rollout`) in a line; `None` when nothing is set.
+fn rollout_policy(policy: &ichor_api::rollout::RolloutPolicy) -> Option<String> {
+    if policy.is_default() {
+        return None;
+    }
+    let mut parts = Vec::new();
+    if policy.suspend {
+        parts.push("suspended (spec.rollout.suspend): no node starts its change".to_owned());
+    }
+    if !policy.maintenance_windows.is_empty() {
+        let windows: Vec<String> = policy
+            .maintenance_windows
+            .iter()
+            .map(|w| format!("{} ({}) for {}", w.schedule, w.time_zone, w.duration))
+            .collect();
+        parts.push(format!(
+            "reboots and upgrades start only in a window: {}",
+            windows.join("; ")
+        ));
+    }
+    if policy.hold_live_changes {
+        parts.push("live config changes wait for a window too".to_owned());
+    }
+    Some(format!("rollout policy: {}", parts.join(", ")))
 }
 
 #[cfg(test)]
@@ -409,6 +438,26 @@ mod tests {
             "   └─ TalosMachine/no    -   Rejected   127.0.85.2   rejected: never touched",
         ];
         assert_eq!(out, expected.join("\n") + "\n", "\n{out}");
+    }
+
+    #[test]
+    fn the_rollout_policy_shows_when_set() {
+        let mut c = cluster(json!(null));
+        assert!(!cluster_tree(&c, &[]).render().contains("rollout policy"));
+        c.spec.rollout.suspend = true;
+        c.spec.rollout.hold_live_changes = true;
+        c.spec.rollout.maintenance_windows = vec![ichor_api::rollout::MaintenanceWindow {
+            schedule: "0 22 * * 1-5".into(),
+            duration: "4h".into(),
+            time_zone: "Europe/Berlin".into(),
+        }];
+        let out = cluster_tree(&c, &[]).render();
+        assert!(
+            out.contains(
+                "rollout policy: suspended (spec.rollout.suspend): no node starts its change, reboots and upgrades start only in a window: 0 22 * * 1-5 (Europe/Berlin) for 4h, live config changes wait for a window too"
+            ),
+            "{out}"
+        );
     }
 
     #[test]
