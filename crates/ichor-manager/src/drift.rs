@@ -161,23 +161,12 @@ fn where_upgrades_wait(configured: &[&TalosMachine]) -> (Option<(String, String)
     let held = configured.iter().find_map(|m| {
         m.status.as_ref()?.conditions.iter().find_map(|c| {
             (c.type_ == conditions::UP_TO_DATE)
-                .then(|| policy_hold(&c.reason))
+                .then(|| crate::rollout_policy::policy_reason(&c.reason))
                 .flatten()
                 .map(|reason| (kube::ResourceExt::name_any(*m), reason, c.message.clone()))
         })
     });
     (stopped, held)
-}
-
-/// The rollout policy's reason (ADR 0074) that `reason` is, if it is one.
-fn policy_hold(reason: &str) -> Option<&'static str> {
-    [
-        reasons::ROLLOUT_SUSPENDED,
-        reasons::OUTSIDE_MAINTENANCE_WINDOW,
-        reasons::ROLLOUT_POLICY_INVALID,
-    ]
-    .into_iter()
-    .find(|r| *r == reason)
 }
 
 /// `VersionRolledOut` from the rollout's counts and the machine it stopped at, if any (with
@@ -249,7 +238,7 @@ fn config_pending(machines: &[TalosMachine]) -> (Vec<String>, Option<Held>) {
                         reasons::DRIFT_HALTED,
                     ]
                     .contains(&c.reason.as_str())
-                        || policy_hold(&c.reason).is_some()
+                        || crate::rollout_policy::policy_reason(&c.reason).is_some()
                 })
         })
         .map(kube::ResourceExt::name_any)
@@ -257,7 +246,8 @@ fn config_pending(machines: &[TalosMachine]) -> (Vec<String>, Option<Held>) {
     // A machine the rollout policy holds (ADR 0074) says why the rollout waits.
     let held = machines.iter().find_map(|m| {
         let c = config_applied(m)?;
-        policy_hold(&c.reason).map(|reason| (kube::ResourceExt::name_any(m), reason, c.message))
+        crate::rollout_policy::policy_reason(&c.reason)
+            .map(|reason| (kube::ResourceExt::name_any(m), reason, c.message))
     });
     (pending, held)
 }

@@ -23,15 +23,23 @@ pub enum Step {
     Reboot,
 }
 
-/// Whether a wait of `reason` is the rollout policy's: the machine whose turn it is waits,
-/// looked at again at the progress pace (not queued behind another machine).
+/// The reasons a step waits for by the rollout policy.
+const HOLDS: [&str; 3] = [
+    reasons::ROLLOUT_SUSPENDED,
+    reasons::OUTSIDE_MAINTENANCE_WINDOW,
+    reasons::ROLLOUT_POLICY_INVALID,
+];
+
+/// The rollout policy's reason that `reason` is, if it is one: a machine held by it is looked
+/// at again at the progress pace (not queued behind another machine), and its cluster's
+/// rollout conditions say it.
+pub fn policy_reason(reason: &str) -> Option<&'static str> {
+    HOLDS.into_iter().find(|r| *r == reason)
+}
+
+/// Whether a wait of `reason` is the rollout policy's ([`policy_reason`]).
 pub fn is_policy_hold(reason: &str) -> bool {
-    [
-        reasons::ROLLOUT_SUSPENDED,
-        reasons::OUTSIDE_MAINTENANCE_WINDOW,
-        reasons::ROLLOUT_POLICY_INVALID,
-    ]
-    .contains(&reason)
+    policy_reason(reason).is_some()
 }
 
 /// Why `step` waits by the cluster's rollout policy at `now`; `None` lets it start.
