@@ -109,6 +109,19 @@ impl fmt::Display for Window {
     }
 }
 
+/// Whether a step held for a window may start at `now`: `Ok` when one of `windows` is open (or
+/// none is declared), else `Err` with the next opening and its window, if any schedule names
+/// a later time.
+pub fn window_open(windows: &[Window], now: Timestamp) -> Result<(), Option<(Timestamp, &Window)>> {
+    if windows.is_empty() || windows.iter().any(|w| w.closes_after(now).is_some()) {
+        return Ok(());
+    }
+    Err(windows
+        .iter()
+        .filter_map(|w| w.opens_after(now).map(|at| (at, w)))
+        .min_by_key(|(at, _)| *at))
+}
+
 /// How many workers may be unavailable at once.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MaxUnavailable {
@@ -527,28 +540,19 @@ pub fn decide_with(facts: &Facts<'_>, rules: &PolicyRules) -> Decision {
             return wait_for(blocking);
         }
     }
-    if rules.has(PolicyRule::Window) && !facts.policy.windows.is_empty() {
-        let open = facts
-            .policy
-            .windows
+    if rules.has(PolicyRule::Window)
+        && let Err(next) = window_open(&facts.policy.windows, facts.now)
+    {
+        // Outside every window, only the leading live changes the policy does not hold go.
+        let live = batch
             .iter()
-            .any(|w| w.closes_after(facts.now).is_some());
-        if !open {
-            // Outside every window, only the leading live changes the policy does not hold go.
-            let live = batch
-                .iter()
-                .take_while(|m| !held(facts.policy, m.change))
-                .count();
-            batch.truncate(live);
-            if batch.is_empty() {
-                let opens = facts
-                    .policy
-                    .windows
-                    .iter()
-                    .filter_map(|w| w.opens_after(facts.now))
-                    .min();
-                return Decision::OutsideWindow { opens };
-            }
+            .take_while(|m| !held(facts.policy, m.change))
+            .count();
+        batch.truncate(live);
+        if batch.is_empty() {
+            return Decision::OutsideWindow {
+                opens: next.map(|(at, _)| at),
+            };
         }
     }
     if rules.has(PolicyRule::Gates)

@@ -7,7 +7,7 @@
 
 use ichor_api::TalosCluster;
 use ichor_api::names::reasons;
-use ichor_deleteguard::rollout::Window;
+use ichor_deleteguard::rollout::{Window, window_open};
 use k8s_openapi::jiff::Timestamp;
 
 use crate::Stop;
@@ -62,13 +62,9 @@ pub fn holds(cluster: &TalosCluster, step: Step, now: Timestamp) -> Option<Stop>
         Ok(windows) => windows,
         Err(stop) => return Some(stop),
     };
-    if windows.iter().any(|w| w.closes_after(now).is_some()) {
+    let Err(next) = window_open(&windows, now) else {
         return None;
-    }
-    let next = windows
-        .iter()
-        .filter_map(|w| w.opens_after(now).map(|at| (at, w)))
-        .min_by_key(|(at, _)| *at);
+    };
     let when = match next {
         Some((at, window)) => format!("the next opens at {at} ({window})"),
         None => "no window's schedule names a later time".to_owned(),
