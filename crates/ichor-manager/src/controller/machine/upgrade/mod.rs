@@ -337,13 +337,7 @@ async fn not_its_turn(
     {
         // Its turn, held by the rollout policy (a suspend, a maintenance window; ADR 0074):
         // said with the policy's own reason, and looked at again soon.
-        let stop = Stop::new(
-            held.reason,
-            format!(
-                "to be upgraded to Talos {} with {}: {}",
-                target.version, target.image, held.message
-            ),
-        );
+        let stop = waits(held.reason, target, &held.message);
         not_up_to_date(ctx, u, status, &stop).await?;
         return Ok(Some(Cleared::Waits));
     }
@@ -410,8 +404,13 @@ async fn drain(
 
 /// Why the upgrade to `target` waits: `why`, under `UpgradeQueued`.
 fn queued(target: &plan::Target, why: impl std::fmt::Display) -> Stop {
+    waits(reasons::UPGRADE_QUEUED, target, why)
+}
+
+/// Why the upgrade to `target` waits: `why`, under `reason`.
+fn waits(reason: &'static str, target: &plan::Target, why: impl std::fmt::Display) -> Stop {
     Stop::new(
-        reasons::UPGRADE_QUEUED,
+        reason,
         format!(
             "to be upgraded to Talos {} with {}: {why}",
             target.version, target.image
