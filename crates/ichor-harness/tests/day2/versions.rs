@@ -892,16 +892,17 @@ async fn a_declared_version_waits_while_suspended_and_outside_its_window_then_ro
         "{message} (opens {opens})"
     );
     cluster_says(&target, reasons::OUTSIDE_MAINTENANCE_WINDOW).await;
-    // Nothing upgraded until the window opens.
-    while k8s_openapi::jiff::Timestamp::now() < opens {
-        assert_eq!(
-            upgrades(&target),
-            0,
-            "a node upgraded before its window opened at {opens}"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
     rolled_out(&target, "v1.14.2", Duration::from_secs(240)).await;
+    // Each upgrade was announced, before it was sent, once its window had opened.
+    let announced = specs::events_with_reason(&target, reasons::UPGRADING).await;
+    assert_eq!(announced.len(), target.nodes().len(), "{announced:?}");
+    for event in &announced {
+        let at = event.event_time.as_ref().expect("an eventTime").0;
+        assert!(
+            at >= opens,
+            "an upgrade announced at {at}, before its window opened at {opens}"
+        );
+    }
     for node in target.nodes() {
         assert_eq!(node.calls("Upgrade"), 1, "each node upgraded once");
     }
