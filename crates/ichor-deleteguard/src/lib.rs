@@ -36,6 +36,7 @@
 //! [`lock_decision`] for who may hold the lock. A removal whose workload steps the workload
 //! API does not answer waits or, forced, skips them ([`unanswered_node_step`]); a Node delete
 //! handed to the cluster runs only on the removed machine's Node ([`deferred_node_delete`]).
+//! A rollout's health gates, CEL expressions over workload objects, are evaluated in [`gates`].
 #![forbid(unsafe_code)]
 
 pub mod bootstrap;
@@ -43,6 +44,7 @@ pub mod bundle;
 pub mod drift;
 #[cfg(test)]
 mod fixtures;
+pub mod gates;
 pub mod identity;
 mod model;
 pub mod plan;
