@@ -124,8 +124,7 @@ fn validity_of(pem: &[u8]) -> Result<Validity, Error> {
 /// A workload client from a kubeconfig the manager minted; drains see a PodDisruptionBudget's
 /// 429 at once rather than have the client retry it with backoff, and an API that does not
 /// answer is given up on after `workload::API_TIMEOUT`.
-async fn workload_client(text: &str) -> Option<kube::Client> {
-    let kubeconfig = kube::config::Kubeconfig::from_yaml(text).ok()?;
+async fn workload_client(kubeconfig: kube::config::Kubeconfig) -> Option<kube::Client> {
     let mut config = kube::Config::from_custom_kubeconfig(
         kubeconfig,
         &kube::config::KubeConfigOptions::default(),
@@ -187,17 +186,27 @@ impl Context {
             return Some(held);
         }
         let bundle = secrets::bundle(self, cluster).await.ok()?.ok()?;
-        let minted = ichor_render::credentials::kubeconfig_for(
-            &bundle,
-            &cluster.name_any(),
-            &cluster.spec.endpoint,
-            "ichor-manager",
-            lifetime,
-        )
-        .ok()?;
-        let read = ichor_render::credentials::read_kubeconfig(&minted.file.0)?;
-        let validity = Validity::from_system(read.not_before, read.not_after)?;
-        let client = workload_client(&minted.file.0).await?;
+        let (name, endpoint) = (cluster.name_any(), cluster.spec.endpoint.clone());
+        // Minting signs, and the YAML parser recurses deeply: a reconcile that gets here
+        // through a rollout's turn is already deep in its worker's stack, where a debug build
+        // overflowed it. Done on a blocking thread, from the bottom of its own stack.
+        let (kubeconfig, validity) = tokio::task::spawn_blocking(move || {
+            let minted = ichor_render::credentials::kubeconfig_for(
+                &bundle,
+                &name,
+                &endpoint,
+                "ichor-manager",
+                lifetime,
+            )
+            .ok()?;
+            let read = ichor_render::credentials::read_kubeconfig(&minted.file.0)?;
+            let validity = Validity::from_system(read.not_before, read.not_after)?;
+            let kubeconfig = kube::config::Kubeconfig::from_yaml(&minted.file.0).ok()?;
+            Some((kubeconfig, validity))
+        })
+        .await
+        .ok()??;
+        let client = workload_client(kubeconfig).await?;
         self.own
             .put(key, identity, validity, Held::Workload(client.clone()));
         Some(client)
