@@ -640,13 +640,17 @@ pub(super) fn settled_but_for_its_turn(ready: bool, status: &TalosMachineStatus)
 }
 
 /// Whether the machine's upgrade waits on the rollout (its turn, a sibling's health, the
-/// cluster lock): `UpToDate` says it is queued or underway. A failed upgrade waits for a
-/// person (a change of the declaration wakes it through its cluster's watch).
+/// cluster lock, the rollout policy: a window, a suspend, a gate, a fresh backup): `UpToDate`
+/// says it is queued, held or underway. A failed upgrade waits for a person (a change of the
+/// declaration wakes it through its cluster's watch). A turn the policy holds is looked at at
+/// the progress pace: no other machine's end wakes it (ADR 0074).
 fn upgrade_queued(status: &TalosMachineStatus) -> bool {
     status.conditions.iter().any(|c| {
         c.type_ == conditions::UP_TO_DATE
             && c.status == ConditionStatus::False
-            && (c.reason == reasons::UPGRADE_QUEUED || c.reason == reasons::UPGRADING)
+            && (c.reason == reasons::UPGRADE_QUEUED
+                || c.reason == reasons::UPGRADING
+                || crate::rollout_policy::is_policy_hold(&c.reason))
     })
 }
 
@@ -1451,6 +1455,27 @@ mod tests {
         }
         // Never configured: no drift.
         assert!(settled(true, &TalosMachineStatus::default(), "sha256:new"));
+    }
+
+    #[test]
+    fn an_upgrade_the_rollout_policy_holds_is_looked_at_at_the_progress_pace() {
+        // A gate passing, a backup taken, a window opening: none is a change of this machine
+        // nor the end of another's turn, so nothing would wake it from a settled requeue.
+        for reason in [
+            reasons::HEALTH_GATE_FAILING,
+            reasons::OUTSIDE_MAINTENANCE_WINDOW,
+            reasons::ROLLOUT_SUSPENDED,
+            reasons::WAITING_FOR_FRESH_BACKUP,
+            reasons::FRESH_BACKUP_FAILED,
+        ] {
+            let status = with_condition(conditions::UP_TO_DATE, false, reason);
+            assert!(!settled(true, &status, "sha256:any"), "{reason}");
+        }
+        let failed = with_condition(conditions::UP_TO_DATE, false, reasons::UPGRADE_FAILED);
+        assert!(
+            settled(true, &failed, "sha256:any"),
+            "a failure waits for a person"
+        );
     }
 
     #[test]
