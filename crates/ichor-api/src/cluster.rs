@@ -46,7 +46,8 @@ use crate::status::{Owned, group, grouped};
     validation = Rule::new("has(self.restoreFrom) == has(oldSelf.restoreFrom)").message("restoreFrom is set only when the cluster is created, and then kept"),
     validation = Rule::new("!has(self.adopt) || has(self.secretsRef)").message("adopt needs secretsRef: the secrets bundle of the running cluster"),
     validation = Rule::new("!(has(self.adopt) && has(self.restoreFrom))").message("adopt and restoreFrom exclude each other: adopt takes a running cluster as it is"),
-    validation = Rule::new("has(self.adopt) == has(oldSelf.adopt)").message("adopt is set only when the cluster is created, and then kept")
+    validation = Rule::new("has(self.adopt) == has(oldSelf.adopt)").message("adopt is set only when the cluster is created, and then kept"),
+    validation = Rule::new("!has(self.rollout) || !has(self.rollout.freshBackup) || has(self.backup)").message("rollout.freshBackup needs spec.backup: the store the fresh backup is taken to")
 )]
 pub struct TalosClusterSpec {
     /// The Talos version contract configs are rendered for, and the installer tag, e.g.
@@ -102,8 +103,9 @@ pub struct TalosClusterSpec {
     /// How a node is drained before a reboot, an upgrade, a drift reboot or a reset.
     #[serde(default)]
     pub drain: DrainSpec,
-    /// How rollouts (versions, schematics, config changes) reach the nodes: a suspend and
-    /// maintenance windows. Unset: each runs at once, one node at a time.
+    /// How rollouts (versions, schematics, config changes) reach the nodes: a suspend,
+    /// maintenance windows, health gates, a fresh backup first. Unset: each runs at once, one
+    /// node at a time.
     #[serde(default, skip_serializing_if = "RolloutPolicy::is_default")]
     pub rollout: RolloutPolicy,
     /// Config patches applied to every machine of the cluster, first (then class, then machine).

@@ -373,6 +373,14 @@ pub mod reasons {
     /// A maintenance window of `spec.rollout` does not read (its schedule, duration or time
     /// zone); every step a window holds waits.
     pub const ROLLOUT_POLICY_INVALID: &str = "RolloutPolicyInvalid";
+    /// A health gate of `spec.rollout` fails (or cannot be read): the next node waits.
+    pub const HEALTH_GATE_FAILING: &str = "HealthGateFailing";
+    /// A control plane's step waits for the fresh etcd backup `spec.rollout.freshBackup`
+    /// asks for (being taken, or another backup of the cluster running).
+    pub const WAITING_FOR_FRESH_BACKUP: &str = "WaitingForFreshBackup";
+    /// The fresh etcd backup a control plane's step asked for failed; the step waits and the
+    /// backup is tried again.
+    pub const FRESH_BACKUP_FAILED: &str = "FreshBackupFailed";
     /// The drift rollout stopped at a machine that refused its config; fix the patch.
     pub const DRIFT_HALTED: &str = "DriftHalted";
     /// Drift is being rolled out, one machine at a time.

@@ -4,7 +4,9 @@
 //!
 //! A suspend stops the next node from starting (the one in flight finishes); maintenance
 //! windows let a step that reboots, upgrades, drains or restarts a service start only inside
-//! one. The rules are `ichor_deleteguard::rollout`'s, pure, so `kubectl ichor` answers as the
+//! one; health gates must hold over the team's own workload objects before each node; and a
+//! control plane is disrupted only after a fresh etcd backup. The rules are
+//! `ichor_deleteguard::rollout`'s and `::gates`', pure, so `kubectl ichor` answers as the
 //! manager does.
 
 use kube::KubeSchema;
@@ -27,6 +29,17 @@ pub struct RolloutPolicy {
     /// (default false: it goes at once).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub hold_live_changes: bool,
+    /// Health gates: CEL expressions over objects of the workload cluster, each of which must
+    /// hold before a node's step starts (a step a window would hold). A gate never reads a
+    /// Secret.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    #[x_kube(validation = Rule::new("self.all(g, self.exists_one(h, h.name == g.name))").message("healthGates[].name must be unique"))]
+    pub health_gates: Vec<HealthGate>,
+    /// A fresh etcd backup before a control plane is disrupted (needs `spec.backup`): the
+    /// rollout asks for one itself when the last successful backup is older than `maxAge`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fresh_backup: Option<FreshBackup>,
 }
 
 impl RolloutPolicy {
@@ -57,4 +70,48 @@ pub struct MaintenanceWindow {
 
 fn utc() -> String {
     "UTC".into()
+}
+
+/// A health gate: `expression` must be true for every object of `kind` (in `namespace`, with
+/// `labelSelector`) in the workload cluster before a node's step starts. It fails when no
+/// object matches: a gate that reads nothing proves nothing.
+#[derive(KubeSchema, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!(self.apiVersion == 'v1' && self.kind == 'Secret')").message("healthGates[].kind: a health gate never reads a Secret"))]
+pub struct HealthGate {
+    /// The gate's name, shown when it holds a rollout.
+    #[schemars(
+        length(min = 1, max = 63),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    )]
+    pub name: String,
+    /// The objects' API version, e.g. `apps/v1` or `ceph.rook.io/v1`.
+    #[schemars(length(min = 2, max = 128))]
+    pub api_version: String,
+    /// The objects' kind, e.g. `Deployment`.
+    #[schemars(length(min = 1, max = 63))]
+    pub kind: String,
+    /// The namespace to read in; every namespace (or a cluster-scoped kind) when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63))]
+    pub namespace: Option<String>,
+    /// A label selector narrowing the objects, e.g. `app=web,tier!=canary`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 256))]
+    pub label_selector: Option<String>,
+    /// A CEL expression over each object as `object`, true when it is healthy, e.g.
+    /// `object.status.availableReplicas == object.spec.replicas`. Its estimated cost is
+    /// limited as Kubernetes limits a validation rule's.
+    #[schemars(length(min = 1, max = 2048))]
+    pub expression: String,
+}
+
+/// How fresh the last etcd backup must be before a control plane is disrupted.
+#[derive(KubeSchema, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FreshBackup {
+    /// The oldest a successful backup may be, e.g. `1h` (from 1m to 720h).
+    #[schemars(length(max = 16))]
+    #[x_kube(validation = Rule::new("duration(self) >= duration('1m') && duration(self) <= duration('720h')").message("freshBackup.maxAge must be a duration from 1m to 720h, e.g. 1h"))]
+    pub max_age: String,
 }

@@ -104,6 +104,8 @@ pub const INSTALL: Nets = Nets::new(98, 2);
 pub const CLASSES: Nets = Nets::new(100, 1);
 /// `ichor-harness/tests/backups.rs`.
 pub const BACKUPS: Nets = Nets::new(101, 1);
+/// `ichor-harness/tests/rollout_gates.rs`.
+pub const ROLLOUT_GATES: Nets = Nets::new(106, 1);
 /// `ichor-harness/tests/backup_at_size.rs`.
 pub const BACKUP_AT_SIZE: Nets = Nets::new(102, 1);
 /// `ichor-harness/tests/restore.rs`: the original cluster's block, then the restored one's.
@@ -174,6 +176,7 @@ pub const ALL: &[(&str, Nets)] = &[
     ("CLASSES", CLASSES),
     ("BACKUPS", BACKUPS),
     ("BACKUP_AT_SIZE", BACKUP_AT_SIZE),
+    ("ROLLOUT_GATES", ROLLOUT_GATES),
     ("RESTORE", RESTORE),
     ("ADOPTION", ADOPTION),
     ("DISCOVERY_BENCH", DISCOVERY_BENCH),

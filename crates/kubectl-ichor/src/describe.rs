@@ -319,6 +319,20 @@ fn rollout_policy(policy: &ichor_api::rollout::RolloutPolicy) -> Option<String> 
     if policy.hold_live_changes {
         parts.push("live config changes wait for a window too".to_owned());
     }
+    if !policy.health_gates.is_empty() {
+        let gates: Vec<&str> = policy
+            .health_gates
+            .iter()
+            .map(|g| g.name.as_str())
+            .collect();
+        parts.push(format!("health gates: {}", gates.join(", ")));
+    }
+    if let Some(fresh) = &policy.fresh_backup {
+        parts.push(format!(
+            "a control plane is disrupted only after a backup at most {} old",
+            fresh.max_age
+        ));
+    }
     Some(format!("rollout policy: {}", parts.join(", ")))
 }
 
@@ -455,6 +469,27 @@ mod tests {
         assert!(
             out.contains(
                 "rollout policy: suspended (spec.rollout.suspend): no node starts its change, reboots and upgrades start only in a window: 0 22 * * 1-5 (Europe/Berlin) for 4h, live config changes wait for a window too"
+            ),
+            "{out}"
+        );
+        c.spec.rollout = ichor_api::rollout::RolloutPolicy {
+            health_gates: vec![ichor_api::rollout::HealthGate {
+                name: "shop-available".into(),
+                api_version: "apps/v1".into(),
+                kind: "Deployment".into(),
+                namespace: Some("shop".into()),
+                label_selector: None,
+                expression: "true".into(),
+            }],
+            fresh_backup: Some(ichor_api::rollout::FreshBackup {
+                max_age: "1h".into(),
+            }),
+            ..Default::default()
+        };
+        let out = cluster_tree(&c, &[]).render();
+        assert!(
+            out.contains(
+                "rollout policy: health gates: shop-available, a control plane is disrupted only after a backup at most 1h old"
             ),
             "{out}"
         );

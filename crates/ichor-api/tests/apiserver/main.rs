@@ -10,3 +10,4 @@ mod kinds;
 mod machine;
 mod patches;
 mod policy;
+mod rollout;

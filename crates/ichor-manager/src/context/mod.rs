@@ -53,6 +53,8 @@ pub struct Context {
     pub layers: layers::Layers,
     /// The clusters with a backup running (one at a time per cluster).
     pub(crate) backups: backup::InFlight,
+    /// The fresh backups rollouts ask of the backup controller (ADR 0075).
+    pub(crate) fresh_backups: backup::FreshAsks,
     /// The last look at each machine in progress (echoes of its own writes wait).
     pub looks: machine::Looks,
     /// Discovery's probes in flight, shared by every sweep: the sweep concurrency bounds them
@@ -107,6 +109,7 @@ impl Context {
             own: credentials::Cache::default(),
             layers: layers::Layers::default(),
             backups: backup::InFlight::default(),
+            fresh_backups: backup::FreshAsks::default(),
             looks: machine::Looks::default(),
             probes,
             machines: Shared::default(),

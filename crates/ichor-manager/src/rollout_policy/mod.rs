@@ -1,16 +1,22 @@
-//! The cluster's rollout policy (`spec.rollout`, ADR 0074) where a rollout's step starts: a
-//! machine's turn (its config change or its upgrade), and the reboot a config change that
-//! cannot go live needs. The rules are `ichor_deleteguard::rollout`'s; this reads the spec
-//! and says why a step waits.
+//! The cluster's rollout policy (`spec.rollout`, ADRs 0074 and 0075) where a rollout's step
+//! starts: a machine's turn (its config change or its upgrade), and the reboot a config change
+//! that cannot go live needs. The rules are `ichor_deleteguard::rollout`'s and `::gates`';
+//! this reads the spec, the workload cluster's objects and the backups, and says why a step
+//! waits: [`holds`] for what the spec and the clock alone decide (a suspend, the windows),
+//! [`clears`] for that and then the health gates and a fresh backup.
 //!
-//! A step under way is never held: a suspend or a window closing stops only the next start.
+//! A step under way is never held: a suspend, a window closing or a gate failing stops only
+//! the next start.
 
-use ichor_api::TalosCluster;
+mod backup;
+mod gates;
+
 use ichor_api::names::reasons;
+use ichor_api::{TalosCluster, TalosMachine};
 use ichor_deleteguard::rollout::{Window, window_open};
 use k8s_openapi::jiff::Timestamp;
 
-use crate::Stop;
+use crate::{Context, Error, Stop};
 
 /// What is about to start.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -24,10 +30,13 @@ pub enum Step {
 }
 
 /// The reasons a step waits for by the rollout policy.
-const HOLDS: [&str; 3] = [
+const HOLDS: [&str; 6] = [
     reasons::ROLLOUT_SUSPENDED,
     reasons::OUTSIDE_MAINTENANCE_WINDOW,
     reasons::ROLLOUT_POLICY_INVALID,
+    reasons::HEALTH_GATE_FAILING,
+    reasons::WAITING_FOR_FRESH_BACKUP,
+    reasons::FRESH_BACKUP_FAILED,
 ];
 
 /// The rollout policy's reason that `reason` is, if it is one: a machine held by it is looked
@@ -42,6 +51,53 @@ pub fn is_policy_hold(reason: &str) -> bool {
     policy_reason(reason).is_some()
 }
 
+/// Why `machine`'s `step` waits by the cluster's rollout policy now; `None` lets it start.
+/// First [`holds`] (a suspend, the windows); then, for a step a window would hold, the health
+/// gates over the workload cluster; then, for a control plane's upgrade or reboot, a fresh
+/// etcd backup, asked of the backup controller when the last is too old.
+pub async fn clears(
+    ctx: &Context,
+    cluster: &TalosCluster,
+    machine: &TalosMachine,
+    step: Step,
+) -> Result<Option<Stop>, Error> {
+    if let Some(held) = holds(cluster, step, ctx.now().0) {
+        return Ok(Some(held));
+    }
+    if !disrupts(cluster, step) {
+        return Ok(None);
+    }
+    let what = step.what();
+    // Boxed: its futures (discovery, a list) would otherwise sit in every machine reconcile's.
+    if let Some(failing) = Box::pin(gates::failing(ctx, cluster, what)).await {
+        return Ok(Some(failing));
+    }
+    if step == Step::Change {
+        return Ok(None);
+    }
+    backup::needed(ctx, cluster, machine, what)
+}
+
+impl Step {
+    /// What waits, for a message.
+    fn what(self) -> &'static str {
+        match self {
+            Self::Change => "its changed config (spec.rollout.holdLiveChanges)",
+            Self::Upgrade => "its upgrade",
+            Self::Reboot => "the reboot its changed config needs",
+        }
+    }
+}
+
+/// Whether `step` is one a window holds: a reboot or an upgrade, and a live change when the
+/// policy holds those too.
+fn disrupts(cluster: &TalosCluster, step: Step) -> bool {
+    match step {
+        Step::Upgrade | Step::Reboot => true,
+        Step::Change => cluster.spec.rollout.hold_live_changes,
+    }
+}
+
 /// Why `step` waits by the cluster's rollout policy at `now`; `None` lets it start.
 pub fn holds(cluster: &TalosCluster, step: Step, now: Timestamp) -> Option<Stop> {
     let policy = &cluster.spec.rollout;
@@ -51,11 +107,7 @@ pub fn holds(cluster: &TalosCluster, step: Step, now: Timestamp) -> Option<Stop>
             "spec.rollout.suspend is true: no node starts its change until it is false (a node in flight finishes)",
         ));
     }
-    let held = match step {
-        Step::Upgrade | Step::Reboot => true,
-        Step::Change => policy.hold_live_changes,
-    };
-    if !held || policy.maintenance_windows.is_empty() {
+    if !disrupts(cluster, step) || policy.maintenance_windows.is_empty() {
         return None;
     }
     let windows = match read_windows(cluster) {
@@ -69,14 +121,12 @@ pub fn holds(cluster: &TalosCluster, step: Step, now: Timestamp) -> Option<Stop>
         Some((at, window)) => format!("the next opens at {at} ({window})"),
         None => "no window's schedule names a later time".to_owned(),
     };
-    let what = match step {
-        Step::Change => "its changed config (spec.rollout.holdLiveChanges)",
-        Step::Upgrade => "its upgrade",
-        Step::Reboot => "the reboot its changed config needs",
-    };
     Some(Stop::new(
         reasons::OUTSIDE_MAINTENANCE_WINDOW,
-        format!("{what} waits: outside every maintenance window of spec.rollout; {when}"),
+        format!(
+            "{} waits: outside every maintenance window of spec.rollout; {when}",
+            step.what()
+        ),
     ))
 }
 

@@ -29,6 +29,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt as _;
 use kube::api::Api;
 use kube::runtime::controller::{Action, Controller};
+use kube::runtime::reflector::ObjectRef;
 use tokio::sync::mpsc;
 
 use crate::infra::shared::Changes;
@@ -59,6 +60,12 @@ pub enum Trigger {
         /// The control plane it targets.
         machine: String,
     },
+    /// A rollout about to disrupt a control plane (`spec.rollout.freshBackup`, ADR 0075): taken
+    /// unless the last successful backup is younger than `max_age`.
+    Rollout {
+        /// The oldest the last successful backup may be.
+        max_age: Duration,
+    },
 }
 
 impl Trigger {
@@ -66,8 +73,69 @@ impl Trigger {
     fn operation(&self) -> Option<String> {
         match self {
             Self::Operation { operation, .. } => Some(operation.clone()),
-            Self::Scheduled => None,
+            Self::Scheduled | Self::Rollout { .. } => None,
         }
+    }
+}
+
+/// The fresh backups rollouts ask for (`spec.rollout.freshBackup`, ADR 0075): per cluster,
+/// the oldest its last success may be. A control plane's turn asks ([`FreshAsks::ask`]); the
+/// backup controller, woken, takes the backup from its own reconcile and forgets the ask.
+/// Kept in memory: a new leader learns it again from the next look at the turn.
+#[derive(Debug)]
+pub struct FreshAsks {
+    wanted: Mutex<std::collections::BTreeMap<String, Duration>>,
+    woken: tokio::sync::broadcast::Sender<ObjectRef<TalosCluster>>,
+}
+
+/// How many asks wait for the backup controller at most; past that the oldest are dropped,
+/// and their turns ask again at their next look.
+const ASKS_QUEUED: usize = 256;
+
+impl Default for FreshAsks {
+    fn default() -> Self {
+        Self {
+            wanted: Mutex::default(),
+            woken: tokio::sync::broadcast::channel(ASKS_QUEUED).0,
+        }
+    }
+}
+
+impl FreshAsks {
+    /// Asks for a backup of `cluster` unless its last success is younger than `max_age`, and
+    /// wakes the backup controller for it.
+    pub fn ask(&self, cluster: &TalosCluster, max_age: Duration) {
+        if let Ok(mut wanted) = self.wanted.lock() {
+            let age = wanted.entry(cluster_key(cluster)).or_insert(max_age);
+            *age = (*age).min(max_age);
+        }
+        // No controller listening (a test's context): nothing to wake.
+        let _ = self.woken.send(ObjectRef::from_obj(cluster));
+    }
+
+    /// The age asked for `cluster`'s backup, if a rollout asks for one.
+    fn wanted(&self, cluster: &TalosCluster) -> Option<Duration> {
+        self.wanted.lock().ok()?.get(&cluster_key(cluster)).copied()
+    }
+
+    /// Forgets the ask for `cluster` (its backup ended, either way).
+    fn answered(&self, cluster: &TalosCluster) {
+        if let Ok(mut wanted) = self.wanted.lock() {
+            wanted.remove(&cluster_key(cluster));
+        }
+    }
+
+    /// The clusters asked for from now on, for the backup controller's `reconcile_on`.
+    fn asked(&self) -> impl futures::Stream<Item = ObjectRef<TalosCluster>> + Send + 'static {
+        futures::stream::unfold(self.woken.subscribe(), |mut woken| async move {
+            loop {
+                match woken.recv().await {
+                    Ok(cluster) => return Some((cluster, woken)),
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+                }
+            }
+        })
     }
 }
 
@@ -113,7 +181,8 @@ pub(crate) async fn run_controller(ctx: Arc<Context>, stop: tokio::sync::watch::
     let controller = Controller::for_shared_stream(
         ctx.clusters.subscribe(Changes::Applied),
         ctx.clusters.store(),
-    );
+    )
+    .reconcile_on(ctx.fresh_backups.asked());
     crate::infra::drive::drive(controllers::BACKUP, controller, reconcile, ctx, stop).await;
 }
 
@@ -125,6 +194,9 @@ pub async fn reconcile(cluster: Arc<TalosCluster>, ctx: Arc<Context>) -> Result<
     };
     if cluster.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
+    }
+    if let Some(max_age) = ctx.fresh_backups.wanted(&cluster) {
+        return fresh_for_rollout(&ctx, &cluster, max_age).await;
     }
     let schedule = match Schedule::parse(&spec.schedule) {
         Ok(schedule) => schedule,
@@ -146,6 +218,28 @@ pub async fn reconcile(cluster: Arc<TalosCluster>, ctx: Arc<Context>) -> Result<
             // The write of its outcome reconciles again, and plans the next.
             Some(_) => Ok(Action::await_change()),
         },
+    }
+}
+
+/// Takes the backup a rollout asked for (ADR 0075), unless the last success is fresh enough;
+/// the ask is answered once a backup ended, either way. Another backup running: looked at
+/// again soon.
+async fn fresh_for_rollout(
+    ctx: &Context,
+    cluster: &TalosCluster,
+    max_age: Duration,
+) -> Result<Action, Error> {
+    if plan::fresh_success(cluster, ctx.clock.now(), max_age).is_some() {
+        ctx.fresh_backups.answered(cluster);
+        return Ok(Action::await_change());
+    }
+    match run(ctx, cluster, Trigger::Rollout { max_age }).await? {
+        None => Ok(Action::requeue(BUSY_RETRY)),
+        Some(_) => {
+            ctx.fresh_backups.answered(cluster);
+            // The write of its outcome reconciles again, and plans the next scheduled one.
+            Ok(Action::await_change())
+        }
     }
 }
 
@@ -271,5 +365,20 @@ mod tests {
         assert!(running.take("ns/other".into()).is_some(), "per cluster");
         drop(first);
         assert!(running.take("ns/lab".into()).is_some(), "freed");
+    }
+
+    #[test]
+    fn a_rollouts_ask_keeps_the_strictest_age_until_answered() {
+        let asks = FreshAsks::default();
+        let lab = TalosCluster::test("lab").build();
+        let other = TalosCluster::test("other").build();
+        assert_eq!(asks.wanted(&lab), None);
+        asks.ask(&lab, Duration::from_secs(3600));
+        asks.ask(&lab, Duration::from_secs(600));
+        asks.ask(&lab, Duration::from_secs(7200));
+        assert_eq!(asks.wanted(&lab), Some(Duration::from_secs(600)));
+        assert_eq!(asks.wanted(&other), None, "per cluster");
+        asks.answered(&lab);
+        assert_eq!(asks.wanted(&lab), None);
     }
 }

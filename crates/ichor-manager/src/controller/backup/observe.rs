@@ -173,6 +173,14 @@ pub(super) async fn asked(
             return Ok(if due { Asked::Take } else { Asked::NotDue });
         }
         Trigger::Operation { operation, .. } => operation,
+        Trigger::Rollout { max_age, .. } => {
+            return Ok(
+                match plan::fresh_success(cluster, ctx.clock.now(), *max_age) {
+                    Some(record) => Asked::Taken(Ok(record)),
+                    None => Asked::Take,
+                },
+            );
+        }
     };
     let namespace = cluster.namespace().unwrap_or_default();
     let stored = Api::<TalosOperation>::namespaced(ctx.client.clone(), &namespace)

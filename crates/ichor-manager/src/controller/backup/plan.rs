@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use ichor_api::backup::BackupSpec;
+use ichor_api::backup::{BackupRecord, BackupSpec};
 use ichor_api::common::Role;
 use ichor_api::names::{conditions, reasons};
 use ichor_api::{TalosCluster, TalosMachine};
@@ -610,6 +610,28 @@ pub(super) fn until(now: Timestamp, due: Timestamp) -> Duration {
         .max(Duration::from_secs(1))
 }
 
+/// The cluster's last successful backup, if it was taken no longer than `max_age` before
+/// `now` (a rollout's fresh backup, ADR 0075).
+pub fn fresh_success(
+    cluster: &TalosCluster,
+    now: Timestamp,
+    max_age: Duration,
+) -> Option<BackupRecord> {
+    let last = cluster
+        .status
+        .as_ref()?
+        .backup
+        .record
+        .as_ref()?
+        .last_success
+        .clone()?;
+    let age: Duration = now
+        .duration_since(last.taken_at.0)
+        .try_into()
+        .unwrap_or(Duration::ZERO);
+    (age <= max_age).then_some(last)
+}
+
 /// The record of a backup of `cluster`, with what only the backup knows left empty.
 pub(super) fn record_of(cluster: &TalosCluster) -> Record {
     Record {
@@ -655,7 +677,7 @@ pub(super) fn candidates(machines: &[TalosMachine], trigger: &Trigger) -> Vec<So
         .iter()
         .filter(|m| match trigger {
             Trigger::Operation { machine, .. } => &m.name_any() == machine,
-            Trigger::Scheduled => true,
+            Trigger::Scheduled | Trigger::Rollout { .. } => true,
         })
         .filter_map(|m| {
             let status = m.status.as_ref();
@@ -722,6 +744,35 @@ mod tests {
 
     fn id(n: u32) -> BackupId {
         BackupId::from_u32(n)
+    }
+
+    #[test]
+    fn a_success_is_fresh_for_a_rollout_until_it_is_older_than_the_age_asked() {
+        let mut cluster = TalosCluster::test("lab").build();
+        let hour = Duration::from_secs(3600);
+        assert!(
+            fresh_success(&cluster, at("2026-12-07T12:00:00Z"), hour).is_none(),
+            "none yet"
+        );
+        let status = cluster.status.get_or_insert_with(Default::default);
+        status.backup.record = Some(ichor_api::backup::BackupStatus {
+            last_success: Some(BackupRecord {
+                key: "k".into(),
+                taken_at: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(at(
+                    "2026-12-07T11:00:00Z",
+                )),
+                size: 1,
+                sha256: String::new(),
+                duration_seconds: 1.0,
+                machine: "cp-1".into(),
+                operation: None,
+            }),
+            ..Default::default()
+        });
+        assert!(fresh_success(&cluster, at("2026-12-07T12:00:00Z"), hour).is_some());
+        assert!(fresh_success(&cluster, at("2026-12-07T12:00:01Z"), hour).is_none());
+        // A success stamped later than now (a clock step back) is fresh, not a panic.
+        assert!(fresh_success(&cluster, at("2026-12-07T10:00:00Z"), hour).is_some());
     }
 
     #[test]

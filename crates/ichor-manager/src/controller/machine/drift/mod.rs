@@ -219,7 +219,9 @@ async fn reboot_cleared(
     let namespace = r.cluster.namespace().unwrap_or_default();
     // The reboot starts only inside a maintenance window (ADR 0074); the lock the turn took is
     // given back meanwhile, so nothing else waits on a closed window.
-    if let Some(held) = crate::rollout_policy::holds(r.cluster, Step::Reboot, ctx.now().0) {
+    if let Some(held) =
+        crate::rollout_policy::clears(ctx, r.cluster, r.machine, Step::Reboot).await?
+    {
         crate::lock::release(ctx, r.cluster, me).await?;
         return Ok(Some(held));
     }
@@ -267,7 +269,7 @@ async fn reboot_cleared(
 /// planner's order over every machine of the cluster, with their recorded health and the halt
 /// recorded on the cluster. A halt that no longer stands (the config fixed, the declared
 /// installer changed) is cleared. In its turn, the cluster's rollout policy may still hold
-/// `step` (a suspend, a maintenance window; ADR 0074).
+/// `step` (a suspend, a maintenance window, a health gate, a fresh backup; ADRs 0074, 0075).
 pub(super) async fn wait_for_turn(
     ctx: &Context,
     (machine, cluster, machines): (&TalosMachine, &TalosCluster, &[TalosMachine]),
@@ -292,7 +294,8 @@ pub(super) async fn wait_for_turn(
     if let Some(waits) = plan::turn_wait(turn, &machine.name_any(), &why) {
         return Ok(Some(waits));
     }
-    Ok(mine
-        .then(|| crate::rollout_policy::holds(cluster, step, ctx.now().0))
-        .flatten())
+    if !mine {
+        return Ok(None);
+    }
+    crate::rollout_policy::clears(ctx, cluster, machine, step).await
 }

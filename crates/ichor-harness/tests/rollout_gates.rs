@@ -1,0 +1,243 @@
+//! A rollout under a health gate and a fresh backup first (ADR 0075), with the real
+//! `ichor-manager`, the simulated nodes' real workload apiserver and a real S3 server
+//! (SeaweedFS): a declared Talos version waits while a gate over a workload Deployment fails,
+//! the condition naming the gate and the fields it saw, and nothing is backed up or upgraded
+//! meanwhile; once the Deployment is available (scaled to zero, as no simulated node runs a
+//! pod), the control plane's upgrade asks for a backup
+//! itself (the schedule is suspended, so no other is taken), which reaches the store before
+//! the control plane is upgraded; the worker's upgrade asks for none.
+
+use std::time::Duration;
+
+use ichor_api::TalosMachine;
+use ichor_api::common::ConditionStatus;
+use ichor_api::names::{conditions, reasons};
+use ichor_harness::specs;
+use ichor_harness::{SimOptions, SimTarget, Target};
+use ichor_testenv::S3Server;
+use ichor_testenv::nets::ROLLOUT_GATES;
+use ichor_testenv::wait::try_eventually;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Namespace;
+use kube::ResourceExt as _;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use object_store::ObjectStoreExt as _;
+use object_store::path::Path as ObjectPath;
+use serde_json::json;
+use support::cluster::{CLUSTER, ready_target, state_summary};
+use support::{put_store_secret, store_spec, talos_cluster};
+
+mod support;
+
+const BUCKET: &str = "etcd";
+const GATE: &str = "shop-available";
+
+/// Patches the cluster's spec with `spec`, as a person (or Git) does.
+async fn patch_spec(target: &SimTarget, spec: serde_json::Value) {
+    Api::<ichor_api::TalosCluster>::namespaced(target.client(), target.namespace())
+        .patch(
+            CLUSTER,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": spec })),
+        )
+        .await
+        .expect("spec patched");
+}
+
+/// The workload Deployment `shop/web`, one replica, which never becomes available: the
+/// workload cluster's controllers run, but no simulated node runs a pod.
+async fn deployment(workload: &kube::Client) -> Api<Deployment> {
+    let namespace = serde_json::from_value::<Namespace>(json!({"metadata": {"name": "shop"}}))
+        .expect("namespace");
+    Api::<Namespace>::all(workload.clone())
+        .create(&PostParams::default(), &namespace)
+        .await
+        .expect("namespace shop");
+    let web = serde_json::from_value::<Deployment>(json!({
+        "metadata": {"name": "web", "namespace": "shop"},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "web"}},
+            "template": {
+                "metadata": {"labels": {"app": "web"}},
+                "spec": {"containers": [{"name": "web", "image": "registry.invalid/web:1"}]}
+            }
+        }
+    }))
+    .expect("deployment");
+    let api = Api::<Deployment>::namespaced(workload.clone(), "shop");
+    api.create(&PostParams::default(), &web)
+        .await
+        .expect("deployment shop/web");
+    api
+}
+
+/// Scales the Deployment to `replicas`, as a person (or Git) does.
+async fn scale(api: &Api<Deployment>, replicas: i32) {
+    api.patch(
+        "web",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"replicas": replicas}})),
+    )
+    .await
+    .expect("scaled");
+}
+
+/// Waits until a machine's `UpToDate` says `reason`; returns (machine, message).
+async fn held_by(target: &SimTarget, reason: &str) -> (String, String) {
+    let machines: Api<TalosMachine> = Api::namespaced(target.client(), target.namespace());
+    try_eventually(
+        &format!("a machine held by {reason}"),
+        Duration::from_secs(60),
+        || async {
+            let list = machines
+                .list(&Default::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            let seen: Vec<(String, String, String)> = list
+                .items
+                .iter()
+                .filter_map(|m| {
+                    let c = m
+                        .status
+                        .as_ref()?
+                        .conditions
+                        .iter()
+                        .find(|c| c.type_ == conditions::UP_TO_DATE)?;
+                    Some((m.name_any(), c.reason.clone(), c.message.clone()))
+                })
+                .collect();
+            seen.iter()
+                .find(|(_, r, _)| r == reason)
+                .map(|(name, _, message)| (name.clone(), message.clone()))
+                .ok_or_else(|| format!("{seen:?}"))
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", state_summary(target)))
+}
+
+/// Waits until every node runs `version` and every machine says so.
+async fn rolled_out(target: &SimTarget, version: &str) {
+    let machines: Api<TalosMachine> = Api::namespaced(target.client(), target.namespace());
+    try_eventually(
+        &format!("every node on {version}"),
+        Duration::from_secs(240),
+        || async {
+            let running: Vec<String> = target.nodes().iter().map(|n| n.talos_version()).collect();
+            let list = machines
+                .list(&Default::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            let current = list.items.iter().all(|m| {
+                m.status.as_ref().is_some_and(|s| {
+                    s.conditions.iter().any(|c| {
+                        c.type_ == conditions::UP_TO_DATE
+                            && c.status == ConditionStatus::True
+                            && c.reason == reasons::RUNS_DECLARED
+                    })
+                })
+            });
+            if current && running.iter().all(|v| v == version) {
+                Ok(())
+            } else {
+                Err(format!("{running:?}"))
+            }
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", state_summary(target)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_health_gate_holds_the_rollout_and_a_control_plane_waits_for_a_fresh_backup() {
+    let server = S3Server::start().await.expect("start the S3 server");
+    server.create_bucket(BUCKET).await.expect("bucket");
+    let bucket = support::bucket(&server, BUCKET);
+    let target = ready_target(SimOptions::new(2, ROLLOUT_GATES.net(0), "v1.14.1"), 1, 1, 1).await;
+    put_store_secret(&target, &server).await;
+    // Backups to the store, the schedule suspended: only the rollout asks for one.
+    patch_spec(
+        &target,
+        json!({"backup": {"schedule": "@every 24h", "store": store_spec(&server, BUCKET), "suspend": true}}),
+    )
+    .await;
+    let workload = specs::workload_client(&target, CLUSTER)
+        .await
+        .expect("workload");
+    let web = deployment(&workload).await;
+    patch_spec(
+        &target,
+        json!({"rollout": {
+            "freshBackup": {"maxAge": "1h"},
+            "healthGates": [{
+                "name": GATE,
+                "apiVersion": "apps/v1",
+                "kind": "Deployment",
+                "namespace": "shop",
+                "expression": "(has(object.status.availableReplicas) ? object.status.availableReplicas : 0) >= object.spec.replicas"
+            }]
+        }}),
+    )
+    .await;
+    patch_spec(&target, json!({"talosVersion": "v1.14.2"})).await;
+
+    // The gate fails: the first node's upgrade waits, saying which gate and what it saw.
+    let (held, message) = held_by(&target, reasons::HEALTH_GATE_FAILING).await;
+    for part in [
+        format!("health gate {GATE} (Deployment in shop)"),
+        "Deployment shop/web: the expression is false".to_owned(),
+        // A count of zero is omitted from a Deployment's status by its controller.
+        "object.status.availableReplicas=absent".to_owned(),
+        "object.spec.replicas=1".to_owned(),
+    ] {
+        assert!(message.contains(&part), "{held}: {message} lacks {part}");
+    }
+    // Held for a while: no node upgraded, nothing backed up.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let upgrades: usize = target.nodes().iter().map(|n| n.calls("Upgrade")).sum();
+    assert_eq!(upgrades, 0, "no node upgraded while the gate fails");
+    let status = talos_cluster(&target, CLUSTER)
+        .await
+        .status
+        .unwrap_or_default();
+    assert!(
+        status.backup.record.and_then(|r| r.last_success).is_none(),
+        "nothing backed up while the gate holds the rollout"
+    );
+
+    // The Deployment becomes available (none of none): the gate passes, the rollout goes on.
+    scale(&web, 0).await;
+    rolled_out(&target, "v1.14.2").await;
+
+    // One backup, asked for by the control plane's upgrade and stored before it began.
+    let record = talos_cluster(&target, CLUSTER)
+        .await
+        .status
+        .and_then(|s| s.backup.record)
+        .and_then(|r| r.last_success)
+        .expect("the fresh backup");
+    assert_eq!(record.operation, None, "asked for by the rollout");
+    bucket
+        .head(&ObjectPath::from(record.key.as_str()))
+        .await
+        .unwrap_or_else(|e| panic!("the backup {} in the store: {e}", record.key));
+    let announced = specs::events_with_reason(&target, reasons::UPGRADING).await;
+    assert_eq!(announced.len(), 2, "{announced:?}");
+    let first = announced
+        .iter()
+        .filter_map(|e| e.event_time.as_ref().map(|t| t.0))
+        .min()
+        .expect("an eventTime");
+    assert!(
+        record.taken_at.0 <= first,
+        "the backup ({}) was taken before the first upgrade was announced ({first})",
+        record.taken_at.0
+    );
+    let backups = specs::events_with_reason(&target, reasons::BACKUP_SUCCEEDED).await;
+    assert_eq!(
+        backups.len(),
+        1,
+        "one backup, for the control plane only: {backups:?}"
+    );
+}
