@@ -53,6 +53,11 @@ pub struct TalosMachineClassSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 32))]
     pub config_patches: Vec<ConfigPatch>,
+    /// The rollout policy of the machines this class approved, in place of the cluster's
+    /// `spec.rollout` (its windows, gates, fresh backup, `holdLiveChanges`); a suspend of
+    /// either stops them. Unset: the cluster's applies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<crate::rollout::RolloutPolicy>,
 }
 
 /// Hardware qualifiers, evaluated against the inventory recorded at discovery; at least one

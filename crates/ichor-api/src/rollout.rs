@@ -55,7 +55,7 @@ impl RolloutPolicy {
 pub struct MaintenanceWindow {
     /// When it opens: a five-field cron expression (minute hour day-of-month month
     /// day-of-week), e.g. `0 22 * * 1-5` for 22:00 on weekdays.
-    #[schemars(length(min = 9, max = 128))]
+    #[schemars(length(min = 9, max = 128), regex(pattern = r"^[^ ]+( [^ ]+){4}$"))]
     pub schedule: String,
     /// How long it stays open, e.g. `4h` (from 1m to 168h), in elapsed time: a window across
     /// a daylight-saving change lasts as long as any other.
@@ -64,7 +64,10 @@ pub struct MaintenanceWindow {
     pub duration: String,
     /// The IANA time zone the schedule is read in, e.g. `Europe/Berlin` (default `UTC`).
     #[serde(default = "utc")]
-    #[schemars(length(min = 1, max = 64))]
+    #[schemars(
+        length(min = 1, max = 64),
+        regex(pattern = r"^[A-Za-z][A-Za-z0-9_+-]*(/[A-Za-z0-9_+-]+){0,2}$")
+    )]
     pub time_zone: String,
 }
 

@@ -69,8 +69,12 @@ impl Window {
             return Err(WindowError::Duration(duration));
         }
         let zone_found = TimeZone::get(zone).map_err(|_| WindowError::Zone(zone.to_owned()))?;
-        let cron = schedule
-            .parse::<croner::Cron>()
+        // Five fields, as documented: no seconds, no year (croner's default takes either).
+        let cron = croner::parser::CronParser::builder()
+            .seconds(croner::parser::Seconds::Disallowed)
+            .year(croner::parser::Year::Disallowed)
+            .build()
+            .parse(schedule)
             .map_err(|problem| WindowError::Schedule {
                 text: schedule.to_owned(),
                 problem,
@@ -859,6 +863,11 @@ mod tests {
         assert!(bad("61 * * * *", 3600, "UTC").starts_with("schedule \"61 * * * *\""));
         assert!(bad("0 1 * * *", 10, "UTC").starts_with("duration"));
         assert!(bad("0 1 * * *", 3600, "Mars/Olympus").starts_with("timeZone \"Mars/Olympus\""));
+        // Five fields: a seconds or a year field is refused, not read as another schedule.
+        for six in ["0 0 22 * * *", "0 22 * * * 2027"] {
+            assert!(bad(six, 3600, "UTC").starts_with("schedule"), "{six}");
+        }
+        assert!(Window::parse("0 22 * * 1-5", Duration::from_secs(3600), "UTC").is_ok());
     }
 
     #[test]

@@ -38,6 +38,7 @@ fn class(name: &str, role: Role, qualifiers: Qualifiers) -> TalosMachineClass {
             install: None,
             schematic: None,
             config_patches: Vec::new(),
+            rollout: None,
         },
     )
 }

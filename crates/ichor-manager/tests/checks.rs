@@ -716,6 +716,7 @@ async fn a_class_approves_on_the_machines_as_stored_not_on_an_older_view() {
             install: None,
             schematic: None,
             config_patches: Vec::new(),
+            rollout: None,
         },
     );
     class.metadata.namespace = Some(ns.clone());

@@ -9,6 +9,35 @@ fn gate(name: &str, api_version: &str, kind: &str) -> serde_json::Value {
 }
 
 #[tokio::test]
+async fn a_window_is_five_cron_fields_in_a_zone_named_as_iana_names_them() {
+    let (env, ns) = setup("tc-windows").await;
+    let clusters = api(&env, &ns, "TalosCluster");
+    let with = |schedule: &str, zone: &str| {
+        cluster(
+            "c",
+            json!({"rollout": {"maintenanceWindows": [
+                {"schedule": schedule, "duration": "4h", "timeZone": zone}
+            ]}}),
+        )
+    };
+    for schedule in ["0 0 22 * * *", "0  22 * * *", "0 22 * *  "] {
+        refused(&clusters, with(schedule, "UTC"), "schedule").await;
+    }
+    for zone in ["Europe Berlin", "/Europe", "Europe/Berlin/x/y"] {
+        refused(&clusters, with("0 22 * * *", zone), "timeZone").await;
+    }
+    let created = create_ok(
+        &clusters,
+        with("0 22 * * 1-5", "America/Argentina/Buenos_Aires"),
+    )
+    .await;
+    assert_eq!(
+        created["spec"]["rollout"]["maintenanceWindows"][0]["schedule"],
+        "0 22 * * 1-5"
+    );
+}
+
+#[tokio::test]
 async fn a_health_gate_never_reads_a_secret_and_a_fresh_backup_needs_a_store() {
     let (env, ns) = setup("tc-rollout").await;
     let clusters = api(&env, &ns, "TalosCluster");
@@ -64,4 +93,42 @@ async fn a_health_gate_never_reads_a_secret_and_a_fresh_backup_needs_a_store() {
     )
     .await;
     assert_eq!(created["spec"]["rollout"]["healthGates"][1]["kind"], "Pod");
+}
+
+#[tokio::test]
+async fn a_class_declares_a_rollout_policy_for_its_machines_under_the_same_rules() {
+    let (env, ns) = setup("tmc-rollout").await;
+    let classes = api(&env, &ns, "TalosMachineClass");
+    let class = |rollout: serde_json::Value| {
+        json!({
+            "apiVersion": "ichor.maesh.dev/v1alpha1", "kind": "TalosMachineClass",
+            "metadata": {"name": "gpu"},
+            "spec": {"clusterRef": {"name": "lab"}, "role": "worker",
+                     "qualifiers": {"cidrs": ["10.0.0.0/24"]}, "rollout": rollout}
+        })
+    };
+    refused(
+        &classes,
+        class(json!({"healthGates": [gate("keys", "v1", "Secret")]})),
+        "a health gate never reads a Secret",
+    )
+    .await;
+    refused(
+        &classes,
+        class(json!({"maintenanceWindows": [{"schedule": "0 0 22 * * *", "duration": "4h"}]})),
+        "schedule",
+    )
+    .await;
+    let created = create_ok(
+        &classes,
+        class(
+            json!({"maintenanceWindows": [{"schedule": "0 2 * * 6", "duration": "6h"}],
+                     "healthGates": [gate("gpu-jobs", "batch/v1", "Job")]}),
+        ),
+    )
+    .await;
+    assert_eq!(
+        created["spec"]["rollout"]["maintenanceWindows"][0]["timeZone"], "UTC",
+        "the zone defaults"
+    );
 }

@@ -437,6 +437,7 @@ async fn a_class_schematic_reaches_only_the_class_machines() {
             install: None,
             schematic: None,
             config_patches: Vec::new(),
+            rollout: None,
         },
     );
     classes

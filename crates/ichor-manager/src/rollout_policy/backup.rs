@@ -12,6 +12,7 @@ use ichor_api::names::{conditions, reasons};
 use ichor_api::{TalosCluster, TalosMachine};
 use k8s_openapi::jiff::Timestamp;
 
+use super::Governing;
 use crate::controller::backup::plan::fresh_success;
 use crate::{Context, Error, Stop};
 
@@ -24,15 +25,16 @@ pub(super) fn needed(
     ctx: &Context,
     cluster: &TalosCluster,
     machine: &TalosMachine,
+    governing: &Governing<'_>,
     what: &str,
 ) -> Result<Option<Stop>, Error> {
-    let Some(fresh) = cluster.spec.rollout.fresh_backup.as_ref() else {
+    let Some(fresh) = governing.policy.fresh_backup.as_ref() else {
         return Ok(None);
     };
     if machine.spec.role != Some(Role::ControlPlane) {
         return Ok(None);
     }
-    let max_age = match max_age(cluster, &fresh.max_age) {
+    let max_age = match max_age(cluster, &governing.field, &fresh.max_age) {
         Ok(max_age) => max_age,
         Err(stop) => return Ok(Some(stop)),
     };
@@ -47,21 +49,23 @@ pub(super) fn needed(
     Ok(Some(Stop::new(
         reasons::WAITING_FOR_FRESH_BACKUP,
         format!(
-            "{what} waits for a fresh etcd backup (spec.rollout.freshBackup: none successful in the last {}), which is being taken",
-            fresh.max_age
+            "{what} waits for a fresh etcd backup ({}.freshBackup: none successful in the last {}), which is being taken",
+            governing.field, fresh.max_age
         ),
     )))
 }
 
 /// The declared `maxAge`, read; without `spec.backup` there is nowhere to take it to.
-fn max_age(cluster: &TalosCluster, text: &str) -> Result<Duration, Stop> {
+fn max_age(cluster: &TalosCluster, field: &str, text: &str) -> Result<Duration, Stop> {
     if cluster.spec.backup.is_none() {
         return Err(Stop::new(
             reasons::ROLLOUT_POLICY_INVALID,
-            "spec.rollout.freshBackup needs spec.backup, the store the fresh backup is taken to; a control plane's step waits until one is set",
+            format!(
+                "{field}.freshBackup needs the cluster's spec.backup, the store the fresh backup is taken to; a control plane's step waits until one is set"
+            ),
         ));
     }
-    ichor_api::time::parse_duration("spec.rollout.freshBackup.maxAge", text).map_err(|e| {
+    ichor_api::time::parse_duration(&format!("{field}.freshBackup.maxAge"), text).map_err(|e| {
         Stop::new(
             reasons::ROLLOUT_POLICY_INVALID,
             format!("{e}; a control plane's step waits until it reads"),
@@ -158,10 +162,10 @@ mod tests {
     #[test]
     fn a_fresh_backup_needs_a_store_and_an_age_that_reads() {
         let mut c = TalosCluster::test("lab").build();
-        let stop = max_age(&c, "1h").expect_err("no spec.backup");
+        let stop = max_age(&c, "spec.rollout", "1h").expect_err("no spec.backup");
         assert_eq!(stop.reason, reasons::ROLLOUT_POLICY_INVALID);
         assert!(
-            stop.message.contains("needs spec.backup"),
+            stop.message.contains("needs the cluster's spec.backup"),
             "{}",
             stop.message
         );
@@ -172,8 +176,11 @@ mod tests {
             }))
             .expect("backup spec"),
         );
-        assert_eq!(max_age(&c, "1h").expect("reads"), Duration::from_secs(3600));
-        let stop = max_age(&c, "soon").expect_err("does not read");
+        assert_eq!(
+            max_age(&c, "spec.rollout", "1h").expect("reads"),
+            Duration::from_secs(3600)
+        );
+        let stop = max_age(&c, "spec.rollout", "soon").expect_err("does not read");
         assert!(
             stop.message.contains("spec.rollout.freshBackup.maxAge"),
             "{}",

@@ -11,17 +11,23 @@ use kube::api::{Api, DynamicObject, ListParams};
 use kube::core::{ApiResource, GroupVersionKind, TypeMeta};
 use kube::discovery::{Scope, pinned_kind};
 
+use super::Governing;
 use crate::workload::API_TIMEOUT;
 use crate::{Context, Stop};
 
-/// Why the next node waits by a health gate of the cluster (the first that does not pass),
-/// or `None` when every gate passes. `what` names the step, for the message.
-pub(super) async fn failing(ctx: &Context, cluster: &TalosCluster, what: &str) -> Option<Stop> {
-    let declared = &cluster.spec.rollout.health_gates;
+/// Why the next node waits by a health gate of the `governing` policy (the first that does
+/// not pass), or `None` when every gate passes. `what` names the step, for the message.
+pub(super) async fn failing(
+    ctx: &Context,
+    cluster: &TalosCluster,
+    governing: &Governing<'_>,
+    what: &str,
+) -> Option<Stop> {
+    let declared = &governing.policy.health_gates;
     if declared.is_empty() {
         return None;
     }
-    let compiled = match compile(declared) {
+    let compiled = match compile(declared, &governing.field) {
         Ok(compiled) => compiled,
         Err(stop) => return Some(stop),
     };
@@ -57,7 +63,7 @@ pub(super) async fn failing(ctx: &Context, cluster: &TalosCluster, what: &str) -
 }
 
 /// Every gate compiled; the first that does not names its field.
-fn compile(declared: &[HealthGate]) -> Result<Vec<Gate>, Stop> {
+fn compile(declared: &[HealthGate], field: &str) -> Result<Vec<Gate>, Stop> {
     declared
         .iter()
         .enumerate()
@@ -66,7 +72,7 @@ fn compile(declared: &[HealthGate]) -> Result<Vec<Gate>, Stop> {
                 Stop::new(
                     reasons::ROLLOUT_POLICY_INVALID,
                     format!(
-                        "spec.rollout.healthGates[{i}].expression: {problem}; every step a gate holds waits until it compiles"
+                        "{field}.healthGates[{i}].expression: {problem}; every step a gate holds waits until it compiles"
                     ),
                 )
             })

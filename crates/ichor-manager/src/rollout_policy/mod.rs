@@ -1,9 +1,10 @@
-//! The cluster's rollout policy (`spec.rollout`, ADRs 0074 and 0075) where a rollout's step
-//! starts: a machine's turn (its config change or its upgrade), and the reboot a config change
-//! that cannot go live needs. The rules are `ichor_deleteguard::rollout`'s and `::gates`';
-//! this reads the spec, the workload cluster's objects and the backups, and says why a step
-//! waits: [`holds`] for what the spec and the clock alone decide (a suspend, the windows),
-//! [`clears`] for that and then the health gates and a fresh backup.
+//! The rollout policy (`spec.rollout`, ADRs 0074 and 0075) where a rollout's step starts: a
+//! machine's turn (its config change or its upgrade), and the reboot a config change that
+//! cannot go live needs. The policy governing a machine is its class's when the class declares
+//! one, else its cluster's ([`governing`]). The rules are `ichor_deleteguard::rollout`'s and
+//! `::gates`'; this reads the spec, the workload cluster's objects and the backups, and says
+//! why a step waits: [`holds`] for what the spec and the clock alone decide (a suspend, the
+//! windows), [`clears`] for that and then the health gates and a fresh backup.
 //!
 //! A step under way is never held: a suspend, a window closing or a gate failing stops only
 //! the next start.
@@ -11,10 +12,14 @@
 mod backup;
 mod gates;
 
-use ichor_api::names::reasons;
-use ichor_api::{TalosCluster, TalosMachine};
+use std::sync::Arc;
+
+use ichor_api::names::{labels, reasons};
+use ichor_api::rollout::RolloutPolicy;
+use ichor_api::{TalosCluster, TalosMachine, TalosMachineClass};
 use ichor_deleteguard::rollout::{Window, window_open};
 use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt as _;
 
 use crate::{Context, Error, Stop};
 
@@ -51,7 +56,61 @@ pub fn is_policy_hold(reason: &str) -> bool {
     policy_reason(reason).is_some()
 }
 
-/// Why `machine`'s `step` waits by the cluster's rollout policy now; `None` lets it start.
+/// The rollout policy governing a machine, and where it is declared.
+#[derive(Debug, Clone)]
+pub struct Governing<'a> {
+    /// The policy: the machine's class's, when the class declares one, else the cluster's.
+    pub policy: &'a RolloutPolicy,
+    /// Where it is declared, for messages: `spec.rollout`, or the class's.
+    pub field: String,
+    /// Which suspend stops the machine's steps, if one does: the cluster's stops every
+    /// machine, a class's its own.
+    pub suspended_by: Option<String>,
+}
+
+/// The policy governing `machine` of `cluster`, its class (as the `ichor.maesh.dev/class`
+/// label names it, among `classes`) declaring one or not.
+pub fn governing<'a>(
+    cluster: &'a TalosCluster,
+    machine: &TalosMachine,
+    classes: &'a [Arc<TalosMachineClass>],
+) -> Governing<'a> {
+    let class = machine
+        .labels()
+        .get(labels::CLASS)
+        .and_then(|name| {
+            classes.iter().find(|c| {
+                c.name_any() == *name
+                    && c.namespace() == machine.namespace()
+                    && c.spec.cluster_ref.name == machine.spec.cluster_ref.name
+            })
+        })
+        .and_then(|c| c.spec.rollout.as_ref().map(|p| (c.name_any(), p)));
+    let cluster_suspend = cluster
+        .spec
+        .rollout
+        .suspend
+        .then(|| "spec.rollout.suspend".to_owned());
+    match class {
+        Some((name, policy)) => {
+            let field = format!("TalosMachineClass {name} spec.rollout");
+            let suspended_by =
+                cluster_suspend.or_else(|| policy.suspend.then(|| format!("{field}.suspend")));
+            Governing {
+                policy,
+                field,
+                suspended_by,
+            }
+        }
+        None => Governing {
+            policy: &cluster.spec.rollout,
+            field: "spec.rollout".to_owned(),
+            suspended_by: cluster_suspend,
+        },
+    }
+}
+
+/// Why `machine`'s `step` waits by the rollout policy governing it now; `None` lets it start.
 /// First [`holds`] (a suspend, the windows); then, for a step a window would hold, the health
 /// gates over the workload cluster; then, for a control plane's upgrade or reboot, a fresh
 /// etcd backup, asked of the backup controller when the last is too old.
@@ -61,21 +120,23 @@ pub async fn clears(
     machine: &TalosMachine,
     step: Step,
 ) -> Result<Option<Stop>, Error> {
-    if let Some(held) = holds(cluster, step, ctx.now().0) {
+    let classes = ctx.layers.classes();
+    let governing = governing(cluster, machine, &classes);
+    if let Some(held) = holds(&governing, step, ctx.now().0) {
         return Ok(Some(held));
     }
-    if !disrupts(cluster, step) {
+    if !disrupts(governing.policy, step) {
         return Ok(None);
     }
     let what = step.what();
     // Boxed: its futures (discovery, a list) would otherwise sit in every machine reconcile's.
-    if let Some(failing) = Box::pin(gates::failing(ctx, cluster, what)).await {
+    if let Some(failing) = Box::pin(gates::failing(ctx, cluster, &governing, what)).await {
         return Ok(Some(failing));
     }
     if step == Step::Change {
         return Ok(None);
     }
-    backup::needed(ctx, cluster, machine, what)
+    backup::needed(ctx, cluster, machine, &governing, what)
 }
 
 impl Step {
@@ -91,26 +152,30 @@ impl Step {
 
 /// Whether `step` is one a window holds: a reboot or an upgrade, and a live change when the
 /// policy holds those too.
-fn disrupts(cluster: &TalosCluster, step: Step) -> bool {
+fn disrupts(policy: &RolloutPolicy, step: Step) -> bool {
     match step {
         Step::Upgrade | Step::Reboot => true,
-        Step::Change => cluster.spec.rollout.hold_live_changes,
+        Step::Change => policy.hold_live_changes,
     }
 }
 
-/// Why `step` waits by the cluster's rollout policy at `now`; `None` lets it start.
-pub fn holds(cluster: &TalosCluster, step: Step, now: Timestamp) -> Option<Stop> {
-    let policy = &cluster.spec.rollout;
-    if policy.suspend && step != Step::Reboot {
+/// Why `step` waits by the `governing` policy at `now`; `None` lets it start.
+pub fn holds(governing: &Governing<'_>, step: Step, now: Timestamp) -> Option<Stop> {
+    let policy = governing.policy;
+    if let Some(suspend) = governing.suspended_by.as_deref()
+        && step != Step::Reboot
+    {
         return Some(Stop::new(
             reasons::ROLLOUT_SUSPENDED,
-            "spec.rollout.suspend is true: no node starts its change until it is false (a node in flight finishes)",
+            format!(
+                "{suspend} is true: no node starts its change until it is false (a node in flight finishes)"
+            ),
         ));
     }
-    if !disrupts(cluster, step) || policy.maintenance_windows.is_empty() {
+    if !disrupts(policy, step) || policy.maintenance_windows.is_empty() {
         return None;
     }
-    let windows = match read_windows(cluster) {
+    let windows = match read_windows(governing) {
         Ok(windows) => windows,
         Err(stop) => return Some(stop),
     };
@@ -124,17 +189,17 @@ pub fn holds(cluster: &TalosCluster, step: Step, now: Timestamp) -> Option<Stop>
     Some(Stop::new(
         reasons::OUTSIDE_MAINTENANCE_WINDOW,
         format!(
-            "{} waits: outside every maintenance window of spec.rollout; {when}",
-            step.what()
+            "{} waits: outside every maintenance window of {}; {when}",
+            step.what(),
+            governing.field
         ),
     ))
 }
 
-/// The cluster's maintenance windows, read; the first that does not read names its field.
-fn read_windows(cluster: &TalosCluster) -> Result<Vec<Window>, Stop> {
-    cluster
-        .spec
-        .rollout
+/// The policy's maintenance windows, read; the first that does not read names its field.
+fn read_windows(governing: &Governing<'_>) -> Result<Vec<Window>, Stop> {
+    governing
+        .policy
         .maintenance_windows
         .iter()
         .enumerate()
@@ -149,7 +214,8 @@ fn read_windows(cluster: &TalosCluster) -> Result<Vec<Window>, Stop> {
                     Stop::new(
                         reasons::ROLLOUT_POLICY_INVALID,
                         format!(
-                            "spec.rollout.maintenanceWindows[{i}]: {problem}; every step a window holds waits until it reads"
+                            "{}.maintenanceWindows[{i}]: {problem}; every step a window holds waits until it reads",
+                            governing.field
                         ),
                     )
                 })
@@ -181,28 +247,100 @@ mod tests {
         text.parse().expect("time")
     }
 
+    /// The class `gpu` of cluster `cluster`, in the test objects' namespace.
+    fn class_of(cluster: &str) -> TalosMachineClass {
+        let machine = TalosMachine::test("m").build();
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "ichor.maesh.dev/v1alpha1",
+            "kind": "TalosMachineClass",
+            "metadata": {"name": "gpu", "namespace": machine.metadata.namespace},
+            "spec": {"clusterRef": {"name": cluster}, "role": "worker", "qualifiers": {"cidrs": ["10.0.0.0/24"]}}
+        }))
+        .expect("a class")
+    }
+
+    /// What holds `step` of a machine without a class.
+    fn held_at(cluster: &TalosCluster, step: Step, now: Timestamp) -> Option<Stop> {
+        let machine = TalosMachine::test("m").build();
+        holds(&governing(cluster, &machine, &[]), step, now)
+    }
+
+    #[test]
+    fn a_class_policy_governs_its_machines_and_either_suspend_stops_them() {
+        let c = cluster(&[("0 22 * * *", "4h", "UTC")], false, false);
+        let mut class = class_of("c");
+        class.spec.rollout = Some(RolloutPolicy::default());
+        let mut machine = TalosMachine::test("m").build();
+        machine.spec.cluster_ref.name = "c".into();
+        let classes = [Arc::new(class.clone())];
+        let noon = at("2026-12-07T12:00:00Z");
+        // Not the class's: the cluster's window holds it.
+        let stop = holds(&governing(&c, &machine, &classes), Step::Upgrade, noon).expect("held");
+        assert!(
+            stop.message.contains("window of spec.rollout;"),
+            "{}",
+            stop.message
+        );
+        // The class's machine: its class declares no window.
+        machine
+            .labels_mut()
+            .insert(labels::CLASS.into(), "gpu".into());
+        let g = governing(&c, &machine, &classes);
+        assert_eq!(g.field, "TalosMachineClass gpu spec.rollout");
+        assert!(holds(&g, Step::Upgrade, noon).is_none());
+        // Its class suspended: held, saying which suspend.
+        class.spec.rollout = Some(RolloutPolicy {
+            suspend: true,
+            ..RolloutPolicy::default()
+        });
+        let classes = [Arc::new(class)];
+        let stop = holds(&governing(&c, &machine, &classes), Step::Upgrade, noon).expect("held");
+        assert!(
+            stop.message
+                .starts_with("TalosMachineClass gpu spec.rollout.suspend is true"),
+            "{}",
+            stop.message
+        );
+        // The cluster suspended: every machine, its class's or not.
+        let suspended = cluster(&[], true, false);
+        let mut unsuspended = class_of("c");
+        unsuspended.spec.rollout = Some(RolloutPolicy::default());
+        let classes = [Arc::new(unsuspended)];
+        let stop = holds(
+            &governing(&suspended, &machine, &classes),
+            Step::Upgrade,
+            noon,
+        )
+        .expect("held");
+        assert!(
+            stop.message.starts_with("spec.rollout.suspend is true"),
+            "{}",
+            stop.message
+        );
+    }
+
     #[test]
     fn no_policy_holds_nothing() {
         let c = cluster(&[], false, false);
         for step in [Step::Change, Step::Upgrade, Step::Reboot] {
-            assert!(holds(&c, step, at("2026-12-07T12:00:00Z")).is_none());
+            assert!(held_at(&c, step, at("2026-12-07T12:00:00Z")).is_none());
         }
     }
 
     #[test]
     fn a_suspend_holds_each_turn_but_not_the_reboot_of_a_node_in_flight() {
         let c = cluster(&[], true, false);
-        let stop = holds(&c, Step::Upgrade, at("2026-12-07T12:00:00Z")).expect("held");
+        let stop = held_at(&c, Step::Upgrade, at("2026-12-07T12:00:00Z")).expect("held");
         assert_eq!(stop.reason, reasons::ROLLOUT_SUSPENDED);
-        assert!(holds(&c, Step::Change, at("2026-12-07T12:00:00Z")).is_some());
-        assert!(holds(&c, Step::Reboot, at("2026-12-07T12:00:00Z")).is_none());
+        assert!(held_at(&c, Step::Change, at("2026-12-07T12:00:00Z")).is_some());
+        assert!(held_at(&c, Step::Reboot, at("2026-12-07T12:00:00Z")).is_none());
     }
 
     #[test]
     fn outside_every_window_disruptions_wait_and_live_changes_go_unless_held() {
         let c = cluster(&[("0 22 * * *", "4h", "Europe/Berlin")], false, false);
         let noon = at("2026-12-07T12:00:00Z");
-        let stop = holds(&c, Step::Upgrade, noon).expect("held");
+        let stop = held_at(&c, Step::Upgrade, noon).expect("held");
         assert_eq!(stop.reason, reasons::OUTSIDE_MAINTENANCE_WINDOW);
         assert!(
             stop.message
@@ -210,12 +348,12 @@ mod tests {
             "{}",
             stop.message
         );
-        assert!(holds(&c, Step::Reboot, noon).is_some());
-        assert!(holds(&c, Step::Change, noon).is_none());
+        assert!(held_at(&c, Step::Reboot, noon).is_some());
+        assert!(held_at(&c, Step::Change, noon).is_none());
         let held = cluster(&[("0 22 * * *", "4h", "Europe/Berlin")], false, true);
-        assert!(holds(&held, Step::Change, noon).is_some());
+        assert!(held_at(&held, Step::Change, noon).is_some());
         // Inside: 22:30 in Berlin.
-        assert!(holds(&c, Step::Upgrade, at("2026-12-07T21:30:00Z")).is_none());
+        assert!(held_at(&c, Step::Upgrade, at("2026-12-07T21:30:00Z")).is_none());
     }
 
     #[test]
@@ -229,7 +367,7 @@ mod tests {
             (("0 1 * * *", "soon", "UTC"), "duration \"soon\""),
         ] {
             let c = cluster(&[("0 22 * * *", "4h", "UTC"), window], false, false);
-            let stop = holds(&c, Step::Upgrade, at("2026-12-07T22:30:00Z")).expect("held");
+            let stop = held_at(&c, Step::Upgrade, at("2026-12-07T22:30:00Z")).expect("held");
             assert_eq!(stop.reason, reasons::ROLLOUT_POLICY_INVALID);
             assert!(
                 stop.message

@@ -299,6 +299,7 @@ mod tests {
                 install: None,
                 schematic: None,
                 config_patches: Vec::new(),
+                rollout: None,
             },
         );
         c.metadata.namespace = Some("ns".into());
