@@ -93,6 +93,16 @@ pub(super) async fn roll_out(
         crate::lock::release(ctx, r.cluster, &me).await?;
         return Ok(Rolled::Waits);
     }
+    // The node said this config cannot go live, and its reboot waits: not asked again at
+    // every look, only the reboot's own checks. Not while an intent is recorded: the node may
+    // run the config already (an answer lost, a look from an older copy), which the live
+    // apply looks for first.
+    if status.drift.reboot.is_none() && plan::reboot_known_needed(status, &r.rendered.hash) {
+        // Boxed, as the other call: the reboot's future (lock, planner, drain, staging) kept
+        // twice in this one overflowed a debug build's worker stack.
+        Box::pin(live_refused(ctx, r, status, None)).await?;
+        return Ok(Rolled::Waits);
+    }
     match act::apply_live_once(ctx, r.machine, r.client, r.rendered, status).await? {
         Ok(sent) => {
             act::record_live_applied(ctx, r, status, sent).await?;
@@ -102,7 +112,9 @@ pub(super) async fn roll_out(
         // is reported and retried: a transient error never reboots a node. Without an answer
         // the node may run the config already: the intent stays, so the retry looks first.
         Err(error) => match drift_refused(&error) {
-            DriftRefused::StageAndReboot => live_refused(ctx, r, status, &error).await?,
+            DriftRefused::StageAndReboot => {
+                Box::pin(live_refused(ctx, r, status, Some(&error))).await?;
+            }
             DriftRefused::Retry => act::record_live_retry(ctx, r, status, &error, false).await?,
             DriftRefused::Unanswered => {
                 act::record_live_retry(ctx, r, status, &error, true).await?;
@@ -125,28 +137,31 @@ pub(super) enum Rolled {
     Waits,
 }
 
-/// The config cannot go live: it is applied with a reboot under the cluster lock. Recorded as
-/// applied with the reboot in flight, or `ConfigApplied` says why the reboot waits.
+/// The config cannot go live (the node's `error` just said so, or said so before): it is
+/// applied with a reboot under the cluster lock. Recorded as applied with the reboot in
+/// flight, or `ConfigApplied` says why the reboot waits.
 async fn live_refused(
     ctx: &Context,
     r: &Rollout<'_>,
     status: &mut TalosMachineStatus,
-    error: &TalosError,
+    error: Option<&TalosError>,
 ) -> Result<(), Error> {
-    let message = format!(
-        "config {} cannot be applied live ({error}); it is applied with a reboot under the cluster lock, one node at a time",
-        r.rendered.hash
-    );
     let generation = r.machine.metadata.generation;
-    cond::set(
-        &mut status.conditions,
-        conditions::CONFIG_APPLIED,
-        false,
-        reasons::NEEDS_REBOOT,
-        message,
-        generation,
-        &ctx.now(),
-    );
+    if let Some(error) = error {
+        let message = format!(
+            "config {} cannot be applied live ({error}); it is applied with a reboot under the cluster lock, one node at a time",
+            r.rendered.hash
+        );
+        cond::set(
+            &mut status.conditions,
+            conditions::CONFIG_APPLIED,
+            false,
+            reasons::NEEDS_REBOOT,
+            message,
+            generation,
+            &ctx.now(),
+        );
+    }
     match reboot_for_drift(ctx, r).await? {
         Err(waiting) => {
             act::forget_drift_intent(ctx, r.machine, status).await?;
@@ -223,7 +238,15 @@ async fn reboot_cleared(
         crate::rollout_policy::clears(ctx, r.cluster, r.machine, Step::Reboot).await?
     {
         crate::lock::release(ctx, r.cluster, me).await?;
-        return Ok(Some(held));
+        // Named with its config: the next look knows this config needs a reboot, and does
+        // not ask the node to take it live again (`plan::reboot_known_needed`).
+        return Ok(Some(Stop::new(
+            held.reason,
+            format!(
+                "config {} needs a reboot: {}",
+                r.rendered.hash, held.message
+            ),
+        )));
     }
     // As stored: one disruption at a time under the cluster lock (ADR 0019) counts the
     // machines moving now.

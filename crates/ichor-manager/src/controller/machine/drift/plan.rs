@@ -113,9 +113,64 @@ pub(super) fn staging_refused(error: &TalosError, hash: &str) -> Stop {
     )
 }
 
+/// Whether the node already said config `hash` cannot go live, and its reboot waits (for the
+/// lock, or the rollout policy: a window, a gate, a fresh backup): `ConfigApplied` says so
+/// for this very config. The live apply is then not asked again at every look; the reboot's
+/// own checks run instead.
+pub(super) fn reboot_known_needed(status: &TalosMachineStatus, hash: &str) -> bool {
+    let this_config = format!("config {hash} ");
+    status.conditions.iter().any(|c| {
+        c.type_ == conditions::CONFIG_APPLIED
+            && (c.reason == reasons::NEEDS_REBOOT
+                || crate::rollout_policy::is_policy_hold(&c.reason))
+            && c.message.starts_with(&this_config)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_reboot_known_needed_is_this_configs_and_waits_on_the_lock_or_the_policy() {
+        let with = |reason: &str, message: &str| {
+            let mut status = TalosMachineStatus::default();
+            cond::set(
+                &mut status.conditions,
+                conditions::CONFIG_APPLIED,
+                false,
+                reason,
+                message.to_owned(),
+                None,
+                &Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+            );
+            status
+        };
+        let held = with(
+            reasons::OUTSIDE_MAINTENANCE_WINDOW,
+            "config sha256:b needs a reboot: the reboot its changed config needs waits: outside every maintenance window",
+        );
+        assert!(reboot_known_needed(&held, "sha256:b"));
+        assert!(
+            !reboot_known_needed(&held, "sha256:c"),
+            "another config: tried live"
+        );
+        let refused = with(
+            reasons::NEEDS_REBOOT,
+            "config sha256:b cannot be applied live (…)",
+        );
+        assert!(reboot_known_needed(&refused, "sha256:b"));
+        // A planner's wait or a retry: the live apply is asked again.
+        let retry = with(
+            reasons::DRIFT_NOT_APPLIED,
+            "config sha256:b was not applied",
+        );
+        assert!(!reboot_known_needed(&retry, "sha256:b"));
+        assert!(!reboot_known_needed(
+            &TalosMachineStatus::default(),
+            "sha256:b"
+        ));
+    }
 
     #[test]
     fn a_machine_waits_only_for_another_machines_turn() {
