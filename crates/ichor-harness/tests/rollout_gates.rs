@@ -19,12 +19,11 @@ use ichor_testenv::nets::ROLLOUT_GATES;
 use ichor_testenv::wait::try_eventually;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Namespace;
-use kube::ResourceExt as _;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use object_store::ObjectStoreExt as _;
 use object_store::path::Path as ObjectPath;
 use serde_json::json;
-use support::cluster::{CLUSTER, ready_target, state_summary};
+use support::cluster::{CLUSTER, held_by, ready_target, state_summary};
 use support::{put_store_secret, store_spec, talos_cluster};
 
 mod support;
@@ -81,40 +80,6 @@ async fn scale(api: &Api<Deployment>, replicas: i32) {
     )
     .await
     .expect("scaled");
-}
-
-/// Waits until a machine's `UpToDate` says `reason`; returns (machine, message).
-async fn held_by(target: &SimTarget, reason: &str) -> (String, String) {
-    let machines: Api<TalosMachine> = Api::namespaced(target.client(), target.namespace());
-    try_eventually(
-        &format!("a machine held by {reason}"),
-        Duration::from_secs(60),
-        || async {
-            let list = machines
-                .list(&Default::default())
-                .await
-                .map_err(|e| e.to_string())?;
-            let seen: Vec<(String, String, String)> = list
-                .items
-                .iter()
-                .filter_map(|m| {
-                    let c = m
-                        .status
-                        .as_ref()?
-                        .conditions
-                        .iter()
-                        .find(|c| c.type_ == conditions::UP_TO_DATE)?;
-                    Some((m.name_any(), c.reason.clone(), c.message.clone()))
-                })
-                .collect();
-            seen.iter()
-                .find(|(_, r, _)| r == reason)
-                .map(|(name, _, message)| (name.clone(), message.clone()))
-                .ok_or_else(|| format!("{seen:?}"))
-        },
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{e}\n{}", state_summary(target)))
 }
 
 /// Waits until every node runs `version` and every machine says so.

@@ -26,7 +26,7 @@ use kube::ResourceExt as _;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 
-use crate::support::cluster::{CLUSTER, Monitor, ready_target, state_summary};
+use crate::support::cluster::{CLUSTER, Monitor, held_by, ready_target, state_summary};
 use crate::{budget, node_name, pod_on, set_drain, unschedulable};
 
 /// Declares `version` on the cluster, as a person (or Git) does; returns the generation the
@@ -762,47 +762,6 @@ async fn a_declared_upgrade_that_a_budget_blocks_waits_at_the_drain_until_the_bu
     rollout_reads(&target, "3/3", true).await;
 }
 
-/// Waits until a machine's `UpToDate` or `ConfigApplied` (a version's config change goes
-/// first) says `reason`; returns its message.
-async fn held_by(target: &SimTarget, reason: &str) -> String {
-    let machines: Api<TalosMachine> = Api::namespaced(target.client(), target.namespace());
-    try_eventually(
-        &format!("a machine held by {reason}"),
-        Duration::from_secs(60),
-        || async {
-            let list = machines
-                .list(&Default::default())
-                .await
-                .map_err(|e| e.to_string())?;
-            let seen: Vec<(String, String, String)> = list
-                .items
-                .iter()
-                .flat_map(|m| {
-                    let conditions = m
-                        .status
-                        .as_ref()
-                        .map(|s| s.conditions.clone())
-                        .unwrap_or_default();
-                    conditions
-                        .into_iter()
-                        .filter(|c| {
-                            c.type_ == conditions::UP_TO_DATE
-                                || c.type_ == conditions::CONFIG_APPLIED
-                        })
-                        .map(|c| (m.name_any(), c.reason, c.message))
-                        .collect::<Vec<_>>()
-                })
-                .collect();
-            seen.iter()
-                .find(|(_, r, _)| r == reason)
-                .map(|(_, _, message)| message.clone())
-                .ok_or_else(|| format!("{seen:?}"))
-        },
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{e}\n{}", state_summary(target)))
-}
-
 /// Waits until the cluster's `VersionRolledOut` or `ConfigRolledOut` says `reason`.
 async fn cluster_says(target: &SimTarget, reason: &str) {
     let clusters: Api<ichor_api::TalosCluster> =
@@ -860,7 +819,7 @@ async fn a_declared_version_waits_while_suspended_and_outside_its_window_then_ro
 
     set_rollout(&target, json!({"suspend": true})).await;
     let declared = declare(&target, "v1.14.2").await;
-    let message = held_by(&target, reasons::ROLLOUT_SUSPENDED).await;
+    let (_, message) = held_by(&target, reasons::ROLLOUT_SUSPENDED).await;
     assert!(
         message.contains("spec.rollout.suspend is true"),
         "{message}"
@@ -887,7 +846,7 @@ async fn a_declared_version_waits_while_suspended_and_outside_its_window_then_ro
         ]}),
     )
     .await;
-    let message = held_by(&target, reasons::OUTSIDE_MAINTENANCE_WINDOW).await;
+    let (_, message) = held_by(&target, reasons::OUTSIDE_MAINTENANCE_WINDOW).await;
     assert!(
         message.contains(&format!("the next opens at {opens}")),
         "{message} (opens {opens})"

@@ -329,3 +329,44 @@ pub async fn rolled_out(target: &SimTarget) -> Option<(ConditionStatus, String, 
         .find(|c| c.type_ == conditions::CONFIG_ROLLED_OUT)
         .map(|c| (c.status, c.reason, c.message))
 }
+
+/// Waits until a machine's `UpToDate` or `ConfigApplied` (a version's config change goes
+/// first) says `reason`; returns the machine's name and the condition's message.
+pub async fn held_by(target: &SimTarget, reason: &str) -> (String, String) {
+    let machines: Api<TalosMachine> = Api::namespaced(target.client(), target.namespace());
+    try_eventually(
+        &format!("a machine held by {reason}"),
+        Duration::from_secs(60),
+        || async {
+            let list = machines
+                .list(&Default::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            let seen: Vec<(String, String, String)> = list
+                .items
+                .iter()
+                .flat_map(|m| {
+                    let conditions = m
+                        .status
+                        .as_ref()
+                        .map(|s| s.conditions.clone())
+                        .unwrap_or_default();
+                    conditions
+                        .into_iter()
+                        .filter(|c| {
+                            c.type_ == conditions::UP_TO_DATE
+                                || c.type_ == conditions::CONFIG_APPLIED
+                        })
+                        .map(|c| (m.name_any(), c.reason, c.message))
+                        .collect::<Vec<_>>()
+                })
+                .collect();
+            seen.iter()
+                .find(|(_, r, _)| r == reason)
+                .map(|(name, _, message)| (name.clone(), message.clone()))
+                .ok_or_else(|| format!("{seen:?}"))
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", state_summary(target)))
+}
