@@ -32,6 +32,10 @@ pub enum Step {
     Upgrade,
     /// The reboot a changed config that cannot go live needs.
     Reboot,
+    /// A machine's turn while a Kubernetes version rolls out: its changed config, live, yet
+    /// restarting a service (a control-plane static pod, the kubelet), so held as a
+    /// disruption ([`Step::during`]).
+    Restart,
 }
 
 /// The reasons a step waits for by the rollout policy.
@@ -120,6 +124,7 @@ pub async fn clears(
     machine: &TalosMachine,
     step: Step,
 ) -> Result<Option<Stop>, Error> {
+    let step = step.during(cluster);
     let classes = ctx.layers.classes();
     let governing = governing(cluster, machine, &classes);
     if let Some(held) = holds(&governing, step, ctx.now().0) {
@@ -133,7 +138,7 @@ pub async fn clears(
     if let Some(failing) = Box::pin(gates::failing(ctx, cluster, &governing, what)).await {
         return Ok(Some(failing));
     }
-    if step == Step::Change {
+    if matches!(step, Step::Change | Step::Restart) {
         return Ok(None);
     }
     backup::needed(ctx, cluster, machine, &governing, what)
@@ -146,6 +151,24 @@ impl Step {
             Self::Change => "its changed config (spec.rollout.holdLiveChanges)",
             Self::Upgrade => "its upgrade",
             Self::Reboot => "the reboot its changed config needs",
+            Self::Restart => {
+                "its changed config, which restarts a Kubernetes component (a Kubernetes version rolls out)"
+            }
+        }
+    }
+
+    /// The step as `cluster` now has it: a change while a Kubernetes version rolls out
+    /// (`kubernetesFrom` accepted, ADR 0070) restarts a service, and is held as one.
+    pub fn during(self, cluster: &TalosCluster) -> Self {
+        let stepping = cluster
+            .status
+            .as_ref()
+            .and_then(|s| s.core.accepted_versions.as_ref())
+            .is_some_and(|a| a.kubernetes_from.is_some());
+        if self == Self::Change && stepping {
+            Self::Restart
+        } else {
+            self
         }
     }
 }
@@ -154,7 +177,7 @@ impl Step {
 /// policy holds those too.
 fn disrupts(policy: &RolloutPolicy, step: Step) -> bool {
     match step {
-        Step::Upgrade | Step::Reboot => true,
+        Step::Upgrade | Step::Reboot | Step::Restart => true,
         Step::Change => policy.hold_live_changes,
     }
 }
@@ -263,6 +286,37 @@ mod tests {
     fn held_at(cluster: &TalosCluster, step: Step, now: Timestamp) -> Option<Stop> {
         let machine = TalosMachine::test("m").build();
         holds(&governing(cluster, &machine, &[]), step, now)
+    }
+
+    #[test]
+    fn a_change_while_kubernetes_rolls_out_is_a_restart_a_window_holds() {
+        let mut c = cluster(&[("0 22 * * *", "4h", "UTC")], false, false);
+        let noon = at("2026-12-07T12:00:00Z");
+        assert_eq!(Step::Change.during(&c), Step::Change);
+        assert!(
+            held_at(&c, Step::Change.during(&c), noon).is_none(),
+            "a live change goes"
+        );
+        c.status = Some(
+            serde_json::from_value(serde_json::json!({
+                "acceptedVersions": {"talosVersion": "v1.14.1", "kubernetesVersion": "1.36.4", "kubernetesFrom": "1.36.3"}
+            }))
+            .expect("status"),
+        );
+        let step = Step::Change.during(&c);
+        assert_eq!(step, Step::Restart);
+        assert_eq!(Step::Upgrade.during(&c), Step::Upgrade);
+        let stop = held_at(&c, step, noon).expect("held outside the window");
+        assert_eq!(stop.reason, reasons::OUTSIDE_MAINTENANCE_WINDOW);
+        assert!(
+            stop.message.contains("restarts a Kubernetes component"),
+            "{}",
+            stop.message
+        );
+        assert!(
+            held_at(&c, step, at("2026-12-07T22:30:00Z")).is_none(),
+            "inside it"
+        );
     }
 
     #[test]
