@@ -31,6 +31,9 @@ use crate::status::{Owned, group, grouped};
     printcolumn = r#"{"name":"Control planes","type":"string","jsonPath":".status.controlPlanes.summary"}"#,
     printcolumn = r#"{"name":"Workers","type":"string","jsonPath":".status.workers.summary"}"#,
     printcolumn = r#"{"name":"Up to date","type":"string","jsonPath":".status.rollout.summary"}"#,
+    // Why a version rollout waits, if it does: a window, a suspend, a gate, a backup, a halt.
+    printcolumn = r#"{"name":"Rollout","type":"string","jsonPath":".status.conditions[?(@.type==\"VersionRolledOut\")].reason"}"#,
+    printcolumn = r#"{"name":"Config","type":"string","priority":1,"jsonPath":".status.conditions[?(@.type==\"ConfigRolledOut\")].reason"}"#,
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
     // Names Ichor publishes under for this cluster (ADR 0053); a reference an object already

@@ -132,3 +132,49 @@ async fn a_class_declares_a_rollout_policy_for_its_machines_under_the_same_rules
         "the zone defaults"
     );
 }
+
+#[tokio::test]
+async fn kubectl_get_shows_what_a_rollout_waits_on() {
+    let (env, ns) = setup("tc-columns").await;
+    let clusters = api(&env, &ns, "TalosCluster");
+    create_ok(&clusters, cluster("c", json!({}))).await;
+    let condition = |type_: &str, reason: &str| {
+        json!({"type": type_, "status": "False", "reason": reason, "message": "m",
+               "lastTransitionTime": "2026-12-07T12:00:00Z"})
+    };
+    clusters
+        .patch_status(
+            "c",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"status": {"conditions": [
+                condition("VersionRolledOut", "HealthGateFailing"),
+                condition("ConfigRolledOut", "OutsideMaintenanceWindow"),
+            ]}})),
+        )
+        .await
+        .expect("status");
+    // What `kubectl get tc -o wide` asks for: the server's table of the kind's columns.
+    let request = http::Request::get(format!(
+        "/apis/ichor.maesh.dev/v1alpha1/namespaces/{ns}/talosclusters/c?includeObject=None"
+    ))
+    .header(
+        "Accept",
+        "application/json;as=Table;v=v1;g=meta.k8s.io,application/json",
+    )
+    .body(Vec::new())
+    .expect("request");
+    let table: serde_json::Value = env.client().request(request).await.expect("table");
+    let columns: Vec<&str> = table["columnDefinitions"]
+        .as_array()
+        .expect("columns")
+        .iter()
+        .filter_map(|c| c["name"].as_str())
+        .collect();
+    let cells = table["rows"][0]["cells"].as_array().expect("a row");
+    let cell = |name: &str| {
+        let at = columns.iter().position(|c| *c == name).expect(name);
+        cells[at].clone()
+    };
+    assert_eq!(cell("Rollout"), "HealthGateFailing", "{table}");
+    assert_eq!(cell("Config"), "OutsideMaintenanceWindow", "{table}");
+}
