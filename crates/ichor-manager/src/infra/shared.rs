@@ -141,6 +141,23 @@ fn hand_out<K>(
     });
 }
 
+/// What `receiver` is sent from now on, as a stream (for a controller's `reconcile_on`): a
+/// message dropped because the channel lagged is skipped (its object keeps its own pace), and
+/// the stream ends when every sender is gone.
+pub fn broadcast_stream<T: Clone + Send + 'static>(
+    receiver: tokio::sync::broadcast::Receiver<T>,
+) -> impl Stream<Item = T> + Send + 'static {
+    futures::stream::unfold(receiver, |mut receiver| async move {
+        loop {
+            match receiver.recv().await {
+                Ok(item) => return Some((item, receiver)),
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+            }
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;

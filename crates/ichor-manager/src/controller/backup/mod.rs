@@ -127,15 +127,7 @@ impl FreshAsks {
 
     /// The clusters asked for from now on, for the backup controller's `reconcile_on`.
     fn asked(&self) -> impl futures::Stream<Item = ObjectRef<TalosCluster>> + Send + 'static {
-        futures::stream::unfold(self.woken.subscribe(), |mut woken| async move {
-            loop {
-                match woken.recv().await {
-                    Ok(cluster) => return Some((cluster, woken)),
-                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
-                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
-                }
-            }
-        })
+        crate::infra::shared::broadcast_stream(self.woken.subscribe())
     }
 }
 

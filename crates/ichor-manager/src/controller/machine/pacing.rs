@@ -53,16 +53,8 @@ impl Looks {
     /// The looks asked from now on ([`Looks::ask`]), for the machine controller's
     /// `reconcile_on`.
     pub fn asked(&self) -> impl futures::Stream<Item = ObjectRef<TalosMachine>> + Send + 'static {
-        futures::stream::unfold(self.asked.subscribe(), |mut asked| async move {
-            loop {
-                match asked.recv().await {
-                    Ok(machine) => return Some((machine, asked)),
-                    // Dropped looks: those machines keep their own pace.
-                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
-                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
-                }
-            }
-        })
+        // Dropped looks: those machines keep their own pace.
+        crate::infra::shared::broadcast_stream(self.asked.subscribe())
     }
 
     /// Records that a related object (its cluster, a class, a storage) woke these machines:
