@@ -8,7 +8,7 @@ use ichor_api::names::reasons;
 use ichor_api::rollout::HealthGate;
 use ichor_deleteguard::gates::{self, Gate, MAX_OBJECTS, Verdict};
 use kube::api::{Api, DynamicObject, ListParams};
-use kube::core::{ApiResource, GroupVersionKind, TypeMeta};
+use kube::core::{ApiResource, GroupVersion, GroupVersionKind, TypeMeta};
 use kube::discovery::{Scope, pinned_kind};
 
 use super::Governing;
@@ -92,9 +92,13 @@ fn scope(gate: &HealthGate) -> String {
     }
 }
 
-/// The group and version of an `apiVersion` (`v1` is the core group).
-fn group_version(api_version: &str) -> (&str, &str) {
-    api_version.split_once('/').unwrap_or(("", api_version))
+/// The group, version and kind a gate reads (`v1` is the core group), as kube reads an
+/// `apiVersion`.
+fn gvk(gate: &HealthGate) -> Result<GroupVersionKind, String> {
+    gate.api_version
+        .parse::<GroupVersion>()
+        .map(|gv| gv.with_kind(&gate.kind))
+        .map_err(|e| format!("apiVersion {:?} does not read: {e}", gate.api_version))
 }
 
 /// The gate's objects as JSON, each with its kind and without its managed fields; an error
@@ -142,8 +146,7 @@ async fn api_of(
     client: &kube::Client,
     gate: &HealthGate,
 ) -> Result<(Api<DynamicObject>, ApiResource), String> {
-    let (group, version) = group_version(&gate.api_version);
-    let gvk = GroupVersionKind::gvk(group, version, &gate.kind);
+    let gvk = gvk(gate)?;
     let (resource, caps) = match tokio::time::timeout(API_TIMEOUT, pinned_kind(client, &gvk)).await
     {
         Ok(Ok(found)) => found,
@@ -185,9 +188,22 @@ mod tests {
 
     #[test]
     fn the_core_group_is_the_empty_one() {
-        assert_eq!(group_version("v1"), ("", "v1"));
-        assert_eq!(group_version("apps/v1"), ("apps", "v1"));
-        assert_eq!(group_version("ceph.rook.io/v1"), ("ceph.rook.io", "v1"));
+        let group_version = |api_version: &str| {
+            let gate = HealthGate {
+                name: "g".into(),
+                api_version: api_version.into(),
+                kind: "K".into(),
+                namespace: None,
+                label_selector: None,
+                expression: "true".into(),
+            };
+            let gvk = gvk(&gate).expect("reads");
+            (gvk.group, gvk.version)
+        };
+        let pair = |g: &str, v: &str| (g.to_owned(), v.to_owned());
+        assert_eq!(group_version("v1"), pair("", "v1"));
+        assert_eq!(group_version("apps/v1"), pair("apps", "v1"));
+        assert_eq!(group_version("ceph.rook.io/v1"), pair("ceph.rook.io", "v1"));
     }
 
     #[test]
