@@ -23,7 +23,7 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use object_store::ObjectStoreExt as _;
 use object_store::path::Path as ObjectPath;
 use serde_json::json;
-use support::cluster::{CLUSTER, held_by, ready_target, state_summary};
+use support::cluster::{CLUSTER, cluster_says, held_by, ready_target, state_summary};
 use support::{put_store_secret, store_spec, talos_cluster};
 
 mod support;
@@ -158,8 +158,8 @@ async fn a_health_gate_holds_the_rollout_and_a_control_plane_waits_for_a_fresh_b
     ] {
         assert!(message.contains(&part), "{held}: {message} lacks {part}");
     }
-    // Held for a while: no node upgraded, nothing backed up.
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    // The cluster's own look says so too: still no node upgraded, nothing backed up.
+    cluster_says(&target, reasons::HEALTH_GATE_FAILING).await;
     let upgrades: usize = target.nodes().iter().map(|n| n.calls("Upgrade")).sum();
     assert_eq!(upgrades, 0, "no node upgraded while the gate fails");
     let status = talos_cluster(&target, CLUSTER)
@@ -172,6 +172,14 @@ async fn a_health_gate_holds_the_rollout_and_a_control_plane_waits_for_a_fresh_b
     );
 
     // The Deployment becomes available (none of none): the gate passes, the rollout goes on.
+    // To the second: a backup's record keeps its time as a Kubernetes `Time`, in seconds.
+    let released = k8s_openapi::jiff::Timestamp::now()
+        .round(
+            k8s_openapi::jiff::TimestampRound::new()
+                .smallest(k8s_openapi::jiff::Unit::Second)
+                .mode(k8s_openapi::jiff::RoundMode::Trunc),
+        )
+        .expect("rounded");
     scale(&web, 0).await;
     rolled_out(&target, "v1.14.2").await;
 
@@ -197,6 +205,12 @@ async fn a_health_gate_holds_the_rollout_and_a_control_plane_waits_for_a_fresh_b
     assert!(
         record.taken_at.0 <= first,
         "the backup ({}) was taken before the first upgrade was announced ({first})",
+        record.taken_at.0
+    );
+    // Neither before the gate passed.
+    assert!(
+        released <= record.taken_at.0 && released <= first,
+        "backed up at {} and first upgrade announced at {first}, before the gate could pass at {released}",
         record.taken_at.0
     );
     let backups = specs::events_with_reason(&target, reasons::BACKUP_SUCCEEDED).await;

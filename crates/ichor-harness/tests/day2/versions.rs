@@ -26,7 +26,9 @@ use kube::ResourceExt as _;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 
-use crate::support::cluster::{CLUSTER, Monitor, held_by, ready_target, state_summary};
+use crate::support::cluster::{
+    CLUSTER, Monitor, cluster_says, held_by, ready_target, state_summary,
+};
 use crate::{budget, node_name, pod_on, set_drain, unschedulable};
 
 /// Declares `version` on the cluster, as a person (or Git) does; returns the generation the
@@ -760,40 +762,6 @@ async fn a_declared_upgrade_that_a_budget_blocks_waits_at_the_drain_until_the_bu
         "no controller wrote the spec"
     );
     rollout_reads(&target, "3/3", true).await;
-}
-
-/// Waits until the cluster's `VersionRolledOut` or `ConfigRolledOut` says `reason`.
-async fn cluster_says(target: &SimTarget, reason: &str) {
-    let clusters: Api<ichor_api::TalosCluster> =
-        Api::namespaced(target.client(), target.namespace());
-    try_eventually(
-        &format!("the cluster saying {reason}"),
-        Duration::from_secs(60),
-        || async {
-            let status = clusters
-                .get(CLUSTER)
-                .await
-                .map_err(|e| e.to_string())?
-                .status
-                .unwrap_or_default();
-            let seen: Vec<(String, String)> = status
-                .conditions
-                .iter()
-                .filter(|c| {
-                    c.type_ == conditions::VERSION_ROLLED_OUT
-                        || c.type_ == conditions::CONFIG_ROLLED_OUT
-                })
-                .map(|c| (c.reason.clone(), c.message.clone()))
-                .collect();
-            if seen.iter().any(|(r, _)| r == reason) {
-                Ok(())
-            } else {
-                Err(format!("{seen:?}"))
-            }
-        },
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{e}\n{}", state_summary(target)));
 }
 
 /// Sets the cluster's `spec.rollout`, as a person (or Git) does.

@@ -370,3 +370,37 @@ pub async fn held_by(target: &SimTarget, reason: &str) -> (String, String) {
     .await
     .unwrap_or_else(|e| panic!("{e}\n{}", state_summary(target)))
 }
+
+/// Waits until the cluster's `VersionRolledOut` or `ConfigRolledOut` says `reason`.
+pub async fn cluster_says(target: &SimTarget, reason: &str) {
+    let clusters: Api<ichor_api::TalosCluster> =
+        Api::namespaced(target.client(), target.namespace());
+    try_eventually(
+        &format!("the cluster saying {reason}"),
+        Duration::from_secs(60),
+        || async {
+            let status = clusters
+                .get(CLUSTER)
+                .await
+                .map_err(|e| e.to_string())?
+                .status
+                .unwrap_or_default();
+            let seen: Vec<(String, String)> = status
+                .conditions
+                .iter()
+                .filter(|c| {
+                    c.type_ == conditions::VERSION_ROLLED_OUT
+                        || c.type_ == conditions::CONFIG_ROLLED_OUT
+                })
+                .map(|c| (c.reason.clone(), c.message.clone()))
+                .collect();
+            if seen.iter().any(|(r, _)| r == reason) {
+                Ok(())
+            } else {
+                Err(format!("{seen:?}"))
+            }
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", state_summary(target)));
+}
