@@ -150,19 +150,11 @@ async fn kubectl_get_shows_cluster_role_approval_phase_address_talos_and_age() {
     )
     .await;
     // The table kubectl prints, as the apiserver renders it from the printer columns.
-    let request = http::Request::get(format!(
-        "/apis/ichor.maesh.dev/v1alpha1/namespaces/{ns}/talosmachines"
-    ))
-    .header("Accept", "application/json;as=Table;v=v1;g=meta.k8s.io")
-    .body(Vec::new())
-    .expect("request");
-    let table: serde_json::Value = env.client().request(request).await.expect("table");
-    let columns: Vec<&str> = table["columnDefinitions"]
-        .as_array()
-        .expect("columns")
-        .iter()
-        .filter_map(|c| c["name"].as_str())
-        .collect();
+    let (columns, table) = crate::support::table(
+        &env,
+        &format!("/apis/ichor.maesh.dev/v1alpha1/namespaces/{ns}/talosmachines"),
+    )
+    .await;
     assert_eq!(
         columns,
         [

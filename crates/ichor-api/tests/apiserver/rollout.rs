@@ -154,22 +154,13 @@ async fn kubectl_get_shows_what_a_rollout_waits_on() {
         .await
         .expect("status");
     // What `kubectl get tc -o wide` asks for: the server's table of the kind's columns.
-    let request = http::Request::get(format!(
-        "/apis/ichor.maesh.dev/v1alpha1/namespaces/{ns}/talosclusters/c?includeObject=None"
-    ))
-    .header(
-        "Accept",
-        "application/json;as=Table;v=v1;g=meta.k8s.io,application/json",
+    let (columns, table) = crate::support::table(
+        &env,
+        &format!(
+            "/apis/ichor.maesh.dev/v1alpha1/namespaces/{ns}/talosclusters/c?includeObject=None"
+        ),
     )
-    .body(Vec::new())
-    .expect("request");
-    let table: serde_json::Value = env.client().request(request).await.expect("table");
-    let columns: Vec<&str> = table["columnDefinitions"]
-        .as_array()
-        .expect("columns")
-        .iter()
-        .filter_map(|c| c["name"].as_str())
-        .collect();
+    .await;
     let cells = table["rows"][0]["cells"].as_array().expect("a row");
     let cell = |name: &str| {
         let at = columns.iter().position(|c| *c == name).expect(name);

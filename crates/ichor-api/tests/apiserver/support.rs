@@ -164,3 +164,20 @@ pub fn merge_json(target: &mut Value, patch: Value) {
         (t, p) => *t = p,
     }
 }
+
+/// The table `kubectl get` prints for `path` (an API path), as the apiserver renders it from
+/// the kind's printer columns: the columns' names, and the table.
+pub async fn table(env: &TestEnv, path: &str) -> (Vec<String>, Value) {
+    let request = http::Request::get(path)
+        .header("Accept", "application/json;as=Table;v=v1;g=meta.k8s.io")
+        .body(Vec::new())
+        .expect("request");
+    let table: Value = env.client().request(request).await.expect("table");
+    let columns = table["columnDefinitions"]
+        .as_array()
+        .expect("columns")
+        .iter()
+        .filter_map(|c| c["name"].as_str().map(str::to_owned))
+        .collect();
+    (columns, table)
+}
