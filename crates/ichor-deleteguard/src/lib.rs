@@ -44,6 +44,8 @@ pub mod bundle;
 pub mod drift;
 #[cfg(test)]
 mod fixtures;
+/// A rollout's forecast (`kubectl ichor plan`): its batches in order and what holds it now.
+pub mod forecast;
 pub mod gates;
 pub mod identity;
 mod model;
