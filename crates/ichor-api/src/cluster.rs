@@ -107,8 +107,8 @@ pub struct TalosClusterSpec {
     #[serde(default)]
     pub drain: DrainSpec,
     /// How rollouts (versions, schematics, config changes) reach the nodes: a suspend,
-    /// maintenance windows, health gates, a fresh backup first. Unset: each runs at once, one
-    /// node at a time.
+    /// maintenance windows, health gates, a fresh backup first, how many workers at once.
+    /// Unset: each runs at once, one node at a time.
     #[serde(default, skip_serializing_if = "RolloutPolicy::is_default")]
     pub rollout: RolloutPolicy,
     /// Config patches applied to every machine of the cluster, first (then class, then machine).
@@ -723,6 +723,10 @@ pub enum LockHolder {
     /// The Talos upgrade of a TalosMachine's node (a declared version or schematic), by the
     /// machine's UID.
     Upgrade(String),
+    /// A batch of workers' steps (drifts, upgrades) held together under
+    /// `spec.rollout.maxUnavailable`, by the cluster's UID; its members are in
+    /// `status.lock.batch`.
+    Batch(String),
 }
 
 impl LockHolder {
@@ -733,6 +737,7 @@ impl LockHolder {
             Self::Operation(name) => ("operation", name),
             Self::Drift(id) => ("drift", id),
             Self::Upgrade(id) => ("upgrade", id),
+            Self::Batch(id) => ("batch", id),
         }
     }
 }
@@ -744,9 +749,11 @@ impl std::fmt::Display for LockHolder {
     }
 }
 
-/// A lock holder that is not `removal/…`, `operation/…`, `drift/…` or `upgrade/…`.
+/// A lock holder that is not `removal/…`, `operation/…`, `drift/…`, `upgrade/…` or `batch/…`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("lock holder {0:?} is not removal/<uid>, operation/<name>, drift/<uid> or upgrade/<uid>")]
+#[error(
+    "lock holder {0:?} is not removal/<uid>, operation/<name>, drift/<uid>, upgrade/<uid> or batch/<uid>"
+)]
 pub struct UnknownHolder(pub String);
 
 impl std::str::FromStr for LockHolder {
@@ -761,6 +768,7 @@ impl std::str::FromStr for LockHolder {
                 Self::Drift(id.to_owned())
             }
             Some(("upgrade", id)) if !id.is_empty() => Self::Upgrade(id.to_owned()),
+            Some(("batch", id)) if !id.is_empty() => Self::Batch(id.to_owned()),
             _ => return Err(UnknownHolder(s.to_owned())),
         };
         Ok(parsed)
@@ -788,10 +796,10 @@ impl schemars::JsonSchema for LockHolder {
 
     fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
         schemars::json_schema!({
-            "description": "`removal/<machine uid>`, `operation/<name>`, `drift/<machine uid>` or `upgrade/<machine uid>`.",
+            "description": "`removal/<machine uid>`, `operation/<name>`, `drift/<machine uid>`, `upgrade/<machine uid>` or `batch/<cluster uid>`.",
             "type": "string",
             "maxLength": 320,
-            "pattern": "^(removal|operation|drift|upgrade)/.+$",
+            "pattern": "^(removal|operation|drift|upgrade|batch)/.+$",
         })
     }
 }
@@ -810,6 +818,10 @@ pub struct LockStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64))]
     pub waiting: Vec<LockHolder>,
+    /// While a batch of workers holds the lock (`batch/<cluster uid>`): its members' steps.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 1000))]
+    pub batch: Vec<LockHolder>,
 }
 
 #[cfg(test)]

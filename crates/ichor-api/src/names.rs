@@ -20,6 +20,11 @@ pub mod annotations {
     /// not finished, as JSON (`[{"machine","uid","at"}]`). Written with the cluster's
     /// `resourceVersion`, so two deletes admitted at once cannot both count the same members.
     pub const REMOVAL_RESERVATIONS: &str = "ichor.maesh.dev/removal-reservations";
+    /// On the cluster lock's Lease while a batch of workers holds it (`batch/<cluster uid>`):
+    /// its members' steps (`drift/<uid>`, `upgrade/<uid>`), comma-separated. Written with the
+    /// Lease's `resourceVersion`, so two workers joining at once cannot both take the last
+    /// room (`spec.rollout.maxUnavailable`).
+    pub const LOCK_BATCH: &str = "ichor.maesh.dev/lock-batch";
     /// On a TalosMachine: recorded by an adoption. Its applied config is the node's live one,
     /// and its drift is held until the cluster opts in ([`ROLL_OUT_RENDERED`]).
     pub const ADOPTED: &str = "ichor.maesh.dev/adopted";

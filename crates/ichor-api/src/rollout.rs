@@ -9,6 +9,7 @@
 //! `ichor_deleteguard::rollout`'s and `::gates`', pure, so `kubectl ichor` answers as the
 //! manager does.
 
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::KubeSchema;
 use serde::{Deserialize, Serialize};
 
@@ -40,6 +41,24 @@ pub struct RolloutPolicy {
     /// rollout asks for one itself when the last successful backup is older than `maxAge`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fresh_backup: Option<FreshBackup>,
+    /// How many workers may be down at once: a count (`2`) or a percentage of the cluster's
+    /// workers (`25%`, rounded down), at least one either way (default 1). Control planes
+    /// always go one at a time. Workers down for any reason count.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("type(self) == int ? self >= 1 : self.matches('^([1-9][0-9]?|100)%$')").message("maxUnavailable must be a count of at least 1 or a percentage from 1% to 100%, e.g. 2 or 25%"))]
+    pub max_unavailable: Option<IntOrString>,
+    /// A label key on the TalosMachines naming their failure domain, e.g.
+    /// `topology.kubernetes.io/zone`: no two workers with the same value of it are disrupted
+    /// together (a worker without the label shares a domain with no other). Unset: no such
+    /// rule.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 317),
+        regex(
+            pattern = r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+        )
+    )]
+    pub failure_domain_label: Option<String>,
 }
 
 impl RolloutPolicy {

@@ -347,6 +347,20 @@ impl PolicyRules {
         self
     }
 
+    /// The rules a batch is made by ([`join`]): one control plane at a time, at most
+    /// `maxUnavailable` workers, never two of one failure domain.
+    pub fn batch() -> Self {
+        Self(
+            [
+                PolicyRule::OneControlPlane,
+                PolicyRule::MaxUnavailable,
+                PolicyRule::FailureDomain,
+            ]
+            .into_iter()
+            .collect(),
+        )
+    }
+
     fn has(&self, rule: PolicyRule) -> bool {
         self.0.contains(&rule)
     }
@@ -593,6 +607,40 @@ pub fn decide_with(facts: &Facts<'_>, rules: &PolicyRules) -> Decision {
     }
 }
 
+/// Whether `me` may start now beside `members`, the steps already holding the cluster lock
+/// together, by the rules of a batch alone ([`PolicyRules::batch`]): `me` the only machine
+/// pending, every member in flight, the others as recorded. The order, the windows, the gates
+/// and the backup are judged before (its turn); this is judged where the lock is taken, on
+/// the members as the lock stores them, so two machines joining at once cannot both fit in
+/// the room for one. [`Decision::Start`] lets it join.
+pub fn join(
+    machines: &[RolloutMachine],
+    members: &[String],
+    me: &str,
+    policy: &Policy,
+) -> Decision {
+    let view: Vec<RolloutMachine> = machines
+        .iter()
+        .map(|m| {
+            let mine = m.name == me;
+            RolloutMachine {
+                change: mine.then_some(Change::Disruptive),
+                in_flight: !mine && members.contains(&m.name),
+                ..m.clone()
+            }
+        })
+        .collect();
+    let facts = Facts {
+        machines: &view,
+        policy,
+        halted: None,
+        gates: &[],
+        backups: Backups::default(),
+        now: Timestamp::UNIX_EPOCH,
+    };
+    decide_with(&facts, &PolicyRules::batch())
+}
+
 /// Whether a backup taken at `last` is no older than `max_age` at `now`.
 pub fn fresh(last: Option<Timestamp>, max_age: Duration, now: Timestamp) -> bool {
     let Some(last) = last else { return false };
@@ -709,6 +757,46 @@ mod tests {
             worker("w-5").with_change(Change::Disruptive).in_domain("c"),
         ];
         assert_eq!(decide(&facts(&machines, &policy)).starts(), ["w-1", "w-3"]);
+    }
+
+    #[test]
+    fn a_worker_joins_a_batch_only_while_there_is_room_and_its_domain_is_free() {
+        let policy = Policy {
+            max_unavailable: MaxUnavailable::Count(2),
+            spread_failure_domains: true,
+            ..Policy::default()
+        };
+        let machines = [
+            cp("cp-1"),
+            worker("w-1").in_domain("a"),
+            worker("w-2").in_domain("b"),
+            worker("w-3").in_domain("a"),
+            worker("w-4"),
+        ];
+        let members = |names: &[&str]| names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>();
+        assert_eq!(join(&machines, &[], "w-3", &policy).starts(), ["w-3"]);
+        assert_eq!(
+            join(&machines, &members(&["w-2"]), "w-1", &policy).starts(),
+            ["w-1"]
+        );
+        // Full: two members, whatever their statuses say.
+        let full = join(&machines, &members(&["w-1", "w-2"]), "w-4", &policy);
+        assert_eq!(full.starts(), [] as [String; 0], "{full:?}");
+        // Its domain has a member.
+        let shared = join(&machines, &members(&["w-1"]), "w-3", &policy);
+        assert!(shared.starts().is_empty(), "{shared:?}");
+        // A worker down for another reason takes room too.
+        let mut sick = machines.clone();
+        sick[4] = worker("w-4").unhealthy();
+        assert!(
+            join(&sick, &members(&["w-2"]), "w-1", &policy)
+                .starts()
+                .is_empty()
+        );
+        // No worker beside a control plane down.
+        let mut cp_down = machines.clone();
+        cp_down[0] = cp("cp-1").unhealthy();
+        assert!(join(&cp_down, &[], "w-1", &policy).starts().is_empty());
     }
 
     #[test]

@@ -5,12 +5,13 @@
 //! meanwhile; once the Deployment is available (scaled to zero, as no simulated node runs a
 //! pod), the control plane's upgrade asks for a backup
 //! itself (the schedule is suspended, so no other is taken), which reaches the store before
-//! the control plane is upgraded; the worker's upgrade asks for none.
+//! the control plane is upgraded; the worker's upgrade asks for none. And workers in batches
+//! (ADR 0077): under `maxUnavailable: 2`, two workers go at once, never more.
 
 use std::time::Duration;
 
 use ichor_api::TalosMachine;
-use ichor_api::common::ConditionStatus;
+use ichor_api::common::{ConditionStatus, Role};
 use ichor_api::names::{conditions, reasons};
 use ichor_harness::specs;
 use ichor_harness::{SimOptions, SimTarget, Target};
@@ -18,12 +19,15 @@ use ichor_testenv::S3Server;
 use ichor_testenv::nets::ROLLOUT_GATES;
 use ichor_testenv::wait::try_eventually;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::core::v1::{Namespace, Node};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::ResourceExt as _;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use object_store::ObjectStoreExt as _;
 use object_store::path::Path as ObjectPath;
 use serde_json::json;
-use support::cluster::{CLUSTER, cluster_says, held_by, ready_target, state_summary};
+use support::cluster::{CLUSTER, Monitor, cluster_says, held_by, ready_target, state_summary};
+use support::workload::{budget, node_name, pod_on, unschedulable};
 use support::{put_store_secret, store_spec, talos_cluster};
 
 mod support;
@@ -219,4 +223,135 @@ async fn a_health_gate_holds_the_rollout_and_a_control_plane_waits_for_a_fresh_b
         1,
         "one backup, for the control plane only: {backups:?}"
     );
+}
+
+/// The UIDs of the steps in the batch holding the cluster lock, as the cluster mirrors it.
+async fn batch_members(target: &SimTarget) -> Vec<String> {
+    Api::<ichor_api::TalosCluster>::namespaced(target.client(), target.namespace())
+        .get(CLUSTER)
+        .await
+        .ok()
+        .and_then(|c| c.status)
+        .and_then(|s| s.lock.mirror)
+        .map(|l| l.batch.iter().map(ToString::to_string).collect())
+        .unwrap_or_default()
+}
+
+/// Workers in batches (ADR 0077): under `maxUnavailable: 2`, a declared version upgrades the
+/// control plane alone, then two workers at once. The first two are held at their drains by
+/// budgets that allow no disruption, both cordoned and both in the batch holding the cluster
+/// lock, while the other two wait for their turn and get nothing; the budgets gone, the rest
+/// rolls out, and no more than two workers were ever down at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_go_two_at_a_time_under_max_unavailable_two() {
+    let target = ready_target(SimOptions::new(5, ROLLOUT_GATES.net(1), "v1.14.1"), 1, 1, 4).await;
+    let endpoints = target.node_endpoints();
+    let workload = specs::workload_client(&target, CLUSTER)
+        .await
+        .expect("workload");
+    let nodes: Api<Node> = Api::all(workload.clone());
+    patch_spec(
+        &target,
+        json!({"drain": {"timeout": "10s"}, "rollout": {"maxUnavailable": 2}}),
+    )
+    .await;
+    let mut workers = Vec::new();
+    for (i, address) in endpoints.iter().enumerate() {
+        let machine = specs::machine_at(&target, address).await.expect("machine");
+        if machine.spec.role == Some(Role::Worker) {
+            workers.push((machine.name_any(), machine.uid().expect("uid"), i));
+        }
+    }
+    workers.sort();
+    assert_eq!(workers.len(), 4);
+    let (first, rest) = workers.split_at(2);
+    for (name, _, i) in first {
+        let node = node_name(&target, &endpoints[*i]).await;
+        pod_on(&workload, name, &node, json!({"app": name})).await;
+        budget(&workload, name, 1, 1, 0).await;
+    }
+    let worker_nodes: Vec<_> = workers
+        .iter()
+        .map(|(_, _, i)| target.nodes()[*i].clone())
+        .collect();
+    let monitor = Monitor::start(worker_nodes);
+
+    patch_spec(&target, json!({"talosVersion": "v1.14.2"})).await;
+    // Both first workers in flight at once: in the batch, each cordoned and held at its drain.
+    let wanted: Vec<String> = first
+        .iter()
+        .map(|(_, uid, _)| format!("upgrade/{uid}"))
+        .collect();
+    try_eventually(
+        "two workers in the batch",
+        Duration::from_secs(180),
+        || async {
+            let mut members = batch_members(&target).await;
+            members.sort();
+            let mut held = 0;
+            for (_, _, i) in first {
+                let drained =
+                    specs::machine_condition(&target, &endpoints[*i], conditions::DRAINED).await;
+                if drained
+                    .is_some_and(|(holds, reason, _)| !holds && reason == reasons::DRAIN_TIMED_OUT)
+                {
+                    held += 1;
+                }
+            }
+            if members == wanted && held == 2 {
+                Ok(())
+            } else {
+                Err(format!("batch {members:?}, {held} held at the drain"))
+            }
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", state_summary(&target)));
+    for (_, _, i) in first {
+        let node = node_name(&target, &endpoints[*i]).await;
+        assert!(unschedulable(&nodes, &node).await, "{node} cordoned");
+    }
+    // The other two wait for their turn, and nothing reached them.
+    try_eventually("the others queued", Duration::from_secs(60), || async {
+        let mut queued = 0;
+        for (_, _, i) in rest {
+            let up =
+                specs::machine_condition(&target, &endpoints[*i], conditions::UP_TO_DATE).await;
+            if up.is_some_and(|(holds, reason, message)| {
+                !holds
+                    && reason == reasons::UPGRADE_QUEUED
+                    && message.contains("waits for its turn")
+            }) {
+                queued += 1;
+            }
+        }
+        (queued == 2)
+            .then_some(())
+            .ok_or(format!("{queued} queued"))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", state_summary(&target)));
+    for (name, _, i) in rest {
+        let node = &target.nodes()[*i];
+        assert_eq!(node.calls("Upgrade"), 0, "{name} not upgraded");
+        let cordoned = unschedulable(&nodes, &node_name(&target, &endpoints[*i]).await).await;
+        assert!(!cordoned, "{name} not cordoned");
+    }
+
+    for (name, _, _) in first {
+        Api::<PodDisruptionBudget>::namespaced(workload.clone(), "default")
+            .delete(name, &Default::default())
+            .await
+            .expect("budget deleted");
+    }
+    rolled_out(&target, "v1.14.2").await;
+    let seen = monitor.finish().await;
+    assert!(
+        seen.most_down <= 2,
+        "at most two workers down at once: {seen:?}"
+    );
+    for node in target.nodes() {
+        assert_eq!(node.calls("Upgrade"), 1, "each node upgraded once");
+    }
+    assert!(batch_members(&target).await.is_empty(), "the batch ended");
 }

@@ -8,15 +8,18 @@
 use std::time::Duration;
 
 use ichor_api::cluster::{ClusterLock, LockHolder, LockStatus};
+use ichor_api::names::annotations;
 use ichor_api::{TalosCluster, TalosMachine};
 use ichor_deleteguard::{LockDecision, LockView, lock_decision};
 use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt as _;
-use kube::api::{Api, DeleteParams};
+use kube::api::{Api, DeleteParams, PostParams};
 
 use crate::infra::leader::{LeaseSettings, try_acquire_observed};
 use crate::infra::status::{self, Guard};
+use crate::rollout_policy::batch::Batch;
 use crate::{Context, Error};
 
 /// How long a hold on the cluster lock lasts without renewal.
@@ -50,6 +53,9 @@ pub enum Outcome {
     /// The lock is free but the cluster is transitioning and this action does not complete the
     /// transition.
     Transitioning,
+    /// A batch of workers holds the lock, or may take it, and has no room for this one now:
+    /// why ([`join`]).
+    Full(String),
 }
 
 impl Outcome {
@@ -64,6 +70,7 @@ impl Outcome {
             Self::Held => "holding the cluster lock".into(),
             Self::Busy(Some(holder)) => format!("waiting for the cluster lock, held by {holder}"),
             Self::Busy(None) => "waiting for the cluster lock, just taken by another action".into(),
+            Self::Full(why) => format!("waiting for room in the batch of workers rolling out: {why}"),
             Self::Transitioning => "the cluster is Transitioning (control planes approved differ from spec.controlPlane.count, or the count is even); only the action that completes the transition may take the cluster lock".into(),
         }
     }
@@ -129,6 +136,252 @@ pub async fn acquire(
     Ok(outcome)
 }
 
+/// Takes, keeps or waits for a place for `holder` in the batch of workers holding the lock
+/// of `cluster` (ADR 0077): the lock is free (or expired) and the cluster not transitioning,
+/// or a batch holds it, and [`Batch::join`] finds room for `batch`'s worker beside its
+/// members as the Lease stores them. The Lease is written with the `resourceVersion` read, so
+/// two workers joining at once cannot both take the last room; members whose machine is gone
+/// are dropped.
+/// A member keeps its place without a `batch` (its policy changed meanwhile to one worker at
+/// a time): it ends its step, and no other joins by it.
+pub async fn join(
+    ctx: &Context,
+    cluster: &TalosCluster,
+    holder: &LockHolder,
+    transitioning: bool,
+    batch: Option<&Batch>,
+) -> Result<Outcome, Error> {
+    let namespace = cluster.namespace().unwrap_or_default();
+    let name = lock_name(&cluster.name_any());
+    let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), &namespace);
+    let current = leases.get_opt(&name).await?;
+    let now = ctx.clock.now();
+    let id = batch_id(cluster);
+    let members = match current.as_ref().and_then(|l| view(l, now)) {
+        Some(v) if !v.expired && v.holder == id.to_string() => members(current.as_ref()),
+        Some(v) if !v.expired => {
+            let outcome = Outcome::Busy(v.holder.parse().ok());
+            mirror(ctx, cluster, holder, &outcome).await;
+            return Ok(outcome);
+        }
+        _ if transitioning => {
+            mirror(ctx, cluster, holder, &Outcome::Transitioning).await;
+            return Ok(Outcome::Transitioning);
+        }
+        _ => Vec::new(),
+    };
+    let me = holder.to_string();
+    let mut kept: Vec<String> = members
+        .into_iter()
+        .filter(|m| batch.is_none_or(|b| !b.names_of([m.as_str()]).is_empty()))
+        .collect();
+    if !kept.contains(&me) {
+        let Some(batch) = batch else {
+            let outcome = Outcome::Full(
+                "its rollout policy lets one worker at a time be down, and a batch still holds the lock".into(),
+            );
+            mirror(ctx, cluster, holder, &outcome).await;
+            return Ok(outcome);
+        };
+        let names = batch.names_of(kept.iter().map(String::as_str));
+        if let Err(why) = batch.join(&names) {
+            let outcome = Outcome::Full(why);
+            mirror(ctx, cluster, holder, &outcome).await;
+            return Ok(outcome);
+        }
+        kept.push(me);
+    }
+    let outcome = if write_batch(&leases, &namespace, &name, &id, current, &kept, now).await? {
+        Outcome::Held
+    } else {
+        Outcome::Busy(None)
+    };
+    mirror_batch(ctx, cluster, holder, &outcome, &kept).await;
+    Ok(outcome)
+}
+
+/// Takes the lock for `machine`'s rollout step (`holder`: its drift or its upgrade): in a
+/// batch of workers when the policy governing it lets more than one be down (ADR 0077), else
+/// alone, as every other action. A member of the batch holding the lock keeps its place
+/// either way.
+pub async fn acquire_step(
+    ctx: &Context,
+    cluster: &TalosCluster,
+    machine: &TalosMachine,
+    machines: &[TalosMachine],
+    holder: &LockHolder,
+) -> Result<Outcome, Error> {
+    let moving = transitioning(cluster, machines);
+    let classes = ctx.layers.classes();
+    let governing = crate::rollout_policy::governing(cluster, machine, &classes);
+    if let Some(batch) = Batch::of(machine, machines, governing.policy) {
+        return join(ctx, cluster, holder, moving, Some(&batch)).await;
+    }
+    let outcome = acquire(ctx, cluster, holder, moving, false).await?;
+    if matches!(outcome, Outcome::Busy(Some(LockHolder::Batch(_)))) {
+        return join(ctx, cluster, holder, moving, None).await;
+    }
+    Ok(outcome)
+}
+
+/// The names of the machines whose steps hold the lock of `cluster` now: a batch's members,
+/// or the one drift or upgrade holding it alone (`names` maps a machine's UID to its name).
+pub async fn in_flight(
+    ctx: &Context,
+    cluster: &TalosCluster,
+    names: impl Fn(&str) -> Option<String>,
+) -> Result<Vec<String>, Error> {
+    let leases: Api<Lease> =
+        Api::namespaced(ctx.client.clone(), &cluster.namespace().unwrap_or_default());
+    let lease = leases.get_opt(&lock_name(&cluster.name_any())).await?;
+    // An expired hold holds nothing: the next step takes the lock over.
+    let Some(held) = lease
+        .as_ref()
+        .and_then(|l| view(l, ctx.clock.now()))
+        .filter(|v| !v.expired)
+    else {
+        return Ok(Vec::new());
+    };
+    let steps = match held.holder.parse::<LockHolder>() {
+        Ok(LockHolder::Batch(_)) => members(lease.as_ref()),
+        Ok(LockHolder::Drift(_) | LockHolder::Upgrade(_)) => vec![held.holder],
+        _ => Vec::new(),
+    };
+    Ok(steps
+        .iter()
+        .filter_map(|s| s.split_once('/').and_then(|(_, uid)| names(uid)))
+        .collect())
+}
+
+/// The holder a batch of `cluster`'s workers holds its lock as.
+pub fn batch_id(cluster: &TalosCluster) -> LockHolder {
+    LockHolder::Batch(cluster.uid().unwrap_or_default())
+}
+
+/// The members a batch's Lease lists ([`annotations::LOCK_BATCH`]); a word that names no
+/// step is left out.
+fn members(lease: Option<&Lease>) -> Vec<String> {
+    lease
+        .and_then(|l| l.metadata.annotations.as_ref())
+        .and_then(|a| a.get(annotations::LOCK_BATCH))
+        .map(|text| {
+            text.split(',')
+                .filter(|m| m.parse::<LockHolder>().is_ok())
+                .map(str::to_owned)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Writes the lock's Lease held by the batch `id` with `members`, renewed at `now`, over
+/// `current` (created when there is none); `false` when another write came first.
+async fn write_batch(
+    leases: &Api<Lease>,
+    namespace: &str,
+    name: &str,
+    id: &LockHolder,
+    current: Option<Lease>,
+    members: &[String],
+    now: Timestamp,
+) -> Result<bool, Error> {
+    let held_before = current
+        .as_ref()
+        .and_then(|l| l.spec.as_ref())
+        .and_then(|s| s.holder_identity.as_deref())
+        == Some(id.to_string().as_str());
+    let mut lease = current.clone().unwrap_or_else(|| Lease {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.to_owned()),
+            namespace: Some(namespace.to_owned()),
+            ..Default::default()
+        },
+        spec: None,
+    });
+    let mut spec = lease.spec.take().unwrap_or_default();
+    if !held_before {
+        spec.acquire_time = Some(MicroTime(now));
+        spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0).saturating_add(1));
+    }
+    spec.holder_identity = Some(id.to_string());
+    spec.lease_duration_seconds = Some(i32::try_from(LOCK_SECONDS).unwrap_or(i32::MAX));
+    spec.renew_time = Some(MicroTime(now));
+    lease.spec = Some(spec);
+    lease
+        .metadata
+        .annotations
+        .get_or_insert_default()
+        .insert(annotations::LOCK_BATCH.to_owned(), members.join(","));
+    let written = if current.is_some() {
+        leases.replace(name, &PostParams::default(), &lease).await
+    } else {
+        leases.create(&PostParams::default(), &lease).await
+    };
+    match written {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(s)) if s.is_conflict() || s.is_already_exists() => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Takes `holder` out of the batch holding the lock, if it is a member; the Lease is deleted
+/// with its last member. Retried on a conflicting write: a member left behind would hold its
+/// room until the whole batch's Lease expires.
+async fn leave_batch(leases: &Api<Lease>, name: &str, holder: &LockHolder) -> Result<bool, Error> {
+    let me = holder.to_string();
+    let mut conflict = None;
+    for _ in 0..LEAVE_ATTEMPTS {
+        let Some(mut lease) = leases.get_opt(name).await? else {
+            return Ok(false);
+        };
+        let is_batch = lease
+            .spec
+            .as_ref()
+            .and_then(|s| s.holder_identity.as_deref())
+            .and_then(|h| h.parse::<LockHolder>().ok())
+            .is_some_and(|h| matches!(h, LockHolder::Batch(_)));
+        let members = members(Some(&lease));
+        if !is_batch || !members.contains(&me) {
+            return Ok(false);
+        }
+        let rest: Vec<String> = members.into_iter().filter(|m| *m != me).collect();
+        let written = if rest.is_empty() {
+            let version = lease.metadata.resource_version.clone();
+            let params = DeleteParams {
+                preconditions: Some(kube::api::Preconditions {
+                    resource_version: version,
+                    uid: None,
+                }),
+                ..DeleteParams::default()
+            };
+            leases.delete(name, &params).await.map(|_| ())
+        } else {
+            lease
+                .metadata
+                .annotations
+                .get_or_insert_default()
+                .insert(annotations::LOCK_BATCH.to_owned(), rest.join(","));
+            leases
+                .replace(name, &PostParams::default(), &lease)
+                .await
+                .map(|_| ())
+        };
+        match written {
+            Ok(()) => return Ok(true),
+            Err(kube::Error::Api(s)) if s.is_not_found() => return Ok(false),
+            Err(kube::Error::Api(s)) if s.is_conflict() => conflict = Some(kube::Error::Api(s)),
+            Err(e) => return Err(e.into()),
+        }
+    }
+    // Retried with backoff: the step's next look leaves again.
+    Err(conflict.map_or_else(
+        || Error::Invariant(format!("{holder} did not leave the batch holding {name}")),
+        Error::from,
+    ))
+}
+
+/// How many times a member tries to leave a batch whose Lease others write meanwhile.
+const LEAVE_ATTEMPTS: usize = 8;
+
 /// Runs `work` while `holder`'s hold on the cluster lock is renewed, so a long step cannot
 /// outlive the Lease ([`crate::infra::leader::renewed_while`]).
 pub async fn renewed_while<F: std::future::Future>(
@@ -154,7 +407,9 @@ pub async fn release(
     let namespace = cluster.namespace().unwrap_or_default();
     let name = lock_name(&cluster.name_any());
     let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), &namespace);
-    if let Some(lease) = leases.get_opt(&name).await?
+    let left_batch = leave_batch(&leases, &name, holder).await?;
+    if !left_batch
+        && let Some(lease) = leases.get_opt(&name).await?
         && lease
             .spec
             .as_ref()
@@ -174,11 +429,15 @@ pub async fn release(
             .as_ref()
             .and_then(|s| s.lock.mirror.clone())
             .unwrap_or_default();
-        if lock.holder.as_ref() == Some(holder) || lock.waiting.contains(holder) {
+        let in_batch = lock.batch.contains(holder);
+        if lock.holder.as_ref() == Some(holder) || lock.waiting.contains(holder) || in_batch {
+            let batch: Vec<LockHolder> = lock.batch.into_iter().filter(|m| m != holder).collect();
+            let batch_holds = !batch.is_empty();
             let next = LockStatus {
-                holder: None,
-                since: None,
+                holder: lock.holder.filter(|_| batch_holds),
+                since: lock.since.filter(|_| batch_holds),
                 waiting: lock.waiting.into_iter().filter(|w| w != holder).collect(),
+                batch,
             };
             write(&clusters, &fresh, &next).await;
         }
@@ -235,7 +494,7 @@ async fn mirror(ctx: &Context, cluster: &TalosCluster, holder: &LockHolder, outc
                 next.waiting.push(holder.clone());
             }
         }
-        Outcome::Transitioning => {
+        Outcome::Transitioning | Outcome::Full(_) => {
             if !next.waiting.contains(holder) {
                 next.waiting.push(holder.clone());
             }
@@ -245,6 +504,48 @@ async fn mirror(ctx: &Context, cluster: &TalosCluster, holder: &LockHolder, outc
         write(&clusters, &fresh, &next).await;
     }
 }
+
+/// Mirrors a batch's `outcome` for `holder` into `status.lock`: the batch as its holder, its
+/// `members` (at most the status's limit), `holder` out of the waiting.
+async fn mirror_batch(
+    ctx: &Context,
+    cluster: &TalosCluster,
+    holder: &LockHolder,
+    outcome: &Outcome,
+    members: &[String],
+) {
+    if !outcome.held() {
+        return mirror(ctx, cluster, holder, outcome).await;
+    }
+    let clusters: Api<TalosCluster> =
+        Api::namespaced(ctx.client.clone(), &cluster.namespace().unwrap_or_default());
+    let Ok(Some(fresh)) = clusters.get_opt(&cluster.name_any()).await else {
+        return;
+    };
+    let lock = fresh
+        .status
+        .as_ref()
+        .and_then(|s| s.lock.mirror.clone())
+        .unwrap_or_default();
+    let id = batch_id(cluster);
+    let mut next = lock.clone();
+    if next.holder.as_ref() != Some(&id) {
+        next.holder = Some(id);
+        next.since = Some(ctx.now());
+    }
+    next.batch = members
+        .iter()
+        .filter_map(|m| m.parse().ok())
+        .take(MIRRORED_MEMBERS)
+        .collect();
+    next.waiting.retain(|w| w != holder);
+    if next != lock {
+        write(&clusters, &fresh, &next).await;
+    }
+}
+
+/// The most members `status.lock.batch` lists (its schema's limit).
+const MIRRORED_MEMBERS: usize = 1000;
 
 async fn write(clusters: &Api<TalosCluster>, fresh: &TalosCluster, lock: &LockStatus) {
     let mut status = fresh.status.clone().unwrap_or_default();

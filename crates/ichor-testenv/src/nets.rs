@@ -105,7 +105,7 @@ pub const CLASSES: Nets = Nets::new(100, 1);
 /// `ichor-harness/tests/backups.rs`.
 pub const BACKUPS: Nets = Nets::new(101, 1);
 /// `ichor-harness/tests/rollout_gates.rs`.
-pub const ROLLOUT_GATES: Nets = Nets::new(106, 1);
+pub const ROLLOUT_GATES: Nets = Nets::new(106, 2);
 /// `ichor-harness/tests/backup_at_size.rs`.
 pub const BACKUP_AT_SIZE: Nets = Nets::new(102, 1);
 /// `ichor-harness/tests/restore.rs`: the original cluster's block, then the restored one's.
@@ -120,6 +120,8 @@ pub const FLEET: Nets = Nets::new(120, 8);
 pub const CHAOS: Nets = Nets::new(131, 4);
 /// `kubectl-ichor/tests/sim.rs`: a block per test.
 pub const KUBECTL_SIM: Nets = Nets::new(135, 2);
+/// `kubectl-ichor/tests/plan.rs`: `kubectl ichor plan` against what the manager then does.
+pub const KUBECTL_PLAN: Nets = Nets::new(137, 1);
 /// `ichor-talos/tests/limits.rs`.
 pub const TALOS_LIMITS: Nets = Nets::new(150, 1);
 /// `ichor-sim/tests/apply_verdicts.rs`: single nodes, then the version sweep.
@@ -183,6 +185,7 @@ pub const ALL: &[(&str, Nets)] = &[
     ("FLEET", FLEET),
     ("CHAOS", CHAOS),
     ("KUBECTL_SIM", KUBECTL_SIM),
+    ("KUBECTL_PLAN", KUBECTL_PLAN),
     ("TALOS_LIMITS", TALOS_LIMITS),
     ("SIM_APPLY_VERDICTS", SIM_APPLY_VERDICTS),
     ("TALOS_USER_VOLUMES", TALOS_USER_VOLUMES),

@@ -169,3 +169,44 @@ async fn kubectl_get_shows_what_a_rollout_waits_on() {
     assert_eq!(cell("Rollout"), "HealthGateFailing", "{table}");
     assert_eq!(cell("Config"), "OutsideMaintenanceWindow", "{table}");
 }
+
+#[tokio::test]
+async fn max_unavailable_is_a_count_or_a_percentage_and_a_failure_domain_a_label_key() {
+    let (env, ns) = setup("tc-batch").await;
+    let clusters = api(&env, &ns, "TalosCluster");
+    let with = |rollout: serde_json::Value| cluster("c", json!({ "rollout": rollout }));
+    for bad in [
+        json!(0),
+        json!(-2),
+        json!("0%"),
+        json!("101%"),
+        json!("2"),
+        json!("a%"),
+    ] {
+        refused(
+            &clusters,
+            with(json!({ "maxUnavailable": bad })),
+            "maxUnavailable must be a count of at least 1 or a percentage from 1% to 100%",
+        )
+        .await;
+    }
+    refused(
+        &clusters,
+        with(json!({"failureDomainLabel": "not a label"})),
+        "failureDomainLabel",
+    )
+    .await;
+    let created = create_ok(
+        &clusters,
+        with(json!({"maxUnavailable": "25%", "failureDomainLabel": "topology.kubernetes.io/zone"})),
+    )
+    .await;
+    assert_eq!(created["spec"]["rollout"]["maxUnavailable"], "25%");
+    let clusters2 = api(&env, &ns, "TalosCluster");
+    let counted = create_ok(
+        &clusters2,
+        cluster("d", json!({"rollout": {"maxUnavailable": 2}})),
+    )
+    .await;
+    assert_eq!(counted["spec"]["rollout"]["maxUnavailable"], 2);
+}

@@ -25,7 +25,8 @@ use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
 use crate::support::cluster::{CLUSTER, Monitor, etcd_members, ready_target, state_summary};
-use crate::{budget, node_name, operation_at, pod_on, refused, set_drain, unschedulable};
+use crate::support::workload::{budget, node_name, pod_on, unschedulable};
+use crate::{operation_at, refused, set_drain};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operations_go_one_node_at_a_time_and_versions_are_declared_not_operated() {

@@ -26,10 +26,11 @@ use kube::ResourceExt as _;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 
+use crate::set_drain;
 use crate::support::cluster::{
     CLUSTER, Monitor, cluster_says, held_by, ready_target, state_summary,
 };
-use crate::{budget, node_name, pod_on, set_drain, unschedulable};
+use crate::support::workload::{budget, node_name, pod_on, unschedulable};
 
 /// Declares `version` on the cluster, as a person (or Git) does; returns the generation the
 /// spec is at then.

@@ -10,6 +10,7 @@
 //! the next start.
 
 mod backup;
+pub mod batch;
 mod gates;
 
 use std::sync::Arc;

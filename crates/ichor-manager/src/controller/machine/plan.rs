@@ -674,34 +674,38 @@ fn drift_queued(status: &TalosMachineStatus, rendered: &str) -> bool {
 /// of the other machines of the cluster whose drift or upgrade waits on the rollout
 /// (`ConfigApplied` says `DriftQueued` or `NeedsReboot`, or `UpToDate` says `UpgradeQueued`),
 /// the first in rollout order (control planes, then workers, by name), whose turn is next; the
-/// others wait for theirs at the settled pace and are woken one by one (ADR 0071). And every
+/// others wait for theirs at the settled pace and are woken one by one (ADR 0071), or `next`
+/// at a time where workers go in batches (ADR 0077). And every
 /// machine that waits for the cluster lock (`waiting`, the lock's mirror). Nothing else tells
 /// them: the lock's mirror is best effort, and a sibling's status wakes no other machine.
 pub(crate) fn queued_behind(
     machines: &[TalosMachine],
     waiting: &[LockHolder],
     me: &str,
+    next: usize,
 ) -> Vec<ObjectRef<TalosMachine>> {
     let others = || machines.iter().filter(|m| m.name_any() != me);
-    let next = others()
+    let mut queued: Vec<(u8, String)> = others()
         .filter(|m| {
             m.metadata.deletion_timestamp.is_none()
                 && m.status.as_ref().is_some_and(|s| {
                     s.removal.progress.is_none() && (upgrade_queued(s) || rollout_queued(s))
                 })
         })
-        .min_by_key(|m| {
+        .map(|m| {
             let group = u8::from(m.spec.role != Some(Role::ControlPlane));
             (group, m.name_any())
         })
-        .map(kube::ResourceExt::name_any);
+        .collect();
+    queued.sort();
+    queued.truncate(next.max(1));
     others()
         .filter(|m| {
             let held = m.uid().is_some_and(|uid| {
                 waiting.contains(&LockHolder::Drift(uid.clone()))
                     || waiting.contains(&LockHolder::Upgrade(uid))
             });
-            next.as_deref() == Some(m.name_any().as_str()) || held
+            queued.iter().any(|(_, name)| *name == m.name_any()) || held
         })
         .map(ObjectRef::from_obj)
         .collect()
@@ -1498,13 +1502,13 @@ mod tests {
             refs.into_iter().map(|r| r.name).collect::<Vec<_>>()
         };
         assert_eq!(
-            names(queued_behind(&machines, &[], "cp-1")),
+            names(queued_behind(&machines, &[], "cp-1", 1)),
             ["cp-2"],
             "the next queued: itself, a halted and a settled machine are left alone"
         );
-        assert_eq!(names(queued_behind(&machines, &[], "cp-2")), ["cp-1"]);
+        assert_eq!(names(queued_behind(&machines, &[], "cp-2", 1)), ["cp-1"]);
         assert_eq!(
-            names(queued_behind(&machines[2..], &[], "cp-1")),
+            names(queued_behind(&machines[2..], &[], "cp-1", 1)),
             ["cp-3"],
             "one whose reboot waits counts as queued"
         );
@@ -1512,7 +1516,8 @@ mod tests {
             names(queued_behind(
                 &machines,
                 &[LockHolder::Drift("u6".into())],
-                "cp-1"
+                "cp-1",
+                1
             )),
             ["cp-2", "w-3"],
             "a machine that waits for the lock is woken, whatever its condition says"
@@ -1542,19 +1547,25 @@ mod tests {
             refs.into_iter().map(|r| r.name).collect::<Vec<_>>()
         };
         assert_eq!(
-            names(queued_behind(&machines, &[], "cp-1")),
+            names(queued_behind(&machines, &[], "cp-1", 1)),
             ["cp-3"],
             "control planes first; a leaving, an upgraded and a failed machine are left alone"
         );
-        assert_eq!(names(queued_behind(&machines, &[], "cp-3")), ["w-0"]);
+        assert_eq!(names(queued_behind(&machines, &[], "cp-3", 1)), ["w-0"]);
         assert_eq!(
             names(queued_behind(
                 &machines,
                 &[LockHolder::Upgrade("uid-w-1".into())],
-                "cp-3"
+                "cp-3",
+                1
             )),
             ["w-1", "w-0"],
             "a machine that waits for the lock is woken too"
+        );
+        assert_eq!(
+            names(queued_behind(&machines, &[], "cp-1", 3)),
+            ["w-1", "w-0", "cp-3"],
+            "a batch's worth of the next queued (in the order the machines are listed)"
         );
     }
 

@@ -182,7 +182,7 @@ pub(super) fn choose_targets(
 pub(super) fn lock_wait(outcome: &lock::Outcome) -> Option<&'static str> {
     match outcome {
         lock::Outcome::Held => None,
-        lock::Outcome::Busy(_) => Some(reasons::WAITING_FOR_LOCK),
+        lock::Outcome::Busy(_) | lock::Outcome::Full(_) => Some(reasons::WAITING_FOR_LOCK),
         lock::Outcome::Transitioning => Some(reasons::CLUSTER_TRANSITIONING),
     }
 }

@@ -20,13 +20,11 @@ use crate::{Context, Error, Stop, infra::conditions as cond};
 /// Takes the cluster lock for this machine's drift. `Some` says why it waits for it.
 pub(super) async fn take_drift_lock(
     ctx: &Context,
-    cluster: &TalosCluster,
-    machines: &[TalosMachine],
+    (machine, cluster, machines): (&TalosMachine, &TalosCluster, &[TalosMachine]),
     me: &LockHolder,
     rendered: &Rendered,
 ) -> Result<Option<String>, Error> {
-    let moving = crate::lock::transitioning(cluster, machines);
-    let outcome = crate::lock::acquire(ctx, cluster, me, moving, false).await?;
+    let outcome = crate::lock::acquire_step(ctx, cluster, machine, machines, me).await?;
     Ok((!outcome.held()).then(|| {
         format!(
             "config {} is next to roll out here: {}",
@@ -208,7 +206,9 @@ pub(in super::super) async fn ask_queued(
         .and_then(|s| s.lock.mirror.as_ref())
         .map(|l| l.waiting.as_slice())
         .unwrap_or_default();
-    let queued = machine_plan::queued_behind(&machines, waiting, &machine.name_any());
+    let classes = ctx.layers.classes();
+    let next = crate::rollout_policy::batch::widest(cluster, &classes, &machines);
+    let queued = machine_plan::queued_behind(&machines, waiting, &machine.name_any(), next);
     if !queued.is_empty() {
         tracing::debug!(machine = %machine.name_any(), woken = queued.len(), "waking the machines queued behind it");
         ctx.looks.ask(&queued);

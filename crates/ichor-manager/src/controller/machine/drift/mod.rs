@@ -68,7 +68,7 @@ pub(super) async fn roll_out(
         Some(held) if is_policy_hold(held.reason) => (Some(held), Rolled::Waits),
         Some(turn) => (Some(turn), Rolled::Queued),
         None => (
-            act::take_drift_lock(ctx, r.cluster, &machines, &me, r.rendered)
+            act::take_drift_lock(ctx, (r.machine, r.cluster, &machines), &me, r.rendered)
                 .await?
                 .map(|queued| Stop::new(reasons::DRIFT_QUEUED, queued)),
             Rolled::Waits,
@@ -251,8 +251,7 @@ async fn reboot_cleared(
     // As stored: one disruption at a time under the cluster lock (ADR 0019) counts the
     // machines moving now.
     let machines = crate::cluster_machines_as_stored(ctx, r.cluster).await?;
-    let moving = crate::lock::transitioning(r.cluster, &machines);
-    let outcome = crate::lock::acquire(ctx, r.cluster, me, moving, false).await?;
+    let outcome = crate::lock::acquire_step(ctx, r.cluster, r.machine, &machines, me).await?;
     if !outcome.held() {
         return Ok(Some(Stop::new(
             reasons::NEEDS_REBOOT,
@@ -312,13 +311,39 @@ pub(super) async fn wait_for_turn(
     }
     let why = recorded.map(|h| h.message).unwrap_or_default();
     let turn = drift_turn(&views, halt.as_ref());
-    let mine =
-        matches!(&turn, DriftTurn::Next { machine: next, .. } if *next == machine.name_any());
-    if let Some(waits) = plan::turn_wait(turn, &machine.name_any(), &why) {
-        return Ok(Some(waits));
+    let name = machine.name_any();
+    let mine = match &turn {
+        DriftTurn::Next { machine: next, .. } if *next == name => true,
+        DriftTurn::Next { .. } | DriftTurn::WaitForHealthy { .. } => {
+            Box::pin(batch_turn(ctx, (machine, cluster, machines), &views)).await?
+        }
+        DriftTurn::Settled | DriftTurn::Halted { .. } => false,
+    };
+    if mine {
+        return crate::rollout_policy::clears(ctx, cluster, machine, step).await;
     }
-    if !mine {
-        return Ok(None);
-    }
-    crate::rollout_policy::clears(ctx, cluster, machine, step).await
+    Ok(plan::turn_wait(turn, &name, &why))
+}
+
+/// Whether it is `machine`'s turn in a batch of workers (ADR 0077): its policy lets more
+/// than one be down, and it is among those that may start beside the steps holding the lock
+/// now, in rollout order (or one of them).
+async fn batch_turn(
+    ctx: &Context,
+    (machine, cluster, machines): (&TalosMachine, &TalosCluster, &[TalosMachine]),
+    views: &[ichor_deleteguard::DriftMachine],
+) -> Result<bool, Error> {
+    let classes = ctx.layers.classes();
+    let governing = crate::rollout_policy::governing(cluster, machine, &classes);
+    let Some(batch) = crate::rollout_policy::batch::Batch::of(machine, machines, governing.policy)
+    else {
+        return Ok(false);
+    };
+    let members = crate::lock::in_flight(ctx, cluster, |uid| batch.names.get(uid).cloned()).await?;
+    let pending: Vec<String> = views
+        .iter()
+        .filter(|v| v.drifted() && !v.leaving)
+        .map(|v| v.name.clone())
+        .collect();
+    Ok(batch.turn(&members, &pending))
 }

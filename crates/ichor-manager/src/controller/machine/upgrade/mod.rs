@@ -282,8 +282,7 @@ async fn cleared(
         return Ok(waits);
     }
     let me = upgrade_holder(u.machine);
-    let moving = crate::lock::transitioning(u.cluster, &machines);
-    let outcome = crate::lock::acquire(ctx, u.cluster, &me, moving, false).await?;
+    let outcome = crate::lock::acquire_step(ctx, u.cluster, u.machine, &machines, &me).await?;
     if !outcome.held() {
         not_up_to_date(ctx, u, status, &queued(target, outcome.message())).await?;
         return Ok(Cleared::Waits);
@@ -438,9 +437,8 @@ async fn lock_again(
     record: &UpgradeRecord,
 ) -> Result<Option<Stop>, Error> {
     let machines = crate::cluster_machines_as_stored(ctx, u.cluster).await?;
-    let moving = crate::lock::transitioning(u.cluster, &machines);
-    let outcome =
-        crate::lock::acquire(ctx, u.cluster, &upgrade_holder(u.machine), moving, false).await?;
+    let me = upgrade_holder(u.machine);
+    let outcome = crate::lock::acquire_step(ctx, u.cluster, u.machine, &machines, &me).await?;
     Ok((!outcome.held()).then(|| {
         Stop::new(
             reasons::UPGRADE_QUEUED,
