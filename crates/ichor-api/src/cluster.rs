@@ -34,6 +34,7 @@ use crate::status::{Owned, group, grouped};
     // Why a version rollout waits, if it does: a window, a suspend, a gate, a backup, a halt.
     printcolumn = r#"{"name":"Rollout","type":"string","jsonPath":".status.conditions[?(@.type==\"VersionRolledOut\")].reason"}"#,
     printcolumn = r#"{"name":"Config","type":"string","priority":1,"jsonPath":".status.conditions[?(@.type==\"ConfigRolledOut\")].reason"}"#,
+    printcolumn = r#"{"name":"In flight","type":"string","priority":1,"jsonPath":".status.rollout.inFlightMachines"}"#,
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
     // Names Ichor publishes under for this cluster (ADR 0053); a reference an object already
@@ -460,10 +461,34 @@ pub struct RolloutStatus {
     /// `upToDate/total`, for `kubectl get`.
     #[schemars(length(max = 32))]
     pub summary: String,
-    /// The machine being upgraded now, if one is.
+    /// The machine being upgraded now, if one is (the first, when a batch is).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 253))]
     pub in_flight: Option<String>,
+    /// Every machine whose rollout step (an upgrade, a config change) is in flight now: the
+    /// one holding the cluster lock, or a batch of workers (ADR 0077).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 1000), inner(length(max = 253)))]
+    pub in_flight_machines: Vec<String>,
+    /// Configured nodes still to be upgraded, not in flight.
+    #[serde(default)]
+    pub waiting: i32,
+    /// What rolls out and the field that asked for it, e.g. `Talos v1.14.2
+    /// (spec.talosVersion)`, `config of 2 machine(s) (patches of the cluster, a class or a
+    /// machine)`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 4), inner(length(max = 256)))]
+    pub changes: Vec<String>,
+    /// What the rollout waits on, if the rollout policy holds it: the reason and the machine
+    /// held, e.g. `OutsideMaintenanceWindow at w-2` (the conditions say more).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 320))]
+    pub waits_on: Option<String>,
+    /// The machine the rollout stopped at (a refused config, a failed or rolled-back
+    /// upgrade), until the spec changes or the step is retried.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub halted_at: Option<String>,
     /// Where a Kubernetes version rolling out stands (ADR 0070), e.g. `kube-apiserver on
     /// cp-2`: the component and node next or in flight, in `talosctl upgrade-k8s`'s order.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -16,7 +16,9 @@
 //! sickness end and every rollout must settle.
 //!
 //! `every_policy_rule_is_caught_when_disabled` runs the seeds with one rule left out at a time
-//! and expects a broken invariant for each. A failure prints the seed and the trace;
+//! and expects a broken invariant for each. `workers_racing_to_join_a_batch_never_overfill_it`
+//! races workers joining the batch that holds the cluster lock (`rollout::join`, ADR 0077)
+//! through a version-guarded write, and its twin shows that without the guard they overfill it. A failure prints the seed and the trace;
 //! `ICHOR_TEST_SEED=<n> cargo test -p ichor-deleteguard --test rollout_policy` replays one.
 
 use std::time::Duration;
@@ -583,4 +585,108 @@ fn the_model_windows_agree_with_their_schedules() {
             now = now.checked_add(SignedDuration::from_mins(7)).expect("time");
         }
     }
+}
+
+/// Workers racing to join the batch that holds the cluster lock (ADR 0077): each reads the
+/// Lease's members, asks `rollout::join` over what it read, and writes the members with itself
+/// added; with `guarded`, a write succeeds only over the version it read (the apiserver's
+/// `resourceVersion`), else the last write wins over whatever came between. Returns the first
+/// moment the batch broke the policy: more workers unavailable than `maxUnavailable` allows
+/// where the room was not already taken by sick ones, or two of one failure domain joined.
+fn race(seed: u64, guarded: bool) -> Result<(), String> {
+    let mut rng = Rng::new(seed);
+    let workers = 3 + rng.below(8);
+    let mut machines = vec![RolloutMachine::new("cp-1", Role::ControlPlane)];
+    for i in 0..workers {
+        let mut worker = RolloutMachine::new(format!("w-{i:02}"), Role::Worker);
+        if rng.chance(2, 3) {
+            worker = worker.in_domain(["a", "b", "c"][rng.below(3)]);
+        }
+        if rng.chance(1, 8) {
+            worker = worker.unhealthy();
+        }
+        machines.push(worker);
+    }
+    let policy = Policy {
+        max_unavailable: MaxUnavailable::Count(1 + u32::try_from(rng.below(4)).unwrap_or(0)),
+        spread_failure_domains: rng.chance(1, 2),
+        ..Policy::default()
+    };
+    let most = policy.max_unavailable.of(workers);
+    let sick = machines.iter().filter(|m| !m.healthy).count();
+    // The Lease: its members and its version.
+    let (mut members, mut version) = (Vec::<String>::new(), 0_u64);
+    for _round in 0..workers * 2 {
+        // Every worker not in the batch reads the Lease, then they write in a random order.
+        let mut readers: Vec<(String, Vec<String>, u64)> = machines
+            .iter()
+            .filter(|m| m.role == Role::Worker && !members.contains(&m.name))
+            .map(|m| (m.name.clone(), members.clone(), version))
+            .collect();
+        while !readers.is_empty() {
+            let (me, read, at) = readers.swap_remove(rng.below(readers.len()));
+            if !ichor_deleteguard::rollout::join(&machines, &read, &me, &policy)
+                .starts()
+                .contains(&me)
+            {
+                continue;
+            }
+            if guarded && at != version {
+                continue;
+            }
+            let mut written = if guarded { read } else { members.clone() };
+            written.push(me.clone());
+            members = written;
+            version += 1;
+            // A sick worker may join (its step may be its fix): it is counted once.
+            let down = machines
+                .iter()
+                .filter(|m| !m.healthy || members.contains(&m.name))
+                .count();
+            if down > most.max(sick) {
+                return Err(format!(
+                    "seed {seed}: {me} joined; {down} workers down with {sick} sick, against {most}: {members:?}"
+                ));
+            }
+            // A healthy worker that joins takes a node down: none other of its domain is.
+            let joined = machines.iter().find(|m| m.name == me).expect("a worker");
+            let shares = machines.iter().any(|m| {
+                m.name != me
+                    && (!m.healthy || members.contains(&m.name))
+                    && m.failure_domain.is_some()
+                    && m.failure_domain == joined.failure_domain
+            });
+            if policy.spread_failure_domains && joined.healthy && shares {
+                return Err(format!(
+                    "seed {seed}: {me} joined while another of domain {:?} is down: {members:?}",
+                    joined.failure_domain
+                ));
+            }
+        }
+        // A member ends its step now and then.
+        if !members.is_empty() && rng.chance(1, 2) {
+            members.remove(rng.below(members.len()));
+            version += 1;
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn workers_racing_to_join_a_batch_never_overfill_it() {
+    for seed in rng::seeds(SEEDS) {
+        if let Err(error) = race(seed, true) {
+            panic!("{error}\nreplay: {}={seed}", rng::SEED_ENV);
+        }
+    }
+}
+
+#[test]
+fn without_the_version_guard_racing_workers_overfill_a_batch() {
+    assert!(
+        rng::seeds(SEEDS)
+            .into_iter()
+            .any(|seed| race(seed, false).is_err()),
+        "the race test would not notice a join written over another"
+    );
 }

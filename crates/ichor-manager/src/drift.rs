@@ -84,12 +84,13 @@ pub async fn clear_halt(ctx: &Context, cluster: &TalosCluster, machine: &str) ->
 /// Where the declared Talos version's rollout is: the counts for `status.rollout` and
 /// `VersionRolledOut` (holds, reason, message). A configured node is up to date when its
 /// `UpToDate` says it runs the declaration (ADR 0068); one whose upgrade failed stops the
-/// rollout, named with its reason. The node in flight is the one whose upgrade is recorded,
-/// else the one holding the cluster lock (`holder`) for its upgrade, as while its Node drains.
+/// rollout, named with its reason. The nodes in flight are those whose upgrade is recorded,
+/// then those holding the cluster lock (`lock`, as mirrored) for their upgrade, alone or in a
+/// batch (ADR 0077), as while their Nodes drain.
 pub fn version_rollout(
     declared: &str,
     machines: &[TalosMachine],
-    holder: Option<&ichor_api::cluster::LockHolder>,
+    lock: Option<&ichor_api::cluster::LockStatus>,
 ) -> (
     ichor_api::cluster::RolloutStatus,
     (bool, &'static str, String),
@@ -113,34 +114,60 @@ pub fn version_rollout(
     };
     let done = configured.iter().filter(|m| up_to_date(m)).count();
     let total = configured.len();
-    let recorded = configured.iter().find(|m| {
-        m.status
-            .as_ref()
-            .is_some_and(|s| s.upgrade.record.is_some())
-    });
-    let locked = || {
-        let Some(ichor_api::cluster::LockHolder::Upgrade(uid)) = holder else {
-            return None;
-        };
-        configured
-            .iter()
-            .find(|m| m.metadata.uid.as_deref() == Some(uid.as_str()))
-    };
-    let in_flight = recorded
-        .or_else(locked)
-        .map(|m| kube::ResourceExt::name_any(*m));
+    let in_flight = in_flight(&configured, lock);
     let count = |n: usize| i32::try_from(n).unwrap_or(i32::MAX);
+    let (stopped, held) = where_upgrades_wait(&configured);
     let status = ichor_api::cluster::RolloutStatus {
         talos_version: declared.to_owned(),
         up_to_date: count(done),
         total: count(total),
         summary: format!("{done}/{total}"),
-        in_flight,
+        in_flight: in_flight.first().cloned(),
+        waiting: count(total.saturating_sub(done).saturating_sub(in_flight.len())),
+        in_flight_machines: in_flight,
+        changes: Vec::new(),
+        waits_on: held
+            .as_ref()
+            .map(|(m, reason, _)| format!("{reason} at {m}")),
+        halted_at: stopped.as_ref().map(|(m, _)| m.clone()),
         kubernetes_step: None,
     };
-    let (stopped, held) = where_upgrades_wait(&configured);
     let condition = rollout_condition(&status, stopped, held);
     (status, condition)
+}
+
+/// The `configured` machines whose upgrade is in flight: recorded, then holding the cluster
+/// `lock` for it, alone or in a batch; each once.
+fn in_flight(
+    configured: &[&TalosMachine],
+    lock: Option<&ichor_api::cluster::LockStatus>,
+) -> Vec<String> {
+    use ichor_api::cluster::LockHolder;
+    let recorded = configured.iter().filter(|m| {
+        m.status
+            .as_ref()
+            .is_some_and(|s| s.upgrade.record.is_some())
+    });
+    let holders = lock
+        .into_iter()
+        .flat_map(|l| l.holder.iter().chain(l.batch.iter()))
+        .filter_map(|h| match h {
+            LockHolder::Upgrade(uid) => Some(uid.as_str()),
+            _ => None,
+        });
+    let locked = holders.filter_map(|uid| {
+        configured
+            .iter()
+            .find(|m| m.metadata.uid.as_deref() == Some(uid))
+    });
+    let mut names: Vec<String> = Vec::new();
+    for m in recorded.chain(locked) {
+        let name = kube::ResourceExt::name_any(*m);
+        if !names.contains(&name) {
+            names.push(name);
+        }
+    }
+    names
 }
 
 /// A machine the rollout policy holds (ADR 0074): its name, the policy's reason and what it
@@ -205,19 +232,19 @@ fn rollout_condition(
         false,
         reasons::VERSION_ROLLING_OUT,
         format!(
-            "Talos {declared} rolls out one node at a time: {done} of {total} up to date{}",
-            rollout
-                .in_flight
-                .as_ref()
-                .map(|m| format!(", {m} upgrading now"))
-                .unwrap_or_default()
+            "Talos {declared} rolls out (control planes one at a time, then workers as spec.rollout.maxUnavailable allows): {done} of {total} up to date{}",
+            match rollout.in_flight_machines.as_slice() {
+                [] => String::new(),
+                [one] => format!(", {one} upgrading now"),
+                many => format!(", {} upgrading now", many.join(", ")),
+            }
         ),
     )
 }
 
 /// The machines whose changed config is still to roll out, and the one the rollout policy
 /// holds (its reason and message), if any.
-fn config_pending(machines: &[TalosMachine]) -> (Vec<String>, Option<Held>) {
+pub(crate) fn config_pending(machines: &[TalosMachine]) -> (Vec<String>, Option<Held>) {
     let config_applied = |m: &TalosMachine| {
         m.status.as_ref().and_then(|s| {
             s.conditions
@@ -349,8 +376,7 @@ mod tests {
             up_to_date: 1,
             total: 3,
             summary: "1/3".into(),
-            in_flight: None,
-            kubernetes_step: None,
+            ..Default::default()
         };
         let (holds, reason, message) = rollout_condition(
             &rollout,
@@ -402,6 +428,37 @@ mod tests {
     }
 
     #[test]
+    fn every_member_of_a_batch_is_in_flight_and_the_rest_wait() {
+        use ichor_api::cluster::{LockHolder, LockStatus};
+
+        let configured = |name: &str| {
+            let mut m = machine(name, reasons::CONFIG_APPLIED);
+            m.metadata.uid = Some(format!("uid-{name}"));
+            let status = m.status.as_mut().expect("status");
+            status.applied.config_hash = Some("sha256:a".into());
+            m
+        };
+        let machines = ["cp-1", "w-1", "w-2", "w-3"].map(configured);
+        let lock = LockStatus {
+            holder: Some(LockHolder::Batch("uid-lab".into())),
+            batch: vec![
+                LockHolder::Upgrade("uid-w-2".into()),
+                LockHolder::Drift("uid-w-3".into()),
+                LockHolder::Upgrade("uid-w-1".into()),
+            ],
+            ..Default::default()
+        };
+        let (rollout, (holds, reason, message)) =
+            version_rollout("v1.14.2", &machines, Some(&lock));
+        assert_eq!(rollout.in_flight_machines, ["w-2", "w-1"], "upgrades only");
+        assert_eq!(rollout.in_flight.as_deref(), Some("w-2"));
+        assert_eq!(rollout.waiting, 2, "cp-1 and w-3: none up to date");
+        assert!(!holds);
+        assert_eq!(reason, reasons::VERSION_ROLLING_OUT);
+        assert!(message.ends_with("w-2, w-1 upgrading now"), "{message}");
+    }
+
+    #[test]
     fn the_node_in_flight_is_the_one_recorded_else_the_one_holding_the_lock_for_its_upgrade() {
         use ichor_api::cluster::LockHolder;
         use ichor_api::machine::UpgradeRecord;
@@ -416,8 +473,14 @@ mod tests {
         };
         let mut machines = [configured("cp-1"), configured("w-1")];
         let draining = LockHolder::Upgrade("uid-w-1".into());
-        let in_flight = |machines: &[TalosMachine], holder| {
-            version_rollout("v1.14.2", machines, holder).0.in_flight
+        let in_flight = |machines: &[TalosMachine], holder: Option<&LockHolder>| {
+            let lock = holder.map(|h| ichor_api::cluster::LockStatus {
+                holder: Some(h.clone()),
+                ..Default::default()
+            });
+            version_rollout("v1.14.2", machines, lock.as_ref())
+                .0
+                .in_flight
         };
         assert_eq!(in_flight(&machines, None), None);
         assert_eq!(

@@ -38,10 +38,8 @@ use ichor_api::operation::OperationPhase;
 use ichor_harness::specs;
 use ichor_harness::{SimTarget, Target};
 use ichor_testenv::wait::try_eventually;
-use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::ResourceExt as _;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
 #[path = "../support/mod.rs"]

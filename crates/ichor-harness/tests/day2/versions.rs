@@ -629,8 +629,7 @@ async fn a_declared_upgrade_that_a_budget_blocks_waits_at_the_drain_until_the_bu
                 if at_drain == reasons::DRAIN_TIMED_OUT
                     && why.contains("PodDisruptionBudget pinned")
                     && waits == reasons::UPGRADE_QUEUED
-                    && behind
-                        .contains("waits for its turn: one machine of the cluster at a time") =>
+                    && behind.contains("waits for its turn: control planes one at a time") =>
             {
                 Ok(())
             }

@@ -333,14 +333,11 @@ fn record_versions(
         .as_ref()
         .map_or(&cluster.spec.talos_version, |a| &a.talos_version);
     // The lock as this reconcile found it, else as last mirrored.
-    let holder = status
-        .lock
-        .mirror
-        .as_ref()
-        .or_else(|| cluster.status.as_ref().and_then(|s| s.lock.mirror.as_ref()))
-        .and_then(|l| l.holder.as_ref());
-    let (mut rollout, condition) = crate::drift::version_rollout(rolling_out, machines, holder);
+    let last = cluster.status.as_ref().and_then(|s| s.lock.mirror.as_ref());
+    let lock = status.lock.mirror.as_ref().or(last);
+    let (mut rollout, condition) = crate::drift::version_rollout(rolling_out, machines, lock);
     rollout.kubernetes_step = step.map(|s| s.to_string());
+    rollout.changes = super::plan::changes(&rollout, machines, outcome.accepted.as_ref());
     // A Kubernetes rollout still stepping is not rolled out, whatever Talos says.
     let condition = match (&condition, &rollout.kubernetes_step, &outcome.accepted) {
         ((true, _, _), Some(_), Some(accepted)) if let Some(Synced::Failed(why)) = synced => (

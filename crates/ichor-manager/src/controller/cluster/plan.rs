@@ -323,6 +323,48 @@ pub(super) fn restore_into_running_etcd(name: &str) -> crate::Stop {
     }
 }
 
+/// What rolls out now and the field that asked for it, for `status.rollout.changes`: the
+/// Talos version (or a schematic: the nodes run the version, not the declared installer), a
+/// Kubernetes version while it steps (`accepted` from another), and a changed config still to reach
+/// machines.
+pub(crate) fn changes(
+    rollout: &ichor_api::cluster::RolloutStatus,
+    machines: &[TalosMachine],
+    accepted: Option<&ichor_api::cluster::AcceptedVersions>,
+) -> Vec<String> {
+    let mut changes = Vec::new();
+    if rollout.up_to_date < rollout.total {
+        let declared = &rollout.talos_version;
+        let behind = machines.iter().any(|m| {
+            m.status
+                .as_ref()
+                .and_then(|s| s.inventory.talos_version.as_deref())
+                .is_some_and(|v| v != declared)
+        });
+        changes.push(if behind {
+            format!("Talos {declared} (spec.talosVersion)")
+        } else {
+            "a schematic (spec.schematic, or a class's)".to_owned()
+        });
+    }
+    if let Some(accepted) = accepted
+        && let Some(from) = &accepted.kubernetes_from
+    {
+        changes.push(format!(
+            "Kubernetes {} from {from} (spec.kubernetesVersion)",
+            accepted.kubernetes_version
+        ));
+    }
+    let (pending, _) = crate::drift::config_pending(machines);
+    if !pending.is_empty() {
+        changes.push(format!(
+            "config of {} machine(s) (patches of the cluster, a class or a machine, or the cluster's spec)",
+            pending.len()
+        ));
+    }
+    changes
+}
+
 /// What of a cluster its machines act on, as a digest: the object without its running tallies
 /// (`status.controlPlanes`, `status.workers`, `status.rollout` but for its Kubernetes step),
 /// without the lock's mirror (`status.lock`), without its conditions' wording, times and
@@ -385,6 +427,46 @@ mod tests {
     use ichor_api::machine::TalosMachineStatus;
 
     use super::*;
+
+    #[test]
+    fn a_rollout_names_what_changed_and_the_field_that_asked() {
+        let running = |name: &str, version: &str| {
+            let mut m = TalosMachine::test(name).build();
+            let mut status = TalosMachineStatus::default();
+            status.inventory.talos_version = Some(version.into());
+            m.status = Some(status);
+            m
+        };
+        let rollout = ichor_api::cluster::RolloutStatus {
+            talos_version: "v1.14.2".into(),
+            up_to_date: 1,
+            total: 2,
+            ..Default::default()
+        };
+        let machines = [running("cp-1", "v1.14.2"), running("w-1", "v1.14.1")];
+        assert_eq!(
+            changes(&rollout, &machines, None),
+            ["Talos v1.14.2 (spec.talosVersion)"]
+        );
+        let on_version = [running("cp-1", "v1.14.2"), running("w-1", "v1.14.2")];
+        let stepping = ichor_api::cluster::AcceptedVersions {
+            talos_version: "v1.14.2".into(),
+            kubernetes_version: "1.36.4".into(),
+            kubernetes_from: Some("1.36.3".into()),
+        };
+        assert_eq!(
+            changes(&rollout, &on_version, Some(&stepping)),
+            [
+                "a schematic (spec.schematic, or a class's)",
+                "Kubernetes 1.36.4 from 1.36.3 (spec.kubernetesVersion)"
+            ]
+        );
+        let done = ichor_api::cluster::RolloutStatus {
+            up_to_date: 2,
+            ..rollout
+        };
+        assert!(changes(&done, &on_version, None).is_empty());
+    }
 
     /// A machine that was configured with its cluster's bundle.
     fn configured(builder: ichor_api::testing::MachineBuilder) -> TalosMachine {

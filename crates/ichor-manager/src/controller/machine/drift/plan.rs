@@ -73,7 +73,7 @@ pub(in super::super) fn drift_back(
 /// message holds until its own turn comes, and the end of each turn need wake only the machine
 /// next (ADR 0071); the cluster's `status.lock` and `status.rollout.inFlight` name the machine
 /// in its turn.
-pub(in super::super) const TURN_WAIT: &str = "waits for its turn: one machine of the cluster at a time, control planes first, then workers, by name, each healthy again (Ready, and for a control plane a healthy etcd voter) before the next; the cluster's status.lock names the machine in its turn";
+pub(in super::super) const TURN_WAIT: &str = "waits for its turn: control planes one at a time, then workers, as many at once as spec.rollout.maxUnavailable lets be down (default one), by name, each healthy again (Ready, and for a control plane a healthy etcd voter) before the next; the cluster's status.lock names the steps in their turn";
 
 /// Why machine `name`'s drift (or upgrade) waits, by the planner's `turn` (`None`: it is its
 /// turn, or no machine drifted); `why` is what the node that halted the rollout answered.
