@@ -15,6 +15,8 @@ use crate::run::trap_signals;
 
 /// Names the fleet sizes (the spec's own variable).
 const SIZES_ENV: &str = "ICHOR_FLEET_SIZES";
+/// Names every cluster's `spec.rollout.maxUnavailable` (the spec's own variable).
+const MAX_UNAVAILABLE_ENV: &str = "ICHOR_FLEET_MAX_UNAVAILABLE";
 /// The fleet sizes unless `ICHOR_FLEET_SIZES` says.
 const DEFAULT_SIZES: &str = "100,300,1000";
 
@@ -53,11 +55,15 @@ pub fn fleet(root: &Path) -> Result<()> {
     let table = bench::run_for_table(cmd, &report)?;
     let _ = std::fs::remove_dir_all(&audit);
     let cores = bench::cores();
-    let command = if sizes == DEFAULT_SIZES {
+    let mut command = if sizes == DEFAULT_SIZES {
         "cargo xtask bench fleet".to_owned()
     } else {
         format!("{SIZES_ENV}={sizes} cargo xtask bench fleet")
     };
+    // Every cluster's `spec.rollout.maxUnavailable`, when set (the spec reads it itself).
+    if let Ok(most) = std::env::var(MAX_UNAVAILABLE_ENV) {
+        command = format!("{MAX_UNAVAILABLE_ENV}={most} {command}");
+    }
     let report = format!(
         "# Benchmark: a fleet on one manager\n\n\
          One `ichor-manager` as the images ship it (release, statically linked, its default\n\

@@ -1,11 +1,11 @@
 //! A rollout's forecast: the batches a change reaches the machines in, in order, and what holds
 //! it now. `kubectl ichor plan` prints it for a reviewer before a change is merged.
 //!
-//! Nothing here decides a second time. [`forecast`] drives [`rollout::decide`] as the
+//! Nothing here decides a second time. [`forecast`](crate::forecast::forecast) drives [`rollout::decide`] as the
 //! manager's looks would, batch after batch, assuming each batch ends healthy: a machine in
 //! flight ends, a machine recorded unhealthy is waited for (and named) and then taken as
 //! healthy again, and the policy's holds that only time or a person lifts (a suspend, a closed
-//! window, a halt) are lifted, after being reported as [`Hold`]s. The machines come in as the
+//! window, a halt) are lifted, after being reported (a [`Hold`](crate::forecast::Hold) each). The machines come in as the
 //! drift rollout sees them ([`DriftMachine`]): a machine the change leaves as it is has no
 //! step, and a machine never configured is no member of the rollout, as [`crate::drift_turn`]
 //! has it.

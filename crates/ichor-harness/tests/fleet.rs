@@ -17,6 +17,9 @@
 //! against the first cluster's serial upgrade alone, the requests and calls both cost, and the
 //! most nodes of one cluster seen upgrading at once.
 //!
+//! `ICHOR_FLEET_MAX_UNAVAILABLE` sets every cluster's `spec.rollout.maxUnavailable` (a count or a
+//! percentage; one worker at a time unless set).
+//!
 //! Not run by `cargo test` (`test = false`): `cargo xtask bench fleet` runs it with a release
 //! manager and writes the table to `docs/benchmarks/fleet.md`.
 
@@ -37,12 +40,15 @@ use ichor_api::names::{conditions, reasons};
 use ichor_api::{TalosCluster, TalosMachine};
 use ichor_harness::{SimOptions, SimTarget, Target};
 use ichor_sim::{SimNode, Timings};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt as _;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 /// Names the fleet sizes, comma-separated machine counts (multiples of 20).
 const SIZES_ENV: &str = "ICHOR_FLEET_SIZES";
+/// Names every cluster's `spec.rollout.maxUnavailable` (workers upgraded at once; ADR 0077).
+const MAX_UNAVAILABLE_ENV: &str = "ICHOR_FLEET_MAX_UNAVAILABLE";
 /// Names a file the table is also written to (`cargo xtask bench fleet` reads it).
 const REPORT_ENV: &str = "ICHOR_FLEET_REPORT";
 /// The fleet sizes unless `ICHOR_FLEET_SIZES` says.
@@ -169,6 +175,16 @@ fn addresses(clusters: usize) -> Vec<Ipv4Addr> {
         .collect()
 }
 
+/// Every cluster's `spec.rollout.maxUnavailable`, as `ICHOR_FLEET_MAX_UNAVAILABLE` names it (a
+/// count, or a percentage such as `25%`); unset, the default: one worker at a time.
+fn max_unavailable() -> Option<IntOrString> {
+    let value = std::env::var(MAX_UNAVAILABLE_ENV).ok()?;
+    Some(match value.parse::<i32>() {
+        Ok(count) => IntOrString::Int(count),
+        Err(_) => IntOrString::String(value),
+    })
+}
+
 /// Creates cluster `index`: three control planes, its /27 to discover, its first host the
 /// endpoint, no drain before a disruption (no workload API runs to drain through).
 async fn create_cluster(target: &SimTarget, index: usize) {
@@ -182,6 +198,7 @@ async fn create_cluster(target: &SimTarget, index: usize) {
         .install_disk("/dev/vda")
         .build();
     cluster.spec.drain.enabled = false;
+    cluster.spec.rollout.max_unavailable = max_unavailable();
     Api::<TalosCluster>::namespaced(target.client(), target.namespace())
         .create(&PostParams::default(), &cluster)
         .await
