@@ -4,8 +4,10 @@
 use std::path::PathBuf;
 
 use ichor_api::common::Role;
+use k8s_openapi::jiff::Timestamp;
 
 use crate::Error;
+use crate::plan::Output;
 
 /// The help text.
 pub const USAGE: &str = "\
@@ -19,6 +21,9 @@ Usage:
   kubectl ichor render MACHINE [--diff] [--role ROLE]     the config the machine would get now, secrets redacted
                                                           (--diff: compared with the one last applied)
   kubectl ichor talosconfig CLUSTER [-o FILE] [--force]   write the cluster's talosconfig (default ./talosconfig, mode 0600)
+  kubectl ichor plan -f FILE [-o table|json] [--at TIME]  what a changed TalosCluster manifest would do once applied:
+                                                          each machine's change, the order and batches, what holds
+                                                          or refuses it (reads only; --at judges windows at TIME)
 
 Flags (anywhere on the line):
   --kubeconfig FILE      the kubeconfig (else KUBECONFIG, else ~/.kube/config)
@@ -79,6 +84,15 @@ pub enum Command {
         output: PathBuf,
         /// Overwrite an existing file.
         force: bool,
+    },
+    /// What a changed TalosCluster manifest would do once applied.
+    Plan {
+        /// The manifest.
+        file: PathBuf,
+        /// How to print it.
+        output: Output,
+        /// When to judge the maintenance windows at (now when unset).
+        at: Option<Timestamp>,
     },
 }
 
@@ -177,8 +191,36 @@ enum Sub {
         #[arg(long)]
         force: bool,
     },
+    /// What a changed TalosCluster manifest would do once applied.
+    Plan {
+        /// The changed TalosCluster manifest.
+        #[arg(short = 'f', long = "filename", required = true)]
+        file: PathBuf,
+        /// table or json.
+        #[arg(short = 'o', long, default_value = "table", value_parser = output)]
+        output: Output,
+        /// Judge the maintenance windows at this time (RFC 3339, e.g. 2026-12-07T22:30:00Z).
+        #[arg(long, value_parser = timestamp)]
+        at: Option<Timestamp>,
+    },
     /// This help.
     Help,
+}
+
+fn output(text: &str) -> Result<Output, String> {
+    match text {
+        "table" => Ok(Output::Table),
+        "json" => Ok(Output::Json),
+        other => Err(format!("expected table or json, not {other:?}")),
+    }
+}
+
+fn timestamp(text: &str) -> Result<Timestamp, String> {
+    text.parse().map_err(|_| {
+        format!(
+            "expected an RFC 3339 time with its offset, e.g. 2026-12-07T22:30:00Z, not {text:?}"
+        )
+    })
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -221,7 +263,13 @@ pub fn parse(args: &[String]) -> Result<Invocation, Error> {
         context: cli.context,
         namespace: cli.namespace,
     };
-    let command = match cli.command {
+    let command = command(cli.command)?;
+    Ok(Invocation { global, command })
+}
+
+/// The command a parsed subcommand asks for.
+fn command(sub: Option<Sub>) -> Result<Command, Error> {
+    Ok(match sub {
         None | Some(Sub::Help) => Command::Help,
         Some(Sub::Pending) => Command::Pending,
         Some(Sub::Approve { machine, role }) => {
@@ -254,8 +302,8 @@ pub fn parse(args: &[String]) -> Result<Invocation, Error> {
             output,
             force,
         },
-    };
-    Ok(Invocation { global, command })
+        Some(Sub::Plan { file, output, at }) => Command::Plan { file, output, at },
+    })
 }
 
 #[cfg(test)]
@@ -330,6 +378,37 @@ mod tests {
         );
         assert_eq!(command(""), Command::Help);
         assert_eq!(command("approve -h"), Command::Help);
+    }
+
+    #[test]
+    fn plan_takes_a_file_an_output_and_a_time() {
+        assert_eq!(
+            command("plan -f cluster.yaml"),
+            Command::Plan {
+                file: PathBuf::from("cluster.yaml"),
+                output: Output::Table,
+                at: None
+            }
+        );
+        assert_eq!(
+            command("plan --filename=c.yaml -o json --at 2026-12-07T22:30:00Z"),
+            Command::Plan {
+                file: PathBuf::from("c.yaml"),
+                output: Output::Json,
+                at: Some("2026-12-07T22:30:00Z".parse().expect("time"))
+            }
+        );
+    }
+
+    #[test]
+    fn plan_needs_a_file_and_says_what_output_and_time_it_takes() {
+        assert!(
+            refused("plan").contains("--filename <FILE>"),
+            "{}",
+            refused("plan")
+        );
+        assert!(refused("plan -f c.yaml -o yaml").contains("expected table or json"));
+        assert!(refused("plan -f c.yaml --at tomorrow").contains("RFC 3339"));
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! `kubectl ichor`: a kubectl plugin for Ichor's TalosMachines and TalosClusters. It lists
 //! pending machines with their hardware and pinned fingerprints, approves or rejects them,
 //! describes a cluster as a tree, renders a machine's config exactly as the manager does (with
-//! every secret redacted, and compared with the config last applied), and writes a cluster's
-//! talosconfig to a private file.
+//! every secret redacted, and compared with the config last applied), writes a cluster's
+//! talosconfig to a private file, and plans a changed TalosCluster manifest: what it would do
+//! once applied, from the same pure rules the manager runs, with read-only permissions.
 //!
 //! The pure parts (argument parsing, tables, trees, redaction, the line diff) live in their own
 //! modules and are unit-tested; [`run`] composes them with the Kubernetes API. Nothing here
@@ -14,6 +15,7 @@ pub mod connect;
 pub mod describe;
 pub mod diff;
 pub mod machines;
+pub mod plan;
 pub mod redact;
 pub mod render;
 pub mod table;
@@ -54,6 +56,10 @@ pub enum Error {
     /// A local file could not be written.
     #[error("{0}")]
     File(String),
+    /// The manifest given to `plan` cannot be read, or declares what cannot be: the field and
+    /// what is allowed.
+    #[error("{0}")]
+    Manifest(String),
 }
 
 impl Error {
@@ -104,6 +110,10 @@ pub async fn run(invocation: Invocation) -> Result<String, Error> {
             output,
             force,
         } => talosconfig::talosconfig(&conn, &cluster, &output, force).await,
+        Command::Plan { file, output, at } => {
+            let namespace = invocation.global.namespace.as_deref();
+            plan::plan(&conn, &file, namespace, output, at).await
+        }
     }
 }
 
