@@ -152,7 +152,8 @@ pub fn report(o: &Observed<'_>) -> Result<Report, Error> {
         .collect();
     report.batches = steps::batches(&f, &report.machines, &governing, &policy);
     report.holds = steps::holds(&f, &predicted, &governing, o);
-    report.notes = steps::notes(&predicted, &f, o);
+    let gates = report.batches.iter().any(|b| !b.gates.is_empty());
+    report.notes = steps::notes(&predicted, &f, gates, o);
     Ok(report)
 }
 

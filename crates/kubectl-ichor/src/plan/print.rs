@@ -89,8 +89,16 @@ fn machines(out: &mut String, report: &Report) {
         &["MACHINE", "ROLE", "CHANGE", "HOW", "DRAIN", "POLICY"],
         &rows,
     ));
+    // Each sentence once, with the machines it is said of.
+    let mut said: Vec<(&str, Vec<&str>)> = Vec::new();
     for m in report.machines.iter().filter(|m| m.change != "none") {
-        let _ = writeln!(out, "  {}: {}", m.name, m.detail);
+        match said.iter_mut().find(|(detail, _)| *detail == m.detail) {
+            Some((_, names)) => names.push(&m.name),
+            None => said.push((&m.detail, vec![&m.name])),
+        }
+    }
+    for (detail, names) in said {
+        let _ = writeln!(out, "  {}: {detail}", names.join(", "));
     }
 }
 

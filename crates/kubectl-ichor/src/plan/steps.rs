@@ -285,7 +285,12 @@ fn first_batch_wait(now: &Decision, o: &Observed<'_>) -> Option<HoldNow> {
 }
 
 /// What the plan cannot know, and what else a reviewer should read.
-pub fn notes(predicted: &[Predicted<'_>], f: &Forecast, o: &Observed<'_>) -> Vec<String> {
+pub fn notes(
+    predicted: &[Predicted<'_>],
+    f: &Forecast,
+    gates: bool,
+    o: &Observed<'_>,
+) -> Vec<String> {
     let mut notes = Vec::new();
     let any = |pick: fn(&Step) -> bool| predicted.iter().any(|p| pick(&p.step));
     if any(|s| matches!(s, Step::Config(How::Live))) {
@@ -305,8 +310,11 @@ pub fn notes(predicted: &[Predicted<'_>], f: &Forecast, o: &Observed<'_>) -> Vec
     if let Some(machine) = &f.halt_lifted {
         notes.push(format!("the rollout stopped at {machine} resumes: this change renders its config (or installer) differently"));
     }
-    if f.batches.iter().any(|b| !b.waits_for.is_empty() || b.held) {
-        notes.push("each batch is forecast assuming the one before ends healthy; health gates are listed, not evaluated (they read the workload cluster, which plan does not reach)".to_owned());
+    if f.batches.len() > 1 {
+        notes.push("each batch is forecast assuming the one before ends healthy".to_owned());
+    }
+    if gates {
+        notes.push("health gates are listed, not evaluated: they read the workload cluster, which plan does not reach; a failing gate holds the batch it is listed for".to_owned());
     }
     notes.push("the apiserver's own checks (the CRD's rules, the kube-proxy switch policy) are not run here: `kubectl apply --dry-run=server -f FILE` runs them".to_owned());
     notes
