@@ -120,8 +120,9 @@ pub const FLEET: Nets = Nets::new(120, 8);
 pub const CHAOS: Nets = Nets::new(131, 4);
 /// `kubectl-ichor/tests/sim.rs`: a block per test.
 pub const KUBECTL_SIM: Nets = Nets::new(135, 2);
-/// `kubectl-ichor/tests/plan.rs`: `kubectl ichor plan` against what the manager then does.
-pub const KUBECTL_PLAN: Nets = Nets::new(137, 1);
+/// `kubectl-ichor/tests/plan.rs`: `kubectl ichor plan` against what the manager then does, a
+/// block per test.
+pub const KUBECTL_PLAN: Nets = Nets::new(137, 2);
 /// `ichor-talos/tests/limits.rs`.
 pub const TALOS_LIMITS: Nets = Nets::new(150, 1);
 /// `ichor-sim/tests/apply_verdicts.rs`: single nodes, then the version sweep.

@@ -17,6 +17,7 @@ use ichor_sim::Fault;
 use ichor_testenv::nets::KUBECTL_PLAN;
 use ichor_testenv::wait::try_eventually;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt as _;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
@@ -165,23 +166,24 @@ fn batches(plan: &Value) -> Vec<Vec<String>> {
         .collect()
 }
 
-/// The machines named by Events of `reason`, in the order of their first such Event.
-async fn order_of(target: &SimTarget, reason: &str) -> Vec<String> {
-    let mut seen: Vec<(k8s_openapi::jiff::Timestamp, String)> =
-        specs::events_with_reason(target, reason)
-            .await
-            .into_iter()
-            .filter(|e| {
-                e.regarding.as_ref().and_then(|r| r.kind.as_deref()) == Some("TalosMachine")
-            })
-            .filter_map(|e| {
-                let when = e
-                    .event_time
-                    .map(|t| t.0)
-                    .or_else(|| e.deprecated_first_timestamp.map(|t| t.0))?;
-                Some((when, e.regarding?.name?))
-            })
-            .collect();
+/// The machines named by Events of `reason` seen at `since` or later, in the order of their
+/// first such Event (an Event repeated later counts at its last observation).
+async fn order_of(target: &SimTarget, reason: &str, since: Timestamp) -> Vec<String> {
+    let mut seen: Vec<(Timestamp, String)> = specs::events_with_reason(target, reason)
+        .await
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.kind.as_deref()) == Some("TalosMachine"))
+        .filter_map(|e| {
+            let when = e
+                .series
+                .as_ref()
+                .map(|s| s.last_observed_time.0)
+                .or_else(|| e.event_time.as_ref().map(|t| t.0))
+                .or_else(|| e.deprecated_first_timestamp.as_ref().map(|t| t.0))?;
+            Some((when, e.regarding?.name?))
+        })
+        .filter(|(when, _)| *when >= since)
+        .collect();
     seen.sort();
     let mut order: Vec<String> = Vec::new();
     for (_, name) in seen {
@@ -297,9 +299,10 @@ async fn upgraded_to(target: &SimTarget, version: &str) {
     .unwrap_or_else(|e| panic!("{e}: {}", target.manager_log_tail()));
 }
 
-/// A sim target with a Ready cluster of one control plane and two workers; its name.
-async fn ready_cluster() -> (SimTarget, String) {
-    let target = SimTarget::up(SimOptions::new(3, KUBECTL_PLAN.net(0), "v1.14.1"))
+/// A sim target on block `net` of [`KUBECTL_PLAN`] with a Ready cluster of one control plane
+/// and two workers; its name.
+async fn ready_cluster(net: u8) -> (SimTarget, String) {
+    let target = SimTarget::up(SimOptions::new(3, net, "v1.14.1"))
         .await
         .expect("sim target");
     let (shape, _) = specs::discovered_cluster(&target, "v1.14.1", 1, 3)
@@ -350,6 +353,7 @@ async fn version_bump(target: &SimTarget, viewer: &Viewer, name: &str) {
     }
     let predicted = batches(&plan);
     assert_eq!(predicted.len(), 3, "one machine a batch: {plan}");
+    let since = Timestamp::now();
     apply(target, name, json!({"talosVersion": "v1.14.2"})).await;
     upgraded_to(target, "v1.14.2").await;
     cluster_holds(target, name, conditions::VERSION_ROLLED_OUT).await;
@@ -362,7 +366,7 @@ async fn version_bump(target: &SimTarget, viewer: &Viewer, name: &str) {
         limit,
     )
     .await;
-    let upgraded = order_of(target, reasons::UPGRADING).await;
+    let upgraded = order_of(target, reasons::UPGRADING, since).await;
     assert_eq!(
         upgraded,
         predicted.concat(),
@@ -394,16 +398,20 @@ async fn patch_needing_reboot(target: &SimTarget, viewer: &Viewer, name: &str) {
     assert!(table.contains("live is a prediction"), "{table}");
     let predicted = batches(&plan);
     assert_eq!(predicted.len(), 3, "{plan}");
+    let since = Timestamp::now();
     apply(target, name, json!({"configPatches": patches})).await;
     let limit = Duration::from_secs(240);
     try_eventually("every machine rebooted for its drift", limit, || async {
-        order_of(target, reasons::REBOOT_FOR_DRIFT).await.len() == 3
+        order_of(target, reasons::REBOOT_FOR_DRIFT, since)
+            .await
+            .len()
+            == 3
     })
     .await
     .unwrap_or_else(|e| panic!("{e}: {}", target.manager_log_tail()));
     cluster_holds(target, name, conditions::CONFIG_ROLLED_OUT).await;
     settled(target).await;
-    let rebooted = order_of(target, reasons::REBOOT_FOR_DRIFT).await;
+    let rebooted = order_of(target, reasons::REBOOT_FOR_DRIFT, since).await;
     assert_eq!(
         rebooted,
         predicted.concat(),
@@ -414,6 +422,40 @@ async fn patch_needing_reboot(target: &SimTarget, viewer: &Viewer, name: &str) {
             .await
             .expect("fault cleared");
     }
+}
+
+/// `maxUnavailable: 2` with Talos v1.14.2: the control plane alone, then both workers in one
+/// batch; the manager upgrades the control plane first, then the two workers.
+async fn batch_of_workers(target: &SimTarget, viewer: &Viewer, name: &str) {
+    let rollout = json!({"maxUnavailable": 2});
+    let file = manifest(target, name, "batch.yaml", |spec| {
+        spec["talosVersion"] = json!("v1.14.2");
+        spec["rollout"] = rollout.clone();
+    })
+    .await;
+    let (plan, _) = viewer.plan(&file).await;
+    let predicted = batches(&plan);
+    assert_eq!(
+        predicted.len(),
+        2,
+        "the control plane, then both workers: {plan}"
+    );
+    assert_eq!(predicted[1].len(), 2, "{plan}");
+    let since = Timestamp::now();
+    apply(
+        target,
+        name,
+        json!({"talosVersion": "v1.14.2", "rollout": rollout}),
+    )
+    .await;
+    upgraded_to(target, "v1.14.2").await;
+    settled(target).await;
+    let upgraded = order_of(target, reasons::UPGRADING, since).await;
+    assert_eq!(upgraded.len(), 3, "{upgraded:?}");
+    assert_eq!(upgraded[..1], predicted[0], "the control plane first");
+    let mut workers = upgraded[1..].to_vec();
+    workers.sort();
+    assert_eq!(workers, predicted[1], "then the workers' batch");
 }
 
 /// Bad input: a cluster not found live, a window that does not read, a file that holds no
@@ -468,7 +510,7 @@ async fn bad_input(target: &SimTarget, viewer: &Viewer, name: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_plan_matches_what_the_manager_then_does_node_by_node() {
-    let (target, name) = ready_cluster().await;
+    let (target, name) = ready_cluster(KUBECTL_PLAN.net(0)).await;
     let viewer = Viewer::new(&target).await;
     // The viewer reads no Secret: `render`, which does, is refused.
     let machines = Api::<ichor_api::TalosMachine>::namespaced(target.client(), target.namespace())
@@ -481,5 +523,14 @@ async fn the_plan_matches_what_the_manager_then_does_node_by_node() {
     version_bump(&target, &viewer, &name).await;
     patch_needing_reboot(&target, &viewer, &name).await;
     bad_input(&target, &viewer, &name).await;
+    target.down().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "the manager's debug build overflows a tokio worker's stack when a batch of workers starts; run with --ignored once that is fixed"]
+async fn a_batch_of_workers_goes_as_planned() {
+    let (target, name) = ready_cluster(KUBECTL_PLAN.net(1)).await;
+    let viewer = Viewer::new(&target).await;
+    batch_of_workers(&target, &viewer, &name).await;
     target.down().await;
 }
