@@ -486,6 +486,71 @@ mod tests {
     }
 
     #[test]
+    fn a_kubernetes_version_restarts_components_live_without_a_drain() {
+        let mut changed = live();
+        changed.spec.kubernetes_version = "1.36.4".into();
+        let report = plan_of(&changed, &fleet("v1.14.1"));
+        assert!(report.refused.is_empty(), "{:?}", report.refused);
+        assert!(
+            report
+                .machines
+                .iter()
+                .all(|m| m.change == "restart" && m.drain == "no" && !m.predicted),
+            "{:?}",
+            report.machines
+        );
+        assert!(
+            report
+                .notes
+                .iter()
+                .any(|n| n.contains("component by component"))
+        );
+    }
+
+    #[test]
+    fn a_class_policy_governs_its_machines_and_says_so() {
+        let mut changed = live();
+        changed.spec.talos_version = "v1.14.2".into();
+        let class: TalosMachineClass = serde_json::from_value(json!({
+            "apiVersion": "ichor.maesh.dev/v1alpha1",
+            "kind": "TalosMachineClass",
+            "metadata": {"name": "gpu", "namespace": live().metadata.namespace},
+            "spec": {"clusterRef": {"name": "lab"}, "role": "worker",
+                "qualifiers": {"cidrs": ["10.0.0.0/24"]},
+                "rollout": {"suspend": true}}
+        }))
+        .expect("class");
+        let mut machines = fleet("v1.14.1");
+        machines[0]
+            .metadata
+            .labels
+            .get_or_insert_with(Default::default)
+            .insert(ichor_api::names::labels::CLASS.into(), "gpu".into());
+        let report = report(&Observed {
+            live: &live(),
+            changed: &changed,
+            machines: &machines,
+            classes: &[class],
+            storages: &[],
+            now: Timestamp::UNIX_EPOCH,
+        })
+        .expect("a plan");
+        let w2 = report
+            .machines
+            .iter()
+            .find(|m| m.name == "w-2")
+            .expect("w-2");
+        assert_eq!(w2.policy, "TalosMachineClass gpu spec.rollout");
+        assert!(
+            report.holds.iter().any(|h| h.reason == "RolloutSuspended"
+                && h.message
+                    .starts_with("TalosMachineClass gpu spec.rollout.suspend is true")),
+            "{:?}",
+            report.holds
+        );
+    }
+
+    #[test]
     fn nothing_changed_plans_nothing() {
         let report = plan_of(&live(), &fleet("v1.14.1"));
         assert!(report.changes.is_empty() && report.batches.is_empty());
