@@ -233,7 +233,11 @@ fn predict<'a>(
         layers.oldest_running = oldest;
         ichor_render::render_machine(cluster, machine, role, &layers, &bundle)
     };
-    let old = render(before).map_err(|e| format!("TalosMachine {name}: {e}"))?;
+    let old = render(before).map_err(|e| {
+        format!(
+            "the config of TalosMachine {name} does not render now, before the change either: {e}; the manager holds it already"
+        )
+    })?;
     let new = render(after).map_err(|e| {
         format!("the config of TalosMachine {name} does not render after the change: {e}")
     })?;
