@@ -6,7 +6,10 @@
 //! pod), the control plane's upgrade asks for a backup
 //! itself (the schedule is suspended, so no other is taken), which reaches the store before
 //! the control plane is upgraded; the worker's upgrade asks for none. And workers in batches
-//! (ADR 0077): under `maxUnavailable: 2`, two workers go at once, never more.
+//! (ADR 0077): under `maxUnavailable: 2`, two workers go at once, never more. And
+//! ([`policy`]) a suspend set mid-rollout, which lets the node in flight finish and starts no
+//! other; a class's own window holding its worker (ADR 0076); a closed window holding a drift
+//! reboot and a Kubernetes version's step, both going once a window opens (ADR 0074).
 
 use std::time::Duration;
 
@@ -31,6 +34,11 @@ use support::workload::{budget, node_name, pod_on, unschedulable};
 use support::{put_store_secret, store_spec, talos_cluster};
 
 mod support;
+
+/// Suspend and maintenance windows (ADRs 0074, 0076): a suspend mid-rollout, a class's own
+/// window, a drift reboot and a Kubernetes step held until a window opens.
+#[path = "rollout_gates/policy.rs"]
+mod policy;
 
 const BUCKET: &str = "etcd";
 const GATE: &str = "shop-available";

@@ -105,7 +105,7 @@ pub const CLASSES: Nets = Nets::new(100, 1);
 /// `ichor-harness/tests/backups.rs`.
 pub const BACKUPS: Nets = Nets::new(101, 1);
 /// `ichor-harness/tests/rollout_gates.rs`.
-pub const ROLLOUT_GATES: Nets = Nets::new(106, 2);
+pub const ROLLOUT_GATES: Nets = Nets::new(106, 4);
 /// `ichor-harness/tests/backup_at_size.rs`.
 pub const BACKUP_AT_SIZE: Nets = Nets::new(102, 1);
 /// `ichor-harness/tests/restore.rs`: the original cluster's block, then the restored one's.
