@@ -286,10 +286,11 @@ async fn workers_go_two_at_a_time_under_max_unavailable_two() {
 
     patch_spec(&target, json!({"talosVersion": "v1.14.2"})).await;
     // Both first workers in flight at once: in the batch, each cordoned and held at its drain.
-    let wanted: Vec<String> = first
+    let mut wanted: Vec<String> = first
         .iter()
         .map(|(_, uid, _)| format!("upgrade/{uid}"))
         .collect();
+    wanted.sort();
     try_eventually(
         "two workers in the batch",
         Duration::from_secs(180),

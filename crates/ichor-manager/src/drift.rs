@@ -185,14 +185,33 @@ fn where_upgrades_wait(configured: &[&TalosMachine]) -> (Option<(String, String)
                 .then(|| (kube::ResourceExt::name_any(*m), c.message.clone()))
         })
     });
-    let held = configured.iter().find_map(|m| {
+    let held_on = |m: &TalosMachine, condition: &str| {
         m.status.as_ref()?.conditions.iter().find_map(|c| {
-            (c.type_ == conditions::UP_TO_DATE)
+            (c.type_ == condition)
                 .then(|| crate::rollout_policy::policy_reason(&c.reason))
                 .flatten()
-                .map(|reason| (kube::ResourceExt::name_any(*m), reason, c.message.clone()))
+                .map(|reason| (kube::ResourceExt::name_any(m), reason, c.message.clone()))
         })
-    });
+    };
+    // Its upgrade held; else the changed config a version brings (its installer), which goes
+    // first, held while the node does not run the declaration.
+    let behind = |m: &TalosMachine| {
+        m.status.as_ref().is_some_and(|s| {
+            s.conditions.iter().any(|c| {
+                c.type_ == conditions::UP_TO_DATE
+                    && c.status != ichor_api::common::ConditionStatus::True
+            })
+        })
+    };
+    let held = configured
+        .iter()
+        .find_map(|m| held_on(m, conditions::UP_TO_DATE))
+        .or_else(|| {
+            configured
+                .iter()
+                .filter(|m| behind(m))
+                .find_map(|m| held_on(m, conditions::CONFIG_APPLIED))
+        });
     (stopped, held)
 }
 
@@ -425,6 +444,25 @@ mod tests {
         let (holds, reason, _) = rolled_out(Some(&upgrade), &machines[1..]);
         assert!(holds, "an upgrade's halt is VersionRolledOut's to tell");
         assert_eq!(reason, reasons::CONFIG_CURRENT);
+    }
+
+    #[test]
+    fn a_version_whose_config_step_is_suspended_says_it_is_suspended() {
+        let mut w = machine("w-1", reasons::ROLLOUT_SUSPENDED);
+        let status = w.status.as_mut().expect("status");
+        status.applied.config_hash = Some("sha256:a".into());
+        status.conditions.push(Condition {
+            type_: conditions::UP_TO_DATE.into(),
+            status: ConditionStatus::False,
+            reason: reasons::UPGRADE_QUEUED.into(),
+            message: "its changed config rolls out first".into(),
+            last_transition_time: at(),
+            observed_generation: None,
+        });
+        let (rollout, (holds, reason, _)) = version_rollout("v1.14.2", &[w], None);
+        assert!(!holds);
+        assert_eq!(reason, reasons::ROLLOUT_SUSPENDED);
+        assert_eq!(rollout.waits_on.as_deref(), Some("RolloutSuspended at w-1"));
     }
 
     #[test]

@@ -214,12 +214,14 @@ pub async fn acquire_step(
     let moving = transitioning(cluster, machines);
     let classes = ctx.layers.classes();
     let governing = crate::rollout_policy::governing(cluster, machine, &classes);
+    // Boxed: each is called from deep in a machine's reconcile, whose future would otherwise
+    // hold theirs (a debug build's worker stack overflowed).
     if let Some(batch) = Batch::of(machine, machines, governing.policy) {
-        return join(ctx, cluster, holder, moving, Some(&batch)).await;
+        return Box::pin(join(ctx, cluster, holder, moving, Some(&batch))).await;
     }
-    let outcome = acquire(ctx, cluster, holder, moving, false).await?;
+    let outcome = Box::pin(acquire(ctx, cluster, holder, moving, false)).await?;
     if matches!(outcome, Outcome::Busy(Some(LockHolder::Batch(_)))) {
-        return join(ctx, cluster, holder, moving, None).await;
+        return Box::pin(join(ctx, cluster, holder, moving, None)).await;
     }
     Ok(outcome)
 }
@@ -407,7 +409,8 @@ pub async fn release(
     let namespace = cluster.namespace().unwrap_or_default();
     let name = lock_name(&cluster.name_any());
     let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), &namespace);
-    let left_batch = leave_batch(&leases, &name, holder).await?;
+    // Boxed, as `acquire_step`'s calls: released from deep in a machine's reconcile.
+    let left_batch = Box::pin(leave_batch(&leases, &name, holder)).await?;
     if !left_batch
         && let Some(lease) = leases.get_opt(&name).await?
         && lease
@@ -422,26 +425,22 @@ pub async fn release(
             Err(e) => return Err(e.into()),
         }
     }
-    let clusters: Api<TalosCluster> = Api::namespaced(ctx.client.clone(), &namespace);
-    if let Some(fresh) = clusters.get_opt(&cluster.name_any()).await? {
-        let lock = fresh
-            .status
-            .as_ref()
-            .and_then(|s| s.lock.mirror.clone())
-            .unwrap_or_default();
-        let in_batch = lock.batch.contains(holder);
-        if lock.holder.as_ref() == Some(holder) || lock.waiting.contains(holder) || in_batch {
-            let batch: Vec<LockHolder> = lock.batch.into_iter().filter(|m| m != holder).collect();
-            let batch_holds = !batch.is_empty();
-            let next = LockStatus {
-                holder: lock.holder.filter(|_| batch_holds),
-                since: lock.since.filter(|_| batch_holds),
-                waiting: lock.waiting.into_iter().filter(|w| w != holder).collect(),
-                batch,
-            };
-            write(&clusters, &fresh, &next).await;
+    // The mirror: out of the waiting and the batch; no holder once its own hold, or the
+    // batch's last member, is gone.
+    update_mirror(ctx, cluster, |lock| {
+        let mut next = lock.clone();
+        next.waiting.retain(|w| w != holder);
+        next.batch.retain(|m| m != holder);
+        let batch_ended = matches!(next.holder, Some(LockHolder::Batch(_)))
+            && next.batch.is_empty()
+            && lock.batch.contains(holder);
+        if next.holder.as_ref() == Some(holder) || batch_ended {
+            next.holder = None;
+            next.since = None;
         }
-    }
+        next
+    })
+    .await;
     Ok(())
 }
 
@@ -461,48 +460,39 @@ pub async fn held_by_other(
         .is_some_and(|v| !v.expired && v.holder != me.to_string()))
 }
 
-/// Mirrors the outcome into `status.lock` (best effort: the Lease is the truth; a conflicting
-/// write is retried by the next reconcile).
+/// Mirrors the outcome into `status.lock` (best effort: the Lease is the truth).
 async fn mirror(ctx: &Context, cluster: &TalosCluster, holder: &LockHolder, outcome: &Outcome) {
-    let clusters: Api<TalosCluster> =
-        Api::namespaced(ctx.client.clone(), &cluster.namespace().unwrap_or_default());
-    let Ok(Some(fresh)) = clusters.get_opt(&cluster.name_any()).await else {
-        return;
-    };
-    let lock = fresh
-        .status
-        .as_ref()
-        .and_then(|s| s.lock.mirror.clone())
-        .unwrap_or_default();
-    let mut next = lock.clone();
-    match outcome {
-        Outcome::Held => {
-            if next.holder.as_ref() != Some(holder) {
-                next.holder = Some(holder.clone());
-                next.since = Some(ctx.now());
+    let now = ctx.now();
+    update_mirror(ctx, cluster, |lock| {
+        let mut next = lock.clone();
+        match outcome {
+            Outcome::Held => {
+                if next.holder.as_ref() != Some(holder) {
+                    next.holder = Some(holder.clone());
+                    next.since = Some(now.clone());
+                }
+                next.waiting.retain(|w| w != holder);
             }
-            next.waiting.retain(|w| w != holder);
-        }
-        Outcome::Busy(other) => {
-            if let Some(other) = other
-                && next.holder.as_ref() != Some(other)
-            {
-                next.holder = Some(other.clone());
-                next.since = None;
+            Outcome::Busy(other) => {
+                if let Some(other) = other
+                    && next.holder.as_ref() != Some(other)
+                {
+                    next.holder = Some(other.clone());
+                    next.since = None;
+                }
+                if !next.waiting.contains(holder) {
+                    next.waiting.push(holder.clone());
+                }
             }
-            if !next.waiting.contains(holder) {
-                next.waiting.push(holder.clone());
+            Outcome::Transitioning | Outcome::Full(_) => {
+                if !next.waiting.contains(holder) {
+                    next.waiting.push(holder.clone());
+                }
             }
         }
-        Outcome::Transitioning | Outcome::Full(_) => {
-            if !next.waiting.contains(holder) {
-                next.waiting.push(holder.clone());
-            }
-        }
-    }
-    if next != lock {
-        write(&clusters, &fresh, &next).await;
-    }
+        next
+    })
+    .await;
 }
 
 /// Mirrors a batch's `outcome` for `holder` into `status.lock`: the batch as its holder, its
@@ -517,45 +507,67 @@ async fn mirror_batch(
     if !outcome.held() {
         return mirror(ctx, cluster, holder, outcome).await;
     }
+    let (id, now) = (batch_id(cluster), ctx.now());
+    update_mirror(ctx, cluster, |lock| {
+        let mut next = lock.clone();
+        if next.holder.as_ref() != Some(&id) {
+            next.holder = Some(id.clone());
+            next.since = Some(now.clone());
+        }
+        next.batch = members
+            .iter()
+            .filter_map(|m| m.parse().ok())
+            .take(MIRRORED_MEMBERS)
+            .collect();
+        next.waiting.retain(|w| w != holder);
+        next
+    })
+    .await;
+}
+
+/// Rewrites `status.lock` of `cluster` as `change` makes it from the mirror as stored, on a
+/// fresh read each time a concurrent write came first (a batch's members and the waiting
+/// write it at once), a few times; best effort beyond that, as the Lease is the truth, and
+/// the next step of the lock writes it again.
+async fn update_mirror(
+    ctx: &Context,
+    cluster: &TalosCluster,
+    change: impl Fn(&LockStatus) -> LockStatus,
+) {
     let clusters: Api<TalosCluster> =
         Api::namespaced(ctx.client.clone(), &cluster.namespace().unwrap_or_default());
-    let Ok(Some(fresh)) = clusters.get_opt(&cluster.name_any()).await else {
-        return;
-    };
-    let lock = fresh
-        .status
-        .as_ref()
-        .and_then(|s| s.lock.mirror.clone())
-        .unwrap_or_default();
-    let id = batch_id(cluster);
-    let mut next = lock.clone();
-    if next.holder.as_ref() != Some(&id) {
-        next.holder = Some(id);
-        next.since = Some(ctx.now());
+    for _ in 0..MIRROR_ATTEMPTS {
+        let Ok(Some(fresh)) = clusters.get_opt(&cluster.name_any()).await else {
+            return;
+        };
+        let lock = fresh
+            .status
+            .as_ref()
+            .and_then(|s| s.lock.mirror.clone())
+            .unwrap_or_default();
+        let next = change(&lock);
+        if next == lock {
+            return;
+        }
+        let mut status = fresh.status.clone().unwrap_or_default();
+        status.lock.mirror = Some(next);
+        match status::apply::<ClusterLock, _>(&clusters, &fresh, &status, Guard::Version).await {
+            Ok(()) => return,
+            Err(kube::Error::Api(s)) if s.is_conflict() => {}
+            Err(error) => {
+                tracing::debug!(%error, "lock status not mirrored this time");
+                return;
+            }
+        }
     }
-    next.batch = members
-        .iter()
-        .filter_map(|m| m.parse().ok())
-        .take(MIRRORED_MEMBERS)
-        .collect();
-    next.waiting.retain(|w| w != holder);
-    if next != lock {
-        write(&clusters, &fresh, &next).await;
-    }
+    tracing::debug!("lock status not mirrored this time: concurrent writes");
 }
+
+/// How many times a change of the lock's mirror is tried on a fresh read.
+const MIRROR_ATTEMPTS: usize = 4;
 
 /// The most members `status.lock.batch` lists (its schema's limit).
 const MIRRORED_MEMBERS: usize = 1000;
-
-async fn write(clusters: &Api<TalosCluster>, fresh: &TalosCluster, lock: &LockStatus) {
-    let mut status = fresh.status.clone().unwrap_or_default();
-    status.lock.mirror = Some(lock.clone());
-    if let Err(error) =
-        status::apply::<ClusterLock, _>(clusters, fresh, &status, Guard::Version).await
-    {
-        tracing::debug!(%error, "lock status not mirrored this time");
-    }
-}
 
 #[cfg(test)]
 mod tests {

@@ -527,7 +527,6 @@ async fn the_plan_matches_what_the_manager_then_does_node_by_node() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "the manager's debug build overflows a tokio worker's stack when a batch of workers starts; run with --ignored once that is fixed"]
 async fn a_batch_of_workers_goes_as_planned() {
     let (target, name) = ready_cluster(KUBECTL_PLAN.net(1)).await;
     let viewer = Viewer::new(&target).await;
