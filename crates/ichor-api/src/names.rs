@@ -386,6 +386,15 @@ pub mod reasons {
     /// The fresh etcd backup a control plane's step asked for failed; the step waits and the
     /// backup is tried again.
     pub const FRESH_BACKUP_FAILED: &str = "FreshBackupFailed";
+    /// Every reason a step waits for by the rollout policy (`spec.rollout`, ADRs 0074, 0075).
+    pub const POLICY_HOLDS: [&str; 6] = [
+        ROLLOUT_SUSPENDED,
+        OUTSIDE_MAINTENANCE_WINDOW,
+        ROLLOUT_POLICY_INVALID,
+        HEALTH_GATE_FAILING,
+        WAITING_FOR_FRESH_BACKUP,
+        FRESH_BACKUP_FAILED,
+    ];
     /// The drift rollout stopped at a machine that refused its config; fix the patch.
     pub const DRIFT_HALTED: &str = "DriftHalted";
     /// Drift is being rolled out, one machine at a time.

@@ -178,7 +178,7 @@ pub async fn join(
     if !kept.contains(&me) {
         let Some(batch) = batch else {
             let outcome = Outcome::Full(
-                "its rollout policy lets one worker at a time be down, and a batch still holds the lock".into(),
+                "a batch of workers holds the cluster lock, and this step goes alone (a control plane, or a worker whose policy lets one at a time be down): it waits for the batch to end".into(),
             );
             mirror(ctx, cluster, holder, &outcome).await;
             return Ok(outcome);
@@ -431,9 +431,9 @@ pub async fn release(
         let mut next = lock.clone();
         next.waiting.retain(|w| w != holder);
         next.batch.retain(|m| m != holder);
-        let batch_ended = matches!(next.holder, Some(LockHolder::Batch(_)))
-            && next.batch.is_empty()
-            && lock.batch.contains(holder);
+        let batch_ended = left_batch
+            && matches!(next.holder, Some(LockHolder::Batch(_)))
+            && next.batch.is_empty();
         if next.holder.as_ref() == Some(holder) || batch_ended {
             next.holder = None;
             next.since = None;
@@ -495,8 +495,9 @@ async fn mirror(ctx: &Context, cluster: &TalosCluster, holder: &LockHolder, outc
     .await;
 }
 
-/// Mirrors a batch's `outcome` for `holder` into `status.lock`: the batch as its holder, its
-/// `members` (at most the status's limit), `holder` out of the waiting.
+/// Mirrors a batch's `outcome` for `holder` into `status.lock`: the batch as its holder,
+/// `holder` among its members (at most the status's limit) and out of the waiting, and no
+/// member the Lease as written (`members`) no longer lists.
 async fn mirror_batch(
     ctx: &Context,
     cluster: &TalosCluster,
@@ -514,11 +515,13 @@ async fn mirror_batch(
             next.holder = Some(id.clone());
             next.since = Some(now.clone());
         }
-        next.batch = members
-            .iter()
-            .filter_map(|m| m.parse().ok())
-            .take(MIRRORED_MEMBERS)
-            .collect();
+        // Only this member is added: a snapshot of the others may be older than a release
+        // written meanwhile, and would bring back a member that left. Those gone from the
+        // Lease as written here are dropped; one that joined since adds itself again.
+        next.batch.retain(|m| members.contains(&m.to_string()));
+        if !next.batch.contains(holder) && next.batch.len() < MIRRORED_MEMBERS {
+            next.batch.push(holder.clone());
+        }
         next.waiting.retain(|w| w != holder);
         next
     })

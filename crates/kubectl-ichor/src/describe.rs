@@ -212,14 +212,7 @@ pub fn cluster_tree(cluster: &TalosCluster, machines: &[TalosMachine]) -> Tree {
         )));
     }
     if let Some(rollout) = &status.core.rollout {
-        let mut text = format!(
-            "Talos {}: {} of {} nodes up to date",
-            rollout.talos_version, rollout.up_to_date, rollout.total
-        );
-        if let Some(machine) = &rollout.in_flight {
-            text.push_str(&format!(", {machine} upgrading now"));
-        }
-        children.push(Tree::leaf(text));
+        children.push(Tree::leaf(rollout_line(rollout)));
     }
     if let Some(policy) = rollout_policy(&spec.rollout) {
         children.push(Tree::leaf(policy));
@@ -296,6 +289,35 @@ pub async fn describe(conn: &Connection, name: &str) -> Result<String, Error> {
     Ok(cluster_tree(&cluster, &machines).render())
 }
 
+/// Where the cluster's rollout stands (`status.rollout`) in a line: what rolls out and why,
+/// the nodes up to date, in flight and waiting, what holds it and where it halted.
+fn rollout_line(rollout: &ichor_api::cluster::RolloutStatus) -> String {
+    let mut text = format!(
+        "Talos {}: {} of {} nodes up to date",
+        rollout.talos_version, rollout.up_to_date, rollout.total
+    );
+    let in_flight = match (rollout.in_flight_machines.as_slice(), &rollout.in_flight) {
+        ([], Some(one)) => vec![one.clone()],
+        (many, _) => many.to_vec(),
+    };
+    if !in_flight.is_empty() {
+        text.push_str(&format!(", in flight: {}", in_flight.join(", ")));
+    }
+    if rollout.waiting > 0 {
+        text.push_str(&format!(", {} waiting", rollout.waiting));
+    }
+    if !rollout.changes.is_empty() {
+        text.push_str(&format!("; rolling out: {}", rollout.changes.join(", ")));
+    }
+    if let Some(waits) = &rollout.waits_on {
+        text.push_str(&format!("; waits on {waits}"));
+    }
+    if let Some(machine) = &rollout.halted_at {
+        text.push_str(&format!("; halted at {machine}"));
+    }
+    text
+}
+
 /// The cluster's rollout policy (`spec.rollout`) in a line; `None` when nothing is set.
 fn rollout_policy(policy: &ichor_api::rollout::RolloutPolicy) -> Option<String> {
     if policy.is_default() {
@@ -332,6 +354,16 @@ fn rollout_policy(policy: &ichor_api::rollout::RolloutPolicy) -> Option<String> 
             "a control plane is disrupted only after a backup at most {} old",
             fresh.max_age
         ));
+    }
+    if let Some(most) = &policy.max_unavailable {
+        let most = match most {
+            k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(n) => n.to_string(),
+            k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String(s) => s.clone(),
+        };
+        parts.push(format!("up to {most} workers at once"));
+    }
+    if let Some(label) = &policy.failure_domain_label {
+        parts.push(format!("never two workers of one {label} at once"));
     }
     Some(format!("rollout policy: {}", parts.join(", ")))
 }
@@ -438,7 +470,7 @@ mod tests {
             "├─ endpoint https://127.0.85.1:6443, Talos v1.14.1, Kubernetes 1.36.3, CNI flannel, kube-proxy enabled",
             "├─ control planes 1/1 ready (declared 1), workers 0/1 ready",
             "├─ bootstrap: cp (done 2026-12-03T10:01:00Z)",
-            "├─ Talos v1.14.2: 1 of 2 nodes up to date, worker upgrading now",
+            "├─ Talos v1.14.2: 1 of 2 nodes up to date, in flight: worker",
             "├─ lock: held by drift/u2 since 2026-12-03T10:02:00Z; waiting: operation/up",
             "├─ tombstone: gone (127.0.85.9) removed 2026-12-03T10:03:00Z without a reset, etcd member 00000000000000ab: reset before anything else if it answers again",
             "├─ pending Node delete: worker-9 of w9 (since 2026-12-03T10:04:00Z): deleted once the workload API answers",
@@ -452,6 +484,21 @@ mod tests {
             "   └─ TalosMachine/no    -   Rejected   127.0.85.2   rejected: never touched",
         ];
         assert_eq!(out, expected.join("\n") + "\n", "\n{out}");
+    }
+
+    #[test]
+    fn a_rollout_line_names_the_batch_what_waits_and_why() {
+        let rollout: ichor_api::cluster::RolloutStatus = serde_json::from_value(json!({
+            "talosVersion": "v1.14.2", "upToDate": 1, "total": 5, "summary": "1/5",
+            "inFlight": "w-1", "inFlightMachines": ["w-1", "w-2"], "waiting": 2,
+            "changes": ["Talos v1.14.2 (spec.talosVersion)"],
+            "waitsOn": "OutsideMaintenanceWindow at w-3"
+        }))
+        .expect("a rollout");
+        assert_eq!(
+            rollout_line(&rollout),
+            "Talos v1.14.2: 1 of 5 nodes up to date, in flight: w-1, w-2, 2 waiting; rolling out: Talos v1.14.2 (spec.talosVersion); waits on OutsideMaintenanceWindow at w-3"
+        );
     }
 
     #[test]

@@ -40,14 +40,7 @@ pub enum Step {
 }
 
 /// The reasons a step waits for by the rollout policy.
-const HOLDS: [&str; 6] = [
-    reasons::ROLLOUT_SUSPENDED,
-    reasons::OUTSIDE_MAINTENANCE_WINDOW,
-    reasons::ROLLOUT_POLICY_INVALID,
-    reasons::HEALTH_GATE_FAILING,
-    reasons::WAITING_FOR_FRESH_BACKUP,
-    reasons::FRESH_BACKUP_FAILED,
-];
+const HOLDS: [&str; 6] = reasons::POLICY_HOLDS;
 
 /// The rollout policy's reason that `reason` is, if it is one: a machine held by it is looked
 /// at again at the progress pace (not queued behind another machine), and its cluster's

@@ -278,23 +278,18 @@ fn predict<'a>(
 /// Whether the machine says a changed config of its still waits to roll out (its
 /// `ConfigApplied` waits for its turn, a reboot, the policy, or a halt).
 fn config_pending(status: &TalosMachineStatus) -> bool {
-    const PENDING: [&str; 10] = [
+    const PENDING: [&str; 4] = [
         reasons::NEEDS_REBOOT,
         reasons::DRIFT_QUEUED,
         reasons::DRIFT_NOT_APPLIED,
         reasons::DRIFT_HALTED,
-        reasons::ROLLOUT_SUSPENDED,
-        reasons::OUTSIDE_MAINTENANCE_WINDOW,
-        reasons::ROLLOUT_POLICY_INVALID,
-        reasons::HEALTH_GATE_FAILING,
-        reasons::WAITING_FOR_FRESH_BACKUP,
-        reasons::FRESH_BACKUP_FAILED,
     ];
     status.drift.reboot.is_some()
         || status.conditions.iter().any(|c| {
             c.type_ == conditions::CONFIG_APPLIED
                 && c.status == ConditionStatus::False
-                && PENDING.contains(&c.reason.as_str())
+                && (PENDING.contains(&c.reason.as_str())
+                    || reasons::POLICY_HOLDS.contains(&c.reason.as_str()))
         })
 }
 
