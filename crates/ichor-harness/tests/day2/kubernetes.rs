@@ -12,7 +12,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use ichor_api::TalosCluster;
-use ichor_api::common::ConditionStatus;
 use ichor_api::names::{conditions, reasons};
 use ichor_harness::{SimOptions, SimTarget, Target, specs};
 use ichor_talos::{ControlPlaneComponent, TalosClient};
@@ -23,7 +22,7 @@ use k8s_openapi::api::core::v1::{Node, PodSpec};
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
-use crate::support::cluster::{CLUSTER, ready_target, state_summary};
+use crate::support::cluster::{CLUSTER, kubernetes_rolled_out, ready_target, state_summary};
 
 /// What one look at the cluster saw: per node name, each component's version seen Ready.
 type Seen = BTreeMap<String, BTreeMap<&'static str, String>>;
@@ -147,42 +146,7 @@ async fn roll_out(
         .expect("declared")
         .metadata
         .generation;
-    let done = try_eventually(
-        &format!("Kubernetes {version} rolled out"),
-        Duration::from_secs(240),
-        || async {
-            let status = clusters
-                .get(CLUSTER)
-                .await
-                .map_err(|e| e.to_string())?
-                .status
-                .unwrap_or_default();
-            let accepted = status.core.accepted_versions.clone();
-            let step = status
-                .core
-                .rollout
-                .as_ref()
-                .and_then(|r| r.kubernetes_step.clone());
-            let condition = status
-                .conditions
-                .iter()
-                .find(|c| c.type_ == conditions::VERSION_ROLLED_OUT)
-                .map(|c| (c.status, c.reason.clone(), c.message.clone()));
-            let finished = accepted
-                .as_ref()
-                .is_some_and(|a| a.kubernetes_version == version && a.kubernetes_from.is_none())
-                && step.is_none()
-                && condition
-                    .as_ref()
-                    .is_some_and(|c| c.0 == ConditionStatus::True);
-            if finished {
-                Ok(())
-            } else {
-                Err(format!("{accepted:?} step {step:?} {condition:?}"))
-            }
-        },
-    )
-    .await;
+    let done = kubernetes_rolled_out(target, version, Duration::from_secs(240)).await;
     stop.store(true, Ordering::SeqCst);
     let mut looks = sampler.await.expect("sampler");
     if let Err(e) = done {

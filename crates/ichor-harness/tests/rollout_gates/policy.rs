@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use ichor_api::class::{Qualifiers, TalosMachineClassSpec};
-use ichor_api::common::{ConditionStatus, LocalObjectReference, Role};
+use ichor_api::common::{LocalObjectReference, Role};
 use ichor_api::names::{conditions, labels, reasons};
 use ichor_api::{TalosCluster, TalosMachine, TalosMachineClass};
 use ichor_harness::specs::{self, Shape};
@@ -28,7 +28,8 @@ use serde_json::json;
 
 use super::patch_spec;
 use crate::support::cluster::{
-    CLUSTER, cluster_says, every_machine_applied, ready_target, state_summary,
+    CLUSTER, cluster_says, every_machine_applied, kubernetes_rolled_out, ready_target,
+    state_summary,
 };
 
 /// The TalosMachineClass with a rollout policy of its own.
@@ -302,45 +303,6 @@ fn sample(target: &SimTarget, stop: &Arc<AtomicBool>) -> tokio::task::JoinHandle
     })
 }
 
-/// Waits until Kubernetes `version` rolled out: accepted with no version before it, no step
-/// left, `VersionRolledOut` true.
-async fn kubernetes_rolled_out(target: &SimTarget, version: &str) {
-    let clusters: Api<TalosCluster> = Api::namespaced(target.client(), target.namespace());
-    try_eventually(
-        &format!("Kubernetes {version} rolled out"),
-        Duration::from_secs(120),
-        || async {
-            let status = clusters
-                .get(CLUSTER)
-                .await
-                .map_err(|e| e.to_string())?
-                .status
-                .unwrap_or_default();
-            let accepted = status.core.accepted_versions.clone();
-            let step = status.core.rollout.and_then(|r| r.kubernetes_step);
-            let rolled = status
-                .conditions
-                .iter()
-                .find(|c| c.type_ == conditions::VERSION_ROLLED_OUT)
-                .map(|c| (c.status, c.reason.clone(), c.message.clone()));
-            let done = accepted
-                .as_ref()
-                .is_some_and(|a| a.kubernetes_version == version && a.kubernetes_from.is_none())
-                && step.is_none()
-                && rolled
-                    .as_ref()
-                    .is_some_and(|c| c.0 == ConditionStatus::True);
-            if done {
-                Ok(())
-            } else {
-                Err(format!("{accepted:?} step {step:?} {rolled:?}"))
-            }
-        },
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{e}\n{}", state_summary(target)));
-}
-
 /// A closed window holds what disrupts (ADR 0074): a worker's changed config that its node
 /// will not take live waits for its reboot, saying so with the config, and is not rebooted;
 /// a Kubernetes version's first step, on the control plane, waits too, as a restart, and its
@@ -451,7 +413,9 @@ async fn a_closed_window_holds_a_drift_reboot_and_a_kubernetes_step_until_it_ope
         json!({"rollout": {"maintenanceWindows": [window]}}),
     )
     .await;
-    kubernetes_rolled_out(&target, "1.36.4").await;
+    kubernetes_rolled_out(&target, "1.36.4", Duration::from_secs(120))
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", state_summary(&target)));
     try_eventually(
         "the worker rebooted into its config",
         Duration::from_secs(120),

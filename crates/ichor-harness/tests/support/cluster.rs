@@ -404,3 +404,46 @@ pub async fn cluster_says(target: &SimTarget, reason: &str) {
     .await
     .unwrap_or_else(|e| panic!("{e}\n{}", state_summary(target)));
 }
+
+/// Waits up to `limit` until Kubernetes `version` rolled out: accepted with no version before
+/// it, no step left, `VersionRolledOut` true; `Err` says what was last seen.
+pub async fn kubernetes_rolled_out(
+    target: &SimTarget,
+    version: &str,
+    limit: Duration,
+) -> Result<(), ichor_testenv::wait::Timeout> {
+    let clusters: Api<ichor_api::TalosCluster> =
+        Api::namespaced(target.client(), target.namespace());
+    try_eventually(
+        &format!("Kubernetes {version} rolled out"),
+        limit,
+        || async {
+            let status = clusters
+                .get(CLUSTER)
+                .await
+                .map_err(|e| e.to_string())?
+                .status
+                .unwrap_or_default();
+            let accepted = status.core.accepted_versions.clone();
+            let step = status.core.rollout.and_then(|r| r.kubernetes_step);
+            let rolled = status
+                .conditions
+                .iter()
+                .find(|c| c.type_ == conditions::VERSION_ROLLED_OUT)
+                .map(|c| (c.status, c.reason.clone(), c.message.clone()));
+            let done = accepted
+                .as_ref()
+                .is_some_and(|a| a.kubernetes_version == version && a.kubernetes_from.is_none())
+                && step.is_none()
+                && rolled
+                    .as_ref()
+                    .is_some_and(|c| c.0 == ConditionStatus::True);
+            if done {
+                Ok(())
+            } else {
+                Err(format!("{accepted:?} step {step:?} {rolled:?}"))
+            }
+        },
+    )
+    .await
+}
