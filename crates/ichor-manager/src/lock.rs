@@ -325,15 +325,24 @@ async fn write_batch(
     }
 }
 
+/// What [`leave_batch`] found.
+enum Left {
+    /// `holder` was a member of the batch and left it.
+    Batch,
+    /// `holder` was no member of a batch: the Lease as read (none: there is no lock), for the
+    /// exclusive release to decide on without reading it again.
+    NotMember(Option<Box<Lease>>),
+}
+
 /// Takes `holder` out of the batch holding the lock, if it is a member; the Lease is deleted
 /// with its last member. Retried on a conflicting write: a member left behind would hold its
 /// room until the whole batch's Lease expires.
-async fn leave_batch(leases: &Api<Lease>, name: &str, holder: &LockHolder) -> Result<bool, Error> {
+async fn leave_batch(leases: &Api<Lease>, name: &str, holder: &LockHolder) -> Result<Left, Error> {
     let me = holder.to_string();
     let mut conflict = None;
     for _ in 0..LEAVE_ATTEMPTS {
         let Some(mut lease) = leases.get_opt(name).await? else {
-            return Ok(false);
+            return Ok(Left::NotMember(None));
         };
         let is_batch = lease
             .spec
@@ -343,7 +352,7 @@ async fn leave_batch(leases: &Api<Lease>, name: &str, holder: &LockHolder) -> Re
             .is_some_and(|h| matches!(h, LockHolder::Batch(_)));
         let members = members(Some(&lease));
         if !is_batch || !members.contains(&me) {
-            return Ok(false);
+            return Ok(Left::NotMember(Some(Box::new(lease))));
         }
         let rest: Vec<String> = members.into_iter().filter(|m| *m != me).collect();
         let written = if rest.is_empty() {
@@ -368,8 +377,8 @@ async fn leave_batch(leases: &Api<Lease>, name: &str, holder: &LockHolder) -> Re
                 .map(|_| ())
         };
         match written {
-            Ok(()) => return Ok(true),
-            Err(kube::Error::Api(s)) if s.is_not_found() => return Ok(false),
+            Ok(()) => return Ok(Left::Batch),
+            Err(kube::Error::Api(s)) if s.is_not_found() => return Ok(Left::NotMember(None)),
             Err(kube::Error::Api(s)) if s.is_conflict() => conflict = Some(kube::Error::Api(s)),
             Err(e) => return Err(e.into()),
         }
@@ -410,20 +419,10 @@ pub async fn release(
     let name = lock_name(&cluster.name_any());
     let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), &namespace);
     // Boxed, as `acquire_step`'s calls: released from deep in a machine's reconcile.
-    let left_batch = Box::pin(leave_batch(&leases, &name, holder)).await?;
-    if !left_batch
-        && let Some(lease) = leases.get_opt(&name).await?
-        && lease
-            .spec
-            .as_ref()
-            .and_then(|s| s.holder_identity.as_deref())
-            == Some(holder.to_string().as_str())
-    {
-        match leases.delete(&name, &DeleteParams::default()).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.is_not_found() => {}
-            Err(e) => return Err(e.into()),
-        }
+    let left = Box::pin(leave_batch(&leases, &name, holder)).await?;
+    let left_batch = matches!(left, Left::Batch);
+    if let Left::NotMember(Some(lease)) = left {
+        release_own(&leases, &name, holder, *lease).await?;
     }
     // The mirror: out of the waiting and the batch; no holder once its own hold, or the
     // batch's last member, is gone.
@@ -442,6 +441,53 @@ pub async fn release(
     })
     .await;
     Ok(())
+}
+
+/// Deletes the Lease `name` if `holder` holds it alone, as `lease` (read last) says: with
+/// `lease`'s version as a precondition, so a Lease another holder took meanwhile is never
+/// deleted; on a conflict it is read again and looked at afresh.
+async fn release_own(
+    leases: &Api<Lease>,
+    name: &str,
+    holder: &LockHolder,
+    mut lease: Lease,
+) -> Result<(), Error> {
+    let me = holder.to_string();
+    let mut conflict = None;
+    for _ in 0..LEAVE_ATTEMPTS {
+        let holds = lease
+            .spec
+            .as_ref()
+            .and_then(|s| s.holder_identity.as_deref())
+            == Some(me.as_str());
+        if !holds {
+            return Ok(());
+        }
+        let params = DeleteParams {
+            preconditions: Some(kube::api::Preconditions {
+                resource_version: lease.metadata.resource_version.clone(),
+                uid: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match leases.delete(name, &params).await {
+            Ok(_) => return Ok(()),
+            Err(kube::Error::Api(s)) if s.is_not_found() => return Ok(()),
+            Err(kube::Error::Api(s)) if s.is_conflict() => {
+                conflict = Some(kube::Error::Api(s));
+                let Some(fresh) = leases.get_opt(name).await? else {
+                    return Ok(());
+                };
+                lease = fresh;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    // Retried with backoff: the step's next look releases again.
+    Err(conflict.map_or_else(
+        || Error::Invariant(format!("{holder} did not release {name}")),
+        Error::from,
+    ))
 }
 
 /// Whether some action other than `me` holds the lock right now (drift waits for it).
