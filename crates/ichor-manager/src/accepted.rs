@@ -6,12 +6,10 @@
 //! they are. When both versions change, the first step is accepted first, and the second once
 //! the nodes can take it.
 
-use std::borrow::Cow;
-
+use ichor_api::TalosClusterSpec;
 use ichor_api::cluster::AcceptedVersions;
-use ichor_api::names::{conditions, reasons};
+use ichor_api::names::reasons;
 use ichor_api::versions::{self, Declared, First, Series, Version, VersionRefusal};
-use ichor_api::{TalosCluster, TalosClusterSpec};
 
 /// What the nodes run now, as far as the version rules need it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -242,42 +240,14 @@ pub fn rollout_condition(
     }
 }
 
-/// `cluster` as its nodes are to be brought: the spec's versions replaced by the accepted ones
-/// (unchanged while nothing was accepted yet). `Err` with the refusal when nothing was ever
-/// accepted and the cluster says the declaration breaks a rule: nothing may render from it.
-pub fn effective(cluster: &TalosCluster) -> Result<Cow<'_, TalosCluster>, String> {
-    let status = cluster.status.as_ref();
-    let Some(accepted) = status.and_then(|s| s.core.accepted_versions.as_ref()) else {
-        let refused = status.and_then(|s| {
-            s.conditions.iter().find(|c| {
-                c.type_ == conditions::VERSION_ROLLED_OUT
-                    && c.reason == reasons::VERSION_CHANGE_REFUSED
-            })
-        });
-        return match refused {
-            Some(condition) => Err(condition.message.clone()),
-            None => Ok(Cow::Borrowed(cluster)),
-        };
-    };
-    if accepted.talos_version == cluster.spec.talos_version
-        && accepted.kubernetes_version == cluster.spec.kubernetes_version
-    {
-        return Ok(Cow::Borrowed(cluster));
-    }
-    let mut effective = cluster.clone();
-    effective
-        .spec
-        .talos_version
-        .clone_from(&accepted.talos_version);
-    effective
-        .spec
-        .kubernetes_version
-        .clone_from(&accepted.kubernetes_version);
-    Ok(Cow::Owned(effective))
-}
+pub use ichor_render::upgrade::effective;
 
 #[cfg(test)]
 mod tests {
+    use std::borrow::Cow;
+
+    use ichor_api::TalosCluster;
+
     use super::*;
 
     fn pair<'a>(talos: &'a str, kubernetes: &'a str) -> Declared<'a> {

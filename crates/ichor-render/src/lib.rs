@@ -15,6 +15,8 @@
 //!   field that the contract replaces with a typed document.
 //! - [`hardware::check`]: whether a rendered config fits a machine's recorded hardware (the
 //!   install disk or disk selector matches a disk, every named link exists).
+//! - [`upgrade`]: the versions a cluster's nodes are brought to (the accepted ones) and the
+//!   upgrade a node needs to run them, as the manager decides and `kubectl ichor plan` forecasts.
 //! - [`pki`]: role-bearing client certificates (`os:admin`, …) and node serving certificates
 //!   from the bundle's OS CA; [`credentials`]: a talosconfig and an admin kubeconfig.
 //!
@@ -105,6 +107,7 @@ pub mod patch;
 pub mod pki;
 pub mod render;
 pub mod schematic;
+pub mod upgrade;
 
 pub use bundle::{BundleError, SecretsBundle};
 pub use render::{

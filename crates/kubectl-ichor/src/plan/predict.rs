@@ -3,13 +3,16 @@
 //! holds it or refuses it. No client here; `plan::plan` reads the objects.
 //!
 //! Every rule is the one the manager and the webhook run, from the crates they share: the
-//! config as `ichor_render::render_machine` renders it, the version rules of
+//! config as `ichor_render::render_machine` renders it, the versions and the upgrade a node
+//! needs as `ichor_render::upgrade` decides them, the version rules of
 //! `ichor_api::versions` as the webhook applies them at the door, and the order, the batches
 //! and the holds from `ichor_deleteguard::forecast`, which drives `rollout::decide`.
 //!
 //! No Secret is read. A config is compared before and after the change with one placeholder
 //! secrets bundle on both sides: what the spec changes shows, what only the bundle would
 //! change does not (the bundle is not part of a TalosCluster change).
+
+use std::borrow::Cow;
 
 use ichor_api::common::ConditionStatus;
 use ichor_api::machine::{ApprovalState, TalosMachineStatus};
@@ -19,7 +22,7 @@ use ichor_api::{TalosCluster, TalosMachine, TalosMachineClass, TalosStorage};
 use ichor_deleteguard::forecast::Planned;
 use ichor_deleteguard::rollout::{Change, Policy};
 use ichor_deleteguard::{DriftHalt, DriftMachine};
-use ichor_render::{MachineLayers, Rendered, SecretsBundle};
+use ichor_render::{MachineLayers, SecretsBundle};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt as _;
 
@@ -102,24 +105,10 @@ fn placeholder() -> SecretsBundle {
 }
 
 /// `cluster` with the versions the manager renders and upgrades with: those it accepted
-/// (`status.acceptedVersions`, ADR 0069), else the declared ones.
+/// (`status.acceptedVersions`, ADR 0069), else the declared ones. Where the manager refuses to
+/// render a declaration it never accepted, the plan shows it as declared, beside the refusal.
 pub fn effective(cluster: &TalosCluster) -> TalosCluster {
-    let mut effective = cluster.clone();
-    if let Some(accepted) = cluster
-        .status
-        .as_ref()
-        .and_then(|s| s.core.accepted_versions.as_ref())
-    {
-        effective
-            .spec
-            .talos_version
-            .clone_from(&accepted.talos_version);
-        effective
-            .spec
-            .kubernetes_version
-            .clone_from(&accepted.kubernetes_version);
-    }
-    effective
+    ichor_render::upgrade::effective(cluster).map_or_else(|_| cluster.clone(), Cow::into_owned)
 }
 
 /// The cluster after the change, as the manager renders it once the declared versions are
@@ -136,33 +125,6 @@ fn ready(status: &TalosMachineStatus) -> bool {
         .conditions
         .iter()
         .any(|c| c.type_ == conditions::READY && c.status == ConditionStatus::True)
-}
-
-/// A version without its leading `v`.
-fn bare(version: &str) -> &str {
-    version.strip_prefix('v').unwrap_or(version)
-}
-
-/// The installer a node is to be upgraded with to run what `cluster` declares: the one its
-/// upgrade in flight was recorded with, else the rendered one when the node runs another
-/// version, or reports another schematic. The manager decides this in
-/// `ichor-manager` `controller::machine::upgrade::plan::{target, upgrade_image}`, which the
-/// plugin cannot depend on: these lines follow them.
-fn upgrade_image(
-    cluster: &TalosCluster,
-    status: &TalosMachineStatus,
-    rendered: &Rendered,
-) -> Option<String> {
-    if let Some(record) = &status.upgrade.record {
-        return Some(record.image.clone());
-    }
-    let running = status.inventory.talos_version.as_deref()?;
-    let version_differs = bare(running) != bare(&cluster.spec.talos_version);
-    let schematic_differs = match (&rendered.installer.schematic, &status.inventory.schematic) {
-        (Some(wanted), Some(reported)) => wanted != reported,
-        _ => false,
-    };
-    (version_differs || schematic_differs).then(|| rendered.installer.image.clone())
 }
 
 /// How a changed config reaches a node that runs `running`. Talos 1.14 applies every change
@@ -241,7 +203,7 @@ fn predict<'a>(
     let new = render(after).map_err(|e| {
         format!("the config of TalosMachine {name} does not render after the change: {e}")
     })?;
-    let image = upgrade_image(after, &status, &new);
+    let image = ichor_render::upgrade::upgrade_image(after, &status, &new);
     // A change already rolling out is not seen in the placeholder renders: the machine says so.
     let already = config_pending(&status);
     let config = old.hash != new.hash || already;

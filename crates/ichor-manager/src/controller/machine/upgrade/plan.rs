@@ -3,10 +3,8 @@
 
 use std::time::Duration;
 
-use ichor_api::TalosCluster;
-use ichor_api::machine::{TalosMachineStatus, UpgradeRecord};
+use ichor_api::machine::UpgradeRecord;
 use ichor_api::names::reasons;
-use ichor_render::Rendered;
 use k8s_openapi::jiff::Timestamp;
 
 use crate::Stop;
@@ -15,66 +13,7 @@ use crate::Stop;
 /// back healthy.
 pub(super) const NODE_PATIENCE: Duration = crate::controller::operation::NODE_PATIENCE;
 
-/// Where a node is to go: the installer image, the Talos version, and the schematic its node
-/// must report after (when Ichor derived the installer from one).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Target {
-    /// The installer image.
-    pub image: String,
-    /// The declared Talos version.
-    pub version: String,
-    /// The schematic ID the node must report, when verified.
-    pub schematic: Option<String>,
-}
-
-/// A version without its leading `v`, for comparing what a node reports with what is
-/// declared.
-fn bare(version: &str) -> &str {
-    version.strip_prefix('v').unwrap_or(version)
-}
-
-/// Whether `running` is `declared`, with or without the leading `v`.
-pub(super) fn same_version(running: &str, declared: &str) -> bool {
-    bare(running) == bare(declared)
-}
-
-/// The upgrade a node needs to run what `cluster` declares (`None`: it runs it, or it has not
-/// said what it runs): another Talos version, or another schematic than its installer is
-/// derived from. A node that reports no schematic is not upgraded for its schematic alone:
-/// unknown is not different.
-pub(crate) fn target(
-    cluster: &TalosCluster,
-    status: &TalosMachineStatus,
-    rendered: &Rendered,
-) -> Option<Target> {
-    let running = status.inventory.talos_version.as_deref()?;
-    let declared = &cluster.spec.talos_version;
-    let version_differs = !same_version(running, declared);
-    let schematic_differs = match (&rendered.installer.schematic, &status.inventory.schematic) {
-        (Some(wanted), Some(reported)) => wanted != reported,
-        _ => false,
-    };
-    (version_differs || schematic_differs).then(|| Target {
-        image: rendered.installer.image.clone(),
-        version: declared.clone(),
-        schematic: rendered.installer.schematic.clone(),
-    })
-}
-
-/// The image a machine is to be upgraded with, for the rollout's order: the one its upgrade in
-/// flight was recorded with, else the one it needs.
-pub(crate) fn upgrade_image(
-    cluster: &TalosCluster,
-    status: &TalosMachineStatus,
-    rendered: &Rendered,
-) -> Option<String> {
-    status
-        .upgrade
-        .record
-        .as_ref()
-        .map(|r| r.image.clone())
-        .or_else(|| target(cluster, status, rendered).map(|t| t.image))
-}
+pub(crate) use ichor_render::upgrade::{Target, same_version, target, upgrade_image};
 
 /// How long ago `since` was, at `now` (zero for a time in the future or none).
 pub(super) fn elapsed(since: Option<&Timestamp>, now: Timestamp) -> Duration {
