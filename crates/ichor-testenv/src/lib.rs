@@ -16,7 +16,8 @@
 //! Kubernetes CA, kube-controller-manager, and kwok playing the kubelets — is
 //! [`WorkloadControlPlane`] (see [`workload`]).
 //!
-//! A real S3-compatible object store (SeaweedFS, for the backup tests) is [`S3Server`].
+//! A real S3-compatible object store (SeaweedFS, for the backup tests) is [`S3Server`]; a real
+//! Redfish service (sushy-tools' emulator, for the BMC tests) is [`SushyEmulator`].
 //!
 //! Shared by every test besides: [`wait::eventually`] (poll until a condition holds) and
 //! [`rng`] (seeded, replayable randomness).
@@ -41,6 +42,7 @@ pub mod nets;
 pub mod pki;
 pub mod ports;
 pub mod process;
+pub mod redfish;
 pub mod rng;
 pub mod s3;
 pub mod tuning;
@@ -66,6 +68,7 @@ pub use control_plane::{
     kubeconfig_yaml, tool_versions,
 };
 pub use pki::CertAndKey;
+pub use redfish::{FakeSystem, SushyEmulator, SushyEmulatorBuilder};
 pub use s3::{S3Server, S3ServerBuilder};
 pub use workload::{NodeRegistration, WorkloadControlPlane, WorkloadSpec};
 
@@ -126,6 +129,10 @@ pub enum Error {
     /// A process failed to start or the apiserver never became ready.
     #[error("control plane failed to start: {0}")]
     Startup(String),
+    /// A test tool is not where the variable naming it points, or the variable is unset (the
+    /// message says which command installs it).
+    #[error("{0}")]
+    MissingTool(String),
     /// A server lost a port it was given to another process at every start ([`ports`]).
     #[error("{server} lost a port to another process at each of {attempts} starts (ports {ports})")]
     PortLost {

@@ -3,12 +3,13 @@
 //! server whose port is fixed).
 //!
 //! A port that was free when it was picked may be taken by another test before the server
-//! binds it. The server then says so by exiting (etcd, kube-apiserver, weed) or by failing to
-//! become ready; either way its start fails, and a failed start counts as a *lost port* when,
-//! once the server is stopped, one of its ports is held by another process (our own bind of
-//! it fails with [`std::io::ErrorKind::AddrInUse`]), or — when the other process let go again
-//! meanwhile — its error reports `address already in use`. The servers are Go programs that
-//! report a failed bind only as text; that text is read in one place, [`says_address_in_use`].
+//! binds it. The server then says so by exiting (etcd, kube-apiserver, weed, sushy-emulator) or
+//! by failing to become ready; either way its start fails, and a failed start counts as a *lost
+//! port* when, once the server is stopped, one of its ports is held by another process (our
+//! own bind of it fails with [`std::io::ErrorKind::AddrInUse`]), or — when the other process
+//! let go again meanwhile — its error reports `address already in use`. The servers are Go
+//! programs (and one Python program) that report a failed bind only as text; that text is read
+//! in one place, [`says_address_in_use`].
 //! A lost port is retried up to [`ATTEMPTS`] times, on fresh ports or, for a restart, on the
 //! same ones once they are free again; any other failure is returned at once.
 //!
@@ -45,9 +46,10 @@ pub fn held(ip: IpAddr, port: u16) -> bool {
 }
 
 /// Whether a server's error or log says that a port it was given was taken: the one place
-/// log text stands for a failed bind (Go's `bind: address already in use`).
+/// log text stands for a failed bind (Go's `bind: address already in use`, Python's
+/// `Address already in use`).
 pub fn says_address_in_use(text: &str) -> bool {
-    text.contains("address already in use")
+    text.to_ascii_lowercase().contains("address already in use")
 }
 
 /// Whether a failed start of a server on `ports` of `ip` lost a port to another process. The
@@ -275,6 +277,17 @@ mod tests {
             }
         };
         (taken, hook)
+    }
+
+    #[test]
+    fn a_taken_port_reads_in_go_and_in_python() {
+        assert!(says_address_in_use(
+            "listen tcp 127.0.0.1:2379: bind: address already in use"
+        ));
+        assert!(says_address_in_use(
+            "OSError: [Errno 98] Address already in use"
+        ));
+        assert!(!says_address_in_use("connection refused"));
     }
 
     #[tokio::test]
