@@ -13,6 +13,10 @@
 //! - `advisories`: `cargo deny --offline check advisories` against the RustSec snapshot that
 //!   `ICHOR_ADVISORY_DB` names.
 //! - `checkov`: the rendered chart under checkov (PyPI, in the cache), offline.
+//! - `redfish-tools`: install (or reuse) the Redfish tools of the BMC tests from
+//!   `tools/redfish/requirements.txt` (sushy-tools, sushy, the DMTF's protocol validator) in a
+//!   virtual environment in the cache; prints its `bin` folder last (the tests'
+//!   `ICHOR_REDFISH_TOOLS`).
 //! - `fuzz [TARGET] [--seconds N]`: the cargo-fuzz targets of `fuzz/` (nightly toolchain), each
 //!   for N seconds (default: a minute split across the targets) on a copy of its corpus.
 //! - `crdgen`: write the CRDs and admission policies generated from `ichor-api` to `config/`.
@@ -47,6 +51,7 @@ mod deny;
 mod envtest;
 mod fuzz;
 mod readme;
+mod redfish;
 mod run;
 mod test;
 mod testrun;
@@ -91,6 +96,10 @@ enum Task {
     Advisories,
     /// The rendered chart under checkov (from PyPI, in the cache), offline.
     Checkov,
+    /// Install (or reuse) the Redfish tools of the BMC tests (sushy-tools, sushy, the DMTF's
+    /// protocol validator) from PyPI in the cache; prints their folder last, the value of
+    /// ICHOR_REDFISH_TOOLS.
+    RedfishTools,
     /// The cargo-fuzz targets of fuzz/ (nightly toolchain), on a copy of their corpus.
     Fuzz {
         /// One target (all when none is named): admission_review, config_patch,
@@ -201,6 +210,9 @@ fn main() -> ExitCode {
         Task::Checkov => envtest::helm(&root).and_then(|helm| {
             let checkov = checkov::ensure(&root)?;
             checkov::lint(&root, &helm, &checkov)
+        }),
+        Task::RedfishTools => redfish::ensure(&root).map(|dir| {
+            println!("{}", dir.display());
         }),
         Task::Fuzz { target, seconds } => {
             run::trap_signals().and_then(|()| fuzz::fuzz(&root, target.as_deref(), seconds))

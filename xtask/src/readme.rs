@@ -21,6 +21,7 @@ const RUN: &[&str] = &[
     "cargo xtask envtest-assets",
     "cargo xtask oracles",
     "cargo xtask bins",
+    "cargo xtask redfish-tools",
     "cargo xtask e2e --target sim",
     "cargo xtask demo --until-ready",
 ];

@@ -35,9 +35,9 @@ fn all_phases(root: &Path, phases: &mut Phases) -> Result<()> {
         cmd.args(["fmt", "--all", "--check"]);
         run_cmd(cmd)
     })?;
-    // The tools (Go builds, and checkov from PyPI) build on a thread of their own while the Rust
-    // phases run: on a cold cache their downloads wait on the network and their links keep one
-    // core busy, time the Rust build leaves idle. Warm, each is a cache check of a second or less.
+    // The tools (Go builds; checkov and the Redfish tools from PyPI) build on a thread of their
+    // own while the Rust phases run: on a cold cache their downloads wait on the network and
+    // their links keep one core busy, time the Rust build leaves idle. Warm, each is a cache check of a second or less.
     let tools = ToolBuilds::start(root);
     phases.phase("tools: k8s replace block", || {
         envtest::k8s_replaces(root, Some("--check"))
@@ -109,6 +109,7 @@ fn all_phases(root: &Path, phases: &mut Phases) -> Result<()> {
         helm,
         weed,
         checkov,
+        redfish,
     } = tools.join(phases)?;
     phases.phase("helm lint", || {
         let mut cmd = Command::new(&helm);
@@ -128,6 +129,7 @@ fn all_phases(root: &Path, phases: &mut Phases) -> Result<()> {
         tests: built.tests.clone(),
         helm,
         weed,
+        redfish,
         audit_dir: audit_dir.clone(),
     };
     // The tests and the README's commands each leave most of a core idle, waiting on the
@@ -203,6 +205,8 @@ struct ToolsBuilt {
     helm: PathBuf,
     weed: PathBuf,
     checkov: PathBuf,
+    /// The Redfish tools' `bin` folder.
+    redfish: PathBuf,
 }
 
 /// Each background build's name, wall time and outcome.
@@ -214,8 +218,8 @@ struct ToolBuilds {
 }
 
 impl ToolBuilds {
-    /// Starts building the envtest assets, the Talos oracles, helm, SeaweedFS and checkov's
-    /// environment, in that order.
+    /// Starts building the envtest assets, the Talos oracles, helm, SeaweedFS, checkov's
+    /// environment and the Redfish tools' environment, in that order.
     fn start(root: &Path) -> Self {
         let root = root.to_path_buf();
         let handle = std::thread::spawn(move || {
@@ -269,6 +273,9 @@ fn build_tools(root: &Path, took: &mut Timings) -> Result<ToolsBuilt> {
         checkov: timed(took, "tools: checkov (pip install)", || {
             crate::checkov::ensure(root)
         })?,
+        redfish: timed(took, "tools: redfish tools (pip install)", || {
+            crate::redfish::ensure(root)
+        })?,
     };
     Ok(built)
 }
@@ -281,6 +288,8 @@ struct TestTools {
     tests: Vec<Job>,
     helm: PathBuf,
     weed: PathBuf,
+    /// The Redfish tools' `bin` folder (`ICHOR_REDFISH_TOOLS`).
+    redfish: PathBuf,
     audit_dir: PathBuf,
 }
 
@@ -467,6 +476,7 @@ fn run_tests(root: &Path, tools: &TestTools) -> Result<()> {
         (crate::assets::ORACLES_ENV, tools.oracles.clone()),
         ("ICHOR_HELM_BIN", tools.helm.clone()),
         ("ICHOR_WEED_BIN", tools.weed.clone()),
+        ("ICHOR_REDFISH_TOOLS", tools.redfish.clone()),
         ("ICHOR_AUDIT_DIR", tools.audit_dir.clone()),
     ];
     let mut jobs = tools.tests.clone();
