@@ -7,13 +7,18 @@
 //!   `{"id", "schematic"}`, also when it already exists.
 //! - `GET /schematics/{id}` answers the canonical YAML, or 404 `schematic not found`.
 //! - The empty schematic, the factory's default, is always known (§9.4).
+//! - `GET /image/{schematic}/{version}/{file}` serves an ISO, `<platform>-<arch>.iso` (§9.11):
+//!   an unknown schematic is the factory's 404 `schematic not found`, a path it cannot read a
+//!   400. The body is a few bytes standing for the ISO, enough for a BMC that downloads the
+//!   media it is given (sushy-tools does); other boot assets are not served (404, saying so).
+//!   A simulated BMC reads an ISO URL with [`SimFactory::iso`] instead of downloading it.
 //!
 //! What it does not model: the parts of a schematic Ichor does not declare (`owner`,
 //! `overlay`, `embeddedMachineConfiguration`, `secureboot`, `diskImage`) are refused with a
 //! 400 that says so, never stored silently; a schematic whose ID cannot be computed exactly
 //! (`ichor_render::schematic::id` refuses it) is refused with that reason. Images, versions
-//! and extension lists (`/image`, `/versions`, `/version/{v}/extensions/official`) are not
-//! served.
+//! and extension lists (`/versions`, `/version/{v}/extensions/official`) are not served, nor
+//! boot assets other than ISOs.
 //!
 //! The factory's registry is every host at once: any image [`FactoryImage::parse`] reads is
 //! one of its installers, whatever registry it names, and a node pulling it finds it only
@@ -116,6 +121,7 @@ impl SimFactory {
         let app = axum::Router::new()
             .route("/schematics", post(create))
             .route("/schematics/{id}", get(read))
+            .route("/image/{schematic}/{version}/{file}", get(image))
             .with_state(Arc::clone(&factory.store));
         let task = tokio::spawn(async move {
             if let Err(error) = axum::serve(listener, app).await {
@@ -161,6 +167,37 @@ impl SimFactory {
         self.store.put(schematic)
     }
 
+    /// The ISO at `url`, as a BMC given it as virtual media finds it: `url` must be
+    /// `<this factory's URL>/image/<schematic>/<version>/<platform>-<arch>.iso` (talos-facts
+    /// §9.11) with a schematic the factory knows; otherwise what downloading it would meet.
+    pub(crate) fn iso(&self, url: &str) -> Result<FactoryIso, IsoRefusal> {
+        let path = strip_prefix_ignoring_case(url, &self.store.url)
+            .and_then(|rest| rest.strip_prefix("/image/"))
+            .ok_or(IsoRefusal::Unreachable)?;
+        let path = path.split(['?', '#']).next().unwrap_or_default();
+        let mut parts = path.splitn(3, '/');
+        let (Some(schematic), Some(version), Some(file)) =
+            (parts.next(), parts.next(), parts.next())
+        else {
+            return Err(IsoRefusal::NotFound("404 page not found".into()));
+        };
+        if !self.store.lock().contains_key(schematic) {
+            return Err(IsoRefusal::NotFound("schematic not found".into()));
+        }
+        let (version, file) = read_image_path(version, file).map_err(|(status, message)| {
+            if status == StatusCode::NOT_FOUND {
+                IsoRefusal::NotFound(message)
+            } else {
+                IsoRefusal::Invalid(message)
+            }
+        })?;
+        Ok(FactoryIso {
+            schematic: schematic.to_owned(),
+            version,
+            file,
+        })
+    }
+
     /// Why a node's containerd fails to pull `image`, if it does: an installer of this
     /// factory's whose schematic it does not know. The factory answers the manifest request
     /// with a plain-text 404 (talos-facts §9.4), which containerd's resolver reads as
@@ -196,6 +233,100 @@ impl Store {
         );
         Ok(id)
     }
+}
+
+/// An ISO of the factory's, read from its URL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct FactoryIso {
+    /// The schematic ID.
+    pub(crate) schematic: String,
+    /// The Talos version, with its `v` (the factory adds one when the URL has none).
+    pub(crate) version: String,
+    /// The file, e.g. `metal-amd64.iso`.
+    pub(crate) file: String,
+}
+
+impl FactoryIso {
+    /// The factory's metal installer of the same schematic and version: what a node booted
+    /// from this ISO reports its extensions from (talos-facts §9.5).
+    pub(crate) fn installer(&self) -> String {
+        format!(
+            "factory/metal-installer/{}:{}",
+            self.schematic, self.version
+        )
+    }
+}
+
+/// Why an ISO URL cannot be downloaded from the factory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum IsoRefusal {
+    /// The URL is not under the factory's: nothing the simulator can reach serves it.
+    Unreachable,
+    /// The factory answers 404 with this message.
+    NotFound(String),
+    /// The factory answers 400 or 500 with this message (a path or version it cannot read).
+    Invalid(String),
+}
+
+/// `url` without the prefix `base`, scheme and host compared without case.
+fn strip_prefix_ignoring_case<'a>(url: &'a str, base: &str) -> Option<&'a str> {
+    let head = url.get(..base.len())?;
+    head.eq_ignore_ascii_case(base).then(|| &url[base.len()..])
+}
+
+/// Reads `<version>` and `<file>` of an image path as the factory does (image-factory
+/// `internal/frontend/http/image.go` `handleImage`, `internal/profile/profile.go`
+/// `ParseFromPath`): a `v` is added to a version without one, which must be semver; an ISO is
+/// `<platform>-<arch>[-secureboot].iso` with `amd64` or `arm64`. Returns the version and the
+/// file, or the status and message of the factory's refusal (404 for assets the simulator
+/// does not serve).
+fn read_image_path(version: &str, file: &str) -> Result<(String, String), (StatusCode, String)> {
+    let version = if version.starts_with('v') {
+        version.to_owned()
+    } else {
+        format!("v{version}")
+    };
+    if !is_semver(&version[1..]) {
+        return Err((
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("error parsing version: {:?} is not semver", &version[1..]),
+        ));
+    }
+    let Some(stem) = file.strip_suffix(".iso") else {
+        return Err((
+            StatusCode::NOT_FOUND,
+            format!("{file} is not served by the simulated Image Factory (ISOs only)"),
+        ));
+    };
+    if stem.ends_with("-secureboot") {
+        return Err((
+            StatusCode::BAD_REQUEST,
+            "Secure Boot ISOs are not modelled by the simulated Image Factory".into(),
+        ));
+    }
+    let Some((_platform, arch)) = stem.split_once('-') else {
+        return Err((
+            StatusCode::BAD_REQUEST,
+            format!("error parsing profile from path: invalid platform-arch: {stem:?}"),
+        ));
+    };
+    if arch != "amd64" && arch != "arm64" {
+        return Err((
+            StatusCode::BAD_REQUEST,
+            format!("error parsing profile from path: invalid architecture: {arch:?}"),
+        ));
+    }
+    Ok((version, file.to_owned()))
+}
+
+/// Whether `text` is `MAJOR.MINOR.PATCH` with an optional `-pre` and `+build`.
+fn is_semver(text: &str) -> bool {
+    let core = text.split(['-', '+']).next().unwrap_or_default();
+    let numbers: Vec<&str> = core.split('.').collect();
+    numbers.len() == 3
+        && numbers
+            .iter()
+            .all(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// A plain-text error as Go's `http.Error` writes it: the message and a newline.
@@ -258,6 +389,35 @@ async fn read(State(store): State<Arc<Store>>, Path(id): Path<String>) -> Respon
         )
             .into_response(),
         None => plain(StatusCode::NOT_FOUND, "schematic not found"),
+    }
+}
+
+/// `GET /image/{schematic}/{version}/{file}` (`handleImage`): a few bytes standing for the ISO
+/// (`Content-Disposition` naming the file, as the factory sends it), or the factory's refusal.
+async fn image(
+    State(store): State<Arc<Store>>,
+    Path((schematic, version, file)): Path<(String, String, String)>,
+) -> Response {
+    if !store.lock().contains_key(&schematic) {
+        return plain(StatusCode::NOT_FOUND, "schematic not found");
+    }
+    match read_image_path(&version, &file) {
+        Ok((version, file)) => (
+            StatusCode::OK,
+            [
+                (
+                    header::CONTENT_TYPE,
+                    "application/x-iso9660-image".to_owned(),
+                ),
+                (
+                    header::CONTENT_DISPOSITION,
+                    format!("attachment; filename=\"{file}\""),
+                ),
+            ],
+            format!("ichor-sim ISO: Talos {version}, schematic {schematic}\n"),
+        )
+            .into_response(),
+        Err((status, message)) => plain(status, &message),
     }
 }
 
@@ -538,6 +698,44 @@ mod tests {
                 "{body}: {refused}"
             );
         }
+    }
+
+    #[test]
+    fn an_iso_url_is_read_as_the_factory_reads_it() {
+        let factory = SimFactory::offline("https://factory.example");
+        let base = "https://Factory.example/image";
+        let iso = factory
+            .iso(&format!("{base}/{EMPTY_ID}/1.14.1/metal-amd64.iso"))
+            .unwrap();
+        assert_eq!(
+            iso,
+            FactoryIso {
+                schematic: EMPTY_ID.into(),
+                version: "v1.14.1".into(),
+                file: "metal-amd64.iso".into(),
+            }
+        );
+        let unknown = "0".repeat(64);
+        assert_eq!(
+            factory.iso(&format!("{base}/{unknown}/v1.14.1/metal-amd64.iso")),
+            Err(IsoRefusal::NotFound("schematic not found".into()))
+        );
+        assert!(matches!(
+            factory.iso(&format!("{base}/{EMPTY_ID}/v1.14.1/metal-riscv64.iso")),
+            Err(IsoRefusal::Invalid(_))
+        ));
+        assert!(matches!(
+            factory.iso(&format!("{base}/{EMPTY_ID}/v1.14.1/metal-amd64.raw.xz")),
+            Err(IsoRefusal::NotFound(_))
+        ));
+        assert!(matches!(
+            factory.iso(&format!("{base}/{EMPTY_ID}/latest/metal-amd64.iso")),
+            Err(IsoRefusal::Invalid(_))
+        ));
+        assert_eq!(
+            factory.iso("https://elsewhere.example/image/x/v1.14.1/metal-amd64.iso"),
+            Err(IsoRefusal::Unreachable)
+        );
     }
 
     #[test]

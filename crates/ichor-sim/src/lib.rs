@@ -38,11 +38,21 @@
 //! - **Roles per method** (§10.6), `Version` and services as machined fills them (§10.7, §10.8),
 //!   and `Unimplemented` naming every method the simulator does not model (§10.10).
 //! - **Image Factory** (§9.3–§9.5, `docs/install-failures.md`): [`SimFactory`], the factory's
-//!   schematic API (`POST`/`GET /schematics`) and the schematics it knows, shared by a
-//!   process's nodes ([`NodeSpec::factory`]); a pull or an install of one of its installers
-//!   whose schematic it does not know fails as containerd's not-found pull; each node lists
-//!   the extensions of the installer it was installed or upgraded with (`ExtensionStatuses`;
-//!   1.14 also `ImageFactorySchematics`).
+//!   schematic API (`POST`/`GET /schematics`), its ISOs (§15.1) and the schematics it knows,
+//!   shared by a process's nodes ([`NodeSpec::factory`]); a pull or an install of one of its
+//!   installers whose schematic it does not know fails as containerd's not-found pull; each
+//!   node lists the extensions of the installer it was installed or upgraded with
+//!   (`ExtensionStatuses`; 1.14 also `ImageFactorySchematics`).
+//! - **BMC** (§15, `bmc` module): opt-in per node ([`NodeSpec::bmc`], [`SimNode::bmc`]), a
+//!   Redfish service over HTTPS on loopback (basic auth or sessions, a CA for tests) with one
+//!   system, one manager and its virtual CD. Power actions reach the node: off, it answers
+//!   nothing; on, it boots through its firmware, from its disk as after a restart, or from an
+//!   inserted Image Factory ISO (§15.1: maintenance mode with the ISO's version and schematic;
+//!   halted on a disk with Talos installed, §15.2) when the boot override says `Cd` (a `Once`
+//!   override is consumed by that boot); `GracefulShutdown` is machined's power-button
+//!   shutdown (§15.3); a reset is a power cycle. The system reports the node's SMBIOS UUID
+//!   (§8.1), optionally byte-swapped (§8.6); faults: unresponsive, password changed
+//!   ([`BmcFault`]).
 //! - **Kubernetes components** (§14): the kubelet version the running config's kubelet image
 //!   gives ([`SimNode::kubelet_version`]), a control plane's kubelet status of each control-plane
 //!   static pod (`StaticPodStatuses`), which follows the running config's images once etcd is
@@ -56,6 +66,7 @@
 
 mod apply;
 mod authz;
+mod bmc;
 mod config;
 mod configured;
 mod control;
@@ -94,6 +105,7 @@ use tokio::time::Instant;
 use tonic::service::Routes;
 use tonic::transport::Server;
 
+pub use bmc::{BmcFault, BmcSpec, SimBmc};
 pub use config::MachineType;
 pub use control::Gate;
 pub use factory::SimFactory;
@@ -204,6 +216,9 @@ pub struct NodeSpec {
     /// The Image Factory its containerd pulls factory installers from and whose schematics
     /// its extensions name (talos-facts §9.4, §9.5): the nodes of one process share one.
     pub factory: SimFactory,
+    /// Its BMC, if it has one: a Redfish service whose power and boot actions reach the node
+    /// (the `bmc` module); none by default.
+    pub bmc: Option<BmcSpec>,
 }
 
 /// The default [`NodeSpec::etcd_size`]: a few MiB, as a small cluster's etcd holds.
@@ -220,6 +235,7 @@ impl NodeSpec {
             config: None,
             etcd_size: DEFAULT_ETCD_SIZE,
             factory: SimFactory::default(),
+            bmc: None,
         }
     }
 }
@@ -491,6 +507,17 @@ pub(crate) struct Node {
     pub(crate) bricked: bool,
     /// Powered on.
     pub(crate) powered: bool,
+    /// The firmware settings its BMC keeps (boot override, virtual CD), if it has a BMC: what
+    /// a boot through the firmware starts from (`bmc::boot_device`).
+    pub(crate) firmware: Option<Arc<bmc::Firmware>>,
+    /// The next boot follows a kexec: the firmware plays no part in it (talos-facts §9.6).
+    pub(crate) kexec: bool,
+    /// The ISO the node last booted from its BMC's virtual CD, if any: its version runs, and its
+    /// schematic gives the extensions while nothing is installed.
+    pub(crate) iso: Option<factory::FactoryIso>,
+    /// This boot halted: booted from an ISO with Talos installed on the disk
+    /// (`talos.halt_if_installed`, talos-facts §15.2), nothing runs and nothing answers.
+    pub(crate) halted: bool,
     // This boot.
     pub(crate) stage: Stage,
     pub(crate) booted_at: Instant,
@@ -536,6 +563,7 @@ pub struct SimNode {
     shared: Arc<Shared>,
     hardware: Hardware,
     node: Arc<Mutex<Node>>,
+    bmc: Option<SimBmc>,
 }
 
 impl SimNode {
@@ -591,6 +619,11 @@ impl SimNode {
                 .map_err(|source| SimError::Serve { addr, source })?;
         }
         let shared = Arc::new(Shared::new(addr, &spec.talos_version));
+        let firmware = spec
+            .bmc
+            .as_ref()
+            .map(|_| Arc::new(bmc::Firmware::default()));
+        let powered = !spec.bmc.as_ref().is_some_and(|b| b.powered_off);
         // A node started with a config was installed before, from the config's installer.
         let installer = persisted
             .as_ref()
@@ -619,7 +652,11 @@ impl SimNode {
             pending_installer: None,
             disk_content: BTreeMap::new(),
             bricked: false,
-            powered: true,
+            powered,
+            firmware: firmware.clone(),
+            kexec: false,
+            iso: None,
+            halted: false,
             stage: Stage::Booting,
             booted_at: Instant::now(),
             running: None,
@@ -650,11 +687,36 @@ impl SimNode {
             },
         );
         node.lock().await.boot(Arc::downgrade(&node)).await?;
+        let bmc = match (&spec.bmc, firmware) {
+            (Some(bmc), Some(firmware)) => Some(
+                bmc::start(
+                    bmc,
+                    Arc::downgrade(&node),
+                    firmware,
+                    spec.factory.clone(),
+                    &spec.hardware.uuid,
+                )
+                .await?,
+            ),
+            _ => None,
+        };
         Ok(Self {
             shared,
             hardware: spec.hardware,
             node,
+            bmc,
         })
+    }
+
+    /// Its BMC, if its spec gave it one ([`NodeSpec::bmc`]).
+    pub fn bmc(&self) -> Option<&SimBmc> {
+        self.bmc.as_ref()
+    }
+
+    /// Whether this boot halted: the machine booted an ISO with Talos installed on its disk
+    /// (`talos.halt_if_installed`, talos-facts §15.2), powered on and answering nothing.
+    pub async fn halted(&self) -> bool {
+        self.node.lock().await.halted
     }
 
     /// Reboots the node: it goes away and comes back on the same address; in maintenance mode
@@ -791,8 +853,11 @@ impl SimNode {
         Ok(())
     }
 
-    /// Stops the node and takes it off the network.
+    /// Stops the node (and its BMC) and takes it off the network.
     pub async fn stop(self) {
+        if let Some(bmc) = &self.bmc {
+            bmc.stop();
+        }
         self.node.lock().await.shut_down().await;
         network().nodes.remove(&self.shared.addr);
     }
@@ -851,8 +916,8 @@ impl SimNode {
     }
 
     /// Whether the node is powered on. A crash or a power-off (a shutdown, a reset without
-    /// reboot) turns it off until [`SimNode::restart`] or [`SimNode::reboot`]; nothing else
-    /// powers it on, and an unpowered node does not boot.
+    /// reboot, its BMC) turns it off until [`SimNode::restart`], [`SimNode::reboot`] or its BMC
+    /// powers it on; nothing else does, and an unpowered node does not boot.
     pub async fn is_powered(&self) -> bool {
         self.node.lock().await.powered
     }
@@ -1131,8 +1196,24 @@ impl Node {
     /// id and services, and the initialize sequence (talos-facts §10.3); a config applied in
     /// maintenance continues the same boot.
     pub(crate) async fn boot(&mut self, this: Weak<Mutex<Node>>) -> Result<(), SimError> {
-        if self.bricked || !self.powered {
+        // A boot that lost a race with another (a power-on during a reboot's down time) finds
+        // the machine running: nothing to do.
+        if !self.powered || self.server.is_some() {
             return Ok(());
+        }
+        self.halted = false;
+        // A boot through the firmware (a power-on, a reboot that is no kexec) may start from
+        // the BMC's virtual CD (the `bmc` module).
+        let through_firmware = !std::mem::take(&mut self.kexec) && self.fresh;
+        let cd = if through_firmware {
+            bmc::boot_device(self)
+        } else {
+            None
+        };
+        match &cd {
+            Some(iso) if !bmc::boot_from(self, iso) => return Ok(()),
+            None if self.bricked => return Ok(()),
+            _ => {}
         }
         let fresh = std::mem::take(&mut self.fresh);
         // A config that lived in memory only is gone after a power-on (no STATE partition):
@@ -1151,7 +1232,9 @@ impl Node {
             self.services = services::Services::default();
             self.current_sequence.clear();
             self.last_status = None;
-            sequences::take_pending_version(self);
+            if cd.is_none() {
+                sequences::take_pending_version(self);
+            }
         }
         self.booted_at = Instant::now();
         // The volume manager starts over: every volume is located again.
@@ -1413,6 +1496,8 @@ impl Node {
     pub(crate) async fn restart(&mut self, node: Weak<Mutex<Node>>) {
         self.stage = Stage::Rebooting;
         self.shut_down().await;
+        // The install sequence reboots by kexec (talos-facts §5).
+        self.kexec = true;
         sequences::boot_after(node, self.timings.reboot);
     }
 

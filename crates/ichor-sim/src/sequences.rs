@@ -121,6 +121,11 @@ const INSTALL_AFTER: &[Phase] = &[
 ];
 
 impl Plan {
+    /// Whether the sequence ends in a kexec (the next boot skips the firmware).
+    pub(crate) fn kexecs(&self) -> bool {
+        self.end == End::Restart(CMD_KEXEC)
+    }
+
     /// The reboot sequence for a request's mode: FORCE skips straight to the reboot; kexec is
     /// prepared unless the mode is POWERCYCLE or there is no system disk.
     pub(crate) fn reboot(mode: RebootMode, installed: bool) -> Self {
@@ -588,6 +593,7 @@ impl Node {
     pub(crate) async fn go_down(&mut self, this: Weak<Mutex<Node>>, actor: &str, plan: &Plan) {
         self.run_plan(actor, plan);
         self.shut_down().await;
+        self.kexec = plan.kexecs();
         if plan.end == End::Restart(CMD_POWER_OFF) {
             self.powered = false;
             return;
@@ -644,6 +650,18 @@ pub(crate) fn shutdown(node: Weak<Mutex<Node>>, request: &ShutdownRequest) -> St
         strong.lock().await.go_down(node.clone(), &by, &plan).await;
     });
     actor
+}
+
+/// The ACPI power button (talos-facts §15.3): machined runs the shutdown sequence as for
+/// `Shutdown{force: true}`, with no actor, and the machine powers off.
+pub(crate) fn power_button(node: Weak<Mutex<Node>>) {
+    let plan = Plan::shutdown(&ShutdownRequest { force: true });
+    tokio::spawn(async move {
+        let Some(strong) = after_start(&node).await else {
+            return;
+        };
+        strong.lock().await.go_down(node.clone(), "", &plan).await;
+    });
 }
 
 /// What a reset wipes, decided from its request (talos-facts §1.2, §8.4): the user disks it
@@ -708,6 +726,7 @@ pub(crate) fn reset(node: Weak<Mutex<Node>>, request: ResetRequest, leave: Leave
         }
         guard.run_plan(&by, &plan);
         guard.shut_down().await;
+        guard.kexec = plan.kexecs();
         wipe(&mut guard, &request);
         if request.reboot {
             boot_after(node.clone(), guard.timings.reboot);

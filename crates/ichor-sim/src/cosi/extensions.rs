@@ -12,9 +12,10 @@
 //!   factory does not know (a node started with such an installer) gives the `schematic`
 //!   extension alone, without extraInfo;
 //! - any other installer (`ghcr.io/siderolabs/installer`): none;
-//! - never installed (booted from an ISO, maintenance mode, or installed and wiped): the
-//!   factory's default ISO, i.e. the empty schematic's `schematic` extension. Real ISOs may
-//!   carry another schematic; the simulator boots every machine from the default one.
+//! - never installed (booted from an ISO, maintenance mode, or installed and wiped): the ISO
+//!   it booted: one its BMC's virtual CD held (the `bmc` module) gives its schematic's
+//!   extensions as its factory installer would; otherwise the factory's default ISO, i.e. the
+//!   empty schematic's `schematic` extension.
 //!
 //! An official extension's manifest is not something the simulator has: its on-node name is
 //! the factory name without its `siderolabs/` prefix (`siderolabs/intel-ucode` →
@@ -72,7 +73,12 @@ fn schematic_extension(id: &str, yaml: Option<String>, url: &str) -> Extension {
 /// The extensions of the node's installer, in layer order.
 fn installed(node: &Node) -> Vec<Extension> {
     let url = node.factory.url();
-    let installer = node.installer.as_deref().filter(|_| node.installed);
+    let iso = node.iso.as_ref().map(crate::factory::FactoryIso::installer);
+    let installer = node
+        .installer
+        .as_deref()
+        .filter(|_| node.installed)
+        .or(iso.as_deref());
     let Some(image) = installer else {
         let known = node.factory.known(EMPTY_ID).map(|k| k.yaml);
         return vec![schematic_extension(EMPTY_ID, known, &url)];
