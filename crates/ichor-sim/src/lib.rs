@@ -44,8 +44,8 @@
 //!   node lists the extensions of the installer it was installed or upgraded with
 //!   (`ExtensionStatuses`; 1.14 also `ImageFactorySchematics`).
 //! - **BMC** (§15, `bmc` module): opt-in per node ([`NodeSpec::bmc`], [`SimNode::bmc`]), a
-//!   Redfish service over HTTPS on loopback (basic auth or sessions, a CA for tests) with one
-//!   system, one manager and its virtual CD. Power actions reach the node: off, it answers
+//!   Redfish service over HTTPS on loopback (basic auth or sessions, accounts under the
+//!   predefined roles, a CA for tests) with one system, one manager and its virtual CD. Power actions reach the node: off, it answers
 //!   nothing; on, it boots through its firmware, from its disk as after a restart, or from an
 //!   inserted Image Factory ISO (§15.1: maintenance mode with the ISO's version and schematic;
 //!   halted on a disk with Talos installed, §15.2) when the boot override says `Cd` (a `Once`

@@ -13,7 +13,7 @@ use tokio::sync::Mutex;
 
 use super::errors::{Message, error};
 use super::firmware::{Enabled, Media, Named, Settings, Target};
-use super::http::{etag, if_match, json_response};
+use super::http::{etag, if_match, json_response, tagged};
 use super::resources::{self as res, RESET_TYPES, SystemView};
 use super::{Service, swap_uuid};
 use crate::Node;
@@ -68,9 +68,8 @@ pub(crate) async fn patch_system(
         Err(messages) => return error(StatusCode::BAD_REQUEST, &messages),
     };
     *service.firmware.lock() = settings;
-    let after = res::system(&view_of(service, &node));
+    let (after, tag) = tagged(&res::system(&view_of(service, &node)));
     let mut response = json_response(StatusCode::OK, &after);
-    let tag = etag(&serde_json::to_vec(&after).unwrap_or_default());
     if let Ok(tag) = HeaderValue::from_str(&tag) {
         response.headers_mut().insert(header::ETAG, tag);
     }

@@ -46,6 +46,26 @@ impl Message {
     pub(crate) fn no_session() -> Self {
         Self::new("NoValidSession", &[])
     }
+    /// `InsufficientPrivilege`.
+    pub(crate) fn insufficient_privilege() -> Self {
+        Self::new("InsufficientPrivilege", &[])
+    }
+    /// `CreateFailedMissingReqProperties`.
+    pub(crate) fn create_missing(property: &str) -> Self {
+        Self::new("CreateFailedMissingReqProperties", &[property])
+    }
+    /// `ResourceAlreadyExists`.
+    pub(crate) fn already_exists(kind: &str, property: &str, value: &str) -> Self {
+        Self::new("ResourceAlreadyExists", &[kind, property, value])
+    }
+    /// `CreateLimitReachedForResource`.
+    pub(crate) fn create_limit() -> Self {
+        Self::new("CreateLimitReachedForResource", &[])
+    }
+    /// `ResourceCannotBeDeleted`.
+    pub(crate) fn cannot_delete() -> Self {
+        Self::new("ResourceCannotBeDeleted", &[])
+    }
     /// `MalformedJSON`.
     pub(crate) fn malformed() -> Self {
         Self::new("MalformedJSON", &[])
@@ -85,6 +105,10 @@ impl Message {
     /// `PropertyValueTypeError`.
     pub(crate) fn property_type(value: &str, property: &str) -> Self {
         Self::new("PropertyValueTypeError", &[value, property])
+    }
+    /// `PropertyValueFormatError`.
+    pub(crate) fn property_value_format(value: &str, property: &str) -> Self {
+        Self::new("PropertyValueFormatError", &[value, property])
     }
     /// `PropertyMissing`.
     pub(crate) fn property_missing(property: &str) -> Self {
@@ -200,6 +224,11 @@ impl Message {
                 "Warning",
                 FIX_PROPERTY,
             ),
+            "PropertyValueFormatError" => (
+                "The value '%1' for the property %2 is not a format that the property can accept.",
+                "Warning",
+                FIX_PROPERTY,
+            ),
             "PropertyMissing" => (
                 "The property %1 is a required property and must be included in the request.",
                 "Warning",
@@ -236,6 +265,31 @@ impl Message {
 
     fn registry_media(&self) -> (&'static str, &'static str, &'static str) {
         match self.key {
+            "InsufficientPrivilege" => (
+                "There are insufficient privileges for the account or credentials associated with the current session to perform the requested operation.",
+                "Critical",
+                "Either abandon the operation or change the associated access rights and resubmit the request if the operation failed.",
+            ),
+            "CreateFailedMissingReqProperties" => (
+                "The create operation failed because the required property %1 was missing from the request.",
+                "Critical",
+                "Correct the body to include the required property with a valid value and resubmit the request if the operation failed.",
+            ),
+            "ResourceAlreadyExists" => (
+                "The requested resource of type %1 with the property %2 with the value '%3' already exists.",
+                "Critical",
+                "Do not repeat the create operation as the resource was already created.",
+            ),
+            "CreateLimitReachedForResource" => (
+                "The create operation failed because the resource has reached the limit of possible resources.",
+                "Critical",
+                "Either delete resources and resubmit the request if the operation failed or do not resubmit the request.",
+            ),
+            "ResourceCannotBeDeleted" => (
+                "The delete request failed because the resource requested cannot be deleted.",
+                "Critical",
+                "Do not attempt to delete a non-deletable resource.",
+            ),
             "CouldNotEstablishConnection" => (
                 "The service failed to establish a connection with the URI '%1'.",
                 "Critical",

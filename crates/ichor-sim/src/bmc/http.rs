@@ -13,7 +13,8 @@ use serde_json::{Map, Value};
 
 use super::errors::{Message, error};
 use super::resources::{self as res, Kind, kinds};
-use super::{Service, actions};
+use super::sessions::Caller;
+use super::{Service, accounts, actions};
 
 /// The largest request body read; past it the request is refused with 413.
 pub(crate) const MAX_BODY: usize = 64 * 1024;
@@ -58,7 +59,9 @@ pub(crate) enum Route {
     Session(String),
     AccountService,
     Accounts,
-    Account,
+    /// `Accounts/Members`: a `POST` there creates an account as on the collection.
+    AccountMembers,
+    Account(String),
     Roles,
     Role(&'static str, &'static [&'static str]),
 }
@@ -94,7 +97,10 @@ impl Route {
             ),
             (res::ACCOUNT_SERVICE, Self::AccountService),
             (res::ACCOUNTS, Self::Accounts),
-            (res::ACCOUNT, Self::Account),
+            (
+                "/redfish/v1/AccountService/Accounts/Members",
+                Self::AccountMembers,
+            ),
             (res::ROLES, Self::Roles),
         ];
         if let Some((_, route)) = fixed.into_iter().find(|(p, _)| *p == path) {
@@ -103,6 +109,10 @@ impl Route {
         if let Some(id) = path.strip_prefix("/redfish/v1/SessionService/Sessions/") {
             let hex = !id.is_empty() && id.len() <= 64 && id.bytes().all(|b| b.is_ascii_hexdigit());
             return hex.then(|| Self::Session(id.to_owned()));
+        }
+        if let Some(id) = path.strip_prefix("/redfish/v1/AccountService/Accounts/") {
+            let number = !id.is_empty() && id.len() <= 4 && id.bytes().all(|b| b.is_ascii_digit());
+            return number.then(|| Self::Account(id.to_owned()));
         }
         let id = path.strip_prefix("/redfish/v1/AccountService/Roles/")?;
         res::ROLE_PRIVILEGES
@@ -125,8 +135,13 @@ impl Route {
         const READ: &[Method] = &[Method::GET, Method::HEAD];
         match self {
             Self::System => &[Method::GET, Method::HEAD, Method::PATCH],
-            Self::Reset | Self::Insert | Self::Eject | Self::SessionMembers => &[Method::POST],
-            Self::Sessions => &[Method::GET, Method::HEAD, Method::POST],
+            Self::Reset
+            | Self::Insert
+            | Self::Eject
+            | Self::SessionMembers
+            | Self::AccountMembers => &[Method::POST],
+            Self::Sessions | Self::Accounts => &[Method::GET, Method::HEAD, Method::POST],
+            Self::Account(_) => &[Method::GET, Method::HEAD, Method::PATCH, Method::DELETE],
             Self::Session(_) => &[Method::GET, Method::HEAD, Method::DELETE],
             _ => READ,
         }
@@ -153,19 +168,22 @@ pub(crate) fn json_response(status: StatusCode, body: &Value) -> Response {
         .into_response()
 }
 
-/// The request before its body is read.
+/// The request before its body is read, and who sent it (none for the public resources and a
+/// login).
 struct Asked {
     method: Method,
     headers: HeaderMap,
     path: String,
+    caller: Option<Caller>,
 }
 
 async fn respond(service: &Service, request: Request) -> Response {
     let (parts, body) = request.into_parts();
-    let asked = Asked {
+    let mut asked = Asked {
         method: parts.method,
         headers: parts.headers,
         path: parts.uri.path().to_owned(),
+        caller: None,
     };
     if let Some(refused) = refuse_headers(&asked.headers, parts.uri.query()) {
         return refused;
@@ -174,8 +192,11 @@ async fn respond(service: &Service, request: Request) -> Response {
     let login = matches!(route, Some(Route::Sessions | Route::SessionMembers))
         && asked.method == Method::POST;
     let public = route.as_ref().is_some_and(Route::public);
-    if !public && !login && !service.logins.authenticated(&asked.headers) {
-        return unauthorized();
+    if !public && !login {
+        asked.caller = service.logins.caller(&asked.headers);
+        if asked.caller.is_none() {
+            return unauthorized();
+        }
     }
     let Some(route) = route else {
         return error(StatusCode::NOT_FOUND, &[Message::missing(&asked.path)]);
@@ -230,6 +251,9 @@ fn unauthorized() -> Response {
 }
 
 async fn dispatch(service: &Service, route: &Route, asked: &Asked, body: &Bytes) -> Response {
+    if !permitted(route, asked) {
+        return error(StatusCode::FORBIDDEN, &[Message::insufficient_privilege()]);
+    }
     if matches!(asked.method, Method::POST | Method::PATCH) {
         let Some(object) = object(body) else {
             return error(StatusCode::BAD_REQUEST, &[Message::malformed()]);
@@ -237,6 +261,10 @@ async fn dispatch(service: &Service, route: &Route, asked: &Asked, body: &Bytes)
         return write(service, route, asked, &object).await;
     }
     match (route, &asked.method) {
+        (Route::Account(id), &Method::DELETE) => match &asked.caller {
+            Some(caller) => accounts::delete(service, caller, id),
+            None => unauthorized(),
+        },
         (Route::Session(id), &Method::DELETE) => {
             if service.logins.close(id) {
                 StatusCode::NO_CONTENT.into_response()
@@ -259,6 +287,24 @@ async fn write(
     asked: &Asked,
     object: &Map<String, Value>,
 ) -> Response {
+    match (route, &asked.caller) {
+        (Route::Accounts | Route::AccountMembers, Some(caller)) => {
+            accounts::create(service, caller, object)
+        }
+        (Route::Account(id), Some(caller)) => {
+            accounts::patch(service, caller, id, &asked.headers, object)
+        }
+        _ => write_machine(service, route, asked, object).await,
+    }
+}
+
+/// A write to the machine's resources, or a login.
+async fn write_machine(
+    service: &Service,
+    route: &Route,
+    asked: &Asked,
+    object: &Map<String, Value>,
+) -> Response {
     match route {
         Route::System => actions::patch_system(service, &asked.headers, object).await,
         Route::Reset => actions::reset(service, object).await,
@@ -266,6 +312,27 @@ async fn write(
         Route::Eject => actions::eject(service, object),
         _ => log_in(service, object),
     }
+}
+
+/// Whether the caller's role allows the request (DSP0266's predefined privileges): reads need
+/// `Login`, the machine's writes `ConfigureComponents`, ending another's session
+/// `ConfigureManager`; account writes are checked where they are made (`accounts`).
+fn permitted(route: &Route, asked: &Asked) -> bool {
+    let Some(caller) = &asked.caller else {
+        return true;
+    };
+    let privilege = match (route, &asked.method) {
+        (
+            Route::System | Route::Reset | Route::Insert | Route::Eject,
+            &Method::PATCH | &Method::POST,
+        ) => "ConfigureComponents",
+        (Route::Session(id), &Method::DELETE) if caller.session.as_deref() != Some(id.as_str()) => {
+            "ConfigureManager"
+        }
+        (Route::Session(_), &Method::DELETE) => "ConfigureSelf",
+        _ => "Login",
+    };
+    caller.may(privilege)
 }
 
 /// A request body as a JSON object (an empty body is an empty object), or `None`.
@@ -351,17 +418,20 @@ fn read_security(service: &Service, route: &Route) -> Option<(Value, Option<Kind
             Some(kinds::SESSION),
         ),
         Route::AccountService => (res::account_service(), Some(kinds::ACCOUNT_SERVICE)),
-        Route::Accounts => (
-            res::collection(
-                kinds::ACCOUNTS,
-                res::ACCOUNTS,
-                "Account Collection",
-                &[res::ACCOUNT.to_owned()],
-            ),
-            Some(kinds::ACCOUNTS),
-        ),
-        Route::Account => (
-            res::account(&service.logins.username()),
+        Route::Accounts => {
+            let uris: Vec<String> = service
+                .logins
+                .account_ids()
+                .iter()
+                .map(|id| res::account_uri(id))
+                .collect();
+            (
+                res::collection(kinds::ACCOUNTS, res::ACCOUNTS, "Account Collection", &uris),
+                Some(kinds::ACCOUNTS),
+            )
+        }
+        Route::Account(id) => (
+            res::account(&service.logins.account(id)?),
             Some(kinds::ACCOUNT),
         ),
         Route::Roles => {
@@ -390,6 +460,17 @@ pub(crate) fn etag(bytes: &[u8]) -> String {
     format!("\"{hex}\"")
 }
 
+/// A resource's representation with its `@odata.etag`, and that ETag: a digest of the
+/// representation without it, so that the header and the property agree.
+pub(crate) fn tagged(value: &Value) -> (Value, String) {
+    let tag = etag(&serde_json::to_vec(value).unwrap_or_default());
+    let mut tagged = value.clone();
+    if let Some(object) = tagged.as_object_mut() {
+        object.insert("@odata.etag".to_owned(), Value::String(tag.clone()));
+    }
+    (tagged, tag)
+}
+
 /// Whether the request's `If-Match` (absent: yes) names `etag`, by strong comparison.
 pub(crate) fn if_match(headers: &HeaderMap, etag: &str) -> bool {
     let Some(value) = headers.get(header::IF_MATCH) else {
@@ -406,8 +487,14 @@ pub(crate) fn if_match(headers: &HeaderMap, etag: &str) -> bool {
 /// (`ETag`, `Allow`, `Cache-Control`, `Link` to its schema); 304 when `If-None-Match` names
 /// its ETag.
 fn resource(asked: &Asked, route: &Route, value: &Value, kind: Option<Kind>) -> Response {
-    let bytes = serde_json::to_vec(value).unwrap_or_default();
-    let tag = etag(&bytes);
+    let (value, tag) = if kind.is_some_and(Kind::versioned) {
+        tagged(value)
+    } else {
+        (
+            value.clone(),
+            etag(&serde_json::to_vec(value).unwrap_or_default()),
+        )
+    };
     let unchanged = asked
         .headers
         .get(header::IF_NONE_MATCH)
@@ -422,7 +509,7 @@ fn resource(asked: &Asked, route: &Route, value: &Value, kind: Option<Kind>) -> 
         )
             .into_response()
     } else {
-        json_response(StatusCode::OK, value)
+        json_response(StatusCode::OK, &value)
     };
     let headers = response.headers_mut();
     let mut set = |name: header::HeaderName, value: &str| {
@@ -475,11 +562,11 @@ fn log_in(service: &Service, credentials: &Map<String, Value>) -> Response {
             &[Message::property_missing(missing).about(&format!("#/{missing}"))],
         );
     };
-    if !service.logins.check(username, password) {
+    let Some(account) = service.logins.check(username, password) else {
         return unauthorized();
-    }
-    let (session, token) = service.logins.open();
-    let value = res::session(&session);
+    };
+    let (session, token) = service.logins.open(&account);
+    let (value, _) = tagged(&res::session(&session));
     let mut response = json_response(StatusCode::CREATED, &value);
     let headers = response.headers_mut();
     if let (Ok(location), Ok(token)) = (

@@ -3,7 +3,8 @@
 //!
 //! What lives here: the service (`http`: routing, authentication, headers, ETags, request
 //! bounds; `resources`: the Redfish resources; `actions`: power, boot override, virtual
-//! media), its account and sessions (`sessions`), its error responses (`errors`) and the
+//! media; `accounts`: the account writes), its accounts and sessions (`sessions`), its error
+//! responses (`errors`) and the
 //! machine's firmware settings (`firmware`). What does not: the node's boot, which only asks
 //! the firmware where to boot from (`Node::boot`).
 //!
@@ -15,20 +16,21 @@
 //!   `ComputerSystem` (`/redfish/v1/Systems/system`: `UUID`, `PowerState`, `Status`, `Boot`
 //!   with the override's `@Redfish.AllowableValues`, `#ComputerSystem.Reset`), one `Manager`
 //!   (`/redfish/v1/Managers/bmc`) with a `VirtualMedia` CD (`Cd`: `#VirtualMedia.InsertMedia`,
-//!   `#VirtualMedia.EjectMedia`), `SessionService` with `Sessions`, and a read-only
-//!   `AccountService` (the one account, the three predefined roles).
+//!   `#VirtualMedia.EjectMedia`), `SessionService` with `Sessions`, and an `AccountService`
+//!   (the account the BMC was set up with, an `Administrator`; accounts made, changed and
+//!   deleted under the three predefined roles' privileges, 403 without them).
 //! - Every response carries `OData-Version: 4.0`; a request naming another `OData-Version` is
-//!   refused with 412. Reads carry `ETag`, `Allow`, `Cache-Control` and a `Link` to the
+//!   refused with 412. Reads carry `ETag` (also as `@odata.etag`), `Allow`, `Cache-Control` and a `Link` to the
 //!   resource's DMTF JSON schema (`rel=describedby`); `If-None-Match` with the current ETag
-//!   gives 304. A `PATCH` with `If-Match` of another ETag is refused with 412.
+//!   gives 304. A `PATCH` with `If-Match` of another ETag is refused with 412; a check and its
+//!   write are one step, so of concurrent writes with one ETag one wins.
 //! - Errors are Redfish error bodies (`error.code`, `error.message`,
 //!   `@Message.ExtendedInfo` with Base registry messages): 401 with `WWW-Authenticate` without
 //!   valid credentials (before anything else is looked at), 404, 405 with `Allow`, 400 naming
 //!   each unknown, read-only or invalid property or action parameter (nothing is changed),
 //!   400 `NoOperation` for a `PATCH` of annotations only, 412, 413 past 64 KiB of body, 501
 //!   for a `$` query parameter (none is supported; others are ignored).
-//! - Authentication: HTTP basic with the configured credentials, or a session's
-//!   `X-Auth-Token`. The service root, `/redfish`, `odata`, `$metadata` and the session login
+//! - Authentication: HTTP basic with an account's credentials, or a session's `X-Auth-Token`. The service root, `/redfish`, `odata`, `$metadata` and the session login
 //!   need none.
 //!
 //! What the actions do to the node:
@@ -60,6 +62,7 @@
 //! BMC reports when it reads the SMBIOS table in the other byte order (talos-facts §8.6). Faults ([`BmcFault`]): a BMC that stops
 //! answering, and one whose password changed.
 
+mod accounts;
 mod actions;
 mod errors;
 mod firmware;

@@ -5,7 +5,7 @@
 use serde_json::{Value, json};
 
 use super::firmware::{Enabled, Named as _, Settings, Target};
-use super::sessions::Session;
+use super::sessions::{Account, Session};
 
 /// The Redfish version of the specification (DSP0266) the service follows.
 pub(crate) const REDFISH_VERSION: &str = "1.20.0";
@@ -40,8 +40,6 @@ pub(crate) const SESSIONS: &str = "/redfish/v1/SessionService/Sessions";
 pub(crate) const ACCOUNT_SERVICE: &str = "/redfish/v1/AccountService";
 /// The accounts.
 pub(crate) const ACCOUNTS: &str = "/redfish/v1/AccountService/Accounts";
-/// The one account.
-pub(crate) const ACCOUNT: &str = "/redfish/v1/AccountService/Accounts/1";
 /// The roles.
 pub(crate) const ROLES: &str = "/redfish/v1/AccountService/Roles";
 
@@ -85,6 +83,11 @@ pub(crate) struct Kind {
 impl Kind {
     const fn new(namespace: &'static str, version: &'static str) -> Self {
         Self { namespace, version }
+    }
+
+    /// Whether it is a versioned resource type (not a collection).
+    pub(crate) fn versioned(self) -> bool {
+        !self.version.is_empty()
     }
 
     /// `@odata.type`.
@@ -413,22 +416,32 @@ pub(crate) fn account_service() -> Value {
     service
 }
 
-/// The one account.
-pub(crate) fn account(username: &str) -> Value {
-    let mut account = identity(kinds::ACCOUNT, ACCOUNT, "1", "User Account");
+/// An account's URI.
+pub(crate) fn account_uri(id: &str) -> String {
+    format!("{ACCOUNTS}/{id}")
+}
+
+/// An account (`Password` is always null when read).
+pub(crate) fn account(account: &Account) -> Value {
+    let mut value = identity(
+        kinds::ACCOUNT,
+        &account_uri(&account.id),
+        &account.id,
+        "User Account",
+    );
     merge(
-        &mut account,
+        &mut value,
         json!({
-            "UserName": username,
+            "UserName": account.username,
             "Password": null,
-            "RoleId": "Administrator",
-            "Enabled": true,
+            "RoleId": account.role,
+            "Enabled": account.enabled,
             "Locked": false,
             "AccountTypes": ["Redfish"],
-            "Links": {"Role": link(&role_uri("Administrator"))},
+            "Links": {"Role": link(&role_uri(account.role))},
         }),
     );
-    account
+    value
 }
 
 /// A role's URI.
