@@ -5,6 +5,7 @@
 //! ```text
 //! ichor-sim --nodes 3 --base 127.0.10.1 --talos-version v1.14.1 [--port 50000]
 //!           [--control 127.0.0.1:20080] [--factory 127.0.0.1:20081] [--etcd-size 4MiB]
+//!           [--bmc-port 8443 [--bmc-username admin] [--bmc-powered-off]]
 //! ```
 //!
 //! (`ichor-sim --help` describes each.)
@@ -18,8 +19,15 @@
 //! names, and its installers are what the nodes pull. It is printed after the control
 //! endpoint, as `factory http://<addr>`.
 //!
+//! `--bmc-port` gives every node a Redfish BMC (`ichor_sim::SimBmc`, ADR 0080) on the node's
+//! own address at that port, over HTTPS with a CA of its own, whose account is
+//! `--bmc-username` with the password in `ICHOR_SIM_BMC_PASSWORD` (never a flag, which `ps`
+//! would show). Each node's line then ends with `bmc https://<ip>:<port>`; with
+//! `--bmc-powered-off` every machine starts off, known only by its BMC.
+//!
 //! Control endpoint (JSON):
-//! - `GET  /nodes` — address, UUID, fingerprint, version, serving, stage of every node, and
+//! - `GET  /nodes` — address, UUID, fingerprint, version, serving, stage, BMC URL of every
+//!   node, and
 //!   `etcd_keys`: the keys of its etcd cluster's keyspace (null without a member), and `rpcs`:
 //!   how many Talos API calls arrived at it since it started;
 //! - `POST /nodes/{ip}/{action}` with `action` one of `crash`, `restart`, `reboot`,
@@ -31,7 +39,8 @@
 //!   `install-succeeds`, `install-hangs`, `install-unhangs`, `disks-detached`, `disks-attached`,
 //!   `slow?ms=N`, or `etcd-size?bytes=SIZE` (the node's etcd cluster grows or shrinks);
 //! - `POST /nodes/{ip}/gates/{method}` holds a method, `GET` reports how many calls arrived,
-//!   `DELETE` releases it.
+//!   `DELETE` releases it;
+//! - `GET  /nodes/{ip}/bmc-ca` — the PEM of the CA its BMC's certificate chains to (text).
 
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -42,7 +51,7 @@ use axum::Json;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::routing::{get, post};
-use ichor_sim::{Fault, Gate, Hardware, NodeSpec, SimFactory, SimNode};
+use ichor_sim::{BmcSpec, Fault, Gate, Hardware, NodeSpec, SimFactory, SimNode};
 use serde::Serialize;
 use tokio::sync::Mutex;
 
@@ -75,6 +84,39 @@ struct Options {
     /// GiB [default: 4MiB].
     #[arg(long, value_parser = etcd_size)]
     etcd_size: Option<u64>,
+    /// Give every node a Redfish BMC on its own address at this port (its password from
+    /// ICHOR_SIM_BMC_PASSWORD).
+    #[arg(long)]
+    bmc_port: Option<u16>,
+    /// The BMC account's user name.
+    #[arg(long, default_value = "admin", requires = "bmc_port")]
+    bmc_username: String,
+    /// The BMC account's password (with --bmc-port).
+    #[arg(long = "bmc-password", env = BMC_PASSWORD_ENV, hide = true, hide_env_values = true)]
+    bmc_password: Option<String>,
+    /// Every machine starts powered off, known only by its BMC (with --bmc-port).
+    #[arg(long, requires = "bmc_port")]
+    bmc_powered_off: bool,
+}
+
+/// Names the BMC account's password.
+const BMC_PASSWORD_ENV: &str = "ICHOR_SIM_BMC_PASSWORD";
+
+/// The BMC of the node at `ip`, as the options ask (`None`: no `--bmc-port`).
+fn bmc_spec(options: &Options, ip: Ipv4Addr) -> Result<Option<BmcSpec>, String> {
+    let Some(port) = options.bmc_port else {
+        return Ok(None);
+    };
+    let password = options
+        .bmc_password
+        .as_deref()
+        .filter(|p| !p.is_empty())
+        .ok_or_else(|| format!("--bmc-port needs the BMC password in {BMC_PASSWORD_ENV}"))?;
+    Ok(Some(BmcSpec {
+        addr: SocketAddr::from((ip, port)),
+        powered_off: options.bmc_powered_off,
+        ..BmcSpec::new(&options.bmc_username, password)
+    }))
 }
 
 fn node_count(text: &str) -> Result<u32, String> {
@@ -131,6 +173,8 @@ struct NodeView {
     etcd_keys: Option<usize>,
     /// How many Talos API calls arrived at the node since it started.
     rpcs: usize,
+    /// Its BMC's Redfish URL, if it has one.
+    bmc: Option<String>,
 }
 
 async fn list(State(sim): State<Shared>) -> Json<Vec<NodeView>> {
@@ -145,6 +189,7 @@ async fn list(State(sim): State<Shared>) -> Json<Vec<NodeView>> {
             stage: format!("{:?}", node.stage().await),
             etcd_keys: node.etcd_keys().await,
             rpcs: node.rpcs(),
+            bmc: node.bmc().map(ichor_sim::SimBmc::url),
         });
     }
     Json(out)
@@ -262,6 +307,17 @@ async fn release(State(sim): State<Shared>, Path(key): Path<(String, String)>) -
     }
 }
 
+async fn bmc_ca(State(sim): State<Shared>, Path(ip): Path<String>) -> (StatusCode, String) {
+    match sim.nodes.get(&ip).map(SimNode::bmc) {
+        Some(Some(bmc)) => (StatusCode::OK, bmc.ca_pem()),
+        Some(None) => (
+            StatusCode::NOT_FOUND,
+            format!("the node at {ip} has no BMC"),
+        ),
+        None => (StatusCode::NOT_FOUND, format!("no simulated node at {ip}")),
+    }
+}
+
 /// Resolves on SIGINT or SIGTERM.
 async fn stopped() {
     use tokio::signal::unix::{SignalKind, signal};
@@ -295,16 +351,28 @@ async fn main() -> std::process::ExitCode {
     let mut nodes = BTreeMap::new();
     for i in 0..options.nodes {
         let ip = Ipv4Addr::from(u32::from(options.base) + i);
+        let bmc = match bmc_spec(&options, ip) {
+            Ok(bmc) => bmc,
+            Err(error) => {
+                eprintln!("ichor-sim: {error}");
+                return std::process::ExitCode::FAILURE;
+            }
+        };
         let spec = NodeSpec {
             hardware: Hardware::vm(i + 1),
             etcd_size,
             factory: factory.clone(),
+            bmc,
             ..NodeSpec::new(SocketAddr::from((ip, options.port)), &options.talos_version)
         };
         match SimNode::spawn(spec).await {
             Ok(node) => {
+                let bmc = node
+                    .bmc()
+                    .map(|b| format!(" bmc {}", b.url()))
+                    .unwrap_or_default();
                 println!(
-                    "node {} uuid={} fingerprint={}",
+                    "node {} uuid={} fingerprint={}{bmc}",
                     node.addr(),
                     node.hardware().uuid,
                     node.fingerprint()
@@ -328,6 +396,7 @@ async fn main() -> std::process::ExitCode {
             "/nodes/{ip}/gates/{method}",
             post(hold).get(arrived).delete(release),
         )
+        .route("/nodes/{ip}/bmc-ca", get(bmc_ca))
         .with_state(Arc::clone(&sim));
     let listener = match tokio::net::TcpListener::bind(options.control).await {
         Ok(l) => l,
@@ -361,7 +430,44 @@ async fn main() -> std::process::ExitCode {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_size;
+    use clap::Parser as _;
+
+    use super::*;
+
+    fn options(args: &[&str]) -> Result<Options, clap::Error> {
+        let mut all = vec![
+            "ichor-sim",
+            "--nodes",
+            "1",
+            "--base",
+            "127.0.10.1",
+            "--talos-version",
+            "v1.14.1",
+        ];
+        all.extend_from_slice(args);
+        Options::try_parse_from(all)
+    }
+
+    #[test]
+    fn a_bmc_is_asked_for_by_port_and_needs_its_password() {
+        let ip = Ipv4Addr::new(127, 0, 10, 1);
+        let none = options(&[]).expect("parses");
+        assert!(bmc_spec(&none, ip).expect("no BMC").is_none());
+        let mut no_password = options(&["--bmc-port", "8443"]).expect("parses");
+        no_password.bmc_password = None;
+        let refused = bmc_spec(&no_password, ip).expect_err("no password");
+        assert!(refused.contains(BMC_PASSWORD_ENV), "{refused}");
+        let mut given = options(&["--bmc-port", "8443", "--bmc-powered-off"]).expect("parses");
+        given.bmc_password = Some("s3cret".into());
+        let bmc = bmc_spec(&given, ip).expect("a BMC").expect("asked for");
+        assert_eq!(bmc.addr, SocketAddr::from((ip, 8443)));
+        assert_eq!(bmc.username, "admin");
+        assert!(bmc.powered_off);
+        assert!(
+            options(&["--bmc-powered-off"]).is_err(),
+            "--bmc-powered-off needs --bmc-port"
+        );
+    }
 
     #[test]
     fn sizes_are_bytes_or_binary_units() {
