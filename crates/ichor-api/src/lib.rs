@@ -15,6 +15,7 @@
 
 pub mod admission;
 pub mod backup;
+pub mod bmc;
 pub mod claim;
 pub mod class;
 pub mod cluster;

@@ -80,6 +80,9 @@ pub struct TalosMachineSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 32))]
     pub config_patches: Vec<ConfigPatch>,
+    /// The machine's BMC (Redfish), if it has one Ichor may read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bmc: Option<crate::bmc::BmcSpec>,
 }
 
 impl TalosMachineSpec {
@@ -98,6 +101,7 @@ impl TalosMachineSpec {
             install: None,
             schematic: None,
             config_patches: Vec::new(),
+            bmc: None,
         }
     }
 }
@@ -173,7 +177,7 @@ pub enum MachinePhase {
 #[serde(rename_all = "camelCase")]
 pub struct TalosMachineStatus {
     /// `Ready`, `ConfigApplied`, `Installed`, `RemovalApproved`, `FingerprintChanged`, `Drained`,
-    /// `UpToDate`.
+    /// `UpToDate`, `BmcReachable`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 16), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
@@ -201,6 +205,9 @@ pub struct TalosMachineStatus {
     /// The Talos upgrade in flight.
     #[serde(flatten)]
     pub upgrade: MachineUpgrade,
+    /// The BMC as last read.
+    #[serde(flatten)]
+    pub bmc: crate::bmc::MachineBmc,
 }
 
 /// The lifecycle's part of a machine's status, with the conditions no other group names.
@@ -475,6 +482,13 @@ group!(
     fm::MACHINE_DRAIN,
     Owned::Only(&[conditions::DRAINED])
 );
+group!(
+    crate::bmc::MachineBmc,
+    TalosMachineStatus,
+    bmc,
+    fm::MACHINE_BMC,
+    Owned::Only(&[conditions::BMC_REACHABLE])
+);
 grouped!(
     TalosMachineStatus,
     [
@@ -486,6 +500,7 @@ grouped!(
         MachineRemoval,
         MachineDrain,
         MachineUpgrade,
+        crate::bmc::MachineBmc,
         MachineClassMatch,
     ]
 );

@@ -152,6 +152,8 @@ pub mod field_managers {
     pub const MACHINE_DRAIN: &str = "ichor-manager/drain";
     /// TalosMachine `ClassMatched`: what the machine classes of its cluster make of it.
     pub const MACHINE_CLASS: &str = "ichor-manager/class";
+    /// The manager's writes of a machine's `status.bmc` and `BmcReachable`.
+    pub const MACHINE_BMC: &str = "ichor-manager/bmc";
     /// TalosMachineClass status.
     pub const CLASS_STATUS: &str = "ichor-manager/class-status";
     /// TalosStorage status.
@@ -222,6 +224,8 @@ pub mod conditions {
     /// On any object: true while a controller's reconciles of it panic (a bug in Ichor),
     /// retried with a growing backoff; removed once that controller reconciles it again.
     pub const RECONCILE_PANICKED: &str = "ReconcilePanicked";
+    /// Whether the machine's BMC (`spec.bmc`) answered its last read with its system.
+    pub const BMC_REACHABLE: &str = "BmcReachable";
 }
 
 /// Condition reasons (CamelCase), one per cause a person can act on.
@@ -600,6 +604,55 @@ pub mod reasons {
     pub const INSTALL_FAILED: &str = "InstallFailed";
     /// The install has run longer than the manager's install stall limit.
     pub const INSTALL_STALLED: &str = "InstallStalled";
+    /// The machine's BMC answered with its system: `status.bmc` holds what it reported.
+    pub const BMC_OBSERVED: &str = "BmcObserved";
+    /// The Secret `spec.bmc.credentialsSecretRef` names, or its key `username` or `password`,
+    /// is absent (its values are never shown).
+    pub const BMC_CREDENTIALS_MISSING: &str = "BmcCredentialsMissing";
+    /// The Secret or key `spec.bmc.caSecretRef` names is absent.
+    pub const BMC_CA_MISSING: &str = "BmcCaMissing";
+    /// The BMC lists no system `spec.bmc.systemId` names, none whose UUID is the node's, or
+    /// (the node's UUID not known yet) more than one.
+    pub const BMC_SYSTEM_NOT_FOUND: &str = "BmcSystemNotFound";
+    /// The BMC's system (named by `spec.bmc.systemId`) reports another UUID than the node's
+    /// SMBIOS UUID: it is another machine's.
+    pub const BMC_UUID_MISMATCH: &str = "BmcUuidMismatch";
+    /// The BMC endpoint cannot be used (the Redfish client's `BmcEndpointInvalid`: a CA bundle
+    /// with no certificate, an address that does not parse).
+    pub const BMC_ENDPOINT_INVALID: &str = "BmcEndpointInvalid";
+    /// The BMC refused the credentials (401 or 403).
+    pub const BMC_UNAUTHORIZED: &str = "BmcUnauthorized";
+    /// The BMC did not answer within the client's time limits.
+    pub const BMC_UNREACHABLE: &str = "BmcUnreachable";
+    /// The BMC's certificate is not signed by the CA of `spec.bmc.caSecretRef`, or not for
+    /// its address.
+    pub const BMC_CERTIFICATE_UNTRUSTED: &str = "BmcCertificateUntrusted";
+    /// A resource the BMC linked to answered 404.
+    pub const BMC_RESOURCE_NOT_FOUND: &str = "BmcResourceNotFound";
+    /// The BMC refused a request (a 4xx other than 401, 403 and 404), with its messages.
+    pub const BMC_REFUSED: &str = "BmcRefused";
+    /// The BMC failed a request (5xx), with its messages.
+    pub const BMC_SERVER_ERROR: &str = "BmcServerError";
+    /// The BMC answered, but not as Redfish defines (the message names the field).
+    pub const BMC_PROTOCOL_ERROR: &str = "BmcProtocolError";
+    /// The BMC's answer was larger than the client's limit.
+    pub const BMC_ANSWER_TOO_LARGE: &str = "BmcAnswerTooLarge";
+    /// The BMC does not offer what was asked.
+    pub const BMC_UNSUPPORTED: &str = "BmcUnsupported";
+    /// Every reason of the Redfish client's errors (`ichor_redfish::Error::reason`), as it
+    /// spells them.
+    pub const BMC_CLIENT: [&str; 10] = [
+        BMC_ENDPOINT_INVALID,
+        BMC_UNAUTHORIZED,
+        BMC_UNREACHABLE,
+        BMC_CERTIFICATE_UNTRUSTED,
+        BMC_RESOURCE_NOT_FOUND,
+        BMC_REFUSED,
+        BMC_SERVER_ERROR,
+        BMC_PROTOCOL_ERROR,
+        BMC_ANSWER_TOO_LARGE,
+        BMC_UNSUPPORTED,
+    ];
 }
 
 /// Event actions: what the controller was doing when it published an Event.
@@ -608,6 +661,8 @@ pub mod actions {
     pub const RECONCILE: &str = "Reconcile";
     /// Sweeping for machines in maintenance mode.
     pub const DISCOVER: &str = "Discover";
+    /// Reading a machine's BMC.
+    pub const READ_BMC: &str = "ReadBmc";
     /// Applying a config to a node.
     pub const APPLY: &str = "Apply";
     /// Bootstrapping etcd.

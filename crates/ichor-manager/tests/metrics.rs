@@ -84,6 +84,7 @@ fn pending_machine(name: &str) -> TalosMachine {
             install: None,
             schematic: None,
             config_patches: Vec::new(),
+            bmc: None,
         },
     )
 }

@@ -169,3 +169,73 @@ async fn kubectl_get_shows_cluster_role_approval_phase_address_talos_and_age() {
     assert_eq!(cells[5], "192.168.10.21");
     assert_eq!(cells[6], "v1.14.0");
 }
+
+#[tokio::test]
+async fn a_bmc_is_an_https_origin_with_exactly_one_trust() {
+    let (env, ns) = setup("tm-bmc").await;
+    let machines = api(&env, &ns, "TalosMachine");
+    let with = |bmc: serde_json::Value| {
+        let mut spec = json!({
+            "address": "https://10.0.10.11",
+            "credentialsSecretRef": {"name": "node-1-bmc"},
+            "caSecretRef": {"name": "bmc-ca", "key": "ca.crt"}
+        });
+        crate::support::merge_json(&mut spec, bmc);
+        machine("m", json!({ "bmc": spec }))
+    };
+    for address in [
+        "http://10.0.10.11",
+        "https://admin:secret@10.0.10.11",
+        "https://10.0.10.11/redfish/v1",
+        "10.0.10.11",
+    ] {
+        refused(
+            &machines,
+            with(json!({ "address": address })),
+            "spec.bmc.address must be an https:// origin",
+        )
+        .await;
+    }
+    refused(
+        &machines,
+        with(json!({"insecureSkipVerify": true})),
+        "spec.bmc needs exactly one of caSecretRef",
+    )
+    .await;
+    refused(
+        &machines,
+        with(json!({"caSecretRef": null})),
+        "spec.bmc needs exactly one of caSecretRef",
+    )
+    .await;
+    refused(
+        &machines,
+        with(json!({"caSecretRef": null, "insecureSkipVerify": false})),
+        "spec.bmc needs exactly one of caSecretRef",
+    )
+    .await;
+    refused(
+        &machines,
+        with(json!({"credentialsSecretRef": null})),
+        "credentialsSecretRef",
+    )
+    .await;
+    create_ok(
+        &machines,
+        with(json!({"address": "https://bmc-1.lab:8443"})),
+    )
+    .await;
+    create_ok(
+        &machines,
+        machine(
+            "m2",
+            json!({"bmc": {
+                "address": "https://[fd00::11]",
+                "credentialsSecretRef": {"name": "node-2-bmc"},
+                "insecureSkipVerify": true,
+                "systemId": "1"
+            }}),
+        ),
+    )
+    .await;
+}

@@ -430,6 +430,7 @@ mod tests {
                 install: None,
                 schematic: None,
                 config_patches: Vec::new(),
+                bmc: None,
             },
         );
         machine.metadata.namespace = Some(namespace.into());
