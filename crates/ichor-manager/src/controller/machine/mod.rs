@@ -24,6 +24,7 @@ use crate::infra::shared::Changes;
 use crate::{Context, Error, infra::conditions as cond};
 
 mod act;
+mod bmc;
 mod drift;
 mod kubernetes;
 mod observe;
@@ -179,6 +180,14 @@ async fn look(machine: &Arc<TalosMachine>, ctx: &Arc<Context>) -> Result<Action,
             Ok(Action::await_change())
         }
         ApprovalState::Approved => approved(&machine, &ctx).await,
+    };
+    // The BMC, read after the rest and whatever came of it: its failures are its own.
+    let result = match result {
+        Ok(action) => Ok(bmc::look(&ctx, &machine, action).await),
+        Err(error) => {
+            bmc::look(&ctx, &machine, Action::await_change()).await;
+            Err(error)
+        }
     };
     ctx.metrics.reconciled("TalosMachine", started.elapsed());
     if result.is_ok() {
