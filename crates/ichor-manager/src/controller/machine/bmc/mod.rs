@@ -32,21 +32,17 @@ pub(super) async fn look(ctx: &Context, machine: &TalosMachine, action: Action) 
 /// Reads and records `machine`'s BMC if it is due; how long until its next read (`None`: the
 /// machine names no BMC).
 async fn wait(ctx: &Context, machine: &TalosMachine) -> Option<Duration> {
-    let now = ctx.now();
-    let mut status = machine.status.clone().unwrap_or_default();
     let Some(spec) = &machine.spec.bmc else {
         // A BMC no longer named: what was read of it goes.
-        if status.bmc.observed.is_some()
-            || status
-                .conditions
-                .iter()
-                .any(|c| c.type_ == ichor_api::names::conditions::BMC_REACHABLE)
-        {
+        if let Some(status) = machine.status.as_ref().filter(|s| plan::named(s)) {
+            let mut status = status.clone();
             plan::forget(&mut status);
             act::record(ctx, machine, &status).await;
         }
         return None;
     };
+    let now = ctx.now();
+    let mut status = machine.status.clone().unwrap_or_default();
     let pace = crate::controller::machine::plan::settled_wait(
         ctx.settings.settled_requeue,
         ctx.metrics.machines(),

@@ -17,9 +17,29 @@ use crate::{Context, Stop};
 /// The most systems of one BMC read to find the machine's.
 const MAX_SYSTEMS: usize = 16;
 
-/// Reads the BMC `spec` names for `machine`: its settings first (credentials, CA), then its
-/// systems, and picks the machine's (`plan::choose_system`).
+/// How long one look's read of a BMC may take in all: its calls each have the client's own
+/// limits, and a BMC that answers each slowly still holds its machine's look no longer.
+const READ_LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Reads the BMC `spec` names for `machine` within [`READ_LIMIT`]: its settings first
+/// (credentials, CA), then its systems, and picks the machine's (`plan::choose_system`).
 pub(super) async fn read(ctx: &Context, machine: &TalosMachine, spec: &BmcSpec) -> Read {
+    tokio::time::timeout(READ_LIMIT, read_unbounded(ctx, machine, spec))
+        .await
+        .unwrap_or_else(|_| {
+            Err(Stop::new(
+                reasons::BMC_UNREACHABLE,
+                format!(
+                    "the BMC at {} did not finish answering within {} s",
+                    spec.address,
+                    READ_LIMIT.as_secs()
+                ),
+            ))
+        })
+}
+
+/// [`read`], unbounded but by each call's own limits.
+async fn read_unbounded(ctx: &Context, machine: &TalosMachine, spec: &BmcSpec) -> Read {
     let namespace = machine.namespace().unwrap_or_default();
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
     let credentials = read_credentials(&secrets, spec).await?;

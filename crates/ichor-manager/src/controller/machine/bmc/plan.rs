@@ -168,6 +168,15 @@ pub(crate) fn record(
     status.bmc.observed = Some(observed);
 }
 
+/// Whether `status` holds anything read of a BMC (its fields or `BmcReachable`).
+pub(crate) fn named(status: &TalosMachineStatus) -> bool {
+    status.bmc.observed.is_some()
+        || status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == conditions::BMC_REACHABLE)
+}
+
 /// Forgets what was read of a BMC the machine no longer names.
 pub(crate) fn forget(status: &mut TalosMachineStatus) {
     status.bmc.observed = None;
@@ -378,7 +387,9 @@ mod tests {
     fn forgetting_a_bmc_clears_its_fields_and_condition() {
         let mut status = TalosMachineStatus::default();
         record(&mut status, &Ok(system("1", NODE)), Some(1), &at(0));
+        assert!(named(&status));
         forget(&mut status);
+        assert!(!named(&status));
         assert_eq!(status.bmc.observed, None);
         assert!(status.conditions.is_empty());
     }
