@@ -2,9 +2,10 @@
 //!
 //! The values are read from every Secret of the management cluster: the secrets bundles'
 //! secret fields (keys, tokens, encryption secrets), the client keys of the kubeconfigs and
-//! talosconfigs Ichor mints, the webhook's serving key, and object-store credentials and
-//! encryption identities where backups are configured. Certificates are public and are not
-//! values. The places are the manager's and the webhook's whole logs, every Event, the status
+//! talosconfigs Ichor mints, the webhook's serving key, object-store credentials and
+//! encryption identities where backups are configured, and BMC passwords (`spec.bmc`'s
+//! credentials Secrets). Certificates are public and are not values, nor is a user name
+//! (a BMC's is named in its `BmcUnauthorized` message). The places are the manager's and the webhook's whole logs, every Event, the status
 //! of every Ichor object, and (through [`check_text`]) the plugin's output. A match is an
 //! error naming the place and the Secret the value came from, never the value itself.
 
@@ -131,7 +132,7 @@ pub fn secret_values(secrets: &[Secret]) -> Vec<SecretValue> {
             secret.metadata.name.as_deref().unwrap_or_default()
         );
         for (key, bytes) in secret.data.iter().flatten() {
-            if is_public(key) {
+            if is_public(key) || key == ichor_api::bmc::keys::USERNAME {
                 continue;
             }
             let origin = format!("{name}[{key}]");
@@ -303,6 +304,13 @@ mod tests {
                     ("ca.crt", PEM),
                 ],
             ),
+            secret(
+                "node-1-bmc",
+                &[
+                    ("username", "ichor-bmc-reader"),
+                    ("password", "bmc-password-value-123"),
+                ],
+            ),
         ]);
         let texts: Vec<&str> = values.iter().map(|v| v.text.as_str()).collect();
         assert!(texts.contains(&b64.as_str()), "the client key, encoded");
@@ -313,6 +321,14 @@ mod tests {
         assert!(texts.contains(&"clustersecretvalue123"));
         assert!(texts.contains(&"b3NrZXlzZWNyZXR2YWx1ZQ=="));
         assert!(texts.contains(&"s3cr3t-access-key-xyz"));
+        assert!(
+            texts.contains(&"bmc-password-value-123"),
+            "a BMC's password"
+        );
+        assert!(
+            !texts.contains(&"ichor-bmc-reader"),
+            "a user name is not a secret"
+        );
         assert!(
             !texts.contains(&"clusteridvalue123"),
             "an id is not a secret"

@@ -52,6 +52,9 @@ pub struct SimOptions {
     /// Changes node `host`'s hardware from [`Hardware::vm`]'s (e.g. more disks); none when
     /// absent.
     pub hardware: Option<fn(u8, &mut Hardware)>,
+    /// The BMC of node `host` (`ichor_sim::NodeSpec::bmc`): none when absent, or when it
+    /// gives none for that host.
+    pub bmc: Option<fn(u8) -> Option<ichor_sim::BmcSpec>>,
     /// More nodes, after the `nodes` on `net`: one at each of these addresses (port 50000),
     /// for a fleet that spans several /24s.
     pub more_addresses: Vec<std::net::Ipv4Addr>,
@@ -84,6 +87,7 @@ impl SimOptions {
             manager_args: Vec::new(),
             install_stall_seconds: None,
             hardware: None,
+            bmc: None,
             more_addresses: Vec::new(),
             requeue_ms: 300,
             sweep_timeout_ms: 500,
@@ -582,6 +586,7 @@ impl SimTarget {
                 timings: options.timings,
                 etcd_size: options.etcd_size,
                 factory: factory.clone(),
+                bmc: options.bmc.and_then(|bmc| bmc(host)),
                 ..NodeSpec::new(addr, &options.talos_version)
             };
             let node = match &options.nodes_runtime {

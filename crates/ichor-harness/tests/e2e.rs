@@ -464,3 +464,149 @@ fn removal_status(target: &SimTarget, address: &str) -> Option<String> {
         })
     })
 }
+
+/// The BMC's password: long enough for the secret scan to look for it.
+const BMC_PASSWORD: &str = "bmc-e2e-password-7Hq2";
+/// A password the BMC does not take (also scanned for).
+const WRONG_BMC_PASSWORD: &str = "bmc-e2e-wrong-password-9Kd4";
+
+/// Node 1's BMC: a read-only user would do; the simulator's account is an administrator.
+fn bmc_of(host: u8) -> Option<ichor_sim::BmcSpec> {
+    (host == 1).then(|| ichor_sim::BmcSpec::new("ichor", BMC_PASSWORD))
+}
+
+/// Creates (or replaces) Secret `name` holding `data`.
+async fn put_secret(target: &SimTarget, name: &str, data: &[(&str, &str)]) {
+    let secret = k8s_openapi::api::core::v1::Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.to_owned()),
+            ..Default::default()
+        },
+        string_data: Some(
+            data.iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+        ),
+        ..Default::default()
+    };
+    Api::<k8s_openapi::api::core::v1::Secret>::namespaced(target.client(), target.namespace())
+        .patch(
+            name,
+            &PatchParams::apply("e2e").force(),
+            &Patch::Apply(&secret),
+        )
+        .await
+        .expect("the Secret");
+}
+
+/// The machine's `status.bmc` and `BmcReachable` once `BmcReachable` has `reason`.
+async fn bmc_seen(
+    target: &SimTarget,
+    name: &str,
+    reason: &str,
+) -> (ichor_api::bmc::BmcObservation, ichor_api::common::Condition) {
+    let api = Api::<TalosMachine>::namespaced(target.client(), target.namespace());
+    let seen = try_eventually(
+        &format!("BmcReachable {reason}"),
+        Duration::from_secs(90),
+        || async {
+            let status = api.get(name).await.ok()?.status?;
+            let condition = status
+                .conditions
+                .iter()
+                .find(|c| c.type_ == conditions::BMC_REACHABLE && c.reason == reason)?
+                .clone();
+            Some((status.bmc.observed?, condition))
+        },
+    )
+    .await;
+    match seen {
+        Ok(seen) => seen,
+        Err(error) => panic!("{error}\nmanager log:\n{}", target.manager_log_tail()),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_machine_shows_its_bmcs_power_and_health_and_wrong_credentials_block_nothing() {
+    let target = SimTarget::up(SimOptions {
+        bmc: Some(bmc_of),
+        ..SimOptions::new(1, E2E.net(3), "v1.14.1")
+    })
+    .await
+    .expect("sim target");
+    specs::discovered_cluster(&target, "v1.14.1", 1, 1)
+        .await
+        .expect("cluster discovered");
+    specs::approve_shape(&target, 1, 0).await.expect("approve");
+    if let Err(error) = specs::wait_ready(&target, "lab", Duration::from_secs(180)).await {
+        panic!("{error}: {}", specs::summary(&target).await);
+    }
+    let bmc = target.nodes()[0].bmc().expect("node 1 has a BMC").clone();
+    put_secret(
+        &target,
+        "node-1-bmc",
+        &[("username", "ichor"), ("password", BMC_PASSWORD)],
+    )
+    .await;
+    put_secret(
+        &target,
+        "node-1-bmc-wrong",
+        &[("username", "ichor"), ("password", WRONG_BMC_PASSWORD)],
+    )
+    .await;
+    put_secret(&target, "bmc-ca", &[("ca.crt", &bmc.ca_pem())]).await;
+    let address = target.node_endpoints()[0].clone();
+    let machine = specs::machine_at(&target, &address).await.expect("machine");
+    let name = machine.name_any();
+    let machines = Api::<TalosMachine>::namespaced(target.client(), target.namespace());
+    let name_bmc = |secret: &str| {
+        json!({"spec": {"bmc": {
+            "address": bmc.url(),
+            "credentialsSecretRef": {"name": secret},
+            "caSecretRef": {"name": "bmc-ca", "key": "ca.crt"}
+        }}})
+    };
+    machines
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(name_bmc("node-1-bmc")),
+        )
+        .await
+        .expect("spec.bmc");
+
+    // Read: the power state, health and system as the BMC reports them.
+    let (observed, reachable) = bmc_seen(&target, &name, reasons::BMC_OBSERVED).await;
+    assert_eq!(reachable.status, ichor_api::common::ConditionStatus::True);
+    assert_eq!(observed.power_state.as_deref(), Some("On"));
+    assert_eq!(observed.health.as_deref(), Some("OK"));
+    assert!(observed.system_id.is_some(), "{observed:?}");
+    assert!(observed.uuid.is_some(), "{observed:?}");
+
+    // Wrong credentials: BmcReachable false with the client's reason, a Warning Event, and the
+    // machine stays Ready.
+    machines
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(name_bmc("node-1-bmc-wrong")),
+        )
+        .await
+        .expect("spec.bmc");
+    let (observed, unreachable) = bmc_seen(&target, &name, reasons::BMC_UNAUTHORIZED).await;
+    assert_eq!(
+        unreachable.status,
+        ichor_api::common::ConditionStatus::False
+    );
+    assert_eq!(observed.power_state, None, "nothing stale: {observed:?}");
+    specs::events_once(&target, reasons::BMC_UNAUTHORIZED, Duration::from_secs(30))
+        .await
+        .expect("a Warning Event");
+    let ready = specs::machine_condition(&target, &address, conditions::READY).await;
+    assert!(
+        ready.as_ref().is_some_and(|(holds, _, _)| *holds),
+        "the machine stays Ready: {ready:?}"
+    );
+    // The secret scan of `down` looks for both passwords in the logs, Events and statuses.
+    target.down().await;
+}
