@@ -8,7 +8,8 @@
 //!   watches, `run_controller`) and its reconcile, read top to bottom; `observe.rs` only reads
 //!   and returns what it saw; `plan.rs` decides, synchronously, and carries the unit tests;
 //!   `act.rs` performs one action and records it, deciding nothing. A flow with recorded steps
-//!   (drift, removal, restore, adoption, teardown) is a folder of the same shape.
+//!   (drift, removal, restore, adoption, teardown), or a part of a look that is a failure
+//!   domain of its own (a machine's BMC), is a folder of the same shape.
 //! - Code shared by controllers lives at the crate root, named for what it acts on (the
 //!   cluster [`lock`], the bundle's [`secrets`], a machine's [`claims`], the
 //!   [`backup_store`]), beside the [`Settings`] and the [`Context`] every reconcile shares;
