@@ -65,3 +65,30 @@ async fn wait(ctx: &Context, machine: &TalosMachine) -> Option<Duration> {
     act::record(ctx, machine, &status).await;
     Some(pace)
 }
+
+#[cfg(test)]
+mod tests {
+    use ichor_api::names::reasons;
+
+    #[test]
+    fn every_bmc_reason_has_a_troubleshooting_row() {
+        let page = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../docs/troubleshooting.md"
+        ))
+        .expect("docs/troubleshooting.md");
+        let own = [
+            reasons::BMC_OBSERVED,
+            reasons::BMC_CREDENTIALS_MISSING,
+            reasons::BMC_CA_MISSING,
+            reasons::BMC_SYSTEM_NOT_FOUND,
+            reasons::BMC_UUID_MISMATCH,
+        ];
+        for reason in reasons::BMC_CLIENT.into_iter().chain(own) {
+            assert!(
+                page.contains(&format!("| `{reason}` |")),
+                "docs/troubleshooting.md has no row for {reason}"
+            );
+        }
+    }
+}
