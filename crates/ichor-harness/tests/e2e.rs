@@ -607,6 +607,31 @@ async fn a_machine_shows_its_bmcs_power_and_health_and_wrong_credentials_block_n
         ready.as_ref().is_some_and(|(holds, _, _)| *holds),
         "the machine stays Ready: {ready:?}"
     );
+
+    // A Secret that is not there: its own reason, naming it.
+    machines
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(name_bmc("absent")),
+        )
+        .await
+        .expect("spec.bmc");
+    let (_, missing) = bmc_seen(&target, &name, reasons::BMC_CREDENTIALS_MISSING).await;
+    assert!(missing.message.contains("absent"), "{}", missing.message);
+
+    // The right credentials again, trusting any certificate by the explicit opt-in: read.
+    let insecure = json!({"spec": {"bmc": {
+        "credentialsSecretRef": {"name": "node-1-bmc"},
+        "caSecretRef": null,
+        "insecureSkipVerify": true
+    }}});
+    machines
+        .patch(&name, &PatchParams::default(), &Patch::Merge(insecure))
+        .await
+        .expect("spec.bmc");
+    let (observed, _) = bmc_seen(&target, &name, reasons::BMC_OBSERVED).await;
+    assert_eq!(observed.power_state.as_deref(), Some("On"));
     // The secret scan of `down` looks for both passwords in the logs, Events and statuses.
     target.down().await;
 }
