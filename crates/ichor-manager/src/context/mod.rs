@@ -55,6 +55,8 @@ pub struct Context {
     pub(crate) backups: backup::InFlight,
     /// The fresh backups rollouts ask of the backup controller (ADR 0075).
     pub(crate) fresh_backups: backup::FreshAsks,
+    /// The machines whose BMC is being read now (issue 42: one read each, in a task).
+    pub(crate) bmc_reads: machine::bmc::Reading,
     /// The last look at each machine in progress (echoes of its own writes wait).
     pub looks: machine::Looks,
     /// Discovery's probes in flight, shared by every sweep: the sweep concurrency bounds them
@@ -110,6 +112,7 @@ impl Context {
             layers: layers::Layers::default(),
             backups: backup::InFlight::default(),
             fresh_backups: backup::FreshAsks::default(),
+            bmc_reads: machine::bmc::Reading::default(),
             looks: machine::Looks::default(),
             probes,
             machines: Shared::default(),

@@ -24,7 +24,7 @@ use crate::infra::shared::Changes;
 use crate::{Context, Error, infra::conditions as cond};
 
 mod act;
-mod bmc;
+pub(crate) mod bmc;
 mod drift;
 mod kubernetes;
 mod observe;

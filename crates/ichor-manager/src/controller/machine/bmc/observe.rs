@@ -18,7 +18,7 @@ use crate::{Context, Stop};
 const MAX_SYSTEMS: usize = 16;
 
 /// How long one look's read of a BMC may take in all: its calls each have the client's own
-/// limits, and a BMC that answers each slowly still holds its machine's look no longer.
+/// limits, and a BMC that answers each call slowly still holds its read's task no longer.
 const READ_LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Reads the BMC `spec` names for `machine` within [`READ_LIMIT`]: its settings first
