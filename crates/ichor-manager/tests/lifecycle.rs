@@ -229,13 +229,39 @@ async fn run_lifecycle(net: u8, talos_version: &str, cni: &str) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn discovered_machines_become_a_ready_cluster_on_contract_1_14() {
+/// Runs `test` as the manager binary runs its reconciles: on a two-worker runtime whose threads
+/// have the binary's 8 MiB stacks (ADR 0078), not a test runtime's 2 MiB, since these tests run
+/// the whole manager in-process; a panic of `test` fails the test.
+fn on_manager_stacks<F>(test: F)
+where
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_stack_size(8 * 1024 * 1024)
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    if let Err(error) = runtime.block_on(async move { tokio::spawn(test).await }) {
+        std::panic::resume_unwind(error.into_panic());
+    }
+}
+
+#[test]
+fn discovered_machines_become_a_ready_cluster_on_contract_1_14() {
+    on_manager_stacks(discovered_machines_become_a_ready_cluster_on_contract_1_14_body());
+}
+
+async fn discovered_machines_become_a_ready_cluster_on_contract_1_14_body() {
     run_lifecycle(MANAGER_LIFECYCLE.net(0), "v1.14.1", "flannel").await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn contract_1_13_with_cni_none_still_joins_every_control_plane() {
+#[test]
+fn contract_1_13_with_cni_none_still_joins_every_control_plane() {
+    on_manager_stacks(contract_1_13_with_cni_none_still_joins_every_control_plane_body());
+}
+
+async fn contract_1_13_with_cni_none_still_joins_every_control_plane_body() {
     run_lifecycle(MANAGER_LIFECYCLE.net(1), "v1.13.9", "none").await;
 }
 
@@ -243,8 +269,13 @@ async fn contract_1_13_with_cni_none_still_joins_every_control_plane() {
 /// shows the reboot only intended while the stored status says it was sent. Reconciled from
 /// that copy, nothing is sent again and the stored step stays sent (ADR 0055); with the stored
 /// status saying intended, the same reconcile does send it, once.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_operation_reconciled_from_a_stale_copy_sends_nothing_the_stored_status_says_was_sent() {
+#[test]
+fn an_operation_reconciled_from_a_stale_copy_sends_nothing_the_stored_status_says_was_sent() {
+    on_manager_stacks(an_operation_reconciled_from_a_stale_copy_sends_nothing_the_stored_status_says_was_sent_body());
+}
+
+async fn an_operation_reconciled_from_a_stale_copy_sends_nothing_the_stored_status_says_was_sent_body()
+ {
     use std::sync::Arc;
 
     use ichor_api::TalosOperation;
@@ -456,8 +487,12 @@ async fn refuse_writes_of(client: &kube::Client, name: &str) -> [kube::api::Dyna
     docs
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_talosconfig_that_cannot_be_written_does_not_hold_the_bootstrap_back() {
+#[test]
+fn a_talosconfig_that_cannot_be_written_does_not_hold_the_bootstrap_back() {
+    on_manager_stacks(a_talosconfig_that_cannot_be_written_does_not_hold_the_bootstrap_back_body());
+}
+
+async fn a_talosconfig_that_cannot_be_written_does_not_hold_the_bootstrap_back_body() {
     use ichor_api::names::{labels, reasons};
     use ichor_testenv::nets::MANAGER_INDEPENDENT;
     use k8s_openapi::api::core::v1::Secret;

@@ -182,10 +182,11 @@ async fn look(machine: &Arc<TalosMachine>, ctx: &Arc<Context>) -> Result<Action,
         ApprovalState::Approved => approved(&machine, &ctx).await,
     };
     // The BMC, read after the rest and whatever came of it: its failures are its own.
+    // Boxed, as the lock's steps are (ADR 0078): its state stays off the reconcile's stack.
     let result = match result {
-        Ok(action) => Ok(bmc::look(&ctx, &machine, action).await),
+        Ok(action) => Ok(Box::pin(bmc::look(&ctx, &machine, action)).await),
         Err(error) => {
-            bmc::look(&ctx, &machine, Action::await_change()).await;
+            Box::pin(bmc::look(&ctx, &machine, Action::await_change())).await;
             Err(error)
         }
     };
